@@ -1,0 +1,46 @@
+# kvbridge top-level entry points. `make demo` and `make check` install the
+# missing Debian packages (scripts/install-deps.sh), configure and build.
+BUILD ?= build
+JOBS ?= 2
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVB_WERROR=ON
+CTEST_FLAGS ?= --output-on-failure -j$(JOBS)
+
+.PHONY: all deps build check demo format format-check clean check-asan check-tsan fuzz fuzz-smoke
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j$(JOBS)
+
+check: build
+	cd $(BUILD) && ctest $(CTEST_FLAGS)
+
+demo: build
+	bash scripts/demo.sh $(BUILD)
+
+check-asan: deps
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVB_WERROR=ON -DKVB_SANITIZE=address,undefined
+	cmake --build build-asan -j$(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest $(CTEST_FLAGS) -LE nosan
+
+check-tsan: deps
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVB_WERROR=ON -DKVB_SANITIZE=thread
+	cmake --build build-tsan -j$(JOBS)
+	cd build-tsan && ctest $(CTEST_FLAGS) -LE nosan
+
+FORMAT_FILES = $(shell git ls-files '*.c' '*.h')
+
+format:
+	clang-format -i $(FORMAT_FILES)
+
+format-check:
+	@clang-format --dry-run --Werror $(FORMAT_FILES) && echo "format-check: ok"
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -1,0 +1,145 @@
+/* kvbridge transfer engine: one-sided batched writes from this process's
+ * registered memory into memory a peer process registered, over UCX.
+ *
+ * Thread safety: an engine is thread-safe. Several threads may register,
+ * write (sync or async) and query at once, to one or several sessions.
+ * A transfer handle (kvb_xfer_h) may be tested/waited/cancelled from any
+ * thread but freed exactly once. kvb_engine_destroy must not race any other
+ * call on the same engine. */
+#ifndef KVBRIDGE_ENGINE_H
+#define KVBRIDGE_ENGINE_H
+
+#include <kvbridge/common.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvb_engine *kvb_engine_h;
+typedef struct kvb_xfer *kvb_xfer_h;
+
+/* Which lane moves the bytes. AUTO: UCX one-sided put where it is fast
+ * (shared memory / CMA on one host, RDMA), UCX active messages into the
+ * registered destination over TCP otherwise. TCP and SHM force a lane. */
+typedef enum kvb_transport {
+    KVB_TRANSPORT_AUTO = 0,
+    KVB_TRANSPORT_TCP = 1,
+    KVB_TRANSPORT_SHM = 2
+} kvb_transport_t;
+
+/* Memory kind of a registration. Only HOST is supported in this build;
+ * CUDA registrations return KVB_ERR_UNSUPPORTED. */
+typedef enum kvb_mem_type { KVB_MEM_HOST = 0, KVB_MEM_CUDA = 1 } kvb_mem_type_t;
+
+enum kvb_engine_param_field {
+    KVB_ENGINE_PARAM_HOST = 1u << 0,
+    KVB_ENGINE_PARAM_PORT = 1u << 1,
+    KVB_ENGINE_PARAM_TRANSPORT = 1u << 2,
+    KVB_ENGINE_PARAM_CONNECT_TIMEOUT = 1u << 3,
+    KVB_ENGINE_PARAM_PEER_TIMEOUT = 1u << 4,
+    KVB_ENGINE_PARAM_AM_CHUNK = 1u << 5,
+};
+
+/* Creation parameters; only the fields named in field_mask are read, the
+ * others take their defaults (shown). Environment twins in brackets. */
+typedef struct kvb_engine_params {
+    uint64_t field_mask;
+    const char *host;            /* listen address, "127.0.0.1"; IPv6 allowed */
+    uint16_t port;               /* listen port, 0 = ephemeral */
+    kvb_transport_t transport;   /* AUTO [KVBRIDGE_TRANSPORT=auto|tcp|shm] */
+    double connect_timeout_s;    /* handshake bound, 5 s [KVBRIDGE_CONNECT_TIMEOUT] */
+    double peer_timeout_s;       /* dead peer fails its batches within, 2 s
+                                    [KVBRIDGE_PEER_TIMEOUT] */
+    size_t am_chunk_bytes;       /* aggregation size of the message lane, 4 MiB */
+} kvb_engine_params_t;
+
+/* Create an engine listening on host:port. NULL params = all defaults.
+ * On success *engine_p is set; on error returns a status and logs why. */
+KVB_API kvb_status_t kvb_engine_create(const kvb_engine_params_t *params, kvb_engine_h *engine_p);
+
+/* Stop the engine's threads, fail its in-flight transfers (KVB_ERR_CANCELED),
+ * unregister everything and free it. Transfer handles must still be freed. */
+KVB_API void kvb_engine_destroy(kvb_engine_h engine);
+
+/* The string peers use to reach this engine: "host:port", IPv6 "[addr]:port".
+ * Owned by the engine, valid until destroy. */
+KVB_API const char *kvb_engine_session_id(kvb_engine_h engine);
+
+/* The lane this engine was created with. */
+KVB_API kvb_transport_t kvb_engine_transport(kvb_engine_h engine);
+
+/* Detailed text of the last error seen by the calling thread's most recent
+ * failing call on this engine (copied to thread-local storage). */
+KVB_API const char *kvb_engine_last_error(kvb_engine_h engine);
+
+typedef struct kvb_mem_region {
+    void *addr;
+    size_t length;
+    kvb_mem_type_t mem_type;
+} kvb_mem_region_t;
+
+/* Register [addr, addr+length) as a source and as a destination peers may
+ * write. A range overlapping a registered one → KVB_ERR_OVERLAP; zero length
+ * or NULL → KVB_ERR_INVALID. Peers see the new table on their next write. */
+KVB_API kvb_status_t kvb_engine_register(kvb_engine_h engine, void *addr, size_t length,
+                                         kvb_mem_type_t mem_type);
+
+/* All-or-nothing batch: on error nothing of the batch stays registered. */
+KVB_API kvb_status_t kvb_engine_register_batch(kvb_engine_h engine,
+                                               const kvb_mem_region_t *regions, size_t count);
+
+/* Unregister the region that starts at addr; unknown → KVB_ERR_NOT_FOUND.
+ * Waits until no incoming message-lane write into it is in progress. */
+KVB_API kvb_status_t kvb_engine_unregister(kvb_engine_h engine, void *addr);
+KVB_API kvb_status_t kvb_engine_unregister_batch(kvb_engine_h engine, void *const *addrs,
+                                                 size_t count);
+
+/* One block of a batch: copy len bytes from local address src (inside a
+ * local registration) to remote address dst (inside one registration of the
+ * peer). */
+typedef struct kvb_block {
+    uint64_t src;
+    uint64_t dst;
+    uint64_t len;
+} kvb_block_t;
+
+/* Synchronous batched write to session_id ("host:port"). Returns KVB_OK only
+ * when every byte is in the destination memory. Opens the session on first
+ * use (handshake within the connect time-out). Errors: KVB_ERR_BOUNDS (a range
+ * outside the registered memory on either side; nothing written),
+ * KVB_ERR_PEER (unreachable or died), KVB_ERR_TIMEOUT (timeout_s passed;
+ * timeout_s <= 0 waits without bound), KVB_ERR_INVALID. The blocks array is
+ * not retained after return. Up to at least 100k blocks per batch. */
+KVB_API kvb_status_t kvb_engine_write(kvb_engine_h engine, const char *session_id,
+                                      const kvb_block_t *blocks, size_t count, double timeout_s);
+
+/* Asynchronous form: validates and queues the batch, returns a handle in
+ * *xfer_p. The blocks array is copied. Same errors as kvb_engine_write for
+ * what can be known before any byte moves. */
+KVB_API kvb_status_t kvb_engine_write_async(kvb_engine_h engine, const char *session_id,
+                                            const kvb_block_t *blocks, size_t count,
+                                            kvb_xfer_h *xfer_p);
+
+/* KVB_ERR_INPROGRESS while running; then KVB_OK or the final error. */
+KVB_API kvb_status_t kvb_xfer_test(kvb_xfer_h xfer);
+
+/* Wait up to timeout_s (<= 0: no bound) for the end; returns the final status
+ * or KVB_ERR_TIMEOUT (the transfer goes on). */
+KVB_API kvb_status_t kvb_xfer_wait(kvb_xfer_h xfer, double timeout_s);
+
+/* Ask the transfer to stop: no new block is issued after this returns; the
+ * transfer ends KVB_ERR_CANCELED once blocks already issued have settled
+ * (wait for it before reusing the destination). No-op after the end. */
+KVB_API kvb_status_t kvb_xfer_cancel(kvb_xfer_h xfer);
+
+/* Detailed reason of a failed transfer ("" while running or on success).
+ * Valid until kvb_xfer_free. */
+KVB_API const char *kvb_xfer_error(kvb_xfer_h xfer);
+
+/* Release the handle. A running transfer is cancelled first (no wait). */
+KVB_API void kvb_xfer_free(kvb_xfer_h xfer);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

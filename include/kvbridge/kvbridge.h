@@ -1,0 +1,6 @@
+/* kvbridge umbrella header: include this one to get the whole public API. */
+#ifndef KVBRIDGE_H
+#define KVBRIDGE_H
+#include <kvbridge/common.h>
+#include <kvbridge/engine.h>
+#endif

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Install the Debian packages kvbridge needs to build and test.
+# Idempotent: installs only what is missing; runs `apt-get update` only when
+# something has to be installed. Needs root (or sudo) when it installs.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config make
+  clang libclang-rt-14-dev clang-format
+  libucx-dev ucx-utils
+  libzmq3-dev
+  libmicrohttpd-dev
+  libcurl4-openssl-dev
+  libjansson-dev
+  python3 python3-numpy python3-pytest python3-zmq python3-requests
+  iproute2 procps
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "install-deps: missing ${missing[*]} and not root (no sudo)" >&2
+    exit 1
+  fi
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

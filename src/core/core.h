@@ -1,0 +1,77 @@
+/* Internal core helpers: logging, per-object error text, env knobs, clocks,
+ * strict integer parsing. Not part of the public API. */
+#ifndef KVB_CORE_H
+#define KVB_CORE_H
+
+#include <kvbridge/common.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define KVB_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define KVB_PRINTF(a, b)
+#endif
+
+/* ---- logging (the only global mutable state of the library) ---- */
+void kvb__log(kvb_log_level_t level, const char *fmt, ...) KVB_PRINTF(2, 3);
+bool kvb__log_enabled(kvb_log_level_t level);
+#define KVB_LOGE(...) kvb__log(KVB_LOG_ERROR, __VA_ARGS__)
+#define KVB_LOGW(...) kvb__log(KVB_LOG_WARN, __VA_ARGS__)
+#define KVB_LOGI(...) kvb__log(KVB_LOG_INFO, __VA_ARGS__)
+#define KVB_LOGD(...)                                                                              \
+    do {                                                                                           \
+        if (kvb__log_enabled(KVB_LOG_DEBUG))                                                       \
+            kvb__log(KVB_LOG_DEBUG, __VA_ARGS__);                                                  \
+    } while (0)
+
+/* ---- per-object last error ---- */
+#define KVB_ERRMSG_MAX 512
+typedef struct kvb__err {
+    pthread_mutex_t mu;
+    kvb_status_t code;
+    char msg[KVB_ERRMSG_MAX];
+} kvb__err_t;
+
+void kvb__err_init(kvb__err_t *err);
+void kvb__err_destroy(kvb__err_t *err);
+/* Record code and a formatted message (logged at debug); returns code. */
+kvb_status_t kvb__err_set(kvb__err_t *err, kvb_status_t code, const char *fmt, ...)
+    KVB_PRINTF(3, 4);
+/* Copy of the last message in a thread-local buffer (valid until the calling
+ * thread's next call); "" when none. */
+const char *kvb__err_get(kvb__err_t *err);
+void kvb__err_clear(kvb__err_t *err);
+
+/* ---- environment knobs ----
+ * Look up name (a KVBRIDGE_* variable); when unset, look up alias (a seed
+ * variable such as SGLANG_DISAGGREGATION_*; may be NULL). The KVBRIDGE_ twin
+ * wins when both are set. */
+const char *kvb__env_get(const char *name, const char *alias);
+/* Integer knob in [min, max]; unset → def; unparsable or out of range → def
+ * with a warning naming the variable. */
+int64_t kvb__env_int(const char *name, const char *alias, int64_t def, int64_t min, int64_t max);
+/* Seconds knob (decimal allowed, e.g. "2.5"), same rules as kvb__env_int. */
+double kvb__env_double(const char *name, const char *alias, double def, double min, double max);
+
+/* ---- clocks ---- */
+uint64_t kvb__now_ns(void); /* CLOCK_MONOTONIC */
+double kvb__now_s(void);
+
+/* ---- strict parsing of untrusted text ----
+ * Accepts an optional '-' then 1..19 ASCII digits, nothing else, exactly len
+ * bytes; value must lie in [min, max]. Returns false otherwise. */
+bool kvb__parse_i64(const char *s, size_t len, int64_t min, int64_t max, int64_t *out_p);
+
+/* Overflow-checked address arithmetic: false when a + b wraps. */
+static inline bool kvb__add_u64(uint64_t a, uint64_t b, uint64_t *out_p)
+{
+    return !__builtin_add_overflow(a, b, out_p);
+}
+static inline bool kvb__mul_u64(uint64_t a, uint64_t b, uint64_t *out_p)
+{
+    return !__builtin_mul_overflow(a, b, out_p);
+}
+
+#endif
