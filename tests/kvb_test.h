@@ -10,7 +10,7 @@
 #define CHECK(cond)                                                                                \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);              \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
@@ -29,7 +29,7 @@
     do {                                                                                           \
         const char *h_ = (hay), *n_ = (needle);                                                    \
         if (h_ == NULL || strstr(h_, n_) == NULL) {                                                \
-            fprintf(stderr, "%s:%d: \"%s\" does not contain \"%s\"\n", __FILE__, __LINE__,        \
+            fprintf(stderr, "%s:%d: \"%s\" does not contain \"%s\"\n", __FILE__, __LINE__,         \
                     h_ ? h_ : "(null)", n_);                                                       \
             exit(1);                                                                               \
         }                                                                                          \

@@ -44,13 +44,13 @@ enum kvb_engine_param_field {
  * others take their defaults (shown). Environment twins in brackets. */
 typedef struct kvb_engine_params {
     uint64_t field_mask;
-    const char *host;            /* listen address, "127.0.0.1"; IPv6 allowed */
-    uint16_t port;               /* listen port, 0 = ephemeral */
-    kvb_transport_t transport;   /* AUTO [KVBRIDGE_TRANSPORT=auto|tcp|shm] */
-    double connect_timeout_s;    /* handshake bound, 5 s [KVBRIDGE_CONNECT_TIMEOUT] */
-    double peer_timeout_s;       /* dead peer fails its batches within, 2 s
-                                    [KVBRIDGE_PEER_TIMEOUT] */
-    size_t am_chunk_bytes;       /* aggregation size of the message lane, 4 MiB */
+    const char *host;          /* listen address, "127.0.0.1"; IPv6 allowed */
+    uint16_t port;             /* listen port, 0 = ephemeral */
+    kvb_transport_t transport; /* AUTO [KVBRIDGE_TRANSPORT=auto|tcp|shm] */
+    double connect_timeout_s;  /* handshake bound, 5 s [KVBRIDGE_CONNECT_TIMEOUT] */
+    double peer_timeout_s;     /* dead peer fails its batches within, 2 s
+                                  [KVBRIDGE_PEER_TIMEOUT] */
+    size_t am_chunk_bytes;     /* aggregation size of the message lane, 4 MiB */
 } kvb_engine_params_t;
 
 /* Create an engine listening on host:port. NULL params = all defaults.
@@ -85,8 +85,8 @@ KVB_API kvb_status_t kvb_engine_register(kvb_engine_h engine, void *addr, size_t
                                          kvb_mem_type_t mem_type);
 
 /* All-or-nothing batch: on error nothing of the batch stays registered. */
-KVB_API kvb_status_t kvb_engine_register_batch(kvb_engine_h engine,
-                                               const kvb_mem_region_t *regions, size_t count);
+KVB_API kvb_status_t kvb_engine_register_batch(kvb_engine_h engine, const kvb_mem_region_t *regions,
+                                               size_t count);
 
 /* Unregister the region that starts at addr; unknown → KVB_ERR_NOT_FOUND.
  * Waits until no incoming message-lane write into it is in progress. */

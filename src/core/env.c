@@ -27,8 +27,8 @@ int64_t kvb__env_int(const char *name, const char *alias, int64_t def, int64_t m
     if (v == NULL)
         return def;
     if (!kvb__parse_i64(v, strlen(v), min, max, &out)) {
-        KVB_LOGW("%s=\"%s\" is not an integer in [%lld, %lld]; using %lld",
-                 used_name(name, alias), v, (long long)min, (long long)max, (long long)def);
+        KVB_LOGW("%s=\"%s\" is not an integer in [%lld, %lld]; using %lld", used_name(name, alias),
+                 v, (long long)min, (long long)max, (long long)def);
         return def;
     }
     return out;
@@ -43,8 +43,8 @@ double kvb__env_double(const char *name, const char *alias, double def, double m
         return def;
     out = strtod(v, &end);
     if (end == v || *end != '\0' || !isfinite(out) || out < min || out > max) {
-        KVB_LOGW("%s=\"%s\" is not a number in [%g, %g]; using %g", used_name(name, alias), v,
-                 min, max, def);
+        KVB_LOGW("%s=\"%s\" is not a number in [%g, %g]; using %g", used_name(name, alias), v, min,
+                 max, def);
         return def;
     }
     return out;
