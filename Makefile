@@ -44,3 +44,10 @@ format-check:
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz
+
+fuzz: deps
+	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVB_FUZZ=ON -DKVB_SANITIZE=address,undefined
+	cmake --build build-fuzz -j$(JOBS)
+
+fuzz-smoke: build
+	cd $(BUILD) && ctest $(CTEST_FLAGS) -L fuzz
