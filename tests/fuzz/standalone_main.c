@@ -115,6 +115,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < count; i++)
         LLVMFuzzerTestOneInput(ins[i].data, ins[i].size);
     LLVMFuzzerTestOneInput((const uint8_t *)"", 0);
+    static const struct input empty = {NULL, 0};
     enum { CAP = 1 << 16 };
     uint8_t *buf = malloc(CAP);
     for (long r = 0; r < runs; r++) {
@@ -126,7 +127,7 @@ int main(int argc, char **argv)
         }
         int depth = 1 + (int)(next_rand() % 4);
         for (int k = 0; k < depth; k++)
-            size = mutate(buf, size, CAP, count > 0 ? &ins[next_rand() % count] : &ins[0]);
+            size = mutate(buf, size, CAP, count > 0 ? &ins[next_rand() % count] : &empty);
         /* An exact-size heap copy so ASan catches reads past the input. */
         uint8_t *exact = malloc(size ? size : 1);
         memcpy(exact, buf, size);
