@@ -1,0 +1,655 @@
+/* Engine lifecycle, local registrations, the handshake listener and the
+ * progress thread. See engine_int.h for the threading model. */
+#include "engine/engine_int.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define EP_TAG_UCX 0
+#define EP_TAG_EVFD 1
+
+static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t *in)
+{
+    const char *t = kvb__env_get("KVBRIDGE_TRANSPORT", NULL);
+    memset(out, 0, sizeof(*out));
+    out->host = "127.0.0.1";
+    out->transport = KVB_TRANSPORT_AUTO;
+    if (t != NULL && strcmp(t, "tcp") == 0)
+        out->transport = KVB_TRANSPORT_TCP;
+    else if (t != NULL && strcmp(t, "shm") == 0)
+        out->transport = KVB_TRANSPORT_SHM;
+    out->connect_timeout_s = kvb__env_double("KVBRIDGE_CONNECT_TIMEOUT", NULL, 5.0, 0.01, 3600);
+    out->peer_timeout_s = kvb__env_double("KVBRIDGE_PEER_TIMEOUT", NULL, 2.0, 0.1, 3600);
+    out->am_chunk_bytes = 4u << 20;
+    if (in == NULL)
+        return;
+    if (in->field_mask & KVB_ENGINE_PARAM_HOST && in->host != NULL)
+        out->host = in->host;
+    if (in->field_mask & KVB_ENGINE_PARAM_PORT)
+        out->port = in->port;
+    if (in->field_mask & KVB_ENGINE_PARAM_TRANSPORT)
+        out->transport = in->transport;
+    if (in->field_mask & KVB_ENGINE_PARAM_CONNECT_TIMEOUT)
+        out->connect_timeout_s = in->connect_timeout_s;
+    if (in->field_mask & KVB_ENGINE_PARAM_PEER_TIMEOUT)
+        out->peer_timeout_s = in->peer_timeout_s;
+    if (in->field_mask & KVB_ENGINE_PARAM_AM_CHUNK)
+        out->am_chunk_bytes = in->am_chunk_bytes;
+}
+
+static kvb_status_t ucx_init(kvb_engine_h eng)
+{
+    ucp_config_t *cfg;
+    ucp_params_t p = {0};
+    ucp_worker_params_t wp = {0};
+    ucp_worker_attr_t wa = {0};
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "UCX configuration could not be read");
+    if (eng->params.transport == KVB_TRANSPORT_TCP)
+        ucp_config_modify(cfg, "TLS", "tcp");
+    else if (eng->params.transport == KVB_TRANSPORT_SHM)
+        ucp_config_modify(cfg, "TLS", "sm,self");
+    p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    p.mt_workers_shared = 1;
+    ucs_status_t us = ucp_init(&p, cfg, &eng->ctx);
+    ucp_config_release(cfg);
+    if (us != UCS_OK)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_init failed: %s", ucs_status_string(us));
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    us = ucp_worker_create(eng->ctx, &wp, &eng->worker);
+    if (us != UCS_OK)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_worker_create failed: %s",
+                            ucs_status_string(us));
+    wa.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+    ucp_worker_query(eng->worker, &wa);
+    eng->max_am_header = wa.max_am_header;
+    if (ucp_worker_get_efd(eng->worker, &eng->ucx_efd) != UCS_OK)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_worker_get_efd failed");
+    return kvb__am_register_handlers(eng);
+}
+
+static void format_sid(kvb_engine_h eng, const struct sockaddr_storage *ss)
+{
+    char addr[INET6_ADDRSTRLEN];
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &s6->sin6_addr, addr, sizeof(addr));
+        snprintf(eng->sid, sizeof(eng->sid), "[%s]:%u", addr, ntohs(s6->sin6_port));
+    } else {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &s4->sin_addr, addr, sizeof(addr));
+        snprintf(eng->sid, sizeof(eng->sid), "%s:%u", addr, ntohs(s4->sin_port));
+    }
+}
+
+static kvb_status_t listen_init(kvb_engine_h eng)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char port[8];
+    int one = 1;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+    snprintf(port, sizeof(port), "%u", eng->params.port);
+    if (getaddrinfo(eng->params.host, port, &hints, &res) != 0)
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                            "listen host \"%s\" is not a numeric IPv4/IPv6 address",
+                            eng->params.host);
+    eng->listen_fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (eng->listen_fd >= 0)
+        setsockopt(eng->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (eng->listen_fd < 0 || bind(eng->listen_fd, res->ai_addr, res->ai_addrlen) != 0 ||
+        listen(eng->listen_fd, 128) != 0) {
+        int e = errno;
+        freeaddrinfo(res);
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "cannot listen on %s:%u: %s", eng->params.host,
+                            eng->params.port, strerror(e));
+    }
+    freeaddrinfo(res);
+    getsockname(eng->listen_fd, (struct sockaddr *)&ss, &sl);
+    format_sid(eng, &ss);
+    return KVB_OK;
+}
+
+static void read_host_id(kvb_engine_h eng)
+{
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    eng->host_id[0] = '\0';
+    if (f != NULL) {
+        if (fgets(eng->host_id, sizeof(eng->host_id), f) == NULL)
+            eng->host_id[0] = '\0';
+        fclose(f);
+    }
+    eng->host_id[strcspn(eng->host_id, "\n")] = '\0';
+    if (eng->host_id[0] == '\0')
+        gethostname(eng->host_id, sizeof(eng->host_id) - 1);
+}
+
+/* ---- local registrations ---- */
+
+static void notify_locked(kvb_engine_h eng)
+{
+    uint8_t msg[KVB_HS_NOTICE_LEN];
+    kvb__hs_notice_encode(eng->generation, msg);
+    for (size_t i = 0; i < eng->n_notify; i++)
+        if (send(eng->notify_fds[i], msg, sizeof(msg), MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+            KVB_LOGD("segment notice to fd %d failed: %s", eng->notify_fds[i], strerror(errno));
+}
+
+static kvb_status_t map_region(kvb_engine_h eng, const kvb_mem_region_t *r, kvb__seg_t *seg)
+{
+    ucp_mem_map_params_t mp = {0};
+    ucp_mem_h memh;
+    memset(seg, 0, sizeof(*seg));
+    if (r->mem_type != KVB_MEM_HOST)
+        return kvb__err_set(&eng->err, KVB_ERR_UNSUPPORTED,
+                            "memory type %d is not supported by this build (host only)",
+                            (int)r->mem_type);
+    if (r->addr == NULL || r->length == 0 || (uintptr_t)r->addr + r->length < (uintptr_t)r->addr)
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "region %p+%zu is empty or wraps", r->addr,
+                            r->length);
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = r->addr;
+    mp.length = r->length;
+    ucs_status_t us = ucp_mem_map(eng->ctx, &mp, &memh);
+    if (us != UCS_OK)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_mem_map(%p, %zu) failed: %s", r->addr,
+                            r->length, ucs_status_string(us));
+    us = ucp_rkey_pack(eng->ctx, memh, &seg->rkey_buf, &seg->rkey_len);
+    if (us != UCS_OK) {
+        ucp_mem_unmap(eng->ctx, memh);
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_rkey_pack failed: %s",
+                            ucs_status_string(us));
+    }
+    seg->addr = (uint64_t)(uintptr_t)r->addr;
+    seg->len = r->length;
+    seg->handle = memh;
+    return KVB_OK;
+}
+
+static void unmap_seg(kvb_engine_h eng, kvb__seg_t *seg)
+{
+    ucp_rkey_buffer_release(seg->rkey_buf);
+    ucp_mem_unmap(eng->ctx, (ucp_mem_h)seg->handle);
+}
+
+/* Remove the region starting at addr (seg_mu held); waits for pins. */
+static kvb_status_t unregister_locked(kvb_engine_h eng, void *addr)
+{
+    long i = kvb__segtab_find_start(&eng->segs, (uint64_t)(uintptr_t)addr);
+    kvb__seg_t seg;
+    if (i < 0)
+        return kvb__err_set(&eng->err, KVB_ERR_NOT_FOUND,
+                            "unregister: no registered region starts at %p", addr);
+    while (eng->segs.v[i].pins > 0) {
+        pthread_cond_wait(&eng->seg_cv, &eng->seg_mu);
+        i = kvb__segtab_find_start(&eng->segs, (uint64_t)(uintptr_t)addr);
+        if (i < 0)
+            return kvb__err_set(&eng->err, KVB_ERR_NOT_FOUND,
+                                "unregister: region %p went away while waiting", addr);
+    }
+    kvb__segtab_remove(&eng->segs, (size_t)i, &seg);
+    unmap_seg(eng, &seg);
+    return KVB_OK;
+}
+
+kvb_status_t kvb_engine_register_batch(kvb_engine_h eng, const kvb_mem_region_t *regions,
+                                       size_t count)
+{
+    kvb_status_t st = KVB_OK;
+    size_t done = 0;
+    if (eng == NULL || (regions == NULL && count > 0))
+        return KVB_ERR_INVALID;
+    pthread_mutex_lock(&eng->seg_mu);
+    for (; done < count; done++) {
+        kvb__seg_t seg;
+        st = map_region(eng, &regions[done], &seg);
+        if (st != KVB_OK)
+            break;
+        st = kvb__segtab_insert(&eng->segs, &seg);
+        if (st != KVB_OK) {
+            unmap_seg(eng, &seg);
+            kvb__err_set(
+                &eng->err, st, "register %p+%zu: %s", regions[done].addr, regions[done].length,
+                st == KVB_ERR_OVERLAP ? "overlaps a registered region" : kvb_status_string(st));
+            break;
+        }
+    }
+    if (st != KVB_OK)
+        while (done-- > 0)
+            unregister_locked(eng, regions[done].addr);
+    else if (count > 0) {
+        eng->generation++;
+        notify_locked(eng);
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+    return st;
+}
+
+kvb_status_t kvb_engine_register(kvb_engine_h eng, void *addr, size_t length,
+                                 kvb_mem_type_t mem_type)
+{
+    kvb_mem_region_t r = {addr, length, mem_type};
+    return kvb_engine_register_batch(eng, &r, 1);
+}
+
+kvb_status_t kvb_engine_unregister_batch(kvb_engine_h eng, void *const *addrs, size_t count)
+{
+    kvb_status_t st = KVB_OK;
+    if (eng == NULL || (addrs == NULL && count > 0))
+        return KVB_ERR_INVALID;
+    pthread_mutex_lock(&eng->seg_mu);
+    for (size_t i = 0; i < count; i++) {
+        kvb_status_t s = unregister_locked(eng, addrs[i]);
+        if (s != KVB_OK)
+            st = s;
+    }
+    eng->generation++;
+    notify_locked(eng);
+    pthread_mutex_unlock(&eng->seg_mu);
+    return st;
+}
+
+kvb_status_t kvb_engine_unregister(kvb_engine_h eng, void *addr)
+{
+    return kvb_engine_unregister_batch(eng, &addr, 1);
+}
+
+/* ---- handshake listener ---- */
+
+static kvb_status_t build_reply(kvb_engine_h eng, uint8_t **buf_p, size_t *len_p, uint64_t *gen_p)
+{
+    ucp_address_t *waddr;
+    size_t waddr_len;
+    kvb__hs_reply_t r = {0};
+    kvb_status_t st;
+    if (ucp_worker_get_address(eng->worker, &waddr, &waddr_len) != UCS_OK)
+        return KVB_ERR_IO;
+    pthread_mutex_lock(&eng->seg_mu);
+    r.epoch = eng->epoch;
+    r.generation = *gen_p = eng->generation;
+    r.host = (const uint8_t *)eng->host_id;
+    r.host_len = (uint32_t)strlen(eng->host_id);
+    r.waddr = (const uint8_t *)waddr;
+    r.waddr_len = (uint32_t)waddr_len;
+    r.nseg = (uint32_t)eng->segs.n;
+    r.segs = calloc(eng->segs.n ? eng->segs.n : 1, sizeof(*r.segs));
+    st = r.segs == NULL ? KVB_ERR_NOMEM : KVB_OK;
+    for (size_t i = 0; st == KVB_OK && i < eng->segs.n; i++) {
+        r.segs[i].addr = eng->segs.v[i].addr;
+        r.segs[i].len = eng->segs.v[i].len;
+        r.segs[i].rkey = eng->segs.v[i].rkey_buf;
+        r.segs[i].rkey_len = (uint32_t)eng->segs.v[i].rkey_len;
+    }
+    if (st == KVB_OK)
+        st = kvb__hs_reply_encode(&r, buf_p, len_p);
+    pthread_mutex_unlock(&eng->seg_mu);
+    free(r.segs);
+    ucp_worker_release_address(eng->worker, waddr);
+    return st;
+}
+
+static void add_notify_fd(kvb_engine_h eng, int fd, uint64_t gen_sent)
+{
+    pthread_mutex_lock(&eng->seg_mu);
+    if (eng->n_notify == eng->cap_notify) {
+        size_t cap = eng->cap_notify ? eng->cap_notify * 2 : 8;
+        int *v = realloc(eng->notify_fds, cap * sizeof(*v));
+        if (v == NULL) {
+            pthread_mutex_unlock(&eng->seg_mu);
+            close(fd);
+            return;
+        }
+        eng->notify_fds = v;
+        eng->cap_notify = cap;
+    }
+    eng->notify_fds[eng->n_notify++] = fd;
+    if (eng->generation != gen_sent) {
+        uint8_t msg[KVB_HS_NOTICE_LEN];
+        kvb__hs_notice_encode(eng->generation, msg);
+        send(fd, msg, sizeof(msg), MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+}
+
+static void serve_handshake(kvb_engine_h eng, int fd)
+{
+    uint64_t deadline = kvb__now_ns() + 2000000000ull;
+    uint8_t *req = NULL, *rep = NULL;
+    size_t req_len, rep_len;
+    const uint8_t *sid;
+    uint32_t sid_len;
+    uint64_t gen;
+    char why[256] = "";
+    kvb_status_t st =
+        kvb__sock_read_msg(fd, "KVBHQ001", 4096, deadline, &req, &req_len, why, sizeof(why));
+    if (st == KVB_OK)
+        st = kvb__hs_request_decode(req, req_len, &sid, &sid_len, why, sizeof(why));
+    if (st == KVB_OK)
+        st = build_reply(eng, &rep, &rep_len, &gen);
+    if (st == KVB_OK)
+        st = kvb__sock_write_all(fd, rep, rep_len, deadline);
+    free(req);
+    free(rep);
+    if (st != KVB_OK) {
+        KVB_LOGW("engine %s: handshake refused: %s", eng->sid,
+                 why[0] ? why : kvb_status_string(st));
+        close(fd);
+        return;
+    }
+    add_notify_fd(eng, fd, gen);
+}
+
+static void accept_one(kvb_engine_h eng)
+{
+    int one = 1;
+    int fd = accept4(eng->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+        return;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    serve_handshake(eng, fd);
+}
+
+/* Drop control connections whose writer went away (EOF or error). */
+static void reap_notify(kvb_engine_h eng, const struct pollfd *p, size_t n)
+{
+    pthread_mutex_lock(&eng->seg_mu);
+    for (size_t k = 0; k < n; k++) {
+        char b[64];
+        if (!(p[k].revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+        if (recv(p[k].fd, b, sizeof(b), MSG_DONTWAIT) > 0)
+            continue; /* writers send nothing after the request; ignore */
+        for (size_t i = 0; i < eng->n_notify; i++)
+            if (eng->notify_fds[i] == p[k].fd) {
+                close(p[k].fd);
+                eng->notify_fds[i] = eng->notify_fds[--eng->n_notify];
+                break;
+            }
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+}
+
+static void *listen_main(void *arg)
+{
+    kvb_engine_h eng = arg;
+    while (!__atomic_load_n(&eng->stop, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&eng->seg_mu);
+        size_t n = eng->n_notify;
+        struct pollfd *p = calloc(n + 2, sizeof(*p));
+        for (size_t i = 0; p != NULL && i < n; i++)
+            p[i + 2] = (struct pollfd){eng->notify_fds[i], POLLIN, 0};
+        pthread_mutex_unlock(&eng->seg_mu);
+        if (p == NULL) {
+            usleep(10000);
+            continue;
+        }
+        p[0] = (struct pollfd){eng->listen_fd, POLLIN, 0};
+        p[1] = (struct pollfd){eng->stop_pipe[0], POLLIN, 0};
+        if (poll(p, n + 2, 1000) > 0) {
+            if (p[0].revents & POLLIN)
+                accept_one(eng);
+            reap_notify(eng, p + 2, n);
+        }
+        free(p);
+    }
+    return NULL;
+}
+
+/* ---- progress thread ---- */
+
+kvb_status_t kvb__engine_submit(kvb_engine_h eng, kvb__cmd_t *cmd, bool wait)
+{
+    uint64_t one = 1;
+    cmd->next = NULL;
+    cmd->done = 0;
+    pthread_mutex_lock(&eng->cmd_mu);
+    if (__atomic_load_n(&eng->stop, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_unlock(&eng->cmd_mu);
+        return KVB_ERR_CANCELED;
+    }
+    if (eng->cmd_tail)
+        eng->cmd_tail->next = cmd;
+    else
+        eng->cmd_head = cmd;
+    eng->cmd_tail = cmd;
+    if (write(eng->evfd, &one, sizeof(one)) < 0)
+        KVB_LOGD("eventfd write: %s", strerror(errno));
+    while (wait && !cmd->done)
+        pthread_cond_wait(&eng->cmd_cv, &eng->cmd_mu);
+    pthread_mutex_unlock(&eng->cmd_mu);
+    return KVB_OK;
+}
+
+static void conn_unlink(kvb_engine_h eng, kvb__conn_t *c)
+{
+    kvb__conn_t **pp = &eng->conns;
+    while (*pp != NULL && *pp != c)
+        pp = &(*pp)->next_all;
+    if (*pp == c)
+        *pp = c->next_all;
+}
+
+static void conn_retire(kvb_engine_h eng, kvb__conn_t *c)
+{
+    conn_unlink(eng, c);
+    kvb__conn_release_ucx(eng, c);
+    free(c);
+}
+
+static void conns_release_all(kvb_engine_h eng)
+{
+    while (eng->conns != NULL)
+        conn_retire(eng, eng->conns);
+}
+
+static void run_commands(kvb_engine_h eng)
+{
+    kvb__cmd_t *c;
+    pthread_mutex_lock(&eng->cmd_mu);
+    c = eng->cmd_head;
+    eng->cmd_head = eng->cmd_tail = NULL;
+    pthread_mutex_unlock(&eng->cmd_mu);
+    while (c != NULL) {
+        kvb__cmd_t *next = c->next;
+        bool waited = c->kind == CMD_CONNECT;
+        if (c->kind == CMD_XFER)
+            kvb__xfer_start(eng, c->xfer);
+        else if (c->kind == CMD_CONNECT)
+            kvb__conn_establish(eng, c);
+        else if (c->kind == CMD_RETIRE)
+            conn_retire(eng, c->conn);
+        if (c->kind != CMD_CONNECT)
+            free(c);
+        if (waited) {
+            pthread_mutex_lock(&eng->cmd_mu);
+            c->done = 1;
+            pthread_cond_broadcast(&eng->cmd_cv);
+            pthread_mutex_unlock(&eng->cmd_mu);
+        }
+        c = next;
+    }
+}
+
+static void handle_events(kvb_engine_h eng, int timeout_ms)
+{
+    struct epoll_event ev[32];
+    int n = epoll_wait(eng->epfd, ev, 32, timeout_ms);
+    for (int i = 0; i < n; i++) {
+        uint64_t tag = ev[i].data.u64, v;
+        if (tag == EP_TAG_EVFD) {
+            if (read(eng->evfd, &v, sizeof(v)) < 0)
+                KVB_LOGD("eventfd read: %s", strerror(errno));
+        } else if (tag != EP_TAG_UCX) {
+            kvb__conn_on_fd(eng, (kvb__conn_t *)(uintptr_t)tag);
+        }
+    }
+}
+
+static void *progress_main(void *arg)
+{
+    kvb_engine_h eng = arg;
+    unsigned idle_spins = 0, iter = 0;
+    while (!__atomic_load_n(&eng->stop, __ATOMIC_ACQUIRE)) {
+        bool busy;
+        run_commands(eng);
+        busy = kvb__xfer_progress_all(eng);
+        while (ucp_worker_progress(eng->worker) != 0)
+            busy = true;
+        if ((++iter & 63) == 0)
+            handle_events(eng, 0);
+        if (busy) {
+            idle_spins = 0;
+            continue;
+        }
+        if (eng->active != NULL || eng->am_pending > 0) {
+            /* Waiting on the network: spin a little, then yield the core. */
+            if (++idle_spins > 64)
+                sched_yield();
+            continue;
+        }
+        if (ucp_worker_arm(eng->worker) == UCS_OK)
+            handle_events(eng, 100);
+    }
+    kvb__xfer_cancel_all(eng);
+    run_commands(eng);
+    conns_release_all(eng);
+    return NULL;
+}
+
+static kvb_status_t fds_init(kvb_engine_h eng)
+{
+    struct epoll_event ev = {.events = EPOLLIN};
+    eng->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    eng->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (eng->evfd < 0 || eng->epfd < 0 || pipe2(eng->stop_pipe, O_CLOEXEC) != 0)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "engine descriptors: %s", strerror(errno));
+    ev.data.u64 = EP_TAG_EVFD;
+    epoll_ctl(eng->epfd, EPOLL_CTL_ADD, eng->evfd, &ev);
+    ev.data.u64 = EP_TAG_UCX;
+    epoll_ctl(eng->epfd, EPOLL_CTL_ADD, eng->ucx_efd, &ev);
+    return KVB_OK;
+}
+
+static void engine_free(kvb_engine_h eng)
+{
+    kvb__sessions_free(eng);
+    for (size_t i = 0; i < eng->segs.n; i++)
+        unmap_seg(eng, &eng->segs.v[i]);
+    kvb__segtab_free(&eng->segs);
+    for (size_t i = 0; i < eng->n_notify; i++)
+        close(eng->notify_fds[i]);
+    free(eng->notify_fds);
+    if (eng->worker)
+        ucp_worker_destroy(eng->worker);
+    if (eng->ctx)
+        ucp_cleanup(eng->ctx);
+    int fds[] = {eng->listen_fd, eng->evfd, eng->epfd, eng->stop_pipe[0], eng->stop_pipe[1]};
+    for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    pthread_mutex_destroy(&eng->seg_mu);
+    pthread_cond_destroy(&eng->seg_cv);
+    pthread_mutex_destroy(&eng->sess_mu);
+    pthread_mutex_destroy(&eng->cmd_mu);
+    pthread_cond_destroy(&eng->cmd_cv);
+    kvb__err_destroy(&eng->err);
+    free(eng);
+}
+
+static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
+{
+    kvb_engine_h eng = calloc(1, sizeof(*eng));
+    if (eng == NULL)
+        return NULL;
+    params_defaults(&eng->params, params);
+    kvb__err_init(&eng->err);
+    pthread_mutex_init(&eng->seg_mu, NULL);
+    pthread_cond_init(&eng->seg_cv, NULL);
+    pthread_mutex_init(&eng->sess_mu, NULL);
+    pthread_mutex_init(&eng->cmd_mu, NULL);
+    pthread_cond_init(&eng->cmd_cv, NULL);
+    eng->listen_fd = eng->evfd = eng->epfd = eng->stop_pipe[0] = eng->stop_pipe[1] = -1;
+    if (getrandom(&eng->epoch, sizeof(eng->epoch), 0) != sizeof(eng->epoch))
+        eng->epoch = kvb__now_ns() ^ (uint64_t)getpid() << 32;
+    read_host_id(eng);
+    return eng;
+}
+
+kvb_status_t kvb_engine_create(const kvb_engine_params_t *params, kvb_engine_h *engine_p)
+{
+    kvb_status_t st;
+    if (engine_p == NULL)
+        return KVB_ERR_INVALID;
+    kvb_engine_h eng = engine_alloc(params);
+    if (eng == NULL)
+        return KVB_ERR_NOMEM;
+    st = ucx_init(eng);
+    if (st == KVB_OK)
+        st = listen_init(eng);
+    if (st == KVB_OK)
+        st = fds_init(eng);
+    if (st == KVB_OK && pthread_create(&eng->progress_thr, NULL, progress_main, eng) != 0)
+        st = kvb__err_set(&eng->err, KVB_ERR_IO, "cannot start the progress thread");
+    if (st == KVB_OK && pthread_create(&eng->listen_thr, NULL, listen_main, eng) != 0) {
+        __atomic_store_n(&eng->stop, 1, __ATOMIC_RELEASE);
+        pthread_join(eng->progress_thr, NULL);
+        st = kvb__err_set(&eng->err, KVB_ERR_IO, "cannot start the listener thread");
+    }
+    if (st != KVB_OK) {
+        KVB_LOGE("engine create failed: %s", kvb__err_get(&eng->err));
+        engine_free(eng);
+        return st;
+    }
+    KVB_LOGI("engine %s up (transport %d)", eng->sid, (int)eng->params.transport);
+    *engine_p = eng;
+    return KVB_OK;
+}
+
+void kvb_engine_destroy(kvb_engine_h eng)
+{
+    uint64_t one = 1;
+    if (eng == NULL)
+        return;
+    pthread_mutex_lock(&eng->cmd_mu);
+    __atomic_store_n(&eng->stop, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&eng->cmd_mu);
+    if (write(eng->evfd, &one, sizeof(one)) < 0 || write(eng->stop_pipe[1], "x", 1) < 0)
+        KVB_LOGD("engine stop signal: %s", strerror(errno));
+    pthread_join(eng->progress_thr, NULL);
+    pthread_join(eng->listen_thr, NULL);
+    engine_free(eng);
+}
+
+const char *kvb_engine_session_id(kvb_engine_h eng)
+{
+    return eng != NULL ? eng->sid : "";
+}
+
+kvb_transport_t kvb_engine_transport(kvb_engine_h eng)
+{
+    return eng->params.transport;
+}
+
+const char *kvb_engine_last_error(kvb_engine_h eng)
+{
+    return eng != NULL ? kvb__err_get(&eng->err) : "";
+}

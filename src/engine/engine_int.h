@@ -1,0 +1,156 @@
+/* Internal structures of the transfer engine. One engine owns one UCX
+ * context and worker; only the engine's progress thread calls UCX on the
+ * worker (ep creation, rkey unpack, put, AM, flush), so the worker runs in
+ * single-thread mode. Caller threads validate, queue commands and wait. */
+#ifndef KVB_ENGINE_INT_H
+#define KVB_ENGINE_INT_H
+
+#include <kvbridge/engine.h>
+#include <ucp/api/ucp.h>
+
+#include "core/core.h"
+#include "engine/handshake.h"
+#include "engine/segtab.h"
+
+#define KVB_AM_WRITE 11 /* writer → target: descriptors in header, bytes as data */
+#define KVB_AM_ACK 12   /* target → writer: placed (or refused) */
+
+typedef enum lane { LANE_PUT = 0, LANE_AM = 1 } lane_t;
+
+typedef struct kvb__conn kvb__conn_t;
+typedef struct kvb__session kvb__session_t;
+
+/* One incarnation of a connection to a peer: its endpoint, the segment table
+ * it advertised and the TCP control connection used for liveness. Immutable
+ * for caller threads once published (segs); ep/fd owned by the progress
+ * thread. Freed when retired and unreferenced. */
+struct kvb__conn {
+    kvb__session_t *sess;
+    kvb_engine_h eng_backref;
+    ucp_ep_h ep;
+    kvb__segtab_t segs; /* remote segments; handle = ucp_rkey_h */
+    int fd;
+    uint64_t epoch, generation;
+    lane_t lane;
+    int refs;                      /* atomic: session + each transfer using it */
+    int dead;                      /* atomic: peer lost; fail everything on it */
+    int stale;                     /* atomic: peer's table changed; re-handshake before next use */
+    int retired;                   /* progress thread: no longer the session's current conn */
+    char why[256];                 /* why it died */
+    uint8_t rx[KVB_HS_NOTICE_LEN]; /* partial notice from the control connection */
+    size_t rxlen;
+    kvb__conn_t *next_all;
+};
+
+enum sess_state { SESS_IDLE = 0, SESS_CONNECTING, SESS_READY };
+
+struct kvb__session {
+    char *sid;
+    char host[KVB_HS_MAX_HOST];
+    uint16_t port;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    enum sess_state state;
+    kvb__conn_t *conn; /* current incarnation, ref held */
+    kvb__session_t *next;
+};
+
+struct kvb_xfer {
+    kvb_engine_h eng;
+    kvb__conn_t *conn;
+    kvb_block_t *blocks; /* coalesced copy */
+    size_t n, next;      /* blocks and next block to issue */
+    size_t off;          /* AM lane: bytes of blocks[next] already sent */
+    uint64_t id;
+    int refs;        /* atomic: caller + engine */
+    int status;      /* atomic: KVB_ERR_INPROGRESS until final */
+    int cancel;      /* atomic */
+    size_t inflight; /* progress thread: flushes or unacked messages */
+    size_t msgs_sent, msgs_acked;
+    int failed;    /* progress thread: error seen, waiting for inflight */
+    int abandoned; /* progress thread: connection lost, outstanding ops ignored */
+    kvb_status_t fail_status;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char err[KVB_ERRMSG_MAX];
+    struct kvb_xfer *next_active;
+};
+
+typedef enum cmd_kind { CMD_XFER, CMD_CONNECT, CMD_RETIRE } cmd_kind_t;
+
+typedef struct kvb__cmd {
+    cmd_kind_t kind;
+    struct kvb_xfer *xfer;
+    kvb__conn_t *conn;
+    kvb__hs_reply_t *reply; /* CMD_CONNECT input */
+    kvb_status_t result;    /* CMD_CONNECT output */
+    char why[256];
+    int done;
+    struct kvb__cmd *next;
+} kvb__cmd_t;
+
+struct kvb_engine {
+    kvb_engine_params_t params;
+    char sid[KVB_HS_MAX_SID + 1];
+    kvb__err_t err;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    int ucx_efd, evfd, epfd, listen_fd;
+    size_t max_am_header;
+    uint64_t epoch;
+    char host_id[64];
+
+    /* local registrations */
+    pthread_mutex_t seg_mu;
+    pthread_cond_t seg_cv;
+    kvb__segtab_t segs; /* handle = ucp_mem_h */
+    uint64_t generation;
+    int *notify_fds; /* accepted control connections (seg_mu) */
+    size_t n_notify, cap_notify;
+
+    /* sessions (sess_mu) */
+    pthread_mutex_t sess_mu;
+    kvb__session_t *sessions;
+
+    /* command queue to the progress thread (cmd_mu) */
+    pthread_mutex_t cmd_mu;
+    pthread_cond_t cmd_cv;
+    kvb__cmd_t *cmd_head, *cmd_tail;
+
+    /* progress thread only */
+    struct kvb_xfer *active;
+    kvb__conn_t *conns; /* every live conn */
+    size_t am_pending;  /* incoming receives in progress */
+    uint64_t next_xfer_id;
+
+    pthread_t progress_thr, listen_thr;
+    int stop; /* atomic */
+    int stop_pipe[2];
+};
+
+/* engine.c */
+kvb_status_t kvb__engine_submit(kvb_engine_h eng, kvb__cmd_t *cmd, bool wait);
+void kvb__conn_put(kvb__conn_t *c); /* drop a reference (any thread) */
+void kvb__conn_get(kvb__conn_t *c);
+
+/* session.c */
+/* Ready connection for sid (handshake on first use or after death/staleness);
+ * returns a referenced conn. */
+kvb_status_t kvb__session_acquire(kvb_engine_h eng, const char *sid, bool force_new,
+                                  kvb__conn_t **conn_p);
+void kvb__sessions_free(kvb_engine_h eng);
+/* Progress thread: create ep and unpack rkeys for a handshake reply. */
+void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd);
+void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why);
+void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
+void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
+
+/* xfer.c */
+void kvb__xfer_start(kvb_engine_h eng, struct kvb_xfer *x);
+bool kvb__xfer_progress_all(kvb_engine_h eng); /* true when something issued */
+void kvb__xfer_fail_conn(kvb_engine_h eng, kvb__conn_t *c, const char *why);
+void kvb__xfer_cancel_all(kvb_engine_h eng);
+kvb_status_t kvb__am_register_handlers(kvb_engine_h eng);
+void kvb__xfer_release(struct kvb_xfer *x);
+
+#endif

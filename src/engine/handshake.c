@@ -1,0 +1,427 @@
+#include "engine/handshake.h"
+#include "core/core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static const char REQ_MAGIC[] = "KVBHQ001";
+static const char REP_MAGIC[] = "KVBHS001";
+static const char NOTE_MAGIC[] = "KVBGN001";
+
+/* ---- little-endian writer / reader ---- */
+typedef struct wbuf {
+    uint8_t *p;
+    size_t len, cap;
+    bool fail;
+} wbuf_t;
+
+static void wb_put(wbuf_t *w, const void *src, size_t n)
+{
+    if (w->fail)
+        return;
+    if (w->len + n > w->cap) {
+        size_t cap = w->cap ? w->cap : 256;
+        while (cap < w->len + n)
+            cap *= 2;
+        uint8_t *p = realloc(w->p, cap);
+        if (p == NULL) {
+            w->fail = true;
+            return;
+        }
+        w->p = p;
+        w->cap = cap;
+    }
+    memcpy(w->p + w->len, src, n);
+    w->len += n;
+}
+
+static void wb_u32(wbuf_t *w, uint32_t v)
+{
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    wb_put(w, b, 4);
+}
+
+static void wb_u64(wbuf_t *w, uint64_t v)
+{
+    wb_u32(w, (uint32_t)v);
+    wb_u32(w, (uint32_t)(v >> 32));
+}
+
+static kvb_status_t wb_finish(wbuf_t *w, uint8_t **buf_p, size_t *len_p)
+{
+    if (w->fail || w->len > KVB_HS_MAX_MSG) {
+        free(w->p);
+        return w->fail ? KVB_ERR_NOMEM : KVB_ERR_INVALID;
+    }
+    uint32_t total = (uint32_t)w->len;
+    for (int i = 0; i < 4; i++)
+        w->p[KVB_HS_MAGIC_LEN + i] = (uint8_t)(total >> (8 * i));
+    *buf_p = w->p;
+    *len_p = w->len;
+    return KVB_OK;
+}
+
+typedef struct rbuf {
+    const uint8_t *p;
+    size_t len, off;
+} rbuf_t;
+
+static bool rb_u32(rbuf_t *r, uint32_t *v)
+{
+    if (r->len - r->off < 4)
+        return false;
+    const uint8_t *b = r->p + r->off;
+    *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    r->off += 4;
+    return true;
+}
+
+static bool rb_u64(rbuf_t *r, uint64_t *v)
+{
+    uint32_t lo, hi;
+    if (!rb_u32(r, &lo) || !rb_u32(r, &hi))
+        return false;
+    *v = (uint64_t)hi << 32 | lo;
+    return true;
+}
+
+static bool rb_bytes(rbuf_t *r, uint32_t n, const uint8_t **p)
+{
+    if (r->len - r->off < n)
+        return false;
+    *p = r->p + r->off;
+    r->off += n;
+    return true;
+}
+
+static bool rb_header(rbuf_t *r, const char *magic, char *why, size_t whylen)
+{
+    uint32_t total;
+    if (r->len < KVB_HS_MAGIC_LEN + 4 || memcmp(r->p, magic, KVB_HS_MAGIC_LEN) != 0) {
+        snprintf(why, whylen, "bad handshake magic");
+        return false;
+    }
+    r->off = KVB_HS_MAGIC_LEN;
+    rb_u32(r, &total);
+    if (total != r->len) {
+        snprintf(why, whylen, "handshake length field %u != message length %zu", total, r->len);
+        return false;
+    }
+    return true;
+}
+
+kvb_status_t kvb__hs_reply_encode(const kvb__hs_reply_t *r, uint8_t **buf_p, size_t *len_p)
+{
+    wbuf_t w = {0};
+    wb_put(&w, REP_MAGIC, KVB_HS_MAGIC_LEN);
+    wb_u32(&w, 0); /* total, patched by wb_finish */
+    wb_u64(&w, r->epoch);
+    wb_u64(&w, r->generation);
+    wb_u32(&w, r->host_len);
+    wb_put(&w, r->host, r->host_len);
+    wb_u32(&w, r->waddr_len);
+    wb_put(&w, r->waddr, r->waddr_len);
+    wb_u32(&w, r->nseg);
+    for (uint32_t i = 0; i < r->nseg; i++) {
+        wb_u64(&w, r->segs[i].addr);
+        wb_u64(&w, r->segs[i].len);
+        wb_u32(&w, r->segs[i].rkey_len);
+        wb_put(&w, r->segs[i].rkey, r->segs[i].rkey_len);
+    }
+    return wb_finish(&w, buf_p, len_p);
+}
+
+static bool decode_segs(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen)
+{
+    uint64_t prev_end = 0;
+    for (uint32_t i = 0; i < r->nseg; i++) {
+        kvb__hs_seg_t *s = &r->segs[i];
+        uint64_t end;
+        if (!rb_u64(rb, &s->addr) || !rb_u64(rb, &s->len) || !rb_u32(rb, &s->rkey_len)) {
+            snprintf(why, whylen, "segment %u truncated", i);
+            return false;
+        }
+        if (s->len == 0 || __builtin_add_overflow(s->addr, s->len, &end) ||
+            (i > 0 && s->addr < prev_end)) {
+            snprintf(why, whylen, "segment %u [0x%llx, +%llu) empty, wrapping or unsorted", i,
+                     (unsigned long long)s->addr, (unsigned long long)s->len);
+            return false;
+        }
+        if (s->rkey_len > KVB_HS_MAX_RKEY || !rb_bytes(rb, s->rkey_len, &s->rkey)) {
+            snprintf(why, whylen, "segment %u remote key length %u invalid", i, s->rkey_len);
+            return false;
+        }
+        prev_end = end;
+    }
+    return true;
+}
+
+kvb_status_t kvb__hs_reply_decode(const uint8_t *buf, size_t len, kvb__hs_reply_t *r, char *why,
+                                  size_t whylen)
+{
+    rbuf_t rb = {buf, len, 0};
+    memset(r, 0, sizeof(*r));
+    if (!rb_header(&rb, REP_MAGIC, why, whylen))
+        return KVB_ERR_PROTO;
+    if (!rb_u64(&rb, &r->epoch) || !rb_u64(&rb, &r->generation) || !rb_u32(&rb, &r->host_len) ||
+        r->host_len > KVB_HS_MAX_HOST || !rb_bytes(&rb, r->host_len, &r->host) ||
+        !rb_u32(&rb, &r->waddr_len) || r->waddr_len == 0 || r->waddr_len > KVB_HS_MAX_WADDR ||
+        !rb_bytes(&rb, r->waddr_len, &r->waddr) || !rb_u32(&rb, &r->nseg)) {
+        snprintf(why, whylen, "handshake reply header truncated or oversized");
+        return KVB_ERR_PROTO;
+    }
+    /* Each segment takes at least 20 bytes: bound nseg by what is left. */
+    if (r->nseg > KVB_HS_MAX_SEGS || r->nseg > (len - rb.off) / 20) {
+        snprintf(why, whylen, "segment count %u does not fit the message", r->nseg);
+        return KVB_ERR_PROTO;
+    }
+    r->segs = calloc(r->nseg ? r->nseg : 1, sizeof(*r->segs));
+    if (r->segs == NULL)
+        return KVB_ERR_NOMEM;
+    if (!decode_segs(&rb, r, why, whylen) || rb.off != len) {
+        if (rb.off != len && why[0] == '\0')
+            snprintf(why, whylen, "%zu trailing bytes after the segment table", len - rb.off);
+        kvb__hs_reply_free(r);
+        return KVB_ERR_PROTO;
+    }
+    return KVB_OK;
+}
+
+void kvb__hs_reply_free(kvb__hs_reply_t *r)
+{
+    free(r->segs);
+    r->segs = NULL;
+    r->nseg = 0;
+}
+
+kvb_status_t kvb__hs_request_encode(const char *sid, uint8_t **buf_p, size_t *len_p)
+{
+    wbuf_t w = {0};
+    size_t n = strlen(sid);
+    if (n > KVB_HS_MAX_SID)
+        return KVB_ERR_INVALID;
+    wb_put(&w, REQ_MAGIC, KVB_HS_MAGIC_LEN);
+    wb_u32(&w, 0);
+    wb_u32(&w, (uint32_t)n);
+    wb_put(&w, sid, n);
+    return wb_finish(&w, buf_p, len_p);
+}
+
+kvb_status_t kvb__hs_request_decode(const uint8_t *buf, size_t len, const uint8_t **sid_p,
+                                    uint32_t *sid_len_p, char *why, size_t whylen)
+{
+    rbuf_t rb = {buf, len, 0};
+    uint32_t n;
+    const uint8_t *sid;
+    if (!rb_header(&rb, REQ_MAGIC, why, whylen))
+        return KVB_ERR_PROTO;
+    if (!rb_u32(&rb, &n) || n > KVB_HS_MAX_SID || !rb_bytes(&rb, n, &sid) || rb.off != len) {
+        snprintf(why, whylen, "handshake request malformed");
+        return KVB_ERR_PROTO;
+    }
+    *sid_p = sid;
+    *sid_len_p = n;
+    return KVB_OK;
+}
+
+void kvb__hs_notice_encode(uint64_t generation, uint8_t out[KVB_HS_NOTICE_LEN])
+{
+    memcpy(out, NOTE_MAGIC, KVB_HS_MAGIC_LEN);
+    for (int i = 0; i < 8; i++)
+        out[8 + i] = (uint8_t)(generation >> (8 * i));
+}
+
+bool kvb__hs_notice_decode(const uint8_t in[KVB_HS_NOTICE_LEN], uint64_t *generation_p)
+{
+    uint64_t g = 0;
+    if (memcmp(in, NOTE_MAGIC, KVB_HS_MAGIC_LEN) != 0)
+        return false;
+    for (int i = 0; i < 8; i++)
+        g |= (uint64_t)in[8 + i] << (8 * i);
+    *generation_p = g;
+    return true;
+}
+
+kvb_status_t kvb__sid_parse(const char *sid, char *host, size_t hostlen, uint16_t *port_p)
+{
+    const char *colon, *h = sid;
+    size_t hl;
+    int64_t port;
+    if (sid == NULL || strlen(sid) > KVB_HS_MAX_SID)
+        return KVB_ERR_INVALID;
+    if (sid[0] == '[') {
+        const char *close = strchr(sid, ']');
+        if (close == NULL || close[1] != ':')
+            return KVB_ERR_INVALID;
+        h = sid + 1;
+        hl = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        colon = strrchr(sid, ':');
+        if (colon == NULL || memchr(sid, ':', (size_t)(colon - sid)) != NULL)
+            return KVB_ERR_INVALID;
+        hl = (size_t)(colon - sid);
+    }
+    if (hl == 0 || hl >= hostlen || !kvb__parse_i64(colon + 1, strlen(colon + 1), 1, 65535, &port))
+        return KVB_ERR_INVALID;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    *port_p = (uint16_t)port;
+    return KVB_OK;
+}
+
+static int ms_left(uint64_t deadline_ns)
+{
+    uint64_t now = kvb__now_ns();
+    if (now >= deadline_ns)
+        return 0;
+    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+    return ms > 60000 ? 60000 : (int)ms;
+}
+
+static kvb_status_t wait_fd(int fd, short events, uint64_t deadline_ns)
+{
+    for (;;) {
+        struct pollfd p = {fd, events, 0};
+        int ms = ms_left(deadline_ns);
+        if (ms == 0)
+            return KVB_ERR_TIMEOUT;
+        int rc = poll(&p, 1, ms);
+        if (rc > 0)
+            return KVB_OK;
+        if (rc < 0 && errno != EINTR)
+            return KVB_ERR_IO;
+    }
+}
+
+static kvb_status_t connect_one(const struct addrinfo *ai, uint64_t deadline_ns, int *fd_p)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int err = 0, one = 1;
+    socklen_t el = sizeof(err);
+    kvb_status_t st;
+    if (fd < 0)
+        return KVB_ERR_IO;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+        close(fd);
+        return KVB_ERR_PEER;
+    }
+    st = wait_fd(fd, POLLOUT, deadline_ns);
+    if (st == KVB_OK && (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0))
+        st = KVB_ERR_PEER;
+    if (st != KVB_OK) {
+        close(fd);
+        return st;
+    }
+    *fd_p = fd;
+    return KVB_OK;
+}
+
+kvb_status_t kvb__sock_connect(const char *host, uint16_t port, uint64_t deadline_ns, int *fd_p,
+                               char *why, size_t whylen)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    char ports[8];
+    kvb_status_t st = KVB_ERR_PEER;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    snprintf(ports, sizeof(ports), "%u", port);
+    int gai = getaddrinfo(host, ports, &hints, &res);
+    if (gai != 0) {
+        snprintf(why, whylen, "cannot resolve %s: %s", host, gai_strerror(gai));
+        return KVB_ERR_PEER;
+    }
+    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+        st = connect_one(ai, deadline_ns, fd_p);
+        if (st == KVB_OK || st == KVB_ERR_TIMEOUT)
+            break;
+    }
+    freeaddrinfo(res);
+    if (st == KVB_ERR_TIMEOUT)
+        snprintf(why, whylen, "connect to %s:%u timed out", host, port);
+    else if (st != KVB_OK)
+        snprintf(why, whylen, "connect to %s:%u refused or unreachable", host, port);
+    return st;
+}
+
+kvb_status_t kvb__sock_write_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return KVB_ERR_PEER;
+        kvb_status_t st = wait_fd(fd, POLLOUT, deadline_ns);
+        if (st != KVB_OK)
+            return st;
+    }
+    return KVB_OK;
+}
+
+kvb_status_t kvb__sock_read_all(int fd, void *buf, size_t len, uint64_t deadline_ns)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return KVB_ERR_PEER;
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return KVB_ERR_PEER;
+        kvb_status_t st = wait_fd(fd, POLLIN, deadline_ns);
+        if (st != KVB_OK)
+            return st;
+    }
+    return KVB_OK;
+}
+
+kvb_status_t kvb__sock_read_msg(int fd, const char *magic, size_t max, uint64_t deadline_ns,
+                                uint8_t **buf_p, size_t *len_p, char *why, size_t whylen)
+{
+    uint8_t hdr[KVB_HS_MAGIC_LEN + 4];
+    kvb_status_t st = kvb__sock_read_all(fd, hdr, sizeof(hdr), deadline_ns);
+    if (st != KVB_OK) {
+        snprintf(why, whylen, "%s while reading the handshake",
+                 st == KVB_ERR_TIMEOUT ? "timed out" : "connection closed");
+        return st;
+    }
+    uint32_t total = (uint32_t)hdr[8] | (uint32_t)hdr[9] << 8 | (uint32_t)hdr[10] << 16 |
+                     (uint32_t)hdr[11] << 24;
+    if (memcmp(hdr, magic, KVB_HS_MAGIC_LEN) != 0 || total < sizeof(hdr) || total > max) {
+        snprintf(why, whylen, "bad handshake header (magic or length %u)", total);
+        return KVB_ERR_PROTO;
+    }
+    uint8_t *buf = malloc(total);
+    if (buf == NULL)
+        return KVB_ERR_NOMEM;
+    memcpy(buf, hdr, sizeof(hdr));
+    st = kvb__sock_read_all(fd, buf + sizeof(hdr), total - sizeof(hdr), deadline_ns);
+    if (st != KVB_OK) {
+        free(buf);
+        snprintf(why, whylen, "%s while reading the handshake body",
+                 st == KVB_ERR_TIMEOUT ? "timed out" : "connection closed");
+        return st;
+    }
+    *buf_p = buf;
+    *len_p = total;
+    return KVB_OK;
+}

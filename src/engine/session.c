@@ -1,0 +1,347 @@
+/* Sessions: a peer's "host:port", its handshake, and the connection
+ * incarnations (kvb__conn_t) behind it. The handshake's TCP socket stays open
+ * as the liveness and "segment table changed" channel. */
+#include "engine/engine_int.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+void kvb__conn_get(kvb__conn_t *c)
+{
+    __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+}
+
+void kvb__conn_put(kvb__conn_t *c)
+{
+    kvb_engine_h eng;
+    if (c == NULL || __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    /* Last reference: its UCX objects belong to the progress thread. */
+    eng = c->eng_backref;
+    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (eng == NULL || cmd == NULL) {
+        free(cmd);
+        return;
+    }
+    cmd->kind = CMD_RETIRE;
+    cmd->conn = c;
+    if (kvb__engine_submit(eng, cmd, false) != KVB_OK)
+        free(cmd); /* engine stopping: it releases every conn itself */
+}
+
+static kvb__session_t *session_find(kvb_engine_h eng, const char *sid, kvb_status_t *st)
+{
+    kvb__session_t *s;
+    pthread_mutex_lock(&eng->sess_mu);
+    for (s = eng->sessions; s != NULL; s = s->next)
+        if (strcmp(s->sid, sid) == 0)
+            break;
+    if (s == NULL) {
+        s = calloc(1, sizeof(*s));
+        if (s == NULL || (s->sid = strdup(sid)) == NULL) {
+            free(s);
+            *st = KVB_ERR_NOMEM;
+            pthread_mutex_unlock(&eng->sess_mu);
+            return NULL;
+        }
+        if (kvb__sid_parse(sid, s->host, sizeof(s->host), &s->port) != KVB_OK) {
+            free(s->sid);
+            free(s);
+            *st = kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                               "session id \"%s\" is not host:port or [v6]:port", sid);
+            pthread_mutex_unlock(&eng->sess_mu);
+            return NULL;
+        }
+        pthread_mutex_init(&s->mu, NULL);
+        pthread_cond_init(&s->cv, NULL);
+        s->next = eng->sessions;
+        eng->sessions = s;
+    }
+    pthread_mutex_unlock(&eng->sess_mu);
+    return s;
+}
+
+static void set_keepalive(int fd, double peer_timeout_s)
+{
+    int one = 1, idle = peer_timeout_s >= 2 ? (int)(peer_timeout_s / 2) : 1, cnt = 2;
+    unsigned ut = (unsigned)(peer_timeout_s * 1000);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof(ut));
+}
+
+/* Blocking handshake on the caller's thread, then the progress thread turns
+ * the reply into an endpoint. */
+static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, kvb__conn_t **conn_p)
+{
+    uint64_t deadline = kvb__now_ns() + (uint64_t)(eng->params.connect_timeout_s * 1e9);
+    uint8_t *req = NULL, *rep = NULL;
+    size_t req_len, rep_len;
+    kvb__hs_reply_t reply;
+    kvb__cmd_t cmd = {0};
+    char why[256] = "";
+    int fd = -1;
+    kvb_status_t st = kvb__sock_connect(s->host, s->port, deadline, &fd, why, sizeof(why));
+    if (st == KVB_OK)
+        st = kvb__hs_request_encode(eng->sid, &req, &req_len);
+    if (st == KVB_OK)
+        st = kvb__sock_write_all(fd, req, req_len, deadline);
+    if (st == KVB_OK)
+        st = kvb__sock_read_msg(fd, "KVBHS001", KVB_HS_MAX_MSG, deadline, &rep, &rep_len, why,
+                                sizeof(why));
+    if (st == KVB_OK)
+        st = kvb__hs_reply_decode(rep, rep_len, &reply, why, sizeof(why));
+    free(req);
+    if (st == KVB_OK) {
+        set_keepalive(fd, eng->params.peer_timeout_s);
+        cmd.kind = CMD_CONNECT;
+        cmd.reply = &reply;
+        cmd.conn = calloc(1, sizeof(*cmd.conn));
+        if (cmd.conn == NULL)
+            st = KVB_ERR_NOMEM;
+    }
+    if (st == KVB_OK) {
+        cmd.conn->sess = s;
+        cmd.conn->eng_backref = eng;
+        cmd.conn->fd = fd;
+        cmd.conn->refs = 1;
+        st = kvb__engine_submit(eng, &cmd, true);
+        if (st == KVB_OK)
+            st = cmd.result;
+        if (st != KVB_OK)
+            snprintf(why, sizeof(why), "%s", cmd.why);
+        else
+            fd = -1; /* owned by the conn now */
+        kvb__hs_reply_free(&reply);
+    }
+    free(rep);
+    if (fd >= 0)
+        close(fd);
+    if (st != KVB_OK) {
+        if (cmd.conn != NULL && cmd.result != KVB_OK)
+            free(cmd.conn);
+        if (st == KVB_ERR_PROTO)
+            st = KVB_ERR_PEER; /* a peer that speaks garbage is not reachable */
+        return kvb__err_set(&eng->err, st, "session %s: %s", s->sid,
+                            why[0] ? why : kvb_status_string(st));
+    }
+    *conn_p = cmd.conn;
+    return KVB_OK;
+}
+
+static bool conn_usable(kvb__conn_t *c)
+{
+    return c != NULL && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) &&
+           !__atomic_load_n(&c->stale, __ATOMIC_ACQUIRE);
+}
+
+kvb_status_t kvb__session_acquire(kvb_engine_h eng, const char *sid, bool force_new,
+                                  kvb__conn_t **conn_p)
+{
+    kvb_status_t st = KVB_OK;
+    kvb__session_t *s = session_find(eng, sid, &st);
+    kvb__conn_t *old, *c = NULL;
+    if (s == NULL)
+        return st;
+    pthread_mutex_lock(&s->mu);
+    while (s->state == SESS_CONNECTING)
+        pthread_cond_wait(&s->cv, &s->mu);
+    if (!force_new && conn_usable(s->conn)) {
+        kvb__conn_get(s->conn);
+        *conn_p = s->conn;
+        pthread_mutex_unlock(&s->mu);
+        return KVB_OK;
+    }
+    s->state = SESS_CONNECTING;
+    old = s->conn;
+    s->conn = NULL;
+    pthread_mutex_unlock(&s->mu);
+    kvb__conn_put(old);
+    st = handshake(eng, s, &c);
+    pthread_mutex_lock(&s->mu);
+    s->state = st == KVB_OK ? SESS_READY : SESS_IDLE;
+    s->conn = c;
+    if (c != NULL)
+        kvb__conn_get(c);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (st == KVB_OK)
+        *conn_p = c;
+    return st;
+}
+
+void kvb__sessions_free(kvb_engine_h eng)
+{
+    kvb__session_t *s = eng->sessions;
+    while (s != NULL) {
+        kvb__session_t *next = s->next;
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        free(s->sid);
+        free(s);
+        s = next;
+    }
+    eng->sessions = NULL;
+}
+
+/* ---- progress thread side ---- */
+
+static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    kvb__conn_t *c = arg;
+    char why[160];
+    snprintf(why, sizeof(why), "transport error: %s", ucs_status_string(status));
+    kvb__conn_fail(c->eng_backref, c, why);
+}
+
+static bool same_host(kvb_engine_h eng, const kvb__hs_reply_t *r)
+{
+    return r->host_len == strlen(eng->host_id) && memcmp(r->host, eng->host_id, r->host_len) == 0;
+}
+
+static lane_t choose_lane(kvb_engine_h eng, const kvb__hs_reply_t *r)
+{
+    const char *forced = kvb__env_get("KVBRIDGE_LANE", NULL); /* put|am: diagnostics */
+    if (forced != NULL)
+        return strcmp(forced, "am") == 0 ? LANE_AM : LANE_PUT;
+    switch (eng->params.transport) {
+    case KVB_TRANSPORT_TCP:
+        return LANE_AM;
+    case KVB_TRANSPORT_SHM:
+        return LANE_PUT;
+    default:
+        /* One host: UCX puts through CMA / shared memory. Elsewhere UCX's put
+         * over TCP is emulated and slow; RDMA hosts can force put. */
+        return same_host(eng, r) ? LANE_PUT : LANE_AM;
+    }
+}
+
+static kvb_status_t unpack_rkeys(kvb__conn_t *c, const kvb__hs_reply_t *r, char *why, size_t wl)
+{
+    for (uint32_t i = 0; i < r->nseg; i++) {
+        kvb__seg_t seg = {.addr = r->segs[i].addr, .len = r->segs[i].len};
+        ucp_rkey_h rk = NULL;
+        ucs_status_t us = ucp_ep_rkey_unpack(c->ep, r->segs[i].rkey, &rk);
+        if (us != UCS_OK && c->lane == LANE_PUT) {
+            snprintf(why, wl, "remote key %u unusable: %s", i, ucs_status_string(us));
+            return KVB_ERR_PEER;
+        }
+        seg.handle = us == UCS_OK ? rk : NULL;
+        if (kvb__segtab_insert(&c->segs, &seg) != KVB_OK) {
+            if (rk != NULL)
+                ucp_rkey_destroy(rk);
+            snprintf(why, wl, "segment %u overlaps another", i);
+            return KVB_ERR_PEER;
+        }
+    }
+    return KVB_OK;
+}
+
+void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd)
+{
+    kvb__conn_t *c = cmd->conn;
+    const kvb__hs_reply_t *r = cmd->reply;
+    ucp_ep_params_t ep = {0};
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = (const ucp_address_t *)r->waddr;
+    /* Shared-memory transports have no peer-failure support in UCX; there the
+     * control connection alone detects a dead peer. */
+    ep.err_mode = eng->params.transport == KVB_TRANSPORT_SHM ? UCP_ERR_HANDLING_MODE_NONE
+                                                             : UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = ep_error_cb;
+    ep.err_handler.arg = c;
+    c->epoch = r->epoch;
+    c->generation = r->generation;
+    c->lane = choose_lane(eng, r);
+    ucs_status_t us = ucp_ep_create(eng->worker, &ep, &c->ep);
+    if (us != UCS_OK) {
+        c->ep = NULL;
+        cmd->result = KVB_ERR_PEER;
+        snprintf(cmd->why, sizeof(cmd->why), "no UCX path to the peer (transport %s): %s",
+                 eng->params.transport == KVB_TRANSPORT_SHM ? "shm" : "auto/tcp",
+                 ucs_status_string(us));
+        return;
+    }
+    cmd->result = unpack_rkeys(c, r, cmd->why, sizeof(cmd->why));
+    if (cmd->result != KVB_OK) {
+        kvb__conn_release_ucx(eng, c);
+        return;
+    }
+    ev.data.u64 = (uint64_t)(uintptr_t)c;
+    epoll_ctl(eng->epfd, EPOLL_CTL_ADD, c->fd, &ev);
+    c->next_all = eng->conns;
+    eng->conns = c;
+    KVB_LOGI("engine %s: session %s connected (%s lane, %zu segments)", eng->sid, c->sess->sid,
+             c->lane == LANE_PUT ? "put" : "message", c->segs.n);
+}
+
+void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why)
+{
+    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+        return;
+    snprintf(c->why, sizeof(c->why), "%s", why);
+    KVB_LOGW("engine %s: session %s lost: %s", eng->sid, c->sess->sid, why);
+    kvb__xfer_fail_conn(eng, c, why);
+    if (c->fd >= 0)
+        epoll_ctl(eng->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+}
+
+void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c)
+{
+    for (;;) {
+        ssize_t n = recv(c->fd, c->rx + c->rxlen, sizeof(c->rx) - c->rxlen, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            kvb__conn_fail(eng, c,
+                           "peer closed its control connection (process died or restarted)");
+            return;
+        }
+        c->rxlen += (size_t)n;
+        if (c->rxlen < sizeof(c->rx))
+            continue;
+        uint64_t gen;
+        c->rxlen = 0;
+        if (!kvb__hs_notice_decode(c->rx, &gen)) {
+            kvb__conn_fail(eng, c, "malformed notice on the control connection");
+            return;
+        }
+        if (gen != c->generation)
+            __atomic_store_n(&c->stale, 1, __ATOMIC_RELEASE);
+    }
+}
+
+void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c)
+{
+    for (size_t i = 0; i < c->segs.n; i++)
+        if (c->segs.v[i].handle != NULL)
+            ucp_rkey_destroy((ucp_rkey_h)c->segs.v[i].handle);
+    kvb__segtab_free(&c->segs);
+    if (c->ep != NULL) {
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = ucp_ep_close_nbx(c->ep, &p);
+        if (UCS_PTR_IS_PTR(req)) {
+            while (ucp_request_check_status(req) == UCS_INPROGRESS)
+                ucp_worker_progress(eng->worker);
+            ucp_request_free(req);
+        }
+        c->ep = NULL;
+    }
+    if (c->fd >= 0) {
+        epoll_ctl(eng->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        close(c->fd);
+        c->fd = -1;
+    }
+}

@@ -1,0 +1,726 @@
+/* Transfers: validation and coalescing on the caller's thread; issuing,
+ * completion and failure on the progress thread. Two lanes:
+ *  - put: ucp_put_nbx per block, then ucp_ep_flush_nbx (remote completion);
+ *  - message (AM): blocks aggregated into messages of up to am_chunk_bytes,
+ *    descriptors in the AM header, bytes as an IOV payload; the target
+ *    validates every range, places the bytes (eager copy or rendezvous
+ *    receive straight into the destination IOV) and acknowledges. */
+#include "engine/engine_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PUT_WINDOW 1024 /* blocks issued before a flush */
+#define AM_WINDOW 8     /* unacknowledged messages per transfer */
+#define AM_HDR_FIXED 32
+#define AM_DESC 16
+#define AM_MAGIC_WRITE 0x5742564bu /* "KVBW" */
+#define AM_MAGIC_ACK 0x4142564bu   /* "KVBA" */
+
+typedef struct am_msg {
+    struct kvb_xfer *x;
+    uint8_t *hdr;
+    ucp_dt_iov_t *iov;
+} am_msg_t;
+
+void kvb__xfer_release(struct kvb_xfer *x)
+{
+    if (__atomic_sub_fetch(&x->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    kvb__conn_put(x->conn);
+    free(x->blocks);
+    pthread_mutex_destroy(&x->mu);
+    pthread_cond_destroy(&x->cv);
+    free(x);
+}
+
+/* ---- caller side ---- */
+
+static kvb_status_t check_blocks(kvb_engine_h eng, kvb__conn_t *c, const kvb_block_t *b, size_t n,
+                                 long *dst_seg, bool *retry_p)
+{
+    kvb_status_t st = KVB_OK;
+    pthread_mutex_lock(&eng->seg_mu);
+    for (size_t i = 0; i < n && st == KVB_OK; i++) {
+        if (b[i].len == 0) {
+            dst_seg[i] = -1;
+            continue;
+        }
+        if (kvb__segtab_find(&eng->segs, b[i].src, b[i].len) < 0)
+            st = kvb__err_set(&eng->err, KVB_ERR_BOUNDS,
+                              "block %zu: local source [0x%llx, +%llu) is not inside a "
+                              "registered region",
+                              i, (unsigned long long)b[i].src, (unsigned long long)b[i].len);
+        else if ((dst_seg[i] = kvb__segtab_find(&c->segs, b[i].dst, b[i].len)) < 0) {
+            *retry_p = true;
+            st = kvb__err_set(&eng->err, KVB_ERR_BOUNDS,
+                              "session %s, block %zu: destination [0x%llx, +%llu) is not "
+                              "inside a region the peer registered",
+                              c->sess->sid, i, (unsigned long long)b[i].dst,
+                              (unsigned long long)b[i].len);
+        }
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+    return st;
+}
+
+/* Merge neighbours contiguous on both sides within one destination segment
+ * (a local region boundary is harmless: sources are only read). */
+static size_t coalesce(const kvb_block_t *b, const long *seg, size_t n, kvb_block_t *out)
+{
+    size_t m = 0;
+    long last_seg = -2;
+    for (size_t i = 0; i < n; i++) {
+        if (b[i].len == 0)
+            continue;
+        if (m > 0 && seg[i] == last_seg && out[m - 1].src + out[m - 1].len == b[i].src &&
+            out[m - 1].dst + out[m - 1].len == b[i].dst) {
+            out[m - 1].len += b[i].len;
+            continue;
+        }
+        out[m++] = b[i];
+        last_seg = seg[i];
+    }
+    return m;
+}
+
+static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                            size_t count, struct kvb_xfer *x)
+{
+    long *seg = malloc((count ? count : 1) * sizeof(*seg));
+    bool retry = false;
+    kvb_status_t st = seg == NULL ? KVB_ERR_NOMEM : KVB_OK;
+    if (st == KVB_OK)
+        st = kvb__session_acquire(eng, sid, false, &x->conn);
+    if (st == KVB_OK)
+        st = check_blocks(eng, x->conn, blocks, count, seg, &retry);
+    if (st == KVB_ERR_BOUNDS && retry) {
+        /* The peer may have registered more since our handshake: look again. */
+        kvb__conn_put(x->conn);
+        x->conn = NULL;
+        retry = false;
+        st = kvb__session_acquire(eng, sid, true, &x->conn);
+        if (st == KVB_OK)
+            st = check_blocks(eng, x->conn, blocks, count, seg, &retry);
+    }
+    if (st == KVB_OK) {
+        x->blocks = malloc((count ? count : 1) * sizeof(*x->blocks));
+        if (x->blocks == NULL)
+            st = KVB_ERR_NOMEM;
+        else
+            x->n = coalesce(blocks, seg, count, x->blocks);
+    }
+    free(seg);
+    return st;
+}
+
+kvb_status_t kvb_engine_write_async(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                                    size_t count, kvb_xfer_h *xfer_p)
+{
+    struct kvb_xfer *x;
+    kvb__cmd_t *cmd;
+    kvb_status_t st;
+    if (eng == NULL || sid == NULL || xfer_p == NULL || (blocks == NULL && count > 0))
+        return KVB_ERR_INVALID;
+    x = calloc(1, sizeof(*x));
+    cmd = calloc(1, sizeof(*cmd));
+    if (x == NULL || cmd == NULL) {
+        free(x);
+        free(cmd);
+        return KVB_ERR_NOMEM;
+    }
+    pthread_mutex_init(&x->mu, NULL);
+    pthread_cond_init(&x->cv, NULL);
+    x->eng = eng;
+    x->refs = 2;
+    x->status = KVB_ERR_INPROGRESS;
+    st = prepare(eng, sid, blocks, count, x);
+    if (st == KVB_OK) {
+        cmd->kind = CMD_XFER;
+        cmd->xfer = x;
+        st = kvb__engine_submit(eng, cmd, false);
+    }
+    if (st != KVB_OK) {
+        free(cmd);
+        x->refs = 1;
+        kvb__xfer_release(x);
+        return st;
+    }
+    *xfer_p = x;
+    return KVB_OK;
+}
+
+kvb_status_t kvb_xfer_test(kvb_xfer_h x)
+{
+    return x == NULL ? KVB_ERR_INVALID
+                     : (kvb_status_t)__atomic_load_n(&x->status, __ATOMIC_ACQUIRE);
+}
+
+kvb_status_t kvb_xfer_wait(kvb_xfer_h x, double timeout_s)
+{
+    kvb_status_t st;
+    if (x == NULL)
+        return KVB_ERR_INVALID;
+    uint64_t deadline = kvb__now_ns() + (uint64_t)(timeout_s > 0 ? timeout_s * 1e9 : 0);
+    pthread_mutex_lock(&x->mu);
+    while ((st = (kvb_status_t)x->status) == KVB_ERR_INPROGRESS) {
+        if (timeout_s <= 0) {
+            pthread_cond_wait(&x->cv, &x->mu);
+            continue;
+        }
+        uint64_t now = kvb__now_ns();
+        if (now >= deadline) {
+            st = KVB_ERR_TIMEOUT;
+            break;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t wake = (uint64_t)ts.tv_nsec + (deadline - now);
+        ts.tv_sec += (time_t)(wake / 1000000000ull);
+        ts.tv_nsec = (long)(wake % 1000000000ull);
+        pthread_cond_timedwait(&x->cv, &x->mu, &ts);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return st;
+}
+
+kvb_status_t kvb_xfer_cancel(kvb_xfer_h x)
+{
+    if (x == NULL)
+        return KVB_ERR_INVALID;
+    __atomic_store_n(&x->cancel, 1, __ATOMIC_RELEASE);
+    return KVB_OK;
+}
+
+const char *kvb_xfer_error(kvb_xfer_h x)
+{
+    if (x == NULL || __atomic_load_n(&x->status, __ATOMIC_ACQUIRE) == KVB_ERR_INPROGRESS)
+        return "";
+    return x->err;
+}
+
+void kvb_xfer_free(kvb_xfer_h x)
+{
+    if (x == NULL)
+        return;
+    kvb_xfer_cancel(x);
+    kvb__xfer_release(x);
+}
+
+kvb_status_t kvb_engine_write(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                              size_t count, double timeout_s)
+{
+    kvb_xfer_h x;
+    kvb_status_t st = kvb_engine_write_async(eng, sid, blocks, count, &x);
+    if (st != KVB_OK)
+        return st;
+    st = kvb_xfer_wait(x, timeout_s);
+    if (st == KVB_ERR_TIMEOUT) {
+        /* Settle what was issued before returning, so no byte lands later;
+         * a peer that cannot settle within its bound is declared lost. */
+        kvb_xfer_cancel(x);
+        if (kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT)
+            KVB_LOGW("session %s: transfer did not settle after time-out", sid);
+        kvb__err_set(&eng->err, KVB_ERR_TIMEOUT,
+                     "session %s: write of %zu blocks timed out "
+                     "after %.3f s",
+                     sid, count, timeout_s);
+        st = KVB_ERR_TIMEOUT;
+    } else if (st != KVB_OK) {
+        kvb__err_set(&eng->err, st, "%s", x->err);
+    }
+    kvb_xfer_free(x);
+    return st;
+}
+
+/* ---- progress thread ---- */
+
+static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st)
+{
+    struct kvb_xfer **pp = &eng->active;
+    while (*pp != NULL && *pp != x)
+        pp = &(*pp)->next_active;
+    if (*pp == x)
+        *pp = x->next_active;
+    pthread_mutex_lock(&x->mu);
+    if (st != KVB_OK && x->err[0] == '\0')
+        snprintf(x->err, sizeof(x->err), "%s", kvb_status_string(st));
+    __atomic_store_n(&x->status, (int)st, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+    kvb__xfer_release(x);
+}
+
+static void fail(struct kvb_xfer *x, kvb_status_t st, const char *fmt, const char *a, const char *b)
+{
+    if (x->failed)
+        return;
+    x->failed = 1;
+    x->fail_status = st;
+    pthread_mutex_lock(&x->mu);
+    snprintf(x->err, sizeof(x->err), fmt, a, b);
+    pthread_mutex_unlock(&x->mu);
+}
+
+void kvb__xfer_start(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    x->id = ++eng->next_xfer_id;
+    x->next_active = eng->active;
+    eng->active = x;
+    if (__atomic_load_n(&x->conn->dead, __ATOMIC_ACQUIRE)) {
+        fail(x, KVB_ERR_PEER, "session %s: %s", x->conn->sess->sid, x->conn->why);
+        x->abandoned = 1;
+    }
+}
+
+static void flush_cb(void *req, ucs_status_t status, void *user)
+{
+    struct kvb_xfer *x = user;
+    if (!x->abandoned) {
+        x->inflight--;
+        if (status != UCS_OK)
+            fail(x, KVB_ERR_PEER, "session %s: write failed: %s", x->conn->sess->sid,
+                 ucs_status_string(status));
+    }
+    kvb__xfer_release(x);
+    ucp_request_free(req);
+}
+
+static void issue_put(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    kvb__conn_t *c = x->conn;
+    ucp_request_param_t p = {0};
+    size_t end = x->next + PUT_WINDOW < x->n ? x->next + PUT_WINDOW : x->n;
+    for (; x->next < end; x->next++) {
+        const kvb_block_t *b = &x->blocks[x->next];
+        long s = kvb__segtab_find(&c->segs, b->dst, b->len);
+        void *r = ucp_put_nbx(c->ep, (void *)(uintptr_t)b->src, b->len, b->dst,
+                              (ucp_rkey_h)c->segs.v[s].handle, &p);
+        if (UCS_PTR_IS_ERR(r)) {
+            fail(x, KVB_ERR_PEER, "session %s: put failed: %s", c->sess->sid,
+                 ucs_status_string(UCS_PTR_STATUS(r)));
+            break;
+        }
+        if (r != NULL)
+            ucp_request_free(r);
+    }
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = flush_cb;
+    p.user_data = x;
+    void *r = ucp_ep_flush_nbx(c->ep, &p);
+    if (UCS_PTR_IS_ERR(r))
+        fail(x, KVB_ERR_PEER, "session %s: flush failed: %s", c->sess->sid,
+             ucs_status_string(UCS_PTR_STATUS(r)));
+    else if (r != NULL) {
+        x->inflight++;
+        __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
+    }
+}
+
+static void am_msg_free(am_msg_t *m)
+{
+    kvb__xfer_release(m->x);
+    free(m->hdr);
+    free(m->iov);
+    free(m);
+}
+
+static void am_send_cb(void *req, ucs_status_t status, void *user)
+{
+    am_msg_t *m = user;
+    if (status != UCS_OK && !m->x->abandoned)
+        fail(m->x, KVB_ERR_PEER, "session %s: message send failed: %s", m->x->conn->sess->sid,
+             ucs_status_string(status));
+    am_msg_free(m);
+    ucp_request_free(req);
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* Gather the next pieces of x into one message (bounded by bytes and
+ * descriptor count); returns NULL on allocation failure. */
+static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, uint64_t *bytes_p)
+{
+    size_t max_desc = (eng->max_am_header - AM_HDR_FIXED) / AM_DESC;
+    size_t chunk = eng->params.am_chunk_bytes;
+    am_msg_t *m = calloc(1, sizeof(*m));
+    if (max_desc > 512)
+        max_desc = 512;
+    if (m == NULL || (m->hdr = malloc(AM_HDR_FIXED + max_desc * AM_DESC)) == NULL ||
+        (m->iov = malloc(max_desc * sizeof(*m->iov))) == NULL) {
+        if (m != NULL) {
+            free(m->hdr);
+            free(m);
+        }
+        return NULL;
+    }
+    size_t k = 0;
+    uint64_t total = 0;
+    while (x->next < x->n && k < max_desc && total < chunk) {
+        const kvb_block_t *b = &x->blocks[x->next];
+        uint64_t piece = b->len - x->off;
+        if (piece > chunk - total)
+            piece = chunk - total;
+        put_u64(m->hdr + AM_HDR_FIXED + k * AM_DESC, b->dst + x->off);
+        put_u64(m->hdr + AM_HDR_FIXED + k * AM_DESC + 8, piece);
+        m->iov[k].buffer = (void *)(uintptr_t)(b->src + x->off);
+        m->iov[k].length = piece;
+        k++;
+        total += piece;
+        x->off += piece;
+        if (x->off == b->len) {
+            x->next++;
+            x->off = 0;
+        }
+    }
+    uint32_t magic = AM_MAGIC_WRITE, nd = (uint32_t)k;
+    memcpy(m->hdr, &magic, 4);
+    memcpy(m->hdr + 4, &nd, 4);
+    put_u64(m->hdr + 8, x->id);
+    put_u64(m->hdr + 16, x->msgs_sent);
+    put_u64(m->hdr + 24, total);
+    *niov_p = k;
+    *bytes_p = total;
+    return m;
+}
+
+static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    while (x->next < x->n && x->inflight < AM_WINDOW && !x->failed) {
+        size_t niov;
+        uint64_t bytes;
+        am_msg_t *m = am_build(eng, x, &niov, &bytes);
+        if (m == NULL) {
+            fail(x, KVB_ERR_NOMEM, "%s%s", "out of memory building a message", "");
+            return;
+        }
+        ucp_request_param_t p = {0};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                         UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS;
+        p.cb.send = am_send_cb;
+        p.user_data = m;
+        p.flags = UCP_AM_SEND_FLAG_REPLY;
+        p.datatype = niov == 1 ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
+        m->x = x;
+        __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
+        x->msgs_sent++;
+        x->inflight++;
+        void *buf = niov == 1 ? m->iov[0].buffer : (void *)m->iov;
+        size_t cnt = niov == 1 ? m->iov[0].length : niov;
+        void *r = ucp_am_send_nbx(x->conn->ep, KVB_AM_WRITE, m->hdr, AM_HDR_FIXED + niov * AM_DESC,
+                                  buf, cnt, &p);
+        if (UCS_PTR_IS_ERR(r)) {
+            x->inflight--;
+            fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
+                 ucs_status_string(UCS_PTR_STATUS(r)));
+            am_msg_free(m);
+        } else if (r == NULL) {
+            am_msg_free(m);
+        }
+    }
+}
+
+static bool progress_one(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    bool stop = x->failed || __atomic_load_n(&x->cancel, __ATOMIC_ACQUIRE);
+    if (x->abandoned || ((stop || x->next == x->n) && x->inflight == 0)) {
+        kvb_status_t st = x->failed ? x->fail_status : stop ? KVB_ERR_CANCELED : KVB_OK;
+        if (st == KVB_ERR_CANCELED)
+            snprintf(x->err, sizeof(x->err), "canceled");
+        finish(eng, x, st);
+        return true;
+    }
+    if (stop || x->next == x->n)
+        return false;
+    size_t before = x->next;
+    if (x->conn->lane == LANE_PUT) {
+        if (x->inflight == 0)
+            issue_put(eng, x);
+    } else {
+        issue_am(eng, x);
+    }
+    return x->next != before;
+}
+
+bool kvb__xfer_progress_all(kvb_engine_h eng)
+{
+    bool busy = false;
+    struct kvb_xfer *x = eng->active, *next;
+    for (; x != NULL; x = next) {
+        next = x->next_active;
+        busy |= progress_one(eng, x);
+    }
+    return busy;
+}
+
+void kvb__xfer_fail_conn(kvb_engine_h eng, kvb__conn_t *c, const char *why)
+{
+    struct kvb_xfer *x = eng->active, *next;
+    for (; x != NULL; x = next) {
+        next = x->next_active;
+        if (x->conn != c)
+            continue;
+        x->failed = 0;
+        fail(x, KVB_ERR_PEER, "session %s: %s", c->sess->sid, why);
+        x->abandoned = 1;
+        finish(eng, x, KVB_ERR_PEER);
+    }
+}
+
+void kvb__xfer_cancel_all(kvb_engine_h eng)
+{
+    while (eng->active != NULL) {
+        struct kvb_xfer *x = eng->active;
+        x->abandoned = 1;
+        snprintf(x->err, sizeof(x->err), "engine destroyed");
+        finish(eng, x, KVB_ERR_CANCELED);
+    }
+}
+
+/* ---- target side of the message lane ---- */
+
+typedef struct am_recv {
+    kvb_engine_h eng;
+    ucp_ep_h reply_ep;
+    uint64_t xfer_id, msg_id;
+    uint64_t *pinned; /* segment start addresses pinned, one per descriptor */
+    size_t npinned;
+    ucp_dt_iov_t *iov;
+} am_recv_t;
+
+static void ack_sent_cb(void *req, ucs_status_t status, void *user)
+{
+    free(user);
+    ucp_request_free(req);
+}
+
+static void send_ack(kvb_engine_h eng, ucp_ep_h ep, uint64_t xfer_id, uint64_t msg_id,
+                     kvb_status_t st, const char *reason)
+{
+    size_t rl = reason != NULL ? strlen(reason) : 0;
+    if (rl > 400)
+        rl = 400;
+    uint8_t *h = malloc(28 + rl);
+    if (h == NULL)
+        return;
+    uint32_t magic = AM_MAGIC_ACK, rl32 = (uint32_t)rl;
+    int32_t s32 = st;
+    memcpy(h, &magic, 4);
+    memcpy(h + 4, &s32, 4);
+    put_u64(h + 8, xfer_id);
+    put_u64(h + 16, msg_id);
+    memcpy(h + 24, &rl32, 4);
+    if (rl > 0)
+        memcpy(h + 28, reason, rl);
+    ucp_request_param_t p = {0};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = ack_sent_cb;
+    p.user_data = h;
+    void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, h, 28 + rl, NULL, 0, &p);
+    if (!UCS_PTR_IS_PTR(r))
+        free(h);
+}
+
+static void unpin(kvb_engine_h eng, const uint64_t *pinned, size_t n)
+{
+    pthread_mutex_lock(&eng->seg_mu);
+    for (size_t i = 0; i < n; i++) {
+        long s = kvb__segtab_find_start(&eng->segs, pinned[i]);
+        if (s >= 0 && eng->segs.v[s].pins > 0)
+            eng->segs.v[s].pins--;
+    }
+    pthread_cond_broadcast(&eng->seg_cv);
+    pthread_mutex_unlock(&eng->seg_mu);
+}
+
+/* Validate every descriptor against the local registrations and pin the
+ * segments; fills iov with the destinations. */
+static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint64_t *pinned,
+                                ucp_dt_iov_t *iov, char *why, size_t wl)
+{
+    kvb_status_t st = KVB_OK;
+    uint32_t i;
+    pthread_mutex_lock(&eng->seg_mu);
+    for (i = 0; i < nd; i++) {
+        uint64_t dst = get_u64(h + AM_HDR_FIXED + (size_t)i * AM_DESC);
+        uint64_t len = get_u64(h + AM_HDR_FIXED + (size_t)i * AM_DESC + 8);
+        long s = kvb__segtab_find(&eng->segs, dst, len);
+        if (s < 0) {
+            snprintf(why, wl, "destination [0x%llx, +%llu) is not inside a registered region",
+                     (unsigned long long)dst, (unsigned long long)len);
+            st = KVB_ERR_BOUNDS;
+            break;
+        }
+        eng->segs.v[s].pins++;
+        pinned[i] = eng->segs.v[s].addr;
+        iov[i].buffer = (void *)(uintptr_t)dst;
+        iov[i].length = len;
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+    if (st != KVB_OK)
+        unpin(eng, pinned, i);
+    return st;
+}
+
+static void am_recv_done(am_recv_t *rc, ucs_status_t status)
+{
+    unpin(rc->eng, rc->pinned, rc->npinned);
+    send_ack(rc->eng, rc->reply_ep, rc->xfer_id, rc->msg_id, status == UCS_OK ? KVB_OK : KVB_ERR_IO,
+             status == UCS_OK ? NULL : ucs_status_string(status));
+    free(rc->pinned);
+    free(rc->iov);
+    free(rc);
+}
+
+static void am_recv_cb(void *req, ucs_status_t status, size_t length, void *user)
+{
+    am_recv_t *rc = user;
+    rc->eng->am_pending--;
+    am_recv_done(rc, status);
+    ucp_request_free(req);
+}
+
+static bool am_header_ok(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p)
+{
+    uint32_t magic, nd;
+    uint64_t total = 0;
+    if (hlen < AM_HDR_FIXED)
+        return false;
+    memcpy(&magic, h, 4);
+    memcpy(&nd, h + 4, 4);
+    if (magic != AM_MAGIC_WRITE || nd == 0 || (hlen - AM_HDR_FIXED) / AM_DESC != nd ||
+        (hlen - AM_HDR_FIXED) % AM_DESC != 0 || get_u64(h + 24) != length)
+        return false;
+    for (uint32_t i = 0; i < nd; i++)
+        if (__builtin_add_overflow(total, get_u64(h + AM_HDR_FIXED + (size_t)i * AM_DESC + 8),
+                                   &total))
+            return false;
+    *nd_p = nd;
+    return total == length;
+}
+
+static void scatter(const ucp_dt_iov_t *iov, uint32_t nd, const uint8_t *data)
+{
+    for (uint32_t i = 0; i < nd; i++) {
+        memcpy(iov[i].buffer, data, iov[i].length);
+        data += iov[i].length;
+    }
+}
+
+static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void *data,
+                                size_t length, const ucp_am_recv_param_t *param)
+{
+    kvb_engine_h eng = arg;
+    const uint8_t *h = header;
+    char why[200] = "malformed write message";
+    uint32_t nd = 0;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
+        return UCS_OK; /* cannot answer: drop */
+    uint64_t xid = hlen >= 24 ? get_u64(h + 8) : 0, mid = hlen >= 24 ? get_u64(h + 16) : 0;
+    am_recv_t *rc = calloc(1, sizeof(*rc));
+    bool ok = rc != NULL && am_header_ok(h, hlen, length, &nd) &&
+              (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
+              (rc->iov = malloc(nd * sizeof(ucp_dt_iov_t))) != NULL &&
+              am_validate(eng, h, nd, rc->pinned, rc->iov, why, sizeof(why)) == KVB_OK;
+    if (!ok) {
+        KVB_LOGW("engine %s: refused a write: %s", eng->sid, why);
+        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_BOUNDS, why);
+        if (rc != NULL) {
+            free(rc->pinned);
+            free(rc->iov);
+            free(rc);
+        }
+        return UCS_OK;
+    }
+    rc->eng = eng;
+    rc->reply_ep = param->reply_ep;
+    rc->xfer_id = xid;
+    rc->msg_id = mid;
+    rc->npinned = nd;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        scatter(rc->iov, nd, data);
+        am_recv_done(rc, UCS_OK);
+        return UCS_OK;
+    }
+    ucp_request_param_t p = {0};
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+    p.cb.recv_am = am_recv_cb;
+    p.user_data = rc;
+    p.datatype = nd == 1 ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
+    void *r = ucp_am_recv_data_nbx(eng->worker, data, nd == 1 ? rc->iov[0].buffer : rc->iov,
+                                   nd == 1 ? rc->iov[0].length : nd, &p);
+    if (UCS_PTR_IS_ERR(r))
+        am_recv_done(rc, UCS_PTR_STATUS(r));
+    else if (r == NULL)
+        am_recv_done(rc, UCS_OK);
+    else
+        eng->am_pending++;
+    return UCS_OK;
+}
+
+static struct kvb_xfer *find_active(kvb_engine_h eng, uint64_t id)
+{
+    for (struct kvb_xfer *x = eng->active; x != NULL; x = x->next_active)
+        if (x->id == id)
+            return x;
+    return NULL;
+}
+
+static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *data, size_t length,
+                              const ucp_am_recv_param_t *param)
+{
+    kvb_engine_h eng = arg;
+    const uint8_t *h = header;
+    uint32_t magic, rl;
+    int32_t st;
+    if (hlen < 28)
+        return UCS_OK;
+    memcpy(&magic, h, 4);
+    memcpy(&st, h + 4, 4);
+    memcpy(&rl, h + 24, 4);
+    if (magic != AM_MAGIC_ACK || rl != hlen - 28)
+        return UCS_OK;
+    struct kvb_xfer *x = find_active(eng, get_u64(h + 8));
+    if (x == NULL || x->abandoned || x->inflight == 0)
+        return UCS_OK;
+    x->inflight--;
+    x->msgs_acked++;
+    if (st != KVB_OK) {
+        char reason[404];
+        memcpy(reason, h + 28, rl < 400 ? rl : 400);
+        reason[rl < 400 ? rl : 400] = '\0';
+        fail(x, st == KVB_ERR_BOUNDS ? KVB_ERR_BOUNDS : KVB_ERR_PEER,
+             "session %s: peer refused the write: %s", x->conn->sess->sid, reason);
+    }
+    return UCS_OK;
+}
+
+kvb_status_t kvb__am_register_handlers(kvb_engine_h eng)
+{
+    ucp_am_handler_param_t p = {0};
+    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                   UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    p.arg = eng;
+    p.id = KVB_AM_WRITE;
+    p.cb = am_write_cb;
+    if (ucp_worker_set_am_recv_handler(eng->worker, &p) != UCS_OK)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "cannot set the write message handler");
+    p.id = KVB_AM_ACK;
+    p.cb = am_ack_cb;
+    if (ucp_worker_set_am_recv_handler(eng->worker, &p) != UCS_OK)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "cannot set the ack message handler");
+    return KVB_OK;
+}
