@@ -2,7 +2,6 @@
 #ifndef KVBRIDGE_H
 #define KVBRIDGE_H
 #include <kvbridge/common.h>
-#include <kvbridge/bootstrap.h>
 #include <kvbridge/engine.h>
 #include <kvbridge/plan.h>
 #endif
