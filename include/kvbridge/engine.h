@@ -68,8 +68,9 @@ KVB_API const char *kvb_engine_session_id(kvb_engine_h engine);
 /* The lane this engine was created with. */
 KVB_API kvb_transport_t kvb_engine_transport(kvb_engine_h engine);
 
-/* Detailed text of the last error seen by the calling thread's most recent
- * failing call on this engine (copied to thread-local storage). */
+/* Detailed text of the most recent error recorded on this engine by any
+ * thread (which peer, which range). The pointer is to a thread-local copy,
+ * valid until the calling thread's next call of this function. */
 KVB_API const char *kvb_engine_last_error(kvb_engine_h engine);
 
 typedef struct kvb_mem_region {
