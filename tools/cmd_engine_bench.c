@@ -39,6 +39,7 @@ typedef struct eb_opts {
     size_t nsizes;
     size_t ws;
     long long reps;
+    bool verbose;
     const char *json;
     const char *host;
 } eb_opts_t;
@@ -87,6 +88,7 @@ static void usage(FILE *out)
             "                                (default 4096,32768,262144,4194304)\n"
             "  --reps N                      timed repetitions per size, median kept "
             "(default 3)\n"
+            "  --verbose                     print every repetition's time on stderr\n"
             "  --json FILE                   also write the results as a JSON array\n"
             "  --host ADDR                   loopback address to use (default 127.0.0.1)\n"
             "  --help                        this text\n\n"
@@ -185,10 +187,12 @@ static int parse_one(eb_opts_t *o, int argc, char **argv, int *i)
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
         return 1;
-    if (strcmp(a, "--quick") == 0) {
+    if (strcmp(a, "--quick") == 0)
         o->ws = EB_QUICK_BYTES;
+    if (strcmp(a, "--verbose") == 0)
+        o->verbose = true;
+    if (strcmp(a, "--quick") == 0 || strcmp(a, "--verbose") == 0)
         return 0;
-    }
     (*i)++;
     if (strcmp(a, "--transport") == 0)
         return parse_transport(o, v) ? 0 : 2;
@@ -411,6 +415,9 @@ static bool time_writes(eb_ctx_t *c, kvb_engine_h e, eb_target_t *t, size_t si, 
         if (!write_all(e, t->session, c->blocks, n, row->error, sizeof(row->error)))
             return false;
         tm[r] = kvb_tool_now() - t0;
+        if (c->o->verbose)
+            fprintf(stderr, "engine-bench: %s %zu B rep %lld: %.4f s, %.3f GB/s\n",
+                    lane_name(row->lane), bs, r, tm[r], gbps(n * bs, tm[r]));
     }
     row->bytes = n * bs;
     row->seconds = median(tm, (size_t)c->o->reps);
