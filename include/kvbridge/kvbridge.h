@@ -2,6 +2,7 @@
 #ifndef KVBRIDGE_H
 #define KVBRIDGE_H
 #include <kvbridge/common.h>
+#include <kvbridge/bootstrap.h>
 #include <kvbridge/engine.h>
 #include <kvbridge/plan.h>
 #endif

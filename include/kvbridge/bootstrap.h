@@ -1,0 +1,208 @@
+/* kvbridge bootstrap: the HTTP service where prefill ranks register their
+ * control address and decode ranks look them up (wire-compatible with
+ * SGLang's and TokenSpeed's Mooncake bootstrap server; see docs/bootstrap.md).
+ *
+ * Server: kvb_bootstrap_server_start() runs libmicrohttpd's own threads; the
+ * handle is thread-safe (every function may be called from any thread) except
+ * that kvb_bootstrap_server_stop() must not race other calls on it.
+ *
+ * Client: a kvb_bootstrap_client_h owns one HTTP connection (reused between
+ * calls: keep-alive for heartbeats). A client is thread-safe: calls on one
+ * handle are serialised by an internal lock, so use one client per thread
+ * where requests must run in parallel. */
+#ifndef KVBRIDGE_BOOTSTRAP_H
+#define KVBRIDGE_BOOTSTRAP_H
+
+#include <kvbridge/common.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* SGLang's default bootstrap port. */
+#define KVB_BOOTSTRAP_DEFAULT_PORT 8998
+/* Largest request or response body either side accepts (bytes). */
+#define KVB_BOOTSTRAP_MAX_BODY (64 * 1024)
+/* Longest accepted rank_ip (an IP literal or a host name), in bytes. */
+#define KVB_BOOTSTRAP_IP_MAX 255
+
+/* ------------------------------------------------------------------ server */
+
+typedef struct kvb_bootstrap_server *kvb_bootstrap_server_h;
+
+enum kvb_bootstrap_server_param_field {
+    KVB_BOOTSTRAP_SERVER_PARAM_HOST = 1u << 0,
+    KVB_BOOTSTRAP_SERVER_PARAM_PORT = 1u << 1,
+    KVB_BOOTSTRAP_SERVER_PARAM_TOKEN = 1u << 2,
+    KVB_BOOTSTRAP_SERVER_PARAM_AUTH_READS = 1u << 3,
+    KVB_BOOTSTRAP_SERVER_PARAM_THREADS = 1u << 4,
+    KVB_BOOTSTRAP_SERVER_PARAM_CONN_TIMEOUT = 1u << 5,
+};
+
+/* Server parameters; only the fields named in field_mask are read, the others
+ * take their defaults (shown). */
+typedef struct kvb_bootstrap_server_params {
+    uint64_t field_mask;
+    const char *host;      /* listen address, "127.0.0.1"; an IPv6 literal ("::1")
+                              listens on IPv6; "::" listens on IPv6 and IPv4 */
+    uint16_t port;         /* listen port, 8998; 0 = ephemeral (see _port()) */
+    const char *token;     /* bearer token PUT /route must carry; default from
+                              KVBRIDGE_BOOTSTRAP_TOKEN; NULL or "" = no auth.
+                              Copied at start. */
+    int auth_reads;        /* non-zero: GET /route and /metrics need the token
+                              too (/health stays open), 0 */
+    unsigned threads;      /* libmicrohttpd worker threads, 4 (1..64) */
+    double conn_timeout_s; /* an idle or stalled connection is closed after
+                              this many seconds, 10 (1..3600) */
+} kvb_bootstrap_server_params_t;
+
+/* Start a bootstrap server (NULL params = all defaults). Listening when this
+ * returns. On success *server_p is set. Errors: KVB_ERR_INVALID (bad
+ * parameter, unresolvable host), KVB_ERR_IO (socket/bind/listen failed, e.g.
+ * address in use), KVB_ERR_NOMEM; the reason is logged. Any thread. */
+KVB_API kvb_status_t kvb_bootstrap_server_start(const kvb_bootstrap_server_params_t *params,
+                                                kvb_bootstrap_server_h *server_p);
+
+/* Close the listening socket and every open connection (clients in the middle
+ * of a request see the connection close), join the server's threads and free
+ * everything. NULL is a no-op. Must not race other calls on this server. */
+KVB_API void kvb_bootstrap_server_stop(kvb_bootstrap_server_h server);
+
+/* The port actually bound (the ephemeral one when started with port 0). */
+KVB_API uint16_t kvb_bootstrap_server_port(kvb_bootstrap_server_h server);
+
+/* The address clients use: "host:port", or "[v6addr]:port" for IPv6. Owned by
+ * the server, valid until stop. */
+KVB_API const char *kvb_bootstrap_server_address(kvb_bootstrap_server_h server);
+
+/* Number of (dp_group, tp_rank, pp_rank) entries registered so far. */
+KVB_API size_t kvb_bootstrap_server_num_ranks(kvb_bootstrap_server_h server);
+
+/* ------------------------------------------------------------------ client */
+
+typedef struct kvb_bootstrap_client *kvb_bootstrap_client_h;
+
+enum kvb_bootstrap_client_param_field {
+    KVB_BOOTSTRAP_CLIENT_PARAM_TIMEOUT = 1u << 0,
+    KVB_BOOTSTRAP_CLIENT_PARAM_TOKEN = 1u << 1,
+};
+
+typedef struct kvb_bootstrap_client_params {
+    uint64_t field_mask;
+    double timeout_s;  /* default bound of each call (connect + request +
+                          answer), 5 s; a call's own timeout_s > 0 wins */
+    const char *token; /* sent as "Authorization: Bearer <token>" on every
+                          request; default from KVBRIDGE_BOOTSTRAP_TOKEN; NULL
+                          or "" = none. Copied. */
+} kvb_bootstrap_client_params_t;
+
+/* Create a client for the server at addr: "host:port" or "[v6addr]:port" (the
+ * seeds' bootstrap_addr). No connection is made yet. Errors: KVB_ERR_INVALID
+ * (malformed addr or parameter; logged), KVB_ERR_NOMEM. */
+KVB_API kvb_status_t kvb_bootstrap_client_create(const char *addr,
+                                                 const kvb_bootstrap_client_params_t *params,
+                                                 kvb_bootstrap_client_h *client_p);
+
+/* Close the connection and free the client. NULL is a no-op. Must not race
+ * other calls on this client. */
+KVB_API void kvb_bootstrap_client_destroy(kvb_bootstrap_client_h client);
+
+/* Detailed text of the last failed call on this client: the method, the URL
+ * and what was wrong. Copied to thread-local storage (valid until this
+ * thread's next call of this function); "" when none. */
+KVB_API const char *kvb_bootstrap_client_last_error(kvb_bootstrap_client_h client);
+
+/* A list of byte lengths (layout keys); values are not modified or kept. */
+typedef struct kvb_bootstrap_lens {
+    uint64_t *values;
+    size_t count;
+} kvb_bootstrap_lens_t;
+
+enum kvb_bootstrap_reg_field {
+    KVB_BOOTSTRAP_REG_KV_ITEM_LENS = 1u << 0,
+    KVB_BOOTSTRAP_REG_KV_UNIT_LENS = 1u << 1,
+    KVB_BOOTSTRAP_REG_STATE_ITEM_LENS = 1u << 2,
+    KVB_BOOTSTRAP_REG_STATE_UNIT_LENS = 1u << 3,
+    KVB_BOOTSTRAP_REG_MLA_L1_5_CACHE = 1u << 4,
+    KVB_BOOTSTRAP_REG_LAYOUT_JSON = 1u << 5,
+};
+
+/* One prefill rank's registration (the body of PUT /route, role "Prefill").
+ * The integer and address fields are always sent; field_mask names the
+ * optional layout keys sent with it. */
+typedef struct kvb_bootstrap_registration {
+    uint64_t field_mask;
+    int32_t attn_tp_size, attn_tp_rank;
+    int32_t attn_dp_size, attn_dp_rank;
+    int32_t pp_size, pp_rank;
+    int32_t system_dp_size, system_dp_rank;
+    const char *rank_ip;                                   /* this rank's control-socket address */
+    uint16_t rank_port;                                    /* 1..65535 */
+    kvb_bootstrap_lens_t kv_item_lens, kv_unit_lens;       /* values >= 1 */
+    kvb_bootstrap_lens_t state_item_lens, state_unit_lens; /* values >= 1 */
+    int enable_mla_l1_5_cache;
+    const char *layout_json; /* kvbridge's layout description: a JSON object */
+} kvb_bootstrap_registration_t;
+
+/* What GET /route with -1/-1/-1 answers. Arrays are owned by the struct:
+ * release with kvb_bootstrap_parallel_info_free(). A key the server did not
+ * know leaves its list empty (values NULL, count 0) / layout_json NULL. */
+typedef struct kvb_bootstrap_parallel_info {
+    int32_t attn_tp_size; /* prefill_attn_tp_size (= prefill_tp_size) */
+    int32_t dp_size;      /* prefill_dp_size */
+    int32_t pp_size;      /* prefill_pp_size */
+    int enable_mla_l1_5_cache;
+    kvb_bootstrap_lens_t kv_item_lens, kv_unit_lens;
+    kvb_bootstrap_lens_t state_item_lens, state_unit_lens;
+    char *layout_json; /* compact JSON text of "kvbridge_layout", or NULL */
+} kvb_bootstrap_parallel_info_t;
+
+/* Free what a parallel info owns and zero it. NULL is a no-op. */
+KVB_API void kvb_bootstrap_parallel_info_free(kvb_bootstrap_parallel_info_t *info);
+
+/* One prefill rank's control address, answer of a rank lookup. */
+typedef struct kvb_bootstrap_rank_addr {
+    char rank_ip[KVB_BOOTSTRAP_IP_MAX + 1];
+    uint16_t rank_port;
+} kvb_bootstrap_rank_addr_t;
+
+/* Errors common to the calls below (each with the detail in _last_error()):
+ * KVB_ERR_TIMEOUT  no full answer within the bound;
+ * KVB_ERR_PEER     connection refused, reset or closed without an answer;
+ * KVB_ERR_AUTH     the server answered 401 (token missing or wrong);
+ * KVB_ERR_PROTO    any other unexpected status, or a body that is not what
+ *                  the protocol says (too large, not JSON, missing key, bad
+ *                  value);
+ * KVB_ERR_INVALID  a bad argument (nothing sent);
+ * KVB_ERR_NOMEM.
+ * timeout_s <= 0 uses the client's default. */
+
+/* PUT /route: register a prefill rank. The registration is validated locally
+ * first (KVB_ERR_INVALID). A 400 from the server is KVB_ERR_PROTO with the
+ * server's reason in the message. */
+KVB_API kvb_status_t kvb_bootstrap_client_register(kvb_bootstrap_client_h client,
+                                                   const kvb_bootstrap_registration_t *reg,
+                                                   double timeout_s);
+
+/* GET /route?engine_rank=-1&target_dp_group=-1&target_pp_rank=-1. On success
+ * *info_p is filled (free it with kvb_bootstrap_parallel_info_free).
+ * KVB_ERR_NOT_FOUND: no prefill rank registered yet (404). */
+KVB_API kvb_status_t kvb_bootstrap_client_parallel_info(kvb_bootstrap_client_h client,
+                                                        double timeout_s,
+                                                        kvb_bootstrap_parallel_info_t *info_p);
+
+/* GET /route?engine_rank=tp_rank&target_dp_group=dp_group&target_pp_rank=pp_rank.
+ * On success *addr_p is filled. KVB_ERR_NOT_FOUND: that rank is not
+ * registered (404). Negative ranks are KVB_ERR_INVALID. */
+KVB_API kvb_status_t kvb_bootstrap_client_lookup(kvb_bootstrap_client_h client, int32_t dp_group,
+                                                 int32_t tp_rank, int32_t pp_rank, double timeout_s,
+                                                 kvb_bootstrap_rank_addr_t *addr_p);
+
+/* GET /health: KVB_OK when the server answered 200. Reuses the client's
+ * kept-alive connection (heartbeats). */
+KVB_API kvb_status_t kvb_bootstrap_client_health(kvb_bootstrap_client_h client, double timeout_s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

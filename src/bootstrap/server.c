@@ -1,0 +1,559 @@
+/* Bootstrap HTTP server on libmicrohttpd (routes in docs/bootstrap.md).
+ *
+ * libmicrohttpd runs a small pool of its own threads; every handler takes the
+ * server's one lock around the table and the counters, and never does I/O
+ * while holding it. Request bodies are buffered up to KVB_BOOTSTRAP_MAX_BODY;
+ * an idle or stalled connection is closed after conn_timeout_s. */
+#include <kvbridge/bootstrap.h>
+
+#include "bootstrap/boot_table.h"
+#include "core/core.h"
+#include "proto/bootstrap_proto.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define DEFAULT_HOST "127.0.0.1"
+#define DEFAULT_THREADS 4u
+#define DEFAULT_CONN_TIMEOUT_S 10.0
+/* Bytes of an over-long chunked body read and dropped before the connection
+ * is cut (a Content-Length over the limit is refused before any byte). */
+#define DISCARD_MAX (1024 * 1024)
+
+#define CT_TEXT "text/plain; charset=utf-8"
+#define CT_JSON "application/json"
+#define CT_PROM "text/plain; version=0.0.4; charset=utf-8"
+
+enum { ERR_400, ERR_401, ERR_404, ERR_405, ERR_500, ERR_OTHER, N_ERR };
+static const char *const g_err_codes[N_ERR] = {"400", "401", "404", "405", "500", "other"};
+
+struct kvb_bootstrap_server {
+    struct MHD_Daemon *daemon;
+    pthread_mutex_t mu; /* guards table and counters */
+    kvb__boot_table_t table;
+    uint64_t registrations, lookups_info, lookups_rank, errors[N_ERR];
+    uint64_t started_ns;
+    char *token; /* NULL: no authentication */
+    size_t token_len;
+    bool auth_reads;
+    uint16_t port;
+    char address[NI_MAXHOST + NI_MAXSERV + 4];
+};
+
+/* Per-request state (MHD's con_cls), freed by on_completed. */
+struct req_ctx {
+    char *buf;
+    size_t len;
+    size_t dropped; /* bytes past the limit, read and discarded */
+};
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char line[256];
+    vsnprintf(line, sizeof(line), fmt, ap);
+    line[strcspn(line, "\r\n")] = '\0';
+    KVB_LOGD("bootstrap server (libmicrohttpd): %s", line);
+}
+
+static void count_status(struct kvb_bootstrap_server *s, unsigned code)
+{
+    int k;
+    if (code < 400)
+        return;
+    switch (code) {
+    case 400:
+        k = ERR_400;
+        break;
+    case 401:
+        k = ERR_401;
+        break;
+    case 404:
+        k = ERR_404;
+        break;
+    case 405:
+        k = ERR_405;
+        break;
+    case 500:
+        k = ERR_500;
+        break;
+    default:
+        k = ERR_OTHER;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->errors[k]++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static enum MHD_Result respond(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                               unsigned code, const char *ctype, const char *body, size_t len)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    enum MHD_Result ret;
+    if (r == NULL)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (code == 401)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (code == 405)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, PUT");
+    ret = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    count_status(s, code);
+    return ret;
+}
+
+static enum MHD_Result respond_text(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                                    unsigned code, const char *text)
+{
+    return respond(s, c, code, CT_TEXT, text, strlen(text));
+}
+
+/* Take ownership of a dumped JSON string (NULL = out of memory → 500). */
+static enum MHD_Result respond_json(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                                    char *json)
+{
+    enum MHD_Result ret;
+    if (json == NULL)
+        return respond_text(s, c, 500, "out of memory");
+    ret = respond(s, c, 200, CT_JSON, json, strlen(json));
+    free(json);
+    return ret;
+}
+
+/* "Authorization: Bearer <token>", compared in constant time. */
+static bool authorized(const struct kvb_bootstrap_server *s, struct MHD_Connection *c)
+{
+    const char *h;
+    size_t n;
+    unsigned char diff = 0;
+    if (s->token == NULL)
+        return true;
+    h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0)
+        return false;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    n = strlen(h);
+    if (n != s->token_len)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned char)(h[i] ^ s->token[i]);
+    return diff == 0;
+}
+
+static enum MHD_Result handle_get_route(struct kvb_bootstrap_server *s, struct MHD_Connection *c)
+{
+    char reason[KVB__BOOT_REASON_MAX];
+    kvb__boot_query_t q;
+    char *json = NULL;
+    bool nomem = false, found = false;
+    kvb__boot_query_result_t res = kvb__boot_query_parse(
+        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "engine_rank"),
+        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "target_dp_group"),
+        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "target_pp_rank"), &q, reason,
+        sizeof(reason));
+    if (res == KVB__BOOT_QUERY_MISSING)
+        return respond_text(s, c, 400, KVB__BOOT_MSG_MISSING);
+    if (res != KVB__BOOT_QUERY_OK)
+        return respond_text(s, c, 400, reason);
+
+    pthread_mutex_lock(&s->mu);
+    if (q.parallel_info) {
+        json_t *o = kvb__boot_table_parallel_info(&s->table, &nomem);
+        if (o != NULL) {
+            found = true;
+            json = json_dumps(o, JSON_COMPACT);
+            json_decref(o);
+            if (json != NULL)
+                s->lookups_info++;
+        }
+    } else {
+        const kvb__boot_entry_t *e =
+            kvb__boot_table_find(&s->table, q.dp_group, q.engine_rank, q.pp_rank);
+        if (e != NULL) {
+            json_t *o = kvb__boot_entry_json(e);
+            found = true;
+            json = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+            json_decref(o);
+            if (json != NULL)
+                s->lookups_rank++;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!found && !nomem)
+        return respond_text(s, c, 404, KVB__BOOT_MSG_NOT_FOUND);
+    return respond_json(s, c, json);
+}
+
+static enum MHD_Result handle_put_route(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                                        const struct req_ctx *ctx)
+{
+    char reason[KVB__BOOT_REASON_MAX];
+    kvb__boot_reg_t reg;
+    kvb_status_t st;
+
+    if (ctx->dropped > 0) {
+        snprintf(reason, sizeof(reason), "request body exceeds %d bytes", KVB_BOOTSTRAP_MAX_BODY);
+        return respond_text(s, c, 400, reason);
+    }
+    st = kvb__boot_reg_parse(ctx->buf, ctx->len, &reg, reason, sizeof(reason));
+    if (st == KVB_OK) {
+        pthread_mutex_lock(&s->mu);
+        st = kvb__boot_table_apply(&s->table, &reg, reason, sizeof(reason));
+        if (st == KVB_OK)
+            s->registrations++;
+        pthread_mutex_unlock(&s->mu);
+        if (st == KVB_OK)
+            KVB_LOGD("bootstrap: registered DP%lld TP%lld PP%lld at %s:%lld",
+                     (long long)kvb__boot_reg_dp_group(&reg), (long long)reg.attn_tp_rank,
+                     (long long)reg.pp_rank, reg.rank_ip, (long long)reg.rank_port);
+        kvb__boot_reg_clear(&reg);
+    }
+    if (st == KVB_OK)
+        return respond_text(s, c, 200, "OK");
+    if (st == KVB_ERR_NOMEM)
+        return respond_text(s, c, 500, "out of memory");
+    KVB_LOGD("bootstrap: PUT /route refused: %s", reason);
+    return respond_text(s, c, 400, reason);
+}
+
+static enum MHD_Result handle_metrics(struct kvb_bootstrap_server *s, struct MHD_Connection *c)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    enum MHD_Result ret;
+    if (f == NULL)
+        return respond_text(s, c, 500, "out of memory");
+    pthread_mutex_lock(&s->mu);
+    fprintf(f,
+            "# HELP kvbridge_bootstrap_registrations_total Registrations accepted by PUT /route "
+            "(re-registrations included).\n"
+            "# TYPE kvbridge_bootstrap_registrations_total counter\n"
+            "kvbridge_bootstrap_registrations_total %llu\n"
+            "# HELP kvbridge_bootstrap_lookups_total GET /route lookups answered 200, by kind.\n"
+            "# TYPE kvbridge_bootstrap_lookups_total counter\n"
+            "kvbridge_bootstrap_lookups_total{kind=\"parallel_info\"} %llu\n"
+            "kvbridge_bootstrap_lookups_total{kind=\"rank\"} %llu\n"
+            "# HELP kvbridge_bootstrap_errors_total Error responses by HTTP status code.\n"
+            "# TYPE kvbridge_bootstrap_errors_total counter\n",
+            (unsigned long long)s->registrations, (unsigned long long)s->lookups_info,
+            (unsigned long long)s->lookups_rank);
+    for (int k = 0; k < N_ERR; k++)
+        fprintf(f, "kvbridge_bootstrap_errors_total{code=\"%s\"} %llu\n", g_err_codes[k],
+                (unsigned long long)s->errors[k]);
+    fprintf(f,
+            "# HELP kvbridge_bootstrap_registered_ranks Registered (dp_group, tp_rank, pp_rank) "
+            "entries.\n"
+            "# TYPE kvbridge_bootstrap_registered_ranks gauge\n"
+            "kvbridge_bootstrap_registered_ranks %zu\n"
+            "# HELP kvbridge_bootstrap_uptime_seconds Seconds since the server started.\n"
+            "# TYPE kvbridge_bootstrap_uptime_seconds gauge\n"
+            "kvbridge_bootstrap_uptime_seconds %.3f\n",
+            s->table.count, (double)(kvb__now_ns() - s->started_ns) / 1e9);
+    pthread_mutex_unlock(&s->mu);
+    if (fclose(f) != 0 || buf == NULL) {
+        free(buf);
+        return respond_text(s, c, 500, "out of memory");
+    }
+    ret = respond(s, c, 200, CT_PROM, buf, len);
+    free(buf);
+    return ret;
+}
+
+/* Headers of a request are in: everything except a PUT /route body can be
+ * answered now. Returns MHD_YES without queueing to wait for the body. */
+static enum MHD_Result first_call(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                                  const char *url, const char *method, bool *wait_body)
+{
+    bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
+    bool head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+    *wait_body = false;
+    if (strcmp(url, "/route") == 0) {
+        if (strcmp(method, MHD_HTTP_METHOD_PUT) == 0) {
+            const char *cl;
+            int64_t n;
+            if (!authorized(s, c))
+                return respond_text(s, c, 401, "Unauthorized");
+            cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+            if (cl != NULL &&
+                (!kvb__parse_i64(cl, strlen(cl), 0, INT64_MAX, &n) || n > KVB_BOOTSTRAP_MAX_BODY)) {
+                char reason[96];
+                snprintf(reason, sizeof(reason), "request body exceeds %d bytes",
+                         KVB_BOOTSTRAP_MAX_BODY);
+                return respond_text(s, c, 400, reason);
+            }
+            *wait_body = true;
+            return MHD_YES;
+        }
+        if (get) {
+            if (s->auth_reads && !authorized(s, c))
+                return respond_text(s, c, 401, "Unauthorized");
+            return handle_get_route(s, c);
+        }
+        return respond_text(s, c, 405, KVB__BOOT_MSG_METHOD);
+    }
+    if (strcmp(url, "/health") == 0) {
+        if (get || head)
+            return respond_text(s, c, 200, "OK");
+        return respond_text(s, c, 405, KVB__BOOT_MSG_METHOD);
+    }
+    if (strcmp(url, "/metrics") == 0) {
+        if (!get && !head)
+            return respond_text(s, c, 405, KVB__BOOT_MSG_METHOD);
+        if (s->auth_reads && !authorized(s, c))
+            return respond_text(s, c, 401, "Unauthorized");
+        return handle_metrics(s, c);
+    }
+    return respond_text(s, c, 404, "Not Found");
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
+{
+    struct kvb_bootstrap_server *s = cls;
+    struct req_ctx *ctx = *con_cls;
+
+    if (ctx == NULL) {
+        bool wait_body;
+        enum MHD_Result ret = first_call(s, c, url, method, &wait_body);
+        if (!wait_body || ret != MHD_YES)
+            return ret;
+        ctx = calloc(1, sizeof(*ctx));
+        if (ctx == NULL)
+            return MHD_NO;
+        *con_cls = ctx;
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (ctx->dropped > 0 || ctx->len + n > KVB_BOOTSTRAP_MAX_BODY) {
+            /* A chunked body over the limit: drain a little to answer 400,
+             * cut the connection if it goes on. */
+            ctx->dropped += n;
+            return ctx->dropped > DISCARD_MAX ? MHD_NO : MHD_YES;
+        }
+        if (ctx->buf == NULL) {
+            ctx->buf = malloc(KVB_BOOTSTRAP_MAX_BODY);
+            if (ctx->buf == NULL)
+                return MHD_NO;
+        }
+        memcpy(ctx->buf + ctx->len, upload_data, n);
+        ctx->len += n;
+        return MHD_YES;
+    }
+    return handle_put_route(s, c, ctx);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct req_ctx *ctx = *con_cls;
+    if (ctx != NULL) {
+        free(ctx->buf);
+        free(ctx);
+        *con_cls = NULL;
+    }
+}
+
+/* Bind and listen; returns the socket or -1 (status in *st_p). */
+static int open_listener(const char *host, uint16_t port, int *family_p, kvb_status_t *st_p)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    char portstr[8];
+    int fd = -1, rc, err = 0;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(portstr, sizeof(portstr), "%u", (unsigned)port);
+    rc = getaddrinfo(host, portstr, &hints, &res);
+    if (rc != 0) {
+        KVB_LOGE("bootstrap server: cannot resolve host \"%s\": %s", host, gai_strerror(rc));
+        *st_p = KVB_ERR_INVALID;
+        return -1;
+    }
+    for (ai = res; ai != NULL; ai = ai->ai_next) {
+        int one = 1;
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (ai->ai_family == AF_INET6) {
+            /* "::" serves IPv4 too; a specific IPv6 address only itself. */
+            const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)ai->ai_addr;
+            int v6only = memcmp(&a6->sin6_addr, &in6addr_any, sizeof(in6addr_any)) != 0;
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
+        }
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 256) == 0 &&
+            fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0) {
+            *family_p = ai->ai_family;
+            break;
+        }
+        err = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+        KVB_LOGE("bootstrap server: cannot listen on %s port %u: %s", host, (unsigned)port,
+                 strerror(err));
+        *st_p = KVB_ERR_IO;
+    }
+    return fd;
+}
+
+static kvb_status_t describe_listener(struct kvb_bootstrap_server *s, int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char host[NI_MAXHOST], serv[NI_MAXSERV];
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0 ||
+        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), serv, sizeof(serv),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+        KVB_LOGE("bootstrap server: getsockname: %s", strerror(errno));
+        return KVB_ERR_IO;
+    }
+    s->port = (uint16_t)atoi(serv);
+    if (ss.ss_family == AF_INET6)
+        snprintf(s->address, sizeof(s->address), "[%s]:%s", host, serv);
+    else
+        snprintf(s->address, sizeof(s->address), "%s:%s", host, serv);
+    return KVB_OK;
+}
+
+KVB_API kvb_status_t kvb_bootstrap_server_start(const kvb_bootstrap_server_params_t *params,
+                                                kvb_bootstrap_server_h *server_p)
+{
+    uint64_t mask = params != NULL ? params->field_mask : 0;
+    const char *host = DEFAULT_HOST;
+    uint16_t port = KVB_BOOTSTRAP_DEFAULT_PORT;
+    const char *token = kvb__env_get("KVBRIDGE_BOOTSTRAP_TOKEN", NULL);
+    unsigned threads = DEFAULT_THREADS;
+    double timeout_s = DEFAULT_CONN_TIMEOUT_S;
+    struct kvb_bootstrap_server *s;
+    kvb_status_t st = KVB_ERR_NOMEM;
+    int fd, family = AF_INET;
+    unsigned flags;
+
+    if (server_p == NULL)
+        return KVB_ERR_INVALID;
+    if ((mask & KVB_BOOTSTRAP_SERVER_PARAM_HOST) && params->host != NULL)
+        host = params->host;
+    if (mask & KVB_BOOTSTRAP_SERVER_PARAM_PORT)
+        port = params->port;
+    if (mask & KVB_BOOTSTRAP_SERVER_PARAM_TOKEN)
+        token = params->token;
+    if (mask & KVB_BOOTSTRAP_SERVER_PARAM_THREADS)
+        threads = params->threads;
+    if (mask & KVB_BOOTSTRAP_SERVER_PARAM_CONN_TIMEOUT)
+        timeout_s = params->conn_timeout_s;
+    if (threads < 1 || threads > 64 || !(timeout_s >= 1.0 && timeout_s <= 3600.0) ||
+        host[0] == '\0') {
+        KVB_LOGE("bootstrap server: invalid parameters (threads %u in [1, 64], conn_timeout_s "
+                 "%g in [1, 3600], host non-empty)",
+                 threads, timeout_s);
+        return KVB_ERR_INVALID;
+    }
+
+    s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return KVB_ERR_NOMEM;
+    if (kvb__boot_table_init(&s->table) != KVB_OK)
+        goto err_free;
+    pthread_mutex_init(&s->mu, NULL);
+    if (token != NULL && token[0] != '\0') {
+        s->token = strdup(token);
+        if (s->token == NULL)
+            goto err_token;
+        s->token_len = strlen(token);
+    }
+    s->auth_reads = (mask & KVB_BOOTSTRAP_SERVER_PARAM_AUTH_READS) && params->auth_reads;
+    s->started_ns = kvb__now_ns();
+
+    fd = open_listener(host, port, &family, &st);
+    if (fd < 0)
+        goto err_token;
+    st = describe_listener(s, fd);
+    if (st != KVB_OK) {
+        close(fd);
+        goto err_token;
+    }
+    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    if (family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    s->daemon = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET, fd,
+        MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout_s,
+        MHD_OPTION_CONNECTION_LIMIT, 1000u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
+    if (s->daemon == NULL) {
+        KVB_LOGE("bootstrap server: libmicrohttpd failed to start on %s", s->address);
+        close(fd);
+        st = KVB_ERR_IO;
+        goto err_token;
+    }
+    KVB_LOGI("bootstrap server listening on %s%s", s->address,
+             s->token != NULL ? " (bearer token required)" : "");
+    *server_p = s;
+    return KVB_OK;
+
+err_token:
+    free(s->token);
+    pthread_mutex_destroy(&s->mu);
+    kvb__boot_table_destroy(&s->table);
+err_free:
+    free(s);
+    return st;
+}
+
+KVB_API void kvb_bootstrap_server_stop(kvb_bootstrap_server_h s)
+{
+    if (s == NULL)
+        return;
+    /* Closes the listening socket and every connection, joins the threads. */
+    MHD_stop_daemon(s->daemon);
+    kvb__boot_table_destroy(&s->table);
+    pthread_mutex_destroy(&s->mu);
+    free(s->token);
+    free(s);
+}
+
+KVB_API uint16_t kvb_bootstrap_server_port(kvb_bootstrap_server_h s)
+{
+    return s != NULL ? s->port : 0;
+}
+
+KVB_API const char *kvb_bootstrap_server_address(kvb_bootstrap_server_h s)
+{
+    return s != NULL ? s->address : "";
+}
+
+KVB_API size_t kvb_bootstrap_server_num_ranks(kvb_bootstrap_server_h s)
+{
+    size_t n;
+    if (s == NULL)
+        return 0;
+    pthread_mutex_lock(&s->mu);
+    n = s->table.count;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}

@@ -1,0 +1,184 @@
+/* Registration table of the bootstrap server (see boot_table.h). */
+#include "bootstrap/boot_table.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+kvb_status_t kvb__boot_table_init(kvb__boot_table_t *t)
+{
+    memset(t, 0, sizeof(*t));
+    t->layout = json_object();
+    return t->layout != NULL ? KVB_OK : KVB_ERR_NOMEM;
+}
+
+void kvb__boot_table_destroy(kvb__boot_table_t *t)
+{
+    for (size_t i = 0; i < t->count; i++)
+        free(t->entries[i].rank_ip);
+    free(t->entries);
+    json_decref(t->layout);
+    memset(t, 0, sizeof(*t));
+}
+
+static int cmp_key(const kvb__boot_entry_t *e, int64_t dp, int64_t tp, int64_t pp)
+{
+    if (e->dp != dp)
+        return e->dp < dp ? -1 : 1;
+    if (e->tp != tp)
+        return e->tp < tp ? -1 : 1;
+    if (e->pp != pp)
+        return e->pp < pp ? -1 : 1;
+    return 0;
+}
+
+/* Index of the first entry not below the key. */
+static size_t lower_bound(const kvb__boot_table_t *t, int64_t dp, int64_t tp, int64_t pp)
+{
+    size_t lo = 0, hi = t->count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cmp_key(&t->entries[mid], dp, tp, pp) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+const kvb__boot_entry_t *kvb__boot_table_find(const kvb__boot_table_t *t, int64_t dp, int64_t tp,
+                                              int64_t pp)
+{
+    size_t i = lower_bound(t, dp, tp, pp);
+    if (i < t->count && cmp_key(&t->entries[i], dp, tp, pp) == 0)
+        return &t->entries[i];
+    return NULL;
+}
+
+static void reason_printf(char *reason, size_t reason_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void reason_printf(char *reason, size_t reason_len, const char *fmt, ...)
+{
+    va_list ap;
+    if (reason == NULL || reason_len == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(reason, reason_len, fmt, ap);
+    va_end(ap);
+}
+
+kvb_status_t kvb__boot_table_apply(kvb__boot_table_t *t, const kvb__boot_reg_t *reg, char *reason,
+                                   size_t reason_len)
+{
+    int64_t dp_size = kvb__boot_reg_dp_size(reg), dp = kvb__boot_reg_dp_group(reg);
+    size_t pos;
+    bool exists;
+    char *ip;
+    json_t *layout;
+
+    if (t->sized) {
+        if (reg->attn_tp_size != t->attn_tp_size || reg->pp_size != t->pp_size ||
+            dp_size != t->dp_size) {
+            reason_printf(reason, reason_len,
+                          "sizes attn_tp_size=%lld dp_size=%lld pp_size=%lld contradict the "
+                          "registered attn_tp_size=%lld dp_size=%lld pp_size=%lld",
+                          (long long)reg->attn_tp_size, (long long)dp_size, (long long)reg->pp_size,
+                          (long long)t->attn_tp_size, (long long)t->dp_size, (long long)t->pp_size);
+            return KVB_ERR_PROTO;
+        }
+    }
+    pos = lower_bound(t, dp, reg->attn_tp_rank, reg->pp_rank);
+    exists = pos < t->count && cmp_key(&t->entries[pos], dp, reg->attn_tp_rank, reg->pp_rank) == 0;
+    if (!exists && t->count >= KVB__BOOT_MAX_ENTRIES) {
+        reason_printf(reason, reason_len, "table full (%d entries)", KVB__BOOT_MAX_ENTRIES);
+        return KVB_ERR_PROTO;
+    }
+    /* Allocate everything first so that a failure changes nothing. */
+    if (!exists && t->count == t->cap) {
+        size_t ncap = t->cap ? t->cap * 2 : 16;
+        kvb__boot_entry_t *n = realloc(t->entries, ncap * sizeof(*n));
+        if (n == NULL)
+            goto nomem;
+        t->entries = n;
+        t->cap = ncap;
+    }
+    ip = strdup(reg->rank_ip);
+    if (ip == NULL)
+        goto nomem;
+    layout = json_copy(t->layout);
+    if (layout == NULL || (reg->layout != NULL && json_object_update(layout, reg->layout) != 0)) {
+        json_decref(layout);
+        free(ip);
+        goto nomem;
+    }
+
+    if (!t->sized) {
+        t->sized = true;
+        t->attn_tp_size = reg->attn_tp_size;
+        t->pp_size = reg->pp_size;
+        t->dp_size = dp_size;
+    }
+    if (exists) {
+        free(t->entries[pos].rank_ip);
+    } else {
+        memmove(&t->entries[pos + 1], &t->entries[pos], (t->count - pos) * sizeof(*t->entries));
+        t->count++;
+        t->entries[pos].dp = dp;
+        t->entries[pos].tp = reg->attn_tp_rank;
+        t->entries[pos].pp = reg->pp_rank;
+    }
+    t->entries[pos].rank_ip = ip;
+    t->entries[pos].rank_port = reg->rank_port;
+    json_decref(t->layout);
+    t->layout = layout;
+    return KVB_OK;
+nomem:
+    reason_printf(reason, reason_len, "out of memory");
+    return KVB_ERR_NOMEM;
+}
+
+json_t *kvb__boot_table_parallel_info(const kvb__boot_table_t *t, bool *nomem_p)
+{
+    json_t *o;
+    *nomem_p = false;
+    if (!t->sized)
+        return NULL;
+    o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:b}", "prefill_attn_tp_size",
+                  (json_int_t)t->attn_tp_size, "prefill_dp_size", (json_int_t)t->dp_size,
+                  "prefill_pp_size", (json_int_t)t->pp_size, "prefill_tp_size",
+                  (json_int_t)t->attn_tp_size, "dp_size", (json_int_t)t->dp_size,
+                  KVB__BOOT_KEY_MLA_L1_5, 0);
+    if (o == NULL || json_object_update(o, t->layout) != 0) {
+        json_decref(o);
+        *nomem_p = true;
+        return NULL;
+    }
+    return o;
+}
+
+json_t *kvb__boot_entry_json(const kvb__boot_entry_t *e)
+{
+    return json_pack("{s:s, s:I}", "rank_ip", e->rank_ip, "rank_port", (json_int_t)e->rank_port);
+}
+
+json_t *kvb__boot_table_snapshot(const kvb__boot_table_t *t)
+{
+    json_t *entries = json_array();
+    json_t *o;
+    if (entries == NULL)
+        return NULL;
+    for (size_t i = 0; i < t->count; i++) {
+        const kvb__boot_entry_t *e = &t->entries[i];
+        if (json_array_append_new(entries, json_pack("[I, I, I, s, I]", (json_int_t)e->dp,
+                                                     (json_int_t)e->tp, (json_int_t)e->pp,
+                                                     e->rank_ip, (json_int_t)e->rank_port)) != 0) {
+            json_decref(entries);
+            return NULL;
+        }
+    }
+    o = json_pack("{s:b, s:I, s:I, s:I, s:O, s:o}", "sized", t->sized, "attn_tp_size",
+                  (json_int_t)t->attn_tp_size, "dp_size", (json_int_t)t->dp_size, "pp_size",
+                  (json_int_t)t->pp_size, "layout", t->layout, "entries", entries);
+    return o;
+}

@@ -1,0 +1,725 @@
+/* Bootstrap protocol validation and (de)serialisation. Everything here runs on
+ * bytes from the network: nothing is trusted until a check below passed. */
+#include "proto/bootstrap_proto.h"
+
+#include "core/core.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void set_reason(char *reason, size_t reason_len, const char *fmt, ...) KVB_PRINTF(3, 4);
+static void set_reason(char *reason, size_t reason_len, const char *fmt, ...)
+{
+    va_list ap;
+    if (reason == NULL || reason_len == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(reason, reason_len, fmt, ap);
+    va_end(ap);
+    /* One line, whatever a key name contained. */
+    for (char *p = reason; *p != '\0'; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+}
+
+void kvb__boot_sanitize(const char *s, size_t len, size_t max, char *out, size_t out_len)
+{
+    size_t o = 0;
+    bool cut = len > max;
+    if (out_len == 0)
+        return;
+    if (cut)
+        len = max;
+    for (size_t i = 0; i < len && o + 1 < out_len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        out[o++] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';
+    }
+    if (cut)
+        for (int k = 0; k < 3 && o + 1 < out_len; k++)
+            out[o++] = '.';
+    out[o] = '\0';
+}
+
+bool kvb__boot_valid_host(const char *s, size_t len)
+{
+    if (s == NULL || len == 0 || len > KVB_BOOTSTRAP_IP_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == ':' || c == '%' || c == '_' || c == '-';
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+static json_t *load_object(const char *body, size_t len, const char *what, char *reason,
+                           size_t reason_len)
+{
+    json_error_t jerr;
+    json_t *root;
+    if (body == NULL || len == 0) {
+        set_reason(reason, reason_len, "%s: empty body, expected a JSON object", what);
+        return NULL;
+    }
+    if (len > KVB_BOOTSTRAP_MAX_BODY) {
+        set_reason(reason, reason_len, "%s: body of %zu bytes exceeds %d", what, len,
+                   KVB_BOOTSTRAP_MAX_BODY);
+        return NULL;
+    }
+    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL) {
+        char text[96];
+        kvb__boot_sanitize(jerr.text, strnlen(jerr.text, sizeof(jerr.text)), 80, text,
+                           sizeof(text));
+        set_reason(reason, reason_len, "%s: body is not valid JSON (line %d column %d: %s)", what,
+                   jerr.line, jerr.column, text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        set_reason(reason, reason_len, "%s: body is not a JSON object", what);
+        json_decref(root);
+        return NULL;
+    }
+    return root;
+}
+
+/* Integer key in [min, max]; missing, wrong type or out of range → false. */
+static bool get_int(json_t *obj, const char *key, int64_t min, int64_t max, int64_t *out,
+                    char *reason, size_t reason_len)
+{
+    json_t *v = json_object_get(obj, key);
+    if (v == NULL) {
+        set_reason(reason, reason_len, "missing key \"%s\"", key);
+        return false;
+    }
+    if (!json_is_integer(v)) {
+        set_reason(reason, reason_len, "\"%s\" must be an integer", key);
+        return false;
+    }
+    json_int_t x = json_integer_value(v);
+    if (x < min || x > max) {
+        set_reason(reason, reason_len, "\"%s\" = %lld is outside [%lld, %lld]", key, (long long)x,
+                   (long long)min, (long long)max);
+        return false;
+    }
+    *out = (int64_t)x;
+    return true;
+}
+
+static bool check_rank(const char *key, int64_t rank, const char *size_key, int64_t size,
+                       char *reason, size_t reason_len)
+{
+    if (rank >= size) {
+        set_reason(reason, reason_len, "\"%s\" = %lld must be below \"%s\" = %lld", key,
+                   (long long)rank, size_key, (long long)size);
+        return false;
+    }
+    return true;
+}
+
+/* A list of lengths: array of at most KVB__BOOT_MAX_LENS integers >= 1. */
+static bool valid_lens(json_t *v, const char *key, char *reason, size_t reason_len)
+{
+    size_t i;
+    json_t *e;
+    if (!json_is_array(v)) {
+        set_reason(reason, reason_len, "\"%s\" must be an array of integers", key);
+        return false;
+    }
+    if (json_array_size(v) > KVB__BOOT_MAX_LENS) {
+        set_reason(reason, reason_len, "\"%s\" has %zu entries, more than %d", key,
+                   json_array_size(v), KVB__BOOT_MAX_LENS);
+        return false;
+    }
+    json_array_foreach(v, i, e)
+    {
+        if (!json_is_integer(e) || json_integer_value(e) < 1) {
+            set_reason(reason, reason_len, "\"%s\"[%zu] must be an integer >= 1", key, i);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Boolean that also accepts 0 / 1; *out gets the truth value. */
+static bool valid_flag(json_t *v, const char *key, bool *out, char *reason, size_t reason_len)
+{
+    if (json_is_boolean(v)) {
+        *out = json_is_true(v);
+        return true;
+    }
+    if (json_is_integer(v) && (json_integer_value(v) == 0 || json_integer_value(v) == 1)) {
+        *out = json_integer_value(v) == 1;
+        return true;
+    }
+    set_reason(reason, reason_len, "\"%s\" must be true or false", key);
+    return false;
+}
+
+static const char *const g_lens_keys[] = {KVB__BOOT_KEY_KV_ITEM_LENS, KVB__BOOT_KEY_KV_UNIT_LENS,
+                                          KVB__BOOT_KEY_STATE_ITEM_LENS,
+                                          KVB__BOOT_KEY_STATE_UNIT_LENS};
+#define N_LENS_KEYS (sizeof(g_lens_keys) / sizeof(g_lens_keys[0]))
+
+/* Validated copy of the layout keys of root into a new object (NULL and a
+ * reason on error; absent or null keys are skipped). */
+static json_t *extract_layout(json_t *root, char *reason, size_t reason_len, bool *nomem)
+{
+    json_t *layout = json_object();
+    json_t *v;
+    bool flag;
+    *nomem = false;
+    if (layout == NULL)
+        goto nomem;
+    for (size_t k = 0; k < N_LENS_KEYS; k++) {
+        v = json_object_get(root, g_lens_keys[k]);
+        if (v == NULL || json_is_null(v))
+            continue;
+        if (!valid_lens(v, g_lens_keys[k], reason, reason_len))
+            goto invalid;
+        if (json_object_set_new(layout, g_lens_keys[k], json_deep_copy(v)) != 0)
+            goto nomem;
+    }
+    v = json_object_get(root, KVB__BOOT_KEY_MLA_L1_5);
+    if (v != NULL && !json_is_null(v)) {
+        if (!valid_flag(v, KVB__BOOT_KEY_MLA_L1_5, &flag, reason, reason_len))
+            goto invalid;
+        if (json_object_set_new(layout, KVB__BOOT_KEY_MLA_L1_5, json_boolean(flag)) != 0)
+            goto nomem;
+    }
+    v = json_object_get(root, KVB__BOOT_KEY_LAYOUT);
+    if (v != NULL && !json_is_null(v)) {
+        if (!json_is_object(v)) {
+            set_reason(reason, reason_len, "\"%s\" must be a JSON object", KVB__BOOT_KEY_LAYOUT);
+            goto invalid;
+        }
+        if (json_object_set_new(layout, KVB__BOOT_KEY_LAYOUT, json_deep_copy(v)) != 0)
+            goto nomem;
+    }
+    return layout;
+nomem:
+    *nomem = true;
+    set_reason(reason, reason_len, "out of memory");
+invalid:
+    json_decref(layout);
+    return NULL;
+}
+
+static kvb_status_t validate_ranks(const kvb__boot_reg_t *r, char *reason, size_t reason_len)
+{
+    if (!check_rank("attn_tp_rank", r->attn_tp_rank, "attn_tp_size", r->attn_tp_size, reason,
+                    reason_len) ||
+        !check_rank("attn_dp_rank", r->attn_dp_rank, "attn_dp_size", r->attn_dp_size, reason,
+                    reason_len) ||
+        !check_rank("pp_rank", r->pp_rank, "pp_size", r->pp_size, reason, reason_len) ||
+        !check_rank("system_dp_rank", r->system_dp_rank, "system_dp_size", r->system_dp_size,
+                    reason, reason_len))
+        return KVB_ERR_PROTO;
+    return KVB_OK;
+}
+
+kvb_status_t kvb__boot_reg_parse(const char *body, size_t len, kvb__boot_reg_t *reg_p, char *reason,
+                                 size_t reason_len)
+{
+    kvb__boot_reg_t r;
+    json_t *root, *v;
+    bool nomem = false;
+    kvb_status_t st = KVB_ERR_PROTO;
+
+    memset(&r, 0, sizeof(r));
+    root = load_object(body, len, "PUT /route", reason, reason_len);
+    if (root == NULL)
+        return KVB_ERR_PROTO;
+
+    v = json_object_get(root, "role");
+    if (v == NULL) {
+        set_reason(reason, reason_len, "missing key \"role\"");
+        goto out;
+    }
+    if (!json_is_string(v) || strcmp(json_string_value(v), "Prefill") != 0 ||
+        json_string_length(v) != strlen("Prefill")) {
+        set_reason(reason, reason_len, "\"role\" must be \"Prefill\"");
+        goto out;
+    }
+    if (!get_int(root, "attn_tp_size", 1, KVB__BOOT_MAX_SIZE, &r.attn_tp_size, reason,
+                 reason_len) ||
+        !get_int(root, "attn_tp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.attn_tp_rank, reason,
+                 reason_len) ||
+        !get_int(root, "attn_dp_size", 1, KVB__BOOT_MAX_SIZE, &r.attn_dp_size, reason,
+                 reason_len) ||
+        !get_int(root, "attn_dp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.attn_dp_rank, reason,
+                 reason_len) ||
+        !get_int(root, "pp_size", 1, KVB__BOOT_MAX_SIZE, &r.pp_size, reason, reason_len) ||
+        !get_int(root, "pp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.pp_rank, reason, reason_len) ||
+        !get_int(root, "system_dp_size", 1, KVB__BOOT_MAX_SIZE, &r.system_dp_size, reason,
+                 reason_len) ||
+        !get_int(root, "system_dp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.system_dp_rank, reason,
+                 reason_len))
+        goto out;
+    if (validate_ranks(&r, reason, reason_len) != KVB_OK)
+        goto out;
+
+    v = json_object_get(root, "rank_ip");
+    if (v == NULL) {
+        set_reason(reason, reason_len, "missing key \"rank_ip\"");
+        goto out;
+    }
+    if (!json_is_string(v) || !kvb__boot_valid_host(json_string_value(v), json_string_length(v))) {
+        set_reason(reason, reason_len,
+                   "\"rank_ip\" must be a string of 1..%d characters [A-Za-z0-9.:%%_-]",
+                   KVB_BOOTSTRAP_IP_MAX);
+        goto out;
+    }
+    /* The seed coerces with int(), so a decimal string is accepted too. */
+    v = json_object_get(root, "rank_port");
+    if (v != NULL && json_is_string(v)) {
+        if (!kvb__parse_i64(json_string_value(v), json_string_length(v), 1, 65535, &r.rank_port)) {
+            set_reason(reason, reason_len, "\"rank_port\" must be an integer in [1, 65535]");
+            goto out;
+        }
+    } else if (!get_int(root, "rank_port", 1, 65535, &r.rank_port, reason, reason_len)) {
+        goto out;
+    }
+
+    r.layout = extract_layout(root, reason, reason_len, &nomem);
+    if (r.layout == NULL) {
+        st = nomem ? KVB_ERR_NOMEM : KVB_ERR_PROTO;
+        goto out;
+    }
+    r.rank_ip = strdup(json_string_value(json_object_get(root, "rank_ip")));
+    if (r.rank_ip == NULL) {
+        set_reason(reason, reason_len, "out of memory");
+        st = KVB_ERR_NOMEM;
+        goto out;
+    }
+    *reg_p = r;
+    memset(&r, 0, sizeof(r));
+    st = KVB_OK;
+out:
+    kvb__boot_reg_clear(&r);
+    json_decref(root);
+    return st;
+}
+
+void kvb__boot_reg_clear(kvb__boot_reg_t *reg)
+{
+    if (reg == NULL)
+        return;
+    free(reg->rank_ip);
+    json_decref(reg->layout);
+    memset(reg, 0, sizeof(*reg));
+}
+
+json_t *kvb__boot_reg_to_json(const kvb__boot_reg_t *r)
+{
+    json_t *o = json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I}", "role", "Prefill",
+        "attn_tp_size", (json_int_t)r->attn_tp_size, "attn_tp_rank", (json_int_t)r->attn_tp_rank,
+        "attn_dp_size", (json_int_t)r->attn_dp_size, "attn_dp_rank", (json_int_t)r->attn_dp_rank,
+        "pp_size", (json_int_t)r->pp_size, "pp_rank", (json_int_t)r->pp_rank, "system_dp_size",
+        (json_int_t)r->system_dp_size, "system_dp_rank", (json_int_t)r->system_dp_rank, "rank_ip",
+        r->rank_ip, "rank_port", (json_int_t)r->rank_port);
+    if (o != NULL && r->layout != NULL && json_object_update(o, r->layout) != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+int64_t kvb__boot_reg_dp_group(const kvb__boot_reg_t *reg)
+{
+    return reg->system_dp_size == 1 ? reg->attn_dp_rank : reg->system_dp_rank;
+}
+
+int64_t kvb__boot_reg_dp_size(const kvb__boot_reg_t *reg)
+{
+    return reg->system_dp_size == 1 ? reg->attn_dp_size : reg->system_dp_size;
+}
+
+static bool lens_to_json(json_t *layout, const char *key, const kvb_bootstrap_lens_t *lens,
+                         char *reason, size_t reason_len)
+{
+    json_t *a;
+    if (lens->count > KVB__BOOT_MAX_LENS || (lens->count > 0 && lens->values == NULL)) {
+        set_reason(reason, reason_len, "%s: at most %d values, non-NULL", key, KVB__BOOT_MAX_LENS);
+        return false;
+    }
+    a = json_array();
+    if (a == NULL)
+        return false;
+    for (size_t i = 0; i < lens->count; i++) {
+        if (lens->values[i] < 1 || lens->values[i] > (uint64_t)INT64_MAX) {
+            set_reason(reason, reason_len, "%s[%zu] must be in [1, 2^63-1]", key, i);
+            json_decref(a);
+            return false;
+        }
+        if (json_array_append_new(a, json_integer((json_int_t)lens->values[i])) != 0) {
+            json_decref(a);
+            return false;
+        }
+    }
+    return json_object_set_new(layout, key, a) == 0;
+}
+
+kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *p,
+                                       kvb__boot_reg_t *reg_p, char *reason, size_t reason_len)
+{
+    kvb__boot_reg_t r;
+    const kvb_bootstrap_lens_t *lens[N_LENS_KEYS];
+    const uint64_t lens_bits[N_LENS_KEYS] = {
+        KVB_BOOTSTRAP_REG_KV_ITEM_LENS, KVB_BOOTSTRAP_REG_KV_UNIT_LENS,
+        KVB_BOOTSTRAP_REG_STATE_ITEM_LENS, KVB_BOOTSTRAP_REG_STATE_UNIT_LENS};
+
+    memset(&r, 0, sizeof(r));
+    if (p == NULL) {
+        set_reason(reason, reason_len, "registration is NULL");
+        return KVB_ERR_INVALID;
+    }
+    r.attn_tp_size = p->attn_tp_size;
+    r.attn_tp_rank = p->attn_tp_rank;
+    r.attn_dp_size = p->attn_dp_size;
+    r.attn_dp_rank = p->attn_dp_rank;
+    r.pp_size = p->pp_size;
+    r.pp_rank = p->pp_rank;
+    r.system_dp_size = p->system_dp_size;
+    r.system_dp_rank = p->system_dp_rank;
+    r.rank_port = p->rank_port;
+    if (r.attn_tp_size < 1 || r.attn_tp_size > KVB__BOOT_MAX_SIZE || r.attn_dp_size < 1 ||
+        r.attn_dp_size > KVB__BOOT_MAX_SIZE || r.pp_size < 1 || r.pp_size > KVB__BOOT_MAX_SIZE ||
+        r.system_dp_size < 1 || r.system_dp_size > KVB__BOOT_MAX_SIZE) {
+        set_reason(reason, reason_len, "sizes must be in [1, %d]", KVB__BOOT_MAX_SIZE);
+        return KVB_ERR_INVALID;
+    }
+    if (r.attn_tp_rank < 0 || r.attn_dp_rank < 0 || r.pp_rank < 0 || r.system_dp_rank < 0) {
+        set_reason(reason, reason_len, "ranks must not be negative");
+        return KVB_ERR_INVALID;
+    }
+    if (validate_ranks(&r, reason, reason_len) != KVB_OK)
+        return KVB_ERR_INVALID;
+    if (r.rank_port < 1) {
+        set_reason(reason, reason_len, "rank_port must be in [1, 65535]");
+        return KVB_ERR_INVALID;
+    }
+    if (p->rank_ip == NULL || !kvb__boot_valid_host(p->rank_ip, strlen(p->rank_ip))) {
+        set_reason(reason, reason_len, "rank_ip must be 1..%d characters [A-Za-z0-9.:%%_-]",
+                   KVB_BOOTSTRAP_IP_MAX);
+        return KVB_ERR_INVALID;
+    }
+    r.layout = json_object();
+    r.rank_ip = strdup(p->rank_ip);
+    if (r.layout == NULL || r.rank_ip == NULL)
+        goto nomem;
+    lens[0] = &p->kv_item_lens;
+    lens[1] = &p->kv_unit_lens;
+    lens[2] = &p->state_item_lens;
+    lens[3] = &p->state_unit_lens;
+    for (size_t k = 0; k < N_LENS_KEYS; k++) {
+        if (!(p->field_mask & lens_bits[k]))
+            continue;
+        reason[0] = '\0';
+        if (!lens_to_json(r.layout, g_lens_keys[k], lens[k], reason, reason_len)) {
+            if (reason[0] == '\0')
+                goto nomem;
+            kvb__boot_reg_clear(&r);
+            return KVB_ERR_INVALID;
+        }
+    }
+    if ((p->field_mask & KVB_BOOTSTRAP_REG_MLA_L1_5_CACHE) &&
+        json_object_set_new(r.layout, KVB__BOOT_KEY_MLA_L1_5,
+                            json_boolean(p->enable_mla_l1_5_cache != 0)) != 0)
+        goto nomem;
+    if (p->field_mask & KVB_BOOTSTRAP_REG_LAYOUT_JSON) {
+        json_error_t jerr;
+        json_t *l = p->layout_json != NULL
+                        ? json_loads(p->layout_json, JSON_REJECT_DUPLICATES, &jerr)
+                        : NULL;
+        if (l == NULL || !json_is_object(l)) {
+            json_decref(l);
+            set_reason(reason, reason_len, "layout_json must be a JSON object");
+            kvb__boot_reg_clear(&r);
+            return KVB_ERR_INVALID;
+        }
+        if (json_object_set_new(r.layout, KVB__BOOT_KEY_LAYOUT, l) != 0)
+            goto nomem;
+    }
+    *reg_p = r;
+    return KVB_OK;
+nomem:
+    kvb__boot_reg_clear(&r);
+    set_reason(reason, reason_len, "out of memory");
+    return KVB_ERR_NOMEM;
+}
+
+/* ---------------------------------------------------------------- queries */
+
+static bool parse_rank_value(const char *name, const char *v, int64_t *out, char *reason,
+                             size_t reason_len)
+{
+    if (!kvb__parse_i64(v, strlen(v), -1, INT32_MAX, out)) {
+        char text[48];
+        kvb__boot_sanitize(v, strlen(v), 24, text, sizeof(text));
+        set_reason(reason, reason_len, "%s=\"%s\" is not an integer in [-1, %d]", name, text,
+                   INT32_MAX);
+        return false;
+    }
+    return true;
+}
+
+kvb__boot_query_result_t kvb__boot_query_parse(const char *engine_rank, const char *dp_group,
+                                               const char *pp_rank, kvb__boot_query_t *query_p,
+                                               char *reason, size_t reason_len)
+{
+    kvb__boot_query_t q;
+    memset(&q, 0, sizeof(q));
+    if (engine_rank == NULL || engine_rank[0] == '\0' || dp_group == NULL || dp_group[0] == '\0') {
+        set_reason(reason, reason_len, "%s", KVB__BOOT_MSG_MISSING);
+        return KVB__BOOT_QUERY_MISSING;
+    }
+    if (!parse_rank_value("engine_rank", engine_rank, &q.engine_rank, reason, reason_len) ||
+        !parse_rank_value("target_dp_group", dp_group, &q.dp_group, reason, reason_len))
+        return KVB__BOOT_QUERY_INVALID;
+    bool pp_given = pp_rank != NULL && pp_rank[0] != '\0';
+    if (pp_given && !parse_rank_value("target_pp_rank", pp_rank, &q.pp_rank, reason, reason_len))
+        return KVB__BOOT_QUERY_INVALID;
+    if (q.engine_rank == -1 && q.dp_group == -1) {
+        if (pp_given && q.pp_rank != -1) {
+            set_reason(reason, reason_len,
+                       "engine_rank=-1&target_dp_group=-1 asks for the parallel info; "
+                       "target_pp_rank must be -1 or absent");
+            return KVB__BOOT_QUERY_INVALID;
+        }
+        q.parallel_info = true;
+        q.pp_rank = -1;
+        *query_p = q;
+        return KVB__BOOT_QUERY_OK;
+    }
+    if (!pp_given)
+        q.pp_rank = 0;
+    if (q.engine_rank < 0 || q.dp_group < 0 || q.pp_rank < 0) {
+        set_reason(reason, reason_len,
+                   "-1 is only valid as engine_rank=-1&target_dp_group=-1 (parallel info)");
+        return KVB__BOOT_QUERY_INVALID;
+    }
+    *query_p = q;
+    return KVB__BOOT_QUERY_OK;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decode s[0..len) into a new NUL-terminated string; NULL on a bad
+ * escape, an embedded NUL or no memory (*nomem tells which). */
+static char *pct_decode(const char *s, size_t len, bool *nomem)
+{
+    char *out = malloc(len + 1);
+    size_t o = 0;
+    *nomem = out == NULL;
+    if (out == NULL)
+        return NULL;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (c == '%') {
+            int hi, lo;
+            if (i + 2 >= len) {
+                free(out);
+                return NULL;
+            }
+            hi = hexval(s[i + 1]);
+            lo = hexval(s[i + 2]);
+            if (hi < 0 || lo < 0) {
+                free(out);
+                return NULL;
+            }
+            c = (char)(hi * 16 + lo);
+            i += 2;
+        } else if (c == '+') {
+            c = ' ';
+        }
+        if (c == '\0') {
+            free(out);
+            return NULL;
+        }
+        out[o++] = c;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+kvb__boot_query_result_t kvb__boot_query_parse_string(const char *qs, size_t len,
+                                                      kvb__boot_query_t *query_p, char *reason,
+                                                      size_t reason_len)
+{
+    static const char *const names[3] = {"engine_rank", "target_dp_group", "target_pp_rank"};
+    char *vals[3] = {NULL, NULL, NULL};
+    kvb__boot_query_result_t res = KVB__BOOT_QUERY_INVALID;
+    size_t pos = 0;
+    bool nomem = false;
+
+    while (qs != NULL && pos < len) {
+        const char *seg = qs + pos;
+        const char *amp = memchr(seg, '&', len - pos);
+        size_t seg_len = amp != NULL ? (size_t)(amp - seg) : len - pos;
+        const char *eq = memchr(seg, '=', seg_len);
+        pos += seg_len + 1;
+        if (eq == NULL)
+            continue; /* "key" without a value: absent */
+        char *key = pct_decode(seg, (size_t)(eq - seg), &nomem);
+        if (key == NULL) {
+            set_reason(reason, reason_len,
+                       nomem ? "out of memory" : "query string has a bad %%-escape");
+            goto out;
+        }
+        for (int k = 0; k < 3; k++) {
+            if (vals[k] == NULL && strcmp(key, names[k]) == 0) {
+                vals[k] = pct_decode(eq + 1, seg_len - (size_t)(eq - seg) - 1, &nomem);
+                if (vals[k] == NULL) {
+                    free(key);
+                    set_reason(reason, reason_len,
+                               nomem ? "out of memory" : "query string has a bad %%-escape");
+                    goto out;
+                }
+                break;
+            }
+        }
+        free(key);
+    }
+    res = kvb__boot_query_parse(vals[0], vals[1], vals[2], query_p, reason, reason_len);
+out:
+    for (int k = 0; k < 3; k++)
+        free(vals[k]);
+    return res;
+}
+
+/* ---------------------------------------------------------------- answers */
+
+kvb_status_t kvb__boot_rank_addr_parse(const char *body, size_t len,
+                                       kvb_bootstrap_rank_addr_t *addr_p, char *reason,
+                                       size_t reason_len)
+{
+    json_t *root = load_object(body, len, "rank info", reason, reason_len);
+    json_t *ip;
+    int64_t port;
+    if (root == NULL)
+        return KVB_ERR_PROTO;
+    ip = json_object_get(root, "rank_ip");
+    if (ip == NULL || !json_is_string(ip) ||
+        !kvb__boot_valid_host(json_string_value(ip), json_string_length(ip))) {
+        set_reason(reason, reason_len, "\"rank_ip\" missing or not a valid address string");
+        json_decref(root);
+        return KVB_ERR_PROTO;
+    }
+    if (!get_int(root, "rank_port", 1, 65535, &port, reason, reason_len)) {
+        json_decref(root);
+        return KVB_ERR_PROTO;
+    }
+    memcpy(addr_p->rank_ip, json_string_value(ip), json_string_length(ip));
+    addr_p->rank_ip[json_string_length(ip)] = '\0';
+    addr_p->rank_port = (uint16_t)port;
+    json_decref(root);
+    return KVB_OK;
+}
+
+static bool lens_from_json(json_t *root, const char *key, kvb_bootstrap_lens_t *out, bool *nomem,
+                           char *reason, size_t reason_len)
+{
+    json_t *v = json_object_get(root, key);
+    size_t i;
+    json_t *e;
+    out->values = NULL;
+    out->count = 0;
+    if (v == NULL || json_is_null(v))
+        return true;
+    if (!valid_lens(v, key, reason, reason_len))
+        return false;
+    if (json_array_size(v) == 0)
+        return true;
+    out->values = calloc(json_array_size(v), sizeof(uint64_t));
+    if (out->values == NULL) {
+        *nomem = true;
+        set_reason(reason, reason_len, "out of memory");
+        return false;
+    }
+    json_array_foreach(v, i, e) out->values[i] = (uint64_t)json_integer_value(e);
+    out->count = json_array_size(v);
+    return true;
+}
+
+kvb_status_t kvb__boot_parallel_info_parse(const char *body, size_t len,
+                                           kvb_bootstrap_parallel_info_t *info_p, char *reason,
+                                           size_t reason_len)
+{
+    kvb_bootstrap_parallel_info_t info;
+    kvb_bootstrap_lens_t *lens[N_LENS_KEYS];
+    json_t *root, *v;
+    int64_t tp, dp, pp;
+    bool nomem = false, flag = false;
+
+    memset(&info, 0, sizeof(info));
+    root = load_object(body, len, "parallel info", reason, reason_len);
+    if (root == NULL)
+        return KVB_ERR_PROTO;
+    if (!get_int(root, "prefill_attn_tp_size", 1, KVB__BOOT_MAX_SIZE, &tp, reason, reason_len) ||
+        !get_int(root, "prefill_dp_size", 1, KVB__BOOT_MAX_SIZE, &dp, reason, reason_len) ||
+        !get_int(root, "prefill_pp_size", 1, KVB__BOOT_MAX_SIZE, &pp, reason, reason_len))
+        goto fail;
+    info.attn_tp_size = (int32_t)tp;
+    info.dp_size = (int32_t)dp;
+    info.pp_size = (int32_t)pp;
+    lens[0] = &info.kv_item_lens;
+    lens[1] = &info.kv_unit_lens;
+    lens[2] = &info.state_item_lens;
+    lens[3] = &info.state_unit_lens;
+    for (size_t k = 0; k < N_LENS_KEYS; k++)
+        if (!lens_from_json(root, g_lens_keys[k], lens[k], &nomem, reason, reason_len))
+            goto fail;
+    v = json_object_get(root, KVB__BOOT_KEY_MLA_L1_5);
+    if (v != NULL && !json_is_null(v)) {
+        if (!valid_flag(v, KVB__BOOT_KEY_MLA_L1_5, &flag, reason, reason_len))
+            goto fail;
+        info.enable_mla_l1_5_cache = flag;
+    }
+    v = json_object_get(root, KVB__BOOT_KEY_LAYOUT);
+    if (v != NULL && !json_is_null(v)) {
+        if (!json_is_object(v)) {
+            set_reason(reason, reason_len, "\"%s\" must be a JSON object", KVB__BOOT_KEY_LAYOUT);
+            goto fail;
+        }
+        info.layout_json = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+        if (info.layout_json == NULL) {
+            nomem = true;
+            set_reason(reason, reason_len, "out of memory");
+            goto fail;
+        }
+    }
+    json_decref(root);
+    *info_p = info;
+    return KVB_OK;
+fail:
+    json_decref(root);
+    kvb_bootstrap_parallel_info_free(&info);
+    return nomem ? KVB_ERR_NOMEM : KVB_ERR_PROTO;
+}
+
+KVB_API void kvb_bootstrap_parallel_info_free(kvb_bootstrap_parallel_info_t *info)
+{
+    if (info == NULL)
+        return;
+    free(info->kv_item_lens.values);
+    free(info->kv_unit_lens.values);
+    free(info->state_item_lens.values);
+    free(info->state_unit_lens.values);
+    free(info->layout_json);
+    memset(info, 0, sizeof(*info));
+}
