@@ -32,6 +32,7 @@ struct kvb__conn {
     int fd;
     uint64_t epoch, generation;
     lane_t lane;
+    int local;                     /* peer on this host (same boot id) */
     int refs;                      /* atomic: session + each transfer using it */
     int dead;                      /* atomic: peer lost; fail everything on it */
     int stale;                     /* atomic: peer's table changed; re-handshake before next use */

@@ -213,16 +213,13 @@ static lane_t choose_lane(kvb_engine_h eng, const kvb__hs_reply_t *r)
     const char *forced = kvb__env_get("KVBRIDGE_LANE", NULL); /* put|am: diagnostics */
     if (forced != NULL)
         return strcmp(forced, "am") == 0 ? LANE_AM : LANE_PUT;
-    switch (eng->params.transport) {
-    case KVB_TRANSPORT_TCP:
-        return LANE_AM;
-    case KVB_TRANSPORT_SHM:
-        return LANE_PUT;
-    default:
-        /* One host: UCX puts through CMA / shared memory. Elsewhere UCX's put
-         * over TCP is emulated and slow; RDMA hosts can force put. */
-        return same_host(eng, r) ? LANE_PUT : LANE_AM;
-    }
+    /* AUTO and TCP: the message lane. On one host UCX 1.13's put into user
+     * memory is itself emulated over shared-memory messages; the message lane
+     * matched or beat it (bench/results/engine.md), keeps working when both
+     * processes share a core (put: 40x slower there), and the target checks
+     * every range. Across hosts without RDMA, put over TCP is emulated and
+     * slow. SHM forces UCX's one-sided put (the lane RDMA hosts want). */
+    return eng->params.transport == KVB_TRANSPORT_SHM ? LANE_PUT : LANE_AM;
 }
 
 static kvb_status_t unpack_rkeys(kvb__conn_t *c, const kvb__hs_reply_t *r, char *why, size_t wl)
@@ -257,12 +254,12 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd)
     ep.address = (const ucp_address_t *)r->waddr;
     c->lane = choose_lane(eng, r);
     /* UCX drops transports without peer-failure support (CMA, shared memory)
-     * from endpoints in PEER mode, so a same-host put lane would fall back to
-     * put emulated over TCP (measured 5x slower). There the control
+     * from endpoints in PEER mode, so a same-host endpoint would fall back to
+     * TCP (put emulated over TCP measured 5x slower). On one host the control
      * connection alone detects a dead peer. */
     bool local = eng->params.transport == KVB_TRANSPORT_SHM || same_host(eng, r);
-    ep.err_mode =
-        c->lane == LANE_PUT && local ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_mode = local ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+    c->local = local;
     ep.err_handler.cb = ep_error_cb;
     ep.err_handler.arg = c;
     c->epoch = r->epoch;

@@ -412,13 +412,17 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
         p.cb.send = am_send_cb;
         p.user_data = m;
         p.flags = UCP_AM_SEND_FLAG_REPLY;
-        p.datatype = niov == 1 ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
+        /* One host: always IOV (UCX pipelines it through shared memory; a
+         * single contiguous rendezvous measured 35% slower). TCP: a single
+         * piece goes contiguous (zero-copy rendezvous, measured faster). */
+        bool contig = niov == 1 && !x->conn->local;
+        p.datatype = contig ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
         m->x = x;
         __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
         x->msgs_sent++;
         x->inflight++;
-        void *buf = niov == 1 ? m->iov[0].buffer : (void *)m->iov;
-        size_t cnt = niov == 1 ? m->iov[0].length : niov;
+        void *buf = contig ? m->iov[0].buffer : (void *)m->iov;
+        size_t cnt = contig ? m->iov[0].length : niov;
         void *r = ucp_am_send_nbx(x->conn->ep, KVB_AM_WRITE, m->hdr, AM_HDR_FIXED + niov * AM_DESC,
                                   buf, cnt, &p);
         if (UCS_PTR_IS_ERR(r)) {
