@@ -257,7 +257,8 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd)
      * from endpoints in PEER mode, so a same-host endpoint would fall back to
      * TCP (put emulated over TCP measured 5x slower). On one host the control
      * connection alone detects a dead peer. */
-    bool local = eng->params.transport == KVB_TRANSPORT_SHM || same_host(eng, r);
+    bool local = eng->params.transport == KVB_TRANSPORT_SHM ||
+                 (eng->params.transport == KVB_TRANSPORT_AUTO && same_host(eng, r));
     ep.err_mode = local ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
     c->local = local;
     ep.err_handler.cb = ep_error_cb;
