@@ -5,4 +5,5 @@
 #include <kvbridge/bootstrap.h>
 #include <kvbridge/engine.h>
 #include <kvbridge/plan.h>
+#include <kvbridge/conn.h>
 #endif

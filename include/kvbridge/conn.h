@@ -1,0 +1,218 @@
+/* kvbridge connector: KV managers, senders (prefill) and receivers (decode)
+ * speaking the SGLang Mooncake connector's control protocol (PROTOCOL.md),
+ * over kvbridge's engine, planner and bootstrap client.
+ *
+ * Names follow the seeds: a manager per rank (KVManager), a sender per room
+ * on prefill (KVSender), a receiver per room on decode (KVReceiver), polled
+ * for kvb_poll_t values numbered exactly as the seeds' KVPoll.
+ *
+ * Threads: a manager is thread-safe; it runs a control thread (ZeroMQ PULL
+ * socket), transfer workers (prefill) or a heartbeat thread (decode). A
+ * sender or receiver may be used from any thread but not from two at once;
+ * destroy exactly once. Destroy senders/receivers before their manager. */
+#ifndef KVBRIDGE_CONN_H
+#define KVBRIDGE_CONN_H
+
+#include <kvbridge/common.h>
+#include <kvbridge/engine.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvb_manager *kvb_manager_h;
+typedef struct kvb_sender *kvb_sender_h;
+typedef struct kvb_receiver *kvb_receiver_h;
+
+/* The seeds' KVPoll values. */
+typedef enum kvb_poll {
+    KVB_POLL_FAILED = 0,
+    KVB_POLL_BOOTSTRAPPING = 1,
+    KVB_POLL_WAITING_FOR_INPUT = 2,
+    KVB_POLL_TRANSFERRING = 3,
+    KVB_POLL_SUCCESS = 4
+} kvb_poll_t;
+
+/* "Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success". */
+KVB_API const char *kvb_poll_string(kvb_poll_t poll);
+
+typedef enum kvb_mode { KVB_MODE_PREFILL = 0, KVB_MODE_DECODE = 1 } kvb_mode_t;
+
+/* A rank's KV arguments (the seeds' KVArgs). Arrays are copied at manager
+ * creation. kv_data_ptrs follow PROTOCOL.md's layout order: MHA → K of each
+ * local layer, then V of the same layers; MLA → one latent buffer per layer.
+ * Every buffer holds items of kv_item_len bytes (page_size tokens). */
+typedef struct kvb_kv_args {
+    const uint64_t *kv_data_ptrs;
+    const uint64_t *kv_data_lens;
+    uint32_t num_kv;      /* entries of kv_data_ptrs / lens */
+    uint64_t kv_item_len; /* bytes of one item of one layer buffer */
+    const uint64_t *aux_data_ptrs;
+    const uint64_t *aux_data_lens;
+    const uint64_t *aux_item_lens;
+    uint32_t num_aux;
+    const uint64_t *state_data_ptrs; /* Mamba / linear-attention state */
+    const uint64_t *state_data_lens;
+    const uint64_t *state_item_lens;
+    uint32_t num_state;
+    uint32_t page_size;           /* tokens per item */
+    uint32_t kv_head_num;         /* KV heads held by this rank (MHA; 1 for MLA) */
+    int32_t engine_rank;          /* the seeds' engine_rank (attention TP rank) */
+    uint32_t prefill_start_layer; /* prefill PP stage: first model layer held */
+    uint32_t num_layers_total;    /* model layers; 0 = num local layers × pp_size */
+} kvb_kv_args_t;
+
+enum kvb_manager_param_field {
+    KVB_MANAGER_PARAM_BOOTSTRAP_ADDR = 1u << 0,
+    KVB_MANAGER_PARAM_HOST = 1u << 1,
+    KVB_MANAGER_PARAM_BOOTSTRAP_TIMEOUT = 1u << 2,
+    KVB_MANAGER_PARAM_WAITING_TIMEOUT = 1u << 3,
+    KVB_MANAGER_PARAM_HEARTBEAT = 1u << 4, /* interval and max failures */
+    KVB_MANAGER_PARAM_THREADS = 1u << 5,   /* transfer threads and queues */
+    KVB_MANAGER_PARAM_ROOM_TTL = 1u << 6,
+};
+
+/* Manager creation. Always read: mode, kv_args, engine, the parallel info
+ * (attn_tp_size .. system_dp_rank; sizes >= 1, ranks in range) and is_mla.
+ * Knob defaults come from the environment (PROTOCOL.md; KVBRIDGE_* twins win
+ * over SGLANG_DISAGGREGATION_* names): bootstrap time-out 300 s, waiting
+ * time-out 300 s, heartbeat interval 5 s (>= 2), heartbeat max failures 2
+ * (>= 1), transfer threads min(max(4, 0.75·cpus/8), 12), queues 4 (<= threads). */
+typedef struct kvb_manager_params {
+    uint64_t field_mask;
+    kvb_mode_t mode;
+    const kvb_kv_args_t *kv_args;
+    kvb_engine_h engine; /* not owned; must outlive the manager */
+    int32_t attn_tp_size, attn_tp_rank;
+    int32_t attn_dp_size, attn_dp_rank;
+    int32_t pp_size, pp_rank;
+    int32_t system_dp_size, system_dp_rank;
+    int is_mla;
+    const char *bootstrap_addr; /* prefill: "host:port" to register with (required) */
+    const char *host;           /* control socket address, default "127.0.0.1" */
+    double bootstrap_timeout_s; /* sender stuck in Bootstrapping → Failed */
+    double waiting_timeout_s;   /* receiver stuck in WaitingForInput → Failed */
+    double heartbeat_interval_s;
+    int heartbeat_max_failures;
+    int transfer_threads, transfer_queues;
+    double room_ttl_s; /* terminal rooms nobody polls are freed after this, 600 s */
+} kvb_manager_params_t;
+
+/* Create a manager: registers the KV/aux/state buffers with the engine,
+ * binds the control socket on an ephemeral port, starts its threads and
+ * (prefill) registers with the bootstrap server. Errors: KVB_ERR_INVALID
+ * (parameters), KVB_ERR_PEER / KVB_ERR_TIMEOUT / KVB_ERR_PROTO (bootstrap
+ * registration), KVB_ERR_IO, KVB_ERR_NOMEM; the reason is logged and
+ * available from kvb_manager_last_error(NULL). */
+KVB_API kvb_status_t kvb_manager_create(const kvb_manager_params_t *params,
+                                        kvb_manager_h *manager_p);
+
+/* Stop every thread, unregister the buffers and free everything. Senders and
+ * receivers must be destroyed first. */
+KVB_API void kvb_manager_destroy(kvb_manager_h manager);
+
+/* Detailed text of the last error recorded by this manager (NULL: the last
+ * kvb_manager_create failure of the calling thread). Thread-local copy. */
+KVB_API const char *kvb_manager_last_error(kvb_manager_h manager);
+
+/* "ip:port" of the control socket (the seeds' rank_ip:rank_port). */
+KVB_API const char *kvb_manager_endpoint(kvb_manager_h manager);
+
+/* Counters a user or test can read: malformed control messages dropped,
+ * rooms currently tracked. */
+typedef struct kvb_manager_stats {
+    uint64_t bad_messages;
+    uint64_t rooms;
+    uint64_t transfers_failed;
+} kvb_manager_stats_t;
+KVB_API void kvb_manager_stats(kvb_manager_h manager, kvb_manager_stats_t *stats_p);
+
+/* ---- sender (prefill) ---- */
+
+/* Create the sender of room (status Bootstrapping until every decode rank
+ * that needs this rank sent its transfer info). bootstrap_addr is kept for
+ * the seeds' signature. Errors: KVB_ERR_STATE (not a prefill manager, or the
+ * room already has a sender), KVB_ERR_NOMEM. */
+KVB_API kvb_status_t kvb_sender_create(kvb_manager_h manager, const char *bootstrap_addr,
+                                       uint64_t room, kvb_sender_h *sender_p);
+
+/* How many page indices the request has, and its aux index (the seeds'
+ * init(num_kv_indices, aux_index)). */
+KVB_API kvb_status_t kvb_sender_init(kvb_sender_h sender, uint64_t num_kv_indices,
+                                     int64_t aux_index);
+
+/* Queue the next chunk: indices are the prefill page indices of request
+ * pages [cur, cur + count). The chunk that reaches num_kv_indices is the
+ * last (it carries aux and state). The array is copied. Errors:
+ * KVB_ERR_STATE (not initialised, past the end, or the room is not yet
+ * WaitingForInput), KVB_ERR_INVALID. A room already Failed accepts and
+ * drops chunks (KVB_OK), as the seeds do. */
+KVB_API kvb_status_t kvb_sender_send(kvb_sender_h sender, const int32_t *indices, size_t count);
+
+/* Current status; checks the bootstrap time-out. */
+KVB_API kvb_poll_t kvb_sender_poll(kvb_sender_h sender);
+
+/* Fail the room "Aborted by AbortReq.": no write for it is issued after this
+ * returns; the decode is told (status Failed) once writes already issued
+ * have settled. */
+KVB_API void kvb_sender_abort(kvb_sender_h sender);
+
+/* The recorded failure reason (or "Failed due to an unknown reason from
+ * another rank"); the record is forgotten, as the seeds' failure_exception.
+ * Copied into buf (NUL-terminated, truncated to len). */
+KVB_API void kvb_sender_failure(kvb_sender_h sender, char *buf, size_t len);
+
+/* Forget the room (the seeds' clear) and free the sender. */
+KVB_API void kvb_sender_destroy(kvb_sender_h sender);
+
+/* ---- receiver (decode) ---- */
+
+/* Create the receiver of room: fetch the prefill parallel info (cached per
+ * bootstrap address), choose the source ranks, resolve them (cached) and
+ * send this rank's KV arguments once per prefill rank. dp_rank < 0 = route by
+ * room % prefill DP size. Failures are not returned: the receiver is created
+ * and polls Failed with the seeds' reason (as the seeds do). Errors returned:
+ * KVB_ERR_STATE (not a decode manager), KVB_ERR_INVALID, KVB_ERR_NOMEM. */
+KVB_API kvb_status_t kvb_receiver_create(kvb_manager_h manager, const char *bootstrap_addr,
+                                         uint64_t room, int32_t dp_rank,
+                                         kvb_receiver_h *receiver_p);
+
+enum kvb_receiver_init_field {
+    KVB_RECV_INIT_STATE = 1u << 0,  /* state_indices, num_state_indices */
+    KVB_RECV_INIT_PREFIX = 1u << 1, /* prefix_tokens */
+    KVB_RECV_INIT_MASK = 1u << 2,   /* page_mask */
+};
+
+/* Extras of init (kvbridge extensions, sent as trailing frames). */
+typedef struct kvb_receiver_init {
+    uint64_t field_mask;
+    const int32_t *state_indices;
+    size_t num_state_indices;
+    uint64_t prefix_tokens;   /* tokens already on the decode (multiple of page) */
+    const uint8_t *page_mask; /* one byte per index: 1 = needs data */
+} kvb_receiver_init_t;
+
+/* Send the pre-allocation (destination page indices, aux index) to every
+ * source; status → WaitingForInput. extra may be NULL. */
+KVB_API kvb_status_t kvb_receiver_init(kvb_receiver_h receiver, const int32_t *indices,
+                                       size_t count, int64_t aux_index,
+                                       const kvb_receiver_init_t *extra);
+
+/* Current status; checks the waiting time-out. After an abort, Failed is
+ * reported only once every source confirmed that no write is in flight (or
+ * was declared lost): only then may the pages be reused. */
+KVB_API kvb_poll_t kvb_receiver_poll(kvb_receiver_h receiver);
+
+/* Abort: record "Aborted by AbortReq." and tell the sources to stop. */
+KVB_API void kvb_receiver_abort(kvb_receiver_h receiver);
+
+KVB_API void kvb_receiver_failure(kvb_receiver_h receiver, char *buf, size_t len);
+
+/* Forget the room and free the receiver. Destroying a room that is not
+ * terminal aborts it first (without waiting for the fence). */
+KVB_API void kvb_receiver_destroy(kvb_receiver_h receiver);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,260 @@
+/* Internal structures of the connector. One mutex per manager (mu) guards
+ * the room table and the decode-side caches; the registration table of a
+ * prefill manager has its own rwlock; ZeroMQ PUSH sockets each their own
+ * mutex (ZeroMQ sockets are not thread-safe). No lock is held across a
+ * network call except a PUSH socket's own. */
+#ifndef KVB_CONN_INT_H
+#define KVB_CONN_INT_H
+
+#include <kvbridge/bootstrap.h>
+#include <kvbridge/conn.h>
+#include <kvbridge/plan.h>
+
+#include "core/core.h"
+#include "proto/frames.h"
+
+#define KVB_IP_MAX 256
+#define KVB_SID_MAX 300
+
+/* ---- ZeroMQ helpers (zsock.c) ---- */
+typedef struct kvb__zpush {
+    char endpoint[KVB_IP_MAX + 16];
+    void *sock;
+    pthread_mutex_t mu;
+    struct kvb__zpush *next;
+} kvb__zpush_t;
+
+typedef struct kvb__zcache {
+    void *zctx;
+    pthread_mutex_t mu;
+    kvb__zpush_t *head;
+} kvb__zcache_t;
+
+void kvb__zcache_init(kvb__zcache_t *c, void *zctx);
+void kvb__zcache_free(kvb__zcache_t *c);
+/* Send a multipart message to tcp://ip:port without blocking; KVB_ERR_PEER
+ * when the peer's queue is full or the socket cannot be made. */
+kvb_status_t kvb__zsend(kvb__zcache_t *c, const char *ip, uint16_t port,
+                        const kvb__frames_buf_t *msg);
+/* Receive one multipart message (frames point into msgs[]); returns the frame
+ * count, 0 on timeout, -1 on error. Messages with more than max frames are
+ * drained and reported as max + 1. */
+int kvb__zrecv(void *sock, void *msgs /* zmq_msg_t[max] */, size_t max, int timeout_ms);
+/* Bind a PULL socket on tcp://host:* (IPv6 aware); writes the port. */
+kvb_status_t kvb__zbind_pull(void *zctx, const char *host, void **sock_p, uint16_t *port_p);
+/* "tcp://ip:port", brackets around IPv6. */
+void kvb__zendpoint(const char *ip, uint16_t port, char *out, size_t len);
+
+/* ---- rooms ---- */
+
+/* One destination of a prefill room (a decode rank's transfer info). */
+typedef struct kvb__dst {
+    char session[KVB_SID_MAX];
+    char ip[KVB_IP_MAX];
+    uint16_t port;
+    int dummy;
+    int32_t *pages;
+    size_t n_pages;
+    int32_t aux_index;
+    int64_t prefix_tokens;
+    uint8_t *mask; /* n_pages entries or NULL */
+    int32_t *state_idx;
+    size_t n_state;
+} kvb__dst_t;
+
+/* A source of a decode room. */
+typedef struct kvb__src {
+    char ip[KVB_IP_MAX];
+    uint16_t port;
+    uint32_t tp_rank, pp_rank;
+    uint32_t required_dst_info_num;
+    int dummy;
+} kvb__src_t;
+
+typedef struct kvb__room {
+    uint64_t id;
+    int status; /* kvb_poll_t */
+    char *reason;
+    double t_start, t_init, t_terminal;
+    int has_handle;
+    int aborted;
+    struct kvb__room *next;
+    /* prefill */
+    kvb__dst_t *dsts;
+    size_t n_dst;
+    int32_t required_dst;
+    int inflight;      /* chunks queued or being written */
+    int fail_notified; /* Failed status sent to the destinations */
+    int success_notified;
+    int submitting;    /* a worker is issuing writes for it (abort waits) */
+    kvb_xfer_h *xfers; /* writes in flight (abort cancels them) */
+    size_t n_xfers, cap_xfers;
+    char abort_ip[KVB_IP_MAX]; /* decode that asked for the abort (ack target) */
+    uint16_t abort_port;
+    /* decode */
+    char *bootstrap_addr;
+    kvb__src_t *srcs;
+    size_t n_src;
+    uint32_t required_responses;
+    uint32_t *responded; /* prefill ranks that sent a terminal status */
+    size_t n_responded;
+    size_t n_success;
+    int fence_open; /* abort/failure sent; waiting for terminal statuses */
+    int lost;       /* its prefill instance was declared lost */
+} kvb__room_t;
+
+/* ---- prefill: decode registrations ---- */
+typedef struct kvb__reg {
+    char session[KVB_SID_MAX];
+    char ip[KVB_IP_MAX];
+    uint16_t port;
+    uint64_t *kv_ptrs;
+    size_t n_kv;
+    uint64_t *aux_ptrs;
+    size_t n_aux;
+    uint64_t *state_ptrs;
+    size_t n_state;
+    int32_t tp_rank, tp_size;
+    int64_t item_len;
+    kvb_plan_h plan;  /* NULL when plan_error is set */
+    char *plan_error; /* why this decode cannot be served */
+    int failed;       /* a write to it failed */
+    double failed_at;
+    int refs;
+    struct kvb__reg *next;
+} kvb__reg_t;
+
+/* ---- prefill: chunks and queues ---- */
+typedef struct kvb__chunk {
+    uint64_t room;
+    int32_t *indices;
+    size_t n;
+    uint64_t first; /* request page index of indices[0] */
+    int is_last;
+    int64_t aux_index;
+    struct kvb__chunk *next;
+} kvb__chunk_t;
+
+typedef struct kvb__queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    kvb__chunk_t *head, *tail;
+    size_t len, high_water;
+    pthread_t thr;
+    struct kvb_manager *mgr;
+} kvb__queue_t;
+
+/* ---- decode: caches per bootstrap address ---- */
+typedef struct kvb__addr {
+    char *addr;
+    kvb_bootstrap_client_h client; /* requests (receiver creation) */
+    kvb_bootstrap_client_h hb;     /* heartbeats (own keep-alive connection) */
+    pthread_mutex_t client_mu;
+    int have_info;
+    kvb_bootstrap_parallel_info_t info;
+    kvb_plan_h plan; /* prefill rank 0 layout × this decode rank */
+    int failures;
+    struct kvb__route *routes;
+    struct kvb__addr *next;
+} kvb__addr_t;
+
+typedef struct kvb__route { /* resolved (dp, tp, pp) → endpoint, kv args sent */
+    int32_t dp, tp, pp;
+    char ip[KVB_IP_MAX];
+    uint16_t port;
+    int registered;
+    struct kvb__route *next;
+} kvb__route_t;
+
+struct kvb_manager {
+    kvb_mode_t mode;
+    kvb_manager_params_t p; /* knobs resolved */
+    kvb_kv_args_t args;     /* deep copy */
+    uint64_t *kv_ptrs, *kv_lens, *aux_ptrs, *aux_lens, *aux_items, *state_ptrs, *state_lens,
+        *state_items;
+    kvb_engine_h engine;
+    char *bootstrap_addr;
+    char host[KVB_IP_MAX];
+    uint16_t port;
+    char endpoint[KVB_IP_MAX + 8];
+    kvb__err_t err;
+    void *zctx, *pull;
+    kvb__zcache_t zc;
+    pthread_t ctl_thr, hb_thr;
+    int stop;
+
+    pthread_mutex_t mu;
+    kvb__room_t **buckets;
+    size_t n_buckets, n_rooms;
+    uint64_t bad_messages, transfers_failed;
+    uint64_t bad_kinds_logged; /* bit per message kind already logged */
+
+    pthread_cond_t room_cv;
+
+    /* prefill */
+    double transfer_timeout_s;
+    double session_backoff_s;
+    pthread_rwlock_t reg_mu;
+    kvb__reg_t *regs;
+    kvb__queue_t *queues;
+    int n_queues;
+    kvb_plan_layout_t layout; /* this rank */
+    int32_t prefill_rank;     /* attn_tp_rank * pp_size + pp_rank */
+    int is_last_stage;
+
+    /* decode */
+    kvb__addr_t *addrs;
+    double hb_interval;
+    int hb_max;
+};
+
+struct kvb_sender {
+    struct kvb_manager *mgr;
+    uint64_t room;
+    uint64_t num_kv, cur;
+    int64_t aux_index;
+    int initialized;
+    int concluded;
+};
+
+struct kvb_receiver {
+    struct kvb_manager *mgr;
+    uint64_t room;
+    int concluded;
+    int32_t dp_group;
+    int initialized;
+};
+
+/* rooms.c (mgr->mu held by the caller for every function here) */
+kvb__room_t *kvb__room_find(struct kvb_manager *m, uint64_t id);
+kvb__room_t *kvb__room_get(struct kvb_manager *m, uint64_t id); /* create if absent */
+void kvb__room_remove(struct kvb_manager *m, uint64_t id);
+/* The seeds' update rule, with Failed sticky. */
+void kvb__room_set_status(kvb__room_t *r, int status);
+/* Record the failure reason (the first one wins) and set Failed. */
+void kvb__room_fail(kvb__room_t *r, const char *fmt, ...) KVB_PRINTF(2, 3);
+void kvb__rooms_sweep(struct kvb_manager *m, double now);
+void kvb__rooms_free(struct kvb_manager *m);
+void kvb__room_take_reason(kvb__room_t *r, char *buf, size_t len);
+
+/* prefill.c */
+kvb_status_t kvb__prefill_start(struct kvb_manager *m);
+void kvb__prefill_stop(struct kvb_manager *m);
+void kvb__prefill_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
+void kvb__prefill_free(struct kvb_manager *m);
+
+/* decode.c */
+kvb_status_t kvb__decode_start(struct kvb_manager *m);
+void kvb__decode_stop(struct kvb_manager *m);
+void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
+void kvb__decode_free(struct kvb_manager *m);
+
+/* manager.c */
+void kvb__conn_bad_message(struct kvb_manager *m, int kind, const kvb__frames_err_t *e);
+/* Send a status (room, value, rank) to ip:port. */
+kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
+                              int status, int32_t rank);
+/* This rank's planner layout (prefill) or decode layout. */
+void kvb__layout_self(struct kvb_manager *m, kvb_plan_layout_t *out);
+
+#endif

@@ -1,0 +1,409 @@
+/* KV manager: parameters and knobs, buffer registration, the control socket
+ * and its thread, shared helpers of the prefill and decode sides. */
+#include "conn/conn_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define MAX_FRAMES (9 + KVB__FRAMES_MAX_EXT)
+
+static __thread char g_create_err[KVB_ERRMSG_MAX];
+
+const char *kvb_poll_string(kvb_poll_t poll)
+{
+    static const char *names[] = {"Failed", "Bootstrapping", "WaitingForInput", "Transferring",
+                                  "Success"};
+    return (unsigned)poll < 5 ? names[poll] : "Unknown";
+}
+
+static kvb_status_t create_error(kvb_status_t st, const char *fmt, const char *a)
+{
+    snprintf(g_create_err, sizeof(g_create_err), fmt, a);
+    KVB_LOGE("manager: %s", g_create_err);
+    return st;
+}
+
+static void knobs(kvb_manager_params_t *out, const kvb_manager_params_t *in)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t def_threads = (int64_t)(0.75 * (double)cpus) / 8;
+    def_threads = def_threads < 4 ? 4 : def_threads > 12 ? 12 : def_threads;
+#define ENV(n) "KVBRIDGE_" n, "SGLANG_DISAGGREGATION_" n
+    out->bootstrap_timeout_s = kvb__env_double(ENV("BOOTSTRAP_TIMEOUT"), 300, 0.001, 1e9);
+    out->waiting_timeout_s = kvb__env_double(ENV("WAITING_TIMEOUT"), 300, 0.001, 1e9);
+    out->heartbeat_interval_s = kvb__env_double(ENV("HEARTBEAT_INTERVAL"), 5.0, 0.0, 1e9);
+    out->heartbeat_max_failures = (int)kvb__env_int(ENV("HEARTBEAT_MAX_FAILURE"), 2, 0, 1000000);
+    out->transfer_threads = (int)kvb__env_int(ENV("THREAD_POOL_SIZE"), def_threads, 1, 1024);
+    out->transfer_queues = (int)kvb__env_int(ENV("QUEUE_SIZE"), 4, 1, 1024);
+#undef ENV
+    out->room_ttl_s = kvb__env_double("KVBRIDGE_ROOM_TTL", NULL, 600, 0.001, 1e9);
+    if (in->field_mask & KVB_MANAGER_PARAM_BOOTSTRAP_TIMEOUT)
+        out->bootstrap_timeout_s = in->bootstrap_timeout_s;
+    if (in->field_mask & KVB_MANAGER_PARAM_WAITING_TIMEOUT)
+        out->waiting_timeout_s = in->waiting_timeout_s;
+    if (in->field_mask & KVB_MANAGER_PARAM_HEARTBEAT) {
+        out->heartbeat_interval_s = in->heartbeat_interval_s;
+        out->heartbeat_max_failures = in->heartbeat_max_failures;
+    }
+    if (in->field_mask & KVB_MANAGER_PARAM_THREADS) {
+        out->transfer_threads = in->transfer_threads;
+        out->transfer_queues = in->transfer_queues;
+    }
+    if (in->field_mask & KVB_MANAGER_PARAM_ROOM_TTL)
+        out->room_ttl_s = in->room_ttl_s;
+    /* The seeds' floors: interval at least 2 s, at least one miss. The test
+     * hook KVBRIDGE_HEARTBEAT_FLOOR lowers the floor (never in production). */
+    double floor = kvb__env_double("KVBRIDGE_HEARTBEAT_FLOOR", NULL, 2.0, 0.05, 2.0);
+    if (out->heartbeat_interval_s < floor)
+        out->heartbeat_interval_s = floor;
+    if (out->heartbeat_max_failures < 1)
+        out->heartbeat_max_failures = 1;
+    if (out->transfer_queues < 1)
+        out->transfer_queues = 1;
+    if (out->transfer_threads < out->transfer_queues)
+        out->transfer_threads = out->transfer_queues;
+}
+
+static kvb_status_t check_params(const kvb_manager_params_t *p)
+{
+    const kvb_kv_args_t *a = p->kv_args;
+    if (p->mode != KVB_MODE_PREFILL && p->mode != KVB_MODE_DECODE)
+        return create_error(KVB_ERR_INVALID, "mode must be prefill or decode%s", "");
+    if (a == NULL || p->engine == NULL)
+        return create_error(KVB_ERR_INVALID, "kv_args and engine are required%s", "");
+    if (a->num_kv == 0 || a->kv_data_ptrs == NULL || a->kv_data_lens == NULL ||
+        a->kv_item_len == 0 || a->page_size == 0)
+        return create_error(KVB_ERR_INVALID,
+                            "kv_args: kv_data_ptrs/lens, kv_item_len and page_size are "
+                            "required%s",
+                            "");
+    if ((a->num_aux > 0 && (!a->aux_data_ptrs || !a->aux_data_lens || !a->aux_item_lens)) ||
+        (a->num_state > 0 && (!a->state_data_ptrs || !a->state_data_lens || !a->state_item_lens)))
+        return create_error(KVB_ERR_INVALID, "kv_args: aux/state arrays missing%s", "");
+    if (p->attn_tp_size < 1 || p->attn_tp_rank < 0 || p->attn_tp_rank >= p->attn_tp_size ||
+        p->attn_dp_size < 1 || p->attn_dp_rank < 0 || p->attn_dp_rank >= p->attn_dp_size ||
+        p->pp_size < 1 || p->pp_rank < 0 || p->pp_rank >= p->pp_size || p->system_dp_size < 1 ||
+        p->system_dp_rank < 0 || p->system_dp_rank >= p->system_dp_size)
+        return create_error(KVB_ERR_INVALID, "parallel info out of range%s", "");
+    if (!p->is_mla && (a->num_kv % 2 != 0 || a->kv_head_num == 0 ||
+                       a->kv_item_len % ((uint64_t)a->page_size * a->kv_head_num) != 0))
+        return create_error(KVB_ERR_INVALID,
+                            "kv_args: MHA needs K and V buffers (even num_kv) and kv_item_len "
+                            "a multiple of page_size x kv_head_num%s",
+                            "");
+    if (p->mode == KVB_MODE_PREFILL &&
+        (!(p->field_mask & KVB_MANAGER_PARAM_BOOTSTRAP_ADDR) || p->bootstrap_addr == NULL))
+        return create_error(KVB_ERR_INVALID, "a prefill manager needs bootstrap_addr%s", "");
+    if (p->mode == KVB_MODE_DECODE && p->pp_size != 1)
+        return create_error(KVB_ERR_INVALID, "decode PP must be 1 (decode holds all layers)%s", "");
+    return KVB_OK;
+}
+
+static uint64_t *dup_u64(const uint64_t *a, size_t n)
+{
+    uint64_t *c = malloc((n ? n : 1) * sizeof(*c));
+    if (c != NULL && n > 0)
+        memcpy(c, a, n * sizeof(*c));
+    return c;
+}
+
+static kvb_status_t copy_args(struct kvb_manager *m, const kvb_kv_args_t *a)
+{
+    m->args = *a;
+    m->kv_ptrs = dup_u64(a->kv_data_ptrs, a->num_kv);
+    m->kv_lens = dup_u64(a->kv_data_lens, a->num_kv);
+    m->aux_ptrs = dup_u64(a->aux_data_ptrs, a->num_aux);
+    m->aux_lens = dup_u64(a->aux_data_lens, a->num_aux);
+    m->aux_items = dup_u64(a->aux_item_lens, a->num_aux);
+    m->state_ptrs = dup_u64(a->state_data_ptrs, a->num_state);
+    m->state_lens = dup_u64(a->state_data_lens, a->num_state);
+    m->state_items = dup_u64(a->state_item_lens, a->num_state);
+    m->args.kv_data_ptrs = m->kv_ptrs;
+    m->args.kv_data_lens = m->kv_lens;
+    m->args.aux_data_ptrs = m->aux_ptrs;
+    m->args.aux_data_lens = m->aux_lens;
+    m->args.aux_item_lens = m->aux_items;
+    m->args.state_data_ptrs = m->state_ptrs;
+    m->args.state_data_lens = m->state_lens;
+    m->args.state_item_lens = m->state_items;
+    if (!m->kv_ptrs || !m->kv_lens || !m->aux_ptrs || !m->aux_lens || !m->aux_items ||
+        !m->state_ptrs || !m->state_lens || !m->state_items)
+        return KVB_ERR_NOMEM;
+    if (m->args.num_layers_total == 0) {
+        uint32_t local = m->p.is_mla ? a->num_kv : a->num_kv / 2;
+        m->args.num_layers_total = m->mode == KVB_MODE_DECODE ? local : local * m->p.pp_size;
+    }
+    return KVB_OK;
+}
+
+static kvb_status_t register_buffers(struct kvb_manager *m)
+{
+    size_t n = m->args.num_kv + m->args.num_aux + m->args.num_state, k = 0;
+    kvb_mem_region_t *r = calloc(n, sizeof(*r));
+    kvb_status_t st;
+    if (r == NULL)
+        return KVB_ERR_NOMEM;
+    for (uint32_t i = 0; i < m->args.num_kv; i++)
+        r[k++] = (kvb_mem_region_t){(void *)(uintptr_t)m->kv_ptrs[i], m->kv_lens[i], KVB_MEM_HOST};
+    for (uint32_t i = 0; i < m->args.num_aux; i++)
+        r[k++] =
+            (kvb_mem_region_t){(void *)(uintptr_t)m->aux_ptrs[i], m->aux_lens[i], KVB_MEM_HOST};
+    for (uint32_t i = 0; i < m->args.num_state; i++)
+        r[k++] =
+            (kvb_mem_region_t){(void *)(uintptr_t)m->state_ptrs[i], m->state_lens[i], KVB_MEM_HOST};
+    st = kvb_engine_register_batch(m->engine, r, n);
+    free(r);
+    if (st != KVB_OK)
+        return create_error(st, "registering the KV buffers with the engine: %s",
+                            kvb_engine_last_error(m->engine));
+    return KVB_OK;
+}
+
+static void unregister_buffers(struct kvb_manager *m)
+{
+    for (uint32_t i = 0; i < m->args.num_kv; i++)
+        kvb_engine_unregister(m->engine, (void *)(uintptr_t)m->kv_ptrs[i]);
+    for (uint32_t i = 0; i < m->args.num_aux; i++)
+        kvb_engine_unregister(m->engine, (void *)(uintptr_t)m->aux_ptrs[i]);
+    for (uint32_t i = 0; i < m->args.num_state; i++)
+        kvb_engine_unregister(m->engine, (void *)(uintptr_t)m->state_ptrs[i]);
+}
+
+void kvb__conn_bad_message(struct kvb_manager *m, int kind, const kvb__frames_err_t *e)
+{
+    int first;
+    pthread_mutex_lock(&m->mu);
+    m->bad_messages++;
+    first = !(m->bad_kinds_logged & (1ull << (kind & 63)));
+    m->bad_kinds_logged |= 1ull << (kind & 63);
+    if (e != NULL && e->has_room) {
+        kvb__room_t *r = kvb__room_find(m, e->room);
+        if (r != NULL)
+            kvb__room_fail(r, "Malformed control message for room %llu: %s",
+                           (unsigned long long)e->room, e->reason);
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (first)
+        KVB_LOGW("control %s: dropped a malformed %s message: %s (further ones of this kind "
+                 "are counted, not logged)",
+                 m->endpoint, kvb__frames_kind_name((kvb__msg_kind_t)kind),
+                 e != NULL ? e->reason : "unrecognised frames");
+}
+
+static void *control_main(void *arg)
+{
+    struct kvb_manager *m = arg;
+    zmq_msg_t msgs[MAX_FRAMES];
+    kvb__frame_t f[MAX_FRAMES];
+    double last_sweep = kvb__now_s();
+    while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE)) {
+        int n = kvb__zrecv(m->pull, msgs, MAX_FRAMES, 100);
+        if (n > MAX_FRAMES) {
+            for (int i = 0; i < MAX_FRAMES; i++)
+                zmq_msg_close(&msgs[i]);
+            kvb__conn_bad_message(m, KVB__MSG_UNKNOWN, NULL);
+        } else if (n > 0) {
+            for (int i = 0; i < n; i++)
+                f[i] = (kvb__frame_t){zmq_msg_data(&msgs[i]), zmq_msg_size(&msgs[i])};
+            if (m->mode == KVB_MODE_PREFILL)
+                kvb__prefill_on_message(m, f, (size_t)n);
+            else
+                kvb__decode_on_message(m, f, (size_t)n);
+            for (int i = 0; i < n; i++)
+                zmq_msg_close(&msgs[i]);
+        }
+        double now = kvb__now_s();
+        if (now - last_sweep > 1.0) {
+            pthread_mutex_lock(&m->mu);
+            kvb__rooms_sweep(m, now);
+            pthread_mutex_unlock(&m->mu);
+            last_sweep = now;
+        }
+    }
+    return NULL;
+}
+
+kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
+                              int status, int32_t rank)
+{
+    kvb__frames_buf_t b;
+    kvb__frames_err_t e;
+    kvb__status_msg_t s = {room, status, rank};
+    kvb__frames_buf_init(&b);
+    kvb_status_t st = kvb__frames_encode_status(&s, &e, &b);
+    if (st == KVB_OK)
+        st = kvb__zsend(&m->zc, ip, port, &b);
+    kvb__frames_buf_free(&b);
+    return st;
+}
+
+void kvb__layout_self(struct kvb_manager *m, kvb_plan_layout_t *out)
+{
+    const kvb_kv_args_t *a = &m->args;
+    memset(out, 0, sizeof(*out));
+    out->attn = m->p.is_mla ? KVB_PLAN_MLA : KVB_PLAN_MHA;
+    out->num_layers = a->num_layers_total;
+    out->tp_size = (uint32_t)m->p.attn_tp_size;
+    out->tp_rank = (uint32_t)m->p.attn_tp_rank;
+    out->page_size = a->page_size;
+    out->field_mask = KVB_PLAN_LAYOUT_KV_GEOM | KVB_PLAN_LAYOUT_POOL;
+    out->kv_geom.item_len = a->kv_item_len;
+    if (m->p.is_mla) {
+        out->kv_geom.unit_len = 0;
+        out->kv_geom.axis = KVB_PLAN_AXIS_REPLICATED;
+    } else {
+        out->kv_geom.unit_len = a->kv_item_len / a->page_size / a->kv_head_num;
+        out->kv_geom.axis = KVB_PLAN_AXIS_KV_HEAD;
+    }
+    out->kv_pool_pages = a->kv_data_lens[0] / a->kv_item_len;
+    if (m->mode == KVB_MODE_PREFILL) {
+        out->field_mask |= KVB_PLAN_LAYOUT_PP | KVB_PLAN_LAYOUT_STAGE;
+        out->pp_size = (uint32_t)m->p.pp_size;
+        out->pp_rank = (uint32_t)m->p.pp_rank;
+        out->start_layer = a->prefill_start_layer;
+        out->stage_layers = m->p.is_mla ? a->num_kv : a->num_kv / 2;
+    }
+    if (a->num_aux > 0) {
+        out->field_mask |= KVB_PLAN_LAYOUT_AUX;
+        out->num_aux = a->num_aux;
+        out->aux_item_lens = m->aux_items;
+        out->aux_pool_items = a->aux_data_lens[0] / a->aux_item_lens[0];
+    }
+}
+
+static void manager_free(struct kvb_manager *m)
+{
+    if (m->pull != NULL)
+        zmq_close(m->pull);
+    kvb__zcache_free(&m->zc);
+    if (m->zctx != NULL)
+        zmq_ctx_term(m->zctx);
+    kvb__rooms_free(m);
+    free(m->kv_ptrs);
+    free(m->kv_lens);
+    free(m->aux_ptrs);
+    free(m->aux_lens);
+    free(m->aux_items);
+    free(m->state_ptrs);
+    free(m->state_lens);
+    free(m->state_items);
+    free(m->bootstrap_addr);
+    pthread_mutex_destroy(&m->mu);
+    pthread_cond_destroy(&m->room_cv);
+    pthread_rwlock_destroy(&m->reg_mu);
+    kvb__err_destroy(&m->err);
+    free(m);
+}
+
+static kvb_status_t manager_init(struct kvb_manager *m, const kvb_manager_params_t *p)
+{
+    kvb_status_t st;
+    m->p = *p;
+    knobs(&m->p, p);
+    m->mode = p->mode;
+    m->engine = p->engine;
+    kvb__err_init(&m->err);
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->room_cv, NULL);
+    pthread_rwlock_init(&m->reg_mu, NULL);
+    m->n_buckets = 64;
+    m->buckets = calloc(m->n_buckets, sizeof(*m->buckets));
+    snprintf(m->host, sizeof(m->host), "%s",
+             (p->field_mask & KVB_MANAGER_PARAM_HOST) && p->host ? p->host : "127.0.0.1");
+    if (p->field_mask & KVB_MANAGER_PARAM_BOOTSTRAP_ADDR && p->bootstrap_addr != NULL)
+        m->bootstrap_addr = strdup(p->bootstrap_addr);
+    m->prefill_rank = p->attn_tp_rank * p->pp_size + p->pp_rank;
+    m->is_last_stage = p->pp_rank == p->pp_size - 1;
+    if (m->buckets == NULL || (st = copy_args(m, p->kv_args)) != KVB_OK)
+        return create_error(KVB_ERR_NOMEM, "out of memory%s", "");
+    m->zctx = zmq_ctx_new();
+    if (m->zctx == NULL)
+        return create_error(KVB_ERR_IO, "zmq_ctx_new failed%s", "");
+    kvb__zcache_init(&m->zc, m->zctx);
+    st = kvb__zbind_pull(m->zctx, m->host, &m->pull, &m->port);
+    if (st != KVB_OK)
+        return create_error(st, "cannot bind the control socket on %s", m->host);
+    if (strchr(m->host, ':') != NULL)
+        snprintf(m->endpoint, sizeof(m->endpoint), "[%s]:%u", m->host, m->port);
+    else
+        snprintf(m->endpoint, sizeof(m->endpoint), "%s:%u", m->host, m->port);
+    return register_buffers(m);
+}
+
+kvb_status_t kvb_manager_create(const kvb_manager_params_t *params, kvb_manager_h *manager_p)
+{
+    kvb_status_t st;
+    struct kvb_manager *m;
+    g_create_err[0] = '\0';
+    if (params == NULL || manager_p == NULL)
+        return create_error(KVB_ERR_INVALID, "params and manager_p are required%s", "");
+    if ((st = check_params(params)) != KVB_OK)
+        return st;
+    m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return KVB_ERR_NOMEM;
+    st = manager_init(m, params);
+    if (st != KVB_OK) {
+        if (m->engine != NULL && st != KVB_ERR_OVERLAP)
+            unregister_buffers(m);
+        manager_free(m);
+        return st;
+    }
+    st = m->mode == KVB_MODE_PREFILL ? kvb__prefill_start(m) : kvb__decode_start(m);
+    if (st == KVB_OK && pthread_create(&m->ctl_thr, NULL, control_main, m) != 0)
+        st = create_error(KVB_ERR_IO, "cannot start the control thread%s", "");
+    if (st != KVB_OK) {
+        __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE);
+        if (m->mode == KVB_MODE_PREFILL)
+            kvb__prefill_stop(m), kvb__prefill_free(m);
+        else
+            kvb__decode_stop(m), kvb__decode_free(m);
+        unregister_buffers(m);
+        manager_free(m);
+        return st;
+    }
+    KVB_LOGI("manager %s: %s rank tp %d/%d pp %d/%d up", m->endpoint,
+             m->mode == KVB_MODE_PREFILL ? "prefill" : "decode", m->p.attn_tp_rank,
+             m->p.attn_tp_size, m->p.pp_rank, m->p.pp_size);
+    *manager_p = m;
+    return KVB_OK;
+}
+
+void kvb_manager_destroy(kvb_manager_h m)
+{
+    if (m == NULL)
+        return;
+    __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE);
+    pthread_join(m->ctl_thr, NULL);
+    if (m->mode == KVB_MODE_PREFILL) {
+        kvb__prefill_stop(m);
+        kvb__prefill_free(m);
+    } else {
+        kvb__decode_stop(m);
+        kvb__decode_free(m);
+    }
+    unregister_buffers(m);
+    manager_free(m);
+}
+
+const char *kvb_manager_last_error(kvb_manager_h m)
+{
+    return m == NULL ? g_create_err : kvb__err_get(&m->err);
+}
+
+const char *kvb_manager_endpoint(kvb_manager_h m)
+{
+    return m->endpoint;
+}
+
+void kvb_manager_stats(kvb_manager_h m, kvb_manager_stats_t *s)
+{
+    pthread_mutex_lock(&m->mu);
+    s->bad_messages = m->bad_messages;
+    s->rooms = m->n_rooms;
+    s->transfers_failed = m->transfers_failed;
+    pthread_mutex_unlock(&m->mu);
+}

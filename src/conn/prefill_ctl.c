@@ -1,0 +1,275 @@
+/* Prefill side, control path: registration with the bootstrap server, the
+ * decode ranks' KV-args registrations and transfer infos, aborts asked by a
+ * decode. Transfer workers are in prefill_xfer.c. */
+#include "conn/conn_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void copy_str(char *dst, size_t cap, const char *s, size_t n)
+{
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, s, n);
+    dst[n] = '\0';
+}
+
+static uint64_t *copy_u64_view(kvb__u64_view_t v)
+{
+    uint64_t *a = malloc((v.count ? v.count : 1) * sizeof(*a));
+    for (size_t i = 0; a != NULL && i < v.count; i++)
+        a[i] = kvb__u64_at(v, i);
+    return a;
+}
+
+void kvb__reg_put(kvb__reg_t *g)
+{
+    if (g == NULL || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    kvb_plan_destroy(g->plan);
+    free(g->plan_error);
+    free(g->kv_ptrs);
+    free(g->aux_ptrs);
+    free(g->state_ptrs);
+    free(g);
+}
+
+kvb__reg_t *kvb__reg_get(struct kvb_manager *m, const char *session)
+{
+    kvb__reg_t *g;
+    pthread_rwlock_rdlock(&m->reg_mu);
+    for (g = m->regs; g != NULL; g = g->next)
+        if (strcmp(g->session, session) == 0)
+            break;
+    if (g != NULL)
+        __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
+    pthread_rwlock_unlock(&m->reg_mu);
+    return g;
+}
+
+/* The decode rank's layout, from what its registration says; geometry the
+ * frames do not carry (bytes per head, aux item lengths) is assumed equal to
+ * ours, as in the seeds. */
+static void decode_layout(struct kvb_manager *m, const kvb__reg_t *g, kvb_plan_layout_t *pre,
+                          kvb_plan_layout_t *dec)
+{
+    kvb__layout_self(m, pre);
+    *dec = *pre;
+    dec->field_mask &=
+        ~(uint64_t)(KVB_PLAN_LAYOUT_PP | KVB_PLAN_LAYOUT_STAGE | KVB_PLAN_LAYOUT_POOL);
+    dec->num_layers = (uint32_t)(m->p.is_mla ? g->n_kv : g->n_kv / 2);
+    pre->num_layers = dec->num_layers; /* the decode holds every layer */
+    dec->tp_size = (uint32_t)g->tp_size;
+    dec->tp_rank = (uint32_t)(g->tp_rank % g->tp_size);
+    dec->kv_geom.item_len = (uint64_t)g->item_len;
+    dec->pp_size = 1;
+    dec->pp_rank = 0;
+    if (g->n_aux != m->args.num_aux) {
+        dec->field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_AUX;
+        pre->field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_AUX;
+        dec->num_aux = pre->num_aux = 0;
+    }
+}
+
+static void reg_build_plan(struct kvb_manager *m, kvb__reg_t *g)
+{
+    kvb_plan_layout_t pre, dec;
+    char buf[512];
+    if (!m->p.is_mla && g->n_kv % 2 != 0) {
+        snprintf(buf, sizeof(buf), "decode %s registered %zu KV buffers (odd, MHA needs K and V)",
+                 g->session, g->n_kv);
+        g->plan_error = strdup(buf);
+        return;
+    }
+    decode_layout(m, g, &pre, &dec);
+    if (kvb_plan_create(&pre, &dec, &g->plan) != KVB_OK) {
+        snprintf(buf, sizeof(buf), "cannot plan transfers to decode %s: %s", g->session,
+                 kvb_plan_last_error());
+        g->plan_error = strdup(buf);
+        g->plan = NULL;
+        KVB_LOGW("manager %s: %s", m->endpoint, buf);
+    }
+}
+
+static void on_registration(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+{
+    kvb__reg_msg_t msg;
+    kvb__frames_err_t e;
+    if (kvb__frames_decode_registration(f, n, &e, &msg) != KVB_OK) {
+        kvb__conn_bad_message(m, KVB__MSG_REGISTRATION, &e);
+        return;
+    }
+    kvb__reg_t *g = calloc(1, sizeof(*g));
+    if (g == NULL)
+        return;
+    copy_str(g->session, sizeof(g->session), msg.session_id, msg.session_id_len);
+    copy_str(g->ip, sizeof(g->ip), msg.ip, msg.ip_len);
+    g->port = msg.port;
+    g->kv_ptrs = copy_u64_view(msg.kv_ptrs);
+    g->n_kv = msg.kv_ptrs.count;
+    g->aux_ptrs = copy_u64_view(msg.aux_ptrs);
+    g->n_aux = msg.aux_ptrs.count;
+    g->state_ptrs = msg.has_state_ptrs ? copy_u64_view(msg.state_ptrs) : NULL;
+    g->n_state = msg.has_state_ptrs ? msg.state_ptrs.count : 0;
+    g->tp_rank = msg.dst_tp_rank;
+    g->tp_size = msg.dst_attn_tp_size;
+    g->item_len = msg.dst_kv_item_len;
+    g->refs = 1;
+    reg_build_plan(m, g);
+    /* Replace any earlier record of the session: a restarted decode
+     * re-registers, which also clears its failure mark. */
+    pthread_rwlock_wrlock(&m->reg_mu);
+    kvb__reg_t **pp = &m->regs, *old = NULL;
+    while (*pp != NULL && strcmp((*pp)->session, g->session) != 0)
+        pp = &(*pp)->next;
+    if (*pp != NULL) {
+        old = *pp;
+        *pp = old->next;
+    }
+    g->next = m->regs;
+    m->regs = g;
+    pthread_rwlock_unlock(&m->reg_mu);
+    kvb__reg_put(old);
+    KVB_LOGD("manager %s: KV args of %s registered", m->endpoint, g->session);
+}
+
+static kvb_status_t dst_from_msg(const kvb__xfer_msg_t *x, kvb__dst_t *d)
+{
+    memset(d, 0, sizeof(*d));
+    copy_str(d->session, sizeof(d->session), x->session_id, x->session_id_len);
+    copy_str(d->ip, sizeof(d->ip), x->ip, x->ip_len);
+    d->port = x->port;
+    d->dummy = x->is_dummy;
+    d->aux_index = x->aux_index;
+    d->n_pages = x->pages.count;
+    d->prefix_tokens = x->has_prefix_len ? x->prefix_len : 0;
+    d->pages = malloc((d->n_pages ? d->n_pages : 1) * sizeof(int32_t));
+    if (d->pages == NULL)
+        return KVB_ERR_NOMEM;
+    for (size_t i = 0; i < d->n_pages; i++)
+        d->pages[i] = kvb__i32_at(x->pages, i);
+    if (x->has_page_mask) {
+        d->mask = malloc(d->n_pages ? d->n_pages : 1);
+        if (d->mask == NULL)
+            return KVB_ERR_NOMEM;
+        memcpy(d->mask, x->page_mask, d->n_pages);
+    }
+    return KVB_OK;
+}
+
+static bool msg_is_abort(const kvb__xfer_msg_t *x)
+{
+    for (size_t i = 0; i < x->n_ext; i++)
+        if (x->ext[i].len == 7 && memcmp(x->ext[i].data, "abort=1", 7) == 0)
+            return true;
+    return false;
+}
+
+void kvb__prefill_abort_room(struct kvb_manager *m, kvb__room_t *r, const char *reason);
+void kvb__prefill_notify(struct kvb_manager *m, uint64_t room);
+
+/* A decode aborted the room: stop writing; the decode learns that nothing is
+ * in flight from the Failed status sent once the writes settled. */
+static void on_abort(struct kvb_manager *m, const kvb__xfer_msg_t *x)
+{
+    char ip[KVB_IP_MAX];
+    copy_str(ip, sizeof(ip), x->ip, x->ip_len);
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_get(m, x->room);
+    if (r != NULL) {
+        snprintf(r->abort_ip, sizeof(r->abort_ip), "%s", ip);
+        r->abort_port = x->port;
+        kvb__prefill_abort_room(m, r, "Aborted by the decode instance");
+    }
+    pthread_mutex_unlock(&m->mu);
+    kvb__prefill_notify(m, x->room);
+}
+
+static void on_transfer(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+{
+    kvb__xfer_msg_t x;
+    kvb__frames_err_t e;
+    kvb__dst_t d;
+    if (kvb__frames_decode_transfer(f, n, &e, &x) != KVB_OK) {
+        kvb__conn_bad_message(m, KVB__MSG_TRANSFER, &e);
+        return;
+    }
+    if (msg_is_abort(&x)) {
+        on_abort(m, &x);
+        return;
+    }
+    if (dst_from_msg(&x, &d) != KVB_OK) {
+        free(d.pages);
+        free(d.mask);
+        return;
+    }
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_get(m, x.room);
+    size_t i = 0;
+    for (; r != NULL && i < r->n_dst; i++)
+        if (strcmp(r->dsts[i].session, d.session) == 0)
+            break;
+    kvb__dst_t *grown =
+        r == NULL || i < r->n_dst ? NULL : realloc(r->dsts, (r->n_dst + 1) * sizeof(*r->dsts));
+    if (r != NULL && i < r->n_dst) {
+        /* the same decode again: keep the newest pre-allocation */
+        free(r->dsts[i].pages);
+        free(r->dsts[i].mask);
+        r->dsts[i] = d;
+    } else if (grown != NULL) {
+        r->dsts = grown;
+        r->dsts[r->n_dst++] = d;
+    } else {
+        free(d.pages);
+        free(d.mask);
+    }
+    if (r != NULL) {
+        r->required_dst = x.required_dst_info_num;
+        if (r->n_dst >= (size_t)r->required_dst)
+            kvb__room_set_status(r, KVB_POLL_WAITING_FOR_INPUT);
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void kvb__prefill_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+{
+    kvb__msg_kind_t kind = kvb__frames_classify(f, n);
+    if (kind == KVB__MSG_REGISTRATION)
+        on_registration(m, f, n);
+    else if (kind == KVB__MSG_TRANSFER)
+        on_transfer(m, f, n);
+    else
+        kvb__conn_bad_message(m, kind, NULL);
+}
+
+kvb_status_t kvb__prefill_register(struct kvb_manager *m)
+{
+    kvb_bootstrap_client_h c;
+    kvb_bootstrap_registration_t reg = {0};
+    uint64_t item = m->args.kv_item_len;
+    uint64_t unit =
+        m->p.is_mla ? item / m->args.page_size : item / m->args.page_size / m->args.kv_head_num;
+    kvb_status_t st = kvb_bootstrap_client_create(m->bootstrap_addr, NULL, &c);
+    if (st != KVB_OK)
+        return kvb__err_set(&m->err, st, "bootstrap address \"%s\" is invalid", m->bootstrap_addr);
+    reg.field_mask = KVB_BOOTSTRAP_REG_KV_ITEM_LENS | KVB_BOOTSTRAP_REG_KV_UNIT_LENS;
+    reg.attn_tp_size = m->p.attn_tp_size;
+    reg.attn_tp_rank = m->p.attn_tp_rank;
+    reg.attn_dp_size = m->p.attn_dp_size;
+    reg.attn_dp_rank = m->p.attn_dp_rank;
+    reg.pp_size = m->p.pp_size;
+    reg.pp_rank = m->p.pp_rank;
+    reg.system_dp_size = m->p.system_dp_size;
+    reg.system_dp_rank = m->p.system_dp_rank;
+    reg.rank_ip = m->host;
+    reg.rank_port = m->port;
+    reg.kv_item_lens = (kvb_bootstrap_lens_t){&item, 1};
+    reg.kv_unit_lens = (kvb_bootstrap_lens_t){&unit, 1};
+    st = kvb_bootstrap_client_register(c, &reg, 5.0);
+    if (st != KVB_OK)
+        kvb__err_set(&m->err, st, "registration with bootstrap server %s failed: %s",
+                     m->bootstrap_addr, kvb_bootstrap_client_last_error(c));
+    kvb_bootstrap_client_destroy(c);
+    return st;
+}

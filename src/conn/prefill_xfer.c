@@ -1,0 +1,682 @@
+/* Prefill side, data path: senders queue chunks; one worker per queue plans
+ * each chunk for every destination (planner), writes it through the engine
+ * (async, one chunk planned while the previous is in flight), and reports
+ * the room's outcome to the decode ranks once its writes have settled. */
+#include "conn/conn_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+kvb__reg_t *kvb__reg_get(struct kvb_manager *m, const char *session);
+void kvb__reg_put(kvb__reg_t *g);
+kvb_status_t kvb__prefill_register(struct kvb_manager *m);
+
+/* What a worker does for one chunk: one job per real destination. */
+typedef struct job {
+    kvb__reg_t *reg;
+    char ip[KVB_IP_MAX];
+    uint16_t port;
+    kvb_plan_blocks_t blocks;
+    kvb_plan_blocks_t aux;
+    int32_t dst_aux_index;
+    kvb_xfer_h x, xa;
+    kvb_status_t st;
+    char why[512];
+} job_t;
+
+typedef struct work {
+    kvb__chunk_t *c;
+    job_t *jobs;
+    size_t n_jobs;
+    int skip; /* room gone, failed or aborted before any write */
+} work_t;
+
+/* ---- notifications (never under m->mu: ZeroMQ sends) ---- */
+
+typedef struct note {
+    char ip[KVB_IP_MAX];
+    uint16_t port;
+} note_t;
+
+/* Collect, under m->mu, the decode endpoints to tell about the room's end.
+ * Returns the count (0 when nothing is due); *status_p the value to send. */
+static size_t notes_due(struct kvb_manager *m, kvb__room_t *r, note_t **out, int *status_p)
+{
+    size_t n = 0;
+    int failed = r->status == KVB_POLL_FAILED;
+    if (r->inflight > 0 || r->submitting || (failed ? r->fail_notified : !r->success_notified))
+        return 0;
+    if (!failed && r->status != KVB_POLL_SUCCESS)
+        return 0;
+    *out = calloc(r->n_dst + 1, sizeof(note_t));
+    if (*out == NULL)
+        return 0;
+    for (size_t i = 0; i < r->n_dst; i++)
+        if (!r->dsts[i].dummy) {
+            snprintf((*out)[n].ip, KVB_IP_MAX, "%s", r->dsts[i].ip);
+            (*out)[n++].port = r->dsts[i].port;
+        }
+    if (failed && r->abort_port != 0) {
+        bool known = false;
+        for (size_t i = 0; i < n; i++)
+            known |= (*out)[i].port == r->abort_port && strcmp((*out)[i].ip, r->abort_ip) == 0;
+        if (!known) {
+            snprintf((*out)[n].ip, KVB_IP_MAX, "%s", r->abort_ip);
+            (*out)[n++].port = r->abort_port;
+        }
+    }
+    if (failed)
+        r->fail_notified = 1;
+    else
+        r->success_notified = 0;
+    *status_p = failed ? KVB_POLL_FAILED : KVB_POLL_SUCCESS;
+    return n;
+}
+
+static void send_notes(struct kvb_manager *m, uint64_t room, note_t *notes, size_t n, int status)
+{
+    for (size_t i = 0; i < n; i++)
+        if (kvb__send_status(m, notes[i].ip, notes[i].port, room, status, m->prefill_rank) !=
+            KVB_OK)
+            KVB_LOGW("manager %s: status of room %llu to %s:%u not sent", m->endpoint,
+                     (unsigned long long)room, notes[i].ip, notes[i].port);
+    free(notes);
+}
+
+/* Send whatever terminal status of room is due. */
+void kvb__prefill_notify(struct kvb_manager *m, uint64_t room)
+{
+    note_t *notes = NULL;
+    int status = 0;
+    size_t n = 0;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, room);
+    if (r != NULL)
+        n = notes_due(m, r, &notes, &status);
+    pthread_mutex_unlock(&m->mu);
+    if (n > 0 || notes != NULL)
+        send_notes(m, room, notes, n, status);
+}
+
+/* m->mu held. Fail the room, wait until no worker is issuing writes for it,
+ * and cancel the writes in flight: after this returns no new block of the
+ * room is issued. */
+void kvb__prefill_abort_room(struct kvb_manager *m, kvb__room_t *r, const char *reason)
+{
+    kvb__room_fail(r, "%s", reason);
+    r->aborted = 1;
+    while (r->submitting)
+        pthread_cond_wait(&m->room_cv, &m->mu);
+    for (size_t i = 0; i < r->n_xfers; i++)
+        kvb_xfer_cancel(r->xfers[i]);
+}
+
+/* ---- queues ---- */
+
+static void queue_push(kvb__queue_t *q, kvb__chunk_t *c)
+{
+    pthread_mutex_lock(&q->mu);
+    c->next = NULL;
+    if (q->tail)
+        q->tail->next = c;
+    else
+        q->head = c;
+    q->tail = c;
+    if (++q->len > q->high_water)
+        q->high_water = q->len;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Next chunk; waits (bounded, to see stop) only when wait is set. */
+static kvb__chunk_t *queue_pop(kvb__queue_t *q, bool wait)
+{
+    kvb__chunk_t *c;
+    pthread_mutex_lock(&q->mu);
+    if (q->head == NULL && wait) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+    }
+    c = q->head;
+    if (c != NULL) {
+        q->head = c->next;
+        if (q->head == NULL)
+            q->tail = NULL;
+        q->len--;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return c;
+}
+
+static void chunk_free(kvb__chunk_t *c)
+{
+    if (c != NULL)
+        free(c->indices);
+    free(c);
+}
+
+/* ---- planning ---- */
+
+static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t *d,
+                              const kvb__chunk_t *c)
+{
+    kvb_plan_buffers_t src = {m->kv_ptrs, NULL, m->state_ptrs, m->aux_ptrs};
+    kvb_plan_buffers_t dst = {j->reg->kv_ptrs, NULL, j->reg->state_ptrs, j->reg->aux_ptrs};
+    kvb_plan_chunk_t ch = {0};
+    size_t i = 0;
+    ch.field_mask = KVB_PLAN_CHUNK_PREFIX;
+    ch.prefix_tokens = (uint64_t)d->prefix_tokens;
+    /* Pages the decode already holds (page mask 0) are skipped: plan each run
+     * of wanted pages on its own. */
+    while (i < c->n) {
+        size_t k = i;
+        if (d->mask != NULL && !d->mask[c->first + i]) {
+            i++;
+            continue;
+        }
+        while (k < c->n && (d->mask == NULL || d->mask[c->first + k]))
+            k++;
+        ch.src_pages = c->indices + i;
+        ch.dst_pages = d->pages + c->first + i;
+        ch.num_pages = k - i;
+        ch.first_page = c->first + i;
+        if (kvb_plan_blocks(j->reg->plan, (uint32_t)m->p.attn_tp_rank,
+                            (uint32_t)(j->reg->tp_rank % j->reg->tp_size), &src, &dst, &ch,
+                            &j->blocks) != KVB_OK)
+            return KVB_ERR_INVALID;
+        i = k;
+    }
+    if (c->is_last && m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0) {
+        kvb_plan_chunk_t ax = {0};
+        ax.field_mask = KVB_PLAN_CHUNK_AUX;
+        ax.src_aux_index = c->aux_index;
+        ax.dst_aux_index = d->aux_index;
+        if (kvb_plan_blocks(j->reg->plan, (uint32_t)m->p.attn_tp_rank,
+                            (uint32_t)(j->reg->tp_rank % j->reg->tp_size), &src, &dst, &ax,
+                            &j->aux) != KVB_OK)
+            return KVB_ERR_INVALID;
+    }
+    return KVB_OK;
+}
+
+static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const kvb__chunk_t *c)
+{
+    j->st = KVB_OK;
+    snprintf(j->ip, sizeof(j->ip), "%s", d->ip);
+    j->port = d->port;
+    j->dst_aux_index = d->aux_index;
+    j->reg = kvb__reg_get(m, d->session);
+    if (j->reg == NULL) {
+        j->st = KVB_ERR_STATE;
+        snprintf(j->why, sizeof(j->why), "decode %s sent a transfer info but never its KV args",
+                 d->session);
+    } else if (j->reg->plan == NULL) {
+        j->st = KVB_ERR_INVALID;
+        snprintf(j->why, sizeof(j->why), "%s", j->reg->plan_error);
+    } else if (j->reg->failed && kvb__now_s() - j->reg->failed_at < m->session_backoff_s) {
+        j->st = KVB_ERR_PEER;
+        snprintf(j->why, sizeof(j->why),
+                 "Decode instance could be dead, remote session %s is not alive", d->session);
+    } else if (c->first + c->n > d->n_pages) {
+        j->st = KVB_ERR_INVALID;
+        snprintf(j->why, sizeof(j->why),
+                 "chunk covers request pages up to %llu but decode %s pre-allocated %zu",
+                 (unsigned long long)(c->first + c->n), d->session, d->n_pages);
+    } else if (plan_runs(m, j, d, c) != KVB_OK) {
+        j->st = KVB_ERR_INVALID;
+        snprintf(j->why, sizeof(j->why), "planning room %llu for %s: %s",
+                 (unsigned long long)c->room, d->session, kvb_plan_last_error());
+    }
+}
+
+/* Plan chunk c for every real destination (no lock held while planning;
+ * the destinations are copied out of the room first). */
+static void work_prepare(struct kvb_manager *m, kvb__chunk_t *c, work_t *w)
+{
+    kvb__dst_t *dsts = NULL;
+    size_t n = 0;
+    memset(w, 0, sizeof(*w));
+    w->c = c;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, c->room);
+    if (r == NULL || r->status == KVB_POLL_FAILED) {
+        w->skip = 1;
+    } else {
+        dsts = malloc((r->n_dst ? r->n_dst : 1) * sizeof(*dsts));
+        for (size_t i = 0; dsts != NULL && i < r->n_dst; i++)
+            if (!r->dsts[i].dummy)
+                dsts[n++] = r->dsts[i]; /* shallow: the room keeps the arrays */
+        kvb__room_set_status(r, KVB_POLL_TRANSFERRING);
+    }
+    pthread_mutex_unlock(&m->mu);
+    /* The room's arrays stay valid: only this queue's worker touches a room
+     * with chunks in flight, and the room is not freed while inflight > 0. */
+    w->jobs = calloc(n ? n : 1, sizeof(*w->jobs));
+    w->n_jobs = w->jobs != NULL ? n : 0;
+    for (size_t i = 0; i < w->n_jobs; i++)
+        job_plan(m, &w->jobs[i], &dsts[i], c);
+    free(dsts);
+}
+
+/* ---- writing ---- */
+
+static void track_xfer(kvb__room_t *r, kvb_xfer_h x)
+{
+    if (r->n_xfers == r->cap_xfers) {
+        size_t cap = r->cap_xfers ? r->cap_xfers * 2 : 8;
+        kvb_xfer_h *v = realloc(r->xfers, cap * sizeof(*v));
+        if (v == NULL)
+            return;
+        r->xfers = v;
+        r->cap_xfers = cap;
+    }
+    r->xfers[r->n_xfers++] = x;
+}
+
+static void untrack_xfers(kvb__room_t *r, const work_t *w)
+{
+    for (size_t i = 0; i < r->n_xfers;) {
+        bool mine = false;
+        for (size_t k = 0; k < w->n_jobs; k++)
+            mine |= r->xfers[i] == w->jobs[k].x || r->xfers[i] == w->jobs[k].xa;
+        if (mine)
+            r->xfers[i] = r->xfers[--r->n_xfers];
+        else
+            i++;
+    }
+}
+
+static void job_submit(struct kvb_manager *m, job_t *j, const char *session)
+{
+    if (j->st != KVB_OK)
+        return;
+    j->st = kvb_engine_write_async(m->engine, session, j->blocks.blocks, j->blocks.count, &j->x);
+    if (j->st == KVB_OK && j->aux.count > 0) {
+        j->st = kvb_engine_write_async(m->engine, session, j->aux.blocks, j->aux.count, &j->xa);
+        if (j->st == KVB_ERR_BOUNDS) {
+            j->st = KVB_OK; /* decode aux memory not registered: send inline */
+            j->xa = NULL;
+        }
+    }
+    if (j->st != KVB_OK)
+        snprintf(j->why, sizeof(j->why), "%s", kvb_engine_last_error(m->engine));
+}
+
+/* Issue the chunk's writes; a room failed or aborted meanwhile gets none. */
+static void work_submit(struct kvb_manager *m, work_t *w)
+{
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, w->c->room);
+    if (r == NULL || r->status == KVB_POLL_FAILED)
+        w->skip = 1;
+    else
+        r->submitting = 1;
+    pthread_mutex_unlock(&m->mu);
+    if (w->skip)
+        return;
+    for (size_t i = 0; i < w->n_jobs; i++)
+        job_submit(m, &w->jobs[i], w->jobs[i].reg ? w->jobs[i].reg->session : "");
+    pthread_mutex_lock(&m->mu);
+    r->submitting = 0;
+    for (size_t i = 0; i < w->n_jobs; i++) {
+        if (w->jobs[i].x)
+            track_xfer(r, w->jobs[i].x);
+        if (w->jobs[i].xa)
+            track_xfer(r, w->jobs[i].xa);
+    }
+    if (r->aborted) /* abort won the race after our check: stop them now */
+        for (size_t i = 0; i < r->n_xfers; i++)
+            kvb_xfer_cancel(r->xfers[i]);
+    pthread_cond_broadcast(&m->room_cv);
+    pthread_mutex_unlock(&m->mu);
+}
+
+static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
+{
+    kvb_status_t st = kvb_xfer_wait(x, m->transfer_timeout_s);
+    if (st == KVB_ERR_TIMEOUT) {
+        kvb_xfer_cancel(x);
+        kvb_xfer_wait(x, 5.0);
+        snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.0f s",
+                 j->reg->session, m->transfer_timeout_s);
+    } else if (st != KVB_OK && st != KVB_ERR_CANCELED) {
+        snprintf(j->why, sizeof(j->why), "%s", kvb_xfer_error(x));
+    }
+    return st;
+}
+
+static void send_aux_inline(struct kvb_manager *m, job_t *j, const kvb__chunk_t *c)
+{
+    for (uint32_t b = 0; b < m->args.num_aux; b++) {
+        kvb__frames_buf_t buf;
+        kvb__frames_err_t e;
+        kvb__aux_msg_t a = {
+            c->room, (int32_t)b, j->dst_aux_index,
+            (const uint8_t *)(uintptr_t)(m->aux_ptrs[b] + m->aux_items[b] * (uint64_t)c->aux_index),
+            m->aux_items[b]};
+        kvb__frames_buf_init(&buf);
+        if (kvb__frames_encode_aux(&a, &e, &buf) != KVB_OK ||
+            kvb__zsend(&m->zc, j->ip, j->port, &buf) != KVB_OK) {
+            j->st = KVB_ERR_PEER;
+            snprintf(j->why, sizeof(j->why), "inline aux to %s:%u not sent", j->ip, j->port);
+        }
+        kvb__frames_buf_free(&buf);
+    }
+}
+
+/* Mark failed sessions and fail the room (m->mu held). */
+static void record_failures(struct kvb_manager *m, kvb__room_t *r, work_t *w)
+{
+    for (size_t i = 0; i < w->n_jobs; i++) {
+        job_t *j = &w->jobs[i];
+        if (j->st == KVB_OK || j->st == KVB_ERR_CANCELED)
+            continue;
+        m->transfers_failed++;
+        if (j->reg != NULL && (j->st == KVB_ERR_PEER || j->st == KVB_ERR_TIMEOUT)) {
+            j->reg->failed = 1;
+            j->reg->failed_at = kvb__now_s();
+        }
+        if (r != NULL)
+            kvb__room_fail(r, "Failed to send kv chunk of %llu to %s:%u: %s",
+                           (unsigned long long)w->c->room, j->ip, j->port, j->why);
+    }
+}
+
+/* Wait the chunk's writes, settle the room, send the due statuses. */
+static void work_finish(struct kvb_manager *m, work_t *w)
+{
+    for (size_t i = 0; !w->skip && i < w->n_jobs; i++) {
+        job_t *j = &w->jobs[i];
+        if (j->x != NULL && j->st == KVB_OK)
+            j->st = wait_xfer(m, j, j->x);
+        if (j->xa != NULL && j->st == KVB_OK)
+            j->st = wait_xfer(m, j, j->xa);
+        else if (j->st == KVB_OK && j->aux.count == 0 && w->c->is_last && m->is_last_stage &&
+                 m->args.num_aux > 0 && j->reg->n_aux > 0)
+            send_aux_inline(m, j, w->c);
+    }
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, w->c->room);
+    record_failures(m, r, w);
+    if (r != NULL) {
+        untrack_xfers(r, w);
+        r->inflight--;
+        if (w->c->is_last && r->status != KVB_POLL_FAILED) {
+            kvb__room_set_status(r, KVB_POLL_SUCCESS);
+            r->success_notified = 1; /* due (notes_due clears it) */
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+    for (size_t i = 0; i < w->n_jobs; i++) {
+        kvb_xfer_free(w->jobs[i].x);
+        kvb_xfer_free(w->jobs[i].xa);
+        kvb_plan_blocks_free(&w->jobs[i].blocks);
+        kvb_plan_blocks_free(&w->jobs[i].aux);
+        kvb__reg_put(w->jobs[i].reg);
+    }
+    free(w->jobs);
+    kvb__prefill_notify(m, w->c->room);
+    chunk_free(w->c);
+}
+
+static void *worker_main(void *arg)
+{
+    kvb__queue_t *q = arg;
+    struct kvb_manager *m = q->mgr;
+    work_t cur, prev;
+    bool pending = false;
+    while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE) || pending) {
+        kvb__chunk_t *c =
+            __atomic_load_n(&m->stop, __ATOMIC_ACQUIRE) ? NULL : queue_pop(q, !pending);
+        if (c == NULL) {
+            if (pending)
+                work_finish(m, &prev);
+            pending = false;
+            continue;
+        }
+        work_prepare(m, c, &cur); /* planned while prev is in flight */
+        if (pending)
+            work_finish(m, &prev);
+        work_submit(m, &cur);
+        prev = cur;
+        pending = true;
+    }
+    return NULL;
+}
+
+kvb_status_t kvb__prefill_start(struct kvb_manager *m)
+{
+    kvb_status_t st;
+    m->transfer_timeout_s = kvb__env_double("KVBRIDGE_TRANSFER_TIMEOUT", NULL, 60, 0.1, 1e9);
+    m->session_backoff_s = kvb__env_double("KVBRIDGE_SESSION_BACKOFF", NULL, 5, 0, 1e9);
+    m->n_queues = m->p.transfer_queues;
+    m->queues = calloc((size_t)m->n_queues, sizeof(*m->queues));
+    if (m->queues == NULL)
+        return KVB_ERR_NOMEM;
+    for (int i = 0; i < m->n_queues; i++) {
+        kvb__queue_t *q = &m->queues[i];
+        pthread_mutex_init(&q->mu, NULL);
+        pthread_cond_init(&q->cv, NULL);
+        q->mgr = m;
+        if (pthread_create(&q->thr, NULL, worker_main, q) != 0) {
+            m->n_queues = i;
+            return KVB_ERR_IO;
+        }
+    }
+    st = kvb__prefill_register(m);
+    if (st != KVB_OK)
+        KVB_LOGE("manager %s: %s", m->endpoint, kvb__err_get(&m->err));
+    return st;
+}
+
+void kvb__prefill_stop(struct kvb_manager *m)
+{
+    for (int i = 0; i < m->n_queues; i++) {
+        pthread_mutex_lock(&m->queues[i].mu);
+        pthread_cond_broadcast(&m->queues[i].cv);
+        pthread_mutex_unlock(&m->queues[i].mu);
+        pthread_join(m->queues[i].thr, NULL);
+    }
+}
+
+void kvb__prefill_free(struct kvb_manager *m)
+{
+    for (int i = 0; i < m->n_queues; i++) {
+        kvb__chunk_t *c;
+        while ((c = queue_pop(&m->queues[i], false)) != NULL)
+            chunk_free(c);
+        pthread_mutex_destroy(&m->queues[i].mu);
+        pthread_cond_destroy(&m->queues[i].cv);
+    }
+    free(m->queues);
+    m->queues = NULL;
+    for (kvb__reg_t *g = m->regs, *next; g != NULL; g = next) {
+        next = g->next;
+        kvb__reg_put(g);
+    }
+    m->regs = NULL;
+}
+
+/* ---- sender API ---- */
+
+kvb_status_t kvb_sender_create(kvb_manager_h m, const char *bootstrap_addr, uint64_t room,
+                               kvb_sender_h *sender_p)
+{
+    if (m == NULL || sender_p == NULL || m->mode != KVB_MODE_PREFILL)
+        return KVB_ERR_STATE;
+    kvb_sender_h s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return KVB_ERR_NOMEM;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_get(m, room);
+    kvb_status_t st = r == NULL ? KVB_ERR_NOMEM : r->has_handle ? KVB_ERR_STATE : KVB_OK;
+    if (st == KVB_OK) {
+        r->has_handle = 1;
+        r->t_start = kvb__now_s();
+        kvb__room_set_status(r, KVB_POLL_BOOTSTRAPPING);
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (st != KVB_OK) {
+        free(s);
+        return kvb__err_set(&m->err, st, "room %llu already has a sender",
+                            (unsigned long long)room);
+    }
+    s->mgr = m;
+    s->room = room;
+    s->aux_index = -1;
+    *sender_p = s;
+    return KVB_OK;
+}
+
+kvb_status_t kvb_sender_init(kvb_sender_h s, uint64_t num_kv_indices, int64_t aux_index)
+{
+    if (s == NULL || num_kv_indices == 0)
+        return KVB_ERR_INVALID;
+    s->num_kv = num_kv_indices;
+    s->aux_index = aux_index;
+    s->initialized = 1;
+    return KVB_OK;
+}
+
+/* Queue shard: sum of the destination session ports (the seeds' rule), so a
+ * room always lands on the queue of its destinations. m->mu held. */
+static int shard_of(struct kvb_manager *m, const kvb__room_t *r)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < r->n_dst; i++) {
+        const char *colon = strrchr(r->dsts[i].session, ':');
+        sum += colon != NULL ? (uint64_t)atoi(colon + 1) : 0;
+    }
+    return (int)(sum % (uint64_t)m->n_queues);
+}
+
+kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t count)
+{
+    struct kvb_manager *m = s != NULL ? s->mgr : NULL;
+    if (m == NULL || (indices == NULL && count > 0))
+        return KVB_ERR_INVALID;
+    if (!s->initialized || s->cur + count > s->num_kv)
+        return kvb__err_set(&m->err, KVB_ERR_STATE,
+                            "room %llu: send of %zu indices past num_kv_indices %llu (at %llu)",
+                            (unsigned long long)s->room, count, (unsigned long long)s->num_kv,
+                            (unsigned long long)s->cur);
+    kvb__chunk_t *c = calloc(1, sizeof(*c));
+    if (c == NULL || (c->indices = malloc((count ? count : 1) * sizeof(int32_t))) == NULL) {
+        free(c);
+        return KVB_ERR_NOMEM;
+    }
+    memcpy(c->indices, indices, count * sizeof(int32_t));
+    c->room = s->room;
+    c->n = count;
+    c->first = s->cur;
+    s->cur += count;
+    c->is_last = s->cur == s->num_kv;
+    c->aux_index = s->aux_index;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, s->room);
+    kvb_status_t st = KVB_OK;
+    int q = 0;
+    if (r == NULL || r->status == KVB_POLL_FAILED) {
+        st = KVB_ERR_CANCELED; /* dropped, as the seeds drop chunks of failed rooms */
+    } else if (r->status < KVB_POLL_WAITING_FOR_INPUT) {
+        st = KVB_ERR_STATE;
+    } else if (!c->is_last && r->n_dst > 0) {
+        bool any_real = false;
+        for (size_t i = 0; i < r->n_dst; i++)
+            any_real |= !r->dsts[i].dummy;
+        if (!any_real)
+            st = KVB_ERR_CANCELED; /* dummy rank: nothing to send before the end */
+    }
+    if (st == KVB_OK ||
+        (st == KVB_ERR_CANCELED && c->is_last && r != NULL && r->status != KVB_POLL_FAILED)) {
+        r->inflight++;
+        q = shard_of(m, r);
+        st = KVB_OK;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (st == KVB_ERR_STATE) {
+        s->cur -= count;
+        chunk_free(c);
+        return kvb__err_set(&m->err, st, "room %llu is not WaitingForInput yet",
+                            (unsigned long long)s->room);
+    }
+    if (st != KVB_OK) {
+        chunk_free(c);
+        return KVB_OK;
+    }
+    queue_push(&m->queues[q], c);
+    return KVB_OK;
+}
+
+kvb_poll_t kvb_sender_poll(kvb_sender_h s)
+{
+    struct kvb_manager *m = s->mgr;
+    int status;
+    if (s->concluded)
+        return (kvb_poll_t)s->concluded - 1;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, s->room);
+    if (r == NULL) {
+        status = KVB_POLL_FAILED;
+    } else {
+        double elapsed = kvb__now_s() - r->t_start;
+        if (r->status == KVB_POLL_BOOTSTRAPPING && elapsed >= m->p.bootstrap_timeout_s)
+            kvb__room_fail(r, "Request %llu timed out after %.1fs in KVPoll.Bootstrapping",
+                           (unsigned long long)s->room, elapsed);
+        status = r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (status == KVB_POLL_FAILED || status == KVB_POLL_SUCCESS)
+        s->concluded = status + 1;
+    if (status == KVB_POLL_FAILED)
+        kvb__prefill_notify(m, s->room);
+    return (kvb_poll_t)status;
+}
+
+void kvb_sender_abort(kvb_sender_h s)
+{
+    struct kvb_manager *m = s->mgr;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, s->room);
+    if (r != NULL)
+        kvb__prefill_abort_room(m, r, "Aborted by AbortReq.");
+    pthread_mutex_unlock(&m->mu);
+    s->concluded = KVB_POLL_FAILED + 1;
+    kvb__prefill_notify(m, s->room);
+}
+
+void kvb_sender_failure(kvb_sender_h s, char *buf, size_t len)
+{
+    struct kvb_manager *m = s->mgr;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_take_reason(kvb__room_find(m, s->room), buf, len);
+    pthread_mutex_unlock(&m->mu);
+    if (!s->concluded)
+        s->concluded = KVB_POLL_FAILED + 1;
+}
+
+void kvb_sender_destroy(kvb_sender_h s)
+{
+    struct kvb_manager *m;
+    if (s == NULL)
+        return;
+    m = s->mgr;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, s->room);
+    if (r != NULL) {
+        if (r->status != KVB_POLL_SUCCESS && r->status != KVB_POLL_FAILED)
+            kvb__prefill_abort_room(m, r, "Aborted: sender destroyed before the end");
+        r->has_handle = 0;
+        if (r->inflight == 0)
+            kvb__room_remove(m, s->room); /* else the sweep frees it when settled */
+    }
+    pthread_mutex_unlock(&m->mu);
+    free(s);
+}

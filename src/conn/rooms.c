@@ -1,0 +1,163 @@
+/* Room table: chained hash map of room id → state, guarded by mgr->mu. */
+#include "conn/conn_int.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t bucket_of(const struct kvb_manager *m, uint64_t id)
+{
+    id ^= id >> 33;
+    id *= 0xff51afd7ed558ccdull;
+    id ^= id >> 33;
+    return (size_t)(id & (m->n_buckets - 1));
+}
+
+kvb__room_t *kvb__room_find(struct kvb_manager *m, uint64_t id)
+{
+    kvb__room_t *r = m->buckets[bucket_of(m, id)];
+    while (r != NULL && r->id != id)
+        r = r->next;
+    return r;
+}
+
+static void grow(struct kvb_manager *m)
+{
+    size_t n = m->n_buckets * 2;
+    kvb__room_t **b = calloc(n, sizeof(*b));
+    if (b == NULL)
+        return; /* keep the longer chains */
+    kvb__room_t **old = m->buckets;
+    size_t on = m->n_buckets;
+    m->buckets = b;
+    m->n_buckets = n;
+    for (size_t i = 0; i < on; i++)
+        for (kvb__room_t *r = old[i], *next; r != NULL; r = next) {
+            next = r->next;
+            size_t k = bucket_of(m, r->id);
+            r->next = b[k];
+            b[k] = r;
+        }
+    free(old);
+}
+
+kvb__room_t *kvb__room_get(struct kvb_manager *m, uint64_t id)
+{
+    kvb__room_t *r = kvb__room_find(m, id);
+    if (r != NULL)
+        return r;
+    r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return NULL;
+    r->id = id;
+    r->status = -1; /* none yet */
+    r->t_start = kvb__now_s();
+    if (m->n_rooms + 1 > m->n_buckets)
+        grow(m);
+    size_t k = bucket_of(m, id);
+    r->next = m->buckets[k];
+    m->buckets[k] = r;
+    m->n_rooms++;
+    return r;
+}
+
+static void room_free(kvb__room_t *r)
+{
+    for (size_t i = 0; i < r->n_dst; i++) {
+        free(r->dsts[i].pages);
+        free(r->dsts[i].mask);
+        free(r->dsts[i].state_idx);
+    }
+    free(r->dsts);
+    free(r->xfers);
+    free(r->srcs);
+    free(r->responded);
+    free(r->bootstrap_addr);
+    free(r->reason);
+    free(r);
+}
+
+void kvb__room_remove(struct kvb_manager *m, uint64_t id)
+{
+    kvb__room_t **pp = &m->buckets[bucket_of(m, id)];
+    while (*pp != NULL && (*pp)->id != id)
+        pp = &(*pp)->next;
+    if (*pp == NULL)
+        return;
+    kvb__room_t *r = *pp;
+    *pp = r->next;
+    m->n_rooms--;
+    room_free(r);
+}
+
+void kvb__room_set_status(kvb__room_t *r, int status)
+{
+    int old = r->status;
+    if (old == KVB_POLL_FAILED)
+        return; /* kvbridge: Failed is sticky */
+    if (old < 0 || status == KVB_POLL_FAILED || status > old)
+        r->status = status;
+    if ((r->status == KVB_POLL_FAILED || r->status == KVB_POLL_SUCCESS) && r->t_terminal == 0)
+        r->t_terminal = kvb__now_s();
+}
+
+void kvb__room_fail(kvb__room_t *r, const char *fmt, ...)
+{
+    if (r->reason == NULL && r->status != KVB_POLL_FAILED) {
+        char buf[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof(buf), fmt, ap);
+        va_end(ap);
+        r->reason = strdup(buf);
+    }
+    kvb__room_set_status(r, KVB_POLL_FAILED);
+}
+
+void kvb__room_take_reason(kvb__room_t *r, char *buf, size_t len)
+{
+    const char *why = r != NULL && r->reason != NULL
+                          ? r->reason
+                          : "Failed due to an unknown reason from another rank";
+    if (len > 0)
+        snprintf(buf, len, "%s", why);
+    if (r != NULL) {
+        free(r->reason);
+        r->reason = NULL;
+    }
+}
+
+/* Free rooms nobody holds a handle on once they are terminal (or stuck)
+ * for longer than the TTL: transfer infos of requests the prefill never
+ * created a sender for, statuses for receivers already destroyed. */
+void kvb__rooms_sweep(struct kvb_manager *m, double now)
+{
+    double ttl = m->p.room_ttl_s;
+    for (size_t i = 0; i < m->n_buckets; i++) {
+        kvb__room_t **pp = &m->buckets[i];
+        while (*pp != NULL) {
+            kvb__room_t *r = *pp;
+            double since = r->t_terminal > 0 ? r->t_terminal : r->t_start;
+            if (!r->has_handle && r->inflight == 0 && now - since > ttl) {
+                *pp = r->next;
+                m->n_rooms--;
+                room_free(r);
+                continue;
+            }
+            pp = &r->next;
+        }
+    }
+}
+
+void kvb__rooms_free(struct kvb_manager *m)
+{
+    for (size_t i = 0; i < m->n_buckets; i++)
+        for (kvb__room_t *r = m->buckets[i], *next; r != NULL; r = next) {
+            next = r->next;
+            room_free(r);
+        }
+    free(m->buckets);
+    m->buckets = NULL;
+    m->n_rooms = 0;
+}

@@ -1,0 +1,50 @@
+/* Connector topologies: bootstrap + prefill ranks + decode ranks (threads of
+ * this process, each rank its own engine and manager); every KV and aux byte
+ * verified on every decode rank. */
+#include "cluster.h"
+#include "kvb_test.h"
+
+#include <stdlib.h>
+
+typedef struct tcase {
+    const char *name;
+    model_t m;
+    int ptp, ppp, pdp, dtp;
+    room_opts_t o;
+} tcase_t;
+
+int main(int argc, char **argv)
+{
+    static const tcase_t cases[] = {
+        {"TP1->TP1", {4, 8, 16, 4, 0}, 1, 1, 1, 1, {3, 0, 0, -1}},
+        {"TP2->TP1", {4, 8, 16, 4, 0}, 2, 1, 1, 1, {2, 0, 0, -1}},
+        {"TP1->TP2", {4, 8, 16, 4, 0}, 1, 1, 1, 2, {2, 0, 0, -1}},
+        {"TP4->TP2", {2, 8, 8, 2, 0}, 4, 1, 1, 2, {3, 0, 0, -1}},
+        {"TP2->TP4", {2, 8, 8, 2, 0}, 2, 1, 1, 4, {3, 0, 0, -1}},
+        {"MLA TP2->TP1", {4, 1, 32, 4, 1}, 2, 1, 1, 1, {2, 0, 0, -1}},
+        {"MLA TP1->TP2", {4, 1, 32, 4, 1}, 1, 1, 1, 2, {2, 0, 0, -1}},
+        {"PP2->PP1", {4, 8, 16, 4, 0}, 1, 2, 1, 1, {2, 0, 0, -1}},
+        {"DP2 by room", {2, 4, 16, 4, 0}, 1, 1, 2, 1, {1, 0, 0, -1}},
+        {"DP2 explicit rank", {2, 4, 16, 4, 0}, 1, 1, 2, 1, {1, 0, 0, 1}},
+        {"GQA TP4 > 2 heads ->TP1", {2, 2, 16, 4, 0}, 4, 1, 1, 1, {2, 0, 0, -1}},
+        {"prefix skip", {2, 8, 16, 4, 0}, 1, 1, 1, 1, {2, 2, 0, -1}},
+        {"page mask", {2, 8, 16, 4, 0}, 2, 1, 1, 1, {2, 0, 1, -1}},
+        {"uneven chunks", {2, 8, 16, 4, 0}, 1, 1, 1, 1, {7, 0, 0, -1}},
+    };
+    const char *only = argc > 1 ? argv[1] : NULL;
+    int failures = 0;
+    srand(12345);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const tcase_t *t = &cases[i];
+        cluster_t c;
+        if (only != NULL && strstr(t->name, only) == NULL)
+            continue;
+        CHECK_EQ(cluster_start(&c, &t->m, t->ptp, t->ppp, t->pdp, t->dtp, 512), 0);
+        int f = run_rooms(&c, 6, 1000 + i * 100, &t->o);
+        cluster_stop(&c);
+        fprintf(stderr, "%s: %s\n", f == 0 ? "ok" : "FAILED", t->name);
+        failures += f != 0;
+    }
+    CHECK_EQ(failures, 0);
+    return 0;
+}
