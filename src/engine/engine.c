@@ -199,8 +199,23 @@ static kvb_status_t unregister_locked(kvb_engine_h eng, void *addr)
     if (i < 0)
         return kvb__err_set(&eng->err, KVB_ERR_NOT_FOUND,
                             "unregister: no registered region starts at %p", addr);
+    uint64_t deadline = kvb__now_ns() + (uint64_t)(2 * eng->params.peer_timeout_s * 1e9);
     while (eng->segs.v[i].pins > 0) {
-        pthread_cond_wait(&eng->seg_cv, &eng->seg_mu);
+        struct timespec ts;
+        if (kvb__now_ns() >= deadline) {
+            /* A writer that died mid-message may never complete its receive
+             * (UCX has no peer-failure mode between processes of one host). */
+            KVB_LOGW("unregister %p: incoming write still pending after %.1f s; unmapping", addr,
+                     2 * eng->params.peer_timeout_s);
+            break;
+        }
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&eng->seg_cv, &eng->seg_mu, &ts);
         i = kvb__segtab_find_start(&eng->segs, (uint64_t)(uintptr_t)addr);
         if (i < 0)
             return kvb__err_set(&eng->err, KVB_ERR_NOT_FOUND,
@@ -456,10 +471,23 @@ static void conn_retire(kvb_engine_h eng, kvb__conn_t *c)
     free(c);
 }
 
+/* Shutdown: close every endpoint and drop its keys, but keep the structs:
+ * requests UCX still holds are purged (their callbacks run, touching
+ * transfers and conns) only when the worker is destroyed, after which
+ * conns_free_all frees them. */
 static void conns_release_all(kvb_engine_h eng)
 {
-    while (eng->conns != NULL)
-        conn_retire(eng, eng->conns);
+    for (kvb__conn_t *c = eng->conns; c != NULL; c = c->next_all)
+        kvb__conn_release_ucx(eng, c);
+}
+
+static void conns_free_all(kvb_engine_h eng)
+{
+    while (eng->conns != NULL) {
+        kvb__conn_t *c = eng->conns;
+        eng->conns = c->next_all;
+        free(c);
+    }
 }
 
 static void run_commands(kvb_engine_h eng)
@@ -505,6 +533,16 @@ static void handle_events(kvb_engine_h eng, int timeout_ms)
     }
 }
 
+/* Endpoints of peers found dead are closed outside UCX's callbacks: the
+ * forced close completes their outstanding requests (and frees what those
+ * hold) instead of leaving them pending until the worker is destroyed. */
+static void close_dead_eps(kvb_engine_h eng)
+{
+    for (kvb__conn_t *c = eng->conns; c != NULL; c = c->next_all)
+        if (c->ep != NULL && __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+            kvb__conn_close_ep(eng, c);
+}
+
 static void *progress_main(void *arg)
 {
     kvb_engine_h eng = arg;
@@ -517,6 +555,10 @@ static void *progress_main(void *arg)
             busy = true;
         if ((++iter & 63) == 0)
             handle_events(eng, 0);
+        if (eng->dead_conns > 0) {
+            eng->dead_conns = 0;
+            close_dead_eps(eng);
+        }
         if (busy) {
             idle_spins = 0;
             continue;
@@ -553,6 +595,34 @@ static kvb_status_t fds_init(kvb_engine_h eng)
     return KVB_OK;
 }
 
+void kvb__op_track(kvb_engine_h eng, kvb__op_t *op)
+{
+    op->next = eng->ops.next;
+    op->prev = &eng->ops;
+    eng->ops.next->prev = op;
+    eng->ops.next = op;
+}
+
+void kvb__op_untrack(kvb_engine_h eng, kvb__op_t *op)
+{
+    (void)eng;
+    if (op->next == NULL)
+        return;
+    op->prev->next = op->next;
+    op->next->prev = op->prev;
+    op->next = op->prev = NULL;
+}
+
+/* After ucp_worker_destroy: no callback can run any more. */
+static void ops_release_all(kvb_engine_h eng)
+{
+    while (eng->ops.next != &eng->ops) {
+        kvb__op_t *op = eng->ops.next;
+        kvb__op_untrack(eng, op);
+        op->release(op);
+    }
+}
+
 static void engine_free(kvb_engine_h eng)
 {
     kvb__sessions_free(eng);
@@ -564,6 +634,8 @@ static void engine_free(kvb_engine_h eng)
     free(eng->notify_fds);
     if (eng->worker)
         ucp_worker_destroy(eng->worker);
+    ops_release_all(eng);
+    conns_free_all(eng);
     if (eng->ctx)
         ucp_cleanup(eng->ctx);
     int fds[] = {eng->listen_fd, eng->evfd, eng->epfd, eng->stop_pipe[0], eng->stop_pipe[1]};
@@ -592,6 +664,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     pthread_mutex_init(&eng->cmd_mu, NULL);
     pthread_cond_init(&eng->cmd_cv, NULL);
     eng->listen_fd = eng->evfd = eng->epfd = eng->stop_pipe[0] = eng->stop_pipe[1] = -1;
+    eng->ops.next = eng->ops.prev = &eng->ops;
     if (getrandom(&eng->epoch, sizeof(eng->epoch), 0) != sizeof(eng->epoch))
         eng->epoch = kvb__now_ns() ^ (uint64_t)getpid() << 32;
     read_host_id(eng);

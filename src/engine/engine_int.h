@@ -77,6 +77,18 @@ struct kvb_xfer {
     struct kvb_xfer *next_active;
 };
 
+/* A UCX request we own resources for (a message, a flush). UCX does not
+ * always complete requests to a dead same-host peer (no peer-failure mode
+ * there), so every such op is listed and what is left is freed after the
+ * worker is destroyed. Progress thread only. */
+typedef struct kvb__op {
+    struct kvb__op *prev, *next;
+    void (*release)(struct kvb__op *op);
+} kvb__op_t;
+
+void kvb__op_track(kvb_engine_h eng, kvb__op_t *op);
+void kvb__op_untrack(kvb_engine_h eng, kvb__op_t *op);
+
 typedef enum cmd_kind { CMD_XFER, CMD_CONNECT, CMD_RETIRE } cmd_kind_t;
 
 typedef struct kvb__cmd {
@@ -122,6 +134,8 @@ struct kvb_engine {
     struct kvb_xfer *active;
     kvb__conn_t *conns; /* every live conn */
     size_t am_pending;  /* incoming receives in progress */
+    int dead_conns;     /* a conn died since the last sweep */
+    kvb__op_t ops;      /* outstanding ops (list head) */
     uint64_t next_xfer_id;
 
     pthread_t progress_thr, listen_thr;
@@ -145,6 +159,7 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd);
 void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
+void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
 /* xfer.c */
 void kvb__xfer_start(kvb_engine_h eng, struct kvb_xfer *x);

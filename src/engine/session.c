@@ -294,6 +294,7 @@ void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why)
     snprintf(c->why, sizeof(c->why), "%s", why);
     KVB_LOGW("engine %s: session %s lost: %s", eng->sid, c->sess->sid, why);
     kvb__xfer_fail_conn(eng, c, why);
+    eng->dead_conns = 1;
     if (c->fd >= 0)
         epoll_ctl(eng->epfd, EPOLL_CTL_DEL, c->fd, NULL);
 }
@@ -323,23 +324,30 @@ void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c)
     }
 }
 
+/* Close the endpoint now (force): UCX completes its outstanding requests
+ * with an error, so their callbacks release what they hold. */
+void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    if (c->ep == NULL)
+        return;
+    void *req = ucp_ep_close_nbx(c->ep, &p);
+    c->ep = NULL;
+    if (UCS_PTR_IS_PTR(req)) {
+        for (int i = 0; i < 1000000 && ucp_request_check_status(req) == UCS_INPROGRESS; i++)
+            ucp_worker_progress(eng->worker);
+        ucp_request_free(req);
+    }
+}
+
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c)
 {
+    kvb__conn_close_ep(eng, c);
     for (size_t i = 0; i < c->segs.n; i++)
         if (c->segs.v[i].handle != NULL)
             ucp_rkey_destroy((ucp_rkey_h)c->segs.v[i].handle);
     kvb__segtab_free(&c->segs);
-    if (c->ep != NULL) {
-        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
-        void *req = ucp_ep_close_nbx(c->ep, &p);
-        if (UCS_PTR_IS_PTR(req)) {
-            while (ucp_request_check_status(req) == UCS_INPROGRESS)
-                ucp_worker_progress(eng->worker);
-            ucp_request_free(req);
-        }
-        c->ep = NULL;
-    }
     if (c->fd >= 0) {
         epoll_ctl(eng->epfd, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);

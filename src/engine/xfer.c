@@ -20,6 +20,7 @@
 #define AM_MAGIC_ACK 0x4142564bu   /* "KVBA" */
 
 typedef struct am_msg {
+    kvb__op_t op; /* first: the op is the message */
     struct kvb_xfer *x;
     uint8_t *hdr;
     ucp_dt_iov_t *iov;
@@ -275,16 +276,29 @@ void kvb__xfer_start(kvb_engine_h eng, struct kvb_xfer *x)
     }
 }
 
+typedef struct flush_op {
+    kvb__op_t op;
+    struct kvb_xfer *x;
+} flush_op_t;
+
+static void flush_op_release(kvb__op_t *op)
+{
+    kvb__xfer_release(((flush_op_t *)op)->x);
+    free(op);
+}
+
 static void flush_cb(void *req, ucs_status_t status, void *user)
 {
-    struct kvb_xfer *x = user;
+    flush_op_t *f = user;
+    struct kvb_xfer *x = f->x;
     if (!x->abandoned) {
         x->inflight--;
         if (status != UCS_OK)
             fail(x, KVB_ERR_PEER, "session %s: write failed: %s", x->conn->sess->sid,
                  ucs_status_string(status));
     }
-    kvb__xfer_release(x);
+    kvb__op_untrack(x->eng, &f->op);
+    flush_op_release(&f->op);
     ucp_request_free(req);
 }
 
@@ -306,25 +320,41 @@ static void issue_put(kvb_engine_h eng, struct kvb_xfer *x)
         if (r != NULL)
             ucp_request_free(r);
     }
+    flush_op_t *f = calloc(1, sizeof(*f));
+    if (f == NULL) {
+        fail(x, KVB_ERR_NOMEM, "%s%s", "out of memory issuing a flush", "");
+        return;
+    }
+    f->x = x;
+    f->op.release = flush_op_release;
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = flush_cb;
-    p.user_data = x;
+    p.user_data = f;
+    __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
     void *r = ucp_ep_flush_nbx(c->ep, &p);
+    if (UCS_PTR_IS_PTR(r)) {
+        x->inflight++;
+        kvb__op_track(eng, &f->op);
+        return;
+    }
     if (UCS_PTR_IS_ERR(r))
         fail(x, KVB_ERR_PEER, "session %s: flush failed: %s", c->sess->sid,
              ucs_status_string(UCS_PTR_STATUS(r)));
-    else if (r != NULL) {
-        x->inflight++;
-        __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
-    }
+    flush_op_release(&f->op);
 }
 
 static void am_msg_free(am_msg_t *m)
 {
+    kvb__op_untrack(m->x->eng, &m->op);
     kvb__xfer_release(m->x);
     free(m->hdr);
     free(m->iov);
     free(m);
+}
+
+static void am_msg_release(kvb__op_t *op)
+{
+    am_msg_free((am_msg_t *)op);
 }
 
 static void am_send_cb(void *req, ucs_status_t status, void *user)
@@ -418,6 +448,7 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
         bool contig = niov == 1 && !x->conn->local;
         p.datatype = contig ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
         m->x = x;
+        m->op.release = am_msg_release;
         __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
         x->msgs_sent++;
         x->inflight++;
@@ -432,6 +463,8 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
             am_msg_free(m);
         } else if (r == NULL) {
             am_msg_free(m);
+        } else {
+            kvb__op_track(eng, &m->op);
         }
     }
 }
