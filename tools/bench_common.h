@@ -1,0 +1,153 @@
+/* `kvbridge bench` internals (CLI-only): options, model geometry, the byte
+ * pattern, rank pools, the rank processes and the driver.
+ *
+ * Processes: the driver (the command the user ran) spawns
+ *   `kvbridge bench --role bootstrap-child ...`  the bootstrap server,
+ *   `kvbridge bench --role prefill-rank ...`     one per prefill (dp, tp, pp),
+ *   `kvbridge bench --role decode-rank ...`      one per decode tp rank,
+ * and drives them over their stdin/stdout with one-line messages:
+ *   child  → "ready <text>" | "error <text>"
+ *   prefill: "fill <room> <pages> <aux>" → "filled <room>"
+ *            "send <room>"               → "sent <room> <t_first>" | "fail <room> <why>"
+ *   decode:  "recv <room> <pages> <aux>" → "inited <room> <t_init>", then
+ *                                          "ok <room> <t_success>" | "fail <room> <why>"
+ *            "verify <room>"             → "verified <room> <wrong bytes | -1>"
+ *   all:     "quit"
+ * Times are CLOCK_MONOTONIC seconds (comparable between processes of one
+ * host). Children die with the driver (PR_SET_PDEATHSIG) and on EOF. */
+#ifndef KVB_BENCH_COMMON_H
+#define KVB_BENCH_COMMON_H
+
+#include <kvbridge/kvbridge.h>
+#include <kvbridge/conn.h>
+#include <kvbridge/plan.h>
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define BENCH_AUX_ITEM 64u
+#define BENCH_MAX_FAIL_SHOWN 5
+
+typedef enum bench_role {
+    BENCH_ROLE_ALL = 0, /* both sides and the bootstrap server on this host */
+    BENCH_ROLE_BOOTSTRAP,
+    BENCH_ROLE_PREFILL, /* driver of this host's prefill ranks only */
+    BENCH_ROLE_DECODE,  /* driver of this host's decode ranks only */
+    BENCH_ROLE_PREFILL_RANK,
+    BENCH_ROLE_DECODE_RANK
+} bench_role_t;
+
+typedef struct bench_model {
+    char name[48];
+    int layers, kv_heads, head_dim, dtype_bytes, mla;
+} bench_model_t;
+
+typedef struct bench_opts {
+    bench_model_t m;
+    int page, ptp, dtp, ppp, dp;
+    long long requests, conc, prompt_len, chunk, seed;
+    kvb_transport_t transport;
+    const char *json;
+    bool progress;
+    bench_role_t role;
+    bool child;   /* spawned by a driver: ignore SIGINT, die with it */
+    bool corrupt; /* test hook: decode rank 0 flips one byte before verifying */
+    char bootstrap[128];
+    const char *host;
+    double timeout_s;
+    /* rank processes (set by the driver) */
+    int tp_rank, pp_rank, dp_rank;
+    long long pool_pages, wave;
+} bench_opts_t;
+
+/* What one rank holds. */
+typedef struct bench_rank_geom {
+    int tp, tp_size, pp, pp_size;
+    int first_layer, n_layers, local_heads, first_head, n_kv;
+    uint64_t head_bytes, row_bytes, item_len;
+} bench_rank_geom_t;
+
+/* ---- options (bench_opts.c) ---- */
+
+/* Parse argv (argv[0] = "bench"). 0 ok, 1 help printed, 2 error printed. */
+int bench_parse(bench_opts_t *o, int argc, char **argv);
+const char *bench_transport_name(kvb_transport_t t);
+/* Geometry of rank (tp of tp_size, pp of pp_size). */
+void bench_rank_geom(const bench_opts_t *o, int tp, int tp_size, int pp, int pp_size,
+                     bench_rank_geom_t *g_p);
+uint64_t bench_pages_per_request(const bench_opts_t *o);
+/* Bytes every decode rank together receives for one request (KV + aux). */
+uint64_t bench_request_bytes(const bench_opts_t *o);
+/* Requests whose pages both pools hold at once (a wave); 0 when even
+ * --concurrency requests do not fit in memory (reason printed). */
+long long bench_wave(const bench_opts_t *o);
+/* Pages of each rank's pool for a wave of that many requests. */
+long long bench_pool_pages(const bench_opts_t *o, long long wave);
+
+/* ---- pattern and pools (bench_data.c) ---- */
+
+typedef struct bench_pool {
+    bench_rank_geom_t g;
+    uint8_t *base;
+    size_t bytes;
+    uint64_t pages;
+    uint64_t *kv_ptrs, *kv_lens; /* g.n_kv entries */
+    uint8_t *aux;
+    uint64_t aux_items;
+    int32_t *free_pages;
+    uint64_t nfree;
+    uint64_t rng;
+    uint8_t *scratch;
+} bench_pool_t;
+
+bool bench_pool_init(bench_pool_t *p, const bench_rank_geom_t *g, uint64_t pages,
+                     uint64_t aux_items, uint64_t seed);
+void bench_pool_free(bench_pool_t *p);
+/* Take n pages at random from the free list (false when short). */
+bool bench_pages_take(bench_pool_t *p, int32_t *pages, uint32_t n);
+void bench_pages_give(bench_pool_t *p, const int32_t *pages, uint32_t n);
+/* Write the pattern of room into the request's pages (request page i at
+ * pages[i]) and aux item aux. page = tokens per page. */
+void bench_fill(bench_pool_t *p, int page, uint64_t room, const int32_t *pages, uint32_t n,
+                int64_t aux);
+/* Wrong bytes of room in this (decode) rank's pages and aux item. */
+uint64_t bench_verify(bench_pool_t *p, int page, uint64_t room, const int32_t *pages, uint32_t n,
+                      int64_t aux);
+
+/* ---- report (bench_report.c) ---- */
+
+typedef struct bench_report {
+    long long requests, done, verified, failed;
+    uint64_t bytes;     /* bytes of completed, successful requests */
+    double seconds;     /* wall time of the transfer phases */
+    double memcpy_gbps; /* memcpy of one request's bytes */
+    double tcp_gbps;    /* raw loopback TCP stream (--transport tcp), else 0 */
+    double plan_us;     /* planner time per request (all rank pairs), -1 unknown */
+    double *lat_ms;     /* per finished request */
+    long long nlat;
+    char fails[BENCH_MAX_FAIL_SHOWN][240];
+    int nfails;
+    bool interrupted;
+    double last_progress;
+} bench_report_t;
+
+/* memcpy (and, for tcp, raw TCP) baselines and planner cost; fills rep. */
+void bench_baselines(const bench_opts_t *o, bench_report_t *rep);
+/* Progress on stderr (bar on a TTY, plain lines otherwise), rate-limited
+ * unless final. */
+void bench_progress(const bench_opts_t *o, bench_report_t *rep, bool final);
+/* Table on stdout, failure reasons on stderr, JSON file if asked. false when
+ * the JSON file could not be written. */
+bool bench_report_print(const bench_opts_t *o, bench_report_t *rep);
+
+/* ---- processes (bench_rank.c, bench_driver.c) ---- */
+
+int bench_run_bootstrap(const bench_opts_t *o, bool child);
+int bench_run_rank(const bench_opts_t *o);
+int bench_run_driver(const bench_opts_t *o);
+
+/* Write one protocol line on stdout in a single write(). */
+void bench_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

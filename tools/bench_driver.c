@@ -1,0 +1,519 @@
+/* `kvbridge bench` driver: spawns the bootstrap server and the rank
+ * processes, runs the requests wave by wave (fill, timed transfer, verify)
+ * and collects the results. A wave is as many requests as both KV pools
+ * hold; pattern fill and verification happen outside the timed phase. */
+#include "bench_common.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "eb_util.h"
+#include "tools.h"
+
+#define READY_TIMEOUT_S 180.0
+#define MAX_PROCS 80
+#define MAX_ARGS 64
+
+enum { K_BOOT, K_PRE, K_DEC };
+enum { Q_NEW, Q_FILLED, Q_FLIGHT, Q_DONE };
+
+typedef struct proc {
+    kvb_eb_chan_t ch;
+    int kind, dp, tp, pp;
+} proc_t;
+
+typedef struct req {
+    uint64_t room;
+    uint32_t pages;
+    int64_t aux;
+    int dp, state, pend_fill, pend_init, pend_dec, pend_pre, pend_verify;
+    double t_first, t_init, t_succ, deadline;
+    bool failed, sent_to_prefill;
+    char why[200];
+} req_t;
+
+typedef struct drv {
+    const bench_opts_t *o;
+    proc_t procs[MAX_PROCS];
+    int nprocs;
+    bool has_pre, has_dec;
+    char boot[128];
+    req_t *reqs;
+    uint64_t room_base;
+    long long wave, pool_pages, inflight;
+    bench_report_t rep;
+    char fatal[240];
+} drv_t;
+
+typedef struct args {
+    char s[MAX_ARGS][64];
+    char *v[MAX_ARGS + 1];
+    int n;
+} args_t;
+
+static volatile sig_atomic_t g_interrupted;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    g_interrupted = 1;
+}
+
+static bool stopping(const drv_t *d)
+{
+    return g_interrupted || d->fatal[0] != '\0';
+}
+
+/* ---------------------------------------------------------------- spawn */
+
+static void arg(args_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void arg(args_t *a, const char *fmt, ...)
+{
+    va_list ap;
+    if (a->n >= MAX_ARGS)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(a->s[a->n], sizeof(a->s[0]), fmt, ap);
+    va_end(ap);
+    a->v[a->n] = a->s[a->n];
+    a->v[++a->n] = NULL;
+}
+
+static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int pp, int dp)
+{
+    const bench_opts_t *o = d->o;
+    static const char *names[] = {"--layers",    "--kv-heads",   "--head-dim",  "--dtype-bytes",
+                                  "--page-size", "--prefill-tp", "--decode-tp", "--prefill-pp",
+                                  "--dp",        "--tp-rank",    "--pp-rank",   "--dp-rank"};
+    const int vals[] = {o->m.layers,
+                        o->m.kv_heads,
+                        o->m.head_dim,
+                        o->m.dtype_bytes,
+                        o->page,
+                        o->ptp,
+                        o->dtp,
+                        o->ppp,
+                        o->dp,
+                        tp,
+                        pp,
+                        dp};
+    arg(a, "kvbridge");
+    arg(a, "bench");
+    arg(a, "--role");
+    arg(a, "%s", role);
+    arg(a, "--child");
+    arg(a, "--bootstrap");
+    arg(a, "%s", d->boot);
+    for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
+        arg(a, "%s", names[i]);
+        arg(a, "%d", vals[i]);
+    }
+    const char *lnames[] = {"--chunk",   "--seed",     "--pool-pages", "--wave",
+                            "--timeout", "--requests", "--concurrency"};
+    const long long lvals[] = {
+        o->chunk, o->seed, d->pool_pages, d->wave, (long long)o->timeout_s, o->requests, o->conc};
+    for (size_t i = 0; i < sizeof(lvals) / sizeof(lvals[0]); i++) {
+        arg(a, "%s", lnames[i]);
+        arg(a, "%lld", lvals[i]);
+    }
+    arg(a, "--transport");
+    arg(a, "%s", bench_transport_name(o->transport));
+    arg(a, "--host");
+    arg(a, "%s", o->host);
+    if (o->m.mla)
+        arg(a, "--mla");
+    if (o->corrupt)
+        arg(a, "--corrupt-one-byte");
+}
+
+static bool spawn(drv_t *d, int kind, int tp, int pp, int dp)
+{
+    static const char *roles[] = {"bootstrap", "prefill-rank", "decode-rank"};
+    args_t a = {.n = 0};
+    proc_t *p = &d->procs[d->nprocs];
+    if (d->nprocs == MAX_PROCS)
+        return false;
+    if (kind == K_BOOT) {
+        const char *v[] = {"kvbridge", "bench",       "--role",  "bootstrap",
+                           "--child",  "--bootstrap", d->o->host};
+        for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+            arg(&a, i == 6 ? "%s:0" : "%s", v[i]);
+    } else {
+        rank_args(d, &a, roles[kind], tp, pp, dp);
+    }
+    *p = (proc_t){.kind = kind, .tp = tp, .pp = pp, .dp = dp};
+    if (!kvb_eb_spawn(&p->ch, "/proc/self/exe", a.v))
+        return false;
+    d->nprocs++;
+    return true;
+}
+
+static void proc_name(const proc_t *p, char *buf, size_t cap)
+{
+    if (p->kind == K_BOOT)
+        snprintf(buf, cap, "bootstrap");
+    else if (p->kind == K_PRE)
+        snprintf(buf, cap, "prefill dp%d tp%d pp%d", p->dp, p->tp, p->pp);
+    else
+        snprintf(buf, cap, "decode tp%d", p->tp);
+}
+
+/* Wait for "ready <text>" from proc i; text copied to out. */
+static bool wait_ready(drv_t *d, int i, char *out, size_t cap)
+{
+    char line[256], name[48];
+    proc_name(&d->procs[i], name, sizeof(name));
+    if (kvb_eb_recv(&d->procs[i].ch, line, sizeof(line), READY_TIMEOUT_S) &&
+        strncmp(line, "ready ", 6) == 0) {
+        snprintf(out, cap, "%.120s", line + 6);
+        return true;
+    }
+    snprintf(d->fatal, sizeof(d->fatal), "%.40s did not start: %.180s", name, line);
+    return false;
+}
+
+static bool start_all(drv_t *d)
+{
+    const bench_opts_t *o = d->o;
+    char text[128];
+    if (o->role == BENCH_ROLE_ALL) {
+        if (!spawn(d, K_BOOT, 0, 0, 0) || !wait_ready(d, 0, d->boot, sizeof(d->boot)))
+            return false;
+    } else {
+        snprintf(d->boot, sizeof(d->boot), "%s", o->bootstrap);
+    }
+    int first = d->nprocs;
+    for (int g = 0; d->has_pre && g < o->dp; g++)
+        for (int t = 0; t < o->ptp; t++)
+            for (int p = 0; p < o->ppp; p++)
+                if (!spawn(d, K_PRE, t, p, g))
+                    return false;
+    for (int t = 0; d->has_dec && t < o->dtp; t++)
+        if (!spawn(d, K_DEC, t, 0, 0))
+            return false;
+    for (int i = first; i < d->nprocs; i++)
+        if (!wait_ready(d, i, text, sizeof(text)))
+            return false;
+    return true;
+}
+
+static void stop_all(drv_t *d)
+{
+    double grace = g_interrupted || d->fatal[0] ? 0.5 : 10.0;
+    for (int i = d->nprocs - 1; i >= 0; i--)
+        kvb_eb_send(&d->procs[i].ch, "quit");
+    for (int i = d->nprocs - 1; i >= 0; i--)
+        kvb_eb_stop(&d->procs[i].ch, grace);
+    d->nprocs = 0;
+}
+
+/* ------------------------------------------------------------- messages */
+
+static void fail_req(drv_t *d, req_t *q, const proc_t *p, const char *why)
+{
+    char name[48] = "driver";
+    if (p != NULL)
+        proc_name(p, name, sizeof(name));
+    if (!q->failed)
+        snprintf(q->why, sizeof(q->why), "%s: %s", name, why);
+    q->failed = true;
+}
+
+static void to_group(drv_t *d, const req_t *q, const char *fmt, uint64_t room)
+{
+    for (int i = 0; i < d->nprocs; i++)
+        if (d->procs[i].kind == K_PRE && d->procs[i].dp == q->dp)
+            kvb_eb_send(&d->procs[i].ch, fmt, room);
+}
+
+static void maybe_send(drv_t *d, req_t *q)
+{
+    if (q->state != Q_FLIGHT || q->sent_to_prefill || !d->has_pre)
+        return;
+    if (q->failed) {
+        q->sent_to_prefill = true;
+        to_group(d, q, "drop %" PRIu64, q->room);
+        q->pend_pre = 0;
+        return;
+    }
+    if (q->pend_init > 0)
+        return;
+    q->sent_to_prefill = true;
+    to_group(d, q, "send %" PRIu64, q->room);
+}
+
+static void on_fail(drv_t *d, req_t *q, const proc_t *p, const char *why)
+{
+    fail_req(d, q, p, why);
+    if (q->state == Q_NEW && q->pend_fill > 0)
+        q->pend_fill--;
+    if (q->state != Q_FLIGHT)
+        return;
+    if (p->kind == K_DEC) {
+        q->pend_dec -= q->pend_dec > 0;
+        q->pend_init -= q->pend_init > 0;
+        maybe_send(d, q);
+    } else {
+        q->pend_pre -= q->pend_pre > 0;
+    }
+}
+
+static req_t *req_of(drv_t *d, uint64_t room)
+{
+    if (room < d->room_base || room - d->room_base >= (uint64_t)d->rep.requests)
+        return NULL;
+    return &d->reqs[room - d->room_base];
+}
+
+static void on_line(drv_t *d, proc_t *p, const char *line)
+{
+    uint64_t room = 0;
+    double t = 0;
+    long long bad = 0;
+    int off = 0;
+    char verb[16] = "";
+    if (strncmp(line, "error ", 6) == 0) {
+        snprintf(d->fatal, sizeof(d->fatal), "%s", line + 6);
+        return;
+    }
+    if (sscanf(line, "%15s %" SCNu64 " %n", verb, &room, &off) != 2)
+        return;
+    req_t *q = req_of(d, room);
+    if (q == NULL)
+        return;
+    const char *rest = line + off;
+    if (strcmp(verb, "filled") == 0 && q->state == Q_NEW) {
+        q->pend_fill -= q->pend_fill > 0;
+    } else if (strcmp(verb, "inited") == 0 && q->state == Q_FLIGHT && sscanf(rest, "%lf", &t)) {
+        q->t_init = q->t_init == 0 || t < q->t_init ? t : q->t_init;
+        q->pend_init -= q->pend_init > 0;
+        maybe_send(d, q);
+    } else if (strcmp(verb, "ok") == 0 && q->state == Q_FLIGHT && sscanf(rest, "%lf", &t)) {
+        q->t_succ = t > q->t_succ ? t : q->t_succ;
+        q->pend_dec -= q->pend_dec > 0;
+    } else if (strcmp(verb, "sent") == 0 && q->state == Q_FLIGHT && sscanf(rest, "%lf", &t)) {
+        q->t_first = q->t_first == 0 || t < q->t_first ? t : q->t_first;
+        q->pend_pre -= q->pend_pre > 0;
+    } else if (strcmp(verb, "fail") == 0) {
+        on_fail(d, q, p, rest);
+    } else if (strcmp(verb, "verified") == 0 && sscanf(rest, "%lld", &bad) == 1) {
+        char why[64];
+        q->pend_verify -= q->pend_verify > 0;
+        snprintf(why, sizeof(why), "%lld wrong bytes on verification", bad);
+        if (bad > 0)
+            fail_req(d, q, p, why);
+    }
+}
+
+static void drain(drv_t *d, proc_t *p)
+{
+    char line[600];
+    while (p->ch.rfd >= 0 && memchr(p->ch.buf, '\n', p->ch.len) != NULL &&
+           kvb_eb_recv(&p->ch, line, sizeof(line), 1.0))
+        on_line(d, p, line);
+}
+
+/* Read whatever the children said within timeout_ms. */
+static void pump(drv_t *d, int timeout_ms)
+{
+    struct pollfd pf[MAX_PROCS];
+    char line[600], name[48];
+    for (int i = 0; i < d->nprocs; i++) {
+        drain(d, &d->procs[i]);
+        pf[i] = (struct pollfd){.fd = d->procs[i].ch.rfd, .events = POLLIN};
+    }
+    if (poll(pf, (nfds_t)d->nprocs, timeout_ms) <= 0)
+        return;
+    for (int i = 0; i < d->nprocs && d->fatal[0] == '\0'; i++) {
+        if (pf[i].revents == 0)
+            continue;
+        if (!kvb_eb_recv(&d->procs[i].ch, line, sizeof(line), 2.0)) {
+            proc_name(&d->procs[i], name, sizeof(name));
+            snprintf(d->fatal, sizeof(d->fatal), "%.40s: %.180s", name, line);
+            return;
+        }
+        on_line(d, &d->procs[i], line);
+        drain(d, &d->procs[i]);
+    }
+}
+
+/* ---------------------------------------------------------------- waves */
+
+static int group_size(const drv_t *d)
+{
+    return d->o->ptp * d->o->ppp;
+}
+
+static void fill_phase(drv_t *d, long long a, long long b)
+{
+    for (long long i = a; d->has_pre && i < b; i++) {
+        req_t *q = &d->reqs[i];
+        q->pend_fill = group_size(d);
+        char cmd[96];
+        snprintf(cmd, sizeof(cmd), "fill %" PRIu64 " %u %" PRId64, q->room, q->pages, q->aux);
+        for (int k = 0; k < d->nprocs; k++)
+            if (d->procs[k].kind == K_PRE && d->procs[k].dp == q->dp)
+                kvb_eb_send(&d->procs[k].ch, "%s", cmd);
+    }
+    for (long long i = a; i < b && !stopping(d); i++)
+        while (d->reqs[i].pend_fill > 0 && !stopping(d))
+            pump(d, 100);
+}
+
+static void dispatch(drv_t *d, req_t *q)
+{
+    if (q->failed) { /* its fill failed */
+        q->state = Q_DONE;
+        d->rep.done++;
+        to_group(d, q, "drop %" PRIu64, q->room);
+        return;
+    }
+    q->state = Q_FLIGHT;
+    q->deadline = kvb_tool_now() + d->o->timeout_s + 30;
+    q->pend_pre = d->has_pre ? group_size(d) : 0;
+    q->pend_dec = q->pend_init = d->has_dec ? d->o->dtp : 0;
+    d->inflight++;
+    for (int k = 0; d->has_dec && k < d->nprocs; k++)
+        if (d->procs[k].kind == K_DEC)
+            kvb_eb_send(&d->procs[k].ch, "recv %" PRIu64 " %u %" PRId64, q->room, q->pages, q->aux);
+    maybe_send(d, q);
+}
+
+static void finish(drv_t *d, req_t *q, double now)
+{
+    if (q->state != Q_FLIGHT)
+        return;
+    if (now > q->deadline && (q->pend_dec > 0 || q->pend_pre > 0)) {
+        fail_req(d, q, NULL, "no answer from the ranks in time");
+        q->pend_dec = q->pend_pre = q->pend_init = 0;
+    }
+    if (q->pend_dec > 0 || q->pend_pre > 0)
+        return;
+    q->state = Q_DONE;
+    d->inflight--;
+    d->rep.done++;
+    if (q->failed)
+        return;
+    double from = d->has_pre && d->has_dec ? q->t_first : q->t_init;
+    double to = d->has_dec ? q->t_succ : q->t_first;
+    d->rep.lat_ms[d->rep.nlat++] = d->has_dec ? (to - from) * 1e3 : 0;
+    d->rep.bytes += bench_request_bytes(d->o);
+}
+
+static void transfer_phase(drv_t *d, long long a, long long b)
+{
+    long long next = a, left = b - a;
+    double t0 = kvb_tool_now();
+    d->inflight = 0;
+    while (left > 0 && !stopping(d)) {
+        while (next < b && d->inflight < d->o->conc)
+            dispatch(d, &d->reqs[next++]);
+        pump(d, 20);
+        double now = kvb_tool_now();
+        left = 0;
+        for (long long i = a; i < next; i++)
+            finish(d, &d->reqs[i], now);
+        for (long long i = a; i < b; i++)
+            left += d->reqs[i].state != Q_DONE;
+        d->rep.seconds += now - t0;
+        t0 = now;
+        bench_progress(d->o, &d->rep, false);
+    }
+}
+
+static void verify_phase(drv_t *d, long long a, long long b)
+{
+    for (long long i = a; d->has_dec && i < b; i++) {
+        req_t *q = &d->reqs[i];
+        q->pend_verify = d->o->dtp;
+        for (int k = 0; k < d->nprocs; k++)
+            if (d->procs[k].kind == K_DEC)
+                kvb_eb_send(&d->procs[k].ch, "verify %" PRIu64, q->room);
+    }
+    for (long long i = a; i < b && !stopping(d); i++)
+        while (d->reqs[i].pend_verify > 0 && !stopping(d))
+            pump(d, 100);
+    for (long long i = a; i < b && !stopping(d); i++) {
+        req_t *q = &d->reqs[i];
+        d->rep.verified += !q->failed;
+        d->rep.failed += q->failed;
+        if (q->failed && d->rep.nfails < BENCH_MAX_FAIL_SHOWN)
+            snprintf(d->rep.fails[d->rep.nfails++], sizeof(d->rep.fails[0]), "room %" PRIu64 ": %s",
+                     q->room, q->why);
+    }
+}
+
+static void run_waves(drv_t *d)
+{
+    for (long long a = 0; a < d->rep.requests && !stopping(d); a += d->wave) {
+        long long b = a + d->wave < d->rep.requests ? a + d->wave : d->rep.requests;
+        fill_phase(d, a, b);
+        transfer_phase(d, a, b);
+        verify_phase(d, a, b);
+    }
+}
+
+static bool setup(drv_t *d, const bench_opts_t *o)
+{
+    memset(d, 0, sizeof(*d));
+    d->o = o;
+    d->has_pre = o->role == BENCH_ROLE_ALL || o->role == BENCH_ROLE_PREFILL;
+    d->has_dec = o->role == BENCH_ROLE_ALL || o->role == BENCH_ROLE_DECODE;
+    d->wave = bench_wave(o);
+    d->pool_pages = bench_pool_pages(o, d->wave);
+    d->rep.requests = o->requests;
+    d->reqs = calloc((size_t)o->requests, sizeof(req_t));
+    d->rep.lat_ms = calloc((size_t)o->requests, sizeof(double));
+    d->room_base = (uint64_t)o->seed * 10000000ull + 1;
+    if (d->wave <= 0 || d->reqs == NULL || d->rep.lat_ms == NULL)
+        return false;
+    for (long long i = 0; i < o->requests; i++) {
+        req_t *q = &d->reqs[i];
+        q->room = d->room_base + (uint64_t)i;
+        q->pages = (uint32_t)bench_pages_per_request(o);
+        q->aux = i % d->wave;
+        q->dp = (int)(q->room % (uint64_t)o->dp);
+    }
+    return true;
+}
+
+int bench_run_driver(const bench_opts_t *o)
+{
+    drv_t *d = calloc(1, sizeof(*d));
+    struct sigaction sa = {.sa_handler = on_sigint}, old_int, old_term;
+    int rc = 1;
+    if (d == NULL || !setup(d, o))
+        goto out;
+    signal(SIGPIPE, SIG_IGN);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    bench_baselines(o, &d->rep);
+    if (start_all(d) && !g_interrupted)
+        run_waves(d);
+    stop_all(d);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    d->rep.interrupted = g_interrupted != 0;
+    bench_progress(o, &d->rep, true);
+    if (d->fatal[0] != '\0')
+        fprintf(stderr, "kvbridge bench: stopped: %s\n", d->fatal);
+    bool json_ok = bench_report_print(o, &d->rep);
+    rc = g_interrupted                                                          ? 130
+         : d->fatal[0] == '\0' && json_ok && d->rep.verified == d->rep.requests ? 0
+                                                                                : 1;
+out:
+    if (d != NULL) {
+        free(d->reqs);
+        free(d->rep.lat_ms);
+    }
+    free(d);
+    return rc;
+}

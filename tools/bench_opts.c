@@ -1,0 +1,357 @@
+/* `kvbridge bench` options, model geometry and pool sizing. */
+#include "bench_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tools.h"
+
+#define BENCH_MAX_TP 64
+#define BENCH_MAX_RANKS 64
+
+typedef struct overrides {
+    long long layers, kv_heads, head_dim, dtype_bytes;
+    int mla;
+    const char *model;
+} overrides_t;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvbridge bench [options]\n\n"
+            "Verified prefill/decode KV transfer on real processes: a bootstrap server,\n"
+            "prefill rank processes and decode rank processes, every KV and aux byte\n"
+            "checked on the decode side. See docs/bench.md.\n\n"
+            "model:\n"
+            "  --model NAME          llama3-8b (default), llama3-70b, qwen2.5-7b, deepseek-v3\n"
+            "  --layers N --kv-heads N --head-dim N --dtype-bytes N --mla\n"
+            "                        override the preset's fields (or describe a model)\n"
+            "topology:\n"
+            "  --prefill-tp N --prefill-pp K --dp D   prefill ranks: D x N x K (default 1 1 1)\n"
+            "  --decode-tp M                          decode ranks (default 1)\n"
+            "workload:\n"
+            "  --requests R          requests in total (default 16)\n"
+            "  --concurrency C       requests in flight at once (default 4)\n"
+            "  --prompt-len L        tokens per request (default 2048)\n"
+            "  --page-size P         tokens per page (default 16)\n"
+            "  --chunk T             tokens per sender_send (default: whole prompt)\n"
+            "  --transport auto|tcp|shm   engine lane (default auto)\n"
+            "  --seed S              rooms, page choice and pattern seed (default 1)\n"
+            "output:\n"
+            "  --json FILE           also write the report as one JSON object\n"
+            "  --no-progress         no progress output on stderr\n"
+            "two machines:\n"
+            "  --role bootstrap|prefill|decode  run one side only\n"
+            "  --bootstrap HOST:PORT            bootstrap server (listen address for\n"
+            "                                   --role bootstrap)\n"
+            "  --host ADDR                      address this host's ranks listen on\n"
+            "                                   (default 127.0.0.1)\n\n"
+            "Exit status: 0 when every request was verified, 1 otherwise, 2 on bad options,\n"
+            "130 when interrupted (the partial report is printed).\n");
+}
+
+static void defaults(bench_opts_t *o, overrides_t *v)
+{
+    memset(o, 0, sizeof(*o));
+    memset(v, 0, sizeof(*v));
+    v->layers = v->kv_heads = v->head_dim = v->dtype_bytes = -1;
+    o->page = 16;
+    o->ptp = o->dtp = o->ppp = o->dp = 1;
+    o->requests = 16;
+    o->conc = 4;
+    o->prompt_len = 2048;
+    o->seed = 1;
+    o->transport = KVB_TRANSPORT_AUTO;
+    o->progress = true;
+    o->host = "127.0.0.1";
+    o->timeout_s = 120;
+}
+
+const char *bench_transport_name(kvb_transport_t t)
+{
+    return t == KVB_TRANSPORT_TCP ? "tcp" : t == KVB_TRANSPORT_SHM ? "shm" : "auto";
+}
+
+static bool parse_transport(const char *v, kvb_transport_t *t_p)
+{
+    static const kvb_transport_t all[] = {KVB_TRANSPORT_AUTO, KVB_TRANSPORT_TCP, KVB_TRANSPORT_SHM};
+    for (size_t i = 0; v != NULL && i < 3; i++)
+        if (strcmp(v, bench_transport_name(all[i])) == 0) {
+            *t_p = all[i];
+            return true;
+        }
+    fprintf(stderr, "kvbridge: --transport: '%s' is not one of auto, tcp, shm\n", v ? v : "");
+    return false;
+}
+
+static bool parse_role(const char *v, bench_opts_t *o)
+{
+    static const char *names[] = {"all",    "bootstrap",    "prefill",
+                                  "decode", "prefill-rank", "decode-rank"};
+    for (int i = 0; v != NULL && i < 6; i++)
+        if (strcmp(v, names[i]) == 0) {
+            o->role = (bench_role_t)i;
+            return true;
+        }
+    fprintf(stderr, "kvbridge: --role: '%s' is not one of bootstrap, prefill, decode\n",
+            v ? v : "");
+    return false;
+}
+
+static bool parse_text(const char *opt, const char *v, size_t max)
+{
+    if (v == NULL || v[0] == '\0' || strlen(v) > max) {
+        fprintf(stderr, "kvbridge: %s needs a value (at most %zu characters)\n", opt, max);
+        return false;
+    }
+    return true;
+}
+
+static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrides_t *w, bool *ok)
+{
+    long long page = o->page, ptp = o->ptp, dtp = o->dtp, ppp = o->ppp, dp = o->dp;
+    long long tpr = o->tp_rank, ppr = o->pp_rank, dpr = o->dp_rank, tmo = (long long)o->timeout_s;
+    const struct {
+        const char *name;
+        long long min, max, *dst;
+    } t[] = {{"--prefill-tp", 1, BENCH_MAX_TP, &ptp},
+             {"--decode-tp", 1, BENCH_MAX_TP, &dtp},
+             {"--prefill-pp", 1, 16, &ppp},
+             {"--dp", 1, 16, &dp},
+             {"--requests", 1, 1000000, &o->requests},
+             {"--concurrency", 1, 4096, &o->conc},
+             {"--prompt-len", 1, 1 << 20, &o->prompt_len},
+             {"--page-size", 1, 4096, &page},
+             {"--chunk", 0, 1 << 20, &o->chunk},
+             {"--seed", 0, 1000000, &o->seed},
+             {"--layers", 1, 1024, &w->layers},
+             {"--kv-heads", 1, 1024, &w->kv_heads},
+             {"--head-dim", 1, 65536, &w->head_dim},
+             {"--dtype-bytes", 1, 8, &w->dtype_bytes},
+             {"--tp-rank", 0, BENCH_MAX_TP, &tpr},
+             {"--pp-rank", 0, 16, &ppr},
+             {"--dp-rank", 0, 16, &dpr},
+             {"--pool-pages", 1, 1LL << 30, &o->pool_pages},
+             {"--wave", 1, 1000000, &o->wave},
+             {"--timeout", 1, 86400, &tmo}};
+    size_t i = 0, n = sizeof(t) / sizeof(t[0]);
+    while (i < n && strcmp(a, t[i].name) != 0)
+        i++;
+    if (i == n)
+        return false;
+    *ok = kvb_tool_parse_int(a, v, t[i].min, t[i].max, t[i].dst);
+    o->page = (int)page;
+    o->ptp = (int)ptp;
+    o->dtp = (int)dtp;
+    o->ppp = (int)ppp;
+    o->dp = (int)dp;
+    o->tp_rank = (int)tpr;
+    o->pp_rank = (int)ppr;
+    o->dp_rank = (int)dpr;
+    o->timeout_s = (double)tmo;
+    return true;
+}
+
+static bool parse_flag(const char *a, bench_opts_t *o, overrides_t *w)
+{
+    if (strcmp(a, "--no-progress") == 0)
+        o->progress = false;
+    else if (strcmp(a, "--mla") == 0)
+        w->mla = 1;
+    else if (strcmp(a, "--child") == 0)
+        o->child = true;
+    else if (strcmp(a, "--corrupt-one-byte") == 0)
+        o->corrupt = true;
+    else
+        return false;
+    return true;
+}
+
+/* One option; *i advances past its value. 0 ok, 1 help, 2 error. */
+static int parse_one(bench_opts_t *o, overrides_t *w, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    bool ok = true;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+        return 1;
+    if (parse_flag(a, o, w))
+        return 0;
+    (*i)++;
+    if (parse_int_opt(a, v, o, w, &ok))
+        return ok ? 0 : 2;
+    if (strcmp(a, "--transport") == 0)
+        return parse_transport(v, &o->transport) ? 0 : 2;
+    if (strcmp(a, "--role") == 0)
+        return parse_role(v, o) ? 0 : 2;
+    if (strcmp(a, "--bootstrap") == 0) {
+        if (!parse_text(a, v, sizeof(o->bootstrap) - 1))
+            return 2;
+        snprintf(o->bootstrap, sizeof(o->bootstrap), "%s", v);
+        return 0;
+    }
+    if (strcmp(a, "--json") == 0 || strcmp(a, "--host") == 0 || strcmp(a, "--model") == 0) {
+        if (!parse_text(a, v, 200))
+            return 2;
+        *(a[2] == 'j' ? &o->json : a[2] == 'h' ? &o->host : &w->model) = v;
+        return 0;
+    }
+    fprintf(stderr, "kvbridge: bench: unknown option '%s' (see --help)\n", a);
+    return 2;
+}
+
+static bool resolve_model(bench_opts_t *o, const overrides_t *w)
+{
+    kvb_plan_model_t pm;
+    bool custom = w->layers > 0 || w->kv_heads > 0 || w->head_dim > 0;
+    const char *name = w->model != NULL ? w->model : custom ? NULL : "llama3-8b";
+    memset(&pm, 0, sizeof(pm));
+    pm.dtype_bytes = 2;
+    if (name != NULL && kvb_plan_model_preset(name, &pm) != KVB_OK) {
+        fprintf(stderr, "kvbridge: --model: unknown preset '%s'\n", name);
+        return false;
+    }
+    snprintf(o->m.name, sizeof(o->m.name), "%s%s", name ? name : "custom",
+             name && (custom || w->dtype_bytes > 0 || w->mla) ? "+custom" : "");
+    o->m.layers = w->layers > 0 ? (int)w->layers : (int)pm.num_layers;
+    o->m.kv_heads = w->kv_heads > 0 ? (int)w->kv_heads : (int)pm.kv_heads;
+    o->m.head_dim = w->head_dim > 0 ? (int)w->head_dim : (int)pm.head_dim;
+    o->m.dtype_bytes = w->dtype_bytes > 0 ? (int)w->dtype_bytes : (int)pm.dtype_bytes;
+    o->m.mla = w->mla || pm.attn == KVB_PLAN_MLA;
+    if (o->m.mla)
+        o->m.kv_heads = 1;
+    if (o->m.layers <= 0 || o->m.head_dim <= 0 || o->m.kv_heads <= 0) {
+        fprintf(stderr, "kvbridge: a custom model needs --layers, --head-dim and (MHA) "
+                        "--kv-heads\n");
+        return false;
+    }
+    return true;
+}
+
+static bool tp_fits(const bench_opts_t *o, int tp, const char *opt)
+{
+    int h = o->m.kv_heads;
+    if (o->m.mla || (tp <= h && h % tp == 0) || (tp > h && tp % h == 0))
+        return true;
+    fprintf(stderr, "kvbridge: %s %d does not divide (or is not a multiple of) %d KV heads\n", opt,
+            tp, h);
+    return false;
+}
+
+static bool check(bench_opts_t *o)
+{
+    if (!tp_fits(o, o->ptp, "--prefill-tp") || !tp_fits(o, o->dtp, "--decode-tp"))
+        return false;
+    if (o->m.layers % o->ppp != 0) {
+        fprintf(stderr, "kvbridge: --prefill-pp %d does not divide %d layers\n", o->ppp,
+                o->m.layers);
+        return false;
+    }
+    if (o->ptp * o->ppp * o->dp + o->dtp > BENCH_MAX_RANKS) {
+        fprintf(stderr, "kvbridge: at most %d rank processes\n", BENCH_MAX_RANKS);
+        return false;
+    }
+    bool side = o->role == BENCH_ROLE_PREFILL || o->role == BENCH_ROLE_DECODE;
+    if (side && o->bootstrap[0] == '\0') {
+        fprintf(stderr, "kvbridge: --role prefill|decode needs --bootstrap HOST:PORT\n");
+        return false;
+    }
+    if (o->conc > o->requests)
+        o->conc = o->requests;
+    return true;
+}
+
+int bench_parse(bench_opts_t *o, int argc, char **argv)
+{
+    overrides_t w;
+    defaults(o, &w);
+    for (int i = 1; i < argc; i++) {
+        int rc = parse_one(o, &w, argc, argv, &i);
+        if (rc == 1)
+            usage(stdout);
+        if (rc != 0)
+            return rc;
+    }
+    return resolve_model(o, &w) && check(o) ? 0 : 2;
+}
+
+void bench_rank_geom(const bench_opts_t *o, int tp, int tp_size, int pp, int pp_size,
+                     bench_rank_geom_t *g)
+{
+    const bench_model_t *m = &o->m;
+    memset(g, 0, sizeof(*g));
+    g->tp = tp;
+    g->tp_size = tp_size;
+    g->pp = pp;
+    g->pp_size = pp_size;
+    if (m->mla) {
+        g->local_heads = 1;
+    } else if (tp_size <= m->kv_heads) {
+        g->local_heads = m->kv_heads / tp_size;
+        g->first_head = tp * g->local_heads;
+    } else {
+        g->local_heads = 1;
+        g->first_head = tp * m->kv_heads / tp_size;
+    }
+    g->n_layers = m->layers / pp_size;
+    g->first_layer = pp * g->n_layers;
+    g->n_kv = m->mla ? g->n_layers : 2 * g->n_layers;
+    g->head_bytes = (uint64_t)m->head_dim * (uint64_t)m->dtype_bytes;
+    g->row_bytes = g->head_bytes * (uint64_t)g->local_heads;
+    g->item_len = g->row_bytes * (uint64_t)o->page;
+}
+
+uint64_t bench_pages_per_request(const bench_opts_t *o)
+{
+    return (uint64_t)((o->prompt_len + o->page - 1) / o->page);
+}
+
+static uint64_t side_bytes_per_page(const bench_opts_t *o, bool prefill)
+{
+    uint64_t sum = 0;
+    int tps = prefill ? o->ptp : o->dtp, pps = prefill ? o->ppp : 1;
+    for (int t = 0; t < tps; t++)
+        for (int p = 0; p < pps; p++) {
+            bench_rank_geom_t g;
+            bench_rank_geom(o, t, tps, p, pps, &g);
+            sum += g.item_len * (uint64_t)g.n_kv;
+        }
+    return prefill ? sum * (uint64_t)o->dp : sum;
+}
+
+uint64_t bench_request_bytes(const bench_opts_t *o)
+{
+    return bench_pages_per_request(o) * side_bytes_per_page(o, false) +
+           (uint64_t)o->dtp * BENCH_AUX_ITEM;
+}
+
+static uint64_t pool_pages_for(const bench_opts_t *o, long long wave)
+{
+    uint64_t need = (uint64_t)wave * bench_pages_per_request(o);
+    return need + need / 8 + 8;
+}
+
+long long bench_wave(const bench_opts_t *o)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    double budget = 0.5 * (double)pages * (double)psz;
+    double per_page = (double)(side_bytes_per_page(o, true) + side_bytes_per_page(o, false));
+    long long lo = o->conc < o->requests ? o->conc : o->requests;
+    long long w = 2 * o->conc < o->requests ? 2 * o->conc : o->requests;
+    while (w > lo && (double)pool_pages_for(o, w) * per_page > budget)
+        w--;
+    if ((double)pool_pages_for(o, w) * per_page > budget) {
+        fprintf(stderr,
+                "kvbridge: bench: %lld requests in flight need %.1f GB of KV pools, more "
+                "than half of this machine's memory; lower --concurrency or --prompt-len\n",
+                w, (double)pool_pages_for(o, w) * per_page / 1e9);
+        return 0;
+    }
+    return w;
+}
+
+long long bench_pool_pages(const bench_opts_t *o, long long wave)
+{
+    return (long long)pool_pages_for(o, wave);
+}

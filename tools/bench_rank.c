@@ -1,0 +1,515 @@
+/* `kvbridge bench` child processes: the bootstrap server and one prefill or
+ * decode rank (engine, KV pool registered once by its manager, senders or
+ * receivers), each driven over stdin/stdout (protocol in bench_common.h). */
+#include "bench_common.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tools.h"
+
+enum { R_FREE, R_FILLED, R_BOOT, R_SENDING, R_RECV, R_DONE_OK, R_DONE_FAIL };
+
+typedef struct rroom {
+    uint64_t id;
+    int32_t *pages;
+    uint32_t n;
+    int64_t aux;
+    int state;
+    kvb_sender_h snd;
+    kvb_receiver_h rcv;
+    double deadline, t_first;
+} rroom_t;
+
+typedef struct linebuf {
+    char buf[4096];
+    size_t len;
+    bool eof;
+} linebuf_t;
+
+typedef struct rank {
+    const bench_opts_t *o;
+    bool prefill;
+    bench_pool_t pool;
+    kvb_engine_h eng;
+    kvb_manager_h mgr;
+    rroom_t *rooms;
+    size_t nrooms;
+    bool corrupted;
+} rank_t;
+
+static volatile sig_atomic_t g_stop;
+
+static void on_stop(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+void bench_say(const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof(line) - 2)
+        n = (int)sizeof(line) - 2;
+    for (int i = 0; i < n; i++)
+        if (line[i] == '\n' || line[i] == '\r')
+            line[i] = ' ';
+    line[n++] = '\n';
+    for (int off = 0; off < n;) {
+        ssize_t w = write(1, line + off, (size_t)(n - off));
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        off += (int)w;
+    }
+}
+
+static void child_setup(const bench_opts_t *o)
+{
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGTERM, on_stop);
+    if (o->child) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() == 1)
+            exit(1);
+        signal(SIGINT, SIG_IGN); /* the driver stops us and reports */
+    } else {
+        signal(SIGINT, on_stop);
+    }
+}
+
+/* Wait up to timeout_ns for input and append it; sets eof. */
+static void read_input(linebuf_t *lb, long timeout_ns)
+{
+    struct pollfd pfd = {.fd = 0, .events = POLLIN};
+    struct timespec ts = {timeout_ns / 1000000000L, timeout_ns % 1000000000L};
+    if (lb->eof || ppoll(&pfd, 1, &ts, NULL) <= 0)
+        return;
+    if (lb->len == sizeof(lb->buf)) {
+        lb->len = 0; /* a line longer than the buffer: drop it */
+        return;
+    }
+    ssize_t r = read(0, lb->buf + lb->len, sizeof(lb->buf) - lb->len);
+    if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN))
+        lb->eof = true;
+    else if (r > 0)
+        lb->len += (size_t)r;
+}
+
+static bool next_line(linebuf_t *lb, char *line, size_t cap)
+{
+    char *nl = memchr(lb->buf, '\n', lb->len);
+    if (nl == NULL)
+        return false;
+    size_t n = (size_t)(nl - lb->buf);
+    size_t k = n < cap - 1 ? n : cap - 1;
+    memcpy(line, lb->buf, k);
+    line[k] = '\0';
+    lb->len -= n + 1;
+    memmove(lb->buf, nl + 1, lb->len);
+    return true;
+}
+
+/* ------------------------------------------------------------ bootstrap */
+
+static bool split_hostport(const char *addr, char *host, size_t cap, uint16_t *port_p)
+{
+    const char *colon = strrchr(addr, ':');
+    long long port = 0;
+    if (colon == NULL || !kvb_tool_parse_int("--bootstrap", colon + 1, 0, 65535, &port))
+        return false;
+    size_t n = (size_t)(colon - addr);
+    if (n >= 2 && addr[0] == '[' && addr[n - 1] == ']') {
+        addr++;
+        n -= 2;
+    }
+    if (n == 0 || n >= cap)
+        return false;
+    memcpy(host, addr, n);
+    host[n] = '\0';
+    *port_p = (uint16_t)port;
+    return true;
+}
+
+int bench_run_bootstrap(const bench_opts_t *o, bool child)
+{
+    kvb_bootstrap_server_params_t bp = {0};
+    kvb_bootstrap_server_h srv;
+    char host[128] = "127.0.0.1", line[128];
+    uint16_t port = child ? 0 : 8998;
+    struct stat st;
+    linebuf_t lb = {.len = 0};
+    child_setup(o);
+    if (o->bootstrap[0] != '\0' && !split_hostport(o->bootstrap, host, sizeof(host), &port)) {
+        fprintf(stderr, "kvbridge: --bootstrap: '%s' is not HOST:PORT\n", o->bootstrap);
+        return 2;
+    }
+    bp.field_mask = KVB_BOOTSTRAP_SERVER_PARAM_HOST | KVB_BOOTSTRAP_SERVER_PARAM_PORT;
+    bp.host = host;
+    bp.port = port;
+    if (kvb_bootstrap_server_start(&bp, &srv) != KVB_OK) {
+        bench_say("error bootstrap server on %s:%u did not start", host, (unsigned)port);
+        return 1;
+    }
+    bench_say("ready %s", kvb_bootstrap_server_address(srv));
+    if (!child)
+        fprintf(stderr, "kvbridge bench: bootstrap server on %s (Ctrl-C stops it)\n",
+                kvb_bootstrap_server_address(srv));
+    bool eof_stops = child || (fstat(0, &st) == 0 && S_ISFIFO(st.st_mode));
+    while (!g_stop && !(lb.eof && eof_stops)) {
+        read_input(&lb, lb.eof ? 200000000L : 200000000L);
+        if (lb.eof && !eof_stops)
+            usleep(200000);
+        while (next_line(&lb, line, sizeof(line)))
+            if (strcmp(line, "quit") == 0)
+                g_stop = 1;
+    }
+    kvb_bootstrap_server_stop(srv);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ rank */
+
+static bool rank_manager(rank_t *r)
+{
+    const bench_opts_t *o = r->o;
+    const bench_rank_geom_t *g = &r->pool.g;
+    uint64_t aux_ptr = (uint64_t)(uintptr_t)r->pool.aux;
+    uint64_t aux_len = r->pool.aux_items * BENCH_AUX_ITEM, aux_item = BENCH_AUX_ITEM;
+    kvb_kv_args_t a = {.kv_data_ptrs = r->pool.kv_ptrs,
+                       .kv_data_lens = r->pool.kv_lens,
+                       .num_kv = (uint32_t)g->n_kv,
+                       .kv_item_len = g->item_len,
+                       .aux_data_ptrs = &aux_ptr,
+                       .aux_data_lens = &aux_len,
+                       .aux_item_lens = &aux_item,
+                       .num_aux = 1,
+                       .page_size = (uint32_t)o->page,
+                       .kv_head_num = (uint32_t)g->local_heads,
+                       .engine_rank = g->tp,
+                       .prefill_start_layer = (uint32_t)g->first_layer,
+                       .num_layers_total = (uint32_t)o->m.layers};
+    kvb_manager_params_t mp = {0};
+    mp.field_mask = KVB_MANAGER_PARAM_BOOTSTRAP_ADDR | KVB_MANAGER_PARAM_HOST;
+    mp.mode = r->prefill ? KVB_MODE_PREFILL : KVB_MODE_DECODE;
+    mp.kv_args = &a;
+    mp.engine = r->eng;
+    mp.attn_tp_size = g->tp_size;
+    mp.attn_tp_rank = g->tp;
+    mp.attn_dp_size = r->prefill ? o->dp : 1;
+    mp.attn_dp_rank = r->prefill ? o->dp_rank : 0;
+    mp.pp_size = g->pp_size;
+    mp.pp_rank = g->pp;
+    mp.system_dp_size = 1;
+    mp.is_mla = o->m.mla;
+    mp.bootstrap_addr = o->bootstrap;
+    mp.host = o->host;
+    if (kvb_manager_create(&mp, &r->mgr) != KVB_OK) {
+        bench_say("error manager: %s", kvb_manager_last_error(NULL));
+        return false;
+    }
+    return true;
+}
+
+static bool rank_start(rank_t *r)
+{
+    const bench_opts_t *o = r->o;
+    bench_rank_geom_t g;
+    kvb_engine_params_t ep = {0};
+    if (r->prefill)
+        bench_rank_geom(o, o->tp_rank, o->ptp, o->pp_rank, o->ppp, &g);
+    else
+        bench_rank_geom(o, o->tp_rank, o->dtp, 0, 1, &g);
+    r->nrooms = (size_t)o->wave + 4;
+    r->rooms = calloc(r->nrooms, sizeof(*r->rooms));
+    if (r->rooms == NULL ||
+        !bench_pool_init(&r->pool, &g, (uint64_t)o->pool_pages, (uint64_t)o->wave,
+                         (uint64_t)o->seed * 7919 + (r->prefill ? 0 : 1) + (uint64_t)o->dp_rank)) {
+        bench_say("error cannot allocate a KV pool of %lld pages", o->pool_pages);
+        return false;
+    }
+    ep.field_mask = KVB_ENGINE_PARAM_HOST | KVB_ENGINE_PARAM_TRANSPORT;
+    ep.host = o->host;
+    ep.transport = o->transport;
+    if (kvb_engine_create(&ep, &r->eng) != KVB_OK) {
+        bench_say("error engine on %s did not start", o->host);
+        return false;
+    }
+    return rank_manager(r);
+}
+
+static rroom_t *room_find(rank_t *r, uint64_t id, int state)
+{
+    for (size_t i = 0; i < r->nrooms; i++)
+        if (r->rooms[i].state == state && (state == R_FREE || r->rooms[i].id == id))
+            return &r->rooms[i];
+    return NULL;
+}
+
+static void room_release(rank_t *r, rroom_t *rm)
+{
+    if (rm->snd != NULL)
+        kvb_sender_destroy(rm->snd);
+    if (rm->rcv != NULL)
+        kvb_receiver_destroy(rm->rcv);
+    bench_pages_give(&r->pool, rm->pages, rm->n);
+    free(rm->pages);
+    memset(rm, 0, sizeof(*rm));
+}
+
+static void room_fail(rank_t *r, rroom_t *rm, const char *why)
+{
+    bench_say("fail %" PRIu64 " %s", rm->id, why);
+    if (r->prefill)
+        room_release(r, rm);
+    else
+        rm->state = R_DONE_FAIL;
+}
+
+/* "fill"/"recv": take pages for a new room. */
+static rroom_t *room_new(rank_t *r, uint64_t id, uint32_t n, int64_t aux)
+{
+    rroom_t *rm = room_find(r, 0, R_FREE);
+    if (rm == NULL || (rm->pages = malloc((size_t)n * sizeof(int32_t))) == NULL) {
+        bench_say("fail %" PRIu64 " no free room slot", id);
+        return NULL;
+    }
+    rm->id = id;
+    rm->n = n;
+    rm->aux = aux;
+    if (!bench_pages_take(&r->pool, rm->pages, n)) {
+        free(rm->pages);
+        memset(rm, 0, sizeof(*rm));
+        bench_say("fail %" PRIu64 " KV pool exhausted", id);
+        return NULL;
+    }
+    return rm;
+}
+
+static void cmd_send(rank_t *r, uint64_t id)
+{
+    rroom_t *rm = room_find(r, id, R_FILLED);
+    char why[160];
+    if (rm == NULL) {
+        bench_say("fail %" PRIu64 " send of a room that was not filled", id);
+        return;
+    }
+    kvb_status_t st = kvb_sender_create(r->mgr, r->o->bootstrap, id, &rm->snd);
+    rm->deadline = kvb_tool_now() + r->o->timeout_s;
+    rm->state = R_BOOT;
+    if (st != KVB_OK) {
+        snprintf(why, sizeof(why), "sender_create: %s", kvb_status_string(st));
+        rm->snd = NULL;
+        room_fail(r, rm, why);
+    }
+}
+
+static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux)
+{
+    rroom_t *rm = room_new(r, id, n, aux);
+    char why[160];
+    if (rm == NULL)
+        return;
+    double t = kvb_tool_now();
+    kvb_status_t st = kvb_receiver_create(r->mgr, r->o->bootstrap, id, -1, &rm->rcv);
+    if (st == KVB_OK)
+        st = kvb_receiver_init(rm->rcv, rm->pages, n, aux, NULL);
+    rm->deadline = t + r->o->timeout_s;
+    rm->state = R_RECV;
+    bench_say("inited %" PRIu64 " %.9f", id, t);
+    if (st != KVB_OK) {
+        snprintf(why, sizeof(why), "receiver create/init: %s", kvb_status_string(st));
+        room_fail(r, rm, why);
+    }
+}
+
+static void cmd_verify(rank_t *r, uint64_t id)
+{
+    rroom_t *rm = room_find(r, id, R_DONE_OK);
+    if (rm == NULL) {
+        rm = room_find(r, id, R_DONE_FAIL);
+        bench_say("verified %" PRIu64 " -1", id);
+        if (rm != NULL)
+            room_release(r, rm);
+        return;
+    }
+    if (r->o->corrupt && r->o->tp_rank == 0 && !r->corrupted && rm->n > 0) {
+        /* test hook: one flipped byte must make this request fail */
+        uint8_t *p =
+            (uint8_t *)(uintptr_t)r->pool.kv_ptrs[0] + (uint64_t)rm->pages[0] * r->pool.g.item_len;
+        p[0] ^= 0x5a;
+        r->corrupted = true;
+    }
+    uint64_t bad = bench_verify(&r->pool, r->o->page, id, rm->pages, rm->n, rm->aux);
+    bench_say("verified %" PRIu64 " %" PRIu64, id, bad);
+    room_release(r, rm);
+}
+
+/* The driver gave up on a room (failed elsewhere): abort and free it. */
+static void cmd_drop(rank_t *r, uint64_t id)
+{
+    for (size_t i = 0; i < r->nrooms; i++) {
+        rroom_t *rm = &r->rooms[i];
+        if (rm->state == R_FREE || rm->id != id)
+            continue;
+        if (rm->snd != NULL)
+            kvb_sender_abort(rm->snd);
+        room_release(r, rm);
+    }
+}
+
+static bool handle(rank_t *r, const char *line)
+{
+    uint64_t id = 0;
+    unsigned n = 0;
+    long long aux = 0;
+    if (strcmp(line, "quit") == 0)
+        return false;
+    if (sscanf(line, "fill %" SCNu64 " %u %lld", &id, &n, &aux) == 3 && r->prefill) {
+        rroom_t *rm = room_new(r, id, n, aux);
+        if (rm != NULL) {
+            bench_fill(&r->pool, r->o->page, id, rm->pages, n, aux);
+            rm->state = R_FILLED;
+            bench_say("filled %" PRIu64, id);
+        }
+    } else if (sscanf(line, "send %" SCNu64, &id) == 1 && r->prefill) {
+        cmd_send(r, id);
+    } else if (sscanf(line, "drop %" SCNu64, &id) == 1 && r->prefill) {
+        cmd_drop(r, id);
+    } else if (sscanf(line, "recv %" SCNu64 " %u %lld", &id, &n, &aux) == 3 && !r->prefill) {
+        cmd_recv(r, id, n, aux);
+    } else if (sscanf(line, "verify %" SCNu64, &id) == 1 && !r->prefill) {
+        cmd_verify(r, id);
+    } else {
+        bench_say("error unknown command '%.100s'", line);
+    }
+    return true;
+}
+
+static void send_chunks(rank_t *r, rroom_t *rm)
+{
+    uint64_t per =
+        r->o->chunk > 0 ? (uint64_t)(r->o->chunk + r->o->page - 1) / (uint64_t)r->o->page : rm->n;
+    char why[160];
+    if (per == 0)
+        per = 1;
+    kvb_sender_init(rm->snd, rm->n, rm->aux);
+    rm->t_first = kvb_tool_now();
+    for (uint64_t cur = 0; cur < rm->n; cur += per) {
+        uint64_t len = rm->n - cur < per ? rm->n - cur : per;
+        kvb_status_t st = kvb_sender_send(rm->snd, rm->pages + cur, (size_t)len);
+        if (st != KVB_OK) {
+            snprintf(why, sizeof(why), "sender_send: %s", kvb_status_string(st));
+            room_fail(r, rm, why);
+            return;
+        }
+    }
+    rm->state = R_SENDING;
+}
+
+static void failure_of(rroom_t *rm, kvb_poll_t p, bool timed_out, char *why, size_t cap)
+{
+    char text[128] = "";
+    if (timed_out)
+        snprintf(why, cap, "timed out in %s", kvb_poll_string(p));
+    else if (rm->snd != NULL)
+        kvb_sender_failure(rm->snd, text, sizeof(text));
+    else
+        kvb_receiver_failure(rm->rcv, text, sizeof(text));
+    if (!timed_out)
+        snprintf(why, cap, "%s: %s", rm->snd != NULL ? "sender" : "receiver", text);
+}
+
+static void step_room(rank_t *r, rroom_t *rm, double now)
+{
+    char why[200];
+    kvb_poll_t p = rm->snd != NULL ? kvb_sender_poll(rm->snd) : kvb_receiver_poll(rm->rcv);
+    bool timed_out = now > rm->deadline;
+    if (rm->state == R_BOOT && (p == KVB_POLL_WAITING_FOR_INPUT || p == KVB_POLL_TRANSFERRING)) {
+        send_chunks(r, rm);
+    } else if (p == KVB_POLL_SUCCESS && rm->state == R_SENDING) {
+        bench_say("sent %" PRIu64 " %.9f", rm->id, rm->t_first);
+        room_release(r, rm);
+    } else if (p == KVB_POLL_SUCCESS && rm->state == R_RECV) {
+        bench_say("ok %" PRIu64 " %.9f", rm->id, now);
+        rm->state = R_DONE_OK;
+    } else if (p == KVB_POLL_FAILED || timed_out) {
+        failure_of(rm, p, timed_out, why, sizeof(why));
+        if (timed_out && rm->snd != NULL)
+            kvb_sender_abort(rm->snd);
+        else if (timed_out)
+            kvb_receiver_abort(rm->rcv);
+        room_fail(r, rm, why);
+    }
+}
+
+/* Poll every active room; true when some room is still active. */
+static bool step_all(rank_t *r)
+{
+    bool busy = false;
+    double now = kvb_tool_now();
+    for (size_t i = 0; i < r->nrooms; i++) {
+        rroom_t *rm = &r->rooms[i];
+        if (rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_RECV) {
+            step_room(r, rm, now);
+            busy = busy || rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_RECV;
+        }
+    }
+    return busy;
+}
+
+static void rank_stop(rank_t *r)
+{
+    for (size_t i = 0; r->rooms != NULL && i < r->nrooms; i++)
+        if (r->rooms[i].state != R_FREE)
+            room_release(r, &r->rooms[i]);
+    if (r->mgr != NULL)
+        kvb_manager_destroy(r->mgr);
+    if (r->eng != NULL)
+        kvb_engine_destroy(r->eng);
+    bench_pool_free(&r->pool);
+    free(r->rooms);
+}
+
+int bench_run_rank(const bench_opts_t *o)
+{
+    rank_t r = {.o = o, .prefill = o->role == BENCH_ROLE_PREFILL_RANK};
+    static linebuf_t lb;
+    char line[512];
+    bool busy = false, run = true;
+    child_setup(o);
+    if (o->pool_pages <= 0 || o->wave <= 0 || o->bootstrap[0] == '\0') {
+        bench_say("error rank processes are started by `kvbridge bench`");
+        return 2;
+    }
+    if (!rank_start(&r)) {
+        rank_stop(&r);
+        return 1;
+    }
+    bench_say("ready %s", kvb_manager_endpoint(r.mgr));
+    while (run && !g_stop && !lb.eof) {
+        read_input(&lb, busy ? 50000L : 200000000L);
+        while (run && next_line(&lb, line, sizeof(line)))
+            run = handle(&r, line);
+        busy = step_all(&r);
+    }
+    rank_stop(&r);
+    return 0;
+}

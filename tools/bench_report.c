@@ -1,0 +1,307 @@
+/* `kvbridge bench` yardsticks (memcpy, raw TCP, planner cost), progress and
+ * the report (table, JSON). */
+#include "bench_common.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "eb_util.h"
+#include "tools.h"
+
+#define BASE_REPS 3
+#define BASE_MAX_BYTES ((size_t)1 << 30)
+#define PLAN_SAMPLES 4
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median3(double *v)
+{
+    qsort(v, BASE_REPS, sizeof(*v), cmp_double);
+    return v[BASE_REPS / 2];
+}
+
+/* ------------------------------------------------------------ baselines */
+
+static double memcpy_gbps(uint8_t *dst, const uint8_t *src, size_t buf, uint64_t volume)
+{
+    double t[BASE_REPS];
+    for (int r = 0; r < BASE_REPS; r++) {
+        double t0 = kvb_tool_now();
+        for (uint64_t off = 0; off < volume; off += buf) {
+            size_t n = volume - off < buf ? (size_t)(volume - off) : buf;
+            memcpy(dst, src, n);
+        }
+        t[r] = kvb_tool_now() - t0;
+    }
+    return (double)volume / median3(t) / 1e9;
+}
+
+typedef struct sink_arg {
+    int lfd;
+    void *buf;
+    size_t bytes;
+    int reps;
+} sink_arg_t;
+
+static void *sink_main(void *p)
+{
+    sink_arg_t *a = p;
+    for (int r = 0; r < a->reps; r++)
+        if (!kvb_eb_sink_one(a->lfd, a->buf, a->bytes))
+            break;
+    return NULL;
+}
+
+/* One plain TCP stream of bytes over loopback (the tcp lane's yardstick). */
+static double tcp_gbps(const char *host, uint8_t *dst, const uint8_t *src, size_t bytes)
+{
+    uint16_t port = 0;
+    double t[BASE_REPS];
+    pthread_t th;
+    sink_arg_t a = {.buf = dst, .bytes = bytes, .reps = BASE_REPS};
+    a.lfd = kvb_eb_listen(host, &port);
+    if (a.lfd < 0 || pthread_create(&th, NULL, sink_main, &a) != 0) {
+        if (a.lfd >= 0)
+            close(a.lfd);
+        return 0;
+    }
+    bool ok = true;
+    for (int r = 0; r < BASE_REPS && ok; r++)
+        ok = kvb_eb_send_stream(host, port, src, bytes, &t[r]);
+    if (!ok)
+        shutdown(a.lfd, 2);
+    pthread_join(th, NULL);
+    close(a.lfd);
+    return ok ? (double)bytes / median3(t) / 1e9 : 0;
+}
+
+static void model_of(const bench_opts_t *o, kvb_plan_model_t *pm)
+{
+    pm->name = o->m.name;
+    pm->attn = o->m.mla ? KVB_PLAN_MLA : KVB_PLAN_MHA;
+    pm->num_layers = (uint32_t)o->m.layers;
+    pm->kv_heads = (uint32_t)o->m.kv_heads;
+    pm->head_dim = (uint32_t)o->m.head_dim;
+    pm->dtype_bytes = (uint32_t)o->m.dtype_bytes;
+}
+
+/* Fake, non-overlapping base addresses (the planner does no I/O). */
+static void fake_bases(uint64_t *kv, int n, uint64_t origin)
+{
+    for (int i = 0; i < n; i++)
+        kv[i] = origin + (uint64_t)i * (1ull << 36);
+}
+
+/* Blocks of one request for every (prefill rank, decode rank) pair of one
+ * PP stage; false on a planner error. */
+static bool plan_stage(const bench_opts_t *o, int pp, const int32_t *src, const int32_t *dst,
+                       uint32_t n, kvb_plan_blocks_t *out, double *secs)
+{
+    kvb_plan_model_t pm;
+    kvb_plan_layout_t pl, dl;
+    kvb_plan_h plan;
+    uint64_t skv[2 * 1024], dkv[2 * 1024];
+    model_of(o, &pm);
+    kvb_plan_layout_from_model(&pm, (uint32_t)o->ptp, 0, (uint32_t)o->ppp, (uint32_t)pp,
+                               (uint32_t)o->page, &pl);
+    kvb_plan_layout_from_model(&pm, (uint32_t)o->dtp, 0, 1, 0, (uint32_t)o->page, &dl);
+    if (kvb_plan_create(&pl, &dl, &plan) != KVB_OK)
+        return false;
+    fake_bases(skv, 2 * o->m.layers, 1ull << 44);
+    fake_bases(dkv, 2 * o->m.layers, 1ull << 46);
+    kvb_plan_buffers_t sb = {.kv = skv}, db = {.kv = dkv};
+    kvb_plan_chunk_t ch = {.src_pages = src, .dst_pages = dst, .num_pages = n};
+    bool ok = true;
+    double t0 = kvb_tool_now();
+    for (int d = 0; d < o->dtp && ok; d++) {
+        kvb_plan_route_t rt;
+        ok = kvb_plan_route(plan, (uint32_t)d, &rt) == KVB_OK;
+        for (uint32_t s = 0; ok && s < rt.num_sources; s++) {
+            out->count = 0;
+            if (!rt.sources[s].dummy)
+                ok = kvb_plan_blocks(plan, rt.sources[s].prefill_rank, (uint32_t)d, &sb, &db, &ch,
+                                     out) == KVB_OK;
+        }
+    }
+    *secs += kvb_tool_now() - t0;
+    kvb_plan_destroy(plan);
+    return ok;
+}
+
+static double plan_us(const bench_opts_t *o)
+{
+    uint32_t n = (uint32_t)bench_pages_per_request(o);
+    uint32_t *perm = malloc((size_t)n * 4 * sizeof(uint32_t));
+    int32_t *src = malloc((size_t)n * sizeof(int32_t)), *dst = malloc((size_t)n * sizeof(int32_t));
+    kvb_plan_blocks_t out;
+    double secs = 0;
+    bool ok = perm && src && dst && o->m.layers <= 1024;
+    kvb_plan_blocks_init(&out);
+    for (int s = 0; ok && s < PLAN_SAMPLES; s++) {
+        kvb_eb_permute(perm, (size_t)n * 4, (uint64_t)s + 1);
+        for (uint32_t i = 0; i < n; i++) {
+            src[i] = (int32_t)perm[i];
+            dst[i] = (int32_t)perm[n * 4 - 1 - i];
+        }
+        for (int p = 0; ok && p < o->ppp; p++)
+            ok = plan_stage(o, p, src, dst, n, &out, &secs);
+    }
+    if (!ok && perm && src && dst)
+        fprintf(stderr, "kvbridge: bench: planner: %s\n", kvb_plan_last_error());
+    kvb_plan_blocks_free(&out);
+    free(perm);
+    free(src);
+    free(dst);
+    return ok ? secs / PLAN_SAMPLES * 1e6 : -1;
+}
+
+void bench_baselines(const bench_opts_t *o, bench_report_t *rep)
+{
+    uint64_t volume = bench_request_bytes(o);
+    size_t buf = volume < BASE_MAX_BYTES ? (size_t)volume : BASE_MAX_BYTES;
+    uint8_t *a = kvb_eb_alloc(buf), *b = kvb_eb_alloc(buf);
+    rep->plan_us = plan_us(o);
+    if (a == NULL || b == NULL) {
+        fprintf(stderr, "kvbridge: bench: no memory for the memcpy baseline\n");
+    } else {
+        kvb_eb_fill(a, buf & ~(size_t)7, 42);
+        rep->memcpy_gbps = memcpy_gbps(b, a, buf, volume);
+        if (o->transport == KVB_TRANSPORT_TCP && o->role == BENCH_ROLE_ALL)
+            rep->tcp_gbps = tcp_gbps(o->host, b, a, buf);
+    }
+    kvb_eb_free(a, buf);
+    kvb_eb_free(b, buf);
+}
+
+/* ------------------------------------------------------------- progress */
+
+static double rate(const bench_report_t *r)
+{
+    return r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0;
+}
+
+void bench_progress(const bench_opts_t *o, bench_report_t *rep, bool final)
+{
+    double now = kvb_tool_now();
+    bool tty = isatty(2);
+    if (!o->progress || (!final && now - rep->last_progress < (tty ? 0.1 : 1.0)))
+        return;
+    rep->last_progress = now;
+    if (!tty) {
+        fprintf(stderr, "bench: %lld/%lld requests, %.2f GB, %.2f GB/s\n", rep->done, rep->requests,
+                (double)rep->bytes / 1e9, rate(rep));
+        return;
+    }
+    char bar[31];
+    int fill = rep->requests > 0 ? (int)(30 * rep->done / rep->requests) : 30;
+    for (int i = 0; i < 30; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[30] = '\0';
+    fprintf(stderr, "\r[%s] %lld/%lld requests  %.2f GB  %.2f GB/s%s", bar, rep->done,
+            rep->requests, (double)rep->bytes / 1e9, rate(rep), final ? "\n" : "");
+}
+
+/* --------------------------------------------------------------- report */
+
+static double pct(const bench_report_t *r, double p)
+{
+    if (r->nlat == 0)
+        return 0;
+    double *v = malloc((size_t)r->nlat * sizeof(double));
+    if (v == NULL)
+        return 0;
+    memcpy(v, r->lat_ms, (size_t)r->nlat * sizeof(double));
+    qsort(v, (size_t)r->nlat, sizeof(double), cmp_double);
+    size_t i = (size_t)ceil(p / 100.0 * (double)r->nlat);
+    double x = v[i > 0 ? i - 1 : 0];
+    free(v);
+    return x;
+}
+
+static void print_table(const bench_opts_t *o, const bench_report_t *r)
+{
+    double g = rate(r);
+    printf("\nkvbridge bench: %s, prefill TP%d PP%d DP%d -> decode TP%d, transport %s%s\n",
+           o->m.name, o->ptp, o->ppp, o->dp, o->dtp, bench_transport_name(o->transport),
+           r->interrupted ? " (interrupted: partial)" : "");
+    printf("  %-22s %lld x %lld tokens (page %d, chunk %lld), %lld in flight\n", "requests",
+           r->requests, o->prompt_len, o->page, o->chunk > 0 ? o->chunk : o->prompt_len, o->conc);
+    printf("  %-22s %lld verified, %lld failed, %lld not run\n", "result", r->verified, r->failed,
+           r->requests - r->verified - r->failed);
+    printf("  %-22s %.3f GB in %.3f s\n", "bytes moved", (double)r->bytes / 1e9, r->seconds);
+    printf("  %-22s %.2f GB/s\n", "throughput", g);
+    printf("  %-22s %.2f GB/s (ratio %.2f)\n", "memcpy, same volume", r->memcpy_gbps,
+           r->memcpy_gbps > 0 ? g / r->memcpy_gbps : 0);
+    if (o->transport == KVB_TRANSPORT_TCP)
+        printf("  %-22s %.2f GB/s (ratio %.2f)\n", "raw TCP loopback", r->tcp_gbps,
+               r->tcp_gbps > 0 ? g / r->tcp_gbps : 0);
+    printf("  %-22s p50 %.2f  p90 %.2f  p99 %.2f\n", "latency ms", pct(r, 50), pct(r, 90),
+           pct(r, 99));
+    printf("  %-22s %.1f us per request\n", "planner", r->plan_us);
+    fflush(stdout);
+}
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", (unsigned)(unsigned char)*s);
+        else
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static bool write_json(const bench_opts_t *o, const bench_report_t *r)
+{
+    FILE *f = fopen(o->json, "w");
+    double g = rate(r);
+    if (f == NULL) {
+        fprintf(stderr, "kvbridge: bench: cannot write %s\n", o->json);
+        return false;
+    }
+    fprintf(f, "{\"model\": ");
+    json_str(f, o->m.name);
+    fprintf(f,
+            ", \"prefill_tp\": %d, \"decode_tp\": %d, \"prefill_pp\": %d, \"dp\": %d, "
+            "\"transport\": \"%s\", \"requests\": %lld, \"verified_requests\": %lld, "
+            "\"failed_requests\": %lld, \"bytes\": %llu, \"seconds\": %.6f, \"gbps\": %.4f, "
+            "\"memcpy_gbps\": %.4f, \"ratio\": %.4f, ",
+            o->ptp, o->dtp, o->ppp, o->dp, bench_transport_name(o->transport), r->requests,
+            r->verified, r->failed, (unsigned long long)r->bytes, r->seconds, g, r->memcpy_gbps,
+            r->memcpy_gbps > 0 ? g / r->memcpy_gbps : 0);
+    if (o->transport == KVB_TRANSPORT_TCP)
+        fprintf(f, "\"tcp_gbps\": %.4f, ", r->tcp_gbps);
+    fprintf(f,
+            "\"latency_ms\": {\"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f}, "
+            "\"plan_us_per_request\": %.2f, \"prompt_len\": %lld, \"page_size\": %d, "
+            "\"concurrency\": %lld, \"interrupted\": %s, \"failures\": [",
+            pct(r, 50), pct(r, 90), pct(r, 99), r->plan_us, o->prompt_len, o->page, o->conc,
+            r->interrupted ? "true" : "false");
+    for (int i = 0; i < r->nfails; i++) {
+        fprintf(f, i ? ", " : "");
+        json_str(f, r->fails[i]);
+    }
+    fprintf(f, "]}\n");
+    return fclose(f) == 0;
+}
+
+bool bench_report_print(const bench_opts_t *o, bench_report_t *rep)
+{
+    print_table(o, rep);
+    for (int i = 0; i < rep->nfails; i++)
+        fprintf(stderr, "kvbridge bench: failed: %s\n", rep->fails[i]);
+    return o->json == NULL || write_json(o, rep);
+}
