@@ -1,0 +1,541 @@
+"""Loading libkvbridge.so, its prototypes, errors and argument checks.
+
+The library is looked up, in order: the path in KVBRIDGE_LIB; a
+libkvbridge.so next to this package; build/libkvbridge.so of the source tree
+this package sits in (python/kvbridge → ../../build); the system library path
+(ctypes.util.find_library, then the bare soname). It is loaded once, on first
+use, with ctypes.CDLL: every foreign call releases the GIL.
+"""
+
+import atexit
+import ctypes
+import ctypes.util
+import operator
+import os
+import threading
+import weakref
+
+__all__ = []
+
+# ---------------------------------------------------------------- statuses
+
+KVB_OK = 0
+KVB_ERR_INVALID = -1
+KVB_ERR_NOMEM = -2
+KVB_ERR_BOUNDS = -3
+KVB_ERR_OVERLAP = -4
+KVB_ERR_NOT_FOUND = -5
+KVB_ERR_TIMEOUT = -6
+KVB_ERR_PEER = -7
+KVB_ERR_PROTO = -8
+KVB_ERR_CANCELED = -9
+KVB_ERR_IO = -10
+KVB_ERR_INPROGRESS = -11
+KVB_ERR_AUTH = -12
+KVB_ERR_STATE = -13
+KVB_ERR_UNSUPPORTED = -14
+
+STATUS_NAMES = {
+    KVB_OK: "KVB_OK",
+    KVB_ERR_INVALID: "KVB_ERR_INVALID",
+    KVB_ERR_NOMEM: "KVB_ERR_NOMEM",
+    KVB_ERR_BOUNDS: "KVB_ERR_BOUNDS",
+    KVB_ERR_OVERLAP: "KVB_ERR_OVERLAP",
+    KVB_ERR_NOT_FOUND: "KVB_ERR_NOT_FOUND",
+    KVB_ERR_TIMEOUT: "KVB_ERR_TIMEOUT",
+    KVB_ERR_PEER: "KVB_ERR_PEER",
+    KVB_ERR_PROTO: "KVB_ERR_PROTO",
+    KVB_ERR_CANCELED: "KVB_ERR_CANCELED",
+    KVB_ERR_IO: "KVB_ERR_IO",
+    KVB_ERR_INPROGRESS: "KVB_ERR_INPROGRESS",
+    KVB_ERR_AUTH: "KVB_ERR_AUTH",
+    KVB_ERR_STATE: "KVB_ERR_STATE",
+    KVB_ERR_UNSUPPORTED: "KVB_ERR_UNSUPPORTED",
+}
+
+
+class KVBridgeError(RuntimeError):
+    """A kvbridge C call failed. `status` is the negative kvb_status_t, `message`
+    the library's detailed text (kvb_*_last_error) when it gave one."""
+
+    def __init__(self, status, message):
+        self.status = int(status)
+        self.message = message
+        super().__init__(f"{message} [{STATUS_NAMES.get(self.status, self.status)}]")
+
+
+class InvalidArgument(ValueError, TypeError):
+    """A bad argument caught before any C call: wrong type, out of range,
+    inconsistent lengths. A ValueError (and a TypeError, for wrong types)."""
+
+
+# ---------------------------------------------------------------- structs
+
+c_u64_p = ctypes.POINTER(ctypes.c_uint64)
+c_i32_p = ctypes.POINTER(ctypes.c_int32)
+
+
+class EngineParams(ctypes.Structure):
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("host", ctypes.c_char_p),
+        ("port", ctypes.c_uint16),
+        ("transport", ctypes.c_int),
+        ("connect_timeout_s", ctypes.c_double),
+        ("peer_timeout_s", ctypes.c_double),
+        ("am_chunk_bytes", ctypes.c_size_t),
+    ]
+
+
+ENGINE_PARAM_HOST = 1 << 0
+ENGINE_PARAM_PORT = 1 << 1
+ENGINE_PARAM_TRANSPORT = 1 << 2
+ENGINE_PARAM_CONNECT_TIMEOUT = 1 << 3
+ENGINE_PARAM_PEER_TIMEOUT = 1 << 4
+ENGINE_PARAM_AM_CHUNK = 1 << 5
+
+TRANSPORTS = {"auto": 0, "tcp": 1, "shm": 2}
+
+
+class MemRegion(ctypes.Structure):
+    _fields_ = [("addr", ctypes.c_void_p), ("length", ctypes.c_size_t), ("mem_type", ctypes.c_int)]
+
+
+class Block(ctypes.Structure):
+    _fields_ = [("src", ctypes.c_uint64), ("dst", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class KVArgsC(ctypes.Structure):
+    _fields_ = [
+        ("kv_data_ptrs", c_u64_p),
+        ("kv_data_lens", c_u64_p),
+        ("num_kv", ctypes.c_uint32),
+        ("kv_item_len", ctypes.c_uint64),
+        ("aux_data_ptrs", c_u64_p),
+        ("aux_data_lens", c_u64_p),
+        ("aux_item_lens", c_u64_p),
+        ("num_aux", ctypes.c_uint32),
+        ("state_data_ptrs", c_u64_p),
+        ("state_data_lens", c_u64_p),
+        ("state_item_lens", c_u64_p),
+        ("num_state", ctypes.c_uint32),
+        ("page_size", ctypes.c_uint32),
+        ("kv_head_num", ctypes.c_uint32),
+        ("engine_rank", ctypes.c_int32),
+        ("prefill_start_layer", ctypes.c_uint32),
+        ("num_layers_total", ctypes.c_uint32),
+    ]
+
+
+MANAGER_PARAM_BOOTSTRAP_ADDR = 1 << 0
+MANAGER_PARAM_HOST = 1 << 1
+MANAGER_PARAM_BOOTSTRAP_TIMEOUT = 1 << 2
+MANAGER_PARAM_WAITING_TIMEOUT = 1 << 3
+MANAGER_PARAM_HEARTBEAT = 1 << 4
+MANAGER_PARAM_THREADS = 1 << 5
+MANAGER_PARAM_ROOM_TTL = 1 << 6
+
+
+class ManagerParams(ctypes.Structure):
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("mode", ctypes.c_int),
+        ("kv_args", ctypes.POINTER(KVArgsC)),
+        ("engine", ctypes.c_void_p),
+        ("attn_tp_size", ctypes.c_int32),
+        ("attn_tp_rank", ctypes.c_int32),
+        ("attn_dp_size", ctypes.c_int32),
+        ("attn_dp_rank", ctypes.c_int32),
+        ("pp_size", ctypes.c_int32),
+        ("pp_rank", ctypes.c_int32),
+        ("system_dp_size", ctypes.c_int32),
+        ("system_dp_rank", ctypes.c_int32),
+        ("is_mla", ctypes.c_int),
+        ("bootstrap_addr", ctypes.c_char_p),
+        ("host", ctypes.c_char_p),
+        ("bootstrap_timeout_s", ctypes.c_double),
+        ("waiting_timeout_s", ctypes.c_double),
+        ("heartbeat_interval_s", ctypes.c_double),
+        ("heartbeat_max_failures", ctypes.c_int),
+        ("transfer_threads", ctypes.c_int),
+        ("transfer_queues", ctypes.c_int),
+        ("room_ttl_s", ctypes.c_double),
+    ]
+
+
+class ManagerStats(ctypes.Structure):
+    _fields_ = [
+        ("bad_messages", ctypes.c_uint64),
+        ("rooms", ctypes.c_uint64),
+        ("transfers_failed", ctypes.c_uint64),
+    ]
+
+
+RECV_INIT_STATE = 1 << 0
+RECV_INIT_PREFIX = 1 << 1
+RECV_INIT_MASK = 1 << 2
+
+
+class ReceiverInit(ctypes.Structure):
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("state_indices", c_i32_p),
+        ("num_state_indices", ctypes.c_size_t),
+        ("prefix_tokens", ctypes.c_uint64),
+        ("page_mask", ctypes.POINTER(ctypes.c_uint8)),
+    ]
+
+
+BOOT_PARAM_HOST = 1 << 0
+BOOT_PARAM_PORT = 1 << 1
+BOOT_PARAM_TOKEN = 1 << 2
+BOOT_PARAM_AUTH_READS = 1 << 3
+BOOT_PARAM_THREADS = 1 << 4
+BOOT_PARAM_CONN_TIMEOUT = 1 << 5
+
+
+class BootstrapServerParams(ctypes.Structure):
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("host", ctypes.c_char_p),
+        ("port", ctypes.c_uint16),
+        ("token", ctypes.c_char_p),
+        ("auth_reads", ctypes.c_int),
+        ("threads", ctypes.c_uint),
+        ("conn_timeout_s", ctypes.c_double),
+    ]
+
+
+# ---------------------------------------------------------------- loading
+
+_P = ctypes.c_void_p
+_S = ctypes.c_int  # kvb_status_t
+_PROTOTYPES = {
+    "kvb_status_string": (ctypes.c_char_p, [_S]),
+    "kvb_version": (ctypes.c_char_p, []),
+    "kvb_log_set_level": (None, [ctypes.c_int]),
+    "kvb_log_get_level": (ctypes.c_int, []),
+    # engine
+    "kvb_engine_create": (_S, [ctypes.POINTER(EngineParams), ctypes.POINTER(_P)]),
+    "kvb_engine_destroy": (None, [_P]),
+    "kvb_engine_session_id": (ctypes.c_char_p, [_P]),
+    "kvb_engine_transport": (ctypes.c_int, [_P]),
+    "kvb_engine_last_error": (ctypes.c_char_p, [_P]),
+    "kvb_engine_register": (_S, [_P, _P, ctypes.c_size_t, ctypes.c_int]),
+    "kvb_engine_register_batch": (_S, [_P, ctypes.POINTER(MemRegion), ctypes.c_size_t]),
+    "kvb_engine_unregister": (_S, [_P, _P]),
+    "kvb_engine_unregister_batch": (_S, [_P, ctypes.POINTER(_P), ctypes.c_size_t]),
+    "kvb_engine_write": (_S, [_P, ctypes.c_char_p, ctypes.POINTER(Block), ctypes.c_size_t,
+                              ctypes.c_double]),
+    "kvb_engine_write_async": (_S, [_P, ctypes.c_char_p, ctypes.POINTER(Block), ctypes.c_size_t,
+                                    ctypes.POINTER(_P)]),
+    "kvb_xfer_test": (_S, [_P]),
+    "kvb_xfer_wait": (_S, [_P, ctypes.c_double]),
+    "kvb_xfer_cancel": (_S, [_P]),
+    "kvb_xfer_error": (ctypes.c_char_p, [_P]),
+    "kvb_xfer_free": (None, [_P]),
+    # bootstrap server
+    "kvb_bootstrap_server_start": (_S, [ctypes.POINTER(BootstrapServerParams), ctypes.POINTER(_P)]),
+    "kvb_bootstrap_server_stop": (None, [_P]),
+    "kvb_bootstrap_server_port": (ctypes.c_uint16, [_P]),
+    "kvb_bootstrap_server_address": (ctypes.c_char_p, [_P]),
+    "kvb_bootstrap_server_num_ranks": (ctypes.c_size_t, [_P]),
+    # connector
+    "kvb_poll_string": (ctypes.c_char_p, [ctypes.c_int]),
+    "kvb_manager_create": (_S, [ctypes.POINTER(ManagerParams), ctypes.POINTER(_P)]),
+    "kvb_manager_destroy": (None, [_P]),
+    "kvb_manager_last_error": (ctypes.c_char_p, [_P]),
+    "kvb_manager_endpoint": (ctypes.c_char_p, [_P]),
+    "kvb_manager_stats": (None, [_P, ctypes.POINTER(ManagerStats)]),
+    "kvb_sender_create": (_S, [_P, ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(_P)]),
+    "kvb_sender_init": (_S, [_P, ctypes.c_uint64, ctypes.c_int64]),
+    "kvb_sender_send": (_S, [_P, c_i32_p, ctypes.c_size_t]),
+    "kvb_sender_poll": (ctypes.c_int, [_P]),
+    "kvb_sender_abort": (None, [_P]),
+    "kvb_sender_failure": (None, [_P, ctypes.c_char_p, ctypes.c_size_t]),
+    "kvb_sender_destroy": (None, [_P]),
+    "kvb_receiver_create": (_S, [_P, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int32,
+                                 ctypes.POINTER(_P)]),
+    "kvb_receiver_init": (_S, [_P, c_i32_p, ctypes.c_size_t, ctypes.c_int64,
+                               ctypes.POINTER(ReceiverInit)]),
+    "kvb_receiver_poll": (ctypes.c_int, [_P]),
+    "kvb_receiver_abort": (None, [_P]),
+    "kvb_receiver_failure": (None, [_P, ctypes.c_char_p, ctypes.c_size_t]),
+    "kvb_receiver_destroy": (None, [_P]),
+}
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _candidates():
+    env = os.environ.get("KVBRIDGE_LIB")
+    if env:
+        return [env], True
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = [os.path.join(here, "libkvbridge.so")]
+    tree = os.path.join(os.path.dirname(os.path.dirname(here)), "build", "libkvbridge.so")
+    out.append(tree)
+    found = ctypes.util.find_library("kvbridge")
+    if found:
+        out.append(found)
+    out.append("libkvbridge.so")
+    return out, False
+
+
+def load_library(path=None):
+    """Load libkvbridge.so (once per process) and return the ctypes handle.
+    `path` overrides the search; a different path after loading is an error."""
+    global _lib, _lib_path
+    with _lock:
+        if _lib is not None:
+            if path is not None and os.path.abspath(path) != os.path.abspath(_lib_path):
+                raise RuntimeError(f"kvbridge: library already loaded from {_lib_path}")
+            return _lib
+        if path is not None:
+            cands, explicit = [path], True
+        else:
+            cands, explicit = _candidates()
+        errors = []
+        for c in cands:
+            # A bare soname goes to the dynamic loader; a path must exist.
+            if os.sep in c and not os.path.exists(c):
+                if explicit:
+                    errors.append(f"{c}: no such file")
+                continue
+            try:
+                lib = ctypes.CDLL(c)
+            except OSError as e:
+                errors.append(f"{c}: {e}")
+                continue
+            try:
+                for name, (res, args) in _PROTOTYPES.items():
+                    fn = getattr(lib, name)
+                    fn.restype = res
+                    fn.argtypes = args
+            except AttributeError as e:
+                errors.append(f"{c}: not a compatible libkvbridge ({e})")
+                continue
+            _lib, _lib_path = lib, c
+            return lib
+        how = "KVBRIDGE_LIB" if explicit else "search (package dir, source build/, system path)"
+        raise OSError(f"kvbridge: cannot load libkvbridge.so via {how}: " + "; ".join(errors))
+
+
+def lib():
+    return _lib if _lib is not None else load_library()
+
+
+def library_path():
+    """The path the library was loaded from (loads it if needed)."""
+    lib()
+    return _lib_path
+
+
+def text(b):
+    return b.decode("utf-8", "replace") if b else ""
+
+
+def status_string(st):
+    return text(lib().kvb_status_string(int(st)))
+
+
+def raise_status(st, detail=""):
+    """Raise KVBridgeError for a failed status with the best message we have."""
+    msg = detail or status_string(st)
+    raise KVBridgeError(st, msg)
+
+
+# ---------------------------------------------------------------- guards
+
+class Guard:
+    """Life of one C handle shared by threads: calls enter/leave it, close()
+    marks it closed (later calls raise RuntimeError) and waits until the calls
+    in progress have left, so the handle is never freed under a running call.
+    No Python lock is held while C runs."""
+
+    def __init__(self, what):
+        self.what = what
+        self._cv = threading.Condition(threading.Lock())
+        self._users = 0
+        self.closed = False
+
+    def __enter__(self):
+        with self._cv:
+            if self.closed:
+                raise RuntimeError(f"{self.what} is closed")
+            self._users += 1
+        return self
+
+    def __exit__(self, *exc):
+        with self._cv:
+            self._users -= 1
+            if self._users == 0:
+                self._cv.notify_all()
+        return False
+
+    def close(self):
+        """True for the caller that closed it (it then frees the handle)."""
+        with self._cv:
+            if self.closed:
+                return False
+            self.closed = True
+            while self._users:
+                self._cv.wait(0.1)
+        return True
+
+
+_live = weakref.WeakKeyDictionary()
+_live_lock = threading.Lock()
+
+
+def track(obj, order):
+    """Remember an open object; at exit (before modules are torn down) open
+    objects are closed by order: managers (0), engines (1), servers (2)."""
+    with _live_lock:
+        _live[obj] = order
+
+
+@atexit.register
+def _close_all():
+    with _live_lock:
+        objs = sorted(_live.items(), key=lambda kv: kv[1])
+    for o, _ in objs:
+        try:
+            o.close()
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------- arguments
+
+U64_MAX = (1 << 64) - 1
+
+
+def as_int(v, name, lo=None, hi=None):
+    if isinstance(v, bool):
+        raise InvalidArgument(f"{name} must be an integer, not bool")
+    try:
+        i = operator.index(v)
+    except TypeError:
+        raise InvalidArgument(f"{name} must be an integer, not {type(v).__name__}") from None
+    if lo is not None and i < lo:
+        raise InvalidArgument(f"{name} must be >= {lo}, got {i}")
+    if hi is not None and i > hi:
+        raise InvalidArgument(f"{name} must be <= {hi}, got {i}")
+    return i
+
+
+def as_float(v, name, lo=None):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+        raise InvalidArgument(f"{name} must be a number, not {type(v).__name__}")
+    f = float(v)
+    if f != f:
+        raise InvalidArgument(f"{name} must not be NaN")
+    if lo is not None and f < lo:
+        raise InvalidArgument(f"{name} must be >= {lo}, got {f}")
+    return f
+
+
+def as_str(v, name, allow_none=False):
+    if v is None and allow_none:
+        return None
+    if not isinstance(v, str):
+        raise InvalidArgument(f"{name} must be a str, not {type(v).__name__}")
+    if "\0" in v:
+        raise InvalidArgument(f"{name} must not contain NUL")
+    return v
+
+
+def int_list(v, name, lo=0, hi=U64_MAX):
+    if v is None:
+        return []
+    if isinstance(v, (str, bytes)):
+        raise InvalidArgument(f"{name} must be a sequence of integers")
+    try:
+        items = list(v)
+    except TypeError:
+        raise InvalidArgument(f"{name} must be a sequence of integers, "
+                              f"not {type(v).__name__}") from None
+    return [as_int(x, f"{name}[{i}]", lo, hi) for i, x in enumerate(items)]
+
+
+def u64_array(values):
+    return (ctypes.c_uint64 * max(len(values), 1))(*values)
+
+
+_INT4_FORMATS = {"i", "I", "l", "L"}
+
+
+def index_array(obj, name, allow_none=False):
+    """Page indices as a ctypes int32 array (a copy) and its length.
+
+    Accepts numpy integer arrays (int32 as the seeds pass them; other integer
+    dtypes are converted when every value fits), any 1-D buffer with 4-byte
+    integer items, or a sequence of ints. Values must be in [0, 2**31)."""
+    if obj is None:
+        if allow_none:
+            return None, 0
+        raise InvalidArgument(f"{name} is required")
+    if isinstance(obj, (str, bytes, bytearray, float)) or isinstance(obj, bool):
+        raise InvalidArgument(f"{name} must be an int32 index array, not {type(obj).__name__}")
+    np = _numpy()
+    if np is not None and isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in "iu":
+            raise InvalidArgument(f"{name} must have an integer dtype, not {obj.dtype}")
+        if obj.ndim != 1:
+            raise InvalidArgument(f"{name} must be 1-D, got shape {obj.shape}")
+        if obj.size and (int(obj.min()) < 0 or int(obj.max()) > 0x7FFFFFFF):
+            raise InvalidArgument(f"{name} values must be in [0, 2**31)")
+        a = np.ascontiguousarray(obj, dtype=np.int32)
+        n = int(a.shape[0])
+        arr = (ctypes.c_int32 * max(n, 1))()
+        if n:
+            ctypes.memmove(arr, a.ctypes.data, n * 4)
+        return arr, n
+    mv = None
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        pass
+    if mv is not None:
+        with mv:
+            fmt = mv.format.lstrip("@=<>!")
+            if mv.itemsize != 4 or fmt not in _INT4_FORMATS:
+                raise InvalidArgument(f"{name}: buffer items must be 4-byte integers "
+                                      f"(format {mv.format!r}, itemsize {mv.itemsize})")
+            if mv.ndim > 1:
+                raise InvalidArgument(f"{name} must be 1-D, got shape {mv.shape}")
+            if mv.format[:1] in "<>!" and mv.format[:1] != ("<" if _little() else ">"):
+                raise InvalidArgument(f"{name}: non-native byte order")
+            n = mv.nbytes // 4
+            arr = (ctypes.c_int32 * max(n, 1)).from_buffer_copy(mv.tobytes() or b"\0\0\0\0")
+        if fmt in ("I", "L"):
+            vals = [x for x in arr[:n] if x < 0]
+            if vals:
+                raise InvalidArgument(f"{name} values must be in [0, 2**31)")
+        elif n and min(arr[:n]) < 0:
+            raise InvalidArgument(f"{name} values must be in [0, 2**31)")
+        return arr, n
+    vals = int_list(obj, name, 0, 0x7FFFFFFF)
+    return (ctypes.c_int32 * max(len(vals), 1))(*vals), len(vals)
+
+
+def _little():
+    import sys
+    return sys.byteorder == "little"
+
+
+_np = False
+
+
+def _numpy():
+    global _np
+    if _np is False:
+        try:
+            import numpy
+            _np = numpy
+        except ImportError:
+            _np = None
+    return _np

@@ -1,0 +1,272 @@
+"""TransferEngine: the seeds' MooncakeTransferEngine over kvb_engine_*."""
+
+import ctypes
+import threading
+import time
+import weakref
+
+from . import _lib as L
+from ._lib import InvalidArgument, KVBridgeError
+
+__all__ = ["TransferEngine", "TransferHandle"]
+
+
+def _blocks(src_ptrs, dst_ptrs, lengths):
+    src = L.int_list(src_ptrs, "src_ptrs")
+    dst = L.int_list(dst_ptrs, "dst_ptrs")
+    lens = L.int_list(lengths, "lengths")
+    if not (len(src) == len(dst) == len(lens)):
+        raise InvalidArgument(f"src_ptrs, dst_ptrs and lengths differ in length "
+                              f"({len(src)}, {len(dst)}, {len(lens)})")
+    if not src:
+        raise InvalidArgument("a batch needs at least one block")
+    arr = (L.Block * len(src))()
+    for i, (s, d, n) in enumerate(zip(src, dst, lens)):
+        arr[i].src, arr[i].dst, arr[i].len = s, d, n
+    return arr, len(src)
+
+
+class TransferEngine:
+    """One kvbridge engine: registered memory and one-sided batched writes into
+    memory peers registered.
+
+    TransferEngine(host="127.0.0.1", port=0, transport="auto") listens on
+    host:port (0 = ephemeral). transport: "auto", "tcp" or "shm".
+    Thread-safe; close() (or the with-block's end) waits for calls in progress,
+    closes the managers using this engine, then frees it."""
+
+    def __init__(self, host="127.0.0.1", port=0, transport="auto", *, connect_timeout=None,
+                 peer_timeout=None):
+        host = L.as_str(host, "host")
+        port = L.as_int(port, "port", 0, 65535)
+        transport = L.as_str(transport, "transport")
+        if transport not in L.TRANSPORTS:
+            raise InvalidArgument(f"transport must be one of {sorted(L.TRANSPORTS)}, "
+                                  f"got {transport!r}")
+        p = L.EngineParams()
+        self._host_b = host.encode()
+        p.host = self._host_b
+        p.port = port
+        p.transport = L.TRANSPORTS[transport]
+        p.field_mask = L.ENGINE_PARAM_HOST | L.ENGINE_PARAM_PORT | L.ENGINE_PARAM_TRANSPORT
+        if connect_timeout is not None:
+            p.connect_timeout_s = L.as_float(connect_timeout, "connect_timeout", 0.001)
+            p.field_mask |= L.ENGINE_PARAM_CONNECT_TIMEOUT
+        if peer_timeout is not None:
+            p.peer_timeout_s = L.as_float(peer_timeout, "peer_timeout", 0.001)
+            p.field_mask |= L.ENGINE_PARAM_PEER_TIMEOUT
+        self._guard = L.Guard("TransferEngine")
+        self._h = None
+        self._users = weakref.WeakSet()  # managers built on this engine
+        self._users_lock = threading.Lock()
+        lib = L.lib()
+        h = ctypes.c_void_p()
+        st = lib.kvb_engine_create(ctypes.byref(p), ctypes.byref(h))
+        if st != L.KVB_OK:
+            self._guard.closed = True
+            L.raise_status(st, f"cannot create a transfer engine on {host}:{port} "
+                               f"({L.status_string(st)}; see the log)")
+        self._h = h.value
+        self._session_id = L.text(lib.kvb_engine_session_id(self._h))
+        self.transport = {v: k for k, v in L.TRANSPORTS.items()}.get(
+            lib.kvb_engine_transport(self._h), "auto")
+        L.track(self, 1)
+
+    # ---- life
+    def close(self):
+        with self._users_lock:
+            users = list(self._users)
+        for m in users:
+            m.close()
+        if self._guard.close() and self._h is not None:
+            L.lib().kvb_engine_destroy(self._h)
+            self._h = None
+
+    @property
+    def closed(self):
+        return self._guard.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _add_user(self, mgr):
+        with self._users_lock:
+            self._users.add(mgr)
+
+    def _discard_user(self, mgr):
+        with self._users_lock:
+            self._users.discard(mgr)
+
+    def _error(self, st, what):
+        detail = L.text(L.lib().kvb_engine_last_error(self._h))
+        return KVBridgeError(st, f"{what}: {detail or L.status_string(st)}")
+
+    # ---- the seeds' methods
+    def get_session_id(self):
+        """"host:port" peers pass as session_id to reach this engine."""
+        with self._guard:
+            return self._session_id
+
+    @property
+    def session_id(self):
+        return self.get_session_id()
+
+    @property
+    def last_error(self):
+        """Detailed text of the engine's most recent error ("" if none)."""
+        with self._guard:
+            return L.text(L.lib().kvb_engine_last_error(self._h))
+
+    def register(self, ptr, length):
+        """Register [ptr, ptr+length) of host memory; raises KVBridgeError
+        (overlap, bad range) with the library's message."""
+        ptr = L.as_int(ptr, "ptr", 1, L.U64_MAX)
+        length = L.as_int(length, "length", 1, L.U64_MAX)
+        with self._guard:
+            st = L.lib().kvb_engine_register(self._h, ptr, length, 0)
+            if st != L.KVB_OK:
+                raise self._error(st, f"register {ptr:#x}+{length}")
+
+    def batch_register(self, ptrs, lengths):
+        """Register several regions, all or nothing."""
+        ptrs = L.int_list(ptrs, "ptrs", 1)
+        lengths = L.int_list(lengths, "lengths", 1)
+        if len(ptrs) != len(lengths):
+            raise InvalidArgument(f"ptrs and lengths differ in length "
+                                  f"({len(ptrs)} != {len(lengths)})")
+        if not ptrs:
+            return
+        regs = (L.MemRegion * len(ptrs))()
+        for i, (p, n) in enumerate(zip(ptrs, lengths)):
+            regs[i].addr, regs[i].length, regs[i].mem_type = p, n, 0
+        with self._guard:
+            st = L.lib().kvb_engine_register_batch(self._h, regs, len(ptrs))
+            if st != L.KVB_OK:
+                raise self._error(st, f"batch_register of {len(ptrs)} regions")
+
+    def unregister(self, ptr):
+        """Unregister the region starting at ptr."""
+        ptr = L.as_int(ptr, "ptr", 1, L.U64_MAX)
+        with self._guard:
+            st = L.lib().kvb_engine_unregister(self._h, ptr)
+            if st != L.KVB_OK:
+                raise self._error(st, f"unregister {ptr:#x}")
+
+    def batch_unregister(self, ptrs):
+        ptrs = L.int_list(ptrs, "ptrs", 1)
+        if not ptrs:
+            return
+        arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        with self._guard:
+            st = L.lib().kvb_engine_unregister_batch(self._h, arr, len(ptrs))
+            if st != L.KVB_OK:
+                raise self._error(st, f"batch_unregister of {len(ptrs)} regions")
+
+    deregister = unregister  # the name in SGLang's MooncakeTransferEngine
+    batch_deregister = batch_unregister
+
+    def transfer_sync(self, session_id, src_ptr, dst_ptr, length, timeout=None):
+        """One block; see batch_transfer_sync."""
+        return self.batch_transfer_sync(session_id, [src_ptr], [dst_ptr], [length], timeout)
+
+    def batch_transfer_sync(self, session_id, src_ptrs, dst_ptrs, lengths, timeout=None):
+        """Write every block (src local → dst on the peer session_id) and wait
+        until all bytes are in the peer's memory. Returns 0, or the negative
+        kvb_status_t (-3 bounds, -6 time-out, -7 peer, ...) as the seeds'
+        engine returns a negative code; the text is in `last_error`.
+        timeout: seconds (None = no bound beyond the engine's peer time-out)."""
+        sid = L.as_str(session_id, "session_id").encode()
+        arr, n = _blocks(src_ptrs, dst_ptrs, lengths)
+        t = 0.0 if timeout is None else L.as_float(timeout, "timeout", 0.0)
+        with self._guard:
+            return int(L.lib().kvb_engine_write(self._h, sid, arr, n, t))
+
+    def batch_transfer_async(self, session_id, src_ptrs, dst_ptrs, lengths):
+        """Queue the batch; returns a TransferHandle (wait/test/cancel).
+        Errors known before any byte moves raise KVBridgeError."""
+        sid = L.as_str(session_id, "session_id").encode()
+        arr, n = _blocks(src_ptrs, dst_ptrs, lengths)
+        with self._guard:
+            x = ctypes.c_void_p()
+            st = L.lib().kvb_engine_write_async(self._h, sid, arr, n, ctypes.byref(x))
+            if st != L.KVB_OK:
+                raise self._error(st, f"batch_transfer_async to {session_id}")
+            return TransferHandle(self, x.value, n)
+
+
+class TransferHandle:
+    """An asynchronous batch. wait(timeout) → 0 or a negative status
+    (-6 KVB_ERR_TIMEOUT while it is still running after timeout s)."""
+
+    def __init__(self, engine, h, n):
+        self._engine = engine  # keeps the engine object alive
+        self._h = h
+        self.num_blocks = n
+        self._guard = L.Guard("TransferHandle")
+
+    def test(self):
+        """Current status: -11 (KVB_ERR_INPROGRESS) while running, then final."""
+        with self._guard:
+            return int(L.lib().kvb_xfer_test(self._h))
+
+    def done(self):
+        return self.test() != L.KVB_ERR_INPROGRESS
+
+    def wait(self, timeout=None):
+        """Wait up to timeout seconds (None = until the end). Returns 0 or the
+        final negative status, or -6 if still running. Waits in slices so
+        Ctrl-C is seen."""
+        deadline = None if timeout is None else time.monotonic() + L.as_float(
+            timeout, "timeout", 0.0)
+        with self._guard:
+            lib = L.lib()
+            while True:
+                left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+                if left <= 0:
+                    st = lib.kvb_xfer_test(self._h)
+                    return L.KVB_ERR_TIMEOUT if st == L.KVB_ERR_INPROGRESS else int(st)
+                st = lib.kvb_xfer_wait(self._h, max(left, 0.001))
+                if st != L.KVB_ERR_TIMEOUT:
+                    return int(st)
+                if lib.kvb_xfer_test(self._h) != L.KVB_ERR_INPROGRESS:
+                    return int(lib.kvb_xfer_test(self._h))
+
+    def cancel(self):
+        """No new block is issued; the handle ends -9 once issued ones settle."""
+        with self._guard:
+            L.lib().kvb_xfer_cancel(self._h)
+
+    @property
+    def error(self):
+        """The failure reason ("" while running or on success)."""
+        with self._guard:
+            return L.text(L.lib().kvb_xfer_error(self._h))
+
+    def close(self):
+        """Free the handle (a running transfer is cancelled, not awaited)."""
+        if self._guard.close() and self._h is not None:
+            L.lib().kvb_xfer_free(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
