@@ -418,8 +418,12 @@ kvb_poll_t kvb_receiver_poll(kvb_receiver_h rc)
             el >= m->p.waiting_timeout_s) {
             kvb__room_fail(r, "Request %llu timed out after %.1fs in KVPoll.WaitingForInput",
                            (unsigned long long)rc->room, el);
-            open_fence(m, r, &todo, &n_todo);
         }
+        /* Whatever failed the room (time-out, a malformed message naming it,
+         * an undeliverable transfer info), the sources must stop writing
+         * before the pages are reported reusable. No-op once opened. */
+        if (r->status == KVB_POLL_FAILED)
+            open_fence(m, r, &todo, &n_todo);
         status = r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
         if (status == KVB_POLL_FAILED && !fence_done(r))
             status = KVB_POLL_TRANSFERRING; /* not terminal until the fence closes */

@@ -193,6 +193,23 @@ void kvb__conn_bad_message(struct kvb_manager *m, int kind, const kvb__frames_er
                  e != NULL ? e->reason : "unrecognised frames");
 }
 
+/* A message with more frames than any message has still names its room in
+ * frame 0 when that is a decimal room id: fail that room too. */
+static void too_many_frames(zmq_msg_t *first, kvb__frames_err_t *e)
+{
+    const char *d = zmq_msg_data(first);
+    size_t len = zmq_msg_size(first);
+    uint64_t room = 0;
+    bool ok = len > 0 && len <= 20;
+    for (size_t i = 0; ok && i < len; i++) {
+        ok = d[i] >= '0' && d[i] <= '9' && room <= (UINT64_MAX - (uint64_t)(d[i] - '0')) / 10;
+        room = room * 10 + (uint64_t)(d[i] - '0');
+    }
+    e->has_room = ok;
+    e->room = ok ? room : 0;
+    snprintf(e->reason, sizeof(e->reason), "more than %d frames", MAX_FRAMES);
+}
+
 static void *control_main(void *arg)
 {
     struct kvb_manager *m = arg;
@@ -202,9 +219,11 @@ static void *control_main(void *arg)
     while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE)) {
         int n = kvb__zrecv(m->pull, msgs, MAX_FRAMES, 100);
         if (n > MAX_FRAMES) {
+            kvb__frames_err_t e;
+            too_many_frames(&msgs[0], &e);
             for (int i = 0; i < MAX_FRAMES; i++)
                 zmq_msg_close(&msgs[i]);
-            kvb__conn_bad_message(m, KVB__MSG_UNKNOWN, NULL);
+            kvb__conn_bad_message(m, KVB__MSG_UNKNOWN, &e);
         } else if (n > 0) {
             for (int i = 0; i < n; i++)
                 f[i] = (kvb__frame_t){zmq_msg_data(&msgs[i]), zmq_msg_size(&msgs[i])};

@@ -21,6 +21,7 @@ typedef struct job {
     kvb_plan_blocks_t aux;
     int32_t dst_aux_index;
     kvb_xfer_h x, xa;
+    int aux_inline; /* the engine refused the aux write: send it inline */
     kvb_status_t st;
     char why[512];
 } job_t;
@@ -303,6 +304,7 @@ static void job_submit(struct kvb_manager *m, job_t *j, const char *session)
         if (j->st == KVB_ERR_BOUNDS) {
             j->st = KVB_OK; /* decode aux memory not registered: send inline */
             j->xa = NULL;
+            j->aux_inline = 1;
         }
     }
     if (j->st != KVB_OK)
@@ -398,8 +400,8 @@ static void work_finish(struct kvb_manager *m, work_t *w)
             j->st = wait_xfer(m, j, j->x);
         if (j->xa != NULL && j->st == KVB_OK)
             j->st = wait_xfer(m, j, j->xa);
-        else if (j->st == KVB_OK && j->aux.count == 0 && w->c->is_last && m->is_last_stage &&
-                 m->args.num_aux > 0 && j->reg->n_aux > 0)
+        else if (j->st == KVB_OK && (j->aux.count == 0 || j->aux_inline) && w->c->is_last &&
+                 m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0)
             send_aux_inline(m, j, w->c);
     }
     pthread_mutex_lock(&m->mu);
