@@ -290,6 +290,8 @@ static void on_line(drv_t *d, proc_t *p, const char *line)
     if (q == NULL)
         return;
     const char *rest = line + off;
+    if (getenv("KVBRIDGE_BENCH_DEBUG") != NULL)
+        fprintf(stderr, "bench debug: %.3f %d/%d: %s\n", kvb_tool_now(), p->kind, p->tp, line);
     if (strcmp(verb, "filled") == 0 && q->state == Q_NEW) {
         q->pend_fill -= q->pend_fill > 0;
     } else if (strcmp(verb, "inited") == 0 && q->state == Q_FLIGHT && sscanf(rest, "%lf", &t)) {
@@ -443,6 +445,8 @@ static void verify_phase(drv_t *d, long long a, long long b)
             pump(d, 100);
     for (long long i = a; i < b && !stopping(d); i++) {
         req_t *q = &d->reqs[i];
+        if (d->has_pre)
+            to_group(d, q, "drop %" PRIu64, q->room);
         d->rep.verified += !q->failed;
         d->rep.failed += q->failed;
         if (q->failed && d->rep.nfails < BENCH_MAX_FAIL_SHOWN)
