@@ -27,12 +27,12 @@ demo: build
 check-asan: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVB_WERROR=ON -DKVB_SANITIZE=address,undefined
 	cmake --build build-asan -j$(JOBS)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest $(CTEST_FLAGS) -LE nosan
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest $(CTEST_FLAGS) -LE nosan
 
 check-tsan: deps
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVB_WERROR=ON -DKVB_SANITIZE=thread
 	cmake --build build-tsan -j$(JOBS)
-	cd build-tsan && ctest $(CTEST_FLAGS) -LE nosan
+	cd build-tsan && UCX_MEM_EVENTS=no TSAN_OPTIONS="suppressions=$(CURDIR)/tests/sanitizers/tsan.supp ignore_noninstrumented_modules=1 halt_on_error=1" ctest $(CTEST_FLAGS) -LE 'nosan|notsan'
 
 FORMAT_FILES = $(shell git ls-files '*.c' '*.h')
 

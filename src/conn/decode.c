@@ -489,6 +489,9 @@ static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         kvb__conn_bad_message(m, KVB__MSG_STATUS, &e);
         return;
     }
+    KVB_TSAN_ACQUIRE(); /* a status follows the placement of the room's bytes */
+    KVB_LOGD("manager %s: room %llu: status %d from prefill rank %d", m->endpoint,
+             (unsigned long long)s.room, s.status, s.prefill_rank);
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, s.room);
     if (r != NULL && (s.status == KVB_POLL_SUCCESS || s.status == KVB_POLL_FAILED)) {

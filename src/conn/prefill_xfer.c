@@ -77,6 +77,8 @@ static size_t notes_due(struct kvb_manager *m, kvb__room_t *r, note_t **out, int
 
 static void send_notes(struct kvb_manager *m, uint64_t room, note_t *notes, size_t n, int status)
 {
+    KVB_LOGD("manager %s: room %llu ends %s; telling %zu decode rank(s)", m->endpoint,
+             (unsigned long long)room, kvb_poll_string((kvb_poll_t)status), n);
     for (size_t i = 0; i < n; i++)
         if (kvb__send_status(m, notes[i].ip, notes[i].port, room, status, m->prefill_rank) !=
             KVB_OK)
@@ -340,12 +342,16 @@ static void work_submit(struct kvb_manager *m, work_t *w)
     pthread_mutex_unlock(&m->mu);
 }
 
+/* Wait for a transfer to settle. Past the transfer time-out it is cancelled
+ * and waited for without a bound: the room must not be reported over while
+ * a write may still land (the abort fence). A dead peer ends the wait: the
+ * engine fails its transfers as soon as it sees the peer gone. */
 static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
 {
     kvb_status_t st = kvb_xfer_wait(x, m->transfer_timeout_s);
     if (st == KVB_ERR_TIMEOUT) {
         kvb_xfer_cancel(x);
-        kvb_xfer_wait(x, 5.0);
+        kvb_xfer_wait(x, 0);
         snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.0f s",
                  j->reg->session, m->transfer_timeout_s);
     } else if (st != KVB_OK && st != KVB_ERR_CANCELED) {
@@ -396,14 +402,18 @@ static void work_finish(struct kvb_manager *m, work_t *w)
 {
     for (size_t i = 0; !w->skip && i < w->n_jobs; i++) {
         job_t *j = &w->jobs[i];
-        if (j->x != NULL && j->st == KVB_OK)
-            j->st = wait_xfer(m, j, j->x);
-        if (j->xa != NULL && j->st == KVB_OK)
-            j->st = wait_xfer(m, j, j->xa);
-        else if (j->st == KVB_OK && (j->aux.count == 0 || j->aux_inline) && w->c->is_last &&
-                 m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0)
+        /* Every write issued is settled, whatever happened to the others. */
+        kvb_status_t sx = j->x != NULL ? wait_xfer(m, j, j->x) : KVB_OK;
+        kvb_status_t sa = j->xa != NULL ? wait_xfer(m, j, j->xa) : KVB_OK;
+        if (j->st == KVB_OK)
+            j->st = sx != KVB_OK ? sx : sa;
+        if (j->xa == NULL && j->st == KVB_OK && (j->aux.count == 0 || j->aux_inline) &&
+            w->c->is_last && m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0)
             send_aux_inline(m, j, w->c);
     }
+    note_t *notes = NULL;
+    size_t n_notes = 0;
+    int note_status = 0;
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, w->c->room);
     record_failures(m, r, w);
@@ -414,6 +424,10 @@ static void work_finish(struct kvb_manager *m, work_t *w)
             kvb__room_set_status(r, KVB_POLL_SUCCESS);
             r->success_notified = 1; /* due (notes_due clears it) */
         }
+        /* Collected in the same critical section that published the outcome:
+         * a sender destroyed right after its poll saw Success must not lose
+         * the decode's status. */
+        n_notes = notes_due(m, r, &notes, &note_status);
     }
     pthread_mutex_unlock(&m->mu);
     for (size_t i = 0; i < w->n_jobs; i++) {
@@ -424,7 +438,8 @@ static void work_finish(struct kvb_manager *m, work_t *w)
         kvb__reg_put(w->jobs[i].reg);
     }
     free(w->jobs);
-    kvb__prefill_notify(m, w->c->room);
+    if (n_notes > 0 || notes != NULL)
+        send_notes(m, w->c->room, notes, n_notes, note_status);
     chunk_free(w->c);
 }
 

@@ -74,4 +74,20 @@ static inline bool kvb__mul_u64(uint64_t a, uint64_t b, uint64_t *out_p)
     return !__builtin_mul_overflow(a, b, out_p);
 }
 
+/* ---- ThreadSanitizer annotations ----
+ * Bytes the engine places are read by other threads after a completion that
+ * travels through sockets or shared memory (an acknowledgement, a ZeroMQ
+ * status), which TSan cannot see. The engine releases this token after
+ * placing bytes; the connector acquires it when a completion arrives. */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define KVB_TSAN_RELEASE() __tsan_release(kvb__tsan_token())
+#define KVB_TSAN_ACQUIRE() __tsan_acquire(kvb__tsan_token())
+#else
+#define KVB_TSAN_RELEASE() ((void)0)
+#define KVB_TSAN_ACQUIRE() ((void)0)
+#endif
+void *kvb__tsan_token(void);
+
 #endif

@@ -240,6 +240,10 @@ kvb_status_t kvb_engine_write(kvb_engine_h eng, const char *sid, const kvb_block
 
 static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st)
 {
+    KVB_LOGD("engine %s: transfer %llu ends %s (%zu/%zu blocks issued, %zu messages sent, %zu "
+             "acknowledged, %zu in flight)",
+             eng->sid, (unsigned long long)x->id, kvb_status_string(st), x->next, x->n,
+             x->msgs_sent, x->msgs_acked, x->inflight);
     struct kvb_xfer **pp = &eng->active;
     while (*pp != NULL && *pp != x)
         pp = &(*pp)->next_active;
@@ -613,6 +617,7 @@ static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd,
 
 static void am_recv_done(am_recv_t *rc, ucs_status_t status)
 {
+    KVB_TSAN_RELEASE(); /* the bytes are placed; the acknowledgement follows */
     unpin(rc->eng, rc->pinned, rc->npinned);
     send_ack(rc->eng, rc->reply_ep, rc->xfer_id, rc->msg_id, status == UCS_OK ? KVB_OK : KVB_ERR_IO,
              status == UCS_OK ? NULL : ucs_status_string(status));

@@ -26,7 +26,7 @@ struct raw_server {
     enum mode mode;
     const char *canned; /* answer to every request (CANNED) */
     size_t canned_len;
-    volatile int stop;
+    int stop; /* atomic */
     int accepts;
     int held[64];
     int nheld;
@@ -48,7 +48,7 @@ static void serve_canned(struct raw_server *rs, int fd)
     size_t have = 0;
     for (;;) {
         struct pollfd p = {fd, POLLIN, 0};
-        if (rs->stop)
+        if (__atomic_load_n(&rs->stop, __ATOMIC_ACQUIRE))
             return;
         if (poll(&p, 1, 50) <= 0)
             continue;
@@ -77,7 +77,7 @@ static void serve_canned(struct raw_server *rs, int fd)
 static void *raw_thread(void *arg)
 {
     struct raw_server *rs = arg;
-    while (!rs->stop) {
+    while (!__atomic_load_n(&rs->stop, __ATOMIC_ACQUIRE)) {
         struct pollfd p = {rs->lfd, POLLIN, 0};
         if (poll(&p, 1, 50) <= 0)
             continue;
@@ -123,7 +123,7 @@ static void raw_start(struct raw_server *rs, enum mode mode, const char *canned)
 
 static void raw_stop(struct raw_server *rs)
 {
-    rs->stop = 1;
+    __atomic_store_n(&rs->stop, 1, __ATOMIC_RELEASE);
     pthread_join(rs->thr, NULL);
     for (int i = 0; i < rs->nheld; i++)
         close(rs->held[i]);

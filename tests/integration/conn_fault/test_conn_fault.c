@@ -460,7 +460,7 @@ static uint64_t abort_race(frank_t *p, frank_t *d, const char *boot, uint64_t ro
     else
         kvb_receiver_abort(rc);
     double t0 = fnow();
-    kvb_poll_t pr = fwait_receiver(rc, 10);
+    kvb_poll_t pr = fwait_receiver(rc, 30);
     double t_term = fnow() - t0;
     uint8_t *before = snapshot(d, dst, N);
     kvb_poll_t ps = fwait_sender(s, 10);

@@ -198,6 +198,35 @@ static void test_async(test_peer_t *peer)
     TEST_PASS("async submit / test / wait / cancel / free");
 }
 
+/* Cancel is a fence: once wait reports the end, no byte of the transfer
+ * lands any more. */
+static void test_cancel_fence(test_peer_t *peer)
+{
+    int broken = 0;
+    for (int round = 0; round < 20; round++) {
+        kvb_xfer_h x;
+        kvb_block_t *b = random_blocks(peer, 8192, 4096, HALF, 0);
+        memset(peer->buf, 0, HALF);
+        CHECK_EQ(kvb_engine_write_async(g_eng, peer->sid, b, 8192, &x), KVB_OK);
+        usleep((useconds_t)(round * 150));
+        kvb_xfer_cancel(x);
+        kvb_status_t st = kvb_xfer_wait(x, 10);
+        CHECK(st == KVB_ERR_CANCELED || st == KVB_OK);
+        uint8_t *snap = malloc(HALF);
+        memcpy(snap, peer->buf, HALF);
+        usleep(50000);
+        if (memcmp(snap, peer->buf, HALF) != 0) {
+            fprintf(stderr, "round %d: bytes landed after the cancelled transfer ended\n", round);
+            broken++;
+        }
+        free(snap);
+        kvb_xfer_free(x);
+        free(b);
+    }
+    CHECK_EQ(broken, 0);
+    TEST_PASS("cancel is a fence: nothing lands after the end is reported");
+}
+
 struct thr_arg {
     test_peer_t *peers;
     int id;
@@ -313,6 +342,7 @@ int main(int argc, char **argv)
     test_bounds(&peer);
     test_register_more(&peer);
     test_async(&peer);
+    test_cancel_fence(&peer);
     test_threads(&peer);
     test_unknown_session();
     test_kill_and_restart(&peer);
