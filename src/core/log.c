@@ -67,6 +67,14 @@ static const char *level_name(kvb_log_level_t level)
     return (unsigned)level < 4 ? names[level] : "?";
 }
 
+/* Debug lines carry a monotonic time stamp, to read latencies off a log. */
+static const char *debug_stamp(void)
+{
+    static __thread char buf[32];
+    snprintf(buf, sizeof(buf), " [t=%.6f]", kvb__now_s());
+    return buf;
+}
+
 void kvb__log(kvb_log_level_t level, const char *fmt, ...)
 {
     if (!kvb__log_enabled(level))
@@ -80,6 +88,7 @@ void kvb__log(kvb_log_level_t level, const char *fmt, ...)
     if (g_log_fn != NULL)
         g_log_fn(level, line, g_log_arg);
     else
-        fprintf(stderr, "kvbridge %s: %s\n", level_name(level), line);
+        fprintf(stderr, "kvbridge %s: %s%s\n", level_name(level), line,
+                level == KVB_LOG_DEBUG ? debug_stamp() : "");
     pthread_mutex_unlock(&g_log_mu);
 }
