@@ -375,6 +375,9 @@ kvb_status_t kvb_manager_create(const kvb_manager_params_t *params, kvb_manager_
     if (st == KVB_OK && pthread_create(&m->ctl_thr, NULL, control_main, m) != 0)
         st = create_error(KVB_ERR_IO, "cannot start the control thread%s", "");
     if (st != KVB_OK) {
+        /* Keep the reason for kvb_manager_last_error(NULL) (m->err dies here). */
+        if (g_create_err[0] == '\0')
+            snprintf(g_create_err, sizeof(g_create_err), "%s", kvb__err_get(&m->err));
         __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE);
         if (m->mode == KVB_MODE_PREFILL)
             kvb__prefill_stop(m), kvb__prefill_free(m);
