@@ -6,6 +6,7 @@
  *    validates every range, places the bytes (eager copy or rendezvous
  *    receive straight into the destination IOV) and acknowledges. */
 #include "engine/engine_int.h"
+#include "engine/amwire.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,10 +15,6 @@
 
 #define PUT_WINDOW 1024 /* blocks issued before a flush */
 #define AM_WINDOW 8     /* unacknowledged messages per transfer */
-#define AM_HDR_FIXED 32
-#define AM_DESC 16
-#define AM_MAGIC_WRITE 0x5742564bu /* "KVBW" */
-#define AM_MAGIC_ACK 0x4142564bu   /* "KVBA" */
 
 typedef struct am_msg {
     kvb__op_t op; /* first: the op is the message */
@@ -634,25 +631,6 @@ static void am_recv_cb(void *req, ucs_status_t status, size_t length, void *user
     ucp_request_free(req);
 }
 
-static bool am_header_ok(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p)
-{
-    uint32_t magic, nd;
-    uint64_t total = 0;
-    if (hlen < AM_HDR_FIXED)
-        return false;
-    memcpy(&magic, h, 4);
-    memcpy(&nd, h + 4, 4);
-    if (magic != AM_MAGIC_WRITE || nd == 0 || (hlen - AM_HDR_FIXED) / AM_DESC != nd ||
-        (hlen - AM_HDR_FIXED) % AM_DESC != 0 || get_u64(h + 24) != length)
-        return false;
-    for (uint32_t i = 0; i < nd; i++)
-        if (__builtin_add_overflow(total, get_u64(h + AM_HDR_FIXED + (size_t)i * AM_DESC + 8),
-                                   &total))
-            return false;
-    *nd_p = nd;
-    return total == length;
-}
-
 static void scatter(const ucp_dt_iov_t *iov, uint32_t nd, const uint8_t *data)
 {
     for (uint32_t i = 0; i < nd; i++) {
@@ -672,7 +650,7 @@ static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void
         return UCS_OK; /* cannot answer: drop */
     uint64_t xid = hlen >= 24 ? get_u64(h + 8) : 0, mid = hlen >= 24 ? get_u64(h + 16) : 0;
     am_recv_t *rc = calloc(1, sizeof(*rc));
-    bool ok = rc != NULL && am_header_ok(h, hlen, length, &nd) &&
+    bool ok = rc != NULL && kvb__am_parse_write_header(h, hlen, length, &nd) &&
               (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
               (rc->iov = malloc(nd * sizeof(ucp_dt_iov_t))) != NULL &&
               am_validate(eng, h, nd, rc->pinned, rc->iov, why, sizeof(why)) == KVB_OK;
@@ -725,24 +703,20 @@ static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *
                               const ucp_am_recv_param_t *param)
 {
     kvb_engine_h eng = arg;
-    const uint8_t *h = header;
-    uint32_t magic, rl;
+    const uint8_t *why;
+    uint32_t rl;
     int32_t st;
-    if (hlen < 28)
+    uint64_t xid, mid;
+    if (!kvb__am_parse_ack(header, hlen, &st, &xid, &mid, &why, &rl))
         return UCS_OK;
-    memcpy(&magic, h, 4);
-    memcpy(&st, h + 4, 4);
-    memcpy(&rl, h + 24, 4);
-    if (magic != AM_MAGIC_ACK || rl != hlen - 28)
-        return UCS_OK;
-    struct kvb_xfer *x = find_active(eng, get_u64(h + 8));
+    struct kvb_xfer *x = find_active(eng, xid);
     if (x == NULL || x->abandoned || x->inflight == 0)
         return UCS_OK;
     x->inflight--;
     x->msgs_acked++;
     if (st != KVB_OK) {
         char reason[404];
-        memcpy(reason, h + 28, rl < 400 ? rl : 400);
+        memcpy(reason, why, rl < 400 ? rl : 400);
         reason[rl < 400 ? rl : 400] = '\0';
         fail(x, st == KVB_ERR_BOUNDS ? KVB_ERR_BOUNDS : KVB_ERR_PEER,
              "session %s: peer refused the write: %s", x->conn->sess->sid, reason);
