@@ -458,10 +458,14 @@ static void *worker_main(void *arg)
             pending = false;
             continue;
         }
-        work_prepare(m, c, &cur); /* planned while prev is in flight */
+        /* Planned and issued while prev is still in flight: two chunks in
+         * the engine at once, so the lane never drains between chunks.
+         * Chunks settle in order, so a room's last chunk is reported after
+         * all earlier ones. */
+        work_prepare(m, c, &cur);
+        work_submit(m, &cur);
         if (pending)
             work_finish(m, &prev);
-        work_submit(m, &cur);
         prev = cur;
         pending = true;
     }
