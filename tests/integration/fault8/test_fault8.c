@@ -279,6 +279,228 @@ static void test_sigstop(void)
     TEST_PASS("SIGSTOP of a prefill: lost within the bound, fence held, resumed prefill serves");
 }
 
+/* ---- 2. hostile raw TCP peers against the handshake listener ---- */
+
+#define HBUF (1u << 20)
+#define HGUARD 4096
+
+static int count_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL)
+        return -1;
+    while (readdir(d) != NULL)
+        n++;
+    closedir(d);
+    return n;
+}
+
+static long rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    long v = -1;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    while (fgets(line, sizeof(line), f) != NULL)
+        if (sscanf(line, "VmRSS: %ld", &v) == 1)
+            break;
+    fclose(f);
+    return v;
+}
+
+static int tcp_connect(const char *sid)
+{
+    char host[64];
+    int port;
+    const char *c = strrchr(sid, ':');
+    if (c == NULL || (size_t)(c - sid) >= sizeof(host))
+        return -1;
+    memcpy(host, sid, (size_t)(c - sid));
+    host[c - sid] = '\0';
+    port = atoi(c + 1);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+        return -1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void send_close(const char *sid, const void *b, size_t n, int rst)
+{
+    int fd = tcp_connect(sid);
+    CHECK(fd >= 0);
+    if (n > 0)
+        (void)!send(fd, b, n, MSG_NOSIGNAL);
+    if (rst) {
+        struct linger l = {1, 0};
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+    }
+    close(fd);
+}
+
+static uint64_t g_rng = 0x243f6a8885a308d3ull;
+static uint64_t rnd(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+/* A fresh writer engine (so a fresh handshake) writes 64 KiB into the
+ * target's buffer; returns the seconds it took, or -1. Bytes verified. */
+static double good_write(const char *sid, uint8_t *tbuf, int round, double connect_to)
+{
+    kvb_engine_params_t ep = {0};
+    kvb_engine_h w;
+    static uint8_t src[65536];
+    ep.field_mask = KVB_ENGINE_PARAM_CONNECT_TIMEOUT;
+    ep.connect_timeout_s = connect_to;
+    if (kvb_engine_create(&ep, &w) != KVB_OK)
+        return -1;
+    for (size_t i = 0; i < sizeof(src); i++)
+        src[i] = (uint8_t)(i * 31 + (size_t)round * 7 + 1);
+    double t0 = fnow(), t = -1;
+    size_t off = ((size_t)round * 65536) % (HBUF - 65536);
+    kvb_block_t b = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)(tbuf + off), sizeof(src)};
+    if (kvb_engine_register(w, src, sizeof(src), KVB_MEM_HOST) == KVB_OK) {
+        kvb_status_t st = kvb_engine_write(w, sid, &b, 1, 20);
+        if (st == KVB_OK && memcmp(tbuf + off, src, sizeof(src)) == 0)
+            t = fnow() - t0;
+        else
+            fprintf(stderr, "good writer round %d: %s (%s)\n", round, kvb_status_string(st),
+                    kvb_engine_last_error(w));
+    }
+    kvb_engine_destroy(w);
+    return t;
+}
+
+static bool guards_ok(const uint8_t *g)
+{
+    for (size_t i = 0; i < HGUARD; i++)
+        if (g[i] != 0xA5 || g[HGUARD + HBUF + i] != 0xA5)
+            return false;
+    return true;
+}
+
+static void test_hostile(void)
+{
+    kvb_engine_h e;
+    uint8_t *mem = malloc(HBUF + 2 * HGUARD);
+    CHECK(mem != NULL);
+    memset(mem, 0xA5, HBUF + 2 * HGUARD);
+    uint8_t *tbuf = mem + HGUARD;
+    CHECK_EQ(kvb_engine_create(NULL, &e), KVB_OK);
+    CHECK_EQ(kvb_engine_register(e, tbuf, HBUF, KVB_MEM_HOST), KVB_OK);
+    const char *sid = kvb_engine_session_id(e);
+    int round = 0;
+    long tried = 0;
+    for (int i = 0; i < 3; i++) /* warm-up */
+        CHECK(good_write(sid, tbuf, round++, 5) >= 0);
+    int fd0 = count_fds();
+    long rss0 = rss_kib(getpid());
+    uint8_t buf[8192];
+    /* garbage of random lengths, some with the right magic */
+    for (int i = 0; i < 200; i++, tried++) {
+        size_t n = 1 + rnd() % sizeof(buf);
+        for (size_t k = 0; k < n; k++)
+            buf[k] = (uint8_t)rnd();
+        if (i % 2 == 0 && n >= 8)
+            memcpy(buf, "KVBHQ001", 8);
+        send_close(sid, buf, n, i % 3 == 0);
+    }
+    CHECK(good_write(sid, tbuf, round++, 5) >= 0);
+    /* truncated headers */
+    static const char *const trunc[] = {"K", "KVBHQ", "KVBHQ001", "KVBHQ001\x20",
+                                        "KVBHQ001\x20\0\0"};
+    static const size_t trunc_len[] = {1, 5, 8, 9, 11};
+    for (int r = 0; r < 20; r++)
+        for (size_t i = 0; i < 5; i++, tried++)
+            send_close(sid, trunc[i], trunc_len[i], r % 2);
+    CHECK(good_write(sid, tbuf, round++, 5) >= 0);
+    /* huge / inconsistent declared lengths: total, then sid_len */
+    static const uint32_t totals[] = {0xffffffffu, 0x7fffffffu, 4097, 64u << 20, 0, 7, 16};
+    static const uint32_t sidlens[] = {0xffffffffu, 4096, 300, 301, 0, 5};
+    for (size_t i = 0; i < sizeof(totals) / sizeof(totals[0]); i++)
+        for (size_t j = 0; j < sizeof(sidlens) / sizeof(sidlens[0]); j++, tried++) {
+            memcpy(buf, "KVBHQ001", 8);
+            memcpy(buf + 8, &totals[i], 4);
+            memcpy(buf + 12, &sidlens[j], 4);
+            memcpy(buf + 16, "127.0.0.1:1", 11);
+            send_close(sid, buf, 27 + (i * j) % 64, 0);
+        }
+    CHECK(good_write(sid, tbuf, round++, 5) >= 0);
+    /* many connections at once (bounded: 200), each garbage then closed */
+    {
+        int fds[200];
+        for (int i = 0; i < 200; i++, tried++) {
+            fds[i] = tcp_connect(sid);
+            CHECK(fds[i] >= 0);
+            (void)!send(fds[i], "GET / HTTP/1.0\r\n\r\n", 18, MSG_NOSIGNAL);
+        }
+        for (int i = 0; i < 200; i++)
+            close(fds[i]);
+    }
+    CHECK(good_write(sid, tbuf, round++, 5) >= 0);
+    /* slow-loris: one connection that sends nothing, one that stops after
+     * the magic; the next well-formed writer is served within the
+     * listener's 2 s per-handshake bound (+1 s slack) */
+    for (int variant = 0; variant < 2; variant++, tried++) {
+        int sl = tcp_connect(sid);
+        CHECK(sl >= 0);
+        if (variant == 1)
+            (void)!send(sl, "KVBHQ001", 8, MSG_NOSIGNAL);
+        fsleep(0.05);
+        double t = good_write(sid, tbuf, round++, 5);
+        fprintf(stderr, "hostile: writer behind a slow-loris (%s) served after %.3f s\n",
+                variant ? "magic only" : "silent", t);
+        CHECK(t >= 0 && t <= 3.0);
+        close(sl);
+    }
+    /* several silent connections at once: measured (the listener serves
+     * handshakes one at a time, 2 s each) */
+    {
+        int sl[3];
+        for (int i = 0; i < 3; i++, tried++)
+            CHECK((sl[i] = tcp_connect(sid)) >= 0);
+        double t = good_write(sid, tbuf, round++, 10);
+        fprintf(stderr,
+                "hostile: writer behind 3 silent connections served after %.3f s (connect "
+                "bound 10 s)\n",
+                t);
+        CHECK(t >= 0);
+        for (int i = 0; i < 3; i++)
+            close(sl[i]);
+    }
+    CHECK(guards_ok(mem));
+    /* fds and memory bounded: the listener closed every hostile socket */
+    int fd1 = -1;
+    double end = fnow() + 5;
+    while (fnow() < end && (fd1 = count_fds()) > fd0)
+        fsleep(0.05);
+    long rss1 = rss_kib(getpid());
+    fprintf(stderr,
+            "hostile: %ld hostile connections; fds %d -> %d; RSS %ld -> %ld KiB; %d good "
+            "writes verified\n",
+            tried, fd0, fd1, rss0, rss1, round);
+    CHECK(fd1 <= fd0);
+    CHECK(rss1 - rss0 < 16 * 1024);
+    kvb_engine_destroy(e);
+    free(mem);
+    TEST_PASS("hostile TCP peers: engine keeps serving, fds and memory bounded");
+}
+
 int main(int argc, char **argv)
 {
     g_self = argv[0];
@@ -289,6 +511,8 @@ int main(int argc, char **argv)
     const char *which = argc >= 2 ? argv[1] : "sigstop";
     if (strcmp(which, "sigstop") == 0)
         test_sigstop();
+    else if (strcmp(which, "hostile") == 0)
+        test_hostile();
     else
         return 2;
     return 0;
