@@ -12,6 +12,7 @@ PKGS=(
   libmicrohttpd-dev
   libcurl4-openssl-dev
   libjansson-dev
+  libssl-dev
   python3 python3-numpy python3-pytest python3-zmq python3-requests
   iproute2 procps
 )

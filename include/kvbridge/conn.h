@@ -70,6 +70,9 @@ enum kvb_manager_param_field {
     KVB_MANAGER_PARAM_HEARTBEAT = 1u << 4, /* interval and max failures */
     KVB_MANAGER_PARAM_THREADS = 1u << 5,   /* transfer threads and queues */
     KVB_MANAGER_PARAM_ROOM_TTL = 1u << 6,
+    KVB_MANAGER_PARAM_BOOTSTRAP_TOKEN = 1u << 7,
+    KVB_MANAGER_PARAM_CURVE = 1u << 8, /* curve_secret_key, curve_client_secret_key,
+                                          curve_allowed_clients */
 };
 
 /* Manager creation. Always read: mode, kv_args, engine, the parallel info
@@ -96,13 +99,34 @@ typedef struct kvb_manager_params {
     int heartbeat_max_failures;
     int transfer_threads, transfer_queues;
     double room_ttl_s; /* terminal rooms nobody polls are freed after this, 600 s */
+    /* Authentication (optional, off by default; docs/security.md). */
+    const char *bootstrap_token; /* bearer token of every bootstrap request this
+                                    manager makes (prefill registration, decode
+                                    look-ups and heartbeats); default from
+                                    KVBRIDGE_BOOTSTRAP_TOKEN; "" = none */
+    /* ZeroMQ CURVE on the control channel, one key set per deployment: every
+     * rank's PULL socket is a CURVE server with the deployment's server key;
+     * PUSH sockets are CURVE clients of that same server key; a ZAP handler
+     * admits only client public keys in the allowed set. Keys are Z85 text
+     * (40 characters; zmq_curve_keypair(), or pyzmq's zmq.curve_keypair()). Set on
+     * every rank or on none: a rank without CURVE cannot talk to one with it. */
+    const char *curve_secret_key;        /* deployment server secret key; NULL or
+                                            "" = CURVE off [KVBRIDGE_CURVE_SECRET_KEY] */
+    const char *curve_client_secret_key; /* this rank's client secret key; default
+                                            the server key
+                                            [KVBRIDGE_CURVE_CLIENT_SECRET_KEY] */
+    const char *curve_allowed_clients;   /* comma-separated client public keys
+                                            admitted; default the public keys of
+                                            the two keys above
+                                            [KVBRIDGE_CURVE_ALLOWED_CLIENTS] */
 } kvb_manager_params_t;
 
 /* Create a manager: registers the KV/aux/state buffers with the engine,
  * binds the control socket on an ephemeral port, starts its threads and
  * (prefill) registers with the bootstrap server. Errors: KVB_ERR_INVALID
- * (parameters), KVB_ERR_PEER / KVB_ERR_TIMEOUT / KVB_ERR_PROTO (bootstrap
- * registration), KVB_ERR_IO, KVB_ERR_NOMEM; the reason is logged and
+ * (parameters, a malformed CURVE key), KVB_ERR_PEER / KVB_ERR_TIMEOUT /
+ * KVB_ERR_PROTO (bootstrap registration), KVB_ERR_AUTH (the bootstrap server
+ * refused the token), KVB_ERR_IO, KVB_ERR_NOMEM; the reason is logged and
  * available from kvb_manager_last_error(NULL). */
 KVB_API kvb_status_t kvb_manager_create(const kvb_manager_params_t *params,
                                         kvb_manager_h *manager_p);

@@ -38,6 +38,7 @@ enum kvb_engine_param_field {
     KVB_ENGINE_PARAM_CONNECT_TIMEOUT = 1u << 3,
     KVB_ENGINE_PARAM_PEER_TIMEOUT = 1u << 4,
     KVB_ENGINE_PARAM_AM_CHUNK = 1u << 5,
+    KVB_ENGINE_PARAM_SECRET = 1u << 6,
 };
 
 /* Creation parameters; only the fields named in field_mask are read, the
@@ -51,6 +52,15 @@ typedef struct kvb_engine_params {
     double peer_timeout_s;     /* dead peer fails its batches within, 2 s
                                   [KVBRIDGE_PEER_TIMEOUT] */
     size_t am_chunk_bytes;     /* aggregation size of the message lane, 4 MiB */
+    const char *secret;        /* shared secret of the deployment, NULL = off
+                                  [KVBRIDGE_ENGINE_SECRET]. Set: the listener hands
+                                  out its segment table only to writers that prove
+                                  the secret (challenge-response, HMAC-SHA256) and
+                                  refuses write messages without the token derived
+                                  from it; this engine, as a writer, answers such
+                                  challenges. A writer refused, or challenged
+                                  without a secret, fails with KVB_ERR_AUTH. ""
+                                  = off. Copied. See docs/security.md. */
 } kvb_engine_params_t;
 
 /* Create an engine listening on host:port. NULL params = all defaults.
@@ -108,7 +118,8 @@ typedef struct kvb_block {
  * when every byte is in the destination memory. Opens the session on first
  * use (handshake within the connect time-out). Errors: KVB_ERR_BOUNDS (a range
  * outside the registered memory on either side; nothing written),
- * KVB_ERR_PEER (unreachable or died), KVB_ERR_TIMEOUT (timeout_s passed;
+ * KVB_ERR_PEER (unreachable or died), KVB_ERR_AUTH (the peer requires an
+ * engine secret and ours is missing or wrong), KVB_ERR_TIMEOUT (timeout_s passed;
  * timeout_s <= 0 waits without bound), KVB_ERR_INVALID. The blocks array is
  * not retained after return. Up to at least 100k blocks per batch. */
 KVB_API kvb_status_t kvb_engine_write(kvb_engine_h engine, const char *session_id,

@@ -24,8 +24,32 @@ typedef struct kvb__zpush {
     struct kvb__zpush *next;
 } kvb__zpush_t;
 
+/* CURVE keys of a manager (all Z85, NUL-terminated); on = 0: plain TCP. */
+typedef struct kvb__zcurve {
+    int on;
+    char server_secret[41], server_public[41];
+    char client_secret[41], client_public[41];
+    uint8_t (*allowed)[32]; /* admitted client public keys (binary) */
+    size_t n_allowed;
+    void *zap_sock; /* ZAP handler (REP on inproc://zeromq.zap.01) */
+    pthread_t zap_thr;
+    int zap_running, zap_stop;
+    uint64_t zap_denied; /* connections refused (atomic) */
+} kvb__zcurve_t;
+
+/* Resolve the keys (params, then KVBRIDGE_CURVE_* environment); off when no
+ * server key. KVB_ERR_INVALID with the reason in why on a malformed key. */
+kvb_status_t kvb__zcurve_init(kvb__zcurve_t *z, const char *server_secret,
+                              const char *client_secret, const char *allowed, char *why,
+                              size_t whylen);
+/* Start the ZAP handler of zctx (before any CURVE socket binds). */
+kvb_status_t kvb__zap_start(kvb__zcurve_t *z, void *zctx);
+/* Stop it (before zmq_ctx_term) and wipe the keys. */
+void kvb__zcurve_free(kvb__zcurve_t *z);
+
 typedef struct kvb__zcache {
     void *zctx;
+    const kvb__zcurve_t *curve; /* NULL or off: plain PUSH sockets */
     pthread_mutex_t mu;
     kvb__zpush_t *head;
 } kvb__zcache_t;
@@ -41,7 +65,8 @@ kvb_status_t kvb__zsend(kvb__zcache_t *c, const char *ip, uint16_t port,
  * drained and reported as max + 1. */
 int kvb__zrecv(void *sock, void *msgs /* zmq_msg_t[max] */, size_t max, int timeout_ms);
 /* Bind a PULL socket on tcp://host:* (IPv6 aware); writes the port. */
-kvb_status_t kvb__zbind_pull(void *zctx, const char *host, void **sock_p, uint16_t *port_p);
+kvb_status_t kvb__zbind_pull(void *zctx, const char *host, const kvb__zcurve_t *curve,
+                             void **sock_p, uint16_t *port_p);
 /* "tcp://ip:port", brackets around IPv6. */
 void kvb__zendpoint(const char *ip, uint16_t port, char *out, size_t len);
 
@@ -180,6 +205,8 @@ struct kvb_manager {
     kvb__err_t err;
     void *zctx, *pull;
     kvb__zcache_t zc;
+    kvb__zcurve_t curve;
+    char *bootstrap_token; /* NULL: the client's default (KVBRIDGE_BOOTSTRAP_TOKEN) */
     pthread_t ctl_thr, hb_thr;
     int stop;
 
@@ -250,6 +277,9 @@ void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t
 void kvb__decode_free(struct kvb_manager *m);
 
 /* manager.c */
+/* A bootstrap client for addr carrying the manager's token (if any). */
+kvb_status_t kvb__bootstrap_client(struct kvb_manager *m, const char *addr,
+                                   kvb_bootstrap_client_h *client_p);
 void kvb__conn_bad_message(struct kvb_manager *m, int kind, const kvb__frames_err_t *e);
 /* Send a status (room, value, rank) to ip:port. */
 kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,

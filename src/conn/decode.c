@@ -20,8 +20,8 @@ static kvb__addr_t *addr_get(struct kvb_manager *m, const char *addr)
             return a;
     a = calloc(1, sizeof(*a));
     if (a == NULL || (a->addr = strdup(addr)) == NULL ||
-        kvb_bootstrap_client_create(addr, NULL, &a->client) != KVB_OK ||
-        kvb_bootstrap_client_create(addr, NULL, &a->hb) != KVB_OK) {
+        kvb__bootstrap_client(m, addr, &a->client) != KVB_OK ||
+        kvb__bootstrap_client(m, addr, &a->hb) != KVB_OK) {
         if (a != NULL) {
             kvb_bootstrap_client_destroy(a->client);
             free(a->addr);

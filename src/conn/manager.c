@@ -293,13 +293,24 @@ void kvb__layout_self(struct kvb_manager *m, kvb_plan_layout_t *out)
     }
 }
 
+kvb_status_t kvb__bootstrap_client(struct kvb_manager *m, const char *addr,
+                                   kvb_bootstrap_client_h *client_p)
+{
+    kvb_bootstrap_client_params_t cp = {0};
+    cp.field_mask = KVB_BOOTSTRAP_CLIENT_PARAM_TOKEN;
+    cp.token = m->bootstrap_token;
+    return kvb_bootstrap_client_create(addr, m->bootstrap_token != NULL ? &cp : NULL, client_p);
+}
+
 static void manager_free(struct kvb_manager *m)
 {
     if (m->pull != NULL)
         zmq_close(m->pull);
     kvb__zcache_free(&m->zc);
+    kvb__zcurve_free(&m->curve); /* closes the ZAP socket: before the context ends */
     if (m->zctx != NULL)
         zmq_ctx_term(m->zctx);
+    free(m->bootstrap_token);
     kvb__rooms_free(m);
     free(m->kv_ptrs);
     free(m->kv_lens);
@@ -338,11 +349,24 @@ static kvb_status_t manager_init(struct kvb_manager *m, const kvb_manager_params
     m->is_last_stage = p->pp_rank == p->pp_size - 1;
     if (m->buckets == NULL || (st = copy_args(m, p->kv_args)) != KVB_OK)
         return create_error(KVB_ERR_NOMEM, "out of memory%s", "");
+    if (p->field_mask & KVB_MANAGER_PARAM_BOOTSTRAP_TOKEN && p->bootstrap_token != NULL &&
+        (m->bootstrap_token = strdup(p->bootstrap_token)) == NULL)
+        return create_error(KVB_ERR_NOMEM, "out of memory%s", "");
+    char why[200] = "";
+    bool curve = p->field_mask & KVB_MANAGER_PARAM_CURVE;
+    st = kvb__zcurve_init(&m->curve, curve ? p->curve_secret_key : NULL,
+                          curve ? p->curve_client_secret_key : NULL,
+                          curve ? p->curve_allowed_clients : NULL, why, sizeof(why));
+    if (st != KVB_OK)
+        return create_error(st, "CURVE keys: %s", why);
     m->zctx = zmq_ctx_new();
     if (m->zctx == NULL)
         return create_error(KVB_ERR_IO, "zmq_ctx_new failed%s", "");
     kvb__zcache_init(&m->zc, m->zctx);
-    st = kvb__zbind_pull(m->zctx, m->host, &m->pull, &m->port);
+    m->zc.curve = &m->curve;
+    if (m->curve.on && (st = kvb__zap_start(&m->curve, m->zctx)) != KVB_OK)
+        return create_error(st, "cannot start the CURVE authentication handler%s", "");
+    st = kvb__zbind_pull(m->zctx, m->host, &m->curve, &m->pull, &m->port);
     if (st != KVB_OK)
         return create_error(st, "cannot bind the control socket on %s", m->host);
     if (strchr(m->host, ':') != NULL)

@@ -250,7 +250,7 @@ kvb_status_t kvb__prefill_register(struct kvb_manager *m)
     uint64_t item = m->args.kv_item_len;
     uint64_t unit =
         m->p.is_mla ? item / m->args.page_size : item / m->args.page_size / m->args.kv_head_num;
-    kvb_status_t st = kvb_bootstrap_client_create(m->bootstrap_addr, NULL, &c);
+    kvb_status_t st = kvb__bootstrap_client(m, m->bootstrap_addr, &c);
     if (st != KVB_OK)
         return kvb__err_set(&m->err, st, "bootstrap address \"%s\" is invalid", m->bootstrap_addr);
     reg.field_mask = KVB_BOOTSTRAP_REG_KV_ITEM_LENS | KVB_BOOTSTRAP_REG_KV_UNIT_LENS;

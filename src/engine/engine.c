@@ -36,6 +36,7 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
     out->peer_timeout_s = kvb__env_double("KVBRIDGE_PEER_TIMEOUT", NULL, 2.0, 0.1, 3600);
     out->am_chunk_bytes =
         (size_t)kvb__env_int("KVBRIDGE_AM_CHUNK", NULL, 4 << 20, 4096, (int64_t)1 << 30);
+    out->secret = kvb__env_get("KVBRIDGE_ENGINE_SECRET", NULL);
     if (in == NULL)
         return;
     if (in->field_mask & KVB_ENGINE_PARAM_HOST && in->host != NULL)
@@ -50,6 +51,8 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
         out->peer_timeout_s = in->peer_timeout_s;
     if (in->field_mask & KVB_ENGINE_PARAM_AM_CHUNK)
         out->am_chunk_bytes = in->am_chunk_bytes;
+    if (in->field_mask & KVB_ENGINE_PARAM_SECRET)
+        out->secret = in->secret;
 }
 
 static kvb_status_t ucx_init(kvb_engine_h eng)
@@ -345,6 +348,54 @@ static void add_notify_fd(kvb_engine_h eng, int fd, uint64_t gen_sent)
     pthread_mutex_unlock(&eng->seg_mu);
 }
 
+/* Peer-supplied bytes for a log line: printable ASCII only. */
+static void printable(const uint8_t *in, uint32_t n, char *out, size_t outlen)
+{
+    size_t k = 0;
+    for (uint32_t i = 0; i < n && k + 1 < outlen; i++)
+        out[k++] = in[i] >= 0x20 && in[i] < 0x7f ? (char)in[i] : '?';
+    out[k] = '\0';
+}
+
+/* Engine secret set: challenge the writer, check its proof in constant
+ * time. Nothing about this engine is sent before the proof is right. */
+static kvb_status_t challenge(kvb_engine_h eng, int fd, uint64_t deadline, const uint8_t *sid,
+                              uint32_t sid_len, char *why, size_t wl)
+{
+    uint8_t nonce[KVB_HS_NONCE_LEN], chal[KVB_HS_CHALLENGE_LEN], want[KVB_HS_MAC_LEN];
+    uint8_t *msg = NULL;
+    const uint8_t *mac;
+    size_t len;
+    char who[128];
+    printable(sid, sid_len, who, sizeof(who));
+    if (getrandom(nonce, sizeof(nonce), 0) != (ssize_t)sizeof(nonce)) {
+        snprintf(why, wl, "no random nonce: %s", strerror(errno));
+        return KVB_ERR_IO;
+    }
+    kvb__hs_challenge_encode(nonce, chal);
+    kvb_status_t st = kvb__sock_write_all(fd, chal, sizeof(chal), deadline);
+    if (st == KVB_OK)
+        st = kvb__sock_read_msg(fd, "KVBHA001", KVB_HS_PROOF_LEN, deadline, &msg, &len, why, wl);
+    if (st == KVB_OK)
+        st = kvb__hs_proof_decode(msg, len, &mac, why, wl);
+    if (st == KVB_OK)
+        st = kvb__hs_auth_mac(eng->secret, nonce, sid, sid_len, want);
+    if (st == KVB_OK && !kvb__ct_equal(mac, want, sizeof(want))) {
+        uint8_t deny[KVB_HS_DENY_LEN];
+        kvb__hs_deny_encode(deny);
+        kvb__sock_write_all(fd, deny, sizeof(deny), deadline);
+        snprintf(why, wl, "writer \"%s\" did not prove the engine secret", who);
+        st = KVB_ERR_AUTH;
+    } else if (st != KVB_OK && why[0] != '\0') {
+        char inner[200];
+        snprintf(inner, sizeof(inner), "%s", why);
+        snprintf(why, wl, "writer \"%.60s\" sent no valid proof of the engine secret: %.120s", who,
+                 inner);
+    }
+    free(msg);
+    return st;
+}
+
 static void serve_handshake(kvb_engine_h eng, int fd)
 {
     uint64_t deadline = kvb__now_ns() + 2000000000ull;
@@ -358,6 +409,8 @@ static void serve_handshake(kvb_engine_h eng, int fd)
         kvb__sock_read_msg(fd, "KVBHQ001", 4096, deadline, &req, &req_len, why, sizeof(why));
     if (st == KVB_OK)
         st = kvb__hs_request_decode(req, req_len, &sid, &sid_len, why, sizeof(why));
+    if (st == KVB_OK && eng->secret != NULL)
+        st = challenge(eng, fd, deadline, sid, sid_len, why, sizeof(why));
     if (st == KVB_OK)
         st = build_reply(eng, &rep, &rep_len, &gen);
     if (st == KVB_OK)
@@ -648,7 +701,21 @@ static void engine_free(kvb_engine_h eng)
     pthread_mutex_destroy(&eng->cmd_mu);
     pthread_cond_destroy(&eng->cmd_cv);
     kvb__err_destroy(&eng->err);
+    if (eng->secret != NULL) {
+        explicit_bzero(eng->secret, strlen(eng->secret));
+        free(eng->secret);
+    }
+    explicit_bzero(eng->am_token, sizeof(eng->am_token));
     free(eng);
+}
+
+/* The secret in force (param wins over the environment); NULL when off. */
+static const char *params_secret(const kvb_engine_params_t *in)
+{
+    const char *sec = kvb__env_get("KVBRIDGE_ENGINE_SECRET", NULL);
+    if (in != NULL && (in->field_mask & KVB_ENGINE_PARAM_SECRET))
+        sec = in->secret;
+    return sec != NULL && sec[0] != '\0' ? sec : NULL;
 }
 
 static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
@@ -668,6 +735,17 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     if (getrandom(&eng->epoch, sizeof(eng->epoch), 0) != sizeof(eng->epoch))
         eng->epoch = kvb__now_ns() ^ (uint64_t)getpid() << 32;
     read_host_id(eng);
+    /* The caller's string need not outlive create: keep our own copy. */
+    eng->params.secret = NULL;
+    if (params_secret(params) != NULL) {
+        eng->secret = strdup(params_secret(params));
+        if (eng->secret == NULL ||
+            kvb__hs_am_token(eng->secret, eng->epoch, eng->am_token) != KVB_OK) {
+            engine_free(eng);
+            return NULL;
+        }
+        eng->params.secret = eng->secret;
+    }
     return eng;
 }
 

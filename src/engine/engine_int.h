@@ -12,8 +12,9 @@
 #include "engine/handshake.h"
 #include "engine/segtab.h"
 
-#define KVB_AM_WRITE 11 /* writer → target: descriptors in header, bytes as data */
-#define KVB_AM_ACK 12   /* target → writer: placed (or refused) */
+#define KVB_AM_WRITE 11      /* writer → target: descriptors in header, bytes as data */
+#define KVB_AM_ACK 12        /* target → writer: placed (or refused) */
+#define KVB_AM_WRITE_AUTH 13 /* as KVB_AM_WRITE, the peer's token (engine secret) first */
 
 typedef enum lane { LANE_PUT = 0, LANE_AM = 1 } lane_t;
 
@@ -32,13 +33,15 @@ struct kvb__conn {
     int fd;
     uint64_t epoch, generation;
     lane_t lane;
-    int local;                     /* peer on this host (same boot id) */
-    int refs;                      /* atomic: session + each transfer using it */
-    int dead;                      /* atomic: peer lost; fail everything on it */
-    int stale;                     /* atomic: peer's table changed; re-handshake before next use */
-    int retired;                   /* progress thread: no longer the session's current conn */
-    char why[256];                 /* why it died */
-    uint8_t rx[KVB_HS_NOTICE_LEN]; /* partial notice from the control connection */
+    int local;     /* peer on this host (same boot id) */
+    int refs;      /* atomic: session + each transfer using it */
+    int dead;      /* atomic: peer lost; fail everything on it */
+    int stale;     /* atomic: peer's table changed; re-handshake before next use */
+    int retired;   /* progress thread: no longer the session's current conn */
+    char why[256]; /* why it died */
+    int am_auth;   /* the peer challenged us: token in every message */
+    uint8_t am_token[KVB_HS_TOKEN_LEN]; /* its write-message token */
+    uint8_t rx[KVB_HS_NOTICE_LEN];      /* partial notice from the control connection */
     size_t rxlen;
     kvb__conn_t *next_all;
 };
@@ -112,6 +115,8 @@ struct kvb_engine {
     size_t max_am_header;
     uint64_t epoch;
     char host_id[64];
+    char *secret;                       /* engine secret (copy) or NULL: auth off */
+    uint8_t am_token[KVB_HS_TOKEN_LEN]; /* writers must carry it (secret set) */
 
     /* local registrations */
     pthread_mutex_t seg_mu;

@@ -2,6 +2,9 @@
 #include "core/core.h"
 
 #include <errno.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -16,6 +19,11 @@
 static const char REQ_MAGIC[] = "KVBHQ001";
 static const char REP_MAGIC[] = "KVBHS001";
 static const char NOTE_MAGIC[] = "KVBGN001";
+static const char CHAL_MAGIC[] = "KVBHC001";
+static const char PROOF_MAGIC[] = "KVBHA001";
+static const char DENY_MAGIC[] = "KVBHD001";
+static const char MAC_LABEL[] = "KVBAUTH1";
+static const char TOKEN_LABEL[] = "KVBAMTK1";
 
 /* ---- little-endian writer / reader ---- */
 typedef struct wbuf {
@@ -233,6 +241,124 @@ kvb_status_t kvb__hs_request_decode(const uint8_t *buf, size_t len, const uint8_
     return KVB_OK;
 }
 
+/* ---- authentication messages ---- */
+
+kvb__hs_kind_t kvb__hs_kind(const uint8_t *buf, size_t len)
+{
+    if (len < KVB_HS_MAGIC_LEN)
+        return KVB_HS_MSG_UNKNOWN;
+    if (memcmp(buf, REP_MAGIC, KVB_HS_MAGIC_LEN) == 0)
+        return KVB_HS_MSG_REPLY;
+    if (memcmp(buf, CHAL_MAGIC, KVB_HS_MAGIC_LEN) == 0)
+        return KVB_HS_MSG_CHALLENGE;
+    if (memcmp(buf, DENY_MAGIC, KVB_HS_MAGIC_LEN) == 0)
+        return KVB_HS_MSG_DENY;
+    return KVB_HS_MSG_UNKNOWN;
+}
+
+/* magic, u32 total, then n fixed bytes */
+static void fixed_encode(const char *magic, const uint8_t *body, size_t n, uint8_t *out)
+{
+    uint32_t total = (uint32_t)(KVB_HS_MAGIC_LEN + 4 + n);
+    memcpy(out, magic, KVB_HS_MAGIC_LEN);
+    for (int i = 0; i < 4; i++)
+        out[KVB_HS_MAGIC_LEN + i] = (uint8_t)(total >> (8 * i));
+    if (n > 0)
+        memcpy(out + KVB_HS_MAGIC_LEN + 4, body, n);
+}
+
+static kvb_status_t fixed_decode(const char *magic, const char *what, const uint8_t *buf,
+                                 size_t len, size_t n, const uint8_t **body_p, char *why,
+                                 size_t whylen)
+{
+    rbuf_t rb = {buf, len, 0};
+    if (!rb_header(&rb, magic, why, whylen))
+        return KVB_ERR_PROTO;
+    if (len != KVB_HS_MAGIC_LEN + 4 + n) {
+        snprintf(why, whylen, "handshake %s of %zu bytes (expected %zu)", what, len,
+                 (size_t)(KVB_HS_MAGIC_LEN + 4 + n));
+        return KVB_ERR_PROTO;
+    }
+    if (body_p != NULL)
+        *body_p = buf + KVB_HS_MAGIC_LEN + 4;
+    return KVB_OK;
+}
+
+void kvb__hs_challenge_encode(const uint8_t nonce[KVB_HS_NONCE_LEN],
+                              uint8_t out[KVB_HS_CHALLENGE_LEN])
+{
+    fixed_encode(CHAL_MAGIC, nonce, KVB_HS_NONCE_LEN, out);
+}
+
+kvb_status_t kvb__hs_challenge_decode(const uint8_t *buf, size_t len, const uint8_t **nonce_p,
+                                      char *why, size_t whylen)
+{
+    return fixed_decode(CHAL_MAGIC, "challenge", buf, len, KVB_HS_NONCE_LEN, nonce_p, why, whylen);
+}
+
+void kvb__hs_proof_encode(const uint8_t mac[KVB_HS_MAC_LEN], uint8_t out[KVB_HS_PROOF_LEN])
+{
+    fixed_encode(PROOF_MAGIC, mac, KVB_HS_MAC_LEN, out);
+}
+
+kvb_status_t kvb__hs_proof_decode(const uint8_t *buf, size_t len, const uint8_t **mac_p, char *why,
+                                  size_t whylen)
+{
+    return fixed_decode(PROOF_MAGIC, "proof", buf, len, KVB_HS_MAC_LEN, mac_p, why, whylen);
+}
+
+void kvb__hs_deny_encode(uint8_t out[KVB_HS_DENY_LEN])
+{
+    fixed_encode(DENY_MAGIC, NULL, 0, out);
+}
+
+kvb_status_t kvb__hs_deny_decode(const uint8_t *buf, size_t len, char *why, size_t whylen)
+{
+    return fixed_decode(DENY_MAGIC, "denial", buf, len, 0, NULL, why, whylen);
+}
+
+/* HMAC-SHA256(secret, label || a || b) with OpenSSL's one-shot context. */
+static kvb_status_t hmac3(const char *secret, const char *label, const uint8_t *a, size_t alen,
+                          const uint8_t *b, size_t blen, uint8_t out[KVB_HS_MAC_LEN])
+{
+    size_t n = KVB_HS_MAGIC_LEN + alen + blen;
+    uint8_t *msg = malloc(n);
+    unsigned int ol = 0;
+    if (msg == NULL)
+        return KVB_ERR_NOMEM;
+    memcpy(msg, label, KVB_HS_MAGIC_LEN);
+    if (alen > 0)
+        memcpy(msg + KVB_HS_MAGIC_LEN, a, alen);
+    if (blen > 0)
+        memcpy(msg + KVB_HS_MAGIC_LEN + alen, b, blen);
+    const unsigned char *r = HMAC(EVP_sha256(), secret, (int)strlen(secret), msg, n, out, &ol);
+    free(msg);
+    return r != NULL && ol == KVB_HS_MAC_LEN ? KVB_OK : KVB_ERR_IO;
+}
+
+kvb_status_t kvb__hs_auth_mac(const char *secret, const uint8_t nonce[KVB_HS_NONCE_LEN],
+                              const uint8_t *sid, uint32_t sid_len, uint8_t mac[KVB_HS_MAC_LEN])
+{
+    return hmac3(secret, MAC_LABEL, nonce, KVB_HS_NONCE_LEN, sid, sid_len, mac);
+}
+
+kvb_status_t kvb__hs_am_token(const char *secret, uint64_t epoch, uint8_t token[KVB_HS_TOKEN_LEN])
+{
+    uint8_t e[8], mac[KVB_HS_MAC_LEN];
+    for (int i = 0; i < 8; i++)
+        e[i] = (uint8_t)(epoch >> (8 * i));
+    kvb_status_t st = hmac3(secret, TOKEN_LABEL, e, sizeof(e), NULL, 0, mac);
+    if (st == KVB_OK)
+        memcpy(token, mac, KVB_HS_TOKEN_LEN);
+    OPENSSL_cleanse(mac, sizeof(mac));
+    return st;
+}
+
+bool kvb__ct_equal(const void *a, const void *b, size_t n)
+{
+    return CRYPTO_memcmp(a, b, n) == 0;
+}
+
 void kvb__hs_notice_encode(uint64_t generation, uint8_t out[KVB_HS_NOTICE_LEN])
 {
     memcpy(out, NOTE_MAGIC, KVB_HS_MAGIC_LEN);
@@ -406,7 +532,9 @@ kvb_status_t kvb__sock_read_msg(int fd, const char *magic, size_t max, uint64_t 
     }
     uint32_t total = (uint32_t)hdr[8] | (uint32_t)hdr[9] << 8 | (uint32_t)hdr[10] << 16 |
                      (uint32_t)hdr[11] << 24;
-    if (memcmp(hdr, magic, KVB_HS_MAGIC_LEN) != 0 || total < sizeof(hdr) || total > max) {
+    bool magic_ok =
+        magic != NULL ? memcmp(hdr, magic, KVB_HS_MAGIC_LEN) == 0 : memcmp(hdr, "KVBH", 4) == 0;
+    if (!magic_ok || total < sizeof(hdr) || total > max) {
         snprintf(why, whylen, "bad handshake header (magic or length %u)", total);
         return KVB_ERR_PROTO;
     }

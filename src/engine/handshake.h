@@ -6,6 +6,15 @@
  * reply    "KVBHS001" u32 total u64 epoch u64 generation u32 host_len host
  *          u32 waddr_len waddr u32 nseg { u64 addr u64 len u32 rkey_len rkey }*
  * notice   "KVBGN001" u64 generation      (segment table changed)
+ *
+ * With an engine secret on the listener (docs/security.md), the listener
+ * answers a request with a challenge before any reply:
+ * challenge "KVBHC001" u32 total nonce[32]
+ * proof     "KVBHA001" u32 total mac[32]   HMAC-SHA256(secret, "KVBAUTH1" ||
+ *                                          nonce || the request's sid)
+ * deny      "KVBHD001" u32 total           (proof wrong; connection closed)
+ * and sends the reply only after a correct proof. Writers then put a token
+ * HMAC-SHA256(secret, "KVBAMTK1" || u64 epoch)[0..16) in every write message.
  * Integers little-endian. */
 #ifndef KVB_ENGINE_HANDSHAKE_H
 #define KVB_ENGINE_HANDSHAKE_H
@@ -23,6 +32,12 @@
 #define KVB_HS_MAX_HOST 256u
 #define KVB_HS_MAX_SID 300u
 #define KVB_HS_NOTICE_LEN 16
+#define KVB_HS_NONCE_LEN 32
+#define KVB_HS_MAC_LEN 32
+#define KVB_HS_TOKEN_LEN 16
+#define KVB_HS_CHALLENGE_LEN (KVB_HS_MAGIC_LEN + 4 + KVB_HS_NONCE_LEN)
+#define KVB_HS_PROOF_LEN (KVB_HS_MAGIC_LEN + 4 + KVB_HS_MAC_LEN)
+#define KVB_HS_DENY_LEN (KVB_HS_MAGIC_LEN + 4)
 
 typedef struct kvb__hs_seg {
     uint64_t addr;
@@ -57,6 +72,37 @@ kvb_status_t kvb__hs_request_encode(const char *sid, uint8_t **buf_p, size_t *le
 kvb_status_t kvb__hs_request_decode(const uint8_t *buf, size_t len, const uint8_t **sid_p,
                                     uint32_t *sid_len_p, char *why, size_t whylen);
 
+/* ---- authentication (only used when an engine secret is set) ---- */
+typedef enum kvb__hs_kind {
+    KVB_HS_MSG_UNKNOWN = 0,
+    KVB_HS_MSG_REPLY,
+    KVB_HS_MSG_CHALLENGE,
+    KVB_HS_MSG_DENY
+} kvb__hs_kind_t;
+
+/* What a message read by a writer is, by its magic only (decode to validate). */
+kvb__hs_kind_t kvb__hs_kind(const uint8_t *buf, size_t len);
+
+void kvb__hs_challenge_encode(const uint8_t nonce[KVB_HS_NONCE_LEN],
+                              uint8_t out[KVB_HS_CHALLENGE_LEN]);
+/* *nonce_p points into buf. KVB_ERR_PROTO (reason in why) unless exact. */
+kvb_status_t kvb__hs_challenge_decode(const uint8_t *buf, size_t len, const uint8_t **nonce_p,
+                                      char *why, size_t whylen);
+void kvb__hs_proof_encode(const uint8_t mac[KVB_HS_MAC_LEN], uint8_t out[KVB_HS_PROOF_LEN]);
+kvb_status_t kvb__hs_proof_decode(const uint8_t *buf, size_t len, const uint8_t **mac_p, char *why,
+                                  size_t whylen);
+void kvb__hs_deny_encode(uint8_t out[KVB_HS_DENY_LEN]);
+kvb_status_t kvb__hs_deny_decode(const uint8_t *buf, size_t len, char *why, size_t whylen);
+
+/* The proof a writer whose session id is sid sends for nonce. KVB_ERR_IO if
+ * the crypto library fails (it does not for these inputs). */
+kvb_status_t kvb__hs_auth_mac(const char *secret, const uint8_t nonce[KVB_HS_NONCE_LEN],
+                              const uint8_t *sid, uint32_t sid_len, uint8_t mac[KVB_HS_MAC_LEN]);
+/* The write-message token of the listener incarnation with this epoch. */
+kvb_status_t kvb__hs_am_token(const char *secret, uint64_t epoch, uint8_t token[KVB_HS_TOKEN_LEN]);
+/* Constant-time equality of n bytes (time independent of where they differ). */
+bool kvb__ct_equal(const void *a, const void *b, size_t n);
+
 void kvb__hs_notice_encode(uint64_t generation, uint8_t out[KVB_HS_NOTICE_LEN]);
 bool kvb__hs_notice_decode(const uint8_t in[KVB_HS_NOTICE_LEN], uint64_t *generation_p);
 
@@ -71,7 +117,9 @@ kvb_status_t kvb__sock_connect(const char *host, uint16_t port, uint64_t deadlin
                                char *why, size_t whylen);
 kvb_status_t kvb__sock_write_all(int fd, const void *buf, size_t len, uint64_t deadline_ns);
 kvb_status_t kvb__sock_read_all(int fd, void *buf, size_t len, uint64_t deadline_ns);
-/* Read one framed message ("magic u32 total ...") of at most max bytes. */
+/* Read one framed message ("magic u32 total ...") of at most max bytes.
+ * magic NULL: any handshake magic ("KVBH...") is accepted; the caller
+ * dispatches on kvb__hs_kind and decodes. */
 kvb_status_t kvb__sock_read_msg(int fd, const char *magic, size_t max, uint64_t deadline_ns,
                                 uint8_t **buf_p, size_t *len_p, char *why, size_t whylen);
 

@@ -79,6 +79,50 @@ static void set_keepalive(int fd, double peer_timeout_s)
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof(ut));
 }
 
+/* The listener's first answer is a challenge when it has an engine secret:
+ * prove ours and read what follows. On return *rep_p holds the reply (or a
+ * refusal turned into KVB_ERR_AUTH). */
+static kvb_status_t answer_challenge(kvb_engine_h eng, int fd, uint64_t deadline, uint8_t **rep_p,
+                                     size_t *rep_len_p, bool *challenged_p, char *why, size_t wl)
+{
+    const uint8_t *nonce;
+    uint8_t mac[KVB_HS_MAC_LEN], proof[KVB_HS_PROOF_LEN];
+    kvb_status_t st;
+    *challenged_p = false;
+    if (kvb__hs_kind(*rep_p, *rep_len_p) == KVB_HS_MSG_CHALLENGE) {
+        st = kvb__hs_challenge_decode(*rep_p, *rep_len_p, &nonce, why, wl);
+        if (st != KVB_OK)
+            return st;
+        if (eng->secret == NULL) {
+            snprintf(why, wl,
+                     "authentication failed: the peer requires an engine secret and none is "
+                     "set (KVBRIDGE_ENGINE_SECRET)");
+            return KVB_ERR_AUTH;
+        }
+        st = kvb__hs_auth_mac(eng->secret, nonce, (const uint8_t *)eng->sid,
+                              (uint32_t)strlen(eng->sid), mac);
+        if (st != KVB_OK)
+            return st;
+        kvb__hs_proof_encode(mac, proof);
+        free(*rep_p);
+        *rep_p = NULL;
+        *challenged_p = true;
+        st = kvb__sock_write_all(fd, proof, sizeof(proof), deadline);
+        if (st == KVB_OK)
+            st = kvb__sock_read_msg(fd, NULL, KVB_HS_MAX_MSG, deadline, rep_p, rep_len_p, why, wl);
+        if (st != KVB_OK)
+            return st;
+    }
+    if (kvb__hs_kind(*rep_p, *rep_len_p) == KVB_HS_MSG_DENY) {
+        st = kvb__hs_deny_decode(*rep_p, *rep_len_p, why, wl);
+        if (st != KVB_OK)
+            return st;
+        snprintf(why, wl, "authentication failed: the peer refused our engine secret");
+        return KVB_ERR_AUTH;
+    }
+    return KVB_OK;
+}
+
 /* Blocking handshake on the caller's thread, then the progress thread turns
  * the reply into an endpoint. */
 static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, kvb__conn_t **conn_p)
@@ -89,6 +133,7 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, kvb__conn_t *
     kvb__hs_reply_t reply;
     kvb__cmd_t cmd = {0};
     char why[256] = "";
+    bool challenged = false;
     int fd = -1;
     kvb_status_t st = kvb__sock_connect(s->host, s->port, deadline, &fd, why, sizeof(why));
     if (st == KVB_OK)
@@ -96,8 +141,10 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, kvb__conn_t *
     if (st == KVB_OK)
         st = kvb__sock_write_all(fd, req, req_len, deadline);
     if (st == KVB_OK)
-        st = kvb__sock_read_msg(fd, "KVBHS001", KVB_HS_MAX_MSG, deadline, &rep, &rep_len, why,
+        st = kvb__sock_read_msg(fd, NULL, KVB_HS_MAX_MSG, deadline, &rep, &rep_len, why,
                                 sizeof(why));
+    if (st == KVB_OK)
+        st = answer_challenge(eng, fd, deadline, &rep, &rep_len, &challenged, why, sizeof(why));
     if (st == KVB_OK)
         st = kvb__hs_reply_decode(rep, rep_len, &reply, why, sizeof(why));
     free(req);
@@ -108,6 +155,12 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, kvb__conn_t *
         cmd.conn = calloc(1, sizeof(*cmd.conn));
         if (cmd.conn == NULL)
             st = KVB_ERR_NOMEM;
+        else if (challenged)
+            st = kvb__hs_am_token(eng->secret, reply.epoch, cmd.conn->am_token);
+        if (cmd.conn != NULL)
+            cmd.conn->am_auth = challenged;
+        if (st != KVB_OK)
+            kvb__hs_reply_free(&reply);
     }
     if (st == KVB_OK) {
         cmd.conn->sess = s;
@@ -127,7 +180,7 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, kvb__conn_t *
     if (fd >= 0)
         close(fd);
     if (st != KVB_OK) {
-        if (cmd.conn != NULL && cmd.result != KVB_OK)
+        if (cmd.conn != NULL && (cmd.result != KVB_OK || !cmd.done))
             free(cmd.conn);
         if (st == KVB_ERR_PROTO)
             st = KVB_ERR_PEER; /* a peer that speaks garbage is not reachable */

@@ -384,12 +384,14 @@ static uint64_t get_u64(const uint8_t *p)
  * descriptor count); returns NULL on allocation failure. */
 static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, uint64_t *bytes_p)
 {
-    size_t max_desc = (eng->max_am_header - AM_HDR_FIXED) / AM_DESC;
+    /* Engine secret: the peer's token goes first (KVB_AM_WRITE_AUTH). */
+    size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
+    size_t max_desc = (eng->max_am_header - pre - AM_HDR_FIXED) / AM_DESC;
     size_t chunk = eng->params.am_chunk_bytes;
     am_msg_t *m = calloc(1, sizeof(*m));
     if (max_desc > 512)
         max_desc = 512;
-    if (m == NULL || (m->hdr = malloc(AM_HDR_FIXED + max_desc * AM_DESC)) == NULL ||
+    if (m == NULL || (m->hdr = malloc(pre + AM_HDR_FIXED + max_desc * AM_DESC)) == NULL ||
         (m->iov = malloc(max_desc * sizeof(*m->iov))) == NULL) {
         if (m != NULL) {
             free(m->hdr);
@@ -399,13 +401,16 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     }
     size_t k = 0;
     uint64_t total = 0;
+    uint8_t *h = m->hdr + pre;
+    if (pre > 0)
+        memcpy(m->hdr, x->conn->am_token, KVB_HS_TOKEN_LEN);
     while (x->next < x->n && k < max_desc && total < chunk) {
         const kvb_block_t *b = &x->blocks[x->next];
         uint64_t piece = b->len - x->off;
         if (piece > chunk - total)
             piece = chunk - total;
-        put_u64(m->hdr + AM_HDR_FIXED + k * AM_DESC, b->dst + x->off);
-        put_u64(m->hdr + AM_HDR_FIXED + k * AM_DESC + 8, piece);
+        put_u64(h + AM_HDR_FIXED + k * AM_DESC, b->dst + x->off);
+        put_u64(h + AM_HDR_FIXED + k * AM_DESC + 8, piece);
         m->iov[k].buffer = (void *)(uintptr_t)(b->src + x->off);
         m->iov[k].length = piece;
         k++;
@@ -417,11 +422,11 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
         }
     }
     uint32_t magic = AM_MAGIC_WRITE, nd = (uint32_t)k;
-    memcpy(m->hdr, &magic, 4);
-    memcpy(m->hdr + 4, &nd, 4);
-    put_u64(m->hdr + 8, x->id);
-    put_u64(m->hdr + 16, x->msgs_sent);
-    put_u64(m->hdr + 24, total);
+    memcpy(h, &magic, 4);
+    memcpy(h + 4, &nd, 4);
+    put_u64(h + 8, x->id);
+    put_u64(h + 16, x->msgs_sent);
+    put_u64(h + 24, total);
     *niov_p = k;
     *bytes_p = total;
     return m;
@@ -455,8 +460,9 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
         x->inflight++;
         void *buf = contig ? m->iov[0].buffer : (void *)m->iov;
         size_t cnt = contig ? m->iov[0].length : niov;
-        void *r = ucp_am_send_nbx(x->conn->ep, KVB_AM_WRITE, m->hdr, AM_HDR_FIXED + niov * AM_DESC,
-                                  buf, cnt, &p);
+        size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
+        void *r = ucp_am_send_nbx(x->conn->ep, pre > 0 ? KVB_AM_WRITE_AUTH : KVB_AM_WRITE, m->hdr,
+                                  pre + AM_HDR_FIXED + niov * AM_DESC, buf, cnt, &p);
         if (UCS_PTR_IS_ERR(r)) {
             x->inflight--;
             fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
@@ -639,16 +645,22 @@ static void scatter(const ucp_dt_iov_t *iov, uint32_t nd, const uint8_t *data)
     }
 }
 
-static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void *data,
-                                size_t length, const ucp_am_recv_param_t *param)
+/* authorized: false when the engine has a secret and the message did not
+ * carry its token; refused before any descriptor is looked at. */
+static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, void *data,
+                             size_t length, const ucp_am_recv_param_t *param, bool authorized)
 {
-    kvb_engine_h eng = arg;
-    const uint8_t *h = header;
     char why[200] = "malformed write message";
     uint32_t nd = 0;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
         return UCS_OK; /* cannot answer: drop */
     uint64_t xid = hlen >= 24 ? get_u64(h + 8) : 0, mid = hlen >= 24 ? get_u64(h + 16) : 0;
+    if (!authorized) {
+        KVB_LOGW("engine %s: refused a write without the engine-secret token", eng->sid);
+        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_AUTH,
+                 "write not authenticated (engine secret token missing or wrong)");
+        return UCS_OK;
+    }
     am_recv_t *rc = calloc(1, sizeof(*rc));
     bool ok = rc != NULL && kvb__am_parse_write_header(h, hlen, length, &nd) &&
               (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
@@ -691,6 +703,26 @@ static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void
     return UCS_OK;
 }
 
+static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void *data,
+                                size_t length, const ucp_am_recv_param_t *param)
+{
+    kvb_engine_h eng = arg;
+    return am_write(eng, header, hlen, data, length, param, eng->secret == NULL);
+}
+
+/* Token first, then the write header. 16 bytes compared per message (each
+ * up to am_chunk_bytes). Without a secret here the token is ignored. */
+static ucs_status_t am_write_auth_cb(void *arg, const void *header, size_t hlen, void *data,
+                                     size_t length, const ucp_am_recv_param_t *param)
+{
+    kvb_engine_h eng = arg;
+    const uint8_t *h = header;
+    if (hlen < KVB_HS_TOKEN_LEN)
+        return am_write(eng, h, hlen, data, length, param, false);
+    bool ok = eng->secret == NULL || kvb__ct_equal(h, eng->am_token, KVB_HS_TOKEN_LEN);
+    return am_write(eng, h + KVB_HS_TOKEN_LEN, hlen - KVB_HS_TOKEN_LEN, data, length, param, ok);
+}
+
 static struct kvb_xfer *find_active(kvb_engine_h eng, uint64_t id)
 {
     for (struct kvb_xfer *x = eng->active; x != NULL; x = x->next_active)
@@ -718,7 +750,7 @@ static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *
         char reason[404];
         memcpy(reason, why, rl < 400 ? rl : 400);
         reason[rl < 400 ? rl : 400] = '\0';
-        fail(x, st == KVB_ERR_BOUNDS ? KVB_ERR_BOUNDS : KVB_ERR_PEER,
+        fail(x, st == KVB_ERR_BOUNDS || st == KVB_ERR_AUTH ? (kvb_status_t)st : KVB_ERR_PEER,
              "session %s: peer refused the write: %s", x->conn->sess->sid, reason);
     }
     return UCS_OK;
@@ -732,6 +764,10 @@ kvb_status_t kvb__am_register_handlers(kvb_engine_h eng)
     p.arg = eng;
     p.id = KVB_AM_WRITE;
     p.cb = am_write_cb;
+    if (ucp_worker_set_am_recv_handler(eng->worker, &p) != UCS_OK)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "cannot set the write message handler");
+    p.id = KVB_AM_WRITE_AUTH;
+    p.cb = am_write_auth_cb;
     if (ucp_worker_set_am_recv_handler(eng->worker, &p) != UCS_OK)
         return kvb__err_set(&eng->err, KVB_ERR_IO, "cannot set the write message handler");
     p.id = KVB_AM_ACK;

@@ -1,5 +1,7 @@
-/* Fuzz the engine handshake decoders (reply, request, notice, session id).
- * Invariant: an accepted reply re-encodes to the identical bytes. */
+/* Fuzz the engine handshake decoders (reply, request, notice, session id,
+ * and the authentication messages: challenge, proof, denial).
+ * Invariant: an accepted reply, challenge or proof re-encodes to the
+ * identical bytes. */
 #include "engine/handshake.h"
 
 #include <stdlib.h>
@@ -22,6 +24,27 @@ static void check_reply(const uint8_t *data, size_t size)
     kvb__hs_reply_free(&r);
 }
 
+static void check_auth(const uint8_t *data, size_t size)
+{
+    const uint8_t *p;
+    char why[256];
+    uint8_t chal[KVB_HS_CHALLENGE_LEN], proof[KVB_HS_PROOF_LEN];
+    kvb__hs_kind_t kind = kvb__hs_kind(data, size);
+    if (kvb__hs_challenge_decode(data, size, &p, why, sizeof(why)) == KVB_OK) {
+        kvb__hs_challenge_encode(p, chal);
+        if (kind != KVB_HS_MSG_CHALLENGE || size != sizeof(chal) || memcmp(chal, data, size) != 0)
+            abort();
+    }
+    if (kvb__hs_proof_decode(data, size, &p, why, sizeof(why)) == KVB_OK) {
+        kvb__hs_proof_encode(p, proof);
+        if (size != sizeof(proof) || memcmp(proof, data, size) != 0)
+            abort();
+    }
+    if (kvb__hs_deny_decode(data, size, why, sizeof(why)) == KVB_OK &&
+        (kind != KVB_HS_MSG_DENY || size != KVB_HS_DENY_LEN))
+        abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const uint8_t *sid;
@@ -30,6 +53,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint16_t port;
     uint64_t g;
     check_reply(data, size);
+    check_auth(data, size);
     kvb__hs_request_decode(data, size, &sid, &sl, why, sizeof(why));
     if (size >= KVB_HS_NOTICE_LEN)
         kvb__hs_notice_decode(data, &g);
