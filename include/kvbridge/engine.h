@@ -151,6 +151,17 @@ KVB_API const char *kvb_xfer_error(kvb_xfer_h xfer);
 /* Release the handle. A running transfer is cancelled first (no wait). */
 KVB_API void kvb_xfer_free(kvb_xfer_h xfer);
 
+/* Writer fencing (message lane). A writer engine stamps every message-lane
+ * write with its tag (0 = none; set once, before writing). A target engine
+ * refuses every later message-lane write stamped with a fenced tag: the
+ * writer's transfer fails (KVB_ERR_PEER, "writer fenced") and nothing of
+ * it is placed. Used by the connector when a decode declares a prefill lost,
+ * so writes the lost prefill issues later cannot land in pages the decode
+ * already reused. Receives already in progress when the fence is set are not
+ * stopped. Thread-safe. */
+KVB_API void kvb_engine_set_writer_tag(kvb_engine_h engine, uint32_t tag);
+KVB_API void kvb_engine_fence_writer(kvb_engine_h engine, uint32_t tag, int fenced);
+
 #ifdef __cplusplus
 }
 #endif

@@ -284,6 +284,9 @@ void kvb__conn_bad_message(struct kvb_manager *m, int kind, const kvb__frames_er
 /* Send a status (room, value, rank) to ip:port. */
 kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
                               int status, int32_t rank);
+/* Writer tag of the prefill rank whose control endpoint is ip:port (the
+ * engine's writer fencing; never 0). */
+uint32_t kvb__endpoint_tag(const char *ip, uint16_t port);
 /* This rank's planner layout (prefill) or decode layout. */
 void kvb__layout_self(struct kvb_manager *m, kvb_plan_layout_t *out);
 

@@ -183,6 +183,7 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
                  m->args.engine_rank, dp, pp);
         return st;
     }
+    kvb_engine_fence_writer(m->engine, kvb__endpoint_tag(ra.rank_ip, ra.rank_port), 0);
     st = send_registration(m, ra.rank_ip, ra.rank_port);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why), "KV args not delivered to prefill %s:%u", ra.rank_ip,
@@ -567,6 +568,12 @@ static void node_failure(struct kvb_manager *m, kvb__addr_t *a)
 {
     size_t affected = 0;
     pthread_mutex_lock(&m->mu);
+    /* Fence the instance's ranks before reporting their rooms over: a rank
+     * that was only stalled (SIGSTOP, a long pause) must not land writes in
+     * pages we are about to hand back. Lifted when its route is resolved
+     * again (resolve_one). */
+    for (kvb__route_t *rt = a->routes; rt != NULL; rt = rt->next)
+        kvb_engine_fence_writer(m->engine, kvb__endpoint_tag(rt->ip, rt->port), 1);
     addr_forget(a);
     for (size_t i = 0; i < m->n_buckets; i++)
         for (kvb__room_t *r = m->buckets[i]; r != NULL; r = r->next)

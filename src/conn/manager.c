@@ -259,6 +259,16 @@ kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t po
     return st;
 }
 
+uint32_t kvb__endpoint_tag(const char *ip, uint16_t port)
+{
+    uint32_t h = 2166136261u; /* FNV-1a over "ip" then the port */
+    for (const char *c = ip; *c != '\0'; c++)
+        h = (h ^ (uint8_t)*c) * 16777619u;
+    h = (h ^ (port & 0xff)) * 16777619u;
+    h = (h ^ (port >> 8)) * 16777619u;
+    return h != 0 ? h : 1;
+}
+
 void kvb__layout_self(struct kvb_manager *m, kvb_plan_layout_t *out)
 {
     const kvb_kv_args_t *a = &m->args;
@@ -395,6 +405,8 @@ kvb_status_t kvb_manager_create(const kvb_manager_params_t *params, kvb_manager_
         manager_free(m);
         return st;
     }
+    if (m->mode == KVB_MODE_PREFILL) /* a decode can fence us if it declares us lost */
+        kvb_engine_set_writer_tag(m->engine, kvb__endpoint_tag(m->host, m->port));
     st = m->mode == KVB_MODE_PREFILL ? kvb__prefill_start(m) : kvb__decode_start(m);
     if (st == KVB_OK && pthread_create(&m->ctl_thr, NULL, control_main, m) != 0)
         st = create_error(KVB_ERR_IO, "cannot start the control thread%s", "");

@@ -685,6 +685,7 @@ static void engine_free(kvb_engine_h eng)
     for (size_t i = 0; i < eng->n_notify; i++)
         close(eng->notify_fds[i]);
     free(eng->notify_fds);
+    free(eng->fenced);
     if (eng->worker)
         ucp_worker_destroy(eng->worker);
     ops_release_all(eng);

@@ -117,6 +117,9 @@ struct kvb_engine {
     char host_id[64];
     char *secret;                       /* engine secret (copy) or NULL: auth off */
     uint8_t am_token[KVB_HS_TOKEN_LEN]; /* writers must carry it (secret set) */
+    uint32_t writer_tag;                /* atomic: stamped on our message-lane writes */
+    uint32_t *fenced;                   /* writer tags refused (seg_mu) */
+    size_t n_fenced, cap_fenced;
 
     /* local registrations */
     pthread_mutex_t seg_mu;

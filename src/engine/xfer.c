@@ -425,7 +425,9 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     memcpy(h, &magic, 4);
     memcpy(h + 4, &nd, 4);
     put_u64(h + 8, x->id);
-    put_u64(h + 16, x->msgs_sent);
+    /* msg id: writer tag in the high half (writer fencing), sequence low. */
+    put_u64(h + 16, (uint64_t)__atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED) << 32 |
+                        (x->msgs_sent & 0xffffffffu));
     put_u64(h + 24, total);
     *niov_p = k;
     *bytes_p = total;
@@ -645,6 +647,48 @@ static void scatter(const ucp_dt_iov_t *iov, uint32_t nd, const uint8_t *data)
     }
 }
 
+static bool writer_fenced(kvb_engine_h eng, uint32_t tag)
+{
+    bool fenced = false;
+    if (tag == 0)
+        return false;
+    pthread_mutex_lock(&eng->seg_mu);
+    for (size_t i = 0; i < eng->n_fenced && !fenced; i++)
+        fenced = eng->fenced[i] == tag;
+    pthread_mutex_unlock(&eng->seg_mu);
+    return fenced;
+}
+
+void kvb_engine_set_writer_tag(kvb_engine_h eng, uint32_t tag)
+{
+    __atomic_store_n(&eng->writer_tag, tag, __ATOMIC_RELAXED);
+}
+
+void kvb_engine_fence_writer(kvb_engine_h eng, uint32_t tag, int fenced)
+{
+    size_t i = 0;
+    if (eng == NULL || tag == 0)
+        return;
+    pthread_mutex_lock(&eng->seg_mu);
+    while (i < eng->n_fenced && eng->fenced[i] != tag)
+        i++;
+    if (!fenced && i < eng->n_fenced) {
+        eng->fenced[i] = eng->fenced[--eng->n_fenced];
+    } else if (fenced && i == eng->n_fenced) {
+        if (eng->n_fenced == eng->cap_fenced) {
+            size_t cap = eng->cap_fenced ? eng->cap_fenced * 2 : 8;
+            uint32_t *v = realloc(eng->fenced, cap * sizeof(*v));
+            if (v != NULL) {
+                eng->fenced = v;
+                eng->cap_fenced = cap;
+            }
+        }
+        if (eng->n_fenced < eng->cap_fenced)
+            eng->fenced[eng->n_fenced++] = tag;
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+}
+
 /* authorized: false when the engine has a secret and the message did not
  * carry its token; refused before any descriptor is looked at. */
 static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, void *data,
@@ -659,6 +703,13 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
         KVB_LOGW("engine %s: refused a write without the engine-secret token", eng->sid);
         send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_AUTH,
                  "write not authenticated (engine secret token missing or wrong)");
+        return UCS_OK;
+    }
+    if (writer_fenced(eng, (uint32_t)(mid >> 32))) {
+        KVB_LOGI("engine %s: refused a write from fenced writer %08x", eng->sid,
+                 (unsigned)(mid >> 32));
+        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_CANCELED,
+                 "writer fenced: the destination declared this writer lost");
         return UCS_OK;
     }
     am_recv_t *rc = calloc(1, sizeof(*rc));
