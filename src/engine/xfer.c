@@ -19,6 +19,7 @@
 typedef struct am_msg {
     kvb__op_t op; /* first: the op is the message */
     struct kvb_xfer *x;
+    size_t ndesc; /* destination descriptors in the header */
     uint8_t *hdr;
     ucp_dt_iov_t *iov;
 } am_msg_t;
@@ -382,6 +383,13 @@ static uint64_t get_u64(const uint8_t *p)
 
 /* Gather the next pieces of x into one message (bounded by bytes and
  * descriptor count); returns NULL on allocation failure. */
+#define AM_MAX_IOV 4096 /* source pieces gathered into one message */
+
+/* Gather the next pieces of x into one message, bounded by bytes, source
+ * pieces and destination descriptors. Pieces contiguous at the destination
+ * share one descriptor and pieces contiguous at the source one IOV entry, so
+ * head slices (strided on one side, contiguous on the other) travel in full
+ * size messages. Returns NULL on allocation failure. */
 static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, uint64_t *bytes_p)
 {
     /* Engine secret: the peer's token goes first (KVB_AM_WRITE_AUTH). */
@@ -392,28 +400,42 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     if (max_desc > 512)
         max_desc = 512;
     if (m == NULL || (m->hdr = malloc(pre + AM_HDR_FIXED + max_desc * AM_DESC)) == NULL ||
-        (m->iov = malloc(max_desc * sizeof(*m->iov))) == NULL) {
+        (m->iov = malloc(AM_MAX_IOV * sizeof(*m->iov))) == NULL) {
         if (m != NULL) {
             free(m->hdr);
             free(m);
         }
         return NULL;
     }
-    size_t k = 0;
-    uint64_t total = 0;
-    uint8_t *h = m->hdr + pre;
+    size_t k = 0, niov = 0;
+    uint64_t total = 0, dend = 0;
+    uint8_t *h = m->hdr + pre, *d = h + AM_HDR_FIXED;
     if (pre > 0)
         memcpy(m->hdr, x->conn->am_token, KVB_HS_TOKEN_LEN);
-    while (x->next < x->n && k < max_desc && total < chunk) {
+    while (x->next < x->n && total < chunk) {
         const kvb_block_t *b = &x->blocks[x->next];
-        uint64_t piece = b->len - x->off;
+        uint64_t piece = b->len - x->off, src = b->src + x->off, dst = b->dst + x->off;
+        bool dmerge = k > 0 && dend == dst;
+        bool smerge =
+            niov > 0 && (uintptr_t)m->iov[niov - 1].buffer + m->iov[niov - 1].length == src;
+        if ((!dmerge && k == max_desc) || (!smerge && niov == AM_MAX_IOV))
+            break;
         if (piece > chunk - total)
             piece = chunk - total;
-        put_u64(h + AM_HDR_FIXED + k * AM_DESC, b->dst + x->off);
-        put_u64(h + AM_HDR_FIXED + k * AM_DESC + 8, piece);
-        m->iov[k].buffer = (void *)(uintptr_t)(b->src + x->off);
-        m->iov[k].length = piece;
-        k++;
+        if (dmerge) {
+            put_u64(d + (k - 1) * AM_DESC + 8, get_u64(d + (k - 1) * AM_DESC + 8) + piece);
+        } else {
+            put_u64(d + k * AM_DESC, dst);
+            put_u64(d + k * AM_DESC + 8, piece);
+            k++;
+        }
+        if (smerge) {
+            m->iov[niov - 1].length += piece;
+        } else {
+            m->iov[niov].buffer = (void *)(uintptr_t)src;
+            m->iov[niov++].length = piece;
+        }
+        dend = dst + piece;
         total += piece;
         x->off += piece;
         if (x->off == b->len) {
@@ -429,7 +451,8 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     put_u64(h + 16, (uint64_t)__atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED) << 32 |
                         (x->msgs_sent & 0xffffffffu));
     put_u64(h + 24, total);
-    *niov_p = k;
+    m->ndesc = k;
+    *niov_p = niov;
     *bytes_p = total;
     return m;
 }
@@ -464,7 +487,7 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
         size_t cnt = contig ? m->iov[0].length : niov;
         size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
         void *r = ucp_am_send_nbx(x->conn->ep, pre > 0 ? KVB_AM_WRITE_AUTH : KVB_AM_WRITE, m->hdr,
-                                  pre + AM_HDR_FIXED + niov * AM_DESC, buf, cnt, &p);
+                                  pre + AM_HDR_FIXED + m->ndesc * AM_DESC, buf, cnt, &p);
         if (UCS_PTR_IS_ERR(r)) {
             x->inflight--;
             fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
