@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -137,11 +138,44 @@ static int child_prefill(void)
     return 0;
 }
 
+/* ---- child: decode with receivers for rooms [FIRST, FIRST + COUNT) ---- */
+
+static int child_decode(char **argv)
+{
+    const char *boot = argv[0];
+    uint64_t first = strtoull(argv[1], NULL, 10);
+    int count = atoi(argv[2]), n = atoi(argv[3]);
+    kvb_receiver_h rc[MAXR];
+    frank_t d;
+    char c;
+    if (count > MAXR || n > 16 || frank_start(&d, &G, KVB_MODE_DECODE, NULL, -1, NULL) != 0)
+        return 3;
+    for (int j = 0; j < count; j++) {
+        uint64_t room = first + (uint64_t)j;
+        int32_t dst[16];
+        for (int i = 0; i < n; i++)
+            dst[i] = dst_page(room, i);
+        if (kvb_receiver_create(d.mgr, boot, room, -1, &rc[j]) != KVB_OK)
+            return 4;
+        kvb_receiver_init(rc[j], dst, (size_t)n, (int64_t)(room % FR_AUX_ITEMS), NULL);
+    }
+    printf("ready %s\n", kvb_engine_session_id(d.eng));
+    fflush(stdout);
+    while (read(0, &c, 1) > 0)
+        ;
+    for (int j = 0; j < count; j++)
+        kvb_receiver_destroy(rc[j]);
+    frank_stop(&d);
+    return 0;
+}
+
 static int child_main(int argc, char **argv)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (argc >= 3 && strcmp(argv[2], "prefill") == 0)
         return child_prefill();
+    if (argc >= 7 && strcmp(argv[2], "decode") == 0)
+        return child_decode(argv + 3);
     return 2;
 }
 
@@ -501,6 +535,143 @@ static void test_hostile(void)
     TEST_PASS("hostile TCP peers: engine keeps serving, fds and memory bounded");
 }
 
+/* ---- 3. slow peer: a decode process stopped, its sockets unread ---- */
+
+static void test_slowpeer(void)
+{
+    const int NR = 48, NP = 8;
+    const uint64_t R0 = 1000;
+    const double xfer_to = 1.0; /* KVBRIDGE_TRANSFER_TIMEOUT set by main */
+    /* each queue's worker: its chunk's time-out, then the cancelled writes
+     * settle within the engine's peer time-out (2 s); generous slack */
+    const double bound = 2 * (xfer_to + 2.0) + 5.0;
+    kvb_bootstrap_server_params_t bp = {KVB_BOOTSTRAP_SERVER_PARAM_PORT, NULL, 0, NULL, 0, 0, 0};
+    kvb_bootstrap_server_h b;
+    frank_t p, d2;
+    fchild_t ch;
+    kvb_sender_h snd[MAXR];
+    char line[256], first[32], cnt[16], np[16];
+    CHECK_EQ(kvb_bootstrap_server_start(&bp, &b), KVB_OK);
+    const char *boot = kvb_bootstrap_server_address(b);
+    CHECK_EQ(frank_start(&p, &G, KVB_MODE_PREFILL, boot, -1, NULL), 0);
+    snprintf(first, sizeof(first), "%llu", (unsigned long long)R0);
+    snprintf(cnt, sizeof(cnt), "%d", NR);
+    snprintf(np, sizeof(np), "%d", NP);
+    char *args[] = {"--child", "decode", (char *)boot, first, cnt, np, NULL};
+    CHECK_EQ(fchild_spawn(&ch, g_self, args), 0);
+    CHECK_EQ(fchild_line(&ch, line, sizeof(line), 20), 0);
+    CHECK(strncmp(line, "ready", 5) == 0);
+    /* every room's transfer info reached the prefill: senders are ready */
+    for (int j = 0; j < NR; j++) {
+        CHECK_EQ(kvb_sender_create(p.mgr, boot, R0 + (uint64_t)j, &snd[j]), KVB_OK);
+        CHECK_EQ(fwait_sender_ready(snd[j], 10), 0);
+    }
+    /* one warm room through an in-process decode, then the base line */
+    CHECK_EQ(frank_start(&d2, &G, KVB_MODE_DECODE, NULL, -1, NULL), 0);
+    CHECK_EQ(frun_room(&p, &d2, boot, 5000, 8, 0, 200, 1), 0);
+    long rss0 = rss_kib(getpid()), rss_max = rss0;
+    int fd0 = count_fds(), fd_max = fd0;
+    kvb_manager_stats_t st;
+    kvb_manager_stats(p.mgr, &st);
+    uint64_t rooms0 = st.rooms, rooms_max = st.rooms;
+    /* room R0 goes through whole while the decode runs: the data-plane
+     * session exists before the decode stops */
+    {
+        int32_t src[16];
+        for (int i = 0; i < NP; i++)
+            src[i] = src_page(R0, i);
+        ffill(&p, R0, src, NP, (int)(R0 % FR_AUX_ITEMS));
+        kvb_sender_init(snd[0], (uint64_t)NP, (int64_t)(R0 % FR_AUX_ITEMS));
+        CHECK_EQ(kvb_sender_send(snd[0], src, (size_t)NP), KVB_OK);
+        CHECK_EQ(fwait_sender(snd[0], 10), KVB_POLL_SUCCESS);
+    }
+    CHECK_EQ(kill(ch.pid, SIGSTOP), 0);
+    double t0 = fnow();
+    for (int j = 1; j < NR; j++) {
+        uint64_t room = R0 + (uint64_t)j;
+        int32_t src[16];
+        for (int i = 0; i < NP; i++)
+            src[i] = src_page(room, i);
+        ffill(&p, room, src, NP, (int)(room % FR_AUX_ITEMS));
+        kvb_sender_init(snd[j], (uint64_t)NP, (int64_t)(room % FR_AUX_ITEMS));
+        CHECK_EQ(kvb_sender_send(snd[j], src, (size_t)NP / 2), KVB_OK);
+        CHECK_EQ(kvb_sender_send(snd[j], src + NP / 2, (size_t)(NP - NP / 2)), KVB_OK);
+    }
+    double t_sent = fnow() - t0, t_last = 0;
+    int left = NR - 1, done[MAXR] = {1}, failed = 0;
+    while (left > 0 && fnow() < t0 + bound) {
+        for (int j = 0; j < NR; j++) {
+            kvb_poll_t q = kvb_sender_poll(snd[j]);
+            if (done[j] || (q != KVB_POLL_FAILED && q != KVB_POLL_SUCCESS))
+                continue;
+            done[j] = 1;
+            left--;
+            failed += q == KVB_POLL_FAILED;
+            t_last = fnow() - t0;
+        }
+        long r = rss_kib(getpid());
+        int f = count_fds();
+        kvb_manager_stats(p.mgr, &st);
+        rss_max = r > rss_max ? r : rss_max;
+        fd_max = f > fd_max ? f : fd_max;
+        rooms_max = st.rooms > rooms_max ? st.rooms : rooms_max;
+        fsleep(0.02);
+    }
+    char why[512] = "";
+    for (int j = 1; j < NR; j++)
+        if (kvb_sender_poll(snd[j]) == KVB_POLL_FAILED) {
+            kvb_sender_failure(snd[j], why, sizeof(why));
+            break;
+        }
+    fprintf(stderr,
+            "slowpeer: %d rooms to a stopped decode: %d Failed, %d still open; last ended "
+            "%.2f s after SIGSTOP (sends queued in %.3f s); reason: %s\n",
+            NR - 1, failed, left, t_last, t_sent, why);
+    fprintf(stderr,
+            "slowpeer: prefill high-water marks: RSS %ld -> max %ld KiB, fds %d -> max %d, rooms "
+            "%llu -> max %llu\n",
+            rss0, rss_max, fd0, fd_max, (unsigned long long)rooms0, (unsigned long long)rooms_max);
+    double tc = fnow();
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(stderr, "slowpeer: prefill process CPU so far: user %.1f s, system %.1f s\n",
+            (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6,
+            (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
+    kill(ch.pid, SIGCONT);
+    if (left > 0) {
+        int left2 = left;
+        while (left2 > 0 && fnow() < tc + 15) {
+            left2 = 0;
+            for (int j = 1; j < NR; j++) {
+                kvb_poll_t q = kvb_sender_poll(snd[j]);
+                left2 += q != KVB_POLL_FAILED && q != KVB_POLL_SUCCESS;
+            }
+            fsleep(0.02);
+        }
+        fprintf(stderr,
+                "SLOW PEER BUG: %d of %d rooms to the stopped decode did not end within %.1f s "
+                "(transfer time-out %.1f s); after SIGCONT %d still open %.2f s later\n",
+                left, NR - 1, bound, xfer_to, left2, fnow() - tc);
+    }
+    CHECK(rss_max - rss0 < 64 * 1024);
+    CHECK(fd_max - fd0 < 32);
+    CHECK(rooms_max <= rooms0 + (uint64_t)NR);
+    for (int j = 0; j < NR; j++)
+        kvb_sender_destroy(snd[j]);
+    /* the prefill still serves a healthy decode */
+    CHECK_EQ(frun_room(&p, &d2, boot, 5001, 8, 16, 100, 2), 0);
+    CHECK(fcanaries_ok(&d2, "decode"));
+    /* last: the rooms to the stopped decode ended (Failed) within the bound */
+    CHECK_EQ(left, 0);
+    CHECK_EQ(failed, NR - 1);
+    CHECK(why[0] != '\0');
+    fchild_close(&ch);
+    frank_stop(&d2);
+    frank_stop(&p);
+    kvb_bootstrap_server_stop(b);
+    TEST_PASS("slow peer: prefill bounded, rooms fail, healthy decode served");
+}
+
 int main(int argc, char **argv)
 {
     g_self = argv[0];
@@ -511,7 +682,10 @@ int main(int argc, char **argv)
     const char *which = argc >= 2 ? argv[1] : "sigstop";
     if (strcmp(which, "sigstop") == 0)
         test_sigstop();
-    else if (strcmp(which, "hostile") == 0)
+    else if (strcmp(which, "slowpeer") == 0) {
+        setenv("KVBRIDGE_TRANSFER_TIMEOUT", "1.0", 1);
+        test_slowpeer();
+    } else if (strcmp(which, "hostile") == 0)
         test_hostile();
     else
         return 2;
