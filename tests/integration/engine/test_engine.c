@@ -191,9 +191,12 @@ static void test_async(test_peer_t *peer)
     kvb_status_t st = kvb_xfer_wait(x, 10);
     CHECK(st == KVB_ERR_CANCELED || st == KVB_OK);
     kvb_xfer_free(x);
-    /* free while running: no leak, no crash */
+    /* free while running: no leak, no crash. Its issued messages still settle
+     * in the background (a freed handle cannot be waited on): give them time
+     * before the next test watches the destination. */
     CHECK_EQ(kvb_engine_write_async(g_eng, peer->sid, b, 60000, &x), KVB_OK);
     kvb_xfer_free(x);
+    usleep(500000);
     free(b);
     TEST_PASS("async submit / test / wait / cancel / free");
 }
