@@ -151,6 +151,13 @@ KVB_API const char *kvb_xfer_error(kvb_xfer_h xfer);
 /* Release the handle. A running transfer is cancelled first (no wait). */
 KVB_API void kvb_xfer_free(kvb_xfer_h xfer);
 
+/* Declare session_id's current connection dead now (an unresponsive peer):
+ * its transfers fail with KVB_ERR_PEER at once and the next write
+ * re-handshakes. Bytes the peer already holds in its receive queues may
+ * still be placed when it resumes. KVB_ERR_NOT_FOUND for an unknown session.
+ * Thread-safe. */
+KVB_API kvb_status_t kvb_engine_close_session(kvb_engine_h engine, const char *session_id);
+
 /* Writer fencing (message lane). A writer engine stamps every message-lane
  * write with its tag (0 = none; set once, before writing). A target engine
  * refuses every later message-lane write stamped with a fenced tag: the

@@ -343,15 +343,21 @@ static void work_submit(struct kvb_manager *m, work_t *w)
 }
 
 /* Wait for a transfer to settle. Past the transfer time-out it is cancelled
- * and waited for without a bound: the room must not be reported over while
- * a write may still land (the abort fence). A dead peer ends the wait: the
- * engine fails its transfers as soon as it sees the peer gone. */
+ * and waited for once more (the room must not be reported over while a write
+ * may still land: the abort fence); past that the session is declared dead,
+ * which ends the wait. */
 static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
 {
     kvb_status_t st = kvb_xfer_wait(x, m->transfer_timeout_s);
     if (st == KVB_ERR_TIMEOUT) {
+        /* Cancel, give the issued writes one more time-out to settle, then
+         * declare the session dead (a stopped decode never acknowledges):
+         * the room must end, and the worker must not block its queue. */
         kvb_xfer_cancel(x);
-        kvb_xfer_wait(x, 0);
+        if (kvb_xfer_wait(x, m->transfer_timeout_s) == KVB_ERR_TIMEOUT) {
+            kvb_engine_close_session(m->engine, j->reg->session);
+            kvb_xfer_wait(x, 0);
+        }
         snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.0f s",
                  j->reg->session, m->transfer_timeout_s);
     } else if (st != KVB_OK && st != KVB_ERR_CANCELED) {

@@ -559,6 +559,10 @@ static void run_commands(kvb_engine_h eng)
             kvb__conn_establish(eng, c);
         else if (c->kind == CMD_RETIRE)
             conn_retire(eng, c->conn);
+        else if (c->kind == CMD_KILL) {
+            kvb__conn_fail(eng, c->conn, "session closed by the caller (peer unresponsive)");
+            kvb__conn_put(c->conn);
+        }
         if (c->kind != CMD_CONNECT)
             free(c);
         if (waited) {
@@ -623,6 +627,10 @@ static void *progress_main(void *arg)
              * shared-memory messages, so the writer must keep progressing.) */
             if (++idle_spins > 64)
                 sched_yield();
+            /* A peer silent for long (stopped, overloaded): stop burning a
+             * core, sleep on the event fd 1 ms at a time. */
+            if (idle_spins > 20000 && ucp_worker_arm(eng->worker) == UCS_OK)
+                handle_events(eng, 1);
             continue;
         }
         if (ucp_worker_arm(eng->worker) == UCS_OK)

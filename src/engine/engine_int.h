@@ -92,7 +92,7 @@ typedef struct kvb__op {
 void kvb__op_track(kvb_engine_h eng, kvb__op_t *op);
 void kvb__op_untrack(kvb_engine_h eng, kvb__op_t *op);
 
-typedef enum cmd_kind { CMD_XFER, CMD_CONNECT, CMD_RETIRE } cmd_kind_t;
+typedef enum cmd_kind { CMD_XFER, CMD_CONNECT, CMD_RETIRE, CMD_KILL } cmd_kind_t;
 
 typedef struct kvb__cmd {
     cmd_kind_t kind;

@@ -407,3 +407,36 @@ void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c)
         c->fd = -1;
     }
 }
+
+kvb_status_t kvb_engine_close_session(kvb_engine_h eng, const char *sid)
+{
+    kvb__session_t *s;
+    kvb__conn_t *c = NULL;
+    if (eng == NULL || sid == NULL)
+        return KVB_ERR_INVALID;
+    pthread_mutex_lock(&eng->sess_mu);
+    for (s = eng->sessions; s != NULL; s = s->next)
+        if (strcmp(s->sid, sid) == 0)
+            break;
+    pthread_mutex_unlock(&eng->sess_mu);
+    if (s == NULL)
+        return KVB_ERR_NOT_FOUND;
+    pthread_mutex_lock(&s->mu);
+    if ((c = s->conn) != NULL)
+        kvb__conn_get(c);
+    pthread_mutex_unlock(&s->mu);
+    if (c == NULL)
+        return KVB_OK;
+    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL) {
+        kvb__conn_put(c);
+        return KVB_ERR_NOMEM;
+    }
+    cmd->kind = CMD_KILL;
+    cmd->conn = c;
+    if (kvb__engine_submit(eng, cmd, false) != KVB_OK) {
+        free(cmd);
+        kvb__conn_put(c);
+    }
+    return KVB_OK;
+}
