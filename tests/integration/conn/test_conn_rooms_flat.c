@@ -48,7 +48,13 @@ int main(int argc, char **argv)
             (unsigned long long)sp.rooms, (unsigned long long)sd.rooms);
     CHECK_EQ(sp.rooms, 0);
     CHECK_EQ(sd.rooms, 0);
+#if defined(__SANITIZE_ADDRESS__)
+    /* ASan's quarantine keeps freed blocks resident, so RSS is no leak measure
+     * here; LeakSanitizer checks for leaks at exit instead. */
+    (void)warm;
+#else
     CHECK(end <= warm + warm / 20 + 1024); /* within 5% (+1 MiB of allocator slack) */
+#endif
     cluster_stop(&c);
     TEST_PASS("rooms in sequence leave memory flat");
     return 0;
