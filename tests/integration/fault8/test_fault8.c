@@ -8,9 +8,8 @@
  *           a well-formed writer is still served, fds and memory bounded;
  *  slowpeer a decode process stopped (its control socket unread) while the
  *           prefill keeps sending: prefill queues/memory bounded, rooms fail;
- *  netns    prefill and decode in two network namespaces joined by a veth
- *           pair; the link is taken down mid-transfer (skipped, exit 77,
- *           where namespaces cannot be created).
+ *  (netcut, the cut veth link between two network namespaces, is its own
+ *  source: test_netcut.c.)
  * Child processes are this executable run with --child. */
 #include "../conn_fault/fault_util.h"
 #include "kvb_test.h"

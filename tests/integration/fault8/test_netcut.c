@@ -1,0 +1,617 @@
+/* Issue 8 §3 "cut link": a prefill (bootstrap server + rank) in network
+ * namespace A and a decode rank in namespace B, joined by a veth pair
+ * (10.213.x.1/24 and 10.213.x.2/24, only inside the namespaces; the engines
+ * use UCX over TCP). The A end is throttled with tc tbf where tc exists, so
+ * the first halves of 4 rooms (4 MiB each) are still in flight when the link
+ * is taken down (`ip link set <veth> down` in A); the second halves are sent
+ * after the cut. Asserted: every room ends Failed on both sides within its
+ * bound (decode: heartbeat interval × misses + 1 s; prefill: 2 × (transfer
+ * time-out + peer time-out) + 5 s); after the link is back up a new room
+ * succeeds (bytes verified); both children exit cleanly.
+ *
+ * Children are this executable run with --child; each joins its namespace
+ * (setns on /var/run/netns/<name>) before it creates any socket or UCX
+ * object. Namespaces (and with them the veth pair) are deleted in every exit
+ * path: atexit, signal handlers, a watchdog alarm; stale ones of dead test
+ * processes are removed at start. Where namespaces cannot be created (not
+ * root, no iproute2, no CAP_NET_ADMIN) the test prints why and exits 77. */
+#include "../conn_fault/fault_util.h"
+#include "kvb_test.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define NPG 32  /* pages per room */
+#define NROOM 4 /* rooms cut mid-transfer */
+#define SLOTS 5 /* + the recovery room */
+#define MAXS 16
+
+static const fgeom_t NG = {4, 8, 128, 16, SLOTS *NPG}; /* 16 KiB items, 4 MiB rooms */
+static const double HB_INTERVAL = 0.2, XFER_TO = 1.0, PEER_TO = 0.5;
+static const int HB_MISSES = 2;
+
+static int32_t dst_page(int slot, int i)
+{
+    return slot * NPG + i;
+}
+
+static int32_t src_page(int slot, int i)
+{
+    return slot * NPG + NPG - 1 - i;
+}
+
+/* ---- a rank bound to a given address, UCX over TCP ---- */
+
+static int nrank_start(frank_t *r, kvb_mode_t mode, const char *ip, const char *boot, int with_hb)
+{
+    kvb_engine_params_t ep = {0};
+    kvb_manager_params_t mp = {0};
+    kvb_kv_args_t a = {0};
+    uint64_t ptrs[FR_MAX_KV], lens[FR_MAX_KV];
+    uint8_t *arena = malloc(farena_len(&NG));
+    memset(r, 0, sizeof(*r));
+    if (arena == NULL)
+        return -1;
+    flayout(r, &NG, arena, 1);
+    for (int i = 0; i < r->n_kv; i++) {
+        ptrs[i] = (uint64_t)(uintptr_t)r->kv[i];
+        lens[i] = r->buf_len;
+    }
+    uint64_t aux_ptr = (uint64_t)(uintptr_t)r->aux, aux_len = FR_AUX_ITEM * FR_AUX_ITEMS,
+             aux_item = FR_AUX_ITEM;
+    a.kv_data_ptrs = ptrs;
+    a.kv_data_lens = lens;
+    a.num_kv = (uint32_t)r->n_kv;
+    a.kv_item_len = r->item_len;
+    a.aux_data_ptrs = &aux_ptr;
+    a.aux_data_lens = &aux_len;
+    a.aux_item_lens = &aux_item;
+    a.num_aux = 1;
+    a.page_size = (uint32_t)NG.page;
+    a.kv_head_num = (uint32_t)NG.heads;
+    a.num_layers_total = (uint32_t)NG.layers;
+    ep.field_mask = KVB_ENGINE_PARAM_HOST | KVB_ENGINE_PARAM_TRANSPORT |
+                    KVB_ENGINE_PARAM_PEER_TIMEOUT | KVB_ENGINE_PARAM_CONNECT_TIMEOUT;
+    ep.host = ip;
+    ep.transport = KVB_TRANSPORT_TCP;
+    ep.peer_timeout_s = PEER_TO;
+    ep.connect_timeout_s = 2.0;
+    if (kvb_engine_create(&ep, &r->eng) != KVB_OK) {
+        fprintf(stderr, "netcut: engine create on %s failed\n", ip);
+        return -1;
+    }
+    mp.field_mask = KVB_MANAGER_PARAM_THREADS | KVB_MANAGER_PARAM_HOST;
+    if (mode == KVB_MODE_PREFILL)
+        mp.field_mask |= KVB_MANAGER_PARAM_BOOTSTRAP_ADDR;
+    if (with_hb) {
+        mp.field_mask |= KVB_MANAGER_PARAM_HEARTBEAT;
+        mp.heartbeat_interval_s = HB_INTERVAL;
+        mp.heartbeat_max_failures = HB_MISSES;
+    }
+    mp.mode = mode;
+    mp.kv_args = &a;
+    mp.engine = r->eng;
+    mp.attn_tp_size = mp.attn_dp_size = mp.pp_size = mp.system_dp_size = 1;
+    mp.bootstrap_addr = boot;
+    mp.host = ip;
+    mp.transfer_threads = 2;
+    mp.transfer_queues = 2;
+    if (kvb_manager_create(&mp, &r->mgr) != KVB_OK) {
+        fprintf(stderr, "netcut: manager create: %s\n", kvb_manager_last_error(NULL));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- children ---- */
+
+/* Join the namespace as `ip netns exec` does: setns, then a private mount
+ * namespace with sysfs remounted, so that /sys/class/net (where UCX's tcp
+ * transport looks for devices) shows this namespace's interfaces. */
+static int join_netns(const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "/var/run/netns/%s", name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+        fprintf(stderr, "netcut child: setns %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    if (unshare(CLONE_NEWNS) != 0 || mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0 ||
+        umount2("/sys", MNT_DETACH) != 0 || mount(name, "/sys", "sysfs", 0, NULL) != 0) {
+        fprintf(stderr, "netcut child: remounting /sys: %s\n", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+}
+
+static void slow_step(const char *what, double *t0)
+{
+    double t = fnow();
+    if (t - *t0 > 1.0)
+        fprintf(stderr, "netcut: SLOW SHUT-DOWN: %s took %.2f s\n", what, t - *t0);
+    *t0 = t;
+}
+
+/* One line "end T_LAST NFAIL NSUCC NOPEN reason" once every handle is
+ * terminal or timeout_s passed (T_LAST: CLOCK_MONOTONIC of the last end). */
+static void report_end(int is_send, void **h, int n, double timeout_s)
+{
+    double end = fnow() + timeout_s, t_last = 0;
+    int done[MAXS] = {0}, nf = 0, ns = 0, left = n;
+    char why[400] = "-";
+    while (left > 0 && fnow() < end) {
+        for (int j = 0; j < n; j++) {
+            kvb_poll_t p = is_send ? kvb_sender_poll((kvb_sender_h)h[j]) : kvb_receiver_poll(h[j]);
+            if (done[j] || (p != KVB_POLL_FAILED && p != KVB_POLL_SUCCESS))
+                continue;
+            done[j] = 1;
+            left--;
+            t_last = fnow();
+            if (p == KVB_POLL_SUCCESS) {
+                ns++;
+                continue;
+            }
+            if (nf++ == 0) {
+                if (is_send)
+                    kvb_sender_failure((kvb_sender_h)h[j], why, sizeof(why));
+                else
+                    kvb_receiver_failure(h[j], why, sizeof(why));
+            }
+        }
+        fsleep(0.002);
+    }
+    for (char *c = why; *c; c++)
+        if (*c == '\n')
+            *c = ' ';
+    say("end %.6f %d %d %d %s\n", t_last, nf, ns, left, why);
+}
+
+/* argv: NS IP VETH. Commands: "rooms R0 COUNT" (senders, first halves;
+ * "sent"), "rest" (second halves; "rest"), "wait T" (report_end), "full R
+ * SLOT T" (one whole room; "full STATUS reason"). */
+static int child_prefill(char **argv)
+{
+    if (join_netns(argv[0]) != 0)
+        return 5;
+    setenv("UCX_NET_DEVICES", argv[2], 1);
+    const char *ip = argv[1];
+    kvb_bootstrap_server_params_t bp = {
+        KVB_BOOTSTRAP_SERVER_PARAM_PORT | KVB_BOOTSTRAP_SERVER_PARAM_HOST, ip, 0, NULL, 0, 0, 0};
+    kvb_bootstrap_server_h boot;
+    frank_t p;
+    kvb_sender_h snd[MAXS] = {0};
+    int count = 0;
+    unsigned long long r0 = 0;
+    char line[256];
+    if (kvb_bootstrap_server_start(&bp, &boot) != KVB_OK)
+        return 3;
+    if (nrank_start(&p, KVB_MODE_PREFILL, ip, kvb_bootstrap_server_address(boot), 0) != 0)
+        return 4;
+    say("boot %s\n", kvb_bootstrap_server_address(boot));
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        unsigned long long r;
+        int slot, c;
+        double t;
+        if (sscanf(line, "rooms %llu %d", &r, &c) == 2 && c <= MAXS) {
+            r0 = r;
+            count = c;
+            for (int j = 0; j < count; j++) {
+                int32_t src[NPG];
+                for (int i = 0; i < NPG; i++)
+                    src[i] = src_page(j, i);
+                ffill(&p, r0 + (uint64_t)j, src, NPG, (int)((r0 + (uint64_t)j) % FR_AUX_ITEMS));
+                if (kvb_sender_create(p.mgr, "x", r0 + (uint64_t)j, &snd[j]) != KVB_OK ||
+                    fwait_sender_ready(snd[j], 10) != 0) {
+                    say("error room %llu not ready\n", r0 + (unsigned long long)j);
+                    continue;
+                }
+                kvb_sender_init(snd[j], NPG, (int64_t)((r0 + (uint64_t)j) % FR_AUX_ITEMS));
+                kvb_sender_send(snd[j], src, NPG / 2);
+            }
+            say("sent\n");
+        } else if (strncmp(line, "rest", 4) == 0) {
+            for (int j = 0; j < count; j++) {
+                int32_t src[NPG];
+                for (int i = 0; i < NPG; i++)
+                    src[i] = src_page(j, i);
+                if (snd[j] != NULL)
+                    kvb_sender_send(snd[j], src + NPG / 2, NPG - NPG / 2);
+            }
+            say("rest\n");
+        } else if (sscanf(line, "wait %lf", &t) == 1) {
+            report_end(1, (void **)snd, count, t);
+        } else if (sscanf(line, "full %llu %d %lf", &r, &slot, &t) == 3) {
+            int32_t src[NPG];
+            kvb_sender_h s = NULL;
+            char why[400] = "-";
+            kvb_poll_t st = KVB_POLL_FAILED;
+            for (int i = 0; i < NPG; i++)
+                src[i] = src_page(slot, i);
+            ffill(&p, r, src, NPG, (int)(r % FR_AUX_ITEMS));
+            if (kvb_sender_create(p.mgr, "x", r, &s) == KVB_OK && fwait_sender_ready(s, t) == 0) {
+                kvb_sender_init(s, NPG, (int64_t)(r % FR_AUX_ITEMS));
+                kvb_sender_send(s, src, NPG / 2);
+                kvb_sender_send(s, src + NPG / 2, NPG - NPG / 2);
+                st = fwait_sender(s, t);
+            }
+            if (s != NULL && st == KVB_POLL_FAILED)
+                kvb_sender_failure(s, why, sizeof(why));
+            say("full %s %s\n", kvb_poll_string(st), why);
+            kvb_sender_destroy(s);
+        }
+    }
+    /* shut-down steps, each timed (a step over 1 s is reported) */
+    double t0 = fnow();
+    for (int j = 0; j < count; j++)
+        kvb_sender_destroy(snd[j]);
+    slow_step("prefill: sender destroy", &t0);
+    kvb_manager_destroy(p.mgr);
+    p.mgr = NULL;
+    slow_step("prefill: manager destroy", &t0);
+    kvb_engine_destroy(p.eng);
+    p.eng = NULL;
+    slow_step("prefill: engine destroy", &t0);
+    frank_stop(&p);
+    kvb_bootstrap_server_stop(boot);
+    slow_step("prefill: bootstrap server stop", &t0);
+    return 0;
+}
+
+/* argv: NS IP VETH BOOT. Commands: "recv R0 COUNT" ("ready"), "wait T"
+ * (report_end), "one R SLOT" ("ready"), "wait1 T" ("one STATUS BAD reason"). */
+static int child_decode(char **argv)
+{
+    if (join_netns(argv[0]) != 0)
+        return 5;
+    setenv("UCX_NET_DEVICES", argv[2], 1);
+    const char *boot = argv[3];
+    frank_t d;
+    kvb_receiver_h rc[MAXS] = {0}, one = NULL;
+    int count = 0, one_slot = 0;
+    unsigned long long one_room = 0;
+    char line[256];
+    if (nrank_start(&d, KVB_MODE_DECODE, argv[1], NULL, 1) != 0)
+        return 4;
+    say("up %s\n", kvb_engine_session_id(d.eng));
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        unsigned long long r;
+        int c;
+        double t;
+        if (sscanf(line, "recv %llu %d", &r, &c) == 2 && c <= MAXS) {
+            count = c;
+            for (int j = 0; j < count; j++) {
+                int32_t dst[NPG];
+                for (int i = 0; i < NPG; i++)
+                    dst[i] = dst_page(j, i);
+                if (kvb_receiver_create(d.mgr, boot, r + (uint64_t)j, -1, &rc[j]) != KVB_OK)
+                    return 6;
+                kvb_receiver_init(rc[j], dst, NPG, (int64_t)((r + (uint64_t)j) % FR_AUX_ITEMS),
+                                  NULL);
+            }
+            say("ready\n");
+        } else if (strncmp(line, "wait ", 5) == 0 && sscanf(line, "wait %lf", &t) == 1) {
+            report_end(0, (void **)rc, count, t);
+        } else if (sscanf(line, "one %llu %d", &one_room, &one_slot) == 2) {
+            int32_t dst[NPG];
+            for (int i = 0; i < NPG; i++)
+                dst[i] = dst_page(one_slot, i);
+            if (kvb_receiver_create(d.mgr, boot, one_room, -1, &one) != KVB_OK)
+                return 6;
+            kvb_receiver_init(one, dst, NPG, (int64_t)(one_room % FR_AUX_ITEMS), NULL);
+            say("ready\n");
+        } else if (sscanf(line, "wait1 %lf", &t) == 1 && one != NULL) {
+            int32_t dst[NPG];
+            char why[400] = "-";
+            for (int i = 0; i < NPG; i++)
+                dst[i] = dst_page(one_slot, i);
+            kvb_poll_t st = fwait_receiver(one, t);
+            uint64_t bad = st == KVB_POLL_SUCCESS
+                               ? fverify(&d, one_room, dst, NPG, (int)(one_room % FR_AUX_ITEMS))
+                               : 0;
+            if (st == KVB_POLL_FAILED)
+                kvb_receiver_failure(one, why, sizeof(why));
+            say("one %s %llu %d %s\n", kvb_poll_string(st), (unsigned long long)bad,
+                fcanaries_ok(&d, "decode") ? 1 : 0, why);
+        }
+    }
+    double t0 = fnow();
+    for (int j = 0; j < count; j++)
+        kvb_receiver_destroy(rc[j]);
+    kvb_receiver_destroy(one);
+    slow_step("decode: receiver destroy", &t0);
+    frank_stop(&d);
+    slow_step("decode: manager and engine destroy", &t0);
+    return 0;
+}
+
+/* ---- parent: namespaces, veth, clean-up in every exit path ---- */
+
+static char g_nsA[32], g_nsB[32], g_vA[16], g_vB[16];
+static volatile sig_atomic_t g_made, g_cleaning;
+static fchild_t g_chP, g_chD;
+
+static int sh(const char *fmt, ...)
+{
+    char cmd[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int rc = system(cmd);
+    return rc == -1 ? -1 : WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+static void cleanup(void)
+{
+    if (g_cleaning)
+        return;
+    g_cleaning = 1;
+    if (g_chP.pid > 0)
+        fchild_kill(&g_chP);
+    if (g_chD.pid > 0)
+        fchild_kill(&g_chD);
+    if (g_made) {
+        sh("ip netns del %s 2>/dev/null", g_nsA);
+        sh("ip netns del %s 2>/dev/null", g_nsB);
+        sh("ip link del %s 2>/dev/null", g_vA); /* if it was left in the root namespace */
+        g_made = 0;
+    }
+}
+
+static void on_signal(int sig)
+{
+    cleanup();
+    signal(sig, SIG_DFL);
+    raise(sig);
+    _exit(128 + sig);
+}
+
+/* Namespaces kvbtA_<pid> / kvbtB_<pid> of test processes that are gone. */
+static void remove_stale(void)
+{
+    DIR *d = opendir("/var/run/netns");
+    struct dirent *e;
+    if (d == NULL)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        int pid;
+        char c;
+        if ((sscanf(e->d_name, "kvbtA_%d%c", &pid, &c) == 1 ||
+             sscanf(e->d_name, "kvbtB_%d%c", &pid, &c) == 1) &&
+            pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH)
+            sh("ip netns del %s 2>/dev/null", e->d_name);
+    }
+    closedir(d);
+}
+
+static void skip(const char *why)
+{
+    fprintf(stderr, "netcut: SKIPPED: %s\n", why);
+    cleanup();
+    exit(77);
+}
+
+/* Both veth ends report carrier (state UP) within timeout_s; 0 or -1. */
+static int wait_carrier(double timeout_s)
+{
+    double end = fnow() + timeout_s;
+    while (fnow() < end) {
+        if (sh("ip -n %s -o link show %s | grep -q 'state UP'", g_nsA, g_vA) == 0 &&
+            sh("ip -n %s -o link show %s | grep -q 'state UP'", g_nsB, g_vB) == 0)
+            return 0;
+        fsleep(0.02);
+    }
+    return -1;
+}
+
+static int wait_exit(fchild_t *c, double timeout_s)
+{
+    int status = -1;
+    close(c->to);
+    double end = fnow() + timeout_s;
+    pid_t w = 0;
+    while ((w = waitpid(c->pid, &status, WNOHANG)) == 0 && fnow() < end)
+        fsleep(0.01);
+    if (w != c->pid) {
+        fprintf(stderr, "netcut: HANG: child %d did not exit within %.0f s of EOF\n", (int)c->pid,
+                timeout_s);
+        if (getenv("KVB_NETCUT_GDB") != NULL) /* its threads' stacks, for the report */
+            sh("gdb -p %d -batch -ex 'thread apply all bt' 2>/dev/null | grep -E '^#|^Thread' "
+               ">&2",
+               (int)c->pid);
+        kill(c->pid, SIGKILL);
+        waitpid(c->pid, NULL, 0);
+        status = -1;
+    }
+    c->pid = 0;
+    close(c->from);
+    return status;
+}
+
+static void test_netcut(const char *self)
+{
+    char line[512], boot[128], why[400];
+    int sub = (int)(getpid() % 250) + 1;
+    char ipA[32], ipB[32];
+    if (geteuid() != 0)
+        skip("not root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)");
+    if (sh("ip -V >/dev/null 2>&1") != 0)
+        skip("iproute2 ('ip') not found");
+    snprintf(g_nsA, sizeof(g_nsA), "kvbtA_%d", (int)getpid());
+    snprintf(g_nsB, sizeof(g_nsB), "kvbtB_%d", (int)getpid());
+    snprintf(g_vA, sizeof(g_vA), "kvbA%d", (int)getpid());
+    snprintf(g_vB, sizeof(g_vB), "kvbB%d", (int)getpid());
+    snprintf(ipA, sizeof(ipA), "10.213.%d.1", sub);
+    snprintf(ipB, sizeof(ipB), "10.213.%d.2", sub);
+    atexit(cleanup);
+    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM, SIGSEGV, SIGABRT, SIGBUS};
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+        signal(sigs[i], on_signal);
+    alarm(100); /* watchdog below the CTest time-out: clean up, then die */
+    remove_stale();
+    if (sh("ip netns add %s", g_nsA) != 0)
+        skip("'ip netns add' failed (no CAP_SYS_ADMIN / CAP_NET_ADMIN, or /var/run/netns "
+             "not writable)");
+    g_made = 1;
+    if (sh("ip netns add %s", g_nsB) != 0)
+        skip("'ip netns add' failed for the second namespace");
+    if (sh("ip link add %s netns %s type veth peer name %s netns %s 2>/dev/null", g_vA, g_nsA, g_vB,
+           g_nsB) != 0 &&
+        (sh("ip link add %s type veth peer name %s", g_vA, g_vB) != 0 ||
+         sh("ip link set %s netns %s", g_vA, g_nsA) != 0 ||
+         sh("ip link set %s netns %s", g_vB, g_nsB) != 0))
+        skip("no veth pair (kernel without veth, or no CAP_NET_ADMIN)");
+    if (sh("ip -n %s link set lo up && ip -n %s link set lo up", g_nsA, g_nsB) != 0 ||
+        sh("ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up", g_nsA, ipA, g_vA, g_nsA,
+           g_vA) != 0 ||
+        sh("ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up", g_nsB, ipB, g_vB, g_nsB,
+           g_vB) != 0)
+        skip("could not configure the namespaces' links");
+    /* Throttle A's egress (the data direction) so the rooms are in flight
+     * when the link is cut; optional. */
+    int tbf = sh("ip netns exec %s tc qdisc add dev %s root tbf rate 100mbit burst 64kb latency "
+                 "100ms 2>/dev/null",
+                 g_nsA, g_vA) == 0;
+    if (wait_carrier(10) != 0)
+        skip("the veth pair got no carrier within 10 s");
+    fprintf(stderr, "netcut: %s %s/%s <-> %s %s/%s, tbf %s\n", g_nsA, g_vA, ipA, g_nsB, g_vB, ipB,
+            tbf ? "100 mbit/s" : "not available (unthrottled)");
+
+    setenv("KVBRIDGE_TRANSFER_TIMEOUT", "1.0", 1);
+    setenv("KVBRIDGE_PEER_TIMEOUT", "0.5", 1);
+    setenv("KVBRIDGE_SESSION_BACKOFF", "0.5", 1);
+    setenv("KVBRIDGE_TRANSPORT", "tcp", 1);
+    const double dec_bound = HB_INTERVAL * HB_MISSES + 1.0;
+    const double pre_bound = 2 * (XFER_TO + PEER_TO) + 5.0;
+    const unsigned long long R0 = 700, RR = 800;
+
+    char *pargs[] = {"--child", "nsprefill", g_nsA, ipA, g_vA, NULL};
+    CHECK_EQ(fchild_spawn(&g_chP, self, pargs), 0);
+    /* the decode child must not inherit the prefill's pipes (else the
+     * prefill never sees EOF on its stdin) */
+    fcntl(g_chP.to, F_SETFD, FD_CLOEXEC);
+    fcntl(g_chP.from, F_SETFD, FD_CLOEXEC);
+    CHECK_EQ(fchild_line(&g_chP, line, sizeof(line), 20), 0);
+    CHECK_EQ(sscanf(line, "boot %127s", boot), 1);
+    char *dargs[] = {"--child", "nsdecode", g_nsB, ipB, g_vB, boot, NULL};
+    CHECK_EQ(fchild_spawn(&g_chD, self, dargs), 0);
+    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 20), 0);
+    CHECK(strncmp(line, "up ", 3) == 0);
+    fprintf(stderr, "netcut: bootstrap %s, decode engine %s\n", boot, line + 3);
+
+    /* a warm room through the link first: the path works before the cut */
+    dprintf(g_chD.to, "one %llu %d\n", RR - 1, NROOM);
+    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 20), 0);
+    CHECK(strcmp(line, "ready") == 0);
+    double tw = fnow();
+    dprintf(g_chP.to, "full %llu %d 15\n", RR - 1, NROOM);
+    dprintf(g_chD.to, "wait1 15\n");
+    CHECK_EQ(fchild_line(&g_chP, line, sizeof(line), 25), 0);
+    fprintf(stderr, "netcut: warm room prefill: %s\n", line);
+    CHECK(strncmp(line, "full Success", 12) == 0);
+    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 25), 0);
+    fprintf(stderr, "netcut: warm room decode: %s (%.3f s, 4 MiB)\n", line, fnow() - tw);
+    CHECK(strncmp(line, "one Success 0 1", 15) == 0);
+
+    /* 4 rooms, first halves (2 MiB each) in flight, then the cut */
+    dprintf(g_chD.to, "recv %llu %d\n", R0, NROOM);
+    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 20), 0);
+    CHECK(strcmp(line, "ready") == 0);
+    dprintf(g_chP.to, "rooms %llu %d\n", R0, NROOM);
+    CHECK_EQ(fchild_line(&g_chP, line, sizeof(line), 30), 0);
+    CHECK(strcmp(line, "sent") == 0);
+    fsleep(0.15);
+    double t_cut0 = fnow();
+    CHECK_EQ(sh("ip -n %s link set %s down", g_nsA, g_vA), 0);
+    double t_cut = fnow();
+    fprintf(stderr, "netcut: link %s down (%.3f s to run ip)\n", g_vA, t_cut - t_cut0);
+    dprintf(g_chP.to, "rest\n");
+    CHECK_EQ(fchild_line(&g_chP, line, sizeof(line), 10), 0);
+    CHECK(strcmp(line, "rest") == 0);
+    dprintf(g_chD.to, "wait %.1f\n", dec_bound + 10);
+    dprintf(g_chP.to, "wait %.1f\n", pre_bound + 10);
+    double td = 0, tp = 0;
+    int nf, ns, no;
+    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), dec_bound + 20), 0);
+    CHECK_EQ(sscanf(line, "end %lf %d %d %d %399[^\n]", &td, &nf, &ns, &no, why), 5);
+    fprintf(stderr,
+            "netcut: decode: %d Failed, %d Success, %d open; last %.3f s after the cut "
+            "(bound %.2f s); reason: %s\n",
+            nf, ns, no, td - t_cut, dec_bound, why);
+    CHECK_EQ(nf, NROOM);
+    CHECK(td - t_cut <= dec_bound);
+    CHECK_EQ(fchild_line(&g_chP, line, sizeof(line), pre_bound + 20), 0);
+    CHECK_EQ(sscanf(line, "end %lf %d %d %d %399[^\n]", &tp, &nf, &ns, &no, why), 5);
+    fprintf(stderr,
+            "netcut: prefill: %d Failed, %d Success, %d open; last %.3f s after the cut "
+            "(bound %.2f s); reason: %s\n",
+            nf, ns, no, tp - t_cut, pre_bound, why);
+    CHECK_EQ(nf, NROOM);
+    CHECK(tp - t_cut <= pre_bound);
+
+    /* link back up: a new room goes through (bytes verified) */
+    CHECK_EQ(sh("ip -n %s link set %s up", g_nsA, g_vA), 0);
+    double t_up = fnow();
+    CHECK_EQ(wait_carrier(10), 0);
+    fprintf(stderr, "netcut: link %s up, carrier after %.3f s\n", g_vA, fnow() - t_up);
+    dprintf(g_chD.to, "one %llu %d\n", RR, NROOM);
+    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 20), 0);
+    CHECK(strcmp(line, "ready") == 0);
+    dprintf(g_chP.to, "full %llu %d 20\n", RR, NROOM);
+    dprintf(g_chD.to, "wait1 20\n");
+    char lp[512];
+    CHECK_EQ(fchild_line(&g_chP, lp, sizeof(lp), 30), 0);
+    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 30), 0);
+    fprintf(stderr, "netcut: after link up: prefill %s; decode %s (%.3f s after up)\n", lp, line,
+            fnow() - t_up);
+    CHECK(strncmp(lp, "full Success", 12) == 0);
+    CHECK(strncmp(line, "one Success 0 1", 15) == 0);
+
+    /* both children end cleanly on EOF */
+    int sp = wait_exit(&g_chP, 10), sd = wait_exit(&g_chD, 10);
+    fprintf(stderr, "netcut: children exit: prefill %d, decode %d\n",
+            sp >= 0 && WIFEXITED(sp) ? WEXITSTATUS(sp) : -1,
+            sd >= 0 && WIFEXITED(sd) ? WEXITSTATUS(sd) : -1);
+    CHECK(sp >= 0 && WIFEXITED(sp) && WEXITSTATUS(sp) == 0);
+    CHECK(sd >= 0 && WIFEXITED(sd) && WEXITSTATUS(sd) == 0);
+    cleanup();
+    TEST_PASS("cut link: rooms Failed on both sides within the bounds, new room after link up");
+}
+
+int main(int argc, char **argv)
+{
+    setenv("KVBRIDGE_HEARTBEAT_FLOOR", "0.2", 1);
+    if (argc >= 2 && strcmp(argv[1], "--child") == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (argc >= 6 && strcmp(argv[2], "nsprefill") == 0)
+            return child_prefill(argv + 3);
+        if (argc >= 7 && strcmp(argv[2], "nsdecode") == 0)
+            return child_decode(argv + 3);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    test_netcut(argv[0]);
+    return 0;
+}
