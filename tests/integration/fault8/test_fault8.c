@@ -317,6 +317,25 @@ static void test_sigstop(void)
 #define HBUF (1u << 20)
 #define HGUARD 4096
 
+/* kill(SIGSTOP) returns before the target stops: wait (bounded) until
+ * /proc says it is stopped, so nothing it does after "stopped" is ours. */
+static void wait_stopped(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    for (int i = 0; i < 2000; i++) {
+        FILE *f = fopen(path, "r");
+        size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f != NULL)
+            fclose(f);
+        buf[n] = '\0';
+        const char *rp = strrchr(buf, ')');
+        if (rp != NULL && (rp[2] == 'T' || rp[2] == 't'))
+            return;
+        usleep(1000);
+    }
+}
+
 static int count_fds(void)
 {
     int n = 0;
@@ -585,6 +604,7 @@ static void test_slowpeer(void)
         CHECK_EQ(fwait_sender(snd[0], 10), KVB_POLL_SUCCESS);
     }
     CHECK_EQ(kill(ch.pid, SIGSTOP), 0);
+    wait_stopped(ch.pid);
     double t0 = fnow();
     for (int j = 1; j < NR; j++) {
         uint64_t room = R0 + (uint64_t)j;
