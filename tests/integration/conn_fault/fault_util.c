@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,7 +289,7 @@ int fchild_spawn(fchild_t *c, const char *self, char *const argv_tail[])
     for (int i = 0; argv_tail[i] != NULL && n < 31; i++)
         argv[n++] = argv_tail[i];
     argv[n] = NULL;
-    if (pipe(in) != 0 || pipe(out) != 0)
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0)
         return -1;
     c->pid = fork();
     if (c->pid < 0)
