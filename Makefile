@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVB_WERROR=ON
 CTEST_FLAGS ?= --output-on-failure -j$(JOBS)
 
-.PHONY: all deps build check demo format format-check clean check-asan check-tsan fuzz fuzz-smoke
+.PHONY: all deps build check demo format format-check clean check-asan check-tsan fuzz fuzz-smoke soak
 
 all: build
 
@@ -51,3 +51,7 @@ fuzz: deps
 
 fuzz-smoke: build
 	cd $(BUILD) && ctest $(CTEST_FLAGS) -L fuzz
+
+# Soak (minutes, not part of check): 20k rooms with aborts, RSS/fd check.
+soak: build
+	bash scripts/soak.sh $(BUILD)

@@ -28,6 +28,7 @@
 
 #define BENCH_AUX_ITEM 64u
 #define BENCH_MAX_FAIL_SHOWN 5
+#define BENCH_MAX_RES 81 /* driver + MAX_PROCS children */
 
 typedef enum bench_role {
     BENCH_ROLE_ALL = 0, /* both sides and the bootstrap server on this host */
@@ -53,6 +54,10 @@ typedef struct bench_opts {
     bench_role_t role;
     bool child;   /* spawned by a driver: ignore SIGINT, die with it */
     bool corrupt; /* test hook: decode rank 0 flips one byte before verifying */
+    /* soak hooks (hidden): abort that share of rooms, random chunk sizes,
+     * VmRSS/fd report of every process */
+    double abort_rate;
+    bool random_chunks, resource_report;
     char bootstrap[128];
     const char *host;
     double timeout_s;
@@ -84,6 +89,15 @@ uint64_t bench_request_bytes(const bench_opts_t *o);
 long long bench_wave(const bench_opts_t *o);
 /* Pages of each rank's pool for a wave of that many requests. */
 long long bench_pool_pages(const bench_opts_t *o, long long wave);
+
+/* --abort-rate: which side aborts room (deterministic in seed and room, so
+ * the driver and every rank agree). */
+enum { BENCH_ABORT_NONE, BENCH_ABORT_PREFILL, BENCH_ABORT_DECODE };
+int bench_abort_side(const bench_opts_t *o, uint64_t room);
+/* Chunks the prefill sends before it aborts: 0 .. chunks - 1. */
+uint64_t bench_abort_after(const bench_opts_t *o, uint64_t room, uint64_t chunks);
+/* Pages per sender_send of room (--chunk, or random with --random-chunks). */
+uint64_t bench_chunk_pages(const bench_opts_t *o, uint64_t room, uint64_t pages);
 
 /* ---- pattern and pools (bench_data.c) ---- */
 
@@ -117,8 +131,15 @@ uint64_t bench_verify(bench_pool_t *p, int page, uint64_t room, const int32_t *p
 
 /* ---- report (bench_report.c) ---- */
 
+/* --resource-report: one process, after warm-up (0) and at the end (1). */
+typedef struct bench_res {
+    char name[48];
+    long rss_kib[2], fds[2];
+} bench_res_t;
+
 typedef struct bench_report {
     long long requests, done, verified, failed;
+    long long aborted;  /* --abort-rate rooms that ended Failed as planned */
     uint64_t bytes;     /* bytes of completed, successful requests */
     double seconds;     /* wall time of the transfer phases */
     double memcpy_gbps; /* memcpy of one request's bytes */
@@ -130,6 +151,8 @@ typedef struct bench_report {
     int nfails;
     bool interrupted;
     double last_progress;
+    bench_res_t res[BENCH_MAX_RES];
+    int nres;
 } bench_report_t;
 
 /* memcpy (and, for tcp, raw TCP) baselines and planner cost; fills rep. */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,7 +37,7 @@ typedef struct req {
     int64_t aux;
     int dp, state, pend_fill, pend_init, pend_dec, pend_pre, pend_verify;
     double t_first, t_init, t_succ, deadline;
-    bool failed, sent_to_prefill;
+    bool failed, sent_to_prefill, aborted;
     char why[200];
 } req_t;
 
@@ -132,6 +133,12 @@ static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int p
         arg(a, "--mla");
     if (o->corrupt)
         arg(a, "--corrupt-one-byte");
+    if (o->abort_rate > 0) {
+        arg(a, "--abort-rate");
+        arg(a, "%.17g", o->abort_rate);
+    }
+    if (o->random_chunks)
+        arg(a, "--random-chunks");
 }
 
 static bool spawn(drv_t *d, int kind, int tp, int pp, int dp)
@@ -447,22 +454,83 @@ static void verify_phase(drv_t *d, long long a, long long b)
         req_t *q = &d->reqs[i];
         if (d->has_pre)
             to_group(d, q, "drop %" PRIu64, q->room);
+        bool planned = bench_abort_side(d->o, q->room) != BENCH_ABORT_NONE;
+        if (planned && !q->failed)
+            fail_req(d, q, NULL, "room planned to abort (--abort-rate) ended Success");
+        else if (planned)
+            q->aborted = true;
+        d->rep.aborted += q->aborted;
         d->rep.verified += !q->failed;
-        d->rep.failed += q->failed;
-        if (q->failed && d->rep.nfails < BENCH_MAX_FAIL_SHOWN)
+        d->rep.failed += q->failed && !q->aborted;
+        if (q->failed && !q->aborted && d->rep.nfails < BENCH_MAX_FAIL_SHOWN)
             snprintf(d->rep.fails[d->rep.nfails++], sizeof(d->rep.fails[0]), "room %" PRIu64 ": %s",
                      q->room, q->why);
     }
 }
 
+/* ------------------------------------------------------ resource report */
+
+static long vm_rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    long kib = -1;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    while (f != NULL && kib < 0 && fgets(line, sizeof(line), f) != NULL)
+        if (sscanf(line, "VmRSS: %ld", &kib) != 1)
+            kib = -1;
+    if (f != NULL)
+        fclose(f);
+    return kib;
+}
+
+static long fd_count(pid_t pid)
+{
+    char path[64];
+    long n = 0;
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *dir = opendir(path);
+    if (dir == NULL)
+        return -1;
+    for (struct dirent *e; (e = readdir(dir)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(dir);
+    return n - (pid == getpid()); /* not the fd of this listing */
+}
+
+/* VmRSS and fds of the driver and every child, as sample at (0 warm-up, 1 end). */
+static void sample(drv_t *d, int at)
+{
+    bench_report_t *r = &d->rep;
+    r->nres = d->nprocs + 1;
+    for (int i = 0; i < r->nres; i++) {
+        pid_t pid = i == 0 ? getpid() : d->procs[i - 1].ch.pid;
+        if (i == 0)
+            snprintf(r->res[0].name, sizeof(r->res[0].name), "driver");
+        else
+            proc_name(&d->procs[i - 1], r->res[i].name, sizeof(r->res[i].name));
+        r->res[i].rss_kib[at] = vm_rss_kib(pid);
+        r->res[i].fds[at] = fd_count(pid);
+    }
+}
+
+/* --resource-report: warm-up sample after the wave that passes 10% of the
+ * requests, end sample after the last wave (children idle both times). */
 static void run_waves(drv_t *d)
 {
+    bool warm = false;
     for (long long a = 0; a < d->rep.requests && !stopping(d); a += d->wave) {
         long long b = a + d->wave < d->rep.requests ? a + d->wave : d->rep.requests;
         fill_phase(d, a, b);
         transfer_phase(d, a, b);
         verify_phase(d, a, b);
+        if (d->o->resource_report && !warm && b * 10 >= d->rep.requests && !stopping(d)) {
+            sample(d, 0);
+            warm = true;
+        }
     }
+    if (d->o->resource_report && warm)
+        sample(d, 1);
 }
 
 static bool setup(drv_t *d, const bench_opts_t *o)
@@ -510,9 +578,10 @@ int bench_run_driver(const bench_opts_t *o)
     if (d->fatal[0] != '\0')
         fprintf(stderr, "kvbridge bench: stopped: %s\n", d->fatal);
     bool json_ok = bench_report_print(o, &d->rep);
-    rc = g_interrupted                                                          ? 130
-         : d->fatal[0] == '\0' && json_ok && d->rep.verified == d->rep.requests ? 0
-                                                                                : 1;
+    rc = g_interrupted ? 130
+         : d->fatal[0] == '\0' && json_ok && d->rep.verified + d->rep.aborted == d->rep.requests
+             ? 0
+             : 1;
 out:
     if (d != NULL) {
         free(d->reqs);

@@ -109,6 +109,19 @@ static bool parse_text(const char *opt, const char *v, size_t max)
     return true;
 }
 
+static bool parse_rate(const char *v, double *rate_p)
+{
+    char *end = NULL;
+    double x = v != NULL ? strtod(v, &end) : -1;
+    if (v == NULL || end == v || *end != '\0' || !(x >= 0 && x <= 1)) {
+        fprintf(stderr, "kvbridge: --abort-rate: '%s' is not a probability in [0, 1]\n",
+                v ? v : "");
+        return false;
+    }
+    *rate_p = x;
+    return true;
+}
+
 static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrides_t *w, bool *ok)
 {
     long long page = o->page, ptp = o->ptp, dtp = o->dtp, ppp = o->ppp, dp = o->dp;
@@ -164,6 +177,10 @@ static bool parse_flag(const char *a, bench_opts_t *o, overrides_t *w)
         o->child = true;
     else if (strcmp(a, "--corrupt-one-byte") == 0)
         o->corrupt = true;
+    else if (strcmp(a, "--random-chunks") == 0)
+        o->random_chunks = true;
+    else if (strcmp(a, "--resource-report") == 0)
+        o->resource_report = true;
     else
         return false;
     return true;
@@ -185,6 +202,8 @@ static int parse_one(bench_opts_t *o, overrides_t *w, int argc, char **argv, int
         return parse_transport(v, &o->transport) ? 0 : 2;
     if (strcmp(a, "--role") == 0)
         return parse_role(v, o) ? 0 : 2;
+    if (strcmp(a, "--abort-rate") == 0)
+        return parse_rate(v, &o->abort_rate) ? 0 : 2;
     if (strcmp(a, "--bootstrap") == 0) {
         if (!parse_text(a, v, sizeof(o->bootstrap) - 1))
             return 2;
@@ -354,4 +373,37 @@ long long bench_wave(const bench_opts_t *o)
 long long bench_pool_pages(const bench_opts_t *o, long long wave)
 {
     return (long long)pool_pages_for(o, wave);
+}
+
+/* ------------------------------------------------------------ soak hooks */
+
+static uint64_t room_hash(const bench_opts_t *o, uint64_t room, uint64_t salt)
+{
+    uint64_t z = room * 0x9e3779b97f4a7c15ull ^ ((uint64_t)o->seed << 32) ^ salt;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+int bench_abort_side(const bench_opts_t *o, uint64_t room)
+{
+    double u = (double)(room_hash(o, room, 1) >> 11) / 9007199254740992.0; /* [0, 1) */
+    if (u >= o->abort_rate)
+        return BENCH_ABORT_NONE;
+    return room_hash(o, room, 2) & 1 ? BENCH_ABORT_PREFILL : BENCH_ABORT_DECODE;
+}
+
+uint64_t bench_abort_after(const bench_opts_t *o, uint64_t room, uint64_t chunks)
+{
+    return chunks > 0 ? room_hash(o, room, 3) % chunks : 0;
+}
+
+uint64_t bench_chunk_pages(const bench_opts_t *o, uint64_t room, uint64_t pages)
+{
+    uint64_t per;
+    if (o->random_chunks)
+        per = pages > 0 ? 1 + room_hash(o, room, 4) % pages : 1;
+    else
+        per = o->chunk > 0 ? (uint64_t)(o->chunk + o->page - 1) / (uint64_t)o->page : pages;
+    return per > 0 ? per : 1;
 }

@@ -321,6 +321,14 @@ static void cmd_send(rank_t *r, uint64_t id)
     }
 }
 
+/* --abort-rate: this rank is the one that aborts room (rank 0 of its side). */
+static bool aborts_here(const rank_t *r, uint64_t id)
+{
+    int side = bench_abort_side(r->o, id);
+    bool first = r->o->tp_rank == 0 && r->o->pp_rank == 0;
+    return first && side == (r->prefill ? BENCH_ABORT_PREFILL : BENCH_ABORT_DECODE);
+}
+
 static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux)
 {
     rroom_t *rm = room_new(r, id, n, aux);
@@ -331,6 +339,8 @@ static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux)
     kvb_status_t st = kvb_receiver_create(r->mgr, r->o->bootstrap, id, -1, &rm->rcv);
     if (st == KVB_OK)
         st = kvb_receiver_init(rm->rcv, rm->pages, n, aux, NULL);
+    if (st == KVB_OK && aborts_here(r, id))
+        kvb_receiver_abort(rm->rcv); /* its poll must end Failed */
     rm->deadline = t + r->o->timeout_s;
     rm->state = R_RECV;
     bench_say("inited %" PRIu64 " %.9f", id, t);
@@ -405,14 +415,12 @@ static bool handle(rank_t *r, const char *line)
 
 static void send_chunks(rank_t *r, rroom_t *rm)
 {
-    uint64_t per =
-        r->o->chunk > 0 ? (uint64_t)(r->o->chunk + r->o->page - 1) / (uint64_t)r->o->page : rm->n;
+    uint64_t per = bench_chunk_pages(r->o, rm->id, rm->n), chunks = (rm->n + per - 1) / per;
+    uint64_t stop = aborts_here(r, rm->id) ? bench_abort_after(r->o, rm->id, chunks) : chunks;
     char why[160];
-    if (per == 0)
-        per = 1;
     kvb_sender_init(rm->snd, rm->n, rm->aux);
     rm->t_first = kvb_tool_now();
-    for (uint64_t cur = 0; cur < rm->n; cur += per) {
+    for (uint64_t c = 0, cur = 0; c < stop && cur < rm->n; c++, cur += per) {
         uint64_t len = rm->n - cur < per ? rm->n - cur : per;
         kvb_status_t st = kvb_sender_send(rm->snd, rm->pages + cur, (size_t)len);
         if (st != KVB_OK) {
@@ -421,6 +429,8 @@ static void send_chunks(rank_t *r, rroom_t *rm)
             return;
         }
     }
+    if (stop < chunks)
+        kvb_sender_abort(rm->snd); /* its poll must end Failed */
     rm->state = R_SENDING;
 }
 

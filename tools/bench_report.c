@@ -235,8 +235,8 @@ static void print_table(const bench_opts_t *o, const bench_report_t *r)
            r->interrupted ? " (interrupted: partial)" : "");
     printf("  %-22s %lld x %lld tokens (page %d, chunk %lld), %lld in flight\n", "requests",
            r->requests, o->prompt_len, o->page, o->chunk > 0 ? o->chunk : o->prompt_len, o->conc);
-    printf("  %-22s %lld verified, %lld failed, %lld not run\n", "result", r->verified, r->failed,
-           r->requests - r->verified - r->failed);
+    printf("  %-22s %lld verified, %lld aborted, %lld failed, %lld not run\n", "result",
+           r->verified, r->aborted, r->failed, r->requests - r->verified - r->aborted - r->failed);
     printf("  %-22s %.3f GB in %.3f s\n", "bytes moved", (double)r->bytes / 1e9, r->seconds);
     printf("  %-22s %.2f GB/s\n", "throughput", g);
     printf("  %-22s %.2f GB/s (ratio %.2f)\n", "memcpy, same volume", r->memcpy_gbps,
@@ -247,6 +247,9 @@ static void print_table(const bench_opts_t *o, const bench_report_t *r)
     printf("  %-22s p50 %.2f  p90 %.2f  p99 %.2f\n", "latency ms", pct(r, 50), pct(r, 90),
            pct(r, 99));
     printf("  %-22s %.1f us per request\n", "planner", r->plan_us);
+    for (int i = 0; i < r->nres; i++)
+        printf("  %-22s RSS %ld -> %ld KiB, fds %ld -> %ld\n", r->res[i].name, r->res[i].rss_kib[0],
+               r->res[i].rss_kib[1], r->res[i].fds[0], r->res[i].fds[1]);
     fflush(stdout);
 }
 
@@ -264,6 +267,19 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* "key": {"process": [warm-up, end], ...}, (--resource-report) */
+static void json_res(FILE *f, const bench_report_t *r, const char *key, bool rss)
+{
+    fprintf(f, "\"%s\": {", key);
+    for (int i = 0; i < r->nres; i++) {
+        const long *v = rss ? r->res[i].rss_kib : r->res[i].fds;
+        fprintf(f, i ? ", " : "");
+        json_str(f, r->res[i].name);
+        fprintf(f, ": [%ld, %ld]", v[0], v[1]);
+    }
+    fprintf(f, "}, ");
+}
+
 static bool write_json(const bench_opts_t *o, const bench_report_t *r)
 {
     FILE *f = fopen(o->json, "w");
@@ -277,13 +293,18 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
     fprintf(f,
             ", \"prefill_tp\": %d, \"decode_tp\": %d, \"prefill_pp\": %d, \"dp\": %d, "
             "\"transport\": \"%s\", \"requests\": %lld, \"verified_requests\": %lld, "
-            "\"failed_requests\": %lld, \"bytes\": %llu, \"seconds\": %.6f, \"gbps\": %.4f, "
+            "\"failed_requests\": %lld, \"aborted\": %lld, \"bytes\": %llu, \"seconds\": %.6f, "
+            "\"gbps\": %.4f, "
             "\"memcpy_gbps\": %.4f, \"ratio\": %.4f, ",
             o->ptp, o->dtp, o->ppp, o->dp, bench_transport_name(o->transport), r->requests,
-            r->verified, r->failed, (unsigned long long)r->bytes, r->seconds, g, r->memcpy_gbps,
-            r->memcpy_gbps > 0 ? g / r->memcpy_gbps : 0);
+            r->verified, r->failed, r->aborted, (unsigned long long)r->bytes, r->seconds, g,
+            r->memcpy_gbps, r->memcpy_gbps > 0 ? g / r->memcpy_gbps : 0);
     if (o->transport == KVB_TRANSPORT_TCP)
         fprintf(f, "\"tcp_gbps\": %.4f, ", r->tcp_gbps);
+    if (r->nres > 0) {
+        json_res(f, r, "rss_kib", true);
+        json_res(f, r, "fds", false);
+    }
     fprintf(f,
             "\"latency_ms\": {\"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f}, "
             "\"plan_us_per_request\": %.2f, \"prompt_len\": %lld, \"page_size\": %d, "
