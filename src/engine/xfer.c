@@ -415,7 +415,12 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     while (x->next < x->n && total < chunk) {
         const kvb_block_t *b = &x->blocks[x->next];
         uint64_t piece = b->len - x->off, src = b->src + x->off, dst = b->dst + x->off;
-        bool dmerge = k > 0 && dend == dst;
+        /* Merge at the destination only within one registered segment: two
+         * registrations may be adjacent, and the target checks every
+         * descriptor against a single segment. */
+        bool dmerge = k > 0 && dend == dst &&
+                      kvb__segtab_find(&x->conn->segs, get_u64(d + (k - 1) * AM_DESC),
+                                       dend - get_u64(d + (k - 1) * AM_DESC) + piece) >= 0;
         bool smerge =
             niov > 0 && (uintptr_t)m->iov[niov - 1].buffer + m->iov[niov - 1].length == src;
         if ((!dmerge && k == max_desc) || (!smerge && niov == AM_MAX_IOV))

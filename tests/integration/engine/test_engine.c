@@ -140,6 +140,13 @@ static void test_register_more(test_peer_t *peer)
     CHECK_EQ(test_peer_register_more(peer), KVB_OK);
     CHECK_EQ(kvb_engine_write(g_eng, peer->sid, &b, 1, 10), KVB_OK);
     verify(peer, &b, 1);
+    /* The two registrations are adjacent: blocks contiguous across the
+     * boundary must not be merged into one range the target would refuse. */
+    kvb_block_t x[2] = {
+        {(uint64_t)(uintptr_t)(g_src + 8192), peer->remote_base + HALF - 8192, 8192},
+        {(uint64_t)(uintptr_t)(g_src + 16384), peer->remote_base + HALF, 8192}};
+    CHECK_EQ(kvb_engine_write(g_eng, peer->sid, x, 2, 10), KVB_OK);
+    verify(peer, x, 2);
     TEST_PASS("peer registered more memory: picked up");
 }
 
