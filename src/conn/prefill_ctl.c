@@ -224,12 +224,20 @@ static void on_transfer(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         free(d.pages);
         free(d.mask);
     }
+    bool late = false; /* the room already ended Failed here (aborted) */
+    char ip[KVB_IP_MAX];
     if (r != NULL) {
         r->required_dst = x.required_dst_info_num;
         if (r->n_dst >= (size_t)r->required_dst)
             kvb__room_set_status(r, KVB_POLL_WAITING_FOR_INPUT);
+        late = r->status == KVB_POLL_FAILED && r->fail_notified;
     }
+    copy_str(ip, sizeof(ip), x.ip, x.ip_len);
     pthread_mutex_unlock(&m->mu);
+    /* A decode whose transfer info arrives after the room ended here is told
+     * at once instead of waiting out its waiting time-out. */
+    if (late)
+        kvb__send_status(m, ip, x.port, x.room, KVB_POLL_FAILED, m->prefill_rank);
 }
 
 void kvb__prefill_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)

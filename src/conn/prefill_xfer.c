@@ -701,8 +701,10 @@ void kvb_sender_destroy(kvb_sender_h s)
         if (r->status != KVB_POLL_SUCCESS && r->status != KVB_POLL_FAILED)
             kvb__prefill_abort_room(m, r, "Aborted: sender destroyed before the end");
         r->has_handle = 0;
-        if (r->inflight == 0)
-            kvb__room_remove(m, s->room); /* else the sweep frees it when settled */
+        /* A failed room stays as a tombstone until the sweep (room TTL), so a
+         * decode whose transfer info comes late still learns it failed. */
+        if (r->inflight == 0 && r->status != KVB_POLL_FAILED)
+            kvb__room_remove(m, s->room); /* else the sweep frees it */
     }
     pthread_mutex_unlock(&m->mu);
     free(s);
