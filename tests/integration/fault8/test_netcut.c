@@ -317,6 +317,8 @@ static int child_decode(char **argv)
             int32_t dst[NPG];
             for (int i = 0; i < NPG; i++)
                 dst[i] = dst_page(one_slot, i);
+            kvb_receiver_destroy(one); /* the previous single room, if any */
+            one = NULL;
             if (kvb_receiver_create(d.mgr, boot, one_room, -1, &one) != KVB_OK)
                 return 6;
             kvb_receiver_init(one, dst, NPG, (int64_t)(one_room % FR_AUX_ITEMS), NULL);
