@@ -386,6 +386,32 @@ class Guard:
         return True
 
 
+
+class Closeable:
+    """Context-manager and finaliser plumbing shared by the handle classes:
+    `with obj:` closes on exit, garbage collection closes quietly. Subclasses
+    define close() (for rooms: clear()) and set self._guard."""
+
+    @property
+    def closed(self):
+        return self._guard.closed
+
+    def _finish(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._finish()
+        return False
+
+    def __del__(self):
+        try:
+            self._finish()
+        except Exception:
+            pass
+
 _live = weakref.WeakKeyDictionary()
 _live_lock = threading.Lock()
 

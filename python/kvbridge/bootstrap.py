@@ -7,7 +7,7 @@ from . import _lib as L
 __all__ = ["KVBootstrapServer"]
 
 
-class KVBootstrapServer:
+class KVBootstrapServer(L.Closeable):
     """The HTTP service where prefill ranks register and decode ranks look them
     up. KVBootstrapServer(host, port) is listening when it returns (port 0 =
     ephemeral; read `port` / `address`). Runs on the library's own threads,
@@ -73,19 +73,3 @@ class KVBootstrapServer:
             L.lib().kvb_bootstrap_server_stop(self._h)
             self._h = None
 
-    @property
-    def closed(self):
-        return self._guard.closed
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -171,7 +171,7 @@ def _args_struct(args, is_mla, pp_rank, pp_size):
     return a, keep
 
 
-class KVManager:
+class KVManager(L.Closeable):
     """A rank's KV manager (seed MooncakeKVManager): registers the KVArgs
     buffers with the engine, runs the control socket and the transfer
     (prefill) or heartbeat (decode) threads; a prefill manager registers with
@@ -308,22 +308,6 @@ class KVManager:
             if self._owns_engine:
                 eng.close()
 
-    @property
-    def closed(self):
-        return self._guard.closed
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def _add_child(self, c):
         with self._children_lock:
@@ -372,7 +356,7 @@ class KVManager:
                     "transfers_failed": s.transfers_failed}
 
 
-class _Room:
+class _Room(L.Closeable):
     """Shared parts of KVSender and KVReceiver: the C handle behind a lock
     (the C objects may not be used by two threads at once), the cached
     conclusion, clear() and failure_exception()."""
@@ -446,18 +430,12 @@ class _Room:
         self.clear()
         raise KVTransferError(self.bootstrap_room, reason)
 
-    def __enter__(self):
-        return self
+    @property
+    def closed(self):
+        return getattr(self, "_h", None) is None
 
-    def __exit__(self, *exc):
+    def _finish(self):
         self.clear()
-        return False
-
-    def __del__(self):
-        try:
-            self.clear()
-        except Exception:
-            pass
 
 
 class KVSender(_Room):

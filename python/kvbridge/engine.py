@@ -26,7 +26,7 @@ def _blocks(src_ptrs, dst_ptrs, lengths):
     return arr, len(src)
 
 
-class TransferEngine:
+class TransferEngine(L.Closeable):
     """One kvbridge engine: registered memory and one-sided batched writes into
     memory peers registered.
 
@@ -82,22 +82,6 @@ class TransferEngine:
             L.lib().kvb_engine_destroy(self._h)
             self._h = None
 
-    @property
-    def closed(self):
-        return self._guard.closed
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def _add_user(self, mgr):
         with self._users_lock:
@@ -204,7 +188,7 @@ class TransferEngine:
             return TransferHandle(self, x.value, n)
 
 
-class TransferHandle:
+class TransferHandle(L.Closeable):
     """An asynchronous batch. wait(timeout) → 0 or a negative status
     (-6 KVB_ERR_TIMEOUT while it is still running after timeout s)."""
 
@@ -258,15 +242,3 @@ class TransferHandle:
             L.lib().kvb_xfer_free(self._h)
             self._h = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
