@@ -110,7 +110,7 @@ typedef struct kvb__room {
     int32_t required_dst;
     int inflight;      /* chunks queued or being written */
     int fail_notified; /* Failed status sent to the destinations */
-    int success_notified;
+    int success_due;   /* Success reached, status not sent yet */
     int submitting;    /* a worker is issuing writes for it (abort waits) */
     kvb_xfer_h *xfers; /* writes in flight (abort cancels them) */
     size_t n_xfers, cap_xfers;
@@ -225,14 +225,12 @@ struct kvb_manager {
     kvb__reg_t *regs;
     kvb__queue_t *queues;
     int n_queues;
-    kvb_plan_layout_t layout; /* this rank */
-    int32_t prefill_rank;     /* attn_tp_rank * pp_size + pp_rank */
+    int32_t prefill_rank; /* attn_tp_rank * pp_size + pp_rank */
     int is_last_stage;
 
     /* decode */
     kvb__addr_t *addrs;
-    double hb_interval;
-    int hb_max;
+    int hb_started; /* the heartbeat thread runs (join it on stop) */
 };
 
 struct kvb_sender {
@@ -248,8 +246,6 @@ struct kvb_receiver {
     struct kvb_manager *mgr;
     uint64_t room;
     int concluded;
-    int32_t dp_group;
-    int initialized;
 };
 
 /* rooms.c (mgr->mu held by the caller for every function here) */

@@ -280,7 +280,6 @@ kvb_status_t kvb_receiver_create(kvb_manager_h m, const char *bootstrap_addr, ui
     pthread_mutex_unlock(&m->mu);
     rc->mgr = m;
     rc->room = room;
-    rc->dp_group = rs.dp_group;
     *receiver_p = rc;
     return KVB_OK;
 }
@@ -392,7 +391,6 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
                            (unsigned long long)rc->room);
         pthread_mutex_unlock(&m->mu);
     }
-    rc->initialized = 1;
     return KVB_OK;
 }
 
@@ -631,15 +629,15 @@ kvb_status_t kvb__decode_start(struct kvb_manager *m)
 {
     if (pthread_create(&m->hb_thr, NULL, heartbeat_main, m) != 0)
         return KVB_ERR_IO;
-    m->hb_interval = 1; /* thread started marker */
+    m->hb_started = 1;
     return KVB_OK;
 }
 
 void kvb__decode_stop(struct kvb_manager *m)
 {
-    if (m->hb_interval > 0)
+    if (m->hb_started)
         pthread_join(m->hb_thr, NULL);
-    m->hb_interval = 0;
+    m->hb_started = 0;
 }
 
 void kvb__decode_free(struct kvb_manager *m)

@@ -46,7 +46,7 @@ static size_t notes_due(struct kvb_manager *m, kvb__room_t *r, note_t **out, int
 {
     size_t n = 0;
     int failed = r->status == KVB_POLL_FAILED;
-    if (r->inflight > 0 || r->submitting || (failed ? r->fail_notified : !r->success_notified))
+    if (r->inflight > 0 || r->submitting || (failed ? r->fail_notified : !r->success_due))
         return 0;
     if (!failed && r->status != KVB_POLL_SUCCESS)
         return 0;
@@ -70,7 +70,7 @@ static size_t notes_due(struct kvb_manager *m, kvb__room_t *r, note_t **out, int
     if (failed)
         r->fail_notified = 1;
     else
-        r->success_notified = 0;
+        r->success_due = 0;
     *status_p = failed ? KVB_POLL_FAILED : KVB_POLL_SUCCESS;
     return n;
 }
@@ -428,7 +428,7 @@ static void work_finish(struct kvb_manager *m, work_t *w)
         r->inflight--;
         if (w->c->is_last && r->status != KVB_POLL_FAILED) {
             kvb__room_set_status(r, KVB_POLL_SUCCESS);
-            r->success_notified = 1; /* due (notes_due clears it) */
+            r->success_due = 1; /* notes_due sends it and clears it */
         }
         /* Collected in the same critical section that published the outcome:
          * a sender destroyed right after its poll saw Success must not lose

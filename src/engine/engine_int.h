@@ -37,7 +37,6 @@ struct kvb__conn {
     int refs;      /* atomic: session + each transfer using it */
     int dead;      /* atomic: peer lost; fail everything on it */
     int stale;     /* atomic: peer's table changed; re-handshake before next use */
-    int retired;   /* progress thread: no longer the session's current conn */
     char why[256]; /* why it died */
     int am_auth;   /* the peer challenged us: token in every message */
     uint8_t am_token[KVB_HS_TOKEN_LEN]; /* its write-message token */
