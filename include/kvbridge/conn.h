@@ -139,16 +139,18 @@ KVB_API void kvb_manager_destroy(kvb_manager_h manager);
  * kvb_manager_create failure of the calling thread). Thread-local copy. */
 KVB_API const char *kvb_manager_last_error(kvb_manager_h manager);
 
-/* "ip:port" of the control socket (the seeds' rank_ip:rank_port). */
+/* "ip:port" of the control socket (the seeds' rank_ip:rank_port). Owned by
+ * the manager, valid until destroy; any thread. */
 KVB_API const char *kvb_manager_endpoint(kvb_manager_h manager);
 
-/* Counters a user or test can read: malformed control messages dropped,
- * rooms currently tracked. */
 typedef struct kvb_manager_stats {
-    uint64_t bad_messages;
-    uint64_t rooms;
-    uint64_t transfers_failed;
+    uint64_t bad_messages;     /* malformed control messages dropped */
+    uint64_t rooms;            /* rooms tracked now (incl. tombstones) */
+    uint64_t transfers_failed; /* destination writes that failed */
 } kvb_manager_stats_t;
+
+/* Snapshot of the manager's counters into *stats_p (consistent with each
+ * other: read under the manager's lock). Any thread; cannot fail. */
 KVB_API void kvb_manager_stats(kvb_manager_h manager, kvb_manager_stats_t *stats_p);
 
 /* ---- sender (prefill) ---- */

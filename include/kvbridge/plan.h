@@ -257,6 +257,7 @@ typedef struct kvb_plan_blocks {
     int fixed;
 } kvb_plan_blocks_t;
 
+/* Zero *out: an empty, planner-grown array. Cannot fail. */
 KVB_API void kvb_plan_blocks_init(kvb_plan_blocks_t *out);
 /* Free a planner-grown array (no-op for fixed ones) and zero the struct. */
 KVB_API void kvb_plan_blocks_free(kvb_plan_blocks_t *out);
