@@ -5,6 +5,10 @@
  * Write header (writer → target), little-endian:
  *   u32 magic "KVBW" | u32 nd | u64 xfer id | u64 msg id | u64 total bytes |
  *   nd × (u64 dst | u64 len)
+ * msg id: the writer's tag in the high 32 bits (writer fencing, 0 = none),
+ * its sequence in the low 32 (echoed in the ack). Each descriptor is one
+ * destination run inside one target registration; the payload is the runs'
+ * bytes in order.
  * Ack header (target → writer):
  *   u32 magic "KVBA" | i32 status | u64 xfer id | u64 msg id | u32 rl |
  *   rl bytes of reason */
