@@ -73,6 +73,7 @@ enum kvb_manager_param_field {
     KVB_MANAGER_PARAM_BOOTSTRAP_TOKEN = 1u << 7,
     KVB_MANAGER_PARAM_CURVE = 1u << 8, /* curve_secret_key, curve_client_secret_key,
                                           curve_allowed_clients */
+    KVB_MANAGER_PARAM_BOOTSTRAP_REFRESH = 1u << 9,
 };
 
 /* Manager creation. Always read: mode, kv_args, engine, the parallel info
@@ -80,7 +81,8 @@ enum kvb_manager_param_field {
  * Knob defaults come from the environment (PROTOCOL.md; KVBRIDGE_* twins win
  * over SGLANG_DISAGGREGATION_* names): bootstrap time-out 300 s, waiting
  * time-out 300 s, heartbeat interval 5 s (>= 2), heartbeat max failures 2
- * (>= 1), transfer threads min(max(4, 0.75·cpus/8), 12), queues 4 (<= threads). */
+ * (>= 1), transfer threads min(max(4, 0.75·cpus/8), 12), queues 4 (<= threads),
+ * bootstrap refresh 5 s (0 = off). */
 typedef struct kvb_manager_params {
     uint64_t field_mask;
     kvb_mode_t mode;
@@ -119,6 +121,10 @@ typedef struct kvb_manager_params {
                                             admitted; default the public keys of
                                             the two keys above
                                             [KVBRIDGE_CURVE_ALLOWED_CLIENTS] */
+    double bootstrap_refresh_s;          /* prefill: re-register with the bootstrap server
+                                            every this many seconds (a restarted server
+                                            finds its ranks again), 5; 0 = only at
+                                            creation [KVBRIDGE_BOOTSTRAP_REFRESH] */
 } kvb_manager_params_t;
 
 /* Create a manager: registers the KV/aux/state buffers with the engine,

@@ -227,6 +227,8 @@ struct kvb_manager {
     int n_queues;
     int32_t prefill_rank; /* attn_tp_rank * pp_size + pp_rank */
     int is_last_stage;
+    pthread_t ref_thr; /* periodic re-registration (prefill_ctl.c) */
+    int ref_started;
 
     /* decode */
     kvb__addr_t *addrs;
@@ -265,6 +267,11 @@ kvb_status_t kvb__prefill_start(struct kvb_manager *m);
 void kvb__prefill_stop(struct kvb_manager *m);
 void kvb__prefill_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
 void kvb__prefill_free(struct kvb_manager *m);
+/* prefill_ctl.c: re-register with the bootstrap server every
+ * p.bootstrap_refresh_s on a thread of its own (nothing when 0); stop joins it
+ * within the PUT's time-out (min(1 s, interval)) once m->stop is set. */
+kvb_status_t kvb__prefill_refresh_start(struct kvb_manager *m);
+void kvb__prefill_refresh_stop(struct kvb_manager *m);
 
 /* decode.c */
 kvb_status_t kvb__decode_start(struct kvb_manager *m);

@@ -40,6 +40,7 @@ static void knobs(kvb_manager_params_t *out, const kvb_manager_params_t *in)
     out->transfer_queues = (int)kvb__env_int(ENV("QUEUE_SIZE"), 4, 1, 1024);
 #undef ENV
     out->room_ttl_s = kvb__env_double("KVBRIDGE_ROOM_TTL", NULL, 600, 0.001, 1e9);
+    out->bootstrap_refresh_s = kvb__env_double("KVBRIDGE_BOOTSTRAP_REFRESH", NULL, 5.0, 0.0, 1e9);
     if (in->field_mask & KVB_MANAGER_PARAM_BOOTSTRAP_TIMEOUT)
         out->bootstrap_timeout_s = in->bootstrap_timeout_s;
     if (in->field_mask & KVB_MANAGER_PARAM_WAITING_TIMEOUT)
@@ -54,6 +55,8 @@ static void knobs(kvb_manager_params_t *out, const kvb_manager_params_t *in)
     }
     if (in->field_mask & KVB_MANAGER_PARAM_ROOM_TTL)
         out->room_ttl_s = in->room_ttl_s;
+    if (in->field_mask & KVB_MANAGER_PARAM_BOOTSTRAP_REFRESH)
+        out->bootstrap_refresh_s = in->bootstrap_refresh_s < 0 ? 0 : in->bootstrap_refresh_s;
     /* The seeds' floors: interval at least 2 s, at least one miss. The test
      * hook KVBRIDGE_HEARTBEAT_FLOOR lowers the floor (never in production). */
     double floor = kvb__env_double("KVBRIDGE_HEARTBEAT_FLOOR", NULL, 2.0, 0.05, 2.0);
@@ -408,6 +411,8 @@ kvb_status_t kvb_manager_create(const kvb_manager_params_t *params, kvb_manager_
     if (m->mode == KVB_MODE_PREFILL) /* a decode can fence us if it declares us lost */
         kvb_engine_set_writer_tag(m->engine, kvb__endpoint_tag(m->host, m->port));
     st = m->mode == KVB_MODE_PREFILL ? kvb__prefill_start(m) : kvb__decode_start(m);
+    if (st == KVB_OK && m->mode == KVB_MODE_PREFILL)
+        st = kvb__prefill_refresh_start(m);
     if (st == KVB_OK && pthread_create(&m->ctl_thr, NULL, control_main, m) != 0)
         st = create_error(KVB_ERR_IO, "cannot start the control thread%s", "");
     if (st != KVB_OK) {
@@ -416,7 +421,7 @@ kvb_status_t kvb_manager_create(const kvb_manager_params_t *params, kvb_manager_
             snprintf(g_create_err, sizeof(g_create_err), "%s", kvb__err_get(&m->err));
         __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE);
         if (m->mode == KVB_MODE_PREFILL)
-            kvb__prefill_stop(m), kvb__prefill_free(m);
+            kvb__prefill_refresh_stop(m), kvb__prefill_stop(m), kvb__prefill_free(m);
         else
             kvb__decode_stop(m), kvb__decode_free(m);
         unregister_buffers(m);
@@ -437,6 +442,7 @@ void kvb_manager_destroy(kvb_manager_h m)
     __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE);
     pthread_join(m->ctl_thr, NULL);
     if (m->mode == KVB_MODE_PREFILL) {
+        kvb__prefill_refresh_stop(m);
         kvb__prefill_stop(m);
         kvb__prefill_free(m);
     } else {

@@ -407,6 +407,22 @@ static void test_client_api(kvb_bootstrap_server_h s)
         .enable_mla_l1_5_cache = 0,
     };
     CHECK_EQ(kvb_bootstrap_client_register(c, &reg, 0), KVB_OK);
+    /* Idempotent: the same registration again (a prefill's periodic refresh)
+     * neither grows the table nor changes any answer. */
+    size_t ranks = kvb_bootstrap_server_num_ranks(s);
+    char *pinfo = get_body("/route?engine_rank=-1&target_dp_group=-1&target_pp_rank=-1");
+    char *prank = get_body("/route?engine_rank=1&target_dp_group=1&target_pp_rank=0");
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(kvb_bootstrap_client_register(c, &reg, 0), KVB_OK);
+    CHECK_EQ(kvb_bootstrap_server_num_ranks(s), ranks);
+    char *pinfo2 = get_body("/route?engine_rank=-1&target_dp_group=-1&target_pp_rank=-1");
+    char *prank2 = get_body("/route?engine_rank=1&target_dp_group=1&target_pp_rank=0");
+    CHECK(strcmp(pinfo, pinfo2) == 0);
+    CHECK(strcmp(prank, prank2) == 0);
+    free(pinfo);
+    free(pinfo2);
+    free(prank);
+    free(prank2);
     CHECK_EQ(kvb_bootstrap_client_lookup(c, 1, 1, 0, 0, &a), KVB_OK);
     CHECK(strcmp(a.rank_ip, "192.168.7.7") == 0);
     CHECK_EQ(a.rank_port, 4567);

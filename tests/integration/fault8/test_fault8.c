@@ -8,6 +8,12 @@
  *           a well-formed writer is still served, fds and memory bounded;
  *  slowpeer a decode process stopped (its control socket unread) while the
  *           prefill keeps sending: prefill queues/memory bounded, rooms fail;
+ *  bootstrap the bootstrap server (a child of its own) killed -9 at a seeded
+ *           random point while rooms are in flight: they complete; a new
+ *           receiver without a cached route fails fast with the seeds'
+ *           reason; restarted on the same port, the server knows the prefill
+ *           again within refresh + 1 s (KVBRIDGE_BOOTSTRAP_REFRESH) and new
+ *           rooms succeed; the prefill's destroy stays bounded;
  *  (netcut, the cut veth link between two network namespaces, is its own
  *  source: test_netcut.c.)
  * Child processes are this executable run with --child. */
@@ -31,6 +37,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static const fgeom_t G = {2, 2, 32, 4, 256};
@@ -168,9 +175,110 @@ static int child_decode(char **argv)
     return 0;
 }
 
+/* ---- children of the bootstrap case ---- */
+
+/* A bootstrap server alone, on PORT (0 = ephemeral): "boot ADDR", then it
+ * serves until EOF on stdin (or kill -9). */
+static int child_bootsrv(const char *port)
+{
+    kvb_bootstrap_server_params_t bp = {KVB_BOOTSTRAP_SERVER_PARAM_PORT, NULL, 0, NULL, 0, 0, 0};
+    kvb_bootstrap_server_h b;
+    char c;
+    bp.port = (uint16_t)atoi(port);
+    if (kvb_bootstrap_server_start(&bp, &b) != KVB_OK)
+        return 3;
+    printf("boot %s\n", kvb_bootstrap_server_address(b));
+    fflush(stdout);
+    while (read(0, &c, 1) > 0)
+        ;
+    kvb_bootstrap_server_stop(b);
+    return 0;
+}
+
+/* Sender for room: pages filled, ready, first half (or all) sent; 0 or -1. */
+static int bp_room(frank_t *p, kvb_sender_h *s, uint64_t room, int n, int whole)
+{
+    int32_t src[16];
+    for (int i = 0; i < n; i++)
+        src[i] = src_page(room, i);
+    ffill(p, room, src, n, (int)(room % FR_AUX_ITEMS));
+    if (kvb_sender_create(p->mgr, "x", room, s) != KVB_OK || fwait_sender_ready(*s, 10) != 0)
+        return -1;
+    kvb_sender_init(*s, (uint64_t)n, (int64_t)(room % FR_AUX_ITEMS));
+    return kvb_sender_send(*s, src, (size_t)(whole ? n : n / 2)) == KVB_OK ? 0 : -1;
+}
+
+/* The second halves of senders [b, e) (rooms first..), then their outcome. */
+static void bp_rest(kvb_sender_h *snd, int b, int e, uint64_t first, int n)
+{
+    for (int j = b; j < e; j++) {
+        int32_t src[16];
+        for (int i = 0; i < n; i++)
+            src[i] = src_page(first + (uint64_t)(j - b), i);
+        kvb_sender_send(snd[j], src + n / 2, (size_t)(n - n / 2));
+    }
+    printf("rest");
+    for (int j = b; j < e; j++)
+        printf(" %s", kvb_poll_string(fwait_sender(snd[j], 10)));
+    printf("\n");
+    fflush(stdout);
+}
+
+/* A prefill registered with the bootstrap server at boot (refresh from the
+ * environment): "prefill ENDPOINT", then commands on stdin: "rooms FIRST
+ * COUNT N" (first halves; "sent"), "rest" (the second halves of the last
+ * "rooms"; "rest S..."), "full FIRST COUNT N" ("sent"). At EOF it destroys
+ * everything and answers "destroyed SECONDS" (the manager's destroy). */
+static int child_bprefill(const char *boot)
+{
+    frank_t p;
+    kvb_sender_h snd[MAXR];
+    int ns = 0, b = 0, e = 0, n = 0, count;
+    unsigned long long first = 0, last_first = 0;
+    char line[256], cmd[32];
+    if (frank_start(&p, &G, KVB_MODE_PREFILL, boot, -1, NULL) != 0)
+        return 4;
+    printf("prefill %s\n", kvb_manager_endpoint(p.mgr));
+    fflush(stdout);
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        if (strncmp(line, "rest", 4) == 0) {
+            bp_rest(snd, b, e, last_first, n);
+            continue;
+        }
+        if (sscanf(line, "%31s %llu %d %d", cmd, &first, &count, &n) != 4 || n > 16 ||
+            count > MAXR - ns)
+            continue;
+        b = ns;
+        last_first = first;
+        for (int j = 0; j < count; j++)
+            if (bp_room(&p, &snd[ns++], first + (uint64_t)j, n, strcmp(cmd, "full") == 0) != 0)
+                printf("error room %llu\n", first + (unsigned long long)j);
+        e = ns;
+        printf("sent\n");
+        fflush(stdout);
+    }
+    for (int j = 0; j < ns; j++)
+        kvb_sender_destroy(snd[j]);
+    double t0 = fnow();
+    kvb_manager_destroy(p.mgr);
+    p.mgr = NULL;
+    printf("destroyed %.3f\n", fnow() - t0);
+    fflush(stdout);
+    frank_stop(&p);
+    return 0;
+}
+
 static int child_main(int argc, char **argv)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    /* the parent died before prctl: do not live on as an orphan */
+    const char *parent = getenv("KVB_F8_PARENT");
+    if (parent != NULL && getppid() != (pid_t)atol(parent))
+        return 9;
+    if (argc >= 4 && strcmp(argv[2], "bootsrv") == 0)
+        return child_bootsrv(argv[3]);
+    if (argc >= 4 && strcmp(argv[2], "bprefill") == 0)
+        return child_bprefill(argv[3]);
     if (argc >= 3 && strcmp(argv[2], "prefill") == 0)
         return child_prefill();
     if (argc >= 7 && strcmp(argv[2], "decode") == 0)
@@ -691,6 +799,205 @@ static void test_slowpeer(void)
     TEST_PASS("slow peer: prefill bounded, rooms fail, healthy decode served");
 }
 
+/* ---- 4. kill -9 of the bootstrap server, then its restart ---- */
+
+/* Spawn a bootstrap server child on port (0 = ephemeral); its address in
+ * addr. A restart on the same port is retried (bounded) while the port is
+ * not yet free. 0 or -1. */
+static int boot_spawn(fchild_t *c, unsigned port, char *addr, size_t cap)
+{
+    char ps[16], line[256], fmt[32];
+    char *args[] = {"--child", "bootsrv", ps, NULL};
+    snprintf(ps, sizeof(ps), "%u", port);
+    snprintf(fmt, sizeof(fmt), "boot %%%zus", cap - 1);
+    for (int tries = 0; tries < 30; tries++) {
+        if (fchild_spawn(c, g_self, args) != 0)
+            return -1;
+        if (fchild_line(c, line, sizeof(line), 10) == 0 && sscanf(line, fmt, addr) == 1)
+            return 0;
+        fchild_kill(c);
+        fsleep(0.1);
+    }
+    return -1;
+}
+
+static unsigned addr_port(const char *addr)
+{
+    const char *c = strrchr(addr, ':');
+    return c != NULL ? (unsigned)atoi(c + 1) : 0;
+}
+
+/* Receivers on d for rooms [first, first + count), n pages each. */
+static void b_receivers(frank_t *d, const char *boot, uint64_t first, int count, int n,
+                        kvb_receiver_h *rc)
+{
+    for (int j = 0; j < count; j++) {
+        uint64_t room = first + (uint64_t)j;
+        int32_t dst[16];
+        for (int i = 0; i < n; i++)
+            dst[i] = dst_page(room, i);
+        CHECK_EQ(kvb_receiver_create(d->mgr, boot, room, -1, &rc[j]), KVB_OK);
+        kvb_receiver_init(rc[j], dst, (size_t)n, (int64_t)(room % FR_AUX_ITEMS), NULL);
+    }
+}
+
+/* Every receiver Success, its bytes verified, then destroyed. */
+static void b_verify(frank_t *d, uint64_t first, int count, int n, kvb_receiver_h *rc)
+{
+    char why[512];
+    for (int j = 0; j < count; j++) {
+        uint64_t room = first + (uint64_t)j;
+        int32_t dst[16];
+        for (int i = 0; i < n; i++)
+            dst[i] = dst_page(room, i);
+        kvb_poll_t p = fwait_receiver(rc[j], 10);
+        if (p != KVB_POLL_SUCCESS) {
+            kvb_receiver_failure(rc[j], why, sizeof(why));
+            fprintf(stderr, "room %llu: %s (%s)\n", (unsigned long long)room, kvb_poll_string(p),
+                    why);
+        }
+        CHECK_EQ(p, KVB_POLL_SUCCESS);
+        CHECK_EQ(fverify(d, room, dst, n, (int)(room % FR_AUX_ITEMS)), (uint64_t)0);
+        kvb_receiver_destroy(rc[j]);
+    }
+}
+
+/* Send "cmd" to the prefill child and expect the answer "want". */
+static void b_command(fchild_t *pf, const char *cmd, const char *want)
+{
+    char line[512];
+    dprintf(pf->to, "%s\n", cmd);
+    CHECK_EQ(fchild_line(pf, line, sizeof(line), 30), 0);
+    if (strcmp(line, want) != 0)
+        fprintf(stderr, "prefill answered \"%s\" to \"%s\"\n", line, cmd);
+    CHECK(strcmp(line, want) == 0);
+}
+
+/* While the server is down: a decode without a cached route fails its new
+ * receiver at once with the seeds' reason; returns the seconds it took. */
+static double b_lookup_fails(const char *boot, uint64_t room)
+{
+    frank_t d2;
+    kvb_receiver_h rx;
+    char why[512], expect[256];
+    CHECK_EQ(frank_start(&d2, &G, KVB_MODE_DECODE, NULL, -1, NULL), 0);
+    double t0 = fnow();
+    CHECK_EQ(kvb_receiver_create(d2.mgr, boot, room, -1, &rx), KVB_OK);
+    kvb_poll_t p = fwait_receiver(rx, 10);
+    double dt = fnow() - t0;
+    CHECK_EQ(p, KVB_POLL_FAILED);
+    kvb_receiver_failure(rx, why, sizeof(why));
+    snprintf(expect, sizeof(expect),
+             "Could not fetch prefill parallel info from bootstrap_addr: %s", boot);
+    if (strcmp(why, expect) != 0)
+        fprintf(stderr, "new receiver failed with: %s\n", why);
+    CHECK(strcmp(why, expect) == 0);
+    kvb_receiver_destroy(rx);
+    frank_stop(&d2);
+    return dt;
+}
+
+/* After the restart: seconds until GET /route finds the prefill at ep. */
+static double b_wait_registered(const char *boot, const char *ep, double t0, double bound)
+{
+    kvb_bootstrap_client_h c;
+    kvb_bootstrap_rank_addr_t ra;
+    char want[KVB_BOOTSTRAP_IP_MAX + 16];
+    CHECK_EQ(kvb_bootstrap_client_create(boot, NULL, &c), KVB_OK);
+    while (fnow() < t0 + bound + 2.0) {
+        if (kvb_bootstrap_client_lookup(c, 0, 0, 0, 0.2, &ra) == KVB_OK) {
+            snprintf(want, sizeof(want), "%s:%u", ra.rank_ip, ra.rank_port);
+            CHECK(strcmp(want, ep) == 0);
+            break;
+        }
+        fsleep(0.005);
+    }
+    double dt = fnow() - t0;
+    kvb_bootstrap_client_destroy(c);
+    return dt;
+}
+
+static void test_bootstrap(void)
+{
+    const double refresh = 0.5, outage = 1.5; /* KVBRIDGE_BOOTSTRAP_REFRESH set by main */
+    const int NR = 6, NP = 8, NN = 3;
+    const uint64_t R0 = 200, RX = 260, RN = 300;
+    unsigned seed = getenv("KVB_F8_SEED") != NULL ? (unsigned)strtoul(getenv("KVB_F8_SEED"), 0, 10)
+                                                  : (unsigned)time(NULL) ^ (unsigned)getpid();
+    fchild_t bs, pf;
+    frank_t d1, d3;
+    kvb_receiver_h rc[MAXR], rn[MAXR];
+    char boot[128], boot2[128], ep[128], line[512], cmd[64];
+    g_rng ^= (uint64_t)seed * 0x9e3779b97f4a7c15ull;
+    fprintf(stderr, "bootstrap: seed %u (KVB_F8_SEED=%u reproduces it)\n", seed, seed);
+    CHECK_EQ(boot_spawn(&bs, 0, boot, sizeof(boot)), 0);
+    char *pargs[] = {"--child", "bprefill", boot, NULL};
+    CHECK_EQ(fchild_spawn(&pf, g_self, pargs), 0);
+    CHECK_EQ(fchild_line(&pf, line, sizeof(line), 20), 0);
+    CHECK_EQ(sscanf(line, "prefill %127s", ep), 1);
+    /* rooms in flight: routes cached on d1, first halves landed */
+    CHECK_EQ(frank_start(&d1, &G, KVB_MODE_DECODE, NULL, -1, NULL), 0);
+    b_receivers(&d1, boot, R0, NR, NP, rc);
+    snprintf(cmd, sizeof(cmd), "rooms %llu %d %d", (unsigned long long)R0, NR, NP);
+    b_command(&pf, cmd, "sent");
+    /* kill -9 at a random point: up to 100 ms before or after the rest */
+    double k = (double)(rnd() % 201) / 1000.0 - 0.1;
+    fprintf(stderr, "bootstrap: kill -9 of the server %+.3f s from the second halves\n", k);
+    if (k < 0)
+        fchild_kill(&bs), fsleep(-k);
+    dprintf(pf.to, "rest\n");
+    if (k >= 0)
+        fsleep(k), fchild_kill(&bs);
+    double t_kill = fnow();
+    CHECK_EQ(fchild_line(&pf, line, sizeof(line), 30), 0);
+    CHECK(strcmp(line, "rest Success Success Success Success Success Success") == 0);
+    b_verify(&d1, R0, NR, NP, rc);
+    double t_lookup = b_lookup_fails(boot, RX);
+    fprintf(stderr,
+            "bootstrap: in-flight rooms Success and verified; a new receiver without a "
+            "cached route Failed in %.4f s (bound 5 s)\n",
+            t_lookup);
+    CHECK(t_lookup <= 5.0 + 1.0);
+    while (fnow() < t_kill + outage) /* the prefill's refreshes fail meanwhile */
+        fsleep(0.01);
+    CHECK_EQ(boot_spawn(&bs, addr_port(boot), boot2, sizeof(boot2)), 0);
+    CHECK(strcmp(boot, boot2) == 0);
+    double t_reg = b_wait_registered(boot, ep, fnow(), refresh + 1.0);
+    fprintf(stderr,
+            "bootstrap: server down %.2f s; restarted, prefill registered again %.3f s "
+            "later (bound %.1f s)\n",
+            fnow() - t_reg - t_kill, t_reg, refresh + 1.0);
+    CHECK(t_reg <= refresh + 1.0);
+    /* new rooms: a fresh decode (no cached route) and d1 (cached) */
+    CHECK_EQ(frank_start(&d3, &G, KVB_MODE_DECODE, NULL, -1, NULL), 0);
+    b_receivers(&d3, boot, RN, NN, NP, rn);
+    b_receivers(&d1, boot, RN + NN, 1, NP, rn + NN);
+    snprintf(cmd, sizeof(cmd), "full %llu %d %d", (unsigned long long)RN, NN + 1, NP);
+    b_command(&pf, cmd, "sent");
+    b_verify(&d3, RN, NN, NP, rn);
+    b_verify(&d1, RN + NN, 1, NP, rn + NN);
+    CHECK(fcanaries_ok(&d1, "decode 1"));
+    CHECK(fcanaries_ok(&d3, "decode 3"));
+    frank_stop(&d3);
+    frank_stop(&d1);
+    /* destroy is bounded by the PUT's time-out even against a stopped server */
+    CHECK_EQ(kill(bs.pid, SIGSTOP), 0);
+    wait_stopped(bs.pid);
+    fsleep(refresh + 0.1); /* a refresh PUT is waiting on it now */
+    close(pf.to);
+    double t_destroy = -1;
+    CHECK_EQ(fchild_line(&pf, line, sizeof(line), 10), 0);
+    CHECK_EQ(sscanf(line, "destroyed %lf", &t_destroy), 1);
+    fprintf(stderr, "bootstrap: prefill manager destroyed in %.3f s with the server stopped\n",
+            t_destroy);
+    CHECK(t_destroy <= refresh + 0.5);
+    pf.to = -1;
+    fchild_close(&pf);
+    fchild_kill(&bs);
+    TEST_PASS("bootstrap server kill -9: in-flight rooms complete, lookups fail fast, restart "
+              "re-registers the prefill");
+}
+
 int main(int argc, char **argv)
 {
     g_self = argv[0];
@@ -698,6 +1005,9 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "--child") == 0)
         return child_main(argc, argv);
     signal(SIGPIPE, SIG_IGN);
+    char pid[24];
+    snprintf(pid, sizeof(pid), "%ld", (long)getpid());
+    setenv("KVB_F8_PARENT", pid, 1);
     const char *which = argc >= 2 ? argv[1] : "sigstop";
     if (strcmp(which, "sigstop") == 0)
         test_sigstop();
@@ -706,7 +1016,10 @@ int main(int argc, char **argv)
         test_slowpeer();
     } else if (strcmp(which, "hostile") == 0)
         test_hostile();
-    else
+    else if (strcmp(which, "bootstrap") == 0) {
+        setenv("KVBRIDGE_BOOTSTRAP_REFRESH", "0.5", 1);
+        test_bootstrap();
+    } else
         return 2;
     return 0;
 }
