@@ -82,7 +82,9 @@ enum kvb_manager_param_field {
  * over SGLANG_DISAGGREGATION_* names): bootstrap time-out 300 s, waiting
  * time-out 300 s, heartbeat interval 5 s (>= 2), heartbeat max failures 2
  * (>= 1), transfer threads min(max(4, 0.75·cpus/8), 12), queues 4 (<= threads),
- * bootstrap refresh 5 s (0 = off). */
+ * bootstrap refresh 5 s (0 = off). The fields from bootstrap_timeout_s on are
+ * read only when field_mask names them (UCX's habit: a caller built against
+ * an older, shorter struct stays safe). */
 typedef struct kvb_manager_params {
     uint64_t field_mask;
     kvb_mode_t mode;

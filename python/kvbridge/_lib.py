@@ -134,6 +134,9 @@ MANAGER_PARAM_WAITING_TIMEOUT = 1 << 3
 MANAGER_PARAM_HEARTBEAT = 1 << 4
 MANAGER_PARAM_THREADS = 1 << 5
 MANAGER_PARAM_ROOM_TTL = 1 << 6
+MANAGER_PARAM_BOOTSTRAP_TOKEN = 1 << 7
+MANAGER_PARAM_CURVE = 1 << 8
+MANAGER_PARAM_BOOTSTRAP_REFRESH = 1 << 9
 
 
 class ManagerParams(ctypes.Structure):
@@ -160,6 +163,11 @@ class ManagerParams(ctypes.Structure):
         ("transfer_threads", ctypes.c_int),
         ("transfer_queues", ctypes.c_int),
         ("room_ttl_s", ctypes.c_double),
+        ("bootstrap_token", ctypes.c_char_p),
+        ("curve_secret_key", ctypes.c_char_p),
+        ("curve_client_secret_key", ctypes.c_char_p),
+        ("curve_allowed_clients", ctypes.c_char_p),
+        ("bootstrap_refresh_s", ctypes.c_double),
     ]
 
 

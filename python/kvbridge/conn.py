@@ -171,6 +171,29 @@ def _args_struct(args, is_mla, pp_rank, pp_size):
     return a, keep
 
 
+def _auth_params(p, token, server_key, client_key, allowed):
+    """Optional authentication fields (docs/security.md); returns the byte
+    strings p points at, which the caller keeps alive."""
+    keep = []
+
+    def enc(v, name):
+        b = L.as_str(v, name, allow_none=True)
+        if b is None:
+            return None
+        keep.append(b.encode())
+        return keep[-1]
+
+    if token is not None:
+        p.bootstrap_token = enc(token, "bootstrap_token")
+        p.field_mask |= L.MANAGER_PARAM_BOOTSTRAP_TOKEN
+    if server_key is not None or client_key is not None or allowed is not None:
+        p.curve_secret_key = enc(server_key, "curve_secret_key")
+        p.curve_client_secret_key = enc(client_key, "curve_client_secret_key")
+        p.curve_allowed_clients = enc(allowed, "curve_allowed_clients")
+        p.field_mask |= L.MANAGER_PARAM_CURVE
+    return keep
+
+
 class KVManager(L.Closeable):
     """A rank's KV manager (seed MooncakeKVManager): registers the KVArgs
     buffers with the engine, runs the control socket and the transfer
@@ -187,7 +210,9 @@ class KVManager(L.Closeable):
                  host="127.0.0.1", transport="auto", *, engine=None, system_dp_size=1,
                  system_dp_rank=0, bootstrap_timeout=None, waiting_timeout=None,
                  heartbeat_interval=None, heartbeat_max_failures=None, transfer_threads=None,
-                 transfer_queues=None, room_ttl=None):
+                 transfer_queues=None, room_ttl=None, bootstrap_refresh=None,
+                 bootstrap_token=None, curve_secret_key=None, curve_client_secret_key=None,
+                 curve_allowed_clients=None):
         self._guard = L.Guard("KVManager")
         self._guard.closed = True  # until created
         self._h = None
@@ -253,6 +278,11 @@ class KVManager(L.Closeable):
         if room_ttl is not None:
             p.room_ttl_s = L.as_float(room_ttl, "room_ttl", 0.001)
             p.field_mask |= L.MANAGER_PARAM_ROOM_TTL
+        if bootstrap_refresh is not None:
+            p.bootstrap_refresh_s = L.as_float(bootstrap_refresh, "bootstrap_refresh", 0.0)
+            p.field_mask |= L.MANAGER_PARAM_BOOTSTRAP_REFRESH
+        self._auth_b = _auth_params(p, bootstrap_token, curve_secret_key,
+                                    curve_client_secret_key, curve_allowed_clients)
         cargs, self._keep = _args_struct(args, self.is_mla, p.pp_rank, p.pp_size)
         er = getattr(args, "engine_rank", None)
         cargs.engine_rank = (p.attn_tp_rank if er is None else

@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -344,7 +345,11 @@ static void manager_free(struct kvb_manager *m)
 static kvb_status_t manager_init(struct kvb_manager *m, const kvb_manager_params_t *p)
 {
     kvb_status_t st;
-    m->p = *p;
+    /* Only the fields before the optional ones are read unconditionally; the
+     * rest only when field_mask names them, so a caller built against an
+     * older, shorter kvb_manager_params_t (or a binding that stops early) is
+     * never read past its end. */
+    memcpy(&m->p, p, offsetof(kvb_manager_params_t, bootstrap_timeout_s));
     knobs(&m->p, p);
     m->mode = p->mode;
     m->engine = p->engine;

@@ -762,3 +762,32 @@ def test_example_python_pd():
 
 if __name__ == "__main__":
     child_main(sys.argv[1], json.loads(sys.argv[2]))
+
+
+def test_manager_auth_and_refresh_kwargs():
+    """The optional parameters past room_ttl (bootstrap token, CURVE keys,
+    bootstrap refresh) reach the library at the right offsets: a wrong token
+    is refused at registration, the right one plus CURVE keys on both sides
+    carries a verified room."""
+    import zmq
+    pub, sec = zmq.curve_keypair()
+    curve = dict(curve_secret_key=sec.decode(), curve_allowed_clients=pub.decode())
+    with kb.KVBootstrapServer("127.0.0.1", 0, token="s3cret") as server:
+        p, d = Rank(MODEL, 0, 1), Rank(MODEL, 0, 1)
+        raises(Exception, kb.KVManager, p.kv_args(), "prefill", server.address,
+               bootstrap_token="wrong", match="401")
+        with kb.KVManager(p.kv_args(), "prefill", server.address, bootstrap_token="s3cret",
+                          bootstrap_refresh=0.2, **curve) as pm, \
+                kb.KVManager(d.kv_args(), "decode", bootstrap_token="s3cret", **curve) as dm:
+            src, dst = [3, 1, 4], [5, 9, 2]
+            p.fill(11, src, 1)
+            rc = kb.KVReceiver(dm, server.address, 11)
+            rc.init(dst, aux_index=2)
+            s = kb.KVSender(pm, server.address, 11)
+            assert poll_until(s, 10, (kb.KVPoll.WaitingForInput,)) == kb.KVPoll.WaitingForInput
+            s.init(len(src), aux_index=1)
+            s.send(np.asarray(src, np.int32))
+            assert poll_until(rc, 10) == kb.KVPoll.Success, rc.failure_reason()
+            assert d.wrong_bytes(11, dst, 2) == 0
+            time.sleep(0.5)  # a few refreshes with the token: one rank, still served
+            assert server.num_ranks == 1
