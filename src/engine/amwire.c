@@ -11,9 +11,65 @@ static uint64_t get_u64(const uint8_t *p)
     return v;
 }
 
-bool kvb__am_parse_write_header(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p)
+static uint32_t get_u32(const uint8_t *p)
 {
-    uint32_t magic, nd;
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+void kvb__am_write_desc(const uint8_t *h, uint32_t i, kvb__am_desc_t *d)
+{
+    const uint8_t *p = h + AM_HDR_FIXED + (size_t)i * AM_DESC;
+    d->dst = get_u64(p);
+    d->len = get_u64(p + 8);
+    d->stride = get_u64(p + 16);
+    d->count = get_u32(p + 24);
+}
+
+void kvb__am_put_desc(uint8_t *h, uint32_t i, const kvb__am_desc_t *d)
+{
+    uint8_t *p = h + AM_HDR_FIXED + (size_t)i * AM_DESC;
+    uint32_t zero = 0;
+    memcpy(p, &d->dst, 8);
+    memcpy(p + 8, &d->len, 8);
+    memcpy(p + 16, &d->stride, 8);
+    memcpy(p + 24, &d->count, 4);
+    memcpy(p + 28, &zero, 4);
+}
+
+bool kvb__am_desc_span(const kvb__am_desc_t *d, uint64_t *span_p)
+{
+    uint64_t span;
+    if (d->count == 0 || __builtin_mul_overflow(d->stride, (uint64_t)d->count - 1, &span) ||
+        __builtin_add_overflow(span, d->len, &span))
+        return false;
+    *span_p = span;
+    return true;
+}
+
+/* One descriptor's shape; adds its bytes to *total and pieces to *pieces. */
+static bool desc_ok(const uint8_t *h, uint32_t i, uint64_t *total, uint32_t *pieces)
+{
+    kvb__am_desc_t d;
+    uint64_t span, bytes;
+    kvb__am_write_desc(h, i, &d);
+    if (get_u32(h + AM_HDR_FIXED + (size_t)i * AM_DESC + 28) != 0 || d.count == 0 ||
+        d.count > AM_MAX_PIECES - *pieces)
+        return false;
+    if (d.count == 1 ? d.stride != 0 : (d.len == 0 || d.stride < d.len))
+        return false;
+    if (!kvb__am_desc_span(&d, &span) || __builtin_mul_overflow(d.len, d.count, &bytes) ||
+        __builtin_add_overflow(*total, bytes, total))
+        return false;
+    *pieces += d.count;
+    return true;
+}
+
+bool kvb__am_parse_write_header(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p,
+                                uint32_t *pieces_p)
+{
+    uint32_t magic, nd, pieces = 0;
     uint64_t total = 0;
     if (h == NULL || hlen < AM_HDR_FIXED)
         return false;
@@ -23,19 +79,13 @@ bool kvb__am_parse_write_header(const uint8_t *h, size_t hlen, size_t length, ui
         (hlen - AM_HDR_FIXED) % AM_DESC != 0 || get_u64(h + 24) != length)
         return false;
     for (uint32_t i = 0; i < nd; i++)
-        if (__builtin_add_overflow(total, get_u64(h + AM_HDR_FIXED + (size_t)i * AM_DESC + 8),
-                                   &total))
+        if (!desc_ok(h, i, &total, &pieces))
             return false;
     if (total != length)
         return false;
     *nd_p = nd;
+    *pieces_p = pieces;
     return true;
-}
-
-void kvb__am_write_desc(const uint8_t *h, uint32_t i, uint64_t *dst_p, uint64_t *len_p)
-{
-    *dst_p = get_u64(h + AM_HDR_FIXED + (size_t)i * AM_DESC);
-    *len_p = get_u64(h + AM_HDR_FIXED + (size_t)i * AM_DESC + 8);
 }
 
 bool kvb__am_parse_ack(const uint8_t *h, size_t hlen, int32_t *status_p, uint64_t *xfer_id_p,

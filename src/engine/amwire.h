@@ -3,12 +3,15 @@
  * locks, no allocation (fuzzed by tests/fuzz/fuzz_amwire.c).
  *
  * Write header (writer → target), little-endian:
- *   u32 magic "KVBW" | u32 nd | u64 xfer id | u64 msg id | u64 total bytes |
- *   nd × (u64 dst | u64 len)
+ *   u32 magic "KVBV" | u32 nd | u64 xfer id | u64 msg id | u64 total bytes |
+ *   nd × (u64 dst | u64 len | u64 stride | u32 count | u32 zero)
  * msg id: the writer's tag in the high 32 bits (writer fencing, 0 = none),
- * its sequence in the low 32 (echoed in the ack). Each descriptor is one
- * destination run inside one target registration; the payload is the runs'
- * bytes in order.
+ * its sequence in the low 32 (echoed in the ack). A descriptor names count
+ * pieces of len bytes at dst, dst + stride, ... (count 1: one run, stride 0;
+ * count > 1: stride >= len, so pieces never overlap); its whole span lies
+ * inside one target registration. Strided descriptors carry head slices
+ * (1 KiB rows every 2 KiB for a TP2 -> TP1 pair) sixteen to a descriptor.
+ * The payload is the pieces' bytes in order.
  * Ack header (target → writer):
  *   u32 magic "KVBA" | i32 status | u64 xfer id | u64 msg id | u32 rl |
  *   rl bytes of reason */
@@ -20,20 +23,36 @@
 #include <stdint.h>
 
 #define AM_HDR_FIXED 32
-#define AM_DESC 16
+#define AM_DESC 32
 #define AM_ACK_FIXED 28
-#define AM_MAGIC_WRITE 0x5742564bu /* "KVBW" */
+#define AM_MAX_PIECES 4096u        /* pieces (IOV entries) one message may name */
+#define AM_MAGIC_WRITE 0x5642564bu /* "KVBV" */
 #define AM_MAGIC_ACK 0x4142564bu   /* "KVBA" */
 
-/* Check a write header of hlen bytes announcing a payload of length bytes:
- * magic, nd >= 1, exactly nd descriptors, the total field and the sum of the
- * descriptor lengths (no overflow) equal to length. On success *nd_p = nd;
- * on failure nothing is written. Destination ranges are not checked here
- * (that needs the registrations: am_validate in xfer.c). */
-bool kvb__am_parse_write_header(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p);
+typedef struct kvb__am_desc {
+    uint64_t dst, len, stride;
+    uint32_t count;
+} kvb__am_desc_t;
 
-/* Descriptor i (< nd of an accepted header): destination and length. */
-void kvb__am_write_desc(const uint8_t *h, uint32_t i, uint64_t *dst_p, uint64_t *len_p);
+/* Check a write header of hlen bytes announcing a payload of length bytes:
+ * magic, nd >= 1, exactly nd well-formed descriptors (count 1..AM_MAX_PIECES,
+ * zero padding, stride 0 for one piece and >= len > 0 for more, span
+ * computable without overflow), at most AM_MAX_PIECES pieces in all, the total
+ * field and the sum of the piece lengths (no overflow) equal to length. On
+ * success *nd_p = nd and *pieces_p = the number of pieces; on failure nothing
+ * is written. Destination ranges are not checked here (that needs the
+ * registrations: am_validate in xfer.c, over kvb__am_desc_span). */
+bool kvb__am_parse_write_header(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p,
+                                uint32_t *pieces_p);
+
+/* Descriptor i (< nd of an accepted header). */
+void kvb__am_write_desc(const uint8_t *h, uint32_t i, kvb__am_desc_t *d);
+
+/* Store descriptor i of a header being built. */
+void kvb__am_put_desc(uint8_t *h, uint32_t i, const kvb__am_desc_t *d);
+
+/* Bytes from d->dst to the end of its last piece; false on overflow. */
+bool kvb__am_desc_span(const kvb__am_desc_t *d, uint64_t *span_p);
 
 /* Check an ack header: magic and a reason length that matches hlen exactly.
  * On success fills the outputs (*reason_p points into h); else writes none. */

@@ -381,24 +381,73 @@ static uint64_t get_u64(const uint8_t *p)
     return v;
 }
 
-/* Gather the next pieces of x into one message (bounded by bytes and
- * descriptor count); returns NULL on allocation failure. */
 #define AM_MAX_IOV 4096 /* source pieces gathered into one message */
 
-/* Gather the next pieces of x into one message, bounded by bytes, source
- * pieces and destination descriptors. Pieces contiguous at the destination
- * share one descriptor and pieces contiguous at the source one IOV entry, so
- * head slices (strided on one side, contiguous on the other) travel in full
- * size messages. Returns NULL on allocation failure. */
-static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, uint64_t *bytes_p)
+/* Can piece (dst, len) extend descriptor d? Contiguous after a single run
+ * (the run grows) or the next step of an equal-length stride (count grows);
+ * either way the whole span must stay inside one peer registration (two
+ * registrations may be adjacent, and the target checks each descriptor
+ * against a single one). */
+static bool desc_extend(const kvb__segtab_t *segs, kvb__am_desc_t *d, uint64_t dst, uint64_t len)
 {
-    /* Engine secret: the peer's token goes first (KVB_AM_WRITE_AUTH). */
+    kvb__am_desc_t e = *d;
+    uint64_t span;
+    if (d->count == 1 && dst == d->dst + d->len) {
+        e.len += len;
+    } else if (len == d->len && dst > d->dst &&
+               (d->count == 1 ? dst - d->dst >= d->len : dst - d->dst == d->stride * d->count)) {
+        e.stride = d->count == 1 ? dst - d->dst : d->stride;
+        e.count++;
+    } else {
+        return false;
+    }
+    if (!kvb__am_desc_span(&e, &span) || kvb__segtab_find(segs, e.dst, span) < 0)
+        return false;
+    *d = e;
+    return true;
+}
+
+typedef struct am_fill {
+    kvb__am_desc_t d; /* the descriptor being grown (index k - 1) */
+    size_t k, niov;
+    uint32_t pieces;
+    uint64_t total;
+} am_fill_t;
+
+/* Add one piece to message m; false when it does not fit (caller sends). */
+static bool am_add_piece(struct kvb_xfer *x, am_msg_t *m, am_fill_t *f, size_t max_desc,
+                         uint64_t src, uint64_t dst, uint64_t piece)
+{
+    uint8_t *h = m->hdr + (x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0);
+    bool smerge =
+        f->niov > 0 && (uintptr_t)m->iov[f->niov - 1].buffer + m->iov[f->niov - 1].length == src;
+    kvb__am_desc_t d = f->d;
+    bool dmerge = f->k > 0 && desc_extend(&x->conn->segs, &d, dst, piece);
+    uint32_t more = dmerge ? d.count - f->d.count : 1; /* destination pieces added */
+    if ((!dmerge && f->k == max_desc) || (!smerge && f->niov == AM_MAX_IOV) ||
+        more > AM_MAX_PIECES - f->pieces)
+        return false;
+    if (!dmerge) {
+        d = (kvb__am_desc_t){.dst = dst, .len = piece, .stride = 0, .count = 1};
+        f->k++;
+    }
+    f->pieces += more;
+    f->d = d;
+    kvb__am_put_desc(h, (uint32_t)(f->k - 1), &d);
+    if (smerge) {
+        m->iov[f->niov - 1].length += piece;
+    } else {
+        m->iov[f->niov].buffer = (void *)(uintptr_t)src;
+        m->iov[f->niov++].length = piece;
+    }
+    f->total += piece;
+    return true;
+}
+
+static am_msg_t *am_alloc(struct kvb_xfer *x, size_t max_desc)
+{
     size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
-    size_t max_desc = (eng->max_am_header - pre - AM_HDR_FIXED) / AM_DESC;
-    size_t chunk = eng->params.am_chunk_bytes;
     am_msg_t *m = calloc(1, sizeof(*m));
-    if (max_desc > 512)
-        max_desc = 512;
     if (m == NULL || (m->hdr = malloc(pre + AM_HDR_FIXED + max_desc * AM_DESC)) == NULL ||
         (m->iov = malloc(AM_MAX_IOV * sizeof(*m->iov))) == NULL) {
         if (m != NULL) {
@@ -407,58 +456,52 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
         }
         return NULL;
     }
-    size_t k = 0, niov = 0;
-    uint64_t total = 0, dend = 0;
-    uint8_t *h = m->hdr + pre, *d = h + AM_HDR_FIXED;
+    /* Engine secret: the peer's token goes first (KVB_AM_WRITE_AUTH). */
     if (pre > 0)
         memcpy(m->hdr, x->conn->am_token, KVB_HS_TOKEN_LEN);
-    while (x->next < x->n && total < chunk) {
+    return m;
+}
+
+/* Gather the next pieces of x into one message, bounded by bytes, source
+ * pieces, destination descriptors and destination pieces. Pieces contiguous
+ * at the source share one IOV entry; at the destination, contiguous pieces
+ * share one descriptor and equally spaced equal pieces one strided
+ * descriptor, so head slices (strided on either side) travel in full size
+ * messages. Returns NULL on allocation failure. */
+static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, uint64_t *bytes_p)
+{
+    size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
+    size_t max_desc = (eng->max_am_header - pre - AM_HDR_FIXED) / AM_DESC;
+    uint64_t chunk = eng->params.am_chunk_bytes;
+    am_msg_t *m = am_alloc(x, max_desc);
+    am_fill_t f = {0};
+    if (m == NULL)
+        return NULL;
+    while (x->next < x->n && f.total < chunk) {
         const kvb_block_t *b = &x->blocks[x->next];
-        uint64_t piece = b->len - x->off, src = b->src + x->off, dst = b->dst + x->off;
-        /* Merge at the destination only within one registered segment: two
-         * registrations may be adjacent, and the target checks every
-         * descriptor against a single segment. */
-        bool dmerge = k > 0 && dend == dst &&
-                      kvb__segtab_find(&x->conn->segs, get_u64(d + (k - 1) * AM_DESC),
-                                       dend - get_u64(d + (k - 1) * AM_DESC) + piece) >= 0;
-        bool smerge =
-            niov > 0 && (uintptr_t)m->iov[niov - 1].buffer + m->iov[niov - 1].length == src;
-        if ((!dmerge && k == max_desc) || (!smerge && niov == AM_MAX_IOV))
+        uint64_t piece = b->len - x->off;
+        if (piece > chunk - f.total)
+            piece = chunk - f.total;
+        if (!am_add_piece(x, m, &f, max_desc, b->src + x->off, b->dst + x->off, piece))
             break;
-        if (piece > chunk - total)
-            piece = chunk - total;
-        if (dmerge) {
-            put_u64(d + (k - 1) * AM_DESC + 8, get_u64(d + (k - 1) * AM_DESC + 8) + piece);
-        } else {
-            put_u64(d + k * AM_DESC, dst);
-            put_u64(d + k * AM_DESC + 8, piece);
-            k++;
-        }
-        if (smerge) {
-            m->iov[niov - 1].length += piece;
-        } else {
-            m->iov[niov].buffer = (void *)(uintptr_t)src;
-            m->iov[niov++].length = piece;
-        }
-        dend = dst + piece;
-        total += piece;
         x->off += piece;
         if (x->off == b->len) {
             x->next++;
             x->off = 0;
         }
     }
-    uint32_t magic = AM_MAGIC_WRITE, nd = (uint32_t)k;
+    uint8_t *h = m->hdr + pre;
+    uint32_t magic = AM_MAGIC_WRITE, nd = (uint32_t)f.k;
     memcpy(h, &magic, 4);
     memcpy(h + 4, &nd, 4);
     put_u64(h + 8, x->id);
     /* msg id: writer tag in the high half (writer fencing), sequence low. */
     put_u64(h + 16, (uint64_t)__atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED) << 32 |
                         (x->msgs_sent & 0xffffffffu));
-    put_u64(h + 24, total);
-    m->ndesc = k;
-    *niov_p = niov;
-    *bytes_p = total;
+    put_u64(h + 24, f.total);
+    m->ndesc = f.k;
+    *niov_p = f.niov;
+    *bytes_p = f.total;
     return m;
 }
 
@@ -619,28 +662,34 @@ static void unpin(kvb_engine_h eng, const uint64_t *pinned, size_t n)
     pthread_mutex_unlock(&eng->seg_mu);
 }
 
-/* Validate every descriptor against the local registrations and pin the
- * segments; fills iov with the destinations. */
+/* Validate every descriptor's span against the local registrations and pin
+ * the segments; fills iov with the destination pieces (as many as the
+ * parser counted). */
 static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint64_t *pinned,
                                 ucp_dt_iov_t *iov, char *why, size_t wl)
 {
     kvb_status_t st = KVB_OK;
     uint32_t i;
+    size_t n = 0;
     pthread_mutex_lock(&eng->seg_mu);
     for (i = 0; i < nd; i++) {
-        uint64_t dst = get_u64(h + AM_HDR_FIXED + (size_t)i * AM_DESC);
-        uint64_t len = get_u64(h + AM_HDR_FIXED + (size_t)i * AM_DESC + 8);
-        long s = kvb__segtab_find(&eng->segs, dst, len);
+        kvb__am_desc_t d;
+        uint64_t span = 0;
+        kvb__am_write_desc(h, i, &d);
+        long s = kvb__am_desc_span(&d, &span) ? kvb__segtab_find(&eng->segs, d.dst, span) : -1;
         if (s < 0) {
-            snprintf(why, wl, "destination [0x%llx, +%llu) is not inside a registered region",
-                     (unsigned long long)dst, (unsigned long long)len);
+            snprintf(why, wl,
+                     "destination [0x%llx, +%llu) (%u piece(s)) is not inside a registered region",
+                     (unsigned long long)d.dst, (unsigned long long)span, d.count);
             st = KVB_ERR_BOUNDS;
             break;
         }
         eng->segs.v[s].pins++;
         pinned[i] = eng->segs.v[s].addr;
-        iov[i].buffer = (void *)(uintptr_t)dst;
-        iov[i].length = len;
+        for (uint32_t c = 0; c < d.count; c++, n++) {
+            iov[n].buffer = (void *)(uintptr_t)(d.dst + (uint64_t)c * d.stride);
+            iov[n].length = d.len;
+        }
     }
     pthread_mutex_unlock(&eng->seg_mu);
     if (st != KVB_OK)
@@ -667,9 +716,9 @@ static void am_recv_cb(void *req, ucs_status_t status, size_t length, void *user
     ucp_request_free(req);
 }
 
-static void scatter(const ucp_dt_iov_t *iov, uint32_t nd, const uint8_t *data)
+static void scatter(const ucp_dt_iov_t *iov, uint32_t n, const uint8_t *data)
 {
-    for (uint32_t i = 0; i < nd; i++) {
+    for (uint32_t i = 0; i < n; i++) {
         memcpy(iov[i].buffer, data, iov[i].length);
         data += iov[i].length;
     }
@@ -723,7 +772,7 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
                              size_t length, const ucp_am_recv_param_t *param, bool authorized)
 {
     char why[200] = "malformed write message";
-    uint32_t nd = 0;
+    uint32_t nd = 0, np = 0;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
         return UCS_OK; /* cannot answer: drop */
     uint64_t xid = hlen >= 24 ? get_u64(h + 8) : 0, mid = hlen >= 24 ? get_u64(h + 16) : 0;
@@ -741,9 +790,9 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
         return UCS_OK;
     }
     am_recv_t *rc = calloc(1, sizeof(*rc));
-    bool ok = rc != NULL && kvb__am_parse_write_header(h, hlen, length, &nd) &&
+    bool ok = rc != NULL && kvb__am_parse_write_header(h, hlen, length, &nd, &np) &&
               (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
-              (rc->iov = malloc(nd * sizeof(ucp_dt_iov_t))) != NULL &&
+              (rc->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL &&
               am_validate(eng, h, nd, rc->pinned, rc->iov, why, sizeof(why)) == KVB_OK;
     if (!ok) {
         KVB_LOGW("engine %s: refused a write: %s", eng->sid, why);
@@ -761,7 +810,7 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     rc->msg_id = mid;
     rc->npinned = nd;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-        scatter(rc->iov, nd, data);
+        scatter(rc->iov, np, data);
         am_recv_done(rc, UCS_OK);
         return UCS_OK;
     }
@@ -770,9 +819,9 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
     p.cb.recv_am = am_recv_cb;
     p.user_data = rc;
-    p.datatype = nd == 1 ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
-    void *r = ucp_am_recv_data_nbx(eng->worker, data, nd == 1 ? rc->iov[0].buffer : rc->iov,
-                                   nd == 1 ? rc->iov[0].length : nd, &p);
+    p.datatype = np == 1 ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
+    void *r = ucp_am_recv_data_nbx(eng->worker, data, np == 1 ? rc->iov[0].buffer : rc->iov,
+                                   np == 1 ? rc->iov[0].length : np, &p);
     if (UCS_PTR_IS_ERR(r))
         am_recv_done(rc, UCS_PTR_STATUS(r));
     else if (r == NULL)

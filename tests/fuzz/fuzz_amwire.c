@@ -10,11 +10,13 @@
  *
  * Invariants (abort on violation):
  *  - a rejected header writes no output;
- *  - an accepted write header has 1 <= nd, hlen == 32 + 16 nd, descriptor
- *    lengths summing (without overflow) to the payload length, and re-encodes
- *    to exactly the input bytes;
+ *  - an accepted write header has 1 <= nd, hlen == 32 + 32 nd, well-formed
+ *    descriptors (count >= 1, stride 0 for one piece, >= len for more, span
+ *    computed without overflow and equal to the 128-bit oracle), at most
+ *    AM_MAX_PIECES pieces, piece lengths summing (without overflow) to the
+ *    payload length, and re-encodes to exactly the input bytes;
  *  - the destination check accepts a descriptor only when one segment of the
- *    table wholly contains it (checked against a brute-force oracle, with
+ *    table wholly contains its span (checked against a brute-force oracle, with
  *    segments placed at the ends of the address space), and scattering an
  *    accepted message into guard-framed buffers never touches a guard byte;
  *  - an accepted ack has hlen == 28 + reason length, the reason inside the
@@ -66,21 +68,17 @@ static bool oracle_inside(uint64_t dst, uint64_t len, int *seg_p)
     return false;
 }
 
-static void check_write(const uint8_t *h, size_t hlen, size_t length)
+/* Span of a descriptor with 128-bit arithmetic (the oracle's own). */
+static unsigned __int128 oracle_span(const kvb__am_desc_t *d)
 {
-    uint32_t nd = 0xdeadbeefu;
-    if (!kvb__am_parse_write_header(h, hlen, length, &nd)) {
-        FUZZ_ASSERT(nd == 0xdeadbeefu);
-        return;
-    }
-    FUZZ_ASSERT(nd >= 1 && hlen == AM_HDR_FIXED + (size_t)nd * AM_DESC);
-    uint32_t magic;
-    memcpy(&magic, h, 4);
-    FUZZ_ASSERT(magic == AM_MAGIC_WRITE && get_u64(h + 24) == length);
+    return (unsigned __int128)d->stride * (d->count - 1) + d->len;
+}
 
-    /* re-encode from the parsed view */
-    uint8_t *re = malloc(hlen);
+static void reencode(const uint8_t *h, size_t hlen, uint32_t nd, size_t length)
+{
+    uint8_t *re = calloc(1, hlen);
     FUZZ_ASSERT(re != NULL);
+    uint32_t magic = AM_MAGIC_WRITE;
     uint64_t xid = get_u64(h + 8), mid = get_u64(h + 16), total = length;
     memcpy(re, &magic, 4);
     memcpy(re + 4, &nd, 4);
@@ -88,18 +86,30 @@ static void check_write(const uint8_t *h, size_t hlen, size_t length)
     memcpy(re + 16, &mid, 8);
     memcpy(re + 24, &total, 8);
     unsigned __int128 sum = 0;
+    uint64_t pieces = 0;
     for (uint32_t i = 0; i < nd; i++) {
-        uint64_t dst, len;
-        kvb__am_write_desc(h, i, &dst, &len);
-        sum += len;
-        memcpy(re + AM_HDR_FIXED + (size_t)i * AM_DESC, &dst, 8);
-        memcpy(re + AM_HDR_FIXED + (size_t)i * AM_DESC + 8, &len, 8);
+        kvb__am_desc_t d;
+        uint64_t span = 0;
+        uint8_t *o = re + AM_HDR_FIXED + (size_t)i * AM_DESC;
+        kvb__am_write_desc(h, i, &d);
+        FUZZ_ASSERT(d.count >= 1 && (d.count == 1 ? d.stride == 0 : d.stride >= d.len));
+        FUZZ_ASSERT(kvb__am_desc_span(&d, &span) && span == oracle_span(&d));
+        sum += (unsigned __int128)d.len * d.count;
+        pieces += d.count;
+        memcpy(o, &d.dst, 8);
+        memcpy(o + 8, &d.len, 8);
+        memcpy(o + 16, &d.stride, 8);
+        memcpy(o + 24, &d.count, 4);
     }
-    FUZZ_ASSERT(sum == length);
+    FUZZ_ASSERT(sum == length && pieces <= AM_MAX_PIECES);
     FUZZ_ASSERT(memcmp(re, h, hlen) == 0);
     free(re);
+}
 
-    /* the destination check against a table, as the target does */
+/* The destination check, as the target does it (span of each descriptor
+ * inside one segment), against the oracle; true when all are accepted. */
+static bool check_dests(const uint8_t *h, uint32_t nd)
+{
     kvb__segtab_t t = {0};
     for (int s = 0; s < NSEG; s++) {
         kvb__seg_t sg = {.addr = seg_addr[s], .len = seg_len[s]};
@@ -107,11 +117,13 @@ static void check_write(const uint8_t *h, size_t hlen, size_t length)
     }
     bool all_ok = true;
     for (uint32_t i = 0; i < nd; i++) {
-        uint64_t dst, len;
+        kvb__am_desc_t d;
+        uint64_t span = 0;
         int os = -1;
-        kvb__am_write_desc(h, i, &dst, &len);
-        long s = kvb__segtab_find(&t, dst, len);
-        bool in = oracle_inside(dst, len, &os);
+        kvb__am_write_desc(h, i, &d);
+        FUZZ_ASSERT(kvb__am_desc_span(&d, &span));
+        long s = kvb__segtab_find(&t, d.dst, span);
+        bool in = oracle_span(&d) <= UINT64_MAX && oracle_inside(d.dst, span, &os);
         FUZZ_ASSERT((s >= 0) == in);
         if (s >= 0)
             FUZZ_ASSERT(t.v[s].addr == seg_addr[os] && t.v[s].len == seg_len[os]);
@@ -119,10 +131,13 @@ static void check_write(const uint8_t *h, size_t hlen, size_t length)
             all_ok = false;
     }
     kvb__segtab_free(&t);
-    if (!all_ok || length > MAX_PAYLOAD)
-        return;
+    return all_ok;
+}
 
-    /* place the payload (a counter pattern) into guard-framed buffers */
+/* Place the payload (a counter pattern) piece by piece into guard-framed
+ * buffers: no guard byte may change. */
+static void check_place(const uint8_t *h, uint32_t nd, size_t length)
+{
     uint8_t *mem[NSEG];
     for (int s = 0; s < NSEG; s++) {
         mem[s] = malloc(seg_len[s] + 2 * GUARD);
@@ -135,12 +150,16 @@ static void check_write(const uint8_t *h, size_t hlen, size_t length)
         payload[k] = (uint8_t)(k * 7 + 1);
     const uint8_t *p = payload;
     for (uint32_t i = 0; i < nd; i++) {
-        uint64_t dst, len;
-        int s = -1;
-        kvb__am_write_desc(h, i, &dst, &len);
-        FUZZ_ASSERT(oracle_inside(dst, len, &s));
-        memcpy(mem[s] + GUARD + (dst - seg_addr[s]), p, len);
-        p += len;
+        kvb__am_desc_t d;
+        kvb__am_write_desc(h, i, &d);
+        for (uint32_t c = 0; c < d.count; c++) {
+            uint64_t dst = d.dst + (uint64_t)c * d.stride;
+            int s = -1;
+            FUZZ_ASSERT(d.len == 0 || oracle_inside(dst, d.len, &s));
+            if (d.len > 0)
+                memcpy(mem[s] + GUARD + (dst - seg_addr[s]), p, d.len);
+            p += d.len;
+        }
     }
     FUZZ_ASSERT(p == payload + length);
     for (int s = 0; s < NSEG; s++) {
@@ -151,6 +170,23 @@ static void check_write(const uint8_t *h, size_t hlen, size_t length)
         free(mem[s]);
     }
     free(payload);
+}
+
+static void check_write(const uint8_t *h, size_t hlen, size_t length)
+{
+    uint32_t nd = 0xdeadbeefu, np = 0xdeadbeefu;
+    if (!kvb__am_parse_write_header(h, hlen, length, &nd, &np)) {
+        FUZZ_ASSERT(nd == 0xdeadbeefu && np == 0xdeadbeefu);
+        return;
+    }
+    FUZZ_ASSERT(nd >= 1 && hlen == AM_HDR_FIXED + (size_t)nd * AM_DESC && np >= nd &&
+                np <= AM_MAX_PIECES);
+    uint32_t magic;
+    memcpy(&magic, h, 4);
+    FUZZ_ASSERT(magic == AM_MAGIC_WRITE && get_u64(h + 24) == length);
+    reencode(h, hlen, nd, length);
+    if (check_dests(h, nd) && length <= MAX_PAYLOAD)
+        check_place(h, nd, length);
 }
 
 static void check_ack(const uint8_t *h, size_t hlen)
