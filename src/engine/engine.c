@@ -55,6 +55,25 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
         out->secret = in->secret;
 }
 
+/* UCX's TCP transport moves data in segments of 8 KiB by default (one
+ * send/recv system call each, and the eager limit). 64 KiB segments measured
+ * faster on the tcp lane (docs/engine.md). Only the tcp transport has
+ * TX_SEG_SIZE/RX_SEG_SIZE (UCX warns about keys no transport used, so not
+ * with --transport shm, nor when UCX_TLS is set: the caller picks the
+ * transports then); UCX_TCP_* or UCX_* in the environment still win. */
+static void tcp_segments(ucp_config_t *cfg)
+{
+    static const char *const names[] = {"TX_SEG_SIZE", "RX_SEG_SIZE"};
+    char env[2][40];
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(env[0], sizeof(env[0]), "UCX_TCP_%s", names[i]);
+        snprintf(env[1], sizeof(env[1]), "UCX_%s", names[i]);
+        if (getenv(env[0]) == NULL && getenv(env[1]) == NULL &&
+            ucp_config_modify(cfg, names[i], "64k") != UCS_OK)
+            KVB_LOGD("UCX does not know %s; TCP segments left at its default", names[i]);
+    }
+}
+
 static kvb_status_t ucx_init(kvb_engine_h eng)
 {
     ucp_config_t *cfg;
@@ -67,6 +86,8 @@ static kvb_status_t ucx_init(kvb_engine_h eng)
         ucp_config_modify(cfg, "TLS", "tcp");
     else if (eng->params.transport == KVB_TRANSPORT_SHM)
         ucp_config_modify(cfg, "TLS", "sm,self");
+    if (eng->params.transport != KVB_TRANSPORT_SHM && getenv("UCX_TLS") == NULL)
+        tcp_segments(cfg);
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     p.mt_workers_shared = 1;

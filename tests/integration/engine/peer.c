@@ -58,14 +58,33 @@ static int read_line(int fd, char *line, size_t cap)
     size_t n = 0;
     while (n + 1 < cap) {
         ssize_t r = read(fd, line + n, 1);
-        if (r <= 0)
+        if (r <= 0) {
+            line[n] = '\0';
             return -1;
+        }
         if (line[n] == '\n')
             break;
         n++;
     }
     line[n] = '\0';
     return 0;
+}
+
+/* Read the child's lines until one starts with want (UCX logs to stdout
+ * too: those are passed on to stderr, at most 32). 0 when found. */
+static int read_reply(test_peer_t *p, int fd, const char *want, char *line, size_t cap)
+{
+    int rc, lines = 0;
+    while ((rc = read_line(fd, line, cap)) == 0 && strncmp(line, want, strlen(want)) != 0 &&
+           ++lines < 32)
+        fprintf(stderr, "peer: %s\n", line);
+    if (rc == 0 && strncmp(line, want, strlen(want)) == 0)
+        return 0;
+    int status = 0;
+    pid_t w = waitpid(p->pid, &status, WNOHANG);
+    fprintf(stderr, "peer: no '%s' reply (last line '%s', read %d, child %s %d)\n", want, line, rc,
+            w == p->pid ? "exited, status" : "still running, pid", w == p->pid ? status : p->pid);
+    return -1;
 }
 
 int test_peer_start(test_peer_t *p, const char *self, const char *transport, uint16_t port,
@@ -99,9 +118,9 @@ int test_peer_start(test_peer_t *p, const char *self, const char *transport, uin
     close(out[1]);
     p->out_fd = in[1]; /* closing it tells the child to exit */
     unsigned long long base;
-    int rc = read_line(out[0], line, sizeof(line));
     p->in_fd = out[0];
-    if (rc != 0 || sscanf(line, "ready %127s %llx", p->sid, &base) != 2)
+    if (read_reply(p, out[0], "ready ", line, sizeof(line)) != 0 ||
+        sscanf(line, "ready %127s %llx", p->sid, &base) != 2)
         return -1;
     p->remote_base = base;
     return 0;
@@ -109,9 +128,10 @@ int test_peer_start(test_peer_t *p, const char *self, const char *transport, uin
 
 int test_peer_register_more(test_peer_t *p)
 {
-    char line[64];
+    char line[256];
     int st = -1;
-    if (write(p->out_fd, "m", 1) != 1 || read_line(p->in_fd, line, sizeof(line)) != 0 ||
+    if (write(p->out_fd, "m", 1) != 1 ||
+        read_reply(p, p->in_fd, "more ", line, sizeof(line)) != 0 ||
         sscanf(line, "more %d", &st) != 1)
         return -1;
     return st;
