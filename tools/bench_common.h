@@ -139,13 +139,14 @@ typedef struct bench_res {
 
 typedef struct bench_report {
     long long requests, done, verified, failed;
-    long long aborted;  /* --abort-rate rooms that ended Failed as planned */
-    uint64_t bytes;     /* bytes of completed, successful requests */
-    double seconds;     /* wall time of the transfer phases */
-    double memcpy_gbps; /* memcpy of one request's bytes */
-    double tcp_gbps;    /* raw loopback TCP stream (--transport tcp), else 0 */
-    double plan_us;     /* planner time per request (all rank pairs), -1 unknown */
-    double *lat_ms;     /* per finished request */
+    long long aborted;        /* --abort-rate rooms that ended Failed as planned */
+    uint64_t bytes;           /* bytes of completed, successful requests */
+    double seconds;           /* wall time of the transfer phases */
+    double memcpy_gbps;       /* memcpy of one request's bytes */
+    double memcpy_pages_gbps; /* the same in page runs between random slots */
+    double tcp_gbps;          /* raw loopback TCP stream (--transport tcp), else 0 */
+    double plan_us;           /* planner time per request (all rank pairs), -1 unknown */
+    double *lat_ms;           /* per finished request */
     long long nlat;
     char fails[BENCH_MAX_FAIL_SHOWN][240];
     int nfails;
