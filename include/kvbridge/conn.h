@@ -155,6 +155,10 @@ typedef struct kvb_manager_stats {
     uint64_t bad_messages;     /* malformed control messages dropped */
     uint64_t rooms;            /* rooms tracked now (incl. tombstones) */
     uint64_t transfers_failed; /* destination writes that failed */
+    /* prefill: decode KV-args registrations held now, dropped to make room
+     * (failed, never used, or idle past the room TTL first) and refused
+     * (table of KVBRIDGE_MAX_REGISTRATIONS, default 4096, all in use) */
+    uint64_t registrations, registrations_evicted, registrations_refused;
 } kvb_manager_stats_t;
 
 /* Snapshot of the manager's counters into *stats_p (consistent with each

@@ -176,6 +176,9 @@ class ManagerStats(ctypes.Structure):
         ("bad_messages", ctypes.c_uint64),
         ("rooms", ctypes.c_uint64),
         ("transfers_failed", ctypes.c_uint64),
+        ("registrations", ctypes.c_uint64),
+        ("registrations_evicted", ctypes.c_uint64),
+        ("registrations_refused", ctypes.c_uint64),
     ]
 
 

@@ -378,12 +378,12 @@ class KVManager(L.Closeable):
             return L.text(L.lib().kvb_manager_last_error(self._h))
 
     def stats(self):
-        """{"bad_messages", "rooms", "transfers_failed"} counters."""
+        """{"bad_messages", "rooms", "transfers_failed", "registrations",
+        "registrations_evicted", "registrations_refused"} counters."""
         with self._guard:
             s = L.ManagerStats()
             L.lib().kvb_manager_stats(self._h, ctypes.byref(s))
-            return {"bad_messages": s.bad_messages, "rooms": s.rooms,
-                    "transfers_failed": s.transfers_failed}
+            return {k: getattr(s, k) for k, _ in L.ManagerStats._fields_}
 
 
 class _Room(L.Closeable):

@@ -145,6 +145,7 @@ typedef struct kvb__reg {
     char *plan_error; /* why this decode cannot be served */
     int failed;       /* a write to it failed */
     double failed_at;
+    uint64_t registered_ms, used_ms; /* monotonic ms; used_ms 0: no room yet */
     int refs;
     struct kvb__reg *next;
 } kvb__reg_t;
@@ -222,7 +223,9 @@ struct kvb_manager {
     double transfer_timeout_s;
     double session_backoff_s;
     pthread_rwlock_t reg_mu;
-    kvb__reg_t *regs;
+    kvb__reg_t *regs; /* at most max_regs (KVBRIDGE_MAX_REGISTRATIONS) */
+    size_t n_regs, max_regs;
+    uint64_t regs_evicted, regs_refused;
     kvb__queue_t *queues;
     int n_queues;
     int32_t prefill_rank; /* attn_tp_rank * pp_size + pp_rank */

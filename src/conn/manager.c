@@ -475,4 +475,9 @@ void kvb_manager_stats(kvb_manager_h m, kvb_manager_stats_t *s)
     s->rooms = m->n_rooms;
     s->transfers_failed = m->transfers_failed;
     pthread_mutex_unlock(&m->mu);
+    pthread_rwlock_rdlock(&m->reg_mu);
+    s->registrations = m->n_regs;
+    s->registrations_evicted = m->regs_evicted;
+    s->registrations_refused = m->regs_refused;
+    pthread_rwlock_unlock(&m->reg_mu);
 }

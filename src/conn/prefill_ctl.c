@@ -24,6 +24,11 @@ static uint64_t *copy_u64_view(kvb__u64_view_t v)
     return a;
 }
 
+static uint64_t now_ms(void)
+{
+    return (uint64_t)(kvb__now_s() * 1000.0) + 1; /* never 0 */
+}
+
 void kvb__reg_put(kvb__reg_t *g)
 {
     if (g == NULL || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) != 0)
@@ -43,10 +48,63 @@ kvb__reg_t *kvb__reg_get(struct kvb_manager *m, const char *session)
     for (g = m->regs; g != NULL; g = g->next)
         if (strcmp(g->session, session) == 0)
             break;
-    if (g != NULL)
+    if (g != NULL) {
         __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&g->used_ms, now_ms(), __ATOMIC_RELAXED);
+    }
     pthread_rwlock_unlock(&m->reg_mu);
     return g;
+}
+
+/* A registration to drop so a new one fits (reg_mu held for writing), in
+ * this order: one whose decode failed; the oldest no room ever used (a
+ * flood of bogus sessions displaces only its own kind); the longest idle
+ * past the room TTL. NULL: every entry is in use, refuse the newcomer. */
+static kvb__reg_t **reg_victim(struct kvb_manager *m)
+{
+    kvb__reg_t **best[3] = {NULL, NULL, NULL};
+    uint64_t now = now_ms(), ttl = (uint64_t)(m->p.room_ttl_s * 1000);
+    for (kvb__reg_t **pp = &m->regs; *pp != NULL; pp = &(*pp)->next) {
+        kvb__reg_t *g = *pp;
+        uint64_t used = __atomic_load_n(&g->used_ms, __ATOMIC_RELAXED);
+        if (__atomic_load_n(&g->refs, __ATOMIC_ACQUIRE) != 1)
+            continue; /* a room's job holds it */
+        if (__atomic_load_n(&g->failed, __ATOMIC_ACQUIRE))
+            return pp;
+        if (used == 0 && (best[1] == NULL || g->registered_ms < (*best[1])->registered_ms))
+            best[1] = pp;
+        if (used != 0 && now - used > ttl &&
+            (best[2] == NULL || used < __atomic_load_n(&(*best[2])->used_ms, __ATOMIC_RELAXED)))
+            best[2] = pp;
+    }
+    return best[1] != NULL ? best[1] : best[2];
+}
+
+/* Put g in the table (replacing the session's earlier record); false when
+ * the table is full of registrations in use. *old_p: what to release. */
+static bool reg_insert(struct kvb_manager *m, kvb__reg_t *g, kvb__reg_t **old_p)
+{
+    kvb__reg_t **pp = &m->regs;
+    *old_p = NULL;
+    while (*pp != NULL && strcmp((*pp)->session, g->session) != 0)
+        pp = &(*pp)->next;
+    if (*pp == NULL && m->n_regs >= m->max_regs) {
+        pp = reg_victim(m);
+        if (pp == NULL) {
+            m->regs_refused++;
+            return false;
+        }
+        m->regs_evicted++;
+    }
+    if (*pp != NULL) {
+        *old_p = *pp;
+        *pp = (*old_p)->next;
+        m->n_regs--;
+    }
+    g->next = m->regs;
+    m->regs = g;
+    m->n_regs++;
+    return true;
 }
 
 /* The decode rank's layout, from what its registration says; geometry the
@@ -118,20 +176,21 @@ static void on_registration(struct kvb_manager *m, const kvb__frame_t *f, size_t
     g->item_len = msg.dst_kv_item_len;
     g->refs = 1;
     reg_build_plan(m, g);
+    g->registered_ms = now_ms();
     /* Replace any earlier record of the session: a restarted decode
      * re-registers, which also clears its failure mark. */
+    kvb__reg_t *old;
     pthread_rwlock_wrlock(&m->reg_mu);
-    kvb__reg_t **pp = &m->regs, *old = NULL;
-    while (*pp != NULL && strcmp((*pp)->session, g->session) != 0)
-        pp = &(*pp)->next;
-    if (*pp != NULL) {
-        old = *pp;
-        *pp = old->next;
-    }
-    g->next = m->regs;
-    m->regs = g;
+    bool ok = reg_insert(m, g, &old);
     pthread_rwlock_unlock(&m->reg_mu);
     kvb__reg_put(old);
+    if (!ok) {
+        KVB_LOGW("manager %s: KV args of %s refused: %zu registrations in use "
+                 "(KVBRIDGE_MAX_REGISTRATIONS)",
+                 m->endpoint, g->session, m->max_regs);
+        kvb__reg_put(g);
+        return;
+    }
     KVB_LOGD("manager %s: KV args of %s registered", m->endpoint, g->session);
 }
 

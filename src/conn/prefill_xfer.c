@@ -223,7 +223,8 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
     } else if (j->reg->plan == NULL) {
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why), "%s", j->reg->plan_error);
-    } else if (j->reg->failed && kvb__now_s() - j->reg->failed_at < m->session_backoff_s) {
+    } else if (__atomic_load_n(&j->reg->failed, __ATOMIC_ACQUIRE) &&
+               kvb__now_s() - j->reg->failed_at < m->session_backoff_s) {
         j->st = KVB_ERR_PEER;
         snprintf(j->why, sizeof(j->why),
                  "Decode instance could be dead, remote session %s is not alive", d->session);
@@ -394,8 +395,8 @@ static void record_failures(struct kvb_manager *m, kvb__room_t *r, work_t *w)
             continue;
         m->transfers_failed++;
         if (j->reg != NULL && (j->st == KVB_ERR_PEER || j->st == KVB_ERR_TIMEOUT)) {
-            j->reg->failed = 1;
             j->reg->failed_at = kvb__now_s();
+            __atomic_store_n(&j->reg->failed, 1, __ATOMIC_RELEASE);
         }
         if (r != NULL)
             kvb__room_fail(r, "Failed to send kv chunk of %llu to %s:%u: %s",
@@ -483,6 +484,7 @@ kvb_status_t kvb__prefill_start(struct kvb_manager *m)
     kvb_status_t st;
     m->transfer_timeout_s = kvb__env_double("KVBRIDGE_TRANSFER_TIMEOUT", NULL, 60, 0.1, 1e9);
     m->session_backoff_s = kvb__env_double("KVBRIDGE_SESSION_BACKOFF", NULL, 5, 0, 1e9);
+    m->max_regs = (size_t)kvb__env_int("KVBRIDGE_MAX_REGISTRATIONS", NULL, 4096, 1, 1000000);
     m->n_queues = m->p.transfer_queues;
     m->queues = calloc((size_t)m->n_queues, sizeof(*m->queues));
     if (m->queues == NULL)
@@ -529,6 +531,7 @@ void kvb__prefill_free(struct kvb_manager *m)
         kvb__reg_put(g);
     }
     m->regs = NULL;
+    m->n_regs = 0;
 }
 
 /* ---- sender API ---- */

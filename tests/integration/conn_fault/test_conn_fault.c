@@ -968,11 +968,15 @@ static void test_malformed(void)
         free(hp);
     }
 
-    /* Registration flood: a bounded count of distinct bogus sessions. */
+    /* Registration flood: distinct bogus sessions, more than the table holds
+     * (KVBRIDGE_MAX_REGISTRATIONS=256 in main): they displace each other,
+     * never the decode that serves rooms. */
     {
         enum { FLOOD = 2000 };
         char sid[64];
         double t0 = fnow();
+        kvb_manager_stats_t st0, st1;
+        kvb_manager_stats(p.mgr, &st0);
         for (int i = 0; i < FLOOD; i++) {
             snprintf(sid, sizeof(sid), "10.0.%d.%d:%d", i / 250, i % 250, 1000 + i);
             const char *r2[9] = {
@@ -996,6 +1000,10 @@ static void test_malformed(void)
         raw_adds(m, "garbage");
         raw_send(to_p, m);
         wait_bad(p.mgr, ++expect_p, "after the registration flood");
+        kvb_manager_stats(p.mgr, &st1);
+        CHECK_EQ(st1.registrations, 256);
+        CHECK_EQ(st1.registrations_evicted, st0.registrations + FLOOD - 256);
+        CHECK_EQ(st1.registrations_refused, 0);
         /* the prefill is still serving: a well-formed room through it */
         CHECK_EQ(frun_room(&p, &d, boot, 990, 12, 20, 150, 4), 0);
         fprintf(stderr,
@@ -1030,6 +1038,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     setenv("KVBRIDGE_HEARTBEAT_FLOOR", "0.2", 1);
     setenv("KVBRIDGE_TRANSFER_TIMEOUT", "5", 1);
+    setenv("KVBRIDGE_MAX_REGISTRATIONS", "256", 1);
     const char *only = argc > 1 ? argv[1] : "";
     if (!*only || strcmp(only, "prefill_killed") == 0)
         test_prefill_killed();
