@@ -104,6 +104,8 @@ static kvb_status_t ucx_init(kvb_engine_h eng)
     wa.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
     ucp_worker_query(eng->worker, &wa);
     eng->max_am_header = wa.max_am_header;
+    if (ucp_worker_get_address(eng->worker, &eng->waddr, &eng->waddr_len) != UCS_OK)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_worker_get_address failed");
     if (ucp_worker_get_efd(eng->worker, &eng->ucx_efd) != UCS_OK)
         return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_worker_get_efd failed");
     return kvb__am_register_handlers(eng);
@@ -316,19 +318,15 @@ kvb_status_t kvb_engine_unregister(kvb_engine_h eng, void *addr)
 
 static kvb_status_t build_reply(kvb_engine_h eng, uint8_t **buf_p, size_t *len_p, uint64_t *gen_p)
 {
-    ucp_address_t *waddr;
-    size_t waddr_len;
     kvb__hs_reply_t r = {0};
     kvb_status_t st;
-    if (ucp_worker_get_address(eng->worker, &waddr, &waddr_len) != UCS_OK)
-        return KVB_ERR_IO;
     pthread_mutex_lock(&eng->seg_mu);
     r.epoch = eng->epoch;
     r.generation = *gen_p = eng->generation;
     r.host = (const uint8_t *)eng->host_id;
     r.host_len = (uint32_t)strlen(eng->host_id);
-    r.waddr = (const uint8_t *)waddr;
-    r.waddr_len = (uint32_t)waddr_len;
+    r.waddr = (const uint8_t *)eng->waddr;
+    r.waddr_len = (uint32_t)eng->waddr_len;
     r.nseg = (uint32_t)eng->segs.n;
     r.segs = calloc(eng->segs.n ? eng->segs.n : 1, sizeof(*r.segs));
     st = r.segs == NULL ? KVB_ERR_NOMEM : KVB_OK;
@@ -342,7 +340,6 @@ static kvb_status_t build_reply(kvb_engine_h eng, uint8_t **buf_p, size_t *len_p
         st = kvb__hs_reply_encode(&r, buf_p, len_p);
     pthread_mutex_unlock(&eng->seg_mu);
     free(r.segs);
-    ucp_worker_release_address(eng->worker, waddr);
     return st;
 }
 
@@ -417,14 +414,15 @@ static kvb_status_t challenge(kvb_engine_h eng, int fd, uint64_t deadline, const
     return st;
 }
 
-static void serve_handshake(kvb_engine_h eng, int fd)
+/* Answer one writer's handshake on fd; *gen_p: the generation its reply
+ * described. Not KVB_OK: refused (logged), the caller closes fd. */
+static kvb_status_t serve_handshake(kvb_engine_h eng, int fd, uint64_t *gen_p)
 {
     uint64_t deadline = kvb__now_ns() + 2000000000ull;
     uint8_t *req = NULL, *rep = NULL;
     size_t req_len, rep_len;
     const uint8_t *sid;
     uint32_t sid_len;
-    uint64_t gen;
     char why[256] = "";
     kvb_status_t st =
         kvb__sock_read_msg(fd, "KVBHQ001", 4096, deadline, &req, &req_len, why, sizeof(why));
@@ -433,29 +431,99 @@ static void serve_handshake(kvb_engine_h eng, int fd)
     if (st == KVB_OK && eng->secret != NULL)
         st = challenge(eng, fd, deadline, sid, sid_len, why, sizeof(why));
     if (st == KVB_OK)
-        st = build_reply(eng, &rep, &rep_len, &gen);
+        st = build_reply(eng, &rep, &rep_len, gen_p);
     if (st == KVB_OK)
         st = kvb__sock_write_all(fd, rep, rep_len, deadline);
     free(req);
     free(rep);
-    if (st != KVB_OK) {
+    if (st != KVB_OK)
         KVB_LOGW("engine %s: handshake refused: %s", eng->sid,
                  why[0] ? why : kvb_status_string(st));
-        close(fd);
-        return;
-    }
-    add_notify_fd(eng, fd, gen);
+    return st;
 }
 
+typedef struct hs_job {
+    kvb_engine_h eng;
+    int fd;
+} hs_job_t;
+
+static void *hs_main(void *arg)
+{
+    hs_job_t *j = arg;
+    kvb_engine_h eng = j->eng;
+    int fd = j->fd;
+    uint64_t gen = 0;
+    free(j);
+    kvb_status_t st = serve_handshake(eng, fd, &gen);
+    /* The fd leaves its slot before it is closed or handed on (hs_drain must
+     * not shut down its number once reused); the count drops last (the
+     * engine outlives this thread's last use of it). */
+    pthread_mutex_lock(&eng->hs_mu);
+    for (int i = 0; i < KVB_HS_MAX_ACTIVE; i++)
+        if (eng->hs_fds[i] == fd) {
+            eng->hs_fds[i] = -1;
+            break;
+        }
+    pthread_mutex_unlock(&eng->hs_mu);
+    if (st == KVB_OK)
+        add_notify_fd(eng, fd, gen);
+    else
+        close(fd);
+    pthread_mutex_lock(&eng->hs_mu);
+    eng->hs_active--;
+    pthread_cond_broadcast(&eng->hs_cv);
+    pthread_mutex_unlock(&eng->hs_mu);
+    return NULL;
+}
+
+/* Serve the handshake on a thread of its own; past KVB_HS_MAX_ACTIVE in
+ * progress (a flood of silent connections) the newcomer is closed at once. */
 static void accept_one(kvb_engine_h eng)
 {
     int one = 1;
+    pthread_t th;
+    pthread_attr_t at;
     int fd = accept4(eng->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0)
+    hs_job_t *j = fd >= 0 ? malloc(sizeof(*j)) : NULL;
+    if (j == NULL) {
+        if (fd >= 0)
+            close(fd);
         return;
+    }
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-    serve_handshake(eng, fd);
+    *j = (hs_job_t){eng, fd};
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_mutex_lock(&eng->hs_mu);
+    int slot = 0;
+    while (slot < KVB_HS_MAX_ACTIVE && eng->hs_fds[slot] >= 0)
+        slot++;
+    bool ok = slot < KVB_HS_MAX_ACTIVE && pthread_create(&th, &at, hs_main, j) == 0;
+    if (ok) {
+        eng->hs_fds[slot] = fd;
+        eng->hs_active++;
+    }
+    pthread_mutex_unlock(&eng->hs_mu);
+    pthread_attr_destroy(&at);
+    if (!ok) {
+        KVB_LOGW("engine %s: %d handshakes in progress: connection refused", eng->sid,
+                 KVB_HS_MAX_ACTIVE);
+        close(fd);
+        free(j);
+    }
+}
+
+/* Stop: cut the handshakes still in progress and wait for their threads. */
+static void hs_drain(kvb_engine_h eng)
+{
+    pthread_mutex_lock(&eng->hs_mu);
+    for (int i = 0; i < KVB_HS_MAX_ACTIVE; i++)
+        if (eng->hs_fds[i] >= 0)
+            shutdown(eng->hs_fds[i], SHUT_RDWR);
+    while (eng->hs_active > 0)
+        pthread_cond_wait(&eng->hs_cv, &eng->hs_mu);
+    pthread_mutex_unlock(&eng->hs_mu);
 }
 
 /* Drop control connections whose writer went away (EOF or error). */
@@ -715,6 +783,8 @@ static void engine_free(kvb_engine_h eng)
         close(eng->notify_fds[i]);
     free(eng->notify_fds);
     free(eng->fenced);
+    if (eng->waddr != NULL)
+        ucp_worker_release_address(eng->worker, eng->waddr);
     if (eng->worker)
         ucp_worker_destroy(eng->worker);
     ops_release_all(eng);
@@ -730,6 +800,8 @@ static void engine_free(kvb_engine_h eng)
     pthread_mutex_destroy(&eng->sess_mu);
     pthread_mutex_destroy(&eng->cmd_mu);
     pthread_cond_destroy(&eng->cmd_cv);
+    pthread_mutex_destroy(&eng->hs_mu);
+    pthread_cond_destroy(&eng->hs_cv);
     kvb__err_destroy(&eng->err);
     if (eng->secret != NULL) {
         explicit_bzero(eng->secret, strlen(eng->secret));
@@ -760,6 +832,10 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     pthread_mutex_init(&eng->sess_mu, NULL);
     pthread_mutex_init(&eng->cmd_mu, NULL);
     pthread_cond_init(&eng->cmd_cv, NULL);
+    pthread_mutex_init(&eng->hs_mu, NULL);
+    pthread_cond_init(&eng->hs_cv, NULL);
+    for (int i = 0; i < KVB_HS_MAX_ACTIVE; i++)
+        eng->hs_fds[i] = -1;
     eng->listen_fd = eng->evfd = eng->epfd = eng->stop_pipe[0] = eng->stop_pipe[1] = -1;
     eng->ops.next = eng->ops.prev = &eng->ops;
     if (getrandom(&eng->epoch, sizeof(eng->epoch), 0) != sizeof(eng->epoch))
@@ -821,6 +897,7 @@ void kvb_engine_destroy(kvb_engine_h eng)
         KVB_LOGD("engine stop signal: %s", strerror(errno));
     pthread_join(eng->progress_thr, NULL);
     pthread_join(eng->listen_thr, NULL);
+    hs_drain(eng);
     engine_free(eng);
 }
 

@@ -104,6 +104,8 @@ typedef struct kvb__cmd {
     struct kvb__cmd *next;
 } kvb__cmd_t;
 
+#define KVB_HS_MAX_ACTIVE 32 /* concurrent handshakes; more are closed at once */
+
 struct kvb_engine {
     kvb_engine_params_t params;
     char sid[KVB_HS_MAX_SID + 1];
@@ -144,6 +146,15 @@ struct kvb_engine {
     int dead_conns;     /* a conn died since the last sweep */
     kvb__op_t ops;      /* outstanding ops (list head) */
     uint64_t next_xfer_id;
+
+    /* handshakes in progress, one detached thread each (hs_mu): a silent
+     * peer holds only its own thread, for at most the 2 s handshake bound */
+    pthread_mutex_t hs_mu;
+    pthread_cond_t hs_cv;
+    int hs_fds[KVB_HS_MAX_ACTIVE]; /* -1: free slot */
+    int hs_active;                 /* threads not yet finished */
+    ucp_address_t *waddr;          /* this worker's address, fetched once */
+    size_t waddr_len;
 
     pthread_t progress_thr, listen_thr;
     int stop; /* atomic */

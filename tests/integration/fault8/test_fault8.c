@@ -614,8 +614,8 @@ static void test_hostile(void)
     }
     CHECK(good_write(sid, tbuf, round++, 5) >= 0);
     /* slow-loris: one connection that sends nothing, one that stops after
-     * the magic; the next well-formed writer is served within the
-     * listener's 2 s per-handshake bound (+1 s slack) */
+     * the magic; the next well-formed writer is served at once (each
+     * handshake has a thread of its own), not after the 2 s bound */
     for (int variant = 0; variant < 2; variant++, tried++) {
         int sl = tcp_connect(sid);
         CHECK(sl >= 0);
@@ -625,22 +625,21 @@ static void test_hostile(void)
         double t = good_write(sid, tbuf, round++, 5);
         fprintf(stderr, "hostile: writer behind a slow-loris (%s) served after %.3f s\n",
                 variant ? "magic only" : "silent", t);
-        CHECK(t >= 0 && t <= 3.0);
+        CHECK(t >= 0 && t <= 1.5);
         close(sl);
     }
-    /* several silent connections at once: measured (the listener serves
-     * handshakes one at a time, 2 s each) */
+    /* several silent connections at once: served in parallel, so the
+     * writer behind them does not wait 2 s per silent peer (it did when the
+     * listener served one handshake at a time: up to 16 s here) */
     {
-        int sl[3];
-        for (int i = 0; i < 3; i++, tried++)
+        int sl[8];
+        for (int i = 0; i < 8; i++, tried++)
             CHECK((sl[i] = tcp_connect(sid)) >= 0);
+        fsleep(0.05);
         double t = good_write(sid, tbuf, round++, 10);
-        fprintf(stderr,
-                "hostile: writer behind 3 silent connections served after %.3f s (connect "
-                "bound 10 s)\n",
-                t);
-        CHECK(t >= 0);
-        for (int i = 0; i < 3; i++)
+        fprintf(stderr, "hostile: writer behind 8 silent connections served after %.3f s\n", t);
+        CHECK(t >= 0 && t <= 1.5);
+        for (int i = 0; i < 8; i++)
             close(sl[i]);
     }
     CHECK(guards_ok(mem));
