@@ -500,6 +500,7 @@ static void accept_one(kvb_engine_h eng)
     while (slot < KVB_HS_MAX_ACTIVE && eng->hs_fds[slot] >= 0)
         slot++;
     bool ok = slot < KVB_HS_MAX_ACTIVE && pthread_create(&th, &at, hs_main, j) == 0;
+    uint64_t refused = ok ? 0 : ++eng->hs_refused;
     if (ok) {
         eng->hs_fds[slot] = fd;
         eng->hs_active++;
@@ -507,8 +508,9 @@ static void accept_one(kvb_engine_h eng)
     pthread_mutex_unlock(&eng->hs_mu);
     pthread_attr_destroy(&at);
     if (!ok) {
-        KVB_LOGW("engine %s: %d handshakes in progress: connection refused", eng->sid,
-                 KVB_HS_MAX_ACTIVE);
+        if ((refused & (refused - 1)) == 0) /* 1st, 2nd, 4th, ...: no log flood */
+            KVB_LOGW("engine %s: %d handshakes in progress: connection refused (%llu so far)",
+                     eng->sid, KVB_HS_MAX_ACTIVE, (unsigned long long)refused);
         close(fd);
         free(j);
     }

@@ -153,6 +153,7 @@ struct kvb_engine {
     pthread_cond_t hs_cv;
     int hs_fds[KVB_HS_MAX_ACTIVE]; /* -1: free slot */
     int hs_active;                 /* threads not yet finished */
+    uint64_t hs_refused;           /* connections closed: too many in progress */
     ucp_address_t *waddr;          /* this worker's address, fetched once */
     size_t waddr_len;
 

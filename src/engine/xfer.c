@@ -473,6 +473,8 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
     size_t max_desc = (eng->max_am_header - pre - AM_HDR_FIXED) / AM_DESC;
     uint64_t chunk = eng->params.am_chunk_bytes;
+    if (max_desc > AM_MAX_PIECES) /* every descriptor names at least one piece */
+        max_desc = AM_MAX_PIECES;
     am_msg_t *m = am_alloc(x, max_desc);
     am_fill_t f = {0};
     if (m == NULL)
