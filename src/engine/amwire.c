@@ -4,13 +4,6 @@
 
 #include <string.h>
 
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
 static uint32_t get_u32(const uint8_t *p)
 {
     uint32_t v;
@@ -21,9 +14,9 @@ static uint32_t get_u32(const uint8_t *p)
 void kvb__am_write_desc(const uint8_t *h, uint32_t i, kvb__am_desc_t *d)
 {
     const uint8_t *p = h + AM_HDR_FIXED + (size_t)i * AM_DESC;
-    d->dst = get_u64(p);
-    d->len = get_u64(p + 8);
-    d->stride = get_u64(p + 16);
+    d->dst = kvb__am_u64(p);
+    d->len = kvb__am_u64(p + 8);
+    d->stride = kvb__am_u64(p + 16);
     d->count = get_u32(p + 24);
 }
 
@@ -76,7 +69,7 @@ bool kvb__am_parse_write_header(const uint8_t *h, size_t hlen, size_t length, ui
     memcpy(&magic, h, 4);
     memcpy(&nd, h + 4, 4);
     if (magic != AM_MAGIC_WRITE || nd == 0 || (hlen - AM_HDR_FIXED) / AM_DESC != nd ||
-        (hlen - AM_HDR_FIXED) % AM_DESC != 0 || get_u64(h + 24) != length)
+        (hlen - AM_HDR_FIXED) % AM_DESC != 0 || kvb__am_u64(h + 24) != length)
         return false;
     for (uint32_t i = 0; i < nd; i++)
         if (!desc_ok(h, i, &total, &pieces))
@@ -99,8 +92,8 @@ bool kvb__am_parse_ack(const uint8_t *h, size_t hlen, int32_t *status_p, uint64_
     if (magic != AM_MAGIC_ACK || rl != hlen - AM_ACK_FIXED)
         return false;
     memcpy(status_p, h + 4, 4);
-    *xfer_id_p = get_u64(h + 8);
-    *msg_id_p = get_u64(h + 16);
+    *xfer_id_p = kvb__am_u64(h + 8);
+    *msg_id_p = kvb__am_u64(h + 16);
     *reason_p = h + AM_ACK_FIXED;
     *reason_len_p = rl;
     return true;

@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define AM_HDR_FIXED 32
 #define AM_DESC 32
@@ -28,6 +29,18 @@
 #define AM_MAX_PIECES 4096u        /* pieces (IOV entries) one message may name */
 #define AM_MAGIC_WRITE 0x5642564bu /* "KVBV" */
 #define AM_MAGIC_ACK 0x4142564bu   /* "KVBA" */
+
+static inline uint64_t kvb__am_u64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline void kvb__am_put_u64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
 
 typedef struct kvb__am_desc {
     uint64_t dst, len, stride;

@@ -186,6 +186,8 @@ bool kvb__xfer_progress_all(kvb_engine_h eng); /* true when something issued */
 void kvb__xfer_fail_conn(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__xfer_cancel_all(kvb_engine_h eng);
 kvb_status_t kvb__am_register_handlers(kvb_engine_h eng);
+/* amtarget.c: the target's write handlers (called by the above) */
+kvb_status_t kvb__am_target_register(kvb_engine_h eng);
 void kvb__xfer_release(struct kvb_xfer *x);
 
 #endif

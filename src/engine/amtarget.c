@@ -1,0 +1,266 @@
+/* Target side of the message lane, on the progress thread: a write
+ * message is refused unless authorized (engine secret) and its writer not
+ * fenced; every destination descriptor must lie inside one local
+ * registration, whose segment stays pinned until the bytes are placed
+ * (eager copy, or a rendezvous receive straight into the destination IOV);
+ * then one acknowledgement carries the status. */
+#include "engine/engine_int.h"
+#include "engine/amwire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct am_recv {
+    kvb_engine_h eng;
+    ucp_ep_h reply_ep;
+    uint64_t xfer_id, msg_id;
+    uint64_t *pinned; /* segment start addresses pinned, one per descriptor */
+    size_t npinned;
+    ucp_dt_iov_t *iov;
+} am_recv_t;
+
+static void ack_sent_cb(void *req, ucs_status_t status, void *user)
+{
+    free(user);
+    ucp_request_free(req);
+}
+
+static void send_ack(kvb_engine_h eng, ucp_ep_h ep, uint64_t xfer_id, uint64_t msg_id,
+                     kvb_status_t st, const char *reason)
+{
+    size_t rl = reason != NULL ? strlen(reason) : 0;
+    if (rl > 400)
+        rl = 400;
+    uint8_t *h = malloc(28 + rl);
+    if (h == NULL)
+        return;
+    uint32_t magic = AM_MAGIC_ACK, rl32 = (uint32_t)rl;
+    int32_t s32 = st;
+    memcpy(h, &magic, 4);
+    memcpy(h + 4, &s32, 4);
+    kvb__am_put_u64(h + 8, xfer_id);
+    kvb__am_put_u64(h + 16, msg_id);
+    memcpy(h + 24, &rl32, 4);
+    if (rl > 0)
+        memcpy(h + 28, reason, rl);
+    ucp_request_param_t p = {0};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = ack_sent_cb;
+    p.user_data = h;
+    void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, h, 28 + rl, NULL, 0, &p);
+    if (!UCS_PTR_IS_PTR(r))
+        free(h);
+}
+
+static void unpin(kvb_engine_h eng, const uint64_t *pinned, size_t n)
+{
+    pthread_mutex_lock(&eng->seg_mu);
+    for (size_t i = 0; i < n; i++) {
+        long s = kvb__segtab_find_start(&eng->segs, pinned[i]);
+        if (s >= 0 && eng->segs.v[s].pins > 0)
+            eng->segs.v[s].pins--;
+    }
+    pthread_cond_broadcast(&eng->seg_cv);
+    pthread_mutex_unlock(&eng->seg_mu);
+}
+
+/* Validate every descriptor's span against the local registrations and pin
+ * the segments; fills iov with the destination pieces (as many as the
+ * parser counted). */
+static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint64_t *pinned,
+                                ucp_dt_iov_t *iov, char *why, size_t wl)
+{
+    kvb_status_t st = KVB_OK;
+    uint32_t i;
+    size_t n = 0;
+    pthread_mutex_lock(&eng->seg_mu);
+    for (i = 0; i < nd; i++) {
+        kvb__am_desc_t d;
+        uint64_t span = 0;
+        kvb__am_write_desc(h, i, &d);
+        long s = kvb__am_desc_span(&d, &span) ? kvb__segtab_find(&eng->segs, d.dst, span) : -1;
+        if (s < 0) {
+            snprintf(why, wl,
+                     "destination [0x%llx, +%llu) (%u piece(s)) is not inside a registered region",
+                     (unsigned long long)d.dst, (unsigned long long)span, d.count);
+            st = KVB_ERR_BOUNDS;
+            break;
+        }
+        eng->segs.v[s].pins++;
+        pinned[i] = eng->segs.v[s].addr;
+        for (uint32_t c = 0; c < d.count; c++, n++) {
+            iov[n].buffer = (void *)(uintptr_t)(d.dst + (uint64_t)c * d.stride);
+            iov[n].length = d.len;
+        }
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+    if (st != KVB_OK)
+        unpin(eng, pinned, i);
+    return st;
+}
+
+static void am_recv_done(am_recv_t *rc, ucs_status_t status)
+{
+    KVB_TSAN_RELEASE(); /* the bytes are placed; the acknowledgement follows */
+    unpin(rc->eng, rc->pinned, rc->npinned);
+    send_ack(rc->eng, rc->reply_ep, rc->xfer_id, rc->msg_id, status == UCS_OK ? KVB_OK : KVB_ERR_IO,
+             status == UCS_OK ? NULL : ucs_status_string(status));
+    free(rc->pinned);
+    free(rc->iov);
+    free(rc);
+}
+
+static void am_recv_cb(void *req, ucs_status_t status, size_t length, void *user)
+{
+    am_recv_t *rc = user;
+    rc->eng->am_pending--;
+    am_recv_done(rc, status);
+    ucp_request_free(req);
+}
+
+static void scatter(const ucp_dt_iov_t *iov, uint32_t n, const uint8_t *data)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        memcpy(iov[i].buffer, data, iov[i].length);
+        data += iov[i].length;
+    }
+}
+
+static bool writer_fenced(kvb_engine_h eng, uint32_t tag)
+{
+    bool fenced = false;
+    if (tag == 0)
+        return false;
+    pthread_mutex_lock(&eng->seg_mu);
+    for (size_t i = 0; i < eng->n_fenced && !fenced; i++)
+        fenced = eng->fenced[i] == tag;
+    pthread_mutex_unlock(&eng->seg_mu);
+    return fenced;
+}
+
+void kvb_engine_fence_writer(kvb_engine_h eng, uint32_t tag, int fenced)
+{
+    size_t i = 0;
+    if (eng == NULL || tag == 0)
+        return;
+    pthread_mutex_lock(&eng->seg_mu);
+    while (i < eng->n_fenced && eng->fenced[i] != tag)
+        i++;
+    if (!fenced && i < eng->n_fenced) {
+        eng->fenced[i] = eng->fenced[--eng->n_fenced];
+    } else if (fenced && i == eng->n_fenced) {
+        if (eng->n_fenced == eng->cap_fenced) {
+            size_t cap = eng->cap_fenced ? eng->cap_fenced * 2 : 8;
+            uint32_t *v = realloc(eng->fenced, cap * sizeof(*v));
+            if (v != NULL) {
+                eng->fenced = v;
+                eng->cap_fenced = cap;
+            }
+        }
+        if (eng->n_fenced < eng->cap_fenced)
+            eng->fenced[eng->n_fenced++] = tag;
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+}
+
+/* authorized: false when the engine has a secret and the message did not
+ * carry its token; refused before any descriptor is looked at. */
+static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, void *data,
+                             size_t length, const ucp_am_recv_param_t *param, bool authorized)
+{
+    char why[200] = "malformed write message";
+    uint32_t nd = 0, np = 0;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
+        return UCS_OK; /* cannot answer: drop */
+    uint64_t xid = hlen >= 24 ? kvb__am_u64(h + 8) : 0, mid = hlen >= 24 ? kvb__am_u64(h + 16) : 0;
+    if (!authorized) {
+        KVB_LOGW("engine %s: refused a write without the engine-secret token", eng->sid);
+        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_AUTH,
+                 "write not authenticated (engine secret token missing or wrong)");
+        return UCS_OK;
+    }
+    if (writer_fenced(eng, (uint32_t)(mid >> 32))) {
+        KVB_LOGI("engine %s: refused a write from fenced writer %08x", eng->sid,
+                 (unsigned)(mid >> 32));
+        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_CANCELED,
+                 "writer fenced: the destination declared this writer lost");
+        return UCS_OK;
+    }
+    am_recv_t *rc = calloc(1, sizeof(*rc));
+    bool ok = rc != NULL && kvb__am_parse_write_header(h, hlen, length, &nd, &np) &&
+              (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
+              (rc->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL &&
+              am_validate(eng, h, nd, rc->pinned, rc->iov, why, sizeof(why)) == KVB_OK;
+    if (!ok) {
+        KVB_LOGW("engine %s: refused a write: %s", eng->sid, why);
+        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_BOUNDS, why);
+        if (rc != NULL) {
+            free(rc->pinned);
+            free(rc->iov);
+            free(rc);
+        }
+        return UCS_OK;
+    }
+    rc->eng = eng;
+    rc->reply_ep = param->reply_ep;
+    rc->xfer_id = xid;
+    rc->msg_id = mid;
+    rc->npinned = nd;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        scatter(rc->iov, np, data);
+        am_recv_done(rc, UCS_OK);
+        return UCS_OK;
+    }
+    ucp_request_param_t p = {0};
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+    p.cb.recv_am = am_recv_cb;
+    p.user_data = rc;
+    p.datatype = np == 1 ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
+    void *r = ucp_am_recv_data_nbx(eng->worker, data, np == 1 ? rc->iov[0].buffer : rc->iov,
+                                   np == 1 ? rc->iov[0].length : np, &p);
+    if (UCS_PTR_IS_ERR(r))
+        am_recv_done(rc, UCS_PTR_STATUS(r));
+    else if (r == NULL)
+        am_recv_done(rc, UCS_OK);
+    else
+        eng->am_pending++;
+    return UCS_OK;
+}
+
+static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void *data,
+                                size_t length, const ucp_am_recv_param_t *param)
+{
+    kvb_engine_h eng = arg;
+    return am_write(eng, header, hlen, data, length, param, eng->secret == NULL);
+}
+
+/* Token first, then the write header. 16 bytes compared per message (each
+ * up to am_chunk_bytes). Without a secret here the token is ignored. */
+static ucs_status_t am_write_auth_cb(void *arg, const void *header, size_t hlen, void *data,
+                                     size_t length, const ucp_am_recv_param_t *param)
+{
+    kvb_engine_h eng = arg;
+    const uint8_t *h = header;
+    if (hlen < KVB_HS_TOKEN_LEN)
+        return am_write(eng, h, hlen, data, length, param, false);
+    bool ok = eng->secret == NULL || kvb__ct_equal(h, eng->am_token, KVB_HS_TOKEN_LEN);
+    return am_write(eng, h + KVB_HS_TOKEN_LEN, hlen - KVB_HS_TOKEN_LEN, data, length, param, ok);
+}
+
+/* The write handlers (plain, and token-first when the engine has a secret). */
+kvb_status_t kvb__am_target_register(kvb_engine_h eng)
+{
+    ucp_am_handler_param_t p = {0};
+    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                   UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    p.arg = eng;
+    p.id = KVB_AM_WRITE;
+    p.cb = am_write_cb;
+    if (ucp_worker_set_am_recv_handler(eng->worker, &p) != UCS_OK)
+        return KVB_ERR_IO;
+    p.id = KVB_AM_WRITE_AUTH;
+    p.cb = am_write_auth_cb;
+    return ucp_worker_set_am_recv_handler(eng->worker, &p) == UCS_OK ? KVB_OK : KVB_ERR_IO;
+}
