@@ -46,6 +46,7 @@ static double memcpy_gbps(uint8_t *dst, const uint8_t *src, size_t buf, uint64_t
 }
 
 #define PAGES_POOL ((size_t)1 << 30)
+#define PAGES_MAX_SLOTS ((size_t)1 << 20)
 
 /* memcpy of `run`-byte runs between random slots of two 1 GiB buffers, the
  * volume of one request: the copy floor of a transfer whose pages lie
@@ -54,8 +55,11 @@ static double memcpy_gbps(uint8_t *dst, const uint8_t *src, size_t buf, uint64_t
  * upper bound of that floor. 0 when memory is short. */
 static double memcpy_pages_gbps(uint64_t run, uint64_t volume)
 {
-    size_t slots = PAGES_POOL / run, n = (size_t)(volume / run);
-    uint8_t *a = kvb_eb_alloc(PAGES_POOL), *b = kvb_eb_alloc(PAGES_POOL);
+    size_t slots = run > 0 ? PAGES_POOL / run : 0, n = run > 0 ? (size_t)(volume / run) : 0;
+    if (slots > PAGES_MAX_SLOTS) /* tiny custom geometries: bound the tables */
+        slots = PAGES_MAX_SLOTS;
+    size_t pool = slots * run;
+    uint8_t *a = kvb_eb_alloc(pool), *b = kvb_eb_alloc(pool);
     uint32_t *ps = malloc(slots * sizeof(uint32_t)), *pd = malloc(slots * sizeof(uint32_t));
     double t[BASE_REPS], gbps = 0;
     if (a != NULL && b != NULL && ps != NULL && pd != NULL && run > 0 && slots > 0 && n > 0) {
@@ -70,8 +74,8 @@ static double memcpy_pages_gbps(uint64_t run, uint64_t volume)
         }
         gbps = (double)n * (double)run / median3(t) / 1e9;
     }
-    kvb_eb_free(a, PAGES_POOL);
-    kvb_eb_free(b, PAGES_POOL);
+    kvb_eb_free(a, pool);
+    kvb_eb_free(b, pool);
     free(ps);
     free(pd);
     return gbps;
