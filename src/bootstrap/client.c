@@ -209,11 +209,27 @@ static kvb_status_t map_curl_error(CURLcode rc)
     }
 }
 
-/* One request; caller holds c->mu. On KVB_OK the status code is in *code_p and
- * the body in c->resp (NUL-terminated, c->resp_len bytes). */
-static kvb_status_t do_request(struct kvb_bootstrap_client *c, const char *method, const char *url,
-                               const char *body, double timeout_s, long *code_p)
+/* Map a non-200 answer to a status with the server's text in the message. */
+static kvb_status_t bad_status(struct kvb_bootstrap_client *c, const char *method, const char *url,
+                               long code, bool not_found_ok)
 {
+    char text[160];
+    kvb_status_t st = KVB_ERR_PROTO;
+    kvb__boot_sanitize(c->resp, c->resp_len, 120, text, sizeof(text));
+    if (code == 401)
+        st = KVB_ERR_AUTH;
+    else if (code == 404 && not_found_ok)
+        st = KVB_ERR_NOT_FOUND;
+    return kvb__err_set(&c->err, st, "%s %s: HTTP %ld: %s", method, url, code, text);
+}
+
+/* One request; caller holds c->mu. KVB_OK only for HTTP 200, with the body
+ * in c->resp (NUL-terminated, c->resp_len bytes); other answers map through
+ * bad_status (404 to KVB_ERR_NOT_FOUND when not_found_ok). */
+static kvb_status_t do_request(struct kvb_bootstrap_client *c, const char *method, const char *url,
+                               const char *body, double timeout_s, bool not_found_ok)
+{
+    long code = 0;
     CURLcode rc;
     long ms;
     if (timeout_s <= 0)
@@ -250,22 +266,8 @@ static kvb_status_t do_request(struct kvb_bootstrap_client *c, const char *metho
                             c->errbuf[0] ? c->errbuf : curl_easy_strerror(rc));
     }
     c->resp[c->resp_len] = '\0';
-    curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, code_p);
-    return KVB_OK;
-}
-
-/* Map a non-200 answer to a status with the server's text in the message. */
-static kvb_status_t bad_status(struct kvb_bootstrap_client *c, const char *method, const char *url,
-                               long code, bool not_found_ok)
-{
-    char text[160];
-    kvb_status_t st = KVB_ERR_PROTO;
-    kvb__boot_sanitize(c->resp, c->resp_len, 120, text, sizeof(text));
-    if (code == 401)
-        st = KVB_ERR_AUTH;
-    else if (code == 404 && not_found_ok)
-        st = KVB_ERR_NOT_FOUND;
-    return kvb__err_set(&c->err, st, "%s %s: HTTP %ld: %s", method, url, code, text);
+    curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &code);
+    return code == 200 ? KVB_OK : bad_status(c, method, url, code, not_found_ok);
 }
 
 KVB_API kvb_status_t kvb_bootstrap_client_register(kvb_bootstrap_client_h c,
@@ -276,7 +278,6 @@ KVB_API kvb_status_t kvb_bootstrap_client_register(kvb_bootstrap_client_h c,
     kvb__boot_reg_t r;
     json_t *o;
     kvb_status_t st;
-    long code = 0;
 
     if (c == NULL)
         return KVB_ERR_INVALID;
@@ -292,9 +293,7 @@ KVB_API kvb_status_t kvb_bootstrap_client_register(kvb_bootstrap_client_h c,
         return kvb__err_set(&c->err, KVB_ERR_NOMEM, "PUT %s/route: out of memory", c->base);
     }
     pthread_mutex_lock(&c->mu);
-    st = do_request(c, "PUT", url, body, timeout_s, &code);
-    if (st == KVB_OK && code != 200)
-        st = bad_status(c, "PUT", url, code, false);
+    st = do_request(c, "PUT", url, body, timeout_s, false);
     pthread_mutex_unlock(&c->mu);
     free(body);
     free(url);
@@ -306,15 +305,12 @@ KVB_API kvb_status_t kvb_bootstrap_client_parallel_info(kvb_bootstrap_client_h c
 {
     char reason[KVB__BOOT_REASON_MAX], *url = NULL;
     kvb_status_t st;
-    long code = 0;
     if (c == NULL || info_p == NULL)
         return KVB_ERR_INVALID;
     if (asprintf(&url, "%s/route?engine_rank=-1&target_dp_group=-1&target_pp_rank=-1", c->base) < 0)
         return kvb__err_set(&c->err, KVB_ERR_NOMEM, "GET %s/route: out of memory", c->base);
     pthread_mutex_lock(&c->mu);
-    st = do_request(c, "GET", url, NULL, timeout_s, &code);
-    if (st == KVB_OK && code != 200)
-        st = bad_status(c, "GET", url, code, true);
+    st = do_request(c, "GET", url, NULL, timeout_s, true);
     if (st == KVB_OK) {
         st = kvb__boot_parallel_info_parse(c->resp, c->resp_len, info_p, reason, sizeof(reason));
         if (st != KVB_OK)
@@ -331,7 +327,6 @@ KVB_API kvb_status_t kvb_bootstrap_client_lookup(kvb_bootstrap_client_h c, int32
 {
     char reason[KVB__BOOT_REASON_MAX], *url = NULL;
     kvb_status_t st;
-    long code = 0;
     if (c == NULL || addr_p == NULL)
         return KVB_ERR_INVALID;
     if (dp_group < 0 || tp_rank < 0 || pp_rank < 0)
@@ -342,9 +337,7 @@ KVB_API kvb_status_t kvb_bootstrap_client_lookup(kvb_bootstrap_client_h c, int32
                  (int)tp_rank, (int)dp_group, (int)pp_rank) < 0)
         return kvb__err_set(&c->err, KVB_ERR_NOMEM, "GET %s/route: out of memory", c->base);
     pthread_mutex_lock(&c->mu);
-    st = do_request(c, "GET", url, NULL, timeout_s, &code);
-    if (st == KVB_OK && code != 200)
-        st = bad_status(c, "GET", url, code, true);
+    st = do_request(c, "GET", url, NULL, timeout_s, true);
     if (st == KVB_OK) {
         kvb_bootstrap_rank_addr_t a;
         st = kvb__boot_rank_addr_parse(c->resp, c->resp_len, &a, reason, sizeof(reason));
@@ -362,15 +355,12 @@ KVB_API kvb_status_t kvb_bootstrap_client_health(kvb_bootstrap_client_h c, doubl
 {
     char *url = NULL;
     kvb_status_t st;
-    long code = 0;
     if (c == NULL)
         return KVB_ERR_INVALID;
     if (asprintf(&url, "%s/health", c->base) < 0)
         return kvb__err_set(&c->err, KVB_ERR_NOMEM, "GET %s/health: out of memory", c->base);
     pthread_mutex_lock(&c->mu);
-    st = do_request(c, "GET", url, NULL, timeout_s, &code);
-    if (st == KVB_OK && code != 200)
-        st = bad_status(c, "GET", url, code, false);
+    st = do_request(c, "GET", url, NULL, timeout_s, false);
     pthread_mutex_unlock(&c->mu);
     free(url);
     return st;

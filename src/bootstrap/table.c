@@ -1,7 +1,6 @@
 /* Registration table of the bootstrap server (see boot_table.h). */
 #include "bootstrap/boot_table.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,18 +55,6 @@ const kvb__boot_entry_t *kvb__boot_table_find(const kvb__boot_table_t *t, int64_
     return NULL;
 }
 
-static void reason_printf(char *reason, size_t reason_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void reason_printf(char *reason, size_t reason_len, const char *fmt, ...)
-{
-    va_list ap;
-    if (reason == NULL || reason_len == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(reason, reason_len, fmt, ap);
-    va_end(ap);
-}
-
 kvb_status_t kvb__boot_table_apply(kvb__boot_table_t *t, const kvb__boot_reg_t *reg, char *reason,
                                    size_t reason_len)
 {
@@ -80,18 +67,19 @@ kvb_status_t kvb__boot_table_apply(kvb__boot_table_t *t, const kvb__boot_reg_t *
     if (t->sized) {
         if (reg->attn_tp_size != t->attn_tp_size || reg->pp_size != t->pp_size ||
             dp_size != t->dp_size) {
-            reason_printf(reason, reason_len,
-                          "sizes attn_tp_size=%lld dp_size=%lld pp_size=%lld contradict the "
-                          "registered attn_tp_size=%lld dp_size=%lld pp_size=%lld",
-                          (long long)reg->attn_tp_size, (long long)dp_size, (long long)reg->pp_size,
-                          (long long)t->attn_tp_size, (long long)t->dp_size, (long long)t->pp_size);
+            kvb__boot_reason(reason, reason_len,
+                             "sizes attn_tp_size=%lld dp_size=%lld pp_size=%lld contradict the "
+                             "registered attn_tp_size=%lld dp_size=%lld pp_size=%lld",
+                             (long long)reg->attn_tp_size, (long long)dp_size,
+                             (long long)reg->pp_size, (long long)t->attn_tp_size,
+                             (long long)t->dp_size, (long long)t->pp_size);
             return KVB_ERR_PROTO;
         }
     }
     pos = lower_bound(t, dp, reg->attn_tp_rank, reg->pp_rank);
     exists = pos < t->count && cmp_key(&t->entries[pos], dp, reg->attn_tp_rank, reg->pp_rank) == 0;
     if (!exists && t->count >= KVB__BOOT_MAX_ENTRIES) {
-        reason_printf(reason, reason_len, "table full (%d entries)", KVB__BOOT_MAX_ENTRIES);
+        kvb__boot_reason(reason, reason_len, "table full (%d entries)", KVB__BOOT_MAX_ENTRIES);
         return KVB_ERR_PROTO;
     }
     /* Allocate everything first so that a failure changes nothing. */
@@ -134,7 +122,7 @@ kvb_status_t kvb__boot_table_apply(kvb__boot_table_t *t, const kvb__boot_reg_t *
     t->layout = layout;
     return KVB_OK;
 nomem:
-    reason_printf(reason, reason_len, "out of memory");
+    kvb__boot_reason(reason, reason_len, "out of memory");
     return KVB_ERR_NOMEM;
 }
 

@@ -9,8 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void set_reason(char *reason, size_t reason_len, const char *fmt, ...) KVB_PRINTF(3, 4);
-static void set_reason(char *reason, size_t reason_len, const char *fmt, ...)
+void kvb__boot_reason(char *reason, size_t reason_len, const char *fmt, ...)
 {
     va_list ap;
     if (reason == NULL || reason_len == 0)
@@ -62,12 +61,12 @@ static json_t *load_object(const char *body, size_t len, const char *what, char 
     json_error_t jerr;
     json_t *root;
     if (body == NULL || len == 0) {
-        set_reason(reason, reason_len, "%s: empty body, expected a JSON object", what);
+        kvb__boot_reason(reason, reason_len, "%s: empty body, expected a JSON object", what);
         return NULL;
     }
     if (len > KVB_BOOTSTRAP_MAX_BODY) {
-        set_reason(reason, reason_len, "%s: body of %zu bytes exceeds %d", what, len,
-                   KVB_BOOTSTRAP_MAX_BODY);
+        kvb__boot_reason(reason, reason_len, "%s: body of %zu bytes exceeds %d", what, len,
+                         KVB_BOOTSTRAP_MAX_BODY);
         return NULL;
     }
     root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -75,12 +74,12 @@ static json_t *load_object(const char *body, size_t len, const char *what, char 
         char text[96];
         kvb__boot_sanitize(jerr.text, strnlen(jerr.text, sizeof(jerr.text)), 80, text,
                            sizeof(text));
-        set_reason(reason, reason_len, "%s: body is not valid JSON (line %d column %d: %s)", what,
-                   jerr.line, jerr.column, text);
+        kvb__boot_reason(reason, reason_len, "%s: body is not valid JSON (line %d column %d: %s)",
+                         what, jerr.line, jerr.column, text);
         return NULL;
     }
     if (!json_is_object(root)) {
-        set_reason(reason, reason_len, "%s: body is not a JSON object", what);
+        kvb__boot_reason(reason, reason_len, "%s: body is not a JSON object", what);
         json_decref(root);
         return NULL;
     }
@@ -93,17 +92,17 @@ static bool get_int(json_t *obj, const char *key, int64_t min, int64_t max, int6
 {
     json_t *v = json_object_get(obj, key);
     if (v == NULL) {
-        set_reason(reason, reason_len, "missing key \"%s\"", key);
+        kvb__boot_reason(reason, reason_len, "missing key \"%s\"", key);
         return false;
     }
     if (!json_is_integer(v)) {
-        set_reason(reason, reason_len, "\"%s\" must be an integer", key);
+        kvb__boot_reason(reason, reason_len, "\"%s\" must be an integer", key);
         return false;
     }
     json_int_t x = json_integer_value(v);
     if (x < min || x > max) {
-        set_reason(reason, reason_len, "\"%s\" = %lld is outside [%lld, %lld]", key, (long long)x,
-                   (long long)min, (long long)max);
+        kvb__boot_reason(reason, reason_len, "\"%s\" = %lld is outside [%lld, %lld]", key,
+                         (long long)x, (long long)min, (long long)max);
         return false;
     }
     *out = (int64_t)x;
@@ -114,8 +113,8 @@ static bool check_rank(const char *key, int64_t rank, const char *size_key, int6
                        char *reason, size_t reason_len)
 {
     if (rank >= size) {
-        set_reason(reason, reason_len, "\"%s\" = %lld must be below \"%s\" = %lld", key,
-                   (long long)rank, size_key, (long long)size);
+        kvb__boot_reason(reason, reason_len, "\"%s\" = %lld must be below \"%s\" = %lld", key,
+                         (long long)rank, size_key, (long long)size);
         return false;
     }
     return true;
@@ -127,18 +126,18 @@ static bool valid_lens(json_t *v, const char *key, char *reason, size_t reason_l
     size_t i;
     json_t *e;
     if (!json_is_array(v)) {
-        set_reason(reason, reason_len, "\"%s\" must be an array of integers", key);
+        kvb__boot_reason(reason, reason_len, "\"%s\" must be an array of integers", key);
         return false;
     }
     if (json_array_size(v) > KVB__BOOT_MAX_LENS) {
-        set_reason(reason, reason_len, "\"%s\" has %zu entries, more than %d", key,
-                   json_array_size(v), KVB__BOOT_MAX_LENS);
+        kvb__boot_reason(reason, reason_len, "\"%s\" has %zu entries, more than %d", key,
+                         json_array_size(v), KVB__BOOT_MAX_LENS);
         return false;
     }
     json_array_foreach(v, i, e)
     {
         if (!json_is_integer(e) || json_integer_value(e) < 1) {
-            set_reason(reason, reason_len, "\"%s\"[%zu] must be an integer >= 1", key, i);
+            kvb__boot_reason(reason, reason_len, "\"%s\"[%zu] must be an integer >= 1", key, i);
             return false;
         }
     }
@@ -156,7 +155,7 @@ static bool valid_flag(json_t *v, const char *key, bool *out, char *reason, size
         *out = json_integer_value(v) == 1;
         return true;
     }
-    set_reason(reason, reason_len, "\"%s\" must be true or false", key);
+    kvb__boot_reason(reason, reason_len, "\"%s\" must be true or false", key);
     return false;
 }
 
@@ -194,7 +193,8 @@ static json_t *extract_layout(json_t *root, char *reason, size_t reason_len, boo
     v = json_object_get(root, KVB__BOOT_KEY_LAYOUT);
     if (v != NULL && !json_is_null(v)) {
         if (!json_is_object(v)) {
-            set_reason(reason, reason_len, "\"%s\" must be a JSON object", KVB__BOOT_KEY_LAYOUT);
+            kvb__boot_reason(reason, reason_len, "\"%s\" must be a JSON object",
+                             KVB__BOOT_KEY_LAYOUT);
             goto invalid;
         }
         if (json_object_set_new(layout, KVB__BOOT_KEY_LAYOUT, json_deep_copy(v)) != 0)
@@ -203,7 +203,7 @@ static json_t *extract_layout(json_t *root, char *reason, size_t reason_len, boo
     return layout;
 nomem:
     *nomem = true;
-    set_reason(reason, reason_len, "out of memory");
+    kvb__boot_reason(reason, reason_len, "out of memory");
 invalid:
     json_decref(layout);
     return NULL;
@@ -237,12 +237,12 @@ kvb_status_t kvb__boot_reg_parse(const char *body, size_t len, kvb__boot_reg_t *
 
     v = json_object_get(root, "role");
     if (v == NULL) {
-        set_reason(reason, reason_len, "missing key \"role\"");
+        kvb__boot_reason(reason, reason_len, "missing key \"role\"");
         goto out;
     }
     if (!json_is_string(v) || strcmp(json_string_value(v), "Prefill") != 0 ||
         json_string_length(v) != strlen("Prefill")) {
-        set_reason(reason, reason_len, "\"role\" must be \"Prefill\"");
+        kvb__boot_reason(reason, reason_len, "\"role\" must be \"Prefill\"");
         goto out;
     }
     if (!get_int(root, "attn_tp_size", 1, KVB__BOOT_MAX_SIZE, &r.attn_tp_size, reason,
@@ -265,20 +265,20 @@ kvb_status_t kvb__boot_reg_parse(const char *body, size_t len, kvb__boot_reg_t *
 
     v = json_object_get(root, "rank_ip");
     if (v == NULL) {
-        set_reason(reason, reason_len, "missing key \"rank_ip\"");
+        kvb__boot_reason(reason, reason_len, "missing key \"rank_ip\"");
         goto out;
     }
     if (!json_is_string(v) || !kvb__boot_valid_host(json_string_value(v), json_string_length(v))) {
-        set_reason(reason, reason_len,
-                   "\"rank_ip\" must be a string of 1..%d characters [A-Za-z0-9.:%%_-]",
-                   KVB_BOOTSTRAP_IP_MAX);
+        kvb__boot_reason(reason, reason_len,
+                         "\"rank_ip\" must be a string of 1..%d characters [A-Za-z0-9.:%%_-]",
+                         KVB_BOOTSTRAP_IP_MAX);
         goto out;
     }
     /* The seed coerces with int(), so a decimal string is accepted too. */
     v = json_object_get(root, "rank_port");
     if (v != NULL && json_is_string(v)) {
         if (!kvb__parse_i64(json_string_value(v), json_string_length(v), 1, 65535, &r.rank_port)) {
-            set_reason(reason, reason_len, "\"rank_port\" must be an integer in [1, 65535]");
+            kvb__boot_reason(reason, reason_len, "\"rank_port\" must be an integer in [1, 65535]");
             goto out;
         }
     } else if (!get_int(root, "rank_port", 1, 65535, &r.rank_port, reason, reason_len)) {
@@ -292,7 +292,7 @@ kvb_status_t kvb__boot_reg_parse(const char *body, size_t len, kvb__boot_reg_t *
     }
     r.rank_ip = strdup(json_string_value(json_object_get(root, "rank_ip")));
     if (r.rank_ip == NULL) {
-        set_reason(reason, reason_len, "out of memory");
+        kvb__boot_reason(reason, reason_len, "out of memory");
         st = KVB_ERR_NOMEM;
         goto out;
     }
@@ -345,7 +345,8 @@ static bool lens_to_json(json_t *layout, const char *key, const kvb_bootstrap_le
 {
     json_t *a;
     if (lens->count > KVB__BOOT_MAX_LENS || (lens->count > 0 && lens->values == NULL)) {
-        set_reason(reason, reason_len, "%s: at most %d values, non-NULL", key, KVB__BOOT_MAX_LENS);
+        kvb__boot_reason(reason, reason_len, "%s: at most %d values, non-NULL", key,
+                         KVB__BOOT_MAX_LENS);
         return false;
     }
     a = json_array();
@@ -353,7 +354,7 @@ static bool lens_to_json(json_t *layout, const char *key, const kvb_bootstrap_le
         return false;
     for (size_t i = 0; i < lens->count; i++) {
         if (lens->values[i] < 1 || lens->values[i] > (uint64_t)INT64_MAX) {
-            set_reason(reason, reason_len, "%s[%zu] must be in [1, 2^63-1]", key, i);
+            kvb__boot_reason(reason, reason_len, "%s[%zu] must be in [1, 2^63-1]", key, i);
             json_decref(a);
             return false;
         }
@@ -376,7 +377,7 @@ kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *p,
 
     memset(&r, 0, sizeof(r));
     if (p == NULL) {
-        set_reason(reason, reason_len, "registration is NULL");
+        kvb__boot_reason(reason, reason_len, "registration is NULL");
         return KVB_ERR_INVALID;
     }
     r.attn_tp_size = p->attn_tp_size;
@@ -391,22 +392,22 @@ kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *p,
     if (r.attn_tp_size < 1 || r.attn_tp_size > KVB__BOOT_MAX_SIZE || r.attn_dp_size < 1 ||
         r.attn_dp_size > KVB__BOOT_MAX_SIZE || r.pp_size < 1 || r.pp_size > KVB__BOOT_MAX_SIZE ||
         r.system_dp_size < 1 || r.system_dp_size > KVB__BOOT_MAX_SIZE) {
-        set_reason(reason, reason_len, "sizes must be in [1, %d]", KVB__BOOT_MAX_SIZE);
+        kvb__boot_reason(reason, reason_len, "sizes must be in [1, %d]", KVB__BOOT_MAX_SIZE);
         return KVB_ERR_INVALID;
     }
     if (r.attn_tp_rank < 0 || r.attn_dp_rank < 0 || r.pp_rank < 0 || r.system_dp_rank < 0) {
-        set_reason(reason, reason_len, "ranks must not be negative");
+        kvb__boot_reason(reason, reason_len, "ranks must not be negative");
         return KVB_ERR_INVALID;
     }
     if (validate_ranks(&r, reason, reason_len) != KVB_OK)
         return KVB_ERR_INVALID;
     if (r.rank_port < 1) {
-        set_reason(reason, reason_len, "rank_port must be in [1, 65535]");
+        kvb__boot_reason(reason, reason_len, "rank_port must be in [1, 65535]");
         return KVB_ERR_INVALID;
     }
     if (p->rank_ip == NULL || !kvb__boot_valid_host(p->rank_ip, strlen(p->rank_ip))) {
-        set_reason(reason, reason_len, "rank_ip must be 1..%d characters [A-Za-z0-9.:%%_-]",
-                   KVB_BOOTSTRAP_IP_MAX);
+        kvb__boot_reason(reason, reason_len, "rank_ip must be 1..%d characters [A-Za-z0-9.:%%_-]",
+                         KVB_BOOTSTRAP_IP_MAX);
         return KVB_ERR_INVALID;
     }
     r.layout = json_object();
@@ -439,7 +440,7 @@ kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *p,
                         : NULL;
         if (l == NULL || !json_is_object(l)) {
             json_decref(l);
-            set_reason(reason, reason_len, "layout_json must be a JSON object");
+            kvb__boot_reason(reason, reason_len, "layout_json must be a JSON object");
             kvb__boot_reg_clear(&r);
             return KVB_ERR_INVALID;
         }
@@ -450,7 +451,7 @@ kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *p,
     return KVB_OK;
 nomem:
     kvb__boot_reg_clear(&r);
-    set_reason(reason, reason_len, "out of memory");
+    kvb__boot_reason(reason, reason_len, "out of memory");
     return KVB_ERR_NOMEM;
 }
 
@@ -462,8 +463,8 @@ static bool parse_rank_value(const char *name, const char *v, int64_t *out, char
     if (!kvb__parse_i64(v, strlen(v), -1, INT32_MAX, out)) {
         char text[48];
         kvb__boot_sanitize(v, strlen(v), 24, text, sizeof(text));
-        set_reason(reason, reason_len, "%s=\"%s\" is not an integer in [-1, %d]", name, text,
-                   INT32_MAX);
+        kvb__boot_reason(reason, reason_len, "%s=\"%s\" is not an integer in [-1, %d]", name, text,
+                         INT32_MAX);
         return false;
     }
     return true;
@@ -476,7 +477,7 @@ kvb__boot_query_result_t kvb__boot_query_parse(const char *engine_rank, const ch
     kvb__boot_query_t q;
     memset(&q, 0, sizeof(q));
     if (engine_rank == NULL || engine_rank[0] == '\0' || dp_group == NULL || dp_group[0] == '\0') {
-        set_reason(reason, reason_len, "%s", KVB__BOOT_MSG_MISSING);
+        kvb__boot_reason(reason, reason_len, "%s", KVB__BOOT_MSG_MISSING);
         return KVB__BOOT_QUERY_MISSING;
     }
     if (!parse_rank_value("engine_rank", engine_rank, &q.engine_rank, reason, reason_len) ||
@@ -487,9 +488,9 @@ kvb__boot_query_result_t kvb__boot_query_parse(const char *engine_rank, const ch
         return KVB__BOOT_QUERY_INVALID;
     if (q.engine_rank == -1 && q.dp_group == -1) {
         if (pp_given && q.pp_rank != -1) {
-            set_reason(reason, reason_len,
-                       "engine_rank=-1&target_dp_group=-1 asks for the parallel info; "
-                       "target_pp_rank must be -1 or absent");
+            kvb__boot_reason(reason, reason_len,
+                             "engine_rank=-1&target_dp_group=-1 asks for the parallel info; "
+                             "target_pp_rank must be -1 or absent");
             return KVB__BOOT_QUERY_INVALID;
         }
         q.parallel_info = true;
@@ -500,8 +501,8 @@ kvb__boot_query_result_t kvb__boot_query_parse(const char *engine_rank, const ch
     if (!pp_given)
         q.pp_rank = 0;
     if (q.engine_rank < 0 || q.dp_group < 0 || q.pp_rank < 0) {
-        set_reason(reason, reason_len,
-                   "-1 is only valid as engine_rank=-1&target_dp_group=-1 (parallel info)");
+        kvb__boot_reason(reason, reason_len,
+                         "-1 is only valid as engine_rank=-1&target_dp_group=-1 (parallel info)");
         return KVB__BOOT_QUERY_INVALID;
     }
     *query_p = q;
@@ -577,8 +578,8 @@ kvb__boot_query_result_t kvb__boot_query_parse_string(const char *qs, size_t len
             continue; /* "key" without a value: absent */
         char *key = pct_decode(seg, (size_t)(eq - seg), &nomem);
         if (key == NULL) {
-            set_reason(reason, reason_len,
-                       nomem ? "out of memory" : "query string has a bad %%-escape");
+            kvb__boot_reason(reason, reason_len,
+                             nomem ? "out of memory" : "query string has a bad %%-escape");
             goto out;
         }
         for (int k = 0; k < 3; k++) {
@@ -586,8 +587,8 @@ kvb__boot_query_result_t kvb__boot_query_parse_string(const char *qs, size_t len
                 vals[k] = pct_decode(eq + 1, seg_len - (size_t)(eq - seg) - 1, &nomem);
                 if (vals[k] == NULL) {
                     free(key);
-                    set_reason(reason, reason_len,
-                               nomem ? "out of memory" : "query string has a bad %%-escape");
+                    kvb__boot_reason(reason, reason_len,
+                                     nomem ? "out of memory" : "query string has a bad %%-escape");
                     goto out;
                 }
                 break;
@@ -616,7 +617,7 @@ kvb_status_t kvb__boot_rank_addr_parse(const char *body, size_t len,
     ip = json_object_get(root, "rank_ip");
     if (ip == NULL || !json_is_string(ip) ||
         !kvb__boot_valid_host(json_string_value(ip), json_string_length(ip))) {
-        set_reason(reason, reason_len, "\"rank_ip\" missing or not a valid address string");
+        kvb__boot_reason(reason, reason_len, "\"rank_ip\" missing or not a valid address string");
         json_decref(root);
         return KVB_ERR_PROTO;
     }
@@ -648,7 +649,7 @@ static bool lens_from_json(json_t *root, const char *key, kvb_bootstrap_lens_t *
     out->values = calloc(json_array_size(v), sizeof(uint64_t));
     if (out->values == NULL) {
         *nomem = true;
-        set_reason(reason, reason_len, "out of memory");
+        kvb__boot_reason(reason, reason_len, "out of memory");
         return false;
     }
     json_array_foreach(v, i, e) out->values[i] = (uint64_t)json_integer_value(e);
@@ -693,13 +694,14 @@ kvb_status_t kvb__boot_parallel_info_parse(const char *body, size_t len,
     v = json_object_get(root, KVB__BOOT_KEY_LAYOUT);
     if (v != NULL && !json_is_null(v)) {
         if (!json_is_object(v)) {
-            set_reason(reason, reason_len, "\"%s\" must be a JSON object", KVB__BOOT_KEY_LAYOUT);
+            kvb__boot_reason(reason, reason_len, "\"%s\" must be a JSON object",
+                             KVB__BOOT_KEY_LAYOUT);
             goto fail;
         }
         info.layout_json = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
         if (info.layout_json == NULL) {
             nomem = true;
-            set_reason(reason, reason_len, "out of memory");
+            kvb__boot_reason(reason, reason_len, "out of memory");
             goto fail;
         }
     }

@@ -5,6 +5,8 @@
 #ifndef KVB_PROTO_BOOTSTRAP_H
 #define KVB_PROTO_BOOTSTRAP_H
 
+#include "core/core.h"
+
 #include <kvbridge/bootstrap.h>
 #include <jansson.h>
 #include <stdbool.h>
@@ -117,5 +119,9 @@ bool kvb__boot_valid_host(const char *s, size_t len);
 /* Copy at most max bytes of untrusted text into out[out_len] as one printable
  * line (control and non-ASCII bytes become '?'), appending "..." when cut. */
 void kvb__boot_sanitize(const char *s, size_t len, size_t max, char *out, size_t out_len);
+
+/* printf into reason[reason_len] as one line (newlines become spaces); no-op
+ * when reason is NULL or reason_len 0. */
+void kvb__boot_reason(char *reason, size_t reason_len, const char *fmt, ...) KVB_PRINTF(3, 4);
 
 #endif
