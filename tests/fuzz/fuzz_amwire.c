@@ -21,6 +21,7 @@
  *    accepted message into guard-framed buffers never touches a guard byte;
  *  - an accepted ack has hlen == 28 + reason length, the reason inside the
  *    input, and re-encodes to exactly the input bytes. */
+#include "fuzz_assert.h"
 #include "engine/amwire.h"
 #include "engine/segtab.h"
 
@@ -29,14 +30,6 @@
 #include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FUZZ_ASSERT(c)                                                                             \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "fuzz invariant failed: %s (%s:%d)\n", #c, __FILE__, __LINE__);        \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 #define GUARD 64
 #define GUARD_BYTE 0xA5

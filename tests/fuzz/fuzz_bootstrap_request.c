@@ -7,6 +7,7 @@
  *    re-serialises to JSON that parses back to an identical registration;
  *  - applying a registration to a table either succeeds (the entry is then
  *    found with that address) or leaves the table exactly as it was. */
+#include "fuzz_assert.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,14 +15,6 @@
 
 #include "bootstrap/boot_table.h"
 #include "proto/bootstrap_proto.h"
-
-#define FUZZ_ASSERT(c)                                                                             \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "fuzz invariant failed: %s (%s:%d)\n", #c, __FILE__, __LINE__);        \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static void check_query(const char *qs, size_t len)
 {
