@@ -249,12 +249,14 @@ class KVManager(L.Closeable):
             p.field_mask |= L.MANAGER_PARAM_BOOTSTRAP_ADDR
         elif mode_c == 0:
             raise InvalidArgument("a prefill KVManager needs bootstrap_addr ('host:port')")
-        if bootstrap_timeout is not None:
-            p.bootstrap_timeout_s = L.as_float(bootstrap_timeout, "bootstrap_timeout", 0.001)
-            p.field_mask |= L.MANAGER_PARAM_BOOTSTRAP_TIMEOUT
-        if waiting_timeout is not None:
-            p.waiting_timeout_s = L.as_float(waiting_timeout, "waiting_timeout", 0.001)
-            p.field_mask |= L.MANAGER_PARAM_WAITING_TIMEOUT
+        for name, val, low, bit in (
+                ("bootstrap_timeout", bootstrap_timeout, 0.001, L.MANAGER_PARAM_BOOTSTRAP_TIMEOUT),
+                ("waiting_timeout", waiting_timeout, 0.001, L.MANAGER_PARAM_WAITING_TIMEOUT),
+                ("room_ttl", room_ttl, 0.001, L.MANAGER_PARAM_ROOM_TTL),
+                ("bootstrap_refresh", bootstrap_refresh, 0.0, L.MANAGER_PARAM_BOOTSTRAP_REFRESH)):
+            if val is not None:  # seconds; the C field is the name + "_s"
+                setattr(p, name + "_s", L.as_float(val, name, low))
+                p.field_mask |= bit
         if heartbeat_interval is not None or heartbeat_max_failures is not None:
             env = ("KVBRIDGE_HEARTBEAT_INTERVAL", "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL")
             p.heartbeat_interval_s = (
@@ -275,12 +277,6 @@ class KVManager(L.Closeable):
             p.transfer_queues = (L.as_int(transfer_queues, "transfer_queues", 1, 1024)
                                  if transfer_queues is not None else _env_num(env, 4, int))
             p.field_mask |= L.MANAGER_PARAM_THREADS
-        if room_ttl is not None:
-            p.room_ttl_s = L.as_float(room_ttl, "room_ttl", 0.001)
-            p.field_mask |= L.MANAGER_PARAM_ROOM_TTL
-        if bootstrap_refresh is not None:
-            p.bootstrap_refresh_s = L.as_float(bootstrap_refresh, "bootstrap_refresh", 0.0)
-            p.field_mask |= L.MANAGER_PARAM_BOOTSTRAP_REFRESH
         self._auth_b = _auth_params(p, bootstrap_token, curve_secret_key,
                                     curve_client_secret_key, curve_allowed_clients)
         cargs, self._keep = _args_struct(args, self.is_mla, p.pp_rank, p.pp_size)
