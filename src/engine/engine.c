@@ -476,8 +476,10 @@ static void *hs_main(void *arg)
     return NULL;
 }
 
-/* Serve the handshake on a thread of its own; past KVB_HS_MAX_ACTIVE in
- * progress (a flood of silent connections) the newcomer is closed at once. */
+/* Serve the handshake on a thread of its own. The listener stops accepting
+ * while KVB_HS_MAX_ACTIVE are in progress (a flood of silent or garbage
+ * connections), so newcomers wait in the backlog; a connection is closed at
+ * once only when no slot or thread can be had after all. */
 static void accept_one(kvb_engine_h eng)
 {
     int one = 1;
@@ -562,9 +564,14 @@ static void *listen_main(void *arg)
             usleep(10000);
             continue;
         }
-        p[0] = (struct pollfd){eng->listen_fd, POLLIN, 0};
+        /* All handshake slots busy: leave newcomers in the listen backlog
+         * (they wait, as behind a serial listener) and look again soon. */
+        pthread_mutex_lock(&eng->hs_mu);
+        bool full = eng->hs_active >= KVB_HS_MAX_ACTIVE;
+        pthread_mutex_unlock(&eng->hs_mu);
+        p[0] = (struct pollfd){full ? -1 : eng->listen_fd, POLLIN, 0};
         p[1] = (struct pollfd){eng->stop_pipe[0], POLLIN, 0};
-        if (poll(p, n + 2, 1000) > 0) {
+        if (poll(p, n + 2, full ? 10 : 1000) > 0) {
             if (p[0].revents & POLLIN)
                 accept_one(eng);
             reap_notify(eng, p + 2, n);

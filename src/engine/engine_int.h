@@ -104,7 +104,7 @@ typedef struct kvb__cmd {
     struct kvb__cmd *next;
 } kvb__cmd_t;
 
-#define KVB_HS_MAX_ACTIVE 32 /* concurrent handshakes; more are closed at once */
+#define KVB_HS_MAX_ACTIVE 32 /* concurrent handshakes; more wait in the backlog */
 
 struct kvb_engine {
     kvb_engine_params_t params;

@@ -642,6 +642,23 @@ static void test_hostile(void)
         for (int i = 0; i < 8; i++)
             close(sl[i]);
     }
+    /* more silent connections than handshake slots (32): the writer behind
+     * them waits in the listen backlog until the silent ones hit their 2 s
+     * bound, and is then served (it was closed at once while a refusal
+     * policy was in place; the garbage flood above hit that too) */
+    {
+        enum { NSL = 40 };
+        int sl[NSL];
+        for (int i = 0; i < NSL; i++, tried++)
+            CHECK((sl[i] = tcp_connect(sid)) >= 0);
+        fsleep(0.05);
+        double t = good_write(sid, tbuf, round++, 10);
+        fprintf(stderr, "hostile: writer behind %d silent connections served after %.3f s\n", NSL,
+                t);
+        CHECK(t >= 0 && t <= 5.0);
+        for (int i = 0; i < NSL; i++)
+            close(sl[i]);
+    }
     CHECK(guards_ok(mem));
     /* fds and memory bounded: the listener closed every hostile socket */
     int fd1 = -1;
