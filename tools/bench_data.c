@@ -52,7 +52,7 @@ bool bench_pool_init(bench_pool_t *p, const bench_rank_geom_t *g, uint64_t pages
     p->pages = pages;
     p->aux_items = aux_items;
     p->bytes = (size_t)(kv_bytes * (uint64_t)g->n_kv + aux_items * BENCH_AUX_ITEM);
-    p->base = kvb_eb_alloc(p->bytes);
+    p->base = kvb_eb_alloc_shared(p->bytes); /* writers on this host map it (direct lane) */
     p->kv_ptrs = calloc((size_t)g->n_kv, sizeof(uint64_t));
     p->kv_lens = calloc((size_t)g->n_kv, sizeof(uint64_t));
     p->free_pages = calloc((size_t)pages, sizeof(int32_t));
@@ -75,7 +75,7 @@ bool bench_pool_init(bench_pool_t *p, const bench_rank_geom_t *g, uint64_t pages
 
 void bench_pool_free(bench_pool_t *p)
 {
-    kvb_eb_free(p->base, p->bytes);
+    kvb_eb_free_shared(p->base);
     free(p->kv_ptrs);
     free(p->kv_lens);
     free(p->free_pages);

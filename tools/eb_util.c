@@ -1,6 +1,8 @@
 /* engine-bench helpers: patterns, checksums, permutations, target channel. */
 #include "eb_util.h"
 
+#include <kvbridge/engine.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -27,6 +29,21 @@ void *kvb_eb_alloc(size_t bytes)
     /* MAP_POPULATE may map the shared zero page lazily; write to own pages. */
     memset(p, 0, bytes);
     return p;
+}
+
+void *kvb_eb_alloc_shared(size_t bytes)
+{
+    void *p = NULL;
+    if (kvb_mem_alloc(bytes, &p) != KVB_OK)
+        return NULL;
+    memset(p, 0, bytes); /* fault the pages in now, outside any timed window */
+    return p;
+}
+
+void kvb_eb_free_shared(void *p)
+{
+    if (p != NULL)
+        kvb_mem_free(p);
 }
 
 void kvb_eb_free(void *p, size_t bytes)

@@ -13,6 +13,9 @@
 /* Page-aligned, pre-faulted anonymous memory; NULL on failure. */
 void *kvb_eb_alloc(size_t bytes);
 void kvb_eb_free(void *p, size_t bytes);
+/* The same from kvb_mem_alloc: writers on this host can map it (direct lane). */
+void *kvb_eb_alloc_shared(size_t bytes);
+void kvb_eb_free_shared(void *p);
 
 /* Fill buf (bytes % 8 == 0) with a pattern that depends on seed and on the
  * word index, so a block placed at the wrong offset is detected. */

@@ -39,6 +39,7 @@ enum kvb_engine_param_field {
     KVB_ENGINE_PARAM_PEER_TIMEOUT = 1u << 4,
     KVB_ENGINE_PARAM_AM_CHUNK = 1u << 5,
     KVB_ENGINE_PARAM_SECRET = 1u << 6,
+    KVB_ENGINE_PARAM_COPY_THREADS = 1u << 7,
 };
 
 /* Creation parameters; only the fields named in field_mask are read, the
@@ -61,6 +62,9 @@ typedef struct kvb_engine_params {
                                   challenges. A writer refused, or challenged
                                   without a secret, fails with KVB_ERR_AUTH. ""
                                   = off. Copied. See docs/security.md. */
+    unsigned copy_threads;     /* direct lane (see kvb_mem_alloc): this engine's
+                                  writer threads, 2; 0 = lane off
+                                  [KVBRIDGE_COPY_THREADS] */
 } kvb_engine_params_t;
 
 /* Create an engine listening on host:port. NULL params = all defaults.
@@ -82,6 +86,23 @@ KVB_API kvb_transport_t kvb_engine_transport(kvb_engine_h engine);
  * thread (which peer, which range). The pointer is to a thread-local copy,
  * valid until the calling thread's next call of this function. */
 KVB_API const char *kvb_engine_last_error(kvb_engine_h engine);
+
+/* Allocate length bytes of host memory (page-aligned, zeroed) that writers
+ * on this host can fill directly: once registered, an engine of another
+ * process on the same host (transport AUTO, copy_threads > 0) maps it and its
+ * copy threads write the blocks straight in: one copy by the writer, no CPU
+ * on this side. Backed by a sealed anonymous shared file (memfd), opened by
+ * the writer through /proc/<pid>/fd/<fd>; needs the same user or ptrace
+ * read rights, else writers keep to the UCX lanes. Thread-safe. */
+KVB_API kvb_status_t kvb_mem_alloc(size_t length, void **addr_p);
+/* Free an allocation of kvb_mem_alloc (unregister it first). Writers that
+ * still map it keep the file alive; nothing of theirs faults.
+ * KVB_ERR_NOT_FOUND for an address kvb_mem_alloc did not return. */
+KVB_API kvb_status_t kvb_mem_free(void *addr);
+
+/* Does the current connection to session_id write directly into mapped
+ * memory (1), through UCX (0), or is there none yet (KVB_ERR_NOT_FOUND)? */
+KVB_API int kvb_engine_session_direct(kvb_engine_h engine, const char *session_id);
 
 typedef struct kvb_mem_region {
     void *addr;

@@ -161,6 +161,7 @@ void kvb_engine_fence_writer(kvb_engine_h eng, uint32_t tag, int fenced)
         if (eng->n_fenced < eng->cap_fenced)
             eng->fenced[eng->n_fenced++] = tag;
     }
+    kvb__fence_page_sync(eng); /* direct-lane writers read it */
     pthread_mutex_unlock(&eng->seg_mu);
 }
 

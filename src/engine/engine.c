@@ -37,6 +37,7 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
     out->am_chunk_bytes =
         (size_t)kvb__env_int("KVBRIDGE_AM_CHUNK", NULL, 4 << 20, 4096, (int64_t)1 << 30);
     out->secret = kvb__env_get("KVBRIDGE_ENGINE_SECRET", NULL);
+    out->copy_threads = (unsigned)kvb__env_int("KVBRIDGE_COPY_THREADS", NULL, 2, 0, 64);
     if (in == NULL)
         return;
     if (in->field_mask & KVB_ENGINE_PARAM_HOST && in->host != NULL)
@@ -53,6 +54,8 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
         out->am_chunk_bytes = in->am_chunk_bytes;
     if (in->field_mask & KVB_ENGINE_PARAM_SECRET)
         out->secret = in->secret;
+    if (in->field_mask & KVB_ENGINE_PARAM_COPY_THREADS)
+        out->copy_threads = in->copy_threads < 64 ? in->copy_threads : 64;
 }
 
 /* UCX's TCP transport moves data in segments of 8 KiB by default (one
@@ -208,6 +211,7 @@ static kvb_status_t map_region(kvb_engine_h eng, const kvb_mem_region_t *r, kvb_
     seg->addr = (uint64_t)(uintptr_t)r->addr;
     seg->len = r->length;
     seg->handle = memh;
+    seg->shared = kvb__shm_lookup(seg->addr, seg->len, &seg->ref);
     return KVB_OK;
 }
 
@@ -316,6 +320,26 @@ kvb_status_t kvb_engine_unregister(kvb_engine_h eng, void *addr)
 
 /* ---- handshake listener ---- */
 
+/* The segments that live in shared files, then the fence page (seg_mu
+ * held). None when nothing is shared or the fence page cannot be made. */
+static kvb_status_t reply_shared(kvb_engine_h eng, kvb__hs_reply_t *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < eng->segs.n; i++)
+        n += eng->segs.v[i].shared;
+    if (n == 0 || kvb__fence_page_ensure(eng) != KVB_OK)
+        return KVB_OK;
+    r->shm = calloc(n + 1, sizeof(*r->shm));
+    if (r->shm == NULL)
+        return KVB_ERR_NOMEM;
+    for (size_t i = 0; i < eng->segs.n; i++)
+        if (eng->segs.v[i].shared)
+            r->shm[r->nshm++] = (kvb__hs_shm_t){(uint32_t)i, eng->segs.v[i].ref};
+    r->shm[r->nshm++] = (kvb__hs_shm_t){KVB_HS_SHM_FENCE, eng->fence_ref};
+    r->pid = (uint32_t)getpid();
+    return KVB_OK;
+}
+
 static kvb_status_t build_reply(kvb_engine_h eng, uint8_t **buf_p, size_t *len_p, uint64_t *gen_p)
 {
     kvb__hs_reply_t r = {0};
@@ -337,9 +361,12 @@ static kvb_status_t build_reply(kvb_engine_h eng, uint8_t **buf_p, size_t *len_p
         r.segs[i].rkey_len = (uint32_t)eng->segs.v[i].rkey_len;
     }
     if (st == KVB_OK)
+        st = reply_shared(eng, &r);
+    if (st == KVB_OK)
         st = kvb__hs_reply_encode(&r, buf_p, len_p);
     pthread_mutex_unlock(&eng->seg_mu);
     free(r.segs);
+    free(r.shm);
     return st;
 }
 
@@ -792,6 +819,8 @@ static void engine_free(kvb_engine_h eng)
         close(eng->notify_fds[i]);
     free(eng->notify_fds);
     free(eng->fenced);
+    if (eng->fence_base != NULL)
+        kvb__shm_destroy(eng->fence_base, &eng->fence_ref);
     if (eng->waddr != NULL)
         ucp_worker_release_address(eng->worker, eng->waddr);
     if (eng->worker)
@@ -811,6 +840,8 @@ static void engine_free(kvb_engine_h eng)
     pthread_cond_destroy(&eng->cmd_cv);
     pthread_mutex_destroy(&eng->hs_mu);
     pthread_cond_destroy(&eng->hs_cv);
+    pthread_mutex_destroy(&eng->dmu);
+    pthread_cond_destroy(&eng->dcv);
     kvb__err_destroy(&eng->err);
     if (eng->secret != NULL) {
         explicit_bzero(eng->secret, strlen(eng->secret));
@@ -843,6 +874,8 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     pthread_cond_init(&eng->cmd_cv, NULL);
     pthread_mutex_init(&eng->hs_mu, NULL);
     pthread_cond_init(&eng->hs_cv, NULL);
+    pthread_mutex_init(&eng->dmu, NULL);
+    pthread_cond_init(&eng->dcv, NULL);
     for (int i = 0; i < KVB_HS_MAX_ACTIVE; i++)
         eng->hs_fds[i] = -1;
     eng->listen_fd = eng->evfd = eng->epfd = eng->stop_pipe[0] = eng->stop_pipe[1] = -1;
@@ -899,6 +932,7 @@ void kvb_engine_destroy(kvb_engine_h eng)
     uint64_t one = 1;
     if (eng == NULL)
         return;
+    kvb__direct_stop(eng); /* before the progress thread: transfers release conns */
     pthread_mutex_lock(&eng->cmd_mu);
     __atomic_store_n(&eng->stop, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&eng->cmd_mu);

@@ -19,6 +19,11 @@
 typedef enum lane { LANE_PUT = 0, LANE_AM = 1 } lane_t;
 
 typedef struct kvb__conn kvb__conn_t;
+
+typedef struct kvb__map { /* a peer's shared file mapped here (direct lane) */
+    uint8_t *base;
+    uint64_t size, dev, ino;
+} kvb__map_t;
 typedef struct kvb__session kvb__session_t;
 
 /* One incarnation of a connection to a peer: its endpoint, the segment table
@@ -41,6 +46,9 @@ struct kvb__conn {
     int am_auth;   /* the peer challenged us: token in every message */
     uint8_t am_token[KVB_HS_TOKEN_LEN]; /* its write-message token */
     uint8_t rx[KVB_HS_NOTICE_LEN];      /* partial notice from the control connection */
+    kvb__map_t *maps;                   /* direct lane: the peer's files mapped here */
+    size_t nmaps, cap_maps;
+    const uint8_t *fence; /* direct lane: the peer's fence page (read-only), or NULL */
     size_t rxlen;
     kvb__conn_t *next_all;
 };
@@ -72,6 +80,10 @@ struct kvb_xfer {
     size_t msgs_sent, msgs_acked;
     int failed;    /* progress thread: error seen, waiting for inflight */
     int abandoned; /* progress thread: connection lost, outstanding ops ignored */
+    int direct;    /* direct lane: copied by the engine's copy threads */
+    int queued;    /* direct lane (dmu): units left to claim */
+    int published; /* direct lane (dmu): final status set */
+    size_t busy;   /* direct lane (dmu): units being copied */
     kvb_status_t fail_status;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -157,6 +169,17 @@ struct kvb_engine {
     ucp_address_t *waddr;          /* this worker's address, fetched once */
     size_t waddr_len;
 
+    /* direct lane: writer copy threads (dmu) and the fence page peers read */
+    pthread_mutex_t dmu;
+    pthread_cond_t dcv;
+    struct kvb_xfer *dq_head; /* transfers with units left */
+    pthread_t *dthr;
+    size_t n_dthr;
+    int dstop;
+    bool stream_copy;    /* AVX2 streaming stores available */
+    uint8_t *fence_base; /* our fence page (seg_mu), created with the first shared segment */
+    kvb__shm_ref_t fence_ref;
+
     pthread_t progress_thr, listen_thr;
     int stop; /* atomic */
     int stop_pipe[2];
@@ -180,7 +203,20 @@ void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
+/* direct.c */
+kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng); /* seg_mu held */
+void kvb__fence_page_sync(kvb_engine_h eng);           /* seg_mu held */
+void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r);
+void kvb__direct_detach(kvb__conn_t *c);
+/* Every block's destination mapped and our tag not fenced? */
+bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
+                        const kvb_block_t *b, size_t n);
+bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *x); /* false: use UCX */
+void kvb__direct_stop(kvb_engine_h eng);
+
 /* xfer.c */
+/* Set x's final status, wake its waiters and drop the engine's reference. */
+void kvb__xfer_publish(struct kvb_xfer *x, kvb_status_t st);
 void kvb__xfer_start(kvb_engine_h eng, struct kvb_xfer *x);
 bool kvb__xfer_progress_all(kvb_engine_h eng); /* true when something issued */
 void kvb__xfer_fail_conn(kvb_engine_h eng, kvb__conn_t *c, const char *why);

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 static const char REQ_MAGIC[] = "KVBHQ001";
-static const char REP_MAGIC[] = "KVBHS001";
+static const char REP_MAGIC[] = "KVBHS002";
 static const char NOTE_MAGIC[] = "KVBGN001";
 static const char CHAL_MAGIC[] = "KVBHC001";
 static const char PROOF_MAGIC[] = "KVBHA001";
@@ -145,6 +145,18 @@ kvb_status_t kvb__hs_reply_encode(const kvb__hs_reply_t *r, uint8_t **buf_p, siz
         wb_u32(&w, r->segs[i].rkey_len);
         wb_put(&w, r->segs[i].rkey, r->segs[i].rkey_len);
     }
+    wb_u32(&w, r->pid);
+    wb_u32(&w, r->nshm);
+    for (uint32_t i = 0; i < r->nshm; i++) {
+        const kvb__shm_ref_t *f = &r->shm[i].ref;
+        wb_u32(&w, r->shm[i].seg);
+        wb_u32(&w, (uint32_t)f->fd);
+        wb_u64(&w, f->file_off);
+        wb_u64(&w, f->file_size);
+        wb_u64(&w, f->dev);
+        wb_u64(&w, f->ino);
+        wb_put(&w, f->nonce, KVB_SHM_NONCE_LEN);
+    }
     return wb_finish(&w, buf_p, len_p);
 }
 
@@ -173,6 +185,64 @@ static bool decode_segs(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen
     return true;
 }
 
+#define SHM_ENTRY_LEN (4 + 4 + 8 * 4 + KVB_SHM_NONCE_LEN)
+
+/* One shared-file entry: the file must hold its segment below the trailer. */
+static bool shm_entry_ok(const kvb__hs_reply_t *r, const kvb__hs_shm_t *e, int64_t prev)
+{
+    const kvb__shm_ref_t *f = &e->ref;
+    uint64_t end;
+    if (e->seg != KVB_HS_SHM_FENCE && (e->seg >= r->nseg || (int64_t)e->seg <= prev))
+        return false;
+    if (f->fd < 0 || f->file_size < 2 * KVB_SHM_TRAILER || f->file_size > KVB_SHM_MAX_FILE ||
+        f->file_size % KVB_SHM_TRAILER != 0)
+        return false;
+    if (e->seg == KVB_HS_SHM_FENCE)
+        return f->file_off == 0 && f->file_size == KVB_HS_FENCE_FILE;
+    return !__builtin_add_overflow(f->file_off, r->segs[e->seg].len, &end) &&
+           end <= f->file_size - KVB_SHM_TRAILER;
+}
+
+static bool decode_shm(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen)
+{
+    int64_t prev = -1; /* segment of the previous entry; the fence page is last */
+    uint32_t fd;
+    if (!rb_u32(rb, &r->pid) || !rb_u32(rb, &r->nshm) || r->nshm > r->nseg + 1u ||
+        r->nshm > (rb->len - rb->off) / SHM_ENTRY_LEN) {
+        snprintf(why, whylen, "shared-file table truncated or oversized");
+        return false;
+    }
+    r->shm = calloc(r->nshm ? r->nshm : 1, sizeof(*r->shm));
+    if (r->shm == NULL) {
+        snprintf(why, whylen, "out of memory");
+        return false;
+    }
+    for (uint32_t i = 0; i < r->nshm; i++) {
+        kvb__hs_shm_t *e = &r->shm[i];
+        const uint8_t *nonce;
+        if (prev == (int64_t)KVB_HS_SHM_FENCE || !rb_u32(rb, &e->seg) || !rb_u32(rb, &fd) ||
+            !rb_u64(rb, &e->ref.file_off) || !rb_u64(rb, &e->ref.file_size) ||
+            !rb_u64(rb, &e->ref.dev) || !rb_u64(rb, &e->ref.ino) ||
+            !rb_bytes(rb, KVB_SHM_NONCE_LEN, &nonce)) {
+            snprintf(why, whylen, "shared-file entry %u truncated or after the fence page", i);
+            return false;
+        }
+        e->ref.fd = fd > INT32_MAX ? -1 : (int32_t)fd;
+        memcpy(e->ref.nonce, nonce, KVB_SHM_NONCE_LEN);
+        if (!shm_entry_ok(r, e, prev)) {
+            snprintf(why, whylen, "shared-file entry %u (segment %u) invalid or unsorted", i,
+                     e->seg);
+            return false;
+        }
+        prev = (int64_t)e->seg;
+    }
+    if (r->nshm > 0 && r->pid == 0) {
+        snprintf(why, whylen, "shared files advertised without a process id");
+        return false;
+    }
+    return true;
+}
+
 kvb_status_t kvb__hs_reply_decode(const uint8_t *buf, size_t len, kvb__hs_reply_t *r, char *why,
                                   size_t whylen)
 {
@@ -195,9 +265,10 @@ kvb_status_t kvb__hs_reply_decode(const uint8_t *buf, size_t len, kvb__hs_reply_
     r->segs = calloc(r->nseg ? r->nseg : 1, sizeof(*r->segs));
     if (r->segs == NULL)
         return KVB_ERR_NOMEM;
-    if (!decode_segs(&rb, r, why, whylen) || rb.off != len) {
-        if (rb.off != len && why[0] == '\0')
-            snprintf(why, whylen, "%zu trailing bytes after the segment table", len - rb.off);
+    bool ok = decode_segs(&rb, r, why, whylen) && decode_shm(&rb, r, why, whylen);
+    if (!ok || rb.off != len) {
+        if (ok)
+            snprintf(why, whylen, "%zu trailing bytes after the shared-file table", len - rb.off);
         kvb__hs_reply_free(r);
         return KVB_ERR_PROTO;
     }
@@ -207,8 +278,10 @@ kvb_status_t kvb__hs_reply_decode(const uint8_t *buf, size_t len, kvb__hs_reply_
 void kvb__hs_reply_free(kvb__hs_reply_t *r)
 {
     free(r->segs);
+    free(r->shm);
     r->segs = NULL;
-    r->nseg = 0;
+    r->shm = NULL;
+    r->nseg = r->nshm = 0;
 }
 
 kvb_status_t kvb__hs_request_encode(const char *sid, uint8_t **buf_p, size_t *len_p)

@@ -3,8 +3,11 @@
  * as hostile: lengths, counts and sizes are checked before use.
  *
  * request  "KVBHQ001" u32 total u32 sid_len sid
- * reply    "KVBHS001" u32 total u64 epoch u64 generation u32 host_len host
+ * reply    "KVBHS002" u32 total u64 epoch u64 generation u32 host_len host
  *          u32 waddr_len waddr u32 nseg { u64 addr u64 len u32 rkey_len rkey }*
+ *          u32 pid u32 nshm { u32 seg u32 fd u64 file_off u64 file_size u64 dev
+ *          u64 ino nonce[16] }*   (direct lane: segments in shared files, sorted
+ *          by seg; seg 0xffffffff = the listener's fence page, last)
  * notice   "KVBGN001" u64 generation      (segment table changed)
  *
  * With an engine secret on the listener (docs/security.md), the listener
@@ -18,6 +21,8 @@
  * Integers little-endian. */
 #ifndef KVB_ENGINE_HANDSHAKE_H
 #define KVB_ENGINE_HANDSHAKE_H
+
+#include "engine/shmem.h"
 
 #include <kvbridge/common.h>
 #include <stdbool.h>
@@ -46,6 +51,16 @@ typedef struct kvb__hs_seg {
     uint32_t rkey_len;
 } kvb__hs_seg_t;
 
+#define KVB_HS_SHM_FENCE 0xffffffffu
+#define KVB_HS_FENCE_FILE (2u * KVB_SHM_TRAILER)
+
+/* A segment (or, seg = KVB_HS_SHM_FENCE, the fence page) that lives in a
+ * shared file of the listener's process: the direct lane can map it. */
+typedef struct kvb__hs_shm {
+    uint32_t seg;
+    kvb__shm_ref_t ref;
+} kvb__hs_shm_t;
+
 typedef struct kvb__hs_reply {
     uint64_t epoch;
     uint64_t generation;
@@ -55,6 +70,9 @@ typedef struct kvb__hs_reply {
     uint32_t waddr_len;
     uint32_t nseg;
     kvb__hs_seg_t *segs; /* malloc'ed by decode; free with kvb__hs_reply_free */
+    uint32_t pid;        /* listener's process id (direct lane), 0 = none */
+    uint32_t nshm;
+    kvb__hs_shm_t *shm; /* malloc'ed by decode; free with kvb__hs_reply_free */
 } kvb__hs_reply_t;
 
 /* Encode a reply into a malloc'ed buffer (*buf_p, *len_p). */

@@ -4,6 +4,8 @@
 #ifndef KVB_ENGINE_SEGTAB_H
 #define KVB_ENGINE_SEGTAB_H
 
+#include "engine/shmem.h"
+
 #include <kvbridge/common.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -16,6 +18,9 @@ typedef struct kvb__seg {
     void *rkey_buf; /* local: packed remote key (owned by the UCX context) */
     size_t rkey_len;
     uint32_t pins; /* local: incoming message-lane writes in progress */
+    bool shared;   /* local: inside a kvb_mem_alloc file (ref describes it) */
+    kvb__shm_ref_t ref;
+    uint8_t *direct; /* remote: where addr is mapped here (direct lane), or NULL */
 } kvb__seg_t;
 
 typedef struct kvb__segtab {

@@ -332,6 +332,8 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd)
         kvb__conn_release_ucx(eng, c);
         return;
     }
+    if (eng->params.transport == KVB_TRANSPORT_AUTO && local && eng->params.copy_threads > 0)
+        kvb__direct_attach(eng, c, r);
     ev.data.u64 = (uint64_t)(uintptr_t)c;
     epoll_ctl(eng->epfd, EPOLL_CTL_ADD, c->fd, &ev);
     c->next_all = eng->conns;
@@ -397,6 +399,7 @@ void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c)
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c)
 {
     kvb__conn_close_ep(eng, c);
+    kvb__direct_detach(c);
     for (size_t i = 0; i < c->segs.n; i++)
         if (c->segs.v[i].handle != NULL)
             ucp_rkey_destroy((ucp_rkey_h)c->segs.v[i].handle);
@@ -408,17 +411,40 @@ void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c)
     }
 }
 
+static kvb__session_t *session_lookup(kvb_engine_h eng, const char *sid)
+{
+    kvb__session_t *s;
+    pthread_mutex_lock(&eng->sess_mu);
+    for (s = eng->sessions; s != NULL; s = s->next)
+        if (strcmp(s->sid, sid) == 0)
+            break;
+    pthread_mutex_unlock(&eng->sess_mu);
+    return s;
+}
+
+int kvb_engine_session_direct(kvb_engine_h eng, const char *sid)
+{
+    kvb__session_t *s = eng != NULL && sid != NULL ? session_lookup(eng, sid) : NULL;
+    int direct = KVB_ERR_NOT_FOUND;
+    if (s == NULL)
+        return KVB_ERR_NOT_FOUND;
+    pthread_mutex_lock(&s->mu);
+    if (s->conn != NULL && !__atomic_load_n(&s->conn->dead, __ATOMIC_ACQUIRE)) {
+        direct = 0;
+        for (size_t i = 0; s->conn->fence != NULL && i < s->conn->segs.n; i++)
+            direct |= s->conn->segs.v[i].direct != NULL;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return direct;
+}
+
 kvb_status_t kvb_engine_close_session(kvb_engine_h eng, const char *sid)
 {
     kvb__session_t *s;
     kvb__conn_t *c = NULL;
     if (eng == NULL || sid == NULL)
         return KVB_ERR_INVALID;
-    pthread_mutex_lock(&eng->sess_mu);
-    for (s = eng->sessions; s != NULL; s = s->next)
-        if (strcmp(s->sid, sid) == 0)
-            break;
-    pthread_mutex_unlock(&eng->sess_mu);
+    s = session_lookup(eng, sid);
     if (s == NULL)
         return KVB_ERR_NOT_FOUND;
     pthread_mutex_lock(&s->mu);

@@ -104,6 +104,8 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t
         if (st == KVB_OK)
             st = check_blocks(eng, x->conn, blocks, count, seg, &retry);
     }
+    if (st == KVB_OK && eng->params.copy_threads > 0)
+        x->direct = kvb__direct_usable(eng, x->conn, seg, blocks, count);
     if (st == KVB_OK) {
         x->blocks = malloc((count ? count : 1) * sizeof(*x->blocks));
         if (x->blocks == NULL)
@@ -136,6 +138,12 @@ kvb_status_t kvb_engine_write_async(kvb_engine_h eng, const char *sid, const kvb
     x->refs = 2;
     x->status = KVB_ERR_INPROGRESS;
     st = prepare(eng, sid, blocks, count, x);
+    if (st == KVB_OK && x->direct && kvb__direct_submit(eng, x)) {
+        free(cmd);
+        *xfer_p = x;
+        return KVB_OK;
+    }
+    x->direct = 0;
     if (st == KVB_OK) {
         cmd->kind = CMD_XFER;
         cmd->xfer = x;
@@ -252,6 +260,11 @@ static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st)
         pp = &(*pp)->next_active;
     if (*pp == x)
         *pp = x->next_active;
+    kvb__xfer_publish(x, st);
+}
+
+void kvb__xfer_publish(struct kvb_xfer *x, kvb_status_t st)
+{
     pthread_mutex_lock(&x->mu);
     if (st != KVB_OK && x->err[0] == '\0')
         snprintf(x->err, sizeof(x->err), "%s", kvb_status_string(st));

@@ -1,0 +1,358 @@
+/* Direct lane: on one host, when the target's memory lives in kvb_mem_alloc
+ * files, the writer maps those files and its copy threads write the blocks
+ * straight into them: one copy, done by the writer, no work on the target.
+ * The target still bounds every write (only advertised segments are mapped,
+ * every block was checked against them) and still fences writers: it keeps
+ * its fenced tags in a shared page the writer reads before each unit. */
+#include "engine/engine_int.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define DIRECT_UNIT (1u << 20) /* bytes a copy thread takes at a time */
+#define DIRECT_MAX_FILES 4096  /* shared files one connection maps */
+#define FENCE_CAP 1020
+#define STREAM_MIN 512 /* blocks this long are copied with streaming stores */
+
+typedef struct fence_page {
+    uint32_t seq; /* odd while the target rewrites the page */
+    uint32_t count;
+    uint32_t overflow; /* more fenced tags than the page holds */
+    uint32_t pad;
+    uint32_t tags[FENCE_CAP];
+} fence_page_t;
+
+_Static_assert(sizeof(fence_page_t) == KVB_HS_FENCE_FILE - KVB_SHM_TRAILER, "fence page size");
+
+/* ---- target side (seg_mu held) ---- */
+
+void kvb__fence_page_sync(kvb_engine_h eng)
+{
+    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    if (f == NULL)
+        return;
+    uint32_t s = __atomic_load_n(&f->seq, __ATOMIC_RELAXED);
+    size_t n = eng->n_fenced < FENCE_CAP ? eng->n_fenced : FENCE_CAP;
+    __atomic_store_n(&f->seq, s + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    for (size_t i = 0; i < n; i++)
+        __atomic_store_n(&f->tags[i], eng->fenced[i], __ATOMIC_RELAXED);
+    __atomic_store_n(&f->count, (uint32_t)n, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->overflow, eng->n_fenced > FENCE_CAP, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->seq, s + 2, __ATOMIC_RELEASE);
+}
+
+kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng)
+{
+    if (eng->fence_base != NULL)
+        return KVB_OK;
+    kvb_status_t st = kvb__shm_create(sizeof(fence_page_t), &eng->fence_base, &eng->fence_ref);
+    if (st == KVB_OK)
+        kvb__fence_page_sync(eng);
+    return st;
+}
+
+/* ---- writer side: mappings ---- */
+
+/* 0: the tag is not fenced; 1: fenced, or the page cannot be read
+ * consistently, or it overflowed (the message lane then decides). */
+static int fence_state(const kvb__conn_t *c, uint32_t tag)
+{
+    const fence_page_t *f = (const fence_page_t *)c->fence;
+    if (tag == 0)
+        return 0;
+    for (int tries = 0; tries < 1000; tries++) {
+        uint32_t s1 = __atomic_load_n(&f->seq, __ATOMIC_ACQUIRE), hit = 0;
+        if (s1 & 1) {
+            sched_yield();
+            continue;
+        }
+        uint32_t n = __atomic_load_n(&f->count, __ATOMIC_RELAXED);
+        uint32_t ov = __atomic_load_n(&f->overflow, __ATOMIC_RELAXED);
+        for (uint32_t i = 0; i < n && i < FENCE_CAP; i++)
+            hit |= __atomic_load_n(&f->tags[i], __ATOMIC_RELAXED) == tag;
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&f->seq, __ATOMIC_RELAXED) == s1)
+            return hit || ov;
+    }
+    return 1;
+}
+
+static uint8_t *map_file(kvb__conn_t *c, uint32_t pid, const kvb__shm_ref_t *ref, char *why,
+                         size_t wl)
+{
+    for (size_t i = 0; i < c->nmaps; i++)
+        if (c->maps[i].dev == ref->dev && c->maps[i].ino == ref->ino)
+            return c->maps[i].size == ref->file_size ? c->maps[i].base : NULL;
+    if (c->nmaps == DIRECT_MAX_FILES) {
+        snprintf(why, wl, "more than %d shared files", DIRECT_MAX_FILES);
+        return NULL;
+    }
+    if (c->nmaps == c->cap_maps) {
+        size_t cap = c->cap_maps ? c->cap_maps * 2 : 8;
+        void *v = realloc(c->maps, cap * sizeof(*c->maps));
+        if (v == NULL)
+            return NULL;
+        c->maps = v;
+        c->cap_maps = cap;
+    }
+    uint8_t *m = kvb__shm_map_peer((int32_t)pid, ref, true, why, wl);
+    if (m != NULL)
+        c->maps[c->nmaps++] = (kvb__map_t){m, ref->file_size, ref->dev, ref->ino};
+    return m;
+}
+
+void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r)
+{
+    char why[256] = "no fence page advertised";
+    uint32_t mapped = 0;
+    if (r->nshm < 2 || r->shm[r->nshm - 1].seg != KVB_HS_SHM_FENCE)
+        return; /* nothing shared (or no fence page: writes could not be fenced) */
+    c->fence = kvb__shm_map_peer((int32_t)r->pid, &r->shm[r->nshm - 1].ref, false, why,
+                                 sizeof(why));
+    if (c->fence == NULL) {
+        KVB_LOGI("engine %s: session %s: no direct lane (fence page: %s)", eng->sid, c->sess->sid,
+                 why);
+        return;
+    }
+    for (uint32_t i = 0; i + 1 < r->nshm; i++) {
+        const kvb__hs_shm_t *e = &r->shm[i];
+        long k = kvb__segtab_find_start(&c->segs, r->segs[e->seg].addr);
+        uint8_t *m = k < 0 ? NULL : map_file(c, r->pid, &e->ref, why, sizeof(why));
+        if (m == NULL) {
+            KVB_LOGD("engine %s: session %s segment %u not mapped: %s", eng->sid, c->sess->sid,
+                     e->seg, why);
+            continue;
+        }
+        c->segs.v[k].direct = m + e->ref.file_off;
+        mapped++;
+    }
+    KVB_LOGI("engine %s: session %s: direct lane for %u of %zu segments", eng->sid, c->sess->sid,
+             mapped, c->segs.n);
+}
+
+void kvb__direct_detach(kvb__conn_t *c)
+{
+    for (size_t i = 0; i < c->nmaps; i++)
+        munmap(c->maps[i].base, c->maps[i].size);
+    free(c->maps);
+    c->maps = NULL;
+    c->nmaps = c->cap_maps = 0;
+    if (c->fence != NULL)
+        munmap((void *)c->fence, KVB_HS_FENCE_FILE);
+    c->fence = NULL;
+}
+
+bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
+                        const kvb_block_t *b, size_t n)
+{
+    if (c->fence == NULL || fence_state(c, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED)))
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (b[i].len > 0 && c->segs.v[dst_seg[i]].direct == NULL)
+            return false;
+    return true;
+}
+
+/* ---- copy threads ---- */
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void copy_stream(uint8_t *d, const uint8_t *s, size_t n)
+{
+    size_t head = (32 - ((uintptr_t)d & 31)) & 31;
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 128; n -= 128, d += 128, s += 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)s);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+        __m256i e = _mm256_loadu_si256((const __m256i *)(s + 64));
+        __m256i f = _mm256_loadu_si256((const __m256i *)(s + 96));
+        _mm256_stream_si256((__m256i *)d, a);
+        _mm256_stream_si256((__m256i *)(d + 32), b);
+        _mm256_stream_si256((__m256i *)(d + 64), e);
+        _mm256_stream_si256((__m256i *)(d + 96), f);
+    }
+    memcpy(d, s, n);
+}
+#endif
+
+static void copy_block(uint8_t *d, const uint8_t *s, size_t n, bool stream)
+{
+#if defined(__x86_64__)
+    if (stream && n >= STREAM_MIN) {
+        copy_stream(d, s, n);
+        return;
+    }
+#endif
+    (void)stream;
+    memcpy(d, s, n);
+}
+
+static void store_fence(void)
+{
+#if defined(__x86_64__)
+    _mm_sfence(); /* streaming stores are visible before the unit counts as done */
+#endif
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+/* Copy up to DIRECT_UNIT bytes starting at block bi, byte off. */
+static void copy_unit(kvb_engine_h eng, struct kvb_xfer *x, size_t bi, uint64_t off)
+{
+    uint64_t budget = DIRECT_UNIT;
+    for (; bi < x->n && budget > 0; bi++, off = 0) {
+        const kvb_block_t *b = &x->blocks[bi];
+        long k = kvb__segtab_find(&x->conn->segs, b->dst, b->len);
+        uint64_t take = b->len - off < budget ? b->len - off : budget;
+        uint8_t *d = x->conn->segs.v[k].direct + (b->dst - x->conn->segs.v[k].addr) + off;
+        copy_block(d, (const uint8_t *)(uintptr_t)(b->src + off), take, eng->stream_copy);
+        budget -= take;
+    }
+    store_fence();
+}
+
+/* Claim the next unit of x (dmu held): its start, and advance past it. */
+static void claim_unit(struct kvb_xfer *x, size_t *bi_p, uint64_t *off_p)
+{
+    uint64_t budget = DIRECT_UNIT;
+    *bi_p = x->next;
+    *off_p = x->off;
+    while (x->next < x->n && budget > 0) {
+        uint64_t left = x->blocks[x->next].len - x->off;
+        if (left > budget) {
+            x->off += budget;
+            break;
+        }
+        budget -= left;
+        x->next++;
+        x->off = 0;
+    }
+}
+
+static void dq_remove(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    struct kvb_xfer **pp = &eng->dq_head;
+    while (*pp != NULL && *pp != x)
+        pp = &(*pp)->next_active;
+    if (*pp == x)
+        *pp = x->next_active;
+    x->next_active = NULL;
+    x->queued = 0;
+}
+
+static void set_failure(struct kvb_xfer *x, kvb_status_t st, const char *why)
+{
+    if (x->failed)
+        return;
+    x->failed = 1;
+    x->fail_status = st;
+    pthread_mutex_lock(&x->mu);
+    snprintf(x->err, sizeof(x->err), "session %s: %s", x->conn->sess->sid, why);
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* Mark x failed when it must stop issuing (dmu held). */
+static void check_stop(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    if (eng->dstop)
+        set_failure(x, KVB_ERR_CANCELED, "engine stopping");
+    else if (__atomic_load_n(&x->conn->dead, __ATOMIC_ACQUIRE))
+        set_failure(x, KVB_ERR_PEER, x->conn->why);
+    else if (__atomic_load_n(&x->cancel, __ATOMIC_ACQUIRE))
+        set_failure(x, KVB_ERR_CANCELED, "transfer cancelled");
+}
+
+/* One pass of a copy thread with dmu held; false when it should sleep. */
+static bool copy_step(kvb_engine_h eng)
+{
+    struct kvb_xfer *x = eng->dq_head;
+    size_t bi = 0;
+    uint64_t off = 0;
+    if (x == NULL)
+        return false;
+    check_stop(eng, x);
+    if (!x->failed)
+        claim_unit(x, &bi, &off);
+    if (x->failed || x->next == x->n)
+        dq_remove(eng, x);
+    if (!x->failed) {
+        x->busy++;
+        pthread_mutex_unlock(&eng->dmu);
+        int fenced = fence_state(x->conn, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED));
+        if (!fenced)
+            copy_unit(eng, x, bi, off);
+        pthread_mutex_lock(&eng->dmu);
+        x->busy--;
+        if (fenced)
+            set_failure(x, KVB_ERR_PEER, "writer fenced by the target (declared lost)");
+    }
+    if (!x->queued && x->busy == 0 && !x->published) {
+        x->published = 1;
+        pthread_mutex_unlock(&eng->dmu);
+        kvb__xfer_publish(x, x->failed ? x->fail_status : KVB_OK);
+        pthread_mutex_lock(&eng->dmu);
+    }
+    return true;
+}
+
+static void *copy_main(void *arg)
+{
+    kvb_engine_h eng = arg;
+    pthread_mutex_lock(&eng->dmu);
+    while (!(eng->dstop && eng->dq_head == NULL))
+        if (!copy_step(eng) && !eng->dstop)
+            pthread_cond_wait(&eng->dcv, &eng->dmu);
+    pthread_mutex_unlock(&eng->dmu);
+    return NULL;
+}
+
+/* dmu held. */
+static bool start_threads(kvb_engine_h eng)
+{
+    size_t n = eng->params.copy_threads;
+    if (eng->n_dthr > 0)
+        return true;
+#if defined(__x86_64__)
+    eng->stream_copy = __builtin_cpu_supports("avx2");
+#endif
+    eng->dthr = calloc(n, sizeof(*eng->dthr));
+    for (size_t i = 0; eng->dthr != NULL && i < n; i++)
+        if (pthread_create(&eng->dthr[eng->n_dthr], NULL, copy_main, eng) == 0)
+            eng->n_dthr++;
+    return eng->n_dthr > 0;
+}
+
+bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    pthread_mutex_lock(&eng->dmu);
+    bool ok = !eng->dstop && start_threads(eng);
+    if (ok) {
+        struct kvb_xfer **pp = &eng->dq_head;
+        while (*pp != NULL)
+            pp = &(*pp)->next_active;
+        *pp = x;
+        x->queued = 1;
+        pthread_cond_broadcast(&eng->dcv);
+    }
+    pthread_mutex_unlock(&eng->dmu);
+    return ok;
+}
+
+void kvb__direct_stop(kvb_engine_h eng)
+{
+    pthread_mutex_lock(&eng->dmu);
+    eng->dstop = 1;
+    pthread_cond_broadcast(&eng->dcv);
+    pthread_mutex_unlock(&eng->dmu);
+    for (size_t i = 0; i < eng->n_dthr; i++)
+        pthread_join(eng->dthr[i], NULL);
+    free(eng->dthr);
+    eng->dthr = NULL;
+    eng->n_dthr = 0;
+}
