@@ -26,7 +26,7 @@ from .conn import (
     KVSender,
     KVTransferError,
 )
-from .engine import TransferEngine, TransferHandle
+from .engine import SharedMemory, TransferEngine, TransferHandle
 
 __version__ = "0.1.0"
 
@@ -41,6 +41,7 @@ __all__ = [
     "KVReceiver",
     "KVSender",
     "KVTransferError",
+    "SharedMemory",
     "TransferEngine",
     "TransferHandle",
     "library_path",

@@ -84,6 +84,8 @@ class EngineParams(ctypes.Structure):
         ("connect_timeout_s", ctypes.c_double),
         ("peer_timeout_s", ctypes.c_double),
         ("am_chunk_bytes", ctypes.c_size_t),
+        ("secret", ctypes.c_char_p),
+        ("copy_threads", ctypes.c_uint),
     ]
 
 
@@ -93,6 +95,8 @@ ENGINE_PARAM_TRANSPORT = 1 << 2
 ENGINE_PARAM_CONNECT_TIMEOUT = 1 << 3
 ENGINE_PARAM_PEER_TIMEOUT = 1 << 4
 ENGINE_PARAM_AM_CHUNK = 1 << 5
+ENGINE_PARAM_SECRET = 1 << 6
+ENGINE_PARAM_COPY_THREADS = 1 << 7
 
 TRANSPORTS = {"auto": 0, "tcp": 1, "shm": 2}
 
@@ -245,6 +249,9 @@ _PROTOTYPES = {
     "kvb_xfer_cancel": (_S, [_P]),
     "kvb_xfer_error": (ctypes.c_char_p, [_P]),
     "kvb_xfer_free": (None, [_P]),
+    "kvb_engine_session_direct": (ctypes.c_int, [_P, ctypes.c_char_p]),
+    "kvb_mem_alloc": (_S, [ctypes.c_size_t, ctypes.POINTER(_P)]),
+    "kvb_mem_free": (_S, [_P]),
     # bootstrap server
     "kvb_bootstrap_server_start": (_S, [ctypes.POINTER(BootstrapServerParams), ctypes.POINTER(_P)]),
     "kvb_bootstrap_server_stop": (None, [_P]),
@@ -429,7 +436,8 @@ _live_lock = threading.Lock()
 
 def track(obj, order):
     """Remember an open object; at exit (before modules are torn down) open
-    objects are closed by order: managers (0), engines (1), servers (2)."""
+    objects are closed by order: managers (0), engines (1), servers (2),
+    shared memory (3)."""
     with _live_lock:
         _live[obj] = order
 

@@ -8,7 +8,7 @@ import weakref
 from . import _lib as L
 from ._lib import InvalidArgument, KVBridgeError
 
-__all__ = ["TransferEngine", "TransferHandle"]
+__all__ = ["SharedMemory", "TransferEngine", "TransferHandle"]
 
 
 def _blocks(src_ptrs, dst_ptrs, lengths):
@@ -36,7 +36,7 @@ class TransferEngine(L.Closeable):
     closes the managers using this engine, then frees it."""
 
     def __init__(self, host="127.0.0.1", port=0, transport="auto", *, connect_timeout=None,
-                 peer_timeout=None):
+                 peer_timeout=None, copy_threads=None):
         host = L.as_str(host, "host")
         port = L.as_int(port, "port", 0, 65535)
         transport = L.as_str(transport, "transport")
@@ -55,6 +55,9 @@ class TransferEngine(L.Closeable):
         if peer_timeout is not None:
             p.peer_timeout_s = L.as_float(peer_timeout, "peer_timeout", 0.001)
             p.field_mask |= L.ENGINE_PARAM_PEER_TIMEOUT
+        if copy_threads is not None:  # direct lane writers; 0 = lane off
+            p.copy_threads = L.as_int(copy_threads, "copy_threads", 0, 64)
+            p.field_mask |= L.ENGINE_PARAM_COPY_THREADS
         self._guard = L.Guard("TransferEngine")
         self._h = None
         self._users = weakref.WeakSet()  # managers built on this engine
@@ -110,6 +113,14 @@ class TransferEngine(L.Closeable):
         """Detailed text of the engine's most recent error ("" if none)."""
         with self._guard:
             return L.text(L.lib().kvb_engine_last_error(self._h))
+
+    def session_direct(self, session_id):
+        """True when writes to session_id go straight into its mapped memory
+        (direct lane), False through UCX, None before the first write."""
+        sid = L.as_str(session_id, "session_id").encode()
+        with self._guard:
+            r = L.lib().kvb_engine_session_direct(self._h, sid)
+        return None if r < 0 else bool(r)
 
     def register(self, ptr, length):
         """Register [ptr, ptr+length) of host memory; raises KVBridgeError
@@ -242,3 +253,38 @@ class TransferHandle(L.Closeable):
             L.lib().kvb_xfer_free(self._h)
             self._h = None
 
+
+
+class SharedMemory(L.Closeable):
+    """Host memory from kvb_mem_alloc: register it as a KV pool and writers
+    on this host fill it directly (one copy, no CPU on this side).
+
+    SharedMemory(nbytes): .ptr, .nbytes, .array(dtype) (a numpy view, valid
+    until close()). Unregister it from every engine before close()."""
+
+    def __init__(self, nbytes):
+        nbytes = L.as_int(nbytes, "nbytes", 1, L.U64_MAX)
+        self._guard = L.Guard("SharedMemory")
+        self.ptr = None
+        h = ctypes.c_void_p()
+        st = L.lib().kvb_mem_alloc(nbytes, ctypes.byref(h))
+        if st != L.KVB_OK:
+            self._guard.closed = True
+            L.raise_status(st, f"cannot allocate {nbytes} bytes of shared memory "
+                               f"({L.status_string(st)})")
+        self.ptr = h.value
+        self.nbytes = nbytes
+        L.track(self, 3)  # freed at exit after the engines that registered it
+
+    def array(self, dtype="uint8"):
+        np = L._numpy()
+        if np is None:
+            raise RuntimeError("SharedMemory.array() needs numpy")
+        with self._guard:
+            buf = (ctypes.c_uint8 * self.nbytes).from_address(self.ptr)
+            return np.frombuffer(buf, dtype=np.uint8).view(dtype)
+
+    def close(self):
+        if self._guard.close() and self.ptr is not None:
+            L.lib().kvb_mem_free(self.ptr)
+            self.ptr = None

@@ -112,10 +112,11 @@ void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t 
 {
     char why[256] = "no fence page advertised";
     uint32_t mapped = 0;
+    uint64_t t0 = kvb__now_ns(), bytes = 0;
     if (r->nshm < 2 || r->shm[r->nshm - 1].seg != KVB_HS_SHM_FENCE)
         return; /* nothing shared (or no fence page: writes could not be fenced) */
-    c->fence = kvb__shm_map_peer((int32_t)r->pid, &r->shm[r->nshm - 1].ref, false, why,
-                                 sizeof(why));
+    c->fence =
+        kvb__shm_map_peer((int32_t)r->pid, &r->shm[r->nshm - 1].ref, false, why, sizeof(why));
     if (c->fence == NULL) {
         KVB_LOGI("engine %s: session %s: no direct lane (fence page: %s)", eng->sid, c->sess->sid,
                  why);
@@ -133,8 +134,12 @@ void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t 
         c->segs.v[k].direct = m + e->ref.file_off;
         mapped++;
     }
-    KVB_LOGI("engine %s: session %s: direct lane for %u of %zu segments", eng->sid, c->sess->sid,
-             mapped, c->segs.n);
+    for (size_t i = 0; i < c->nmaps; i++)
+        bytes += c->maps[i].size;
+    KVB_LOGI("engine %s: session %s: direct lane for %u of %zu segments (%zu files, %.1f MiB "
+             "mapped in %.1f ms)",
+             eng->sid, c->sess->sid, mapped, c->segs.n, c->nmaps, (double)bytes / (1 << 20),
+             (double)(kvb__now_ns() - t0) / 1e6);
 }
 
 void kvb__direct_detach(kvb__conn_t *c)
@@ -206,11 +211,16 @@ static void store_fence(void)
 static void copy_unit(kvb_engine_h eng, struct kvb_xfer *x, size_t bi, uint64_t off)
 {
     uint64_t budget = DIRECT_UNIT;
+    const kvb__seg_t *s = NULL;
     for (; bi < x->n && budget > 0; bi++, off = 0) {
         const kvb_block_t *b = &x->blocks[bi];
-        long k = kvb__segtab_find(&x->conn->segs, b->dst, b->len);
+        /* Neighbouring blocks mostly share a segment: look up only on a change.
+         * Every block was checked to lie in a mapped segment at submission. */
+        if (s == NULL || b->dst < s->addr || b->dst - s->addr > s->len ||
+            b->len > s->len - (b->dst - s->addr))
+            s = &x->conn->segs.v[kvb__segtab_find(&x->conn->segs, b->dst, b->len)];
         uint64_t take = b->len - off < budget ? b->len - off : budget;
-        uint8_t *d = x->conn->segs.v[k].direct + (b->dst - x->conn->segs.v[k].addr) + off;
+        uint8_t *d = s->direct + (b->dst - s->addr) + off;
         copy_block(d, (const uint8_t *)(uintptr_t)(b->src + off), take, eng->stream_copy);
         budget -= take;
     }

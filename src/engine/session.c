@@ -174,6 +174,12 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, kvb__conn_t *
             snprintf(why, sizeof(why), "%s", cmd.why);
         else
             fd = -1; /* owned by the conn now */
+        /* Mapping (and pre-faulting) the peer's files takes a while for big
+         * pools: on this caller's thread, not the progress thread. The conn
+         * is not published yet, so no transfer reads what this sets. */
+        if (st == KVB_OK && cmd.conn->local && eng->params.transport == KVB_TRANSPORT_AUTO &&
+            eng->params.copy_threads > 0)
+            kvb__direct_attach(eng, cmd.conn, &reply);
         kvb__hs_reply_free(&reply);
     }
     free(rep);
@@ -332,8 +338,6 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd)
         kvb__conn_release_ucx(eng, c);
         return;
     }
-    if (eng->params.transport == KVB_TRANSPORT_AUTO && local && eng->params.copy_threads > 0)
-        kvb__direct_attach(eng, c, r);
     ev.data.u64 = (uint64_t)(uintptr_t)c;
     epoll_ctl(eng->epfd, EPOLL_CTL_ADD, c->fd, &ev);
     c->next_all = eng->conns;

@@ -791,3 +791,38 @@ def test_manager_auth_and_refresh_kwargs():
             assert d.wrong_bytes(11, dst, 2) == 0
             time.sleep(0.5)  # a few refreshes with the token: one rank, still served
             assert server.num_ranks == 1
+
+
+def test_shared_memory_direct_lane():
+    """A target pool from SharedMemory is written directly (one copy by the
+    writer): exact bytes arrive and the session reports the direct lane;
+    copy_threads=0 keeps the same write on UCX with the same bytes."""
+    import numpy as np
+    n = 4 << 20
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, 256, n, dtype=np.uint8)
+    with kb.TransferEngine("127.0.0.1", 0) as target, \
+            kb.TransferEngine("127.0.0.1", 0) as direct, \
+            kb.TransferEngine("127.0.0.1", 0, copy_threads=0) as ucx:
+        pool = kb.SharedMemory(2 * n)
+        dst = pool.array()
+        assert dst.ctypes.data == pool.ptr and not dst.any()
+        target.register(pool.ptr, pool.nbytes)
+        sid = target.session_id
+        for eng, want in ((direct, True), (ucx, False)):
+            eng.register(src.ctypes.data, n)
+            assert eng.session_direct(sid) is None
+            dst[:] = 0
+            # pages in reverse order, 64 KiB each, into the second half
+            k = 64 << 10
+            offs = list(range(0, n, k))
+            eng.batch_transfer_sync(sid, [src.ctypes.data + o for o in offs],
+                                    [pool.ptr + n + (n - k - o) for o in offs],
+                                    [k] * len(offs))
+            assert eng.session_direct(sid) is want
+            got = dst[n:].reshape(-1, k)[::-1].reshape(-1)
+            assert np.array_equal(got, src) and not dst[:n].any()
+            eng.unregister(src.ctypes.data)
+        target.unregister(pool.ptr)
+        pool.close()
+        raises(RuntimeError, pool.array)
