@@ -158,12 +158,266 @@ static void test_auth(void)
     CHECK_EQ(kvb__hs_kind(deny, 4), KVB_HS_MSG_UNKNOWN);
 }
 
+/* ---- shared-file table (direct lane) ---- */
+
+/* The sample's two segments ([0x1000, +0x100), [0x2000, +0x10)) in shared
+ * files, then the fence page; every field distinct so a swap shows. */
+static kvb__hs_reply_t shm_sample(kvb__hs_seg_t *segs, kvb__hs_shm_t *shm)
+{
+    kvb__hs_reply_t r = sample(segs);
+    r.pid = 4242;
+    r.nshm = 3;
+    r.shm = shm;
+    memset(shm, 0, 3 * sizeof(*shm));
+    shm[0].seg = 0;
+    shm[0].ref = (kvb__shm_ref_t){
+        .fd = 7, .file_off = 0, .file_size = 8192, .dev = 0x801, .ino = 0x123456789abcull};
+    shm[1].seg = 1;
+    shm[1].ref = (kvb__shm_ref_t){
+        .fd = INT32_MAX, .file_off = 4096, .file_size = 12288, .dev = 0x802, .ino = 99};
+    shm[2].seg = KVB_HS_SHM_FENCE;
+    shm[2].ref = (kvb__shm_ref_t){
+        .fd = 9, .file_off = 0, .file_size = KVB_HS_FENCE_FILE, .dev = 0x803, .ino = 100};
+    for (int e = 0; e < 3; e++)
+        for (int i = 0; i < KVB_SHM_NONCE_LEN; i++)
+            shm[e].ref.nonce[i] = (uint8_t)(16 * e + i + 1);
+    return r;
+}
+
+/* Encode r and decode it: the status, and the reason on failure. */
+static kvb_status_t shm_decode(const kvb__hs_reply_t *r, char *why, size_t wl)
+{
+    uint8_t *buf;
+    size_t len;
+    kvb__hs_reply_t d;
+    CHECK_EQ(kvb__hs_reply_encode(r, &buf, &len), KVB_OK);
+    why[0] = '\0';
+    kvb_status_t st = kvb__hs_reply_decode(buf, len, &d, why, wl);
+    if (st == KVB_OK)
+        kvb__hs_reply_free(&d);
+    free(buf);
+    return st;
+}
+
+static void expect_refused(const kvb__hs_reply_t *r, const char *what)
+{
+    char why[200];
+    kvb_status_t st = shm_decode(r, why, sizeof(why));
+    if (st != KVB_ERR_PROTO || why[0] == '\0') {
+        fprintf(stderr, "%s: decode gave %d, reason \"%s\"\n", what, (int)st, why);
+        exit(1);
+    }
+}
+
+static void test_shm_roundtrip(void)
+{
+    kvb__hs_seg_t segs[2];
+    kvb__hs_shm_t shm[3];
+    kvb__hs_reply_t r = shm_sample(segs, shm), d;
+    uint8_t *buf;
+    size_t len, len0;
+    char why[200] = "";
+    CHECK_EQ(kvb__hs_reply_encode(&r, &buf, &len), KVB_OK);
+    CHECK_EQ(kvb__hs_reply_decode(buf, len, &d, why, sizeof(why)), KVB_OK);
+    CHECK(d.nseg == 2 && d.segs[1].addr == 0x2000 && d.segs[1].len == 0x10);
+    CHECK_EQ(d.pid, 4242);
+    CHECK_EQ(d.nshm, 3);
+    for (int e = 0; e < 3; e++) {
+        CHECK_EQ(d.shm[e].seg, shm[e].seg);
+        CHECK_EQ(d.shm[e].ref.fd, shm[e].ref.fd);
+        CHECK(d.shm[e].ref.file_off == shm[e].ref.file_off);
+        CHECK(d.shm[e].ref.file_size == shm[e].ref.file_size);
+        CHECK(d.shm[e].ref.dev == shm[e].ref.dev && d.shm[e].ref.ino == shm[e].ref.ino);
+        CHECK(memcmp(d.shm[e].ref.nonce, shm[e].ref.nonce, KVB_SHM_NONCE_LEN) == 0);
+    }
+    kvb__hs_reply_free(&d);
+    /* Every cut inside the table, with the length field told the cut length
+     * (so the header check passes and the table decoder meets it), is refused. */
+    r.nshm = 0;
+    r.pid = 0;
+    uint8_t *b0;
+    CHECK_EQ(kvb__hs_reply_encode(&r, &b0, &len0), KVB_OK); /* ends after u32 pid u32 nshm */
+    free(b0);
+    for (size_t cut = len0 - 8; cut < len; cut++) {
+        uint8_t *c = malloc(cut);
+        memcpy(c, buf, cut);
+        for (int i = 0; i < 4; i++)
+            c[KVB_HS_MAGIC_LEN + i] = (uint8_t)(cut >> (8 * i));
+        why[0] = '\0';
+        CHECK_EQ(kvb__hs_reply_decode(c, cut, &d, why, sizeof(why)), KVB_ERR_PROTO);
+        CHECK(why[0] != '\0');
+        free(c);
+    }
+    /* one byte too many after the table */
+    uint8_t *c = malloc(len + 1);
+    memcpy(c, buf, len);
+    c[len] = 0;
+    for (int i = 0; i < 4; i++)
+        c[KVB_HS_MAGIC_LEN + i] = (uint8_t)((len + 1) >> (8 * i));
+    CHECK_EQ(kvb__hs_reply_decode(c, len + 1, &d, why, sizeof(why)), KVB_ERR_PROTO);
+    CHECK_STR_CONTAINS(why, "trailing");
+    free(c);
+    free(buf);
+    TEST_PASS("shared-file table round trip; truncations refused");
+}
+
+static void test_shm_hostile(void)
+{
+    kvb__hs_seg_t segs[2];
+    kvb__hs_shm_t shm[4];
+    kvb__hs_reply_t r;
+    char why[200];
+#define FRESH() (r = shm_sample(segs, shm))
+    /* positive controls: the sample, and the limits exactly, decode */
+    FRESH();
+    CHECK_EQ(shm_decode(&r, why, sizeof(why)), KVB_OK);
+    shm[0].ref.file_off = 4096 - 0x100; /* segment ends at the trailer */
+    CHECK_EQ(shm_decode(&r, why, sizeof(why)), KVB_OK);
+    FRESH();
+    shm[0].ref.file_size = KVB_SHM_MAX_FILE;
+    CHECK_EQ(shm_decode(&r, why, sizeof(why)), KVB_OK);
+    FRESH();
+    r.nshm = 0; /* no table: pid 0 allowed */
+    r.pid = 0;
+    CHECK_EQ(shm_decode(&r, why, sizeof(why)), KVB_OK);
+    FRESH();
+    shm[0] = shm[2]; /* only the fence page */
+    r.nshm = 1;
+    CHECK_EQ(shm_decode(&r, why, sizeof(why)), KVB_OK);
+
+    FRESH();
+    shm[1].seg = 2; /* == nseg */
+    expect_refused(&r, "seg == nseg");
+    FRESH();
+    shm[1].seg = 0x7fffffff;
+    expect_refused(&r, "seg > nseg");
+    FRESH();
+    shm[0].seg = 1;
+    shm[1].seg = 0;
+    expect_refused(&r, "unsorted");
+    FRESH();
+    shm[1].seg = 0;
+    expect_refused(&r, "duplicate seg");
+    FRESH();
+    {
+        kvb__hs_shm_t t = shm[1];
+        shm[1] = shm[2];
+        shm[2] = t;
+    }
+    expect_refused(&r, "entry after the fence page");
+    CHECK_EQ(shm_decode(&r, why, sizeof(why)), KVB_ERR_PROTO);
+    CHECK_STR_CONTAINS(why, "after the fence page");
+    FRESH();
+    shm[1] = shm[0]; /* the fence page first, then segment 0 */
+    shm[0] = shm[2];
+    r.nshm = 2;
+    expect_refused(&r, "segment entry after a leading fence entry");
+    FRESH();
+    shm[1] = shm[2]; /* two fence pages */
+    r.nshm = 3;
+    expect_refused(&r, "two fence entries");
+
+    FRESH();
+    shm[0].ref.file_off = 4096 - 0x100 + 1; /* one byte into the trailer */
+    expect_refused(&r, "segment reaches the trailer");
+    FRESH();
+    shm[1].ref.file_off = 12288; /* starts past the file */
+    expect_refused(&r, "segment past the file");
+    FRESH();
+    shm[0].ref.file_off = UINT64_MAX - 0x10; /* + 0x100 wraps */
+    expect_refused(&r, "file_off + len wraps");
+    FRESH();
+    shm[0].ref.file_off = UINT64_MAX - 0x100 + 1; /* end would be exactly 2^64 (0) */
+    expect_refused(&r, "file_off + len == 2^64");
+
+    FRESH();
+    shm[0].ref.file_size = 8193;
+    expect_refused(&r, "file_size not page multiple");
+    FRESH();
+    shm[1].ref.file_size = 12288 + 1024;
+    expect_refused(&r, "file_size not page multiple (2)");
+    FRESH();
+    shm[0].ref.file_size = 4096;
+    shm[0].ref.file_off = 0;
+    segs[0].len = 16;
+    expect_refused(&r, "file_size < 8192");
+    FRESH();
+    shm[0].ref.file_size = 0;
+    expect_refused(&r, "file_size 0");
+    FRESH();
+    shm[0].ref.file_size = KVB_SHM_MAX_FILE + 4096;
+    expect_refused(&r, "file_size > 2^50");
+    FRESH();
+    shm[0].ref.file_size = UINT64_MAX - 4095; /* page multiple, huge */
+    expect_refused(&r, "file_size near 2^64");
+
+    FRESH();
+    shm[2].ref.file_size = 12288;
+    expect_refused(&r, "fence file of 12288 bytes");
+    FRESH();
+    shm[2].ref.file_size = KVB_SHM_TRAILER;
+    expect_refused(&r, "fence file of 4096 bytes");
+    FRESH();
+    shm[2].ref.file_off = 4096;
+    expect_refused(&r, "fence at file_off 4096");
+    FRESH();
+    shm[2].ref.file_off = 1;
+    expect_refused(&r, "fence at file_off 1");
+
+    FRESH();
+    shm[3] = shm[2];
+    r.nshm = 4; /* nseg + 2 */
+    CHECK_EQ(shm_decode(&r, why, sizeof(why)), KVB_ERR_PROTO);
+    CHECK_STR_CONTAINS(why, "oversized");
+    FRESH();
+    r.nseg = 0; /* no segments, two entries */
+    shm[0] = shm[2];
+    shm[1] = shm[2];
+    r.nshm = 2;
+    CHECK_EQ(shm_decode(&r, why, sizeof(why)), KVB_ERR_PROTO);
+    CHECK_STR_CONTAINS(why, "oversized");
+
+    FRESH();
+    r.pid = 0;
+    CHECK_EQ(shm_decode(&r, why, sizeof(why)), KVB_ERR_PROTO);
+    CHECK_STR_CONTAINS(why, "process id");
+    FRESH();
+    r.pid = 0;
+    shm[0] = shm[2];
+    r.nshm = 1;
+    expect_refused(&r, "fence page alone with pid 0");
+
+    FRESH();
+    shm[1].ref.fd = INT32_MIN; /* encoded as 0x80000000 = INT32_MAX + 1 */
+    expect_refused(&r, "fd INT32_MAX + 1");
+    FRESH();
+    shm[2].ref.fd = -1; /* 0xffffffff */
+    expect_refused(&r, "fd 0xffffffff");
+#undef FRESH
+
+    /* nshm claims more entries than the bytes hold (a huge count) */
+    uint8_t *buf;
+    size_t len;
+    kvb__hs_reply_t d;
+    r = shm_sample(segs, shm);
+    CHECK_EQ(kvb__hs_reply_encode(&r, &buf, &len), KVB_OK);
+    size_t nshm_off = len - 3 * (4 + 4 + 8 * 4 + KVB_SHM_NONCE_LEN) - 4;
+    CHECK_EQ(buf[nshm_off], 3);
+    buf[nshm_off + 3] = 0xff;
+    CHECK_EQ(kvb__hs_reply_decode(buf, len, &d, why, sizeof(why)), KVB_ERR_PROTO);
+    CHECK(why[0] != '\0');
+    free(buf);
+    TEST_PASS("shared-file table: hostile entries refused with a reason");
+}
+
 int main(void)
 {
     test_roundtrip();
     test_hostile();
     test_request_and_sid();
     test_auth();
+    test_shm_roundtrip();
+    test_shm_hostile();
     TEST_PASS("handshake codec");
     return 0;
 }
