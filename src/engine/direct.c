@@ -17,7 +17,7 @@
 
 #define DIRECT_UNIT (1u << 20) /* bytes a copy thread takes at a time */
 #define DIRECT_MAX_FILES 4096  /* shared files one connection maps */
-#define FENCE_CAP 1020
+#define FENCE_CAP 4092
 #define STREAM_MIN 512 /* blocks this long are copied with streaming stores */
 
 typedef struct fence_page {
@@ -39,12 +39,13 @@ void kvb__fence_page_sync(kvb_engine_h eng)
         return;
     uint32_t s = __atomic_load_n(&f->seq, __ATOMIC_RELAXED);
     size_t n = eng->n_fenced < FENCE_CAP ? eng->n_fenced : FENCE_CAP;
+    /* Seqlock: odd while rewriting. Release stores keep every data store
+     * after the odd sequence number for a reader that sees it. */
     __atomic_store_n(&f->seq, s + 1, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
     for (size_t i = 0; i < n; i++)
-        __atomic_store_n(&f->tags[i], eng->fenced[i], __ATOMIC_RELAXED);
-    __atomic_store_n(&f->count, (uint32_t)n, __ATOMIC_RELAXED);
-    __atomic_store_n(&f->overflow, eng->n_fenced > FENCE_CAP, __ATOMIC_RELAXED);
+        __atomic_store_n(&f->tags[i], eng->fenced[i], __ATOMIC_RELEASE);
+    __atomic_store_n(&f->count, (uint32_t)n, __ATOMIC_RELEASE);
+    __atomic_store_n(&f->overflow, eng->n_fenced > FENCE_CAP, __ATOMIC_RELEASE);
     __atomic_store_n(&f->seq, s + 2, __ATOMIC_RELEASE);
 }
 
@@ -60,28 +61,30 @@ kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng)
 
 /* ---- writer side: mappings ---- */
 
-/* 0: the tag is not fenced; 1: fenced, or the page cannot be read
- * consistently, or it overflowed (the message lane then decides). */
-static int fence_state(const kvb__conn_t *c, uint32_t tag)
+typedef enum fence_state { FENCE_NO = 0, FENCE_YES, FENCE_UNKNOWN } fence_state_t;
+
+/* Is tag fenced? UNKNOWN: more tags fenced than the page holds (and ours is
+ * not among those listed), or no consistent read (target died rewriting). */
+static fence_state_t fence_state(const kvb__conn_t *c, uint32_t tag)
 {
     const fence_page_t *f = (const fence_page_t *)c->fence;
     if (tag == 0)
-        return 0;
+        return FENCE_NO;
     for (int tries = 0; tries < 1000; tries++) {
         uint32_t s1 = __atomic_load_n(&f->seq, __ATOMIC_ACQUIRE), hit = 0;
         if (s1 & 1) {
             sched_yield();
             continue;
         }
-        uint32_t n = __atomic_load_n(&f->count, __ATOMIC_RELAXED);
-        uint32_t ov = __atomic_load_n(&f->overflow, __ATOMIC_RELAXED);
+        /* Acquire loads: the second sequence read cannot move before them. */
+        uint32_t n = __atomic_load_n(&f->count, __ATOMIC_ACQUIRE);
+        uint32_t ov = __atomic_load_n(&f->overflow, __ATOMIC_ACQUIRE);
         for (uint32_t i = 0; i < n && i < FENCE_CAP; i++)
-            hit |= __atomic_load_n(&f->tags[i], __ATOMIC_RELAXED) == tag;
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            hit |= __atomic_load_n(&f->tags[i], __ATOMIC_ACQUIRE) == tag;
         if (__atomic_load_n(&f->seq, __ATOMIC_RELAXED) == s1)
-            return hit || ov;
+            return hit ? FENCE_YES : ov ? FENCE_UNKNOWN : FENCE_NO;
     }
-    return 1;
+    return FENCE_UNKNOWN;
 }
 
 static uint8_t *map_file(kvb__conn_t *c, uint32_t pid, const kvb__shm_ref_t *ref, char *why,
@@ -157,7 +160,9 @@ void kvb__direct_detach(kvb__conn_t *c)
 bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
                         const kvb_block_t *b, size_t n)
 {
-    if (c->fence == NULL || fence_state(c, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED)))
+    /* Fenced or unknown: the message lane, whose target decides. */
+    if (c->fence == NULL ||
+        fence_state(c, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED)) != FENCE_NO)
         return false;
     for (size_t i = 0; i < n; i++)
         if (b[i].len > 0 && c->segs.v[dst_seg[i]].direct == NULL)
@@ -199,12 +204,13 @@ static void copy_block(uint8_t *d, const uint8_t *s, size_t n, bool stream)
     memcpy(d, s, n);
 }
 
+/* Streaming stores are weakly ordered: drain them before the unit counts
+ * as done (the completion is then published under the transfer's mutex). */
 static void store_fence(void)
 {
 #if defined(__x86_64__)
-    _mm_sfence(); /* streaming stores are visible before the unit counts as done */
+    _mm_sfence();
 #endif
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
 /* Copy up to DIRECT_UNIT bytes starting at block bi, byte off. */
@@ -294,13 +300,19 @@ static bool copy_step(kvb_engine_h eng)
     if (!x->failed) {
         x->busy++;
         pthread_mutex_unlock(&eng->dmu);
-        int fenced = fence_state(x->conn, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED));
-        if (!fenced)
+        fence_state_t fs =
+            fence_state(x->conn, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED));
+        if (fs == FENCE_NO)
             copy_unit(eng, x, bi, off);
         pthread_mutex_lock(&eng->dmu);
         x->busy--;
-        if (fenced)
+        if (fs == FENCE_YES)
             set_failure(x, KVB_ERR_PEER, "writer fenced by the target (declared lost)");
+        else if (fs == FENCE_UNKNOWN)
+            set_failure(x, KVB_ERR_PEER,
+                        "the target fenced more writers than its fence page lists (or "
+                        "stopped while updating it): cannot tell whether this writer is "
+                        "fenced; retry (new writes take the message lane)");
     }
     if (!x->queued && x->busy == 0 && !x->published) {
         x->published = 1;

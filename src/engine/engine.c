@@ -659,12 +659,16 @@ static void conns_release_all(kvb_engine_h eng)
         kvb__conn_release_ucx(eng, c);
 }
 
+/* Free every conn nobody references; one a transfer handle the caller has
+ * not freed yet still holds is orphaned: its last kvb__conn_put frees it. */
 static void conns_free_all(kvb_engine_h eng)
 {
     while (eng->conns != NULL) {
         kvb__conn_t *c = eng->conns;
         eng->conns = c->next_all;
-        free(c);
+        c->eng_backref = NULL;
+        if (__atomic_load_n(&c->refs, __ATOMIC_ACQUIRE) == 0)
+            free(c);
     }
 }
 
@@ -761,8 +765,8 @@ static void *progress_main(void *arg)
         if (ucp_worker_arm(eng->worker) == UCS_OK)
             handle_events(eng, 100);
     }
-    kvb__xfer_cancel_all(eng);
-    run_commands(eng);
+    run_commands(eng);         /* transfers queued before the stop start... */
+    kvb__xfer_cancel_all(eng); /* ...and end CANCELED with the others */
     conns_release_all(eng);
     return NULL;
 }

@@ -153,10 +153,11 @@ struct kvb_engine {
 
     /* progress thread only */
     struct kvb_xfer *active;
-    kvb__conn_t *conns; /* every live conn */
-    size_t am_pending;  /* incoming receives in progress */
-    int dead_conns;     /* a conn died since the last sweep */
-    kvb__op_t ops;      /* outstanding ops (list head) */
+    kvb__conn_t *conns;     /* every live conn */
+    size_t am_pending;      /* incoming receives in progress */
+    int dead_conns;         /* a conn died since the last sweep */
+    uint64_t conn_failures; /* conns failed so far */
+    kvb__op_t ops;          /* outstanding ops (list head) */
     uint64_t next_xfer_id;
 
     /* handshakes in progress, one detached thread each (hs_mu): a silent

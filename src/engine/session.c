@@ -25,11 +25,13 @@ void kvb__conn_put(kvb__conn_t *c)
         return;
     /* Last reference: its UCX objects belong to the progress thread. */
     eng = c->eng_backref;
-    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
-    if (eng == NULL || cmd == NULL) {
-        free(cmd);
+    if (eng == NULL) { /* orphaned by kvb_engine_destroy: nothing left but it */
+        free(c);
         return;
     }
+    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL)
+        return;
     cmd->kind = CMD_RETIRE;
     cmd->conn = c;
     if (kvb__engine_submit(eng, cmd, false) != KVB_OK)
@@ -243,6 +245,8 @@ void kvb__sessions_free(kvb_engine_h eng)
     kvb__session_t *s = eng->sessions;
     while (s != NULL) {
         kvb__session_t *next = s->next;
+        if (s->conn != NULL) /* the session's reference; engine threads are gone */
+            __atomic_sub_fetch(&s->conn->refs, 1, __ATOMIC_ACQ_REL);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
         free(s->sid);
@@ -351,6 +355,7 @@ void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why)
     if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
         return;
     snprintf(c->why, sizeof(c->why), "%s", why);
+    eng->conn_failures++;
     KVB_LOGW("engine %s: session %s lost: %s", eng->sid, c->sess->sid, why);
     kvb__xfer_fail_conn(eng, c, why);
     eng->dead_conns = 1;

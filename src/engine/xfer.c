@@ -260,6 +260,7 @@ static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st)
         pp = &(*pp)->next_active;
     if (*pp == x)
         *pp = x->next_active;
+    x->abandoned = 1; /* callbacks of ops still outstanding leave it alone */
     kvb__xfer_publish(x, st);
 }
 
@@ -327,7 +328,7 @@ static void issue_put(kvb_engine_h eng, struct kvb_xfer *x)
     kvb__conn_t *c = x->conn;
     ucp_request_param_t p = {0};
     size_t end = x->next + PUT_WINDOW < x->n ? x->next + PUT_WINDOW : x->n;
-    for (; x->next < end; x->next++) {
+    for (; x->next < end && !x->abandoned; x->next++) {
         const kvb_block_t *b = &x->blocks[x->next];
         long s = kvb__segtab_find(&c->segs, b->dst, b->len);
         void *r = ucp_put_nbx(c->ep, (void *)(uintptr_t)b->src, b->len, b->dst,
@@ -340,6 +341,8 @@ static void issue_put(kvb_engine_h eng, struct kvb_xfer *x)
         if (r != NULL)
             ucp_request_free(r);
     }
+    if (x->abandoned)
+        return; /* the connection failed inside UCX: x is final */
     flush_op_t *f = calloc(1, sizeof(*f));
     if (f == NULL) {
         fail(x, KVB_ERR_NOMEM, "%s%s", "out of memory issuing a flush", "");
@@ -515,7 +518,7 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
 
 static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
 {
-    while (x->next < x->n && x->inflight < AM_WINDOW && !x->failed) {
+    while (x->next < x->n && x->inflight < AM_WINDOW && !x->failed && !x->abandoned) {
         size_t niov;
         uint64_t bytes;
         am_msg_t *m = am_build(eng, x, &niov, &bytes);
@@ -545,9 +548,11 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
         void *r = ucp_am_send_nbx(x->conn->ep, pre > 0 ? KVB_AM_WRITE_AUTH : KVB_AM_WRITE, m->hdr,
                                   pre + AM_HDR_FIXED + m->ndesc * AM_DESC, buf, cnt, &p);
         if (UCS_PTR_IS_ERR(r)) {
-            x->inflight--;
-            fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
-                 ucs_status_string(UCS_PTR_STATUS(r)));
+            if (!x->abandoned) { /* else the conn failed inside UCX: x is final */
+                x->inflight--;
+                fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
+                     ucs_status_string(UCS_PTR_STATUS(r)));
+            }
             am_msg_free(m);
         } else if (r == NULL) {
             am_msg_free(m);
@@ -570,13 +575,18 @@ static bool progress_one(kvb_engine_h eng, struct kvb_xfer *x)
     if (stop || x->next == x->n)
         return false;
     size_t before = x->next;
+    /* UCX may report the peer lost inside a send, which finishes x and
+     * drops the engine's reference: hold one across the issue. */
+    __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
     if (x->conn->lane == LANE_PUT) {
         if (x->inflight == 0)
             issue_put(eng, x);
     } else {
         issue_am(eng, x);
     }
-    return x->next != before;
+    bool moved = x->next != before;
+    kvb__xfer_release(x);
+    return moved;
 }
 
 bool kvb__xfer_progress_all(kvb_engine_h eng)
@@ -584,8 +594,12 @@ bool kvb__xfer_progress_all(kvb_engine_h eng)
     bool busy = false;
     struct kvb_xfer *x = eng->active, *next;
     for (; x != NULL; x = next) {
+        uint64_t failures = eng->conn_failures;
         next = x->next_active;
         busy |= progress_one(eng, x);
+        if (eng->conn_failures != failures)
+            return true; /* a conn failed inside UCX and finished transfers: next
+                            may be gone; the next pass starts over */
     }
     return busy;
 }
