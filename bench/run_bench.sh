@@ -14,10 +14,16 @@ W="--model llama3-8b --prompt-len 4096 --page-size 16 --concurrency 8 --requests
 REPS=${REPS:-3}
 NAMES=()
 ARGS=()
-add() {
+ENVS=()
+add() { # name args...
     NAMES+=("$1")
+    ENVS+=("")
     shift
     ARGS+=("$*")
+}
+add_env() { # name VAR=value args...: the same with an environment setting
+    add "$1" "${@:3}"
+    ENVS[-1]=$2
 }
 add tp1-tp1 $W --prefill-tp 1 --decode-tp 1
 add tp2-tp1 $W --prefill-tp 2 --decode-tp 1
@@ -27,18 +33,21 @@ add mla-tp1-tp2 --model deepseek-v3 --prompt-len 4096 --page-size 16 --concurren
 add tcp-tp1-tp1 $W --prefill-tp 1 --decode-tp 1 --transport tcp
 add latency-1page --model llama3-8b --prompt-len 16 --page-size 16 --concurrency 1 \
     --requests 300
+# The same-host lane comparison: TP1->TP1 with the direct lane off (UCX
+# message lane), alternating with the runs above.
+add_env tp1-tp1-ucx KVBRIDGE_COPY_THREADS=0 $W --prefill-tp 1 --decode-tp 1
 status=0
 for ((r = 1; r <= REPS; r++)); do
     for i in "${!NAMES[@]}"; do
         n=${NAMES[$i]}
         # shellcheck disable=SC2086
-        "$KVB" bench ${ARGS[$i]} --no-progress --json "$OUT/bench-$n.r$r.json" \
+        env ${ENVS[$i]} "$KVB" bench ${ARGS[$i]} --no-progress --json "$OUT/bench-$n.r$r.json" \
             >"$OUT/bench-$n.r$r.txt" 2>&1 || status=1
     done
 done
 for i in "${!NAMES[@]}"; do
     n=${NAMES[$i]}
-    echo "== $n: kvbridge bench ${ARGS[$i]}"
+    echo "== $n: ${ENVS[$i]:+${ENVS[$i]} }kvbridge bench ${ARGS[$i]}"
     /usr/bin/python3 - "$OUT" "$n" "$REPS" <<'PY'
 import json, shutil, sys
 out, name, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -37,22 +37,34 @@ void kvb__xfer_release(struct kvb_xfer *x)
 
 /* ---- caller side ---- */
 
+/* Segment of t holding [addr, addr+len): entry *last when it does (blocks
+ * of a batch mostly stay in one segment), else a search; -1 if none. */
+static long seg_of(const kvb__segtab_t *t, long *last, uint64_t addr, uint64_t len)
+{
+    const kvb__seg_t *s = *last >= 0 && (size_t)*last < t->n ? &t->v[*last] : NULL;
+    if (s != NULL && addr >= s->addr && addr - s->addr <= s->len &&
+        len <= s->len - (addr - s->addr))
+        return *last;
+    return *last = kvb__segtab_find(t, addr, len);
+}
+
 static kvb_status_t check_blocks(kvb_engine_h eng, kvb__conn_t *c, const kvb_block_t *b, size_t n,
                                  long *dst_seg, bool *retry_p)
 {
     kvb_status_t st = KVB_OK;
+    long src_last = -1, dst_last = -1;
     pthread_mutex_lock(&eng->seg_mu);
     for (size_t i = 0; i < n && st == KVB_OK; i++) {
         if (b[i].len == 0) {
             dst_seg[i] = -1;
             continue;
         }
-        if (kvb__segtab_find(&eng->segs, b[i].src, b[i].len) < 0)
+        if (seg_of(&eng->segs, &src_last, b[i].src, b[i].len) < 0)
             st = kvb__err_set(&eng->err, KVB_ERR_BOUNDS,
                               "block %zu: local source [0x%llx, +%llu) is not inside a "
                               "registered region",
                               i, (unsigned long long)b[i].src, (unsigned long long)b[i].len);
-        else if ((dst_seg[i] = kvb__segtab_find(&c->segs, b[i].dst, b[i].len)) < 0) {
+        else if ((dst_seg[i] = seg_of(&c->segs, &dst_last, b[i].dst, b[i].len)) < 0) {
             *retry_p = true;
             st = kvb__err_set(&eng->err, KVB_ERR_BOUNDS,
                               "session %s, block %zu: destination [0x%llx, +%llu) is not "
