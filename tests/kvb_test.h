@@ -3,9 +3,28 @@
 #ifndef KVB_TEST_H
 #define KVB_TEST_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+/* Monotonic clock in seconds. */
+static inline double kvb_test_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* One xorshift64 step of *state (seed it non-zero): test data and choices. */
+static inline uint64_t kvb_test_xorshift(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

@@ -33,13 +33,6 @@ struct raw_server {
     pthread_t thr;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Serve one connection in CANNED mode: answer each request (headers end at an
  * empty line) until the peer closes. */
 static void serve_canned(struct raw_server *rs, int fd)
@@ -151,32 +144,32 @@ static void test_timeouts(void)
 
     raw_start(&rs, SILENT, NULL);
     c = client_for(rs.port, 0.4); /* the client's default bound */
-    t0 = now_s();
+    t0 = kvb_test_now_s();
     CHECK_EQ(kvb_bootstrap_client_health(c, 0), KVB_ERR_TIMEOUT);
-    dt = now_s() - t0;
+    dt = kvb_test_now_s() - t0;
     fprintf(stderr, "health timed out after %.3f s (bound 0.4 s)\n", dt);
     CHECK(dt >= 0.35 && dt < 2.0);
     CHECK_STR_CONTAINS(kvb_bootstrap_client_last_error(c), "/health");
     CHECK_STR_CONTAINS(kvb_bootstrap_client_last_error(c), "no answer within");
 
     /* A per-call bound wins over the default. */
-    t0 = now_s();
+    t0 = kvb_test_now_s();
     CHECK_EQ(kvb_bootstrap_client_parallel_info(c, 0.2, &info), KVB_ERR_TIMEOUT);
-    dt = now_s() - t0;
+    dt = kvb_test_now_s() - t0;
     CHECK(dt >= 0.15 && dt < 1.5);
     CHECK_STR_CONTAINS(kvb_bootstrap_client_last_error(c), "engine_rank=-1");
-    t0 = now_s();
+    t0 = kvb_test_now_s();
     CHECK_EQ(kvb_bootstrap_client_lookup(c, 0, 0, 0, 0.2, &a), KVB_ERR_TIMEOUT);
-    CHECK(now_s() - t0 < 1.5);
+    CHECK(kvb_test_now_s() - t0 < 1.5);
     kvb_bootstrap_registration_t reg = {.attn_tp_size = 1,
                                         .attn_dp_size = 1,
                                         .pp_size = 1,
                                         .system_dp_size = 1,
                                         .rank_ip = "127.0.0.1",
                                         .rank_port = 1};
-    t0 = now_s();
+    t0 = kvb_test_now_s();
     CHECK_EQ(kvb_bootstrap_client_register(c, &reg, 0.2), KVB_ERR_TIMEOUT);
-    CHECK(now_s() - t0 < 1.5);
+    CHECK(kvb_test_now_s() - t0 < 1.5);
     CHECK_STR_CONTAINS(kvb_bootstrap_client_last_error(c), "PUT http://127.0.0.1:");
     kvb_bootstrap_client_destroy(c);
     raw_stop(&rs);

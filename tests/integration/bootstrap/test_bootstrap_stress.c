@@ -29,13 +29,6 @@ static const char *g_addr;
 static atomic_int g_failures;
 static atomic_int g_stop;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static int port_of(int t, int k)
 {
     return 10000 + t * 300 + k;
@@ -113,14 +106,14 @@ static void test_concurrent(void)
     kvb_bootstrap_client_h c;
     char url[256];
     http_resp_t r;
-    double t0 = now_s();
+    double t0 = kvb_test_now_s();
 
     g_addr = kvb_bootstrap_server_address(s);
     for (int t = 0; t < NCLIENTS; t++)
         CHECK(pthread_create(&thr[t], NULL, client_thread, (void *)(intptr_t)t) == 0);
     for (int t = 0; t < NCLIENTS; t++)
         pthread_join(thr[t], NULL);
-    fprintf(stderr, "%d clients x %d requests in %.2f s\n", NCLIENTS, NREQ, now_s() - t0);
+    fprintf(stderr, "%d clients x %d requests in %.2f s\n", NCLIENTS, NREQ, kvb_test_now_s() - t0);
     CHECK_EQ(atomic_load(&g_failures), 0);
 
     /* The table: every rank once, holding its client's last registration. */
@@ -214,9 +207,9 @@ static void test_stop_with_clients(void)
     for (int i = 0; i < 8; i++)
         CHECK(pthread_create(&thr[i], NULL, busy_thread, NULL) == 0);
     usleep(300 * 1000);
-    t0 = now_s();
+    t0 = kvb_test_now_s();
     kvb_bootstrap_server_stop(s);
-    double dt = now_s() - t0;
+    double dt = kvb_test_now_s() - t0;
     atomic_store(&g_stop, 1);
     fprintf(stderr, "stop with clients connected took %.3f s\n", dt);
     CHECK(dt < 3.0);

@@ -23,17 +23,7 @@ static uint64_t g_rng = 88172645463325252ull;
 
 static uint64_t rnd(void)
 {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return kvb_test_xorshift(&g_rng);
 }
 
 static kvb_engine_h make_engine(double connect_timeout)
@@ -201,7 +191,7 @@ static void test_unknown_session(void)
     kvb_engine_h e = make_engine(0.5);
     kvb_block_t b = {(uint64_t)(uintptr_t)g_src, 4096, 16};
     CHECK_EQ(kvb_engine_register(e, g_src, SRC_BYTES, KVB_MEM_HOST), KVB_OK);
-    double t0 = now_s();
+    double t0 = kvb_test_now_s();
     CHECK_EQ(kvb_engine_write(e, "127.0.0.1:1", &b, 1, 5), KVB_ERR_PEER);
     CHECK_STR_CONTAINS(kvb_engine_last_error(e), "127.0.0.1:1");
     CHECK_EQ(kvb_engine_write(e, "not-a-session", &b, 1, 5), KVB_ERR_INVALID);
@@ -213,9 +203,9 @@ static void test_unknown_session(void)
     getsockname(s, (struct sockaddr *)&a, &al);
     char sid[64];
     snprintf(sid, sizeof(sid), "127.0.0.1:%u", ntohs(a.sin_port));
-    t0 = now_s();
+    t0 = kvb_test_now_s();
     kvb_status_t st = kvb_engine_write(e, sid, &b, 1, 5);
-    double dt = now_s() - t0;
+    double dt = kvb_test_now_s() - t0;
     CHECK_EQ(st, KVB_ERR_TIMEOUT);
     CHECK(dt >= 0.4 && dt < 2.0);
     close(s);
@@ -338,7 +328,7 @@ static void test_kill_and_restart(test_peer_t *peer)
         st = kvb_engine_write_async(g_eng, sid, b, 100000, &x);
         if (st == KVB_OK) {
             if (i == 2) {
-                t_kill = now_s();
+                t_kill = kvb_test_now_s();
                 test_peer_kill(peer);
             }
             st = kvb_xfer_wait(x, 10);
@@ -353,7 +343,7 @@ static void test_kill_and_restart(test_peer_t *peer)
         }
     }
     CHECK(failures > 0);
-    CHECK(now_s() - t_kill < 2.0);
+    CHECK(kvb_test_now_s() - t_kill < 2.0);
     /* restart on the same port: the next write re-handshakes */
     peer->buf = NULL;
     for (int tries = 0; tries < 50; tries++) {

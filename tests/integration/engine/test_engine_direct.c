@@ -28,17 +28,7 @@ static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 
 static uint64_t rnd(void)
 {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return kvb_test_xorshift(&g_rng);
 }
 
 static uint64_t addr(const void *p)
@@ -163,10 +153,10 @@ static void write_full(int fd, const void *p, size_t n)
 static bool read_full(int fd, void *p, size_t n, double timeout_s)
 {
     uint8_t *b = p;
-    double end = now_s() + timeout_s;
+    double end = kvb_test_now_s() + timeout_s;
     while (n > 0) {
         struct pollfd pf = {.fd = fd, .events = POLLIN};
-        int ms = (int)((end - now_s()) * 1000);
+        int ms = (int)((end - kvb_test_now_s()) * 1000);
         if (ms <= 0 || poll(&pf, 1, ms) <= 0)
             return false;
         ssize_t r = read(fd, b, n);
@@ -269,12 +259,12 @@ static void test_cross_process(child_t *c)
     double t_kill = 0, t_fail = 0;
     int writes = 0;
     kvb_status_t st = KVB_OK;
-    for (double end = now_s() + 20; st == KVB_OK && now_s() < end; writes++) {
+    for (double end = kvb_test_now_s() + 20; st == KVB_OK && kvb_test_now_s() < end; writes++) {
         kvb_xfer_h x;
         st = kvb_engine_write_async(w, c->sid, b, 32, &x);
         if (st == KVB_OK) {
             if (writes == 3) {
-                t_kill = now_s();
+                t_kill = kvb_test_now_s();
                 CHECK(kill(c->pid, SIGKILL) == 0);
             }
             st = kvb_xfer_wait(x, 5);
@@ -285,16 +275,16 @@ static void test_cross_process(child_t *c)
             kvb_xfer_free(x);
         }
         if (st != KVB_OK)
-            t_fail = now_s();
+            t_fail = kvb_test_now_s();
     }
     CHECK_EQ(st, KVB_ERR_PEER);
     CHECK(t_kill > 0);
     fprintf(stderr, "  first failure %.3f s after kill -9 (%d writes)\n", t_fail - t_kill, writes);
     CHECK(t_fail - t_kill < 2.0); /* the writer's peer_timeout_s */
     /* the next write: no listener any more */
-    double t0 = now_s();
+    double t0 = kvb_test_now_s();
     CHECK_EQ(kvb_engine_write(w, c->sid, b, 1, 5), KVB_ERR_PEER);
-    CHECK(now_s() - t0 < 5.5);
+    CHECK(kvb_test_now_s() - t0 < 5.5);
     CHECK_EQ(kvb_engine_session_direct(w, c->sid) == 1, 0);
     int ws;
     CHECK(waitpid(c->pid, &ws, 0) == c->pid);
@@ -554,10 +544,10 @@ static void test_cancel(kvb_engine_h w, target_t *t, uint8_t *snap)
         kvb_xfer_h x;
         CHECK_EQ(kvb_engine_write_async(w, t->sid, big, 256, &x), KVB_OK);
         usleep((useconds_t)(round * 1000));
-        double t0 = now_s();
+        double t0 = kvb_test_now_s();
         CHECK_EQ(kvb_xfer_cancel(x), KVB_OK);
         kvb_status_t st = kvb_xfer_wait(x, 5);
-        CHECK(now_s() - t0 < 5.0);
+        CHECK(kvb_test_now_s() - t0 < 5.0);
         CHECK(st == KVB_ERR_CANCELED || st == KVB_OK);
         if (st == KVB_ERR_CANCELED) {
             CHECK_STR_CONTAINS(kvb_xfer_error(x), "cancel");
@@ -591,9 +581,9 @@ static void test_destroy_in_flight(target_t *t, uint8_t *snap)
         CHECK_EQ(kvb_engine_session_direct(w, t->sid), 1);
         CHECK_EQ(kvb_engine_write_async(w, t->sid, big, 256, &x), KVB_OK);
         usleep((useconds_t)(round * 3000));
-        double t0 = now_s();
+        double t0 = kvb_test_now_s();
         kvb_engine_destroy(w);
-        double dt = now_s() - t0;
+        double dt = kvb_test_now_s() - t0;
         CHECK(dt < 5.0);
         kvb_status_t st = kvb_xfer_test(x);
         CHECK(st == KVB_ERR_CANCELED || st == KVB_OK);
