@@ -187,6 +187,18 @@ KVB_API kvb_status_t kvb_sender_init(kvb_sender_h sender, uint64_t num_kv_indice
  * drops chunks (KVB_OK), as the seeds do. */
 KVB_API kvb_status_t kvb_sender_send(kvb_sender_h sender, const int32_t *indices, size_t count);
 
+/* Hybrid models (Mamba / linear-attention state buffers in kv_args): this
+ * request's state slots on the prefill, one per state index the decode
+ * passed to kvb_receiver_init; sent with the last chunk (the seeds'
+ * send(kv_indices, state_indices)). Call before the chunk that reaches
+ * num_kv_indices; a later call replaces the earlier. The array is copied.
+ * A count different from the decode's fails the room with both counts.
+ * State needs the same attention TP size on both sides. Errors:
+ * KVB_ERR_INVALID (negative index), KVB_ERR_STATE (last chunk already sent),
+ * KVB_ERR_NOMEM. */
+KVB_API kvb_status_t kvb_sender_set_state_indices(kvb_sender_h sender, const int32_t *indices,
+                                                  size_t count);
+
 /* Current status; checks the bootstrap time-out. */
 KVB_API kvb_poll_t kvb_sender_poll(kvb_sender_h sender);
 

@@ -268,6 +268,7 @@ _PROTOTYPES = {
     "kvb_sender_create": (_S, [_P, ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(_P)]),
     "kvb_sender_init": (_S, [_P, ctypes.c_uint64, ctypes.c_int64]),
     "kvb_sender_send": (_S, [_P, c_i32_p, ctypes.c_size_t]),
+    "kvb_sender_set_state_indices": (_S, [_P, c_i32_p, ctypes.c_size_t]),
     "kvb_sender_poll": (ctypes.c_int, [_P]),
     "kvb_sender_abort": (None, [_P]),
     "kvb_sender_failure": (None, [_P, ctypes.c_char_p, ctypes.c_size_t]),

@@ -497,14 +497,24 @@ class KVSender(_Room):
         self._call(f)
         self.num_kv_indices, self.aux_index = n, aux_index
 
-    def send(self, kv_indices):
+    def send(self, kv_indices, state_indices=None):
         """Queue the next chunk: prefill page indices of the next len(kv_indices)
-        pages. The chunk reaching num_kv_indices is the last (carries aux).
-        Raises KVBridgeError when the room is not WaitingForInput yet or the
-        chunk runs past num_kv_indices. Chunks of a failed room are dropped."""
+        pages. The chunk reaching num_kv_indices is the last (carries aux, and
+        state: state_indices are this request's prefill state slots, one per
+        state index the decode passed; give them with any chunk up to the
+        last). Raises KVBridgeError when the room is not WaitingForInput yet or
+        the chunk runs past num_kv_indices. Chunks of a failed room are
+        dropped."""
         arr, n = L.index_array(kv_indices, "kv_indices")
+        sarr, sn = (None, 0) if state_indices is None else \
+            L.index_array(state_indices, "state_indices")
 
         def f(h):
+            if sarr is not None:
+                st = L.lib().kvb_sender_set_state_indices(h, sarr, sn)
+                if st != L.KVB_OK:
+                    raise self.kv_mgr._error(st, f"KVSender.send (state) of room "
+                                                 f"{self.bootstrap_room}")
             st = L.lib().kvb_sender_send(h, arr, n)
             if st != L.KVB_OK:
                 raise self.kv_mgr._error(st, f"KVSender.send of room {self.bootstrap_room}")

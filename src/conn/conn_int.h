@@ -158,6 +158,8 @@ typedef struct kvb__chunk {
     uint64_t first; /* request page index of indices[0] */
     int is_last;
     int64_t aux_index;
+    int32_t *state_idx; /* last chunk: the prefill's state slots, or NULL */
+    size_t n_state;
     struct kvb__chunk *next;
 } kvb__chunk_t;
 
@@ -198,6 +200,7 @@ struct kvb_manager {
     kvb_kv_args_t args;     /* deep copy */
     uint64_t *kv_ptrs, *kv_lens, *aux_ptrs, *aux_lens, *aux_items, *state_ptrs, *state_lens,
         *state_items;
+    kvb_plan_geom_t *state_geom; /* one per state buffer: an item is one row */
     kvb_engine_h engine;
     char *bootstrap_addr;
     char host[KVB_IP_MAX];
@@ -243,6 +246,8 @@ struct kvb_sender {
     uint64_t room;
     uint64_t num_kv, cur;
     int64_t aux_index;
+    int32_t *state_idx; /* kvb_sender_set_state_indices, for the last chunk */
+    size_t n_state;
     int initialized;
     int concluded;
 };

@@ -110,6 +110,11 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     }
     prefill_layout(m, &info, &pre);
     kvb__layout_self(m, &dec);
+    /* Routes follow the KV geometry; state pairs up rank by rank (the prefill
+     * checks its TP size against ours). */
+    pre.field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_STATE;
+    dec.field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_STATE;
+    pre.num_state = dec.num_state = 0;
     if (kvb_plan_create(&pre, &dec, &plan) != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why), "prefill at %s cannot serve this decode rank: %s",
                  a->addr, kvb_plan_last_error());
@@ -313,6 +318,11 @@ static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, ui
     if (!dummy && ex != NULL && (ex->field_mask & KVB_RECV_INIT_PREFIX)) {
         x.has_prefix_len = true;
         x.prefix_len = (int64_t)ex->prefix_tokens;
+    }
+    if (!dummy && ex != NULL && (ex->field_mask & KVB_RECV_INIT_STATE) &&
+        ex->num_state_indices > 0 && ex->state_indices != NULL) {
+        x.has_state_idx = true;
+        x.state_idx = kvb__i32_view_of(ex->state_indices, ex->num_state_indices);
     }
     if (abort) {
         x.ext = &ext;

@@ -87,6 +87,12 @@ static kvb_status_t check_params(const kvb_manager_params_t *p)
     if ((a->num_aux > 0 && (!a->aux_data_ptrs || !a->aux_data_lens || !a->aux_item_lens)) ||
         (a->num_state > 0 && (!a->state_data_ptrs || !a->state_data_lens || !a->state_item_lens)))
         return create_error(KVB_ERR_INVALID, "kv_args: aux/state arrays missing%s", "");
+    for (uint32_t i = 0; i < a->num_state; i++)
+        if (a->state_item_lens[i] == 0 || a->state_data_lens[i] < a->state_item_lens[i])
+            return create_error(KVB_ERR_INVALID,
+                                "kv_args: a state buffer has item length 0 or one longer than "
+                                "the buffer%s",
+                                "");
     if (p->attn_tp_size < 1 || p->attn_tp_rank < 0 || p->attn_tp_rank >= p->attn_tp_size ||
         p->attn_dp_size < 1 || p->attn_dp_rank < 0 || p->attn_dp_rank >= p->attn_dp_size ||
         p->pp_size < 1 || p->pp_rank < 0 || p->pp_rank >= p->pp_size || p->system_dp_size < 1 ||
@@ -133,9 +139,13 @@ static kvb_status_t copy_args(struct kvb_manager *m, const kvb_kv_args_t *a)
     m->args.state_data_ptrs = m->state_ptrs;
     m->args.state_data_lens = m->state_lens;
     m->args.state_item_lens = m->state_items;
+    m->state_geom = calloc(a->num_state ? a->num_state : 1, sizeof(*m->state_geom));
     if (!m->kv_ptrs || !m->kv_lens || !m->aux_ptrs || !m->aux_lens || !m->aux_items ||
-        !m->state_ptrs || !m->state_lens || !m->state_items)
+        !m->state_ptrs || !m->state_lens || !m->state_items || !m->state_geom)
         return KVB_ERR_NOMEM;
+    for (uint32_t i = 0; i < a->num_state; i++) /* one row per item, sharded by TP rank */
+        m->state_geom[i] = (kvb_plan_geom_t){.item_len = a->state_item_lens[i],
+                                             .axis = KVB_PLAN_AXIS_STATE_CHANNEL};
     if (m->args.num_layers_total == 0) {
         uint32_t local = m->p.is_mla ? a->num_kv : a->num_kv / 2;
         m->args.num_layers_total = m->mode == KVB_MODE_DECODE ? local : local * m->p.pp_size;
@@ -299,6 +309,12 @@ void kvb__layout_self(struct kvb_manager *m, kvb_plan_layout_t *out)
         out->start_layer = a->prefill_start_layer;
         out->stage_layers = m->p.is_mla ? a->num_kv : a->num_kv / 2;
     }
+    if (a->num_state > 0 && m->state_geom != NULL) {
+        out->field_mask |= KVB_PLAN_LAYOUT_STATE;
+        out->num_state = a->num_state;
+        out->state = m->state_geom;
+        out->state_pool_items = a->state_data_lens[0] / a->state_item_lens[0];
+    }
     if (a->num_aux > 0) {
         out->field_mask |= KVB_PLAN_LAYOUT_AUX;
         out->num_aux = a->num_aux;
@@ -334,6 +350,7 @@ static void manager_free(struct kvb_manager *m)
     free(m->state_ptrs);
     free(m->state_lens);
     free(m->state_items);
+    free(m->state_geom);
     free(m->bootstrap_addr);
     pthread_mutex_destroy(&m->mu);
     pthread_cond_destroy(&m->room_cv);

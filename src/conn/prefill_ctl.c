@@ -129,6 +129,13 @@ static void decode_layout(struct kvb_manager *m, const kvb__reg_t *g, kvb_plan_l
         pre->field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_AUX;
         dec->num_aux = pre->num_aux = 0;
     }
+    /* State: the decode registers only its buffers' addresses; with the same
+     * TP size its items are ours (same model, same shard). */
+    if (g->n_state != m->args.num_state || g->n_state == 0) {
+        dec->field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_STATE;
+        pre->field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_STATE;
+        dec->num_state = pre->num_state = 0;
+    }
 }
 
 static void reg_build_plan(struct kvb_manager *m, kvb__reg_t *g)
@@ -138,6 +145,14 @@ static void reg_build_plan(struct kvb_manager *m, kvb__reg_t *g)
     if (!m->p.is_mla && g->n_kv % 2 != 0) {
         snprintf(buf, sizeof(buf), "decode %s registered %zu KV buffers (odd, MHA needs K and V)",
                  g->session, g->n_kv);
+        g->plan_error = strdup(buf);
+        return;
+    }
+    if (m->args.num_state > 0 && g->n_state > 0 && g->tp_size != m->p.attn_tp_size) {
+        snprintf(buf, sizeof(buf),
+                 "decode %s: state buffers need the same attention TP size on both sides "
+                 "(prefill %d, decode %d)",
+                 g->session, m->p.attn_tp_size, (int)g->tp_size);
         g->plan_error = strdup(buf);
         return;
     }
@@ -214,6 +229,14 @@ static kvb_status_t dst_from_msg(const kvb__xfer_msg_t *x, kvb__dst_t *d)
         if (d->mask == NULL)
             return KVB_ERR_NOMEM;
         memcpy(d->mask, x->page_mask, d->n_pages);
+    }
+    if (x->has_state_idx && x->state_idx.count > 0) {
+        d->n_state = x->state_idx.count;
+        d->state_idx = malloc(d->n_state * sizeof(int32_t));
+        if (d->state_idx == NULL)
+            return KVB_ERR_NOMEM;
+        for (size_t i = 0; i < d->n_state; i++)
+            d->state_idx[i] = kvb__i32_at(x->state_idx, i);
     }
     return KVB_OK;
 }

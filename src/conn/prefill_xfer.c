@@ -160,8 +160,10 @@ static kvb__chunk_t *queue_pop(kvb__queue_t *q, bool wait)
 
 static void chunk_free(kvb__chunk_t *c)
 {
-    if (c != NULL)
+    if (c != NULL) {
         free(c->indices);
+        free(c->state_idx);
+    }
     free(c);
 }
 
@@ -195,6 +197,18 @@ static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t 
                             &j->blocks) != KVB_OK)
             return KVB_ERR_INVALID;
         i = k;
+    }
+    if (c->is_last && m->is_last_stage && m->args.num_state > 0 && c->n_state > 0) {
+        kvb_plan_chunk_t sc = {0}; /* counts checked equal by job_plan */
+        sc.field_mask = KVB_PLAN_CHUNK_STATE;
+        sc.src_state = c->state_idx;
+        sc.dst_state = d->state_idx;
+        sc.num_state_indices = c->n_state;
+        /* With the last KV blocks: the room completes when both are placed. */
+        if (kvb_plan_blocks(j->reg->plan, (uint32_t)m->p.attn_tp_rank,
+                            (uint32_t)(j->reg->tp_rank % j->reg->tp_size), &src, &dst, &sc,
+                            &j->blocks) != KVB_OK)
+            return KVB_ERR_INVALID;
     }
     if (c->is_last && m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0) {
         kvb_plan_chunk_t ax = {0};
@@ -233,6 +247,12 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         snprintf(j->why, sizeof(j->why),
                  "chunk covers request pages up to %llu but decode %s pre-allocated %zu",
                  (unsigned long long)(c->first + c->n), d->session, d->n_pages);
+    } else if (c->is_last && m->is_last_stage && m->args.num_state > 0 &&
+               c->n_state != d->n_state) {
+        j->st = KVB_ERR_INVALID;
+        snprintf(j->why, sizeof(j->why),
+                 "room %llu: the prefill has %zu state indices, decode %s asked for %zu",
+                 (unsigned long long)c->room, c->n_state, d->session, d->n_state);
     } else if (plan_runs(m, j, d, c) != KVB_OK) {
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why), "planning room %llu for %s: %s",
@@ -609,6 +629,12 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
     s->cur += count;
     c->is_last = s->cur == s->num_kv;
     c->aux_index = s->aux_index;
+    if (c->is_last && s->n_state > 0) { /* the sender's copy moves to the chunk */
+        c->state_idx = s->state_idx;
+        c->n_state = s->n_state;
+        s->state_idx = NULL;
+        s->n_state = 0;
+    }
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, s->room);
     kvb_status_t st = KVB_OK;
@@ -633,6 +659,9 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
     pthread_mutex_unlock(&m->mu);
     if (st == KVB_ERR_STATE) {
         s->cur -= count;
+        s->state_idx = c->state_idx; /* back to the sender for the retry */
+        s->n_state = c->n_state;
+        c->state_idx = NULL;
         chunk_free(c);
         return kvb__err_set(&m->err, st, "room %llu is not WaitingForInput yet",
                             (unsigned long long)s->room);
@@ -710,5 +739,31 @@ void kvb_sender_destroy(kvb_sender_h s)
             kvb__room_remove(m, s->room); /* else the sweep frees it */
     }
     pthread_mutex_unlock(&m->mu);
+    free(s->state_idx);
     free(s);
+}
+
+kvb_status_t kvb_sender_set_state_indices(kvb_sender_h s, const int32_t *indices, size_t count)
+{
+    struct kvb_manager *m = s != NULL ? s->mgr : NULL;
+    if (m == NULL || (indices == NULL && count > 0))
+        return KVB_ERR_INVALID;
+    if (s->initialized && s->cur == s->num_kv && s->num_kv > 0)
+        return kvb__err_set(&m->err, KVB_ERR_STATE,
+                            "room %llu: state indices after the last chunk was sent",
+                            (unsigned long long)s->room);
+    for (size_t i = 0; i < count; i++)
+        if (indices[i] < 0)
+            return kvb__err_set(&m->err, KVB_ERR_INVALID, "room %llu: state index %zu is %d",
+                                (unsigned long long)s->room, i, (int)indices[i]);
+    int32_t *v = malloc((count ? count : 1) * sizeof(*v));
+    if (v == NULL)
+        return KVB_ERR_NOMEM;
+    memcpy(v, indices, count * sizeof(*v));
+    free(s->state_idx);
+    s->state_idx = count > 0 ? v : NULL;
+    s->n_state = count;
+    if (count == 0)
+        free(v);
+    return KVB_OK;
 }

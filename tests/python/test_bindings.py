@@ -826,3 +826,44 @@ def test_shared_memory_direct_lane():
         target.unregister(pool.ptr)
         pool.close()
         raises(RuntimeError, pool.array)
+
+
+def test_state_indices_round_trip():
+    """Hybrid model: two state buffers per rank; the prefill's state slots
+    (KVSender.send(..., state_indices=)) land in the decode's
+    (KVReceiver.init(..., state_indices=)), exact bytes, other slots untouched."""
+    with kb.KVBootstrapServer("127.0.0.1", 0) as server:
+        p, d = Rank(MODEL, 0, 1), Rank(MODEL, 0, 1)
+        rng = np.random.default_rng(3)
+        states = {r: [np.zeros((16, 96), np.uint8) for _ in range(2)] for r in ("p", "d")}
+
+        def args(rank, st):
+            a = rank.kv_args()
+            a.state_data_ptrs = [b.ctypes.data for b in st]
+            a.state_data_lens = [b.nbytes for b in st]
+            a.state_item_lens = [96, 96]
+            return a
+        for b in states["p"]:
+            b[:] = rng.integers(1, 256, b.shape, dtype=np.uint8)
+        pm = kb.KVManager(args(p, states["p"]), "prefill", server.address)
+        dm = kb.KVManager(args(d, states["d"]), "decode")
+        try:
+            p.fill(11, [4, 5], 1)
+            rc = kb.KVReceiver(dm, server.address, 11)
+            rc.init(np.array([7, 9], np.int32), aux_index=1, state_indices=[12, 3])
+            s = kb.KVSender(pm, server.address, 11)
+            assert poll_until(s, 10, (kb.KVPoll.WaitingForInput,)) == kb.KVPoll.WaitingForInput
+            s.init(2, aux_index=1)
+            s.send(np.array([4], np.int32), state_indices=np.array([2, 6], np.int32))
+            s.send(np.array([5], np.int32))
+            assert poll_until(rc, 20) == kb.KVPoll.Success
+            assert d.wrong_bytes(11, [7, 9], 1) == 0
+            for i in range(2):
+                src, dst = states["p"][i], states["d"][i]
+                assert np.array_equal(dst[12], src[2]) and np.array_equal(dst[3], src[6])
+                others = [k for k in range(16) if k not in (12, 3)]
+                assert not dst[others].any()
+            raises(ValueError, s.send, [1], state_indices=[-1])
+        finally:
+            pm.close()
+            dm.close()

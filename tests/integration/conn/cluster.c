@@ -67,6 +67,19 @@ static int rank_start(cluster_t *c, rank_t *r, kvb_mode_t mode)
     a.aux_data_lens = &aux_len;
     a.aux_item_lens = &aux_item;
     a.num_aux = 1;
+    uint64_t st_ptr[STATE_BUFS], st_len[STATE_BUFS], st_item[STATE_BUFS];
+    for (int i = 0; m->state_bytes > 0 && i < STATE_BUFS; i++) {
+        r->state[i] = calloc(STATE_ITEMS, (size_t)m->state_bytes);
+        st_ptr[i] = (uint64_t)(uintptr_t)r->state[i];
+        st_len[i] = (uint64_t)STATE_ITEMS * (uint64_t)m->state_bytes;
+        st_item[i] = (uint64_t)m->state_bytes;
+    }
+    if (m->state_bytes > 0) {
+        a.state_data_ptrs = st_ptr;
+        a.state_data_lens = st_len;
+        a.state_item_lens = st_item;
+        a.num_state = STATE_BUFS;
+    }
     a.page_size = (uint32_t)m->page;
     a.kv_head_num = (uint32_t)r->local_heads;
     a.engine_rank = r->tp;
@@ -107,6 +120,8 @@ static void rank_stop(rank_t *r)
         free(r->kv[i]);
     free(r->kv);
     free(r->aux);
+    for (int i = 0; i < STATE_BUFS; i++)
+        free(r->state[i]);
 }
 
 rank_t *cluster_prefill(cluster_t *c, int dp, int tp, int pp)
@@ -186,6 +201,26 @@ void fill_prefill(const cluster_t *c, rank_t *r, uint64_t room, const int32_t *s
         r->aux[aux_index * AUX_ITEM + b] = pattern(room, 255, 2, 0, 0, b);
 }
 
+/* State item of state slot k of room on a prefill rank: pattern keyed by
+ * (room, buffer, k, TP rank): state pairs rank by rank. */
+void fill_state(const cluster_t *c, rank_t *r, uint64_t room, int k, int32_t slot)
+{
+    for (int i = 0; i < STATE_BUFS; i++)
+        for (int b = 0; b < c->m.state_bytes; b++)
+            r->state[i][(size_t)slot * (size_t)c->m.state_bytes + (size_t)b] =
+                pattern(room, 200 + i, 3 + k, 0, r->tp, b);
+}
+
+uint64_t verify_state(const cluster_t *c, const rank_t *r, uint64_t room, int k, int32_t slot)
+{
+    uint64_t bad = 0;
+    for (int i = 0; i < STATE_BUFS; i++)
+        for (int b = 0; b < c->m.state_bytes; b++)
+            bad += r->state[i][(size_t)slot * (size_t)c->m.state_bytes + (size_t)b] !=
+                   pattern(room, 200 + i, 3 + k, 0, r->tp, b);
+    return bad;
+}
+
 uint64_t verify_decode(const cluster_t *c, const rank_t *r, uint64_t room, const int32_t *dst,
                        int n, int skip, const uint8_t *mask, int aux_index)
 {
@@ -221,6 +256,7 @@ typedef struct room_state {
     uint8_t *mask;
     int aux;
     int dp;
+    int32_t sst[4], dst_st[4]; /* state slots: prefill, decode */
     kvb_sender_h *snd;
     kvb_receiver_h *rcv;
 } room_state_t;
@@ -275,6 +311,11 @@ static int start_room(cluster_t *c, room_state_t *rs, const room_opts_t *o)
         ex.field_mask |= KVB_RECV_INIT_MASK;
         ex.page_mask = rs->mask;
     }
+    if (o->state > 0) {
+        ex.field_mask |= KVB_RECV_INIT_STATE;
+        ex.state_indices = rs->dst_st;
+        ex.num_state_indices = (size_t)o->state;
+    }
     for (int t = 0; t < c->dtp; t++) {
         if (kvb_receiver_create(c->dec[t].mgr, c->boot_addr, rs->id, o->dp_rank, &rs->rcv[t]) !=
             KVB_OK)
@@ -286,6 +327,8 @@ static int start_room(cluster_t *c, room_state_t *rs, const room_opts_t *o)
             rank_t *r = cluster_prefill(c, rs->dp, t, p);
             kvb_sender_h *s = &rs->snd[t * c->ppp + p];
             fill_prefill(c, r, rs->id, rs->src, rs->n, rs->aux);
+            for (int k = 0; k < o->state; k++)
+                fill_state(c, r, rs->id, k, rs->sst[k]);
             if (kvb_sender_create(r->mgr, c->boot_addr, rs->id, s) != KVB_OK)
                 return -1;
         }
@@ -298,12 +341,18 @@ static int drive_room(cluster_t *c, room_state_t *rs, const room_opts_t *o)
     for (int i = 0; i < c->ptp * c->ppp; i++) {
         if (wait_sender_ready(rs->snd[i], deadline) != 0) {
             char why[256];
+            if (o->expect_fail != NULL)
+                continue; /* the room may fail before this sender is ready: finish_room
+                             checks the reason */
             kvb_sender_failure(rs->snd[i], why, sizeof(why));
             fprintf(stderr, "room %llu: sender %d never ready: %s\n", (unsigned long long)rs->id, i,
                     why);
             return -1;
         }
         kvb_sender_init(rs->snd[i], (uint64_t)rs->n, rs->aux);
+        if (o->state > 0 && kvb_sender_set_state_indices(
+                                rs->snd[i], rs->sst, (size_t)(o->state + o->extra_state)) != KVB_OK)
+            return -1;
         send_chunks(rs->snd[i], rs, o->chunks);
     }
     return 0;
@@ -318,32 +367,48 @@ static int finish_room(cluster_t *c, room_state_t *rs, const room_opts_t *o)
         while ((p = kvb_receiver_poll(rs->rcv[t])) != KVB_POLL_SUCCESS && p != KVB_POLL_FAILED &&
                now_s() < deadline)
             usleep(500);
-        if (p != KVB_POLL_SUCCESS) {
-            char why[256];
+        if (o->expect_fail != NULL || p != KVB_POLL_SUCCESS) {
+            char why[512];
             kvb_receiver_failure(rs->rcv[t], why, sizeof(why));
-            fprintf(stderr, "room %llu decode %d: %s (%s)\n", (unsigned long long)rs->id, t,
-                    kvb_poll_string(p), why);
-            fails++;
+            if (o->expect_fail == NULL || p != KVB_POLL_FAILED) {
+                fprintf(stderr, "room %llu decode %d: %s (%s)%s\n", (unsigned long long)rs->id, t,
+                        kvb_poll_string(p), why, o->expect_fail ? "; wanted Failed" : "");
+                fails++;
+            }
             continue;
         }
         uint64_t bad = verify_decode(c, &c->dec[t], rs->id, rs->dst, rs->n, o->prefix_pages,
                                      rs->mask, rs->aux);
+        for (int k = 0; k < o->state; k++)
+            bad += verify_state(c, &c->dec[t], rs->id, k, rs->dst_st[k]);
         if (bad != 0) {
             fprintf(stderr, "room %llu decode %d: %llu wrong bytes\n", (unsigned long long)rs->id,
                     t, (unsigned long long)bad);
             fails++;
         }
     }
+    /* The decode hears only "Failed" (the seeds' protocol); the reason is
+     * the prefill's: with expect_fail, some sender must name it. */
+    int named = 0;
     for (int i = 0; i < c->ptp * c->ppp; i++) {
         kvb_poll_t p;
+        char why[512] = "";
         while ((p = kvb_sender_poll(rs->snd[i])) != KVB_POLL_SUCCESS && p != KVB_POLL_FAILED &&
                now_s() < deadline)
             usleep(500);
-        if (p != KVB_POLL_SUCCESS) {
-            fprintf(stderr, "room %llu sender %d: %s\n", (unsigned long long)rs->id, i,
-                    kvb_poll_string(p));
+        if (p == KVB_POLL_FAILED)
+            kvb_sender_failure(rs->snd[i], why, sizeof(why));
+        named += o->expect_fail != NULL && strstr(why, o->expect_fail) != NULL;
+        if (o->expect_fail == NULL && p != KVB_POLL_SUCCESS) {
+            fprintf(stderr, "room %llu sender %d: %s (%s)\n", (unsigned long long)rs->id, i,
+                    kvb_poll_string(p), why);
             fails++;
         }
+    }
+    if (o->expect_fail != NULL && named == 0) {
+        fprintf(stderr, "room %llu: no sender failed with \"%s\"\n", (unsigned long long)rs->id,
+                o->expect_fail);
+        fails++;
     }
     return fails;
 }
@@ -368,6 +433,10 @@ int run_rooms(cluster_t *c, int n, uint64_t first_room, const room_opts_t *o)
         r->dst = free_dst + used;
         used += r->n;
         r->aux = j % AUX_ITEMS;
+        for (int k = 0; k < 4; k++) { /* distinct slots per room on both sides */
+            r->sst[k] = (int32_t)((j * 4 + k) % STATE_ITEMS);
+            r->dst_st[k] = (int32_t)((j * 4 + k + 17) % STATE_ITEMS);
+        }
         r->dp = o->dp_rank >= 0 ? o->dp_rank : (int)(r->id % (uint64_t)c->pdp);
         if (o->use_mask) {
             r->mask = malloc((size_t)r->n);

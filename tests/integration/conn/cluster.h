@@ -10,6 +10,7 @@
 
 typedef struct model {
     int layers, heads, head_bytes, page, mla;
+    int state_bytes; /* > 0: STATE_BUFS state buffers per rank, items of this size */
 } model_t;
 
 typedef struct rank {
@@ -22,6 +23,7 @@ typedef struct rank {
     uint8_t **kv;
     uint64_t pool_pages;
     uint8_t *aux;
+    uint8_t *state[2]; /* STATE_BUFS buffers of STATE_ITEMS items (state_bytes > 0) */
 } rank_t;
 
 typedef struct cluster {
@@ -36,6 +38,8 @@ typedef struct cluster {
 
 #define AUX_ITEM 64
 #define AUX_ITEMS 64
+#define STATE_BUFS 2
+#define STATE_ITEMS 64
 
 int cluster_start(cluster_t *c, const model_t *m, int ptp, int ppp, int pdp, int dtp,
                   uint64_t pool_pages);
@@ -48,6 +52,10 @@ uint8_t pattern(uint64_t room, int layer, int kind, uint64_t token, int head, in
 /* Fill a prefill rank's pages of room (request page i at src_pages[i]). */
 void fill_prefill(const cluster_t *c, rank_t *r, uint64_t room, const int32_t *src_pages,
                   int n_pages, int aux_index);
+/* State slot k of room: written on a prefill rank, checked on a decode rank
+ * of the same TP rank (wrong bytes counted). */
+void fill_state(const cluster_t *c, rank_t *r, uint64_t room, int k, int32_t slot);
+uint64_t verify_state(const cluster_t *c, const rank_t *r, uint64_t room, int k, int32_t slot);
 /* Count wrong bytes on a decode rank for room (pages >= skip_pages only,
  * masked pages skipped when mask != NULL). */
 uint64_t verify_decode(const cluster_t *c, const rank_t *r, uint64_t room, const int32_t *dst_pages,
@@ -58,6 +66,10 @@ typedef struct room_opts {
     int prefix_pages; /* decode prefix skip */
     int use_mask;     /* page-transfer mask (every third page held) */
     int dp_rank;      /* explicit DP rank or -1 */
+    int state;        /* state slots per room (model with state_bytes); the prefill
+                         sends state + extra_state of them */
+    int extra_state;
+    const char *expect_fail; /* every decode rank fails with this text in its reason */
 } room_opts_t;
 
 /* Run n rooms through the whole protocol concurrently and verify every

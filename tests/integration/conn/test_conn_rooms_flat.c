@@ -24,8 +24,8 @@ static long rss_kib(void)
 
 int main(int argc, char **argv)
 {
-    const model_t m = {2, 2, 16, 4, 0};
-    room_opts_t o = {1, 0, 0, -1};
+    const model_t m = {2, 2, 16, 4, 0, 0};
+    room_opts_t o = {1, 0, 0, -1, 0, 0, NULL};
     int total = argc > 1 ? atoi(argv[1]) : 10000, batch = 20;
     cluster_t c;
     long warm = 0;
