@@ -352,9 +352,12 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd)
 
 void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why)
 {
-    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+    /* Progress thread only: the reason is complete before other threads
+     * (direct-lane copy threads, new transfers) can see the conn dead. */
+    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
         return;
     snprintf(c->why, sizeof(c->why), "%s", why);
+    __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
     eng->conn_failures++;
     KVB_LOGW("engine %s: session %s lost: %s", eng->sid, c->sess->sid, why);
     kvb__xfer_fail_conn(eng, c, why);
