@@ -169,11 +169,19 @@ static void chunk_free(kvb__chunk_t *c)
 
 /* ---- planning ---- */
 
-static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t *d,
-                              const kvb__chunk_t *c)
+/* Plan one chunk description of job j into out (appended). */
+static kvb_status_t plan_into(struct kvb_manager *m, job_t *j, const kvb_plan_chunk_t *ch,
+                              kvb_plan_blocks_t *out)
 {
     kvb_plan_buffers_t src = {m->kv_ptrs, NULL, m->state_ptrs, m->aux_ptrs};
     kvb_plan_buffers_t dst = {j->reg->kv_ptrs, NULL, j->reg->state_ptrs, j->reg->aux_ptrs};
+    return kvb_plan_blocks(j->reg->plan, (uint32_t)m->p.attn_tp_rank,
+                           (uint32_t)(j->reg->tp_rank % j->reg->tp_size), &src, &dst, ch, out);
+}
+
+static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t *d,
+                              const kvb__chunk_t *c)
+{
     kvb_plan_chunk_t ch = {0};
     size_t i = 0;
     ch.field_mask = KVB_PLAN_CHUNK_PREFIX;
@@ -192,9 +200,7 @@ static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t 
         ch.dst_pages = d->pages + c->first + i;
         ch.num_pages = k - i;
         ch.first_page = c->first + i;
-        if (kvb_plan_blocks(j->reg->plan, (uint32_t)m->p.attn_tp_rank,
-                            (uint32_t)(j->reg->tp_rank % j->reg->tp_size), &src, &dst, &ch,
-                            &j->blocks) != KVB_OK)
+        if (plan_into(m, j, &ch, &j->blocks) != KVB_OK)
             return KVB_ERR_INVALID;
         i = k;
     }
@@ -205,9 +211,7 @@ static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t 
         sc.dst_state = d->state_idx;
         sc.num_state_indices = c->n_state;
         /* With the last KV blocks: the room completes when both are placed. */
-        if (kvb_plan_blocks(j->reg->plan, (uint32_t)m->p.attn_tp_rank,
-                            (uint32_t)(j->reg->tp_rank % j->reg->tp_size), &src, &dst, &sc,
-                            &j->blocks) != KVB_OK)
+        if (plan_into(m, j, &sc, &j->blocks) != KVB_OK)
             return KVB_ERR_INVALID;
     }
     if (c->is_last && m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0) {
@@ -215,9 +219,7 @@ static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t 
         ax.field_mask = KVB_PLAN_CHUNK_AUX;
         ax.src_aux_index = c->aux_index;
         ax.dst_aux_index = d->aux_index;
-        if (kvb_plan_blocks(j->reg->plan, (uint32_t)m->p.attn_tp_rank,
-                            (uint32_t)(j->reg->tp_rank % j->reg->tp_size), &src, &dst, &ax,
-                            &j->aux) != KVB_OK)
+        if (plan_into(m, j, &ax, &j->aux) != KVB_OK)
             return KVB_ERR_INVALID;
     }
     return KVB_OK;
