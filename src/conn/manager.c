@@ -313,7 +313,11 @@ void kvb__layout_self(struct kvb_manager *m, kvb_plan_layout_t *out)
         out->field_mask |= KVB_PLAN_LAYOUT_STATE;
         out->num_state = a->num_state;
         out->state = m->state_geom;
-        out->state_pool_items = a->state_data_lens[0] / a->state_item_lens[0];
+        out->state_pool_items = UINT64_MAX; /* the smallest buffer bounds every index */
+        for (uint32_t i = 0; i < a->num_state; i++) {
+            uint64_t items = a->state_data_lens[i] / a->state_item_lens[i];
+            out->state_pool_items = items < out->state_pool_items ? items : out->state_pool_items;
+        }
     }
     if (a->num_aux > 0) {
         out->field_mask |= KVB_PLAN_LAYOUT_AUX;
