@@ -101,7 +101,9 @@ KVB_API kvb_status_t kvb_mem_alloc(size_t length, void **addr_p);
 KVB_API kvb_status_t kvb_mem_free(void *addr);
 
 /* Does the current connection to session_id write directly into mapped
- * memory (1), through UCX (0), or is there none yet (KVB_ERR_NOT_FOUND)? */
+ * memory (1), through UCX (0), or is there none yet (KVB_ERR_NOT_FOUND; also
+ * for a NULL argument)? Thread-safe; the answer can change with the next
+ * handshake. */
 KVB_API int kvb_engine_session_direct(kvb_engine_h engine, const char *session_id);
 
 typedef struct kvb_mem_region {

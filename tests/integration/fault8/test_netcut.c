@@ -452,9 +452,26 @@ static int wait_exit(fchild_t *c, double timeout_s)
     return status;
 }
 
+/* A side's "end" report after the cut: every room Failed, the last one
+ * within bound seconds of t_cut. */
+static void expect_all_failed(fchild_t *ch, const char *side, double t_cut, double bound)
+{
+    char line[512], why[400];
+    double t = 0;
+    int nf, ns, no;
+    CHECK_EQ(fchild_line(ch, line, sizeof(line), bound + 20), 0);
+    CHECK_EQ(sscanf(line, "end %lf %d %d %d %399[^\n]", &t, &nf, &ns, &no, why), 5);
+    fprintf(stderr,
+            "netcut: %s: %d Failed, %d Success, %d open; last %.3f s after the cut "
+            "(bound %.2f s); reason: %s\n",
+            side, nf, ns, no, t - t_cut, bound, why);
+    CHECK_EQ(nf, NROOM);
+    CHECK(t - t_cut <= bound);
+}
+
 static void test_netcut(const char *self)
 {
-    char line[512], boot[128], why[400];
+    char line[512], boot[128];
     int sub = (int)(getpid() % 250) + 1;
     char ipA[32], ipB[32];
     if (geteuid() != 0)
@@ -554,24 +571,8 @@ static void test_netcut(const char *self)
     CHECK(strcmp(line, "rest") == 0);
     dprintf(g_chD.to, "wait %.1f\n", dec_bound + 10);
     dprintf(g_chP.to, "wait %.1f\n", pre_bound + 10);
-    double td = 0, tp = 0;
-    int nf, ns, no;
-    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), dec_bound + 20), 0);
-    CHECK_EQ(sscanf(line, "end %lf %d %d %d %399[^\n]", &td, &nf, &ns, &no, why), 5);
-    fprintf(stderr,
-            "netcut: decode: %d Failed, %d Success, %d open; last %.3f s after the cut "
-            "(bound %.2f s); reason: %s\n",
-            nf, ns, no, td - t_cut, dec_bound, why);
-    CHECK_EQ(nf, NROOM);
-    CHECK(td - t_cut <= dec_bound);
-    CHECK_EQ(fchild_line(&g_chP, line, sizeof(line), pre_bound + 20), 0);
-    CHECK_EQ(sscanf(line, "end %lf %d %d %d %399[^\n]", &tp, &nf, &ns, &no, why), 5);
-    fprintf(stderr,
-            "netcut: prefill: %d Failed, %d Success, %d open; last %.3f s after the cut "
-            "(bound %.2f s); reason: %s\n",
-            nf, ns, no, tp - t_cut, pre_bound, why);
-    CHECK_EQ(nf, NROOM);
-    CHECK(tp - t_cut <= pre_bound);
+    expect_all_failed(&g_chD, "decode", t_cut, dec_bound);
+    expect_all_failed(&g_chP, "prefill", t_cut, pre_bound);
 
     /* link back up: a new room goes through (bytes verified) */
     CHECK_EQ(sh("ip -n %s link set %s up", g_nsA, g_vA), 0);
