@@ -188,8 +188,8 @@ KVB_API kvb_status_t kvb_engine_close_session(kvb_engine_h engine, const char *s
  * (kvb_engine_write_async_ex). The target refuses every write, on every lane
  * it can check (message lane and direct lane; the put lane cannot be checked
  * by the target, see docs/engine.md), whose epoch is not a live grant of
- * that tag: the writer's transfer fails KVB_ERR_CANCELED / KVB_ERR_PEER
- * "writer fenced ..." and nothing of that write is placed. A revoked grant
+ * that tag: the writer's transfer fails KVB_ERR_FENCED ("writer fenced ...")
+ * and nothing of that write is placed. A revoked grant
  * is never admitted again; new work gets a new grant. Thread-safe. */
 
 /* Target: a fresh epoch for writer tag (unique for this engine, above the

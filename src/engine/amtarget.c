@@ -156,7 +156,7 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     if (fenced != NULL) {
         KVB_LOGI("engine %s: refused a write from writer %08x epoch %llu: fenced", eng->sid,
                  (unsigned)(mid >> 32), (unsigned long long)epoch);
-        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_CANCELED, fenced);
+        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_FENCED, fenced);
         return UCS_OK;
     }
     am_recv_t *rc = calloc(1, sizeof(*rc));

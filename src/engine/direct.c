@@ -246,7 +246,9 @@ static bool copy_step(kvb_engine_h eng)
         pthread_mutex_lock(&eng->dmu);
         x->busy--;
         if (fs == FENCE_YES)
-            set_failure(x, KVB_ERR_PEER, "writer fenced by the target (declared lost)");
+            set_failure(x, KVB_ERR_FENCED,
+                        "writer fenced: the target revoked this writer's grant (declared it "
+                        "lost or ended its rooms)");
         else if (fs == FENCE_UNKNOWN)
             set_failure(x, KVB_ERR_PEER,
                         "the target's fence page does not list this writer's grant (page "

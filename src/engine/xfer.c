@@ -677,7 +677,9 @@ static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *
         char reason[404];
         memcpy(reason, why, rl < 400 ? rl : 400);
         reason[rl < 400 ? rl : 400] = '\0';
-        fail(x, st == KVB_ERR_BOUNDS || st == KVB_ERR_AUTH ? (kvb_status_t)st : KVB_ERR_PEER,
+        fail(x,
+             st == KVB_ERR_BOUNDS || st == KVB_ERR_AUTH || st == KVB_ERR_FENCED ? (kvb_status_t)st
+                                                                                : KVB_ERR_PEER,
              "session %s: peer refused the write: %s", x->conn->sess->sid, reason);
     }
     return UCS_OK;
