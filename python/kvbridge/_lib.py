@@ -282,6 +282,7 @@ _PROTOTYPES = {
     "kvb_receiver_poll": (ctypes.c_int, [_P]),
     "kvb_receiver_abort": (None, [_P]),
     "kvb_receiver_failure": (None, [_P, ctypes.c_char_p, ctypes.c_size_t]),
+    "kvb_receiver_pages_safe": (ctypes.c_int, [_P]),
     "kvb_receiver_destroy": (None, [_P]),
 }
 

@@ -93,7 +93,7 @@ static void send_rest(kvb_sender_h *s, uint64_t first, int count)
 static int child_prefill(const char *boot)
 {
     frank_t p;
-    kvb_sender_h old[NR], nw[NN];
+    kvb_sender_h old[NR] = {0}, nw[NN] = {0};
     char line[256], sid[128];
     if (frank_start(&p, &G, KVB_MODE_PREFILL, boot, -1, NULL) != 0)
         return 4;
@@ -110,9 +110,9 @@ static int child_prefill(const char *boot)
             printf("lane %d\n", kvb_engine_session_direct(p.eng, sid));
         else if (strncmp(line, "report", 6) == 0) {
             int c[4] = {0};
-            for (int j = 0; j < NR; j++)
+            for (int j = 0; j < NR && old[j] != NULL; j++)
                 c[fwait_sender(old[j], 20) == KVB_POLL_SUCCESS ? 0 : 1]++;
-            for (int j = 0; j < NN; j++)
+            for (int j = 0; j < NN && nw[j] != NULL; j++)
                 c[fwait_sender(nw[j], 20) == KVB_POLL_SUCCESS ? 2 : 3]++;
             printf("report %d %d %d %d\n", c[0], c[1], c[2], c[3]);
         }
@@ -375,6 +375,81 @@ static void test_fence(const char *lane)
     TEST_PASS("fence: stopped prefill + bootstrap restart + re-resolve: no stale byte landed");
 }
 
+/* A prefill rank stopped behind a healthy bootstrap server: the decode
+ * aborts its rooms, no source can confirm; after KVBRIDGE_ABORT_ACK_TIMEOUT
+ * the rooms end Failed with their pages unsafe (bounded, not forever), and
+ * become safe once the resumed prefill confirms; the pages, guarded only
+ * then, never change. Direct lane. */
+static void test_abort_unconfirmed(void)
+{
+    const double ack_to = 0.5;
+    fknobs_t k = {0.2, 2, 0, 0, 1};
+    kvb_receiver_h rc[NR];
+    int guarded[NR] = {0}, n_guarded = 0;
+    char line[512], ep[128], boot[128], why[512];
+    fchild_t ch;
+    frank_t d;
+    setenv("KVBRIDGE_ABORT_ACK_TIMEOUT", "0.5", 1);
+    kvb_bootstrap_server_h bs = boot_start(0);
+    CHECK(bs != NULL);
+    snprintf(boot, sizeof(boot), "%s", kvb_bootstrap_server_address(bs));
+    char *args[] = {"--child", "prefill", boot, NULL};
+    CHECK_EQ(fchild_spawn(&ch, g_self, args), 0);
+    expect(&ch, "prefill ", line, sizeof(line), 20);
+    CHECK_EQ(sscanf(line, "prefill %127s", ep), 1);
+    CHECK_EQ(frank_start(&d, &G, KVB_MODE_DECODE, NULL, -1, &k), 0);
+    receivers(&d, boot, R0, NR, rc);
+    dprintf(ch.to, "old\n");
+    expect(&ch, "sent", line, sizeof(line), 30);
+    CHECK_EQ(kill(ch.pid, SIGSTOP), 0);
+    double t0 = fnow();
+    for (int j = 0; j < NR; j++)
+        kvb_receiver_abort(rc[j]);
+    int ended = 0;
+    while (ended < NR && fnow() < t0 + ack_to + 5)
+        for (int j = 0, e = 0; j<NR; j++, ended = e> ended ? e : ended)
+            e += kvb_receiver_poll(rc[j]) == KVB_POLL_FAILED;
+    double t_end = fnow() - t0;
+    fprintf(stderr, "abort: %d rooms Failed %.3f s after the abort (ack time-out %.1f s)\n", ended,
+            t_end, ack_to);
+    CHECK_EQ(ended, NR);
+    CHECK(t_end >= ack_to && t_end < ack_to + 2.0);
+    for (int j = 0; j < NR; j++) {
+        CHECK_EQ(kvb_receiver_pages_safe(rc[j]), 0);
+        kvb_receiver_failure(rc[j], why, sizeof(why));
+        CHECK_STR_CONTAINS(why, "Aborted by AbortReq.");
+        CHECK_STR_CONTAINS(why, "NOT safe to reuse");
+    }
+    dprintf(ch.to, "rest\n");
+    double t_cont = fnow();
+    CHECK_EQ(kill(ch.pid, SIGCONT), 0);
+    while (n_guarded < NR && fnow() < t_cont + 10)
+        for (int j = 0; j < NR; j++)
+            if (!guarded[j] && kvb_receiver_pages_safe(rc[j])) {
+                guard_room(&d, R0 + (uint64_t)j);
+                guarded[j] = 1;
+                n_guarded++;
+            }
+    fprintf(stderr, "abort: %d rooms safe %.3f s after SIGCONT\n", n_guarded, fnow() - t_cont);
+    CHECK_EQ(n_guarded, NR);
+    dprintf(ch.to, "report\n");
+    expect(&ch, "report ", line, sizeof(line), 60);
+    fsleep(0.2);
+    uint64_t broken = 0;
+    for (int j = 0; j < NR; j++) {
+        broken += guard_broken(&d, R0 + (uint64_t)j);
+        kvb_receiver_destroy(rc[j]);
+    }
+    fprintf(stderr, "abort: prefill %s; %llu guard bytes overwritten\n", line,
+            (unsigned long long)broken);
+    CHECK_EQ(broken, (uint64_t)0);
+    CHECK(strncmp(line, "report 0 ", 9) == 0); /* no aborted room ended Success */
+    fchild_close(&ch);
+    frank_stop(&d);
+    kvb_bootstrap_server_stop(bs);
+    TEST_PASS("abort unconfirmed by a stopped prefill: bounded Failed, unsafe until confirmed");
+}
+
 int main(int argc, char **argv)
 {
     g_self = argv[0];
@@ -384,6 +459,10 @@ int main(int argc, char **argv)
         return strcmp(argv[2], "prefill") == 0 ? child_prefill(argv[3]) : 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    if (argc >= 2 && strcmp(argv[1], "abort") == 0) {
+        test_abort_unconfirmed();
+        return 0;
+    }
     if (argc < 2 || (strcmp(argv[1], "direct") && strcmp(argv[1], "shm") && strcmp(argv[1], "tcp")))
         return 2;
     test_fence(argv[1]);
