@@ -118,6 +118,10 @@ static int child_prefill(const char *boot)
         }
         fflush(stdout);
     }
+    for (int j = 0; j < NR; j++)
+        kvb_sender_destroy(old[j]);
+    for (int j = 0; j < NN; j++)
+        kvb_sender_destroy(nw[j]);
     frank_stop(&p);
     return 0;
 }
