@@ -12,6 +12,7 @@
 #include <kvbridge/engine.h>
 
 #include <signal.h>
+#include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -27,6 +28,8 @@
 #define TAG 0x7a11c0deu
 
 static uint8_t g_src[4 * MiB];
+static const char *g_self;
+extern char **environ;
 
 static kvb_engine_h engine(unsigned copy_threads)
 {
@@ -134,6 +137,9 @@ static void lane_case(bool direct)
 
 /* ---- a stopped writer process mid-unit: the revoke says so ---- */
 
+/* Run as "--writer SID DST EPOCH" (exec'd, not forked: the parent has
+ * threads). Writes 64 MiB to DST again and again; "r" on stdout once the
+ * first write is under way. */
 static int child_writer(const char *sid, uint64_t dst, uint64_t epoch, int ready_fd)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -174,10 +180,18 @@ static void stopped_writer(void)
     CHECK_EQ(kvb_engine_register(t, mem, TGT, KVB_MEM_HOST), KVB_OK);
     CHECK_EQ(kvb_engine_grant_writer(t, TAG, &e), KVB_OK);
     CHECK_EQ(pipe(pfd), 0);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0)
-        child_writer(kvb_engine_session_id(t), (uint64_t)(uintptr_t)mem, e, pfd[1]);
+    char dst[32], ep[32];
+    snprintf(dst, sizeof(dst), "%llu", (unsigned long long)(uintptr_t)mem);
+    snprintf(ep, sizeof(ep), "%llu", (unsigned long long)e);
+    char *argv[] = {(char *)g_self, "--writer", (char *)kvb_engine_session_id(t), dst, ep, NULL};
+    posix_spawn_file_actions_t fa;
+    pid_t pid;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, pfd[1], 1);
+    posix_spawn_file_actions_addclose(&fa, pfd[0]);
+    CHECK_EQ(posix_spawn(&pid, g_self, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(pfd[1]);
     CHECK_EQ(read(pfd[0], &c, 1), 1);
     /* Stop it while its two copy threads write 1 MiB units back to back
      * (almost always inside one); the revoke cannot finish then. */
@@ -212,6 +226,9 @@ static void stopped_writer(void)
 
 int main(int argc, char **argv)
 {
+    g_self = argv[0];
+    if (argc == 5 && strcmp(argv[1], "--writer") == 0)
+        return child_writer(argv[2], strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10), 1);
     signal(SIGPIPE, SIG_IGN);
     const char *which = argc >= 2 ? argv[1] : "all";
     if (!strcmp(which, "all") || !strcmp(which, "lanes")) {
