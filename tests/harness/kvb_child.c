@@ -245,60 +245,71 @@ int kvbh_count_fds(void)
 
 /* ---- the prefill children ---- */
 
+/* The rooms of one "rooms"/"full" command. */
+typedef struct batch {
+    int b, e;       /* their senders */
+    uint64_t first; /* the first room */
+    int n;          /* pages per room */
+} batch_t;
+
 typedef struct pchild {
     kvbh_rank_t p;
     kvb_sender_h snd[KVBH_MAX_ROOMS];
-    int ns;         /* senders created */
-    int b, e;       /* the last command's senders */
-    uint64_t first; /* its first room */
-    int n;          /* its pages per room */
-    double delay;   /* "later" */
+    int ns;       /* senders created */
+    batch_t last; /* the last command's rooms */
 } pchild_t;
 
-static void say_outcomes(pchild_t *pc, const char *word, double wait_s)
+/* "later": the thread's own copy of the batch, so the command loop may go on. */
+typedef struct later {
+    pchild_t *pc;
+    batch_t bt;
+    double delay;
+} later_t;
+
+static void say_outcomes(pchild_t *pc, const batch_t *bt, const char *word, double wait_s)
 {
     printf("%s", word);
-    for (int j = pc->b; j < pc->e; j++)
+    for (int j = bt->b; j < bt->e; j++)
         printf(" %s", kvb_poll_string(kvbh_wait_sender(pc->snd[j], wait_s)));
     printf("\n");
     fflush(stdout);
 }
 
-/* The second halves of the last command's rooms. */
-static void second_halves(pchild_t *pc)
+/* The second halves of the batch's rooms. */
+static void second_halves(pchild_t *pc, const batch_t *bt)
 {
-    for (int j = pc->b; j < pc->e; j++) {
+    for (int j = bt->b; j < bt->e; j++) {
         int32_t src[KVBH_MAX_PAGES];
-        kvbh_room_pages(&pc->p.g, pc->first + (uint64_t)(j - pc->b), pc->n, src, NULL);
+        kvbh_room_pages(&pc->p.g, bt->first + (uint64_t)(j - bt->b), bt->n, src, NULL);
         if (pc->snd[j] != NULL)
-            kvb_sender_send(pc->snd[j], src + pc->n / 2, (size_t)(pc->n - pc->n / 2));
+            kvb_sender_send(pc->snd[j], src + bt->n / 2, (size_t)(bt->n - bt->n / 2));
     }
 }
 
 static void *later_main(void *arg)
 {
-    pchild_t *pc = arg;
-    kvbh_sleep(pc->delay); /* CLOCK_MONOTONIC runs on while the process is stopped */
-    second_halves(pc);
-    say_outcomes(pc, "late", 5);
+    later_t *l = arg;
+    kvbh_sleep(l->delay); /* CLOCK_MONOTONIC runs on while the process is stopped */
+    second_halves(l->pc, &l->bt);
+    say_outcomes(l->pc, &l->bt, "late", 5);
     return NULL;
 }
 
 /* A sender for room: pages filled, ready, the first half (or all) sent. */
-static void one_room(pchild_t *pc, uint64_t room, int whole)
+static void one_room(pchild_t *pc, uint64_t room, int n, int whole)
 {
     int32_t src[KVBH_MAX_PAGES];
     kvb_sender_h *s = &pc->snd[pc->ns++];
-    kvbh_room_pages(&pc->p.g, room, pc->n, src, NULL);
-    kvbh_fill(&pc->p, room, src, pc->n, kvbh_room_aux(room));
+    kvbh_room_pages(&pc->p.g, room, n, src, NULL);
+    kvbh_fill(&pc->p, room, src, n, kvbh_room_aux(room));
     if (kvb_sender_create(pc->p.mgr, "x", room, s) != KVB_OK ||
         kvbh_wait_sender_ready(*s, 10) != 0) {
         printf("error room %llu not ready\n", (unsigned long long)room);
         fflush(stdout);
         return;
     }
-    kvb_sender_init(*s, (uint64_t)pc->n, kvbh_room_aux(room));
-    kvb_sender_send(*s, src, (size_t)(whole ? pc->n : pc->n / 2));
+    kvb_sender_init(*s, (uint64_t)n, kvbh_room_aux(room));
+    kvb_sender_send(*s, src, (size_t)(whole ? n : n / 2));
 }
 
 static void rooms_cmd(pchild_t *pc, const char *line)
@@ -309,12 +320,12 @@ static void rooms_cmd(pchild_t *pc, const char *line)
     if (sscanf(line, "%31s %llu %d %d", cmd, &first, &count, &n) != 4 || n < 1 ||
         n > KVBH_MAX_PAGES || count < 0 || count > KVBH_MAX_ROOMS - pc->ns)
         return;
-    pc->b = pc->ns;
-    pc->first = first;
-    pc->n = n;
+    pc->last.b = pc->ns;
+    pc->last.first = first;
+    pc->last.n = n;
     for (int j = 0; j < count; j++)
-        one_room(pc, first + (uint64_t)j, strcmp(cmd, "full") == 0);
-    pc->e = pc->ns;
+        one_room(pc, first + (uint64_t)j, n, strcmp(cmd, "full") == 0);
+    pc->last.e = pc->ns;
     printf("sent\n");
     fflush(stdout);
 }
@@ -323,13 +334,16 @@ static void prefill_loop(pchild_t *pc)
 {
     char line[256];
     pthread_t thr;
+    static later_t l;
     int have_thr = 0;
     while (fgets(line, sizeof(line), stdin) != NULL) {
         if (strncmp(line, "rest", 4) == 0) {
-            second_halves(pc);
-            say_outcomes(pc, "rest", 10);
-        } else if (sscanf(line, "later %lf", &pc->delay) == 1 && !have_thr) {
-            have_thr = pthread_create(&thr, NULL, later_main, pc) == 0;
+            second_halves(pc, &pc->last);
+            say_outcomes(pc, &pc->last, "rest", 10);
+        } else if (!have_thr && sscanf(line, "later %lf", &l.delay) == 1) {
+            l.pc = pc;
+            l.bt = pc->last;
+            have_thr = pthread_create(&thr, NULL, later_main, &l) == 0;
             printf("armed\n");
             fflush(stdout);
         } else {
