@@ -15,7 +15,12 @@
  *     reason" as each ends and "done" (all ended, 60 s, or EOF); exits at EOF.
  *  bootsrv PORT       a bootstrap server alone: "boot ADDR"; exits at EOF.
  *
- * Pages: kvbh_src_page / kvbh_dst_page of KVBH_CHILD_GEOM, aux kvbh_room_aux. */
+ *  prefill and bprefill also answer "lane SID" with "lane D" (D:
+ *  kvb_engine_session_direct towards the engine at SID: which lane it took).
+ *
+ * Geometry: KVBH_CHILD_GEOM, or what the parent set with kvbh_child_geom_set
+ * before the spawn (KVBH_GEOM in the environment). Pages: kvbh_src_page /
+ * kvbh_dst_page of it, aux kvbh_room_aux. */
 #include "kvb_cluster.h"
 
 #include <dirent.h>
@@ -31,6 +36,25 @@
 #include <unistd.h>
 
 const kvbh_geom_t KVBH_CHILD_GEOM = {2, 2, 32, 4, 256, 0, 0};
+
+void kvbh_child_geom_set(const kvbh_geom_t *g)
+{
+    char v[128];
+    snprintf(v, sizeof(v), "%d,%d,%d,%d,%llu", g->layers, g->heads, g->head_bytes, g->page,
+             (unsigned long long)g->pool_pages);
+    setenv("KVBH_GEOM", v, 1);
+}
+
+kvbh_geom_t kvbh_child_geom(void)
+{
+    kvbh_geom_t g = KVBH_CHILD_GEOM;
+    const char *v = getenv("KVBH_GEOM");
+    unsigned long long pool;
+    if (v != NULL &&
+        sscanf(v, "%d,%d,%d,%d,%llu", &g.layers, &g.heads, &g.head_bytes, &g.page, &pool) == 5)
+        g.pool_pages = pool;
+    return g;
+}
 
 static const char *g_self;
 
@@ -337,7 +361,11 @@ static void prefill_loop(pchild_t *pc)
     static later_t l;
     int have_thr = 0;
     while (fgets(line, sizeof(line), stdin) != NULL) {
-        if (strncmp(line, "rest", 4) == 0) {
+        char sid[128];
+        if (sscanf(line, "lane %127s", sid) == 1) {
+            printf("lane %d\n", kvb_engine_session_direct(pc->p.eng, sid));
+            fflush(stdout);
+        } else if (strncmp(line, "rest", 4) == 0) {
             second_halves(pc, &pc->last);
             say_outcomes(pc, &pc->last, "rest", 10);
         } else if (!have_thr && sscanf(line, "later %lf", &l.delay) == 1) {
@@ -360,8 +388,8 @@ static int child_prefill(void)
     kvbh_boot_t boot;
     if (kvbh_boot_start(&boot, 0, NULL) != 0)
         return 3;
-    if (kvbh_rank_start(&pc.p, &KVBH_CHILD_GEOM, KVB_MODE_PREFILL, boot.addr, KVBH_MEM_MALLOC,
-                        NULL) != KVB_OK)
+    kvbh_geom_t g = kvbh_child_geom();
+    if (kvbh_rank_start(&pc.p, &g, KVB_MODE_PREFILL, boot.addr, KVBH_MEM_MALLOC, NULL) != KVB_OK)
         return 4;
     printf("boot %s\n", boot.addr);
     fflush(stdout);
@@ -372,8 +400,8 @@ static int child_prefill(void)
 static int child_bprefill(const char *boot)
 {
     static pchild_t pc;
-    if (kvbh_rank_start(&pc.p, &KVBH_CHILD_GEOM, KVB_MODE_PREFILL, boot, KVBH_MEM_MALLOC, NULL) !=
-        KVB_OK)
+    kvbh_geom_t g = kvbh_child_geom();
+    if (kvbh_rank_start(&pc.p, &g, KVB_MODE_PREFILL, boot, KVBH_MEM_MALLOC, NULL) != KVB_OK)
         return 4;
     printf("prefill %s\n", kvb_manager_endpoint(pc.p.mgr));
     fflush(stdout);
@@ -431,9 +459,10 @@ static int child_decode(char **argv)
     int count = atoi(argv[3]), n = atoi(argv[4]);
     kvb_receiver_h rc[KVBH_MAX_ROOMS];
     kvbh_rank_t d;
+    kvbh_geom_t g = kvbh_child_geom();
     char c;
     if (count < 0 || count > KVBH_MAX_ROOMS || n > KVBH_MAX_PAGES ||
-        kvbh_rank_start(&d, &KVBH_CHILD_GEOM, KVB_MODE_DECODE, NULL, memfd, NULL) != KVB_OK)
+        kvbh_rank_start(&d, &g, KVB_MODE_DECODE, NULL, memfd, NULL) != KVB_OK)
         return 3;
     if (kvbh_receivers(&d, boot, first, count, n, rc) != 0)
         return 4;

@@ -361,14 +361,20 @@ uint64_t kvbh_guard_bad(const kvbh_rank_t *r, const int32_t *dst, int n, int aux
     return bad;
 }
 
+static uint64_t room_slot(const kvbh_geom_t *g, uint64_t room)
+{
+    uint64_t slots = g->pool_pages / KVBH_MAX_PAGES;
+    return room % (slots > 0 ? slots : 1) * KVBH_MAX_PAGES;
+}
+
 int32_t kvbh_src_page(const kvbh_geom_t *g, uint64_t room, int i)
 {
-    return (int32_t)(((room % 16) * 16 + 15 - (uint64_t)i) % g->pool_pages);
+    return (int32_t)((room_slot(g, room) + KVBH_MAX_PAGES - 1 - (uint64_t)i) % g->pool_pages);
 }
 
 int32_t kvbh_dst_page(const kvbh_geom_t *g, uint64_t room, int i)
 {
-    return (int32_t)(((room % 16) * 16 + (uint64_t)i) % g->pool_pages);
+    return (int32_t)((room_slot(g, room) + (uint64_t)i) % g->pool_pages);
 }
 
 int kvbh_room_aux(uint64_t room)

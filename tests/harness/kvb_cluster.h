@@ -102,8 +102,9 @@ uint64_t kvbh_verify(const kvbh_rank_t *r, uint64_t room, const int32_t *dst, in
  * item aux_index when >= 0); kvbh_guard_bad counts bytes that differ. */
 void kvbh_guard_fill(kvbh_rank_t *r, const int32_t *dst, int n, int aux_index, uint8_t v);
 uint64_t kvbh_guard_bad(const kvbh_rank_t *r, const int32_t *dst, int n, int aux_index, uint8_t v);
-/* Default page layout of a room (16 rooms side by side in the pool): the
- * prefill's source pages run backwards, the decode's forwards. */
+/* Default page layout of a room: pool_pages / 16 slots of 16 pages side by
+ * side, room r in slot r % slots (so rooms of consecutive ids do not share
+ * pages); the prefill's source pages run backwards, the decode's forwards. */
 int32_t kvbh_src_page(const kvbh_geom_t *g, uint64_t room, int i);
 int32_t kvbh_dst_page(const kvbh_geom_t *g, uint64_t room, int i);
 int kvbh_room_aux(uint64_t room); /* room % KVBH_AUX_ITEMS */
@@ -177,15 +178,19 @@ int kvbh_spawn_prefill(kvbh_child_t *c, char *addr, size_t cap);
 /* A prefill child registered with the bootstrap server at boot (no server of
  * its own; it survives the server's death); ep gets its control endpoint. */
 int kvbh_spawn_bprefill(kvbh_child_t *c, const char *boot, char *ep, size_t cap);
-/* A decode child (rank on KVBH_CHILD_GEOM, arena in memfd or malloc for -1)
+/* A decode child (rank on kvbh_child_geom(), arena in memfd or malloc for -1)
  * with receivers for rooms first..first+count-1 of n pages, up and "ready". */
 int kvbh_spawn_decode(kvbh_child_t *c, const char *boot, int memfd, uint64_t first, int count,
                       int n);
 /* A bootstrap server child on port (0: ephemeral; restarts on a port not yet
  * free are retried, bounded); addr gets "host:port". 0 or -1. */
 int kvbh_spawn_boot(kvbh_child_t *c, unsigned port, char *addr, size_t cap);
-/* The geometry of the child prefill/decode/bprefill ranks. */
+/* The geometry of the child prefill/decode/bprefill ranks: KVBH_CHILD_GEOM
+ * unless the parent set another (before the spawn; state buffers and MLA are
+ * not passed on). */
 extern const kvbh_geom_t KVBH_CHILD_GEOM;
+void kvbh_child_geom_set(const kvbh_geom_t *g);
+kvbh_geom_t kvbh_child_geom(void);
 
 /* kill(SIGSTOP) returns before the target stops: wait (bounded) until /proc
  * says it is stopped. */

@@ -43,17 +43,22 @@ static void test_restart(kvbh_boot_t *b, kvbh_rank_t *d)
 }
 
 /* A bprefill child on the restarted server (in place of the prefill above,
- * so a decode of its own): first halves, then "rest". */
+ * so a decode of its own), on a geometry set by the parent: first halves,
+ * then "rest"; its lane towards the decode (kvb_mem_alloc memory on this
+ * host: the direct lane). */
 static void test_child(kvbh_boot_t *b)
 {
+    static const kvbh_geom_t g2 = {2, 2, 64, 4, 512, 0, 0};
     kvbh_rank_t dr, *d = &dr;
+    char cmd[160];
     kvbh_child_t pf;
     kvb_receiver_h rc[3];
     char ep[128], line[256];
     int other;
     double t_last;
+    kvbh_child_geom_set(&g2);
     CHECK_EQ(kvbh_spawn_bprefill(&pf, b->addr, ep, sizeof(ep)), 0);
-    CHECK_EQ(kvbh_rank_start(d, &G, KVB_MODE_DECODE, NULL, KVBH_MEM_SHARED, NULL), KVB_OK);
+    CHECK_EQ(kvbh_rank_start(d, &g2, KVB_MODE_DECODE, NULL, KVBH_MEM_SHARED, NULL), KVB_OK);
     CHECK_EQ(kvbh_receivers(d, b->addr, 200, 3, 8, rc), 0);
     CHECK_EQ(kvbh_child_ask(&pf, "rooms 200 3 8", "sent", 20), 0);
     CHECK_EQ(kvbh_child_ask(&pf, "rest", "rest Success Success Success", 20), 0);
@@ -61,12 +66,14 @@ static void test_child(kvbh_boot_t *b)
     CHECK_EQ(other, 3); /* all three ended, none Failed */
     for (int j = 0; j < 3; j++) {
         int32_t dst[8];
-        kvbh_room_pages(&G, 200 + (uint64_t)j, 8, NULL, dst);
+        kvbh_room_pages(&g2, 200 + (uint64_t)j, 8, NULL, dst);
         CHECK_EQ(kvb_receiver_poll(rc[j]), KVB_POLL_SUCCESS);
         CHECK_EQ(kvbh_verify(d, 200 + (uint64_t)j, dst, 8, kvbh_room_aux(200 + (uint64_t)j)),
                  (uint64_t)0);
         kvb_receiver_destroy(rc[j]);
     }
+    snprintf(cmd, sizeof(cmd), "lane %s", kvb_engine_session_id(d->eng));
+    CHECK_EQ(kvbh_child_ask(&pf, cmd, "lane 1", 10), 0);
     close(pf.to); /* EOF: the child destroys its manager and says how long it took */
     pf.to = -1;
     CHECK_EQ(kvbh_child_line(&pf, line, sizeof(line), 10), 0);
