@@ -6,140 +6,34 @@
  *  - bootstrap token through the connector: a prefill rank without the token
  *    is refused (kvb_manager_create → KVB_ERR_AUTH), with it registers; the
  *    decode's look-ups carry it (server with auth_reads) and rooms verify.
- * Reuses tests/integration/conn/cluster.c's pattern, verifier and run_rooms;
- * ranks are built here so each gets the auth parameters. */
-#include "../conn/cluster.h"
+ * Ranks, rooms and verification: the cluster harness (tests/harness), each
+ * side with its auth knobs. */
+#include "harness/kvb_cluster.h"
 #include "kvb_test.h"
 
 #include <kvbridge/bootstrap.h>
 #include <unistd.h>
 #include <zmq.h>
 
-typedef struct auth {
-    const char *token; /* manager bootstrap_token, NULL: not set */
-    const char *curve_sk, *curve_client_sk, *curve_allowed;
-} auth_t;
+/* Prefill TP 2, decode TP 1, 256 pages; the server with token (and auth_reads). */
+static const kvbh_geom_t GEOM = {
+    .layers = 4, .heads = 4, .head_bytes = 16, .page = 4, .pool_pages = 256};
 
-static const model_t MODEL = {.layers = 4, .heads = 4, .head_bytes = 16, .page = 4, .mla = 0};
-
-static kvb_status_t rank_start(cluster_t *c, rank_t *r, kvb_mode_t mode, const auth_t *au)
+static void start(kvbh_cluster_t *c, const char *server_token, const kvbh_knobs_t *pre,
+                  const kvbh_knobs_t *dec)
 {
-    const model_t *m = &c->m;
-    kvb_manager_params_t mp = {0};
-    kvb_kv_args_t a = {0};
-    r->local_heads = m->heads / r->tp_size;
-    r->first_head = r->tp * r->local_heads;
-    r->n_layers = m->layers / r->pp_size;
-    r->first_layer = r->pp * r->n_layers;
-    r->item_len = (uint64_t)m->page * (uint64_t)r->local_heads * (uint64_t)m->head_bytes;
-    r->n_kv = 2 * r->n_layers;
-    r->pool_pages = c->pool_pages;
-    r->kv = calloc((size_t)r->n_kv, sizeof(*r->kv));
-    uint64_t ptrs[64], lens[64];
-    for (int i = 0; i < r->n_kv; i++) {
-        r->kv[i] = calloc(1, r->pool_pages * r->item_len);
-        ptrs[i] = (uint64_t)(uintptr_t)r->kv[i];
-        lens[i] = r->pool_pages * r->item_len;
-    }
-    r->aux = calloc(AUX_ITEMS, AUX_ITEM);
-    uint64_t aux_ptr = (uint64_t)(uintptr_t)r->aux, aux_len = AUX_ITEMS * AUX_ITEM,
-             aux_item = AUX_ITEM;
-    a.kv_data_ptrs = ptrs;
-    a.kv_data_lens = lens;
-    a.num_kv = (uint32_t)r->n_kv;
-    a.kv_item_len = r->item_len;
-    a.aux_data_ptrs = &aux_ptr;
-    a.aux_data_lens = &aux_len;
-    a.aux_item_lens = &aux_item;
-    a.num_aux = 1;
-    a.page_size = (uint32_t)m->page;
-    a.kv_head_num = (uint32_t)r->local_heads;
-    a.engine_rank = r->tp;
-    a.prefill_start_layer = (uint32_t)r->first_layer;
-    a.num_layers_total = (uint32_t)m->layers;
-    CHECK_EQ(kvb_engine_create(NULL, &r->eng), KVB_OK);
-    mp.field_mask = KVB_MANAGER_PARAM_BOOTSTRAP_ADDR | KVB_MANAGER_PARAM_THREADS;
-    mp.mode = mode;
-    mp.kv_args = &a;
-    mp.engine = r->eng;
-    mp.attn_tp_size = r->tp_size;
-    mp.attn_tp_rank = r->tp;
-    mp.attn_dp_size = 1;
-    mp.pp_size = r->pp_size;
-    mp.pp_rank = r->pp;
-    mp.system_dp_size = 1;
-    mp.bootstrap_addr = c->boot_addr;
-    mp.transfer_threads = 2;
-    mp.transfer_queues = 2;
-    if (au->token != NULL) {
-        mp.field_mask |= KVB_MANAGER_PARAM_BOOTSTRAP_TOKEN;
-        mp.bootstrap_token = au->token;
-    }
-    if (au->curve_sk != NULL) {
-        mp.field_mask |= KVB_MANAGER_PARAM_CURVE;
-        mp.curve_secret_key = au->curve_sk;
-        mp.curve_client_secret_key = au->curve_client_sk;
-        mp.curve_allowed_clients = au->curve_allowed;
-    }
-    kvb_status_t st = kvb_manager_create(&mp, &r->mgr);
-    if (st != KVB_OK) {
-        kvb_engine_destroy(r->eng);
-        for (int i = 0; i < r->n_kv; i++)
-            free(r->kv[i]);
-        free(r->kv);
-        free(r->aux);
-    }
-    return st;
+    kvbh_cluster_cfg_t cfg = {.g = GEOM,
+                              .ptp = 2,
+                              .ppp = 1,
+                              .pdp = 1,
+                              .dtp = 1,
+                              .server_token = server_token,
+                              .pre = *pre,
+                              .dec = *dec};
+    CHECK_EQ(kvbh_cluster_start(c, &cfg), KVB_OK);
 }
 
-static void rank_stop(rank_t *r)
-{
-    kvb_manager_destroy(r->mgr);
-    kvb_engine_destroy(r->eng);
-    for (int i = 0; i < r->n_kv; i++)
-        free(r->kv[i]);
-    free(r->kv);
-    free(r->aux);
-}
-
-/* Prefill TP 2, decode TP 1; the server with token (and auth_reads). */
-static void start(cluster_t *c, const char *server_token, const auth_t *pre, const auth_t *dec)
-{
-    kvb_bootstrap_server_params_t bp = {0};
-    memset(c, 0, sizeof(*c));
-    c->m = MODEL;
-    c->ptp = 2;
-    c->ppp = 1;
-    c->pdp = 1;
-    c->dtp = 1;
-    c->pool_pages = 256;
-    bp.field_mask = KVB_BOOTSTRAP_SERVER_PARAM_PORT | KVB_BOOTSTRAP_SERVER_PARAM_TOKEN |
-                    KVB_BOOTSTRAP_SERVER_PARAM_AUTH_READS;
-    bp.token = server_token;
-    bp.auth_reads = server_token != NULL;
-    CHECK_EQ(kvb_bootstrap_server_start(&bp, &c->boot), KVB_OK);
-    snprintf(c->boot_addr, sizeof(c->boot_addr), "%s", kvb_bootstrap_server_address(c->boot));
-    c->pre = calloc(2, sizeof(rank_t));
-    c->dec = calloc(1, sizeof(rank_t));
-    for (int t = 0; t < 2; t++) {
-        c->pre[t] = (rank_t){.tp = t, .tp_size = 2, .pp = 0, .pp_size = 1};
-        CHECK_EQ(rank_start(c, &c->pre[t], KVB_MODE_PREFILL, pre), KVB_OK);
-    }
-    c->dec[0] = (rank_t){.tp = 0, .tp_size = 1, .pp = 0, .pp_size = 1};
-    CHECK_EQ(rank_start(c, &c->dec[0], KVB_MODE_DECODE, dec), KVB_OK);
-}
-
-static void stop(cluster_t *c)
-{
-    rank_stop(&c->dec[0]);
-    for (int t = 0; t < 2; t++)
-        rank_stop(&c->pre[t]);
-    free(c->pre);
-    free(c->dec);
-    kvb_bootstrap_server_stop(c->boot);
-}
-
-static const room_opts_t OPTS = {.chunks = 3, .prefix_pages = 0, .use_mask = 0, .dp_rank = -1};
+static const kvbh_room_opts_t OPTS = {.chunks = 3, .prefix_pages = 0, .use_mask = 0, .dp_rank = -1};
 
 static uint64_t bad(kvb_manager_h m)
 {
@@ -177,10 +71,10 @@ static void test_curve(void)
     char pub[41], sec[41], opub[41], osec[41];
     CHECK_EQ(zmq_curve_keypair(pub, sec), 0);   /* the deployment's key */
     CHECK_EQ(zmq_curve_keypair(opub, osec), 0); /* an outsider's key */
-    auth_t au = {.curve_sk = sec};
-    cluster_t c;
+    kvbh_knobs_t au = {.curve_sk = sec};
+    kvbh_cluster_t c;
     start(&c, NULL, &au, &au);
-    CHECK_EQ(run_rooms(&c, 12, 1000, &OPTS), 0);
+    CHECK_EQ(kvbh_run_rooms(&c, 12, 1000, &OPTS), 0);
 
     void *zctx = zmq_ctx_new();
     kvb_manager_h targets[] = {c.dec[0].mgr, c.pre[0].mgr};
@@ -199,76 +93,78 @@ static void test_curve(void)
         CHECK(bad(m) > before);
     }
     zmq_ctx_term(zctx);
-    CHECK_EQ(run_rooms(&c, 12, 2000, &OPTS), 0);
-    stop(&c);
+    CHECK_EQ(kvbh_run_rooms(&c, 12, 2000, &OPTS), 0);
+    kvbh_cluster_stop(&c);
 
     /* A separate client key, admitted through the allowed list. */
     char cpub[41], csec[41], allowed[100];
     CHECK_EQ(zmq_curve_keypair(cpub, csec), 0);
     snprintf(allowed, sizeof(allowed), "%s, %s", pub, cpub);
-    auth_t au2 = {.curve_sk = sec, .curve_client_sk = csec, .curve_allowed = allowed};
+    kvbh_knobs_t au2 = {.curve_sk = sec, .curve_client_sk = csec, .curve_allowed = allowed};
     start(&c, NULL, &au2, &au2);
-    CHECK_EQ(run_rooms(&c, 8, 3000, &OPTS), 0);
-    stop(&c);
+    CHECK_EQ(kvbh_run_rooms(&c, 8, 3000, &OPTS), 0);
+    kvbh_cluster_stop(&c);
 
     /* A malformed key is refused at creation. */
-    auth_t badkey = {.curve_sk = "not-a-key"};
-    cluster_t c2 = {0};
-    c2.m = MODEL;
-    c2.pool_pages = 16;
-    snprintf(c2.boot_addr, sizeof(c2.boot_addr), "127.0.0.1:1");
-    rank_t r = {.tp = 0, .tp_size = 1, .pp = 0, .pp_size = 1};
-    CHECK_EQ(rank_start(&c2, &r, KVB_MODE_DECODE, &badkey), KVB_ERR_INVALID);
+    kvbh_knobs_t badkey = {.curve_sk = "not-a-key"};
+    kvbh_geom_t g16 = GEOM;
+    kvbh_rank_t r;
+    g16.pool_pages = 16;
+    CHECK_EQ(kvbh_rank_start_at(&r, &g16, NULL, KVB_MODE_DECODE, "127.0.0.1:1", KVBH_MEM_MALLOC,
+                                &badkey),
+             KVB_ERR_INVALID);
     CHECK_STR_CONTAINS(kvb_manager_last_error(NULL), "CURVE");
 }
 
 /* With CURVE off the same raw peer's frames arrive (the seeds' dialect). */
 static void test_plain_control(void)
 {
-    auth_t none = {0};
-    cluster_t c;
+    kvbh_knobs_t none = {0};
+    kvbh_cluster_t c;
     start(&c, NULL, &none, &none);
     void *zctx = zmq_ctx_new();
     uint64_t before = bad(c.dec[0].mgr);
     raw_push(zctx, kvb_manager_endpoint(c.dec[0].mgr), NULL);
     CHECK(bad(c.dec[0].mgr) > before);
     zmq_ctx_term(zctx);
-    CHECK_EQ(run_rooms(&c, 4, 4000, &OPTS), 0);
-    stop(&c);
+    CHECK_EQ(kvbh_run_rooms(&c, 4, 4000, &OPTS), 0);
+    kvbh_cluster_stop(&c);
 }
 
 static void test_bootstrap_token(void)
 {
-    auth_t tok = {.token = "s3cr3t-token"}, wrong = {.token = "nope"}, none = {0};
-    cluster_t c;
+    kvbh_knobs_t tok = {.bootstrap_token = "s3cr3t-token"}, wrong = {.bootstrap_token = "nope"},
+                 none = {0};
+    kvbh_cluster_t c;
     start(&c, "s3cr3t-token", &tok, &tok);
-    CHECK_EQ(run_rooms(&c, 8, 5000, &OPTS), 0);
+    CHECK_EQ(kvbh_run_rooms(&c, 8, 5000, &OPTS), 0);
 
     /* An extra prefill rank without / with a wrong token is refused. */
-    rank_t r = {.tp = 1, .tp_size = 2, .pp = 0, .pp_size = 1};
-    CHECK_EQ(rank_start(&c, &r, KVB_MODE_PREFILL, &none), KVB_ERR_AUTH);
+    kvbh_place_t tp1 = {.tp = 1, .tp_size = 2, .pp = 0, .pp_size = 1, .dp = 0, .dp_size = 1};
+    kvbh_rank_t r;
+    CHECK_EQ(kvbh_cluster_rank(&c, &r, &tp1, KVB_MODE_PREFILL, &none), KVB_ERR_AUTH);
     CHECK_STR_CONTAINS(kvb_manager_last_error(NULL), "registration");
-    CHECK_EQ(rank_start(&c, &r, KVB_MODE_PREFILL, &wrong), KVB_ERR_AUTH);
+    CHECK_EQ(kvbh_cluster_rank(&c, &r, &tp1, KVB_MODE_PREFILL, &wrong), KVB_ERR_AUTH);
     /* The refused registrations changed nothing: rooms still verify. */
-    CHECK_EQ(run_rooms(&c, 8, 6000, &OPTS), 0);
+    CHECK_EQ(kvbh_run_rooms(&c, 8, 6000, &OPTS), 0);
 
     /* A decode rank without the token cannot look the prefill up (auth_reads):
      * its receiver polls Failed. */
-    rank_t d = {.tp = 0, .tp_size = 1, .pp = 0, .pp_size = 1};
-    CHECK_EQ(rank_start(&c, &d, KVB_MODE_DECODE, &none), KVB_OK);
+    kvbh_rank_t d;
+    CHECK_EQ(kvbh_cluster_rank(&c, &d, NULL, KVB_MODE_DECODE, &none), KVB_OK);
     kvb_receiver_h rcv;
     CHECK_EQ(kvb_receiver_create(d.mgr, c.boot_addr, 7777, -1, &rcv), KVB_OK);
     CHECK_EQ(kvb_receiver_poll(rcv), KVB_POLL_FAILED);
     kvb_receiver_destroy(rcv);
-    rank_stop(&d);
+    kvbh_rank_stop(&d);
 
     /* The token from KVBRIDGE_BOOTSTRAP_TOKEN when the parameter is unset. */
     setenv("KVBRIDGE_BOOTSTRAP_TOKEN", "s3cr3t-token", 1);
-    r.tp = 1;
-    CHECK_EQ(rank_start(&c, &r, KVB_MODE_PREFILL, &none), KVB_OK); /* re-registers tp 1 */
+    CHECK_EQ(kvbh_cluster_rank(&c, &r, &tp1, KVB_MODE_PREFILL, &none),
+             KVB_OK); /* re-registers tp 1 */
     unsetenv("KVBRIDGE_BOOTSTRAP_TOKEN");
-    rank_stop(&r);
-    stop(&c);
+    kvbh_rank_stop(&r);
+    kvbh_cluster_stop(&c);
 }
 
 int main(void)

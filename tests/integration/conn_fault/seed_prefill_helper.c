@@ -13,37 +13,36 @@
  *   kvbad ROOM <wrong KV bytes on the decode memory at D0..>
  *   auxbad ROOM <wrong bytes of aux item DST_AUX of the decode memory>
  * Exits on stdin EOF. */
-#include "fault_util.h"
+#include "harness/kvb_cluster.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const fgeom_t G = {2, 2, 32, 4, 256};
+#define G KVBH_CHILD_GEOM
 
 int main(void)
 {
-    kvb_bootstrap_server_params_t bp = {KVB_BOOTSTRAP_SERVER_PARAM_PORT, NULL, 0, NULL, 0, 0, 0};
-    kvb_bootstrap_server_h boot;
+    kvbh_boot_t boot;
     kvb_engine_params_t ep = {0};
     kvb_engine_h deng;
-    frank_t p, d;
+    kvbh_rank_t p, d;
     char line[8192];
-    static uint8_t unreg_aux[FR_AUX_ITEM * FR_AUX_ITEMS];
-    if (kvb_bootstrap_server_start(&bp, &boot) != KVB_OK)
+    static uint8_t unreg_aux[KVBH_AUX_ITEM * KVBH_AUX_ITEMS];
+    if (kvbh_boot_start(&boot, 0, NULL) != 0)
         return 3;
-    const char *addr = kvb_bootstrap_server_address(boot);
-    if (frank_start(&p, &G, KVB_MODE_PREFILL, addr, -1, NULL) != 0)
+    const char *addr = boot.addr;
+    if (kvbh_rank_start(&p, &G, KVB_MODE_PREFILL, addr, KVBH_MEM_MALLOC, NULL) != 0)
         return 4;
     /* decode-side memory: same layout, registered with its own engine */
-    uint8_t *arena = malloc(farena_len(&G));
+    uint8_t *arena = malloc(kvbh_arena_len(&G, NULL));
     if (arena == NULL || kvb_engine_create(&ep, &deng) != KVB_OK)
         return 5;
-    flayout(&d, &G, arena, 1);
+    kvbh_layout(&d, &G, NULL, arena, 1);
     for (int i = 0; i < d.n_kv; i++)
         if (kvb_engine_register(deng, d.kv[i], d.buf_len, KVB_MEM_HOST) != KVB_OK)
             return 6;
-    if (kvb_engine_register(deng, d.aux, FR_AUX_ITEM * FR_AUX_ITEMS, KVB_MEM_HOST) != KVB_OK)
+    if (kvb_engine_register(deng, d.aux, KVBH_AUX_ITEM * KVBH_AUX_ITEMS, KVB_MEM_HOST) != KVB_OK)
         return 6;
     printf("boot %s\nsession %s\nkv ", addr, kvb_engine_session_id(deng));
     for (int i = 0; i < d.n_kv; i++)
@@ -59,8 +58,8 @@ int main(void)
         char why[512] = "";
         kvb_sender_h s;
         if (sscanf(line, "send %llu %d %d %d%n", &room, &src_aux, &dst_aux, &n, &off) != 4 ||
-            n < 1 || n > 512 || src_aux < 0 || src_aux >= FR_AUX_ITEMS || dst_aux < 0 ||
-            dst_aux >= FR_AUX_ITEMS)
+            n < 1 || n > 512 || src_aux < 0 || src_aux >= KVBH_AUX_ITEMS || dst_aux < 0 ||
+            dst_aux >= KVBH_AUX_ITEMS)
             continue;
         for (int i = 0; i < n; i++) {
             src[i] = 10 + i;
@@ -72,38 +71,34 @@ int main(void)
         }
         if (n == 0)
             continue;
-        ffill(&p, room, src, n, src_aux);
+        kvbh_fill(&p, room, src, n, src_aux);
         printf("auxhex %llu ", room);
-        for (int b = 0; b < FR_AUX_ITEM; b++)
-            printf("%02x", fpat(room, 100, 0, (uint64_t)b));
+        for (int b = 0; b < KVBH_AUX_ITEM; b++)
+            printf("%02x", kvbh_pat(room, 100, 0, (uint64_t)b));
         printf("\n");
         kvb_poll_t st = KVB_POLL_FAILED;
         if (kvb_sender_create(p.mgr, addr, room, &s) == KVB_OK) {
-            if (fwait_sender_ready(s, 10) == 0) {
+            if (kvbh_wait_sender_ready(s, 10) == 0) {
                 kvb_sender_init(s, (uint64_t)n, src_aux);
                 kvb_sender_send(s, src, (size_t)(n / 2));
                 kvb_sender_send(s, src + n / 2, (size_t)(n - n / 2));
             }
-            st = fwait_sender(s, 10);
+            st = kvbh_wait_sender(s, 10);
             if (st == KVB_POLL_FAILED)
                 kvb_sender_failure(s, why, sizeof(why));
             kvb_sender_destroy(s);
         }
-        uint64_t kvbad = 0, auxbad = 0;
-        for (int b = 0; b < d.n_kv; b++)
-            for (int i = 0; i < n; i++)
-                for (uint64_t j = 0; j < d.item_len; j++)
-                    kvbad +=
-                        d.kv[b][(uint64_t)dst[i] * d.item_len + j] != fpat(room, b, (uint64_t)i, j);
-        for (uint64_t j = 0; j < FR_AUX_ITEM; j++)
-            auxbad += d.aux[(uint64_t)dst_aux * FR_AUX_ITEM + j] != fpat(room, 100, 0, j);
+        uint64_t auxbad = 0;
+        for (uint64_t j = 0; j < KVBH_AUX_ITEM; j++)
+            auxbad += d.aux[(uint64_t)dst_aux * KVBH_AUX_ITEM + j] != kvbh_pat(room, 100, 0, j);
+        uint64_t kvbad = kvbh_verify(&d, room, dst, n, dst_aux) - auxbad;
         printf("status %llu %d %s\nkvbad %llu %llu\nauxbad %llu %llu\n", room, (int)st, why, room,
                (unsigned long long)kvbad, room, (unsigned long long)auxbad);
         fflush(stdout);
     }
-    frank_stop(&p);
+    kvbh_rank_stop(&p);
     kvb_engine_destroy(deng);
     free(arena);
-    kvb_bootstrap_server_stop(boot);
+    kvbh_boot_stop(&boot);
     return 0;
 }

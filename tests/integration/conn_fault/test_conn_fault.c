@@ -3,7 +3,7 @@
  * and waiting time-outs, aborts on either side with the write fence checked
  * on the destination pages, and malformed frames of every kind from a raw
  * ZeroMQ peer. Child processes are this executable run with --child. */
-#include "fault_util.h"
+#include "harness/kvb_cluster.h"
 #include "kvb_test.h"
 
 #include <signal.h>
@@ -15,137 +15,10 @@
 #include <unistd.h>
 #include <zmq.h>
 
-static const fgeom_t G_SMALL = {2, 2, 32, 4, 256};
-static const fgeom_t G_BIG = {2, 2, 2048, 4, 1024};
-static const char *g_self;
+#define G_SMALL KVBH_CHILD_GEOM /* the children's ranks (shared memfd layout) */
+static const kvbh_geom_t G_BIG = {2, 2, 2048, 4, 1024, 0, 0};
 
 #define FAIL_FROM_PREFILL "Failed to get kvcache from prefill instance, it might be dead"
-
-static int32_t child_dst(uint64_t room, int i)
-{
-    return (int32_t)(((room % 16) * 16 + (uint64_t)i) % G_SMALL.pool_pages);
-}
-
-static int32_t child_src(uint64_t room, int i)
-{
-    return (int32_t)(((room % 16) * 16 + 15 - (uint64_t)i) % G_SMALL.pool_pages);
-}
-
-/* ---- children ---- */
-
-/* prefill: bootstrap server + prefill rank. "rooms FIRST COUNT NPAGES": a
- * sender per room, filled, first half of the pages sent (not the last
- * chunk), then "sent". "full FIRST COUNT NPAGES": all pages, wait Success. */
-static int child_prefill(void)
-{
-    kvb_bootstrap_server_params_t bp = {KVB_BOOTSTRAP_SERVER_PARAM_PORT, NULL, 0, NULL, 0, 0, 0};
-    kvb_bootstrap_server_h boot;
-    frank_t p;
-    char line[256], cmd[32];
-    unsigned long long first;
-    int count, n;
-    kvb_sender_h snd[16] = {0};
-    if (kvb_bootstrap_server_start(&bp, &boot) != KVB_OK)
-        return 3;
-    if (frank_start(&p, &G_SMALL, KVB_MODE_PREFILL, kvb_bootstrap_server_address(boot), -1, NULL) !=
-        0)
-        return 4;
-    printf("boot %s\n", kvb_bootstrap_server_address(boot));
-    fflush(stdout);
-    while (fgets(line, sizeof(line), stdin) != NULL) {
-        if (sscanf(line, "%31s %llu %d %d", cmd, &first, &count, &n) != 4 || count > 16 || n > 16)
-            continue;
-        for (int j = 0; j < count; j++) {
-            uint64_t room = first + (uint64_t)j;
-            int32_t src[16];
-            for (int i = 0; i < n; i++)
-                src[i] = child_src(room, i);
-            ffill(&p, room, src, n, (int)(room % FR_AUX_ITEMS));
-            if (kvb_sender_create(p.mgr, "x", room, &snd[j]) != KVB_OK ||
-                fwait_sender_ready(snd[j], 10) != 0) {
-                printf("error room %llu not ready\n", (unsigned long long)room);
-                fflush(stdout);
-                continue;
-            }
-            kvb_sender_init(snd[j], (uint64_t)n, (int64_t)(room % FR_AUX_ITEMS));
-            kvb_sender_send(snd[j], src, (size_t)(strcmp(cmd, "full") == 0 ? n : n / 2));
-        }
-        printf("sent\n");
-        fflush(stdout);
-    }
-    return 0;
-}
-
-/* decode: a decode rank whose arena is the memfd; receivers for rooms
- * [FIRST, FIRST + COUNT) of NPAGES each (pages child_dst), "ready", then
- * "room R STATUS reason" as each ends, "done"; exits on stdin EOF. */
-static int child_decode(char **argv)
-{
-    const char *boot = argv[0];
-    int memfd = atoi(argv[1]);
-    uint64_t first = strtoull(argv[2], NULL, 10);
-    int count = atoi(argv[3]), n = atoi(argv[4]);
-    kvb_receiver_h rc[16];
-    int done[16] = {0}, left = count;
-    frank_t d;
-    char c;
-    if (count > 16 || n > 16 || frank_start(&d, &G_SMALL, KVB_MODE_DECODE, NULL, memfd, NULL) != 0)
-        return 3;
-    for (int j = 0; j < count; j++) {
-        uint64_t room = first + (uint64_t)j;
-        int32_t dst[16];
-        for (int i = 0; i < n; i++)
-            dst[i] = child_dst(room, i);
-        if (kvb_receiver_create(d.mgr, boot, room, -1, &rc[j]) != KVB_OK)
-            return 4;
-        kvb_receiver_init(rc[j], dst, (size_t)n, (int64_t)(room % FR_AUX_ITEMS), NULL);
-    }
-    printf("ready %s\n", kvb_engine_session_id(d.eng));
-    fflush(stdout);
-    double end = fnow() + 60;
-    while (left > 0 && fnow() < end) {
-        for (int j = 0; j < count; j++) {
-            kvb_poll_t p;
-            char why[512] = "";
-            if (done[j] ||
-                ((p = kvb_receiver_poll(rc[j])) != KVB_POLL_SUCCESS && p != KVB_POLL_FAILED))
-                continue;
-            if (p == KVB_POLL_FAILED)
-                kvb_receiver_failure(rc[j], why, sizeof(why));
-            printf("room %llu %d %s\n", (unsigned long long)(first + (uint64_t)j), (int)p, why);
-            fflush(stdout);
-            done[j] = 1;
-            left--;
-        }
-        fsleep(0.002);
-    }
-    printf("done\n");
-    fflush(stdout);
-    while (read(0, &c, 1) > 0)
-        ;
-    for (int j = 0; j < count; j++)
-        kvb_receiver_destroy(rc[j]);
-    frank_stop(&d);
-    return 0;
-}
-
-static int child_main(int argc, char **argv)
-{
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (argc >= 3 && strcmp(argv[2], "prefill") == 0)
-        return child_prefill();
-    if (argc >= 8 && strcmp(argv[2], "decode") == 0)
-        return child_decode(argv + 3);
-    return 2;
-}
-
-static kvb_bootstrap_server_h boot_start(void)
-{
-    kvb_bootstrap_server_params_t bp = {KVB_BOOTSTRAP_SERVER_PARAM_PORT, NULL, 0, NULL, 0, 0, 0};
-    kvb_bootstrap_server_h b = NULL;
-    CHECK_EQ(kvb_bootstrap_server_start(&bp, &b), KVB_OK);
-    return b;
-}
 
 /* ---- 1. prefill rank killed mid-transfer ---- */
 
@@ -153,44 +26,30 @@ static void test_prefill_killed(void)
 {
     const double interval = 0.2;
     const int misses = 2;
-    fknobs_t k = {interval, misses, 0, 0, 0};
-    fchild_t ch;
-    frank_t d;
+    kvbh_knobs_t k = {.hb_interval = interval, .hb_misses = misses};
+    kvbh_child_t ch;
+    kvbh_rank_t d;
     char line[512], boot[128], expect[256], why[512];
     kvb_receiver_h rc[4];
-    char *args[] = {"--child", "prefill", NULL};
-    CHECK_EQ(fchild_spawn(&ch, g_self, args), 0);
-    CHECK_EQ(fchild_line(&ch, line, sizeof(line), 20), 0);
-    CHECK_EQ(sscanf(line, "boot %127s", boot), 1);
-    CHECK_EQ(frank_start(&d, &G_SMALL, KVB_MODE_DECODE, NULL, -1, &k), 0);
+    CHECK_EQ(kvbh_spawn_prefill(&ch, boot, sizeof(boot)), 0);
+    CHECK_EQ(kvbh_rank_start(&d, &G_SMALL, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, &k), 0);
     for (int j = 0; j < 4; j++) {
         int32_t dst[8];
         for (int i = 0; i < 8; i++)
-            dst[i] = child_dst(100 + (uint64_t)j, i);
+            dst[i] = kvbh_dst_page(&G_SMALL, 100 + (uint64_t)j, i);
         CHECK_EQ(kvb_receiver_create(d.mgr, boot, 100 + (uint64_t)j, -1, &rc[j]), KVB_OK);
         kvb_receiver_init(rc[j], dst, 8, j, NULL);
     }
     dprintf(ch.to, "rooms 100 4 8\n");
-    CHECK_EQ(fchild_line(&ch, line, sizeof(line), 20), 0);
+    CHECK_EQ(kvbh_child_line(&ch, line, sizeof(line), 20), 0);
     CHECK(strcmp(line, "sent") == 0);
-    fsleep(0.1); /* the first chunks land; no room is terminal */
+    kvbh_sleep(0.1); /* the first chunks land; no room is terminal */
     for (int j = 0; j < 4; j++)
         CHECK_EQ(kvb_receiver_poll(rc[j]), KVB_POLL_WAITING_FOR_INPUT);
-    double t0 = fnow(), t_last = 0;
-    fchild_kill(&ch);
-    int left = 4, done[4] = {0};
-    while (left > 0 && fnow() < t0 + 10) {
-        for (int j = 0; j < 4; j++) {
-            kvb_poll_t p = kvb_receiver_poll(rc[j]);
-            if (done[j] || p == KVB_POLL_WAITING_FOR_INPUT || p == KVB_POLL_TRANSFERRING)
-                continue;
-            CHECK_EQ(p, KVB_POLL_FAILED);
-            done[j] = 1;
-            left--;
-            t_last = fnow() - t0;
-        }
-        fsleep(0.002);
-    }
+    double t0 = kvbh_now(), t_last = 0;
+    kvbh_child_kill(&ch);
+    int other, left = kvbh_wait_receivers_fail(rc, 4, t0, 10, &other, &t_last);
+    CHECK_EQ(other, 0); /* every ended room Failed */
     CHECK_EQ(left, 0);
     snprintf(expect, sizeof(expect), "Losing connection with prefill instance (bootstrap_addr: %s)",
              boot);
@@ -203,69 +62,55 @@ static void test_prefill_killed(void)
             interval * misses + 1.0);
     CHECK(t_last <= interval * misses + 1.0);
     /* The decode rank still serves another prefill instance. */
-    kvb_bootstrap_server_h b2 = boot_start();
-    frank_t p2;
-    CHECK_EQ(
-        frank_start(&p2, &G_SMALL, KVB_MODE_PREFILL, kvb_bootstrap_server_address(b2), -1, NULL),
-        0);
-    CHECK_EQ(frun_room(&p2, &d, kvb_bootstrap_server_address(b2), 110, 9, 3, 40, 2), 0);
-    CHECK(fcanaries_ok(&d, "decode"));
-    frank_stop(&p2);
-    kvb_bootstrap_server_stop(b2);
-    frank_stop(&d);
+    kvbh_boot_t b2;
+    kvbh_rank_t p2;
+    CHECK_EQ(kvbh_boot_start(&b2, 0, NULL), 0);
+    CHECK_EQ(kvbh_rank_start(&p2, &G_SMALL, KVB_MODE_PREFILL, b2.addr, KVBH_MEM_MALLOC, NULL), 0);
+    CHECK_EQ(kvbh_run_room(&p2, &d, b2.addr, 110, 9, 3, 40, 2), 0);
+    CHECK(kvbh_canaries_ok(&d, "decode"));
+    kvbh_rank_stop(&p2);
+    kvbh_boot_stop(&b2);
+    kvbh_rank_stop(&d);
     TEST_PASS("prefill rank killed mid-transfer");
 }
 
 /* ---- 2. decode rank killed ---- */
 
-static int spawn_decode(fchild_t *ch, const char *boot, int memfd, uint64_t first, int count, int n)
-{
-    char fd[16], f[32], c[16], np[16], line[256];
-    snprintf(fd, sizeof(fd), "%d", memfd);
-    snprintf(f, sizeof(f), "%llu", (unsigned long long)first);
-    snprintf(c, sizeof(c), "%d", count);
-    snprintf(np, sizeof(np), "%d", n);
-    char *args[] = {"--child", "decode", (char *)boot, fd, f, c, np, NULL};
-    if (fchild_spawn(ch, g_self, args) != 0 || fchild_line(ch, line, sizeof(line), 20) != 0 ||
-        strncmp(line, "ready", 5) != 0)
-        return -1;
-    return 0;
-}
-
 static void test_decode_killed(void)
 {
-    kvb_bootstrap_server_h b = boot_start();
-    const char *boot = kvb_bootstrap_server_address(b);
-    frank_t p, a;
-    fchild_t dead, again;
+    kvbh_boot_t b;
+    CHECK_EQ(kvbh_boot_start(&b, 0, NULL), 0);
+    const char *boot = b.addr;
+    kvbh_rank_t p, a;
+    kvbh_child_t dead, again;
     kvb_sender_h snd[4];
     char line[512], why[512];
     int memfd = memfd_create("kvb-fault-decode", 0);
-    size_t len = farena_len(&G_SMALL);
+    size_t len = kvbh_arena_len(&G_SMALL, NULL);
     CHECK(memfd >= 0 && ftruncate(memfd, (off_t)len) == 0);
-    CHECK_EQ(frank_start(&p, &G_SMALL, KVB_MODE_PREFILL, boot, -1, NULL), 0);
-    CHECK_EQ(frank_start(&a, &G_SMALL, KVB_MODE_DECODE, NULL, -1, NULL), 0);
-    CHECK_EQ(spawn_decode(&dead, boot, memfd, 200, 4, 8), 0);
+    CHECK_EQ(kvbh_rank_start(&p, &G_SMALL, KVB_MODE_PREFILL, boot, KVBH_MEM_MALLOC, NULL), 0);
+    CHECK_EQ(kvbh_rank_start(&a, &G_SMALL, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), 0);
+    CHECK_EQ(kvbh_spawn_decode(&dead, boot, memfd, 200, 4, 8), 0);
     for (int j = 0; j < 4; j++) {
         uint64_t room = 200 + (uint64_t)j;
         int32_t src[8];
         for (int i = 0; i < 8; i++)
-            src[i] = child_src(room, i);
-        ffill(&p, room, src, 8, (int)(room % FR_AUX_ITEMS));
+            src[i] = kvbh_src_page(&G_SMALL, room, i);
+        kvbh_fill(&p, room, src, 8, (int)(room % KVBH_AUX_ITEMS));
         CHECK_EQ(kvb_sender_create(p.mgr, boot, room, &snd[j]), KVB_OK);
-        CHECK_EQ(fwait_sender_ready(snd[j], 10), 0);
-        kvb_sender_init(snd[j], 8, (int64_t)(room % FR_AUX_ITEMS));
+        CHECK_EQ(kvbh_wait_sender_ready(snd[j], 10), 0);
+        kvb_sender_init(snd[j], 8, (int64_t)(room % KVBH_AUX_ITEMS));
         if (j < 2) /* rooms 200, 201: first half written before the kill */
             CHECK_EQ(kvb_sender_send(snd[j], src, 4), KVB_OK);
     }
-    fsleep(0.2);
-    double t0 = fnow();
-    fchild_kill(&dead);
+    kvbh_sleep(0.2);
+    double t0 = kvbh_now();
+    kvbh_child_kill(&dead);
     for (int j = 0; j < 4; j++) {
         uint64_t room = 200 + (uint64_t)j;
         int32_t src[8];
         for (int i = 0; i < 8; i++)
-            src[i] = child_src(room, i);
+            src[i] = kvbh_src_page(&G_SMALL, room, i);
         if (j < 2)
             kvb_sender_send(snd[j], src + 4, 4);
         else
@@ -273,8 +118,8 @@ static void test_decode_killed(void)
     }
     double t_last = 0;
     for (int j = 0; j < 4; j++) {
-        kvb_poll_t st = fwait_sender(snd[j], 30);
-        t_last = fnow() - t0;
+        kvb_poll_t st = kvbh_wait_sender(snd[j], 30);
+        t_last = kvbh_now() - t0;
         kvb_sender_failure(snd[j], why, sizeof(why));
         fprintf(stderr, "room %d to the killed decode: %s: %s\n", 200 + j, kvb_poll_string(st),
                 why);
@@ -285,33 +130,34 @@ static void test_decode_killed(void)
     fprintf(stderr, "decode killed: its rooms Failed on the prefill within %.3f s\n", t_last);
     /* Another decode rank of the same prefill is unaffected. */
     for (int j = 0; j < 3; j++)
-        CHECK_EQ(frun_room(&p, &a, boot, 300 + (uint64_t)j, 8, 100 + 10 * j, 20 + 10 * j, j), 0);
+        CHECK_EQ(kvbh_run_room(&p, &a, boot, 300 + (uint64_t)j, 8, 100 + 10 * j, 20 + 10 * j, j),
+                 0);
     kvb_manager_stats_t st;
     kvb_manager_stats(p.mgr, &st);
     CHECK(st.transfers_failed >= 1);
     /* A restarted decode (new process, new session) is served. */
-    CHECK_EQ(spawn_decode(&again, boot, memfd, 400, 4, 8), 0);
+    CHECK_EQ(kvbh_spawn_decode(&again, boot, memfd, 400, 4, 8), 0);
     for (int j = 0; j < 4; j++) {
         uint64_t room = 400 + (uint64_t)j;
         int32_t src[8];
         for (int i = 0; i < 8; i++)
-            src[i] = child_src(room, i);
-        ffill(&p, room, src, 8, (int)(room % FR_AUX_ITEMS));
+            src[i] = kvbh_src_page(&G_SMALL, room, i);
+        kvbh_fill(&p, room, src, 8, (int)(room % KVBH_AUX_ITEMS));
         CHECK_EQ(kvb_sender_create(p.mgr, boot, room, &snd[j]), KVB_OK);
-        CHECK_EQ(fwait_sender_ready(snd[j], 10), 0);
-        kvb_sender_init(snd[j], 8, (int64_t)(room % FR_AUX_ITEMS));
+        CHECK_EQ(kvbh_wait_sender_ready(snd[j], 10), 0);
+        kvb_sender_init(snd[j], 8, (int64_t)(room % KVBH_AUX_ITEMS));
         kvb_sender_send(snd[j], src, 3);
         kvb_sender_send(snd[j], src + 3, 5);
     }
     for (int j = 0; j < 4; j++) {
-        CHECK_EQ(fwait_sender(snd[j], 20), KVB_POLL_SUCCESS);
+        CHECK_EQ(kvbh_wait_sender(snd[j], 20), KVB_POLL_SUCCESS);
         kvb_sender_destroy(snd[j]);
     }
     int ok = 0;
     for (int j = 0; j < 5; j++) {
         unsigned long long room;
         int s;
-        CHECK_EQ(fchild_line(&again, line, sizeof(line), 20), 0);
+        CHECK_EQ(kvbh_child_line(&again, line, sizeof(line), 20), 0);
         if (strcmp(line, "done") == 0)
             break;
         CHECK_EQ(sscanf(line, "room %llu %d", &room, &s), 2);
@@ -321,24 +167,24 @@ static void test_decode_killed(void)
         ok++;
     }
     CHECK_EQ(ok, 4);
-    frank_t view;
+    kvbh_rank_t view;
     uint8_t *arena = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
     CHECK(arena != MAP_FAILED);
-    flayout(&view, &G_SMALL, arena, 0);
+    kvbh_layout(&view, &G_SMALL, NULL, arena, 0);
     for (int j = 0; j < 4; j++) {
         uint64_t room = 400 + (uint64_t)j;
         int32_t dst[8];
         for (int i = 0; i < 8; i++)
-            dst[i] = child_dst(room, i);
-        CHECK_EQ(fverify(&view, room, dst, 8, (int)(room % FR_AUX_ITEMS)), 0);
+            dst[i] = kvbh_dst_page(&G_SMALL, room, i);
+        CHECK_EQ(kvbh_verify(&view, room, dst, 8, (int)(room % KVBH_AUX_ITEMS)), 0);
     }
-    CHECK(fcanaries_ok(&view, "restarted decode"));
+    CHECK(kvbh_canaries_ok(&view, "restarted decode"));
     munmap(arena, len);
-    fchild_close(&again);
-    CHECK(fcanaries_ok(&a, "decode A"));
-    frank_stop(&a);
-    frank_stop(&p);
-    kvb_bootstrap_server_stop(b);
+    kvbh_child_close(&again);
+    CHECK(kvbh_canaries_ok(&a, "decode A"));
+    kvbh_rank_stop(&a);
+    kvbh_rank_stop(&p);
+    kvbh_boot_stop(&b);
     close(memfd);
     TEST_PASS("decode rank killed; others unaffected; restarted decode served");
 }
@@ -363,21 +209,22 @@ static void check_timeout_reason(const char *why, uint64_t room, const char *sta
 static void test_timeouts(void)
 {
     const double to = 0.5;
-    fknobs_t k = {0, 0, to, to, 0};
-    kvb_bootstrap_server_h b = boot_start();
-    const char *boot = kvb_bootstrap_server_address(b);
-    frank_t p, d;
+    kvbh_knobs_t k = {.boot_timeout = to, .wait_timeout = to};
+    kvbh_boot_t b;
+    CHECK_EQ(kvbh_boot_start(&b, 0, NULL), 0);
+    const char *boot = b.addr;
+    kvbh_rank_t p, d;
     kvb_sender_h s;
     kvb_receiver_h rc;
     char why[512];
-    CHECK_EQ(frank_start(&p, &G_SMALL, KVB_MODE_PREFILL, boot, -1, &k), 0);
-    CHECK_EQ(frank_start(&d, &G_SMALL, KVB_MODE_DECODE, NULL, -1, &k), 0);
+    CHECK_EQ(kvbh_rank_start(&p, &G_SMALL, KVB_MODE_PREFILL, boot, KVBH_MEM_MALLOC, &k), 0);
+    CHECK_EQ(kvbh_rank_start(&d, &G_SMALL, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, &k), 0);
     /* Bootstrap time-out: a sender no decode ever sends transfer info to. */
-    double t0 = fnow();
+    double t0 = kvbh_now();
     CHECK_EQ(kvb_sender_create(p.mgr, boot, 500, &s), KVB_OK);
     CHECK_EQ(kvb_sender_poll(s), KVB_POLL_BOOTSTRAPPING);
-    CHECK_EQ(fwait_sender(s, 5), KVB_POLL_FAILED);
-    double t = fnow() - t0;
+    CHECK_EQ(kvbh_wait_sender(s, 5), KVB_POLL_FAILED);
+    double t = kvbh_now() - t0;
     kvb_sender_failure(s, why, sizeof(why));
     fprintf(stderr, "bootstrap time-out %.1f s: Failed after %.3f s: %s\n", to, t, why);
     CHECK(t >= to && t <= to + 0.5);
@@ -386,11 +233,11 @@ static void test_timeouts(void)
     /* Waiting time-out: receiver init'ed, the prefill never sends. */
     int32_t dst[4] = {1, 2, 3, 4};
     CHECK_EQ(kvb_receiver_create(d.mgr, boot, 501, -1, &rc), KVB_OK);
-    t0 = fnow();
+    t0 = kvbh_now();
     kvb_receiver_init(rc, dst, 4, 0, NULL);
     CHECK_EQ(kvb_receiver_poll(rc), KVB_POLL_WAITING_FOR_INPUT);
-    CHECK_EQ(fwait_receiver(rc, 5), KVB_POLL_FAILED);
-    t = fnow() - t0;
+    CHECK_EQ(kvbh_wait_receiver(rc, 5), KVB_POLL_FAILED);
+    t = kvbh_now() - t0;
     kvb_receiver_failure(rc, why, sizeof(why));
     fprintf(stderr, "waiting time-out %.1f s: Failed after %.3f s: %s\n", to, t, why);
     CHECK(t >= to && t <= to + 1.0);
@@ -398,40 +245,40 @@ static void test_timeouts(void)
     kvb_receiver_destroy(rc);
     /* The prefill was told: a sender created for the room now fails. */
     CHECK_EQ(kvb_sender_create(p.mgr, boot, 501, &s), KVB_OK);
-    CHECK_EQ(fwait_sender(s, 2), KVB_POLL_FAILED);
+    CHECK_EQ(kvbh_wait_sender(s, 2), KVB_POLL_FAILED);
     kvb_sender_destroy(s);
-    CHECK_EQ(frun_room(&p, &d, boot, 502, 6, 10, 10, 1), 0);
-    frank_stop(&d);
-    frank_stop(&p);
-    kvb_bootstrap_server_stop(b);
+    CHECK_EQ(kvbh_run_room(&p, &d, boot, 502, 6, 10, 10, 1), 0);
+    kvbh_rank_stop(&d);
+    kvbh_rank_stop(&p);
+    kvbh_boot_stop(&b);
     TEST_PASS("bootstrap and waiting time-outs");
 }
 
 /* ---- 4. aborts and the fence ---- */
 
 /* Destination bytes of the room's pages in every buffer, concatenated. */
-static uint8_t *snapshot(const frank_t *d, const int32_t *dst, int n)
+static uint8_t *snapshot(const kvbh_rank_t *d, const int32_t *dst, int n)
 {
-    uint8_t *s = malloc((size_t)d->n_kv * (size_t)n * d->item_len + FR_AUX_ITEM * FR_AUX_ITEMS);
+    uint8_t *s = malloc((size_t)d->n_kv * (size_t)n * d->item_len + KVBH_AUX_ITEM * KVBH_AUX_ITEMS);
     size_t o = 0;
     for (int b = 0; b < d->n_kv; b++)
         for (int i = 0; i < n; i++, o += d->item_len)
             memcpy(s + o, d->kv[b] + (uint64_t)dst[i] * d->item_len, d->item_len);
-    memcpy(s + o, d->aux, FR_AUX_ITEM * FR_AUX_ITEMS);
+    memcpy(s + o, d->aux, KVBH_AUX_ITEM * KVBH_AUX_ITEMS);
     return s;
 }
 
-static size_t snapshot_len(const frank_t *d, int n)
+static size_t snapshot_len(const kvbh_rank_t *d, int n)
 {
-    return (size_t)d->n_kv * (size_t)n * d->item_len + FR_AUX_ITEM * FR_AUX_ITEMS;
+    return (size_t)d->n_kv * (size_t)n * d->item_len + KVBH_AUX_ITEM * KVBH_AUX_ITEMS;
 }
 
 /* One abort race: a large room, chunks queued, abort by the sender
  * (by_sender) or the receiver after delay_s; then the receiver must poll
  * Failed and the pages must not change after that. Returns bytes of the
  * room that had landed when the poll said Failed. */
-static uint64_t abort_race(frank_t *p, frank_t *d, const char *boot, uint64_t room, int by_sender,
-                           double delay_s)
+static uint64_t abort_race(kvbh_rank_t *p, kvbh_rank_t *d, const char *boot, uint64_t room,
+                           int by_sender, double delay_s)
 {
     enum { N = 512, CH = 64 };
     static int32_t src[N], dst[N];
@@ -444,27 +291,27 @@ static uint64_t abort_race(frank_t *p, frank_t *d, const char *boot, uint64_t ro
     }
     for (int b = 0; b < d->n_kv; b++)
         memset(d->kv[b], 0, d->buf_len);
-    memset(d->aux, 0, FR_AUX_ITEM * FR_AUX_ITEMS);
-    ffill(p, room, src, N, 3);
+    memset(d->aux, 0, KVBH_AUX_ITEM * KVBH_AUX_ITEMS);
+    kvbh_fill(p, room, src, N, 3);
     CHECK_EQ(kvb_receiver_create(d->mgr, boot, room, -1, &rc), KVB_OK);
     kvb_receiver_init(rc, dst, N, 3, NULL);
     CHECK_EQ(kvb_sender_create(p->mgr, boot, room, &s), KVB_OK);
-    CHECK_EQ(fwait_sender_ready(s, 10), 0);
+    CHECK_EQ(kvbh_wait_sender_ready(s, 10), 0);
     kvb_sender_init(s, N, 3);
     for (int c = 0; c < N / CH; c++)
         CHECK_EQ(kvb_sender_send(s, src + c * CH, CH), KVB_OK);
     if (delay_s > 0)
-        fsleep(delay_s);
+        kvbh_sleep(delay_s);
     if (by_sender)
         kvb_sender_abort(s);
     else
         kvb_receiver_abort(rc);
-    double t0 = fnow();
-    kvb_poll_t pr = fwait_receiver(rc, 30);
-    double t_term = fnow() - t0;
+    double t0 = kvbh_now();
+    kvb_poll_t pr = kvbh_wait_receiver(rc, 30);
+    double t_term = kvbh_now() - t0;
     uint8_t *before = snapshot(d, dst, N);
-    kvb_poll_t ps = fwait_sender(s, 10);
-    fsleep(0.3);
+    kvb_poll_t ps = kvbh_wait_sender(s, 10);
+    kvbh_sleep(0.3);
     uint8_t *after = snapshot(d, dst, N);
     size_t len = snapshot_len(d, N);
     uint64_t landed = 0, changed = 0;
@@ -474,7 +321,7 @@ static uint64_t abort_race(frank_t *p, frank_t *d, const char *boot, uint64_t ro
     }
     if (pr == KVB_POLL_SUCCESS) {
         /* The transfer won the race entirely: legal, all bytes must be right. */
-        CHECK_EQ(fverify(d, room, dst, N, 3), 0);
+        CHECK_EQ(kvbh_verify(d, room, dst, N, 3), 0);
     } else {
         CHECK_EQ(pr, KVB_POLL_FAILED);
         kvb_receiver_failure(rc, why, sizeof(why));
@@ -505,11 +352,12 @@ static uint64_t abort_race(frank_t *p, frank_t *d, const char *boot, uint64_t ro
 
 static void test_aborts(void)
 {
-    kvb_bootstrap_server_h b = boot_start();
-    const char *boot = kvb_bootstrap_server_address(b);
-    frank_t p, d;
-    CHECK_EQ(frank_start(&p, &G_BIG, KVB_MODE_PREFILL, boot, -1, NULL), 0);
-    CHECK_EQ(frank_start(&d, &G_BIG, KVB_MODE_DECODE, NULL, -1, NULL), 0);
+    kvbh_boot_t b;
+    CHECK_EQ(kvbh_boot_start(&b, 0, NULL), 0);
+    const char *boot = b.addr;
+    kvbh_rank_t p, d;
+    CHECK_EQ(kvbh_rank_start(&p, &G_BIG, KVB_MODE_PREFILL, boot, KVBH_MEM_MALLOC, NULL), 0);
+    CHECK_EQ(kvbh_rank_start(&d, &G_BIG, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), 0);
     static const double delays[] = {0, 0.001, 0.003, 0.008, 0.02};
     uint64_t room = 600;
     int partial = 0;
@@ -519,13 +367,13 @@ static void test_aborts(void)
             partial += landed > 0;
         }
     fprintf(stderr, "abort races with bytes landed before terminal: %d of 10\n", partial);
-    CHECK(fcanaries_ok(&d, "decode"));
-    CHECK(fcanaries_ok(&p, "prefill"));
+    CHECK(kvbh_canaries_ok(&d, "decode"));
+    CHECK(kvbh_canaries_ok(&p, "prefill"));
     /* Both ranks serve a clean room afterwards. */
-    CHECK_EQ(frun_room(&p, &d, boot, 700, 16, 0, 0, 5), 0);
-    frank_stop(&d);
-    frank_stop(&p);
-    kvb_bootstrap_server_stop(b);
+    CHECK_EQ(kvbh_run_room(&p, &d, boot, 700, 16, 0, 0, 5), 0);
+    kvbh_rank_stop(&d);
+    kvbh_rank_stop(&p);
+    kvbh_boot_stop(&b);
     TEST_PASS("aborts on each side; fence holds");
 }
 
@@ -563,9 +411,9 @@ static uint64_t bad_count(kvb_manager_h m)
 
 static void wait_bad(kvb_manager_h m, uint64_t want, const char *what)
 {
-    double end = fnow() + 5;
-    while (bad_count(m) < want && fnow() < end)
-        fsleep(0.001);
+    double end = kvbh_now() + 5;
+    while (bad_count(m) < want && kvbh_now() < end)
+        kvbh_sleep(0.001);
     if (bad_count(m) != want) {
         fprintf(stderr, "malformed %s: bad_messages %llu, expected %llu\n", what,
                 (unsigned long long)bad_count(m), (unsigned long long)want);
@@ -613,14 +461,15 @@ static void build(rawmsg_t *m, const char *base[], const size_t base_len[], int 
 
 static void test_malformed(void)
 {
-    kvb_bootstrap_server_h b = boot_start();
-    const char *boot = kvb_bootstrap_server_address(b);
-    frank_t p, d;
+    kvbh_boot_t b;
+    CHECK_EQ(kvbh_boot_start(&b, 0, NULL), 0);
+    const char *boot = b.addr;
+    kvbh_rank_t p, d;
     char why[512];
-    CHECK_EQ(frank_start(&p, &G_SMALL, KVB_MODE_PREFILL, boot, -1, NULL), 0);
-    CHECK_EQ(frank_start(&d, &G_SMALL, KVB_MODE_DECODE, NULL, -1, NULL), 0);
+    CHECK_EQ(kvbh_rank_start(&p, &G_SMALL, KVB_MODE_PREFILL, boot, KVBH_MEM_MALLOC, NULL), 0);
+    CHECK_EQ(kvbh_rank_start(&d, &G_SMALL, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), 0);
     /* A good room first (the decode registers its KV args with the prefill). */
-    CHECK_EQ(frun_room(&p, &d, boot, 800, 8, 0, 0, 0), 0);
+    CHECK_EQ(kvbh_run_room(&p, &d, boot, 800, 8, 0, 0, 0), 0);
     void *zctx = zmq_ctx_new();
     void *to_p = raw_push(zctx, kvb_manager_endpoint(p.mgr));
     void *to_d = raw_push(zctx, kvb_manager_endpoint(d.mgr));
@@ -719,7 +568,7 @@ static void test_malformed(void)
         char want[64];
         snprintf(want, sizeof(want), "Malformed control message for room %llu",
                  (unsigned long long)(900 + i));
-        kvb_poll_t st = fwait_sender(snd[i], 2);
+        kvb_poll_t st = kvbh_wait_sender(snd[i], 2);
         kvb_sender_failure(snd[i], why, sizeof(why));
         if (st != KVB_POLL_FAILED || strstr(why, want) == NULL)
             fprintf(stderr, "transfer info \"%s\": sender %s: %s\n", xfer_bad[i].what,
@@ -774,10 +623,10 @@ static void test_malformed(void)
         raw_adds(m, "1");
         raw_adds(m, "1");
         raw_send(to_p, m);
-        CHECK_EQ(fwait_sender_ready(s, 5), 0);
+        CHECK_EQ(kvbh_wait_sender_ready(s, 5), 0);
         kvb_sender_init(s, 2, 1);
         kvb_sender_send(s, src, 2);
-        kvb_poll_t st = fwait_sender(s, 5);
+        kvb_poll_t st = kvbh_wait_sender(s, 5);
         kvb_sender_failure(s, why, sizeof(why));
         fprintf(stderr, "pages outside the decode pool: sender %s: %s\n", kvb_poll_string(st), why);
         CHECK_EQ(st, KVB_POLL_FAILED);
@@ -787,7 +636,7 @@ static void test_malformed(void)
          * receiver's transfer info: the aux write cannot land, the prefill
          * falls back to inline aux, the decode rejects it and fails the
          * room; no aux byte is written. */
-        uint8_t aux_snap[FR_AUX_ITEM * FR_AUX_ITEMS];
+        uint8_t aux_snap[KVBH_AUX_ITEM * KVBH_AUX_ITEMS];
         memcpy(aux_snap, d.aux, sizeof(aux_snap));
         room = 951;
         snprintf(room_s, sizeof(room_s), "%llu", (unsigned long long)room);
@@ -796,7 +645,7 @@ static void test_malformed(void)
         CHECK_EQ(kvb_receiver_create(d.mgr, boot, room, -1, &rc), KVB_OK);
         kvb_receiver_init(rc, in_pages, 2, 1, NULL);
         CHECK_EQ(kvb_sender_create(p.mgr, boot, room, &s), KVB_OK);
-        CHECK_EQ(fwait_sender_ready(s, 5), 0);
+        CHECK_EQ(kvbh_wait_sender_ready(s, 5), 0);
         m->n = 0;
         raw_adds(m, room_s);
         raw_adds(m, d_ip);
@@ -806,14 +655,14 @@ static void test_malformed(void)
         raw_adds(m, "100000");
         raw_adds(m, "1");
         raw_send(to_p, m);
-        fsleep(0.1); /* the forged info replaced the receiver's */
+        kvbh_sleep(0.1); /* the forged info replaced the receiver's */
         kvb_sender_init(s, 2, 1);
         kvb_sender_send(s, src, 2);
-        st = fwait_sender(s, 5);
+        st = kvbh_wait_sender(s, 5);
         char swhy[512] = "";
         if (st == KVB_POLL_FAILED)
             kvb_sender_failure(s, swhy, sizeof(swhy));
-        kvb_poll_t pr = fwait_receiver(rc, 5);
+        kvb_poll_t pr = kvbh_wait_receiver(rc, 5);
         kvb_receiver_failure(rc, why, sizeof(why));
         fprintf(stderr,
                 "aux index outside the decode's aux buffer: sender %s (%s), receiver %s: %s\n",
@@ -829,16 +678,16 @@ static void test_malformed(void)
         CHECK(memcmp(aux_snap, d.aux, sizeof(aux_snap)) == 0);
         kvb_receiver_destroy(rc);
         kvb_sender_destroy(s);
-        CHECK(fcanaries_ok(&d, "decode"));
+        CHECK(kvbh_canaries_ok(&d, "decode"));
     }
 
     /* Decode side: statuses and aux data naming a room with a receiver. */
-    uint8_t aux_before[FR_AUX_ITEM * FR_AUX_ITEMS];
+    uint8_t aux_before[KVBH_AUX_ITEM * KVBH_AUX_ITEMS];
     memcpy(aux_before, d.aux, sizeof(aux_before));
-    uint8_t payload[FR_AUX_ITEM + 1],
-        len_be[4] = {0, 0, 0, FR_AUX_ITEM}, len_be_short[4] = {0, 0, 0, FR_AUX_ITEM - 1},
-        len_3[3] = {0, 0, FR_AUX_ITEM}, len_huge[4] = {0xff, 0xff, 0xff, 0xff},
-        len_65[4] = {0, 0, 0, FR_AUX_ITEM + 1};
+    uint8_t payload[KVBH_AUX_ITEM + 1],
+        len_be[4] = {0, 0, 0, KVBH_AUX_ITEM}, len_be_short[4] = {0, 0, 0, KVBH_AUX_ITEM - 1},
+        len_3[3] = {0, 0, KVBH_AUX_ITEM}, len_huge[4] = {0xff, 0xff, 0xff, 0xff},
+        len_65[4] = {0, 0, 0, KVBH_AUX_ITEM + 1};
     memset(payload, 0x5c, sizeof(payload));
     typedef struct dmut {
         int kind; /* 0 status, 1 aux */
@@ -880,9 +729,9 @@ static void test_malformed(void)
         const size_t st3l[3] = {strlen(room_s), 1, 1};
         const char *ax[6] = {"AUX_DATA",           room_s, "0", "1", (const char *)len_be,
                              (const char *)payload};
-        size_t axl[6] = {8, strlen(room_s), 1, 1, 4, FR_AUX_ITEM};
+        size_t axl[6] = {8, strlen(room_s), 1, 1, 4, KVBH_AUX_ITEM};
         if (dec_bad[i].frame == 4 && dec_bad[i].val == len_65)
-            axl[5] = FR_AUX_ITEM + 1;
+            axl[5] = KVBH_AUX_ITEM + 1;
         mut_t u = {dec_bad[i].frame, dec_bad[i].val, dec_bad[i].len, dec_bad[i].extra, ""};
         if (dec_bad[i].kind == 0)
             build(m, st3, st3l, 3, &u);
@@ -895,7 +744,7 @@ static void test_malformed(void)
         char want[64];
         snprintf(want, sizeof(want), "Malformed control message for room %llu",
                  (unsigned long long)(1000 + i));
-        kvb_poll_t st = fwait_receiver(rcv[i], 3);
+        kvb_poll_t st = kvbh_wait_receiver(rcv[i], 3);
         kvb_receiver_failure(rcv[i], why, sizeof(why));
         if (st != KVB_POLL_FAILED || strstr(why, want) == NULL)
             fprintf(stderr, "decode \"%s\": receiver %s: %s\n", dec_bad[i].what,
@@ -906,7 +755,7 @@ static void test_malformed(void)
         /* Fence: the prefill was told to stop (a sender for it fails now). */
         kvb_sender_h s;
         CHECK_EQ(kvb_sender_create(p.mgr, boot, 1000 + i, &s), KVB_OK);
-        st = fwait_sender(s, 2);
+        st = kvbh_wait_sender(s, 2);
         if (st != KVB_POLL_FAILED)
             fprintf(stderr, "decode \"%s\": the prefill was not told (sender %s)\n",
                     dec_bad[i].what, kvb_poll_string(st));
@@ -954,11 +803,11 @@ static void test_malformed(void)
         raw_adds(m, "1");
         raw_adds(m, "1");
         raw_send(to_p, m);
-        CHECK_EQ(fwait_sender_ready(s, 5), 0);
+        CHECK_EQ(kvbh_wait_sender_ready(s, 5), 0);
         kvb_sender_init(s, hn, 1);
         int32_t *src = calloc(hn, 4);
         kvb_sender_send(s, src, hn);
-        kvb_poll_t st = fwait_sender(s, 10);
+        kvb_poll_t st = kvbh_wait_sender(s, 10);
         kvb_sender_failure(s, why, sizeof(why));
         fprintf(stderr, "1M page indices beyond the pool: sender %s: %.200s\n", kvb_poll_string(st),
                 why);
@@ -974,7 +823,7 @@ static void test_malformed(void)
     {
         enum { FLOOD = 2000 };
         char sid[64];
-        double t0 = fnow();
+        double t0 = kvbh_now();
         kvb_manager_stats_t st0, st1;
         kvb_manager_stats(p.mgr, &st0);
         for (int i = 0; i < FLOOD; i++) {
@@ -1005,37 +854,37 @@ static void test_malformed(void)
         CHECK_EQ(st1.registrations_evicted, st0.registrations + FLOOD - 256);
         CHECK_EQ(st1.registrations_refused, 0);
         /* the prefill is still serving: a well-formed room through it */
-        CHECK_EQ(frun_room(&p, &d, boot, 990, 12, 20, 150, 4), 0);
+        CHECK_EQ(kvbh_run_room(&p, &d, boot, 990, 12, 20, 150, 4), 0);
         fprintf(stderr,
                 "flood of %d registrations + %d garbage messages, then a good room: "
                 "%.3f s\n",
-                FLOOD, FLOOD, fnow() - t0);
+                FLOOD, FLOOD, kvbh_now() - t0);
     }
     CHECK_EQ(bad_count(p.mgr), expect_p);
     CHECK_EQ(bad_count(d.mgr), expect_d);
     fprintf(stderr, "malformed: prefill counted %llu, decode counted %llu\n",
             (unsigned long long)expect_p, (unsigned long long)expect_d);
     /* Still serving after everything; nothing written outside the pools. */
-    CHECK_EQ(frun_room(&p, &d, boot, 991, 10, 40, 200, 6), 0);
-    CHECK(fcanaries_ok(&d, "decode"));
-    CHECK(fcanaries_ok(&p, "prefill"));
+    CHECK_EQ(kvbh_run_room(&p, &d, boot, 991, 10, 40, 200, 6), 0);
+    CHECK(kvbh_canaries_ok(&d, "decode"));
+    CHECK(kvbh_canaries_ok(&p, "prefill"));
     free(m);
     free(mbig);
     zmq_close(to_p);
     zmq_close(to_d);
     zmq_ctx_term(zctx);
-    frank_stop(&d);
-    frank_stop(&p);
-    kvb_bootstrap_server_stop(b);
+    kvbh_rank_stop(&d);
+    kvbh_rank_stop(&p);
+    kvbh_boot_stop(&b);
     TEST_PASS("malformed frames from a raw ZeroMQ peer");
 }
 
 int main(int argc, char **argv)
 {
-    g_self = argv[0];
-    if (argc >= 2 && strcmp(argv[1], "--child") == 0)
-        return child_main(argc, argv);
-    signal(SIGPIPE, SIG_IGN);
+    if (kvbh_main_init(argc, argv)) {
+        int rc = kvbh_child_main(argc, argv);
+        return rc < 0 ? 2 : rc;
+    }
     setenv("KVBRIDGE_HEARTBEAT_FLOOR", "0.2", 1);
     setenv("KVBRIDGE_TRANSFER_TIMEOUT", "5", 1);
     setenv("KVBRIDGE_MAX_REGISTRATIONS", "256", 1);

@@ -17,7 +17,7 @@
  *  (netcut, the cut veth link between two network namespaces, is its own
  *  source: test_netcut.c.)
  * Child processes are this executable run with --child. */
-#include "../conn_fault/fault_util.h"
+#include "harness/kvb_cluster.h"
 #include "kvb_test.h"
 
 #include <arpa/inet.h>
@@ -40,251 +40,12 @@
 #include <time.h>
 #include <unistd.h>
 
-static const fgeom_t G = {2, 2, 32, 4, 256};
-static const char *g_self;
+#define G KVBH_CHILD_GEOM /* the children's ranks */
 
+#define GUARD 0x3C /* what "reused" pages hold */
 #define LOST_FMT "Losing connection with prefill instance (bootstrap_addr: %s)"
 
-static int32_t dst_page(uint64_t room, int i)
-{
-    return (int32_t)(((room % 16) * 16 + (uint64_t)i) % G.pool_pages);
-}
-
-static int32_t src_page(uint64_t room, int i)
-{
-    return (int32_t)(((room % 16) * 16 + 15 - (uint64_t)i) % G.pool_pages);
-}
-
-/* ---- child: prefill with its bootstrap server ---- */
-
-#define MAXR 64
-
-struct late {
-    kvb_sender_h *snd;
-    uint64_t first;
-    int count, n;
-    double delay;
-};
-
-static void *late_main(void *arg)
-{
-    struct late *l = arg;
-    fsleep(l->delay); /* CLOCK_MONOTONIC runs on while the process is stopped */
-    for (int j = 0; j < l->count; j++) {
-        int32_t src[16];
-        uint64_t room = l->first + (uint64_t)j;
-        for (int i = 0; i < l->n; i++)
-            src[i] = src_page(room, i);
-        kvb_sender_send(l->snd[j], src + l->n / 2, (size_t)(l->n - l->n / 2));
-    }
-    printf("late");
-    for (int j = 0; j < l->count; j++)
-        printf(" %s", kvb_poll_string(fwait_sender(l->snd[j], 5)));
-    printf("\n");
-    fflush(stdout);
-    return NULL;
-}
-
-/* Commands on stdin: "rooms FIRST COUNT N" (sender per room, first half of
- * the pages sent; answers "sent"), "later DELAY" (a thread sends the second
- * halves after DELAY s; answers "armed", then "late S..." once done),
- * "full FIRST COUNT N" (whole rooms; answers "sent"). */
-static int child_prefill(void)
-{
-    kvb_bootstrap_server_params_t bp = {KVB_BOOTSTRAP_SERVER_PARAM_PORT, NULL, 0, NULL, 0, 0, 0};
-    kvb_bootstrap_server_h boot;
-    frank_t p;
-    char line[256], cmd[32];
-    unsigned long long first = 0;
-    int count = 0, n = 0;
-    kvb_sender_h snd[MAXR] = {0};
-    struct late l = {snd, 0, 0, 0, 0};
-    pthread_t thr;
-    int have_thr = 0;
-    if (kvb_bootstrap_server_start(&bp, &boot) != KVB_OK)
-        return 3;
-    if (frank_start(&p, &G, KVB_MODE_PREFILL, kvb_bootstrap_server_address(boot), -1, NULL) != 0)
-        return 4;
-    printf("boot %s\n", kvb_bootstrap_server_address(boot));
-    fflush(stdout);
-    while (fgets(line, sizeof(line), stdin) != NULL) {
-        double delay;
-        if (sscanf(line, "later %lf", &delay) == 1 && !have_thr) {
-            l.first = first;
-            l.count = count;
-            l.n = n;
-            l.delay = delay;
-            have_thr = pthread_create(&thr, NULL, late_main, &l) == 0;
-            printf("armed\n");
-            fflush(stdout);
-            continue;
-        }
-        if (sscanf(line, "%31s %llu %d %d", cmd, &first, &count, &n) != 4 || count > MAXR || n > 16)
-            continue;
-        for (int j = 0; j < count; j++) {
-            uint64_t room = first + (uint64_t)j;
-            int32_t src[16];
-            for (int i = 0; i < n; i++)
-                src[i] = src_page(room, i);
-            ffill(&p, room, src, n, (int)(room % FR_AUX_ITEMS));
-            if (kvb_sender_create(p.mgr, "x", room, &snd[j]) != KVB_OK ||
-                fwait_sender_ready(snd[j], 10) != 0) {
-                printf("error room %llu not ready\n", (unsigned long long)room);
-                fflush(stdout);
-                continue;
-            }
-            kvb_sender_init(snd[j], (uint64_t)n, (int64_t)(room % FR_AUX_ITEMS));
-            kvb_sender_send(snd[j], src, (size_t)(strcmp(cmd, "full") == 0 ? n : n / 2));
-        }
-        printf("sent\n");
-        fflush(stdout);
-    }
-    if (have_thr)
-        pthread_join(thr, NULL);
-    return 0;
-}
-
-/* ---- child: decode with receivers for rooms [FIRST, FIRST + COUNT) ---- */
-
-static int child_decode(char **argv)
-{
-    const char *boot = argv[0];
-    uint64_t first = strtoull(argv[1], NULL, 10);
-    int count = atoi(argv[2]), n = atoi(argv[3]);
-    kvb_receiver_h rc[MAXR];
-    frank_t d;
-    char c;
-    if (count > MAXR || n > 16 || frank_start(&d, &G, KVB_MODE_DECODE, NULL, -1, NULL) != 0)
-        return 3;
-    for (int j = 0; j < count; j++) {
-        uint64_t room = first + (uint64_t)j;
-        int32_t dst[16];
-        for (int i = 0; i < n; i++)
-            dst[i] = dst_page(room, i);
-        if (kvb_receiver_create(d.mgr, boot, room, -1, &rc[j]) != KVB_OK)
-            return 4;
-        kvb_receiver_init(rc[j], dst, (size_t)n, (int64_t)(room % FR_AUX_ITEMS), NULL);
-    }
-    printf("ready %s\n", kvb_engine_session_id(d.eng));
-    fflush(stdout);
-    while (read(0, &c, 1) > 0)
-        ;
-    for (int j = 0; j < count; j++)
-        kvb_receiver_destroy(rc[j]);
-    frank_stop(&d);
-    return 0;
-}
-
-/* ---- children of the bootstrap case ---- */
-
-/* A bootstrap server alone, on PORT (0 = ephemeral): "boot ADDR", then it
- * serves until EOF on stdin (or kill -9). */
-static int child_bootsrv(const char *port)
-{
-    kvb_bootstrap_server_params_t bp = {KVB_BOOTSTRAP_SERVER_PARAM_PORT, NULL, 0, NULL, 0, 0, 0};
-    kvb_bootstrap_server_h b;
-    char c;
-    bp.port = (uint16_t)atoi(port);
-    if (kvb_bootstrap_server_start(&bp, &b) != KVB_OK)
-        return 3;
-    printf("boot %s\n", kvb_bootstrap_server_address(b));
-    fflush(stdout);
-    while (read(0, &c, 1) > 0)
-        ;
-    kvb_bootstrap_server_stop(b);
-    return 0;
-}
-
-/* Sender for room: pages filled, ready, first half (or all) sent; 0 or -1. */
-static int bp_room(frank_t *p, kvb_sender_h *s, uint64_t room, int n, int whole)
-{
-    int32_t src[16];
-    for (int i = 0; i < n; i++)
-        src[i] = src_page(room, i);
-    ffill(p, room, src, n, (int)(room % FR_AUX_ITEMS));
-    if (kvb_sender_create(p->mgr, "x", room, s) != KVB_OK || fwait_sender_ready(*s, 10) != 0)
-        return -1;
-    kvb_sender_init(*s, (uint64_t)n, (int64_t)(room % FR_AUX_ITEMS));
-    return kvb_sender_send(*s, src, (size_t)(whole ? n : n / 2)) == KVB_OK ? 0 : -1;
-}
-
-/* The second halves of senders [b, e) (rooms first..), then their outcome. */
-static void bp_rest(kvb_sender_h *snd, int b, int e, uint64_t first, int n)
-{
-    for (int j = b; j < e; j++) {
-        int32_t src[16];
-        for (int i = 0; i < n; i++)
-            src[i] = src_page(first + (uint64_t)(j - b), i);
-        kvb_sender_send(snd[j], src + n / 2, (size_t)(n - n / 2));
-    }
-    printf("rest");
-    for (int j = b; j < e; j++)
-        printf(" %s", kvb_poll_string(fwait_sender(snd[j], 10)));
-    printf("\n");
-    fflush(stdout);
-}
-
-/* A prefill registered with the bootstrap server at boot (refresh from the
- * environment): "prefill ENDPOINT", then commands on stdin: "rooms FIRST
- * COUNT N" (first halves; "sent"), "rest" (the second halves of the last
- * "rooms"; "rest S..."), "full FIRST COUNT N" ("sent"). At EOF it destroys
- * everything and answers "destroyed SECONDS" (the manager's destroy). */
-static int child_bprefill(const char *boot)
-{
-    frank_t p;
-    kvb_sender_h snd[MAXR];
-    int ns = 0, b = 0, e = 0, n = 0, count;
-    unsigned long long first = 0, last_first = 0;
-    char line[256], cmd[32];
-    if (frank_start(&p, &G, KVB_MODE_PREFILL, boot, -1, NULL) != 0)
-        return 4;
-    printf("prefill %s\n", kvb_manager_endpoint(p.mgr));
-    fflush(stdout);
-    while (fgets(line, sizeof(line), stdin) != NULL) {
-        if (strncmp(line, "rest", 4) == 0) {
-            bp_rest(snd, b, e, last_first, n);
-            continue;
-        }
-        if (sscanf(line, "%31s %llu %d %d", cmd, &first, &count, &n) != 4 || n > 16 ||
-            count > MAXR - ns)
-            continue;
-        b = ns;
-        last_first = first;
-        for (int j = 0; j < count; j++)
-            if (bp_room(&p, &snd[ns++], first + (uint64_t)j, n, strcmp(cmd, "full") == 0) != 0)
-                printf("error room %llu\n", first + (unsigned long long)j);
-        e = ns;
-        printf("sent\n");
-        fflush(stdout);
-    }
-    for (int j = 0; j < ns; j++)
-        kvb_sender_destroy(snd[j]);
-    double t0 = fnow();
-    kvb_manager_destroy(p.mgr);
-    p.mgr = NULL;
-    printf("destroyed %.3f\n", fnow() - t0);
-    fflush(stdout);
-    frank_stop(&p);
-    return 0;
-}
-
-static int child_main(int argc, char **argv)
-{
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    /* the parent died before prctl: do not live on as an orphan */
-    const char *parent = getenv("KVB_F8_PARENT");
-    if (parent != NULL && getppid() != (pid_t)atol(parent))
-        return 9;
-    if (argc >= 4 && strcmp(argv[2], "bootsrv") == 0)
-        return child_bootsrv(argv[3]);
-    if (argc >= 4 && strcmp(argv[2], "bprefill") == 0)
-        return child_bprefill(argv[3]);
-    if (argc >= 3 && strcmp(argv[2], "prefill") == 0)
-        return child_prefill();
-    if (argc >= 7 && strcmp(argv[2], "decode") == 0)
-        return child_decode(argv + 3);
-    return 2;
-}
+#define MAXR KVBH_MAX_ROOMS
 
 /* ---- 1. SIGSTOP of a prefill past the heartbeat bound ---- */
 
@@ -293,51 +54,30 @@ static void test_sigstop(void)
     const double interval = 0.2, stop_s = 2.5;
     const int misses = 2, NR = 4, NP = 8;
     const uint64_t R0 = 100;
-    fknobs_t k = {interval, misses, 0, 0, 0};
-    fchild_t ch;
-    frank_t d;
+    kvbh_knobs_t k = {.hb_interval = interval, .hb_misses = misses};
+    kvbh_child_t ch;
+    kvbh_rank_t d;
     char line[512], boot[128], expect[256], why[512];
     kvb_receiver_h rc[4];
-    char *args[] = {"--child", "prefill", NULL};
-    CHECK_EQ(fchild_spawn(&ch, g_self, args), 0);
-    CHECK_EQ(fchild_line(&ch, line, sizeof(line), 20), 0);
-    CHECK_EQ(sscanf(line, "boot %127s", boot), 1);
-    CHECK_EQ(frank_start(&d, &G, KVB_MODE_DECODE, NULL, -1, &k), 0);
-    for (int j = 0; j < NR; j++) {
-        int32_t dst[8];
-        for (int i = 0; i < NP; i++)
-            dst[i] = dst_page(R0 + (uint64_t)j, i);
-        CHECK_EQ(kvb_receiver_create(d.mgr, boot, R0 + (uint64_t)j, -1, &rc[j]), KVB_OK);
-        kvb_receiver_init(rc[j], dst, (size_t)NP, (int64_t)((R0 + (uint64_t)j) % FR_AUX_ITEMS),
-                          NULL);
-    }
+    CHECK_EQ(kvbh_spawn_prefill(&ch, boot, sizeof(boot)), 0);
+    CHECK_EQ(kvbh_rank_start(&d, &G, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, &k), 0);
+    CHECK_EQ(kvbh_receivers(&d, boot, R0, NR, NP, rc), 0);
     dprintf(ch.to, "rooms %llu %d %d\n", (unsigned long long)R0, NR, NP);
-    CHECK_EQ(fchild_line(&ch, line, sizeof(line), 20), 0);
+    CHECK_EQ(kvbh_child_line(&ch, line, sizeof(line), 20), 0);
     CHECK(strcmp(line, "sent") == 0);
-    fsleep(0.2); /* first halves land; nothing terminal */
+    kvbh_sleep(0.2); /* first halves land; nothing terminal */
     for (int j = 0; j < NR; j++)
         CHECK_EQ(kvb_receiver_poll(rc[j]), KVB_POLL_WAITING_FOR_INPUT);
     /* the second halves are sent 0.3 s from now, i.e. right after SIGCONT */
     dprintf(ch.to, "later 0.3\n");
-    CHECK_EQ(fchild_line(&ch, line, sizeof(line), 10), 0);
+    CHECK_EQ(kvbh_child_line(&ch, line, sizeof(line), 10), 0);
     CHECK(strcmp(line, "armed") == 0);
-    double t0 = fnow(), t_last = 0;
+    double t0 = kvbh_now(), t_last = 0;
     CHECK_EQ(kill(ch.pid, SIGSTOP), 0);
-    int left = NR, done[4] = {0};
-    while (left > 0 && fnow() < t0 + stop_s) {
-        for (int j = 0; j < NR; j++) {
-            kvb_poll_t p = kvb_receiver_poll(rc[j]);
-            if (done[j] || p == KVB_POLL_WAITING_FOR_INPUT || p == KVB_POLL_TRANSFERRING)
-                continue;
-            CHECK_EQ(p, KVB_POLL_FAILED);
-            done[j] = 1;
-            left--;
-            t_last = fnow() - t0;
-        }
-        fsleep(0.002);
-    }
-    if (left != 0)
+    int other, left = kvbh_wait_receivers_fail(rc, NR, t0, stop_s, &other, &t_last);
+    if (left != 0 || other != 0)
         kill(ch.pid, SIGCONT);
+    CHECK_EQ(other, 0); /* every ended room Failed */
     CHECK_EQ(left, 0);
     snprintf(expect, sizeof(expect), LOST_FMT, boot);
     for (int j = 0; j < NR; j++) {
@@ -350,41 +90,35 @@ static void test_sigstop(void)
             interval * misses + 1.0);
     CHECK(t_last <= interval * misses + 1.0);
     /* The scheduler frees the rooms and may hand their pages to new requests
-     * at once: mark them as reused, snapshot the whole arena. */
+     * at once: mark them as reused (a guard byte in their pages and aux). */
     for (int j = 0; j < NR; j++) {
         uint64_t room = R0 + (uint64_t)j;
+        int32_t dst[8];
         kvb_receiver_destroy(rc[j]);
-        for (int b = 0; b < d.n_kv; b++)
-            for (int i = 0; i < NP; i++)
-                memset(d.kv[b] + (uint64_t)dst_page(room, i) * d.item_len, 0x3C, d.item_len);
-        memset(d.aux + (room % FR_AUX_ITEMS) * FR_AUX_ITEM, 0x3C, FR_AUX_ITEM);
+        kvbh_room_pages(&G, room, NP, NULL, dst);
+        kvbh_guard_fill(&d, dst, NP, kvbh_room_aux(room), GUARD);
     }
-    uint8_t *snap = malloc(d.arena_len);
-    CHECK(snap != NULL);
-    memcpy(snap, d.arena, d.arena_len);
-    while (fnow() < t0 + stop_s)
-        fsleep(0.01);
+    while (kvbh_now() < t0 + stop_s)
+        kvbh_sleep(0.01);
     CHECK_EQ(kill(ch.pid, SIGCONT), 0);
-    fprintf(stderr, "sigstop: prefill stopped %.2f s, resumed\n", fnow() - t0);
+    fprintf(stderr, "sigstop: prefill stopped %.2f s, resumed\n", kvbh_now() - t0);
     /* the resumed prefill sends the second halves; wait for its report */
-    CHECK_EQ(fchild_line(&ch, line, sizeof(line), 15), 0);
+    CHECK_EQ(kvbh_child_line(&ch, line, sizeof(line), 15), 0);
     fprintf(stderr, "sigstop: resumed prefill's late sends ended: %s\n", line);
-    fsleep(0.3);
+    kvbh_sleep(0.3);
     /* The resumed prefill serves a new room (other pages). */
     kvb_receiver_h r2;
     int32_t dst[8];
     const uint64_t RN = 120;
-    for (int i = 0; i < NP; i++)
-        dst[i] = dst_page(RN, i);
-    CHECK_EQ(kvb_receiver_create(d.mgr, boot, RN, -1, &r2), KVB_OK);
-    kvb_receiver_init(r2, dst, (size_t)NP, (int64_t)(RN % FR_AUX_ITEMS), NULL);
+    kvbh_room_pages(&G, RN, NP, NULL, dst);
+    CHECK_EQ(kvbh_receivers(&d, boot, RN, 1, NP, &r2), 0);
     dprintf(ch.to, "full %llu 1 %d\n", (unsigned long long)RN, NP);
-    CHECK_EQ(fchild_line(&ch, line, sizeof(line), 20), 0);
+    CHECK_EQ(kvbh_child_line(&ch, line, sizeof(line), 20), 0);
     CHECK(strcmp(line, "sent") == 0);
-    CHECK_EQ(fwait_receiver(r2, 10), KVB_POLL_SUCCESS);
-    CHECK_EQ(fverify(&d, RN, dst, NP, (int)(RN % FR_AUX_ITEMS)), (uint64_t)0);
+    CHECK_EQ(kvbh_wait_receiver(r2, 10), KVB_POLL_SUCCESS);
+    CHECK_EQ(kvbh_verify(&d, RN, dst, NP, (int)(RN % KVBH_AUX_ITEMS)), (uint64_t)0);
     kvb_receiver_destroy(r2);
-    CHECK(fcanaries_ok(&d, "decode"));
+    CHECK(kvbh_canaries_ok(&d, "decode"));
     fprintf(stderr, "sigstop: the resumed prefill served room %llu (bytes verified)\n",
             (unsigned long long)RN);
     /* Last: the abort fence. The pages (and aux items) of the rooms reported
@@ -392,16 +126,9 @@ static void test_sigstop(void)
     size_t changed = 0;
     for (int j = 0; j < NR; j++) {
         uint64_t room = R0 + (uint64_t)j;
-        size_t n = 0;
-        for (int b = 0; b < d.n_kv; b++)
-            for (int i = 0; i < NP; i++) {
-                size_t o = (size_t)(d.kv[b] - d.arena) + (uint64_t)dst_page(room, i) * d.item_len;
-                for (uint64_t q = 0; q < d.item_len; q++)
-                    n += snap[o + q] != d.arena[o + q];
-            }
-        size_t o = (size_t)(d.aux - d.arena) + (room % FR_AUX_ITEMS) * FR_AUX_ITEM;
-        for (uint64_t q = 0; q < FR_AUX_ITEM; q++)
-            n += snap[o + q] != d.arena[o + q];
+        int32_t pages[8];
+        kvbh_room_pages(&G, room, NP, NULL, pages);
+        size_t n = kvbh_guard_bad(&d, pages, NP, kvbh_room_aux(room), GUARD);
         if (n != 0)
             fprintf(stderr, "room %llu: %zu bytes of its reused pages/aux changed\n",
                     (unsigned long long)room, n);
@@ -414,9 +141,8 @@ static void test_sigstop(void)
                 "writes landed in pages the decode had reused\n",
                 changed, (unsigned long long)R0, (unsigned long long)R0 + NR - 1);
     CHECK_EQ(changed, (size_t)0);
-    free(snap);
-    fchild_close(&ch);
-    frank_stop(&d);
+    kvbh_child_close(&ch);
+    kvbh_rank_stop(&d);
     TEST_PASS("SIGSTOP of a prefill: lost within the bound, fence held, resumed prefill serves");
 }
 
@@ -424,52 +150,6 @@ static void test_sigstop(void)
 
 #define HBUF (1u << 20)
 #define HGUARD 4096
-
-/* kill(SIGSTOP) returns before the target stops: wait (bounded) until
- * /proc says it is stopped, so nothing it does after "stopped" is ours. */
-static void wait_stopped(pid_t pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    for (int i = 0; i < 2000; i++) {
-        FILE *f = fopen(path, "r");
-        size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-        if (f != NULL)
-            fclose(f);
-        buf[n] = '\0';
-        const char *rp = strrchr(buf, ')');
-        if (rp != NULL && (rp[2] == 'T' || rp[2] == 't'))
-            return;
-        usleep(1000);
-    }
-}
-
-static int count_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    if (d == NULL)
-        return -1;
-    while (readdir(d) != NULL)
-        n++;
-    closedir(d);
-    return n;
-}
-
-static long rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    long v = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return -1;
-    while (fgets(line, sizeof(line), f) != NULL)
-        if (sscanf(line, "VmRSS: %ld", &v) == 1)
-            break;
-    fclose(f);
-    return v;
-}
 
 static int tcp_connect(const char *sid)
 {
@@ -531,13 +211,13 @@ static double good_write(const char *sid, uint8_t *tbuf, int round, double conne
         return -1;
     for (size_t i = 0; i < sizeof(src); i++)
         src[i] = (uint8_t)(i * 31 + (size_t)round * 7 + 1);
-    double t0 = fnow(), t = -1;
+    double t0 = kvbh_now(), t = -1;
     size_t off = ((size_t)round * 65536) % (HBUF - 65536);
     kvb_block_t b = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)(tbuf + off), sizeof(src)};
     if (kvb_engine_register(w, src, sizeof(src), KVB_MEM_HOST) == KVB_OK) {
         kvb_status_t st = kvb_engine_write(w, sid, &b, 1, 20);
         if (st == KVB_OK && memcmp(tbuf + off, src, sizeof(src)) == 0)
-            t = fnow() - t0;
+            t = kvbh_now() - t0;
         else
             fprintf(stderr, "good writer round %d: %s (%s)\n", round, kvb_status_string(st),
                     kvb_engine_last_error(w));
@@ -568,8 +248,8 @@ static void test_hostile(void)
     long tried = 0;
     for (int i = 0; i < 3; i++) /* warm-up */
         CHECK(good_write(sid, tbuf, round++, 5) >= 0);
-    int fd0 = count_fds();
-    long rss0 = rss_kib(getpid());
+    int fd0 = kvbh_count_fds();
+    long rss0 = kvbh_rss_kib(getpid());
     uint8_t buf[8192];
     /* garbage of random lengths, some with the right magic */
     for (int i = 0; i < 200; i++, tried++) {
@@ -621,7 +301,7 @@ static void test_hostile(void)
         CHECK(sl >= 0);
         if (variant == 1)
             (void)!send(sl, "KVBHQ001", 8, MSG_NOSIGNAL);
-        fsleep(0.05);
+        kvbh_sleep(0.05);
         double t = good_write(sid, tbuf, round++, 5);
         fprintf(stderr, "hostile: writer behind a slow-loris (%s) served after %.3f s\n",
                 variant ? "magic only" : "silent", t);
@@ -635,7 +315,7 @@ static void test_hostile(void)
         int sl[8];
         for (int i = 0; i < 8; i++, tried++)
             CHECK((sl[i] = tcp_connect(sid)) >= 0);
-        fsleep(0.05);
+        kvbh_sleep(0.05);
         double t = good_write(sid, tbuf, round++, 10);
         fprintf(stderr, "hostile: writer behind 8 silent connections served after %.3f s\n", t);
         CHECK(t >= 0 && t <= 1.5);
@@ -651,7 +331,7 @@ static void test_hostile(void)
         int sl[NSL];
         for (int i = 0; i < NSL; i++, tried++)
             CHECK((sl[i] = tcp_connect(sid)) >= 0);
-        fsleep(0.05);
+        kvbh_sleep(0.05);
         double t = good_write(sid, tbuf, round++, 10);
         fprintf(stderr, "hostile: writer behind %d silent connections served after %.3f s\n", NSL,
                 t);
@@ -662,10 +342,10 @@ static void test_hostile(void)
     CHECK(guards_ok(mem));
     /* fds and memory bounded: the listener closed every hostile socket */
     int fd1 = -1;
-    double end = fnow() + 5;
-    while (fnow() < end && (fd1 = count_fds()) > fd0)
-        fsleep(0.05);
-    long rss1 = rss_kib(getpid());
+    double end = kvbh_now() + 5;
+    while (kvbh_now() < end && (fd1 = kvbh_count_fds()) > fd0)
+        kvbh_sleep(0.05);
+    long rss1 = kvbh_rss_kib(getpid());
     fprintf(stderr,
             "hostile: %ld hostile connections; fds %d -> %d; RSS %ld -> %ld KiB; %d good "
             "writes verified\n",
@@ -687,32 +367,24 @@ static void test_slowpeer(void)
     /* each queue's worker: its chunk's time-out, then the cancelled writes
      * settle within the engine's peer time-out (2 s); generous slack */
     const double bound = 2 * (xfer_to + 2.0) + 5.0;
-    kvb_bootstrap_server_params_t bp = {KVB_BOOTSTRAP_SERVER_PARAM_PORT, NULL, 0, NULL, 0, 0, 0};
-    kvb_bootstrap_server_h b;
-    frank_t p, d2;
-    fchild_t ch;
+    kvbh_boot_t b;
+    kvbh_rank_t p, d2;
+    kvbh_child_t ch;
     kvb_sender_h snd[MAXR];
-    char line[256], first[32], cnt[16], np[16];
-    CHECK_EQ(kvb_bootstrap_server_start(&bp, &b), KVB_OK);
-    const char *boot = kvb_bootstrap_server_address(b);
-    CHECK_EQ(frank_start(&p, &G, KVB_MODE_PREFILL, boot, -1, NULL), 0);
-    snprintf(first, sizeof(first), "%llu", (unsigned long long)R0);
-    snprintf(cnt, sizeof(cnt), "%d", NR);
-    snprintf(np, sizeof(np), "%d", NP);
-    char *args[] = {"--child", "decode", (char *)boot, first, cnt, np, NULL};
-    CHECK_EQ(fchild_spawn(&ch, g_self, args), 0);
-    CHECK_EQ(fchild_line(&ch, line, sizeof(line), 20), 0);
-    CHECK(strncmp(line, "ready", 5) == 0);
+    CHECK_EQ(kvbh_boot_start(&b, 0, NULL), 0);
+    const char *boot = b.addr;
+    CHECK_EQ(kvbh_rank_start(&p, &G, KVB_MODE_PREFILL, boot, KVBH_MEM_MALLOC, NULL), 0);
+    CHECK_EQ(kvbh_spawn_decode(&ch, boot, KVBH_MEM_MALLOC, R0, NR, NP), 0);
     /* every room's transfer info reached the prefill: senders are ready */
     for (int j = 0; j < NR; j++) {
         CHECK_EQ(kvb_sender_create(p.mgr, boot, R0 + (uint64_t)j, &snd[j]), KVB_OK);
-        CHECK_EQ(fwait_sender_ready(snd[j], 10), 0);
+        CHECK_EQ(kvbh_wait_sender_ready(snd[j], 10), 0);
     }
     /* one warm room through an in-process decode, then the base line */
-    CHECK_EQ(frank_start(&d2, &G, KVB_MODE_DECODE, NULL, -1, NULL), 0);
-    CHECK_EQ(frun_room(&p, &d2, boot, 5000, 8, 0, 200, 1), 0);
-    long rss0 = rss_kib(getpid()), rss_max = rss0;
-    int fd0 = count_fds(), fd_max = fd0;
+    CHECK_EQ(kvbh_rank_start(&d2, &G, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), 0);
+    CHECK_EQ(kvbh_run_room(&p, &d2, boot, 5000, 8, 0, 200, 1), 0);
+    long rss0 = kvbh_rss_kib(getpid()), rss_max = rss0;
+    int fd0 = kvbh_count_fds(), fd_max = fd0;
     kvb_manager_stats_t st;
     kvb_manager_stats(p.mgr, &st);
     uint64_t rooms0 = st.rooms, rooms_max = st.rooms;
@@ -720,29 +392,27 @@ static void test_slowpeer(void)
      * session exists before the decode stops */
     {
         int32_t src[16];
-        for (int i = 0; i < NP; i++)
-            src[i] = src_page(R0, i);
-        ffill(&p, R0, src, NP, (int)(R0 % FR_AUX_ITEMS));
-        kvb_sender_init(snd[0], (uint64_t)NP, (int64_t)(R0 % FR_AUX_ITEMS));
+        kvbh_room_pages(&G, R0, NP, src, NULL);
+        kvbh_fill(&p, R0, src, NP, (int)(R0 % KVBH_AUX_ITEMS));
+        kvb_sender_init(snd[0], (uint64_t)NP, (int64_t)(R0 % KVBH_AUX_ITEMS));
         CHECK_EQ(kvb_sender_send(snd[0], src, (size_t)NP), KVB_OK);
-        CHECK_EQ(fwait_sender(snd[0], 10), KVB_POLL_SUCCESS);
+        CHECK_EQ(kvbh_wait_sender(snd[0], 10), KVB_POLL_SUCCESS);
     }
     CHECK_EQ(kill(ch.pid, SIGSTOP), 0);
-    wait_stopped(ch.pid);
-    double t0 = fnow();
+    kvbh_wait_stopped(ch.pid);
+    double t0 = kvbh_now();
     for (int j = 1; j < NR; j++) {
         uint64_t room = R0 + (uint64_t)j;
         int32_t src[16];
-        for (int i = 0; i < NP; i++)
-            src[i] = src_page(room, i);
-        ffill(&p, room, src, NP, (int)(room % FR_AUX_ITEMS));
-        kvb_sender_init(snd[j], (uint64_t)NP, (int64_t)(room % FR_AUX_ITEMS));
+        kvbh_room_pages(&G, room, NP, src, NULL);
+        kvbh_fill(&p, room, src, NP, (int)(room % KVBH_AUX_ITEMS));
+        kvb_sender_init(snd[j], (uint64_t)NP, (int64_t)(room % KVBH_AUX_ITEMS));
         CHECK_EQ(kvb_sender_send(snd[j], src, (size_t)NP / 2), KVB_OK);
         CHECK_EQ(kvb_sender_send(snd[j], src + NP / 2, (size_t)(NP - NP / 2)), KVB_OK);
     }
-    double t_sent = fnow() - t0, t_last = 0;
+    double t_sent = kvbh_now() - t0, t_last = 0;
     int left = NR - 1, done[MAXR] = {1}, failed = 0;
-    while (left > 0 && fnow() < t0 + bound) {
+    while (left > 0 && kvbh_now() < t0 + bound) {
         for (int j = 0; j < NR; j++) {
             kvb_poll_t q = kvb_sender_poll(snd[j]);
             if (done[j] || (q != KVB_POLL_FAILED && q != KVB_POLL_SUCCESS))
@@ -750,15 +420,15 @@ static void test_slowpeer(void)
             done[j] = 1;
             left--;
             failed += q == KVB_POLL_FAILED;
-            t_last = fnow() - t0;
+            t_last = kvbh_now() - t0;
         }
-        long r = rss_kib(getpid());
-        int f = count_fds();
+        long r = kvbh_rss_kib(getpid());
+        int f = kvbh_count_fds();
         kvb_manager_stats(p.mgr, &st);
         rss_max = r > rss_max ? r : rss_max;
         fd_max = f > fd_max ? f : fd_max;
         rooms_max = st.rooms > rooms_max ? st.rooms : rooms_max;
-        fsleep(0.02);
+        kvbh_sleep(0.02);
     }
     char why[512] = "";
     for (int j = 1; j < NR; j++)
@@ -774,7 +444,7 @@ static void test_slowpeer(void)
             "slowpeer: prefill high-water marks: RSS %ld -> max %ld KiB, fds %d -> max %d, rooms "
             "%llu -> max %llu\n",
             rss0, rss_max, fd0, fd_max, (unsigned long long)rooms0, (unsigned long long)rooms_max);
-    double tc = fnow();
+    double tc = kvbh_now();
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fprintf(stderr, "slowpeer: prefill process CPU so far: user %.1f s, system %.1f s\n",
@@ -783,18 +453,18 @@ static void test_slowpeer(void)
     kill(ch.pid, SIGCONT);
     if (left > 0) {
         int left2 = left;
-        while (left2 > 0 && fnow() < tc + 15) {
+        while (left2 > 0 && kvbh_now() < tc + 15) {
             left2 = 0;
             for (int j = 1; j < NR; j++) {
                 kvb_poll_t q = kvb_sender_poll(snd[j]);
                 left2 += q != KVB_POLL_FAILED && q != KVB_POLL_SUCCESS;
             }
-            fsleep(0.02);
+            kvbh_sleep(0.02);
         }
         fprintf(stderr,
                 "SLOW PEER BUG: %d of %d rooms to the stopped decode did not end within %.1f s "
                 "(transfer time-out %.1f s); after SIGCONT %d still open %.2f s later\n",
-                left, NR - 1, bound, xfer_to, left2, fnow() - tc);
+                left, NR - 1, bound, xfer_to, left2, kvbh_now() - tc);
     }
     CHECK(rss_max - rss0 < 64 * 1024);
     CHECK(fd_max - fd0 < 32);
@@ -802,105 +472,53 @@ static void test_slowpeer(void)
     for (int j = 0; j < NR; j++)
         kvb_sender_destroy(snd[j]);
     /* the prefill still serves a healthy decode */
-    CHECK_EQ(frun_room(&p, &d2, boot, 5001, 8, 16, 100, 2), 0);
-    CHECK(fcanaries_ok(&d2, "decode"));
+    CHECK_EQ(kvbh_run_room(&p, &d2, boot, 5001, 8, 16, 100, 2), 0);
+    CHECK(kvbh_canaries_ok(&d2, "decode"));
     /* last: the rooms to the stopped decode ended (Failed) within the bound */
     CHECK_EQ(left, 0);
     CHECK_EQ(failed, NR - 1);
     CHECK(why[0] != '\0');
-    fchild_close(&ch);
-    frank_stop(&d2);
-    frank_stop(&p);
-    kvb_bootstrap_server_stop(b);
+    kvbh_child_close(&ch);
+    kvbh_rank_stop(&d2);
+    kvbh_rank_stop(&p);
+    kvbh_boot_stop(&b);
     TEST_PASS("slow peer: prefill bounded, rooms fail, healthy decode served");
 }
 
 /* ---- 4. kill -9 of the bootstrap server, then its restart ---- */
 
-/* Spawn a bootstrap server child on port (0 = ephemeral); its address in
- * addr. A restart on the same port is retried (bounded) while the port is
- * not yet free. 0 or -1. */
-static int boot_spawn(fchild_t *c, unsigned port, char *addr, size_t cap)
-{
-    char ps[16], line[256], fmt[32];
-    char *args[] = {"--child", "bootsrv", ps, NULL};
-    snprintf(ps, sizeof(ps), "%u", port);
-    snprintf(fmt, sizeof(fmt), "boot %%%zus", cap - 1);
-    for (int tries = 0; tries < 30; tries++) {
-        if (fchild_spawn(c, g_self, args) != 0)
-            return -1;
-        if (fchild_line(c, line, sizeof(line), 10) == 0 && sscanf(line, fmt, addr) == 1)
-            return 0;
-        fchild_kill(c);
-        fsleep(0.1);
-    }
-    return -1;
-}
-
-static unsigned addr_port(const char *addr)
-{
-    const char *c = strrchr(addr, ':');
-    return c != NULL ? (unsigned)atoi(c + 1) : 0;
-}
-
-/* Receivers on d for rooms [first, first + count), n pages each. */
-static void b_receivers(frank_t *d, const char *boot, uint64_t first, int count, int n,
-                        kvb_receiver_h *rc)
-{
-    for (int j = 0; j < count; j++) {
-        uint64_t room = first + (uint64_t)j;
-        int32_t dst[16];
-        for (int i = 0; i < n; i++)
-            dst[i] = dst_page(room, i);
-        CHECK_EQ(kvb_receiver_create(d->mgr, boot, room, -1, &rc[j]), KVB_OK);
-        kvb_receiver_init(rc[j], dst, (size_t)n, (int64_t)(room % FR_AUX_ITEMS), NULL);
-    }
-}
-
 /* Every receiver Success, its bytes verified, then destroyed. */
-static void b_verify(frank_t *d, uint64_t first, int count, int n, kvb_receiver_h *rc)
+static void b_verify(kvbh_rank_t *d, uint64_t first, int count, int n, kvb_receiver_h *rc)
 {
     char why[512];
     for (int j = 0; j < count; j++) {
         uint64_t room = first + (uint64_t)j;
         int32_t dst[16];
-        for (int i = 0; i < n; i++)
-            dst[i] = dst_page(room, i);
-        kvb_poll_t p = fwait_receiver(rc[j], 10);
+        kvbh_room_pages(&G, room, n, NULL, dst);
+        kvb_poll_t p = kvbh_wait_receiver(rc[j], 10);
         if (p != KVB_POLL_SUCCESS) {
             kvb_receiver_failure(rc[j], why, sizeof(why));
             fprintf(stderr, "room %llu: %s (%s)\n", (unsigned long long)room, kvb_poll_string(p),
                     why);
         }
         CHECK_EQ(p, KVB_POLL_SUCCESS);
-        CHECK_EQ(fverify(d, room, dst, n, (int)(room % FR_AUX_ITEMS)), (uint64_t)0);
+        CHECK_EQ(kvbh_verify(d, room, dst, n, (int)(room % KVBH_AUX_ITEMS)), (uint64_t)0);
         kvb_receiver_destroy(rc[j]);
     }
-}
-
-/* Send "cmd" to the prefill child and expect the answer "want". */
-static void b_command(fchild_t *pf, const char *cmd, const char *want)
-{
-    char line[512];
-    dprintf(pf->to, "%s\n", cmd);
-    CHECK_EQ(fchild_line(pf, line, sizeof(line), 30), 0);
-    if (strcmp(line, want) != 0)
-        fprintf(stderr, "prefill answered \"%s\" to \"%s\"\n", line, cmd);
-    CHECK(strcmp(line, want) == 0);
 }
 
 /* While the server is down: a decode without a cached route fails its new
  * receiver at once with the seeds' reason; returns the seconds it took. */
 static double b_lookup_fails(const char *boot, uint64_t room)
 {
-    frank_t d2;
+    kvbh_rank_t d2;
     kvb_receiver_h rx;
     char why[512], expect[256];
-    CHECK_EQ(frank_start(&d2, &G, KVB_MODE_DECODE, NULL, -1, NULL), 0);
-    double t0 = fnow();
+    CHECK_EQ(kvbh_rank_start(&d2, &G, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), 0);
+    double t0 = kvbh_now();
     CHECK_EQ(kvb_receiver_create(d2.mgr, boot, room, -1, &rx), KVB_OK);
-    kvb_poll_t p = fwait_receiver(rx, 10);
-    double dt = fnow() - t0;
+    kvb_poll_t p = kvbh_wait_receiver(rx, 10);
+    double dt = kvbh_now() - t0;
     CHECK_EQ(p, KVB_POLL_FAILED);
     kvb_receiver_failure(rx, why, sizeof(why));
     snprintf(expect, sizeof(expect),
@@ -909,7 +527,7 @@ static double b_lookup_fails(const char *boot, uint64_t room)
         fprintf(stderr, "new receiver failed with: %s\n", why);
     CHECK(strcmp(why, expect) == 0);
     kvb_receiver_destroy(rx);
-    frank_stop(&d2);
+    kvbh_rank_stop(&d2);
     return dt;
 }
 
@@ -920,15 +538,15 @@ static double b_wait_registered(const char *boot, const char *ep, double t0, dou
     kvb_bootstrap_rank_addr_t ra;
     char want[KVB_BOOTSTRAP_IP_MAX + 16];
     CHECK_EQ(kvb_bootstrap_client_create(boot, NULL, &c), KVB_OK);
-    while (fnow() < t0 + bound + 2.0) {
+    while (kvbh_now() < t0 + bound + 2.0) {
         if (kvb_bootstrap_client_lookup(c, 0, 0, 0, 0.2, &ra) == KVB_OK) {
             snprintf(want, sizeof(want), "%s:%u", ra.rank_ip, ra.rank_port);
             CHECK(strcmp(want, ep) == 0);
             break;
         }
-        fsleep(0.005);
+        kvbh_sleep(0.005);
     }
-    double dt = fnow() - t0;
+    double dt = kvbh_now() - t0;
     kvb_bootstrap_client_destroy(c);
     return dt;
 }
@@ -940,32 +558,29 @@ static void test_bootstrap(void)
     const uint64_t R0 = 200, RX = 260, RN = 300;
     unsigned seed = getenv("KVB_F8_SEED") != NULL ? (unsigned)strtoul(getenv("KVB_F8_SEED"), 0, 10)
                                                   : (unsigned)time(NULL) ^ (unsigned)getpid();
-    fchild_t bs, pf;
-    frank_t d1, d3;
+    kvbh_child_t bs, pf;
+    kvbh_rank_t d1, d3;
     kvb_receiver_h rc[MAXR], rn[MAXR];
     char boot[128], boot2[128], ep[128], line[512], cmd[64];
     g_rng ^= (uint64_t)seed * 0x9e3779b97f4a7c15ull;
     fprintf(stderr, "bootstrap: seed %u (KVB_F8_SEED=%u reproduces it)\n", seed, seed);
-    CHECK_EQ(boot_spawn(&bs, 0, boot, sizeof(boot)), 0);
-    char *pargs[] = {"--child", "bprefill", boot, NULL};
-    CHECK_EQ(fchild_spawn(&pf, g_self, pargs), 0);
-    CHECK_EQ(fchild_line(&pf, line, sizeof(line), 20), 0);
-    CHECK_EQ(sscanf(line, "prefill %127s", ep), 1);
+    CHECK_EQ(kvbh_spawn_boot(&bs, 0, boot, sizeof(boot)), 0);
+    CHECK_EQ(kvbh_spawn_bprefill(&pf, boot, ep, sizeof(ep)), 0);
     /* rooms in flight: routes cached on d1, first halves landed */
-    CHECK_EQ(frank_start(&d1, &G, KVB_MODE_DECODE, NULL, -1, NULL), 0);
-    b_receivers(&d1, boot, R0, NR, NP, rc);
+    CHECK_EQ(kvbh_rank_start(&d1, &G, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), 0);
+    CHECK_EQ(kvbh_receivers(&d1, boot, R0, NR, NP, rc), 0);
     snprintf(cmd, sizeof(cmd), "rooms %llu %d %d", (unsigned long long)R0, NR, NP);
-    b_command(&pf, cmd, "sent");
+    CHECK_EQ(kvbh_child_ask(&pf, cmd, "sent", 30), 0);
     /* kill -9 at a random point: up to 100 ms before or after the rest */
     double k = (double)(rnd() % 201) / 1000.0 - 0.1;
     fprintf(stderr, "bootstrap: kill -9 of the server %+.3f s from the second halves\n", k);
     if (k < 0)
-        fchild_kill(&bs), fsleep(-k);
+        kvbh_child_kill(&bs), kvbh_sleep(-k);
     dprintf(pf.to, "rest\n");
     if (k >= 0)
-        fsleep(k), fchild_kill(&bs);
-    double t_kill = fnow();
-    CHECK_EQ(fchild_line(&pf, line, sizeof(line), 30), 0);
+        kvbh_sleep(k), kvbh_child_kill(&bs);
+    double t_kill = kvbh_now();
+    CHECK_EQ(kvbh_child_line(&pf, line, sizeof(line), 30), 0);
     CHECK(strcmp(line, "rest Success Success Success Success Success Success") == 0);
     b_verify(&d1, R0, NR, NP, rc);
     double t_lookup = b_lookup_fails(boot, RX);
@@ -974,56 +589,53 @@ static void test_bootstrap(void)
             "cached route Failed in %.4f s (bound 5 s)\n",
             t_lookup);
     CHECK(t_lookup <= 5.0 + 1.0);
-    while (fnow() < t_kill + outage) /* the prefill's refreshes fail meanwhile */
-        fsleep(0.01);
-    CHECK_EQ(boot_spawn(&bs, addr_port(boot), boot2, sizeof(boot2)), 0);
+    while (kvbh_now() < t_kill + outage) /* the prefill's refreshes fail meanwhile */
+        kvbh_sleep(0.01);
+    CHECK_EQ(kvbh_spawn_boot(&bs, kvbh_addr_port(boot), boot2, sizeof(boot2)), 0);
     CHECK(strcmp(boot, boot2) == 0);
-    double t_reg = b_wait_registered(boot, ep, fnow(), refresh + 1.0);
+    double t_reg = b_wait_registered(boot, ep, kvbh_now(), refresh + 1.0);
     fprintf(stderr,
             "bootstrap: server down %.2f s; restarted, prefill registered again %.3f s "
             "later (bound %.1f s)\n",
-            fnow() - t_reg - t_kill, t_reg, refresh + 1.0);
+            kvbh_now() - t_reg - t_kill, t_reg, refresh + 1.0);
     CHECK(t_reg <= refresh + 1.0);
     /* new rooms: a fresh decode (no cached route) and d1 (cached) */
-    CHECK_EQ(frank_start(&d3, &G, KVB_MODE_DECODE, NULL, -1, NULL), 0);
-    b_receivers(&d3, boot, RN, NN, NP, rn);
-    b_receivers(&d1, boot, RN + NN, 1, NP, rn + NN);
+    CHECK_EQ(kvbh_rank_start(&d3, &G, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), 0);
+    CHECK_EQ(kvbh_receivers(&d3, boot, RN, NN, NP, rn), 0);
+    CHECK_EQ(kvbh_receivers(&d1, boot, RN + NN, 1, NP, rn + NN), 0);
     snprintf(cmd, sizeof(cmd), "full %llu %d %d", (unsigned long long)RN, NN + 1, NP);
-    b_command(&pf, cmd, "sent");
+    CHECK_EQ(kvbh_child_ask(&pf, cmd, "sent", 30), 0);
     b_verify(&d3, RN, NN, NP, rn);
     b_verify(&d1, RN + NN, 1, NP, rn + NN);
-    CHECK(fcanaries_ok(&d1, "decode 1"));
-    CHECK(fcanaries_ok(&d3, "decode 3"));
-    frank_stop(&d3);
-    frank_stop(&d1);
+    CHECK(kvbh_canaries_ok(&d1, "decode 1"));
+    CHECK(kvbh_canaries_ok(&d3, "decode 3"));
+    kvbh_rank_stop(&d3);
+    kvbh_rank_stop(&d1);
     /* destroy is bounded by the PUT's time-out even against a stopped server */
     CHECK_EQ(kill(bs.pid, SIGSTOP), 0);
-    wait_stopped(bs.pid);
-    fsleep(refresh + 0.1); /* a refresh PUT is waiting on it now */
+    kvbh_wait_stopped(bs.pid);
+    kvbh_sleep(refresh + 0.1); /* a refresh PUT is waiting on it now */
     close(pf.to);
     double t_destroy = -1;
-    CHECK_EQ(fchild_line(&pf, line, sizeof(line), 10), 0);
+    CHECK_EQ(kvbh_child_line(&pf, line, sizeof(line), 10), 0);
     CHECK_EQ(sscanf(line, "destroyed %lf", &t_destroy), 1);
     fprintf(stderr, "bootstrap: prefill manager destroyed in %.3f s with the server stopped\n",
             t_destroy);
     CHECK(t_destroy <= refresh + 0.5);
     pf.to = -1;
-    fchild_close(&pf);
-    fchild_kill(&bs);
+    kvbh_child_close(&pf);
+    kvbh_child_kill(&bs);
     TEST_PASS("bootstrap server kill -9: in-flight rooms complete, lookups fail fast, restart "
               "re-registers the prefill");
 }
 
 int main(int argc, char **argv)
 {
-    g_self = argv[0];
     setenv("KVBRIDGE_HEARTBEAT_FLOOR", "0.2", 1);
-    if (argc >= 2 && strcmp(argv[1], "--child") == 0)
-        return child_main(argc, argv);
-    signal(SIGPIPE, SIG_IGN);
-    char pid[24];
-    snprintf(pid, sizeof(pid), "%ld", (long)getpid());
-    setenv("KVB_F8_PARENT", pid, 1);
+    if (kvbh_main_init(argc, argv)) {
+        int rc = kvbh_child_main(argc, argv);
+        return rc < 0 ? 2 : rc;
+    }
     const char *which = argc >= 2 ? argv[1] : "sigstop";
     if (strcmp(which, "sigstop") == 0)
         test_sigstop();

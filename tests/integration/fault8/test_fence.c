@@ -14,8 +14,9 @@
  * Before the grant fence, resolving the route again lifted the prefill's
  * tag fence, and the resumed prefill's writes for the old rooms landed in
  * the refilled pages (the issue measured 336-608 MiB on every lane).
- * Children are this executable run with --child. */
-#include "../conn_fault/fault_util.h"
+ * Built on the cluster harness (tests/harness); its own child (fprefill)
+ * is this executable run with --child. */
+#include "harness/kvb_cluster.h"
 #include "kvb_test.h"
 
 #include <kvbridge/bootstrap.h>
@@ -23,18 +24,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 /* 16 KiB per page and buffer, 8 buffers: a room of 16 pages is 2 MiB. */
-static const fgeom_t G = {4, 8, 128, 16, 1024};
-static const char *g_self;
+static const kvbh_geom_t G = {4, 8, 128, 16, 1024, 0, 0};
 
 #define NR 28 /* old rooms, in flight at SIGSTOP */
 #define NN 4  /* new rooms, after the route is resolved again */
 #define NP 16 /* pages per room */
 #define GUARD 0x5A
-_Static_assert(NR + NN <= FR_AUX_ITEMS, "one aux item per room");
+_Static_assert(NR + NN <= KVBH_AUX_ITEMS, "one aux item per room");
 #define R0 1000ull
 #define RN 2000ull
 
@@ -58,16 +57,16 @@ static int aux_of(uint64_t room)
 
 /* Senders for rooms [first, first + count) made ready first, then every
  * send issued back to back, so the writes are in flight together. */
-static int send_rooms(frank_t *p, kvb_sender_h *s, uint64_t first, int count, int whole)
+static int send_rooms(kvbh_rank_t *p, kvb_sender_h *s, uint64_t first, int count, int whole)
 {
     int32_t src[NR][NP];
     for (int j = 0; j < count; j++) {
         uint64_t room = first + (uint64_t)j;
         for (int i = 0; i < NP; i++)
             src[j][i] = src_page(room, i);
-        ffill(p, room, src[j], NP, aux_of(room));
+        kvbh_fill(p, room, src[j], NP, aux_of(room));
         if (kvb_sender_create(p->mgr, "x", room, &s[j]) != KVB_OK ||
-            fwait_sender_ready(s[j], 10) != 0)
+            kvbh_wait_sender_ready(s[j], 10) != 0)
             return -1;
         kvb_sender_init(s[j], NP, aux_of(room));
     }
@@ -92,10 +91,10 @@ static void send_rest(kvb_sender_h *s, uint64_t first, int count)
  * NEW_FAILED"), "lane SID" ("lane D": kvb_engine_session_direct). */
 static int child_prefill(const char *boot)
 {
-    frank_t p;
+    kvbh_rank_t p;
     kvb_sender_h old[NR] = {0}, nw[NN] = {0};
     char line[256], sid[128];
-    if (frank_start(&p, &G, KVB_MODE_PREFILL, boot, -1, NULL) != 0)
+    if (kvbh_rank_start(&p, &G, KVB_MODE_PREFILL, boot, KVBH_MEM_MALLOC, NULL) != KVB_OK)
         return 4;
     printf("prefill %s\n", kvb_manager_endpoint(p.mgr));
     fflush(stdout);
@@ -111,9 +110,9 @@ static int child_prefill(const char *boot)
         else if (strncmp(line, "report", 6) == 0) {
             int c[4] = {0};
             for (int j = 0; j < NR && old[j] != NULL; j++)
-                c[fwait_sender(old[j], 20) == KVB_POLL_SUCCESS ? 0 : 1]++;
+                c[kvbh_wait_sender(old[j], 20) == KVB_POLL_SUCCESS ? 0 : 1]++;
             for (int j = 0; j < NN && nw[j] != NULL; j++)
-                c[fwait_sender(nw[j], 20) == KVB_POLL_SUCCESS ? 2 : 3]++;
+                c[kvbh_wait_sender(nw[j], 20) == KVB_POLL_SUCCESS ? 2 : 3]++;
             printf("report %d %d %d %d\n", c[0], c[1], c[2], c[3]);
         }
         fflush(stdout);
@@ -122,21 +121,11 @@ static int child_prefill(const char *boot)
         kvb_sender_destroy(old[j]);
     for (int j = 0; j < NN; j++)
         kvb_sender_destroy(nw[j]);
-    frank_stop(&p);
+    kvbh_rank_stop(&p);
     return 0;
 }
 
 /* ---- the test ---- */
-
-static kvb_bootstrap_server_h boot_start(uint16_t port)
-{
-    kvb_bootstrap_server_params_t bp = {KVB_BOOTSTRAP_SERVER_PARAM_PORT, NULL, 0, NULL, 0, 0, 0};
-    kvb_bootstrap_server_h b = NULL;
-    bp.port = port;
-    for (int i = 0; i < 100 && kvb_bootstrap_server_start(&bp, &b) != KVB_OK; i++)
-        fsleep(0.05); /* the port may linger a moment after the stop */
-    return b;
-}
 
 /* PUT /route for the prefill at ep on the restarted server, as its own
  * refresh would once resumed (it is still stopped). */
@@ -170,41 +159,40 @@ static void parallel_info(const char *boot, kvb_bootstrap_parallel_info_t *pi)
 }
 
 /* Bytes of the room's first half that had arrived. */
-static uint64_t arrived(const frank_t *d, uint64_t room)
+static uint64_t arrived(const kvbh_rank_t *d, uint64_t room)
 {
     uint64_t ok = 0;
     for (int b = 0; b < d->n_kv; b++)
         for (int i = 0; i < NP / 2; i++) {
             const uint8_t *p = d->kv[b] + (uint64_t)dst_page(room, i) * d->item_len;
             for (uint64_t k = 0; k < d->item_len; k++)
-                ok += p[k] == fpat(room, b, (uint64_t)i, k);
+                ok += p[k] == kvbh_pat(room, b, (uint64_t)i, k);
         }
     return ok;
 }
 
-static void guard_room(frank_t *d, uint64_t room)
+static void room_dst(uint64_t room, int32_t *dst)
 {
-    for (int b = 0; b < d->n_kv; b++)
-        for (int i = 0; i < NP; i++)
-            memset(d->kv[b] + (uint64_t)dst_page(room, i) * d->item_len, GUARD, d->item_len);
-    memset(d->aux + (uint64_t)aux_of(room) * FR_AUX_ITEM, GUARD, FR_AUX_ITEM);
+    for (int i = 0; i < NP; i++)
+        dst[i] = dst_page(room, i);
 }
 
-static uint64_t guard_broken(const frank_t *d, uint64_t room)
+static void guard_room(kvbh_rank_t *d, uint64_t room)
 {
-    uint64_t bad = 0;
-    for (int b = 0; b < d->n_kv; b++)
-        for (int i = 0; i < NP; i++) {
-            const uint8_t *p = d->kv[b] + (uint64_t)dst_page(room, i) * d->item_len;
-            for (uint64_t k = 0; k < d->item_len; k++)
-                bad += p[k] != GUARD;
-        }
-    for (uint64_t k = 0; k < FR_AUX_ITEM; k++)
-        bad += d->aux[(uint64_t)aux_of(room) * FR_AUX_ITEM + k] != GUARD;
-    return bad;
+    int32_t dst[NP];
+    room_dst(room, dst);
+    kvbh_guard_fill(d, dst, NP, aux_of(room), GUARD);
 }
 
-static void receivers(frank_t *d, const char *boot, uint64_t first, int count, kvb_receiver_h *rc)
+static uint64_t guard_broken(const kvbh_rank_t *d, uint64_t room)
+{
+    int32_t dst[NP];
+    room_dst(room, dst);
+    return kvbh_guard_bad(d, dst, NP, aux_of(room), GUARD);
+}
+
+static void receivers(kvbh_rank_t *d, const char *boot, uint64_t first, int count,
+                      kvb_receiver_h *rc)
 {
     for (int j = 0; j < count; j++) {
         uint64_t room = first + (uint64_t)j;
@@ -216,9 +204,9 @@ static void receivers(frank_t *d, const char *boot, uint64_t first, int count, k
     }
 }
 
-static void expect(fchild_t *ch, const char *want, char *line, size_t cap, double t)
+static void expect(kvbh_child_t *ch, const char *want, char *line, size_t cap, double t)
 {
-    CHECK_EQ(fchild_line(ch, line, cap, t), 0);
+    CHECK_EQ(kvbh_child_line(ch, line, cap, t), 0);
     if (strncmp(line, want, strlen(want)) != 0)
         fprintf(stderr, "prefill answered \"%s\", expected \"%s...\"\n", line, want);
     CHECK(strncmp(line, want, strlen(want)) == 0);
@@ -226,12 +214,12 @@ static void expect(fchild_t *ch, const char *want, char *line, size_t cap, doubl
 
 /* Wait (bounded) for every old room to end; guard the pages of those the
  * decode says are safe. Returns how many were still unsafe. */
-static int fail_and_guard(frank_t *d, kvb_receiver_h *rc, int *guarded, double t0, double bound)
+static int fail_and_guard(kvbh_rank_t *d, kvb_receiver_h *rc, int *guarded, double t0, double bound)
 {
     int left = NR, unsafe = 0;
     double t_last = 0;
     uint64_t got = 0;
-    while (left > 0 && fnow() < t0 + bound + 5) {
+    while (left > 0 && kvbh_now() < t0 + bound + 5) {
         for (int j = 0; j < NR; j++) {
             kvb_poll_t p = rc[j] != NULL ? kvb_receiver_poll(rc[j]) : KVB_POLL_FAILED;
             if (rc[j] == NULL || (p != KVB_POLL_FAILED && p != KVB_POLL_SUCCESS))
@@ -251,11 +239,11 @@ static int fail_and_guard(frank_t *d, kvb_receiver_h *rc, int *guarded, double t
                 CHECK_STR_CONTAINS(why, "NOT safe to reuse");
             rc[j] = guarded[j] ? (kvb_receiver_destroy(rc[j]), NULL) : rc[j];
             left -= guarded[j] ? 1 : 0;
-            t_last = fnow() - t0;
+            t_last = kvbh_now() - t0;
         }
         if (unsafe > 0)
             break; /* the rest ends after SIGCONT */
-        fsleep(0.002);
+        kvbh_sleep(0.002);
     }
     fprintf(stderr,
             "fence: %d rooms Failed and safe %.3f s after the fault (bound %.2f s), %d unsafe; "
@@ -271,24 +259,24 @@ static void test_fence(const char *lane)
 {
     const double interval = 0.2;
     const int misses = 2;
-    fknobs_t k = {interval, misses, 0, 0, strcmp(lane, "direct") == 0};
+    kvbh_knobs_t k = {.hb_interval = interval, .hb_misses = misses};
+    int mem = strcmp(lane, "direct") == 0 ? KVBH_MEM_SHARED : KVBH_MEM_MALLOC;
     kvb_receiver_h rc[NR], rn[NN];
     int guarded[NR] = {0};
     char line[512], ep[128], boot[128];
-    fchild_t ch;
-    frank_t d;
+    kvbh_child_t ch;
+    kvbh_rank_t d;
     kvb_bootstrap_parallel_info_t pi;
     if (strcmp(lane, "tcp") == 0)
         setenv("KVBRIDGE_TRANSPORT", "tcp", 1);
-    kvb_bootstrap_server_h bs = boot_start(0);
-    CHECK(bs != NULL);
-    uint16_t port = kvb_bootstrap_server_port(bs);
-    snprintf(boot, sizeof(boot), "%s", kvb_bootstrap_server_address(bs));
-    char *args[] = {"--child", "prefill", boot, NULL};
-    CHECK_EQ(fchild_spawn(&ch, g_self, args), 0);
+    kvbh_boot_t bs;
+    CHECK_EQ(kvbh_boot_start(&bs, 0, NULL), 0);
+    snprintf(boot, sizeof(boot), "%s", bs.addr);
+    char *args[] = {"fprefill", boot, NULL};
+    CHECK_EQ(kvbh_child_spawn(&ch, args), 0);
     expect(&ch, "prefill ", line, sizeof(line), 20);
     CHECK_EQ(sscanf(line, "prefill %127s", ep), 1);
-    CHECK_EQ(frank_start(&d, &G, KVB_MODE_DECODE, NULL, -1, &k), 0);
+    CHECK_EQ(kvbh_rank_start(&d, &G, KVB_MODE_DECODE, NULL, mem, &k), KVB_OK);
     parallel_info(boot, &pi);
     receivers(&d, boot, R0, NR, rc);
     dprintf(ch.to, "old\n");
@@ -296,13 +284,13 @@ static void test_fence(const char *lane)
     /* The fault, mid-transfer: once a quarter of the rooms' bytes started to
      * land, the rest queued or being copied. */
     const uint8_t *probe = d.kv[0] + (uint64_t)dst_page(R0 + NR / 4, 0) * d.item_len;
-    double t_probe = fnow();
-    while (probe[d.item_len - 1] != fpat(R0 + NR / 4, 0, 0, d.item_len - 1) &&
-           fnow() < t_probe + 10)
+    double t_probe = kvbh_now();
+    while (probe[d.item_len - 1] != kvbh_pat(R0 + NR / 4, 0, 0, d.item_len - 1) &&
+           kvbh_now() < t_probe + 10)
         ;
-    double t0 = fnow();
+    double t0 = kvbh_now();
     CHECK_EQ(kill(ch.pid, SIGSTOP), 0);
-    kvb_bootstrap_server_stop(bs);
+    kvbh_boot_stop(&bs);
     fprintf(stderr,
             "fence[%s]: prefill stopped and bootstrap server down; %d rooms x %d of %d "
             "pages (%.0f MiB) were queued\n",
@@ -310,20 +298,19 @@ static void test_fence(const char *lane)
     int unsafe = fail_and_guard(&d, rc, guarded, t0, interval * misses + 1.0 + 1.0);
     /* The bootstrap server comes back on the same port; the decode resolves
      * the same prefill again for new rooms (a new route, a new grant). */
-    bs = boot_start(port);
-    CHECK(bs != NULL);
+    CHECK_EQ(kvbh_boot_restart(&bs), 0);
     reregister(boot, ep, &pi);
     receivers(&d, boot, RN, NN, rn);
     /* Queued while stopped, run once resumed: the old rooms' second halves
      * first, then the new rooms. */
     dprintf(ch.to, "rest\nnew\n");
-    double t_cont = fnow();
+    double t_cont = kvbh_now();
     CHECK_EQ(kill(ch.pid, SIGCONT), 0);
     fprintf(stderr, "fence[%s]: SIGCONT %.2f s after the fault\n", lane, t_cont - t0);
     expect(&ch, "sent", line, sizeof(line), 30);
     /* Rooms that were unsafe: their pages are reusable once the decode says
      * so (the resumed writer's units in flight have ended). */
-    while (unsafe > 0 && fnow() < t_cont + 10) {
+    while (unsafe > 0 && kvbh_now() < t_cont + 10) {
         for (int j = 0; j < NR; j++)
             if (rc[j] != NULL && kvb_receiver_pages_safe(rc[j])) {
                 guard_room(&d, R0 + (uint64_t)j);
@@ -332,17 +319,17 @@ static void test_fence(const char *lane)
                 rc[j] = NULL;
                 unsafe--;
             }
-        fsleep(0.002);
+        kvbh_sleep(0.002);
     }
     fprintf(stderr, "fence[%s]: unsafe rooms left %.3f s after SIGCONT: %d\n", lane,
-            fnow() - t_cont, unsafe);
+            kvbh_now() - t_cont, unsafe);
     CHECK_EQ(unsafe, 0);
     for (int j = 0; j < NN; j++) {
         int32_t dst[NP];
         for (int i = 0; i < NP; i++)
             dst[i] = dst_page(RN + (uint64_t)j, i);
-        CHECK_EQ(fwait_receiver(rn[j], 20), KVB_POLL_SUCCESS);
-        CHECK_EQ(fverify(&d, RN + (uint64_t)j, dst, NP, aux_of(RN + (uint64_t)j)), (uint64_t)0);
+        CHECK_EQ(kvbh_wait_receiver(rn[j], 20), KVB_POLL_SUCCESS);
+        CHECK_EQ(kvbh_verify(&d, RN + (uint64_t)j, dst, NP, aux_of(RN + (uint64_t)j)), (uint64_t)0);
         kvb_receiver_destroy(rn[j]);
     }
     if (strcmp(lane, "direct") == 0) {
@@ -354,10 +341,10 @@ static void test_fence(const char *lane)
     dprintf(ch.to, "report\n");
     expect(&ch, "report ", line, sizeof(line), 60);
     fprintf(stderr, "fence[%s]: prefill %s (old ok/failed, new ok/failed), %.2f s after SIGCONT\n",
-            lane, line, fnow() - t_cont);
+            lane, line, kvbh_now() - t_cont);
     int ok_old, bad_old, ok_new, bad_new;
     CHECK_EQ(sscanf(line, "report %d %d %d %d", &ok_old, &bad_old, &ok_new, &bad_new), 4);
-    fsleep(0.2);
+    kvbh_sleep(0.2);
     uint64_t broken = 0;
     for (int j = 0; j < NR; j++) {
         uint64_t n = guard_broken(&d, R0 + (uint64_t)j);
@@ -371,11 +358,11 @@ static void test_fence(const char *lane)
     CHECK_EQ(broken, (uint64_t)0);
     CHECK_EQ(ok_old, 0); /* their writes were refused: never Success */
     CHECK_EQ(ok_new, NN);
-    CHECK(fcanaries_ok(&d, "decode"));
+    CHECK(kvbh_canaries_ok(&d, "decode"));
     kvb_bootstrap_parallel_info_free(&pi);
-    fchild_close(&ch);
-    frank_stop(&d);
-    kvb_bootstrap_server_stop(bs);
+    kvbh_child_close(&ch);
+    kvbh_rank_stop(&d);
+    kvbh_boot_stop(&bs);
     TEST_PASS("fence: stopped prefill + bootstrap restart + re-resolve: no stale byte landed");
 }
 
@@ -387,33 +374,33 @@ static void test_fence(const char *lane)
 static void test_abort_unconfirmed(void)
 {
     const double ack_to = 0.5;
-    fknobs_t k = {0.2, 2, 0, 0, 1};
+    kvbh_knobs_t k = {.hb_interval = 0.2, .hb_misses = 2};
     kvb_receiver_h rc[NR];
     int guarded[NR] = {0}, n_guarded = 0;
     char line[512], ep[128], boot[128], why[512];
-    fchild_t ch;
-    frank_t d;
+    kvbh_child_t ch;
+    kvbh_rank_t d;
     setenv("KVBRIDGE_ABORT_ACK_TIMEOUT", "0.5", 1);
-    kvb_bootstrap_server_h bs = boot_start(0);
-    CHECK(bs != NULL);
-    snprintf(boot, sizeof(boot), "%s", kvb_bootstrap_server_address(bs));
-    char *args[] = {"--child", "prefill", boot, NULL};
-    CHECK_EQ(fchild_spawn(&ch, g_self, args), 0);
+    kvbh_boot_t bs;
+    CHECK_EQ(kvbh_boot_start(&bs, 0, NULL), 0);
+    snprintf(boot, sizeof(boot), "%s", bs.addr);
+    char *args[] = {"fprefill", boot, NULL};
+    CHECK_EQ(kvbh_child_spawn(&ch, args), 0);
     expect(&ch, "prefill ", line, sizeof(line), 20);
     CHECK_EQ(sscanf(line, "prefill %127s", ep), 1);
-    CHECK_EQ(frank_start(&d, &G, KVB_MODE_DECODE, NULL, -1, &k), 0);
+    CHECK_EQ(kvbh_rank_start(&d, &G, KVB_MODE_DECODE, NULL, KVBH_MEM_SHARED, &k), KVB_OK);
     receivers(&d, boot, R0, NR, rc);
     dprintf(ch.to, "old\n");
     expect(&ch, "sent", line, sizeof(line), 30);
     CHECK_EQ(kill(ch.pid, SIGSTOP), 0);
-    double t0 = fnow();
+    double t0 = kvbh_now();
     for (int j = 0; j < NR; j++)
         kvb_receiver_abort(rc[j]);
     int ended = 0;
-    while (ended < NR && fnow() < t0 + ack_to + 5)
+    while (ended < NR && kvbh_now() < t0 + ack_to + 5)
         for (int j = 0, e = 0; j<NR; j++, ended = e> ended ? e : ended)
             e += kvb_receiver_poll(rc[j]) == KVB_POLL_FAILED;
-    double t_end = fnow() - t0;
+    double t_end = kvbh_now() - t0;
     fprintf(stderr, "abort: %d rooms Failed %.3f s after the abort (ack time-out %.1f s)\n", ended,
             t_end, ack_to);
     CHECK_EQ(ended, NR);
@@ -425,20 +412,20 @@ static void test_abort_unconfirmed(void)
         CHECK_STR_CONTAINS(why, "NOT safe to reuse");
     }
     dprintf(ch.to, "rest\n");
-    double t_cont = fnow();
+    double t_cont = kvbh_now();
     CHECK_EQ(kill(ch.pid, SIGCONT), 0);
-    while (n_guarded < NR && fnow() < t_cont + 10)
+    while (n_guarded < NR && kvbh_now() < t_cont + 10)
         for (int j = 0; j < NR; j++)
             if (!guarded[j] && kvb_receiver_pages_safe(rc[j])) {
                 guard_room(&d, R0 + (uint64_t)j);
                 guarded[j] = 1;
                 n_guarded++;
             }
-    fprintf(stderr, "abort: %d rooms safe %.3f s after SIGCONT\n", n_guarded, fnow() - t_cont);
+    fprintf(stderr, "abort: %d rooms safe %.3f s after SIGCONT\n", n_guarded, kvbh_now() - t_cont);
     CHECK_EQ(n_guarded, NR);
     dprintf(ch.to, "report\n");
     expect(&ch, "report ", line, sizeof(line), 60);
-    fsleep(0.2);
+    kvbh_sleep(0.2);
     uint64_t broken = 0;
     for (int j = 0; j < NR; j++) {
         broken += guard_broken(&d, R0 + (uint64_t)j);
@@ -448,21 +435,17 @@ static void test_abort_unconfirmed(void)
             (unsigned long long)broken);
     CHECK_EQ(broken, (uint64_t)0);
     CHECK(strncmp(line, "report 0 ", 9) == 0); /* no aborted room ended Success */
-    fchild_close(&ch);
-    frank_stop(&d);
-    kvb_bootstrap_server_stop(bs);
+    kvbh_child_close(&ch);
+    kvbh_rank_stop(&d);
+    kvbh_boot_stop(&bs);
     TEST_PASS("abort unconfirmed by a stopped prefill: bounded Failed, unsafe until confirmed");
 }
 
 int main(int argc, char **argv)
 {
-    g_self = argv[0];
     setenv("KVBRIDGE_HEARTBEAT_FLOOR", "0.2", 1);
-    if (argc >= 4 && strcmp(argv[1], "--child") == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        return strcmp(argv[2], "prefill") == 0 ? child_prefill(argv[3]) : 2;
-    }
-    signal(SIGPIPE, SIG_IGN);
+    if (kvbh_main_init(argc, argv))
+        return argc >= 4 && strcmp(argv[2], "fprefill") == 0 ? child_prefill(argv[3]) : 2;
     if (argc >= 2 && strcmp(argv[1], "abort") == 0) {
         test_abort_unconfirmed();
         return 0;

@@ -15,7 +15,7 @@
  * path: atexit, signal handlers, a watchdog alarm; stale ones of dead test
  * processes are removed at start. Where namespaces cannot be created (not
  * root, no iproute2, no CAP_NET_ADMIN) the test prints why and exits 77. */
-#include "../conn_fault/fault_util.h"
+#include "harness/kvb_cluster.h"
 #include "kvb_test.h"
 
 #include <dirent.h>
@@ -28,7 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,7 +36,7 @@
 #define SLOTS 5 /* + the recovery room */
 #define MAXS 16
 
-static const fgeom_t NG = {4, 8, 128, 16, SLOTS *NPG}; /* 16 KiB items, 4 MiB rooms */
+static const kvbh_geom_t NG = {4, 8, 128, 16, SLOTS *NPG, 0, 0}; /* 16 KiB items, 4 MiB rooms */
 static const double HB_INTERVAL = 0.2, XFER_TO = 1.0, PEER_TO = 0.5;
 static const int HB_MISSES = 2;
 
@@ -53,62 +52,25 @@ static int32_t src_page(int slot, int i)
 
 /* ---- a rank bound to a given address, UCX over TCP ---- */
 
-static int nrank_start(frank_t *r, kvb_mode_t mode, const char *ip, const char *boot, int with_hb)
+static int nrank_start(kvbh_rank_t *r, kvb_mode_t mode, const char *ip, const char *boot,
+                       int with_hb)
 {
     kvb_engine_params_t ep = {0};
-    kvb_manager_params_t mp = {0};
-    kvb_kv_args_t a = {0};
-    uint64_t ptrs[FR_MAX_KV], lens[FR_MAX_KV];
-    uint8_t *arena = malloc(farena_len(&NG));
-    memset(r, 0, sizeof(*r));
-    if (arena == NULL)
-        return -1;
-    flayout(r, &NG, arena, 1);
-    for (int i = 0; i < r->n_kv; i++) {
-        ptrs[i] = (uint64_t)(uintptr_t)r->kv[i];
-        lens[i] = r->buf_len;
-    }
-    uint64_t aux_ptr = (uint64_t)(uintptr_t)r->aux, aux_len = FR_AUX_ITEM * FR_AUX_ITEMS,
-             aux_item = FR_AUX_ITEM;
-    a.kv_data_ptrs = ptrs;
-    a.kv_data_lens = lens;
-    a.num_kv = (uint32_t)r->n_kv;
-    a.kv_item_len = r->item_len;
-    a.aux_data_ptrs = &aux_ptr;
-    a.aux_data_lens = &aux_len;
-    a.aux_item_lens = &aux_item;
-    a.num_aux = 1;
-    a.page_size = (uint32_t)NG.page;
-    a.kv_head_num = (uint32_t)NG.heads;
-    a.num_layers_total = (uint32_t)NG.layers;
+    kvbh_knobs_t k = {0};
     ep.field_mask = KVB_ENGINE_PARAM_HOST | KVB_ENGINE_PARAM_TRANSPORT |
                     KVB_ENGINE_PARAM_PEER_TIMEOUT | KVB_ENGINE_PARAM_CONNECT_TIMEOUT;
     ep.host = ip;
     ep.transport = KVB_TRANSPORT_TCP;
     ep.peer_timeout_s = PEER_TO;
     ep.connect_timeout_s = 2.0;
-    if (kvb_engine_create(&ep, &r->eng) != KVB_OK) {
-        fprintf(stderr, "netcut: engine create on %s failed\n", ip);
-        return -1;
-    }
-    mp.field_mask = KVB_MANAGER_PARAM_THREADS | KVB_MANAGER_PARAM_HOST;
-    if (mode == KVB_MODE_PREFILL)
-        mp.field_mask |= KVB_MANAGER_PARAM_BOOTSTRAP_ADDR;
+    k.engine = &ep;
+    k.host = ip;
     if (with_hb) {
-        mp.field_mask |= KVB_MANAGER_PARAM_HEARTBEAT;
-        mp.heartbeat_interval_s = HB_INTERVAL;
-        mp.heartbeat_max_failures = HB_MISSES;
+        k.hb_interval = HB_INTERVAL;
+        k.hb_misses = HB_MISSES;
     }
-    mp.mode = mode;
-    mp.kv_args = &a;
-    mp.engine = r->eng;
-    mp.attn_tp_size = mp.attn_dp_size = mp.pp_size = mp.system_dp_size = 1;
-    mp.bootstrap_addr = boot;
-    mp.host = ip;
-    mp.transfer_threads = 2;
-    mp.transfer_queues = 2;
-    if (kvb_manager_create(&mp, &r->mgr) != KVB_OK) {
-        fprintf(stderr, "netcut: manager create: %s\n", kvb_manager_last_error(NULL));
+    if (kvbh_rank_start(r, &NG, mode, boot, KVBH_MEM_MALLOC, &k) != KVB_OK) {
+        fprintf(stderr, "netcut: rank start on %s failed\n", ip);
         return -1;
     }
     return 0;
@@ -148,7 +110,7 @@ static void say(const char *fmt, ...)
 
 static void slow_step(const char *what, double *t0)
 {
-    double t = fnow();
+    double t = kvbh_now();
     if (t - *t0 > 1.0)
         fprintf(stderr, "netcut: SLOW SHUT-DOWN: %s took %.2f s\n", what, t - *t0);
     *t0 = t;
@@ -158,17 +120,17 @@ static void slow_step(const char *what, double *t0)
  * terminal or timeout_s passed (T_LAST: CLOCK_MONOTONIC of the last end). */
 static void report_end(int is_send, void **h, int n, double timeout_s)
 {
-    double end = fnow() + timeout_s, t_last = 0;
+    double end = kvbh_now() + timeout_s, t_last = 0;
     int done[MAXS] = {0}, nf = 0, ns = 0, left = n;
     char why[400] = "-";
-    while (left > 0 && fnow() < end) {
+    while (left > 0 && kvbh_now() < end) {
         for (int j = 0; j < n; j++) {
             kvb_poll_t p = is_send ? kvb_sender_poll((kvb_sender_h)h[j]) : kvb_receiver_poll(h[j]);
             if (done[j] || (p != KVB_POLL_FAILED && p != KVB_POLL_SUCCESS))
                 continue;
             done[j] = 1;
             left--;
-            t_last = fnow();
+            t_last = kvbh_now();
             if (p == KVB_POLL_SUCCESS) {
                 ns++;
                 continue;
@@ -180,7 +142,7 @@ static void report_end(int is_send, void **h, int n, double timeout_s)
                     kvb_receiver_failure(h[j], why, sizeof(why));
             }
         }
-        fsleep(0.002);
+        kvbh_sleep(0.002);
     }
     for (char *c = why; *c; c++)
         if (*c == '\n')
@@ -200,7 +162,7 @@ static int child_prefill(char **argv)
     kvb_bootstrap_server_params_t bp = {
         KVB_BOOTSTRAP_SERVER_PARAM_PORT | KVB_BOOTSTRAP_SERVER_PARAM_HOST, ip, 0, NULL, 0, 0, 0};
     kvb_bootstrap_server_h boot;
-    frank_t p;
+    kvbh_rank_t p;
     kvb_sender_h snd[MAXS] = {0};
     int count = 0;
     unsigned long long r0 = 0;
@@ -221,13 +183,14 @@ static int child_prefill(char **argv)
                 int32_t src[NPG];
                 for (int i = 0; i < NPG; i++)
                     src[i] = src_page(j, i);
-                ffill(&p, r0 + (uint64_t)j, src, NPG, (int)((r0 + (uint64_t)j) % FR_AUX_ITEMS));
+                kvbh_fill(&p, r0 + (uint64_t)j, src, NPG,
+                          (int)((r0 + (uint64_t)j) % KVBH_AUX_ITEMS));
                 if (kvb_sender_create(p.mgr, "x", r0 + (uint64_t)j, &snd[j]) != KVB_OK ||
-                    fwait_sender_ready(snd[j], 10) != 0) {
+                    kvbh_wait_sender_ready(snd[j], 10) != 0) {
                     say("error room %llu not ready\n", r0 + (unsigned long long)j);
                     continue;
                 }
-                kvb_sender_init(snd[j], NPG, (int64_t)((r0 + (uint64_t)j) % FR_AUX_ITEMS));
+                kvb_sender_init(snd[j], NPG, (int64_t)((r0 + (uint64_t)j) % KVBH_AUX_ITEMS));
                 kvb_sender_send(snd[j], src, NPG / 2);
             }
             say("sent\n");
@@ -249,12 +212,13 @@ static int child_prefill(char **argv)
             kvb_poll_t st = KVB_POLL_FAILED;
             for (int i = 0; i < NPG; i++)
                 src[i] = src_page(slot, i);
-            ffill(&p, r, src, NPG, (int)(r % FR_AUX_ITEMS));
-            if (kvb_sender_create(p.mgr, "x", r, &s) == KVB_OK && fwait_sender_ready(s, t) == 0) {
-                kvb_sender_init(s, NPG, (int64_t)(r % FR_AUX_ITEMS));
+            kvbh_fill(&p, r, src, NPG, (int)(r % KVBH_AUX_ITEMS));
+            if (kvb_sender_create(p.mgr, "x", r, &s) == KVB_OK &&
+                kvbh_wait_sender_ready(s, t) == 0) {
+                kvb_sender_init(s, NPG, (int64_t)(r % KVBH_AUX_ITEMS));
                 kvb_sender_send(s, src, NPG / 2);
                 kvb_sender_send(s, src + NPG / 2, NPG - NPG / 2);
-                st = fwait_sender(s, t);
+                st = kvbh_wait_sender(s, t);
             }
             if (s != NULL && st == KVB_POLL_FAILED)
                 kvb_sender_failure(s, why, sizeof(why));
@@ -263,7 +227,7 @@ static int child_prefill(char **argv)
         }
     }
     /* shut-down steps, each timed (a step over 1 s is reported) */
-    double t0 = fnow();
+    double t0 = kvbh_now();
     for (int j = 0; j < count; j++)
         kvb_sender_destroy(snd[j]);
     slow_step("prefill: sender destroy", &t0);
@@ -273,7 +237,7 @@ static int child_prefill(char **argv)
     kvb_engine_destroy(p.eng);
     p.eng = NULL;
     slow_step("prefill: engine destroy", &t0);
-    frank_stop(&p);
+    kvbh_rank_stop(&p);
     kvb_bootstrap_server_stop(boot);
     slow_step("prefill: bootstrap server stop", &t0);
     return 0;
@@ -287,7 +251,7 @@ static int child_decode(char **argv)
         return 5;
     setenv("UCX_NET_DEVICES", argv[2], 1);
     const char *boot = argv[3];
-    frank_t d;
+    kvbh_rank_t d;
     kvb_receiver_h rc[MAXS] = {0}, one = NULL;
     int count = 0, one_slot = 0;
     unsigned long long one_room = 0;
@@ -307,7 +271,7 @@ static int child_decode(char **argv)
                     dst[i] = dst_page(j, i);
                 if (kvb_receiver_create(d.mgr, boot, r + (uint64_t)j, -1, &rc[j]) != KVB_OK)
                     return 6;
-                kvb_receiver_init(rc[j], dst, NPG, (int64_t)((r + (uint64_t)j) % FR_AUX_ITEMS),
+                kvb_receiver_init(rc[j], dst, NPG, (int64_t)((r + (uint64_t)j) % KVBH_AUX_ITEMS),
                                   NULL);
             }
             say("ready\n");
@@ -321,29 +285,29 @@ static int child_decode(char **argv)
             one = NULL;
             if (kvb_receiver_create(d.mgr, boot, one_room, -1, &one) != KVB_OK)
                 return 6;
-            kvb_receiver_init(one, dst, NPG, (int64_t)(one_room % FR_AUX_ITEMS), NULL);
+            kvb_receiver_init(one, dst, NPG, (int64_t)(one_room % KVBH_AUX_ITEMS), NULL);
             say("ready\n");
         } else if (sscanf(line, "wait1 %lf", &t) == 1 && one != NULL) {
             int32_t dst[NPG];
             char why[400] = "-";
             for (int i = 0; i < NPG; i++)
                 dst[i] = dst_page(one_slot, i);
-            kvb_poll_t st = fwait_receiver(one, t);
-            uint64_t bad = st == KVB_POLL_SUCCESS
-                               ? fverify(&d, one_room, dst, NPG, (int)(one_room % FR_AUX_ITEMS))
-                               : 0;
+            kvb_poll_t st = kvbh_wait_receiver(one, t);
+            uint64_t bad = st == KVB_POLL_SUCCESS ? kvbh_verify(&d, one_room, dst, NPG,
+                                                                (int)(one_room % KVBH_AUX_ITEMS))
+                                                  : 0;
             if (st == KVB_POLL_FAILED)
                 kvb_receiver_failure(one, why, sizeof(why));
             say("one %s %llu %d %s\n", kvb_poll_string(st), (unsigned long long)bad,
-                fcanaries_ok(&d, "decode") ? 1 : 0, why);
+                kvbh_canaries_ok(&d, "decode") ? 1 : 0, why);
         }
     }
-    double t0 = fnow();
+    double t0 = kvbh_now();
     for (int j = 0; j < count; j++)
         kvb_receiver_destroy(rc[j]);
     kvb_receiver_destroy(one);
     slow_step("decode: receiver destroy", &t0);
-    frank_stop(&d);
+    kvbh_rank_stop(&d);
     slow_step("decode: manager and engine destroy", &t0);
     return 0;
 }
@@ -352,7 +316,7 @@ static int child_decode(char **argv)
 
 static char g_nsA[32], g_nsB[32], g_vA[16], g_vB[16];
 static volatile sig_atomic_t g_made, g_cleaning;
-static fchild_t g_chP, g_chD;
+static kvbh_child_t g_chP, g_chD;
 
 static int sh(const char *fmt, ...)
 {
@@ -371,9 +335,9 @@ static void cleanup(void)
         return;
     g_cleaning = 1;
     if (g_chP.pid > 0)
-        fchild_kill(&g_chP);
+        kvbh_child_kill(&g_chP);
     if (g_chD.pid > 0)
-        fchild_kill(&g_chD);
+        kvbh_child_kill(&g_chD);
     if (g_made) {
         sh("ip netns del %s 2>/dev/null", g_nsA);
         sh("ip netns del %s 2>/dev/null", g_nsB);
@@ -418,24 +382,24 @@ static void skip(const char *why)
 /* Both veth ends report carrier (state UP) within timeout_s; 0 or -1. */
 static int wait_carrier(double timeout_s)
 {
-    double end = fnow() + timeout_s;
-    while (fnow() < end) {
+    double end = kvbh_now() + timeout_s;
+    while (kvbh_now() < end) {
         if (sh("ip -n %s -o link show %s | grep -q 'state UP'", g_nsA, g_vA) == 0 &&
             sh("ip -n %s -o link show %s | grep -q 'state UP'", g_nsB, g_vB) == 0)
             return 0;
-        fsleep(0.02);
+        kvbh_sleep(0.02);
     }
     return -1;
 }
 
-static int wait_exit(fchild_t *c, double timeout_s)
+static int wait_exit(kvbh_child_t *c, double timeout_s)
 {
     int status = -1;
     close(c->to);
-    double end = fnow() + timeout_s;
+    double end = kvbh_now() + timeout_s;
     pid_t w = 0;
-    while ((w = waitpid(c->pid, &status, WNOHANG)) == 0 && fnow() < end)
-        fsleep(0.01);
+    while ((w = waitpid(c->pid, &status, WNOHANG)) == 0 && kvbh_now() < end)
+        kvbh_sleep(0.01);
     if (w != c->pid) {
         fprintf(stderr, "netcut: HANG: child %d did not exit within %.0f s of EOF\n", (int)c->pid,
                 timeout_s);
@@ -454,12 +418,12 @@ static int wait_exit(fchild_t *c, double timeout_s)
 
 /* A side's "end" report after the cut: every room Failed, the last one
  * within bound seconds of t_cut. */
-static void expect_all_failed(fchild_t *ch, const char *side, double t_cut, double bound)
+static void expect_all_failed(kvbh_child_t *ch, const char *side, double t_cut, double bound)
 {
     char line[512], why[400];
     double t = 0;
     int nf, ns, no;
-    CHECK_EQ(fchild_line(ch, line, sizeof(line), bound + 20), 0);
+    CHECK_EQ(kvbh_child_line(ch, line, sizeof(line), bound + 20), 0);
     CHECK_EQ(sscanf(line, "end %lf %d %d %d %399[^\n]", &t, &nf, &ns, &no, why), 5);
     fprintf(stderr,
             "netcut: %s: %d Failed, %d Success, %d open; last %.3f s after the cut "
@@ -469,7 +433,7 @@ static void expect_all_failed(fchild_t *ch, const char *side, double t_cut, doub
     CHECK(t - t_cut <= bound);
 }
 
-static void test_netcut(const char *self)
+static void test_netcut(void)
 {
     char line[512], boot[128];
     int sub = (int)(getpid() % 250) + 1;
@@ -529,48 +493,48 @@ static void test_netcut(const char *self)
     const double pre_bound = 2 * (XFER_TO + PEER_TO) + 5.0;
     const unsigned long long R0 = 700, RR = 800;
 
-    char *pargs[] = {"--child", "nsprefill", g_nsA, ipA, g_vA, NULL};
-    CHECK_EQ(fchild_spawn(&g_chP, self, pargs), 0);
+    char *pargs[] = {"nsprefill", g_nsA, ipA, g_vA, NULL};
+    CHECK_EQ(kvbh_child_spawn(&g_chP, pargs), 0);
     /* the decode child must not inherit the prefill's pipes (else the
      * prefill never sees EOF on its stdin) */
     fcntl(g_chP.to, F_SETFD, FD_CLOEXEC);
     fcntl(g_chP.from, F_SETFD, FD_CLOEXEC);
-    CHECK_EQ(fchild_line(&g_chP, line, sizeof(line), 20), 0);
+    CHECK_EQ(kvbh_child_line(&g_chP, line, sizeof(line), 20), 0);
     CHECK_EQ(sscanf(line, "boot %127s", boot), 1);
-    char *dargs[] = {"--child", "nsdecode", g_nsB, ipB, g_vB, boot, NULL};
-    CHECK_EQ(fchild_spawn(&g_chD, self, dargs), 0);
-    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 20), 0);
+    char *dargs[] = {"nsdecode", g_nsB, ipB, g_vB, boot, NULL};
+    CHECK_EQ(kvbh_child_spawn(&g_chD, dargs), 0);
+    CHECK_EQ(kvbh_child_line(&g_chD, line, sizeof(line), 20), 0);
     CHECK(strncmp(line, "up ", 3) == 0);
     fprintf(stderr, "netcut: bootstrap %s, decode engine %s\n", boot, line + 3);
 
     /* a warm room through the link first: the path works before the cut */
     dprintf(g_chD.to, "one %llu %d\n", RR - 1, NROOM);
-    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 20), 0);
+    CHECK_EQ(kvbh_child_line(&g_chD, line, sizeof(line), 20), 0);
     CHECK(strcmp(line, "ready") == 0);
-    double tw = fnow();
+    double tw = kvbh_now();
     dprintf(g_chP.to, "full %llu %d 15\n", RR - 1, NROOM);
     dprintf(g_chD.to, "wait1 15\n");
-    CHECK_EQ(fchild_line(&g_chP, line, sizeof(line), 25), 0);
+    CHECK_EQ(kvbh_child_line(&g_chP, line, sizeof(line), 25), 0);
     fprintf(stderr, "netcut: warm room prefill: %s\n", line);
     CHECK(strncmp(line, "full Success", 12) == 0);
-    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 25), 0);
-    fprintf(stderr, "netcut: warm room decode: %s (%.3f s, 4 MiB)\n", line, fnow() - tw);
+    CHECK_EQ(kvbh_child_line(&g_chD, line, sizeof(line), 25), 0);
+    fprintf(stderr, "netcut: warm room decode: %s (%.3f s, 4 MiB)\n", line, kvbh_now() - tw);
     CHECK(strncmp(line, "one Success 0 1", 15) == 0);
 
     /* 4 rooms, first halves (2 MiB each) in flight, then the cut */
     dprintf(g_chD.to, "recv %llu %d\n", R0, NROOM);
-    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 20), 0);
+    CHECK_EQ(kvbh_child_line(&g_chD, line, sizeof(line), 20), 0);
     CHECK(strcmp(line, "ready") == 0);
     dprintf(g_chP.to, "rooms %llu %d\n", R0, NROOM);
-    CHECK_EQ(fchild_line(&g_chP, line, sizeof(line), 30), 0);
+    CHECK_EQ(kvbh_child_line(&g_chP, line, sizeof(line), 30), 0);
     CHECK(strcmp(line, "sent") == 0);
-    fsleep(0.15);
-    double t_cut0 = fnow();
+    kvbh_sleep(0.15);
+    double t_cut0 = kvbh_now();
     CHECK_EQ(sh("ip -n %s link set %s down", g_nsA, g_vA), 0);
-    double t_cut = fnow();
+    double t_cut = kvbh_now();
     fprintf(stderr, "netcut: link %s down (%.3f s to run ip)\n", g_vA, t_cut - t_cut0);
     dprintf(g_chP.to, "rest\n");
-    CHECK_EQ(fchild_line(&g_chP, line, sizeof(line), 10), 0);
+    CHECK_EQ(kvbh_child_line(&g_chP, line, sizeof(line), 10), 0);
     CHECK(strcmp(line, "rest") == 0);
     dprintf(g_chD.to, "wait %.1f\n", dec_bound + 10);
     dprintf(g_chP.to, "wait %.1f\n", pre_bound + 10);
@@ -579,19 +543,19 @@ static void test_netcut(const char *self)
 
     /* link back up: a new room goes through (bytes verified) */
     CHECK_EQ(sh("ip -n %s link set %s up", g_nsA, g_vA), 0);
-    double t_up = fnow();
+    double t_up = kvbh_now();
     CHECK_EQ(wait_carrier(10), 0);
-    fprintf(stderr, "netcut: link %s up, carrier after %.3f s\n", g_vA, fnow() - t_up);
+    fprintf(stderr, "netcut: link %s up, carrier after %.3f s\n", g_vA, kvbh_now() - t_up);
     dprintf(g_chD.to, "one %llu %d\n", RR, NROOM);
-    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 20), 0);
+    CHECK_EQ(kvbh_child_line(&g_chD, line, sizeof(line), 20), 0);
     CHECK(strcmp(line, "ready") == 0);
     dprintf(g_chP.to, "full %llu %d 20\n", RR, NROOM);
     dprintf(g_chD.to, "wait1 20\n");
     char lp[512];
-    CHECK_EQ(fchild_line(&g_chP, lp, sizeof(lp), 30), 0);
-    CHECK_EQ(fchild_line(&g_chD, line, sizeof(line), 30), 0);
+    CHECK_EQ(kvbh_child_line(&g_chP, lp, sizeof(lp), 30), 0);
+    CHECK_EQ(kvbh_child_line(&g_chD, line, sizeof(line), 30), 0);
     fprintf(stderr, "netcut: after link up: prefill %s; decode %s (%.3f s after up)\n", lp, line,
-            fnow() - t_up);
+            kvbh_now() - t_up);
     CHECK(strncmp(lp, "full Success", 12) == 0);
     CHECK(strncmp(line, "one Success 0 1", 15) == 0);
 
@@ -609,15 +573,13 @@ static void test_netcut(const char *self)
 int main(int argc, char **argv)
 {
     setenv("KVBRIDGE_HEARTBEAT_FLOOR", "0.2", 1);
-    if (argc >= 2 && strcmp(argv[1], "--child") == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (kvbh_main_init(argc, argv)) {
         if (argc >= 6 && strcmp(argv[2], "nsprefill") == 0)
             return child_prefill(argv + 3);
         if (argc >= 7 && strcmp(argv[2], "nsdecode") == 0)
             return child_decode(argv + 3);
         return 2;
     }
-    signal(SIGPIPE, SIG_IGN);
-    test_netcut(argv[0]);
+    test_netcut();
     return 0;
 }
