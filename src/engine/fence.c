@@ -153,12 +153,24 @@ static int32_t slot_take(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
     return -1;
 }
 
+static bool revoke_step(kvb_engine_h eng, kvb__grant_t *g);
+
+/* Drop revoked grants that drained since (nobody may call revoke on them
+ * again, e.g. a manager destroyed meanwhile). seg_mu held. */
+static void sweep_drained(kvb_engine_h eng)
+{
+    for (size_t i = eng->n_grants; i-- > 0;)
+        if (!eng->grants[i].live)
+            revoke_step(eng, &eng->grants[i]);
+}
+
 kvb_status_t kvb_engine_grant_writer(kvb_engine_h eng, uint32_t tag, uint64_t *epoch_p)
 {
     kvb_status_t st = KVB_OK;
     if (eng == NULL || tag == 0 || epoch_p == NULL)
         return KVB_ERR_INVALID;
     pthread_mutex_lock(&eng->seg_mu);
+    sweep_drained(eng);
     if (eng->n_grants == MAX_GRANTS) {
         st = kvb__err_set(&eng->err, KVB_ERR_NOMEM,
                           "%d writer grants live or draining: revoke some first", MAX_GRANTS);
