@@ -212,6 +212,23 @@ static void expect(kvbh_child_t *ch, const char *want, char *line, size_t cap, d
     CHECK(strncmp(line, want, strlen(want)) == 0);
 }
 
+/* A bootstrap server, the fprefill child registered with it (boot and ep:
+ * 128 bytes each), the decode rank d on memory mem, receivers for the old
+ * rooms. */
+static void start_scene(kvbh_boot_t *bs, kvbh_child_t *ch, char *boot, char *ep, kvbh_rank_t *d,
+                        int mem, const kvbh_knobs_t *k, kvb_receiver_h *rc)
+{
+    char line[256];
+    CHECK_EQ(kvbh_boot_start(bs, 0, NULL), 0);
+    snprintf(boot, 128, "%s", bs->addr);
+    char *args[] = {"fprefill", boot, NULL};
+    CHECK_EQ(kvbh_child_spawn(ch, args), 0);
+    expect(ch, "prefill ", line, sizeof(line), 20);
+    CHECK_EQ(sscanf(line, "prefill %127s", ep), 1);
+    CHECK_EQ(kvbh_rank_start(d, &G, KVB_MODE_DECODE, NULL, mem, k), KVB_OK);
+    receivers(d, boot, R0, NR, rc);
+}
+
 /* Wait (bounded) for every old room to end; guard the pages of those the
  * decode says are safe. Returns how many were still unsafe. */
 static int fail_and_guard(kvbh_rank_t *d, kvb_receiver_h *rc, int *guarded, double t0, double bound)
@@ -270,15 +287,8 @@ static void test_fence(const char *lane)
     if (strcmp(lane, "tcp") == 0)
         setenv("KVBRIDGE_TRANSPORT", "tcp", 1);
     kvbh_boot_t bs;
-    CHECK_EQ(kvbh_boot_start(&bs, 0, NULL), 0);
-    snprintf(boot, sizeof(boot), "%s", bs.addr);
-    char *args[] = {"fprefill", boot, NULL};
-    CHECK_EQ(kvbh_child_spawn(&ch, args), 0);
-    expect(&ch, "prefill ", line, sizeof(line), 20);
-    CHECK_EQ(sscanf(line, "prefill %127s", ep), 1);
-    CHECK_EQ(kvbh_rank_start(&d, &G, KVB_MODE_DECODE, NULL, mem, &k), KVB_OK);
+    start_scene(&bs, &ch, boot, ep, &d, mem, &k, rc);
     parallel_info(boot, &pi);
-    receivers(&d, boot, R0, NR, rc);
     dprintf(ch.to, "old\n");
     expect(&ch, "sent", line, sizeof(line), 30);
     /* The fault, mid-transfer: once a quarter of the rooms' bytes started to
@@ -382,14 +392,7 @@ static void test_abort_unconfirmed(void)
     kvbh_rank_t d;
     setenv("KVBRIDGE_ABORT_ACK_TIMEOUT", "0.5", 1);
     kvbh_boot_t bs;
-    CHECK_EQ(kvbh_boot_start(&bs, 0, NULL), 0);
-    snprintf(boot, sizeof(boot), "%s", bs.addr);
-    char *args[] = {"fprefill", boot, NULL};
-    CHECK_EQ(kvbh_child_spawn(&ch, args), 0);
-    expect(&ch, "prefill ", line, sizeof(line), 20);
-    CHECK_EQ(sscanf(line, "prefill %127s", ep), 1);
-    CHECK_EQ(kvbh_rank_start(&d, &G, KVB_MODE_DECODE, NULL, KVBH_MEM_SHARED, &k), KVB_OK);
-    receivers(&d, boot, R0, NR, rc);
+    start_scene(&bs, &ch, boot, ep, &d, KVBH_MEM_SHARED, &k, rc);
     dprintf(ch.to, "old\n");
     expect(&ch, "sent", line, sizeof(line), 30);
     CHECK_EQ(kill(ch.pid, SIGSTOP), 0);
