@@ -468,6 +468,8 @@ static bool pages_safe(struct kvb_manager *m, kvb__room_t *r)
         return true;
     if (r->status != KVB_POLL_FAILED || !fence_done(m, r))
         return false;
+    if (!r->fence_open && r->t_init > 0 && !r->lost)
+        return false; /* failed, sources not yet told: kvb_receiver_poll opens the fence */
     if (!r->unsafe)
         return true;
     if (!r->lost) /* waiting for the sources' confirmations */
