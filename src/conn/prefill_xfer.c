@@ -282,8 +282,9 @@ static void work_prepare(struct kvb_manager *m, kvb__chunk_t *c, work_t *w)
         kvb__room_set_status(r, KVB_POLL_TRANSFERRING);
     }
     pthread_mutex_unlock(&m->mu);
-    /* The room's arrays stay valid: only this queue's worker touches a room
-     * with chunks in flight, and the room is not freed while inflight > 0. */
+    /* The room's arrays stay valid: dsts_frozen (set when the chunk was
+     * queued) stops on_transfer from replacing them, and the room is not
+     * freed while inflight > 0. */
     w->jobs = calloc(n ? n : 1, sizeof(*w->jobs));
     w->n_jobs = w->jobs != NULL ? n : 0;
     for (size_t i = 0; i < w->n_jobs; i++)
@@ -655,6 +656,7 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
     if (st == KVB_OK ||
         (st == KVB_ERR_CANCELED && c->is_last && r != NULL && r->status != KVB_POLL_FAILED)) {
         r->inflight++;
+        r->dsts_frozen = 1; /* workers plan from dsts without the lock */
         q = shard_of(m, r);
         st = KVB_OK;
     }
