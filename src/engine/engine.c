@@ -19,6 +19,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+kvb__test_hooks_t kvb__test_hooks;
+
 #define EP_TAG_UCX 0
 #define EP_TAG_EVFD 1
 

@@ -186,6 +186,14 @@ struct kvb_engine {
     int stop_pipe[2];
 };
 
+/* Fault injection for tests only (tests/integration/sec2); all zero in
+ * production, nothing sets them but a test. Read on the progress thread. */
+typedef struct kvb__test_hooks {
+    int fail_rkey_unpack; /* establishing a conn treats every remote key as unusable */
+    int am_send_status;   /* message-lane sends complete with this UCX status */
+} kvb__test_hooks_t;
+extern kvb__test_hooks_t kvb__test_hooks;
+
 /* engine.c */
 kvb_status_t kvb__engine_submit(kvb_engine_h eng, kvb__cmd_t *cmd, bool wait);
 void kvb__conn_put(kvb__conn_t *c); /* drop a reference (any thread) */

@@ -291,6 +291,10 @@ static kvb_status_t unpack_rkeys(kvb__conn_t *c, const kvb__hs_reply_t *r, char 
         kvb__seg_t seg = {.addr = r->segs[i].addr, .len = r->segs[i].len};
         ucp_rkey_h rk = NULL;
         ucs_status_t us = ucp_ep_rkey_unpack(c->ep, r->segs[i].rkey, &rk);
+        if (us == UCS_OK && kvb__test_hooks.fail_rkey_unpack) {
+            ucp_rkey_destroy(rk);
+            us = UCS_ERR_UNREACHABLE;
+        }
         if (us != UCS_OK && c->lane == LANE_PUT) {
             snprintf(why, wl, "remote key %u unusable: %s", i, ucs_status_string(us));
             return KVB_ERR_PEER;
@@ -339,6 +343,10 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd)
     }
     cmd->result = unpack_rkeys(c, r, cmd->why, sizeof(cmd->why));
     if (cmd->result != KVB_OK) {
+        /* The handshake socket stays the caller's until success (it closes
+         * it): release_ucx must not close it too, or the second close hits
+         * whatever descriptor took the number meanwhile. */
+        c->fd = -1;
         kvb__conn_release_ucx(eng, c);
         return;
     }
