@@ -66,6 +66,7 @@ struct kvb__session {
     kvb__session_t *next;
 };
 
+#define KVB__AM_WINDOW 8 /* unacknowledged messages per transfer */
 struct kvb_xfer {
     kvb_engine_h eng;
     kvb__conn_t *conn;
@@ -77,6 +78,10 @@ struct kvb_xfer {
     int status;      /* atomic: KVB_ERR_INPROGRESS until final */
     int cancel;      /* atomic */
     size_t inflight; /* progress thread: flushes or unacked messages */
+    /* message lane: sequence numbers (low half of the message id) of the
+     * messages in flight; an ack counts only when it names one of them, a
+     * send that fails takes its own out (then no ack comes) */
+    uint32_t am_win[KVB__AM_WINDOW];
     size_t msgs_sent, msgs_acked;
     int failed;    /* progress thread: error seen, waiting for inflight */
     int abandoned; /* progress thread: connection lost, outstanding ops ignored */

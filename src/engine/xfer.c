@@ -14,12 +14,13 @@
 #include <unistd.h>
 
 #define PUT_WINDOW 1024 /* blocks issued before a flush */
-#define AM_WINDOW 8     /* unacknowledged messages per transfer */
+#define AM_WINDOW KVB__AM_WINDOW
 
 typedef struct am_msg {
     kvb__op_t op; /* first: the op is the message */
     struct kvb_xfer *x;
     size_t ndesc; /* destination descriptors in the header */
+    uint32_t seq; /* low half of the message id */
     uint8_t *hdr;
     ucp_dt_iov_t *iov;
 } am_msg_t;
@@ -392,13 +393,40 @@ static void am_msg_release(kvb__op_t *op)
     am_msg_free((am_msg_t *)op);
 }
 
+/* Take message seq out of x's window; false when it is not in it (acked
+ * already, or the ack of a message whose send failed). */
+static bool win_take(struct kvb_xfer *x, uint32_t seq)
+{
+    for (size_t i = 0; i < x->inflight && i < AM_WINDOW; i++)
+        if (x->am_win[i] == seq) {
+            x->am_win[i] = x->am_win[--x->inflight];
+            return true;
+        }
+    return false;
+}
+
+/* A message's send completed (inline, by callback, or with an immediate
+ * error). A failed send gets no ack, so it leaves the window here, or the
+ * transfer would wait for it until its connection dies. Which UCX errors
+ * complete a send without failing the endpoint depends on the transport
+ * (same-host endpoints run without peer-failure handling, where no error
+ * callback follows); tests inject one through kvb__test_hooks. */
+static void am_send_done(am_msg_t *m, ucs_status_t status)
+{
+    struct kvb_xfer *x = m->x;
+    if (status == UCS_OK && kvb__test_hooks.am_send_status != 0)
+        status = (ucs_status_t)kvb__test_hooks.am_send_status;
+    if (status != UCS_OK && !x->abandoned) { /* else the conn failed: x is final */
+        win_take(x, m->seq);
+        fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
+             ucs_status_string(status));
+    }
+    am_msg_free(m);
+}
+
 static void am_send_cb(void *req, ucs_status_t status, void *user)
 {
-    am_msg_t *m = user;
-    if (status != UCS_OK && !m->x->abandoned)
-        fail(m->x, KVB_ERR_PEER, "session %s: message send failed: %s", m->x->conn->sess->sid,
-             ucs_status_string(status));
-    am_msg_free(m);
+    am_send_done(user, status);
     ucp_request_free(req);
 }
 
@@ -551,26 +579,21 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
         p.datatype = contig ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
         m->x = x;
         m->op.release = am_msg_release;
+        m->seq = (uint32_t)x->msgs_sent;
+        if (kvb__test_hooks.am_send_status != 0)
+            p.flags = 0; /* the target drops it unanswered */
         __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
         x->msgs_sent++;
-        x->inflight++;
+        x->am_win[x->inflight++] = m->seq;
         void *buf = contig ? m->iov[0].buffer : (void *)m->iov;
         size_t cnt = contig ? m->iov[0].length : niov;
         size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
         void *r = ucp_am_send_nbx(x->conn->ep, pre > 0 ? KVB_AM_WRITE_AUTH : KVB_AM_WRITE, m->hdr,
                                   pre + AM_HDR_FIXED + m->ndesc * AM_DESC, buf, cnt, &p);
-        if (UCS_PTR_IS_ERR(r)) {
-            if (!x->abandoned) { /* else the conn failed inside UCX: x is final */
-                x->inflight--;
-                fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
-                     ucs_status_string(UCS_PTR_STATUS(r)));
-            }
-            am_msg_free(m);
-        } else if (r == NULL) {
-            am_msg_free(m);
-        } else {
+        if (UCS_PTR_IS_ERR(r) || r == NULL)
+            am_send_done(m, UCS_PTR_STATUS(r));
+        else
             kvb__op_track(eng, &m->op);
-        }
     }
 }
 
@@ -659,9 +682,8 @@ static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *
     if (!kvb__am_parse_ack(header, hlen, &st, &xid, &mid, &why, &rl))
         return UCS_OK;
     struct kvb_xfer *x = find_active(eng, xid);
-    if (x == NULL || x->abandoned || x->inflight == 0)
-        return UCS_OK;
-    x->inflight--;
+    if (x == NULL || x->abandoned || !win_take(x, (uint32_t)mid))
+        return UCS_OK; /* not a message of ours in flight */
     x->msgs_acked++;
     if (st != KVB_OK) {
         char reason[404];
