@@ -174,10 +174,11 @@ KVB_API const char *kvb_xfer_error(kvb_xfer_h xfer);
 /* Release the handle. A running transfer is cancelled first (no wait). */
 KVB_API void kvb_xfer_free(kvb_xfer_h xfer);
 
-/* Declare session_id's current connection dead now (an unresponsive peer):
- * its transfers fail with KVB_ERR_PEER at once and the next write
- * re-handshakes. Bytes the peer already holds in its receive queues may
- * still be placed when it resumes. KVB_ERR_NOT_FOUND for an unknown session.
+/* Declare every connection of session_id dead now (an unresponsive peer):
+ * the current one and older ones transfers still hold (the session moves to
+ * a new connection when the peer's registrations change); their transfers
+ * fail with KVB_ERR_PEER at once and the next write re-handshakes. Bytes the peer already holds in
+ * its receive queues may still be placed when it resumes. KVB_ERR_NOT_FOUND for an unknown session.
  * Thread-safe. */
 KVB_API kvb_status_t kvb_engine_close_session(kvb_engine_h engine, const char *session_id);
 

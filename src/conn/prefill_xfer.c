@@ -379,8 +379,14 @@ static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
          * the room must end, and the worker must not block its queue. */
         kvb_xfer_cancel(x);
         if (kvb_xfer_wait(x, m->transfer_timeout_s) == KVB_ERR_TIMEOUT) {
+            /* Fails every conn of the session, the one x was issued on
+             * included, so this wait ends at once; it is bounded anyway: a
+             * worker that never returns stalls every room of its queue. */
             kvb_engine_close_session(m->engine, j->reg->session);
-            kvb_xfer_wait(x, 0);
+            if (kvb_xfer_wait(x, m->transfer_timeout_s) == KVB_ERR_TIMEOUT)
+                KVB_LOGE("manager %s: a write to %s did not end after its session was "
+                         "closed; the room is failed without it",
+                         m->endpoint, j->reg->session);
         }
         snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.0f s",
                  j->reg->session, m->transfer_timeout_s);

@@ -674,6 +674,19 @@ static void conns_free_all(kvb_engine_h eng)
     }
 }
 
+/* Fail every conn of the session, not only its current one: a transfer
+ * keeps the conn it was issued on, which may be an older one (the session
+ * re-handshaked after a notice or a bounds retry), and a stopped peer never
+ * ends it otherwise. Retired conns are unlinked only by CMD_RETIRE, which
+ * this loop does not run. */
+static void session_kill(kvb_engine_h eng, kvb__cmd_t *cmd)
+{
+    for (kvb__conn_t *c = eng->conns; c != NULL; c = c->next_all)
+        if (c->sess == cmd->sess)
+            kvb__conn_fail(eng, c, "session closed by the caller (peer unresponsive)");
+    kvb__conn_put(cmd->conn);
+}
+
 static void run_commands(kvb_engine_h eng)
 {
     kvb__cmd_t *c;
@@ -690,10 +703,8 @@ static void run_commands(kvb_engine_h eng)
             kvb__conn_establish(eng, c);
         else if (c->kind == CMD_RETIRE)
             conn_retire(eng, c->conn);
-        else if (c->kind == CMD_KILL) {
-            kvb__conn_fail(eng, c->conn, "session closed by the caller (peer unresponsive)");
-            kvb__conn_put(c->conn);
-        }
+        else if (c->kind == CMD_KILL)
+            session_kill(eng, c);
         if (c->kind != CMD_CONNECT)
             free(c);
         if (waited) {

@@ -114,6 +114,7 @@ typedef struct kvb__cmd {
     cmd_kind_t kind;
     struct kvb_xfer *xfer;
     kvb__conn_t *conn;
+    kvb__session_t *sess;   /* CMD_KILL: every conn of it */
     kvb__hs_reply_t *reply; /* CMD_CONNECT input */
     kvb_status_t result;    /* CMD_CONNECT output */
     char why[256];
@@ -194,8 +195,9 @@ struct kvb_engine {
 /* Fault injection for tests only (tests/integration/sec2); all zero in
  * production, nothing sets them but a test. Read on the progress thread. */
 typedef struct kvb__test_hooks {
-    int fail_rkey_unpack; /* establishing a conn treats every remote key as unusable */
-    int am_send_status;   /* message-lane sends complete with this UCX status */
+    int fail_rkey_unpack;   /* establishing a conn treats every remote key as unusable */
+    int am_send_status;     /* message-lane sends complete with this UCX status */
+    int target_drop_writes; /* write messages are dropped unanswered (a stalled peer) */
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 

@@ -471,8 +471,7 @@ kvb_status_t kvb_engine_close_session(kvb_engine_h eng, const char *sid)
     if ((c = s->conn) != NULL)
         kvb__conn_get(c);
     pthread_mutex_unlock(&s->mu);
-    if (c == NULL)
-        return KVB_OK;
+    /* Even without a current conn: older ones may still carry transfers. */
     kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
     if (cmd == NULL) {
         kvb__conn_put(c);
@@ -480,6 +479,7 @@ kvb_status_t kvb_engine_close_session(kvb_engine_h eng, const char *sid)
     }
     cmd->kind = CMD_KILL;
     cmd->conn = c;
+    cmd->sess = s;
     if (kvb__engine_submit(eng, cmd, false) != KVB_OK) {
         free(cmd);
         kvb__conn_put(c);
