@@ -123,7 +123,12 @@ KVB_API kvb_status_t kvb_engine_register_batch(kvb_engine_h engine, const kvb_me
                                                size_t count);
 
 /* Unregister the region that starts at addr; unknown → KVB_ERR_NOT_FOUND.
- * Waits until no incoming message-lane write into it is in progress. */
+ * Waits until no incoming message-lane write into it is in progress, at most
+ * twice the peer time-out; past that KVB_ERR_TIMEOUT and the region STAYS
+ * registered (a stalled writer that resumes still completes its receive into
+ * it): do not free the memory; retry later, or kvb_engine_close_session the
+ * writer on its side first. The batch form tries every address and returns
+ * the last error. */
 KVB_API kvb_status_t kvb_engine_unregister(kvb_engine_h engine, void *addr);
 KVB_API kvb_status_t kvb_engine_unregister_batch(kvb_engine_h engine, void *const *addrs,
                                                  size_t count);
@@ -143,7 +148,13 @@ typedef struct kvb_block {
  * outside the registered memory on either side; nothing written),
  * KVB_ERR_PEER (unreachable or died), KVB_ERR_AUTH (the peer requires an
  * engine secret and ours is missing or wrong), KVB_ERR_TIMEOUT (timeout_s passed;
- * timeout_s <= 0 waits without bound), KVB_ERR_INVALID. The blocks array is
+ * timeout_s <= 0 waits without bound), KVB_ERR_INVALID. On KVB_ERR_TIMEOUT
+ * the batch was cancelled and settled, or, when the peer did not settle
+ * within its peer time-out, the connection was failed (endpoint closed, the
+ * next write re-handshakes): either way nothing reads the source blocks any
+ * more and the caller may reuse them (returns within about timeout_s + 2 peer
+ * time-outs). Bytes the peer already received may still be placed when a
+ * stopped peer resumes. The blocks array is
  * not retained after return. Up to at least 100k blocks per batch. */
 KVB_API kvb_status_t kvb_engine_write(kvb_engine_h engine, const char *session_id,
                                       const kvb_block_t *blocks, size_t count, double timeout_s);

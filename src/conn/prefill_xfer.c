@@ -137,16 +137,8 @@ static kvb__chunk_t *queue_pop(kvb__queue_t *q, bool wait)
 {
     kvb__chunk_t *c;
     pthread_mutex_lock(&q->mu);
-    if (q->head == NULL && wait) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&q->cv, &q->mu, &ts);
-    }
+    if (q->head == NULL && wait)
+        kvb__cond_wait_ns(&q->cv, &q->mu, 100000000ull);
     c = q->head;
     if (c != NULL) {
         q->head = c->next;
@@ -521,7 +513,7 @@ kvb_status_t kvb__prefill_start(struct kvb_manager *m)
     for (int i = 0; i < m->n_queues; i++) {
         kvb__queue_t *q = &m->queues[i];
         pthread_mutex_init(&q->mu, NULL);
-        pthread_cond_init(&q->cv, NULL);
+        kvb__cond_init_mono(&q->cv);
         q->mgr = m;
         if (pthread_create(&q->thr, NULL, worker_main, q) != 0) {
             m->n_queues = i;

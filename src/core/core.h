@@ -58,6 +58,14 @@ double kvb__env_double(const char *name, const char *alias, double def, double m
 /* ---- clocks ---- */
 uint64_t kvb__now_ns(void); /* CLOCK_MONOTONIC */
 double kvb__now_s(void);
+/* A condition variable whose timed waits run on CLOCK_MONOTONIC, so a
+ * wall-clock jump neither stretches nor cuts them. */
+void kvb__cond_init_mono(pthread_cond_t *cv);
+/* Wait on cv (made by kvb__cond_init_mono; mu held) until woken or until
+ * the monotonic time deadline_ns; false once the deadline has passed. */
+bool kvb__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ns);
+/* The same for at most ns from now. */
+void kvb__cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t ns);
 
 /* ---- strict parsing of untrusted text ----
  * Accepts an optional '-' then 1..19 ASCII digits, nothing else, exactly len

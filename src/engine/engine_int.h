@@ -217,6 +217,9 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd);
 void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
+/* Any thread: have the progress thread close c's endpoint and fail c (its
+ * transfers end KVB_ERR_PEER). */
+void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
 /* direct.c */

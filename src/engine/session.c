@@ -62,7 +62,7 @@ static kvb__session_t *session_find(kvb_engine_h eng, const char *sid, kvb_statu
             return NULL;
         }
         pthread_mutex_init(&s->mu, NULL);
-        pthread_cond_init(&s->cv, NULL);
+        kvb__cond_init_mono(&s->cv);
         s->next = eng->sessions;
         eng->sessions = s;
     }
@@ -456,6 +456,21 @@ int kvb_engine_session_direct(kvb_engine_h eng, const char *sid)
     }
     pthread_mutex_unlock(&s->mu);
     return direct;
+}
+
+void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why)
+{
+    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL)
+        return;
+    kvb__conn_get(c);
+    cmd->kind = CMD_KILL;
+    cmd->conn = c;
+    snprintf(cmd->why, sizeof(cmd->why), "%s", why);
+    if (kvb__engine_submit(eng, cmd, false) != KVB_OK) {
+        free(cmd);
+        kvb__conn_put(c);
+    }
 }
 
 kvb_status_t kvb_engine_close_session(kvb_engine_h eng, const char *sid)

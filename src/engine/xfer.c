@@ -146,7 +146,7 @@ kvb_status_t kvb_engine_write_async(kvb_engine_h eng, const char *sid, const kvb
         return KVB_ERR_NOMEM;
     }
     pthread_mutex_init(&x->mu, NULL);
-    pthread_cond_init(&x->cv, NULL);
+    kvb__cond_init_mono(&x->cv);
     x->eng = eng;
     x->refs = 2;
     x->status = KVB_ERR_INPROGRESS;
@@ -190,17 +190,10 @@ kvb_status_t kvb_xfer_wait(kvb_xfer_h x, double timeout_s)
             pthread_cond_wait(&x->cv, &x->mu);
             continue;
         }
-        uint64_t now = kvb__now_ns();
-        if (now >= deadline) {
+        if (!kvb__cond_wait_until(&x->cv, &x->mu, deadline)) {
             st = KVB_ERR_TIMEOUT;
             break;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t wake = (uint64_t)ts.tv_nsec + (deadline - now);
-        ts.tv_sec += (time_t)(wake / 1000000000ull);
-        ts.tv_nsec = (long)(wake % 1000000000ull);
-        pthread_cond_timedwait(&x->cv, &x->mu, &ts);
     }
     pthread_mutex_unlock(&x->mu);
     return st;
@@ -238,11 +231,16 @@ kvb_status_t kvb_engine_write(kvb_engine_h eng, const char *sid, const kvb_block
         return st;
     st = kvb_xfer_wait(x, timeout_s);
     if (st == KVB_ERR_TIMEOUT) {
-        /* Settle what was issued before returning, so no byte lands later;
-         * a peer that cannot settle within its bound is declared lost. */
+        /* Settle what was issued before returning: the caller may reuse the
+         * source then. A peer that does not settle within its bound is
+         * declared lost: the conn's endpoint is closed (UCX lets go of the
+         * source) and the transfer fails, within the same bound. */
         kvb_xfer_cancel(x);
-        if (kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT)
-            KVB_LOGW("session %s: transfer did not settle after time-out", sid);
+        if (kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT) {
+            kvb__conn_kill(eng, x->conn, "a timed-out write did not settle");
+            if (kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT)
+                KVB_LOGE("session %s: transfer did not end after its conn was failed", sid);
+        }
         kvb__err_set(&eng->err, KVB_ERR_TIMEOUT,
                      "session %s: write of %zu blocks timed out "
                      "after %.3f s",
