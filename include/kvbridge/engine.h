@@ -82,9 +82,12 @@ KVB_API const char *kvb_engine_session_id(kvb_engine_h engine);
 /* The lane this engine was created with. */
 KVB_API kvb_transport_t kvb_engine_transport(kvb_engine_h engine);
 
-/* Detailed text of the most recent error recorded on this engine by any
- * thread (which peer, which range). The pointer is to a thread-local copy,
- * valid until the calling thread's next call of this function. */
+/* Detailed text of the most recent error of a call the calling thread made
+ * on this engine (which peer, which range): other threads failing meanwhile
+ * do not change it. A thread that never failed a call on this engine gets
+ * the engine's most recent error from any thread. The pointer is to a
+ * thread-local copy, valid until the calling thread's next call of this
+ * function. Failures of asynchronous transfers: kvb_xfer_error. */
 KVB_API const char *kvb_engine_last_error(kvb_engine_h engine);
 
 /* Allocate length bytes of host memory (page-aligned, zeroed) that writers
