@@ -590,6 +590,12 @@ kvb_status_t kvb_sender_init(kvb_sender_h s, uint64_t num_kv_indices, int64_t au
 {
     if (s == NULL || num_kv_indices == 0)
         return KVB_ERR_INVALID;
+    if ((aux_index < 0 || aux_index > INT32_MAX) && s->mgr->args.num_aux > 0)
+        return kvb__err_set(&s->mgr->err, KVB_ERR_INVALID,
+                            "room %llu: aux_index %lld: this prefill registered %u aux "
+                            "buffer(s), so each sender needs its aux slot (>= 0)",
+                            (unsigned long long)s->room, (long long)aux_index,
+                            s->mgr->args.num_aux);
     s->num_kv = num_kv_indices;
     s->aux_index = aux_index;
     s->initialized = 1;
