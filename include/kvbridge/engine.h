@@ -147,7 +147,9 @@ typedef struct kvb_block {
 
 /* Synchronous batched write to session_id ("host:port"). Returns KVB_OK only
  * when every byte is in the destination memory. Opens the session on first
- * use (handshake within the connect time-out). Errors: KVB_ERR_BOUNDS (a range
+ * use: the handshake ends within the connect time-out or timeout_s, whichever
+ * is shorter; so does waiting for another thread's handshake with the same
+ * session (timeout_s counts the set-up). Errors: KVB_ERR_BOUNDS (a range
  * outside the registered memory on either side; nothing written),
  * KVB_ERR_PEER (unreachable or died), KVB_ERR_AUTH (the peer requires an
  * engine secret and ours is missing or wrong), KVB_ERR_TIMEOUT (timeout_s passed;
@@ -163,7 +165,9 @@ KVB_API kvb_status_t kvb_engine_write(kvb_engine_h engine, const char *session_i
                                       const kvb_block_t *blocks, size_t count, double timeout_s);
 
 /* Asynchronous form: validates and queues the batch, returns a handle in
- * *xfer_p. The blocks array is copied. Same errors as kvb_engine_write for
+ * *xfer_p. The blocks array is copied. Session set-up as kvb_engine_write's,
+ * bounded by the connect time-out (waiting for another thread's handshake:
+ * twice that). Same errors as kvb_engine_write for
  * what can be known before any byte moves. */
 KVB_API kvb_status_t kvb_engine_write_async(kvb_engine_h engine, const char *session_id,
                                             const kvb_block_t *blocks, size_t count,

@@ -207,8 +207,13 @@ void kvb__conn_put(kvb__conn_t *c); /* drop a reference (any thread) */
 void kvb__conn_get(kvb__conn_t *c);
 
 /* session.c */
-/* Ready connection for sid (handshake on first use or after death/staleness);
- * returns a referenced conn. */
+/* Ready connection for sid (handshake on first use or after death/staleness,
+ * within the connect time-out); returns a referenced conn. Waiting for
+ * another thread's handshake, and our own, end by deadline (monotonic ns):
+ * KVB_ERR_TIMEOUT. */
+kvb_status_t kvb__session_acquire_by(kvb_engine_h eng, const char *sid, bool force_new,
+                                     uint64_t deadline, kvb__conn_t **conn_p);
+/* The same, deadline twice the connect time-out from now. */
 kvb_status_t kvb__session_acquire(kvb_engine_h eng, const char *sid, bool force_new,
                                   kvb__conn_t **conn_p);
 void kvb__sessions_free(kvb_engine_h eng);

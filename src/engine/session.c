@@ -127,9 +127,9 @@ static kvb_status_t answer_challenge(kvb_engine_h eng, int fd, uint64_t deadline
 
 /* Blocking handshake on the caller's thread, then the progress thread turns
  * the reply into an endpoint. */
-static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, kvb__conn_t **conn_p)
+static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t deadline,
+                              kvb__conn_t **conn_p)
 {
-    uint64_t deadline = kvb__now_ns() + (uint64_t)(eng->params.connect_timeout_s * 1e9);
     uint8_t *req = NULL, *rep = NULL;
     size_t req_len, rep_len;
     kvb__hs_reply_t reply;
@@ -205,17 +205,42 @@ static bool conn_usable(kvb__conn_t *c)
            !__atomic_load_n(&c->stale, __ATOMIC_ACQUIRE);
 }
 
+/* Another thread's handshake with s is in progress: wait for it, at most
+ * until deadline (s->mu held). */
+static kvb_status_t wait_connecting(kvb_engine_h eng, kvb__session_t *s, uint64_t start,
+                                    uint64_t deadline)
+{
+    while (s->state == SESS_CONNECTING)
+        if (!kvb__cond_wait_until(&s->cv, &s->mu, deadline))
+            return kvb__err_set(&eng->err, KVB_ERR_TIMEOUT,
+                                "session %s: another thread's handshake with it still runs "
+                                "after %.3f s",
+                                s->sid, (double)(kvb__now_ns() - start) / 1e9);
+    return KVB_OK;
+}
+
 kvb_status_t kvb__session_acquire(kvb_engine_h eng, const char *sid, bool force_new,
                                   kvb__conn_t **conn_p)
+{
+    uint64_t deadline = kvb__now_ns() + (uint64_t)(2 * eng->params.connect_timeout_s * 1e9);
+    return kvb__session_acquire_by(eng, sid, force_new, deadline, conn_p);
+}
+
+kvb_status_t kvb__session_acquire_by(kvb_engine_h eng, const char *sid, bool force_new,
+                                     uint64_t deadline, kvb__conn_t **conn_p)
 {
     kvb_status_t st = KVB_OK;
     kvb__session_t *s = session_find(eng, sid, &st);
     kvb__conn_t *old, *c = NULL;
+    uint64_t now = kvb__now_ns();
+    uint64_t hs_deadline = now + (uint64_t)(eng->params.connect_timeout_s * 1e9);
     if (s == NULL)
         return st;
     pthread_mutex_lock(&s->mu);
-    while (s->state == SESS_CONNECTING)
-        pthread_cond_wait(&s->cv, &s->mu);
+    if ((st = wait_connecting(eng, s, now, deadline)) != KVB_OK) {
+        pthread_mutex_unlock(&s->mu);
+        return st;
+    }
     if (!force_new && conn_usable(s->conn)) {
         kvb__conn_get(s->conn);
         *conn_p = s->conn;
@@ -227,7 +252,7 @@ kvb_status_t kvb__session_acquire(kvb_engine_h eng, const char *sid, bool force_
     s->conn = NULL;
     pthread_mutex_unlock(&s->mu);
     kvb__conn_put(old);
-    st = handshake(eng, s, &c);
+    st = handshake(eng, s, deadline < hs_deadline ? deadline : hs_deadline, &c);
     pthread_mutex_lock(&s->mu);
     s->state = st == KVB_OK ? SESS_READY : SESS_IDLE;
     s->conn = c;

@@ -99,13 +99,13 @@ static size_t coalesce(const kvb_block_t *b, const long *seg, size_t n, kvb_bloc
 }
 
 static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
-                            size_t count, struct kvb_xfer *x)
+                            size_t count, uint64_t deadline, struct kvb_xfer *x)
 {
     long *seg = malloc((count ? count : 1) * sizeof(*seg));
     bool retry = false;
     kvb_status_t st = seg == NULL ? KVB_ERR_NOMEM : KVB_OK;
     if (st == KVB_OK)
-        st = kvb__session_acquire(eng, sid, false, &x->conn);
+        st = kvb__session_acquire_by(eng, sid, false, deadline, &x->conn);
     if (st == KVB_OK)
         st = check_blocks(eng, x->conn, blocks, count, seg, &retry);
     if (st == KVB_ERR_BOUNDS && retry) {
@@ -113,7 +113,7 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t
         kvb__conn_put(x->conn);
         x->conn = NULL;
         retry = false;
-        st = kvb__session_acquire(eng, sid, true, &x->conn);
+        st = kvb__session_acquire_by(eng, sid, true, deadline, &x->conn);
         if (st == KVB_OK)
             st = check_blocks(eng, x->conn, blocks, count, seg, &retry);
     }
@@ -130,14 +130,18 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t
     return st;
 }
 
-kvb_status_t kvb_engine_write_async(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
-                                    size_t count, kvb_xfer_h *xfer_p)
+/* kvb_engine_write_async with a deadline (monotonic ns) for the session
+ * set-up: our handshake or waiting for another thread's. */
+static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                                size_t count, uint64_t deadline, kvb_xfer_h *xfer_p)
 {
     struct kvb_xfer *x;
     kvb__cmd_t *cmd;
     kvb_status_t st;
     if (eng == NULL || sid == NULL || xfer_p == NULL || (blocks == NULL && count > 0))
         return KVB_ERR_INVALID;
+    if (count > SIZE_MAX / sizeof(kvb_block_t)) /* the copies below would wrap */
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write of %zu blocks: too many", count);
     x = calloc(1, sizeof(*x));
     cmd = calloc(1, sizeof(*cmd));
     if (x == NULL || cmd == NULL) {
@@ -150,7 +154,7 @@ kvb_status_t kvb_engine_write_async(kvb_engine_h eng, const char *sid, const kvb
     x->eng = eng;
     x->refs = 2;
     x->status = KVB_ERR_INPROGRESS;
-    st = prepare(eng, sid, blocks, count, x);
+    st = prepare(eng, sid, blocks, count, deadline, x);
     if (st == KVB_OK && x->direct && kvb__direct_submit(eng, x)) {
         free(cmd);
         *xfer_p = x;
@@ -170,6 +174,25 @@ kvb_status_t kvb_engine_write_async(kvb_engine_h eng, const char *sid, const kvb
     }
     *xfer_p = x;
     return KVB_OK;
+}
+
+/* Without a caller's time-out a session set-up gets twice the connect
+ * time-out: another thread's handshake (bounded by it) may also be mapping
+ * the peer's shared pool (direct lane). */
+static uint64_t setup_deadline(kvb_engine_h eng, double timeout_s)
+{
+    double s = 2 * eng->params.connect_timeout_s;
+    if (timeout_s > 0 && timeout_s < s)
+        s = timeout_s;
+    return kvb__now_ns() + (uint64_t)(s * 1e9);
+}
+
+kvb_status_t kvb_engine_write_async(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                                    size_t count, kvb_xfer_h *xfer_p)
+{
+    if (eng == NULL)
+        return KVB_ERR_INVALID;
+    return write_start(eng, sid, blocks, count, setup_deadline(eng, 0), xfer_p);
 }
 
 kvb_status_t kvb_xfer_test(kvb_xfer_h x)
@@ -226,10 +249,15 @@ kvb_status_t kvb_engine_write(kvb_engine_h eng, const char *sid, const kvb_block
                               size_t count, double timeout_s)
 {
     kvb_xfer_h x;
-    kvb_status_t st = kvb_engine_write_async(eng, sid, blocks, count, &x);
+    if (eng == NULL)
+        return KVB_ERR_INVALID;
+    uint64_t start = kvb__now_ns();
+    kvb_status_t st = write_start(eng, sid, blocks, count, setup_deadline(eng, timeout_s), &x);
     if (st != KVB_OK)
         return st;
-    st = kvb_xfer_wait(x, timeout_s);
+    /* The session set-up counts against timeout_s. */
+    double left = timeout_s - (double)(kvb__now_ns() - start) / 1e9;
+    st = kvb_xfer_wait(x, timeout_s > 0 ? (left > 1e-6 ? left : 1e-6) : 0);
     if (st == KVB_ERR_TIMEOUT) {
         /* Settle what was issued before returning: the caller may reuse the
          * source then. A peer that does not settle within its bound is
