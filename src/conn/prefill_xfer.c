@@ -619,7 +619,10 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
     struct kvb_manager *m = s != NULL ? s->mgr : NULL;
     if (m == NULL || (indices == NULL && count > 0))
         return KVB_ERR_INVALID;
-    if (!s->initialized || s->cur + count > s->num_kv)
+    /* count > num_kv - cur, not cur + count > num_kv: the sum can wrap
+     * (cur > num_kv after a re-init with fewer indices). */
+    if (!s->initialized || s->cur > s->num_kv || count > s->num_kv - s->cur ||
+        count > SIZE_MAX / sizeof(int32_t))
         return kvb__err_set(&m->err, KVB_ERR_STATE,
                             "room %llu: send of %zu indices past num_kv_indices %llu (at %llu)",
                             (unsigned long long)s->room, count, (unsigned long long)s->num_kv,
