@@ -179,7 +179,7 @@ struct kvb_engine {
     /* direct lane: writer copy threads (dmu) and the fence page peers read */
     pthread_mutex_t dmu;
     pthread_cond_t dcv;
-    struct kvb_xfer *dq_head; /* transfers with units left */
+    struct kvb_xfer *dq_head, *dq_tail; /* transfers with units left (round robin) */
     pthread_t *dthr;
     size_t n_dthr;
     int dstop;
