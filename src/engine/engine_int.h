@@ -200,6 +200,9 @@ typedef struct kvb__test_hooks {
     int target_drop_writes; /* write messages are dropped unanswered (a stalled peer) */
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
+/* Atomic (relaxed): a test sets a hook while engine threads run. */
+#define KVB__HOOK(name) __atomic_load_n(&kvb__test_hooks.name, __ATOMIC_RELAXED)
+#define KVB__HOOK_SET(name, v) __atomic_store_n(&kvb__test_hooks.name, (v), __ATOMIC_RELAXED)
 
 /* engine.c */
 kvb_status_t kvb__engine_submit(kvb_engine_h eng, kvb__cmd_t *cmd, bool wait);

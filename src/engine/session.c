@@ -316,7 +316,7 @@ static kvb_status_t unpack_rkeys(kvb__conn_t *c, const kvb__hs_reply_t *r, char 
         kvb__seg_t seg = {.addr = r->segs[i].addr, .len = r->segs[i].len};
         ucp_rkey_h rk = NULL;
         ucs_status_t us = ucp_ep_rkey_unpack(c->ep, r->segs[i].rkey, &rk);
-        if (us == UCS_OK && kvb__test_hooks.fail_rkey_unpack) {
+        if (us == UCS_OK && KVB__HOOK(fail_rkey_unpack)) {
             ucp_rkey_destroy(rk);
             us = UCS_ERR_UNREACHABLE;
         }

@@ -440,8 +440,8 @@ static bool win_take(struct kvb_xfer *x, uint32_t seq)
 static void am_send_done(am_msg_t *m, ucs_status_t status)
 {
     struct kvb_xfer *x = m->x;
-    if (status == UCS_OK && kvb__test_hooks.am_send_status != 0)
-        status = (ucs_status_t)kvb__test_hooks.am_send_status;
+    if (status == UCS_OK && KVB__HOOK(am_send_status) != 0)
+        status = (ucs_status_t)KVB__HOOK(am_send_status);
     if (status != UCS_OK && !x->abandoned) { /* else the conn failed: x is final */
         win_take(x, m->seq);
         fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
@@ -606,7 +606,7 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
         m->x = x;
         m->op.release = am_msg_release;
         m->seq = (uint32_t)x->msgs_sent;
-        if (kvb__test_hooks.am_send_status != 0)
+        if (KVB__HOOK(am_send_status) != 0)
             p.flags = 0; /* the target drops it unanswered */
         __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
         x->msgs_sent++;

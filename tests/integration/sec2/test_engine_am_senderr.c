@@ -26,7 +26,7 @@ int main(void)
     kvb_block_t blk = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst, 4096};
     const char *sid = kvb_engine_session_id(b);
     CHECK_EQ(kvb_engine_write(a, sid, &blk, 1, 5.0), KVB_OK); /* connected */
-    kvb__test_hooks.am_send_status = UCS_ERR_IO_ERROR;
+    KVB__HOOK_SET(am_send_status, UCS_ERR_IO_ERROR);
     for (int i = 0; i < 3; i++) {
         double t0 = kvb_test_now_s();
         kvb_status_t st = kvb_engine_write(a, sid, &blk, 1, 3.0);
@@ -37,7 +37,7 @@ int main(void)
         CHECK_STR_CONTAINS(kvb_engine_last_error(a), "message send failed");
         CHECK(took < 1.0);
     }
-    kvb__test_hooks.am_send_status = 0;
+    KVB__HOOK_SET(am_send_status, 0);
     memset(src, 0x77, sizeof(src));
     blk.len = sizeof(src);
     CHECK_EQ(kvb_engine_write(a, sid, &blk, 1, 5.0), KVB_OK);

@@ -26,7 +26,7 @@ int main(void)
     const char *sid = kvb_engine_session_id(b);
     kvb_block_t blk = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst, 4096};
     CHECK_EQ(kvb_engine_write(a, sid, &blk, 1, 5.0), KVB_OK); /* conn 1 */
-    kvb__test_hooks.target_drop_writes = 1;
+    KVB__HOOK_SET(target_drop_writes, 1);
     kvb_xfer_h old = NULL;
     CHECK_EQ(kvb_engine_write_async(a, sid, &blk, 1, &old), KVB_OK); /* stuck on conn 1 */
     /* The peer registers more: a write into the new region re-handshakes
@@ -48,7 +48,7 @@ int main(void)
     CHECK(took < 1.0);
     kvb_xfer_free(old);
     kvb_xfer_free(cur);
-    kvb__test_hooks.target_drop_writes = 0;
+    KVB__HOOK_SET(target_drop_writes, 0);
     memset(src, 0x21, sizeof(src));
     CHECK_EQ(kvb_engine_write(a, sid, &blk, 1, 5.0), KVB_OK); /* re-handshakes */
     CHECK_EQ(dst[0], 0x21);

@@ -45,7 +45,7 @@ int main(void)
     CHECK_EQ(kvb_engine_register(a, src, sizeof(src), KVB_MEM_HOST), KVB_OK);
     CHECK_EQ(kvb_engine_register(b, dst, sizeof(dst), KVB_MEM_HOST), KVB_OK);
     kvb_block_t blk = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst, sizeof(src)};
-    kvb__test_hooks.fail_rkey_unpack = 1;
+    KVB__HOOK_SET(fail_rkey_unpack, 1);
     for (int i = 0; i < 5; i++) {
         int keep = open("/dev/null", O_RDONLY);
         CHECK(keep >= 0);
@@ -58,7 +58,7 @@ int main(void)
     fprintf(stderr, "closes of descriptors that were not open: %d\n", g_ebadf);
     CHECK_EQ(g_ebadf, 0);
     /* Without the fault the same engines connect and write. */
-    kvb__test_hooks.fail_rkey_unpack = 0;
+    KVB__HOOK_SET(fail_rkey_unpack, 0);
     memset(src, 0x5a, sizeof(src));
     CHECK_EQ(kvb_engine_write(a, kvb_engine_session_id(b), &blk, 1, 5.0), KVB_OK);
     CHECK_EQ(dst[4095], 0x5a);
