@@ -175,7 +175,8 @@ KVB_API kvb_status_t kvb_sender_create(kvb_manager_h manager, const char *bootst
                                        uint64_t room, kvb_sender_h *sender_p);
 
 /* How many page indices the request has, and its aux index (the seeds'
- * init(num_kv_indices, aux_index)). */
+ * init(num_kv_indices, aux_index)). aux_index < 0 ("none") is
+ * KVB_ERR_INVALID when this manager registered aux buffers. */
 KVB_API kvb_status_t kvb_sender_init(kvb_sender_h sender, uint64_t num_kv_indices,
                                      int64_t aux_index);
 
@@ -243,7 +244,10 @@ typedef struct kvb_receiver_init {
 } kvb_receiver_init_t;
 
 /* Send the pre-allocation (destination page indices, aux index) to every
- * source; status → WaitingForInput. extra may be NULL. */
+ * source; status → WaitingForInput. extra may be NULL. aux_index < 0 means
+ * "none": allowed only when this manager registered no aux buffers (nothing
+ * aux is then written into it); with aux buffers it is KVB_ERR_INVALID and
+ * nothing is sent (the reason names the room). */
 KVB_API kvb_status_t kvb_receiver_init(kvb_receiver_h receiver, const int32_t *indices,
                                        size_t count, int64_t aux_index,
                                        const kvb_receiver_init_t *extra);

@@ -82,9 +82,12 @@ KVB_API const char *kvb_engine_session_id(kvb_engine_h engine);
 /* The lane this engine was created with. */
 KVB_API kvb_transport_t kvb_engine_transport(kvb_engine_h engine);
 
-/* Detailed text of the most recent error recorded on this engine by any
- * thread (which peer, which range). The pointer is to a thread-local copy,
- * valid until the calling thread's next call of this function. */
+/* Detailed text of the most recent error of a call the calling thread made
+ * on this engine (which peer, which range): other threads failing meanwhile
+ * do not change it. A thread that never failed a call on this engine gets
+ * the engine's most recent error from any thread. The pointer is to a
+ * thread-local copy, valid until the calling thread's next call of this
+ * function. Failures of asynchronous transfers: kvb_xfer_error. */
 KVB_API const char *kvb_engine_last_error(kvb_engine_h engine);
 
 /* Allocate length bytes of host memory (page-aligned, zeroed) that writers
@@ -123,7 +126,12 @@ KVB_API kvb_status_t kvb_engine_register_batch(kvb_engine_h engine, const kvb_me
                                                size_t count);
 
 /* Unregister the region that starts at addr; unknown → KVB_ERR_NOT_FOUND.
- * Waits until no incoming message-lane write into it is in progress. */
+ * Waits until no incoming message-lane write into it is in progress, at most
+ * twice the peer time-out; past that KVB_ERR_TIMEOUT and the region STAYS
+ * registered (a stalled writer that resumes still completes its receive into
+ * it): do not free the memory; retry later, or kvb_engine_close_session the
+ * writer on its side first. The batch form tries every address and returns
+ * the last error. */
 KVB_API kvb_status_t kvb_engine_unregister(kvb_engine_h engine, void *addr);
 KVB_API kvb_status_t kvb_engine_unregister_batch(kvb_engine_h engine, void *const *addrs,
                                                  size_t count);
@@ -139,17 +147,27 @@ typedef struct kvb_block {
 
 /* Synchronous batched write to session_id ("host:port"). Returns KVB_OK only
  * when every byte is in the destination memory. Opens the session on first
- * use (handshake within the connect time-out). Errors: KVB_ERR_BOUNDS (a range
+ * use: the handshake ends within the connect time-out or timeout_s, whichever
+ * is shorter; so does waiting for another thread's handshake with the same
+ * session (timeout_s counts the set-up). Errors: KVB_ERR_BOUNDS (a range
  * outside the registered memory on either side; nothing written),
  * KVB_ERR_PEER (unreachable or died), KVB_ERR_AUTH (the peer requires an
  * engine secret and ours is missing or wrong), KVB_ERR_TIMEOUT (timeout_s passed;
- * timeout_s <= 0 waits without bound), KVB_ERR_INVALID. The blocks array is
+ * timeout_s <= 0 waits without bound), KVB_ERR_INVALID. On KVB_ERR_TIMEOUT
+ * the batch was cancelled and settled, or, when the peer did not settle
+ * within its peer time-out, the connection was failed (endpoint closed, the
+ * next write re-handshakes): either way nothing reads the source blocks any
+ * more and the caller may reuse them (returns within about timeout_s + 2 peer
+ * time-outs). Bytes the peer already received may still be placed when a
+ * stopped peer resumes. The blocks array is
  * not retained after return. Up to at least 100k blocks per batch. */
 KVB_API kvb_status_t kvb_engine_write(kvb_engine_h engine, const char *session_id,
                                       const kvb_block_t *blocks, size_t count, double timeout_s);
 
 /* Asynchronous form: validates and queues the batch, returns a handle in
- * *xfer_p. The blocks array is copied. Same errors as kvb_engine_write for
+ * *xfer_p. The blocks array is copied. Session set-up as kvb_engine_write's,
+ * bounded by the connect time-out (waiting for another thread's handshake:
+ * twice that). Same errors as kvb_engine_write for
  * what can be known before any byte moves. */
 KVB_API kvb_status_t kvb_engine_write_async(kvb_engine_h engine, const char *session_id,
                                             const kvb_block_t *blocks, size_t count,
@@ -174,10 +192,11 @@ KVB_API const char *kvb_xfer_error(kvb_xfer_h xfer);
 /* Release the handle. A running transfer is cancelled first (no wait). */
 KVB_API void kvb_xfer_free(kvb_xfer_h xfer);
 
-/* Declare session_id's current connection dead now (an unresponsive peer):
- * its transfers fail with KVB_ERR_PEER at once and the next write
- * re-handshakes. Bytes the peer already holds in its receive queues may
- * still be placed when it resumes. KVB_ERR_NOT_FOUND for an unknown session.
+/* Declare every connection of session_id dead now (an unresponsive peer):
+ * the current one and older ones transfers still hold (the session moves to
+ * a new connection when the peer's registrations change); their transfers
+ * fail with KVB_ERR_PEER at once and the next write re-handshakes. Bytes the peer already holds in
+ * its receive queues may still be placed when it resumes. KVB_ERR_NOT_FOUND for an unknown session.
  * Thread-safe. */
 KVB_API kvb_status_t kvb_engine_close_session(kvb_engine_h engine, const char *session_id);
 

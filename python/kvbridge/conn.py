@@ -486,7 +486,8 @@ class KVSender(_Room):
             self._created(h.value)
 
     def init(self, num_kv_indices, aux_index=None):
-        """The request has num_kv_indices pages; aux_index is its aux slot."""
+        """The request has num_kv_indices pages; aux_index is its aux slot
+        (required when the manager has aux buffers: KVBridgeError otherwise)."""
         n = L.as_int(num_kv_indices, "num_kv_indices", 1, L.U64_MAX)
         aux = -1 if aux_index is None else L.as_int(aux_index, "aux_index", 0, 0x7FFFFFFF)
 
@@ -567,7 +568,9 @@ class KVReceiver(_Room):
     def init(self, kv_indices, aux_index=None, state_indices=None, prefix_tokens=0,
              page_mask=None):
         """Send the pre-allocated decode page indices (and aux slot) to the
-        sources; status → WaitingForInput. kvbridge extras: state_indices,
+        sources; status → WaitingForInput. aux_index may be left out only
+        when the manager has no aux buffers (KVBridgeError otherwise, and
+        nothing is sent). kvbridge extras: state_indices,
         prefix_tokens (tokens already on the decode, a page multiple),
         page_mask (one bool per index: False = page already present)."""
         arr, n = L.index_array(kv_indices, "kv_indices")

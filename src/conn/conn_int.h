@@ -114,6 +114,7 @@ typedef struct kvb__room {
     int fail_notified; /* Failed status sent to the destinations */
     int success_due;   /* Success reached, status not sent yet */
     int submitting;    /* a worker is issuing writes for it (abort waits) */
+    int dsts_frozen;   /* a chunk was queued: dsts and their arrays are fixed */
     kvb_xfer_h *xfers; /* writes in flight (abort cancels them) */
     size_t n_xfers, cap_xfers;
     char abort_ip[KVB_IP_MAX]; /* decode that asked for the abort (ack target) */

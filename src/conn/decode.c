@@ -412,6 +412,16 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
     size_t n = 0;
     if (m == NULL || (indices == NULL && count > 0))
         return KVB_ERR_INVALID;
+    if (aux_index < 0 || aux_index > INT32_MAX) {
+        /* The wire carries a non-negative slot (the seeds' format). */
+        if (m->args.num_aux > 0)
+            return kvb__err_set(&m->err, KVB_ERR_INVALID,
+                                "room %llu: aux_index %lld: this decode registered %u aux "
+                                "buffer(s), so each receiver needs its aux slot (>= 0)",
+                                (unsigned long long)rc->room, (long long)aux_index,
+                                m->args.num_aux);
+        aux_index = 0; /* no aux buffers here: the prefill plans no aux into us */
+    }
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, rc->room);
     if (r != NULL && r->status != KVB_POLL_FAILED && r->n_src > 0) {

@@ -270,6 +270,45 @@ static void on_abort(struct kvb_manager *m, const kvb__xfer_msg_t *x)
     kvb__prefill_notify(m, x->room);
 }
 
+static void dst_free(kvb__dst_t *d)
+{
+    free(d->pages);
+    free(d->mask);
+    free(d->state_idx);
+}
+
+/* Put d into room r (m->mu held); d is moved or freed. Once a chunk of the
+ * room was queued, its destinations are fixed: a worker plans from the
+ * room's page arrays without the lock, and a chunk already written to the
+ * old pages cannot follow a new pre-allocation. A changed re-send is then
+ * refused (the decode keeps its first pre-allocation). A decode joining a
+ * Failed room is still recorded, so the room's Failed status reaches it. */
+static void room_put_dst(struct kvb_manager *m, kvb__room_t *r, kvb__dst_t *d)
+{
+    size_t i = 0;
+    for (; r != NULL && i < r->n_dst; i++)
+        if (strcmp(r->dsts[i].session, d->session) == 0)
+            break;
+    bool again = r != NULL && i < r->n_dst;
+    if (r != NULL && r->dsts_frozen && (again || r->status != KVB_POLL_FAILED)) {
+        KVB_LOGW("manager %s: transfer info of %s for room %llu refused: the room's chunks "
+                 "are already being sent to its first destinations",
+                 m->endpoint, d->session, (unsigned long long)r->id);
+        dst_free(d);
+        return;
+    }
+    kvb__dst_t *grown = r == NULL || again ? NULL : realloc(r->dsts, (r->n_dst + 1) * sizeof(*d));
+    if (again) { /* the same decode again: keep the newest pre-allocation */
+        dst_free(&r->dsts[i]);
+        r->dsts[i] = *d;
+    } else if (grown != NULL) {
+        r->dsts = grown;
+        r->dsts[r->n_dst++] = *d;
+    } else {
+        dst_free(d);
+    }
+}
+
 static void on_transfer(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     kvb__xfer_msg_t x;
@@ -284,30 +323,12 @@ static void on_transfer(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         return;
     }
     if (dst_from_msg(&x, &d) != KVB_OK) {
-        free(d.pages);
-        free(d.mask);
+        dst_free(&d);
         return;
     }
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_get(m, x.room);
-    size_t i = 0;
-    for (; r != NULL && i < r->n_dst; i++)
-        if (strcmp(r->dsts[i].session, d.session) == 0)
-            break;
-    kvb__dst_t *grown =
-        r == NULL || i < r->n_dst ? NULL : realloc(r->dsts, (r->n_dst + 1) * sizeof(*r->dsts));
-    if (r != NULL && i < r->n_dst) {
-        /* the same decode again: keep the newest pre-allocation */
-        free(r->dsts[i].pages);
-        free(r->dsts[i].mask);
-        r->dsts[i] = d;
-    } else if (grown != NULL) {
-        r->dsts = grown;
-        r->dsts[r->n_dst++] = d;
-    } else {
-        free(d.pages);
-        free(d.mask);
-    }
+    room_put_dst(m, r, &d);
     bool late = false; /* the room already ended Failed here (aborted) */
     char ip[KVB_IP_MAX];
     if (r != NULL) {

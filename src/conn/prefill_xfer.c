@@ -138,16 +138,8 @@ static kvb__chunk_t *queue_pop(kvb__queue_t *q, bool wait)
 {
     kvb__chunk_t *c;
     pthread_mutex_lock(&q->mu);
-    if (q->head == NULL && wait) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&q->cv, &q->mu, &ts);
-    }
+    if (q->head == NULL && wait)
+        kvb__cond_wait_ns(&q->cv, &q->mu, 100000000ull);
     c = q->head;
     if (c != NULL) {
         q->head = c->next;
@@ -284,8 +276,9 @@ static void work_prepare(struct kvb_manager *m, kvb__chunk_t *c, work_t *w)
         kvb__room_set_status(r, KVB_POLL_TRANSFERRING);
     }
     pthread_mutex_unlock(&m->mu);
-    /* The room's arrays stay valid: only this queue's worker touches a room
-     * with chunks in flight, and the room is not freed while inflight > 0. */
+    /* The room's arrays stay valid: dsts_frozen (set when the chunk was
+     * queued) stops on_transfer from replacing them, and the room is not
+     * freed while inflight > 0. */
     w->jobs = calloc(n ? n : 1, sizeof(*w->jobs));
     w->n_jobs = w->jobs != NULL ? n : 0;
     for (size_t i = 0; i < w->n_jobs; i++)
@@ -383,8 +376,14 @@ static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
          * the room must end, and the worker must not block its queue. */
         kvb_xfer_cancel(x);
         if (kvb_xfer_wait(x, m->transfer_timeout_s) == KVB_ERR_TIMEOUT) {
+            /* Fails every conn of the session, the one x was issued on
+             * included, so this wait ends at once; it is bounded anyway: a
+             * worker that never returns stalls every room of its queue. */
             kvb_engine_close_session(m->engine, j->reg->session);
-            kvb_xfer_wait(x, 0);
+            if (kvb_xfer_wait(x, m->transfer_timeout_s) == KVB_ERR_TIMEOUT)
+                KVB_LOGE("manager %s: a write to %s did not end after its session was "
+                         "closed; the room is failed without it",
+                         m->endpoint, j->reg->session);
         }
         snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.0f s",
                  j->reg->session, m->transfer_timeout_s);
@@ -519,7 +518,7 @@ kvb_status_t kvb__prefill_start(struct kvb_manager *m)
     for (int i = 0; i < m->n_queues; i++) {
         kvb__queue_t *q = &m->queues[i];
         pthread_mutex_init(&q->mu, NULL);
-        pthread_cond_init(&q->cv, NULL);
+        kvb__cond_init_mono(&q->cv);
         q->mgr = m;
         if (pthread_create(&q->thr, NULL, worker_main, q) != 0) {
             m->n_queues = i;
@@ -596,6 +595,12 @@ kvb_status_t kvb_sender_init(kvb_sender_h s, uint64_t num_kv_indices, int64_t au
 {
     if (s == NULL || num_kv_indices == 0)
         return KVB_ERR_INVALID;
+    if ((aux_index < 0 || aux_index > INT32_MAX) && s->mgr->args.num_aux > 0)
+        return kvb__err_set(&s->mgr->err, KVB_ERR_INVALID,
+                            "room %llu: aux_index %lld: this prefill registered %u aux "
+                            "buffer(s), so each sender needs its aux slot (>= 0)",
+                            (unsigned long long)s->room, (long long)aux_index,
+                            s->mgr->args.num_aux);
     s->num_kv = num_kv_indices;
     s->aux_index = aux_index;
     s->initialized = 1;
@@ -619,7 +624,10 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
     struct kvb_manager *m = s != NULL ? s->mgr : NULL;
     if (m == NULL || (indices == NULL && count > 0))
         return KVB_ERR_INVALID;
-    if (!s->initialized || s->cur + count > s->num_kv)
+    /* count > num_kv - cur, not cur + count > num_kv: the sum can wrap
+     * (cur > num_kv after a re-init with fewer indices). */
+    if (!s->initialized || s->cur > s->num_kv || count > s->num_kv - s->cur ||
+        count > SIZE_MAX / sizeof(int32_t))
         return kvb__err_set(&m->err, KVB_ERR_STATE,
                             "room %llu: send of %zu indices past num_kv_indices %llu (at %llu)",
                             (unsigned long long)s->room, count, (unsigned long long)s->num_kv,
@@ -660,6 +668,7 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
     if (st == KVB_OK ||
         (st == KVB_ERR_CANCELED && c->is_last && r != NULL && r->status != KVB_POLL_FAILED)) {
         r->inflight++;
+        r->dsts_frozen = 1; /* workers plan from dsts without the lock */
         q = shard_of(m, r);
         st = KVB_OK;
     }

@@ -28,9 +28,14 @@ bool kvb__log_enabled(kvb_log_level_t level);
 
 /* ---- per-object last error ---- */
 #define KVB_ERRMSG_MAX 512
+/* The object's most recent message (any thread), and per thread the most
+ * recent message that thread recorded on it: kvb__err_get prefers the
+ * latter, so a thread reads the reason of its own failed call even while
+ * other threads fail on the same object. */
 typedef struct kvb__err {
     pthread_mutex_t mu;
     kvb_status_t code;
+    uint64_t id; /* unique per object ever made (thread slots match on it) */
     char msg[KVB_ERRMSG_MAX];
 } kvb__err_t;
 
@@ -39,8 +44,9 @@ void kvb__err_destroy(kvb__err_t *err);
 /* Record code and a formatted message (logged at debug); returns code. */
 kvb_status_t kvb__err_set(kvb__err_t *err, kvb_status_t code, const char *fmt, ...)
     KVB_PRINTF(3, 4);
-/* Copy of the last message in a thread-local buffer (valid until the calling
- * thread's next call); "" when none. */
+/* Copy of the calling thread's last message on err (the object's last one
+ * when this thread recorded none) in a thread-local buffer (valid until the
+ * calling thread's next call); "" when none. */
 const char *kvb__err_get(kvb__err_t *err);
 void kvb__err_clear(kvb__err_t *err);
 
@@ -58,6 +64,14 @@ double kvb__env_double(const char *name, const char *alias, double def, double m
 /* ---- clocks ---- */
 uint64_t kvb__now_ns(void); /* CLOCK_MONOTONIC */
 double kvb__now_s(void);
+/* A condition variable whose timed waits run on CLOCK_MONOTONIC, so a
+ * wall-clock jump neither stretches nor cuts them. */
+void kvb__cond_init_mono(pthread_cond_t *cv);
+/* Wait on cv (made by kvb__cond_init_mono; mu held) until woken or until
+ * the monotonic time deadline_ns; false once the deadline has passed. */
+bool kvb__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ns);
+/* The same for at most ns from now. */
+void kvb__cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t ns);
 
 /* ---- strict parsing of untrusted text ----
  * Accepts an optional '-' then 1..19 ASCII digits, nothing else, exactly len

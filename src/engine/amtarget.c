@@ -136,7 +136,7 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
 {
     char why[200] = "malformed write message";
     uint32_t nd = 0, np = 0;
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || KVB__HOOK(target_drop_writes))
         return UCS_OK; /* cannot answer: drop */
     uint64_t xid = hlen >= 24 ? kvb__am_u64(h + 8) : 0, mid = hlen >= 24 ? kvb__am_u64(h + 16) : 0;
     if (!authorized) {

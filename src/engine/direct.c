@@ -186,15 +186,24 @@ static void claim_unit(struct kvb_xfer *x, size_t *bi_p, uint64_t *off_p)
     }
 }
 
-static void dq_remove(kvb_engine_h eng, struct kvb_xfer *x)
+/* The queue (dmu held): transfers with units left, linked by next_active. */
+static void dq_push(kvb_engine_h eng, struct kvb_xfer *x)
 {
-    struct kvb_xfer **pp = &eng->dq_head;
-    while (*pp != NULL && *pp != x)
-        pp = &(*pp)->next_active;
-    if (*pp == x)
-        *pp = x->next_active;
     x->next_active = NULL;
-    x->queued = 0;
+    if (eng->dq_tail != NULL)
+        eng->dq_tail->next_active = x;
+    else
+        eng->dq_head = x;
+    eng->dq_tail = x;
+}
+
+static void dq_pop(kvb_engine_h eng)
+{
+    struct kvb_xfer *x = eng->dq_head;
+    eng->dq_head = x->next_active;
+    if (eng->dq_head == NULL)
+        eng->dq_tail = NULL;
+    x->next_active = NULL;
 }
 
 static void set_failure(struct kvb_xfer *x, kvb_status_t st, const char *why)
@@ -219,7 +228,11 @@ static void check_stop(kvb_engine_h eng, struct kvb_xfer *x)
         set_failure(x, KVB_ERR_CANCELED, "transfer cancelled");
 }
 
-/* One pass of a copy thread with dmu held; false when it should sleep. */
+/* One pass of a copy thread with dmu held; false when it should sleep. The
+ * head transfer gives one unit and goes to the back of the queue: transfers
+ * (to every session) advance in turn, so a large one does not hold up the
+ * others, and each one's cancel and dead-connection checks run once per
+ * round instead of only when it reaches the head. */
 static bool copy_step(kvb_engine_h eng)
 {
     struct kvb_xfer *x = eng->dq_head;
@@ -230,8 +243,11 @@ static bool copy_step(kvb_engine_h eng)
     check_stop(eng, x);
     if (!x->failed)
         claim_unit(x, &bi, &off);
+    dq_pop(eng);
     if (x->failed || x->next == x->n)
-        dq_remove(eng, x);
+        x->queued = 0;
+    else
+        dq_push(eng, x);
     if (!x->failed) {
         x->busy++;
         pthread_mutex_unlock(&eng->dmu);
@@ -296,10 +312,7 @@ bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *x)
     pthread_mutex_lock(&eng->dmu);
     bool ok = !eng->dstop && start_threads(eng);
     if (ok) {
-        struct kvb_xfer **pp = &eng->dq_head;
-        while (*pp != NULL)
-            pp = &(*pp)->next_active;
-        *pp = x;
+        dq_push(eng, x);
         x->queued = 1;
         pthread_cond_broadcast(&eng->dcv);
     }

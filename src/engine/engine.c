@@ -19,6 +19,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+kvb__test_hooks_t kvb__test_hooks;
+
 #define EP_TAG_UCX 0
 #define EP_TAG_EVFD 1
 
@@ -221,7 +223,12 @@ static void unmap_seg(kvb_engine_h eng, kvb__seg_t *seg)
     ucp_mem_unmap(eng->ctx, (ucp_mem_h)seg->handle);
 }
 
-/* Remove the region starting at addr (seg_mu held); waits for pins. */
+/* Remove the region starting at addr (seg_mu held); waits for pins. A
+ * region stays registered while an incoming receive into it is in progress:
+ * a stalled writer resumes and UCX completes the rendezvous straight into
+ * the destination, i.e. into memory the caller would free. That is also why
+ * unpin may find a pinned segment by its start address: a pinned segment is
+ * never removed, so no new registration can sit at that address. */
 static kvb_status_t unregister_locked(kvb_engine_h eng, void *addr)
 {
     long i = kvb__segtab_find_start(&eng->segs, (uint64_t)(uintptr_t)addr);
@@ -229,23 +236,16 @@ static kvb_status_t unregister_locked(kvb_engine_h eng, void *addr)
     if (i < 0)
         return kvb__err_set(&eng->err, KVB_ERR_NOT_FOUND,
                             "unregister: no registered region starts at %p", addr);
-    uint64_t deadline = kvb__now_ns() + (uint64_t)(2 * eng->params.peer_timeout_s * 1e9);
+    double wait_s = 2 * eng->params.peer_timeout_s;
+    uint64_t deadline = kvb__now_ns() + (uint64_t)(wait_s * 1e9);
     while (eng->segs.v[i].pins > 0) {
-        struct timespec ts;
-        if (kvb__now_ns() >= deadline) {
-            /* A writer that died mid-message may never complete its receive
-             * (UCX has no peer-failure mode between processes of one host). */
-            KVB_LOGW("unregister %p: incoming write still pending after %.1f s; unmapping", addr,
-                     2 * eng->params.peer_timeout_s);
-            break;
-        }
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&eng->seg_cv, &eng->seg_mu, &ts);
+        if (kvb__now_ns() >= deadline)
+            return kvb__err_set(&eng->err, KVB_ERR_TIMEOUT,
+                                "unregister %p: an incoming write into it is still in progress "
+                                "after %.1f s; the region stays registered (do not free it; "
+                                "retry, or close the writer's session)",
+                                addr, wait_s);
+        kvb__cond_wait_ns(&eng->seg_cv, &eng->seg_mu, 50000000ull);
         i = kvb__segtab_find_start(&eng->segs, (uint64_t)(uintptr_t)addr);
         if (i < 0)
             return kvb__err_set(&eng->err, KVB_ERR_NOT_FOUND,
@@ -672,6 +672,24 @@ static void conns_free_all(kvb_engine_h eng)
     }
 }
 
+/* Fail every conn of the session, not only its current one: a transfer
+ * keeps the conn it was issued on, which may be an older one (the session
+ * re-handshaked after a notice or a bounds retry), and a stopped peer never
+ * ends it otherwise. Retired conns are unlinked only by CMD_RETIRE, which
+ * this loop does not run. */
+static void session_kill(kvb_engine_h eng, kvb__cmd_t *cmd)
+{
+    const char *why = cmd->why[0] ? cmd->why : "session closed by the caller (peer unresponsive)";
+    for (kvb__conn_t *c = eng->conns; c != NULL; c = c->next_all)
+        if (c == cmd->conn || (cmd->sess != NULL && c->sess == cmd->sess)) {
+            /* Endpoint first: UCX drops the conn's requests, so no source
+             * byte is read once its transfers are reported failed. */
+            kvb__conn_close_ep(eng, c);
+            kvb__conn_fail(eng, c, why);
+        }
+    kvb__conn_put(cmd->conn);
+}
+
 static void run_commands(kvb_engine_h eng)
 {
     kvb__cmd_t *c;
@@ -688,10 +706,8 @@ static void run_commands(kvb_engine_h eng)
             kvb__conn_establish(eng, c);
         else if (c->kind == CMD_RETIRE)
             conn_retire(eng, c->conn);
-        else if (c->kind == CMD_KILL) {
-            kvb__conn_fail(eng, c->conn, "session closed by the caller (peer unresponsive)");
-            kvb__conn_put(c->conn);
-        }
+        else if (c->kind == CMD_KILL)
+            session_kill(eng, c);
         if (c->kind != CMD_CONNECT)
             free(c);
         if (waited) {
@@ -873,7 +889,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     params_defaults(&eng->params, params);
     kvb__err_init(&eng->err);
     pthread_mutex_init(&eng->seg_mu, NULL);
-    pthread_cond_init(&eng->seg_cv, NULL);
+    kvb__cond_init_mono(&eng->seg_cv);
     pthread_mutex_init(&eng->sess_mu, NULL);
     pthread_mutex_init(&eng->cmd_mu, NULL);
     pthread_cond_init(&eng->cmd_cv, NULL);

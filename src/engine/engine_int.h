@@ -66,6 +66,7 @@ struct kvb__session {
     kvb__session_t *next;
 };
 
+#define KVB__AM_WINDOW 8 /* unacknowledged messages per transfer */
 struct kvb_xfer {
     kvb_engine_h eng;
     kvb__conn_t *conn;
@@ -78,6 +79,10 @@ struct kvb_xfer {
     int status;      /* atomic: KVB_ERR_INPROGRESS until final */
     int cancel;      /* atomic */
     size_t inflight; /* progress thread: flushes or unacked messages */
+    /* message lane: sequence numbers (low half of the message id) of the
+     * messages in flight; an ack counts only when it names one of them, a
+     * send that fails takes its own out (then no ack comes) */
+    uint32_t am_win[KVB__AM_WINDOW];
     size_t msgs_sent, msgs_acked;
     int failed;    /* progress thread: error seen, waiting for inflight */
     int abandoned; /* progress thread: connection lost, outstanding ops ignored */
@@ -110,6 +115,7 @@ typedef struct kvb__cmd {
     cmd_kind_t kind;
     struct kvb_xfer *xfer;
     kvb__conn_t *conn;
+    kvb__session_t *sess;   /* CMD_KILL: every conn of it */
     kvb__hs_reply_t *reply; /* CMD_CONNECT input */
     kvb_status_t result;    /* CMD_CONNECT output */
     char why[256];
@@ -187,7 +193,7 @@ struct kvb_engine {
     /* direct lane: writer copy threads (dmu) and the fence page peers read */
     pthread_mutex_t dmu;
     pthread_cond_t dcv;
-    struct kvb_xfer *dq_head; /* transfers with units left */
+    struct kvb_xfer *dq_head, *dq_tail; /* transfers with units left (round robin) */
     pthread_t *dthr;
     size_t n_dthr;
     int dstop;
@@ -200,14 +206,31 @@ struct kvb_engine {
     int stop_pipe[2];
 };
 
+/* Fault injection for tests only (tests/integration/sec2); all zero in
+ * production, nothing sets them but a test. Read on the progress thread. */
+typedef struct kvb__test_hooks {
+    int fail_rkey_unpack;   /* establishing a conn treats every remote key as unusable */
+    int am_send_status;     /* message-lane sends complete with this UCX status */
+    int target_drop_writes; /* write messages are dropped unanswered (a stalled peer) */
+} kvb__test_hooks_t;
+extern kvb__test_hooks_t kvb__test_hooks;
+/* Atomic (relaxed): a test sets a hook while engine threads run. */
+#define KVB__HOOK(name) __atomic_load_n(&kvb__test_hooks.name, __ATOMIC_RELAXED)
+#define KVB__HOOK_SET(name, v) __atomic_store_n(&kvb__test_hooks.name, (v), __ATOMIC_RELAXED)
+
 /* engine.c */
 kvb_status_t kvb__engine_submit(kvb_engine_h eng, kvb__cmd_t *cmd, bool wait);
 void kvb__conn_put(kvb__conn_t *c); /* drop a reference (any thread) */
 void kvb__conn_get(kvb__conn_t *c);
 
 /* session.c */
-/* Ready connection for sid (handshake on first use or after death/staleness);
- * returns a referenced conn. */
+/* Ready connection for sid (handshake on first use or after death/staleness,
+ * within the connect time-out); returns a referenced conn. Waiting for
+ * another thread's handshake, and our own, end by deadline (monotonic ns):
+ * KVB_ERR_TIMEOUT. */
+kvb_status_t kvb__session_acquire_by(kvb_engine_h eng, const char *sid, bool force_new,
+                                     uint64_t deadline, kvb__conn_t **conn_p);
+/* The same, deadline twice the connect time-out from now. */
 kvb_status_t kvb__session_acquire(kvb_engine_h eng, const char *sid, bool force_new,
                                   kvb__conn_t **conn_p);
 void kvb__sessions_free(kvb_engine_h eng);
@@ -216,6 +239,9 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd);
 void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
+/* Any thread: have the progress thread close c's endpoint and fail c (its
+ * transfers end KVB_ERR_PEER). */
+void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
 /* fence.c: the writer fence (target and writer side) */

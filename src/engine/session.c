@@ -62,7 +62,7 @@ static kvb__session_t *session_find(kvb_engine_h eng, const char *sid, kvb_statu
             return NULL;
         }
         pthread_mutex_init(&s->mu, NULL);
-        pthread_cond_init(&s->cv, NULL);
+        kvb__cond_init_mono(&s->cv);
         s->next = eng->sessions;
         eng->sessions = s;
     }
@@ -127,9 +127,9 @@ static kvb_status_t answer_challenge(kvb_engine_h eng, int fd, uint64_t deadline
 
 /* Blocking handshake on the caller's thread, then the progress thread turns
  * the reply into an endpoint. */
-static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, kvb__conn_t **conn_p)
+static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t deadline,
+                              kvb__conn_t **conn_p)
 {
-    uint64_t deadline = kvb__now_ns() + (uint64_t)(eng->params.connect_timeout_s * 1e9);
     uint8_t *req = NULL, *rep = NULL;
     size_t req_len, rep_len;
     kvb__hs_reply_t reply;
@@ -205,17 +205,42 @@ static bool conn_usable(kvb__conn_t *c)
            !__atomic_load_n(&c->stale, __ATOMIC_ACQUIRE);
 }
 
+/* Another thread's handshake with s is in progress: wait for it, at most
+ * until deadline (s->mu held). */
+static kvb_status_t wait_connecting(kvb_engine_h eng, kvb__session_t *s, uint64_t start,
+                                    uint64_t deadline)
+{
+    while (s->state == SESS_CONNECTING)
+        if (!kvb__cond_wait_until(&s->cv, &s->mu, deadline))
+            return kvb__err_set(&eng->err, KVB_ERR_TIMEOUT,
+                                "session %s: another thread's handshake with it still runs "
+                                "after %.3f s",
+                                s->sid, (double)(kvb__now_ns() - start) / 1e9);
+    return KVB_OK;
+}
+
 kvb_status_t kvb__session_acquire(kvb_engine_h eng, const char *sid, bool force_new,
                                   kvb__conn_t **conn_p)
+{
+    uint64_t deadline = kvb__now_ns() + (uint64_t)(2 * eng->params.connect_timeout_s * 1e9);
+    return kvb__session_acquire_by(eng, sid, force_new, deadline, conn_p);
+}
+
+kvb_status_t kvb__session_acquire_by(kvb_engine_h eng, const char *sid, bool force_new,
+                                     uint64_t deadline, kvb__conn_t **conn_p)
 {
     kvb_status_t st = KVB_OK;
     kvb__session_t *s = session_find(eng, sid, &st);
     kvb__conn_t *old, *c = NULL;
+    uint64_t now = kvb__now_ns();
+    uint64_t hs_deadline = now + (uint64_t)(eng->params.connect_timeout_s * 1e9);
     if (s == NULL)
         return st;
     pthread_mutex_lock(&s->mu);
-    while (s->state == SESS_CONNECTING)
-        pthread_cond_wait(&s->cv, &s->mu);
+    if ((st = wait_connecting(eng, s, now, deadline)) != KVB_OK) {
+        pthread_mutex_unlock(&s->mu);
+        return st;
+    }
     if (!force_new && conn_usable(s->conn)) {
         kvb__conn_get(s->conn);
         *conn_p = s->conn;
@@ -227,7 +252,7 @@ kvb_status_t kvb__session_acquire(kvb_engine_h eng, const char *sid, bool force_
     s->conn = NULL;
     pthread_mutex_unlock(&s->mu);
     kvb__conn_put(old);
-    st = handshake(eng, s, &c);
+    st = handshake(eng, s, deadline < hs_deadline ? deadline : hs_deadline, &c);
     pthread_mutex_lock(&s->mu);
     s->state = st == KVB_OK ? SESS_READY : SESS_IDLE;
     s->conn = c;
@@ -291,6 +316,10 @@ static kvb_status_t unpack_rkeys(kvb__conn_t *c, const kvb__hs_reply_t *r, char 
         kvb__seg_t seg = {.addr = r->segs[i].addr, .len = r->segs[i].len};
         ucp_rkey_h rk = NULL;
         ucs_status_t us = ucp_ep_rkey_unpack(c->ep, r->segs[i].rkey, &rk);
+        if (us == UCS_OK && KVB__HOOK(fail_rkey_unpack)) {
+            ucp_rkey_destroy(rk);
+            us = UCS_ERR_UNREACHABLE;
+        }
         if (us != UCS_OK && c->lane == LANE_PUT) {
             snprintf(why, wl, "remote key %u unusable: %s", i, ucs_status_string(us));
             return KVB_ERR_PEER;
@@ -339,6 +368,10 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd)
     }
     cmd->result = unpack_rkeys(c, r, cmd->why, sizeof(cmd->why));
     if (cmd->result != KVB_OK) {
+        /* The handshake socket stays the caller's until success (it closes
+         * it): release_ucx must not close it too, or the second close hits
+         * whatever descriptor took the number meanwhile. */
+        c->fd = -1;
         kvb__conn_release_ucx(eng, c);
         return;
     }
@@ -450,6 +483,21 @@ int kvb_engine_session_direct(kvb_engine_h eng, const char *sid)
     return direct;
 }
 
+void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why)
+{
+    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL)
+        return;
+    kvb__conn_get(c);
+    cmd->kind = CMD_KILL;
+    cmd->conn = c;
+    snprintf(cmd->why, sizeof(cmd->why), "%s", why);
+    if (kvb__engine_submit(eng, cmd, false) != KVB_OK) {
+        free(cmd);
+        kvb__conn_put(c);
+    }
+}
+
 kvb_status_t kvb_engine_close_session(kvb_engine_h eng, const char *sid)
 {
     kvb__session_t *s;
@@ -463,8 +511,7 @@ kvb_status_t kvb_engine_close_session(kvb_engine_h eng, const char *sid)
     if ((c = s->conn) != NULL)
         kvb__conn_get(c);
     pthread_mutex_unlock(&s->mu);
-    if (c == NULL)
-        return KVB_OK;
+    /* Even without a current conn: older ones may still carry transfers. */
     kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
     if (cmd == NULL) {
         kvb__conn_put(c);
@@ -472,6 +519,7 @@ kvb_status_t kvb_engine_close_session(kvb_engine_h eng, const char *sid)
     }
     cmd->kind = CMD_KILL;
     cmd->conn = c;
+    cmd->sess = s;
     if (kvb__engine_submit(eng, cmd, false) != KVB_OK) {
         free(cmd);
         kvb__conn_put(c);

@@ -14,12 +14,13 @@
 #include <unistd.h>
 
 #define PUT_WINDOW 1024 /* blocks issued before a flush */
-#define AM_WINDOW 8     /* unacknowledged messages per transfer */
+#define AM_WINDOW KVB__AM_WINDOW
 
 typedef struct am_msg {
     kvb__op_t op; /* first: the op is the message */
     struct kvb_xfer *x;
     size_t ndesc; /* destination descriptors in the header */
+    uint32_t seq; /* low half of the message id */
     uint8_t *hdr;
     ucp_dt_iov_t *iov;
 } am_msg_t;
@@ -98,13 +99,13 @@ static size_t coalesce(const kvb_block_t *b, const long *seg, size_t n, kvb_bloc
 }
 
 static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
-                            size_t count, struct kvb_xfer *x)
+                            size_t count, uint64_t deadline, struct kvb_xfer *x)
 {
     long *seg = malloc((count ? count : 1) * sizeof(*seg));
     bool retry = false;
     kvb_status_t st = seg == NULL ? KVB_ERR_NOMEM : KVB_OK;
     if (st == KVB_OK)
-        st = kvb__session_acquire(eng, sid, false, &x->conn);
+        st = kvb__session_acquire_by(eng, sid, false, deadline, &x->conn);
     if (st == KVB_OK)
         st = check_blocks(eng, x->conn, blocks, count, seg, &retry);
     if (st == KVB_ERR_BOUNDS && retry) {
@@ -112,7 +113,7 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t
         kvb__conn_put(x->conn);
         x->conn = NULL;
         retry = false;
-        st = kvb__session_acquire(eng, sid, true, &x->conn);
+        st = kvb__session_acquire_by(eng, sid, true, deadline, &x->conn);
         if (st == KVB_OK)
             st = check_blocks(eng, x->conn, blocks, count, seg, &retry);
     }
@@ -129,21 +130,19 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t
     return st;
 }
 
-kvb_status_t kvb_engine_write_async(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
-                                    size_t count, kvb_xfer_h *xfer_p)
-{
-    return kvb_engine_write_async_ex(eng, sid, blocks, count, NULL, xfer_p);
-}
-
-kvb_status_t kvb_engine_write_async_ex(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
-                                       size_t count, const kvb_write_params_t *params,
-                                       kvb_xfer_h *xfer_p)
+/* kvb_engine_write_async with a deadline (monotonic ns) for the session
+ * set-up: our handshake or waiting for another thread's. */
+static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                                size_t count, const kvb_write_params_t *params, uint64_t deadline,
+                                kvb_xfer_h *xfer_p)
 {
     struct kvb_xfer *x;
     kvb__cmd_t *cmd;
     kvb_status_t st;
     if (eng == NULL || sid == NULL || xfer_p == NULL || (blocks == NULL && count > 0))
         return KVB_ERR_INVALID;
+    if (count > SIZE_MAX / sizeof(kvb_block_t)) /* the copies below would wrap */
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write of %zu blocks: too many", count);
     x = calloc(1, sizeof(*x));
     cmd = calloc(1, sizeof(*cmd));
     if (x == NULL || cmd == NULL) {
@@ -152,13 +151,13 @@ kvb_status_t kvb_engine_write_async_ex(kvb_engine_h eng, const char *sid, const 
         return KVB_ERR_NOMEM;
     }
     pthread_mutex_init(&x->mu, NULL);
-    pthread_cond_init(&x->cv, NULL);
+    kvb__cond_init_mono(&x->cv);
     x->eng = eng;
     x->refs = 2;
     x->status = KVB_ERR_INPROGRESS;
     if (params != NULL && (params->field_mask & KVB_WRITE_PARAM_EPOCH))
         x->epoch = params->epoch;
-    st = prepare(eng, sid, blocks, count, x);
+    st = prepare(eng, sid, blocks, count, deadline, x);
     if (st == KVB_OK && x->direct && kvb__direct_submit(eng, x)) {
         free(cmd);
         *xfer_p = x;
@@ -180,6 +179,34 @@ kvb_status_t kvb_engine_write_async_ex(kvb_engine_h eng, const char *sid, const 
     return KVB_OK;
 }
 
+/* Without a caller's time-out a session set-up gets twice the connect
+ * time-out: another thread's handshake (bounded by it) may also be mapping
+ * the peer's shared pool (direct lane). */
+static uint64_t setup_deadline(kvb_engine_h eng, double timeout_s)
+{
+    double s = 2 * eng->params.connect_timeout_s;
+    if (timeout_s > 0 && timeout_s < s)
+        s = timeout_s;
+    return kvb__now_ns() + (uint64_t)(s * 1e9);
+}
+
+kvb_status_t kvb_engine_write_async(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                                    size_t count, kvb_xfer_h *xfer_p)
+{
+    if (eng == NULL)
+        return KVB_ERR_INVALID;
+    return kvb_engine_write_async_ex(eng, sid, blocks, count, NULL, xfer_p);
+}
+
+kvb_status_t kvb_engine_write_async_ex(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                                       size_t count, const kvb_write_params_t *params,
+                                       kvb_xfer_h *xfer_p)
+{
+    if (eng == NULL)
+        return KVB_ERR_INVALID;
+    return write_start(eng, sid, blocks, count, params, setup_deadline(eng, 0), xfer_p);
+}
+
 kvb_status_t kvb_xfer_test(kvb_xfer_h x)
 {
     return x == NULL ? KVB_ERR_INVALID
@@ -198,17 +225,10 @@ kvb_status_t kvb_xfer_wait(kvb_xfer_h x, double timeout_s)
             pthread_cond_wait(&x->cv, &x->mu);
             continue;
         }
-        uint64_t now = kvb__now_ns();
-        if (now >= deadline) {
+        if (!kvb__cond_wait_until(&x->cv, &x->mu, deadline)) {
             st = KVB_ERR_TIMEOUT;
             break;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t wake = (uint64_t)ts.tv_nsec + (deadline - now);
-        ts.tv_sec += (time_t)(wake / 1000000000ull);
-        ts.tv_nsec = (long)(wake % 1000000000ull);
-        pthread_cond_timedwait(&x->cv, &x->mu, &ts);
     }
     pthread_mutex_unlock(&x->mu);
     return st;
@@ -241,16 +261,27 @@ kvb_status_t kvb_engine_write(kvb_engine_h eng, const char *sid, const kvb_block
                               size_t count, double timeout_s)
 {
     kvb_xfer_h x;
-    kvb_status_t st = kvb_engine_write_async(eng, sid, blocks, count, &x);
+    if (eng == NULL)
+        return KVB_ERR_INVALID;
+    uint64_t start = kvb__now_ns();
+    kvb_status_t st =
+        write_start(eng, sid, blocks, count, NULL, setup_deadline(eng, timeout_s), &x);
     if (st != KVB_OK)
         return st;
-    st = kvb_xfer_wait(x, timeout_s);
+    /* The session set-up counts against timeout_s. */
+    double left = timeout_s - (double)(kvb__now_ns() - start) / 1e9;
+    st = kvb_xfer_wait(x, timeout_s > 0 ? (left > 1e-6 ? left : 1e-6) : 0);
     if (st == KVB_ERR_TIMEOUT) {
-        /* Settle what was issued before returning, so no byte lands later;
-         * a peer that cannot settle within its bound is declared lost. */
+        /* Settle what was issued before returning: the caller may reuse the
+         * source then. A peer that does not settle within its bound is
+         * declared lost: the conn's endpoint is closed (UCX lets go of the
+         * source) and the transfer fails, within the same bound. */
         kvb_xfer_cancel(x);
-        if (kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT)
-            KVB_LOGW("session %s: transfer did not settle after time-out", sid);
+        if (kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT) {
+            kvb__conn_kill(eng, x->conn, "a timed-out write did not settle");
+            if (kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT)
+                KVB_LOGE("session %s: transfer did not end after its conn was failed", sid);
+        }
         kvb__err_set(&eng->err, KVB_ERR_TIMEOUT,
                      "session %s: write of %zu blocks timed out "
                      "after %.3f s",
@@ -401,13 +432,40 @@ static void am_msg_release(kvb__op_t *op)
     am_msg_free((am_msg_t *)op);
 }
 
+/* Take message seq out of x's window; false when it is not in it (acked
+ * already, or the ack of a message whose send failed). */
+static bool win_take(struct kvb_xfer *x, uint32_t seq)
+{
+    for (size_t i = 0; i < x->inflight && i < AM_WINDOW; i++)
+        if (x->am_win[i] == seq) {
+            x->am_win[i] = x->am_win[--x->inflight];
+            return true;
+        }
+    return false;
+}
+
+/* A message's send completed (inline, by callback, or with an immediate
+ * error). A failed send gets no ack, so it leaves the window here, or the
+ * transfer would wait for it until its connection dies. Which UCX errors
+ * complete a send without failing the endpoint depends on the transport
+ * (same-host endpoints run without peer-failure handling, where no error
+ * callback follows); tests inject one through kvb__test_hooks. */
+static void am_send_done(am_msg_t *m, ucs_status_t status)
+{
+    struct kvb_xfer *x = m->x;
+    if (status == UCS_OK && KVB__HOOK(am_send_status) != 0)
+        status = (ucs_status_t)KVB__HOOK(am_send_status);
+    if (status != UCS_OK && !x->abandoned) { /* else the conn failed: x is final */
+        win_take(x, m->seq);
+        fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
+             ucs_status_string(status));
+    }
+    am_msg_free(m);
+}
+
 static void am_send_cb(void *req, ucs_status_t status, void *user)
 {
-    am_msg_t *m = user;
-    if (status != UCS_OK && !m->x->abandoned)
-        fail(m->x, KVB_ERR_PEER, "session %s: message send failed: %s", m->x->conn->sess->sid,
-             ucs_status_string(status));
-    am_msg_free(m);
+    am_send_done(user, status);
     ucp_request_free(req);
 }
 
@@ -561,26 +619,21 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
         p.datatype = contig ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
         m->x = x;
         m->op.release = am_msg_release;
+        m->seq = (uint32_t)x->msgs_sent;
+        if (KVB__HOOK(am_send_status) != 0)
+            p.flags = 0; /* the target drops it unanswered */
         __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
         x->msgs_sent++;
-        x->inflight++;
+        x->am_win[x->inflight++] = m->seq;
         void *buf = contig ? m->iov[0].buffer : (void *)m->iov;
         size_t cnt = contig ? m->iov[0].length : niov;
         size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
         void *r = ucp_am_send_nbx(x->conn->ep, pre > 0 ? KVB_AM_WRITE_AUTH : KVB_AM_WRITE, m->hdr,
                                   pre + AM_HDR_FIXED + m->ndesc * AM_DESC, buf, cnt, &p);
-        if (UCS_PTR_IS_ERR(r)) {
-            if (!x->abandoned) { /* else the conn failed inside UCX: x is final */
-                x->inflight--;
-                fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
-                     ucs_status_string(UCS_PTR_STATUS(r)));
-            }
-            am_msg_free(m);
-        } else if (r == NULL) {
-            am_msg_free(m);
-        } else {
+        if (UCS_PTR_IS_ERR(r) || r == NULL)
+            am_send_done(m, UCS_PTR_STATUS(r));
+        else
             kvb__op_track(eng, &m->op);
-        }
     }
 }
 
@@ -669,9 +722,8 @@ static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *
     if (!kvb__am_parse_ack(header, hlen, &st, &xid, &mid, &why, &rl))
         return UCS_OK;
     struct kvb_xfer *x = find_active(eng, xid);
-    if (x == NULL || x->abandoned || x->inflight == 0)
-        return UCS_OK;
-    x->inflight--;
+    if (x == NULL || x->abandoned || !win_take(x, (uint32_t)mid))
+        return UCS_OK; /* not a message of ours in flight */
     x->msgs_acked++;
     if (st != KVB_OK) {
         char reason[404];
