@@ -15,6 +15,7 @@
 #define KVB_AM_WRITE 11      /* writer → target: descriptors in header, bytes as data */
 #define KVB_AM_ACK 12        /* target → writer: placed (or refused) */
 #define KVB_AM_WRITE_AUTH 13 /* as KVB_AM_WRITE, the peer's token (engine secret) first */
+#define KVB_AM_WINDOW 8      /* unacknowledged messages per transfer */
 
 typedef enum lane { LANE_PUT = 0, LANE_AM = 1 } lane_t;
 
@@ -78,6 +79,8 @@ struct kvb_xfer {
     int cancel;      /* atomic */
     size_t inflight; /* progress thread: flushes or unacked messages */
     size_t msgs_sent, msgs_acked;
+    uint64_t am_mids[KVB_AM_WINDOW]; /* message lane: ids of messages awaiting their ack */
+    size_t n_mids;
     int failed;    /* progress thread: error seen, waiting for inflight */
     int abandoned; /* progress thread: connection lost, outstanding ops ignored */
     int direct;    /* direct lane: copied by the engine's copy threads */
@@ -128,10 +131,9 @@ struct kvb_engine {
     size_t max_am_header;
     uint64_t epoch;
     char host_id[64];
-    char *secret;                       /* engine secret (copy) or NULL: auth off */
-    uint8_t am_token[KVB_HS_TOKEN_LEN]; /* writers must carry it (secret set) */
-    uint32_t writer_tag;                /* atomic: stamped on our message-lane writes */
-    uint32_t *fenced;                   /* writer tags refused (seg_mu) */
+    char *secret;        /* engine secret (copy) or NULL: auth off */
+    uint32_t writer_tag; /* atomic: stamped on our message-lane writes */
+    uint32_t *fenced;    /* writer tags refused (seg_mu) */
     size_t n_fenced, cap_fenced;
 
     /* local registrations */
@@ -141,6 +143,13 @@ struct kvb_engine {
     uint64_t generation;
     int *notify_fds; /* accepted control connections (seg_mu) */
     size_t n_notify, cap_notify;
+    /* secret set: the message-lane token of each authenticated control
+     * connection (seg_mu); dropped when its connection closes */
+    struct kvb__am_tok {
+        int fd;
+        uint8_t tok[KVB_HS_TOKEN_LEN];
+    } * am_toks;
+    size_t n_am_toks, cap_am_toks;
 
     /* sessions (sess_mu) */
     pthread_mutex_t sess_mu;
@@ -159,6 +168,7 @@ struct kvb_engine {
     uint64_t conn_failures; /* conns failed so far */
     kvb__op_t ops;          /* outstanding ops (list head) */
     uint64_t next_xfer_id;
+    uint64_t acks_ignored; /* acks from another connection or for no outstanding message */
 
     /* handshakes in progress, one detached thread each (hs_mu): a silent
      * peer holds only its own thread, for at most the 2 s handshake bound */
@@ -203,6 +213,9 @@ void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
+
+/* engine.c: forget the token of control connection fd (seg_mu held) */
+void kvb__am_token_drop_locked(kvb_engine_h eng, int fd);
 
 /* direct.c */
 kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng); /* seg_mu held */

@@ -14,12 +14,13 @@
 #include <unistd.h>
 
 #define PUT_WINDOW 1024 /* blocks issued before a flush */
-#define AM_WINDOW 8     /* unacknowledged messages per transfer */
+#define AM_WINDOW KVB_AM_WINDOW
 
 typedef struct am_msg {
     kvb__op_t op; /* first: the op is the message */
     struct kvb_xfer *x;
     size_t ndesc; /* destination descriptors in the header */
+    uint64_t mid; /* its message id (the ack echoes it) */
     uint8_t *hdr;
     ucp_dt_iov_t *iov;
 } am_msg_t;
@@ -519,8 +520,9 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     memcpy(h + 4, &nd, 4);
     kvb__am_put_u64(h + 8, x->id);
     /* msg id: writer tag in the high half (writer fencing), sequence low. */
-    kvb__am_put_u64(h + 16, (uint64_t)__atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED) << 32 |
-                                (x->msgs_sent & 0xffffffffu));
+    m->mid = (uint64_t)__atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED) << 32 |
+             (x->msgs_sent & 0xffffffffu);
+    kvb__am_put_u64(h + 16, m->mid);
     kvb__am_put_u64(h + 24, f.total);
     m->ndesc = f.k;
     *niov_p = f.niov;
@@ -554,6 +556,7 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
         __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
         x->msgs_sent++;
         x->inflight++;
+        x->am_mids[x->n_mids++] = m->mid; /* n_mids == inflight <= AM_WINDOW */
         void *buf = contig ? m->iov[0].buffer : (void *)m->iov;
         size_t cnt = contig ? m->iov[0].length : niov;
         size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
@@ -562,6 +565,7 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
         if (UCS_PTR_IS_ERR(r)) {
             if (!x->abandoned) { /* else the conn failed inside UCX: x is final */
                 x->inflight--;
+                x->n_mids--; /* the id just added */
                 fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
                      ucs_status_string(UCS_PTR_STATUS(r)));
             }
@@ -648,6 +652,32 @@ static struct kvb_xfer *find_active(kvb_engine_h eng, uint64_t id)
     return NULL;
 }
 
+/* Is this ack x's? It must come over x's own endpoint (a target answers
+ * only for the writes it received) and name a message of x still awaiting
+ * its ack (removed here: one ack per message). */
+static bool ack_matches(struct kvb_xfer *x, uint64_t mid, const ucp_am_recv_param_t *param)
+{
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep != x->conn->ep)
+        return false;
+    for (size_t i = 0; i < x->n_mids; i++)
+        if (x->am_mids[i] == mid) {
+            x->am_mids[i] = x->am_mids[--x->n_mids];
+            return true;
+        }
+    return false;
+}
+
+static void ack_ignored(kvb_engine_h eng, uint64_t xid, uint64_t mid, const struct kvb_xfer *x)
+{
+    uint64_t n = ++eng->acks_ignored;
+    if ((n & (n - 1)) == 0) /* 1st, 2nd, 4th, ...: no log flood */
+        KVB_LOGW("engine %s: ignored an ack for transfer %llu message %llx: %s (%llu so far)",
+                 eng->sid, (unsigned long long)xid, (unsigned long long)mid,
+                 x == NULL ? "no such transfer in flight"
+                           : "not from the transfer's connection, or no such message awaits one",
+                 (unsigned long long)n);
+}
+
 static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *data, size_t length,
                               const ucp_am_recv_param_t *param)
 {
@@ -659,8 +689,10 @@ static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *
     if (!kvb__am_parse_ack(header, hlen, &st, &xid, &mid, &why, &rl))
         return UCS_OK;
     struct kvb_xfer *x = find_active(eng, xid);
-    if (x == NULL || x->abandoned || x->inflight == 0)
+    if (x == NULL || x->abandoned || x->inflight == 0 || !ack_matches(x, mid, param)) {
+        ack_ignored(eng, xid, mid, x);
         return UCS_OK;
+    }
     x->inflight--;
     x->msgs_acked++;
     if (st != KVB_OK) {
