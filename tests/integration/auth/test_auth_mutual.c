@@ -282,19 +282,29 @@ static void test_table_only_local(void)
     side_free(&l);
 }
 
-int main(void)
+typedef struct named {
+    const char *name, *pass;
+    void (*fn)(void);
+} named_t;
+
+/* argv[1]: run only the case of that name (to see each fail alone). */
+int main(int argc, char **argv)
 {
+    static const named_t cases[] = {
+        {"downgrade", "writer with a secret refuses a listener without one", test_downgrade},
+        {"wrong_secret", "writer refuses a listener with another secret",
+         test_listener_wrong_secret},
+        {"relay", "relay swapping the worker address gets no write", test_relay_substitutes},
+        {"token", "message-lane token dies with its connection", test_token_per_connection},
+        {"table", "shared-file table only to a proven same-host writer", test_table_only_local},
+    };
     unsetenv("KVBRIDGE_ENGINE_SECRET");
     unsetenv("KVBRIDGE_TRANSPORT");
-    test_downgrade();
-    TEST_PASS("writer with a secret refuses a listener without one");
-    test_listener_wrong_secret();
-    TEST_PASS("writer refuses a listener with another secret");
-    test_relay_substitutes();
-    TEST_PASS("relay swapping the worker address gets no write");
-    test_token_per_connection();
-    TEST_PASS("message-lane token dies with its connection");
-    test_table_only_local();
-    TEST_PASS("shared-file table only to a proven same-host writer");
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (argc > 1 && strcmp(argv[1], cases[i].name) != 0)
+            continue;
+        cases[i].fn();
+        TEST_PASS(cases[i].pass);
+    }
     return 0;
 }
