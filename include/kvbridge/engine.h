@@ -54,13 +54,16 @@ typedef struct kvb_engine_params {
                                   [KVBRIDGE_PEER_TIMEOUT] */
     size_t am_chunk_bytes;     /* aggregation size of the message lane, 4 MiB */
     const char *secret;        /* shared secret of the deployment, NULL = off
-                                  [KVBRIDGE_ENGINE_SECRET]. Set: the listener hands
-                                  out its segment table only to writers that prove
-                                  the secret (challenge-response, HMAC-SHA256) and
-                                  refuses write messages without the token derived
-                                  from it; this engine, as a writer, answers such
-                                  challenges. A writer refused, or challenged
-                                  without a secret, fails with KVB_ERR_AUTH. ""
+                                  [KVBRIDGE_ENGINE_SECRET]. Set: both sides prove
+                                  it (mutual challenge-response, HMAC-SHA256): the
+                                  listener hands out its segment table only to
+                                  writers that prove it, seals its reply with its
+                                  own proof, and refuses write messages without a
+                                  live connection's token; this engine, as a
+                                  writer, writes only to listeners that prove it.
+                                  A writer refused, challenged without a secret,
+                                  or facing a listener without the challenge or
+                                  with a wrong seal, fails with KVB_ERR_AUTH. ""
                                   = off. Copied. See docs/security.md. */
     unsigned copy_threads;     /* direct lane (see kvb_mem_alloc): this engine's
                                   writer threads, 2; 0 = lane off
@@ -142,7 +145,8 @@ typedef struct kvb_block {
  * use (handshake within the connect time-out). Errors: KVB_ERR_BOUNDS (a range
  * outside the registered memory on either side; nothing written),
  * KVB_ERR_PEER (unreachable or died), KVB_ERR_AUTH (the peer requires an
- * engine secret and ours is missing or wrong), KVB_ERR_TIMEOUT (timeout_s passed;
+ * engine secret and ours is missing or wrong, or we have one and the peer did
+ * not prove it), KVB_ERR_TIMEOUT (timeout_s passed;
  * timeout_s <= 0 waits without bound), KVB_ERR_INVALID. The blocks array is
  * not retained after return. Up to at least 100k blocks per batch. */
 KVB_API kvb_status_t kvb_engine_write(kvb_engine_h engine, const char *session_id,
