@@ -239,7 +239,9 @@ int main(void)
     fake_start(&t2);
 
     /* t2 acknowledges its own writes: the writer has a connection to it */
+    pthread_mutex_lock(&t2.mu);
     t2.auto_ack = true;
+    pthread_mutex_unlock(&t2.mu);
     kvb_block_t b2 = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)t2.buf, LEN};
     CHECK_EQ(kvb_engine_write(w, t2.sid, &b2, 1, 5), KVB_OK);
     TEST_PASS("a target's own ack completes its transfer");
