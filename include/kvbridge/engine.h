@@ -54,13 +54,16 @@ typedef struct kvb_engine_params {
                                   [KVBRIDGE_PEER_TIMEOUT] */
     size_t am_chunk_bytes;     /* aggregation size of the message lane, 4 MiB */
     const char *secret;        /* shared secret of the deployment, NULL = off
-                                  [KVBRIDGE_ENGINE_SECRET]. Set: the listener hands
-                                  out its segment table only to writers that prove
-                                  the secret (challenge-response, HMAC-SHA256) and
-                                  refuses write messages without the token derived
-                                  from it; this engine, as a writer, answers such
-                                  challenges. A writer refused, or challenged
-                                  without a secret, fails with KVB_ERR_AUTH. ""
+                                  [KVBRIDGE_ENGINE_SECRET]. Set: both sides prove
+                                  it (mutual challenge-response, HMAC-SHA256): the
+                                  listener hands out its segment table only to
+                                  writers that prove it, seals its reply with its
+                                  own proof, and refuses write messages without a
+                                  live connection's token; this engine, as a
+                                  writer, writes only to listeners that prove it.
+                                  A writer refused, challenged without a secret,
+                                  or facing a listener without the challenge or
+                                  with a wrong seal, fails with KVB_ERR_AUTH. ""
                                   = off. Copied. See docs/security.md. */
     unsigned copy_threads;     /* direct lane (see kvb_mem_alloc): this engine's
                                   writer threads, 2; 0 = lane off
@@ -152,7 +155,8 @@ typedef struct kvb_block {
  * session (timeout_s counts the set-up). Errors: KVB_ERR_BOUNDS (a range
  * outside the registered memory on either side; nothing written),
  * KVB_ERR_PEER (unreachable or died), KVB_ERR_AUTH (the peer requires an
- * engine secret and ours is missing or wrong), KVB_ERR_TIMEOUT (timeout_s passed;
+ * engine secret and ours is missing or wrong, or we have one and the peer did
+ * not prove it), KVB_ERR_TIMEOUT (timeout_s passed;
  * timeout_s <= 0 waits without bound), KVB_ERR_INVALID. On KVB_ERR_TIMEOUT
  * the batch was cancelled and settled, or, when the peer did not settle
  * within its peer time-out, the connection was failed (endpoint closed, the

@@ -46,9 +46,13 @@ static void send_ack(kvb_engine_h eng, ucp_ep_h ep, uint64_t xfer_id, uint64_t m
     if (rl > 0)
         memcpy(h + 28, reason, rl);
     ucp_request_param_t p = {0};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = ack_sent_cb;
     p.user_data = h;
+    /* REPLY: the writer learns which of its endpoints the ack came over and
+     * accepts it only from the transfer's own connection (xfer.c). */
+    p.flags = UCP_AM_SEND_FLAG_REPLY;
     void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, h, 28 + rl, NULL, 0, &p);
     if (!UCS_PTR_IS_PTR(r))
         free(h);
@@ -209,8 +213,22 @@ static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void
     return am_write(eng, header, hlen, data, length, param, eng->secret == NULL);
 }
 
-/* Token first, then the write header. 16 bytes compared per message (each
- * up to am_chunk_bytes). Without a secret here the token is ignored. */
+/* Is tok the token of one of our live authenticated control connections?
+ * Tokens are per connection: one seen on the wire or taken from another
+ * writer's handshake stops working when that connection closes. */
+static bool token_live(kvb_engine_h eng, const uint8_t *tok)
+{
+    bool live = false;
+    pthread_mutex_lock(&eng->seg_mu);
+    for (size_t i = 0; i < eng->n_am_toks; i++)
+        live |= kvb__ct_equal(tok, eng->am_toks[i].tok, KVB_HS_TOKEN_LEN);
+    pthread_mutex_unlock(&eng->seg_mu);
+    return live;
+}
+
+/* Token first, then the write header. One 16-byte compare per live
+ * connection per message (each up to am_chunk_bytes). Without a secret here
+ * the token is ignored. */
 static ucs_status_t am_write_auth_cb(void *arg, const void *header, size_t hlen, void *data,
                                      size_t length, const ucp_am_recv_param_t *param)
 {
@@ -218,7 +236,7 @@ static ucs_status_t am_write_auth_cb(void *arg, const void *header, size_t hlen,
     const uint8_t *h = header;
     if (hlen < KVB_HS_TOKEN_LEN)
         return am_write(eng, h, hlen, data, length, param, false);
-    bool ok = eng->secret == NULL || kvb__ct_equal(h, eng->am_token, KVB_HS_TOKEN_LEN);
+    bool ok = eng->secret == NULL || token_live(eng, h);
     return am_write(eng, h + KVB_HS_TOKEN_LEN, hlen - KVB_HS_TOKEN_LEN, data, length, param, ok);
 }
 

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -340,7 +341,10 @@ static kvb_status_t reply_shared(kvb_engine_h eng, kvb__hs_reply_t *r)
     return KVB_OK;
 }
 
-static kvb_status_t build_reply(kvb_engine_h eng, uint8_t **buf_p, size_t *len_p, uint64_t *gen_p)
+/* local: the writer proved it runs on this host; only then the reply names
+ * our shared files (pid, descriptors, nonces). */
+static kvb_status_t build_reply(kvb_engine_h eng, bool local, uint8_t **buf_p, size_t *len_p,
+                                uint64_t *gen_p)
 {
     kvb__hs_reply_t r = {0};
     kvb_status_t st;
@@ -360,7 +364,7 @@ static kvb_status_t build_reply(kvb_engine_h eng, uint8_t **buf_p, size_t *len_p
         r.segs[i].rkey = eng->segs.v[i].rkey_buf;
         r.segs[i].rkey_len = (uint32_t)eng->segs.v[i].rkey_len;
     }
-    if (st == KVB_OK)
+    if (st == KVB_OK && local)
         st = reply_shared(eng, &r);
     if (st == KVB_OK)
         st = kvb__hs_reply_encode(&r, buf_p, len_p);
@@ -377,6 +381,7 @@ static void add_notify_fd(kvb_engine_h eng, int fd, uint64_t gen_sent)
         size_t cap = eng->cap_notify ? eng->cap_notify * 2 : 8;
         int *v = realloc(eng->notify_fds, cap * sizeof(*v));
         if (v == NULL) {
+            kvb__am_token_drop_locked(eng, fd);
             pthread_mutex_unlock(&eng->seg_mu);
             close(fd);
             return;
@@ -402,33 +407,39 @@ static void printable(const uint8_t *in, uint32_t n, char *out, size_t outlen)
     out[k] = '\0';
 }
 
-/* Engine secret set: challenge the writer, check its proof in constant
- * time. Nothing about this engine is sent before the proof is right. */
+/* The nonces of one authenticated handshake (engine secret set). */
+typedef struct hs_auth {
+    uint8_t nonce_l[KVB_HS_NONCE_LEN], nonce_w[KVB_HS_NONCE_LEN];
+} hs_auth_t;
+
+/* Engine secret set: challenge the writer, check its proof over both
+ * nonces in constant time. Nothing about this engine is sent before the
+ * proof is right; a wrong or malformed proof gets a denial. */
 static kvb_status_t challenge(kvb_engine_h eng, int fd, uint64_t deadline, const uint8_t *sid,
-                              uint32_t sid_len, char *why, size_t wl)
+                              uint32_t sid_len, hs_auth_t *a, char *why, size_t wl)
 {
-    uint8_t nonce[KVB_HS_NONCE_LEN], chal[KVB_HS_CHALLENGE_LEN], want[KVB_HS_MAC_LEN];
+    uint8_t chal[KVB_HS_CHALLENGE_LEN], want[KVB_HS_MAC_LEN];
     uint8_t *msg = NULL;
-    const uint8_t *mac;
+    const uint8_t *mac, *nonce_w;
     size_t len;
     char who[128];
     printable(sid, sid_len, who, sizeof(who));
-    if (getrandom(nonce, sizeof(nonce), 0) != (ssize_t)sizeof(nonce)) {
+    if (getrandom(a->nonce_l, KVB_HS_NONCE_LEN, 0) != KVB_HS_NONCE_LEN) {
         snprintf(why, wl, "no random nonce: %s", strerror(errno));
         return KVB_ERR_IO;
     }
-    kvb__hs_challenge_encode(nonce, chal);
+    kvb__hs_challenge_encode(a->nonce_l, chal);
     kvb_status_t st = kvb__sock_write_all(fd, chal, sizeof(chal), deadline);
     if (st == KVB_OK)
-        st = kvb__sock_read_msg(fd, "KVBHA001", KVB_HS_PROOF_LEN, deadline, &msg, &len, why, wl);
+        st = kvb__sock_read_msg(fd, NULL, KVB_HS_PROOF_LEN, deadline, &msg, &len, why, wl);
+    bool read_ok = st == KVB_OK;
     if (st == KVB_OK)
-        st = kvb__hs_proof_decode(msg, len, &mac, why, wl);
-    if (st == KVB_OK)
-        st = kvb__hs_auth_mac(eng->secret, nonce, sid, sid_len, want);
+        st = kvb__hs_proof_decode(msg, len, &nonce_w, &mac, why, wl);
+    if (st == KVB_OK) {
+        memcpy(a->nonce_w, nonce_w, KVB_HS_NONCE_LEN);
+        st = kvb__hs_auth_mac(eng->secret, a->nonce_l, a->nonce_w, sid, sid_len, want);
+    }
     if (st == KVB_OK && !kvb__ct_equal(mac, want, sizeof(want))) {
-        uint8_t deny[KVB_HS_DENY_LEN];
-        kvb__hs_deny_encode(deny);
-        kvb__sock_write_all(fd, deny, sizeof(deny), deadline);
         snprintf(why, wl, "writer \"%s\" did not prove the engine secret", who);
         st = KVB_ERR_AUTH;
     } else if (st != KVB_OK && why[0] != '\0') {
@@ -437,12 +448,138 @@ static kvb_status_t challenge(kvb_engine_h eng, int fd, uint64_t deadline, const
         snprintf(why, wl, "writer \"%.60s\" sent no valid proof of the engine secret: %.120s", who,
                  inner);
     }
+    if (st != KVB_OK && read_ok) { /* it spoke: tell it why it is cut off */
+        uint8_t deny[KVB_HS_DENY_LEN];
+        kvb__hs_deny_encode(deny);
+        kvb__sock_write_all(fd, deny, sizeof(deny), deadline);
+    }
     free(msg);
     return st;
 }
 
+static bool has_shared(kvb_engine_h eng)
+{
+    bool any = false;
+    pthread_mutex_lock(&eng->seg_mu);
+    for (size_t i = 0; i < eng->segs.n && !any; i++)
+        any = eng->segs.v[i].shared;
+    pthread_mutex_unlock(&eng->seg_mu);
+    return any;
+}
+
+/* A one-time memfd holding 32 random bytes; -1 if none can be made. */
+static int local_file(uint8_t value[KVB_HS_LOCAL_VALUE_LEN])
+{
+    int mfd = memfd_create(KVB_HS_LOCAL_NAME, MFD_CLOEXEC);
+    if (mfd < 0)
+        return -1;
+    if (getrandom(value, KVB_HS_LOCAL_VALUE_LEN, 0) != KVB_HS_LOCAL_VALUE_LEN ||
+        pwrite(mfd, value, KVB_HS_LOCAL_VALUE_LEN, 0) != KVB_HS_LOCAL_VALUE_LEN) {
+        close(mfd);
+        return -1;
+    }
+    return mfd;
+}
+
+/* Shared files to offer (direct lane): the writer must prove it runs on
+ * this host by reading a one-time file of ours through /proc (only local
+ * processes allowed to open our descriptors can, the same right the direct
+ * lane needs) and binding it to this TCP connection's addresses. *local_p
+ * false: the reply names no shared file. */
+static kvb_status_t local_check(kvb_engine_h eng, int fd, uint64_t deadline, bool *local_p,
+                                char *why, size_t wl)
+{
+    uint8_t value[KVB_HS_LOCAL_VALUE_LEN], want[KVB_HS_MAC_LEN], tuple[KVB_HS_TUPLE_MAX];
+    uint8_t chal[KVB_HS_LOCAL_MAX], *msg = NULL;
+    const uint8_t *mac;
+    size_t tl, len;
+    *local_p = false;
+    if (!has_shared(eng) || !kvb__hs_conn_tuple(fd, true, tuple, &tl))
+        return KVB_OK;
+    int mfd = local_file(value);
+    if (mfd < 0) {
+        KVB_LOGD("engine %s: no same-host proof file (%s): direct lane not offered", eng->sid,
+                 strerror(errno));
+        return KVB_OK;
+    }
+    size_t n = kvb__hs_local_encode((uint32_t)getpid(), (uint32_t)mfd, eng->host_id, chal);
+    kvb_status_t st = kvb__sock_write_all(fd, chal, n, deadline);
+    if (st == KVB_OK)
+        st = kvb__sock_read_msg(fd, NULL, KVB_HS_LOCALOK_LEN, deadline, &msg, &len, why, wl);
+    if (st == KVB_OK)
+        st = kvb__hs_localok_decode(msg, len, &mac, why, wl);
+    if (st == KVB_OK)
+        st = kvb__hs_local_mac(value, tuple, tl, want);
+    if (st == KVB_OK)
+        *local_p = kvb__ct_equal(mac, want, sizeof(want));
+    close(mfd);
+    explicit_bzero(value, sizeof(value));
+    free(msg);
+    return st;
+}
+
+static kvb_status_t token_add(kvb_engine_h eng, int fd, const uint8_t tok[KVB_HS_TOKEN_LEN])
+{
+    kvb_status_t st = KVB_OK;
+    pthread_mutex_lock(&eng->seg_mu);
+    if (eng->n_am_toks == eng->cap_am_toks) {
+        size_t cap = eng->cap_am_toks ? eng->cap_am_toks * 2 : 8;
+        struct kvb__am_tok *v = realloc(eng->am_toks, cap * sizeof(*v));
+        if (v == NULL)
+            st = KVB_ERR_NOMEM;
+        else {
+            eng->am_toks = v;
+            eng->cap_am_toks = cap;
+        }
+    }
+    if (st == KVB_OK) {
+        eng->am_toks[eng->n_am_toks].fd = fd;
+        memcpy(eng->am_toks[eng->n_am_toks++].tok, tok, KVB_HS_TOKEN_LEN);
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+    return st;
+}
+
+void kvb__am_token_drop_locked(kvb_engine_h eng, int fd)
+{
+    for (size_t i = 0; i < eng->n_am_toks; i++)
+        if (eng->am_toks[i].fd == fd) {
+            explicit_bzero(eng->am_toks[i].tok, KVB_HS_TOKEN_LEN);
+            eng->am_toks[i] = eng->am_toks[--eng->n_am_toks];
+            return;
+        }
+}
+
+/* Secret set: this connection's token goes live before the writer can
+ * use it (it writes as soon as it has the reply); the reply is sealed with
+ * our proof over both nonces. *rep_p is replaced by the sealed message. */
+static kvb_status_t seal_reply(kvb_engine_h eng, int fd, const hs_auth_t *a, const uint8_t *sid,
+                               uint32_t sid_len, uint8_t **rep_p, size_t *rep_len_p)
+{
+    uint8_t tok[KVB_HS_TOKEN_LEN], mac[KVB_HS_MAC_LEN], *sealed = NULL;
+    size_t len;
+    kvb_status_t st = kvb__hs_am_token(eng->secret, a->nonce_w, a->nonce_l, eng->epoch, tok);
+    if (st == KVB_OK)
+        st = kvb__hs_reply_mac(eng->secret, a->nonce_l, a->nonce_w, sid, sid_len, *rep_p,
+                               *rep_len_p, mac);
+    if (st == KVB_OK)
+        st = kvb__hs_sealed_encode(mac, *rep_p, *rep_len_p, &sealed, &len);
+    if (st == KVB_OK)
+        st = token_add(eng, fd, tok);
+    explicit_bzero(tok, sizeof(tok));
+    if (st != KVB_OK) {
+        free(sealed);
+        return st;
+    }
+    free(*rep_p);
+    *rep_p = sealed;
+    *rep_len_p = len;
+    return KVB_OK;
+}
+
 /* Answer one writer's handshake on fd; *gen_p: the generation its reply
- * described. Not KVB_OK: refused (logged), the caller closes fd. */
+ * described. Not KVB_OK: refused (logged), the caller closes fd (and drops
+ * a token registered for it). */
 static kvb_status_t serve_handshake(kvb_engine_h eng, int fd, uint64_t *gen_p)
 {
     uint64_t deadline = kvb__now_ns() + 2000000000ull;
@@ -450,19 +587,26 @@ static kvb_status_t serve_handshake(kvb_engine_h eng, int fd, uint64_t *gen_p)
     size_t req_len, rep_len;
     const uint8_t *sid;
     uint32_t sid_len;
+    hs_auth_t a;
+    bool local = false;
     char why[256] = "";
     kvb_status_t st =
         kvb__sock_read_msg(fd, "KVBHQ001", 4096, deadline, &req, &req_len, why, sizeof(why));
     if (st == KVB_OK)
         st = kvb__hs_request_decode(req, req_len, &sid, &sid_len, why, sizeof(why));
     if (st == KVB_OK && eng->secret != NULL)
-        st = challenge(eng, fd, deadline, sid, sid_len, why, sizeof(why));
+        st = challenge(eng, fd, deadline, sid, sid_len, &a, why, sizeof(why));
     if (st == KVB_OK)
-        st = build_reply(eng, &rep, &rep_len, gen_p);
+        st = local_check(eng, fd, deadline, &local, why, sizeof(why));
+    if (st == KVB_OK)
+        st = build_reply(eng, local, &rep, &rep_len, gen_p);
+    if (st == KVB_OK && eng->secret != NULL)
+        st = seal_reply(eng, fd, &a, sid, sid_len, &rep, &rep_len);
     if (st == KVB_OK)
         st = kvb__sock_write_all(fd, rep, rep_len, deadline);
     free(req);
     free(rep);
+    explicit_bzero(&a, sizeof(a));
     if (st != KVB_OK)
         KVB_LOGW("engine %s: handshake refused: %s", eng->sid,
                  why[0] ? why : kvb_status_string(st));
@@ -492,10 +636,14 @@ static void *hs_main(void *arg)
             break;
         }
     pthread_mutex_unlock(&eng->hs_mu);
-    if (st == KVB_OK)
+    if (st == KVB_OK) {
         add_notify_fd(eng, fd, gen);
-    else
+    } else {
+        pthread_mutex_lock(&eng->seg_mu);
+        kvb__am_token_drop_locked(eng, fd);
+        pthread_mutex_unlock(&eng->seg_mu);
         close(fd);
+    }
     pthread_mutex_lock(&eng->hs_mu);
     eng->hs_active--;
     pthread_cond_broadcast(&eng->hs_cv);
@@ -569,6 +717,7 @@ static void reap_notify(kvb_engine_h eng, const struct pollfd *p, size_t n)
             continue; /* writers send nothing after the request; ignore */
         for (size_t i = 0; i < eng->n_notify; i++)
             if (eng->notify_fds[i] == p[k].fd) {
+                kvb__am_token_drop_locked(eng, p[k].fd);
                 close(p[k].fd);
                 eng->notify_fds[i] = eng->notify_fds[--eng->n_notify];
                 break;
@@ -838,6 +987,9 @@ static void engine_free(kvb_engine_h eng)
     for (size_t i = 0; i < eng->n_notify; i++)
         close(eng->notify_fds[i]);
     free(eng->notify_fds);
+    if (eng->am_toks != NULL)
+        explicit_bzero(eng->am_toks, eng->cap_am_toks * sizeof(*eng->am_toks));
+    free(eng->am_toks);
     free(eng->fenced);
     free(eng->grants);
     if (eng->fence_base != NULL)
@@ -868,7 +1020,6 @@ static void engine_free(kvb_engine_h eng)
         explicit_bzero(eng->secret, strlen(eng->secret));
         free(eng->secret);
     }
-    explicit_bzero(eng->am_token, sizeof(eng->am_token));
     free(eng);
 }
 
@@ -913,8 +1064,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     eng->params.secret = NULL;
     if (params_secret(params) != NULL) {
         eng->secret = strdup(params_secret(params));
-        if (eng->secret == NULL ||
-            kvb__hs_am_token(eng->secret, eng->epoch, eng->am_token) != KVB_OK) {
+        if (eng->secret == NULL) {
             engine_free(eng);
             return NULL;
         }

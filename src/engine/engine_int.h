@@ -145,10 +145,9 @@ struct kvb_engine {
     size_t max_am_header;
     uint64_t epoch;
     char host_id[64];
-    char *secret;                       /* engine secret (copy) or NULL: auth off */
-    uint8_t am_token[KVB_HS_TOKEN_LEN]; /* writers must carry it (secret set) */
-    uint32_t writer_tag;                /* atomic: stamped on our message-lane writes */
-    uint32_t *fenced;                   /* legacy: writer tags refused, epoch 0 (seg_mu) */
+    char *secret;        /* engine secret (copy) or NULL: auth off */
+    uint32_t writer_tag; /* atomic: stamped on our message-lane writes */
+    uint32_t *fenced;    /* legacy: writer tags refused, epoch 0 (seg_mu) */
     size_t n_fenced, cap_fenced;
     kvb__grant_t *grants; /* writer grants, live or draining (seg_mu; fence.c) */
     size_t n_grants, cap_grants;
@@ -161,6 +160,13 @@ struct kvb_engine {
     uint64_t generation;
     int *notify_fds; /* accepted control connections (seg_mu) */
     size_t n_notify, cap_notify;
+    /* secret set: the message-lane token of each authenticated control
+     * connection (seg_mu); dropped when its connection closes */
+    struct kvb__am_tok {
+        int fd;
+        uint8_t tok[KVB_HS_TOKEN_LEN];
+    } * am_toks;
+    size_t n_am_toks, cap_am_toks;
 
     /* sessions (sess_mu) */
     pthread_mutex_t sess_mu;
@@ -179,6 +185,7 @@ struct kvb_engine {
     uint64_t conn_failures; /* conns failed so far */
     kvb__op_t ops;          /* outstanding ops (list head) */
     uint64_t next_xfer_id;
+    uint64_t acks_ignored; /* acks from another connection or for no outstanding message */
 
     /* handshakes in progress, one detached thread each (hs_mu): a silent
      * peer holds only its own thread, for at most the 2 s handshake bound */
@@ -243,6 +250,9 @@ void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
  * transfers end KVB_ERR_PEER). */
 void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
+
+/* engine.c: forget the token of control connection fd (seg_mu held) */
+void kvb__am_token_drop_locked(kvb_engine_h eng, int fd);
 
 /* fence.c: the writer fence (target and writer side) */
 kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng); /* seg_mu held */

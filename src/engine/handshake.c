@@ -9,6 +9,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <arpa/inet.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,10 +21,15 @@ static const char REQ_MAGIC[] = "KVBHQ001";
 static const char REP_MAGIC[] = "KVBHS002";
 static const char NOTE_MAGIC[] = "KVBGN001";
 static const char CHAL_MAGIC[] = "KVBHC001";
-static const char PROOF_MAGIC[] = "KVBHA001";
+static const char PROOF_MAGIC[] = "KVBHA002";
 static const char DENY_MAGIC[] = "KVBHD001";
-static const char MAC_LABEL[] = "KVBAUTH1";
-static const char TOKEN_LABEL[] = "KVBAMTK1";
+static const char SEAL_MAGIC[] = "KVBHR001";
+static const char LOCAL_MAGIC[] = "KVBHP001";
+static const char LOCALOK_MAGIC[] = "KVBHL001";
+static const char MAC_LABEL[] = "KVBAUTH2";
+static const char REPLY_LABEL[] = "KVBRPLY1";
+static const char TOKEN_LABEL[] = "KVBAMTK2";
+static const char LOCAL_LABEL[] = "KVBLOCL1";
 
 /* ---- little-endian writer / reader ---- */
 typedef struct wbuf {
@@ -326,6 +332,10 @@ kvb__hs_kind_t kvb__hs_kind(const uint8_t *buf, size_t len)
         return KVB_HS_MSG_CHALLENGE;
     if (memcmp(buf, DENY_MAGIC, KVB_HS_MAGIC_LEN) == 0)
         return KVB_HS_MSG_DENY;
+    if (memcmp(buf, SEAL_MAGIC, KVB_HS_MAGIC_LEN) == 0)
+        return KVB_HS_MSG_SEALED;
+    if (memcmp(buf, LOCAL_MAGIC, KVB_HS_MAGIC_LEN) == 0)
+        return KVB_HS_MSG_LOCAL;
     return KVB_HS_MSG_UNKNOWN;
 }
 
@@ -369,15 +379,26 @@ kvb_status_t kvb__hs_challenge_decode(const uint8_t *buf, size_t len, const uint
     return fixed_decode(CHAL_MAGIC, "challenge", buf, len, KVB_HS_NONCE_LEN, nonce_p, why, whylen);
 }
 
-void kvb__hs_proof_encode(const uint8_t mac[KVB_HS_MAC_LEN], uint8_t out[KVB_HS_PROOF_LEN])
+void kvb__hs_proof_encode(const uint8_t nonce_w[KVB_HS_NONCE_LEN],
+                          const uint8_t mac[KVB_HS_MAC_LEN], uint8_t out[KVB_HS_PROOF_LEN])
 {
-    fixed_encode(PROOF_MAGIC, mac, KVB_HS_MAC_LEN, out);
+    uint8_t body[KVB_HS_NONCE_LEN + KVB_HS_MAC_LEN];
+    memcpy(body, nonce_w, KVB_HS_NONCE_LEN);
+    memcpy(body + KVB_HS_NONCE_LEN, mac, KVB_HS_MAC_LEN);
+    fixed_encode(PROOF_MAGIC, body, sizeof(body), out);
 }
 
-kvb_status_t kvb__hs_proof_decode(const uint8_t *buf, size_t len, const uint8_t **mac_p, char *why,
-                                  size_t whylen)
+kvb_status_t kvb__hs_proof_decode(const uint8_t *buf, size_t len, const uint8_t **nonce_w_p,
+                                  const uint8_t **mac_p, char *why, size_t whylen)
 {
-    return fixed_decode(PROOF_MAGIC, "proof", buf, len, KVB_HS_MAC_LEN, mac_p, why, whylen);
+    const uint8_t *body;
+    kvb_status_t st = fixed_decode(PROOF_MAGIC, "proof", buf, len,
+                                   KVB_HS_NONCE_LEN + KVB_HS_MAC_LEN, &body, why, whylen);
+    if (st == KVB_OK) {
+        *nonce_w_p = body;
+        *mac_p = body + KVB_HS_NONCE_LEN;
+    }
+    return st;
 }
 
 void kvb__hs_deny_encode(uint8_t out[KVB_HS_DENY_LEN])
@@ -390,41 +411,210 @@ kvb_status_t kvb__hs_deny_decode(const uint8_t *buf, size_t len, char *why, size
     return fixed_decode(DENY_MAGIC, "denial", buf, len, 0, NULL, why, whylen);
 }
 
-/* HMAC-SHA256(secret, label || a || b) with OpenSSL's one-shot context. */
-static kvb_status_t hmac3(const char *secret, const char *label, const uint8_t *a, size_t alen,
-                          const uint8_t *b, size_t blen, uint8_t out[KVB_HS_MAC_LEN])
+kvb_status_t kvb__hs_sealed_encode(const uint8_t mac[KVB_HS_MAC_LEN], const uint8_t *rep,
+                                   size_t rep_len, uint8_t **buf_p, size_t *len_p)
 {
-    size_t n = KVB_HS_MAGIC_LEN + alen + blen;
+    wbuf_t w = {0};
+    wb_put(&w, SEAL_MAGIC, KVB_HS_MAGIC_LEN);
+    wb_u32(&w, 0);
+    wb_put(&w, mac, KVB_HS_MAC_LEN);
+    wb_put(&w, rep, rep_len);
+    if (!w.fail && w.len > KVB_HS_MAX_MSG + KVB_HS_SEAL_HDR) {
+        free(w.p);
+        return KVB_ERR_INVALID;
+    }
+    if (w.fail) {
+        free(w.p);
+        return KVB_ERR_NOMEM;
+    }
+    uint32_t total = (uint32_t)w.len;
+    for (int i = 0; i < 4; i++)
+        w.p[KVB_HS_MAGIC_LEN + i] = (uint8_t)(total >> (8 * i));
+    *buf_p = w.p;
+    *len_p = w.len;
+    return KVB_OK;
+}
+
+kvb_status_t kvb__hs_sealed_decode(const uint8_t *buf, size_t len, const uint8_t **mac_p,
+                                   const uint8_t **rep_p, size_t *rep_len_p, char *why,
+                                   size_t whylen)
+{
+    rbuf_t rb = {buf, len, 0};
+    if (!rb_header(&rb, SEAL_MAGIC, why, whylen))
+        return KVB_ERR_PROTO;
+    if (len < KVB_HS_SEAL_HDR) {
+        snprintf(why, whylen, "sealed handshake reply of %zu bytes has no MAC", len);
+        return KVB_ERR_PROTO;
+    }
+    *mac_p = buf + KVB_HS_MAGIC_LEN + 4;
+    *rep_p = buf + KVB_HS_SEAL_HDR;
+    *rep_len_p = len - KVB_HS_SEAL_HDR;
+    return KVB_OK;
+}
+
+size_t kvb__hs_local_encode(uint32_t pid, uint32_t fd, const char *host,
+                            uint8_t out[KVB_HS_LOCAL_MAX])
+{
+    uint8_t body[12 + KVB_HS_MAX_HOST];
+    size_t hl = strnlen(host, KVB_HS_MAX_HOST);
+    uint32_t v[3] = {pid, fd, (uint32_t)hl};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 4; i++)
+            body[4 * k + i] = (uint8_t)(v[k] >> (8 * i));
+    memcpy(body + 12, host, hl);
+    fixed_encode(LOCAL_MAGIC, body, 12 + hl, out);
+    return KVB_HS_MAGIC_LEN + 4 + 12 + hl;
+}
+
+kvb_status_t kvb__hs_local_decode(const uint8_t *buf, size_t len, uint32_t *pid_p, uint32_t *fd_p,
+                                  const uint8_t **host_p, uint32_t *host_len_p, char *why,
+                                  size_t whylen)
+{
+    rbuf_t rb = {buf, len, 0};
+    uint32_t pid, fd, hl;
+    const uint8_t *host;
+    if (!rb_header(&rb, LOCAL_MAGIC, why, whylen))
+        return KVB_ERR_PROTO;
+    if (!rb_u32(&rb, &pid) || !rb_u32(&rb, &fd) || !rb_u32(&rb, &hl) || hl > KVB_HS_MAX_HOST ||
+        !rb_bytes(&rb, hl, &host) || rb.off != len || pid == 0 || fd > INT32_MAX) {
+        snprintf(why, whylen, "same-host challenge malformed");
+        return KVB_ERR_PROTO;
+    }
+    *pid_p = pid;
+    *fd_p = fd;
+    *host_p = host;
+    *host_len_p = hl;
+    return KVB_OK;
+}
+
+void kvb__hs_localok_encode(const uint8_t mac[KVB_HS_MAC_LEN], uint8_t out[KVB_HS_LOCALOK_LEN])
+{
+    fixed_encode(LOCALOK_MAGIC, mac, KVB_HS_MAC_LEN, out);
+}
+
+kvb_status_t kvb__hs_localok_decode(const uint8_t *buf, size_t len, const uint8_t **mac_p,
+                                    char *why, size_t whylen)
+{
+    return fixed_decode(LOCALOK_MAGIC, "same-host proof", buf, len, KVB_HS_MAC_LEN, mac_p, why,
+                        whylen);
+}
+
+/* HMAC-SHA256(key, label || parts...) with OpenSSL's one-shot context. */
+typedef struct part {
+    const void *p;
+    size_t n;
+} part_t;
+
+static kvb_status_t hmac_parts(const void *key, size_t keylen, const char *label,
+                               const part_t *parts, size_t nparts, uint8_t out[KVB_HS_MAC_LEN])
+{
+    size_t n = KVB_HS_MAGIC_LEN, off = KVB_HS_MAGIC_LEN;
+    for (size_t i = 0; i < nparts; i++)
+        n += parts[i].n;
     uint8_t *msg = malloc(n);
     unsigned int ol = 0;
     if (msg == NULL)
         return KVB_ERR_NOMEM;
     memcpy(msg, label, KVB_HS_MAGIC_LEN);
-    if (alen > 0)
-        memcpy(msg + KVB_HS_MAGIC_LEN, a, alen);
-    if (blen > 0)
-        memcpy(msg + KVB_HS_MAGIC_LEN + alen, b, blen);
-    const unsigned char *r = HMAC(EVP_sha256(), secret, (int)strlen(secret), msg, n, out, &ol);
+    for (size_t i = 0; i < nparts; i++) {
+        if (parts[i].n > 0)
+            memcpy(msg + off, parts[i].p, parts[i].n);
+        off += parts[i].n;
+    }
+    const unsigned char *r = HMAC(EVP_sha256(), key, (int)keylen, msg, n, out, &ol);
+    OPENSSL_cleanse(msg, n);
     free(msg);
     return r != NULL && ol == KVB_HS_MAC_LEN ? KVB_OK : KVB_ERR_IO;
 }
 
-kvb_status_t kvb__hs_auth_mac(const char *secret, const uint8_t nonce[KVB_HS_NONCE_LEN],
-                              const uint8_t *sid, uint32_t sid_len, uint8_t mac[KVB_HS_MAC_LEN])
+kvb_status_t kvb__hs_auth_mac(const char *secret, const uint8_t nonce_l[KVB_HS_NONCE_LEN],
+                              const uint8_t nonce_w[KVB_HS_NONCE_LEN], const uint8_t *sid,
+                              uint32_t sid_len, uint8_t mac[KVB_HS_MAC_LEN])
 {
-    return hmac3(secret, MAC_LABEL, nonce, KVB_HS_NONCE_LEN, sid, sid_len, mac);
+    part_t p[] = {{nonce_l, KVB_HS_NONCE_LEN}, {nonce_w, KVB_HS_NONCE_LEN}, {sid, sid_len}};
+    return hmac_parts(secret, strlen(secret), MAC_LABEL, p, 3, mac);
 }
 
-kvb_status_t kvb__hs_am_token(const char *secret, uint64_t epoch, uint8_t token[KVB_HS_TOKEN_LEN])
+kvb_status_t kvb__hs_reply_mac(const char *secret, const uint8_t nonce_l[KVB_HS_NONCE_LEN],
+                               const uint8_t nonce_w[KVB_HS_NONCE_LEN], const uint8_t *sid,
+                               uint32_t sid_len, const uint8_t *rep, size_t rep_len,
+                               uint8_t mac[KVB_HS_MAC_LEN])
+{
+    uint8_t sl[4] = {(uint8_t)sid_len, (uint8_t)(sid_len >> 8), (uint8_t)(sid_len >> 16),
+                     (uint8_t)(sid_len >> 24)};
+    part_t p[] = {{nonce_l, KVB_HS_NONCE_LEN},
+                  {nonce_w, KVB_HS_NONCE_LEN},
+                  {sl, 4},
+                  {sid, sid_len},
+                  {rep, rep_len}};
+    return hmac_parts(secret, strlen(secret), REPLY_LABEL, p, 5, mac);
+}
+
+kvb_status_t kvb__hs_am_token(const char *secret, const uint8_t nonce_w[KVB_HS_NONCE_LEN],
+                              const uint8_t nonce_l[KVB_HS_NONCE_LEN], uint64_t epoch,
+                              uint8_t token[KVB_HS_TOKEN_LEN])
 {
     uint8_t e[8], mac[KVB_HS_MAC_LEN];
     for (int i = 0; i < 8; i++)
         e[i] = (uint8_t)(epoch >> (8 * i));
-    kvb_status_t st = hmac3(secret, TOKEN_LABEL, e, sizeof(e), NULL, 0, mac);
+    part_t p[] = {{nonce_w, KVB_HS_NONCE_LEN}, {nonce_l, KVB_HS_NONCE_LEN}, {e, 8}};
+    kvb_status_t st = hmac_parts(secret, strlen(secret), TOKEN_LABEL, p, 3, mac);
     if (st == KVB_OK)
         memcpy(token, mac, KVB_HS_TOKEN_LEN);
     OPENSSL_cleanse(mac, sizeof(mac));
     return st;
+}
+
+kvb_status_t kvb__hs_local_mac(const uint8_t value[KVB_HS_LOCAL_VALUE_LEN], const uint8_t *tuple,
+                               size_t tuple_len, uint8_t mac[KVB_HS_MAC_LEN])
+{
+    part_t p[] = {{tuple, tuple_len}};
+    return hmac_parts(value, KVB_HS_LOCAL_VALUE_LEN, LOCAL_LABEL, p, 1, mac);
+}
+
+/* One address as bytes: IPv4 (also IPv4-mapped IPv6) 4 + port, IPv6 16 + port. */
+static bool addr_bytes(const struct sockaddr_storage *ss, uint8_t *out, size_t *len_p)
+{
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    const uint8_t *a;
+    size_t n;
+    uint16_t port;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+        a = (const uint8_t *)&s4->sin_addr;
+        n = 4;
+        port = s4->sin_port;
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+        a = (const uint8_t *)&s6->sin6_addr;
+        n = 16;
+        port = s6->sin6_port;
+        if (memcmp(a, mapped, 12) == 0) {
+            a += 12;
+            n = 4;
+        }
+    } else {
+        return false;
+    }
+    memcpy(out + *len_p, a, n);
+    memcpy(out + *len_p + n, &port, 2);
+    *len_p += n + 2;
+    return true;
+}
+
+bool kvb__hs_conn_tuple(int fd, bool listener, uint8_t out[KVB_HS_TUPLE_MAX], size_t *len_p)
+{
+    struct sockaddr_storage me, peer;
+    socklen_t ml = sizeof(me), pl = sizeof(peer);
+    size_t n = 0;
+    if (getsockname(fd, (struct sockaddr *)&me, &ml) != 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &pl) != 0)
+        return false;
+    if (!addr_bytes(listener ? &peer : &me, out, &n) ||
+        !addr_bytes(listener ? &me : &peer, out, &n))
+        return false;
+    *len_p = n;
+    return true;
 }
 
 bool kvb__ct_equal(const void *a, const void *b, size_t n)

@@ -10,14 +10,29 @@
  *          by seg; seg 0xffffffff = the listener's fence page, last)
  * notice   "KVBGN001" u64 generation      (segment table changed)
  *
- * With an engine secret on the listener (docs/security.md), the listener
- * answers a request with a challenge before any reply:
- * challenge "KVBHC001" u32 total nonce[32]
- * proof     "KVBHA001" u32 total mac[32]   HMAC-SHA256(secret, "KVBAUTH1" ||
- *                                          nonce || the request's sid)
+ * With an engine secret, both sides prove it (docs/security.md):
+ * challenge "KVBHC001" u32 total nonce_l[32]          (listener's nonce)
+ * proof     "KVBHA002" u32 total nonce_w[32] mac[32]  writer's nonce and
+ *           HMAC-SHA256(secret, "KVBAUTH2" || nonce_l || nonce_w || sid)
  * deny      "KVBHD001" u32 total           (proof wrong; connection closed)
- * and sends the reply only after a correct proof. Writers then put a token
- * HMAC-SHA256(secret, "KVBAMTK1" || u64 epoch)[0..16) in every write message.
+ * sealed    "KVBHR001" u32 total mac[32] reply   the reply, MAC'd:
+ *           HMAC-SHA256(secret, "KVBRPLY1" || nonce_l || nonce_w || u32 sid_len
+ *           || sid || reply) proves the listener knows the secret and binds
+ *           the reply (worker address, table) to this handshake.
+ * A writer with a secret accepts nothing but a challenge first and a sealed
+ * reply last. Its message-lane token is per connection:
+ * HMAC-SHA256(secret, "KVBAMTK2" || nonce_w || nonce_l || u64 epoch)[0..16).
+ *
+ * Same-host proof (direct lane), before the reply when the listener has
+ * segments in shared files, secret or not:
+ * local     "KVBHP001" u32 total u32 pid u32 fd u32 host_len host
+ *           (a one-time memfd of the listener holding 32 random bytes v)
+ * localok   "KVBHL001" u32 total mac[32]   HMAC-SHA256(v, "KVBLOCL1" ||
+ *           the connection's client address, port, server address, port)
+ * The reply carries the shared-file table (pid, fds, nonces) only when the
+ * proof is right: only a process of this host that can open the listener's
+ * descriptors reads v, and the addresses bind the proof to this TCP
+ * connection, so a relay cannot pass a local writer's proof on.
  * Integers little-endian. */
 #ifndef KVB_ENGINE_HANDSHAKE_H
 #define KVB_ENGINE_HANDSHAKE_H
@@ -41,8 +56,14 @@
 #define KVB_HS_MAC_LEN 32
 #define KVB_HS_TOKEN_LEN 16
 #define KVB_HS_CHALLENGE_LEN (KVB_HS_MAGIC_LEN + 4 + KVB_HS_NONCE_LEN)
-#define KVB_HS_PROOF_LEN (KVB_HS_MAGIC_LEN + 4 + KVB_HS_MAC_LEN)
+#define KVB_HS_PROOF_LEN (KVB_HS_MAGIC_LEN + 4 + KVB_HS_NONCE_LEN + KVB_HS_MAC_LEN)
 #define KVB_HS_DENY_LEN (KVB_HS_MAGIC_LEN + 4)
+#define KVB_HS_SEAL_HDR (KVB_HS_MAGIC_LEN + 4 + KVB_HS_MAC_LEN) /* before the reply */
+#define KVB_HS_LOCAL_VALUE_LEN 32
+#define KVB_HS_LOCAL_MAX (KVB_HS_MAGIC_LEN + 4 + 12 + KVB_HS_MAX_HOST)
+#define KVB_HS_LOCALOK_LEN (KVB_HS_MAGIC_LEN + 4 + KVB_HS_MAC_LEN)
+#define KVB_HS_LOCAL_NAME "kvb-hs-local" /* the one-time memfd's name */
+#define KVB_HS_TUPLE_MAX 40              /* two (IPv6 address, port) pairs */
 
 typedef struct kvb__hs_seg {
     uint64_t addr;
@@ -90,12 +111,14 @@ kvb_status_t kvb__hs_request_encode(const char *sid, uint8_t **buf_p, size_t *le
 kvb_status_t kvb__hs_request_decode(const uint8_t *buf, size_t len, const uint8_t **sid_p,
                                     uint32_t *sid_len_p, char *why, size_t whylen);
 
-/* ---- authentication (only used when an engine secret is set) ---- */
+/* ---- authentication and the same-host proof ---- */
 typedef enum kvb__hs_kind {
     KVB_HS_MSG_UNKNOWN = 0,
     KVB_HS_MSG_REPLY,
     KVB_HS_MSG_CHALLENGE,
-    KVB_HS_MSG_DENY
+    KVB_HS_MSG_DENY,
+    KVB_HS_MSG_SEALED,
+    KVB_HS_MSG_LOCAL
 } kvb__hs_kind_t;
 
 /* What a message read by a writer is, by its magic only (decode to validate). */
@@ -106,18 +129,51 @@ void kvb__hs_challenge_encode(const uint8_t nonce[KVB_HS_NONCE_LEN],
 /* *nonce_p points into buf. KVB_ERR_PROTO (reason in why) unless exact. */
 kvb_status_t kvb__hs_challenge_decode(const uint8_t *buf, size_t len, const uint8_t **nonce_p,
                                       char *why, size_t whylen);
-void kvb__hs_proof_encode(const uint8_t mac[KVB_HS_MAC_LEN], uint8_t out[KVB_HS_PROOF_LEN]);
-kvb_status_t kvb__hs_proof_decode(const uint8_t *buf, size_t len, const uint8_t **mac_p, char *why,
-                                  size_t whylen);
+void kvb__hs_proof_encode(const uint8_t nonce_w[KVB_HS_NONCE_LEN],
+                          const uint8_t mac[KVB_HS_MAC_LEN], uint8_t out[KVB_HS_PROOF_LEN]);
+kvb_status_t kvb__hs_proof_decode(const uint8_t *buf, size_t len, const uint8_t **nonce_w_p,
+                                  const uint8_t **mac_p, char *why, size_t whylen);
 void kvb__hs_deny_encode(uint8_t out[KVB_HS_DENY_LEN]);
 kvb_status_t kvb__hs_deny_decode(const uint8_t *buf, size_t len, char *why, size_t whylen);
+/* Sealed reply: mac, then the reply message rep (malloc'ed into *buf_p). */
+kvb_status_t kvb__hs_sealed_encode(const uint8_t mac[KVB_HS_MAC_LEN], const uint8_t *rep,
+                                   size_t rep_len, uint8_t **buf_p, size_t *len_p);
+/* *mac_p and *rep_p point into buf; the reply itself is not checked here. */
+kvb_status_t kvb__hs_sealed_decode(const uint8_t *buf, size_t len, const uint8_t **mac_p,
+                                   const uint8_t **rep_p, size_t *rep_len_p, char *why,
+                                   size_t whylen);
+/* Same-host challenge; returns the encoded length (<= KVB_HS_LOCAL_MAX). */
+size_t kvb__hs_local_encode(uint32_t pid, uint32_t fd, const char *host,
+                            uint8_t out[KVB_HS_LOCAL_MAX]);
+kvb_status_t kvb__hs_local_decode(const uint8_t *buf, size_t len, uint32_t *pid_p, uint32_t *fd_p,
+                                  const uint8_t **host_p, uint32_t *host_len_p, char *why,
+                                  size_t whylen);
+void kvb__hs_localok_encode(const uint8_t mac[KVB_HS_MAC_LEN], uint8_t out[KVB_HS_LOCALOK_LEN]);
+kvb_status_t kvb__hs_localok_decode(const uint8_t *buf, size_t len, const uint8_t **mac_p,
+                                    char *why, size_t whylen);
 
-/* The proof a writer whose session id is sid sends for nonce. KVB_ERR_IO if
+/* The writer's proof over both nonces (writer session id sid). KVB_ERR_IO if
  * the crypto library fails (it does not for these inputs). */
-kvb_status_t kvb__hs_auth_mac(const char *secret, const uint8_t nonce[KVB_HS_NONCE_LEN],
-                              const uint8_t *sid, uint32_t sid_len, uint8_t mac[KVB_HS_MAC_LEN]);
-/* The write-message token of the listener incarnation with this epoch. */
-kvb_status_t kvb__hs_am_token(const char *secret, uint64_t epoch, uint8_t token[KVB_HS_TOKEN_LEN]);
+kvb_status_t kvb__hs_auth_mac(const char *secret, const uint8_t nonce_l[KVB_HS_NONCE_LEN],
+                              const uint8_t nonce_w[KVB_HS_NONCE_LEN], const uint8_t *sid,
+                              uint32_t sid_len, uint8_t mac[KVB_HS_MAC_LEN]);
+/* The listener's proof, sealing the reply message rep. */
+kvb_status_t kvb__hs_reply_mac(const char *secret, const uint8_t nonce_l[KVB_HS_NONCE_LEN],
+                               const uint8_t nonce_w[KVB_HS_NONCE_LEN], const uint8_t *sid,
+                               uint32_t sid_len, const uint8_t *rep, size_t rep_len,
+                               uint8_t mac[KVB_HS_MAC_LEN]);
+/* The write-message token of one connection (both nonces, listener epoch). */
+kvb_status_t kvb__hs_am_token(const char *secret, const uint8_t nonce_w[KVB_HS_NONCE_LEN],
+                              const uint8_t nonce_l[KVB_HS_NONCE_LEN], uint64_t epoch,
+                              uint8_t token[KVB_HS_TOKEN_LEN]);
+/* The same-host proof: HMAC keyed by the one-time value over the tuple. */
+kvb_status_t kvb__hs_local_mac(const uint8_t value[KVB_HS_LOCAL_VALUE_LEN], const uint8_t *tuple,
+                               size_t tuple_len, uint8_t mac[KVB_HS_MAC_LEN]);
+/* The connected TCP socket fd as (client address, port, server address,
+ * port), IPv4-mapped addresses as IPv4: both ends of one connection get the
+ * same bytes (listener: the peer is the client). false if fd has no
+ * addresses. */
+bool kvb__hs_conn_tuple(int fd, bool listener, uint8_t out[KVB_HS_TUPLE_MAX], size_t *len_p);
 /* Constant-time equality of n bytes (time independent of where they differ). */
 bool kvb__ct_equal(const void *a, const void *b, size_t n);
 

@@ -9,8 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 void kvb__conn_get(kvb__conn_t *c)
@@ -81,48 +84,185 @@ static void set_keepalive(int fd, double peer_timeout_s)
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof(ut));
 }
 
-/* The listener's first answer is a challenge when it has an engine secret:
- * prove ours and read what follows. On return *rep_p holds the reply (or a
- * refusal turned into KVB_ERR_AUTH). */
-static kvb_status_t answer_challenge(kvb_engine_h eng, int fd, uint64_t deadline, uint8_t **rep_p,
-                                     size_t *rep_len_p, bool *challenged_p, char *why, size_t wl)
+/* A writer's side of one handshake: the last message read, the reply in it,
+ * and, with an engine secret, both nonces (they key the connection's token). */
+typedef struct hs_out {
+    uint8_t *msg;
+    size_t len;
+    const uint8_t *rep; /* the reply message inside msg */
+    size_t rep_len;
+    bool authed;
+    uint8_t nonce_l[KVB_HS_NONCE_LEN], nonce_w[KVB_HS_NONCE_LEN];
+} hs_out_t;
+
+static kvb_status_t next_msg(int fd, uint64_t deadline, hs_out_t *o, char *why, size_t wl)
+{
+    free(o->msg);
+    o->msg = NULL;
+    return kvb__sock_read_msg(fd, NULL, KVB_HS_MAX_MSG + KVB_HS_SEAL_HDR, deadline, &o->msg,
+                              &o->len, why, wl);
+}
+
+/* Engine secret set: the listener's first answer must be a challenge (no
+ * downgrade); prove the secret over its nonce and ours, read what follows. */
+static kvb_status_t prove(kvb_engine_h eng, int fd, uint64_t deadline, hs_out_t *o, char *why,
+                          size_t wl)
 {
     const uint8_t *nonce;
     uint8_t mac[KVB_HS_MAC_LEN], proof[KVB_HS_PROOF_LEN];
-    kvb_status_t st;
-    *challenged_p = false;
-    if (kvb__hs_kind(*rep_p, *rep_len_p) == KVB_HS_MSG_CHALLENGE) {
-        st = kvb__hs_challenge_decode(*rep_p, *rep_len_p, &nonce, why, wl);
-        if (st != KVB_OK)
-            return st;
-        if (eng->secret == NULL) {
-            snprintf(why, wl,
-                     "authentication failed: the peer requires an engine secret and none is "
-                     "set (KVBRIDGE_ENGINE_SECRET)");
-            return KVB_ERR_AUTH;
-        }
-        st = kvb__hs_auth_mac(eng->secret, nonce, (const uint8_t *)eng->sid,
-                              (uint32_t)strlen(eng->sid), mac);
-        if (st != KVB_OK)
-            return st;
-        kvb__hs_proof_encode(mac, proof);
-        free(*rep_p);
-        *rep_p = NULL;
-        *challenged_p = true;
-        st = kvb__sock_write_all(fd, proof, sizeof(proof), deadline);
-        if (st == KVB_OK)
-            st = kvb__sock_read_msg(fd, NULL, KVB_HS_MAX_MSG, deadline, rep_p, rep_len_p, why, wl);
-        if (st != KVB_OK)
-            return st;
-    }
-    if (kvb__hs_kind(*rep_p, *rep_len_p) == KVB_HS_MSG_DENY) {
-        st = kvb__hs_deny_decode(*rep_p, *rep_len_p, why, wl);
-        if (st != KVB_OK)
-            return st;
-        snprintf(why, wl, "authentication failed: the peer refused our engine secret");
+    if (kvb__hs_kind(o->msg, o->len) != KVB_HS_MSG_CHALLENGE) {
+        snprintf(why, wl,
+                 "authentication failed: the listener answered without the engine-secret "
+                 "challenge (it has no secret, or is not the real listener); a writer with a "
+                 "secret refuses it");
         return KVB_ERR_AUTH;
     }
-    return KVB_OK;
+    kvb_status_t st = kvb__hs_challenge_decode(o->msg, o->len, &nonce, why, wl);
+    if (st != KVB_OK)
+        return st;
+    memcpy(o->nonce_l, nonce, KVB_HS_NONCE_LEN);
+    if (getrandom(o->nonce_w, KVB_HS_NONCE_LEN, 0) != KVB_HS_NONCE_LEN) {
+        snprintf(why, wl, "no random nonce: %s", strerror(errno));
+        return KVB_ERR_IO;
+    }
+    st = kvb__hs_auth_mac(eng->secret, o->nonce_l, o->nonce_w, (const uint8_t *)eng->sid,
+                          (uint32_t)strlen(eng->sid), mac);
+    if (st != KVB_OK)
+        return st;
+    kvb__hs_proof_encode(o->nonce_w, mac, proof);
+    st = kvb__sock_write_all(fd, proof, sizeof(proof), deadline);
+    if (st == KVB_OK)
+        st = next_msg(fd, deadline, o, why, wl);
+    if (st == KVB_OK && kvb__hs_kind(o->msg, o->len) == KVB_HS_MSG_DENY) {
+        st = kvb__hs_deny_decode(o->msg, o->len, why, wl);
+        if (st == KVB_OK) {
+            snprintf(why, wl, "authentication failed: the peer refused our engine secret");
+            st = KVB_ERR_AUTH;
+        }
+    }
+    o->authed = st == KVB_OK;
+    return st;
+}
+
+static bool is_local_file(const char *link_path)
+{
+    static const char want[] = "/memfd:" KVB_HS_LOCAL_NAME " ";
+    char link[128];
+    ssize_t n = readlink(link_path, link, sizeof(link) - 1);
+    if (n <= 0)
+        return false;
+    link[n] = '\0';
+    return strncmp(link, want, strlen(want)) == 0;
+}
+
+/* The 32 bytes of the listener's one-time file, only if pid/fd names such a
+ * file here: a listener elsewhere cannot make us open or read anything else
+ * (checked before the open, and again on what was opened). */
+static bool read_local_value(uint32_t pid, uint32_t fdn, uint8_t value[KVB_HS_LOCAL_VALUE_LEN])
+{
+    char path[64], self[64];
+    struct stat sb;
+    snprintf(path, sizeof(path), "/proc/%u/fd/%u", pid, fdn);
+    if (!is_local_file(path))
+        return false;
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (f < 0)
+        return false;
+    snprintf(self, sizeof(self), "/proc/self/fd/%d", f);
+    bool ok = is_local_file(self) && fstat(f, &sb) == 0 && sb.st_size == KVB_HS_LOCAL_VALUE_LEN &&
+              pread(f, value, KVB_HS_LOCAL_VALUE_LEN, 0) == KVB_HS_LOCAL_VALUE_LEN;
+    close(f);
+    return ok;
+}
+
+/* A same-host challenge: prove we run on the listener's host (it then sends
+ * its shared-file table); a zero MAC when we cannot or its host differs. */
+static kvb_status_t answer_local(kvb_engine_h eng, int fd, uint64_t deadline, hs_out_t *o,
+                                 char *why, size_t wl)
+{
+    uint32_t pid, fdn, hl;
+    const uint8_t *host;
+    uint8_t value[KVB_HS_LOCAL_VALUE_LEN], tuple[KVB_HS_TUPLE_MAX], mac[KVB_HS_MAC_LEN] = {0};
+    uint8_t msg[KVB_HS_LOCALOK_LEN];
+    size_t tl;
+    if (kvb__hs_kind(o->msg, o->len) != KVB_HS_MSG_LOCAL)
+        return KVB_OK;
+    kvb_status_t st = kvb__hs_local_decode(o->msg, o->len, &pid, &fdn, &host, &hl, why, wl);
+    if (st != KVB_OK)
+        return st;
+    if (hl == strlen(eng->host_id) && memcmp(host, eng->host_id, hl) == 0 &&
+        kvb__hs_conn_tuple(fd, false, tuple, &tl) && read_local_value(pid, fdn, value)) {
+        st = kvb__hs_local_mac(value, tuple, tl, mac);
+        explicit_bzero(value, sizeof(value));
+        if (st != KVB_OK)
+            return st;
+    }
+    kvb__hs_localok_encode(mac, msg);
+    st = kvb__sock_write_all(fd, msg, sizeof(msg), deadline);
+    return st == KVB_OK ? next_msg(fd, deadline, o, why, wl) : st;
+}
+
+/* The reply: as is without a secret; with one, it must come sealed with the
+ * listener's MAC over both nonces (the listener knows the secret, and no
+ * relay changed the worker address or the table). */
+static kvb_status_t open_reply(kvb_engine_h eng, hs_out_t *o, char *why, size_t wl)
+{
+    const uint8_t *mac;
+    uint8_t want[KVB_HS_MAC_LEN];
+    kvb__hs_kind_t k = kvb__hs_kind(o->msg, o->len);
+    if (!o->authed) {
+        o->rep = o->msg;
+        o->rep_len = o->len;
+        return KVB_OK;
+    }
+    if (k != KVB_HS_MSG_SEALED) {
+        snprintf(why, wl,
+                 "authentication failed: the listener did not prove the engine secret (its "
+                 "reply is not sealed)");
+        return KVB_ERR_AUTH;
+    }
+    kvb_status_t st = kvb__hs_sealed_decode(o->msg, o->len, &mac, &o->rep, &o->rep_len, why, wl);
+    if (st == KVB_OK)
+        st = kvb__hs_reply_mac(eng->secret, o->nonce_l, o->nonce_w, (const uint8_t *)eng->sid,
+                               (uint32_t)strlen(eng->sid), o->rep, o->rep_len, want);
+    if (st == KVB_OK && !kvb__ct_equal(mac, want, sizeof(want))) {
+        snprintf(why, wl,
+                 "authentication failed: the listener did not prove the engine secret (its "
+                 "reply's MAC is wrong: another secret there, or the reply was altered on the "
+                 "way)");
+        st = KVB_ERR_AUTH;
+    }
+    return st;
+}
+
+/* Request, then the listener's answers (challenge, same-host proof, reply)
+ * in the order handshake.h gives; on success o->rep is the reply. */
+static kvb_status_t exchange(kvb_engine_h eng, int fd, uint64_t deadline, hs_out_t *o, char *why,
+                             size_t wl)
+{
+    uint8_t *req = NULL;
+    size_t req_len;
+    kvb_status_t st = kvb__hs_request_encode(eng->sid, &req, &req_len);
+    if (st == KVB_OK)
+        st = kvb__sock_write_all(fd, req, req_len, deadline);
+    free(req);
+    if (st == KVB_OK)
+        st = next_msg(fd, deadline, o, why, wl);
+    if (st != KVB_OK)
+        return st;
+    if (eng->secret != NULL) {
+        st = prove(eng, fd, deadline, o, why, wl);
+    } else if (kvb__hs_kind(o->msg, o->len) == KVB_HS_MSG_CHALLENGE) {
+        snprintf(why, wl,
+                 "authentication failed: the peer requires an engine secret and none is "
+                 "set (KVBRIDGE_ENGINE_SECRET)");
+        st = KVB_ERR_AUTH;
+    }
+    if (st == KVB_OK)
+        st = answer_local(eng, fd, deadline, o, why, wl);
+    if (st == KVB_OK)
+        st = open_reply(eng, o, why, wl);
+    return st;
 }
 
 /* Blocking handshake on the caller's thread, then the progress thread turns
@@ -130,26 +270,16 @@ static kvb_status_t answer_challenge(kvb_engine_h eng, int fd, uint64_t deadline
 static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t deadline,
                               kvb__conn_t **conn_p)
 {
-    uint8_t *req = NULL, *rep = NULL;
-    size_t req_len, rep_len;
+    hs_out_t o = {0};
     kvb__hs_reply_t reply;
     kvb__cmd_t cmd = {0};
     char why[256] = "";
-    bool challenged = false;
     int fd = -1;
     kvb_status_t st = kvb__sock_connect(s->host, s->port, deadline, &fd, why, sizeof(why));
     if (st == KVB_OK)
-        st = kvb__hs_request_encode(eng->sid, &req, &req_len);
+        st = exchange(eng, fd, deadline, &o, why, sizeof(why));
     if (st == KVB_OK)
-        st = kvb__sock_write_all(fd, req, req_len, deadline);
-    if (st == KVB_OK)
-        st = kvb__sock_read_msg(fd, NULL, KVB_HS_MAX_MSG, deadline, &rep, &rep_len, why,
-                                sizeof(why));
-    if (st == KVB_OK)
-        st = answer_challenge(eng, fd, deadline, &rep, &rep_len, &challenged, why, sizeof(why));
-    if (st == KVB_OK)
-        st = kvb__hs_reply_decode(rep, rep_len, &reply, why, sizeof(why));
-    free(req);
+        st = kvb__hs_reply_decode(o.rep, o.rep_len, &reply, why, sizeof(why));
     if (st == KVB_OK) {
         set_keepalive(fd, eng->params.peer_timeout_s);
         cmd.kind = CMD_CONNECT;
@@ -157,10 +287,11 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
         cmd.conn = calloc(1, sizeof(*cmd.conn));
         if (cmd.conn == NULL)
             st = KVB_ERR_NOMEM;
-        else if (challenged)
-            st = kvb__hs_am_token(eng->secret, reply.epoch, cmd.conn->am_token);
+        else if (o.authed)
+            st = kvb__hs_am_token(eng->secret, o.nonce_w, o.nonce_l, reply.epoch,
+                                  cmd.conn->am_token);
         if (cmd.conn != NULL)
-            cmd.conn->am_auth = challenged;
+            cmd.conn->am_auth = o.authed;
         if (st != KVB_OK)
             kvb__hs_reply_free(&reply);
     }
@@ -184,7 +315,7 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
             kvb__direct_attach(eng, cmd.conn, &reply);
         kvb__hs_reply_free(&reply);
     }
-    free(rep);
+    free(o.msg);
     if (fd >= 0)
         close(fd);
     if (st != KVB_OK) {

@@ -711,6 +711,24 @@ static struct kvb_xfer *find_active(kvb_engine_h eng, uint64_t id)
     return NULL;
 }
 
+/* Did this ack come over x's own endpoint? A target answers only for the
+ * writes it received; which message it names is checked by win_take. */
+static bool ack_from_conn(const struct kvb_xfer *x, const ucp_am_recv_param_t *param)
+{
+    return (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) && param->reply_ep == x->conn->ep;
+}
+
+static void ack_ignored(kvb_engine_h eng, uint64_t xid, uint64_t mid, const struct kvb_xfer *x)
+{
+    uint64_t n = ++eng->acks_ignored;
+    if ((n & (n - 1)) == 0) /* 1st, 2nd, 4th, ...: no log flood */
+        KVB_LOGW("engine %s: ignored an ack for transfer %llu message %llx: %s (%llu so far)",
+                 eng->sid, (unsigned long long)xid, (unsigned long long)mid,
+                 x == NULL ? "no such transfer in flight"
+                           : "not from the transfer's connection, or no such message awaits one",
+                 (unsigned long long)n);
+}
+
 static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *data, size_t length,
                               const ucp_am_recv_param_t *param)
 {
@@ -722,8 +740,10 @@ static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *
     if (!kvb__am_parse_ack(header, hlen, &st, &xid, &mid, &why, &rl))
         return UCS_OK;
     struct kvb_xfer *x = find_active(eng, xid);
-    if (x == NULL || x->abandoned || !win_take(x, (uint32_t)mid))
-        return UCS_OK; /* not a message of ours in flight */
+    if (x == NULL || x->abandoned || !ack_from_conn(x, param) || !win_take(x, (uint32_t)mid)) {
+        ack_ignored(eng, xid, mid, x); /* not a message of ours in flight */
+        return UCS_OK;
+    }
     x->msgs_acked++;
     if (st != KVB_OK) {
         char reason[404];

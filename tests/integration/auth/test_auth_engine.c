@@ -105,11 +105,13 @@ static void test_secret(kvb_transport_t tr)
         kvb__conn_put(c);
     }
 
-    /* a writer with a secret talks to a listener without one as before */
+    /* a writer with a secret refuses a listener without one (downgrade;
+     * tests/integration/auth/test_auth_mutual.c has the attacks) */
     memset(none.buf, 0x00, LEN);
     memset(right.buf, 0x44, LEN);
-    CHECK_EQ(write_all(&right, &none), KVB_OK);
-    CHECK(all(none.buf, LEN, 0x44));
+    CHECK_EQ(write_all(&right, &none), KVB_ERR_AUTH);
+    CHECK_STR_CONTAINS(kvb_engine_last_error(right.eng), "without the engine-secret challenge");
+    CHECK(all(none.buf, LEN, 0x00));
 
     side_free(&right);
     side_free(&wrong);
@@ -145,6 +147,7 @@ static void test_raw_peer(void)
     uint16_t port;
     int fd;
     uint8_t *req, *msg, proof[KVB_HS_PROOF_LEN], mac[KVB_HS_MAC_LEN] = {0};
+    uint8_t nonce_w[KVB_HS_NONCE_LEN] = {0};
     size_t req_len, len;
     const uint8_t *nonce;
     uint64_t dl = kvb__now_ns() + 3000000000ull;
@@ -157,7 +160,7 @@ static void test_raw_peer(void)
     CHECK_EQ(len, KVB_HS_CHALLENGE_LEN);
     CHECK_EQ(kvb__hs_challenge_decode(msg, len, &nonce, why, sizeof(why)), KVB_OK);
     free(msg);
-    kvb__hs_proof_encode(mac, proof);
+    kvb__hs_proof_encode(nonce_w, mac, proof);
     CHECK_EQ(kvb__sock_write_all(fd, proof, sizeof(proof), dl), KVB_OK);
     CHECK_EQ(kvb__sock_read_msg(fd, NULL, KVB_HS_MAX_MSG, dl, &msg, &len, why, sizeof(why)),
              KVB_OK);

@@ -1,7 +1,11 @@
 #include "engine/handshake.h"
 #include "kvb_test.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 static kvb__hs_reply_t sample(kvb__hs_seg_t *segs)
 {
@@ -112,50 +116,159 @@ static void hex(const uint8_t *b, size_t n, char *out)
 }
 
 /* Challenge, proof, denial: exact sizes only, magic checked, kinds told apart;
- * the MAC and token match Python's hmac module for the same inputs. */
+ * the MACs and the token match Python's hmac module for the same inputs
+ * (hmac.new(b"Jefe", b"KVBAUTH2" + nonce_l + nonce_w + sid, sha256), ...). */
 static void test_auth(void)
 {
-    uint8_t nonce[KVB_HS_NONCE_LEN], chal[KVB_HS_CHALLENGE_LEN], proof[KVB_HS_PROOF_LEN];
-    uint8_t deny[KVB_HS_DENY_LEN], mac[KVB_HS_MAC_LEN], tok[KVB_HS_TOKEN_LEN];
-    const uint8_t *p;
+    uint8_t nl[KVB_HS_NONCE_LEN], nw[KVB_HS_NONCE_LEN], chal[KVB_HS_CHALLENGE_LEN];
+    uint8_t proof[KVB_HS_PROOF_LEN], deny[KVB_HS_DENY_LEN], mac[KVB_HS_MAC_LEN];
+    uint8_t tok[KVB_HS_TOKEN_LEN], tok2[KVB_HS_TOKEN_LEN];
+    const uint8_t *p, *q, *sid = (const uint8_t *)"127.0.0.1:5000";
     char why[200], h[2 * KVB_HS_MAC_LEN + 1];
-    for (int i = 0; i < KVB_HS_NONCE_LEN; i++)
-        nonce[i] = (uint8_t)i;
-    kvb__hs_challenge_encode(nonce, chal);
+    for (int i = 0; i < KVB_HS_NONCE_LEN; i++) {
+        nl[i] = (uint8_t)i;
+        nw[i] = (uint8_t)(32 + i);
+    }
+    kvb__hs_challenge_encode(nl, chal);
     CHECK_EQ(kvb__hs_kind(chal, sizeof(chal)), KVB_HS_MSG_CHALLENGE);
     CHECK_EQ(kvb__hs_challenge_decode(chal, sizeof(chal), &p, why, sizeof(why)), KVB_OK);
-    CHECK(memcmp(p, nonce, sizeof(nonce)) == 0);
+    CHECK(memcmp(p, nl, sizeof(nl)) == 0);
     for (size_t cut = 0; cut < sizeof(chal); cut++)
         CHECK_EQ(kvb__hs_challenge_decode(chal, cut, &p, why, sizeof(why)), KVB_ERR_PROTO);
-    CHECK_EQ(kvb__hs_proof_decode(chal, sizeof(chal), &p, why, sizeof(why)), KVB_ERR_PROTO);
+    CHECK_EQ(kvb__hs_proof_decode(chal, sizeof(chal), &p, &q, why, sizeof(why)), KVB_ERR_PROTO);
 
-    CHECK_EQ(kvb__hs_auth_mac("Jefe", nonce, (const uint8_t *)"127.0.0.1:5000", 14, mac), KVB_OK);
+    CHECK_EQ(kvb__hs_auth_mac("Jefe", nl, nw, sid, 14, mac), KVB_OK);
     hex(mac, sizeof(mac), h);
-    CHECK(strcmp(h, "4edbfa31c4df44ae46e187a2a2e9967f14b525adc14113ba9b733a4b75d880c8") == 0);
-    kvb__hs_proof_encode(mac, proof);
+    CHECK(strcmp(h, "9fde64d4b90520edd4e79d039e02da3e17e8ef6afeef44fde7681068e856ebfc") == 0);
+    kvb__hs_proof_encode(nw, mac, proof);
+    CHECK_EQ(sizeof(proof), 76);
     CHECK_EQ(kvb__hs_kind(proof, sizeof(proof)), KVB_HS_MSG_UNKNOWN); /* writers never read it */
-    CHECK_EQ(kvb__hs_proof_decode(proof, sizeof(proof), &p, why, sizeof(why)), KVB_OK);
-    CHECK(kvb__ct_equal(p, mac, sizeof(mac)));
-    CHECK_EQ(kvb__hs_proof_decode(proof, sizeof(proof) - 1, &p, why, sizeof(why)), KVB_ERR_PROTO);
+    CHECK_EQ(kvb__hs_proof_decode(proof, sizeof(proof), &p, &q, why, sizeof(why)), KVB_OK);
+    CHECK(memcmp(p, nw, sizeof(nw)) == 0 && kvb__ct_equal(q, mac, sizeof(mac)));
+    CHECK_EQ(kvb__hs_proof_decode(proof, sizeof(proof) - 1, &p, &q, why, sizeof(why)),
+             KVB_ERR_PROTO);
     proof[9] ^= 1; /* length field */
-    CHECK_EQ(kvb__hs_proof_decode(proof, sizeof(proof), &p, why, sizeof(why)), KVB_ERR_PROTO);
+    CHECK_EQ(kvb__hs_proof_decode(proof, sizeof(proof), &p, &q, why, sizeof(why)), KVB_ERR_PROTO);
+    proof[9] ^= 1;
+    memcpy(proof, "KVBHA001", 8); /* the old one-way proof's magic */
+    CHECK_EQ(kvb__hs_proof_decode(proof, sizeof(proof), &p, &q, why, sizeof(why)), KVB_ERR_PROTO);
 
-    /* a different sid or secret gives a different proof */
+    /* a different sid, secret or writer nonce gives a different proof */
     uint8_t mac2[KVB_HS_MAC_LEN];
-    CHECK_EQ(kvb__hs_auth_mac("Jefe", nonce, (const uint8_t *)"127.0.0.1:5001", 14, mac2), KVB_OK);
+    CHECK_EQ(kvb__hs_auth_mac("Jefe", nl, nw, (const uint8_t *)"127.0.0.1:5001", 14, mac2), KVB_OK);
     CHECK(!kvb__ct_equal(mac, mac2, sizeof(mac)));
-    CHECK_EQ(kvb__hs_auth_mac("Jeff", nonce, (const uint8_t *)"127.0.0.1:5000", 14, mac2), KVB_OK);
+    CHECK_EQ(kvb__hs_auth_mac("Jeff", nl, nw, sid, 14, mac2), KVB_OK);
+    CHECK(!kvb__ct_equal(mac, mac2, sizeof(mac)));
+    CHECK_EQ(kvb__hs_auth_mac("Jefe", nl, nl, sid, 14, mac2), KVB_OK);
     CHECK(!kvb__ct_equal(mac, mac2, sizeof(mac)));
 
-    CHECK_EQ(kvb__hs_am_token("Jefe", 0x1122334455667788ull, tok), KVB_OK);
+    /* the token is per connection: other nonces, other token */
+    CHECK_EQ(kvb__hs_am_token("Jefe", nw, nl, 0x1122334455667788ull, tok), KVB_OK);
     hex(tok, sizeof(tok), h);
-    CHECK(strcmp(h, "68474012441eb88bc4df802ce94968a6") == 0);
+    CHECK(strcmp(h, "281569ca3f5c8c3c53287381b54e6f75") == 0);
+    nw[0] ^= 1;
+    CHECK_EQ(kvb__hs_am_token("Jefe", nw, nl, 0x1122334455667788ull, tok2), KVB_OK);
+    nw[0] ^= 1;
+    CHECK(!kvb__ct_equal(tok, tok2, sizeof(tok)));
 
     kvb__hs_deny_encode(deny);
     CHECK_EQ(kvb__hs_kind(deny, sizeof(deny)), KVB_HS_MSG_DENY);
     CHECK_EQ(kvb__hs_deny_decode(deny, sizeof(deny), why, sizeof(why)), KVB_OK);
     CHECK_EQ(kvb__hs_deny_decode(deny, sizeof(deny) - 1, why, sizeof(why)), KVB_ERR_PROTO);
     CHECK_EQ(kvb__hs_kind(deny, 4), KVB_HS_MSG_UNKNOWN);
+}
+
+/* Sealed reply: the listener's MAC covers both nonces, the writer's sid and
+ * every byte of the reply; the wrapper round-trips. */
+static void test_sealed(void)
+{
+    uint8_t nl[KVB_HS_NONCE_LEN], nw[KVB_HS_NONCE_LEN], mac[KVB_HS_MAC_LEN], mac2[KVB_HS_MAC_LEN];
+    const uint8_t *sid = (const uint8_t *)"127.0.0.1:5000", *m, *rep;
+    const uint8_t inner[] = "KVBHS002-ish";
+    uint8_t *buf;
+    size_t len, rep_len;
+    char why[200], h[2 * KVB_HS_MAC_LEN + 1];
+    for (int i = 0; i < KVB_HS_NONCE_LEN; i++) {
+        nl[i] = (uint8_t)i;
+        nw[i] = (uint8_t)(32 + i);
+    }
+    CHECK_EQ(kvb__hs_reply_mac("Jefe", nl, nw, sid, 14, inner, 12, mac), KVB_OK);
+    hex(mac, sizeof(mac), h);
+    CHECK(strcmp(h, "6204ab82f2df854ce9060e869cae6ad9e8d90543a489337c5142948ddb2ba58f") == 0);
+    /* one byte of the reply changed (a relay's worker address): another MAC */
+    CHECK_EQ(kvb__hs_reply_mac("Jefe", nl, nw, sid, 14, (const uint8_t *)"KVBHS002-isH", 12, mac2),
+             KVB_OK);
+    CHECK(!kvb__ct_equal(mac, mac2, sizeof(mac)));
+    /* the proof a writer sends is not a valid seal (labels differ) */
+    CHECK_EQ(kvb__hs_auth_mac("Jefe", nl, nw, sid, 14, mac2), KVB_OK);
+    CHECK(!kvb__ct_equal(mac, mac2, sizeof(mac)));
+
+    CHECK_EQ(kvb__hs_sealed_encode(mac, inner, 12, &buf, &len), KVB_OK);
+    CHECK_EQ(len, KVB_HS_SEAL_HDR + 12);
+    CHECK_EQ(kvb__hs_kind(buf, len), KVB_HS_MSG_SEALED);
+    CHECK_EQ(kvb__hs_sealed_decode(buf, len, &m, &rep, &rep_len, why, sizeof(why)), KVB_OK);
+    CHECK(kvb__ct_equal(m, mac, sizeof(mac)) && rep_len == 12 && memcmp(rep, inner, 12) == 0);
+    for (size_t cut = 0; cut < KVB_HS_SEAL_HDR; cut++)
+        CHECK_EQ(kvb__hs_sealed_decode(buf, cut, &m, &rep, &rep_len, why, sizeof(why)),
+                 KVB_ERR_PROTO);
+    buf[8] ^= 1;
+    CHECK_EQ(kvb__hs_sealed_decode(buf, len, &m, &rep, &rep_len, why, sizeof(why)), KVB_ERR_PROTO);
+    free(buf);
+}
+
+/* Same-host challenge and answer; the connection tuple is the same bytes on
+ * both ends of one TCP connection, and differs between two connections. */
+static void test_local(void)
+{
+    uint8_t msg[KVB_HS_LOCAL_MAX], ok[KVB_HS_LOCALOK_LEN], mac[KVB_HS_MAC_LEN], val[32];
+    uint8_t tup[] = {127, 0, 0, 1, 0x13, 0x88, 127, 0, 0, 2, 0x00, 0x50};
+    const uint8_t *host, *m;
+    uint32_t pid, fd, hl;
+    char why[200], h[2 * KVB_HS_MAC_LEN + 1];
+    size_t n = kvb__hs_local_encode(4242, 17, "boot-id", msg);
+    CHECK_EQ(n, 12 + 12 + 7);
+    CHECK_EQ(kvb__hs_kind(msg, n), KVB_HS_MSG_LOCAL);
+    CHECK_EQ(kvb__hs_local_decode(msg, n, &pid, &fd, &host, &hl, why, sizeof(why)), KVB_OK);
+    CHECK(pid == 4242 && fd == 17 && hl == 7 && memcmp(host, "boot-id", 7) == 0);
+    for (size_t cut = 0; cut < n; cut++)
+        CHECK_EQ(kvb__hs_local_decode(msg, cut, &pid, &fd, &host, &hl, why, sizeof(why)),
+                 KVB_ERR_PROTO);
+    n = kvb__hs_local_encode(0, 17, "boot-id", msg); /* no process 0 */
+    CHECK_EQ(kvb__hs_local_decode(msg, n, &pid, &fd, &host, &hl, why, sizeof(why)), KVB_ERR_PROTO);
+
+    for (int i = 0; i < 32; i++)
+        val[i] = (uint8_t)(100 + i);
+    CHECK_EQ(kvb__hs_local_mac(val, tup, sizeof(tup), mac), KVB_OK);
+    hex(mac, sizeof(mac), h);
+    CHECK(strcmp(h, "dca9df5d4fe3b2ef581574ada36eff440df4424b9973a7773366fe52c0acd85e") == 0);
+    kvb__hs_localok_encode(mac, ok);
+    CHECK_EQ(kvb__hs_localok_decode(ok, sizeof(ok), &m, why, sizeof(why)), KVB_OK);
+    CHECK(kvb__ct_equal(m, mac, sizeof(mac)));
+    CHECK_EQ(kvb__hs_localok_decode(ok, sizeof(ok) - 1, &m, why, sizeof(why)), KVB_ERR_PROTO);
+
+    /* tuples over real loopback connections */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0), c1 = socket(AF_INET, SOCK_STREAM, 0),
+        c2 = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    CHECK(bind(lfd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(lfd, 4) == 0);
+    CHECK(getsockname(lfd, (struct sockaddr *)&a, &al) == 0);
+    CHECK(connect(c1, (struct sockaddr *)&a, sizeof(a)) == 0);
+    CHECK(connect(c2, (struct sockaddr *)&a, sizeof(a)) == 0);
+    int s1 = accept(lfd, NULL, NULL), s2 = accept(lfd, NULL, NULL);
+    uint8_t tw[KVB_HS_TUPLE_MAX], tl1[KVB_HS_TUPLE_MAX], tl2[KVB_HS_TUPLE_MAX];
+    size_t nw, n1, n2;
+    CHECK(kvb__hs_conn_tuple(c1, false, tw, &nw));
+    CHECK(kvb__hs_conn_tuple(s1, true, tl1, &n1));
+    CHECK(kvb__hs_conn_tuple(s2, true, tl2, &n2));
+    CHECK(nw == 12 && n1 == 12 && memcmp(tw, tl1, nw) == 0);
+    CHECK(n2 == 12 && memcmp(tw, tl2, nw) != 0);     /* a relay's connection differs */
+    CHECK(!kvb__hs_conn_tuple(lfd, true, tl1, &n1)); /* not connected */
+    close(s1);
+    close(s2);
+    close(c1);
+    close(c2);
+    close(lfd);
 }
 
 /* ---- shared-file table (direct lane) ---- */
@@ -416,6 +529,8 @@ int main(void)
     test_hostile();
     test_request_and_sid();
     test_auth();
+    test_sealed();
+    test_local();
     test_shm_roundtrip();
     test_shm_hostile();
     TEST_PASS("handshake codec");
