@@ -78,6 +78,43 @@ static void room_free(kvb__room_t *r)
     free(r);
 }
 
+kvb__room_t *kvb__room_wire_admit(struct kvb_manager *m, uint64_t id, uint64_t bytes)
+{
+    kvb__room_t *r = kvb__room_find(m, id);
+    uint64_t add = bytes + (r == NULL ? sizeof(*r) : 0);
+    if (r != NULL && !r->wire)
+        return r; /* a sender's room: the application bounds it */
+    if ((r == NULL && m->wire_rooms >= m->max_wire_rooms) ||
+        m->wire_room_bytes + add > m->max_wire_room_bytes) {
+        uint64_t k = ++m->wire_rooms_refused;
+        if ((k & (k - 1)) == 0)
+            KVB_LOGW("manager %s: message for room %llu refused: %llu rooms / %llu bytes named "
+                     "by peers without a sender (KVBRIDGE_MAX_WIRE_ROOMS / "
+                     "KVBRIDGE_MAX_WIRE_ROOM_BYTES); %llu refused so far",
+                     m->endpoint, (unsigned long long)id, (unsigned long long)m->wire_rooms,
+                     (unsigned long long)m->wire_room_bytes, (unsigned long long)k);
+        return NULL;
+    }
+    if (r == NULL && (r = kvb__room_get(m, id)) == NULL)
+        return NULL;
+    if (!r->wire)
+        m->wire_rooms++;
+    r->wire = 1;
+    r->wire_bytes += add;
+    m->wire_room_bytes += add;
+    return r;
+}
+
+void kvb__room_unwire(struct kvb_manager *m, kvb__room_t *r)
+{
+    if (!r->wire)
+        return;
+    m->wire_rooms--;
+    m->wire_room_bytes -= r->wire_bytes;
+    r->wire = 0;
+    r->wire_bytes = 0;
+}
+
 void kvb__room_remove(struct kvb_manager *m, uint64_t id)
 {
     kvb__room_t **pp = &m->buckets[bucket_of(m, id)];
@@ -88,6 +125,7 @@ void kvb__room_remove(struct kvb_manager *m, uint64_t id)
     kvb__room_t *r = *pp;
     *pp = r->next;
     m->n_rooms--;
+    kvb__room_unwire(m, r);
     room_free(r);
 }
 
@@ -142,6 +180,7 @@ void kvb__rooms_sweep(struct kvb_manager *m, double now)
             if (!r->has_handle && r->inflight == 0 && now - since > ttl) {
                 *pp = r->next;
                 m->n_rooms--;
+                kvb__room_unwire(m, r);
                 room_free(r);
                 continue;
             }
