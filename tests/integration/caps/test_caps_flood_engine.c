@@ -75,9 +75,9 @@ static int raw_handshake(uint16_t port)
     CHECK_EQ(kvb__hs_request_encode("127.0.0.2:9", &req, &req_len), KVB_OK);
     CHECK_EQ(write(fd, req, req_len), (ssize_t)req_len);
     (void)deadline;
-    CHECK_EQ(kvb__sock_read_msg(fd, NULL, 1 << 20, (uint64_t)0 - 1, &rep, &rep_len, why,
-                                sizeof(why)),
-             KVB_OK);
+    CHECK_EQ(
+        kvb__sock_read_msg(fd, NULL, 1 << 20, (uint64_t)0 - 1, &rep, &rep_len, why, sizeof(why)),
+        KVB_OK);
     free(req);
     free(rep);
     return fd;
