@@ -145,8 +145,27 @@ static void test_sessions(void)
     CHECK_EQ(l.sessions_evicted, SESS_FLOOD - SESS_CAP);
     CHECK_EQ(write_check(w, t, dst, 4096, 3), KVB_OK);
     CHECK_EQ(limits(w).sessions, SESS_CAP);
+    /* Live peers past the cap: idle sessions with a connection are freed
+     * (their connection retired), and a write to one of them again
+     * re-handshakes and lands. */
+    kvb_engine_h more[SESS_CAP + 1];
+    uint8_t *mdst[SESS_CAP + 1];
+    for (int i = 0; i <= SESS_CAP; i++) {
+        more[i] = make_engine();
+        mdst[i] = calloc(1, 1 << 16);
+        CHECK_EQ(kvb_engine_register(more[i], mdst[i], 1 << 16, KVB_MEM_HOST), KVB_OK);
+        CHECK_EQ(write_check(w, more[i], mdst[i], 4096, 10 + i), KVB_OK);
+        CHECK(limits(w).sessions <= SESS_CAP);
+    }
+    CHECK_EQ(write_check(w, t, dst, 4096, 4), KVB_OK); /* t was evicted: new handshake */
+    CHECK_EQ(write_check(w, more[0], mdst[0], 4096, 5), KVB_OK);
+    CHECK_EQ(limits(w).sessions, SESS_CAP);
     kvb_engine_destroy(w);
     kvb_engine_destroy(t);
+    for (int i = 0; i <= SESS_CAP; i++) {
+        kvb_engine_destroy(more[i]);
+        free(mdst[i]);
+    }
     free(dst);
     TEST_PASS("sessions capped (idle ones evicted); a good write lands");
 }
