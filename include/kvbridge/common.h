@@ -26,20 +26,21 @@ extern "C" {
  * that failed; see each layer's *_last_error(). */
 typedef enum kvb_status {
     KVB_OK = 0,
-    KVB_ERR_INVALID = -1,     /* bad argument or unsupported geometry */
-    KVB_ERR_NOMEM = -2,       /* allocation failed */
-    KVB_ERR_BOUNDS = -3,      /* range outside registered memory */
-    KVB_ERR_OVERLAP = -4,     /* registration overlaps an existing one */
-    KVB_ERR_NOT_FOUND = -5,   /* unknown region, session, rank or room */
-    KVB_ERR_TIMEOUT = -6,     /* a bound passed before completion */
-    KVB_ERR_PEER = -7,        /* peer unreachable, refused, reset or dead */
-    KVB_ERR_PROTO = -8,       /* malformed or unexpected message from a peer */
-    KVB_ERR_CANCELED = -9,    /* operation cancelled by the caller */
-    KVB_ERR_IO = -10,         /* local I/O or transport failure */
-    KVB_ERR_INPROGRESS = -11, /* not finished yet (test functions) */
-    KVB_ERR_AUTH = -12,       /* authentication failed */
-    KVB_ERR_STATE = -13,      /* call not valid in the object's state */
-    KVB_ERR_UNSUPPORTED = -14 /* feature not available in this build */
+    KVB_ERR_INVALID = -1,      /* bad argument or unsupported geometry */
+    KVB_ERR_NOMEM = -2,        /* allocation failed */
+    KVB_ERR_BOUNDS = -3,       /* range outside registered memory */
+    KVB_ERR_OVERLAP = -4,      /* registration overlaps an existing one */
+    KVB_ERR_NOT_FOUND = -5,    /* unknown region, session, rank or room */
+    KVB_ERR_TIMEOUT = -6,      /* a bound passed before completion */
+    KVB_ERR_PEER = -7,         /* peer unreachable, refused, reset or dead */
+    KVB_ERR_PROTO = -8,        /* malformed or unexpected message from a peer */
+    KVB_ERR_CANCELED = -9,     /* operation cancelled by the caller */
+    KVB_ERR_IO = -10,          /* local I/O or transport failure */
+    KVB_ERR_INPROGRESS = -11,  /* not finished yet (test functions) */
+    KVB_ERR_AUTH = -12,        /* authentication failed */
+    KVB_ERR_STATE = -13,       /* call not valid in the object's state */
+    KVB_ERR_UNSUPPORTED = -14, /* feature not available in this build */
+    KVB_ERR_FENCED = -15       /* the target refused this writer (its grant was revoked) */
 } kvb_status_t;
 
 /* Short constant English text for a status ("ok", "out of bounds", ...).

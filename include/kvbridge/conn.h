@@ -288,14 +288,25 @@ KVB_API kvb_status_t kvb_receiver_init(kvb_receiver_h receiver, const int32_t *i
                                        const kvb_receiver_init_t *extra);
 
 /* Current status; checks the waiting time-out. After an abort, Failed is
- * reported only once every source confirmed that no write is in flight (or
- * was declared lost): only then may the pages be reused. */
+ * reported once every source confirmed that no write is in flight, or its
+ * writer grant was revoked (prefill declared lost) and the writes admitted
+ * under it ended, or KVBRIDGE_ABORT_ACK_TIMEOUT (30 s) passed without the
+ * confirmation. In the last two cases the writes may still land (a stopped
+ * prefill): the failure reason says so, and kvb_receiver_pages_safe() says
+ * when the pages may be reused (docs/engine.md, "The writer fence"). */
 KVB_API kvb_poll_t kvb_receiver_poll(kvb_receiver_h receiver);
 
 /* Abort: record "Aborted by AbortReq." and tell the sources to stop. */
 KVB_API void kvb_receiver_abort(kvb_receiver_h receiver);
 
 KVB_API void kvb_receiver_failure(kvb_receiver_h receiver, char *buf, size_t len);
+
+/* 1 when nothing can land in the room's pages any more: Success, or Failed
+ * with every source quiescent (confirmed the abort, or its revoked grant has
+ * no write left in flight); 0 while the room runs or a source may still
+ * write (re-checked on each call). Call before kvb_receiver_destroy. Any
+ * thread. */
+KVB_API int kvb_receiver_pages_safe(kvb_receiver_h receiver);
 
 /* Forget the room and free the receiver. Destroying a room that is not
  * terminal aborts it first (without waiting for the fence). */

@@ -217,16 +217,50 @@ typedef struct kvb_engine_limits {
  * its field_mask names. Thread-safe; cannot fail. */
 KVB_API void kvb_engine_limits(kvb_engine_h engine, kvb_engine_limits_t *limits_p);
 
-/* Writer fencing (message lane). A writer engine stamps every message-lane
- * write with its tag (0 = none; set once, before writing). A target engine
- * refuses every later message-lane write stamped with a fenced tag: the
- * writer's transfer fails (KVB_ERR_PEER, "writer fenced") and nothing of
- * it is placed. Used by the connector when a decode declares a prefill lost,
- * so writes the lost prefill issues later cannot land in pages the decode
- * already reused. Receives already in progress when the fence is set are not
- * stopped. Thread-safe. */
+/* ---- The writer fence ----
+ * A target admits a writer's writes by grant: (writer tag, epoch). The
+ * writer engine stamps its tag (kvb_engine_set_writer_tag, set once, before
+ * writing) and, per transfer, the epoch the target granted for that work
+ * (kvb_engine_write_async_ex). The target refuses every write, on every lane
+ * it can check (message lane and direct lane; the put lane cannot be checked
+ * by the target, see docs/engine.md), whose epoch is not a live grant of
+ * that tag: the writer's transfer fails KVB_ERR_FENCED ("writer fenced ...")
+ * and nothing of that write is placed. A revoked grant
+ * is never admitted again; new work gets a new grant. Thread-safe. */
+
+/* Target: a fresh epoch for writer tag (unique for this engine, above the
+ * epochs of earlier engines on this host while the clock does not go back).
+ * KVB_ERR_NOMEM past 4096 grants live or still draining. */
+KVB_API kvb_status_t kvb_engine_grant_writer(kvb_engine_h engine, uint32_t tag, uint64_t *epoch_p);
+
+/* Target: revoke (tag, epoch), then wait up to wait_s (<= 0: just look) for
+ * the writes admitted before the revoke (message-lane receives being placed,
+ * direct-lane units being copied) to end. KVB_OK: none is left, no byte of
+ * that grant can land from now on (also for a grant unknown or already
+ * drained). KVB_ERR_INPROGRESS: some may still land (a stalled writer); call
+ * again to re-check. A direct-lane writer process that no longer exists
+ * counts as ended. KVB_ERR_INVALID for tag or epoch 0. */
+KVB_API kvb_status_t kvb_engine_revoke_writer(kvb_engine_h engine, uint32_t tag, uint64_t epoch,
+                                              double wait_s);
+
+/* Legacy tag-only fence, for writes stamped epoch 0: fenced = 1 refuses
+ * every later epoch-0 write of tag, 0 lifts that. Epoch-0 receives already
+ * in progress are not waited for. The connector uses grants instead. */
 KVB_API void kvb_engine_set_writer_tag(kvb_engine_h engine, uint32_t tag);
 KVB_API void kvb_engine_fence_writer(kvb_engine_h engine, uint32_t tag, int fenced);
+
+enum { KVB_WRITE_PARAM_EPOCH = 1u << 0 };
+
+typedef struct kvb_write_params {
+    uint64_t field_mask; /* KVB_WRITE_PARAM_* */
+    uint64_t epoch;      /* the target's grant this write is made under (0: none) */
+} kvb_write_params_t;
+
+/* kvb_engine_write_async with parameters (NULL: the same as it). */
+KVB_API kvb_status_t kvb_engine_write_async_ex(kvb_engine_h engine, const char *session_id,
+                                               const kvb_block_t *blocks, size_t count,
+                                               const kvb_write_params_t *params,
+                                               kvb_xfer_h *xfer_p);
 
 #ifdef __cplusplus
 }

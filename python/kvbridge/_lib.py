@@ -34,6 +34,7 @@ KVB_ERR_INPROGRESS = -11
 KVB_ERR_AUTH = -12
 KVB_ERR_STATE = -13
 KVB_ERR_UNSUPPORTED = -14
+KVB_ERR_FENCED = -15
 
 STATUS_NAMES = {
     KVB_OK: "KVB_OK",
@@ -51,6 +52,7 @@ STATUS_NAMES = {
     KVB_ERR_AUTH: "KVB_ERR_AUTH",
     KVB_ERR_STATE: "KVB_ERR_STATE",
     KVB_ERR_UNSUPPORTED: "KVB_ERR_UNSUPPORTED",
+    KVB_ERR_FENCED: "KVB_ERR_FENCED",
 }
 
 
@@ -280,6 +282,7 @@ _PROTOTYPES = {
     "kvb_receiver_poll": (ctypes.c_int, [_P]),
     "kvb_receiver_abort": (None, [_P]),
     "kvb_receiver_failure": (None, [_P, ctypes.c_char_p, ctypes.c_size_t]),
+    "kvb_receiver_pages_safe": (ctypes.c_int, [_P]),
     "kvb_receiver_destroy": (None, [_P]),
 }
 

@@ -597,3 +597,11 @@ class KVReceiver(_Room):
                 raise self.kv_mgr._error(st, f"KVReceiver.init of room {self.bootstrap_room}")
         self._call(f)
         self.kv_indices_len = n
+
+    def pages_safe(self):
+        """True when nothing can land in this room's pages any more (Success,
+        or Failed with every source quiescent); False while it runs or while
+        a source that was declared lost or did not confirm an abort may still
+        write them (re-checked on each call; docs/engine.md, "The writer
+        fence"). Ask before clear()."""
+        return bool(self._call(lambda h: L.lib().kvb_receiver_pages_safe(h)))

@@ -92,6 +92,7 @@ typedef struct kvb__dst {
     uint8_t *mask; /* n_pages entries or NULL */
     int32_t *state_idx;
     size_t n_state;
+    uint64_t epoch; /* the decode's writer grant for this room (0: none sent) */
 } kvb__dst_t;
 
 /* A source of a decode room. */
@@ -101,6 +102,7 @@ typedef struct kvb__src {
     uint32_t tp_rank, pp_rank;
     uint32_t required_dst_info_num;
     int dummy;
+    uint64_t epoch; /* our writer grant to this source (0: dummy) */
 } kvb__src_t;
 
 typedef struct kvb__room {
@@ -134,7 +136,9 @@ typedef struct kvb__room {
     int wire;            /* prefill: created by a peer's message, no sender yet */
     uint64_t wire_bytes; /* what it counts against the wire-room byte cap */
     int fence_open;      /* abort/failure sent; waiting for terminal statuses */
-    int lost;            /* its prefill instance was declared lost */
+    double t_fence;      /* when the fence opened */
+    int lost;            /* its prefill instance was declared lost (grants revoked) */
+    int unsafe;          /* reported Failed while a source may still write its pages */
 } kvb__room_t;
 
 /* ---- prefill: decode registrations ---- */
@@ -204,7 +208,8 @@ typedef struct kvb__route { /* resolved (dp, tp, pp) → endpoint, kv args sent 
     int32_t dp, tp, pp;
     char ip[KVB_IP_MAX];
     uint16_t port;
-    int registered;
+    uint64_t epoch; /* writer grant of this resolution (revoked when the route is forgotten) */
+    int unsafe;     /* forgotten, and its writes may still land */
     struct kvb__route *next;
 } kvb__route_t;
 
@@ -243,6 +248,8 @@ struct kvb_manager {
     /* prefill */
     double transfer_timeout_s;
     double session_backoff_s;
+    double fence_wait_s;        /* decode: bound on waiting for a revoked grant's writes */
+    double abort_ack_timeout_s; /* decode: bound on waiting for sources to confirm an abort */
     pthread_rwlock_t reg_mu;
     kvb__reg_t *regs; /* at most max_regs (KVBRIDGE_MAX_REGISTRATIONS) */
     size_t n_regs, max_regs;
@@ -292,6 +299,8 @@ void kvb__room_unwire(struct kvb_manager *m, kvb__room_t *r);
 /* The seeds' update rule, with Failed sticky. */
 void kvb__room_set_status(kvb__room_t *r, int status);
 /* Record the failure reason (the first one wins) and set Failed. */
+/* Append note to the room's failure reason (m->mu held). */
+void kvb__room_note(kvb__room_t *r, const char *note);
 void kvb__room_fail(kvb__room_t *r, const char *fmt, ...) KVB_PRINTF(2, 3);
 void kvb__rooms_sweep(struct kvb_manager *m, double now);
 void kvb__rooms_free(struct kvb_manager *m);

@@ -9,6 +9,11 @@
 #include <unistd.h>
 
 #define FAIL_FROM_PREFILL "Failed to get kvcache from prefill instance, it might be dead"
+/* Appended to a failure reported while a source may still write the room's
+ * pages (kvb_receiver_pages_safe). */
+#define UNSAFE_NOTE                                                                                \
+    "; its writes may still land: the pages are NOT safe to reuse until "                          \
+    "kvb_receiver_pages_safe() says so"
 
 /* ---- caches (m->mu held unless stated) ---- */
 
@@ -35,11 +40,21 @@ static kvb__addr_t *addr_get(struct kvb_manager *m, const char *addr)
     return a;
 }
 
-static void addr_forget(kvb__addr_t *a)
+/* Forget a's routes (m->mu held). Their writer grants are revoked here
+ * (no wait) and, when grants_p is given, returned for the caller to wait on
+ * outside the lock: once a route is forgotten, nothing issued under its grant
+ * may land, and no later route reuses that grant. */
+static void addr_forget(struct kvb_manager *m, kvb__addr_t *a, kvb__route_t **grants_p)
 {
     for (kvb__route_t *r = a->routes, *next; r != NULL; r = next) {
         next = r->next;
-        free(r);
+        kvb_engine_revoke_writer(m->engine, kvb__endpoint_tag(r->ip, r->port), r->epoch, 0);
+        if (grants_p != NULL) {
+            r->next = *grants_p;
+            *grants_p = r;
+        } else {
+            free(r);
+        }
     }
     a->routes = NULL;
     kvb_plan_destroy(a->plan);
@@ -198,6 +213,7 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     if (r != NULL) {
         snprintf(out->ip, sizeof(out->ip), "%s", r->ip);
         out->port = r->port;
+        out->epoch = r->epoch;
     }
     pthread_mutex_unlock(&m->mu);
     if (r != NULL)
@@ -212,22 +228,36 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
                  m->args.engine_rank, dp, pp);
         return st;
     }
-    kvb_engine_fence_writer(m->engine, kvb__endpoint_tag(ra.rank_ip, ra.rank_port), 0);
-    st = send_registration(m, ra.rank_ip, ra.rank_port);
+    /* A fresh grant per resolution: writes of rooms from an earlier one
+     * (fenced when that route was forgotten) stay refused. */
+    uint32_t tag = kvb__endpoint_tag(ra.rank_ip, ra.rank_port);
+    uint64_t epoch = 0;
+    st = kvb_engine_grant_writer(m->engine, tag, &epoch);
+    if (st == KVB_OK)
+        st = send_registration(m, ra.rank_ip, ra.rank_port);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why), "KV args not delivered to prefill %s:%u", ra.rank_ip,
                  ra.rank_port);
+        if (epoch != 0)
+            kvb_engine_revoke_writer(m->engine, tag, epoch, 0);
         return st;
     }
     snprintf(out->ip, sizeof(out->ip), "%s", ra.rank_ip);
     out->port = ra.rank_port;
+    out->epoch = epoch;
     pthread_mutex_lock(&m->mu);
-    if (a->have_info && route_find(a, dp, tp, pp) == NULL && (r = calloc(1, sizeof(*r))) != NULL) {
-        *r = (kvb__route_t){dp, tp, pp, "", ra.rank_port, 1, a->routes};
+    kvb__route_t *had = route_find(a, dp, tp, pp);
+    if (had != NULL) /* resolved meanwhile by another receiver: one grant per route */
+        out->epoch = had->epoch;
+    else if (a->have_info && (r = calloc(1, sizeof(*r))) != NULL) {
+        *r = (kvb__route_t){dp, tp, pp, "", ra.rank_port, epoch, 0, a->routes};
         snprintf(r->ip, sizeof(r->ip), "%s", ra.rank_ip);
         a->routes = r;
     }
     pthread_mutex_unlock(&m->mu);
+    /* A grant no route holds would never be revoked: drop it now. */
+    if (out->epoch != epoch || r == NULL)
+        kvb_engine_revoke_writer(m->engine, tag, epoch, 0);
     return KVB_OK;
 }
 
@@ -335,6 +365,8 @@ static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, ui
     x.pages = dummy ? kvb__i32_view_of(NULL, 0) : kvb__i32_view_of(idx, n);
     x.aux_index = dummy ? -1 : (int32_t)aux;
     x.required_dst_info_num = (int32_t)s->required_dst_info_num;
+    x.has_epoch = !dummy && s->epoch != 0;
+    x.epoch = s->epoch;
     if (!dummy && ex != NULL && (ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask) {
         x.has_page_mask = true;
         x.page_mask = ex->page_mask;
@@ -377,6 +409,7 @@ static void open_fence(struct kvb_manager *m, kvb__room_t *r, kvb__src_t **todo,
     if (r->fence_open || r->t_init == 0 || r->lost)
         return;
     r->fence_open = 1;
+    r->t_fence = kvb__now_s(); /* the abort-confirmation bound runs from here */
     *todo = calloc(r->n_src + 1, sizeof(**todo));
     for (size_t i = 0; *todo != NULL && i < r->n_src; i++) {
         uint32_t key = src_key(r->srcs[i].tp_rank, r->srcs[i].pp_rank);
@@ -470,9 +503,60 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
     return KVB_OK;
 }
 
-static bool fence_done(const kvb__room_t *r)
+static bool sources_confirmed(const kvb__room_t *r)
 {
-    return !r->fence_open || r->lost || r->n_responded >= r->required_responses;
+    return r->n_responded >= r->required_responses;
+}
+
+/* May a failed room be reported terminal? Once its sources confirmed that
+ * nothing is in flight, or its grants were revoked (lost). A source that
+ * does not confirm within abort_ack_timeout_s (a stopped prefill rank
+ * behind a healthy bootstrap server) ends the wait too, but the room is
+ * then reported with its pages unsafe (m->mu held). */
+static bool fence_done(struct kvb_manager *m, kvb__room_t *r)
+{
+    if (!r->fence_open || r->lost || sources_confirmed(r))
+        return true;
+    if (kvb__now_s() - r->t_fence < m->abort_ack_timeout_s)
+        return false;
+    if (!r->unsafe) {
+        r->unsafe = 1;
+        kvb__room_note(r, " (no source confirmed the abort within the abort-ack time-out)");
+        kvb__room_note(r, UNSAFE_NOTE);
+    }
+    return true;
+}
+
+/* Can nothing land in the room's pages any more (m->mu held)? */
+static bool pages_safe(struct kvb_manager *m, kvb__room_t *r)
+{
+    if (r->status == KVB_POLL_SUCCESS)
+        return true;
+    if (r->status != KVB_POLL_FAILED || !fence_done(m, r))
+        return false;
+    if (!r->unsafe)
+        return true;
+    if (!r->lost) /* waiting for the sources' confirmations */
+        return sources_confirmed(r) ? (r->unsafe = 0, true) : false;
+    for (size_t k = 0; k < r->n_src; k++)
+        if (r->srcs[k].epoch != 0 &&
+            kvb_engine_revoke_writer(m->engine, kvb__endpoint_tag(r->srcs[k].ip, r->srcs[k].port),
+                                     r->srcs[k].epoch, 0) != KVB_OK)
+            return false;
+    r->unsafe = 0;
+    return true;
+}
+
+int kvb_receiver_pages_safe(kvb_receiver_h rc)
+{
+    if (rc == NULL)
+        return 0;
+    struct kvb_manager *m = rc->mgr;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, rc->room);
+    int safe = r != NULL && pages_safe(m, r);
+    pthread_mutex_unlock(&m->mu);
+    return safe;
 }
 
 kvb_poll_t kvb_receiver_poll(kvb_receiver_h rc)
@@ -500,7 +584,7 @@ kvb_poll_t kvb_receiver_poll(kvb_receiver_h rc)
         if (r->status == KVB_POLL_FAILED)
             open_fence(m, r, &todo, &n_todo);
         status = r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
-        if (status == KVB_POLL_FAILED && !fence_done(r))
+        if (status == KVB_POLL_FAILED && !fence_done(m, r))
             status = KVB_POLL_TRANSFERRING; /* not terminal until the fence closes */
     }
     pthread_mutex_unlock(&m->mu);
@@ -638,30 +722,102 @@ void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t
 
 /* ---- heartbeats ---- */
 
+/* Revoke the grants of forgotten routes and wait (bounded, in all) for the
+ * writes admitted under them; a route whose writes may still land is marked
+ * unsafe. */
+static void drain_grants(struct kvb_manager *m, kvb__route_t *gone)
+{
+    double deadline = kvb__now_s() + m->fence_wait_s;
+    for (kvb__route_t *rt = gone; rt != NULL; rt = rt->next) {
+        double left = deadline - kvb__now_s();
+        rt->unsafe = kvb_engine_revoke_writer(m->engine, kvb__endpoint_tag(rt->ip, rt->port),
+                                              rt->epoch, left > 0 ? left : 0) != KVB_OK;
+    }
+}
+
+/* The route of list that granted s, or NULL. */
+static const kvb__route_t *granted_by(const kvb__src_t *s, const kvb__route_t *list)
+{
+    for (; list != NULL; list = list->next)
+        if (s->epoch == list->epoch && s->port == list->port && strcmp(s->ip, list->ip) == 0)
+            return list;
+    return NULL;
+}
+
+typedef struct lost_abort {
+    uint64_t room;
+    kvb__src_t src;
+} lost_abort_t;
+
+/* m->mu held: fail a's rooms whose sources were granted by the forgotten
+ * routes (or that have none yet), and list best-effort aborts to their real
+ * sources (ZeroMQ delivers them when the prefill is reachable again). */
+static size_t fail_lost_rooms(struct kvb_manager *m, kvb__addr_t *a, const kvb__route_t *gone,
+                              lost_abort_t **ab_p, size_t *n_ab)
+{
+    size_t affected = 0, cap = 0;
+    for (size_t i = 0; i < m->n_buckets; i++)
+        for (kvb__room_t *r = m->buckets[i]; r != NULL; r = r->next) {
+            bool mine = r->n_src == 0, unsafe = false;
+            for (size_t k = 0; k < r->n_src; k++) {
+                const kvb__route_t *rt = granted_by(&r->srcs[k], gone);
+                mine |= rt != NULL;
+                unsafe |= rt != NULL && rt->unsafe;
+            }
+            if (r->bootstrap_addr == NULL || strcmp(r->bootstrap_addr, a->addr) != 0 || !mine ||
+                r->status == KVB_POLL_SUCCESS || r->lost)
+                continue;
+            kvb__room_fail(r, "Losing connection with prefill instance (bootstrap_addr: %s)",
+                           a->addr);
+            if (unsafe)
+                kvb__room_note(r, UNSAFE_NOTE);
+            r->lost = 1;
+            r->unsafe = unsafe;
+            affected++;
+            for (size_t k = 0; r->t_init > 0 && k < r->n_src; k++) {
+                if (r->srcs[k].dummy)
+                    continue;
+                if (*n_ab == cap) {
+                    cap = cap ? cap * 2 : 16;
+                    lost_abort_t *v = realloc(*ab_p, cap * sizeof(*v));
+                    if (v == NULL)
+                        return affected; /* best effort */
+                    *ab_p = v;
+                }
+                (*ab_p)[(*n_ab)++] = (lost_abort_t){r->id, r->srcs[k]};
+            }
+        }
+    return affected;
+}
+
 static void node_failure(struct kvb_manager *m, kvb__addr_t *a)
 {
-    size_t affected = 0;
+    kvb__route_t *gone = NULL;
+    lost_abort_t *ab = NULL;
+    size_t n_ab = 0;
+    /* Revoke the instance's grants and wait for what they admitted before
+     * reporting its rooms over: a rank that was only stalled (SIGSTOP, a
+     * long pause) must not land writes in pages we hand back. Never lifted:
+     * a later route to it gets a new grant (resolve_one). */
     pthread_mutex_lock(&m->mu);
-    /* Fence the instance's ranks before reporting their rooms over: a rank
-     * that was only stalled (SIGSTOP, a long pause) must not land writes in
-     * pages we are about to hand back. Lifted when its route is resolved
-     * again (resolve_one). */
-    for (kvb__route_t *rt = a->routes; rt != NULL; rt = rt->next)
-        kvb_engine_fence_writer(m->engine, kvb__endpoint_tag(rt->ip, rt->port), 1);
-    addr_forget(a);
-    for (size_t i = 0; i < m->n_buckets; i++)
-        for (kvb__room_t *r = m->buckets[i]; r != NULL; r = r->next)
-            if (r->bootstrap_addr != NULL && strcmp(r->bootstrap_addr, a->addr) == 0 &&
-                r->status != KVB_POLL_SUCCESS) {
-                kvb__room_fail(r, "Losing connection with prefill instance (bootstrap_addr: %s)",
-                               a->addr);
-                r->lost = 1;
-                affected++;
-            }
+    addr_forget(m, a, &gone);
     pthread_mutex_unlock(&m->mu);
+    drain_grants(m, gone);
+    pthread_mutex_lock(&m->mu);
+    size_t affected = fail_lost_rooms(m, a, gone, &ab, &n_ab);
+    pthread_mutex_unlock(&m->mu);
+    for (size_t i = 0; i < n_ab; i++)
+        send_transfer(m, &ab[i].src, ab[i].room, NULL, 0, -1, NULL, true);
+    free(ab);
+    bool unsafe = false;
+    for (kvb__route_t *rt = gone, *next; rt != NULL; rt = next) {
+        next = rt->next;
+        unsafe |= rt->unsafe;
+        free(rt);
+    }
     KVB_LOGE("Losing connection with prefill instance (bootstrap_addr: %s), %zu requests "
-             "affected",
-             a->addr, affected);
+             "affected%s",
+             a->addr, affected, unsafe ? " (writes still in flight: their pages are unsafe)" : "");
 }
 
 static void heartbeat_round(struct kvb_manager *m)
@@ -703,6 +859,8 @@ static void *heartbeat_main(void *arg)
 
 kvb_status_t kvb__decode_start(struct kvb_manager *m)
 {
+    m->fence_wait_s = kvb__env_double("KVBRIDGE_FENCE_WAIT", NULL, 1, 0, 60);
+    m->abort_ack_timeout_s = kvb__env_double("KVBRIDGE_ABORT_ACK_TIMEOUT", NULL, 30, 0.01, 1e9);
     if (pthread_create(&m->hb_thr, NULL, heartbeat_main, m) != 0)
         return KVB_ERR_IO;
     m->hb_started = 1;
@@ -720,7 +878,7 @@ void kvb__decode_free(struct kvb_manager *m)
 {
     for (kvb__addr_t *a = m->addrs, *next; a != NULL; a = next) {
         next = a->next;
-        addr_forget(a);
+        addr_forget(m, a, NULL);
         kvb_bootstrap_client_destroy(a->client);
         kvb_bootstrap_client_destroy(a->hb);
         pthread_mutex_destroy(&a->client_mu);

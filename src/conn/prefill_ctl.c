@@ -316,6 +316,7 @@ static kvb_status_t dst_from_msg(const kvb__xfer_msg_t *x, kvb__dst_t *d)
     d->aux_index = x->aux_index;
     d->n_pages = x->pages.count;
     d->prefix_tokens = x->has_prefix_len ? x->prefix_len : 0;
+    d->epoch = x->has_epoch ? x->epoch : 0;
     d->pages = malloc((d->n_pages ? d->n_pages : 1) * sizeof(int32_t));
     if (d->pages == NULL)
         return KVB_ERR_NOMEM;

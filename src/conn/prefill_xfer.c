@@ -20,6 +20,7 @@ typedef struct job {
     kvb_plan_blocks_t blocks;
     kvb_plan_blocks_t aux;
     int32_t dst_aux_index;
+    uint64_t epoch; /* the decode's grant, stamped on every write */
     kvb_xfer_h x, xa;
     int aux_inline; /* the engine refused the aux write: send it inline */
     kvb_status_t st;
@@ -248,6 +249,7 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
     snprintf(j->ip, sizeof(j->ip), "%s", d->ip);
     j->port = d->port;
     j->dst_aux_index = d->aux_index;
+    j->epoch = d->epoch;
     j->reg = kvb__reg_get(m, d->session);
     if (j->reg == NULL) {
         j->st = KVB_ERR_STATE;
@@ -340,11 +342,14 @@ static void untrack_xfers(kvb__room_t *r, const work_t *w)
 
 static void job_submit(struct kvb_manager *m, job_t *j, const char *session)
 {
+    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, j->epoch};
     if (j->st != KVB_OK)
         return;
-    j->st = kvb_engine_write_async(m->engine, session, j->blocks.blocks, j->blocks.count, &j->x);
+    j->st = kvb_engine_write_async_ex(m->engine, session, j->blocks.blocks, j->blocks.count, &wp,
+                                      &j->x);
     if (j->st == KVB_OK && j->aux.count > 0) {
-        j->st = kvb_engine_write_async(m->engine, session, j->aux.blocks, j->aux.count, &j->xa);
+        j->st =
+            kvb_engine_write_async_ex(m->engine, session, j->aux.blocks, j->aux.count, &wp, &j->xa);
         if (j->st == KVB_ERR_BOUNDS) {
             j->st = KVB_OK; /* decode aux memory not registered: send inline */
             j->xa = NULL;

@@ -153,6 +153,18 @@ void kvb__room_fail(kvb__room_t *r, const char *fmt, ...)
     kvb__room_set_status(r, KVB_POLL_FAILED);
 }
 
+void kvb__room_note(kvb__room_t *r, const char *note)
+{
+    const char *base = r->reason != NULL ? r->reason : "Failed";
+    size_t n = strlen(base) + strlen(note) + 1;
+    char *v = malloc(n);
+    if (v == NULL)
+        return;
+    snprintf(v, n, "%s%s", base, note);
+    free(r->reason);
+    r->reason = v;
+}
+
 void kvb__room_take_reason(kvb__room_t *r, char *buf, size_t len)
 {
     const char *why = r != NULL && r->reason != NULL

@@ -33,6 +33,8 @@ const char *kvb_status_string(kvb_status_t status)
         return "invalid state";
     case KVB_ERR_UNSUPPORTED:
         return "unsupported";
+    case KVB_ERR_FENCED:
+        return "writer fenced by the target";
     }
     return "unknown status";
 }

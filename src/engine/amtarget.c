@@ -1,9 +1,9 @@
 /* Target side of the message lane, on the progress thread: a write
- * message is refused unless authorized (engine secret) and its writer not
- * fenced; every destination descriptor must lie inside one local
- * registration, whose segment stays pinned until the bytes are placed
- * (eager copy, or a rendezvous receive straight into the destination IOV);
- * then one acknowledgement carries the status. */
+ * message is refused unless authorized (engine secret) and its writer grant
+ * live (fence.c, which counts it until its bytes are placed); every destination descriptor must lie
+ * inside one local registration, whose segment stays pinned until the bytes are placed (eager copy,
+ * or a rendezvous receive straight into the destination IOV); then one acknowledgement carries the
+ * status. */
 #include "engine/engine_int.h"
 #include "engine/amwire.h"
 
@@ -15,6 +15,7 @@ typedef struct am_recv {
     kvb_engine_h eng;
     ucp_ep_h reply_ep;
     uint64_t xfer_id, msg_id;
+    uint64_t epoch;   /* the writer grant admitted (counted until placed) */
     uint64_t *pinned; /* segment start addresses pinned, one per descriptor */
     size_t npinned;
     ucp_dt_iov_t *iov;
@@ -104,6 +105,7 @@ static void am_recv_done(am_recv_t *rc, ucs_status_t status)
 {
     KVB_TSAN_RELEASE(); /* the bytes are placed; the acknowledgement follows */
     unpin(rc->eng, rc->pinned, rc->npinned);
+    kvb__fence_done(rc->eng, (uint32_t)(rc->msg_id >> 32), rc->epoch);
     send_ack(rc->eng, rc->reply_ep, rc->xfer_id, rc->msg_id, status == UCS_OK ? KVB_OK : KVB_ERR_IO,
              status == UCS_OK ? NULL : ucs_status_string(status));
     free(rc->pinned);
@@ -127,44 +129,6 @@ static void scatter(const ucp_dt_iov_t *iov, uint32_t n, const uint8_t *data)
     }
 }
 
-static bool writer_fenced(kvb_engine_h eng, uint32_t tag)
-{
-    bool fenced = false;
-    if (tag == 0)
-        return false;
-    pthread_mutex_lock(&eng->seg_mu);
-    for (size_t i = 0; i < eng->n_fenced && !fenced; i++)
-        fenced = eng->fenced[i] == tag;
-    pthread_mutex_unlock(&eng->seg_mu);
-    return fenced;
-}
-
-void kvb_engine_fence_writer(kvb_engine_h eng, uint32_t tag, int fenced)
-{
-    size_t i = 0;
-    if (eng == NULL || tag == 0)
-        return;
-    pthread_mutex_lock(&eng->seg_mu);
-    while (i < eng->n_fenced && eng->fenced[i] != tag)
-        i++;
-    if (!fenced && i < eng->n_fenced) {
-        eng->fenced[i] = eng->fenced[--eng->n_fenced];
-    } else if (fenced && i == eng->n_fenced) {
-        if (eng->n_fenced == eng->cap_fenced) {
-            size_t cap = eng->cap_fenced ? eng->cap_fenced * 2 : 8;
-            uint32_t *v = realloc(eng->fenced, cap * sizeof(*v));
-            if (v != NULL) {
-                eng->fenced = v;
-                eng->cap_fenced = cap;
-            }
-        }
-        if (eng->n_fenced < eng->cap_fenced)
-            eng->fenced[eng->n_fenced++] = tag;
-    }
-    kvb__fence_page_sync(eng); /* direct-lane writers read it */
-    pthread_mutex_unlock(&eng->seg_mu);
-}
-
 /* authorized: false when the engine has a secret and the message did not
  * carry its token; refused before any descriptor is looked at. */
 static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, void *data,
@@ -181,20 +145,27 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
                  "write not authenticated (engine secret token missing or wrong)");
         return UCS_OK;
     }
-    if (writer_fenced(eng, (uint32_t)(mid >> 32))) {
-        KVB_LOGI("engine %s: refused a write from fenced writer %08x", eng->sid,
-                 (unsigned)(mid >> 32));
-        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_CANCELED,
-                 "writer fenced: the destination declared this writer lost");
+    if (!kvb__am_parse_write_header(h, hlen, length, &nd, &np)) {
+        KVB_LOGW("engine %s: refused a write: %s", eng->sid, why);
+        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_BOUNDS, why);
+        return UCS_OK;
+    }
+    /* Admitted writes are counted until placed: a revoke waits for them. */
+    uint64_t epoch = kvb__am_u64(h + 32);
+    const char *fenced = kvb__fence_admit(eng, (uint32_t)(mid >> 32), epoch);
+    if (fenced != NULL) {
+        KVB_LOGI("engine %s: refused a write from writer %08x epoch %llu: fenced", eng->sid,
+                 (unsigned)(mid >> 32), (unsigned long long)epoch);
+        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_FENCED, fenced);
         return UCS_OK;
     }
     am_recv_t *rc = calloc(1, sizeof(*rc));
-    bool ok = rc != NULL && kvb__am_parse_write_header(h, hlen, length, &nd, &np) &&
-              (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
+    bool ok = rc != NULL && (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
               (rc->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL &&
               am_validate(eng, h, nd, rc->pinned, rc->iov, why, sizeof(why)) == KVB_OK;
     if (!ok) {
         KVB_LOGW("engine %s: refused a write: %s", eng->sid, why);
+        kvb__fence_done(eng, (uint32_t)(mid >> 32), epoch);
         send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_BOUNDS, why);
         if (rc != NULL) {
             free(rc->pinned);
@@ -207,6 +178,7 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     rc->reply_ep = param->reply_ep;
     rc->xfer_id = xid;
     rc->msg_id = mid;
+    rc->epoch = epoch;
     rc->npinned = nd;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
         scatter(rc->iov, np, data);

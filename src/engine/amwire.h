@@ -3,10 +3,11 @@
  * locks, no allocation (fuzzed by tests/fuzz/fuzz_amwire.c).
  *
  * Write header (writer → target), little-endian:
- *   u32 magic "KVBV" | u32 nd | u64 xfer id | u64 msg id | u64 total bytes |
- *   nd × (u64 dst | u64 len | u64 stride | u32 count | u32 zero)
+ *   u32 magic "KVBW" | u32 nd | u64 xfer id | u64 msg id | u64 total bytes |
+ *   u64 epoch | nd × (u64 dst | u64 len | u64 stride | u32 count | u32 zero)
  * msg id: the writer's tag in the high 32 bits (writer fencing, 0 = none),
- * its sequence in the low 32 (echoed in the ack). A descriptor names count
+ * its sequence in the low 32 (echoed in the ack). epoch: the writer grant
+ * the write is made under (fence.c; 0 = the legacy tag-only fence). A descriptor names count
  * pieces of len bytes at dst, dst + stride, ... (count 1: one run, stride 0;
  * count > 1: stride >= len, so pieces never overlap); its whole span lies
  * inside one target registration. Strided descriptors carry head slices
@@ -23,11 +24,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#define AM_HDR_FIXED 32
+#define AM_HDR_FIXED 40
 #define AM_DESC 32
 #define AM_ACK_FIXED 28
 #define AM_MAX_PIECES 4096u        /* pieces (IOV entries) one message may name */
-#define AM_MAGIC_WRITE 0x5642564bu /* "KVBV" */
+#define AM_MAGIC_WRITE 0x5742564bu /* "KVBW" (with the epoch; "KVBV" had none) */
 #define AM_MAGIC_ACK 0x4142564bu   /* "KVBA" */
 
 static inline uint64_t kvb__am_u64(const uint8_t *p)

@@ -2,8 +2,9 @@
  * files, the writer maps those files and its copy threads write the blocks
  * straight into them: one copy, done by the writer, no work on the target.
  * The target still bounds every write (only advertised segments are mapped,
- * every block was checked against them) and still fences writers: it keeps
- * its fenced tags in a shared page the writer reads before each unit. */
+ * every block was checked against them) and still fences writers: each unit
+ * is admitted against the target's shared fence page, and counted there
+ * while it is copied, so a revoke waits for it (fence.c). */
 #include "engine/engine_int.h"
 
 #include <sched.h>
@@ -17,75 +18,9 @@
 
 #define DIRECT_UNIT (1u << 20) /* bytes a copy thread takes at a time */
 #define DIRECT_MAX_FILES 4096  /* shared files one connection maps */
-#define FENCE_CAP 4092
-#define STREAM_MIN 512 /* blocks this long are copied with streaming stores */
-
-typedef struct fence_page {
-    uint32_t seq; /* odd while the target rewrites the page */
-    uint32_t count;
-    uint32_t overflow; /* more fenced tags than the page holds */
-    uint32_t pad;
-    uint32_t tags[FENCE_CAP];
-} fence_page_t;
-
-_Static_assert(sizeof(fence_page_t) == KVB_HS_FENCE_FILE - KVB_SHM_TRAILER, "fence page size");
-
-/* ---- target side (seg_mu held) ---- */
-
-void kvb__fence_page_sync(kvb_engine_h eng)
-{
-    fence_page_t *f = (fence_page_t *)eng->fence_base;
-    if (f == NULL)
-        return;
-    uint32_t s = __atomic_load_n(&f->seq, __ATOMIC_RELAXED);
-    size_t n = eng->n_fenced < FENCE_CAP ? eng->n_fenced : FENCE_CAP;
-    /* Seqlock: odd while rewriting. Release stores keep every data store
-     * after the odd sequence number for a reader that sees it. */
-    __atomic_store_n(&f->seq, s + 1, __ATOMIC_RELAXED);
-    for (size_t i = 0; i < n; i++)
-        __atomic_store_n(&f->tags[i], eng->fenced[i], __ATOMIC_RELEASE);
-    __atomic_store_n(&f->count, (uint32_t)n, __ATOMIC_RELEASE);
-    __atomic_store_n(&f->overflow, eng->n_fenced > FENCE_CAP, __ATOMIC_RELEASE);
-    __atomic_store_n(&f->seq, s + 2, __ATOMIC_RELEASE);
-}
-
-kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng)
-{
-    if (eng->fence_base != NULL)
-        return KVB_OK;
-    kvb_status_t st = kvb__shm_create(sizeof(fence_page_t), &eng->fence_base, &eng->fence_ref);
-    if (st == KVB_OK)
-        kvb__fence_page_sync(eng);
-    return st;
-}
+#define STREAM_MIN 512         /* blocks this long are copied with streaming stores */
 
 /* ---- writer side: mappings ---- */
-
-typedef enum fence_state { FENCE_NO = 0, FENCE_YES, FENCE_UNKNOWN } fence_state_t;
-
-/* Is tag fenced? UNKNOWN: more tags fenced than the page holds (and ours is
- * not among those listed), or no consistent read (target died rewriting). */
-static fence_state_t fence_state(const kvb__conn_t *c, uint32_t tag)
-{
-    const fence_page_t *f = (const fence_page_t *)c->fence;
-    if (tag == 0)
-        return FENCE_NO;
-    for (int tries = 0; tries < 1000; tries++) {
-        uint32_t s1 = __atomic_load_n(&f->seq, __ATOMIC_ACQUIRE), hit = 0;
-        if (s1 & 1) {
-            sched_yield();
-            continue;
-        }
-        /* Acquire loads: the second sequence read cannot move before them. */
-        uint32_t n = __atomic_load_n(&f->count, __ATOMIC_ACQUIRE);
-        uint32_t ov = __atomic_load_n(&f->overflow, __ATOMIC_ACQUIRE);
-        for (uint32_t i = 0; i < n && i < FENCE_CAP; i++)
-            hit |= __atomic_load_n(&f->tags[i], __ATOMIC_ACQUIRE) == tag;
-        if (__atomic_load_n(&f->seq, __ATOMIC_RELAXED) == s1)
-            return hit ? FENCE_YES : ov ? FENCE_UNKNOWN : FENCE_NO;
-    }
-    return FENCE_UNKNOWN;
-}
 
 /* The largest file the peer may ask us to map for entry e: the end of the
  * last advertised segment that lives in the same file, page-rounded, plus
@@ -149,12 +84,13 @@ void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t 
     uint64_t t0 = kvb__now_ns(), bytes = 0;
     if (r->nshm < 2 || r->shm[r->nshm - 1].seg != KVB_HS_SHM_FENCE)
         return; /* nothing shared (or no fence page: writes could not be fenced) */
+    /* Writable: a unit in progress is counted in its grant's slot (fence.c). */
     const kvb__shm_ref_t *fref = &r->shm[r->nshm - 1].ref;
     snprintf(why, sizeof(why), "advertised with %llu bytes, not %u",
              (unsigned long long)fref->file_size, KVB_HS_FENCE_FILE);
     c->fence = fref->file_size != KVB_HS_FENCE_FILE
                    ? NULL
-                   : kvb__shm_map_peer((int32_t)r->pid, fref, false, true, why, sizeof(why));
+                   : kvb__shm_map_peer((int32_t)r->pid, fref, true, true, why, sizeof(why));
     if (c->fence == NULL) {
         KVB_LOGI("engine %s: session %s: no direct lane (fence page: %s)", eng->sid, c->sess->sid,
                  why);
@@ -193,12 +129,12 @@ void kvb__direct_detach(kvb__conn_t *c)
     c->fence = NULL;
 }
 
-bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
+bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, uint64_t epoch, const long *dst_seg,
                         const kvb_block_t *b, size_t n)
 {
     /* Fenced or unknown: the message lane, whose target decides. */
     if (c->fence == NULL ||
-        fence_state(c, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED)) != FENCE_NO)
+        kvb__fence_check(c, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED), epoch) != FENCE_NO)
         return false;
     for (size_t i = 0; i < n; i++)
         if (b[i].len > 0 && c->segs.v[dst_seg[i]].direct == NULL)
@@ -336,19 +272,25 @@ static bool copy_step(kvb_engine_h eng)
     if (!x->failed) {
         x->busy++;
         pthread_mutex_unlock(&eng->dmu);
-        fence_state_t fs =
-            fence_state(x->conn, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED));
-        if (fs == FENCE_NO)
+        /* The target's revoke waits for units between enter and exit. */
+        int32_t slot;
+        fence_state_t fs = kvb__fence_enter(
+            x->conn, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED), x->epoch, &slot);
+        if (fs == FENCE_NO) {
             copy_unit(eng, x, bi, off);
+            kvb__fence_exit(x->conn, slot);
+        }
         pthread_mutex_lock(&eng->dmu);
         x->busy--;
         if (fs == FENCE_YES)
-            set_failure(x, KVB_ERR_PEER, "writer fenced by the target (declared lost)");
+            set_failure(x, KVB_ERR_FENCED,
+                        "writer fenced: the target revoked this writer's grant (declared it "
+                        "lost or ended its rooms)");
         else if (fs == FENCE_UNKNOWN)
             set_failure(x, KVB_ERR_PEER,
-                        "the target fenced more writers than its fence page lists (or "
-                        "stopped while updating it): cannot tell whether this writer is "
-                        "fenced; retry (new writes take the message lane)");
+                        "the target's fence page does not list this writer's grant (page "
+                        "full, grant drained, or the target stopped while updating it): "
+                        "retry (new writes take the message lane, whose target decides)");
     }
     if (!x->queued && x->busy == 0 && !x->published) {
         x->published = 1;

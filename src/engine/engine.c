@@ -920,6 +920,7 @@ static void engine_free(kvb_engine_h eng)
         close(eng->dead_fds[i]);
     free(eng->dead_fds);
     free(eng->fenced);
+    free(eng->grants);
     if (eng->fence_base != NULL)
         kvb__shm_destroy(eng->fence_base, &eng->fence_ref);
     if (eng->waddr != NULL)
@@ -992,6 +993,11 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     if (getrandom(&eng->epoch, sizeof(eng->epoch), 0) != sizeof(eng->epoch))
         eng->epoch = kvb__now_ns() ^ (uint64_t)getpid() << 32;
     read_host_id(eng);
+    /* Grants start at the wall clock in ns: a restarted target never grants
+     * an epoch a writer may still hold from its previous incarnation. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    eng->last_epoch = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
     /* The caller's string need not outlive create: keep our own copy. */
     eng->params.secret = NULL;
     if (params_secret(params) != NULL) {

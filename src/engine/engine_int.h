@@ -53,8 +53,8 @@ struct kvb__conn {
     uint8_t rx[KVB_HS_NOTICE_LEN];      /* partial notice from the control connection */
     kvb__map_t *maps;                   /* direct lane: the peer's files mapped here */
     size_t nmaps, cap_maps;
-    uint64_t populated;   /* direct lane: bytes of maps prefaulted (KVBRIDGE_DIRECT_POPULATE_MAX) */
-    const uint8_t *fence; /* direct lane: the peer's fence page (read-only), or NULL */
+    uint64_t populated; /* direct lane: bytes of maps prefaulted (KVBRIDGE_DIRECT_POPULATE_MAX) */
+    uint8_t *fence;     /* direct lane: the peer's fence page (busy counts written), or NULL */
     size_t rxlen;
     kvb__conn_t *next_all;
 };
@@ -84,6 +84,7 @@ struct kvb_xfer {
     size_t n, next;      /* blocks and next block to issue */
     size_t off;          /* AM lane: bytes of blocks[next] already sent */
     uint64_t id;
+    uint64_t epoch;  /* writer grant stamped on every write (0: tag-only fence) */
     int refs;        /* atomic: caller + engine */
     int status;      /* atomic: KVB_ERR_INPROGRESS until final */
     int cancel;      /* atomic */
@@ -129,6 +130,16 @@ typedef struct kvb__cmd {
 
 #define KVB_HS_MAX_ACTIVE 32 /* concurrent handshakes; more wait in the backlog */
 
+/* A writer grant (fence.c): writes stamped (tag, epoch) are admitted while
+ * live; once revoked it stays until nothing admitted under it is in flight. */
+typedef struct kvb__grant {
+    uint32_t tag;
+    int live;
+    uint32_t am_busy; /* message-lane receives admitted, bytes not yet placed */
+    uint64_t epoch;
+    int32_t slot; /* its slot in the shared fence page, or -1 (none: no direct lane) */
+} kvb__grant_t;
+
 struct kvb_engine {
     kvb_engine_params_t params;
     char sid[KVB_HS_MAX_SID + 1];
@@ -142,8 +153,11 @@ struct kvb_engine {
     char *secret;                       /* engine secret (copy) or NULL: auth off */
     uint8_t am_token[KVB_HS_TOKEN_LEN]; /* writers must carry it (secret set) */
     uint32_t writer_tag;                /* atomic: stamped on our message-lane writes */
-    uint32_t *fenced;                   /* writer tags refused (seg_mu) */
+    uint32_t *fenced;                   /* legacy: writer tags refused, epoch 0 (seg_mu) */
     size_t n_fenced, cap_fenced;
+    kvb__grant_t *grants; /* writer grants, live or draining (seg_mu; fence.c) */
+    size_t n_grants, cap_grants;
+    uint64_t last_epoch; /* the newest epoch granted (seg_mu) */
 
     /* local registrations */
     pthread_mutex_t seg_mu;
@@ -226,13 +240,26 @@ void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
-/* direct.c */
+/* fence.c: the writer fence (target and writer side) */
 kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng); /* seg_mu held */
 void kvb__fence_page_sync(kvb_engine_h eng);           /* seg_mu held */
+/* Message lane, progress thread: NULL when a write of (tag, epoch) is
+ * admitted (then counted until kvb__fence_done), else why it is refused. */
+const char *kvb__fence_admit(kvb_engine_h eng, uint32_t tag, uint64_t epoch);
+void kvb__fence_done(kvb_engine_h eng, uint32_t tag, uint64_t epoch);
+typedef enum fence_state { FENCE_NO = 0, FENCE_YES, FENCE_UNKNOWN } fence_state_t;
+/* Direct lane, writer: is (tag, epoch) fenced by the peer's fence page? */
+fence_state_t kvb__fence_check(const kvb__conn_t *c, uint32_t tag, uint64_t epoch);
+/* Before a unit: FENCE_NO admits it and *slot_p must be passed to
+ * kvb__fence_exit after the copy and its store fence. */
+fence_state_t kvb__fence_enter(const kvb__conn_t *c, uint32_t tag, uint64_t epoch, int32_t *slot_p);
+void kvb__fence_exit(const kvb__conn_t *c, int32_t slot);
+
+/* direct.c */
 void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r);
 void kvb__direct_detach(kvb__conn_t *c);
 /* Every block's destination mapped and our tag not fenced? */
-bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
+bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, uint64_t epoch, const long *dst_seg,
                         const kvb_block_t *b, size_t n);
 bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *x); /* false: use UCX */
 void kvb__direct_stop(kvb_engine_h eng);

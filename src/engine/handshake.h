@@ -52,7 +52,7 @@ typedef struct kvb__hs_seg {
 } kvb__hs_seg_t;
 
 #define KVB_HS_SHM_FENCE 0xffffffffu
-#define KVB_HS_FENCE_FILE (5u * KVB_SHM_TRAILER) /* 16 KiB page + trailer */
+#define KVB_HS_FENCE_FILE (9u * KVB_SHM_TRAILER) /* 32 KiB page + trailer (fence.c) */
 
 /* A segment (or, seg = KVB_HS_SHM_FENCE, the fence page) that lives in a
  * shared file of the listener's process: the direct lane can map it. */

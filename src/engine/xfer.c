@@ -117,7 +117,7 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t
             st = check_blocks(eng, x->conn, blocks, count, seg, &retry);
     }
     if (st == KVB_OK && eng->params.copy_threads > 0)
-        x->direct = kvb__direct_usable(eng, x->conn, seg, blocks, count);
+        x->direct = kvb__direct_usable(eng, x->conn, x->epoch, seg, blocks, count);
     if (st == KVB_OK) {
         x->blocks = malloc((count ? count : 1) * sizeof(*x->blocks));
         if (x->blocks == NULL)
@@ -131,6 +131,13 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t
 
 kvb_status_t kvb_engine_write_async(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
                                     size_t count, kvb_xfer_h *xfer_p)
+{
+    return kvb_engine_write_async_ex(eng, sid, blocks, count, NULL, xfer_p);
+}
+
+kvb_status_t kvb_engine_write_async_ex(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                                       size_t count, const kvb_write_params_t *params,
+                                       kvb_xfer_h *xfer_p)
 {
     struct kvb_xfer *x;
     kvb__cmd_t *cmd;
@@ -149,6 +156,8 @@ kvb_status_t kvb_engine_write_async(kvb_engine_h eng, const char *sid, const kvb
     x->eng = eng;
     x->refs = 2;
     x->status = KVB_ERR_INPROGRESS;
+    if (params != NULL && (params->field_mask & KVB_WRITE_PARAM_EPOCH))
+        x->epoch = params->epoch;
     st = prepare(eng, sid, blocks, count, x);
     if (st == KVB_OK && x->direct && kvb__direct_submit(eng, x)) {
         free(cmd);
@@ -522,6 +531,7 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     kvb__am_put_u64(h + 16, (uint64_t)__atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED) << 32 |
                                 (x->msgs_sent & 0xffffffffu));
     kvb__am_put_u64(h + 24, f.total);
+    kvb__am_put_u64(h + 32, x->epoch); /* the writer grant (fence.c) */
     m->ndesc = f.k;
     *niov_p = f.niov;
     *bytes_p = f.total;
@@ -667,7 +677,9 @@ static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *
         char reason[404];
         memcpy(reason, why, rl < 400 ? rl : 400);
         reason[rl < 400 ? rl : 400] = '\0';
-        fail(x, st == KVB_ERR_BOUNDS || st == KVB_ERR_AUTH ? (kvb_status_t)st : KVB_ERR_PEER,
+        fail(x,
+             st == KVB_ERR_BOUNDS || st == KVB_ERR_AUTH || st == KVB_ERR_FENCED ? (kvb_status_t)st
+                                                                                : KVB_ERR_PEER,
              "session %s: peer refused the write: %s", x->conn->sess->sid, reason);
     }
     return UCS_OK;

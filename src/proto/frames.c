@@ -299,7 +299,7 @@ static bool key_is(const ext_kv_t *kv, const char *lit)
 }
 
 static const char *const REG_KNOWN[] = {"state_ptrs", NULL};
-static const char *const XFER_KNOWN[] = {"page_mask", "prefix_len", "state_idx", NULL};
+static const char *const XFER_KNOWN[] = {"epoch", "page_mask", "prefix_len", "state_idx", NULL};
 
 static bool known_key(const char *const *known, const ext_kv_t *kv)
 {
@@ -475,6 +475,11 @@ kvb_status_t kvb__frames_decode_transfer(const kvb__frame_t *frames, size_t n,
         } else if (key_is(&kv, "state_idx")) {
             TRY(need_i32_array(&c, &val, i, "extension state_idx", &m.state_idx));
             m.has_state_idx = true;
+        } else if (key_is(&kv, "epoch")) {
+            int64_t ep;
+            TRY(need_int(&c, &val, i, "extension epoch", 1, INT64_MAX, &ep));
+            m.has_epoch = true;
+            m.epoch = (uint64_t)ep;
         }
     }
     m.ip = (const char *)frames[1].data;
@@ -802,9 +807,9 @@ kvb_status_t kvb__frames_encode_transfer(const kvb__xfer_msg_t *msg, kvb__frames
                                          kvb__frames_buf_t *out)
 {
     size_t n0 = out->n, len0 = out->len;
-    ext_out_t typed[3];
+    ext_out_t typed[4];
     size_t n_typed = 0;
-    char prefix[24];
+    char prefix[24], epoch[24];
     kvb_status_t st;
     bool ok;
     if (bad_view(msg->ip, msg->ip_len) || bad_view(msg->session_id, msg->session_id_len) ||
@@ -817,6 +822,12 @@ kvb_status_t kvb__frames_encode_transfer(const kvb__xfer_msg_t *msg, kvb__frames
     if (msg->is_dummy && msg->pages.count != 0)
         return caller_error(err, KIND_XFER, "a dummy transfer info carries no page indices");
     /* typed[] in key order; put_ext sorts anyway. */
+    if (msg->has_epoch) {
+        if (msg->epoch == 0 || msg->epoch > INT64_MAX)
+            return caller_error(err, KIND_XFER, "epoch outside 1..2^63-1");
+        int k = snprintf(epoch, sizeof(epoch), "%llu", (unsigned long long)msg->epoch);
+        typed[n_typed++] = typed_ext("epoch", epoch, (size_t)k);
+    }
     if (msg->has_page_mask)
         typed[n_typed++] = typed_ext("page_mask", msg->page_mask, msg->pages.count);
     if (msg->has_prefix_len) {

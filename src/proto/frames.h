@@ -121,7 +121,9 @@ typedef struct kvb__reg_msg {
  * frames 4 and 5 are both empty; then pages.count == 0 and aux_index is -1.
  * Known extensions: "page_mask" (one byte 0/1 per page index, count equal to
  * pages.count), "prefix_len" (decimal >= 0, decode prefix length in tokens),
- * "state_idx" (packed int32 >= 0). Page and state indices are only checked to
+ * "state_idx" (packed int32 >= 0), "epoch" (decimal >= 1: the decode's writer
+ * grant the prefill must stamp on this room's writes, docs/engine.md "The
+ * writer fence"). Page and state indices are only checked to
  * be >= 0 here; check them against the pool with kvb__frames_check_indices(). */
 typedef struct kvb__xfer_msg {
     uint64_t room; /* frame 0 */
@@ -140,6 +142,8 @@ typedef struct kvb__xfer_msg {
     int64_t prefix_len;
     bool has_state_idx;
     kvb__i32_view_t state_idx;
+    bool has_epoch;
+    uint64_t epoch;
     const kvb__frame_t *ext;
     size_t n_ext;
 } kvb__xfer_msg_t;

@@ -10,7 +10,7 @@
  *
  * Invariants (abort on violation):
  *  - a rejected header writes no output;
- *  - an accepted write header has 1 <= nd, hlen == 32 + 32 nd, well-formed
+ *  - an accepted write header has 1 <= nd, hlen == 40 + 32 nd, well-formed
  *    descriptors (count >= 1, stride 0 for one piece, >= len for more, span
  *    computed without overflow and equal to the 128-bit oracle), at most
  *    AM_MAX_PIECES pieces, piece lengths summing (without overflow) to the
@@ -72,12 +72,13 @@ static void reencode(const uint8_t *h, size_t hlen, uint32_t nd, size_t length)
     uint8_t *re = calloc(1, hlen);
     FUZZ_ASSERT(re != NULL);
     uint32_t magic = AM_MAGIC_WRITE;
-    uint64_t xid = get_u64(h + 8), mid = get_u64(h + 16), total = length;
+    uint64_t xid = get_u64(h + 8), mid = get_u64(h + 16), total = length, epoch = get_u64(h + 32);
     memcpy(re, &magic, 4);
     memcpy(re + 4, &nd, 4);
     memcpy(re + 8, &xid, 8);
     memcpy(re + 16, &mid, 8);
     memcpy(re + 24, &total, 8);
+    memcpy(re + 32, &epoch, 8);
     unsigned __int128 sum = 0;
     uint64_t pieces = 0;
     for (uint32_t i = 0; i < nd; i++) {

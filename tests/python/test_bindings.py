@@ -444,6 +444,7 @@ def _round_trip(ptp, dtp, first_room):
                 for r in decs:
                     assert r.wrong_bytes(s["room"], s["dst"], s["aux"]) == 0, (s["room"], r.tp)
             for _, rc in recvs:
+                assert rc.pages_safe()  # Success: nothing can land any more
                 rc.clear()
                 assert rc.poll() == kb.KVPoll.Success
             assert pre.close() == 0
@@ -479,8 +480,10 @@ def test_in_process_shared_engine_and_abort():
             rc.init([1, 2, 3], aux_index=0)
             s = kb.KVSender(pm, server.address, 7)
             assert poll_until(s, 10, (kb.KVPoll.WaitingForInput,)) == kb.KVPoll.WaitingForInput
+            assert not rc.pages_safe()  # running: the prefill may write
             rc.abort()
             assert poll_until(rc, 10) == kb.KVPoll.Failed
+            assert rc.pages_safe()  # the prefill confirmed the abort
             try:
                 rc.failure_exception()
                 raise AssertionError("no exception")

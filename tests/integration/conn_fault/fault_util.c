@@ -75,6 +75,12 @@ int frank_start(frank_t *r, const fgeom_t *g, kvb_mode_t mode, const char *boot,
         if (arena == MAP_FAILED)
             return -1;
         r->mapped = 1;
+    } else if (k != NULL && k->shared_pool) {
+        void *v = NULL;
+        if (kvb_mem_alloc(len, &v) != KVB_OK)
+            return -1;
+        arena = v;
+        r->mapped = 2;
     } else {
         arena = malloc(len);
         if (arena == NULL)
@@ -139,7 +145,9 @@ void frank_stop(frank_t *r)
         kvb_manager_destroy(r->mgr);
     if (r->eng != NULL)
         kvb_engine_destroy(r->eng);
-    if (r->mapped)
+    if (r->mapped == 2)
+        kvb_mem_free(r->arena);
+    else if (r->mapped)
         munmap(r->arena, r->arena_len);
     else
         free(r->arena);

@@ -28,6 +28,7 @@ typedef struct fknobs {
     double hb_interval; /* 0 = default */
     int hb_misses;
     double boot_timeout, wait_timeout; /* 0 = default */
+    int shared_pool; /* arena from kvb_mem_alloc: same-host writers take the direct lane */
 } fknobs_t;
 
 typedef struct frank {
@@ -36,7 +37,7 @@ typedef struct frank {
     kvb_manager_h mgr;
     uint8_t *arena;
     size_t arena_len;
-    int mapped; /* arena is an mmap of a memfd */
+    int mapped; /* arena is an mmap of a memfd; 2: from kvb_mem_alloc */
     int n_kv;
     uint64_t item_len, buf_len;
     uint8_t *kv[FR_MAX_KV];

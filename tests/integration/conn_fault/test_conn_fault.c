@@ -153,7 +153,7 @@ static void test_prefill_killed(void)
 {
     const double interval = 0.2;
     const int misses = 2;
-    fknobs_t k = {interval, misses, 0, 0};
+    fknobs_t k = {interval, misses, 0, 0, 0};
     fchild_t ch;
     frank_t d;
     char line[512], boot[128], expect[256], why[512];
@@ -363,7 +363,7 @@ static void check_timeout_reason(const char *why, uint64_t room, const char *sta
 static void test_timeouts(void)
 {
     const double to = 0.5;
-    fknobs_t k = {0, 0, to, to};
+    fknobs_t k = {0, 0, to, to, 0};
     kvb_bootstrap_server_h b = boot_start();
     const char *boot = kvb_bootstrap_server_address(b);
     frank_t p, d;

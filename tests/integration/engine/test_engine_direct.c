@@ -404,10 +404,10 @@ static void test_fence(kvb_engine_h w, target_t *t, uint8_t *expected)
     memset(t->mem, 0x3c, TGT_BYTES);
     memcpy(expected, t->mem, TGT_BYTES);
     kvb_engine_fence_writer(t->eng, TAG, 1);
-    CHECK_EQ(kvb_engine_write(w, t->sid, b, 64, 10), KVB_ERR_PEER);
+    CHECK_EQ(kvb_engine_write(w, t->sid, b, 64, 10), KVB_ERR_FENCED);
     CHECK_STR_CONTAINS(kvb_engine_last_error(w), "fenced");
     CHECK_EQ(kvb_engine_write_async(w, t->sid, b, 64, &x), KVB_OK);
-    CHECK_EQ(kvb_xfer_wait(x, 10), KVB_ERR_PEER);
+    CHECK_EQ(kvb_xfer_wait(x, 10), KVB_ERR_FENCED);
     CHECK_STR_CONTAINS(kvb_xfer_error(x), "fenced");
     kvb_xfer_free(x);
     usleep(20000);
@@ -415,7 +415,7 @@ static void test_fence(kvb_engine_h w, target_t *t, uint8_t *expected)
     /* fencing twice, and lifting another tag's fence, change nothing */
     kvb_engine_fence_writer(t->eng, TAG, 1);
     kvb_engine_fence_writer(t->eng, TAG + 1, 0);
-    CHECK_EQ(kvb_engine_write(w, t->sid, b, 64, 10), KVB_ERR_PEER);
+    CHECK_EQ(kvb_engine_write(w, t->sid, b, 64, 10), KVB_ERR_FENCED);
     same_bytes(t->mem, expected, TGT_BYTES, "fenced writer's bytes (2)");
 
     kvb_engine_fence_writer(t->eng, TAG, 0);
@@ -440,8 +440,8 @@ static void test_fence(kvb_engine_h w, target_t *t, uint8_t *expected)
         usleep((useconds_t)(round * 2000));
         kvb_engine_fence_writer(t->eng, TAG, 1);
         kvb_status_t st = kvb_xfer_wait(x, 5);
-        CHECK(st == KVB_OK || st == KVB_ERR_PEER);
-        if (st == KVB_ERR_PEER) {
+        CHECK(st == KVB_OK || st == KVB_ERR_FENCED);
+        if (st == KVB_ERR_FENCED) {
             CHECK_STR_CONTAINS(kvb_xfer_error(x), "fenced");
             stopped++;
         }
@@ -453,7 +453,7 @@ static void test_fence(kvb_engine_h w, target_t *t, uint8_t *expected)
     kvb_engine_fence_writer(t->eng, TAG + 1, 0);
     CHECK_EQ(kvb_engine_write(w, t->sid, big, 64, 10), KVB_OK);
     free(big);
-    TEST_PASS("(c) fenced writer: KVB_ERR_PEER \"fenced\", bytes untouched; unfenced: writes");
+    TEST_PASS("(c) fenced writer: KVB_ERR_FENCED \"fenced\", bytes untouched; unfenced: writes");
 }
 
 static void test_plain_target(kvb_engine_h w, uint8_t *expected)

@@ -293,7 +293,7 @@ static void test_sigstop(void)
     const double interval = 0.2, stop_s = 2.5;
     const int misses = 2, NR = 4, NP = 8;
     const uint64_t R0 = 100;
-    fknobs_t k = {interval, misses, 0, 0};
+    fknobs_t k = {interval, misses, 0, 0, 0};
     fchild_t ch;
     frank_t d;
     char line[512], boot[128], expect[256], why[512];

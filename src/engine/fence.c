@@ -1,0 +1,351 @@
+/* The writer fence, target and writer side, in one place.
+ *
+ * A target admits a writer's writes by grant: (writer tag, epoch). The
+ * target makes up the epoch (kvb_engine_grant_writer, unique per engine and
+ * above every epoch of an earlier incarnation), the writer stamps it on every
+ * write of the transfers made for that grant, and the target refuses a write
+ * whose grant is not live. A revoked grant is never admitted again: new work
+ * gets a new grant. Revoking is a barrier, not a flag: the target then waits
+ * for the writes that passed the check before the revoke (message-lane
+ * receives being placed, direct-lane units being copied) and says whether it
+ * saw them all end (kvb_engine_revoke_writer).
+ *
+ * Message lane: am_write checks the grant and counts the receive in
+ * grant->am_busy (seg_mu) until its bytes are placed.
+ * Direct lane: the grants live in slots of the shared fence page; a writer
+ * copy thread, per unit, raises the slot's busy count, re-reads the slot,
+ * copies, drains its streaming stores and lowers the count (Dekker: the
+ * target stores "revoked" and then reads busy, the writer raises busy and
+ * then reads the state, both sequentially consistent, so one of them sees
+ * the other). A slot is freed only when its busy count is zero, and epochs
+ * are never reused, so a writer holding a stale slot index sees a mismatch.
+ *
+ * Epoch 0 is the legacy, tag-only fence (kvb_engine_fence_writer): a list of
+ * refused tags, also published in the page (seqlock). */
+#include "engine/engine_int.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FENCE_TAGS 1020 /* legacy fenced tags the page lists */
+#define FENCE_SLOTS 896 /* grants the page lists (more: message lane only) */
+#define MAX_GRANTS 4096 /* live + draining grants per engine */
+#define SLOT_FREE 0u
+#define SLOT_LIVE 1u
+#define SLOT_REVOKED 2u
+
+typedef struct fence_slot {
+    uint64_t epoch; /* target */
+    uint32_t tag;   /* target */
+    uint32_t state; /* target: SLOT_* */
+    uint32_t busy;  /* writers: units past the check, not yet drained */
+    int32_t pid;    /* writers: the last writer process that raised busy */
+    uint64_t pad;
+} fence_slot_t;
+
+typedef struct fence_page {
+    uint32_t seq; /* legacy tags: odd while the target rewrites them */
+    uint32_t count;
+    uint32_t overflow; /* more legacy tags fenced than the page holds */
+    uint32_t pad;
+    uint32_t tags[FENCE_TAGS];
+    fence_slot_t slots[FENCE_SLOTS];
+} fence_page_t;
+
+_Static_assert(sizeof(fence_page_t) == KVB_HS_FENCE_FILE - KVB_SHM_TRAILER, "fence page size");
+
+/* ---- target side ---- */
+
+/* seg_mu held. */
+void kvb__fence_page_sync(kvb_engine_h eng)
+{
+    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    if (f == NULL)
+        return;
+    uint32_t s = __atomic_load_n(&f->seq, __ATOMIC_RELAXED);
+    size_t n = eng->n_fenced < FENCE_TAGS ? eng->n_fenced : FENCE_TAGS;
+    /* Seqlock: odd while rewriting. Release stores keep every data store
+     * after the odd sequence number for a reader that sees it. */
+    __atomic_store_n(&f->seq, s + 1, __ATOMIC_RELAXED);
+    for (size_t i = 0; i < n; i++)
+        __atomic_store_n(&f->tags[i], eng->fenced[i], __ATOMIC_RELEASE);
+    __atomic_store_n(&f->count, (uint32_t)n, __ATOMIC_RELEASE);
+    __atomic_store_n(&f->overflow, eng->n_fenced > FENCE_TAGS, __ATOMIC_RELEASE);
+    __atomic_store_n(&f->seq, s + 2, __ATOMIC_RELEASE);
+}
+
+/* seg_mu held. Grants made before the page existed get their slots now. */
+kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng)
+{
+    if (eng->fence_base != NULL)
+        return KVB_OK;
+    kvb_status_t st = kvb__shm_create(sizeof(fence_page_t), &eng->fence_base, &eng->fence_ref);
+    if (st != KVB_OK)
+        return st;
+    kvb__fence_page_sync(eng);
+    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    for (size_t i = 0, k = 0; i < eng->n_grants && k < FENCE_SLOTS; i++) {
+        kvb__grant_t *g = &eng->grants[i];
+        if (!g->live)
+            continue;
+        f->slots[k] = (fence_slot_t){g->epoch, g->tag, SLOT_LIVE, 0, 0, 0};
+        g->slot = (int32_t)k++;
+    }
+    return KVB_OK;
+}
+
+static void legacy_set(kvb_engine_h eng, uint32_t tag, int fenced)
+{
+    size_t i = 0;
+    while (i < eng->n_fenced && eng->fenced[i] != tag)
+        i++;
+    if (!fenced && i < eng->n_fenced) {
+        eng->fenced[i] = eng->fenced[--eng->n_fenced];
+    } else if (fenced && i == eng->n_fenced) {
+        if (eng->n_fenced == eng->cap_fenced) {
+            size_t cap = eng->cap_fenced ? eng->cap_fenced * 2 : 8;
+            uint32_t *v = realloc(eng->fenced, cap * sizeof(*v));
+            if (v != NULL) {
+                eng->fenced = v;
+                eng->cap_fenced = cap;
+            }
+        }
+        if (eng->n_fenced < eng->cap_fenced)
+            eng->fenced[eng->n_fenced++] = tag;
+    }
+}
+
+void kvb_engine_fence_writer(kvb_engine_h eng, uint32_t tag, int fenced)
+{
+    if (eng == NULL || tag == 0)
+        return;
+    pthread_mutex_lock(&eng->seg_mu);
+    legacy_set(eng, tag, fenced);
+    kvb__fence_page_sync(eng); /* direct-lane writers read it */
+    pthread_mutex_unlock(&eng->seg_mu);
+}
+
+static kvb__grant_t *grant_find(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
+{
+    for (size_t i = 0; i < eng->n_grants; i++)
+        if (eng->grants[i].epoch == epoch && eng->grants[i].tag == tag)
+            return &eng->grants[i];
+    return NULL;
+}
+
+static int32_t slot_take(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
+{
+    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    for (int32_t k = 0; f != NULL && k < FENCE_SLOTS; k++) {
+        fence_slot_t *s = &f->slots[k];
+        if (__atomic_load_n(&s->state, __ATOMIC_SEQ_CST) != SLOT_FREE)
+            continue;
+        __atomic_store_n(&s->epoch, epoch, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->tag, tag, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->state, SLOT_LIVE, __ATOMIC_SEQ_CST);
+        return k;
+    }
+    return -1;
+}
+
+kvb_status_t kvb_engine_grant_writer(kvb_engine_h eng, uint32_t tag, uint64_t *epoch_p)
+{
+    kvb_status_t st = KVB_OK;
+    if (eng == NULL || tag == 0 || epoch_p == NULL)
+        return KVB_ERR_INVALID;
+    pthread_mutex_lock(&eng->seg_mu);
+    if (eng->n_grants == MAX_GRANTS) {
+        st = kvb__err_set(&eng->err, KVB_ERR_NOMEM,
+                          "%d writer grants live or draining: revoke some first", MAX_GRANTS);
+    } else if (eng->n_grants == eng->cap_grants) {
+        size_t cap = eng->cap_grants ? eng->cap_grants * 2 : 16;
+        kvb__grant_t *v = realloc(eng->grants, cap * sizeof(*v));
+        if (v == NULL)
+            st = KVB_ERR_NOMEM;
+        else
+            eng->grants = v, eng->cap_grants = cap;
+    }
+    if (st == KVB_OK) {
+        uint64_t e = ++eng->last_epoch;
+        eng->grants[eng->n_grants++] = (kvb__grant_t){tag, 1, 0, e, slot_take(eng, tag, e)};
+        *epoch_p = e;
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+    return st;
+}
+
+/* Direct-lane units of slot k still being copied; a writer process that no
+ * longer exists copies nothing (its mapping went with it). seg_mu held. */
+static uint32_t slot_busy(kvb_engine_h eng, int32_t k)
+{
+    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    if (f == NULL || k < 0)
+        return 0;
+    uint32_t busy = __atomic_load_n(&f->slots[k].busy, __ATOMIC_SEQ_CST);
+    int32_t pid = __atomic_load_n(&f->slots[k].pid, __ATOMIC_RELAXED);
+    if (busy > 0 && pid > 0 && pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    return busy;
+}
+
+/* Revoke g (if live) and drop it once nothing of it is in flight. Returns
+ * true when it is gone (quiescent). seg_mu held. */
+static bool revoke_step(kvb_engine_h eng, kvb__grant_t *g)
+{
+    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    if (g->live) {
+        g->live = 0;
+        if (f != NULL && g->slot >= 0)
+            __atomic_store_n(&f->slots[g->slot].state, SLOT_REVOKED, __ATOMIC_SEQ_CST);
+    }
+    if (g->am_busy > 0 || slot_busy(eng, g->slot) > 0)
+        return false;
+    if (f != NULL && g->slot >= 0) {
+        __atomic_store_n(&f->slots[g->slot].busy, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&f->slots[g->slot].state, SLOT_FREE, __ATOMIC_SEQ_CST);
+    }
+    *g = eng->grants[--eng->n_grants];
+    return true;
+}
+
+kvb_status_t kvb_engine_revoke_writer(kvb_engine_h eng, uint32_t tag, uint64_t epoch, double wait_s)
+{
+    if (eng == NULL || tag == 0 || epoch == 0)
+        return KVB_ERR_INVALID;
+    uint64_t deadline = kvb__now_ns() + (uint64_t)(wait_s > 0 ? wait_s * 1e9 : 0);
+    for (;;) {
+        pthread_mutex_lock(&eng->seg_mu);
+        kvb__grant_t *g = grant_find(eng, tag, epoch);
+        bool done = g == NULL || revoke_step(eng, g);
+        pthread_mutex_unlock(&eng->seg_mu);
+        if (done)
+            return KVB_OK;
+        if (kvb__now_ns() >= deadline)
+            return KVB_ERR_INPROGRESS;
+        usleep(500);
+    }
+}
+
+/* Message lane: admit one write of (tag, epoch) and count it until placed.
+ * NULL when admitted, else the reason it is refused. Progress thread. */
+const char *kvb__fence_admit(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
+{
+    const char *why = NULL;
+    if (tag == 0 && epoch == 0)
+        return NULL;
+    pthread_mutex_lock(&eng->seg_mu);
+    if (epoch == 0) {
+        for (size_t i = 0; i < eng->n_fenced && why == NULL; i++)
+            if (eng->fenced[i] == tag)
+                why = "writer fenced: the destination declared this writer lost";
+    } else {
+        kvb__grant_t *g = grant_find(eng, tag, epoch);
+        if (g == NULL || !g->live)
+            why = "writer fenced: the destination revoked this writer's grant (declared it "
+                  "lost or ended its rooms)";
+        else
+            g->am_busy++;
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+    return why;
+}
+
+/* The admitted write's bytes are placed (or it failed). */
+void kvb__fence_done(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
+{
+    if (epoch == 0)
+        return;
+    pthread_mutex_lock(&eng->seg_mu);
+    kvb__grant_t *g = grant_find(eng, tag, epoch);
+    if (g != NULL && g->am_busy > 0)
+        g->am_busy--;
+    pthread_mutex_unlock(&eng->seg_mu);
+}
+
+/* ---- writer side (direct lane) ---- */
+
+static fence_state_t legacy_state(const fence_page_t *f, uint32_t tag)
+{
+    for (int tries = 0; tries < 1000; tries++) {
+        uint32_t s1 = __atomic_load_n(&f->seq, __ATOMIC_ACQUIRE), hit = 0;
+        if (s1 & 1) {
+            sched_yield();
+            continue;
+        }
+        /* Acquire loads: the second sequence read cannot move before them. */
+        uint32_t n = __atomic_load_n(&f->count, __ATOMIC_ACQUIRE);
+        uint32_t ov = __atomic_load_n(&f->overflow, __ATOMIC_ACQUIRE);
+        for (uint32_t i = 0; i < n && i < FENCE_TAGS; i++)
+            hit |= __atomic_load_n(&f->tags[i], __ATOMIC_ACQUIRE) == tag;
+        if (__atomic_load_n(&f->seq, __ATOMIC_RELAXED) == s1)
+            return hit ? FENCE_YES : ov ? FENCE_UNKNOWN : FENCE_NO;
+    }
+    return FENCE_UNKNOWN;
+}
+
+static bool slot_is(const fence_slot_t *s, uint32_t tag, uint64_t epoch, uint32_t state)
+{
+    return __atomic_load_n(&s->state, __ATOMIC_SEQ_CST) == state &&
+           __atomic_load_n(&s->tag, __ATOMIC_RELAXED) == tag &&
+           __atomic_load_n(&s->epoch, __ATOMIC_RELAXED) == epoch;
+}
+
+/* The slot holding (tag, epoch), live or revoked, or -1. */
+static int32_t slot_find(const fence_page_t *f, uint32_t tag, uint64_t epoch, fence_state_t *fs)
+{
+    for (int32_t k = 0; k < FENCE_SLOTS; k++) {
+        if (slot_is(&f->slots[k], tag, epoch, SLOT_LIVE)) {
+            *fs = FENCE_NO;
+            return k;
+        }
+        if (slot_is(&f->slots[k], tag, epoch, SLOT_REVOKED)) {
+            *fs = FENCE_YES;
+            return k;
+        }
+    }
+    *fs = FENCE_UNKNOWN; /* never listed (page full) or revoked and drained */
+    return -1;
+}
+
+fence_state_t kvb__fence_check(const kvb__conn_t *c, uint32_t tag, uint64_t epoch)
+{
+    const fence_page_t *f = (const fence_page_t *)c->fence;
+    fence_state_t fs;
+    if (epoch == 0)
+        return tag == 0 ? FENCE_NO : legacy_state(f, tag);
+    slot_find(f, tag, epoch, &fs);
+    return fs;
+}
+
+fence_state_t kvb__fence_enter(const kvb__conn_t *c, uint32_t tag, uint64_t epoch, int32_t *slot_p)
+{
+    fence_page_t *f = (fence_page_t *)c->fence;
+    fence_state_t fs;
+    *slot_p = -1;
+    if (epoch == 0)
+        return kvb__fence_check(c, tag, epoch);
+    int32_t k = slot_find(f, tag, epoch, &fs);
+    if (k < 0 || fs != FENCE_NO)
+        return fs;
+    fence_slot_t *s = &f->slots[k];
+    __atomic_store_n(&s->pid, (int32_t)getpid(), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->busy, 1, __ATOMIC_SEQ_CST);
+    if (!slot_is(s, tag, epoch, SLOT_LIVE)) {
+        __atomic_fetch_sub(&s->busy, 1, __ATOMIC_SEQ_CST);
+        return FENCE_YES;
+    }
+    *slot_p = k;
+    return FENCE_NO;
+}
+
+void kvb__fence_exit(const kvb__conn_t *c, int32_t slot)
+{
+    fence_page_t *f = (fence_page_t *)c->fence;
+    if (slot >= 0)
+        __atomic_fetch_sub(&f->slots[slot].busy, 1, __ATOMIC_RELEASE);
+}

@@ -1,0 +1,474 @@
+/* The abort fence under the fault the review (2026-12, 1.1/1.2) says was
+ * never tested: a prefill SIGSTOPped mid-transfer with rooms in flight, the
+ * bootstrap server gone at the same moment (so the decode's heartbeat
+ * declares the prefill lost), the bootstrap server restarted on the same
+ * port, new receivers resolving the same prefill again (a new route), the
+ * old rooms' pages refilled with a guard pattern as soon as the decode says
+ * they are safe, then SIGCONT. After the prefill has finished everything it
+ * had queued (the old rooms' second halves, then whole new rooms), every
+ * guard byte must be intact and the new rooms must verify.
+ *
+ * One case per lane, the argument: "direct" (decode pool from kvb_mem_alloc:
+ * the prefill's copy threads write straight in), "shm" (plain decode pool:
+ * the UCX message lane over shared memory), "tcp" (KVBRIDGE_TRANSPORT=tcp).
+ * Before the grant fence, resolving the route again lifted the prefill's
+ * tag fence, and the resumed prefill's writes for the old rooms landed in
+ * the refilled pages (the issue measured 336-608 MiB on every lane).
+ * Children are this executable run with --child. */
+#include "../conn_fault/fault_util.h"
+#include "kvb_test.h"
+
+#include <kvbridge/bootstrap.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+/* 16 KiB per page and buffer, 8 buffers: a room of 16 pages is 2 MiB. */
+static const fgeom_t G = {4, 8, 128, 16, 1024};
+static const char *g_self;
+
+#define NR 28 /* old rooms, in flight at SIGSTOP */
+#define NN 4  /* new rooms, after the route is resolved again */
+#define NP 16 /* pages per room */
+#define GUARD 0x5A
+_Static_assert(NR + NN <= FR_AUX_ITEMS, "one aux item per room");
+#define R0 1000ull
+#define RN 2000ull
+
+static int32_t dst_page(uint64_t room, int i)
+{
+    uint64_t slot = room >= RN ? NR + (room - RN) : room - R0;
+    return (int32_t)(slot * NP + (uint64_t)i);
+}
+
+static int32_t src_page(uint64_t room, int i)
+{
+    return dst_page(room, NP - 1 - i);
+}
+
+static int aux_of(uint64_t room)
+{
+    return dst_page(room, 0) / NP; /* one aux item per room, old and new */
+}
+
+/* ---- child: a prefill rank registered with the bootstrap server ---- */
+
+/* Senders for rooms [first, first + count) made ready first, then every
+ * send issued back to back, so the writes are in flight together. */
+static int send_rooms(frank_t *p, kvb_sender_h *s, uint64_t first, int count, int whole)
+{
+    int32_t src[NR][NP];
+    for (int j = 0; j < count; j++) {
+        uint64_t room = first + (uint64_t)j;
+        for (int i = 0; i < NP; i++)
+            src[j][i] = src_page(room, i);
+        ffill(p, room, src[j], NP, aux_of(room));
+        if (kvb_sender_create(p->mgr, "x", room, &s[j]) != KVB_OK ||
+            fwait_sender_ready(s[j], 10) != 0)
+            return -1;
+        kvb_sender_init(s[j], NP, aux_of(room));
+    }
+    for (int j = 0; j < count; j++)
+        kvb_sender_send(s[j], src[j], whole ? NP : NP / 2);
+    return 0;
+}
+
+static void send_rest(kvb_sender_h *s, uint64_t first, int count)
+{
+    for (int j = 0; j < count; j++) {
+        int32_t src[NP];
+        for (int i = 0; i < NP; i++)
+            src[i] = src_page(first + (uint64_t)j, i);
+        kvb_sender_send(s[j], src + NP / 2, NP - NP / 2);
+    }
+}
+
+/* "prefill ENDPOINT", then commands: "old" (first halves of the old rooms,
+ * answers "sent"), "rest" (their second halves), "new" (whole new rooms),
+ * "report" (waits for every sender's end: "report OLD_OK OLD_FAILED NEW_OK
+ * NEW_FAILED"), "lane SID" ("lane D": kvb_engine_session_direct). */
+static int child_prefill(const char *boot)
+{
+    frank_t p;
+    kvb_sender_h old[NR] = {0}, nw[NN] = {0};
+    char line[256], sid[128];
+    if (frank_start(&p, &G, KVB_MODE_PREFILL, boot, -1, NULL) != 0)
+        return 4;
+    printf("prefill %s\n", kvb_manager_endpoint(p.mgr));
+    fflush(stdout);
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        if (strncmp(line, "old", 3) == 0)
+            printf(send_rooms(&p, old, R0, NR, 0) == 0 ? "sent\n" : "error\n");
+        else if (strncmp(line, "rest", 4) == 0)
+            send_rest(old, R0, NR);
+        else if (strncmp(line, "new", 3) == 0)
+            printf(send_rooms(&p, nw, RN, NN, 1) == 0 ? "sent\n" : "error\n");
+        else if (sscanf(line, "lane %127s", sid) == 1)
+            printf("lane %d\n", kvb_engine_session_direct(p.eng, sid));
+        else if (strncmp(line, "report", 6) == 0) {
+            int c[4] = {0};
+            for (int j = 0; j < NR && old[j] != NULL; j++)
+                c[fwait_sender(old[j], 20) == KVB_POLL_SUCCESS ? 0 : 1]++;
+            for (int j = 0; j < NN && nw[j] != NULL; j++)
+                c[fwait_sender(nw[j], 20) == KVB_POLL_SUCCESS ? 2 : 3]++;
+            printf("report %d %d %d %d\n", c[0], c[1], c[2], c[3]);
+        }
+        fflush(stdout);
+    }
+    for (int j = 0; j < NR; j++)
+        kvb_sender_destroy(old[j]);
+    for (int j = 0; j < NN; j++)
+        kvb_sender_destroy(nw[j]);
+    frank_stop(&p);
+    return 0;
+}
+
+/* ---- the test ---- */
+
+static kvb_bootstrap_server_h boot_start(uint16_t port)
+{
+    kvb_bootstrap_server_params_t bp = {KVB_BOOTSTRAP_SERVER_PARAM_PORT, NULL, 0, NULL, 0, 0, 0};
+    kvb_bootstrap_server_h b = NULL;
+    bp.port = port;
+    for (int i = 0; i < 100 && kvb_bootstrap_server_start(&bp, &b) != KVB_OK; i++)
+        fsleep(0.05); /* the port may linger a moment after the stop */
+    return b;
+}
+
+/* PUT /route for the prefill at ep on the restarted server, as its own
+ * refresh would once resumed (it is still stopped). */
+static void reregister(const char *boot, const char *ep, const kvb_bootstrap_parallel_info_t *pi)
+{
+    kvb_bootstrap_client_params_t cp = {0};
+    kvb_bootstrap_client_h c;
+    kvb_bootstrap_registration_t reg = {0};
+    char ip[64];
+    const char *colon = strrchr(ep, ':');
+    CHECK(colon != NULL && (size_t)(colon - ep) < sizeof(ip));
+    snprintf(ip, sizeof(ip), "%.*s", (int)(colon - ep), ep);
+    reg.field_mask = KVB_BOOTSTRAP_REG_KV_ITEM_LENS | KVB_BOOTSTRAP_REG_KV_UNIT_LENS;
+    reg.attn_tp_size = reg.attn_dp_size = reg.pp_size = reg.system_dp_size = 1;
+    reg.rank_ip = ip;
+    reg.rank_port = (uint16_t)atoi(colon + 1);
+    reg.kv_item_lens = pi->kv_item_lens;
+    reg.kv_unit_lens = pi->kv_unit_lens;
+    CHECK_EQ(kvb_bootstrap_client_create(boot, &cp, &c), KVB_OK);
+    CHECK_EQ(kvb_bootstrap_client_register(c, &reg, 5), KVB_OK);
+    kvb_bootstrap_client_destroy(c);
+}
+
+static void parallel_info(const char *boot, kvb_bootstrap_parallel_info_t *pi)
+{
+    kvb_bootstrap_client_params_t cp = {0};
+    kvb_bootstrap_client_h c;
+    CHECK_EQ(kvb_bootstrap_client_create(boot, &cp, &c), KVB_OK);
+    CHECK_EQ(kvb_bootstrap_client_parallel_info(c, 5, pi), KVB_OK);
+    kvb_bootstrap_client_destroy(c);
+}
+
+/* Bytes of the room's first half that had arrived. */
+static uint64_t arrived(const frank_t *d, uint64_t room)
+{
+    uint64_t ok = 0;
+    for (int b = 0; b < d->n_kv; b++)
+        for (int i = 0; i < NP / 2; i++) {
+            const uint8_t *p = d->kv[b] + (uint64_t)dst_page(room, i) * d->item_len;
+            for (uint64_t k = 0; k < d->item_len; k++)
+                ok += p[k] == fpat(room, b, (uint64_t)i, k);
+        }
+    return ok;
+}
+
+static void guard_room(frank_t *d, uint64_t room)
+{
+    for (int b = 0; b < d->n_kv; b++)
+        for (int i = 0; i < NP; i++)
+            memset(d->kv[b] + (uint64_t)dst_page(room, i) * d->item_len, GUARD, d->item_len);
+    memset(d->aux + (uint64_t)aux_of(room) * FR_AUX_ITEM, GUARD, FR_AUX_ITEM);
+}
+
+static uint64_t guard_broken(const frank_t *d, uint64_t room)
+{
+    uint64_t bad = 0;
+    for (int b = 0; b < d->n_kv; b++)
+        for (int i = 0; i < NP; i++) {
+            const uint8_t *p = d->kv[b] + (uint64_t)dst_page(room, i) * d->item_len;
+            for (uint64_t k = 0; k < d->item_len; k++)
+                bad += p[k] != GUARD;
+        }
+    for (uint64_t k = 0; k < FR_AUX_ITEM; k++)
+        bad += d->aux[(uint64_t)aux_of(room) * FR_AUX_ITEM + k] != GUARD;
+    return bad;
+}
+
+static void receivers(frank_t *d, const char *boot, uint64_t first, int count, kvb_receiver_h *rc)
+{
+    for (int j = 0; j < count; j++) {
+        uint64_t room = first + (uint64_t)j;
+        int32_t dst[NP];
+        for (int i = 0; i < NP; i++)
+            dst[i] = dst_page(room, i);
+        CHECK_EQ(kvb_receiver_create(d->mgr, boot, room, -1, &rc[j]), KVB_OK);
+        kvb_receiver_init(rc[j], dst, NP, aux_of(room), NULL);
+    }
+}
+
+static void expect(fchild_t *ch, const char *want, char *line, size_t cap, double t)
+{
+    CHECK_EQ(fchild_line(ch, line, cap, t), 0);
+    if (strncmp(line, want, strlen(want)) != 0)
+        fprintf(stderr, "prefill answered \"%s\", expected \"%s...\"\n", line, want);
+    CHECK(strncmp(line, want, strlen(want)) == 0);
+}
+
+/* Wait (bounded) for every old room to end; guard the pages of those the
+ * decode says are safe. Returns how many were still unsafe. */
+static int fail_and_guard(frank_t *d, kvb_receiver_h *rc, int *guarded, double t0, double bound)
+{
+    int left = NR, unsafe = 0;
+    double t_last = 0;
+    uint64_t got = 0;
+    while (left > 0 && fnow() < t0 + bound + 5) {
+        for (int j = 0; j < NR; j++) {
+            kvb_poll_t p = rc[j] != NULL ? kvb_receiver_poll(rc[j]) : KVB_POLL_FAILED;
+            if (rc[j] == NULL || (p != KVB_POLL_FAILED && p != KVB_POLL_SUCCESS))
+                continue;
+            CHECK_EQ(p, KVB_POLL_FAILED); /* its second half was never sent */
+            got += arrived(d, R0 + (uint64_t)j);
+            if (kvb_receiver_pages_safe(rc[j])) {
+                guard_room(d, R0 + (uint64_t)j);
+                guarded[j] = 1;
+            } else {
+                unsafe++;
+            }
+            char why[512];
+            kvb_receiver_failure(rc[j], why, sizeof(why));
+            CHECK_STR_CONTAINS(why, "Losing connection with prefill instance");
+            if (!guarded[j])
+                CHECK_STR_CONTAINS(why, "NOT safe to reuse");
+            rc[j] = guarded[j] ? (kvb_receiver_destroy(rc[j]), NULL) : rc[j];
+            left -= guarded[j] ? 1 : 0;
+            t_last = fnow() - t0;
+        }
+        if (unsafe > 0)
+            break; /* the rest ends after SIGCONT */
+        fsleep(0.002);
+    }
+    fprintf(stderr,
+            "fence: %d rooms Failed and safe %.3f s after the fault (bound %.2f s), %d unsafe; "
+            "%.1f of %.1f MiB of the first halves had arrived\n",
+            NR - left, t_last, bound, left, (double)got / (1 << 20),
+            (double)NR * NP / 2 * d->item_len * d->n_kv / (1 << 20));
+    CHECK(left == 0 || unsafe > 0);
+    CHECK(t_last <= bound);
+    return left;
+}
+
+static void test_fence(const char *lane)
+{
+    const double interval = 0.2;
+    const int misses = 2;
+    fknobs_t k = {interval, misses, 0, 0, strcmp(lane, "direct") == 0};
+    kvb_receiver_h rc[NR], rn[NN];
+    int guarded[NR] = {0};
+    char line[512], ep[128], boot[128];
+    fchild_t ch;
+    frank_t d;
+    kvb_bootstrap_parallel_info_t pi;
+    if (strcmp(lane, "tcp") == 0)
+        setenv("KVBRIDGE_TRANSPORT", "tcp", 1);
+    kvb_bootstrap_server_h bs = boot_start(0);
+    CHECK(bs != NULL);
+    uint16_t port = kvb_bootstrap_server_port(bs);
+    snprintf(boot, sizeof(boot), "%s", kvb_bootstrap_server_address(bs));
+    char *args[] = {"--child", "prefill", boot, NULL};
+    CHECK_EQ(fchild_spawn(&ch, g_self, args), 0);
+    expect(&ch, "prefill ", line, sizeof(line), 20);
+    CHECK_EQ(sscanf(line, "prefill %127s", ep), 1);
+    CHECK_EQ(frank_start(&d, &G, KVB_MODE_DECODE, NULL, -1, &k), 0);
+    parallel_info(boot, &pi);
+    receivers(&d, boot, R0, NR, rc);
+    dprintf(ch.to, "old\n");
+    expect(&ch, "sent", line, sizeof(line), 30);
+    /* The fault, mid-transfer: once a quarter of the rooms' bytes started to
+     * land, the rest queued or being copied. */
+    const uint8_t *probe = d.kv[0] + (uint64_t)dst_page(R0 + NR / 4, 0) * d.item_len;
+    double t_probe = fnow();
+    while (probe[d.item_len - 1] != fpat(R0 + NR / 4, 0, 0, d.item_len - 1) &&
+           fnow() < t_probe + 10)
+        ;
+    double t0 = fnow();
+    CHECK_EQ(kill(ch.pid, SIGSTOP), 0);
+    kvb_bootstrap_server_stop(bs);
+    fprintf(stderr,
+            "fence[%s]: prefill stopped and bootstrap server down; %d rooms x %d of %d "
+            "pages (%.0f MiB) were queued\n",
+            lane, NR, NP / 2, NP, (double)NR * NP / 2 * d.item_len * d.n_kv / (1 << 20));
+    int unsafe = fail_and_guard(&d, rc, guarded, t0, interval * misses + 1.0 + 1.0);
+    /* The bootstrap server comes back on the same port; the decode resolves
+     * the same prefill again for new rooms (a new route, a new grant). */
+    bs = boot_start(port);
+    CHECK(bs != NULL);
+    reregister(boot, ep, &pi);
+    receivers(&d, boot, RN, NN, rn);
+    /* Queued while stopped, run once resumed: the old rooms' second halves
+     * first, then the new rooms. */
+    dprintf(ch.to, "rest\nnew\n");
+    double t_cont = fnow();
+    CHECK_EQ(kill(ch.pid, SIGCONT), 0);
+    fprintf(stderr, "fence[%s]: SIGCONT %.2f s after the fault\n", lane, t_cont - t0);
+    expect(&ch, "sent", line, sizeof(line), 30);
+    /* Rooms that were unsafe: their pages are reusable once the decode says
+     * so (the resumed writer's units in flight have ended). */
+    while (unsafe > 0 && fnow() < t_cont + 10) {
+        for (int j = 0; j < NR; j++)
+            if (rc[j] != NULL && kvb_receiver_pages_safe(rc[j])) {
+                guard_room(&d, R0 + (uint64_t)j);
+                guarded[j] = 1;
+                kvb_receiver_destroy(rc[j]);
+                rc[j] = NULL;
+                unsafe--;
+            }
+        fsleep(0.002);
+    }
+    fprintf(stderr, "fence[%s]: unsafe rooms left %.3f s after SIGCONT: %d\n", lane,
+            fnow() - t_cont, unsafe);
+    CHECK_EQ(unsafe, 0);
+    for (int j = 0; j < NN; j++) {
+        int32_t dst[NP];
+        for (int i = 0; i < NP; i++)
+            dst[i] = dst_page(RN + (uint64_t)j, i);
+        CHECK_EQ(fwait_receiver(rn[j], 20), KVB_POLL_SUCCESS);
+        CHECK_EQ(fverify(&d, RN + (uint64_t)j, dst, NP, aux_of(RN + (uint64_t)j)), (uint64_t)0);
+        kvb_receiver_destroy(rn[j]);
+    }
+    if (strcmp(lane, "direct") == 0) {
+        dprintf(ch.to, "lane %s\n", kvb_engine_session_id(d.eng));
+        expect(&ch, "lane 1", line, sizeof(line), 10);
+    }
+    /* Everything the prefill had queued has ended: the old rooms failed
+     * (their writes fenced), the new ones succeeded. */
+    dprintf(ch.to, "report\n");
+    expect(&ch, "report ", line, sizeof(line), 60);
+    fprintf(stderr, "fence[%s]: prefill %s (old ok/failed, new ok/failed), %.2f s after SIGCONT\n",
+            lane, line, fnow() - t_cont);
+    int ok_old, bad_old, ok_new, bad_new;
+    CHECK_EQ(sscanf(line, "report %d %d %d %d", &ok_old, &bad_old, &ok_new, &bad_new), 4);
+    fsleep(0.2);
+    uint64_t broken = 0;
+    for (int j = 0; j < NR; j++) {
+        uint64_t n = guard_broken(&d, R0 + (uint64_t)j);
+        if (n != 0)
+            fprintf(stderr, "room %llu: %llu guard bytes overwritten after it was reported safe\n",
+                    (unsigned long long)(R0 + (uint64_t)j), (unsigned long long)n);
+        broken += n;
+    }
+    fprintf(stderr, "fence[%s]: %llu guard bytes overwritten in %d refilled rooms\n", lane,
+            (unsigned long long)broken, NR);
+    CHECK_EQ(broken, (uint64_t)0);
+    CHECK_EQ(ok_old, 0); /* their writes were refused: never Success */
+    CHECK_EQ(ok_new, NN);
+    CHECK(fcanaries_ok(&d, "decode"));
+    kvb_bootstrap_parallel_info_free(&pi);
+    fchild_close(&ch);
+    frank_stop(&d);
+    kvb_bootstrap_server_stop(bs);
+    TEST_PASS("fence: stopped prefill + bootstrap restart + re-resolve: no stale byte landed");
+}
+
+/* A prefill rank stopped behind a healthy bootstrap server: the decode
+ * aborts its rooms, no source can confirm; after KVBRIDGE_ABORT_ACK_TIMEOUT
+ * the rooms end Failed with their pages unsafe (bounded, not forever), and
+ * become safe once the resumed prefill confirms; the pages, guarded only
+ * then, never change. Direct lane. */
+static void test_abort_unconfirmed(void)
+{
+    const double ack_to = 0.5;
+    fknobs_t k = {0.2, 2, 0, 0, 1};
+    kvb_receiver_h rc[NR];
+    int guarded[NR] = {0}, n_guarded = 0;
+    char line[512], ep[128], boot[128], why[512];
+    fchild_t ch;
+    frank_t d;
+    setenv("KVBRIDGE_ABORT_ACK_TIMEOUT", "0.5", 1);
+    kvb_bootstrap_server_h bs = boot_start(0);
+    CHECK(bs != NULL);
+    snprintf(boot, sizeof(boot), "%s", kvb_bootstrap_server_address(bs));
+    char *args[] = {"--child", "prefill", boot, NULL};
+    CHECK_EQ(fchild_spawn(&ch, g_self, args), 0);
+    expect(&ch, "prefill ", line, sizeof(line), 20);
+    CHECK_EQ(sscanf(line, "prefill %127s", ep), 1);
+    CHECK_EQ(frank_start(&d, &G, KVB_MODE_DECODE, NULL, -1, &k), 0);
+    receivers(&d, boot, R0, NR, rc);
+    dprintf(ch.to, "old\n");
+    expect(&ch, "sent", line, sizeof(line), 30);
+    CHECK_EQ(kill(ch.pid, SIGSTOP), 0);
+    double t0 = fnow();
+    for (int j = 0; j < NR; j++)
+        kvb_receiver_abort(rc[j]);
+    int ended = 0;
+    while (ended < NR && fnow() < t0 + ack_to + 5)
+        for (int j = 0, e = 0; j<NR; j++, ended = e> ended ? e : ended)
+            e += kvb_receiver_poll(rc[j]) == KVB_POLL_FAILED;
+    double t_end = fnow() - t0;
+    fprintf(stderr, "abort: %d rooms Failed %.3f s after the abort (ack time-out %.1f s)\n", ended,
+            t_end, ack_to);
+    CHECK_EQ(ended, NR);
+    CHECK(t_end >= ack_to && t_end < ack_to + 2.0);
+    for (int j = 0; j < NR; j++) {
+        CHECK_EQ(kvb_receiver_pages_safe(rc[j]), 0);
+        kvb_receiver_failure(rc[j], why, sizeof(why));
+        CHECK_STR_CONTAINS(why, "Aborted by AbortReq.");
+        CHECK_STR_CONTAINS(why, "NOT safe to reuse");
+    }
+    dprintf(ch.to, "rest\n");
+    double t_cont = fnow();
+    CHECK_EQ(kill(ch.pid, SIGCONT), 0);
+    while (n_guarded < NR && fnow() < t_cont + 10)
+        for (int j = 0; j < NR; j++)
+            if (!guarded[j] && kvb_receiver_pages_safe(rc[j])) {
+                guard_room(&d, R0 + (uint64_t)j);
+                guarded[j] = 1;
+                n_guarded++;
+            }
+    fprintf(stderr, "abort: %d rooms safe %.3f s after SIGCONT\n", n_guarded, fnow() - t_cont);
+    CHECK_EQ(n_guarded, NR);
+    dprintf(ch.to, "report\n");
+    expect(&ch, "report ", line, sizeof(line), 60);
+    fsleep(0.2);
+    uint64_t broken = 0;
+    for (int j = 0; j < NR; j++) {
+        broken += guard_broken(&d, R0 + (uint64_t)j);
+        kvb_receiver_destroy(rc[j]);
+    }
+    fprintf(stderr, "abort: prefill %s; %llu guard bytes overwritten\n", line,
+            (unsigned long long)broken);
+    CHECK_EQ(broken, (uint64_t)0);
+    CHECK(strncmp(line, "report 0 ", 9) == 0); /* no aborted room ended Success */
+    fchild_close(&ch);
+    frank_stop(&d);
+    kvb_bootstrap_server_stop(bs);
+    TEST_PASS("abort unconfirmed by a stopped prefill: bounded Failed, unsafe until confirmed");
+}
+
+int main(int argc, char **argv)
+{
+    g_self = argv[0];
+    setenv("KVBRIDGE_HEARTBEAT_FLOOR", "0.2", 1);
+    if (argc >= 4 && strcmp(argv[1], "--child") == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        return strcmp(argv[2], "prefill") == 0 ? child_prefill(argv[3]) : 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    if (argc >= 2 && strcmp(argv[1], "abort") == 0) {
+        test_abort_unconfirmed();
+        return 0;
+    }
+    if (argc < 2 || (strcmp(argv[1], "direct") && strcmp(argv[1], "shm") && strcmp(argv[1], "tcp")))
+        return 2;
+    test_fence(argv[1]);
+    return 0;
+}
