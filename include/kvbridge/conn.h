@@ -172,7 +172,7 @@ KVB_API void kvb_manager_stats(kvb_manager_h manager, kvb_manager_stats_t *stats
 enum kvb_manager_limits_field {
     KVB_MANAGER_LIMITS_REG_IDENTITY = 1u << 0, /* registrations_impostor */
     KVB_MANAGER_LIMITS_REG_BYTES = 1u << 1,    /* registration_bytes, registrations_too_big */
-    KVB_MANAGER_LIMITS_WIRE_ROOMS = 1u << 2,   /* wire_rooms .. wire_rooms_refused */
+    KVB_MANAGER_LIMITS_WIRE_ROOMS = 1u << 2,   /* wire_rooms .. wire_rooms_evicted */
     KVB_MANAGER_LIMITS_PUSH = 1u << 3,         /* push_sockets, push_sockets_evicted */
 };
 
@@ -187,10 +187,12 @@ typedef struct kvb_manager_limits {
      * default 64 MiB) */
     uint64_t registration_bytes, registrations_too_big;
     /* prefill: rooms that exist only because a peer named them (no sender
-     * yet), their destination bytes, and transfer infos / aborts refused
-     * because one peer (ip:port) holds KVBRIDGE_MAX_WIRE_ROOMS (default
-     * 4096) such rooms or KVBRIDGE_MAX_WIRE_ROOM_BYTES (default 256 MiB) */
+     * yet) and their bytes, at most KVBRIDGE_MAX_WIRE_ROOMS (default 4096)
+     * and KVBRIDGE_MAX_WIRE_ROOM_BYTES (default 256 MiB); messages refused
+     * (one alone past the byte cap); rooms dropped to make room (the oldest
+     * of the peer, CURVE key or claimed ip:port, that holds the most) */
     uint64_t wire_rooms, wire_room_bytes, wire_rooms_refused;
+    uint64_t wire_rooms_evicted;
     /* PUSH sockets open now (at most KVBRIDGE_MAX_PUSH_SOCKETS, default
      * 1024) and closed least-recently used to make room */
     uint64_t push_sockets, push_sockets_evicted;

@@ -198,6 +198,7 @@ class ManagerLimits(ctypes.Structure):
         ("wire_rooms", ctypes.c_uint64),
         ("wire_room_bytes", ctypes.c_uint64),
         ("wire_rooms_refused", ctypes.c_uint64),
+        ("wire_rooms_evicted", ctypes.c_uint64),
         ("push_sockets", ctypes.c_uint64),
         ("push_sockets_evicted", ctypes.c_uint64),
     ]

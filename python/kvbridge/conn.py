@@ -385,7 +385,8 @@ class KVManager(L.Closeable):
         """Counters of the caps on what peers can make this rank hold
         (docs/security.md): {"registrations_impostor", "registration_bytes",
         "registrations_too_big", "wire_rooms", "wire_room_bytes",
-        "wire_rooms_refused", "push_sockets", "push_sockets_evicted"}."""
+        "wire_rooms_refused", "wire_rooms_evicted", "push_sockets",
+        "push_sockets_evicted"}."""
         with self._guard:
             s = L.ManagerLimits(field_mask=L.MANAGER_LIMITS_ALL)
             L.lib().kvb_manager_limits(self._h, ctypes.byref(s))

@@ -133,13 +133,24 @@ typedef struct kvb__room {
     uint32_t *responded; /* prefill ranks that sent a terminal status */
     size_t n_responded;
     size_t n_success;
-    int wire;            /* prefill: created by a peer's message, no sender yet */
-    uint64_t wire_bytes; /* what it counts against the wire-room byte cap */
-    int fence_open;      /* abort/failure sent; waiting for terminal statuses */
-    double t_fence;      /* when the fence opened */
-    int lost;            /* its prefill instance was declared lost (grants revoked) */
-    int unsafe;          /* reported Failed while a source may still write its pages */
+    int wire;                        /* prefill: created by a peer's message, no sender yet */
+    uint64_t wire_bytes;             /* what it counts against the wire-room byte cap */
+    struct kvb__wpeer *wpeer;        /* wire: the peer that named it first */
+    struct kvb__room *wprev, *wnext; /* wire: that peer's rooms, oldest first */
+    int fence_open;                  /* abort/failure sent; waiting for terminal statuses */
+    double t_fence;                  /* when the fence opened */
+    int lost;                        /* its prefill instance was declared lost (grants revoked) */
+    int unsafe;                      /* reported Failed while a source may still write its pages */
 } kvb__room_t;
+
+/* A peer that named rooms no sender has yet (prefill; rooms.c). */
+typedef struct kvb__wpeer {
+    char key[KVB_IP_MAX + 48]; /* CURVE key, or the ip:port its frames claim */
+    size_t rooms;
+    uint64_t bytes;
+    kvb__room_t *head, *tail; /* its wire rooms, oldest first */
+    struct kvb__wpeer *next;
+} kvb__wpeer_t;
 
 /* ---- prefill: decode registrations ---- */
 typedef struct kvb__reg {
@@ -238,7 +249,8 @@ struct kvb_manager {
     size_t n_buckets, n_rooms;
     uint64_t bad_messages, transfers_failed;
     /* prefill: rooms a peer created by naming them (no sender yet) */
-    uint64_t wire_rooms, wire_room_bytes, wire_rooms_refused;
+    uint64_t wire_rooms, wire_room_bytes, wire_rooms_refused, wire_rooms_evicted;
+    kvb__wpeer_t *wpeers; /* peers holding wire rooms (mu) */
     size_t max_wire_rooms;
     uint64_t max_wire_room_bytes;
     uint64_t bad_kinds_logged; /* bit per message kind already logged */
@@ -290,10 +302,12 @@ struct kvb_receiver {
 kvb__room_t *kvb__room_find(struct kvb_manager *m, uint64_t id);
 kvb__room_t *kvb__room_get(struct kvb_manager *m, uint64_t id); /* create if absent */
 void kvb__room_remove(struct kvb_manager *m, uint64_t id);
-/* Prefill: the room a peer's message names, created if absent within the
- * wire-room caps (count, and bytes plus the message's); NULL: refused
- * (counted). */
-kvb__room_t *kvb__room_wire_admit(struct kvb_manager *m, uint64_t id, uint64_t bytes);
+/* Prefill: the room peer's message names, created if absent. Within the
+ * wire-room caps (count, and bytes plus the message's): at a cap, the oldest
+ * room of the peer holding the most is freed first. NULL: the message alone
+ * passes the byte cap, or no memory (counted). */
+kvb__room_t *kvb__room_wire_admit(struct kvb_manager *m, uint64_t id, uint64_t bytes,
+                                  const char *peer);
 /* A sender took the room (or it is freed): it no longer counts as a peer's. */
 void kvb__room_unwire(struct kvb_manager *m, kvb__room_t *r);
 /* The seeds' update rule, with Failed sticky. */

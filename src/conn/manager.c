@@ -520,6 +520,7 @@ void kvb_manager_limits(kvb_manager_h m, kvb_manager_limits_t *s)
         s->wire_rooms = m->wire_rooms;
         s->wire_room_bytes = m->wire_room_bytes;
         s->wire_rooms_refused = m->wire_rooms_refused;
+        s->wire_rooms_evicted = m->wire_rooms_evicted;
     }
     pthread_mutex_unlock(&m->mu);
     if (f & KVB_MANAGER_LIMITS_PUSH)

@@ -339,6 +339,17 @@ static kvb_status_t dst_from_msg(const kvb__xfer_msg_t *x, kvb__dst_t *d)
     return KVB_OK;
 }
 
+/* Who named a room (the wire-room caps' fairness): the CURVE key the
+ * message came with, else the ip:port its frames claim. */
+static void wire_peer(const struct kvb_manager *m, const kvb__xfer_msg_t *x, char *out, size_t len)
+{
+    if (m->rx_peer_id[0] != '\0')
+        snprintf(out, len, "%s", m->rx_peer_id);
+    else
+        snprintf(out, len, "%.*s:%u", (int)(x->ip_len < KVB_IP_MAX ? x->ip_len : KVB_IP_MAX), x->ip,
+                 x->port);
+}
+
 /* What a destination holds in memory (the wire-room byte cap). */
 static uint64_t dst_bytes(const kvb__dst_t *d)
 {
@@ -364,7 +375,9 @@ static void on_abort(struct kvb_manager *m, const kvb__xfer_msg_t *x)
     char ip[KVB_IP_MAX];
     copy_str(ip, sizeof(ip), x->ip, x->ip_len);
     pthread_mutex_lock(&m->mu);
-    kvb__room_t *r = kvb__room_wire_admit(m, x->room, 0);
+    char peer[KVB_IP_MAX + 48];
+    wire_peer(m, x, peer, sizeof(peer));
+    kvb__room_t *r = kvb__room_wire_admit(m, x->room, 0, peer);
     if (r != NULL) {
         snprintf(r->abort_ip, sizeof(r->abort_ip), "%s", ip);
         r->abort_port = x->port;
@@ -393,7 +406,9 @@ static void on_transfer(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         return;
     }
     pthread_mutex_lock(&m->mu);
-    kvb__room_t *r = kvb__room_wire_admit(m, x.room, dst_bytes(&d));
+    char peer[KVB_IP_MAX + 48];
+    wire_peer(m, &x, peer, sizeof(peer));
+    kvb__room_t *r = kvb__room_wire_admit(m, x.room, dst_bytes(&d), peer);
     size_t i = 0;
     for (; r != NULL && i < r->n_dst; i++)
         if (strcmp(r->dsts[i].session, d.session) == 0)
