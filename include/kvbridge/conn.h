@@ -165,6 +165,43 @@ typedef struct kvb_manager_stats {
  * other: read under the manager's lock). Any thread; cannot fail. */
 KVB_API void kvb_manager_stats(kvb_manager_h manager, kvb_manager_stats_t *stats_p);
 
+/* Caps on what peers can make a manager hold without authentication, and
+ * what they refused (docs/security.md). Set field_mask to the fields your
+ * struct has (UCX's habit: a caller built against an older, shorter struct
+ * stays safe); only those are written. */
+enum kvb_manager_limits_field {
+    KVB_MANAGER_LIMITS_REG_IDENTITY = 1u << 0, /* registrations_impostor */
+    KVB_MANAGER_LIMITS_REG_BYTES = 1u << 1,    /* registration_bytes, registrations_too_big */
+    KVB_MANAGER_LIMITS_WIRE_ROOMS = 1u << 2,   /* wire_rooms .. wire_rooms_evicted */
+    KVB_MANAGER_LIMITS_PUSH = 1u << 3,         /* push_sockets, push_sockets_evicted */
+};
+
+typedef struct kvb_manager_limits {
+    uint64_t field_mask;
+    /* prefill: KV-args registrations refused because the session id is
+     * registered with another CURVE client key */
+    uint64_t registrations_impostor;
+    /* prefill: bytes of pointer arrays held by registrations now, and
+     * registrations refused for exceeding KVBRIDGE_MAX_REGISTRATION_BYTES
+     * (one, default 1 MiB) or KVBRIDGE_MAX_REGISTRATIONS_BYTES (all,
+     * default 64 MiB) */
+    uint64_t registration_bytes, registrations_too_big;
+    /* prefill: rooms that exist only because a peer named them (no sender
+     * yet) and their bytes, at most KVBRIDGE_MAX_WIRE_ROOMS (default 4096)
+     * and KVBRIDGE_MAX_WIRE_ROOM_BYTES (default 256 MiB); messages refused
+     * (one alone past the byte cap); rooms dropped to make room (the oldest
+     * of the peer, CURVE key or claimed ip:port, that holds the most) */
+    uint64_t wire_rooms, wire_room_bytes, wire_rooms_refused;
+    uint64_t wire_rooms_evicted;
+    /* PUSH sockets open now (at most KVBRIDGE_MAX_PUSH_SOCKETS, default
+     * 1024) and closed least-recently used to make room */
+    uint64_t push_sockets, push_sockets_evicted;
+} kvb_manager_limits_t;
+
+/* Snapshot of the manager's caps counters into the fields of *limits_p
+ * that its field_mask names. Any thread; cannot fail. */
+KVB_API void kvb_manager_limits(kvb_manager_h manager, kvb_manager_limits_t *limits_p);
+
 /* ---- sender (prefill) ---- */
 
 /* Create the sender of room (status Bootstrapping until every decode rank
@@ -247,7 +284,11 @@ typedef struct kvb_receiver_init {
  * source; status → WaitingForInput. extra may be NULL. aux_index < 0 means
  * "none": allowed only when this manager registered no aux buffers (nothing
  * aux is then written into it); with aux buffers it is KVB_ERR_INVALID and
- * nothing is sent (the reason names the room). */
+ * nothing is sent (the reason names the room). Every index the prefill will
+ * write (page mask 1, or no mask) must be below this rank's KV pool (the
+ * smallest kv_data_lens / kv_item_len): otherwise nothing is sent, the room
+ * fails with the offending index in its reason and KVB_ERR_INVALID is
+ * returned. */
 KVB_API kvb_status_t kvb_receiver_init(kvb_receiver_h receiver, const int32_t *indices,
                                        size_t count, int64_t aux_index,
                                        const kvb_receiver_init_t *extra);

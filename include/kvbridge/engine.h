@@ -204,6 +204,42 @@ KVB_API void kvb_xfer_free(kvb_xfer_h xfer);
  * Thread-safe. */
 KVB_API kvb_status_t kvb_engine_close_session(kvb_engine_h engine, const char *session_id);
 
+/* Caps on what peers can make an engine hold (docs/security.md), and what
+ * they cost. Set field_mask to the groups your struct has (a caller built
+ * against an older, shorter struct stays safe); only those are written. */
+enum kvb_engine_limits_field {
+    KVB_ENGINE_LIMITS_CONTROL = 1u << 0,  /* control_conns .. handshakes_refused */
+    KVB_ENGINE_LIMITS_SESSIONS = 1u << 1, /* sessions .. sessions_refused */
+    KVB_ENGINE_LIMITS_DIRECT = 1u << 2,   /* direct_files_refused, direct_files_unpopulated */
+};
+
+typedef struct kvb_engine_limits {
+    uint64_t field_mask;
+    /* Listener: writers' control connections held now (at most
+     * KVBRIDGE_MAX_CONTROL_CONNS, default 1024; at the cap the oldest
+     * connection of the peer host holding the most is closed, and its
+     * writer re-handshakes), closed to make room, closed because the peer
+     * sent bytes (writers send none after the handshake), and connections
+     * refused because KVB_HS_MAX_ACTIVE handshakes were in progress. */
+    uint64_t control_conns, control_conns_evicted, control_conns_misbehaved;
+    uint64_t handshakes_refused;
+    /* Writer: sessions (peers written to) held now (at most
+     * KVBRIDGE_MAX_SESSIONS, default 4096), freed while idle to make room,
+     * and writes refused (KVB_ERR_PEER) because every session was busy. */
+    uint64_t sessions, sessions_evicted, sessions_refused;
+    /* Writer, direct lane: peer files not mapped because they exceed the
+     * segments advertised in them (page-rounded) plus the trailer plus
+     * KVBRIDGE_DIRECT_MAP_SLACK (default 64 MiB): those segments keep to the
+     * UCX lanes; and files mapped without prefaulting because the
+     * connection's prefaulted total would pass KVBRIDGE_DIRECT_POPULATE_MAX
+     * (default 4 GiB). */
+    uint64_t direct_files_refused, direct_files_unpopulated;
+} kvb_engine_limits_t;
+
+/* Snapshot of the engine's caps counters into the fields of *limits_p that
+ * its field_mask names. Thread-safe; cannot fail. */
+KVB_API void kvb_engine_limits(kvb_engine_h engine, kvb_engine_limits_t *limits_p);
+
 /* ---- The writer fence ----
  * A target admits a writer's writes by grant: (writer tag, epoch). The
  * writer engine stamps its tag (kvb_engine_set_writer_tag, set once, before

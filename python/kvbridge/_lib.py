@@ -188,6 +188,24 @@ class ManagerStats(ctypes.Structure):
     ]
 
 
+class ManagerLimits(ctypes.Structure):
+    """kvb_manager_limits_t (include/kvbridge/conn.h); field_mask: every group."""
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("registrations_impostor", ctypes.c_uint64),
+        ("registration_bytes", ctypes.c_uint64),
+        ("registrations_too_big", ctypes.c_uint64),
+        ("wire_rooms", ctypes.c_uint64),
+        ("wire_room_bytes", ctypes.c_uint64),
+        ("wire_rooms_refused", ctypes.c_uint64),
+        ("wire_rooms_evicted", ctypes.c_uint64),
+        ("push_sockets", ctypes.c_uint64),
+        ("push_sockets_evicted", ctypes.c_uint64),
+    ]
+
+
+MANAGER_LIMITS_ALL = (1 << 4) - 1
+
 RECV_INIT_STATE = 1 << 0
 RECV_INIT_PREFIX = 1 << 1
 RECV_INIT_MASK = 1 << 2
@@ -267,6 +285,7 @@ _PROTOTYPES = {
     "kvb_manager_last_error": (ctypes.c_char_p, [_P]),
     "kvb_manager_endpoint": (ctypes.c_char_p, [_P]),
     "kvb_manager_stats": (None, [_P, ctypes.POINTER(ManagerStats)]),
+    "kvb_manager_limits": (None, [_P, ctypes.POINTER(ManagerLimits)]),
     "kvb_sender_create": (_S, [_P, ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(_P)]),
     "kvb_sender_init": (_S, [_P, ctypes.c_uint64, ctypes.c_int64]),
     "kvb_sender_send": (_S, [_P, c_i32_p, ctypes.c_size_t]),

@@ -381,6 +381,17 @@ class KVManager(L.Closeable):
             L.lib().kvb_manager_stats(self._h, ctypes.byref(s))
             return {k: getattr(s, k) for k, _ in L.ManagerStats._fields_}
 
+    def limits(self):
+        """Counters of the caps on what peers can make this rank hold
+        (docs/security.md): {"registrations_impostor", "registration_bytes",
+        "registrations_too_big", "wire_rooms", "wire_room_bytes",
+        "wire_rooms_refused", "wire_rooms_evicted", "push_sockets",
+        "push_sockets_evicted"}."""
+        with self._guard:
+            s = L.ManagerLimits(field_mask=L.MANAGER_LIMITS_ALL)
+            L.lib().kvb_manager_limits(self._h, ctypes.byref(s))
+            return {k: getattr(s, k) for k, _ in L.ManagerLimits._fields_ if k != "field_mask"}
+
 
 class _Room(L.Closeable):
     """Shared parts of KVSender and KVReceiver: the C handle behind a lock

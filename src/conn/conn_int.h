@@ -21,6 +21,7 @@ typedef struct kvb__zpush {
     char endpoint[KVB_IP_MAX + 16];
     void *sock;
     pthread_mutex_t mu;
+    int users; /* senders between push_get and the end of their send (cache mu) */
     struct kvb__zpush *next;
 } kvb__zpush_t;
 
@@ -51,11 +52,14 @@ typedef struct kvb__zcache {
     void *zctx;
     const kvb__zcurve_t *curve; /* NULL or off: plain PUSH sockets */
     pthread_mutex_t mu;
-    kvb__zpush_t *head;
+    kvb__zpush_t *head; /* most recently used first */
+    size_t n, max;      /* open sockets; cap (KVBRIDGE_MAX_PUSH_SOCKETS) */
+    uint64_t evicted;   /* closed least-recently used to make room */
 } kvb__zcache_t;
 
 void kvb__zcache_init(kvb__zcache_t *c, void *zctx);
 void kvb__zcache_free(kvb__zcache_t *c);
+void kvb__zcache_stats(kvb__zcache_t *c, uint64_t *open_p, uint64_t *evicted_p);
 /* Send a multipart message to tcp://ip:port without blocking; KVB_ERR_PEER
  * when the peer's queue is full or the socket cannot be made. */
 kvb_status_t kvb__zsend(kvb__zcache_t *c, const char *ip, uint16_t port,
@@ -64,6 +68,9 @@ kvb_status_t kvb__zsend(kvb__zcache_t *c, const char *ip, uint16_t port,
  * count, 0 on timeout, -1 on error. Messages with more than max frames are
  * drained and reported as max + 1. */
 int kvb__zrecv(void *sock, void *msgs /* zmq_msg_t[max] */, size_t max, int timeout_ms);
+/* The sender identity of a received message (zmq_msg_t *): its CURVE client
+ * public key in Z85, "" without CURVE. */
+void kvb__zpeer_id(void *msg, char *out, size_t len);
 /* Bind a PULL socket on tcp://host:* (IPv6 aware); writes the port. */
 kvb_status_t kvb__zbind_pull(void *zctx, const char *host, const kvb__zcurve_t *curve,
                              void **sock_p, uint16_t *port_p);
@@ -127,11 +134,24 @@ typedef struct kvb__room {
     uint32_t *responded; /* prefill ranks that sent a terminal status */
     size_t n_responded;
     size_t n_success;
-    int fence_open; /* abort/failure sent; waiting for terminal statuses */
-    double t_fence; /* when the fence opened */
-    int lost;       /* its prefill instance was declared lost (grants revoked) */
-    int unsafe;     /* reported Failed while a source may still write its pages */
+    int wire;                        /* prefill: created by a peer's message, no sender yet */
+    uint64_t wire_bytes;             /* what it counts against the wire-room byte cap */
+    struct kvb__wpeer *wpeer;        /* wire: the peer that named it first */
+    struct kvb__room *wprev, *wnext; /* wire: that peer's rooms, oldest first */
+    int fence_open;                  /* abort/failure sent; waiting for terminal statuses */
+    double t_fence;                  /* when the fence opened */
+    int lost;                        /* its prefill instance was declared lost (grants revoked) */
+    int unsafe;                      /* reported Failed while a source may still write its pages */
 } kvb__room_t;
+
+/* A peer that named rooms no sender has yet (prefill; rooms.c). */
+typedef struct kvb__wpeer {
+    char key[KVB_IP_MAX + 48]; /* CURVE key, or the ip:port its frames claim */
+    size_t rooms;
+    uint64_t bytes;
+    kvb__room_t *head, *tail; /* its wire rooms, oldest first */
+    struct kvb__wpeer *next;
+} kvb__wpeer_t;
 
 /* ---- prefill: decode registrations ---- */
 typedef struct kvb__reg {
@@ -146,8 +166,13 @@ typedef struct kvb__reg {
     size_t n_state;
     int32_t tp_rank, tp_size;
     int64_t item_len;
+    char peer_id[41]; /* CURVE key it came with ("" without CURVE): a replacement
+                         needs the same */
+    int has_kv_pool;  /* it sent "kv_lens=": its destination pages are checked */
+    uint64_t kv_pool; /* pages in each of its KV buffers (the smallest) */
     kvb_plan_h plan;  /* NULL when plan_error is set */
     char *plan_error; /* why this decode cannot be served */
+    uint64_t bytes;   /* its pointer arrays (KVBRIDGE_MAX_REGISTRATION[S]_BYTES) */
     int failed;       /* a write to it failed */
     double failed_at;
     uint64_t registered_ms, used_ms; /* monotonic ms; used_ms 0: no room yet */
@@ -224,6 +249,11 @@ struct kvb_manager {
     kvb__room_t **buckets;
     size_t n_buckets, n_rooms;
     uint64_t bad_messages, transfers_failed;
+    /* prefill: rooms a peer created by naming them (no sender yet) */
+    uint64_t wire_rooms, wire_room_bytes, wire_rooms_refused, wire_rooms_evicted;
+    kvb__wpeer_t *wpeers; /* peers holding wire rooms (mu) */
+    size_t max_wire_rooms;
+    uint64_t max_wire_room_bytes;
     uint64_t bad_kinds_logged; /* bit per message kind already logged */
 
     pthread_cond_t room_cv;
@@ -237,6 +267,9 @@ struct kvb_manager {
     kvb__reg_t *regs; /* at most max_regs (KVBRIDGE_MAX_REGISTRATIONS) */
     size_t n_regs, max_regs;
     uint64_t regs_evicted, regs_refused;
+    uint64_t regs_impostor; /* replacements refused: another CURVE key */
+    uint64_t reg_bytes, max_reg_bytes, max_regs_bytes, regs_too_big; /* pointer arrays */
+    char rx_peer_id[41]; /* control thread: identity of the message in hand */
     kvb__queue_t *queues;
     int n_queues;
     int32_t prefill_rank; /* attn_tp_rank * pp_size + pp_rank */
@@ -270,6 +303,14 @@ struct kvb_receiver {
 kvb__room_t *kvb__room_find(struct kvb_manager *m, uint64_t id);
 kvb__room_t *kvb__room_get(struct kvb_manager *m, uint64_t id); /* create if absent */
 void kvb__room_remove(struct kvb_manager *m, uint64_t id);
+/* Prefill: the room peer's message names, created if absent. Within the
+ * wire-room caps (count, and bytes plus the message's): at a cap, the oldest
+ * room of the peer holding the most is freed first. NULL: the message alone
+ * passes the byte cap, or no memory (counted). */
+kvb__room_t *kvb__room_wire_admit(struct kvb_manager *m, uint64_t id, uint64_t bytes,
+                                  const char *peer);
+/* A sender took the room (or it is freed): it no longer counts as a peer's. */
+void kvb__room_unwire(struct kvb_manager *m, kvb__room_t *r);
 /* The seeds' update rule, with Failed sticky. */
 void kvb__room_set_status(kvb__room_t *r, int status);
 /* Record the failure reason (the first one wins) and set Failed. */

@@ -150,11 +150,34 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     return KVB_OK;
 }
 
+/* The "kv_lens=" registration extension: this rank's KV buffer lengths
+ * (packed u64, kv_args order), so the prefill can refuse destination pages
+ * past the end of a buffer before writing anything. *f points into *buf_p. */
+static kvb_status_t kv_lens_ext(const struct kvb_manager *m, uint8_t **buf_p, kvb__frame_t *f)
+{
+    static const char key[] = "kv_lens=";
+    size_t n = sizeof(key) - 1 + (size_t)m->args.num_kv * 8;
+    uint8_t *buf = malloc(n);
+    if (buf == NULL)
+        return KVB_ERR_NOMEM;
+    memcpy(buf, key, sizeof(key) - 1);
+    memcpy(buf + sizeof(key) - 1, m->kv_lens, (size_t)m->args.num_kv * 8);
+    *f = (kvb__frame_t){buf, n};
+    *buf_p = buf;
+    return KVB_OK;
+}
+
 static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uint16_t port)
 {
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__reg_msg_t r = {0};
+    kvb__frame_t lens;
+    uint8_t *lens_buf = NULL;
+    if (kv_lens_ext(m, &lens_buf, &lens) != KVB_OK)
+        return KVB_ERR_NOMEM;
+    r.ext = &lens;
+    r.n_ext = 1;
     const char *sid = kvb_engine_session_id(m->engine);
     r.ip = m->host;
     r.ip_len = strlen(m->host);
@@ -175,6 +198,7 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     if (st == KVB_OK)
         st = kvb__zsend(&m->zc, ip, port, &b);
     kvb__frames_buf_free(&b);
+    free(lens_buf);
     return st;
 }
 
@@ -404,6 +428,46 @@ static void send_aborts(struct kvb_manager *m, uint64_t room, kvb__src_t *todo, 
     free(todo);
 }
 
+/* Pages every KV buffer of this rank holds: an index at or past it would
+ * land past the end of the smallest buffer (in the next buffer when they
+ * are adjacent slices of one allocation). */
+static uint64_t kv_pool_pages(const struct kvb_manager *m)
+{
+    uint64_t pool = UINT64_MAX;
+    for (uint32_t i = 0; i < m->args.num_kv; i++)
+        if (m->kv_lens[i] / m->args.kv_item_len < pool)
+            pool = m->kv_lens[i] / m->args.kv_item_len;
+    return pool == UINT64_MAX ? 0 : pool;
+}
+
+/* Every destination page the prefill will write (page mask 1, or no mask)
+ * must lie in this rank's pool; otherwise the room fails with why and
+ * nothing is sent. */
+static bool pages_in_pool(struct kvb_manager *m, uint64_t room, const int32_t *idx, size_t n,
+                          const kvb_receiver_init_t *ex)
+{
+    const uint8_t *mask =
+        ex != NULL && (ex->field_mask & KVB_RECV_INIT_MASK) ? ex->page_mask : NULL;
+    uint64_t pool = kv_pool_pages(m);
+    for (size_t i = 0; i < n; i++) {
+        if ((mask != NULL && !mask[i]) || (idx[i] >= 0 && (uint64_t)idx[i] < pool))
+            continue;
+        pthread_mutex_lock(&m->mu);
+        kvb__room_t *r = kvb__room_find(m, room);
+        if (r != NULL)
+            kvb__room_fail(r,
+                           "room %llu: destination page index %d (entry %zu) is outside this "
+                           "decode rank's KV pool of %llu pages; nothing was sent",
+                           (unsigned long long)room, (int)idx[i], i, (unsigned long long)pool);
+        pthread_mutex_unlock(&m->mu);
+        KVB_LOGW("manager %s: room %llu: destination page index %d (entry %zu) outside the KV "
+                 "pool of %llu pages",
+                 m->endpoint, (unsigned long long)room, (int)idx[i], i, (unsigned long long)pool);
+        return false;
+    }
+    return true;
+}
+
 kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t count,
                                int64_t aux_index, const kvb_receiver_init_t *extra)
 {
@@ -422,6 +486,8 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
                                 m->args.num_aux);
         aux_index = 0; /* no aux buffers here: the prefill plans no aux into us */
     }
+    if (!pages_in_pool(m, rc->room, indices, count, extra))
+        return KVB_ERR_INVALID;
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, rc->room);
     if (r != NULL && r->status != KVB_POLL_FAILED && r->n_src > 0) {

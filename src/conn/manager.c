@@ -241,6 +241,7 @@ static void *control_main(void *arg)
         } else if (n > 0) {
             for (int i = 0; i < n; i++)
                 f[i] = (kvb__frame_t){zmq_msg_data(&msgs[i]), zmq_msg_size(&msgs[i])};
+            kvb__zpeer_id(&msgs[0], m->rx_peer_id, sizeof(m->rx_peer_id));
             if (m->mode == KVB_MODE_PREFILL)
                 kvb__prefill_on_message(m, f, (size_t)n);
             else
@@ -501,4 +502,27 @@ void kvb_manager_stats(kvb_manager_h m, kvb_manager_stats_t *s)
     s->registrations_evicted = m->regs_evicted;
     s->registrations_refused = m->regs_refused;
     pthread_rwlock_unlock(&m->reg_mu);
+}
+
+void kvb_manager_limits(kvb_manager_h m, kvb_manager_limits_t *s)
+{
+    uint64_t f = s->field_mask;
+    pthread_rwlock_rdlock(&m->reg_mu);
+    if (f & KVB_MANAGER_LIMITS_REG_IDENTITY)
+        s->registrations_impostor = m->regs_impostor;
+    if (f & KVB_MANAGER_LIMITS_REG_BYTES) {
+        s->registration_bytes = m->reg_bytes;
+        s->registrations_too_big = m->regs_too_big;
+    }
+    pthread_rwlock_unlock(&m->reg_mu);
+    pthread_mutex_lock(&m->mu);
+    if (f & KVB_MANAGER_LIMITS_WIRE_ROOMS) {
+        s->wire_rooms = m->wire_rooms;
+        s->wire_room_bytes = m->wire_room_bytes;
+        s->wire_rooms_refused = m->wire_rooms_refused;
+        s->wire_rooms_evicted = m->wire_rooms_evicted;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (f & KVB_MANAGER_LIMITS_PUSH)
+        kvb__zcache_stats(&m->zc, &s->push_sockets, &s->push_sockets_evicted);
 }

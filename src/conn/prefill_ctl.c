@@ -80,31 +80,61 @@ static kvb__reg_t **reg_victim(struct kvb_manager *m)
     return best[1] != NULL ? best[1] : best[2];
 }
 
-/* Put g in the table (replacing the session's earlier record); false when
- * the table is full of registrations in use. *old_p: what to release. */
-static bool reg_insert(struct kvb_manager *m, kvb__reg_t *g, kvb__reg_t **old_p)
+typedef enum reg_ins { REG_OK = 0, REG_FULL, REG_IMPOSTOR, REG_TOO_BIG } reg_ins_t;
+
+/* Unlink the registration at pp (reg_mu held for writing). */
+static kvb__reg_t *reg_unlink(struct kvb_manager *m, kvb__reg_t **pp)
+{
+    kvb__reg_t *g = *pp;
+    *pp = g->next;
+    m->n_regs--;
+    m->reg_bytes -= g->bytes;
+    return g;
+}
+
+/* Drop victims (reg_victim's order) until g fits the count and byte caps;
+ * false when only registrations in use are left. */
+static bool reg_make_room(struct kvb_manager *m, const kvb__reg_t *g)
+{
+    while (m->n_regs >= m->max_regs || m->reg_bytes + g->bytes > m->max_regs_bytes) {
+        kvb__reg_t **pp = reg_victim(m);
+        if (pp == NULL)
+            return false;
+        m->regs_evicted++;
+        kvb__reg_put(reg_unlink(m, pp)); /* refs 1: frees only memory */
+    }
+    return true;
+}
+
+/* Put g in the table, replacing the session's earlier record, which only
+ * the same CURVE identity may do (REG_IMPOSTOR otherwise). REG_TOO_BIG /
+ * REG_FULL: the byte / count caps cannot be met without dropping a
+ * registration in use. *old_p: what to release. */
+static reg_ins_t reg_insert(struct kvb_manager *m, kvb__reg_t *g, kvb__reg_t **old_p)
 {
     kvb__reg_t **pp = &m->regs;
     *old_p = NULL;
     while (*pp != NULL && strcmp((*pp)->session, g->session) != 0)
         pp = &(*pp)->next;
-    if (*pp == NULL && m->n_regs >= m->max_regs) {
-        pp = reg_victim(m);
-        if (pp == NULL) {
-            m->regs_refused++;
-            return false;
-        }
-        m->regs_evicted++;
+    if (*pp != NULL && strcmp((*pp)->peer_id, g->peer_id) != 0) {
+        m->regs_impostor++;
+        return REG_IMPOSTOR; /* another CURVE identity: never redirect its rooms */
     }
-    if (*pp != NULL) {
-        *old_p = *pp;
-        *pp = (*old_p)->next;
-        m->n_regs--;
+    if (*pp != NULL)
+        *old_p = reg_unlink(m, pp);
+    if (!reg_make_room(m, g)) {
+        bool bytes = m->reg_bytes + g->bytes > m->max_regs_bytes;
+        if (bytes)
+            m->regs_too_big++;
+        else
+            m->regs_refused++;
+        return bytes ? REG_TOO_BIG : REG_FULL; /* *old_p is dropped too: it was replaced */
     }
     g->next = m->regs;
     m->regs = g;
     m->n_regs++;
-    return true;
+    m->reg_bytes += g->bytes;
+    return REG_OK;
 }
 
 /* The decode rank's layout, from what its registration says; geometry the
@@ -166,17 +196,69 @@ static void reg_build_plan(struct kvb_manager *m, kvb__reg_t *g)
     }
 }
 
+/* The decode's "kv_lens=" extension (packed u64, one per KV buffer): the
+ * pages each of its buffers holds, the smallest wins. *has_p false when
+ * absent (an older decode: its pages are not checked here). false:
+ * malformed. */
+static bool reg_kv_pool(const kvb__reg_msg_t *msg, bool *has_p, uint64_t *pool_p,
+                        kvb__frames_err_t *e)
+{
+    static const char key[] = "kv_lens=";
+    const size_t kl = sizeof(key) - 1;
+    *has_p = false;
+    *pool_p = 0;
+    for (size_t i = 0; i < msg->n_ext; i++) {
+        const kvb__frame_t *x = &msg->ext[i];
+        if (x->len < kl || memcmp(x->data, key, kl) != 0)
+            continue;
+        if (x->len - kl != msg->kv_ptrs.count * 8) {
+            snprintf(e->reason, sizeof(e->reason),
+                     "registration: extension kv_lens has %zu bytes, %zu KV buffers need %zu",
+                     x->len - kl, msg->kv_ptrs.count, msg->kv_ptrs.count * 8);
+            e->has_room = false;
+            return false;
+        }
+        kvb__u64_view_t v = {x->data + kl, msg->kv_ptrs.count};
+        uint64_t pool = UINT64_MAX;
+        for (size_t k = 0; k < v.count; k++)
+            if (kvb__u64_at(v, k) / (uint64_t)msg->dst_kv_item_len < pool)
+                pool = kvb__u64_at(v, k) / (uint64_t)msg->dst_kv_item_len;
+        *pool_p = pool;
+        *has_p = true;
+        return true;
+    }
+    return true;
+}
+
 static void on_registration(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     kvb__reg_msg_t msg;
     kvb__frames_err_t e;
-    if (kvb__frames_decode_registration(f, n, &e, &msg) != KVB_OK) {
+    uint64_t pool;
+    bool has_pool;
+    if (kvb__frames_decode_registration(f, n, &e, &msg) != KVB_OK ||
+        !reg_kv_pool(&msg, &has_pool, &pool, &e)) {
         kvb__conn_bad_message(m, KVB__MSG_REGISTRATION, &e);
+        return;
+    }
+    uint64_t bytes = (uint64_t)(msg.kv_ptrs.count + msg.aux_ptrs.count +
+                                (msg.has_state_ptrs ? msg.state_ptrs.count : 0)) *
+                     8;
+    if (bytes > m->max_reg_bytes) { /* refused before anything is copied */
+        pthread_rwlock_wrlock(&m->reg_mu);
+        uint64_t k = ++m->regs_too_big;
+        pthread_rwlock_unlock(&m->reg_mu);
+        if ((k & (k - 1)) == 0)
+            KVB_LOGW("manager %s: KV args with %llu bytes of pointers refused "
+                     "(KVBRIDGE_MAX_REGISTRATION_BYTES %llu); %llu so far",
+                     m->endpoint, (unsigned long long)bytes, (unsigned long long)m->max_reg_bytes,
+                     (unsigned long long)k);
         return;
     }
     kvb__reg_t *g = calloc(1, sizeof(*g));
     if (g == NULL)
         return;
+    g->bytes = bytes;
     copy_str(g->session, sizeof(g->session), msg.session_id, msg.session_id_len);
     copy_str(g->ip, sizeof(g->ip), msg.ip, msg.ip_len);
     g->port = msg.port;
@@ -189,17 +271,32 @@ static void on_registration(struct kvb_manager *m, const kvb__frame_t *f, size_t
     g->tp_rank = msg.dst_tp_rank;
     g->tp_size = msg.dst_attn_tp_size;
     g->item_len = msg.dst_kv_item_len;
+    g->has_kv_pool = has_pool;
+    g->kv_pool = pool;
     g->refs = 1;
+    snprintf(g->peer_id, sizeof(g->peer_id), "%s", m->rx_peer_id);
     reg_build_plan(m, g);
     g->registered_ms = now_ms();
     /* Replace any earlier record of the session: a restarted decode
      * re-registers, which also clears its failure mark. */
     kvb__reg_t *old;
     pthread_rwlock_wrlock(&m->reg_mu);
-    bool ok = reg_insert(m, g, &old);
+    reg_ins_t ins = reg_insert(m, g, &old);
     pthread_rwlock_unlock(&m->reg_mu);
     kvb__reg_put(old);
-    if (!ok) {
+    if (ins == REG_IMPOSTOR)
+        KVB_LOGW("manager %s: KV args of %s refused: that session is registered with another "
+                 "CURVE key (this one %.8s...)",
+                 m->endpoint, g->session, g->peer_id);
+    if (ins == REG_IMPOSTOR || ins == REG_TOO_BIG) {
+        kvb__reg_put(g);
+        return;
+    }
+    if (ins == REG_TOO_BIG)
+        KVB_LOGW("manager %s: KV args of %s refused: registrations would hold more than %llu "
+                 "bytes of pointers (KVBRIDGE_MAX_REGISTRATIONS_BYTES)",
+                 m->endpoint, g->session, (unsigned long long)m->max_regs_bytes);
+    if (ins == REG_FULL) {
         KVB_LOGW("manager %s: KV args of %s refused: %zu registrations in use "
                  "(KVBRIDGE_MAX_REGISTRATIONS)",
                  m->endpoint, g->session, m->max_regs);
@@ -242,6 +339,24 @@ static kvb_status_t dst_from_msg(const kvb__xfer_msg_t *x, kvb__dst_t *d)
     return KVB_OK;
 }
 
+/* Who named a room (the wire-room caps' fairness): the CURVE key the
+ * message came with, else the ip:port its frames claim. */
+static void wire_peer(const struct kvb_manager *m, const kvb__xfer_msg_t *x, char *out, size_t len)
+{
+    if (m->rx_peer_id[0] != '\0')
+        snprintf(out, len, "%s", m->rx_peer_id);
+    else
+        snprintf(out, len, "%.*s:%u", (int)(x->ip_len < KVB_IP_MAX ? x->ip_len : KVB_IP_MAX), x->ip,
+                 x->port);
+}
+
+/* What a destination holds in memory (the wire-room byte cap). */
+static uint64_t dst_bytes(const kvb__dst_t *d)
+{
+    return sizeof(*d) + d->n_pages * (sizeof(int32_t) + (d->mask != NULL)) +
+           d->n_state * sizeof(int32_t);
+}
+
 static bool msg_is_abort(const kvb__xfer_msg_t *x)
 {
     for (size_t i = 0; i < x->n_ext; i++)
@@ -260,7 +375,9 @@ static void on_abort(struct kvb_manager *m, const kvb__xfer_msg_t *x)
     char ip[KVB_IP_MAX];
     copy_str(ip, sizeof(ip), x->ip, x->ip_len);
     pthread_mutex_lock(&m->mu);
-    kvb__room_t *r = kvb__room_get(m, x->room);
+    char peer[KVB_IP_MAX + 48];
+    wire_peer(m, x, peer, sizeof(peer));
+    kvb__room_t *r = kvb__room_wire_admit(m, x->room, 0, peer);
     if (r != NULL) {
         snprintf(r->abort_ip, sizeof(r->abort_ip), "%s", ip);
         r->abort_port = x->port;
@@ -327,7 +444,9 @@ static void on_transfer(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         return;
     }
     pthread_mutex_lock(&m->mu);
-    kvb__room_t *r = kvb__room_get(m, x.room);
+    char peer[KVB_IP_MAX + 48];
+    wire_peer(m, &x, peer, sizeof(peer));
+    kvb__room_t *r = kvb__room_wire_admit(m, x.room, dst_bytes(&d), peer);
     room_put_dst(m, r, &d);
     bool late = false; /* the room already ended Failed here (aborted) */
     char ip[KVB_IP_MAX];

@@ -218,6 +218,23 @@ static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t 
     return KVB_OK;
 }
 
+/* Every page the decode wants written lies inside its buffers (from its
+ * "kv_lens=" registration extension); checked over the whole transfer info
+ * before its first chunk is written, so a bad one writes nothing. */
+static bool dst_pages_fit(const kvb__reg_t *g, const kvb__dst_t *d, char *why, size_t wl)
+{
+    for (size_t i = 0; g->has_kv_pool && i < d->n_pages; i++) {
+        if ((d->mask != NULL && !d->mask[i]) || (uint64_t)d->pages[i] < g->kv_pool)
+            continue;
+        snprintf(why, wl,
+                 "destination page index %d (entry %zu) is outside decode %s's KV pool of %llu "
+                 "pages; nothing written",
+                 (int)d->pages[i], i, d->session, (unsigned long long)g->kv_pool);
+        return false;
+    }
+    return true;
+}
+
 static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const kvb__chunk_t *c)
 {
     j->st = KVB_OK;
@@ -238,6 +255,8 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         j->st = KVB_ERR_PEER;
         snprintf(j->why, sizeof(j->why),
                  "Decode instance could be dead, remote session %s is not alive", d->session);
+    } else if (!dst_pages_fit(j->reg, d, j->why, sizeof(j->why))) {
+        j->st = KVB_ERR_INVALID;
     } else if (c->first + c->n > d->n_pages) {
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why),
@@ -511,6 +530,15 @@ kvb_status_t kvb__prefill_start(struct kvb_manager *m)
     m->transfer_timeout_s = kvb__env_double("KVBRIDGE_TRANSFER_TIMEOUT", NULL, 60, 0.1, 1e9);
     m->session_backoff_s = kvb__env_double("KVBRIDGE_SESSION_BACKOFF", NULL, 5, 0, 1e9);
     m->max_regs = (size_t)kvb__env_int("KVBRIDGE_MAX_REGISTRATIONS", NULL, 4096, 1, 1000000);
+    /* Caps on what unauthenticated peers can make this rank hold
+     * (docs/security.md, kvb_manager_limits). */
+    m->max_reg_bytes = (uint64_t)kvb__env_int("KVBRIDGE_MAX_REGISTRATION_BYTES", NULL, 1 << 20, 64,
+                                              (int64_t)1 << 40);
+    m->max_regs_bytes = (uint64_t)kvb__env_int("KVBRIDGE_MAX_REGISTRATIONS_BYTES", NULL, 64 << 20,
+                                               64, (int64_t)1 << 40);
+    m->max_wire_rooms = (size_t)kvb__env_int("KVBRIDGE_MAX_WIRE_ROOMS", NULL, 4096, 1, 100000000);
+    m->max_wire_room_bytes = (uint64_t)kvb__env_int("KVBRIDGE_MAX_WIRE_ROOM_BYTES", NULL, 256 << 20,
+                                                    4096, (int64_t)1 << 40);
     m->n_queues = m->p.transfer_queues;
     m->queues = calloc((size_t)m->n_queues, sizeof(*m->queues));
     if (m->queues == NULL)
@@ -575,6 +603,7 @@ kvb_status_t kvb_sender_create(kvb_manager_h m, const char *bootstrap_addr, uint
     kvb_status_t st = r == NULL ? KVB_ERR_NOMEM : r->has_handle ? KVB_ERR_STATE : KVB_OK;
     if (st == KVB_OK) {
         r->has_handle = 1;
+        kvb__room_unwire(m, r);
         r->t_start = kvb__now_s();
         kvb__room_set_status(r, KVB_POLL_BOOTSTRAPPING);
     }

@@ -78,6 +78,141 @@ static void room_free(kvb__room_t *r)
     free(r);
 }
 
+/* ---- rooms peers created by naming them (prefill) ----
+ * Each is listed, oldest first, under the peer that named it first (its
+ * CURVE key, or without CURVE the ip:port its frames claim). At a cap the
+ * oldest room of the peer holding the most goes: a flood displaces its own
+ * rooms, not the few a genuine decode has waiting for their senders. */
+
+static kvb__wpeer_t *wpeer_get(struct kvb_manager *m, const char *key)
+{
+    kvb__wpeer_t *p = m->wpeers;
+    while (p != NULL && strcmp(p->key, key) != 0)
+        p = p->next;
+    if (p == NULL && (p = calloc(1, sizeof(*p))) != NULL) {
+        snprintf(p->key, sizeof(p->key), "%s", key);
+        p->next = m->wpeers;
+        m->wpeers = p;
+    }
+    return p;
+}
+
+static void wpeer_drop_if_empty(struct kvb_manager *m, kvb__wpeer_t *p)
+{
+    if (p->rooms > 0)
+        return;
+    kvb__wpeer_t **pp = &m->wpeers;
+    while (*pp != p)
+        pp = &(*pp)->next;
+    *pp = p->next;
+    free(p);
+}
+
+static void wpeer_link(kvb__wpeer_t *p, kvb__room_t *r)
+{
+    r->wpeer = p;
+    r->wnext = NULL;
+    r->wprev = p->tail;
+    if (p->tail != NULL)
+        p->tail->wnext = r;
+    else
+        p->head = r;
+    p->tail = r;
+    p->rooms++;
+}
+
+static void wpeer_unlink(struct kvb_manager *m, kvb__room_t *r)
+{
+    kvb__wpeer_t *p = r->wpeer;
+    if (r->wprev != NULL)
+        r->wprev->wnext = r->wnext;
+    else
+        p->head = r->wnext;
+    if (r->wnext != NULL)
+        r->wnext->wprev = r->wprev;
+    else
+        p->tail = r->wprev;
+    p->rooms--;
+    p->bytes -= r->wire_bytes;
+    r->wpeer = NULL;
+    r->wprev = r->wnext = NULL;
+    wpeer_drop_if_empty(m, p);
+}
+
+/* Free the oldest room of the busiest peer (not keep); false: none left. */
+static bool wire_evict(struct kvb_manager *m, const kvb__room_t *keep)
+{
+    kvb__wpeer_t *busiest = NULL;
+    for (kvb__wpeer_t *p = m->wpeers; p != NULL; p = p->next)
+        if ((busiest == NULL || p->rooms > busiest->rooms) && (p->head != keep || p->rooms > 1))
+            busiest = p;
+    if (busiest == NULL)
+        return false;
+    kvb__room_t *v = busiest->head != keep ? busiest->head : busiest->head->wnext;
+    m->wire_rooms_evicted++;
+    kvb__room_remove(m, v->id);
+    return true;
+}
+
+static void wire_refused(struct kvb_manager *m, uint64_t id)
+{
+    uint64_t k = ++m->wire_rooms_refused;
+    if ((k & (k - 1)) == 0)
+        KVB_LOGW("manager %s: message for room %llu refused: it alone passes "
+                 "KVBRIDGE_MAX_WIRE_ROOM_BYTES (%llu); %llu refused so far",
+                 m->endpoint, (unsigned long long)id, (unsigned long long)m->max_wire_room_bytes,
+                 (unsigned long long)k);
+}
+
+kvb__room_t *kvb__room_wire_admit(struct kvb_manager *m, uint64_t id, uint64_t bytes,
+                                  const char *peer)
+{
+    kvb__room_t *r = kvb__room_find(m, id);
+    uint64_t add = bytes + (r == NULL ? sizeof(*r) : 0);
+    if (r != NULL && !r->wire)
+        return r; /* a sender's room: the application bounds it */
+    uint64_t evicted0 = m->wire_rooms_evicted;
+    while ((r == NULL && m->wire_rooms >= m->max_wire_rooms) ||
+           m->wire_room_bytes + add > m->max_wire_room_bytes) {
+        if (!wire_evict(m, r)) {
+            wire_refused(m, id);
+            return NULL;
+        }
+    }
+    if (m->wire_rooms_evicted != evicted0 &&
+        (m->wire_rooms_evicted & (m->wire_rooms_evicted - 1)) == 0)
+        KVB_LOGW("manager %s: %llu rooms named by peers without a sender dropped so far "
+                 "(KVBRIDGE_MAX_WIRE_ROOMS %zu / KVBRIDGE_MAX_WIRE_ROOM_BYTES %llu)",
+                 m->endpoint, (unsigned long long)m->wire_rooms_evicted, m->max_wire_rooms,
+                 (unsigned long long)m->max_wire_room_bytes);
+    if (r == NULL) {
+        kvb__wpeer_t *p = wpeer_get(m, peer);
+        if (p == NULL || (r = kvb__room_get(m, id)) == NULL) {
+            if (p != NULL)
+                wpeer_drop_if_empty(m, p);
+            return NULL;
+        }
+        r->wire = 1;
+        wpeer_link(p, r);
+        m->wire_rooms++;
+    }
+    r->wire_bytes += add;
+    r->wpeer->bytes += add;
+    m->wire_room_bytes += add;
+    return r;
+}
+
+void kvb__room_unwire(struct kvb_manager *m, kvb__room_t *r)
+{
+    if (!r->wire)
+        return;
+    m->wire_rooms--;
+    m->wire_room_bytes -= r->wire_bytes;
+    wpeer_unlink(m, r);
+    r->wire = 0;
+    r->wire_bytes = 0;
+}
+
 void kvb__room_remove(struct kvb_manager *m, uint64_t id)
 {
     kvb__room_t **pp = &m->buckets[bucket_of(m, id)];
@@ -88,6 +223,7 @@ void kvb__room_remove(struct kvb_manager *m, uint64_t id)
     kvb__room_t *r = *pp;
     *pp = r->next;
     m->n_rooms--;
+    kvb__room_unwire(m, r);
     room_free(r);
 }
 
@@ -154,6 +290,7 @@ void kvb__rooms_sweep(struct kvb_manager *m, double now)
             if (!r->has_handle && r->inflight == 0 && now - since > ttl) {
                 *pp = r->next;
                 m->n_rooms--;
+                kvb__room_unwire(m, r);
                 room_free(r);
                 continue;
             }
@@ -172,4 +309,9 @@ void kvb__rooms_free(struct kvb_manager *m)
     free(m->buckets);
     m->buckets = NULL;
     m->n_rooms = 0;
+    for (kvb__wpeer_t *p = m->wpeers, *next; p != NULL; p = next) {
+        next = p->next;
+        free(p);
+    }
+    m->wpeers = NULL;
 }

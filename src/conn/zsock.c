@@ -171,8 +171,14 @@ static void zap_serve_one(kvb__zcurve_t *z)
         zmq_send(z->zap_sock, "", 0, ZMQ_SNDMORE);
     zmq_send(z->zap_sock, ok ? "200" : "400", 3, ZMQ_SNDMORE);
     zmq_send(z->zap_sock, ok ? "OK" : "key not allowed", ok ? 2 : 15, ZMQ_SNDMORE);
-    zmq_send(z->zap_sock, "", 0, ZMQ_SNDMORE); /* user id */
-    zmq_send(z->zap_sock, "", 0, 0);           /* metadata */
+    /* User id: the client's public key (Z85), which every message from that
+     * connection then carries as "User-Id" (kvb__zpeer_id): a registration
+     * may replace only one made with the same key. */
+    char uid[41] = "";
+    if (ok)
+        zmq_z85_encode(uid, zmq_msg_data(&f[6]), 32);
+    zmq_send(z->zap_sock, uid, strlen(uid), ZMQ_SNDMORE);
+    zmq_send(z->zap_sock, "", 0, 0); /* metadata */
     for (size_t i = 0; i < have; i++)
         zmq_msg_close(&f[i]);
 }
@@ -240,16 +246,63 @@ void kvb__zcache_init(kvb__zcache_t *c, void *zctx)
     c->zctx = zctx;
     c->curve = NULL;
     c->head = NULL;
+    c->n = 0;
+    c->evicted = 0;
+    /* Each endpoint a peer names gets a socket that reconnects forever:
+     * keep the most recently used ones only (docs/security.md). */
+    c->max = (size_t)kvb__env_int("KVBRIDGE_MAX_PUSH_SOCKETS", NULL, 1024, 1, 1000000);
     pthread_mutex_init(&c->mu, NULL);
+}
+
+void kvb__zcache_stats(kvb__zcache_t *c, uint64_t *open_p, uint64_t *evicted_p)
+{
+    pthread_mutex_lock(&c->mu);
+    *open_p = c->n;
+    *evicted_p = c->evicted;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void push_close(kvb__zpush_t *p)
+{
+    zmq_close(p->sock);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+/* Close the least recently used socket nobody is sending on (c->mu held);
+ * false when every one is in use. */
+static bool push_evict(kvb__zcache_t *c)
+{
+    kvb__zpush_t **victim = NULL;
+    for (kvb__zpush_t **pp = &c->head; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->users == 0)
+            victim = pp; /* the last idle one: least recently used */
+    if (victim == NULL)
+        return false;
+    kvb__zpush_t *p = *victim;
+    *victim = p->next;
+    c->n--;
+    c->evicted++;
+    push_close(p);
+    return true;
+}
+
+/* Move p to the front (most recently used; c->mu held). */
+static void push_touch(kvb__zcache_t *c, kvb__zpush_t **pp)
+{
+    kvb__zpush_t *p = *pp;
+    if (pp == &c->head)
+        return;
+    *pp = p->next;
+    p->next = c->head;
+    c->head = p;
 }
 
 void kvb__zcache_free(kvb__zcache_t *c)
 {
     for (kvb__zpush_t *p = c->head, *next; p != NULL; p = next) {
         next = p->next;
-        zmq_close(p->sock);
-        pthread_mutex_destroy(&p->mu);
-        free(p);
+        push_close(p);
     }
     c->head = NULL;
     pthread_mutex_destroy(&c->mu);
@@ -261,10 +314,21 @@ static kvb__zpush_t *push_get(kvb__zcache_t *c, const char *ip, uint16_t port)
     kvb__zpush_t *p;
     int zero = 0, hwm = PUSH_HWM, v6 = strchr(ip, ':') != NULL;
     kvb__zendpoint(ip, port, ep, sizeof(ep));
+    kvb__zpush_t **pp;
     pthread_mutex_lock(&c->mu);
-    for (p = c->head; p != NULL; p = p->next)
-        if (strcmp(p->endpoint, ep) == 0)
+    for (pp = &c->head; *pp != NULL; pp = &(*pp)->next)
+        if (strcmp((*pp)->endpoint, ep) == 0)
             break;
+    p = *pp;
+    if (p != NULL)
+        push_touch(c, pp);
+    if (p == NULL && c->n >= c->max && !push_evict(c)) {
+        pthread_mutex_unlock(&c->mu);
+        KVB_LOGW("control: no socket for %s: %zu PUSH sockets, all sending "
+                 "(KVBRIDGE_MAX_PUSH_SOCKETS)",
+                 ep, c->n);
+        return NULL;
+    }
     if (p == NULL && (p = calloc(1, sizeof(*p))) != NULL) {
         snprintf(p->endpoint, sizeof(p->endpoint), "%s", ep);
         p->sock = zmq_socket(c->zctx, ZMQ_PUSH);
@@ -285,10 +349,20 @@ static kvb__zpush_t *push_get(kvb__zcache_t *c, const char *ip, uint16_t port)
             pthread_mutex_init(&p->mu, NULL);
             p->next = c->head;
             c->head = p;
+            c->n++;
         }
     }
+    if (p != NULL)
+        p->users++;
     pthread_mutex_unlock(&c->mu);
     return p;
+}
+
+static void push_put(kvb__zcache_t *c, kvb__zpush_t *p)
+{
+    pthread_mutex_lock(&c->mu);
+    p->users--;
+    pthread_mutex_unlock(&c->mu);
 }
 
 kvb_status_t kvb__zsend(kvb__zcache_t *c, const char *ip, uint16_t port,
@@ -311,7 +385,14 @@ kvb_status_t kvb__zsend(kvb__zcache_t *c, const char *ip, uint16_t port,
         }
     }
     pthread_mutex_unlock(&p->mu);
+    push_put(c, p);
     return st;
+}
+
+void kvb__zpeer_id(void *msg, char *out, size_t len)
+{
+    const char *id = zmq_msg_gets(msg, "User-Id");
+    snprintf(out, len, "%s", id != NULL ? id : "");
 }
 
 int kvb__zrecv(void *sock, void *msgs_v, size_t max, int timeout_ms)

@@ -22,8 +22,26 @@
 
 /* ---- writer side: mappings ---- */
 
-static uint8_t *map_file(kvb__conn_t *c, uint32_t pid, const kvb__shm_ref_t *ref, char *why,
-                         size_t wl)
+/* The largest file the peer may ask us to map for entry e: the end of the
+ * last advertised segment that lives in the same file, page-rounded, plus
+ * the trailer and KVBRIDGE_DIRECT_MAP_SLACK. A sealed sparse file far larger
+ * than what it advertises is refused (the UCX lanes still serve). */
+static uint64_t file_cap(kvb_engine_h eng, const kvb__hs_reply_t *r, const kvb__hs_shm_t *e)
+{
+    uint64_t end = 0;
+    for (uint32_t i = 0; i + 1 < r->nshm; i++) {
+        const kvb__hs_shm_t *o = &r->shm[i];
+        if (o->ref.dev != e->ref.dev || o->ref.ino != e->ref.ino || o->seg >= r->nseg)
+            continue;
+        uint64_t x = o->ref.file_off + r->segs[o->seg].len;
+        end = x > end ? x : end;
+    }
+    end = (end + KVB_SHM_TRAILER - 1) / KVB_SHM_TRAILER * KVB_SHM_TRAILER;
+    return end + KVB_SHM_TRAILER + eng->direct_slack;
+}
+
+static uint8_t *map_file(kvb_engine_h eng, kvb__conn_t *c, uint32_t pid, const kvb__shm_ref_t *ref,
+                         uint64_t max_size, char *why, size_t wl)
 {
     for (size_t i = 0; i < c->nmaps; i++)
         if (c->maps[i].dev == ref->dev && c->maps[i].ino == ref->ino)
@@ -40,9 +58,22 @@ static uint8_t *map_file(kvb__conn_t *c, uint32_t pid, const kvb__shm_ref_t *ref
         c->maps = v;
         c->cap_maps = cap;
     }
-    uint8_t *m = kvb__shm_map_peer((int32_t)pid, ref, true, why, wl);
-    if (m != NULL)
+    if (ref->file_size > max_size) {
+        __atomic_add_fetch(&eng->direct_refused, 1, __ATOMIC_RELAXED);
+        snprintf(why, wl, "file of %llu bytes for %llu advertised (KVBRIDGE_DIRECT_MAP_SLACK)",
+                 (unsigned long long)ref->file_size, (unsigned long long)max_size);
+        return NULL;
+    }
+    /* Prefault only while this connection's total stays bounded: populate
+     * allocates every page of a sparse file. */
+    bool populate = c->populated + ref->file_size <= eng->direct_populate_max;
+    if (!populate)
+        __atomic_add_fetch(&eng->direct_unpopulated, 1, __ATOMIC_RELAXED);
+    uint8_t *m = kvb__shm_map_peer((int32_t)pid, ref, true, populate, why, wl);
+    if (m != NULL) {
         c->maps[c->nmaps++] = (kvb__map_t){m, ref->file_size, ref->dev, ref->ino};
+        c->populated += populate ? ref->file_size : 0;
+    }
     return m;
 }
 
@@ -54,7 +85,12 @@ void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t 
     if (r->nshm < 2 || r->shm[r->nshm - 1].seg != KVB_HS_SHM_FENCE)
         return; /* nothing shared (or no fence page: writes could not be fenced) */
     /* Writable: a unit in progress is counted in its grant's slot (fence.c). */
-    c->fence = kvb__shm_map_peer((int32_t)r->pid, &r->shm[r->nshm - 1].ref, true, why, sizeof(why));
+    const kvb__shm_ref_t *fref = &r->shm[r->nshm - 1].ref;
+    snprintf(why, sizeof(why), "advertised with %llu bytes, not %u",
+             (unsigned long long)fref->file_size, KVB_HS_FENCE_FILE);
+    c->fence = fref->file_size != KVB_HS_FENCE_FILE
+                   ? NULL
+                   : kvb__shm_map_peer((int32_t)r->pid, fref, true, true, why, sizeof(why));
     if (c->fence == NULL) {
         KVB_LOGI("engine %s: session %s: no direct lane (fence page: %s)", eng->sid, c->sess->sid,
                  why);
@@ -63,7 +99,8 @@ void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t 
     for (uint32_t i = 0; i + 1 < r->nshm; i++) {
         const kvb__hs_shm_t *e = &r->shm[i];
         long k = kvb__segtab_find_start(&c->segs, r->segs[e->seg].addr);
-        uint8_t *m = k < 0 ? NULL : map_file(c, r->pid, &e->ref, why, sizeof(why));
+        uint8_t *m =
+            k < 0 ? NULL : map_file(eng, c, r->pid, &e->ref, file_cap(eng, r, e), why, sizeof(why));
         if (m == NULL) {
             KVB_LOGD("engine %s: session %s segment %u not mapped: %s", eng->sid, c->sess->sid,
                      e->seg, why);

@@ -182,8 +182,8 @@ static void notify_locked(kvb_engine_h eng)
     uint8_t msg[KVB_HS_NOTICE_LEN];
     kvb__hs_notice_encode(eng->generation, msg);
     for (size_t i = 0; i < eng->n_notify; i++)
-        if (send(eng->notify_fds[i], msg, sizeof(msg), MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-            KVB_LOGD("segment notice to fd %d failed: %s", eng->notify_fds[i], strerror(errno));
+        if (send(eng->notify[i].fd, msg, sizeof(msg), MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+            KVB_LOGD("segment notice to fd %d failed: %s", eng->notify[i].fd, strerror(errno));
 }
 
 static kvb_status_t map_region(kvb_engine_h eng, const kvb_mem_region_t *r, kvb__seg_t *seg)
@@ -374,22 +374,97 @@ static kvb_status_t build_reply(kvb_engine_h eng, bool local, uint8_t **buf_p, s
     return st;
 }
 
+static void peer_host(int fd, uint8_t host[16])
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    memset(host, 0, 16);
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0)
+        return;
+    if (ss.ss_family == AF_INET6) {
+        memcpy(host, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+    } else if (ss.ss_family == AF_INET) {
+        host[10] = host[11] = 0xff;
+        memcpy(host + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+    }
+}
+
+/* At the cap: the oldest connection of the peer host that holds the most
+ * (a flood from one host displaces its own connections first, not the one
+ * connection each genuine writer keeps). O(n^2) only at the cap. */
+static size_t notify_victim(kvb_engine_h eng)
+{
+    size_t best = 0, best_n = 0;
+    for (size_t i = 0; i < eng->n_notify; i++) {
+        size_t n = 0;
+        for (size_t k = 0; k < eng->n_notify; k++)
+            n += memcmp(eng->notify[i].host, eng->notify[k].host, 16) == 0;
+        if (n > best_n) {
+            best = i;
+            best_n = n;
+        }
+    }
+    return best;
+}
+
+/* Remove entry i keeping the order (seg_mu held); the fd is the caller's. */
+/* Take control connection i off the list (seg_mu held); its message-lane
+ * token goes with it. Returns its fd for the caller to close. */
+static int notify_remove(kvb_engine_h eng, size_t i)
+{
+    int fd = eng->notify[i].fd;
+    kvb__am_token_drop_locked(eng, fd);
+    memmove(&eng->notify[i], &eng->notify[i + 1], (eng->n_notify - i - 1) * sizeof(*eng->notify));
+    eng->n_notify--;
+    return fd;
+}
+
+/* Evict one connection to make room (seg_mu held): shut down now (its
+ * writer sees the peer gone and re-handshakes), closed by the listener,
+ * which may be polling it. */
+static bool notify_evict(kvb_engine_h eng)
+{
+    if (eng->n_dead == eng->cap_dead) {
+        size_t cap = eng->cap_dead ? eng->cap_dead * 2 : 8;
+        int *v = realloc(eng->dead_fds, cap * sizeof(*v));
+        if (v == NULL)
+            return false;
+        eng->dead_fds = v;
+        eng->cap_dead = cap;
+    }
+    int fd = notify_remove(eng, notify_victim(eng));
+    shutdown(fd, SHUT_RDWR);
+    eng->dead_fds[eng->n_dead++] = fd;
+    uint64_t k = ++eng->notify_evicted;
+    if ((k & (k - 1)) == 0)
+        KVB_LOGW("engine %s: %zu control connections (KVBRIDGE_MAX_CONTROL_CONNS): oldest of the "
+                 "busiest peer host closed (%llu so far)",
+                 eng->sid, eng->max_notify, (unsigned long long)k);
+    return true;
+}
+
 static void add_notify_fd(kvb_engine_h eng, int fd, uint64_t gen_sent)
 {
     pthread_mutex_lock(&eng->seg_mu);
-    if (eng->n_notify == eng->cap_notify) {
+    bool ok = eng->n_notify < eng->max_notify || notify_evict(eng);
+    if (ok && eng->n_notify == eng->cap_notify) {
         size_t cap = eng->cap_notify ? eng->cap_notify * 2 : 8;
-        int *v = realloc(eng->notify_fds, cap * sizeof(*v));
-        if (v == NULL) {
-            kvb__am_token_drop_locked(eng, fd);
-            pthread_mutex_unlock(&eng->seg_mu);
-            close(fd);
-            return;
+        kvb__notify_t *v = realloc(eng->notify, cap * sizeof(*v));
+        ok = v != NULL;
+        if (ok) {
+            eng->notify = v;
+            eng->cap_notify = cap;
         }
-        eng->notify_fds = v;
-        eng->cap_notify = cap;
     }
-    eng->notify_fds[eng->n_notify++] = fd;
+    if (!ok) {
+        kvb__am_token_drop_locked(eng, fd);
+        pthread_mutex_unlock(&eng->seg_mu);
+        close(fd);
+        return;
+    }
+    eng->notify[eng->n_notify].fd = fd;
+    peer_host(fd, eng->notify[eng->n_notify].host);
+    eng->n_notify++;
     if (eng->generation != gen_sent) {
         uint8_t msg[KVB_HS_NOTICE_LEN];
         kvb__hs_notice_encode(eng->generation, msg);
@@ -705,7 +780,9 @@ static void hs_drain(kvb_engine_h eng)
     pthread_mutex_unlock(&eng->hs_mu);
 }
 
-/* Drop control connections whose writer went away (EOF or error). */
+/* Drop control connections whose writer went away (EOF or error), or that
+ * sent bytes: writers send nothing after the request, and unread bytes
+ * would keep POLLIN set and spin this thread. */
 static void reap_notify(kvb_engine_h eng, const struct pollfd *p, size_t n)
 {
     pthread_mutex_lock(&eng->seg_mu);
@@ -713,30 +790,48 @@ static void reap_notify(kvb_engine_h eng, const struct pollfd *p, size_t n)
         char b[64];
         if (!(p[k].revents & (POLLIN | POLLHUP | POLLERR)))
             continue;
-        if (recv(p[k].fd, b, sizeof(b), MSG_DONTWAIT) > 0)
-            continue; /* writers send nothing after the request; ignore */
+        bool bytes = recv(p[k].fd, b, sizeof(b), MSG_DONTWAIT) > 0;
         for (size_t i = 0; i < eng->n_notify; i++)
-            if (eng->notify_fds[i] == p[k].fd) {
-                kvb__am_token_drop_locked(eng, p[k].fd);
-                close(p[k].fd);
-                eng->notify_fds[i] = eng->notify_fds[--eng->n_notify];
+            if (eng->notify[i].fd == p[k].fd) {
+                close(notify_remove(eng, i));
+                eng->notify_misbehaved += bytes;
                 break;
             }
     }
     pthread_mutex_unlock(&eng->seg_mu);
 }
 
+/* The listener's poll set: listen socket, stop pipe, then every control
+ * connection (seg_mu held). Reuses *p_p; closes evicted fds first (no
+ * poll of this thread holds them any more). */
+static size_t poll_set(kvb_engine_h eng, struct pollfd **p_p, size_t *cap_p)
+{
+    for (size_t i = 0; i < eng->n_dead; i++)
+        close(eng->dead_fds[i]);
+    eng->n_dead = 0;
+    size_t n = eng->n_notify;
+    if (n + 2 > *cap_p) {
+        struct pollfd *v = realloc(*p_p, (n + 2) * 2 * sizeof(*v));
+        if (v == NULL)
+            return SIZE_MAX;
+        *p_p = v;
+        *cap_p = (n + 2) * 2;
+    }
+    for (size_t i = 0; i < n; i++)
+        (*p_p)[i + 2] = (struct pollfd){eng->notify[i].fd, POLLIN, 0};
+    return n;
+}
+
 static void *listen_main(void *arg)
 {
     kvb_engine_h eng = arg;
+    struct pollfd *p = NULL;
+    size_t cap = 0;
     while (!__atomic_load_n(&eng->stop, __ATOMIC_ACQUIRE)) {
         pthread_mutex_lock(&eng->seg_mu);
-        size_t n = eng->n_notify;
-        struct pollfd *p = calloc(n + 2, sizeof(*p));
-        for (size_t i = 0; p != NULL && i < n; i++)
-            p[i + 2] = (struct pollfd){eng->notify_fds[i], POLLIN, 0};
+        size_t n = poll_set(eng, &p, &cap);
         pthread_mutex_unlock(&eng->seg_mu);
-        if (p == NULL) {
+        if (n == SIZE_MAX) {
             usleep(10000);
             continue;
         }
@@ -752,8 +847,8 @@ static void *listen_main(void *arg)
                 accept_one(eng);
             reap_notify(eng, p + 2, n);
         }
-        free(p);
     }
+    free(p);
     return NULL;
 }
 
@@ -795,6 +890,7 @@ static void conn_retire(kvb_engine_h eng, kvb__conn_t *c)
 {
     conn_unlink(eng, c);
     kvb__conn_release_ucx(eng, c);
+    kvb__session_put(eng, c->sess);
     free(c);
 }
 
@@ -837,6 +933,7 @@ static void session_kill(kvb_engine_h eng, kvb__cmd_t *cmd)
             kvb__conn_fail(eng, c, why);
         }
     kvb__conn_put(cmd->conn);
+    kvb__session_put(eng, cmd->sess); /* kvb_engine_close_session's reference */
 }
 
 static void run_commands(kvb_engine_h eng)
@@ -985,8 +1082,11 @@ static void engine_free(kvb_engine_h eng)
         unmap_seg(eng, &eng->segs.v[i]);
     kvb__segtab_free(&eng->segs);
     for (size_t i = 0; i < eng->n_notify; i++)
-        close(eng->notify_fds[i]);
-    free(eng->notify_fds);
+        close(eng->notify[i].fd);
+    free(eng->notify);
+    for (size_t i = 0; i < eng->n_dead; i++)
+        close(eng->dead_fds[i]);
+    free(eng->dead_fds);
     if (eng->am_toks != NULL)
         explicit_bzero(eng->am_toks, eng->cap_am_toks * sizeof(*eng->am_toks));
     free(eng->am_toks);
@@ -1038,6 +1138,14 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     if (eng == NULL)
         return NULL;
     params_defaults(&eng->params, params);
+    /* Every writer that completes a handshake keeps a socket here: cap them
+     * (docs/security.md) well below the usual descriptor limit. */
+    eng->max_notify = (size_t)kvb__env_int("KVBRIDGE_MAX_CONTROL_CONNS", NULL, 1024, 1, 1000000);
+    eng->direct_slack =
+        (uint64_t)kvb__env_int("KVBRIDGE_DIRECT_MAP_SLACK", NULL, 64 << 20, 0, (int64_t)1 << 50);
+    eng->direct_populate_max = (uint64_t)kvb__env_int("KVBRIDGE_DIRECT_POPULATE_MAX", NULL,
+                                                      (int64_t)4 << 30, 0, (int64_t)1 << 50);
+    eng->max_sessions = (size_t)kvb__env_int("KVBRIDGE_MAX_SESSIONS", NULL, 4096, 1, 10000000);
     kvb__err_init(&eng->err);
     pthread_mutex_init(&eng->seg_mu, NULL);
     kvb__cond_init_mono(&eng->seg_cv);
@@ -1133,4 +1241,30 @@ kvb_transport_t kvb_engine_transport(kvb_engine_h eng)
 const char *kvb_engine_last_error(kvb_engine_h eng)
 {
     return eng != NULL ? kvb__err_get(&eng->err) : "";
+}
+
+void kvb_engine_limits(kvb_engine_h eng, kvb_engine_limits_t *l)
+{
+    uint64_t f = l->field_mask;
+    if (f & KVB_ENGINE_LIMITS_CONTROL) {
+        pthread_mutex_lock(&eng->seg_mu);
+        l->control_conns = eng->n_notify;
+        l->control_conns_evicted = eng->notify_evicted;
+        l->control_conns_misbehaved = eng->notify_misbehaved;
+        pthread_mutex_unlock(&eng->seg_mu);
+        pthread_mutex_lock(&eng->hs_mu);
+        l->handshakes_refused = eng->hs_refused;
+        pthread_mutex_unlock(&eng->hs_mu);
+    }
+    if (f & KVB_ENGINE_LIMITS_SESSIONS) {
+        pthread_mutex_lock(&eng->sess_mu);
+        l->sessions = eng->n_sessions;
+        l->sessions_evicted = eng->sessions_evicted;
+        l->sessions_refused = eng->sessions_refused;
+        pthread_mutex_unlock(&eng->sess_mu);
+    }
+    if (f & KVB_ENGINE_LIMITS_DIRECT) {
+        l->direct_files_refused = __atomic_load_n(&eng->direct_refused, __ATOMIC_RELAXED);
+        l->direct_files_unpopulated = __atomic_load_n(&eng->direct_unpopulated, __ATOMIC_RELAXED);
+    }
 }

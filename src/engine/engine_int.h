@@ -26,6 +26,11 @@ typedef struct kvb__map { /* a peer's shared file mapped here (direct lane) */
 } kvb__map_t;
 typedef struct kvb__session kvb__session_t;
 
+typedef struct kvb__notify { /* a writer's control connection (listener side) */
+    int fd;
+    uint8_t host[16]; /* peer address (IPv4-mapped for v4): the eviction policy */
+} kvb__notify_t;
+
 /* One incarnation of a connection to a peer: its endpoint, the segment table
  * it advertised and the TCP control connection used for liveness. Immutable
  * for caller threads once published (segs); ep/fd owned by the progress
@@ -48,7 +53,8 @@ struct kvb__conn {
     uint8_t rx[KVB_HS_NOTICE_LEN];      /* partial notice from the control connection */
     kvb__map_t *maps;                   /* direct lane: the peer's files mapped here */
     size_t nmaps, cap_maps;
-    uint8_t *fence; /* direct lane: the peer's fence page (busy counts written), or NULL */
+    uint64_t populated; /* direct lane: bytes of maps prefaulted (KVBRIDGE_DIRECT_POPULATE_MAX) */
+    uint8_t *fence;     /* direct lane: the peer's fence page (busy counts written), or NULL */
     size_t rxlen;
     kvb__conn_t *next_all;
 };
@@ -63,6 +69,11 @@ struct kvb__session {
     pthread_cond_t cv;
     enum sess_state state;
     kvb__conn_t *conn; /* current incarnation, ref held */
+    /* sess_mu: the table (until evicted), each caller inside an engine call,
+     * and each conn (which names it in its errors) hold a reference; an
+     * evicted session is freed with its last one. */
+    int refs, evicted;
+    uint64_t used_ns; /* last acquire (eviction picks the least recent idle one) */
     kvb__session_t *next;
 };
 
@@ -158,8 +169,14 @@ struct kvb_engine {
     pthread_cond_t seg_cv;
     kvb__segtab_t segs; /* handle = ucp_mem_h */
     uint64_t generation;
-    int *notify_fds; /* accepted control connections (seg_mu) */
-    size_t n_notify, cap_notify;
+    kvb__notify_t *notify; /* accepted control connections, oldest first (seg_mu) */
+    size_t n_notify, cap_notify, max_notify; /* max: KVBRIDGE_MAX_CONTROL_CONNS */
+    int *dead_fds; /* evicted (shut down), closed by the listener (seg_mu) */
+    size_t n_dead, cap_dead;
+    uint64_t notify_evicted, notify_misbehaved; /* seg_mu */
+    uint64_t direct_refused,
+        direct_unpopulated;                     /* atomic: peer files not mapped / not prefaulted */
+    uint64_t direct_slack, direct_populate_max; /* KVBRIDGE_DIRECT_MAP_SLACK / _POPULATE_MAX */
     /* secret set: the message-lane token of each authenticated control
      * connection (seg_mu); dropped when its connection closes */
     struct kvb__am_tok {
@@ -171,6 +188,9 @@ struct kvb_engine {
     /* sessions (sess_mu) */
     pthread_mutex_t sess_mu;
     kvb__session_t *sessions;
+    kvb__session_t *sess_evicted;    /* out of the table, still named by a conn */
+    size_t n_sessions, max_sessions; /* max: KVBRIDGE_MAX_SESSIONS */
+    uint64_t sessions_evicted, sessions_refused;
 
     /* command queue to the progress thread (cmd_mu) */
     pthread_mutex_t cmd_mu;
@@ -241,6 +261,8 @@ kvb_status_t kvb__session_acquire_by(kvb_engine_h eng, const char *sid, bool for
 kvb_status_t kvb__session_acquire(kvb_engine_h eng, const char *sid, bool force_new,
                                   kvb__conn_t **conn_p);
 void kvb__sessions_free(kvb_engine_h eng);
+/* Drop a reference taken on s (a conn's, when the conn is freed). */
+void kvb__session_put(kvb_engine_h eng, kvb__session_t *s);
 /* Progress thread: create ep and unpack rkeys for a handshake reply. */
 void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd);
 void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why);

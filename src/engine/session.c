@@ -41,35 +41,123 @@ void kvb__conn_put(kvb__conn_t *c)
         free(cmd); /* engine stopping: it releases every conn itself */
 }
 
+static void session_destroy(kvb__session_t *s)
+{
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->sid);
+    free(s);
+}
+
+void kvb__session_put(kvb_engine_h eng, kvb__session_t *s)
+{
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&eng->sess_mu);
+    bool last = --s->refs == 0 && s->evicted;
+    if (last) {
+        kvb__session_t **pp = &eng->sess_evicted;
+        while (*pp != NULL && *pp != s)
+            pp = &(*pp)->next;
+        if (*pp == s)
+            *pp = s->next;
+    }
+    pthread_mutex_unlock(&eng->sess_mu);
+    if (last)
+        session_destroy(s);
+}
+
+/* Idle: nobody inside a call on it, not connecting, and its connection (if
+ * any) used by no transfer. sess_mu held (then s->mu: the lock order). */
+static bool session_idle(kvb__session_t *s)
+{
+    pthread_mutex_lock(&s->mu);
+    bool idle = s->state != SESS_CONNECTING && s->refs == 1 + (s->conn != NULL) &&
+                (s->conn == NULL || __atomic_load_n(&s->conn->refs, __ATOMIC_ACQUIRE) == 1);
+    pthread_mutex_unlock(&s->mu);
+    return idle;
+}
+
+/* At the cap (sess_mu held): take the least recently used idle session out
+ * of the table; *conn_p: its connection, for the caller to release after
+ * sess_mu. false: every session is busy. */
+static bool session_evict(kvb_engine_h eng, kvb__conn_t **conn_p)
+{
+    kvb__session_t **victim = NULL;
+    for (kvb__session_t **pp = &eng->sessions; *pp != NULL; pp = &(*pp)->next)
+        if ((victim == NULL || (*pp)->used_ns < (*victim)->used_ns) && session_idle(*pp))
+            victim = pp;
+    if (victim == NULL)
+        return false;
+    kvb__session_t *s = *victim;
+    *victim = s->next;
+    eng->n_sessions--;
+    eng->sessions_evicted++;
+    pthread_mutex_lock(&s->mu);
+    *conn_p = s->conn;
+    s->conn = NULL;
+    s->state = SESS_IDLE;
+    pthread_mutex_unlock(&s->mu);
+    s->evicted = 1;
+    if (--s->refs == 0) {
+        session_destroy(s);
+    } else {
+        s->next = eng->sess_evicted;
+        eng->sess_evicted = s;
+    }
+    return true;
+}
+
+static kvb__session_t *session_new(kvb_engine_h eng, const char *sid, kvb_status_t *st)
+{
+    kvb__session_t *s = calloc(1, sizeof(*s));
+    if (s == NULL || (s->sid = strdup(sid)) == NULL) {
+        free(s);
+        *st = KVB_ERR_NOMEM;
+        return NULL;
+    }
+    if (kvb__sid_parse(sid, s->host, sizeof(s->host), &s->port) != KVB_OK) {
+        free(s->sid);
+        free(s);
+        *st = kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                           "session id \"%s\" is not host:port or [v6]:port", sid);
+        return NULL;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    kvb__cond_init_mono(&s->cv);
+    s->refs = 1; /* the table's */
+    return s;
+}
+
+/* The session of sid, created if absent (within KVBRIDGE_MAX_SESSIONS: an
+ * idle one is evicted to make room), with a reference for the caller. */
 static kvb__session_t *session_find(kvb_engine_h eng, const char *sid, kvb_status_t *st)
 {
     kvb__session_t *s;
+    kvb__conn_t *evicted = NULL;
     pthread_mutex_lock(&eng->sess_mu);
     for (s = eng->sessions; s != NULL; s = s->next)
         if (strcmp(s->sid, sid) == 0)
             break;
-    if (s == NULL) {
-        s = calloc(1, sizeof(*s));
-        if (s == NULL || (s->sid = strdup(sid)) == NULL) {
-            free(s);
-            *st = KVB_ERR_NOMEM;
-            pthread_mutex_unlock(&eng->sess_mu);
-            return NULL;
-        }
-        if (kvb__sid_parse(sid, s->host, sizeof(s->host), &s->port) != KVB_OK) {
-            free(s->sid);
-            free(s);
-            *st = kvb__err_set(&eng->err, KVB_ERR_INVALID,
-                               "session id \"%s\" is not host:port or [v6]:port", sid);
-            pthread_mutex_unlock(&eng->sess_mu);
-            return NULL;
-        }
-        pthread_mutex_init(&s->mu, NULL);
-        kvb__cond_init_mono(&s->cv);
+    if (s == NULL && eng->n_sessions >= eng->max_sessions && !session_evict(eng, &evicted)) {
+        eng->sessions_refused++;
+        pthread_mutex_unlock(&eng->sess_mu);
+        *st = kvb__err_set(&eng->err, KVB_ERR_PEER,
+                           "session %s refused: %zu sessions, all in use (KVBRIDGE_MAX_SESSIONS)",
+                           sid, eng->max_sessions);
+        return NULL;
+    }
+    if (s == NULL && (s = session_new(eng, sid, st)) != NULL) {
         s->next = eng->sessions;
         eng->sessions = s;
+        eng->n_sessions++;
+    }
+    if (s != NULL) {
+        s->refs++;
+        s->used_ns = kvb__now_ns();
     }
     pthread_mutex_unlock(&eng->sess_mu);
+    kvb__conn_put(evicted); /* retired by the progress thread */
     return s;
 }
 
@@ -297,6 +385,9 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
     }
     if (st == KVB_OK) {
         cmd.conn->sess = s;
+        pthread_mutex_lock(&eng->sess_mu);
+        s->refs++; /* the conn's (dropped when it is freed) */
+        pthread_mutex_unlock(&eng->sess_mu);
         cmd.conn->eng_backref = eng;
         cmd.conn->fd = fd;
         cmd.conn->refs = 1;
@@ -319,8 +410,10 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
     if (fd >= 0)
         close(fd);
     if (st != KVB_OK) {
-        if (cmd.conn != NULL && (cmd.result != KVB_OK || !cmd.done))
+        if (cmd.conn != NULL && (cmd.result != KVB_OK || !cmd.done)) {
+            kvb__session_put(eng, cmd.conn->sess);
             free(cmd.conn);
+        }
         if (st == KVB_ERR_PROTO)
             st = KVB_ERR_PEER; /* a peer that speaks garbage is not reachable */
         return kvb__err_set(&eng->err, st, "session %s: %s", s->sid,
@@ -376,6 +469,7 @@ kvb_status_t kvb__session_acquire_by(kvb_engine_h eng, const char *sid, bool for
         kvb__conn_get(s->conn);
         *conn_p = s->conn;
         pthread_mutex_unlock(&s->mu);
+        kvb__session_put(eng, s);
         return KVB_OK;
     }
     s->state = SESS_CONNECTING;
@@ -391,6 +485,7 @@ kvb_status_t kvb__session_acquire_by(kvb_engine_h eng, const char *sid, bool for
         kvb__conn_get(c);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
+    kvb__session_put(eng, s);
     if (st == KVB_OK)
         *conn_p = c;
     return st;
@@ -398,18 +493,16 @@ kvb_status_t kvb__session_acquire_by(kvb_engine_h eng, const char *sid, bool for
 
 void kvb__sessions_free(kvb_engine_h eng)
 {
-    kvb__session_t *s = eng->sessions;
-    while (s != NULL) {
-        kvb__session_t *next = s->next;
-        if (s->conn != NULL) /* the session's reference; engine threads are gone */
-            __atomic_sub_fetch(&s->conn->refs, 1, __ATOMIC_ACQ_REL);
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->cv);
-        free(s->sid);
-        free(s);
-        s = next;
-    }
-    eng->sessions = NULL;
+    kvb__session_t *lists[2] = {eng->sessions, eng->sess_evicted};
+    for (int k = 0; k < 2; k++)
+        for (kvb__session_t *s = lists[k], *next; s != NULL; s = next) {
+            next = s->next;
+            if (s->conn != NULL) /* the session's reference; engine threads are gone */
+                __atomic_sub_fetch(&s->conn->refs, 1, __ATOMIC_ACQ_REL);
+            session_destroy(s);
+        }
+    eng->sessions = eng->sess_evicted = NULL;
+    eng->n_sessions = 0;
 }
 
 /* ---- progress thread side ---- */
@@ -594,6 +687,8 @@ static kvb__session_t *session_lookup(kvb_engine_h eng, const char *sid)
     for (s = eng->sessions; s != NULL; s = s->next)
         if (strcmp(s->sid, sid) == 0)
             break;
+    if (s != NULL)
+        s->refs++; /* the caller's: kvb__session_put */
     pthread_mutex_unlock(&eng->sess_mu);
     return s;
 }
@@ -611,6 +706,7 @@ int kvb_engine_session_direct(kvb_engine_h eng, const char *sid)
             direct |= s->conn->segs.v[i].direct != NULL;
     }
     pthread_mutex_unlock(&s->mu);
+    kvb__session_put(eng, s);
     return direct;
 }
 
@@ -642,10 +738,13 @@ kvb_status_t kvb_engine_close_session(kvb_engine_h eng, const char *sid)
     if ((c = s->conn) != NULL)
         kvb__conn_get(c);
     pthread_mutex_unlock(&s->mu);
-    /* Even without a current conn: older ones may still carry transfers. */
+    /* Even without a current conn: older ones may still carry transfers.
+     * The command holds our session reference until the progress thread ran
+     * it (session_kill drops it). */
     kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
     if (cmd == NULL) {
         kvb__conn_put(c);
+        kvb__session_put(eng, s);
         return KVB_ERR_NOMEM;
     }
     cmd->kind = CMD_KILL;
@@ -654,6 +753,7 @@ kvb_status_t kvb_engine_close_session(kvb_engine_h eng, const char *sid)
     if (kvb__engine_submit(eng, cmd, false) != KVB_OK) {
         free(cmd);
         kvb__conn_put(c);
+        kvb__session_put(eng, s);
     }
     return KVB_OK;
 }

@@ -112,8 +112,8 @@ static bool check_file(int fd, const kvb__shm_ref_t *ref, char *why, size_t wl)
     return true;
 }
 
-uint8_t *kvb__shm_map_peer(int32_t pid, const kvb__shm_ref_t *ref, bool writable, char *why,
-                           size_t wl)
+uint8_t *kvb__shm_map_peer(int32_t pid, const kvb__shm_ref_t *ref, bool writable, bool populate,
+                           char *why, size_t wl)
 {
     char path[64];
     if (pid <= 0 || ref->fd < 0 || ref->file_size < 2 * KVB_SHM_TRAILER ||
@@ -131,7 +131,7 @@ uint8_t *kvb__shm_map_peer(int32_t pid, const kvb__shm_ref_t *ref, bool writable
     uint8_t *m = NULL;
     if (check_file(fd, ref, why, wl)) {
         int prot = PROT_READ | (writable ? PROT_WRITE : 0);
-        m = mmap(NULL, ref->file_size, prot, MAP_SHARED | MAP_POPULATE, fd, 0);
+        m = mmap(NULL, ref->file_size, prot, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
         if (m == MAP_FAILED) {
             snprintf(why, wl, "mmap %s: %s", path, strerror(errno));
             m = NULL;

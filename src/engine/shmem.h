@@ -36,9 +36,11 @@ void kvb__shm_destroy(uint8_t *base, const kvb__shm_ref_t *ref);
 bool kvb__shm_lookup(uint64_t addr, uint64_t len, kvb__shm_ref_t *ref_p);
 
 /* Writer side: open pid's file, verify it against ref and map it whole
- * (read-write, or read-only). Returns the mapping (length ref->file_size)
- * or NULL with a one-line reason in why. */
-uint8_t *kvb__shm_map_peer(int32_t pid, const kvb__shm_ref_t *ref, bool writable, char *why,
-                           size_t wl);
+ * (read-write, or read-only); populate: prefault it (MAP_POPULATE), which
+ * allocates every page of a sparse file, so only for sizes the caller
+ * bounded. Returns the mapping (length ref->file_size) or NULL with a
+ * one-line reason in why. */
+uint8_t *kvb__shm_map_peer(int32_t pid, const kvb__shm_ref_t *ref, bool writable, bool populate,
+                           char *why, size_t wl);
 
 #endif

@@ -731,6 +731,9 @@ def test_bad_arguments_connector():
             raises(RuntimeError, rc.abort, match="cleared")
             raises(RuntimeError, rc.init, [1], match="cleared")
             assert pm.stats()["rooms"] >= 0
+            lim = pm.limits()
+            assert lim["wire_rooms"] == 0 and lim["registrations_impostor"] == 0
+            assert lim["push_sockets"] >= 1 and lim["registration_bytes"] > 0
         raises(RuntimeError, kb.KVSender, pm, server.address, 9, match="closed")
         raises(RuntimeError, kb.KVReceiver, dm, server.address, 9, match="closed")
         raises(RuntimeError, pm.get_session_id, match="closed")

@@ -75,7 +75,7 @@ static void test_alloc_and_lookup(void)
 static uint8_t *map_why(int32_t pid, const kvb__shm_ref_t *ref, bool writable, char *why, size_t wl)
 {
     why[0] = '\0';
-    uint8_t *m = kvb__shm_map_peer(pid, ref, writable, why, wl);
+    uint8_t *m = kvb__shm_map_peer(pid, ref, writable, true, why, wl);
     if (m == NULL)
         CHECK(why[0] != '\0');
     return m;
