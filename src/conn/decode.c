@@ -167,6 +167,53 @@ static kvb_status_t kv_lens_ext(const struct kvb_manager *m, uint8_t **buf_p, kv
     return KVB_OK;
 }
 
+/* 2026 KV-args (18 frames): state buffers as one component, no layer ids,
+ * no staging ring (kvbridge never stages), DCP 1/0; kv_lens= follows frame
+ * 17 when kvbridge extensions may (kvb__ext26_ok). */
+static kvb_status_t send_registration26(struct kvb_manager *m, const char *ip, uint16_t port,
+                                        const kvb__frame_t *lens)
+{
+    kvb__frames_buf_t b;
+    kvb__frames_err_t e;
+    kvb__reg26_msg_t r = {0};
+    uint8_t *sp = NULL, *sl = NULL;
+    uint32_t *items = calloc(m->args.num_state + 1, sizeof(*items));
+    kvb_status_t st = items == NULL ? KVB_ERR_NOMEM : KVB_OK;
+    for (uint32_t i = 0; st == KVB_OK && i < m->args.num_state; i++) {
+        if (m->state_items[i] > UINT32_MAX)
+            st = KVB_ERR_INVALID; /* frame 10 carries u32 item lengths */
+        items[i] = (uint32_t)m->state_items[i];
+    }
+    if (st == KVB_OK && m->args.num_state > 0)
+        st = kvb__lol_pack_one(m->state_ptrs, m->args.num_state, 8, &sp, &r.state_ptrs);
+    if (st == KVB_OK && m->args.num_state > 0)
+        st = kvb__lol_pack_one(items, m->args.num_state, 4, &sl, &r.state_item_lens);
+    const char *sid = kvb_engine_session_id(m->engine);
+    r.ip = m->host;
+    r.ip_len = strlen(m->host);
+    r.port = m->port;
+    r.session_id = sid;
+    r.session_id_len = strlen(sid);
+    r.kv_ptrs = kvb__u64_view_of(m->kv_ptrs, m->args.num_kv);
+    r.aux_ptrs = kvb__u64_view_of(m->aux_ptrs, m->args.num_aux);
+    r.dst_tp_rank = m->p.attn_tp_rank;
+    r.dst_attn_tp_size = m->p.attn_tp_size;
+    r.dst_kv_item_len = (int64_t)m->args.kv_item_len;
+    r.dcp_size = 1;
+    r.ext = kvb__ext26_ok(m) ? lens : NULL;
+    r.n_ext = kvb__ext26_ok(m) ? 1 : 0;
+    kvb__frames_buf_init(&b);
+    if (st == KVB_OK)
+        st = kvb__frames_encode_registration26(&r, &e, &b);
+    if (st == KVB_OK)
+        st = kvb__zsend(&m->zc, ip, port, &b);
+    kvb__frames_buf_free(&b);
+    free(items);
+    free(sp);
+    free(sl);
+    return st;
+}
+
 static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uint16_t port)
 {
     kvb__frames_buf_t b;
@@ -176,6 +223,11 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     uint8_t *lens_buf = NULL;
     if (kv_lens_ext(m, &lens_buf, &lens) != KVB_OK)
         return KVB_ERR_NOMEM;
+    if (kvb__dialect(m) == KVB__DIALECT_2026) {
+        kvb_status_t st = send_registration26(m, ip, port, &lens);
+        free(lens_buf);
+        return st;
+    }
     r.ext = &lens;
     r.n_ext = 1;
     const char *sid = kvb_engine_session_id(m->engine);
@@ -345,10 +397,59 @@ kvb_status_t kvb_receiver_create(kvb_manager_h m, const char *bootstrap_addr, ui
 
 /* ---- init and abort messages ---- */
 
+/* 2026 transfer info (10 frames): the pages after the prefix only, the
+ * prefix in tokens (frame 8), one state index list; epoch= follows frame 9
+ * when kvbridge extensions may. The caller checked what has no 2026 form. */
+static kvb_status_t send_transfer26(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
+                                    const int32_t *idx, size_t n, int64_t aux,
+                                    const kvb_receiver_init_t *ex)
+{
+    kvb__frames_buf_t b;
+    kvb__frames_err_t e;
+    kvb__xfer26_msg_t x = {0};
+    uint8_t *lol = NULL;
+    const char *sid = kvb_engine_session_id(m->engine);
+    uint64_t prefix = ex != NULL && (ex->field_mask & KVB_RECV_INIT_PREFIX) ? ex->prefix_tokens : 0;
+    uint64_t skip = prefix / (m->args.page_size ? m->args.page_size : 1);
+    kvb_status_t st = KVB_OK;
+    x.room = room;
+    x.ip = m->host;
+    x.ip_len = strlen(m->host);
+    x.port = m->port;
+    x.session_id = sid;
+    x.session_id_len = strlen(sid);
+    x.is_dummy = s->dummy;
+    x.aux_index = s->dummy ? -1 : (int32_t)aux;
+    x.pages =
+        s->dummy || skip >= n ? kvb__i32_view_of(NULL, 0) : kvb__i32_view_of(idx + skip, n - skip);
+    x.required_dst_info_num = (int32_t)s->required_dst_info_num;
+    x.has_prefix_len = true;
+    x.prefix_len = (int64_t)prefix;
+    x.has_epoch = !s->dummy && s->epoch != 0 && kvb__ext26_ok(m);
+    x.epoch = s->epoch;
+    if (!s->dummy && ex != NULL && (ex->field_mask & KVB_RECV_INIT_STATE) &&
+        ex->num_state_indices > 0 && ex->state_indices != NULL)
+        st = kvb__lol_pack_one(ex->state_indices, ex->num_state_indices, 4, &lol, &x.state_idx);
+    kvb__frames_buf_init(&b);
+    if (st == KVB_OK)
+        st = kvb__frames_encode_transfer26(&x, &e, &b);
+    if (st != KVB_OK)
+        KVB_LOGW("manager %s: transfer info for room %llu not encodable: %s", m->endpoint,
+                 (unsigned long long)room, e.reason);
+    else
+        st = kvb__zsend(&m->zc, s->ip, s->port, &b);
+    kvb__frames_buf_free(&b);
+    free(lol);
+    return st;
+}
+
 static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
                                   const int32_t *idx, size_t n, int64_t aux,
                                   const kvb_receiver_init_t *ex, bool abort)
 {
+    if (kvb__dialect(m) == KVB__DIALECT_2026)
+        return abort ? kvb__send_abort26(m, s->ip, s->port, room)
+                     : send_transfer26(m, s, room, idx, n, aux, ex);
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__xfer_msg_t x = {0};
@@ -468,6 +569,39 @@ static bool pages_in_pool(struct kvb_manager *m, uint64_t room, const int32_t *i
     return true;
 }
 
+/* The 2026 transfer info carries the prefix as a token count and the
+ * suffix pages; it has no page mask. What it cannot say fails the room with
+ * why and nothing is sent. */
+static bool init_fits_dialect(struct kvb_manager *m, uint64_t room, size_t count,
+                              const kvb_receiver_init_t *ex)
+{
+    char why[256] = "";
+    uint32_t page = m->args.page_size ? m->args.page_size : 1;
+    if (kvb__dialect(m) != KVB__DIALECT_2026 || ex == NULL)
+        return true;
+    if ((ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask != NULL)
+        for (size_t i = 0; i < count && why[0] == '\0'; i++)
+            if (!ex->page_mask[i])
+                snprintf(why, sizeof(why),
+                         "a page mask with holes (entry %zu is 0) has no form in SGLang's 2026 "
+                         "transfer info; use prefix_tokens",
+                         i);
+    if (why[0] == '\0' && (ex->field_mask & KVB_RECV_INIT_PREFIX) &&
+        (ex->prefix_tokens % page != 0 || ex->prefix_tokens / page > count))
+        snprintf(why, sizeof(why),
+                 "prefix of %llu tokens is not a whole number of pages (page size %u) within the "
+                 "%zu pages given",
+                 (unsigned long long)ex->prefix_tokens, page, count);
+    if (why[0] == '\0')
+        return true;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, room);
+    if (r != NULL)
+        kvb__room_fail(r, "room %llu: %s; nothing was sent", (unsigned long long)room, why);
+    pthread_mutex_unlock(&m->mu);
+    return false;
+}
+
 kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t count,
                                int64_t aux_index, const kvb_receiver_init_t *extra)
 {
@@ -486,7 +620,8 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
                                 m->args.num_aux);
         aux_index = 0; /* no aux buffers here: the prefill plans no aux into us */
     }
-    if (!pages_in_pool(m, rc->room, indices, count, extra))
+    if (!pages_in_pool(m, rc->room, indices, count, extra) ||
+        !init_fits_dialect(m, rc->room, count, extra))
         return KVB_ERR_INVALID;
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, rc->room);
@@ -650,6 +785,27 @@ void kvb_receiver_destroy(kvb_receiver_h rc)
 
 /* ---- control messages ---- */
 
+/* m->mu held. Record that prefill rank (tp * pp_size + pp; the 2026 rank
+ * is the same with CP size 1) answered for the room: a terminal status, or
+ * a drained abort ack. false when it had answered already. */
+static bool record_response(struct kvb_manager *m, kvb__room_t *r, int32_t rank)
+{
+    int32_t pp_size = 1;
+    kvb__addr_t *a = r->bootstrap_addr ? addr_get(m, r->bootstrap_addr) : NULL;
+    if (a != NULL && a->have_info && a->info.pp_size > 0)
+        pp_size = a->info.pp_size;
+    uint32_t key = src_key((uint32_t)(rank / pp_size), (uint32_t)(rank % pp_size));
+    for (size_t i = 0; i < r->n_responded; i++)
+        if (r->responded[i] == key)
+            return false;
+    uint32_t *v = realloc(r->responded, (r->n_responded + 1) * sizeof(*v));
+    if (v == NULL)
+        return false;
+    r->responded = v;
+    r->responded[r->n_responded++] = key;
+    return true;
+}
+
 static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     kvb__status_msg_t s;
@@ -665,26 +821,13 @@ static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
              (unsigned long long)s.room, s.status, s.prefill_rank);
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, s.room);
-    if (r != NULL && (s.status == KVB_POLL_SUCCESS || s.status == KVB_POLL_FAILED)) {
-        int32_t pp_size = 1;
-        kvb__addr_t *a = r->bootstrap_addr ? addr_get(m, r->bootstrap_addr) : NULL;
-        if (a != NULL && a->have_info)
-            pp_size = a->info.pp_size;
-        uint32_t key =
-            src_key((uint32_t)(s.prefill_rank / pp_size), (uint32_t)(s.prefill_rank % pp_size));
-        bool seen = false;
-        for (size_t i = 0; i < r->n_responded; i++)
-            seen |= r->responded[i] == key;
-        uint32_t *v = seen ? NULL : realloc(r->responded, (r->n_responded + 1) * sizeof(*v));
-        if (v != NULL) {
-            r->responded = v;
-            r->responded[r->n_responded++] = key;
-            if (s.status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses)
-                kvb__room_set_status(r, KVB_POLL_SUCCESS);
-            if (s.status == KVB_POLL_FAILED) {
-                kvb__room_fail(r, FAIL_FROM_PREFILL);
-                open_fence(m, r, &todo, &n_todo);
-            }
+    if (r != NULL && (s.status == KVB_POLL_SUCCESS || s.status == KVB_POLL_FAILED) &&
+        record_response(m, r, s.prefill_rank)) {
+        if (s.status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses)
+            kvb__room_set_status(r, KVB_POLL_SUCCESS);
+        if (s.status == KVB_POLL_FAILED) {
+            kvb__room_fail(r, FAIL_FROM_PREFILL);
+            open_fence(m, r, &todo, &n_todo);
         }
     }
     pthread_mutex_unlock(&m->mu);
@@ -721,6 +864,32 @@ static void on_aux(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
     pthread_mutex_unlock(&m->mu);
 }
 
+/* ABORT_ACK from a 2026 prefill rank. The 3-frame form (SGLang's deferred
+ * mode, and what a kvbridge prefill always sends, only once the room's
+ * writes settled) confirms that nothing of the room is in flight from that
+ * rank: it counts as that source's answer for the abort fence. The 2-frame
+ * form is sent at once, writes or not: it confirms nothing and is ignored
+ * (the fence then waits for a status or KVBRIDGE_ABORT_ACK_TIMEOUT). */
+static void on_abort_ack(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+{
+    kvb__abort_ack_msg_t a;
+    kvb__frames_err_t e;
+    if (kvb__frames_decode_abort_ack(f, n, &e, &a) != KVB_OK) {
+        kvb__conn_bad_message(m, KVB__MSG_ABORT_ACK, &e);
+        return;
+    }
+    KVB_LOGD("manager %s: room %llu: abort ack%s from prefill rank %d", m->endpoint,
+             (unsigned long long)a.room, a.has_rank ? "" : " (2 frames, not a drain)",
+             a.has_rank ? (int)a.rank : -1);
+    if (!a.has_rank)
+        return;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, a.room);
+    if (r != NULL && r->fence_open)
+        record_response(m, r, a.rank);
+    pthread_mutex_unlock(&m->mu);
+}
+
 void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     kvb__msg_kind_t kind = kvb__frames_classify(f, n);
@@ -728,6 +897,10 @@ void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t
         on_status(m, f, n);
     else if (kind == KVB__MSG_AUX)
         on_aux(m, f, n);
+    else if (kind == KVB__MSG_ABORT_ACK)
+        on_abort_ack(m, f, n);
+    else if (kind == KVB__MSG_STAGING)
+        kvb__conn_unsupported(m, f, n);
     else
         kvb__conn_bad_message(m, kind, NULL);
 }
