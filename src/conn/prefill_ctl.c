@@ -396,7 +396,10 @@ static char *reg26_refusal(struct kvb_manager *m, const kvb__reg26_msg_t *x, reg
         in->state = malloc((count ? count : 1) * sizeof(uint64_t));
         for (size_t k = 0; in->state != NULL && k < count; k++)
             in->state[k] = kvb__lol_at(x->state_ptrs, 0, k);
-        in->n_state = count;
+        in->n_state = in->state != NULL ? count : 0;
+        if (in->state == NULL)
+            snprintf(buf, sizeof(buf), "decode %.*s: out of memory for its state buffers", sid,
+                     x->session_id);
         for (size_t k = 0; x->state_item_lens.n == 1 && k < count && k < m->args.num_state; k++)
             if (kvb__lol_at(x->state_item_lens, 0, k) != m->state_items[k]) {
                 snprintf(buf, sizeof(buf),

@@ -63,9 +63,9 @@ def env():
     ctx = zmq.Context()
     made = []
 
-    def start(tp_size=1, ext=True):
+    def start(tp_size=1, ext=True, role="decode"):
         h = Helper(
-            "decode",
+            role,
             {"KVBRIDGE_SGLANG_DIALECT": "2026", "KVBRIDGE_SGLANG_EXT26": "1" if ext else "0"},
         )
         made.append(h)
@@ -221,3 +221,31 @@ def test_tp2_prefill_to_tp1_decode(env):
     assert poll(h, room, 0.3)[0] == 2  # one of two sources answered
     push.send_multipart([dec(room), b"4", b"1"])  # prefill_unique_rank of tp 1
     assert poll(h, room, 5) == (4, 1, "")
+
+
+def test_tp2_mla_prefill_to_tp1_decode_dummy(env):
+    h, ranks, push = env(tp_size=2, role="decode-mla")
+    room, pages = 7301, [11, 12]
+    h.cmd(f"recv {room} 1 0 2 11 12")
+    assert h.line("recv", room) == "2"
+    # MLA, prefill TP 2 > decode TP 1: prefill rank 0 is the real source,
+    # rank 1 a dummy (spec 10.1): frames 4, 5, 6 and 9 empty, no epoch.
+    for p in ranks:
+        assert recv_frames(p.pull) == expected_kv_args(h, True)
+    check_transfer(recv_frames(ranks[0].pull), h, room, pages, 1, 0, True)
+    host, port = h.info["ctl"].rsplit(":", 1)
+    assert recv_frames(ranks[1].pull) == [
+        dec(room),
+        host.encode(),
+        port.encode(),
+        h.info["session"].encode(),
+        b"",
+        b"",
+        b"",
+        b"1",
+        b"0",
+        b"",
+    ]
+    push.send_multipart([dec(room), b"4", b"0"])  # the dummy sends nothing
+    assert poll(h, room, 5) == (4, 1, "")
+    assert not ranks[1].pull.poll(200)

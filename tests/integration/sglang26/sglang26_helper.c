@@ -16,9 +16,9 @@
  *   kvbad ROOM <wrong KV bytes at D..: request page PREFIX+j expected at Dj>
  *   auxbad ROOM <wrong bytes of aux item DST_AUX>
  *
- *   sglang26_helper decode
+ *   sglang26_helper decode | decode-mla
  * A bootstrap server (where the Python prefill ranks register) and one
- * decode rank speaking the dialect of KVBRIDGE_SGLANG_DIALECT. Prints
+ * decode rank (MHA, or MLA) speaking the dialect of KVBRIDGE_SGLANG_DIALECT. Prints
  * "boot ADDR", "ctl HOST:PORT", "session SID", "kv ..", "aux P",
  * "item_len N", "buf_len N" (bytes of each KV buffer), "ready". Then per line
  *   recv ROOM DST_AUX PREFIX_TOKENS N D0 .. D(N-1)   -> "recv ROOM <poll>"
@@ -182,7 +182,7 @@ static void decode_poll(recv_slot_t *r, int nr, char *line)
     printf("poll %llu %d %d %s\n", room, (int)st, kvb_receiver_pages_safe(rc), why);
 }
 
-static int run_decode(void)
+static int run_decode(const kvbh_geom_t *g)
 {
     kvbh_boot_t boot;
     kvbh_rank_t d;
@@ -191,7 +191,7 @@ static int run_decode(void)
     int nr = 0;
     if (kvbh_boot_start(&boot, 0, NULL) != 0)
         return 3;
-    if (kvbh_rank_start(&d, &G, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL) != 0)
+    if (kvbh_rank_start(&d, g, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL) != 0)
         return 4;
     printf("boot %s\nctl %s\nsession %s\nkv ", boot.addr, kvb_manager_endpoint(d.mgr),
            kvb_engine_session_id(d.eng));
@@ -224,7 +224,12 @@ int main(int argc, char **argv)
     if (argc == 2 && strcmp(argv[1], "prefill") == 0)
         return run_prefill();
     if (argc == 2 && strcmp(argv[1], "decode") == 0)
-        return run_decode();
-    fprintf(stderr, "usage: sglang26_helper prefill|decode\n");
+        return run_decode(&G);
+    if (argc == 2 && strcmp(argv[1], "decode-mla") == 0) {
+        kvbh_geom_t mla = G;
+        mla.mla = 1; /* one latent buffer per layer */
+        return run_decode(&mla);
+    }
+    fprintf(stderr, "usage: sglang26_helper prefill|decode|decode-mla\n");
     return 2;
 }
