@@ -360,57 +360,78 @@ static void on_registration(struct kvb_manager *m, const kvb__frame_t *f, size_t
 
 /* Why kvbridge cannot serve a 2026 registration's fields, or NULL (the
  * fields it honours are copied into in). */
-static char *reg26_refusal(struct kvb_manager *m, const kvb__reg26_msg_t *x, reg_in_t *in)
+/* What of a 2026 registration kvbridge cannot serve, into buf (empty: all
+ * fine). Checked: KV buffers present, DCP off, the KV item length at the
+ * same attention TP size (or MLA: page size and KV dtype), one state
+ * component, layer ids only where position pairs the same layers. */
+static void reg26_unsupported(struct kvb_manager *m, const kvb__reg26_msg_t *x, char *buf,
+                              size_t len)
 {
-    char buf[400];
     int sid = (int)x->session_id_len;
     buf[0] = '\0';
     if (x->kv_ptrs.count == 0)
-        snprintf(buf, sizeof(buf), "decode %.*s registered no KV buffers", sid, x->session_id);
+        snprintf(buf, len, "decode %.*s registered no KV buffers", sid, x->session_id);
     else if (x->dcp_size != 1)
-        snprintf(buf, sizeof(buf),
+        snprintf(buf, len,
                  "decode %.*s uses decode context parallelism (DCP size %d, rank %d); kvbridge "
                  "does not relayout KV for DCP",
                  sid, x->session_id, (int)x->dcp_size, (int)x->dcp_rank);
     else if ((m->p.is_mla || x->dst_attn_tp_size == m->p.attn_tp_size) &&
              (uint64_t)x->dst_kv_item_len != m->args.kv_item_len)
-        snprintf(buf, sizeof(buf),
+        snprintf(buf, len,
                  "decode %.*s KV items are %lld bytes, this prefill's %llu (same attention TP "
                  "size or MLA): the page size or the KV cache dtype differ",
                  sid, x->session_id, (long long)x->dst_kv_item_len,
                  (unsigned long long)m->args.kv_item_len);
     else if (x->state_ptrs.n > 1)
-        snprintf(buf, sizeof(buf),
+        snprintf(buf, len,
                  "decode %.*s registered %u state components; kvbridge pairs one (its state "
                  "buffers, one index list)",
                  sid, x->session_id, x->state_ptrs.n);
     else if (m->p.pp_size > 1 && (x->kv_layer_ids.count > 0 || x->state_layer_ids.len > 0))
-        snprintf(buf, sizeof(buf),
+        snprintf(buf, len,
                  "decode %.*s sent layer ids; kvbridge pairs layers by position and cannot "
                  "pair by layer id with prefill PP size %d",
                  sid, x->session_id, m->p.pp_size);
-    if (buf[0] == '\0' && x->state_ptrs.n == 1) {
-        const uint8_t *d;
-        size_t count;
-        kvb__lol_list(x->state_ptrs, 0, &d, &count);
-        in->state = malloc((count ? count : 1) * sizeof(uint64_t));
-        for (size_t k = 0; in->state != NULL && k < count; k++)
-            in->state[k] = kvb__lol_at(x->state_ptrs, 0, k);
-        in->n_state = in->state != NULL ? count : 0;
-        if (in->state == NULL)
-            snprintf(buf, sizeof(buf), "decode %.*s: out of memory for its state buffers", sid,
-                     x->session_id);
-        for (size_t k = 0; x->state_item_lens.n == 1 && k < count && k < m->args.num_state; k++)
-            if (kvb__lol_at(x->state_item_lens, 0, k) != m->state_items[k]) {
-                snprintf(buf, sizeof(buf),
-                         "decode %.*s state tensor %zu has items of %llu bytes, this prefill "
-                         "%llu: the state layouts differ",
-                         sid, x->session_id, k,
-                         (unsigned long long)kvb__lol_at(x->state_item_lens, 0, k),
-                         (unsigned long long)m->state_items[k]);
-                break;
-            }
+}
+
+/* The one state component's buffers into in (owned), checked against this
+ * prefill's state item lengths (frame 10) where both have them. */
+static void reg26_state(struct kvb_manager *m, const kvb__reg26_msg_t *x, reg_in_t *in, char *buf,
+                        size_t len)
+{
+    const uint8_t *d;
+    size_t count;
+    int sid = (int)x->session_id_len;
+    kvb__lol_list(x->state_ptrs, 0, &d, &count);
+    in->state = malloc((count ? count : 1) * sizeof(uint64_t));
+    if (in->state == NULL) {
+        snprintf(buf, len, "decode %.*s: out of memory for its state buffers", sid, x->session_id);
+        return;
     }
+    for (size_t k = 0; k < count; k++)
+        in->state[k] = kvb__lol_at(x->state_ptrs, 0, k);
+    in->n_state = count;
+    for (size_t k = 0; x->state_item_lens.n == 1 && k < count && k < m->args.num_state; k++)
+        if (kvb__lol_at(x->state_item_lens, 0, k) != m->state_items[k]) {
+            snprintf(buf, len,
+                     "decode %.*s state tensor %zu has items of %llu bytes, this prefill %llu: "
+                     "the state layouts differ",
+                     sid, x->session_id, k,
+                     (unsigned long long)kvb__lol_at(x->state_item_lens, 0, k),
+                     (unsigned long long)m->state_items[k]);
+            return;
+        }
+}
+
+/* Why kvbridge cannot serve a 2026 registration, or NULL (the fields it
+ * honours are copied into in). */
+static char *reg26_refusal(struct kvb_manager *m, const kvb__reg26_msg_t *x, reg_in_t *in)
+{
+    char buf[400];
+    reg26_unsupported(m, x, buf, sizeof(buf));
+    if (buf[0] == '\0' && x->state_ptrs.n == 1)
+        reg26_state(m, x, in, buf, sizeof(buf));
     return buf[0] != '\0' ? strdup(buf) : NULL;
 }
 

@@ -80,8 +80,9 @@ def register(p, item_len=None, dcp=(1, 0)):
     p.push.send_multipart(frames)
 
 
-def transfer_info(p, room, pages, aux_index, prefix_tokens=0, device=b""):
-    """Spec 5.3: 10 frames, the suffix pages only, prefix in tokens."""
+def transfer_info(p, room, pages, aux_index, prefix_tokens=0, device=b"", ext=()):
+    """Spec 5.3: 10 frames, the suffix pages only, prefix in tokens; ext:
+    kvbridge extension frames after frame 9 (a kvbridge decode's)."""
     frames = [
         dec(room),
         LOCAL_IP.encode("ascii"),
@@ -94,7 +95,7 @@ def transfer_info(p, room, pages, aux_index, prefix_tokens=0, device=b""):
         dec(prefix_tokens),
         device,
     ]
-    p.push.send_multipart(frames)
+    p.push.send_multipart(frames + list(ext))
 
 
 def check_status(frames, room, value):
@@ -226,3 +227,26 @@ def test_refused_fields_fail_the_room_with_a_reason(peer):
     status, kvbad, auxbad = report(p, room)
     assert status.split(" ")[0] == "4" and (kvbad, auxbad) == (0, 0), status
     assert not p.pull.poll(200), "unexpected extra message"
+
+
+def test_epoch_extension_is_stamped(peer):
+    """A kvbridge decode's writer grant travels after frame 9 (epoch=); the
+    prefill stamps it on the room's writes. The helper's decode engine never
+    granted this epoch, so its target refuses the writes: proof the 2026
+    path honours the grant (without it the same room succeeds)."""
+    p = peer
+    register(p)
+    room = 5301
+    transfer_info(p, room, [90, 91], 8, ext=[b"epoch=12345"])
+    p.helper.cmd(f"send {room} 1 8 2 0 all 90 91")
+    check_status(recv_frames(p.pull), room, 0)
+    status, kvbad, _ = report(p, room)
+    assert status.startswith("0 ") and "fenced" in status, status
+    assert kvbad > 0
+    register(p)  # a failed session re-registers (spec 5.2)
+    room = 5302
+    transfer_info(p, room, [92, 93], 9)
+    p.helper.cmd(f"send {room} 1 9 2 0 all 92 93")
+    check_status(recv_frames(p.pull), room, 4)
+    status, kvbad, auxbad = report(p, room)
+    assert status.split(" ")[0] == "4" and (kvbad, auxbad) == (0, 0), status
