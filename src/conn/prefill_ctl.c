@@ -738,7 +738,8 @@ static void on_transfer26(struct kvb_manager *m, const kvb__frame_t *f, size_t n
 /* A 2026 decode asked to abort the room: stop writing, and answer
  * ABORT_ACK once no write of the room can land (the same fence as
  * kvbridge's abort=1; the ACK replaces the Failed status to the asker). A
- * room already over (Success, or Failed and told) is acknowledged at once. */
+ * room already over (Success and told, or Failed and told) is acknowledged
+ * at once. */
 static void on_abort26(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     kvb__abort_msg_t a;
@@ -757,10 +758,14 @@ static void on_abort26(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         snprintf(r->abort_ip, sizeof(r->abort_ip), "%s", ip);
         r->abort_port = a.port;
         r->abort_ack26 = 1;
-        if (r->status != KVB_POLL_SUCCESS)
-            kvb__prefill_abort_room(m, r, "Aborted by the decode instance");
-        ack_now = r->inflight == 0 && !r->submitting &&
-                  (r->status == KVB_POLL_SUCCESS || r->fail_notified);
+        /* A room that already ended Success here fails too (as with
+         * abort=1: sender and receiver agree), but its decodes were told
+         * Success: only the asker hears back, with the ACK. */
+        bool told_success = r->status == KVB_POLL_SUCCESS && !r->success_due;
+        kvb__prefill_abort_room(m, r, "Aborted by the decode instance");
+        if (told_success)
+            r->fail_notified = 1;
+        ack_now = r->inflight == 0 && !r->submitting && r->fail_notified;
     }
     pthread_mutex_unlock(&m->mu);
     if (ack_now)

@@ -7,6 +7,7 @@ list-of-lists: little-endian u32 count, u32 byte lengths, payloads."""
 import os
 import struct
 import subprocess
+import tempfile
 import time
 
 HELPER = os.environ.get("KVBRIDGE_SGLANG26_HELPER")
@@ -39,11 +40,13 @@ class Helper:
     def __init__(self, role, env=None):
         full_env = dict(os.environ)
         full_env.update(env or {})
+        # stderr kept: a sanitizer report or a leak makes close() fail.
+        self.err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [HELPER, role],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self.err,
             text=True,
             env=full_env,
         )
@@ -71,12 +74,18 @@ class Helper:
         return rest
 
     def close(self):
+        """Stop the helper; it must exit 0 (no sanitizer report, no leak)."""
         self.proc.stdin.close()
         try:
-            self.proc.wait(timeout=20)
+            rc = self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+            rc = "killed after 20 s"
+        self.err.seek(0)
+        text = self.err.read()
+        self.err.close()
+        assert rc == 0, f"helper exit {rc}: {text[-4000:]}"
 
 
 def recv_frames(pull, timeout_s=10.0):

@@ -167,7 +167,8 @@ def test_abort_gets_a_drained_ack(peer):
     p.push.send_multipart([b"ABORT", dec(5102), LOCAL_IP.encode("ascii"), dec(p.port)])
     assert recv_frames(p.pull) == [b"ABORT_ACK", b"5102", b"0"]
 
-    # An ABORT after Success: acknowledged, the room stays done.
+    # An ABORT after Success (the sender is gone): acknowledged at once, no
+    # status follows.
     room, pages = 5103, [70, 71]
     transfer_info(p, room, pages, 4)
     p.helper.cmd(f"send {room} 1 4 2 0 all 70 71")
