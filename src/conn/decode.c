@@ -650,6 +650,16 @@ void kvb_receiver_destroy(kvb_receiver_h rc)
 
 /* ---- control messages ---- */
 
+/* Is key (src_key of a prefill rank) one of r's sources? A room not yet
+ * resolved has none listed: nothing to check against. */
+static bool is_source(const kvb__room_t *r, uint32_t key)
+{
+    for (size_t i = 0; i < r->n_src; i++)
+        if (src_key(r->srcs[i].tp_rank, r->srcs[i].pp_rank) == key)
+            return true;
+    return r->n_src == 0;
+}
+
 static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     kvb__status_msg_t s;
@@ -672,7 +682,11 @@ static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
             pp_size = a->info.pp_size;
         uint32_t key =
             src_key((uint32_t)(s.prefill_rank / pp_size), (uint32_t)(s.prefill_rank % pp_size));
-        bool seen = false;
+        bool seen = !is_source(r, key); /* a rank that is no source of the room counts not */
+        if (seen)
+            KVB_LOGW("manager %s: room %llu: status %d from prefill rank %d, which is not one "
+                     "of its sources: ignored",
+                     m->endpoint, (unsigned long long)s.room, s.status, s.prefill_rank);
         for (size_t i = 0; i < r->n_responded; i++)
             seen |= r->responded[i] == key;
         uint32_t *v = seen ? NULL : realloc(r->responded, (r->n_responded + 1) * sizeof(*v));
