@@ -16,7 +16,7 @@ Mooncake's TransferEngine, between two processes.
   unregistered source, an unknown target, double registration (-7),
   unregistering an unknown address (-3), unknown batch ids (-1);
 - a killed target: writes return -1 (batch id 0 or status -1) within a
-  bound, send_probe -1; a stopped target over tcp: -1 within
+  bound, send_probe -102; a stopped target over tcp: -1 within
   MC_TRANSFER_TIMEOUT plus the engine's settle bound, and an asynchronous
   batch past its deadline reports -2 and stays known;
 - what kvbridge cannot do raises NotImplementedError naming the method.
@@ -307,7 +307,7 @@ def test_bad_calls(target):
         # an unknown target (a port nobody listens on)
         assert eng.transfer_sync_write(f"{HOST}:1", s0, a0, 16) == -1
         assert eng.batch_transfer_async_write(f"{HOST}:1", [s0], [a0], [16]) == 0
-        assert eng.send_probe(f"{HOST}:1") == -1
+        assert eng.send_probe(f"{HOST}:1") == -102
         # registration: double, overlapping, zero length, unknown unregister
         assert eng.register_memory(s0, src.nbytes) == -7
         assert eng.register_memory(s0 + 100, 10) == -7
@@ -417,7 +417,7 @@ def test_killed_target():
         t0 = time.monotonic()
         bid = eng.batch_transfer_async_write(t.sid, [src.ctypes.data], [a0], [4096])
         assert bid == 0 or eng.get_batch_transfer_status([bid]) == -1
-        assert eng.send_probe(t.sid) == -1
+        assert eng.send_probe(t.sid) == -102
         assert time.monotonic() - t0 < 10
     finally:
         eng.close()

@@ -79,6 +79,7 @@ P2PHANDSHAKE = "P2PHANDSHAKE"
 ERR_INVALID_ARGUMENT = -1
 ERR_ADDRESS_NOT_REGISTERED = -3
 ERR_ADDRESS_OVERLAPPED = -7
+ERR_SOCKET = -102
 ERR_MEMORY = -302
 ERR_NOT_IMPLEMENTED = -303
 
@@ -757,7 +758,8 @@ class TransferEngine:
 
     def send_probe(self, peer_server_name):
         """0 when the engine at peer_server_name ("ip:port") answers a
-        handshake within MC_HANDSHAKE_CONNECT_TIMEOUT s (default 5), else -1.
+        handshake within MC_HANDSHAKE_CONNECT_TIMEOUT s (default 5), else
+        -102 (Mooncake's ERR_SOCKET; -1 before initialize()).
         (An empty write: kvbridge connects, or reuses the live connection,
         and moves no byte.)"""
         _check_str(peer_server_name, "peer_server_name")
@@ -771,7 +773,7 @@ class TransferEngine:
             if st != L.KVB_OK:
                 log.info("mooncake.engine (kvbridge): send_probe(%s): %s", peer_server_name,
                          L.text(L.lib().kvb_engine_last_error(eng._h)) or L.status_string(st))
-        return 0 if st == L.KVB_OK else -1
+        return 0 if st == L.KVB_OK else ERR_SOCKET
 
     # ---------------------------------------------------------- not provided
     def _not_implemented(self, method, why):
