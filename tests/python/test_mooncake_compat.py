@@ -173,6 +173,15 @@ def test_initialize_and_ports(monkeypatch):
     assert e.initialize(f"{HOST}:1", "P2PHANDSHAKE", "tcp", "") == 0
     assert 15000 <= e.get_rpc_port() <= 17000
     e.close()
+    monkeypatch.setenv("MC_FORCE_TCP", "")  # set at all = on, as in Mooncake
+    e = TransferEngine()
+    assert e.initialize(HOST, "P2PHANDSHAKE", "rdma", "") == 0
+    assert e._eng.transport == "tcp"
+    e.close()
+    monkeypatch.delenv("MC_FORCE_TCP")
+    assert [me._parse_host(h) for h in ("10.0.0.1", "10.0.0.1:17", "[::1]:80", "::1",
+                                        "10.0.0.2:1234:npu_3")] == \
+        ["10.0.0.1", "10.0.0.1", "::1", "::1", "10.0.0.2"]
     for meta, proto in [("etcd://127.0.0.1:2379", "rdma"), ("127.0.0.1:2379", "rdma"),
                         ("P2PHANDSHAKE", "nvlink"), ("P2PHANDSHAKE", "xgmi")]:
         assert TransferEngine().initialize(HOST, meta, proto, "") == -1, (meta, proto)
@@ -258,6 +267,25 @@ def _writes(eng, src, target):
 
     assert target.digests() == [sha(i) for i in img]
     assert eng.send_probe(target.sid) == 0
+
+
+def test_ipv6_session():
+    """initialize("[::1]:port") listens on ::1; peers use "[::1]:rpc_port"."""
+    t, w = TransferEngine(), TransferEngine()
+    try:
+        if t.initialize("[::1]:5", "P2PHANDSHAKE", "rdma", "") != 0:
+            pytest.skip("no IPv6 loopback")
+        assert w.initialize("::1", "P2PHANDSHAKE", "rdma", "") == 0
+        d = np.zeros(4096, np.uint8)
+        src = np.random.default_rng(2).integers(0, 256, 4096, dtype=np.uint8)
+        assert t.register_memory(d.ctypes.data, 4096) == 0
+        assert w.register_memory(src.ctypes.data, 4096) == 0
+        sid = f"[::1]:{t.get_rpc_port()}"
+        assert w.transfer_sync_write(sid, src.ctypes.data, d.ctypes.data, 4096) == 0
+        assert (d == src).all() and w.send_probe(sid) == 0
+    finally:
+        w.close()
+        t.close()
 
 
 def test_concurrent_writers(target):

@@ -352,7 +352,7 @@ class TransferEngine:
             if self._eng is not None:
                 log.error("mooncake.engine (kvbridge): initialize() called twice")
                 return -1
-        if proto == "tcp" or os.environ.get("MC_FORCE_TCP") in ("1", "true", "on"):
+        if proto == "tcp" or os.environ.get("MC_FORCE_TCP") is not None:  # set = on, as Mooncake
             transport = "tcp"
         else:  # rdma, efa, cxi, barex, "": UCX picks the fastest lane
             transport = os.environ.get("KVBRIDGE_TRANSPORT", "auto")
@@ -363,7 +363,13 @@ class TransferEngine:
         if eng is None:
             return -1
         with self._lock:
-            self._eng = eng
+            raced = self._eng is not None
+            if not raced:
+                self._eng = eng
+        if raced:  # another thread's initialize() won
+            eng.close()
+            log.error("mooncake.engine (kvbridge): initialize() called twice")
+            return -1
         log.info("mooncake.engine (kvbridge): %s (%s) listening, protocol %r → %s",
                  eng.get_session_id(), kvbridge.library_path(), protocol, eng.transport)
         return 0
