@@ -20,8 +20,6 @@ ids: Mooncake dereferences them as pointers) are not made.
 
 import hashlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
