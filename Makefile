@@ -24,6 +24,12 @@ build: deps $(BUILD)/CMakeCache.txt
 check: build
 	cd $(BUILD) && ctest $(CTEST_FLAGS)
 
+# Libraries, headers, CLI, kvbridge.pc, CMake package under PREFIX (README, Install).
+PREFIX ?= /usr/local
+.PHONY: install
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
 demo: build
 	bash scripts/demo.sh $(BUILD)
 

@@ -14,6 +14,7 @@ PKGS=(
   libjansson-dev
   libssl-dev
   python3 python3-numpy python3-pytest python3-zmq python3-requests
+  python3-pip python3-setuptools python3-wheel # pip install ./python, offline
   iproute2 procps
 )
 

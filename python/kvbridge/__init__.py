@@ -6,13 +6,16 @@ change. See docs/python.md for the mapping.
                           KVBootstrapServer, KVTransferError, TransferEngine)
 
 The library is found through KVBRIDGE_LIB, next to this package, in the
-source tree's build/, or on the system library path; it is loaded on first
-use. Every C call releases the GIL.
+directory recorded by `pip install ./python` (the installed C library), in
+the source tree's build/, or on the system library path; it is loaded on
+first use. Every C call releases the GIL. compat_path() names the folder of
+drop-in modules (mooncake/) to put on PYTHONPATH, when this copy has one.
 """
 
 from ._lib import (
     InvalidArgument,
     KVBridgeError,
+    compat_path,
     library_path,
     load_library,
 )
@@ -44,6 +47,7 @@ __all__ = [
     "SharedMemory",
     "TransferEngine",
     "TransferHandle",
+    "compat_path",
     "library_path",
     "load_library",
     "set_log_level",

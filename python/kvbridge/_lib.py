@@ -1,9 +1,11 @@
 """Loading libkvbridge.so, its prototypes, errors and argument checks.
 
 The library is looked up, in order: the path in KVBRIDGE_LIB; a
-libkvbridge.so next to this package; build/libkvbridge.so of the source tree
-this package sits in (python/kvbridge → ../../build); the system library path
-(ctypes.util.find_library, then the bare soname). It is loaded once, on first
+libkvbridge.so next to this package; the installed library whose directory
+`pip install ./python` recorded in _installed.py (setup.py: KVBRIDGE_LIBDIR or
+pkg-config's libdir of kvbridge); build/libkvbridge.so of the source tree this
+package sits in (python/kvbridge → ../../build); the system library path
+(ctypes.util.find_library, then the bare sonames). It is loaded once, on first
 use, with ctypes.CDLL: every foreign call releases the GIL.
 """
 
@@ -310,19 +312,47 @@ _lib = None
 _lib_path = None
 
 
+SONAME = "libkvbridge.so.0"  # SOVERSION in CMakeLists.txt
+
+
+def _installed_libdir():
+    """The libdir recorded when this package was pip-installed, or None (a
+    source checkout has no _installed.py)."""
+    try:
+        from ._installed import LIBDIR
+    except ImportError:
+        return None
+    return LIBDIR
+
+
 def _candidates():
     env = os.environ.get("KVBRIDGE_LIB")
     if env:
         return [env], True
     here = os.path.dirname(os.path.abspath(__file__))
     out = [os.path.join(here, "libkvbridge.so")]
+    libdir = _installed_libdir()
+    if libdir:
+        # The soname: a runtime-only install has no libkvbridge.so link.
+        out.append(os.path.join(libdir, SONAME))
     tree = os.path.join(os.path.dirname(os.path.dirname(here)), "build", "libkvbridge.so")
     out.append(tree)
     found = ctypes.util.find_library("kvbridge")
     if found:
         out.append(found)
-    out.append("libkvbridge.so")
+    out += [SONAME, "libkvbridge.so"]
     return out, False
+
+
+def compat_path():
+    """The folder holding the drop-in modules (compat/, e.g. mooncake/) to put
+    on PYTHONPATH, or None when this copy has none: kvbridge/compat in an
+    installed package, python/compat in a source checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.path.join(here, "compat"), os.path.join(os.path.dirname(here), "compat")):
+        if os.path.isdir(d):
+            return d
+    return None
 
 
 def load_library(path=None):
@@ -360,7 +390,8 @@ def load_library(path=None):
                 continue
             _lib, _lib_path = lib, c
             return lib
-        how = "KVBRIDGE_LIB" if explicit else "search (package dir, source build/, system path)"
+        how = ("KVBRIDGE_LIB" if explicit else
+               "search (package dir, installed libdir, source build/, system path)")
         raise OSError(f"kvbridge: cannot load libkvbridge.so via {how}: " + "; ".join(errors))
 
 

@@ -785,16 +785,34 @@ void kvb_receiver_destroy(kvb_receiver_h rc)
 
 /* ---- control messages ---- */
 
+/* Is key (src_key of a prefill rank) one of r's sources? A room not yet
+ * resolved has none listed: nothing to check against. */
+static bool is_source(const kvb__room_t *r, uint32_t key)
+{
+    for (size_t i = 0; i < r->n_src; i++)
+        if (src_key(r->srcs[i].tp_rank, r->srcs[i].pp_rank) == key)
+            return true;
+    return r->n_src == 0;
+}
+
 /* m->mu held. Record that prefill rank (tp * pp_size + pp; the 2026 rank
  * is the same with CP size 1) answered for the room: a terminal status, or
- * a drained abort ack. false when it had answered already. */
-static bool record_response(struct kvb_manager *m, kvb__room_t *r, int32_t rank)
+ * a drained abort ack (what says). false when it had answered already, or
+ * is no source of the room (logged: any peer on the PULL socket could
+ * otherwise end a room before its bytes landed). */
+static bool record_response(struct kvb_manager *m, kvb__room_t *r, int32_t rank, const char *what)
 {
     int32_t pp_size = 1;
     kvb__addr_t *a = r->bootstrap_addr ? addr_get(m, r->bootstrap_addr) : NULL;
     if (a != NULL && a->have_info && a->info.pp_size > 0)
         pp_size = a->info.pp_size;
     uint32_t key = src_key((uint32_t)(rank / pp_size), (uint32_t)(rank % pp_size));
+    if (!is_source(r, key)) {
+        KVB_LOGW("manager %s: room %llu: %s from prefill rank %d, which is not one of its "
+                 "sources: ignored",
+                 m->endpoint, (unsigned long long)r->id, what, (int)rank);
+        return false;
+    }
     for (size_t i = 0; i < r->n_responded; i++)
         if (r->responded[i] == key)
             return false;
@@ -822,7 +840,8 @@ static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, s.room);
     if (r != NULL && (s.status == KVB_POLL_SUCCESS || s.status == KVB_POLL_FAILED) &&
-        record_response(m, r, s.prefill_rank)) {
+        record_response(m, r, s.prefill_rank,
+                        s.status == KVB_POLL_SUCCESS ? "Success" : "Failed")) {
         if (s.status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses)
             kvb__room_set_status(r, KVB_POLL_SUCCESS);
         if (s.status == KVB_POLL_FAILED) {
@@ -886,7 +905,7 @@ static void on_abort_ack(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, a.room);
     if (r != NULL && r->fence_open)
-        record_response(m, r, a.rank);
+        record_response(m, r, a.rank, "abort ack");
     pthread_mutex_unlock(&m->mu);
 }
 

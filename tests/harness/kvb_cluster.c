@@ -66,41 +66,58 @@ static size_t state_len(const kvbh_geom_t *g)
     return (size_t)KVBH_STATE_ITEMS * (size_t)(g->state_bytes > 0 ? g->state_bytes : 0);
 }
 
-size_t kvbh_arena_len(const kvbh_geom_t *g, const kvbh_place_t *p)
+/* Canary bytes after each buffer (a packed arena has one after the last). */
+static size_t gap(bool packed)
+{
+    return packed ? 0 : KVBH_CANARY;
+}
+
+static size_t arena_len_of(const kvbh_geom_t *g, const kvbh_place_t *p, bool packed)
 {
     kvbh_rank_t r;
     shape(&r, g, p);
-    size_t len = KVBH_CANARY + (size_t)r.n_kv * ((size_t)r.buf_len + KVBH_CANARY) +
-                 KVBH_AUX_ITEM * KVBH_AUX_ITEMS + KVBH_CANARY;
+    size_t len = KVBH_CANARY + (size_t)r.n_kv * ((size_t)r.buf_len + gap(packed)) +
+                 KVBH_AUX_ITEM * KVBH_AUX_ITEMS + gap(packed);
     if (g->state_bytes > 0)
-        len += KVBH_STATE_BUFS * (state_len(g) + KVBH_CANARY);
-    return len;
+        len += KVBH_STATE_BUFS * (state_len(g) + gap(packed));
+    return len + (packed ? KVBH_CANARY : 0);
 }
 
-/* Place n bytes at *off (zeroed when fill), a canary gap after it. */
-static uint8_t *carve(uint8_t *arena, size_t *off, size_t n, int fill)
+size_t kvbh_arena_len(const kvbh_geom_t *g, const kvbh_place_t *p)
+{
+    return arena_len_of(g, p, false);
+}
+
+/* Place n bytes at *off (zeroed when fill), a canary gap of gap_len after it. */
+static uint8_t *carve(uint8_t *arena, size_t *off, size_t n, int fill, size_t gap_len)
 {
     uint8_t *p = arena + *off;
     if (fill)
         memset(p, 0, n);
-    *off += n + KVBH_CANARY;
+    *off += n + gap_len;
     return p;
+}
+
+static void layout_of(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, uint8_t *arena,
+                      int fill, bool packed)
+{
+    size_t off = KVBH_CANARY;
+    shape(r, g, p);
+    r->arena = arena;
+    r->arena_len = arena_len_of(g, p, packed);
+    if (fill)
+        memset(arena, KVBH_CANARY_BYTE, r->arena_len);
+    for (int i = 0; i < r->n_kv; i++)
+        r->kv[i] = carve(arena, &off, r->buf_len, fill, gap(packed));
+    r->aux = carve(arena, &off, KVBH_AUX_ITEM * KVBH_AUX_ITEMS, fill, gap(packed));
+    for (int i = 0; g->state_bytes > 0 && i < KVBH_STATE_BUFS; i++)
+        r->state[i] = carve(arena, &off, state_len(g), fill, gap(packed));
 }
 
 void kvbh_layout(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, uint8_t *arena,
                  int fill)
 {
-    size_t off = KVBH_CANARY;
-    shape(r, g, p);
-    r->arena = arena;
-    r->arena_len = kvbh_arena_len(g, p);
-    if (fill)
-        memset(arena, KVBH_CANARY_BYTE, r->arena_len);
-    for (int i = 0; i < r->n_kv; i++)
-        r->kv[i] = carve(arena, &off, r->buf_len, fill);
-    r->aux = carve(arena, &off, KVBH_AUX_ITEM * KVBH_AUX_ITEMS, fill);
-    for (int i = 0; g->state_bytes > 0 && i < KVBH_STATE_BUFS; i++)
-        r->state[i] = carve(arena, &off, state_len(g), fill);
+    layout_of(r, g, p, arena, fill, false);
 }
 
 /* ---- memory ---- */
@@ -114,7 +131,7 @@ static uint8_t *arena_get(int mem, size_t len)
     }
     if (mem == KVBH_MEM_SHARED)
         return kvb_mem_alloc(len, &a) == KVB_OK ? a : NULL;
-    return malloc(len);
+    return malloc(len); /* KVBH_MEM_MALLOC, KVBH_MEM_PACKED */
 }
 
 static void arena_put(int mem, uint8_t *a, size_t len)
@@ -241,7 +258,7 @@ kvb_status_t kvbh_rank_start_at(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh
                                 kvb_mode_t mode, const char *boot, int mem, const kvbh_knobs_t *k)
 {
     kvb_engine_params_t ep = {0};
-    size_t len = kvbh_arena_len(g, p);
+    size_t len = arena_len_of(g, p, mem == KVBH_MEM_PACKED);
     uint8_t *arena = arena_get(mem, len);
     kvb_status_t st;
     memset(r, 0, sizeof(*r));
@@ -249,7 +266,7 @@ kvb_status_t kvbh_rank_start_at(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh
         fprintf(stderr, "rank arena of %zu bytes: no memory\n", len);
         return KVB_ERR_NOMEM;
     }
-    kvbh_layout(r, g, p, arena, 1);
+    layout_of(r, g, p, arena, 1, mem == KVBH_MEM_PACKED);
     r->mem = mem;
     st = kvb_engine_create(k != NULL && k->engine != NULL ? k->engine : &ep, &r->eng);
     if (st != KVB_OK)
@@ -290,6 +307,9 @@ static bool canary_range(const uint8_t *p, size_t n, const char *who, const char
 bool kvbh_canaries_ok(const kvbh_rank_t *r, const char *who)
 {
     bool ok = canary_range(r->arena, KVBH_CANARY, who, "before buffer 0");
+    if (r->mem == KVBH_MEM_PACKED)
+        return ok & canary_range(r->arena + r->arena_len - KVBH_CANARY, KVBH_CANARY, who,
+                                 "after the last buffer");
     for (int i = 0; i < r->n_kv; i++)
         ok &= canary_range(r->kv[i] + r->buf_len, KVBH_CANARY, who, "after a KV buffer");
     ok &= canary_range(r->aux + KVBH_AUX_ITEM * KVBH_AUX_ITEMS, KVBH_CANARY, who, "after aux");
@@ -484,15 +504,23 @@ int kvbh_run_room(kvbh_rank_t *p, kvbh_rank_t *d, const char *boot, uint64_t roo
                   int32_t src0, int32_t dst0, int aux)
 {
     int32_t src[256], dst[256];
-    kvb_receiver_h rc = NULL;
-    kvb_sender_h s = NULL;
-    int rv = -1;
     if (n > 256)
         return -1;
     for (int i = 0; i < n; i++) {
         src[i] = src0 + i;
         dst[i] = dst0 + (n - 1 - i); /* reversed: no accidental identity */
     }
+    return kvbh_run_room_pages(p, d, boot, room, src, dst, n, aux);
+}
+
+int kvbh_run_room_pages(kvbh_rank_t *p, kvbh_rank_t *d, const char *boot, uint64_t room,
+                        const int32_t *src, const int32_t *dst, int n, int aux)
+{
+    kvb_receiver_h rc = NULL;
+    kvb_sender_h s = NULL;
+    int rv = -1;
+    if (n > 256)
+        return -1;
     if (kvb_receiver_create(d->mgr, boot, room, -1, &rc) != KVB_OK)
         goto out;
     kvb_receiver_init(rc, dst, (size_t)n, aux, NULL);
@@ -565,4 +593,30 @@ unsigned kvbh_addr_port(const char *addr)
 {
     const char *c = strrchr(addr, ':');
     return c != NULL ? (unsigned)atoi(c + 1) : 0;
+}
+
+/* ---- a pair of ranks ---- */
+
+kvb_status_t kvbh_pair_start(kvbh_pair_t *p, const kvbh_geom_t *g, int mem, const kvbh_knobs_t *pre,
+                             const kvbh_knobs_t *dec)
+{
+    kvb_status_t st;
+    memset(p, 0, sizeof(*p));
+    if (kvbh_boot_start(&p->boot, 0, NULL) != 0) {
+        fprintf(stderr, "bootstrap server did not start\n");
+        return KVB_ERR_IO;
+    }
+    st = kvbh_rank_start(&p->pre, g, KVB_MODE_PREFILL, p->boot.addr, mem, pre);
+    if (st == KVB_OK)
+        st = kvbh_rank_start(&p->dec, g, KVB_MODE_DECODE, NULL, mem, dec);
+    if (st != KVB_OK)
+        kvbh_pair_stop(p);
+    return st;
+}
+
+void kvbh_pair_stop(kvbh_pair_t *p)
+{
+    kvbh_rank_stop(&p->dec);
+    kvbh_rank_stop(&p->pre);
+    kvbh_boot_stop(&p->boot);
 }

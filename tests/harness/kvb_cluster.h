@@ -23,6 +23,7 @@
 #define KVBH_MAX_KV 16        /* KV buffers per rank */
 #define KVBH_MEM_MALLOC (-1)  /* arena source: malloc */
 #define KVBH_MEM_SHARED (-2)  /* arena source: kvb_mem_alloc (the direct lane's memory) */
+#define KVBH_MEM_PACKED (-3)  /* arena source: malloc, no canary between buffers (below) */
 #define KVBH_MAX_ROOMS 64     /* rooms of one child prefill or decode */
 #define KVBH_MAX_PAGES 16     /* pages per room of the child servers */
 
@@ -64,7 +65,7 @@ typedef struct kvbh_rank {
     kvb_manager_h mgr;
     uint8_t *arena;
     size_t arena_len;
-    int mem; /* KVBH_MEM_MALLOC, KVBH_MEM_SHARED or a memfd mapped shared */
+    int mem; /* KVBH_MEM_MALLOC, _SHARED, _PACKED or a memfd mapped shared */
     int n_kv;
     uint64_t item_len, buf_len;
     uint8_t *kv[KVBH_MAX_KV];
@@ -78,9 +79,13 @@ size_t kvbh_arena_len(const kvbh_geom_t *g, const kvbh_place_t *p);
  * (0: a view of an arena another process laid out). */
 void kvbh_layout(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, uint8_t *arena,
                  int fill);
-/* Start a rank. mem: KVBH_MEM_MALLOC, KVBH_MEM_SHARED or a memfd (>= 0,
- * at least kvbh_arena_len bytes). boot: NULL or the bootstrap address the
- * manager registers with (a prefill) or is given (a decode). k may be NULL.
+/* Start a rank. mem: KVBH_MEM_MALLOC, KVBH_MEM_SHARED or a memfd (>= 0, at
+ * least kvbh_arena_len bytes); KVBH_MEM_PACKED: malloc, the KV, aux and state
+ * buffers side by side (canaries only before the first and after the last),
+ * so a page past a buffer's pool is the next buffer's registered memory,
+ * what a destination bounds check must catch. boot: NULL or the bootstrap
+ * address the manager registers with (a prefill) or is given (a decode). k
+ * may be NULL.
  * Returns the failing call's status (printed), r zeroed then. */
 kvb_status_t kvbh_rank_start_at(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p,
                                 kvb_mode_t mode, const char *boot, int mem, const kvbh_knobs_t *k);
@@ -128,9 +133,12 @@ int kvbh_wait_receivers_fail(kvb_receiver_h *rc, int n, double t0, double timeou
 int kvbh_receivers(kvbh_rank_t *d, const char *boot, uint64_t first, int count, int n,
                    kvb_receiver_h *rc);
 /* One whole room from prefill p to decode d (in this process), two chunks,
- * bytes verified; 0 or -1 (reason printed). */
+ * bytes verified; 0 or -1 (reason printed). Pages src0.. and dst0.. reversed. */
 int kvbh_run_room(kvbh_rank_t *p, kvbh_rank_t *d, const char *boot, uint64_t room, int n,
                   int32_t src0, int32_t dst0, int aux);
+/* The same on the given page lists (n <= 256). */
+int kvbh_run_room_pages(kvbh_rank_t *p, kvbh_rank_t *d, const char *boot, uint64_t room,
+                        const int32_t *src, const int32_t *dst, int n, int aux);
 
 /* ---- bootstrap servers ---- */
 
@@ -148,6 +156,48 @@ void kvbh_boot_stop(kvbh_boot_t *b); /* safe twice */
  * not free yet); addr unchanged. 0 or -1. */
 int kvbh_boot_restart(kvbh_boot_t *b);
 unsigned kvbh_addr_port(const char *addr); /* the port of "host:port" */
+
+/* ---- a bootstrap server, one prefill and one decode rank in this process ---- */
+
+typedef struct kvbh_pair {
+    kvbh_boot_t boot;
+    kvbh_rank_t pre, dec;
+} kvbh_pair_t;
+
+/* Both ranks on g, arenas from mem (KVBH_MEM_MALLOC, _SHARED or _PACKED);
+ * pre / dec: knobs per side (NULL: defaults). The failing call's status
+ * (printed), everything stopped then. */
+kvb_status_t kvbh_pair_start(kvbh_pair_t *p, const kvbh_geom_t *g, int mem, const kvbh_knobs_t *pre,
+                             const kvbh_knobs_t *dec);
+void kvbh_pair_stop(kvbh_pair_t *p); /* safe on a zeroed or failed pair */
+
+/* ---- a raw ZeroMQ peer: frames as any peer on the network could send them ---- */
+
+struct kvb__frames_buf; /* proto/frames.h */
+
+typedef struct kvbh_push {
+    void *zctx, *sock;
+} kvbh_push_t;
+
+/* A PUSH socket (linger 0, send time-out 5 s, high-water mark 100000)
+ * connected to endpoint ("ip:port", as kvb_manager_endpoint says); keys NULL:
+ * plain TCP, else CURVE with {server public, client public, client secret}.
+ * 0 or -1 (printed). */
+int kvbh_push_open(kvbh_push_t *p, const char *endpoint, const char *const *keys);
+/* One message of n frames; 0 or -1 (a send failed or timed out). */
+int kvbh_push_frames(kvbh_push_t *p, const void *const *f, const size_t *len, int n);
+int kvbh_push_send(kvbh_push_t *p, const struct kvb__frames_buf *b); /* encoded frames */
+/* Waits 0.1 s (linger 0: queued messages leave first), then closes. */
+void kvbh_push_close(kvbh_push_t *p);
+/* Encoded into b (reset first): a KV-args registration for session sid whose
+ * control endpoint is ep ("ip:port"), n KV pointers ptr0 + i * step, one aux
+ * pointer, TP rank 0 of 1; a transfer info for room to the decode at ep with
+ * pages[0..n) and aux_index, one destination. The encoder's status. */
+kvb_status_t kvbh_reg_frames(struct kvb__frames_buf *b, const char *sid, const char *ep,
+                             uint64_t ptr0, uint64_t step, size_t n, uint64_t aux_ptr,
+                             uint64_t item_len);
+kvb_status_t kvbh_xfer_frames(struct kvb__frames_buf *b, uint64_t room, const char *sid,
+                              const char *ep, const int32_t *pages, size_t n, int aux_index);
 
 /* ---- processes ---- */
 

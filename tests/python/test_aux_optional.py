@@ -15,6 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
 
 import kvbridge as kb  # noqa: E402
+from kvb_testutil import poll_until  # noqa: E402
 
 PAGES, PAGE_BYTES, LAYERS = 16, 256, 2
 
@@ -32,15 +33,6 @@ def _args(kv, aux=None):
     return kb.KVArgs(**a)
 
 
-def _poll_until(obj, timeout, states=(kb.KVPoll.Success, kb.KVPoll.Failed)):
-    deadline = time.monotonic() + timeout
-    st = obj.poll()
-    while st not in states and time.monotonic() < deadline:
-        time.sleep(0.002)
-        st = obj.poll()
-    return st
-
-
 def test_no_aux_buffers_no_aux_index():
     src, dst = _pool(), _pool()
     rng = np.random.default_rng(13)
@@ -53,13 +45,13 @@ def test_no_aux_buffers_no_aux_index():
             rc = kb.KVReceiver(dm, server.address, 5)
             s = kb.KVSender(pm, server.address, 5)
             rc.init(np.asarray([9, 3, 7], np.int32))  # no aux_index
-            assert _poll_until(s, 10, (kb.KVPoll.WaitingForInput,)) == kb.KVPoll.WaitingForInput
+            assert poll_until(s, 10, (kb.KVPoll.WaitingForInput,)) == kb.KVPoll.WaitingForInput
             s.init(3)  # no aux_index either
             s.send(np.asarray([1, 2, 4], np.int32))
-            st = _poll_until(rc, 10)
+            st = poll_until(rc, 10)
             if st != kb.KVPoll.Success:
                 rc.failure_exception()  # raises with the reason
-            assert _poll_until(s, 10) == kb.KVPoll.Success
+            assert poll_until(s, 10) == kb.KVPoll.Success
             for a, b in zip(src, dst):
                 assert np.array_equal(b[[9, 3, 7]], a[[1, 2, 4]])
                 assert not b[[0, 1, 2, 4, 5, 6, 8]].any()
@@ -86,7 +78,7 @@ def test_aux_buffers_need_aux_index():
             time.sleep(0.2)
             assert s.poll() == kb.KVPoll.Bootstrapping
             rc.init(np.asarray([1, 2], np.int32), aux_index=3)  # the proper call works
-            assert _poll_until(s, 10, (kb.KVPoll.WaitingForInput,)) == kb.KVPoll.WaitingForInput
+            assert poll_until(s, 10, (kb.KVPoll.WaitingForInput,)) == kb.KVPoll.WaitingForInput
             try:
                 s.init(2)
                 raise AssertionError("KVSender.init without aux_index did not raise")
@@ -95,7 +87,7 @@ def test_aux_buffers_need_aux_index():
             aux_p[1] = 0x5D
             s.init(2, aux_index=1)
             s.send(np.asarray([5, 6], np.int32))
-            assert _poll_until(rc, 10) == kb.KVPoll.Success
+            assert poll_until(rc, 10) == kb.KVPoll.Success
             assert (aux_d[3] == 0x5D).all() and not aux_d[[0, 1, 2]].any()
         finally:
             pm.close()

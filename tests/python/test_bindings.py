@@ -41,6 +41,7 @@ if PYDIR not in sys.path:
     sys.path.insert(0, PYDIR)
 
 import kvbridge as kb  # noqa: E402
+from kvb_testutil import poll_until  # noqa: E402
 
 AUX_ITEMS, AUX_ITEM = 8, 64
 MODEL = {"layers": 2, "heads": 4, "head_bytes": 16, "page": 4, "pool": 48}
@@ -120,15 +121,6 @@ def wait_for(fn, timeout, what):
             return v
         time.sleep(0.002)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def poll_until(obj, timeout, states=(kb.KVPoll.Success, kb.KVPoll.Failed)):
-    deadline = time.monotonic() + timeout
-    st = obj.poll()
-    while st not in states and time.monotonic() < deadline:
-        time.sleep(0.002)
-        st = obj.poll()
-    return st
 
 
 class Child:

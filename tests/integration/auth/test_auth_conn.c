@@ -12,7 +12,6 @@
 #include "kvb_test.h"
 
 #include <kvbridge/bootstrap.h>
-#include <unistd.h>
 #include <zmq.h>
 
 /* Prefill TP 2, decode TP 1, 256 pages; the server with token (and auth_reads). */
@@ -44,26 +43,16 @@ static uint64_t bad(kvb_manager_h m)
 
 /* A raw PUSH peer sends three malformed messages to endpoint ("ip:port");
  * keys NULL = no CURVE, else (server public, client public, client secret). */
-static void raw_push(void *zctx, const char *endpoint, const char *const *keys)
+static void raw_push(const char *endpoint, const char *const *keys)
 {
-    char ep[128];
-    int zero = 0;
-    void *s = zmq_socket(zctx, ZMQ_PUSH);
-    CHECK(s != NULL);
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
-    if (keys != NULL) {
-        CHECK_EQ(zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, keys[0], 40), 0);
-        CHECK_EQ(zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, keys[1], 40), 0);
-        CHECK_EQ(zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, keys[2], 40), 0);
-    }
-    snprintf(ep, sizeof(ep), "tcp://%s", endpoint);
-    CHECK_EQ(zmq_connect(s, ep), 0);
-    for (int i = 0; i < 3; i++) {
-        zmq_send(s, "garbage", 7, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-        zmq_send(s, "x", 1, ZMQ_DONTWAIT);
-    }
-    usleep(700 * 1000); /* time to connect, handshake and (if admitted) deliver */
-    zmq_close(s);
+    static const char *const garbage[2] = {"garbage", "x"};
+    static const size_t len[2] = {7, 1};
+    kvbh_push_t z;
+    CHECK_EQ(kvbh_push_open(&z, endpoint, keys), 0);
+    for (int i = 0; i < 3; i++)
+        kvbh_push_frames(&z, (const void *const *)garbage, len, 2); /* queued, maybe refused */
+    kvbh_sleep(0.6); /* + 0.1 s in the close: to connect, handshake and (if admitted) deliver */
+    kvbh_push_close(&z);
 }
 
 static void test_curve(void)
@@ -76,23 +65,21 @@ static void test_curve(void)
     start(&c, NULL, &au, &au);
     CHECK_EQ(kvbh_run_rooms(&c, 12, 1000, &OPTS), 0);
 
-    void *zctx = zmq_ctx_new();
     kvb_manager_h targets[] = {c.dec[0].mgr, c.pre[0].mgr};
     for (int i = 0; i < 2; i++) {
         kvb_manager_h m = targets[i];
         const char *outsider[] = {pub, opub, osec}, *wrong_server[] = {opub, pub, sec},
                    *member[] = {pub, pub, sec};
         uint64_t before = bad(m);
-        raw_push(zctx, kvb_manager_endpoint(m), NULL);
+        raw_push(kvb_manager_endpoint(m), NULL);
         CHECK_EQ(bad(m), before);
-        raw_push(zctx, kvb_manager_endpoint(m), outsider); /* knows the server key only */
+        raw_push(kvb_manager_endpoint(m), outsider); /* knows the server key only */
         CHECK_EQ(bad(m), before);
-        raw_push(zctx, kvb_manager_endpoint(m), wrong_server);
+        raw_push(kvb_manager_endpoint(m), wrong_server);
         CHECK_EQ(bad(m), before);
-        raw_push(zctx, kvb_manager_endpoint(m), member); /* control: delivered */
+        raw_push(kvb_manager_endpoint(m), member); /* control: delivered */
         CHECK(bad(m) > before);
     }
-    zmq_ctx_term(zctx);
     CHECK_EQ(kvbh_run_rooms(&c, 12, 2000, &OPTS), 0);
     kvbh_cluster_stop(&c);
 
@@ -122,11 +109,9 @@ static void test_plain_control(void)
     kvbh_knobs_t none = {0};
     kvbh_cluster_t c;
     start(&c, NULL, &none, &none);
-    void *zctx = zmq_ctx_new();
     uint64_t before = bad(c.dec[0].mgr);
-    raw_push(zctx, kvb_manager_endpoint(c.dec[0].mgr), NULL);
+    raw_push(kvb_manager_endpoint(c.dec[0].mgr), NULL);
     CHECK(bad(c.dec[0].mgr) > before);
-    zmq_ctx_term(zctx);
     CHECK_EQ(kvbh_run_rooms(&c, 4, 4000, &OPTS), 0);
     kvbh_cluster_stop(&c);
 }

@@ -6,6 +6,7 @@
 #include "engine/engine_int.h"
 #include "engine/handshake.h"
 #include "kvb_test.h"
+#include "kvb_test_engine.h"
 
 #include <kvbridge/engine.h>
 #include <unistd.h>
@@ -28,37 +29,16 @@ static kvb_engine_h mk(const char *secret, kvb_transport_t tr)
     return e;
 }
 
-typedef struct side {
-    kvb_engine_h eng;
-    uint8_t *buf;
-} side_t;
+typedef kvb_test_end_t side_t;
 
 static side_t side(const char *secret, kvb_transport_t tr, uint8_t fill)
 {
-    side_t s = {mk(secret, tr), malloc(LEN)};
-    memset(s.buf, fill, LEN);
-    CHECK_EQ(kvb_engine_register(s.eng, s.buf, LEN, KVB_MEM_HOST), KVB_OK);
-    return s;
-}
-
-static void side_free(side_t *s)
-{
-    kvb_engine_destroy(s->eng);
-    free(s->buf);
-}
-
-static bool all(const uint8_t *b, size_t n, uint8_t v)
-{
-    for (size_t i = 0; i < n; i++)
-        if (b[i] != v)
-            return false;
-    return true;
+    return kvb_test_end(mk(secret, tr), LEN, fill, false);
 }
 
 static kvb_status_t write_all(side_t *w, side_t *t)
 {
-    kvb_block_t b = {(uint64_t)(uintptr_t)w->buf, (uint64_t)(uintptr_t)t->buf, LEN};
-    return kvb_engine_write(w->eng, kvb_engine_session_id(t->eng), &b, 1, 10);
+    return kvb_test_end_write(w, kvb_engine_session_id(t->eng), t->buf, 10);
 }
 
 /* Target with the secret: refused without / with a wrong secret, served with it. */
@@ -72,17 +52,17 @@ static void test_secret(kvb_transport_t tr)
     CHECK_EQ(write_all(&none, &t), KVB_ERR_AUTH);
     CHECK_STR_CONTAINS(kvb_engine_last_error(none.eng), sid);
     CHECK_STR_CONTAINS(kvb_engine_last_error(none.eng), "requires an engine secret");
-    CHECK(all(t.buf, LEN, 0x00));
+    CHECK(kvb_test_all(t.buf, LEN, 0x00));
 
     CHECK_EQ(write_all(&wrong, &t), KVB_ERR_AUTH);
     CHECK_STR_CONTAINS(kvb_engine_last_error(wrong.eng), sid);
     CHECK_STR_CONTAINS(kvb_engine_last_error(wrong.eng), "refused our engine secret");
-    CHECK(all(t.buf, LEN, 0x00));
+    CHECK(kvb_test_all(t.buf, LEN, 0x00));
     /* a second try is refused again (no state left behind by the first) */
     CHECK_EQ(write_all(&wrong, &t), KVB_ERR_AUTH);
 
     CHECK_EQ(write_all(&right, &t), KVB_OK);
-    CHECK(all(t.buf, LEN, 0x33));
+    CHECK(kvb_test_all(t.buf, LEN, 0x33));
 
     if (tr != KVB_TRANSPORT_SHM) {
         /* Message lane: a write message without the token (a peer that reached
@@ -99,9 +79,9 @@ static void test_secret(kvb_transport_t tr)
         c->am_token[3] ^= 0x40;
         CHECK_EQ(write_all(&right, &t), KVB_ERR_AUTH);
         c->am_token[3] ^= 0x40;
-        CHECK(all(t.buf, LEN, 0x33));
+        CHECK(kvb_test_all(t.buf, LEN, 0x33));
         CHECK_EQ(write_all(&right, &t), KVB_OK);
-        CHECK(all(t.buf, LEN, 0x3c));
+        CHECK(kvb_test_all(t.buf, LEN, 0x3c));
         kvb__conn_put(c);
     }
 
@@ -111,12 +91,12 @@ static void test_secret(kvb_transport_t tr)
     memset(right.buf, 0x44, LEN);
     CHECK_EQ(write_all(&right, &none), KVB_ERR_AUTH);
     CHECK_STR_CONTAINS(kvb_engine_last_error(right.eng), "without the engine-secret challenge");
-    CHECK(all(none.buf, LEN, 0x00));
+    CHECK(kvb_test_all(none.buf, LEN, 0x00));
 
-    side_free(&right);
-    side_free(&wrong);
-    side_free(&none);
-    side_free(&t);
+    kvb_test_end_free(&right);
+    kvb_test_end_free(&wrong);
+    kvb_test_end_free(&none);
+    kvb_test_end_free(&t);
 }
 
 /* KVBRIDGE_ENGINE_SECRET is the default; the param wins over it. */
@@ -128,12 +108,12 @@ static void test_env(void)
     side_t off = side("", KVB_TRANSPORT_AUTO, 0x66); /* "" = off, whatever the env says */
     unsetenv("KVBRIDGE_ENGINE_SECRET");
     CHECK_EQ(write_all(&off, &t), KVB_ERR_AUTH);
-    CHECK(all(t.buf, LEN, 0x00));
+    CHECK(kvb_test_all(t.buf, LEN, 0x00));
     CHECK_EQ(write_all(&right, &t), KVB_OK);
-    CHECK(all(t.buf, LEN, 0x55));
-    side_free(&off);
-    side_free(&right);
-    side_free(&t);
+    CHECK(kvb_test_all(t.buf, LEN, 0x55));
+    kvb_test_end_free(&off);
+    kvb_test_end_free(&right);
+    kvb_test_end_free(&t);
 }
 
 /* A raw TCP peer: the listener's first answer is a 44-byte challenge, with
@@ -181,11 +161,11 @@ static void test_raw_peer(void)
     CHECK_EQ(kvb__sock_read_all(fd, &b, 1, kvb__now_ns() + 5000000000ull), KVB_ERR_PEER);
     close(fd);
 
-    CHECK(all(t.buf, LEN, 0x00));
+    CHECK(kvb_test_all(t.buf, LEN, 0x00));
     CHECK_EQ(write_all(&right, &t), KVB_OK);
-    CHECK(all(t.buf, LEN, 0x77));
-    side_free(&right);
-    side_free(&t);
+    CHECK(kvb_test_all(t.buf, LEN, 0x77));
+    kvb_test_end_free(&right);
+    kvb_test_end_free(&t);
 }
 
 int main(void)

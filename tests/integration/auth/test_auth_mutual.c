@@ -14,6 +14,7 @@
 #include "engine/engine_int.h"
 #include "engine/handshake.h"
 #include "kvb_test.h"
+#include "kvb_test_engine.h"
 #include "relay.h"
 
 #include <kvbridge/engine.h>
@@ -25,54 +26,26 @@
 #define LEN (256u << 10)
 #define SECRET "correct horse battery staple"
 
-typedef struct side {
-    kvb_engine_h eng;
-    uint8_t *buf;
-    bool shared; /* kvb_mem_alloc memory (direct lane) */
-} side_t;
+typedef kvb_test_end_t side_t;
 
 static side_t side(const char *secret, uint8_t fill, bool shared)
 {
     kvb_engine_params_t p = {0};
-    side_t s = {NULL, NULL, shared};
+    kvb_engine_h e;
     p.field_mask =
         KVB_ENGINE_PARAM_TRANSPORT | KVB_ENGINE_PARAM_CONNECT_TIMEOUT | KVB_ENGINE_PARAM_SECRET;
     p.transport = KVB_TRANSPORT_AUTO;
     p.connect_timeout_s = 3;
     p.secret = secret;
-    CHECK_EQ(kvb_engine_create(&p, &s.eng), KVB_OK);
-    if (shared)
-        CHECK_EQ(kvb_mem_alloc(LEN, (void **)&s.buf), KVB_OK);
-    else
-        s.buf = malloc(LEN);
-    memset(s.buf, fill, LEN);
-    CHECK_EQ(kvb_engine_register(s.eng, s.buf, LEN, KVB_MEM_HOST), KVB_OK);
-    return s;
-}
-
-static void side_free(side_t *s)
-{
-    kvb_engine_destroy(s->eng);
-    if (s->shared)
-        kvb_mem_free(s->buf);
-    else
-        free(s->buf);
-}
-
-static bool all(const uint8_t *b, size_t n, uint8_t v)
-{
-    for (size_t i = 0; i < n; i++)
-        if (b[i] != v)
-            return false;
-    return true;
+    CHECK_EQ(kvb_engine_create(&p, &e), KVB_OK);
+    return kvb_test_end(e, LEN, fill, shared);
 }
 
 /* w's whole buffer to dst (an address in the target's registration) of
  * session sid. */
 static kvb_status_t write_to(side_t *w, const char *sid, const uint8_t *dst)
 {
-    kvb_block_t b = {(uint64_t)(uintptr_t)w->buf, (uint64_t)(uintptr_t)dst, LEN};
-    return kvb_engine_write(w->eng, sid, &b, 1, 5);
+    return kvb_test_end_write(w, sid, dst, 5);
 }
 
 /* Writer with a secret, listener without one: refused before a byte moves. */
@@ -83,9 +56,9 @@ static void test_downgrade(void)
     CHECK_EQ(write_to(&w, sid, l.buf), KVB_ERR_AUTH);
     CHECK_STR_CONTAINS(kvb_engine_last_error(w.eng), sid);
     CHECK_STR_CONTAINS(kvb_engine_last_error(w.eng), "without the engine-secret challenge");
-    CHECK(all(l.buf, LEN, 0x00));
-    side_free(&w);
-    side_free(&l);
+    CHECK(kvb_test_all(l.buf, LEN, 0x00));
+    kvb_test_end_free(&w);
+    kvb_test_end_free(&l);
 }
 
 /* ---- a listener that knows another secret ---- */
@@ -150,11 +123,11 @@ static void test_listener_wrong_secret(void)
     CHECK_EQ(pthread_create(&f.thr, NULL, fake_main, &f), 0);
     CHECK_EQ(write_to(&w, f.net.sid, backend.buf), KVB_ERR_AUTH);
     CHECK_STR_CONTAINS(kvb_engine_last_error(w.eng), "did not prove the engine secret");
-    CHECK(all(backend.buf, LEN, 0x00));
-    side_free(&w);
+    CHECK(kvb_test_all(backend.buf, LEN, 0x00));
+    kvb_test_end_free(&w);
     pthread_join(f.thr, NULL);
     relay_stop(&f.net);
-    side_free(&backend);
+    kvb_test_end_free(&backend);
 }
 
 /* A relay forwards the challenge and the writer's proof to the real
@@ -172,13 +145,13 @@ static void test_relay_substitutes(void)
     CHECK_EQ(write_to(&w, m.sid, evil.buf), KVB_ERR_AUTH);
     CHECK_STR_CONTAINS(kvb_engine_last_error(w.eng), "reply's MAC is wrong");
     CHECK_EQ(__atomic_load_n(&m.replies_seen, __ATOMIC_ACQUIRE), 1); /* it did get one */
-    CHECK(all(evil.buf, LEN, 0x00));
-    CHECK(all(l.buf, LEN, 0x00));
+    CHECK(kvb_test_all(evil.buf, LEN, 0x00));
+    CHECK(kvb_test_all(l.buf, LEN, 0x00));
     relay_stop(&m);
     free(sub);
-    side_free(&evil);
-    side_free(&w);
-    side_free(&l);
+    kvb_test_end_free(&evil);
+    kvb_test_end_free(&w);
+    kvb_test_end_free(&l);
 }
 
 /* A faithful relay is harmless: the writer reaches the real listener. The
@@ -195,13 +168,13 @@ static void test_token_per_connection(void)
     uint8_t stolen[KVB_HS_TOKEN_LEN], own[KVB_HS_TOKEN_LEN];
     relay_start(&m, lsid, NULL, 0);
     CHECK_EQ(write_to(&w, m.sid, l.buf), KVB_OK);
-    CHECK(all(l.buf, LEN, 0x44));
+    CHECK(kvb_test_all(l.buf, LEN, 0x44));
     CHECK_EQ(kvb__session_acquire(w.eng, m.sid, false, &cw), KVB_OK);
     CHECK_EQ(cw->am_auth, 1);
     memcpy(stolen, cw->am_token, sizeof(stolen));
     kvb__conn_put(cw);
     CHECK_EQ(write_to(&x, lsid, l.buf), KVB_OK);
-    CHECK(all(l.buf, LEN, 0x55));
+    CHECK(kvb_test_all(l.buf, LEN, 0x55));
     CHECK_EQ(kvb__session_acquire(x.eng, lsid, false, &cx), KVB_OK);
     memcpy(own, cx->am_token, sizeof(own));
     CHECK(memcmp(own, stolen, sizeof(own)) != 0); /* one token per connection */
@@ -220,15 +193,15 @@ static void test_token_per_connection(void)
     }
     CHECK_EQ(st, KVB_ERR_AUTH);
     CHECK_STR_CONTAINS(kvb_engine_last_error(x.eng), "not authenticated");
-    CHECK(all(l.buf, LEN, 0x00));
+    CHECK(kvb_test_all(l.buf, LEN, 0x00));
     memcpy(cx->am_token, own, sizeof(own));
     CHECK_EQ(write_to(&x, lsid, l.buf), KVB_OK);
-    CHECK(all(l.buf, LEN, 0x66));
+    CHECK(kvb_test_all(l.buf, LEN, 0x66));
     kvb__conn_put(cx);
     relay_stop(&m);
-    side_free(&x);
-    side_free(&w);
-    side_free(&l);
+    kvb_test_end_free(&x);
+    kvb_test_end_free(&w);
+    kvb_test_end_free(&l);
 }
 
 /* No secret: a raw TCP peer that cannot prove it runs here gets a reply
@@ -271,15 +244,15 @@ static void test_table_only_local(void)
     relay_t m;
     relay_start(&m, lsid, NULL, 0);
     CHECK_EQ(write_to(&w, m.sid, l.buf), KVB_OK); /* served, on the message lane */
-    CHECK(all(l.buf, LEN, 0x77));
+    CHECK(kvb_test_all(l.buf, LEN, 0x77));
     CHECK_EQ(kvb_engine_session_direct(w.eng, m.sid), 0);
     memset(w.buf, 0x78, LEN);
     CHECK_EQ(write_to(&w, lsid, l.buf), KVB_OK);
     CHECK_EQ(kvb_engine_session_direct(w.eng, lsid), 1);
-    CHECK(all(l.buf, LEN, 0x78));
+    CHECK(kvb_test_all(l.buf, LEN, 0x78));
     relay_stop(&m);
-    side_free(&w);
-    side_free(&l);
+    kvb_test_end_free(&w);
+    kvb_test_end_free(&l);
 }
 
 typedef struct named {

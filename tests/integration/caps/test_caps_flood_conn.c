@@ -10,19 +10,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <zmq.h>
 
-#include "caps_util.h"
-#include "caps_wire.h"
 #include "conn/conn_int.h"
+#include "harness/kvb_cluster.h"
 #include "kvb_test.h"
+#include "proto/frames.h"
 
 #define WIRE_CAP 50
 #define WIRE_FLOOD 400
 #define REGS_BYTES_CAP 16384
 #define PUSH_CAP 8
 #define PUSH_FLOOD 100
+
+static const kvbh_geom_t G = {
+    .layers = 2, .heads = 1, .head_bytes = 64, .page = 4, .pool_pages = 8, .mla = 1};
 
 static kvb_manager_limits_t limits(kvb_manager_h m)
 {
@@ -35,39 +37,33 @@ static kvb_manager_limits_t limits(kvb_manager_h m)
 
 /* WIRE_FLOOD transfer infos for rooms no sender has, from one claimed peer;
  * returns once the prefill has handled them all (bounded). */
-static void wire_flood(caps_pair_t *p, uint64_t first_room)
+static void wire_flood(kvbh_pair_t *p, uint64_t first_room)
 {
-    caps_push_t z;
+    kvbh_push_t z;
     kvb__frames_buf_t b;
+    int32_t pages[64];
     uint64_t seen0 = limits(p->pre.mgr).wire_rooms_evicted + limits(p->pre.mgr).wire_rooms;
+    for (int i = 0; i < 64; i++)
+        pages[i] = i % (int)G.pool_pages;
     kvb__frames_buf_init(&b);
-    caps_push_open(&z, p->pre.mgr, NULL, NULL, NULL);
+    CHECK_EQ(kvbh_push_open(&z, kvb_manager_endpoint(p->pre.mgr), NULL), 0);
     for (int i = 0; i < WIRE_FLOOD; i++) {
-        caps_xfer_frames(&b, first_room + (uint64_t)i, "10.0.0.1:1", "10.0.0.1", 1, 64);
-        caps_push_send(&z, &b);
+        CHECK_EQ(kvbh_xfer_frames(&b, first_room + (uint64_t)i, "10.0.0.1:1", "10.0.0.1:1", pages,
+                                  64, 0),
+                 KVB_OK);
+        CHECK_EQ(kvbh_push_send(&z, &b), 0);
     }
-    double end = kvb_test_now_s() + 10;
+    double end = kvbh_now() + 10;
     kvb_manager_limits_t l = limits(p->pre.mgr);
-    while (l.wire_rooms + l.wire_rooms_evicted < seen0 + WIRE_FLOOD && kvb_test_now_s() < end) {
-        usleep(5000);
+    while (l.wire_rooms + l.wire_rooms_evicted < seen0 + WIRE_FLOOD && kvbh_now() < end) {
+        kvbh_sleep(0.005);
         l = limits(p->pre.mgr);
     }
-    caps_push_close(&z);
+    kvbh_push_close(&z);
     kvb__frames_buf_free(&b);
 }
 
-static kvb_poll_t wait_ready(kvb_sender_h s)
-{
-    double end = kvb_test_now_s() + 5;
-    kvb_poll_t st = kvb_sender_poll(s);
-    while (st == KVB_POLL_BOOTSTRAPPING && kvb_test_now_s() < end) {
-        usleep(2000);
-        st = kvb_sender_poll(s);
-    }
-    return st;
-}
-
-static void test_wire_rooms(caps_pair_t *p)
+static void test_wire_rooms(kvbh_pair_t *p)
 {
     const int32_t src[2] = {0, 1}, dst[2] = {2, 3};
     wire_flood(p, 1000000);
@@ -84,22 +80,23 @@ static void test_wire_rooms(caps_pair_t *p)
      * on: the flood displaces its own rooms, not the genuine one. */
     kvb_receiver_h rc;
     kvb_sender_h snd;
-    caps_fill_prefill(&p->pre, 2, src, 2);
-    CHECK_EQ(kvb_receiver_create(p->dec.mgr, p->boot_addr, 2, -1, &rc), KVB_OK);
+    kvbh_fill(&p->pre, 2, src, 2, 0);
+    CHECK_EQ(kvb_receiver_create(p->dec.mgr, p->boot.addr, 2, -1, &rc), KVB_OK);
     CHECK_EQ(kvb_receiver_init(rc, dst, 2, 0, NULL), KVB_OK);
-    double end = kvb_test_now_s() + 5;
-    while (limits(p->pre.mgr).wire_rooms_evicted == WIRE_FLOOD - WIRE_CAP && kvb_test_now_s() < end)
-        usleep(2000);
+    double end = kvbh_now() + 5;
+    while (limits(p->pre.mgr).wire_rooms_evicted == WIRE_FLOOD - WIRE_CAP && kvbh_now() < end)
+        kvbh_sleep(0.002);
     CHECK_EQ(limits(p->pre.mgr).wire_rooms_evicted, WIRE_FLOOD - WIRE_CAP + 1);
     wire_flood(p, 2000000);
     CHECK_EQ(limits(p->pre.mgr).wire_rooms, WIRE_CAP);
-    CHECK_EQ(kvb_sender_create(p->pre.mgr, p->boot_addr, 2, &snd), KVB_OK);
+    CHECK_EQ(kvb_sender_create(p->pre.mgr, p->boot.addr, 2, &snd), KVB_OK);
     CHECK_EQ(kvb_sender_init(snd, 2, 0), KVB_OK);
-    CHECK_EQ(wait_ready(snd), KVB_POLL_WAITING_FOR_INPUT); /* its transfer info survived */
+    CHECK_EQ(kvbh_wait_sender_ready(snd, 5), 0);
+    CHECK_EQ(kvb_sender_poll(snd), KVB_POLL_WAITING_FOR_INPUT); /* its transfer info survived */
     CHECK_EQ(kvb_sender_send(snd, src, 2), KVB_OK);
-    CHECK_EQ(caps_wait_send(snd, 10), KVB_POLL_SUCCESS);
-    CHECK_EQ(caps_wait_recv(rc, 10), KVB_POLL_SUCCESS);
-    CHECK_EQ(caps_verify(&p->dec, 2, dst, 2), 0);
+    CHECK_EQ(kvbh_wait_sender(snd, 10), KVB_POLL_SUCCESS);
+    CHECK_EQ(kvbh_wait_receiver(rc, 10), KVB_POLL_SUCCESS);
+    CHECK_EQ(kvbh_verify(&p->dec, 2, dst, 2, 0), 0);
     kvb_sender_destroy(snd);
     kvb_receiver_destroy(rc);
     /* A sender's room does not count as a peer's. */
@@ -107,32 +104,33 @@ static void test_wire_rooms(caps_pair_t *p)
     TEST_PASS("wire rooms capped; a genuine decode's waiting room survives the flood");
 }
 
-static void test_registration_bytes(caps_pair_t *p)
+static void test_registration_bytes(kvbh_pair_t *p)
 {
-    caps_push_t z;
+    kvbh_push_t z;
     kvb__frames_buf_t b;
     char sid[64];
     kvb__frames_buf_init(&b);
-    caps_push_open(&z, p->pre.mgr, NULL, NULL, NULL);
+    CHECK_EQ(kvbh_push_open(&z, kvb_manager_endpoint(p->pre.mgr), NULL), 0);
     /* One registration over the per-registration cap (1 MiB default). */
-    caps_reg_frames(&b, "10.0.0.2:1", "10.0.0.2", 1, 4096, 4096, 200000, 4096);
-    caps_push_send(&z, &b);
+    CHECK_EQ(kvbh_reg_frames(&b, "10.0.0.2:1", "10.0.0.2:1", 4096, 4096, 200000, 4096, 256),
+             KVB_OK);
+    CHECK_EQ(kvbh_push_send(&z, &b), 0);
     /* Many small ones over the total cap (each 51 pointers: 408 bytes). */
     for (int i = 0; i < 100; i++) {
         snprintf(sid, sizeof(sid), "10.0.1.%d:%d", i % 250, 1000 + i);
-        caps_reg_frames(&b, sid, "10.0.0.3", 1, 4096, 4096, 50, 4096);
-        caps_push_send(&z, &b);
+        CHECK_EQ(kvbh_reg_frames(&b, sid, "10.0.0.3:1", 4096, 4096, 50, 4096, 256), KVB_OK);
+        CHECK_EQ(kvbh_push_send(&z, &b), 0);
     }
-    double end = kvb_test_now_s() + 10;
+    double end = kvbh_now() + 10;
     kvb_manager_stats_t s = {0};
     kvb_manager_limits_t l = limits(p->pre.mgr);
-    while (l.registrations_too_big < 1 && kvb_test_now_s() < end) {
-        usleep(5000);
+    while (l.registrations_too_big < 1 && kvbh_now() < end) {
+        kvbh_sleep(0.005);
         l = limits(p->pre.mgr);
     }
     /* The last of the small ones has been handled once the count is stable. */
-    for (uint64_t last = ~0ull; kvb_test_now_s() < end;) {
-        usleep(50000);
+    for (uint64_t last = ~0ull; kvbh_now() < end;) {
+        kvbh_sleep(0.05);
         kvb_manager_stats(p->pre.mgr, &s);
         if (s.registrations + s.registrations_evicted == last)
             break;
@@ -142,14 +140,15 @@ static void test_registration_bytes(caps_pair_t *p)
     CHECK_EQ(l.registrations_too_big, 1);
     CHECK(l.registration_bytes <= REGS_BYTES_CAP);
     CHECK(s.registrations_evicted > 0); /* never-used ones made room */
-    caps_push_close(&z);
+    kvbh_push_close(&z);
     kvb__frames_buf_free(&b);
     const int32_t src[2] = {0, 1}, dst[2] = {4, 5};
-    CHECK_EQ(caps_room(p, 3, src, dst, 2, 10), 0); /* the used registration stayed */
+    /* the used registration stayed */
+    CHECK_EQ(kvbh_run_room_pages(&p->pre, &p->dec, p->boot.addr, 3, src, dst, 2, 0), 0);
     TEST_PASS("registration bytes capped, good room served");
 }
 
-static void test_push_lru(caps_pair_t *p)
+static void test_push_lru(kvbh_pair_t *p)
 {
     kvb__zcache_t c;
     kvb__frames_buf_t b;
@@ -166,7 +165,8 @@ static void test_push_lru(caps_pair_t *p)
     uint16_t good = (uint16_t)atoi(strrchr(ep, ':') + 1);
     kvb__zcache_init(&c, zctx);
     kvb__frames_buf_init(&b);
-    caps_xfer_frames(&b, 7, "127.0.0.1:1", "127.0.0.1", 1, 1);
+    const int32_t page0 = 0;
+    CHECK_EQ(kvbh_xfer_frames(&b, 7, "127.0.0.1:1", "127.0.0.1:1", &page0, 1, 0), KVB_OK);
     for (int i = 0; i < PUSH_FLOOD; i++) /* nobody listens there */
         kvb__zsend(&c, "127.0.0.1", (uint16_t)(1 + i), &b);
     kvb__zcache_stats(&c, &open_n, &evicted);
@@ -188,7 +188,7 @@ static void test_push_lru(caps_pair_t *p)
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : NULL;
-    caps_pair_t p;
+    kvbh_pair_t p;
     char v[32];
     snprintf(v, sizeof(v), "%d", WIRE_CAP);
     setenv("KVBRIDGE_MAX_WIRE_ROOMS", v, 1);
@@ -196,15 +196,15 @@ int main(int argc, char **argv)
     setenv("KVBRIDGE_MAX_REGISTRATIONS_BYTES", v, 1);
     snprintf(v, sizeof(v), "%d", PUSH_CAP);
     setenv("KVBRIDGE_MAX_PUSH_SOCKETS", v, 1);
-    CHECK_EQ(caps_pair_start(&p, NULL), 0);
+    CHECK_EQ(kvbh_pair_start(&p, &G, KVBH_MEM_PACKED, NULL, NULL), KVB_OK);
     const int32_t src[2] = {0, 1}, dst[2] = {0, 1};
-    CHECK_EQ(caps_room(&p, 1, src, dst, 2, 10), 0);
+    CHECK_EQ(kvbh_run_room_pages(&p.pre, &p.dec, p.boot.addr, 1, src, dst, 2, 0), 0);
     if (only == NULL || strcmp(only, "rooms") == 0)
         test_wire_rooms(&p);
     if (only == NULL || strcmp(only, "regs") == 0)
         test_registration_bytes(&p);
     if (only == NULL || strcmp(only, "push") == 0)
         test_push_lru(&p);
-    caps_pair_stop(&p);
+    kvbh_pair_stop(&p);
     return 0;
 }

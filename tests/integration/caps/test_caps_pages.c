@@ -2,51 +2,62 @@
  * 2.5): on the decode at kvb_receiver_init, and on the prefill from the
  * decode's "kv_lens=" registration extension. An out-of-range page fails
  * the room with a clear reason and writes nothing: the first page of the
- * next layer buffer (adjacent registered memory) keeps its bytes, and a
- * good room still verifies afterwards. */
+ * next layer buffer (adjacent registered memory: a packed harness arena)
+ * keeps its bytes, and a good room still verifies afterwards. */
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
-#include <zmq.h>
 
-#include "caps_util.h"
+#include "harness/kvb_cluster.h"
 #include "kvb_test.h"
 #include "proto/frames.h"
 
-/* The bytes right after layer 0's pool: layer 1's first page. */
-static uint64_t next_to_pool(const caps_pair_t *p)
+#define POOL 8    /* pages per KV buffer */
+#define AUX 4     /* the rooms' aux item (items 0-3 lie right after layer 1's pool) */
+#define FILL 0xA5 /* the decode's pages before any write */
+
+/* MLA, two layer buffers of 8 pages of 256 bytes side by side: page 8 of
+ * layer 0 is layer 1's first page, page 8 of layer 1 the aux buffer's start. */
+static const kvbh_geom_t G = {
+    .layers = 2, .heads = 1, .head_bytes = 64, .page = 4, .pool_pages = POOL, .mla = 1};
+
+static uint64_t changed(const uint8_t *p, uint64_t len)
 {
-    return caps_changed(&p->dec, CAPS_OFF(1), CAPS_ITEM);
+    uint64_t n = 0;
+    for (uint64_t i = 0; i < len; i++)
+        n += p[i] != FILL;
+    return n;
 }
 
-static kvb_poll_t wait_ready(kvb_sender_h s)
+/* The bytes right after each layer's pool: layer 1's first page, aux items 0-3. */
+static uint64_t next_to_pool(const kvbh_pair_t *p)
 {
-    double end = kvb_test_now_s() + 5;
-    kvb_poll_t st = kvb_sender_poll(s);
-    while (st == KVB_POLL_BOOTSTRAPPING && kvb_test_now_s() < end) {
-        usleep(2000);
-        st = kvb_sender_poll(s);
-    }
-    return st;
+    return changed(p->dec.kv[1], p->dec.item_len) + changed(p->dec.aux, p->dec.item_len);
 }
 
-static void test_decode_side(caps_pair_t *p)
+static void fill_decode(kvbh_pair_t *p)
 {
-    const int32_t src[2] = {0, 1}, dst[2] = {3, CAPS_POOL};
+    const int32_t all[POOL] = {0, 1, 2, 3, 4, 5, 6, 7};
+    kvbh_guard_fill(&p->dec, all, POOL, -1, FILL);
+    memset(p->dec.aux, FILL, KVBH_AUX_ITEM * KVBH_AUX_ITEMS);
+}
+
+static void test_decode_side(kvbh_pair_t *p)
+{
+    const int32_t src[2] = {0, 1}, dst[2] = {3, POOL};
     kvb_sender_h s;
     kvb_receiver_h rc;
     char why[512];
-    caps_fill_prefill(&p->pre, 2, src, 2);
-    CHECK_EQ(kvb_sender_create(p->pre.mgr, p->boot_addr, 2, &s), KVB_OK);
-    CHECK_EQ(kvb_receiver_create(p->dec.mgr, p->boot_addr, 2, -1, &rc), KVB_OK);
-    CHECK_EQ(kvb_sender_init(s, 2, 0), KVB_OK);
-    CHECK_EQ(kvb_receiver_init(rc, dst, 2, 0, NULL), KVB_ERR_INVALID);
+    kvbh_fill(&p->pre, 2, src, 2, AUX);
+    CHECK_EQ(kvb_sender_create(p->pre.mgr, p->boot.addr, 2, &s), KVB_OK);
+    CHECK_EQ(kvb_receiver_create(p->dec.mgr, p->boot.addr, 2, -1, &rc), KVB_OK);
+    CHECK_EQ(kvb_sender_init(s, 2, AUX), KVB_OK);
+    CHECK_EQ(kvb_receiver_init(rc, dst, 2, AUX, NULL), KVB_ERR_INVALID);
     CHECK_EQ(kvb_receiver_poll(rc), KVB_POLL_FAILED);
     kvb_receiver_failure(rc, why, sizeof(why));
     CHECK_STR_CONTAINS(why, "destination page index 8 (entry 1) is outside this decode rank's KV "
                             "pool of 8 pages");
     /* Nothing was sent: the prefill never gets a transfer info. */
-    usleep(200000);
+    kvbh_sleep(0.2);
     CHECK_EQ(kvb_sender_poll(s), KVB_POLL_BOOTSTRAPPING);
     kvb_receiver_destroy(rc);
     kvb_sender_destroy(s);
@@ -55,59 +66,39 @@ static void test_decode_side(caps_pair_t *p)
 }
 
 /* A transfer info as the decode would send it, pages unchecked. */
-static void forged_transfer(caps_pair_t *p, uint64_t room, const int32_t *pages, size_t n)
+static void forged_transfer(kvbh_pair_t *p, uint64_t room, const int32_t *pages, size_t n)
 {
-    char ip[64], pip[64], ep[128];
-    uint16_t port, pport;
-    kvb__xfer_msg_t x = {0};
     kvb__frames_buf_t b;
-    const char *sid = kvb_engine_session_id(p->dec.eng);
-    caps_endpoint(p->dec.mgr, ip, sizeof(ip), &port);
-    caps_endpoint(p->pre.mgr, pip, sizeof(pip), &pport);
-    x.room = room;
-    x.ip = ip;
-    x.ip_len = strlen(ip);
-    x.port = port;
-    x.session_id = sid;
-    x.session_id_len = strlen(sid);
-    x.pages = kvb__i32_view_of(pages, n);
-    x.aux_index = 0;
-    x.required_dst_info_num = 1;
+    kvbh_push_t z;
     kvb__frames_buf_init(&b);
-    CHECK_EQ(kvb__frames_encode_transfer(&x, NULL, &b), KVB_OK);
-    void *zctx = zmq_ctx_new(), *z = zmq_socket(zctx, ZMQ_PUSH);
-    int zero = 0;
-    zmq_setsockopt(z, ZMQ_LINGER, &zero, sizeof(zero));
-    snprintf(ep, sizeof(ep), "tcp://%s:%u", pip, pport);
-    CHECK_EQ(zmq_connect(z, ep), 0);
-    for (size_t i = 0; i < b.n; i++) {
-        kvb__frame_t f = kvb__frames_buf_get(&b, i);
-        CHECK(zmq_send(z, f.data, f.len, i + 1 < b.n ? ZMQ_SNDMORE : 0) >= 0);
-    }
-    usleep(100000); /* linger 0: give the message time to leave */
-    zmq_close(z);
-    zmq_ctx_term(zctx);
+    CHECK_EQ(kvbh_xfer_frames(&b, room, kvb_engine_session_id(p->dec.eng),
+                              kvb_manager_endpoint(p->dec.mgr), pages, n, AUX),
+             KVB_OK);
+    CHECK_EQ(kvbh_push_open(&z, kvb_manager_endpoint(p->pre.mgr), NULL), 0);
+    CHECK_EQ(kvbh_push_send(&z, &b), 0);
+    kvbh_push_close(&z);
     kvb__frames_buf_free(&b);
 }
 
-static void test_prefill_side(caps_pair_t *p)
+static void test_prefill_side(kvbh_pair_t *p)
 {
-    const int32_t src[2] = {0, 1}, dst[2] = {3, CAPS_POOL};
+    const int32_t src[2] = {0, 1}, dst[2] = {3, POOL};
     kvb_sender_h s;
     char why[512];
-    caps_fill_prefill(&p->pre, 3, src, 2);
-    CHECK_EQ(kvb_sender_create(p->pre.mgr, p->boot_addr, 3, &s), KVB_OK);
-    CHECK_EQ(kvb_sender_init(s, 2, 0), KVB_OK);
+    kvbh_fill(&p->pre, 3, src, 2, AUX);
+    CHECK_EQ(kvb_sender_create(p->pre.mgr, p->boot.addr, 3, &s), KVB_OK);
+    CHECK_EQ(kvb_sender_init(s, 2, AUX), KVB_OK);
     forged_transfer(p, 3, dst, 2);
-    CHECK_EQ(wait_ready(s), KVB_POLL_WAITING_FOR_INPUT);
+    CHECK_EQ(kvbh_wait_sender_ready(s, 5), 0);
+    CHECK_EQ(kvb_sender_poll(s), KVB_POLL_WAITING_FOR_INPUT);
     CHECK_EQ(kvb_sender_send(s, src, 2), KVB_OK);
-    CHECK_EQ(caps_wait_send(s, 5), KVB_POLL_FAILED);
+    CHECK_EQ(kvbh_wait_sender(s, 5), KVB_POLL_FAILED);
     kvb_sender_failure(s, why, sizeof(why));
     CHECK_STR_CONTAINS(why, "destination page index 8 (entry 1) is outside decode");
     CHECK_STR_CONTAINS(why, "KV pool of 8 pages; nothing written");
     kvb_sender_destroy(s);
     CHECK_EQ(next_to_pool(p), 0);
-    CHECK_EQ(caps_changed(&p->dec, CAPS_OFF(0) + 3 * CAPS_ITEM, CAPS_ITEM), 0);
+    CHECK_EQ(changed(p->dec.kv[0] + 3 * p->dec.item_len, p->dec.item_len), 0);
     TEST_PASS("prefill refuses a transfer info past the decode's kv_lens");
 }
 
@@ -115,15 +106,19 @@ static void test_prefill_side(caps_pair_t *p)
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : "";
-    caps_pair_t p;
+    kvbh_pair_t p;
     const int32_t src[2] = {0, 1}, good[2] = {1, 2}, good2[2] = {4, 7};
-    CHECK_EQ(caps_pair_start(&p, NULL), 0);
-    CHECK_EQ(caps_room(&p, 1, src, good, 2, 10), 0); /* registers the decode */
+    CHECK_EQ(kvbh_pair_start(&p, &G, KVBH_MEM_PACKED, NULL, NULL), KVB_OK);
+    fill_decode(&p);
+    /* registers the decode */
+    CHECK_EQ(kvbh_run_room_pages(&p.pre, &p.dec, p.boot.addr, 1, src, good, 2, AUX), 0);
     if (strcmp(only, "prefill") != 0)
         test_decode_side(&p);
     if (strcmp(only, "decode") != 0)
         test_prefill_side(&p);
-    CHECK_EQ(caps_room(&p, 4, src, good2, 2, 10), 0); /* still served */
-    caps_pair_stop(&p);
+    /* still served */
+    CHECK_EQ(kvbh_run_room_pages(&p.pre, &p.dec, p.boot.addr, 4, src, good2, 2, AUX), 0);
+    CHECK(kvbh_canaries_ok(&p.dec, "decode")); /* nothing before or after its buffers */
+    kvbh_pair_stop(&p);
     return 0;
 }

@@ -396,10 +396,9 @@ static void raw_adds(rawmsg_t *m, const char *s)
     raw_add(m, s, strlen(s));
 }
 
-static void raw_send(void *sock, const rawmsg_t *m)
+static void raw_send(kvbh_push_t *z, const rawmsg_t *m)
 {
-    for (int i = 0; i < m->n; i++)
-        CHECK(zmq_send(sock, m->f[i], m->len[i], i + 1 < m->n ? ZMQ_SNDMORE : 0) >= 0);
+    CHECK_EQ(kvbh_push_frames(z, m->f, m->len, m->n), 0);
 }
 
 static uint64_t bad_count(kvb_manager_h m)
@@ -419,18 +418,6 @@ static void wait_bad(kvb_manager_h m, uint64_t want, const char *what)
                 (unsigned long long)bad_count(m), (unsigned long long)want);
         exit(1);
     }
-}
-
-static void *raw_push(void *zctx, const char *endpoint)
-{
-    char ep[128];
-    int linger = 0, tmo = 5000;
-    void *s = zmq_socket(zctx, ZMQ_PUSH);
-    snprintf(ep, sizeof(ep), "tcp://%s", endpoint);
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
-    zmq_setsockopt(s, ZMQ_SNDTIMEO, &tmo, sizeof(tmo));
-    CHECK_EQ(zmq_connect(s, ep), 0);
-    return s;
 }
 
 /* A valid registration or transfer info, with frame `bad` replaced. */
@@ -470,9 +457,9 @@ static void test_malformed(void)
     CHECK_EQ(kvbh_rank_start(&d, &G_SMALL, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), 0);
     /* A good room first (the decode registers its KV args with the prefill). */
     CHECK_EQ(kvbh_run_room(&p, &d, boot, 800, 8, 0, 0, 0), 0);
-    void *zctx = zmq_ctx_new();
-    void *to_p = raw_push(zctx, kvb_manager_endpoint(p.mgr));
-    void *to_d = raw_push(zctx, kvb_manager_endpoint(d.mgr));
+    kvbh_push_t to_p, to_d;
+    CHECK_EQ(kvbh_push_open(&to_p, kvb_manager_endpoint(p.mgr), NULL), 0);
+    CHECK_EQ(kvbh_push_open(&to_d, kvb_manager_endpoint(d.mgr), NULL), 0);
     const char *d_ep = kvb_manager_endpoint(d.mgr);
     char d_ip[64], d_port[16];
     CHECK_EQ(sscanf(d_ep, "%63[^:]:%15s", d_ip, d_port), 2);
@@ -522,10 +509,10 @@ static void test_malformed(void)
         if (reg_bad[i].extra_frames > 70) {
             /* more frames than any message has: sent by hand */
             for (int f = 0; f < 200; f++)
-                CHECK(zmq_send(to_p, "None", 4, f + 1 < 200 ? ZMQ_SNDMORE : 0) >= 0);
+                CHECK(zmq_send(to_p.sock, "None", 4, f + 1 < 200 ? ZMQ_SNDMORE : 0) >= 0);
         } else {
             build(m, reg, reg_len, 9, &reg_bad[i]);
-            raw_send(to_p, m);
+            raw_send(&to_p, m);
         }
         wait_bad(p.mgr, ++expect_p, reg_bad[i].what);
     }
@@ -561,7 +548,7 @@ static void test_malformed(void)
             strlen(room_s), strlen(d_ip), strlen(d_port), strlen(d_sid), sizeof(pages), 1, 1};
         CHECK_EQ(kvb_sender_create(p.mgr, boot, room, &snd[i]), KVB_OK);
         build(m, xf, xl, 7, &xfer_bad[i]);
-        raw_send(to_p, m);
+        raw_send(&to_p, m);
         wait_bad(p.mgr, ++expect_p, xfer_bad[i].what);
     }
     for (size_t i = 0; i < nx; i++) {
@@ -584,7 +571,7 @@ static void test_malformed(void)
         raw_adds(m, bad_rooms[i]);
         for (int f = 1; f < 7; f++)
             raw_adds(m, "1");
-        raw_send(to_p, m);
+        raw_send(&to_p, m);
         wait_bad(p.mgr, ++expect_p, bad_rooms[i]);
     }
     /* Wrong frame counts of a room message: 1, 2, 4, 5, 6 frames. */
@@ -593,7 +580,7 @@ static void test_malformed(void)
         m->n = 0;
         for (int f = 0; f < counts[i]; f++)
             raw_adds(m, "7");
-        raw_send(to_p, m);
+        raw_send(&to_p, m);
         wait_bad(p.mgr, ++expect_p, "frame count");
     }
     /* A status or aux message is not for a prefill rank. */
@@ -601,7 +588,7 @@ static void test_malformed(void)
     raw_adds(m, "5");
     raw_adds(m, "4");
     raw_adds(m, "0");
-    raw_send(to_p, m);
+    raw_send(&to_p, m);
     wait_bad(p.mgr, ++expect_p, "status to a prefill");
 
     /* Well-formed transfer info whose pages lie outside the decode's pool:
@@ -622,7 +609,7 @@ static void test_malformed(void)
         raw_add(m, out_pages, sizeof(out_pages));
         raw_adds(m, "1");
         raw_adds(m, "1");
-        raw_send(to_p, m);
+        raw_send(&to_p, m);
         CHECK_EQ(kvbh_wait_sender_ready(s, 5), 0);
         kvb_sender_init(s, 2, 1);
         kvb_sender_send(s, src, 2);
@@ -654,7 +641,7 @@ static void test_malformed(void)
         raw_add(m, in_pages, sizeof(in_pages));
         raw_adds(m, "100000");
         raw_adds(m, "1");
-        raw_send(to_p, m);
+        raw_send(&to_p, m);
         kvbh_sleep(0.1); /* the forged info replaced the receiver's */
         kvb_sender_init(s, 2, 1);
         kvb_sender_send(s, src, 2);
@@ -737,7 +724,7 @@ static void test_malformed(void)
             build(m, st3, st3l, 3, &u);
         else
             build(m, ax, axl, 6, &u);
-        raw_send(to_d, m);
+        raw_send(&to_d, m);
         wait_bad(d.mgr, ++expect_d, dec_bad[i].what);
     }
     for (size_t i = 0; i < nd; i++) {
@@ -770,7 +757,7 @@ static void test_malformed(void)
         raw_adds(m, dec_rooms[i]);
         raw_adds(m, "4");
         raw_adds(m, "0");
-        raw_send(to_d, m);
+        raw_send(&to_d, m);
         wait_bad(d.mgr, ++expect_d, "decode room frame");
     }
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
@@ -779,12 +766,12 @@ static void test_malformed(void)
             raw_adds(m, "7");
         if (counts[i] == 3)
             continue;
-        raw_send(to_d, m);
+        raw_send(&to_d, m);
         wait_bad(d.mgr, ++expect_d, "decode frame count");
     }
     /* A registration is not for a decode rank. */
     build(m, reg, reg_len, 9, &(mut_t){-1, NULL, 0, 0, ""});
-    raw_send(to_d, m);
+    raw_send(&to_d, m);
     wait_bad(d.mgr, ++expect_d, "registration to a decode");
     /* A huge frame (4 MiB of page indices, beyond the pool). */
     {
@@ -802,7 +789,7 @@ static void test_malformed(void)
         raw_add(m, hp, hn * 4);
         raw_adds(m, "1");
         raw_adds(m, "1");
-        raw_send(to_p, m);
+        raw_send(&to_p, m);
         CHECK_EQ(kvbh_wait_sender_ready(s, 5), 0);
         kvb_sender_init(s, hn, 1);
         int32_t *src = calloc(hn, 4);
@@ -833,13 +820,13 @@ static void test_malformed(void)
                 "0",    "1",         "256"};
             size_t r2l[9] = {4, 9, 4, strlen(sid), sizeof(kvp), sizeof(auxp), 1, 1, 3};
             build(m, r2, r2l, 9, &(mut_t){-1, NULL, 0, 0, ""});
-            raw_send(to_p, m);
+            raw_send(&to_p, m);
         }
         /* and garbage to the decode */
         for (int i = 0; i < FLOOD; i++) {
             m->n = 0;
             raw_adds(m, "garbage");
-            raw_send(to_d, m);
+            raw_send(&to_d, m);
         }
         expect_d += FLOOD;
         wait_bad(d.mgr, expect_d, "decode garbage flood");
@@ -847,7 +834,7 @@ static void test_malformed(void)
          * every registration before it was handled */
         m->n = 0;
         raw_adds(m, "garbage");
-        raw_send(to_p, m);
+        raw_send(&to_p, m);
         wait_bad(p.mgr, ++expect_p, "after the registration flood");
         kvb_manager_stats(p.mgr, &st1);
         CHECK_EQ(st1.registrations, 256);
@@ -870,9 +857,8 @@ static void test_malformed(void)
     CHECK(kvbh_canaries_ok(&p, "prefill"));
     free(m);
     free(mbig);
-    zmq_close(to_p);
-    zmq_close(to_d);
-    zmq_ctx_term(zctx);
+    kvbh_push_close(&to_p);
+    kvbh_push_close(&to_d);
     kvbh_rank_stop(&d);
     kvbh_rank_stop(&p);
     kvbh_boot_stop(&b);

@@ -8,6 +8,7 @@
  * a revoke waits for a unit of a stopped writer process and says so
  * (KVB_ERR_INPROGRESS) until it resumes. Every wait is bounded. */
 #include "kvb_test.h"
+#include "kvb_test_engine.h"
 
 #include <kvbridge/engine.h>
 
@@ -31,17 +32,6 @@ static uint8_t g_src[4 * MiB];
 static const char *g_self;
 extern char **environ;
 
-static kvb_engine_h engine(unsigned copy_threads)
-{
-    kvb_engine_params_t p = {0};
-    kvb_engine_h e;
-    p.field_mask = KVB_ENGINE_PARAM_TRANSPORT | KVB_ENGINE_PARAM_COPY_THREADS;
-    p.transport = KVB_TRANSPORT_AUTO;
-    p.copy_threads = copy_threads;
-    CHECK_EQ(kvb_engine_create(&p, &e), KVB_OK);
-    return e;
-}
-
 static kvb_status_t write_epoch(kvb_engine_h w, const char *sid, uint8_t *dst, uint64_t epoch,
                                 uint8_t fill)
 {
@@ -57,18 +47,11 @@ static kvb_status_t write_epoch(kvb_engine_h w, const char *sid, uint8_t *dst, u
     return st;
 }
 
-static bool all(const uint8_t *p, size_t n, uint8_t v)
-{
-    for (size_t i = 0; i < n; i++)
-        if (p[i] != v)
-            return false;
-    return true;
-}
-
 static void lane_case(bool direct)
 {
     uint8_t *mem = NULL;
-    kvb_engine_h t = engine(2), w = engine(direct ? 2 : 0);
+    kvb_engine_h t = kvb_test_engine(KVB_TRANSPORT_AUTO, 2),
+                 w = kvb_test_engine(KVB_TRANSPORT_AUTO, direct ? 2 : 0);
     uint64_t e1, e2;
     if (direct)
         CHECK_EQ(kvb_mem_alloc(TGT, (void **)&mem), KVB_OK);
@@ -81,26 +64,26 @@ static void lane_case(bool direct)
 
     CHECK_EQ(kvb_engine_grant_writer(t, TAG, &e1), KVB_OK);
     CHECK_EQ(write_epoch(w, sid, mem, e1, 0x11), KVB_OK);
-    CHECK(all(mem, sizeof(g_src), 0x11));
+    CHECK(kvb_test_all(mem, sizeof(g_src), 0x11));
     CHECK_EQ(kvb_engine_session_direct(w, sid), direct ? 1 : 0);
     CHECK_EQ(kvb_engine_revoke_writer(t, TAG, e1, 1.0), KVB_OK);
     /* revoked: refused for good, nothing placed */
     CHECK_EQ(write_epoch(w, sid, mem, e1, 0x22), KVB_ERR_FENCED);
-    CHECK(all(mem, sizeof(g_src), 0x11));
+    CHECK(kvb_test_all(mem, sizeof(g_src), 0x11));
     /* a grant never made, and another tag's grant, are refused too */
     CHECK_EQ(write_epoch(w, sid, mem, e1 + 1000, 0x33), KVB_ERR_FENCED);
     CHECK_EQ(kvb_engine_grant_writer(t, TAG + 1, &e2), KVB_OK);
     CHECK_EQ(write_epoch(w, sid, mem, e2, 0x33), KVB_ERR_FENCED);
-    CHECK(all(mem, sizeof(g_src), 0x11));
+    CHECK(kvb_test_all(mem, sizeof(g_src), 0x11));
     CHECK_EQ(kvb_engine_revoke_writer(t, TAG + 1, e2, 0), KVB_OK);
     /* the same writer under a new grant: lands (on the same lane) */
     CHECK_EQ(kvb_engine_grant_writer(t, TAG, &e2), KVB_OK);
     CHECK(e2 > e1);
     CHECK_EQ(write_epoch(w, sid, mem, e2, 0x44), KVB_OK);
-    CHECK(all(mem, sizeof(g_src), 0x44));
+    CHECK(kvb_test_all(mem, sizeof(g_src), 0x44));
     CHECK_EQ(kvb_engine_session_direct(w, sid), direct ? 1 : 0);
     CHECK_EQ(write_epoch(w, sid, mem, e1, 0x55), KVB_ERR_FENCED); /* e1 stays refused */
-    CHECK(all(mem, sizeof(g_src), 0x44));
+    CHECK(kvb_test_all(mem, sizeof(g_src), 0x44));
     CHECK_EQ(kvb_engine_revoke_writer(t, TAG, e2, 1.0), KVB_OK);
 
     /* Bounded: 5000 grant/revoke rounds leave nothing behind (4096 live or
@@ -122,7 +105,7 @@ static void lane_case(bool direct)
     free(live);
     CHECK_EQ(kvb_engine_grant_writer(t, TAG, &e3), KVB_OK);
     CHECK_EQ(write_epoch(w, sid, mem, e3, 0x66), KVB_OK);
-    CHECK(all(mem, sizeof(g_src), 0x66));
+    CHECK(kvb_test_all(mem, sizeof(g_src), 0x66));
     CHECK_EQ(kvb_engine_session_direct(w, sid), direct ? 1 : 0);
 
     kvb_engine_destroy(w);
@@ -144,7 +127,7 @@ static int child_writer(const char *sid, uint64_t dst, uint64_t epoch, int ready
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     static uint8_t src[64 * MiB];
-    kvb_engine_h w = engine(2);
+    kvb_engine_h w = kvb_test_engine(KVB_TRANSPORT_AUTO, 2);
     CHECK_EQ(kvb_engine_register(w, src, sizeof(src), KVB_MEM_HOST), KVB_OK);
     kvb_engine_set_writer_tag(w, TAG);
     memset(src, 0x77, sizeof(src));
@@ -172,7 +155,7 @@ static double now(void)
 static void stopped_writer(void)
 {
     uint8_t *mem;
-    kvb_engine_h t = engine(2);
+    kvb_engine_h t = kvb_test_engine(KVB_TRANSPORT_AUTO, 2);
     uint64_t e;
     int pfd[2];
     char c;
@@ -216,7 +199,7 @@ static void stopped_writer(void)
     for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; i++)
         usleep(20000);
     usleep(100000);
-    CHECK(all(mem, 64 * MiB, 0x00));
+    CHECK(kvb_test_all(mem, 64 * MiB, 0x00));
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
     kvb_engine_destroy(t);

@@ -7,8 +7,6 @@
 #include "harness/kvb_cluster.h"
 #include "kvb_test.h"
 
-#include <kvbridge/bootstrap.h>
-
 static const kvbh_geom_t G = {2, 2, 32, 4, 256, 0, 0};
 
 /* Bytes of pages dst[0..n) of every KV buffer on d that are not zero. */
@@ -62,19 +60,14 @@ static void resend_room(kvbh_rank_t *p, kvbh_rank_t *d, const char *boot, uint64
 
 int main(void)
 {
-    kvb_bootstrap_server_params_t bp = {KVB_BOOTSTRAP_SERVER_PARAM_PORT, NULL, 0, NULL, 0, 0, 0};
-    kvb_bootstrap_server_h b = NULL;
-    kvbh_rank_t p, d;
-    CHECK_EQ(kvb_bootstrap_server_start(&bp, &b), KVB_OK);
-    const char *boot = kvb_bootstrap_server_address(b);
-    CHECK_EQ(kvbh_rank_start(&p, &G, KVB_MODE_PREFILL, boot, KVBH_MEM_MALLOC, NULL), KVB_OK);
-    CHECK_EQ(kvbh_rank_start(&d, &G, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), KVB_OK);
-    resend_room(&p, &d, boot, 7);
+    kvbh_pair_t pr;
+    CHECK_EQ(kvbh_pair_start(&pr, &G, KVBH_MEM_MALLOC, NULL, NULL), KVB_OK);
+    kvbh_rank_t *p = &pr.pre, *d = &pr.dec;
+    const char *boot = pr.boot.addr;
+    resend_room(p, d, boot, 7);
     /* The manager still serves ordinary rooms afterwards. */
-    CHECK_EQ(kvbh_run_room(&p, &d, boot, 8, 8, 40, 200, 2), 0);
-    kvbh_rank_stop(&p);
-    kvbh_rank_stop(&d);
-    kvb_bootstrap_server_stop(b);
+    CHECK_EQ(kvbh_run_room(p, d, boot, 8, 8, 40, 200, 2), 0);
+    kvbh_pair_stop(&pr);
     TEST_PASS("test_conn_resend");
     return 0;
 }

@@ -6,6 +6,7 @@
  * The peer is a listener that accepts TCP (kernel backlog) and never
  * answers, so every handshake with it lasts the whole connect time-out. */
 #include "kvb_test.h"
+#include "kvb_test_engine.h"
 
 #include <arpa/inet.h>
 #include <kvbridge/engine.h>
@@ -52,11 +53,9 @@ int main(void)
     int lfd = silent_listener(g_sid, sizeof(g_sid));
 
     /* 1: our own handshake, bounded by timeout_s */
-    double t0 = kvb_test_now_s();
-    kvb_status_t st = kvb_engine_write(g_a, g_sid, &g_blk, 1, 0.3);
-    double took = kvb_test_now_s() - t0;
-    fprintf(stderr, "write(0.3 s) to a silent peer: %s after %.3f s (%s)\n", kvb_status_string(st),
-            took, kvb_engine_last_error(g_a));
+    double took, t0;
+    kvb_status_t st =
+        kvb_test_write_timed(g_a, g_sid, &g_blk, 1, 0.3, "write(0.3 s) to a silent peer", &took);
     CHECK_EQ(st, KVB_ERR_TIMEOUT);
     CHECK(took >= 0.25 && took < 1.0);
 
@@ -66,11 +65,8 @@ int main(void)
     t0 = kvb_test_now_s();
     pthread_create(&t, NULL, slow_writer, &slow_st);
     usleep(200 * 1000);
-    double t1 = kvb_test_now_s();
-    st = kvb_engine_write(g_a, g_sid, &g_blk, 1, 0.3);
-    took = kvb_test_now_s() - t1;
-    fprintf(stderr, "write(0.3 s) behind another thread's handshake: %s after %.3f s (%s)\n",
-            kvb_status_string(st), took, kvb_engine_last_error(g_a));
+    st = kvb_test_write_timed(g_a, g_sid, &g_blk, 1, 0.3,
+                              "write(0.3 s) behind another thread's handshake", &took);
     CHECK_EQ(st, KVB_ERR_TIMEOUT);
     CHECK(took >= 0.25 && took < 1.0);
     CHECK_STR_CONTAINS(kvb_engine_last_error(g_a), "another thread's handshake");

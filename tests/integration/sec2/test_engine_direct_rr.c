@@ -6,6 +6,7 @@
  * and so does a cancelled one. One copy thread, in-process targets on
  * kvb_mem_alloc memory. */
 #include "kvb_test.h"
+#include "kvb_test_engine.h"
 
 #include <kvbridge/engine.h>
 #include <stdbool.h>
@@ -13,17 +14,6 @@
 
 #define MiB (1u << 20)
 #define BIG (128u * MiB)
-
-static kvb_engine_h engine(unsigned copy_threads)
-{
-    kvb_engine_params_t p = {0};
-    kvb_engine_h e;
-    p.field_mask = KVB_ENGINE_PARAM_TRANSPORT | KVB_ENGINE_PARAM_COPY_THREADS;
-    p.transport = KVB_TRANSPORT_AUTO;
-    p.copy_threads = copy_threads;
-    CHECK_EQ(kvb_engine_create(&p, &e), KVB_OK);
-    return e;
-}
 
 static uint8_t *target(kvb_engine_h t, size_t len)
 {
@@ -64,7 +54,9 @@ static void behind_big(kvb_engine_h w, uint8_t *src, const char *sid1, uint8_t *
 
 int main(void)
 {
-    kvb_engine_h w = engine(1), t1 = engine(0), t2 = engine(0);
+    kvb_engine_h w = kvb_test_engine(KVB_TRANSPORT_AUTO, 1),
+                 t1 = kvb_test_engine(KVB_TRANSPORT_AUTO, 0),
+                 t2 = kvb_test_engine(KVB_TRANSPORT_AUTO, 0);
     uint8_t *src = malloc(BIG);
     CHECK(src != NULL);
     memset(src, 0x6b, BIG);

@@ -1,0 +1,11 @@
+"""kvbridge's stand-in for the `mooncake` package: only `mooncake.engine`.
+
+Put python/compat on PYTHONPATH (it is never installed by default, so it
+cannot shadow a real Mooncake) and `from mooncake.engine import
+TransferEngine` gives SGLang's Mooncake backend, vLLM's MooncakeConnector and
+TokenSpeed a transfer engine backed by kvbridge's C engine. Other Mooncake
+modules (mooncake.store, mooncake.pg, mooncake.allocator, ...) are not
+provided. See docs/python.md, "Mooncake drop-in".
+"""
+
+KVBRIDGE_DROP_IN = True  # lets a program tell this package from the real Mooncake

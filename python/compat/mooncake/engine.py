@@ -1,0 +1,843 @@
+"""`mooncake.engine` drop-in: Mooncake's Python TransferEngine API over
+kvbridge's engine (python/kvbridge, ctypes over libkvbridge.so).
+
+Same names, argument orders, defaults and return conventions as Mooncake's
+pybind module (mooncake-integration/transfer_engine/transfer_engine_py.cpp):
+0 / -1 from the synchronous calls (never an exception for a failed
+transfer), batch id 0 = failure, get_batch_transfer_status blocking until
+all done (0) or one failed or passed its deadline (-1), transfer_check_status
+1 done / 0 running / -1 failed / -2 past its deadline. Peers are addressed by
+the session id "ip:port" built from initialize()'s host and get_rpc_port();
+remote addresses are raw virtual addresses inside memory the peer
+registered. A write that returns 0 (or whose batch reports done) has every
+byte in the target's memory.
+
+Differences, all explicit (docs/python.md, "Mooncake drop-in"):
+- kvbridge's engine only writes: the READ opcode and the *_read calls raise
+  NotImplementedError; so do notifications (transfer_sync/batch_transfer_sync
+  with a notify, get_notifies), the Mooncake Store hooks (get_engine,
+  get_engine_ptr), remote segment queries (get_first_buffer_address) and the
+  CUDA-stream calls (*_on_cuda; SUPPORT_CUDA is False).
+- Only host memory: the source of a write must lie inside memory registered
+  with this engine, the destination inside memory the peer registered.
+- Only the P2PHANDSHAKE metadata mode; other metadata servers and device
+  fabrics (nvlink, hip, musa, ascend, xgmi) make initialize() return -1.
+"""
+
+import ctypes
+import ipaddress
+import operator
+import itertools
+import logging
+import os
+import random
+import re
+import socket
+import sys
+import threading
+import time
+from enum import IntEnum
+
+
+def _import_kvbridge():
+    """kvbridge from sys.path, else from the source tree this folder sits in
+    (python/compat/mooncake → python/kvbridge)."""
+    try:
+        import kvbridge
+        return kvbridge
+    except ImportError:
+        tree = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        if not os.path.isdir(os.path.join(tree, "kvbridge")):
+            raise
+        sys.path.append(tree)
+        import kvbridge
+        return kvbridge
+
+
+kvbridge = _import_kvbridge()
+from kvbridge import _lib as L  # noqa: E402  (the C prototypes and statuses)
+
+__all__ = [
+    "InnerTransferEngine", "Read", "SUPPORT_CUDA", "SUPPORT_EFA", "SUPPORT_HIP",
+    "SUPPORT_INTRA_NVLINK", "SUPPORT_MNNVL", "SUPPORT_MUSA", "TransferEngine",
+    "TransferNotify", "TransferOpcode", "Write",
+]
+
+log = logging.getLogger("mooncake.engine")
+
+SUPPORT_CUDA = False
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_MNNVL = False
+SUPPORT_MUSA = False
+SUPPORT_INTRA_NVLINK = False
+
+P2PHANDSHAKE = "P2PHANDSHAKE"
+
+# Mooncake's error codes (mooncake-transfer-engine/include/error.h) that the
+# memory calls return.
+ERR_INVALID_ARGUMENT = -1
+ERR_ADDRESS_NOT_REGISTERED = -3
+ERR_ADDRESS_OVERLAPPED = -7
+ERR_SOCKET = -102
+ERR_MEMORY = -302
+ERR_NOT_IMPLEMENTED = -303
+
+_MEM_ERRORS = {
+    L.KVB_ERR_INVALID: ERR_INVALID_ARGUMENT,
+    L.KVB_ERR_OVERLAP: ERR_ADDRESS_OVERLAPPED,
+    L.KVB_ERR_NOT_FOUND: ERR_ADDRESS_NOT_REGISTERED,
+    L.KVB_ERR_NOMEM: ERR_MEMORY,
+    L.KVB_ERR_UNSUPPORTED: ERR_NOT_IMPLEMENTED,
+}
+
+# Protocols naming device-memory fabrics kvbridge does not drive.
+_DEVICE_PROTOCOLS = {"nvlink", "nvlink_intra", "hip", "musa", "ascend", "xgmi", "ubshmem"}
+
+
+class TransferOpcode(IntEnum):
+    """Mooncake's enum values: Read = 0, Write = 1."""
+    Read = 0
+    Write = 1
+
+
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
+
+
+class TransferNotify:
+    """A notification (name, msg). Accepted as a type; sending one is not
+    supported by this drop-in (see transfer_sync)."""
+
+    def __init__(self, name="", msg=""):
+        self.name = name
+        self.msg = msg
+
+    def __repr__(self):
+        return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
+
+
+class InnerTransferEngine:
+    """Mooncake's opaque C++ engine handle (for Mooncake Store). Not provided."""
+
+    def __init__(self, *a, **k):
+        raise TypeError("mooncake.engine.InnerTransferEngine: No constructor defined!")
+
+
+def _not_provided(name):
+    def stub(*a, **k):
+        raise NotImplementedError(
+            f"mooncake.engine.{name} is not provided by kvbridge's mooncake.engine drop-in")
+    stub.__name__ = name
+    return stub
+
+
+# Module names Mooncake's PD paths never use (RPC helpers, shared segments).
+for _n in ("RpcInterface", "CoroRPCInterface", "ReceivedData", "ReceivedTensor",
+           "create_rpc_client", "create_rpc_server", "SharedSegment"):
+    globals()[_n] = _not_provided(_n)
+del _n
+
+
+# ------------------------------------------------------------------ helpers
+
+def _atoi(s):
+    """C atoi: leading optional sign and digits, 0 if none."""
+    m = re.match(r"\s*([+-]?\d+)", s or "")
+    return int(m.group(1)) if m else 0
+
+
+def _transfer_timeout_s():
+    """MC_TRANSFER_TIMEOUT in seconds (at least 5), default 30, as Mooncake
+    reads it at construction."""
+    v = os.environ.get("MC_TRANSFER_TIMEOUT")
+    return float(max(5, _atoi(v))) if v is not None else 30.0
+
+
+def _port_range():
+    """[MC_MIN_RPC_PORT, MC_MAX_RPC_PORT] (Mooncake's typo'd MC_*_PRC_PORT
+    too), default [15000, 17000]; an invalid range falls back to it."""
+    lo = os.environ.get("MC_MIN_RPC_PORT") or os.environ.get("MC_MIN_PRC_PORT")
+    hi = os.environ.get("MC_MAX_RPC_PORT") or os.environ.get("MC_MAX_PRC_PORT")
+    lo = _atoi(lo) if lo else 15000
+    hi = _atoi(hi) if hi else 17000
+    if not (1024 < lo <= hi < 65536):
+        return 15000, 17000
+    return lo, hi
+
+
+def _parse_host(local_hostname):
+    """The address part of initialize()'s local_hostname: "ip", "ip:port",
+    "[v6]:port", a bare IPv6 address or Ascend's "ip:port:npu_N"."""
+    h = local_hostname.strip()
+    if h.startswith("["):
+        end = h.find("]")
+        return h[1:end] if end > 0 else h
+    if h.count(":") >= 2:
+        try:
+            ipaddress.IPv6Address(h)
+            return h
+        except ValueError:
+            return h.split(":", 1)[0]
+    return h.split(":", 1)[0]
+
+
+def _port_free(host, port):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def _u64_column(values, name, flat, col, n):
+    """Store values (a list/sequence of ints or a numpy integer array) into
+    column col of flat, a ctypes uint64 array of n rows × 3. No per-element
+    Python loop: ctypes slice assignment (type-checked in C) or numpy."""
+    np = L._numpy()
+    if np is not None and isinstance(values, np.ndarray):
+        if values.dtype.kind not in "iu" or values.ndim != 1:
+            raise TypeError(f"{name}: expected a 1-D integer array, got {values.dtype} "
+                            f"of shape {values.shape}")
+        if values.dtype.kind == "i" and n and int(values.min()) < 0:
+            raise TypeError(f"{name}: negative value")
+        np.ctypeslib.as_array(flat).reshape(n, 3)[:, col] = values
+        return
+    flat[col::3] = values
+    if n and (min(values) < 0 or max(values) > L.U64_MAX):
+        raise TypeError(f"{name}: values must be in [0, 2**64)")
+
+
+def _as_list(v, name):
+    """A list, tuple or numpy array as is; another iterable as a list."""
+    np = L._numpy()
+    if isinstance(v, (list, tuple)) or (np is not None and isinstance(v, np.ndarray)):
+        return v
+    if isinstance(v, (str, bytes)):
+        raise TypeError(f"{name}: expected a list of integers, not {type(v).__name__}")
+    try:
+        return list(v)
+    except TypeError:
+        raise TypeError(f"{name}: expected a list of integers, "
+                        f"not {type(v).__name__}") from None
+
+
+def _blocks(buffers, peer_addresses, lengths):
+    """kvb_block_t array of the three lists (built in one go), its count and
+    total bytes; None for the count when the lists differ in length.
+    TypeError for values that are not unsigned integers (as pybind11 does)."""
+    src = _as_list(buffers, "buffers")
+    dst = _as_list(peer_addresses, "peer_buffer_addresses")
+    lens = _as_list(lengths, "lengths")
+    n = len(src)
+    if len(dst) != n or len(lens) != n:
+        return None, None, 0
+    flat = (ctypes.c_uint64 * max(3 * n, 3))()
+    if n:
+        _u64_column(src, "buffers", flat, 0, n)
+        _u64_column(dst, "peer_buffer_addresses", flat, 1, n)
+        _u64_column(lens, "lengths", flat, 2, n)
+    total = int(lens.sum()) if hasattr(lens, "sum") else sum(lens)
+    return ctypes.cast(flat, ctypes.POINTER(L.Block)), n, total
+
+
+def _check_str(v, name):
+    if not isinstance(v, str):
+        raise TypeError(f"{name}: expected str, not {type(v).__name__}")
+    if "\0" in v:
+        raise ValueError(f"{name} must not contain NUL")
+    return v
+
+
+def _addr(v, name):
+    if isinstance(v, bool) or not isinstance(v, int):
+        try:
+            v = operator.index(v)
+        except TypeError:
+            raise TypeError(f"{name}: expected int, not {type(v).__name__}") from None
+    if v < 0 or v > L.U64_MAX:
+        raise TypeError(f"{name}: {v} is not an unsigned 64-bit integer")
+    return v
+
+
+_cuda = False  # libcuda's cuPointerGetAttribute, None if the process has none
+
+
+def _device_pointer(addr):
+    """True when the CUDA driver this process already loaded (never loaded
+    here) says addr is device memory that is not managed."""
+    global _cuda
+    if _cuda is False:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            f = lib.cuPointerGetAttribute
+            f.restype = ctypes.c_int
+            f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+            _cuda = f
+        except (OSError, AttributeError):
+            _cuda = None
+    if _cuda is None:
+        return False
+    kind, managed = ctypes.c_uint(0), ctypes.c_int(0)
+    if _cuda(ctypes.byref(kind), 2, addr) != 0:  # CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+        return False  # not a pointer CUDA knows: host memory
+    if _cuda(ctypes.byref(managed), 8, addr) == 0 and managed.value:  # IS_MANAGED
+        return False
+    return kind.value == 2  # CU_MEMORYTYPE_DEVICE
+
+
+class _Batch:
+    """One asynchronous batch: the kvbridge handle and its deadline."""
+    __slots__ = ("xfer", "deadline")
+
+    def __init__(self, xfer, deadline):
+        self.xfer = xfer
+        self.deadline = deadline
+
+
+# How long freeing a batch that is still running waits for its issued
+# blocks to settle (so its sources are no longer read), at most.
+_SETTLE_S = 5.0
+
+
+# ------------------------------------------------------------------ engine
+
+class TransferEngine:
+    """Mooncake's TransferEngine over a kvbridge engine. Thread-safe, like
+    Mooncake's (SGLang drives one engine from a pool of transfer threads);
+    every C call releases the GIL."""
+
+    def __init__(self):
+        self._timeout_s = _transfer_timeout_s()
+        self._eng = None  # kvbridge.TransferEngine once initialized
+        self._lock = threading.Lock()
+        self._batches = {}  # batch id → _Batch
+        self._ids = itertools.count(1)
+        self._managed = {}  # managed buffer address → kvbridge.SharedMemory
+
+    TransferOpcode = TransferOpcode
+
+    # ---------------------------------------------------------- life
+    def initialize(self, local_hostname, metadata_server, protocol, device_name):
+        """Start the engine: 0, or -1 (logged) when it cannot. Listens on the
+        host of local_hostname at a random free port of [MC_MIN_RPC_PORT,
+        MC_MAX_RPC_PORT] (15000-17000), as Mooncake's P2P mode does."""
+        _check_str(metadata_server, "metadata_server")
+        if metadata_server != P2PHANDSHAKE:
+            log.error("mooncake.engine (kvbridge): metadata server %r is not supported; "
+                      "use \"P2PHANDSHAKE\"", metadata_server)
+            return -1
+        return self.initialize_ext(local_hostname, P2PHANDSHAKE, protocol, device_name, "")
+
+    def initialize_ext(self, local_hostname, metadata_server, protocol, device_name,
+                       metadata_type):
+        _check_str(local_hostname, "local_hostname")
+        _check_str(metadata_server, "metadata_server")
+        _check_str(protocol, "protocol")
+        _check_str(device_name or "", "device_name")
+        if metadata_server != P2PHANDSHAKE:
+            log.error("mooncake.engine (kvbridge): metadata server %r (%s) is not supported; "
+                      "use \"P2PHANDSHAKE\"", metadata_server, metadata_type)
+            return -1
+        proto = protocol.lower()
+        if proto in _DEVICE_PROTOCOLS:
+            log.error("mooncake.engine (kvbridge): protocol %r moves device memory; kvbridge "
+                      "moves host memory only (use \"rdma\" or \"tcp\")", protocol)
+            return -1
+        with self._lock:
+            if self._eng is not None:
+                log.error("mooncake.engine (kvbridge): initialize() called twice")
+                return -1
+        if proto == "tcp" or os.environ.get("MC_FORCE_TCP") is not None:  # set = on, as Mooncake
+            transport = "tcp"
+        else:  # rdma, efa, cxi, barex, "": UCX picks the fastest lane
+            transport = os.environ.get("KVBRIDGE_TRANSPORT", "auto")
+            if transport not in L.TRANSPORTS:
+                transport = "auto"
+        host = _parse_host(local_hostname) or "127.0.0.1"
+        eng = self._create(host, transport)
+        if eng is None:
+            return -1
+        with self._lock:
+            raced = self._eng is not None
+            if not raced:
+                self._eng = eng
+        if raced:  # another thread's initialize() won
+            eng.close()
+            log.error("mooncake.engine (kvbridge): initialize() called twice")
+            return -1
+        log.info("mooncake.engine (kvbridge): %s (%s) listening, protocol %r → %s",
+                 eng.get_session_id(), kvbridge.library_path(), protocol, eng.transport)
+        return 0
+
+    def _create(self, host, transport):
+        lo, hi = _port_range()
+        rng = random.SystemRandom()
+        last, failures = None, 0
+        for _ in range(128):
+            port = rng.randint(lo, hi)
+            if not _port_free(host, port):
+                continue
+            try:
+                return kvbridge.TransferEngine(host, port, transport)
+            except kvbridge.KVBridgeError as e:  # lost a race for the port?
+                last, failures = e, failures + 1
+                if failures >= 3:
+                    break
+            except (ValueError, OSError) as e:
+                last = e
+                break
+        log.error("mooncake.engine (kvbridge): cannot start an engine on %s, port in "
+                  "[%d, %d]: %s", host, lo, hi, last or "every port tried was busy")
+        return None
+
+    def close(self):
+        """(kvbridge extra) Free the batches still held, the managed buffers
+        and the engine now instead of at garbage collection."""
+        with self._lock:
+            batches, self._batches = list(self._batches.values()), {}
+            managed, self._managed = list(self._managed.values()), {}
+            eng, self._eng = self._eng, None
+        for b in batches:
+            self._free_xfer(b.xfer)
+        if eng is not None:
+            for m in managed:
+                try:
+                    eng.unregister(m.ptr)
+                except Exception:
+                    pass
+            eng.close()
+        for m in managed:
+            m.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _engine(self, what):
+        eng = self._eng
+        if eng is None:
+            log.error("mooncake.engine (kvbridge): %s before initialize()", what)
+        return eng
+
+    def get_rpc_port(self):
+        """The port of this engine's listener: peers use "ip:port"."""
+        eng = self._eng
+        if eng is None:
+            raise RuntimeError("mooncake.engine (kvbridge): get_rpc_port() before initialize()")
+        return int(eng.get_session_id().rsplit(":", 1)[1])
+
+    # ---------------------------------------------------------- memory
+    def register_memory(self, buffer_addr, capacity, location="*"):
+        """0, or Mooncake's code: -1 invalid (zero length), -7 overlapping a
+        registered region, -303 device memory."""
+        buffer_addr = _addr(buffer_addr, "buffer_addr")
+        capacity = _addr(capacity, "capacity")
+        mem = self._mem_type(location, buffer_addr)
+        eng = self._engine("register_memory")
+        if eng is None:
+            return -1
+        with eng._guard:
+            st = L.lib().kvb_engine_register(eng._h, buffer_addr, capacity, mem)
+        return self._mem_result(eng, st, f"register_memory({buffer_addr:#x}, {capacity})")
+
+    def unregister_memory(self, buffer_addr):
+        """0, or -3 when no region starts at buffer_addr."""
+        buffer_addr = _addr(buffer_addr, "buffer_addr")
+        eng = self._engine("unregister_memory")
+        if eng is None:
+            return -1
+        with eng._guard:
+            st = L.lib().kvb_engine_unregister(eng._h, buffer_addr)
+        return self._mem_result(eng, st, f"unregister_memory({buffer_addr:#x})")
+
+    def batch_register_memory(self, buffer_addresses, capacities, location="*"):
+        """All or nothing; 0 or Mooncake's code (-1 lists of different
+        lengths or a zero capacity, -7 overlap)."""
+        addrs = [_addr(a, "buffer_addresses") for a in buffer_addresses]
+        caps = [_addr(c, "capacities") for c in capacities]
+        mem = max([self._mem_type(location, a) for a in addrs] or [0])
+        eng = self._engine("batch_register_memory")
+        if eng is None:
+            return -1
+        if len(addrs) != len(caps):
+            log.error("mooncake.engine (kvbridge): batch_register_memory: %d addresses, "
+                      "%d capacities", len(addrs), len(caps))
+            return ERR_INVALID_ARGUMENT
+        if not addrs:
+            return 0
+        regs = (L.MemRegion * len(addrs))()
+        for r, a, c in zip(regs, addrs, caps):
+            r.addr, r.length, r.mem_type = a, c, mem
+        with eng._guard:
+            st = L.lib().kvb_engine_register_batch(eng._h, regs, len(addrs))
+        return self._mem_result(eng, st, f"batch_register_memory of {len(addrs)} regions")
+
+    def batch_unregister_memory(self, buffer_addresses):
+        """Unregisters every address it can; 0 or -3 if one was unknown."""
+        addrs = [_addr(a, "buffer_addresses") for a in buffer_addresses]
+        eng = self._engine("batch_unregister_memory")
+        if eng is None:
+            return -1
+        if not addrs:
+            return 0
+        arr = (ctypes.c_void_p * len(addrs))(*addrs)
+        with eng._guard:
+            st = L.lib().kvb_engine_unregister_batch(eng._h, arr, len(addrs))
+        return self._mem_result(eng, st, f"batch_unregister_memory of {len(addrs)} regions")
+
+    @staticmethod
+    def _mem_type(location, addr):
+        """KVB_MEM_HOST (0) or KVB_MEM_CUDA (1, which host-only builds answer
+        KVB_ERR_UNSUPPORTED → -303): "cpu:N" is host, "cuda:N" (or any other
+        device name) is not, "*" asks the CUDA driver when the process has
+        one loaded (a GPU tensor's data_ptr() must not be taken for host
+        memory: the engine would memcpy into it)."""
+        _check_str(location, "location")
+        loc = location.lower()
+        if loc.startswith("cpu"):
+            return 0
+        if loc in ("*", ""):
+            return 1 if _device_pointer(addr) else 0
+        return 1
+
+    @staticmethod
+    def _mem_result(eng, st, what):
+        if st == L.KVB_OK:
+            return 0
+        log.warning("mooncake.engine (kvbridge): %s failed: %s", what,
+                    L.text(L.lib().kvb_engine_last_error(eng._h)) or L.status_string(st))
+        return _MEM_ERRORS.get(st, -1)
+
+    # ---------------------------------------------------------- sync writes
+    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length,
+                            transport_hint=""):
+        """Write length bytes from local buffer to peer_buffer_address of the
+        engine at target_hostname ("ip:port"); 0 once they are in its memory,
+        else -1 (bounds, unreachable or dead peer, MC_TRANSFER_TIMEOUT)."""
+        return self._sync("transfer_sync_write", target_hostname, [buffer],
+                          [peer_buffer_address], [length], transport_hint)
+
+    def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint=""):
+        """Write every block; 0 once all bytes are in the peer's memory, -1
+        otherwise (also for lists of different lengths). The hot path."""
+        return self._sync("batch_transfer_sync_write", target_hostname, buffers,
+                          peer_buffer_addresses, lengths, transport_hint)
+
+    def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode,
+                      notify=None, transport_hint=""):
+        self._opcode("transfer_sync", opcode)
+        self._no_notify("transfer_sync", notify)
+        return self._sync("transfer_sync", target_hostname, [buffer], [peer_buffer_address],
+                          [length], transport_hint)
+
+    def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                            opcode, notify=None, transport_hint=""):
+        self._opcode("batch_transfer_sync", opcode)
+        self._no_notify("batch_transfer_sync", notify)
+        return self._sync("batch_transfer_sync", target_hostname, buffers,
+                          peer_buffer_addresses, lengths, transport_hint)
+
+    def _sync(self, what, target, buffers, peers, lengths, hint):
+        _check_str(target, "target_hostname")
+        _check_str(hint, "transport_hint")  # honoured by Mooncake's TENT only
+        blocks, n, total = _blocks(buffers, peers, lengths)
+        eng = self._engine(what)
+        if eng is None:
+            return -1
+        if n is None:
+            log.error("mooncake.engine (kvbridge): %s: buffers, peer_buffer_addresses and "
+                      "lengths have different size", what)
+            return -1
+        if n == 0:
+            return 0
+        timeout = self._timeout_s + total * 1e-9  # Mooncake: timeout + 1 ns per byte
+        with eng._guard:
+            st = L.lib().kvb_engine_write(eng._h, target.encode(), blocks, n, timeout)
+            if st == L.KVB_OK:
+                return 0
+            log.warning("mooncake.engine (kvbridge): %s to %s (%d blocks, %d bytes) failed: %s",
+                        what, target, n, total,
+                        L.text(L.lib().kvb_engine_last_error(eng._h)) or L.status_string(st))
+        return -1
+
+    # ---------------------------------------------------------- async writes
+    def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses,
+                                   lengths, transport_hint=""):
+        """Queue the batch; its id (≥ 1), or 0 when it could not be queued
+        (bounds, unreachable peer, lists of different lengths)."""
+        return self._submit("batch_transfer_async_write", target_hostname, buffers,
+                            peer_buffer_addresses, lengths, transport_hint)
+
+    def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                             opcode, transport_hint=""):
+        self._opcode("batch_transfer_async", opcode)
+        return self._submit("batch_transfer_async", target_hostname, buffers,
+                            peer_buffer_addresses, lengths, transport_hint)
+
+    def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
+                              transport_hint=""):
+        """One block, asynchronously: batch id or 0; poll transfer_check_status."""
+        return self._submit("transfer_submit_write", target_hostname, [buffer],
+                            [peer_buffer_address], [length], transport_hint)
+
+    def _submit(self, what, target, buffers, peers, lengths, hint):
+        _check_str(target, "target_hostname")
+        _check_str(hint, "transport_hint")
+        blocks, n, total = _blocks(buffers, peers, lengths)
+        eng = self._engine(what)
+        if eng is None:
+            return 0
+        if n is None:
+            log.error("mooncake.engine (kvbridge): %s: buffers, peer_buffer_addresses and "
+                      "lengths have different size", what)
+            return 0
+        deadline = time.monotonic() + self._timeout_s + total * 1e-9
+        x = ctypes.c_void_p()
+        with eng._guard:
+            # An empty batch still gets a handle: kvbridge completes it at once.
+            st = L.lib().kvb_engine_write_async(eng._h, target.encode(), blocks, n,
+                                                ctypes.byref(x))
+            if st != L.KVB_OK:
+                log.warning("mooncake.engine (kvbridge): %s to %s (%d blocks) failed: %s",
+                            what, target, n,
+                            L.text(L.lib().kvb_engine_last_error(eng._h)) or
+                            L.status_string(st))
+                return 0
+        with self._lock:
+            bid = next(self._ids)
+            self._batches[bid] = _Batch(x.value, deadline)
+        return bid
+
+    def transfer_check_status(self, batch_id):
+        """1 done (id freed), 0 in progress, -1 failed or unknown id (freed),
+        -2 still running past its deadline (not freed: poll again)."""
+        with self._lock:
+            b = self._batches.get(batch_id)
+            if b is None:
+                log.error("mooncake.engine (kvbridge): transfer_check_status: unknown batch "
+                          "id %r", batch_id)
+                return -1
+            st = L.lib().kvb_xfer_test(b.xfer)
+            if st == L.KVB_ERR_INPROGRESS:
+                return -2 if time.monotonic() > b.deadline else 0
+            del self._batches[batch_id]
+        self._report(b, st, batch_id)
+        L.lib().kvb_xfer_free(b.xfer)
+        return 1 if st == L.KVB_OK else -1
+
+    def get_batch_transfer_status(self, batch_ids):
+        """Block until every batch is done (0) or one failed or passed its
+        deadline (-1). Either way every id passed is freed (on -1 the running
+        ones are cancelled and given up to 5 s to settle)."""
+        ids = list(batch_ids)
+        with self._lock:
+            owned = [(i, self._batches.pop(i, None)) for i in ids]
+        failed = any(b is None for _, b in owned)
+        if failed:
+            log.error("mooncake.engine (kvbridge): get_batch_transfer_status: unknown batch "
+                      "id(s) %s", [i for i, b in owned if b is None])
+        pending = [(i, b) for i, b in owned if b is not None]
+        lib = L.lib()
+        while pending and not failed:
+            still = []
+            for i, b in pending:
+                st = lib.kvb_xfer_test(b.xfer)
+                if st == L.KVB_ERR_INPROGRESS:
+                    still.append((i, b))
+                    if time.monotonic() > b.deadline:
+                        log.warning("mooncake.engine (kvbridge): batch %d timed out", i)
+                        failed = True
+                    continue
+                if st != L.KVB_OK:
+                    self._report(b, st, i)
+                    failed = True
+                lib.kvb_xfer_free(b.xfer)
+            pending = still
+            if pending and not failed:
+                # Sleep until the first unfinished batch ends; the others are
+                # re-checked at least every 50 ms (Mooncake spins instead).
+                left = pending[0][1].deadline - time.monotonic()
+                lib.kvb_xfer_wait(pending[0][1].xfer, max(min(left, 0.05), 0.001))
+        for _, b in pending:
+            self._free_xfer(b.xfer)
+        return -1 if failed else 0
+
+    def batch_transfer_poll(self, batch_ids):
+        """(Not yet in Mooncake's release) Non-blocking, idempotent: per id 0
+        done, 1 in flight, -1 failed or unknown. Ids are not freed."""
+        out = []
+        with self._lock:
+            for i in batch_ids:
+                b = self._batches.get(i)
+                st = L.KVB_ERR_INVALID if b is None else L.lib().kvb_xfer_test(b.xfer)
+                out.append(1 if st == L.KVB_ERR_INPROGRESS else 0 if st == L.KVB_OK else -1)
+        return out
+
+    def batch_transfer_free(self, batch_ids):
+        """(Not yet in Mooncake's release) Free ids; running ones are
+        cancelled first. Returns 0."""
+        with self._lock:
+            owned = [self._batches.pop(i, None) for i in batch_ids]
+        for b in owned:
+            if b is not None:
+                self._free_xfer(b.xfer)
+        return 0
+
+    @staticmethod
+    def _free_xfer(x):
+        lib = L.lib()
+        if lib.kvb_xfer_test(x) == L.KVB_ERR_INPROGRESS:
+            lib.kvb_xfer_cancel(x)
+            lib.kvb_xfer_wait(x, _SETTLE_S)
+        lib.kvb_xfer_free(x)
+
+    @staticmethod
+    def _report(b, st, bid):
+        if st != L.KVB_OK:
+            log.warning("mooncake.engine (kvbridge): batch %d failed: %s", bid,
+                        L.text(L.lib().kvb_xfer_error(b.xfer)) or L.status_string(st))
+
+    # ---------------------------------------------------------- helpers of Mooncake
+    def allocate_managed_buffer(self, length):
+        """Host memory of length bytes registered with this engine (kvbridge
+        shared memory: same-host writers fill it directly); 0 on failure."""
+        length = _addr(length, "length")
+        eng = self._engine("allocate_managed_buffer")
+        if eng is None or length == 0:
+            return 0
+        try:
+            m = kvbridge.SharedMemory(length)
+        except Exception as e:
+            log.warning("mooncake.engine (kvbridge): allocate_managed_buffer(%d): %s", length, e)
+            return 0
+        if self.register_memory(m.ptr, length) != 0:
+            m.close()
+            return 0
+        with self._lock:
+            self._managed[m.ptr] = m
+        return m.ptr
+
+    def free_managed_buffer(self, buffer_addr, length):
+        """Unregister and free a buffer of allocate_managed_buffer; 0."""
+        buffer_addr = _addr(buffer_addr, "buffer_addr")
+        with self._lock:
+            m = self._managed.pop(buffer_addr, None)
+        if m is None:
+            log.error("mooncake.engine (kvbridge): free_managed_buffer: %#x was not "
+                      "allocated by allocate_managed_buffer", buffer_addr)
+            return -1
+        self.unregister_memory(buffer_addr)
+        m.close()
+        return 0
+
+    def write_bytes_to_buffer(self, dest_address, src, length):
+        """memcpy of length bytes of src to dest_address; 0."""
+        dest_address = _addr(dest_address, "dest_address")
+        length = _addr(length, "length")
+        if isinstance(src, str):
+            src = src.encode()
+        data = bytes(src)
+        if length > len(data):
+            raise ValueError(f"write_bytes_to_buffer: length {length} > len(src) {len(data)}")
+        ctypes.memmove(dest_address, data, length)
+        return 0
+
+    def read_bytes_from_buffer(self, source_address, length):
+        """length bytes at source_address, as bytes."""
+        return ctypes.string_at(_addr(source_address, "source_address"),
+                                _addr(length, "length"))
+
+    def get_local_topology(self, device_name=None):
+        """Mooncake's HCA topology JSON; kvbridge's UCX picks devices itself: "{}"."""
+        return "{}"
+
+    def warmup_efa_segment(self, segment_name):
+        return 0
+
+    def send_probe(self, peer_server_name):
+        """0 when the engine at peer_server_name ("ip:port") answers a
+        handshake within MC_HANDSHAKE_CONNECT_TIMEOUT s (default 5), else
+        -102 (Mooncake's ERR_SOCKET; -1 before initialize()).
+        (An empty write: kvbridge connects, or reuses the live connection,
+        and moves no byte.)"""
+        _check_str(peer_server_name, "peer_server_name")
+        eng = self._engine("send_probe")
+        if eng is None:
+            return -1
+        timeout = float(_atoi(os.environ.get("MC_HANDSHAKE_CONNECT_TIMEOUT")) or 5)
+        probe = (L.Block * 1)()  # one zero-length block
+        with eng._guard:
+            st = L.lib().kvb_engine_write(eng._h, peer_server_name.encode(), probe, 1, timeout)
+            if st != L.KVB_OK:
+                log.info("mooncake.engine (kvbridge): send_probe(%s): %s", peer_server_name,
+                         L.text(L.lib().kvb_engine_last_error(eng._h)) or L.status_string(st))
+        return 0 if st == L.KVB_OK else ERR_SOCKET
+
+    # ---------------------------------------------------------- not provided
+    def _not_implemented(self, method, why):
+        raise NotImplementedError(f"mooncake.engine.TransferEngine.{method}: {why} "
+                                  f"(kvbridge's mooncake.engine drop-in)")
+
+    def _opcode(self, method, opcode):
+        try:
+            op = int(opcode)
+        except (TypeError, ValueError):
+            raise TypeError(f"{method}: opcode must be a TransferOpcode") from None
+        if op == TransferOpcode.Read:
+            self._not_implemented(method, "READ is not supported; kvbridge's engine only "
+                                          "writes (let the peer write instead)")
+        if op != TransferOpcode.Write:
+            raise ValueError(f"{method}: unknown opcode {opcode!r}")
+
+    def _no_notify(self, method, notify):
+        if notify is not None:
+            self._not_implemented(method, "notifications are not supported (kvbridge's "
+                                          "engine has no message channel); send notify=None")
+
+    def transfer_sync_read(self, *a, **k):
+        self._not_implemented("transfer_sync_read", "kvbridge's engine only writes")
+
+    def batch_transfer_sync_read(self, *a, **k):
+        self._not_implemented("batch_transfer_sync_read", "kvbridge's engine only writes")
+
+    def batch_transfer_async_read(self, *a, **k):
+        self._not_implemented("batch_transfer_async_read", "kvbridge's engine only writes")
+
+    def get_notifies(self):
+        self._not_implemented("get_notifies", "notifications are not supported")
+
+    def get_first_buffer_address(self, segment_name):
+        self._not_implemented("get_first_buffer_address",
+                              "kvbridge does not expose a peer's registrations")
+
+    def get_engine(self):
+        self._not_implemented("get_engine", "a Mooncake Store hook; there is no C++ "
+                                            "Mooncake engine to share")
+
+    def get_engine_ptr(self):
+        self._not_implemented("get_engine_ptr", "a Mooncake Store hook; there is no C++ "
+                                                "Mooncake engine to share")
+
+    def _no_cuda(self, method):
+        self._not_implemented(method, "a CUDA-build call and this build has no CUDA "
+                                      "(SUPPORT_CUDA is False)")
+
+    def transfer_write_on_cuda(self, *a, **k):
+        self._no_cuda("transfer_write_on_cuda")
+
+    def transfer_read_on_cuda(self, *a, **k):
+        self._no_cuda("transfer_read_on_cuda")
+
+    def batch_transfer_write_on_cuda(self, *a, **k):
+        self._no_cuda("batch_transfer_write_on_cuda")
+
+    def batch_transfer_read_on_cuda(self, *a, **k):
+        self._no_cuda("batch_transfer_read_on_cuda")
