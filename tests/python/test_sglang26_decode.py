@@ -167,6 +167,8 @@ def test_tp1_success_and_abort(env):
     assert poll(h, room, 0.3)[:2] == (3, 0)  # Transferring: the fence is open
     push.send_multipart([b"ABORT_ACK", dec(room)])
     assert poll(h, room, 0.3)[:2] == (3, 0)
+    push.send_multipart([b"ABORT_ACK", dec(room), b"5"])  # rank 5 is no source: ignored
+    assert poll(h, room, 0.3)[:2] == (3, 0)
     push.send_multipart([b"ABORT_ACK", dec(room), b"0"])
     status, safe, reason = poll(h, room, 5)
     assert (status, safe) == (0, 1)

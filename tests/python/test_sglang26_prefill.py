@@ -217,6 +217,21 @@ def test_refused_fields_fail_the_room_with_a_reason(peer):
     status, _, _ = report(p, room)
     assert "HiSparse" in status, status
 
+    # A malformed 2026 transfer info (frame 7 zero) fails the room it names
+    # with the codec's reason.
+    room = 5206
+    transfer_info(p, room, [88], 5)
+    bad = [dec(room), LOCAL_IP.encode(), dec(p.port), p.session.encode(), i32s([88]), b"5",
+           b"", b"0", b"0", b""]
+    p.push.send_multipart(bad)
+    p.helper.cmd(f"send {room} 1 5 1 0 all 88")
+    check_status(recv_frames(p.pull), room, 0)  # once the sender sees it
+    status, _, _ = report(p, room)
+    assert (
+        "Malformed control message for room 5206: transfer info (2026) frame 7 "
+        '(required_dst_info_num): "0" out of range 1..2147483647' in status
+    ), status
+
     # Staging messages are ignored (never crash, nothing sent back), and the
     # rank keeps serving.
     p.push.send_multipart([b"WATERMARK", b"1", b"4096", p.session.encode("ascii")])
