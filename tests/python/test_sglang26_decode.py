@@ -12,7 +12,6 @@ and pages_safe are read back from the helper.
 
 import os
 import re
-import struct
 
 import pytest
 import requests
