@@ -296,7 +296,9 @@ KVB_API kvb_status_t kvb_bootstrap_client_lookup_cp(kvb_bootstrap_client_h clien
                                                     kvb_bootstrap_rank_addr_t *addr_p);
 
 /* POST /register_dp_rank {"bootstrap_room": room, "dp_rank": dp_rank} (2026;
- * a prefill rank tells which DP group serves room). dp_rank 0..65535. */
+ * a prefill rank tells which DP group serves room). dp_rank 0..65535. A room
+ * above 2^63-1 is sent as a decimal string (SGLang's int() takes it; 64-bit
+ * signed JSON parsers do not take such a number). */
 KVB_API kvb_status_t kvb_bootstrap_client_register_dp_rank(kvb_bootstrap_client_h client,
                                                            uint64_t room, int32_t dp_rank,
                                                            double timeout_s);

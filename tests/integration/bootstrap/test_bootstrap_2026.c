@@ -35,7 +35,7 @@ static void set_base(kvb_bootstrap_server_h s)
 
 #define Q26(dp, cp, tp, pp)                                                                        \
     "/route?prefill_dp_rank=" dp "&prefill_cp_rank=" cp "&target_tp_rank=" tp "&target_pp_"        \
-                                                                              "rank=" pp
+    "rank=" pp
 #define INFO26 Q26("-1", "-1", "-1", "-1")
 #define INFO25 "/route?engine_rank=-1&target_dp_group=-1&target_pp_rank=-1"
 
