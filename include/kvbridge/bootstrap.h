@@ -25,6 +25,20 @@ extern "C" {
 #define KVB_BOOTSTRAP_MAX_BODY (64 * 1024)
 /* Longest accepted rank_ip (an IP literal or a host name), in bytes. */
 #define KVB_BOOTSTRAP_IP_MAX 255
+/* Longest kv_cache_dtype / load_balance_method string, in bytes. */
+#define KVB_BOOTSTRAP_WORD_MAX 64
+
+/* Which SGLang bootstrap dialect a client speaks (docs/bootstrap.md): 2025 is
+ * seed 001 (SGLang 0.5.2rc2, PROTOCOL.md: engine_rank/target_dp_group
+ * queries, registration with "role"); 2026 is SGLang main of 2026-08
+ * (PROTOCOL-SGLANG-2026.md 3: prefill_dp_rank/prefill_cp_rank/target_tp_rank
+ * queries, 503 until every rank registered, page_size/kv_cache_dtype in the
+ * registration). The server always answers both. */
+typedef enum kvb_bootstrap_dialect {
+    KVB_BOOTSTRAP_DIALECT_DEFAULT = 0, /* KVBRIDGE_SGLANG_DIALECT=2025|2026, else 2026 */
+    KVB_BOOTSTRAP_DIALECT_2025 = 2025,
+    KVB_BOOTSTRAP_DIALECT_2026 = 2026,
+} kvb_bootstrap_dialect_t;
 
 /* ------------------------------------------------------------------ server */
 
@@ -37,6 +51,7 @@ enum kvb_bootstrap_server_param_field {
     KVB_BOOTSTRAP_SERVER_PARAM_AUTH_READS = 1u << 3,
     KVB_BOOTSTRAP_SERVER_PARAM_THREADS = 1u << 4,
     KVB_BOOTSTRAP_SERVER_PARAM_CONN_TIMEOUT = 1u << 5,
+    KVB_BOOTSTRAP_SERVER_PARAM_DP_ROOMS = 1u << 6, /* dp_room_ttl_s, max_dp_rooms */
 };
 
 /* Server parameters; only the fields named in field_mask are read, the others
@@ -54,6 +69,14 @@ typedef struct kvb_bootstrap_server_params {
     unsigned threads;      /* libmicrohttpd worker threads, 4 (1..64) */
     double conn_timeout_s; /* an idle or stalled connection is closed after
                               this many seconds, 10 (1..3600) */
+    /* POST /register_dp_rank entries (2026 dialect): each is answered by
+     * /query_dp_ranks for dp_room_ttl_s seconds, default 120 (0.01..86400)
+     * [KVBRIDGE_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL, or SGLang's
+     * SGLANG_DISAGGREGATION_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL]; at most
+     * max_dp_rooms live entries, default 262144 (1..2^24; about 24 bytes x 2
+     * each): more is a 503. */
+    double dp_room_ttl_s;
+    size_t max_dp_rooms;
 } kvb_bootstrap_server_params_t;
 
 /* Start a bootstrap server (NULL params = all defaults). Listening when this
@@ -75,7 +98,7 @@ KVB_API uint16_t kvb_bootstrap_server_port(kvb_bootstrap_server_h server);
  * the server, valid until stop. */
 KVB_API const char *kvb_bootstrap_server_address(kvb_bootstrap_server_h server);
 
-/* Number of (dp_group, tp_rank, pp_rank) entries registered so far. */
+/* Number of (dp_group, cp_rank, tp_rank, pp_rank) entries registered so far. */
 KVB_API size_t kvb_bootstrap_server_num_ranks(kvb_bootstrap_server_h server);
 
 /* ------------------------------------------------------------------ client */
@@ -85,6 +108,7 @@ typedef struct kvb_bootstrap_client *kvb_bootstrap_client_h;
 enum kvb_bootstrap_client_param_field {
     KVB_BOOTSTRAP_CLIENT_PARAM_TIMEOUT = 1u << 0,
     KVB_BOOTSTRAP_CLIENT_PARAM_TOKEN = 1u << 1,
+    KVB_BOOTSTRAP_CLIENT_PARAM_DIALECT = 1u << 2,
 };
 
 typedef struct kvb_bootstrap_client_params {
@@ -94,6 +118,11 @@ typedef struct kvb_bootstrap_client_params {
     const char *token; /* sent as "Authorization: Bearer <token>" on every
                           request; default from KVBRIDGE_BOOTSTRAP_TOKEN; NULL
                           or "" = none. Copied. */
+    int dialect;       /* kvb_bootstrap_dialect_t, DEFAULT (see there). A 2026
+                          client whose query a server answers 400 "Missing
+                          inputs for bootstrap server." (a seed-001 server)
+                          asks again in the 2025 style and keeps speaking 2025
+                          to that server (kvb_bootstrap_client_dialect()). */
 } kvb_bootstrap_client_params_t;
 
 /* Create a client for the server at addr: "host:port" or "[v6addr]:port" (the
@@ -125,11 +154,23 @@ enum kvb_bootstrap_reg_field {
     KVB_BOOTSTRAP_REG_STATE_UNIT_LENS = 1u << 3,
     KVB_BOOTSTRAP_REG_MLA_L1_5_CACHE = 1u << 4,
     KVB_BOOTSTRAP_REG_LAYOUT_JSON = 1u << 5,
+    /* 2026 keys (sent by a 2026 client only; defaults in brackets) */
+    KVB_BOOTSTRAP_REG_CP = 1u << 6,             /* attn_cp_size, attn_cp_rank [1, 0] */
+    KVB_BOOTSTRAP_REG_PAGE_SIZE = 1u << 7,      /* page_size [null] */
+    KVB_BOOTSTRAP_REG_KV_CACHE_DTYPE = 1u << 8, /* kv_cache_dtype [null] */
+    KVB_BOOTSTRAP_REG_LOAD_BALANCE = 1u << 9,   /* load_balance_method [not sent] */
+    KVB_BOOTSTRAP_REG_DSA_SPLIT = 1u << 10,     /* enable_dsa_cache_layer_split [false] */
+    KVB_BOOTSTRAP_REG_HTTP_PORT = 1u << 11,     /* prefill_http_port [null] */
 };
 
-/* One prefill rank's registration (the body of PUT /route, role "Prefill").
- * The integer and address fields are always sent; field_mask names the
- * optional layout keys sent with it. */
+/* One prefill rank's registration (the body of PUT /route). The integer and
+ * address fields are always sent; field_mask names the optional keys sent
+ * with it. A 2025 client sends role "Prefill" and the seed-001 keys; a 2026
+ * client sends the union body: the same plus attn_cp_size, attn_cp_rank,
+ * page_size, kv_cache_dtype, enable_dsa_cache_layer_split, prefill_http_port
+ * (and load_balance_method when given), which SGLang's 2026 server reads and
+ * its 2025 server ignores. SGLang's 2026 server answers 500 to a null
+ * page_size: set KVB_BOOTSTRAP_REG_PAGE_SIZE when registering there. */
 typedef struct kvb_bootstrap_registration {
     uint64_t field_mask;
     int32_t attn_tp_size, attn_tp_rank;
@@ -141,7 +182,14 @@ typedef struct kvb_bootstrap_registration {
     kvb_bootstrap_lens_t kv_item_lens, kv_unit_lens;       /* values >= 1 */
     kvb_bootstrap_lens_t state_item_lens, state_unit_lens; /* values >= 1 */
     int enable_mla_l1_5_cache;
-    const char *layout_json; /* kvbridge's layout description: a JSON object */
+    const char *layout_json;            /* kvbridge's layout description: a JSON object */
+    int32_t attn_cp_size, attn_cp_rank; /* 1..65536, below attn_cp_size */
+    int32_t page_size;                  /* tokens per page, >= 1 */
+    const char *kv_cache_dtype;         /* e.g. "auto"; NULL = null; 1..64 bytes
+                                           of [A-Za-z0-9_.:+-] */
+    const char *load_balance_method;    /* e.g. "follow_bootstrap_room"; same charset */
+    int enable_dsa_cache_layer_split;
+    uint16_t prefill_http_port; /* 0 = null */
 } kvb_bootstrap_registration_t;
 
 /* What GET /route with -1/-1/-1 answers. Arrays are owned by the struct:
@@ -156,6 +204,32 @@ typedef struct kvb_bootstrap_parallel_info {
     kvb_bootstrap_lens_t state_item_lens, state_unit_lens;
     char *layout_json; /* compact JSON text of "kvbridge_layout", or NULL */
 } kvb_bootstrap_parallel_info_t;
+
+enum kvb_bootstrap_info_ext_field {
+    KVB_BOOTSTRAP_INFO_DIALECT = 1u << 0,
+    KVB_BOOTSTRAP_INFO_CP_SIZE = 1u << 1,
+    KVB_BOOTSTRAP_INFO_PAGE_SIZE = 1u << 2,
+    KVB_BOOTSTRAP_INFO_KV_CACHE_DTYPE = 1u << 3,
+    KVB_BOOTSTRAP_INFO_FOLLOW_ROOM = 1u << 4,
+    KVB_BOOTSTRAP_INFO_DSA_SPLIT = 1u << 5,
+    KVB_BOOTSTRAP_INFO_HTTP_PORT = 1u << 6,
+};
+
+/* What the 2026 parallel info adds (SGLang's PrefillServerInfo). The caller
+ * sets field_mask to the fields it wants; only those are written (a caller
+ * built against an older, shorter struct stays safe). A seed-001 server's
+ * answer gives the defaults shown. */
+typedef struct kvb_bootstrap_parallel_info_ext {
+    uint64_t field_mask;
+    int dialect;          /* 2025 or 2026: the style the server answered */
+    int32_t attn_cp_size; /* 1 */
+    int32_t page_size;    /* -1 = unknown (null) */
+    char kv_cache_dtype[KVB_BOOTSTRAP_WORD_MAX + 1]; /* "" = unknown (null) */
+    int follow_bootstrap_room;                       /* 1: DP group = room % dp_size; 0: ask
+                                                        kvb_bootstrap_client_query_dp_ranks() */
+    int enable_dsa_cache_layer_split;                /* 0 */
+    int32_t prefill_http_port;                       /* 0 = unknown (null) */
+} kvb_bootstrap_parallel_info_ext_t;
 
 /* Free what a parallel info owns and zero it. NULL is a no-op. */
 KVB_API void kvb_bootstrap_parallel_info_free(kvb_bootstrap_parallel_info_t *info);
@@ -184,19 +258,61 @@ KVB_API kvb_status_t kvb_bootstrap_client_register(kvb_bootstrap_client_h client
                                                    const kvb_bootstrap_registration_t *reg,
                                                    double timeout_s);
 
-/* GET /route?engine_rank=-1&target_dp_group=-1&target_pp_rank=-1. On success
- * *info_p is filled (free it with kvb_bootstrap_parallel_info_free).
- * KVB_ERR_NOT_FOUND: no prefill rank registered yet (404). */
+/* The parallel info. 2025: GET
+ * /route?engine_rank=-1&target_dp_group=-1&target_pp_rank=-1. 2026: GET
+ * /route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1
+ * &kvbridge_layout=1 (the last key asks kvbridge's server for its layout
+ * keys; other servers ignore it); a 503 (not every rank registered yet) is
+ * asked again, backing off from 50 to 500 ms, until the call's time-out. On
+ * success *info_p is filled (free it with kvb_bootstrap_parallel_info_free).
+ * KVB_ERR_NOT_FOUND: no prefill rank registered yet (404), or still 503 when
+ * the time-out ran out. */
 KVB_API kvb_status_t kvb_bootstrap_client_parallel_info(kvb_bootstrap_client_h client,
                                                         double timeout_s,
                                                         kvb_bootstrap_parallel_info_t *info_p);
 
-/* GET /route?engine_rank=tp_rank&target_dp_group=dp_group&target_pp_rank=pp_rank.
- * On success *addr_p is filled. KVB_ERR_NOT_FOUND: that rank is not
- * registered (404). Negative ranks are KVB_ERR_INVALID. */
+/* Same, also filling the fields of *ext_p that ext_p->field_mask names
+ * (ext_p may be NULL). */
+KVB_API kvb_status_t kvb_bootstrap_client_parallel_info_ext(
+    kvb_bootstrap_client_h client, double timeout_s, kvb_bootstrap_parallel_info_t *info_p,
+    kvb_bootstrap_parallel_info_ext_t *ext_p);
+
+/* One prefill rank's address. 2025: GET
+ * /route?engine_rank=tp_rank&target_dp_group=dp_group&target_pp_rank=pp_rank.
+ * 2026: GET /route?prefill_dp_rank=dp_group&prefill_cp_rank=0
+ * &target_tp_rank=tp_rank&target_pp_rank=pp_rank. On success *addr_p is
+ * filled. KVB_ERR_NOT_FOUND: that rank is not registered (404), or (2026) not
+ * every prefill rank is (503: not retried, as SGLang's decode fails the room;
+ * ask the parallel info first). Negative ranks are KVB_ERR_INVALID. */
 KVB_API kvb_status_t kvb_bootstrap_client_lookup(kvb_bootstrap_client_h client, int32_t dp_group,
                                                  int32_t tp_rank, int32_t pp_rank, double timeout_s,
                                                  kvb_bootstrap_rank_addr_t *addr_p);
+
+/* The same with a prefill attention-CP rank (2026 only: cp_rank > 0 on a
+ * client speaking 2025 is KVB_ERR_INVALID, nothing sent). */
+KVB_API kvb_status_t kvb_bootstrap_client_lookup_cp(kvb_bootstrap_client_h client, int32_t dp_group,
+                                                    int32_t cp_rank, int32_t tp_rank,
+                                                    int32_t pp_rank, double timeout_s,
+                                                    kvb_bootstrap_rank_addr_t *addr_p);
+
+/* POST /register_dp_rank {"bootstrap_room": room, "dp_rank": dp_rank} (2026;
+ * a prefill rank tells which DP group serves room). dp_rank 0..65535. A room
+ * above 2^63-1 is sent as a decimal string (SGLang's int() takes it; 64-bit
+ * signed JSON parsers do not take such a number). */
+KVB_API kvb_status_t kvb_bootstrap_client_register_dp_rank(kvb_bootstrap_client_h client,
+                                                           uint64_t room, int32_t dp_rank,
+                                                           double timeout_s);
+
+/* POST /query_dp_ranks {"bootstrap_rooms": [...]} (2026): dp_ranks_p[i] gets
+ * the DP group registered for rooms[i], -1 when the server does not know it
+ * (yet). n 1..16384. */
+KVB_API kvb_status_t kvb_bootstrap_client_query_dp_ranks(kvb_bootstrap_client_h client,
+                                                         const uint64_t *rooms, size_t n,
+                                                         double timeout_s, int32_t *dp_ranks_p);
+
+/* The dialect this client speaks now: the configured one, or 2025 after a
+ * 2026 client fell back (see kvb_bootstrap_client_params_t.dialect). */
+KVB_API int kvb_bootstrap_client_dialect(kvb_bootstrap_client_h client);
 
 /* GET /health: KVB_OK when the server answered 200. Reuses the client's
  * kept-alive connection (heartbeats). */

@@ -74,6 +74,8 @@ enum kvb_manager_param_field {
     KVB_MANAGER_PARAM_CURVE = 1u << 8, /* curve_secret_key, curve_client_secret_key,
                                           curve_allowed_clients */
     KVB_MANAGER_PARAM_BOOTSTRAP_REFRESH = 1u << 9,
+    /* A high bit: other parameters may claim 10.. meanwhile. */
+    KVB_MANAGER_PARAM_SGLANG_DIALECT = 1u << 16,
 };
 
 /* Manager creation. Always read: mode, kv_args, engine, the parallel info
@@ -127,6 +129,12 @@ typedef struct kvb_manager_params {
                                             every this many seconds (a restarted server
                                             finds its ranks again), 5; 0 = only at
                                             creation [KVBRIDGE_BOOTSTRAP_REFRESH] */
+    int sglang_dialect;                  /* bootstrap dialect of this manager's requests
+                                            (kvb_bootstrap_dialect_t: 0 = default, 2025, 2026):
+                                            the prefill's registration PUT, the decode's
+                                            look-ups; default KVBRIDGE_SGLANG_DIALECT, else 2026
+                                            (a 2026 decode falls back to 2025 with a seed-001
+                                            server: docs/bootstrap.md) */
 } kvb_manager_params_t;
 
 /* Create a manager: registers the KV/aux/state buffers with the engine,

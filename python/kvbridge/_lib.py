@@ -145,6 +145,7 @@ MANAGER_PARAM_ROOM_TTL = 1 << 6
 MANAGER_PARAM_BOOTSTRAP_TOKEN = 1 << 7
 MANAGER_PARAM_CURVE = 1 << 8
 MANAGER_PARAM_BOOTSTRAP_REFRESH = 1 << 9
+MANAGER_PARAM_SGLANG_DIALECT = 1 << 16
 
 
 class ManagerParams(ctypes.Structure):
@@ -176,6 +177,7 @@ class ManagerParams(ctypes.Structure):
         ("curve_client_secret_key", ctypes.c_char_p),
         ("curve_allowed_clients", ctypes.c_char_p),
         ("bootstrap_refresh_s", ctypes.c_double),
+        ("sglang_dialect", ctypes.c_int),
     ]
 
 

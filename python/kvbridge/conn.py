@@ -212,7 +212,7 @@ class KVManager(L.Closeable):
                  heartbeat_interval=None, heartbeat_max_failures=None, transfer_threads=None,
                  transfer_queues=None, room_ttl=None, bootstrap_refresh=None,
                  bootstrap_token=None, curve_secret_key=None, curve_client_secret_key=None,
-                 curve_allowed_clients=None):
+                 curve_allowed_clients=None, sglang_dialect=None):
         self._guard = L.Guard("KVManager")
         self._guard.closed = True  # until created
         self._h = None
@@ -277,6 +277,11 @@ class KVManager(L.Closeable):
             p.transfer_queues = (L.as_int(transfer_queues, "transfer_queues", 1, 1024)
                                  if transfer_queues is not None else _env_num(env, 4, int))
             p.field_mask |= L.MANAGER_PARAM_THREADS
+        if sglang_dialect is not None:  # bootstrap dialect: 2025 or 2026 (docs/bootstrap.md)
+            if sglang_dialect not in (2025, 2026) or isinstance(sglang_dialect, bool):
+                raise InvalidArgument(f"sglang_dialect must be 2025 or 2026, not {sglang_dialect!r}")
+            p.sglang_dialect = sglang_dialect
+            p.field_mask |= L.MANAGER_PARAM_SGLANG_DIALECT
         self._auth_b = _auth_params(p, bootstrap_token, curve_secret_key,
                                     curve_client_secret_key, curve_allowed_clients)
         cargs, self._keep = _args_struct(args, self.is_mla, p.pp_rank, p.pp_size)

@@ -1,7 +1,8 @@
 /* The bootstrap server's registration table: sizes fixed by the first
- * registration, entries [dp_group][tp_rank][pp_rank] -> (rank_ip, rank_port),
- * and the layout keys registrations supplied. HTTP-free so it can be fuzzed.
- * Not thread-safe: the server calls it under its one lock. Internal. */
+ * registration, entries [dp_group][cp_rank][tp_rank][pp_rank] -> (rank_ip,
+ * rank_port) (seed-001 registrations have cp_rank 0), the SGLang 2026 server
+ * facts (page size, KV dtype, ...) and the layout keys registrations supplied. HTTP-free so it can
+ * be fuzzed. Not thread-safe: the server calls it under its one lock. Internal. */
 #ifndef KVB_BOOTSTRAP_TABLE_H
 #define KVB_BOOTSTRAP_TABLE_H
 
@@ -11,14 +12,21 @@
 #define KVB__BOOT_MAX_ENTRIES 65536
 
 typedef struct kvb__boot_entry {
-    int64_t dp, tp, pp;
+    int64_t dp, cp, tp, pp;
     char *rank_ip; /* owned */
     int64_t rank_port;
 } kvb__boot_entry_t;
 
 typedef struct kvb__boot_table {
     bool sized; /* true once the first registration fixed the sizes */
-    int64_t attn_tp_size, dp_size, pp_size;
+    int64_t attn_tp_size, dp_size, pp_size, attn_cp_size;
+    /* 2026 facts (PROTOCOL-SGLANG-2026.md 3.1): the first registration's
+     * follow_bootstrap_room and enable_dsa_cache_layer_split; the first
+     * non-null page_size, kv_cache_dtype, prefill_http_port. */
+    int64_t page_size;    /* -1 = none yet */
+    char *kv_cache_dtype; /* owned; NULL = none yet */
+    bool follow_bootstrap_room, enable_dsa_cache_layer_split;
+    int64_t prefill_http_port;  /* 0 = none yet */
     json_t *layout;             /* merged layout keys; an object, never NULL */
     kvb__boot_entry_t *entries; /* sorted by (dp, tp, pp) */
     size_t count, cap;
@@ -29,16 +37,28 @@ kvb_status_t kvb__boot_table_init(kvb__boot_table_t *t);
 /* Free everything the table owns. */
 void kvb__boot_table_destroy(kvb__boot_table_t *t);
 
-/* Apply a validated registration: the first one fixes attn_tp_size, dp_size
- * and pp_size; a later one with other sizes is refused (KVB_ERR_PROTO with a
- * reason); the entry is inserted or overwritten; layout keys present in the
+/* Apply a validated registration: the first one fixes attn_tp_size, dp_size,
+ * pp_size and attn_cp_size; a later one with other sizes, or with a page_size
+ * or kv_cache_dtype other than the stored non-null one, is refused
+ * (KVB_ERR_PROTO with a reason); the entry is inserted or overwritten; layout keys present in the
  * registration replace the stored ones. On any error the table is unchanged. */
 kvb_status_t kvb__boot_table_apply(kvb__boot_table_t *t, const kvb__boot_reg_t *reg, char *reason,
                                    size_t reason_len);
 
-/* The entry for (dp, tp, pp) or NULL. Valid until the next apply/destroy. */
-const kvb__boot_entry_t *kvb__boot_table_find(const kvb__boot_table_t *t, int64_t dp, int64_t tp,
-                                              int64_t pp);
+/* The entry for (dp, cp, tp, pp) or NULL. Valid until the next
+ * apply/destroy. */
+const kvb__boot_entry_t *kvb__boot_table_find(const kvb__boot_table_t *t, int64_t dp, int64_t cp,
+                                              int64_t tp, int64_t pp);
+
+/* SGLang 2026 readiness (3.7): the sizes are known and every
+ * (dp, cp, tp, pp) is registered. */
+bool kvb__boot_table_ready(const kvb__boot_table_t *t);
+
+/* The 2026 parallel info: exactly SGLang's 15 PrefillServerInfo keys, plus
+ * the stored layout keys when with_layout (kvbridge's own client asks for
+ * them). NULL when not ready or on no memory (*nomem_p). New reference. */
+json_t *kvb__boot_table_parallel_info_2026(const kvb__boot_table_t *t, bool with_layout,
+                                           bool *nomem_p);
 
 /* Parallel info object (both dialects' keys, stored layout keys, and
  * enable_mla_l1_5_cache defaulting to false); NULL when nothing is registered

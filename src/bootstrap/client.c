@@ -11,8 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DEFAULT_TIMEOUT_S 5.0
+/* 503 (2026: not every prefill rank registered yet) is asked again after
+ * these pauses (doubling), within the call's time-out. */
+#define RETRY_FIRST_S 0.05
+#define RETRY_MAX_S 0.5
 
 struct kvb_bootstrap_client {
     pthread_mutex_t mu; /* one request at a time on the easy handle */
@@ -25,6 +30,9 @@ struct kvb_bootstrap_client {
     char *resp; /* KVB_BOOTSTRAP_MAX_BODY + 1 bytes */
     size_t resp_len;
     bool resp_overflow;
+    long code;       /* HTTP status of the last answer, 0 = none */
+    int dialect;     /* configured: 2025 or 2026 */
+    int dialect_now; /* spoken now (2025 after a fallback); under mu */
 };
 
 static pthread_once_t g_curl_once = PTHREAD_ONCE_INIT;
@@ -81,6 +89,18 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *arg)
     return n;
 }
 
+/* KVBRIDGE_SGLANG_DIALECT=2025|2026; anything else warns and means 2026. */
+static int env_dialect(void)
+{
+    const char *v = kvb__env_get("KVBRIDGE_SGLANG_DIALECT", NULL);
+    if (v == NULL || v[0] == '\0' || strcmp(v, "2026") == 0)
+        return KVB_BOOTSTRAP_DIALECT_2026;
+    if (strcmp(v, "2025") == 0)
+        return KVB_BOOTSTRAP_DIALECT_2025;
+    KVB_LOGW("KVBRIDGE_SGLANG_DIALECT=\"%.16s\" is not 2025 or 2026: using 2026", v);
+    return KVB_BOOTSTRAP_DIALECT_2026;
+}
+
 KVB_API kvb_status_t kvb_bootstrap_client_create(const char *addr,
                                                  const kvb_bootstrap_client_params_t *params,
                                                  kvb_bootstrap_client_h *client_p)
@@ -108,6 +128,15 @@ KVB_API kvb_status_t kvb_bootstrap_client_create(const char *addr,
         c->timeout_s = params->timeout_s;
     if (mask & KVB_BOOTSTRAP_CLIENT_PARAM_TOKEN)
         token = params->token;
+    c->dialect = (mask & KVB_BOOTSTRAP_CLIENT_PARAM_DIALECT) ? params->dialect : 0;
+    if (c->dialect == KVB_BOOTSTRAP_DIALECT_DEFAULT)
+        c->dialect = env_dialect();
+    c->dialect_now = c->dialect;
+    if (c->dialect != KVB_BOOTSTRAP_DIALECT_2025 && c->dialect != KVB_BOOTSTRAP_DIALECT_2026) {
+        KVB_LOGE("bootstrap client: dialect %d is not 0, 2025 or 2026", c->dialect);
+        kvb_bootstrap_client_destroy(c);
+        return KVB_ERR_INVALID;
+    }
     if (!(c->timeout_s > 0 && c->timeout_s <= 86400)) {
         KVB_LOGE("bootstrap client: timeout_s %g outside (0, 86400]", c->timeout_s);
         kvb_bootstrap_client_destroy(c);
@@ -218,7 +247,7 @@ static kvb_status_t bad_status(struct kvb_bootstrap_client *c, const char *metho
     kvb__boot_sanitize(c->resp, c->resp_len, 120, text, sizeof(text));
     if (code == 401)
         st = KVB_ERR_AUTH;
-    else if (code == 404 && not_found_ok)
+    else if ((code == 404 || code == 503) && not_found_ok)
         st = KVB_ERR_NOT_FOUND;
     return kvb__err_set(&c->err, st, "%s %s: HTTP %ld: %s", method, url, code, text);
 }
@@ -239,6 +268,7 @@ static kvb_status_t do_request(struct kvb_bootstrap_client *c, const char *metho
         ms = 1;
     c->resp_len = 0;
     c->resp_overflow = false;
+    c->code = 0;
     c->errbuf[0] = '\0';
     curl_easy_setopt(c->curl, CURLOPT_URL, url);
     curl_easy_setopt(c->curl, CURLOPT_TIMEOUT_MS, ms);
@@ -246,7 +276,7 @@ static kvb_status_t do_request(struct kvb_bootstrap_client *c, const char *metho
     if (body != NULL) {
         curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(c->curl, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-        curl_easy_setopt(c->curl, CURLOPT_CUSTOMREQUEST, "PUT");
+        curl_easy_setopt(c->curl, CURLOPT_CUSTOMREQUEST, method); /* PUT or POST */
         curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, c->put_headers);
     } else {
         curl_easy_setopt(c->curl, CURLOPT_CUSTOMREQUEST, NULL);
@@ -267,6 +297,7 @@ static kvb_status_t do_request(struct kvb_bootstrap_client *c, const char *metho
     }
     c->resp[c->resp_len] = '\0';
     curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &code);
+    c->code = code;
     return code == 200 ? KVB_OK : bad_status(c, method, url, code, not_found_ok);
 }
 
@@ -281,7 +312,7 @@ KVB_API kvb_status_t kvb_bootstrap_client_register(kvb_bootstrap_client_h c,
 
     if (c == NULL)
         return KVB_ERR_INVALID;
-    st = kvb__boot_reg_from_public(reg, &r, reason, sizeof(reason));
+    st = kvb__boot_reg_from_public(reg, c->dialect, &r, reason, sizeof(reason));
     if (st != KVB_OK)
         return kvb__err_set(&c->err, st, "PUT %s/route: invalid registration: %s", c->base, reason);
     o = kvb__boot_reg_to_json(&r);
@@ -300,24 +331,161 @@ KVB_API kvb_status_t kvb_bootstrap_client_register(kvb_bootstrap_client_h c,
     return st;
 }
 
-KVB_API kvb_status_t kvb_bootstrap_client_parallel_info(kvb_bootstrap_client_h c, double timeout_s,
-                                                        kvb_bootstrap_parallel_info_t *info_p)
+/* A seed-001 server's answer to a 2026 query (PROTOCOL-SGLANG-2026.md 11.1). */
+static bool old_dialect_refusal(const struct kvb_bootstrap_client *c)
 {
-    char reason[KVB__BOOT_REASON_MAX], *url = NULL;
+    return c->code == 400 && c->resp_len == strlen(KVB__BOOT_MSG_MISSING) &&
+           memcmp(c->resp, KVB__BOOT_MSG_MISSING, c->resp_len) == 0;
+}
+
+/* GET of a 2026 look-up (caller holds c->mu): with retry_503, a 503 is asked
+ * again after a growing pause until the time-out (SGLang's decode retries
+ * the parallel info; a per-rank 503 fails its room at once). Returns
+ * do_request's status (KVB_OK = 200 in c->resp). */
+static kvb_status_t get_2026(struct kvb_bootstrap_client *c, const char *url, double timeout_s,
+                             bool retry_503)
+{
+    double end, pause = RETRY_FIRST_S;
+    kvb_status_t st;
+    if (timeout_s <= 0)
+        timeout_s = c->timeout_s;
+    end = kvb__now_s() + timeout_s;
+    for (;;) {
+        st = do_request(c, "GET", url, NULL, end - kvb__now_s(), true);
+        if (c->code != 503 || !retry_503)
+            return st;
+        double left = end - kvb__now_s();
+        if (left <= 0.001)
+            return kvb__err_set(&c->err, st, "%s (still 503 after %.3g s)", kvb__err_get(&c->err),
+                                timeout_s);
+        usleep((useconds_t)((pause < left ? pause : left) * 1e6));
+        pause = pause * 2 < RETRY_MAX_S ? pause * 2 : RETRY_MAX_S;
+        if (end - kvb__now_s() <= 0.001)
+            return kvb__err_set(&c->err, st, "%s (still 503 after %.3g s)", kvb__err_get(&c->err),
+                                timeout_s);
+    }
+}
+
+/* One look-up in the dialect spoken now (caller holds c->mu): url_new
+ * (2026) or url_old (2025; NULL when the question has no 2025 form). A 2026
+ * client refused by a seed-001 server asks url_old and speaks 2025 from then
+ * on. *dialect_p: the dialect of the answer. */
+static kvb_status_t lookup_get(struct kvb_bootstrap_client *c, const char *url_new,
+                               const char *url_old, double timeout_s, bool retry_503,
+                               int *dialect_p)
+{
+    double end = kvb__now_s() + (timeout_s > 0 ? timeout_s : c->timeout_s);
+    kvb_status_t st;
+    if (c->dialect_now == KVB_BOOTSTRAP_DIALECT_2025) {
+        *dialect_p = KVB_BOOTSTRAP_DIALECT_2025;
+        if (url_old == NULL)
+            return kvb__err_set(&c->err, KVB_ERR_INVALID,
+                                "GET %s: no seed-001 (2025) form of this question", url_new);
+        return do_request(c, "GET", url_old, NULL, timeout_s, true);
+    }
+    *dialect_p = KVB_BOOTSTRAP_DIALECT_2026;
+    st = get_2026(c, url_new, timeout_s, retry_503);
+    if (st == KVB_OK || !old_dialect_refusal(c) || url_old == NULL || end - kvb__now_s() <= 0)
+        return st;
+    st = do_request(c, "GET", url_old, NULL, end - kvb__now_s(), true);
+    if (st == KVB_OK || c->code == 404) {
+        KVB_LOGI("bootstrap client: %s speaks the seed-001 (2025) dialect; this client follows",
+                 c->base);
+        c->dialect_now = KVB_BOOTSTRAP_DIALECT_2025;
+        *dialect_p = KVB_BOOTSTRAP_DIALECT_2025;
+    }
+    return st;
+}
+
+KVB_API kvb_status_t kvb_bootstrap_client_parallel_info_ext(
+    kvb_bootstrap_client_h c, double timeout_s, kvb_bootstrap_parallel_info_t *info_p,
+    kvb_bootstrap_parallel_info_ext_t *ext_p)
+{
+    char reason[KVB__BOOT_REASON_MAX], *url = NULL, *old = NULL;
+    int dialect;
     kvb_status_t st;
     if (c == NULL || info_p == NULL)
         return KVB_ERR_INVALID;
-    if (asprintf(&url, "%s/route?engine_rank=-1&target_dp_group=-1&target_pp_rank=-1", c->base) < 0)
+    if (asprintf(&url,
+                 "%s/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1"
+                 "&target_pp_rank=-1&kvbridge_layout=1",
+                 c->base) < 0)
+        url = NULL;
+    if (url == NULL ||
+        asprintf(&old, "%s/route?engine_rank=-1&target_dp_group=-1&target_pp_rank=-1", c->base) <
+            0) {
+        free(url);
         return kvb__err_set(&c->err, KVB_ERR_NOMEM, "GET %s/route: out of memory", c->base);
+    }
     pthread_mutex_lock(&c->mu);
-    st = do_request(c, "GET", url, NULL, timeout_s, true);
+    st = lookup_get(c, url, old, timeout_s, true, &dialect);
     if (st == KVB_OK) {
-        st = kvb__boot_parallel_info_parse(c->resp, c->resp_len, info_p, reason, sizeof(reason));
+        if (dialect == KVB_BOOTSTRAP_DIALECT_2026) {
+            st = kvb__boot_parallel_info_parse_2026(c->resp, c->resp_len, info_p, ext_p, reason,
+                                                    sizeof(reason));
+        } else {
+            st =
+                kvb__boot_parallel_info_parse(c->resp, c->resp_len, info_p, reason, sizeof(reason));
+            if (st == KVB_OK)
+                kvb__boot_info_ext_default(ext_p);
+        }
         if (st != KVB_OK)
-            kvb__err_set(&c->err, st, "GET %s: bad answer: %s", url, reason);
+            kvb__err_set(&c->err, st, "GET %s: bad answer: %s",
+                         dialect == KVB_BOOTSTRAP_DIALECT_2026 ? url : old, reason);
     }
     pthread_mutex_unlock(&c->mu);
     free(url);
+    free(old);
+    return st;
+}
+
+KVB_API kvb_status_t kvb_bootstrap_client_parallel_info(kvb_bootstrap_client_h c, double timeout_s,
+                                                        kvb_bootstrap_parallel_info_t *info_p)
+{
+    return kvb_bootstrap_client_parallel_info_ext(c, timeout_s, info_p, NULL);
+}
+
+KVB_API kvb_status_t kvb_bootstrap_client_lookup_cp(kvb_bootstrap_client_h c, int32_t dp_group,
+                                                    int32_t cp_rank, int32_t tp_rank,
+                                                    int32_t pp_rank, double timeout_s,
+                                                    kvb_bootstrap_rank_addr_t *addr_p)
+{
+    char reason[KVB__BOOT_REASON_MAX], *url = NULL, *old = NULL;
+    int dialect;
+    kvb_status_t st;
+    if (c == NULL || addr_p == NULL)
+        return KVB_ERR_INVALID;
+    if (dp_group < 0 || cp_rank < 0 || tp_rank < 0 || pp_rank < 0)
+        return kvb__err_set(&c->err, KVB_ERR_INVALID,
+                            "GET %s/route: negative rank (dp %d cp %d tp %d pp %d)", c->base,
+                            (int)dp_group, (int)cp_rank, (int)tp_rank, (int)pp_rank);
+    if (asprintf(&url,
+                 "%s/route?prefill_dp_rank=%d&prefill_cp_rank=%d&target_tp_rank=%d"
+                 "&target_pp_rank=%d",
+                 c->base, (int)dp_group, (int)cp_rank, (int)tp_rank, (int)pp_rank) < 0)
+        url = NULL;
+    if (url != NULL && cp_rank == 0 &&
+        asprintf(&old, "%s/route?engine_rank=%d&target_dp_group=%d&target_pp_rank=%d", c->base,
+                 (int)tp_rank, (int)dp_group, (int)pp_rank) < 0) {
+        free(url);
+        url = NULL;
+    }
+    if (url == NULL)
+        return kvb__err_set(&c->err, KVB_ERR_NOMEM, "GET %s/route: out of memory", c->base);
+    pthread_mutex_lock(&c->mu);
+    st = lookup_get(c, url, old, timeout_s, false, &dialect);
+    if (st == KVB_OK) {
+        kvb_bootstrap_rank_addr_t a;
+        st = kvb__boot_rank_addr_parse(c->resp, c->resp_len, &a, reason, sizeof(reason));
+        if (st != KVB_OK)
+            kvb__err_set(&c->err, st, "GET %s: bad answer: %s",
+                         dialect == KVB_BOOTSTRAP_DIALECT_2026 ? url : old, reason);
+        else
+            *addr_p = a;
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(url);
+    free(old);
     return st;
 }
 
@@ -325,30 +493,100 @@ KVB_API kvb_status_t kvb_bootstrap_client_lookup(kvb_bootstrap_client_h c, int32
                                                  int32_t tp_rank, int32_t pp_rank, double timeout_s,
                                                  kvb_bootstrap_rank_addr_t *addr_p)
 {
-    char reason[KVB__BOOT_REASON_MAX], *url = NULL;
+    return kvb_bootstrap_client_lookup_cp(c, dp_group, 0, tp_rank, pp_rank, timeout_s, addr_p);
+}
+
+/* POST path with body (caller frees nothing; body is freed here). */
+static kvb_status_t post(struct kvb_bootstrap_client *c, const char *path, char *body,
+                         double timeout_s)
+{
+    char *url = NULL;
     kvb_status_t st;
-    if (c == NULL || addr_p == NULL)
-        return KVB_ERR_INVALID;
-    if (dp_group < 0 || tp_rank < 0 || pp_rank < 0)
-        return kvb__err_set(&c->err, KVB_ERR_INVALID,
-                            "GET %s/route: negative rank (dp %d tp %d pp %d)", c->base,
-                            (int)dp_group, (int)tp_rank, (int)pp_rank);
-    if (asprintf(&url, "%s/route?engine_rank=%d&target_dp_group=%d&target_pp_rank=%d", c->base,
-                 (int)tp_rank, (int)dp_group, (int)pp_rank) < 0)
-        return kvb__err_set(&c->err, KVB_ERR_NOMEM, "GET %s/route: out of memory", c->base);
-    pthread_mutex_lock(&c->mu);
-    st = do_request(c, "GET", url, NULL, timeout_s, true);
-    if (st == KVB_OK) {
-        kvb_bootstrap_rank_addr_t a;
-        st = kvb__boot_rank_addr_parse(c->resp, c->resp_len, &a, reason, sizeof(reason));
-        if (st != KVB_OK)
-            kvb__err_set(&c->err, st, "GET %s: bad answer: %s", url, reason);
-        else
-            *addr_p = a;
+    if (body == NULL || asprintf(&url, "%s%s", c->base, path) < 0) {
+        free(body);
+        return kvb__err_set(&c->err, KVB_ERR_NOMEM, "POST %s%s: out of memory", c->base, path);
     }
-    pthread_mutex_unlock(&c->mu);
+    st = do_request(c, "POST", url, body, timeout_s, false);
+    free(body);
     free(url);
     return st;
+}
+
+KVB_API kvb_status_t kvb_bootstrap_client_register_dp_rank(kvb_bootstrap_client_h c, uint64_t room,
+                                                           int32_t dp_rank, double timeout_s)
+{
+    char *body = NULL;
+    kvb_status_t st;
+    if (c == NULL)
+        return KVB_ERR_INVALID;
+    if (dp_rank < 0 || dp_rank >= KVB__BOOT_MAX_SIZE)
+        return kvb__err_set(&c->err, KVB_ERR_INVALID,
+                            "POST %s/register_dp_rank: dp_rank %d outside [0, %d]", c->base,
+                            (int)dp_rank, KVB__BOOT_MAX_SIZE - 1);
+    /* Rooms above 2^63-1 go as decimal strings (SGLang's int() takes them;
+     * JSON parsers with 64-bit signed integers, jansson's too, do not take
+     * such numbers). */
+    char q[4] = "";
+    if (room > (uint64_t)INT64_MAX)
+        strcpy(q, "\"");
+    if (asprintf(&body, "{\"bootstrap_room\":%s%llu%s,\"dp_rank\":%d}", q, (unsigned long long)room,
+                 q, (int)dp_rank) < 0)
+        body = NULL;
+    pthread_mutex_lock(&c->mu);
+    st = post(c, "/register_dp_rank", body, timeout_s);
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+/* {"bootstrap_rooms":[r0,r1,...]} */
+static char *rooms_body(const uint64_t *rooms, size_t n)
+{
+    size_t cap = 32 + n * 24, off;
+    char *b = malloc(cap);
+    if (b == NULL)
+        return NULL;
+    off = (size_t)snprintf(b, cap, "{\"bootstrap_rooms\":[");
+    for (size_t i = 0; i < n; i++) {
+        const char *q = rooms[i] > (uint64_t)INT64_MAX ? "\"" : ""; /* as above */
+        off += (size_t)snprintf(b + off, cap - off, "%s%s%llu%s", i ? "," : "", q,
+                                (unsigned long long)rooms[i], q);
+    }
+    snprintf(b + off, cap - off, "]}");
+    return b;
+}
+
+KVB_API kvb_status_t kvb_bootstrap_client_query_dp_ranks(kvb_bootstrap_client_h c,
+                                                         const uint64_t *rooms, size_t n,
+                                                         double timeout_s, int32_t *dp_ranks_p)
+{
+    char reason[KVB__BOOT_REASON_MAX];
+    kvb_status_t st;
+    if (c == NULL || rooms == NULL || dp_ranks_p == NULL || n == 0 || n > KVB__BOOT_MAX_QUERY_ROOMS)
+        return c != NULL ? kvb__err_set(&c->err, KVB_ERR_INVALID,
+                                        "POST %s/query_dp_ranks: 1..%d rooms, non-NULL arrays",
+                                        c->base, KVB__BOOT_MAX_QUERY_ROOMS)
+                         : KVB_ERR_INVALID;
+    pthread_mutex_lock(&c->mu);
+    st = post(c, "/query_dp_ranks", rooms_body(rooms, n), timeout_s);
+    if (st == KVB_OK) {
+        st = kvb__boot_dp_answer_parse(c->resp, c->resp_len, rooms, n, dp_ranks_p, reason,
+                                       sizeof(reason));
+        if (st != KVB_OK)
+            kvb__err_set(&c->err, st, "POST %s/query_dp_ranks: bad answer: %s", c->base, reason);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+KVB_API int kvb_bootstrap_client_dialect(kvb_bootstrap_client_h c)
+{
+    int d;
+    if (c == NULL)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    d = c->dialect_now;
+    pthread_mutex_unlock(&c->mu);
+    return d;
 }
 
 KVB_API kvb_status_t kvb_bootstrap_client_health(kvb_bootstrap_client_h c, double timeout_s)

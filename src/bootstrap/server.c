@@ -7,6 +7,7 @@
 #include <kvbridge/bootstrap.h>
 
 #include "bootstrap/boot_table.h"
+#include "bootstrap/dp_rooms.h"
 #include "core/core.h"
 #include "proto/bootstrap_proto.h"
 
@@ -27,6 +28,8 @@
 #define DEFAULT_HOST "127.0.0.1"
 #define DEFAULT_THREADS 4u
 #define DEFAULT_CONN_TIMEOUT_S 10.0
+#define DEFAULT_DP_ROOM_TTL_S 120.0
+#define DEFAULT_MAX_DP_ROOMS ((size_t)1 << 18)
 /* Bytes of an over-long chunked body read and dropped before the connection
  * is cut (a Content-Length over the limit is refused before any byte). */
 #define DISCARD_MAX (1024 * 1024)
@@ -42,6 +45,7 @@ struct kvb_bootstrap_server {
     struct MHD_Daemon *daemon;
     pthread_mutex_t mu; /* guards table and counters */
     kvb__boot_table_t table;
+    kvb__dp_rooms_t dp_rooms; /* POST /register_dp_rank */
     uint64_t registrations, lookups_info, lookups_rank, errors[N_ERR];
     uint64_t started_ns;
     char *token; /* NULL: no authentication */
@@ -51,8 +55,12 @@ struct kvb_bootstrap_server {
     char address[NI_MAXHOST + NI_MAXSERV + 4];
 };
 
+/* Requests with a body. */
+enum body_kind { BODY_PUT_ROUTE, BODY_REGISTER_DP, BODY_QUERY_DP };
+
 /* Per-request state (MHD's con_cls), freed by on_completed. */
 struct req_ctx {
+    enum body_kind kind;
     char *buf;
     size_t len;
     size_t dropped; /* bytes past the limit, read and discarded */
@@ -95,8 +103,10 @@ static void count_status(struct kvb_bootstrap_server *s, unsigned code)
     pthread_mutex_unlock(&s->mu);
 }
 
-static enum MHD_Result respond(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
-                               unsigned code, const char *ctype, const char *body, size_t len)
+/* allow: the Allow header of a 405. */
+static enum MHD_Result respond_allow(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                                     unsigned code, const char *ctype, const char *body, size_t len,
+                                     const char *allow)
 {
     struct MHD_Response *r =
         MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
@@ -107,11 +117,17 @@ static enum MHD_Result respond(struct kvb_bootstrap_server *s, struct MHD_Connec
     if (code == 401)
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (code == 405)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, PUT");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     ret = MHD_queue_response(c, code, r);
     MHD_destroy_response(r);
     count_status(s, code);
     return ret;
+}
+
+static enum MHD_Result respond(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                               unsigned code, const char *ctype, const char *body, size_t len)
+{
+    return respond_allow(s, c, code, ctype, body, len, "GET, PUT");
 }
 
 static enum MHD_Result respond_text(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
@@ -154,21 +170,71 @@ static bool authorized(const struct kvb_bootstrap_server *s, struct MHD_Connecti
     return diff == 0;
 }
 
+static const char *arg(struct MHD_Connection *c, const char *key)
+{
+    return MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, key);
+}
+
+/* The 2026 look-ups (PROTOCOL-SGLANG-2026.md 3.2, 3.7): 503 until every rank
+ * registered; the parallel info with exactly SGLang's keys; 404 with SGLang's
+ * text. */
+static enum MHD_Result get_route_2026(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                                      const kvb__boot_query_t *q)
+{
+    char text[192], *json = NULL;
+    bool nomem = false, ready, found = false;
+    pthread_mutex_lock(&s->mu);
+    ready = kvb__boot_table_ready(&s->table);
+    if (!ready) {
+        snprintf(text, sizeof(text), KVB__BOOT_MSG_NOT_READY, (long long)s->table.count);
+    } else if (q->parallel_info) {
+        json_t *o = kvb__boot_table_parallel_info_2026(&s->table, q->want_layout, &nomem);
+        found = o != NULL;
+        json = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+        if (json != NULL)
+            s->lookups_info++;
+    } else {
+        const kvb__boot_entry_t *e =
+            kvb__boot_table_find(&s->table, q->dp_group, q->cp_rank, q->engine_rank, q->pp_rank);
+        json_t *o = e != NULL ? kvb__boot_entry_json(e) : NULL;
+        found = e != NULL;
+        json = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+        if (json != NULL)
+            s->lookups_rank++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!ready)
+        return respond_text(s, c, 503, text);
+    if (!found && !nomem) {
+        snprintf(text, sizeof(text),
+                 "Bootstrap info not found for dp_rank=%lld cp_rank=%lld tp_rank=%lld "
+                 "pp_rank=%lld",
+                 (long long)q->dp_group, (long long)q->cp_rank, (long long)q->engine_rank,
+                 (long long)q->pp_rank);
+        return respond_text(s, c, 404, text);
+    }
+    return respond_json(s, c, json);
+}
+
 static enum MHD_Result handle_get_route(struct kvb_bootstrap_server *s, struct MHD_Connection *c)
 {
     char reason[KVB__BOOT_REASON_MAX];
     kvb__boot_query_t q;
     char *json = NULL;
     bool nomem = false, found = false;
-    kvb__boot_query_result_t res = kvb__boot_query_parse(
-        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "engine_rank"),
-        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "target_dp_group"),
-        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "target_pp_rank"), &q, reason,
-        sizeof(reason));
+    kvb__boot_query_vals_t v = {arg(c, "engine_rank"),     arg(c, "target_dp_group"),
+                                arg(c, "target_pp_rank"),  arg(c, "prefill_dp_rank"),
+                                arg(c, "prefill_cp_rank"), arg(c, "target_tp_rank"),
+                                arg(c, "kvbridge_layout")};
+    kvb__boot_query_result_t res = kvb__boot_query_parse_vals(&v, &q, reason, sizeof(reason));
     if (res == KVB__BOOT_QUERY_MISSING)
         return respond_text(s, c, 400, KVB__BOOT_MSG_MISSING);
     if (res != KVB__BOOT_QUERY_OK)
         return respond_text(s, c, 400, reason);
+    if (q.v2026)
+        return get_route_2026(s, c, &q);
 
     pthread_mutex_lock(&s->mu);
     if (q.parallel_info) {
@@ -182,7 +248,7 @@ static enum MHD_Result handle_get_route(struct kvb_bootstrap_server *s, struct M
         }
     } else {
         const kvb__boot_entry_t *e =
-            kvb__boot_table_find(&s->table, q.dp_group, q.engine_rank, q.pp_rank);
+            kvb__boot_table_find(&s->table, q.dp_group, 0, q.engine_rank, q.pp_rank);
         if (e != NULL) {
             json_t *o = kvb__boot_entry_json(e);
             found = true;
@@ -205,10 +271,6 @@ static enum MHD_Result handle_put_route(struct kvb_bootstrap_server *s, struct M
     kvb__boot_reg_t reg;
     kvb_status_t st;
 
-    if (ctx->dropped > 0) {
-        snprintf(reason, sizeof(reason), "request body exceeds %d bytes", KVB_BOOTSTRAP_MAX_BODY);
-        return respond_text(s, c, 400, reason);
-    }
     st = kvb__boot_reg_parse(ctx->buf, ctx->len, &reg, reason, sizeof(reason));
     if (st == KVB_OK) {
         pthread_mutex_lock(&s->mu);
@@ -217,9 +279,10 @@ static enum MHD_Result handle_put_route(struct kvb_bootstrap_server *s, struct M
             s->registrations++;
         pthread_mutex_unlock(&s->mu);
         if (st == KVB_OK)
-            KVB_LOGD("bootstrap: registered DP%lld TP%lld PP%lld at %s:%lld",
-                     (long long)kvb__boot_reg_dp_group(&reg), (long long)reg.attn_tp_rank,
-                     (long long)reg.pp_rank, reg.rank_ip, (long long)reg.rank_port);
+            KVB_LOGD("bootstrap: registered DP%lld CP%lld TP%lld PP%lld at %s:%lld",
+                     (long long)kvb__boot_reg_dp_group(&reg), (long long)reg.attn_cp_rank,
+                     (long long)reg.attn_tp_rank, (long long)reg.pp_rank, reg.rank_ip,
+                     (long long)reg.rank_port);
         kvb__boot_reg_clear(&reg);
     }
     if (st == KVB_OK)
@@ -228,6 +291,79 @@ static enum MHD_Result handle_put_route(struct kvb_bootstrap_server *s, struct M
         return respond_text(s, c, 500, "out of memory");
     KVB_LOGD("bootstrap: PUT /route refused: %s", reason);
     return respond_text(s, c, 400, reason);
+}
+
+static enum MHD_Result handle_register_dp(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                                          const struct req_ctx *ctx)
+{
+    char reason[KVB__BOOT_REASON_MAX];
+    uint64_t room;
+    int64_t dp;
+    kvb_status_t st =
+        kvb__boot_dp_rank_parse(ctx->buf, ctx->len, &room, &dp, reason, sizeof(reason));
+    if (st != KVB_OK)
+        return respond_text(s, c, 400, reason);
+    pthread_mutex_lock(&s->mu);
+    st = kvb__dp_rooms_put(&s->dp_rooms, room, (int32_t)dp, kvb__now_ns());
+    pthread_mutex_unlock(&s->mu);
+    if (st == KVB_ERR_NOMEM)
+        return respond_text(s, c, 500, "out of memory");
+    if (st != KVB_OK) {
+        snprintf(reason, sizeof(reason),
+                 "dp_rank table full (%zu rooms registered in the last %.0f s)", s->dp_rooms.max,
+                 (double)s->dp_rooms.ttl_ns / 1e9);
+        return respond_text(s, c, 503, reason);
+    }
+    return respond_text(s, c, 200, "OK");
+}
+
+static enum MHD_Result handle_query_dp(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                                       const struct req_ctx *ctx)
+{
+    char reason[KVB__BOOT_REASON_MAX], *json;
+    uint64_t *rooms = NULL, now = kvb__now_ns();
+    size_t n = 0;
+    json_t *o;
+    kvb_status_t st =
+        kvb__boot_dp_query_parse(ctx->buf, ctx->len, &rooms, &n, reason, sizeof(reason));
+    if (st == KVB_ERR_NOMEM)
+        return respond_text(s, c, 500, "out of memory");
+    if (st != KVB_OK)
+        return respond_text(s, c, 400, reason);
+    o = json_object();
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; o != NULL && i < n; i++) {
+        int32_t dp = kvb__dp_rooms_get(&s->dp_rooms, rooms[i], now);
+        char key[24];
+        if (dp < 0)
+            continue; /* unknown rooms are left out (SGLang) */
+        snprintf(key, sizeof(key), "%llu", (unsigned long long)rooms[i]);
+        if (json_object_set_new(o, key, json_integer(dp)) != 0) {
+            json_decref(o);
+            o = NULL;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(rooms);
+    json = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return respond_json(s, c, json);
+}
+
+/* A complete request body: dispatch by route. */
+static enum MHD_Result handle_body(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                                   const struct req_ctx *ctx)
+{
+    if (ctx->dropped > 0) {
+        char reason[96];
+        snprintf(reason, sizeof(reason), "request body exceeds %d bytes", KVB_BOOTSTRAP_MAX_BODY);
+        return respond_text(s, c, 400, reason);
+    }
+    if (ctx->kind == BODY_REGISTER_DP)
+        return handle_register_dp(s, c, ctx);
+    if (ctx->kind == BODY_QUERY_DP)
+        return handle_query_dp(s, c, ctx);
+    return handle_put_route(s, c, ctx);
 }
 
 static enum MHD_Result handle_metrics(struct kvb_bootstrap_server *s, struct MHD_Connection *c)
@@ -274,30 +410,62 @@ static enum MHD_Result handle_metrics(struct kvb_bootstrap_server *s, struct MHD
     return ret;
 }
 
-/* Headers of a request are in: everything except a PUT /route body can be
- * answered now. Returns MHD_YES without queueing to wait for the body. */
+/* A request with a body: refuse an over-long Content-Length now, else wait
+ * for the body (*wait_body). */
+static enum MHD_Result expect_body(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                                   bool *wait_body)
+{
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    int64_t n;
+    if (cl != NULL &&
+        (!kvb__parse_i64(cl, strlen(cl), 0, INT64_MAX, &n) || n > KVB_BOOTSTRAP_MAX_BODY)) {
+        char reason[96];
+        snprintf(reason, sizeof(reason), "request body exceeds %d bytes", KVB_BOOTSTRAP_MAX_BODY);
+        return respond_text(s, c, 400, reason);
+    }
+    *wait_body = true;
+    return MHD_YES;
+}
+
+/* POST /register_dp_rank (a write: the token) and /query_dp_ranks (a read:
+ * the token with auth_reads). */
+static enum MHD_Result dp_route(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
+                                const char *method, bool write, bool *wait_body)
+{
+    if (strcmp(method, MHD_HTTP_METHOD_POST) != 0) {
+        const char *t = KVB__BOOT_MSG_METHOD;
+        return respond_allow(s, c, 405, CT_TEXT, t, strlen(t), "POST");
+    }
+    if ((write || s->auth_reads) && !authorized(s, c))
+        return respond_text(s, c, 401, "Unauthorized");
+    return expect_body(s, c, wait_body);
+}
+
+/* Headers of a request are in: everything except a body can be answered
+ * now. Returns MHD_YES without queueing to wait for the body (*kind says
+ * which). */
 static enum MHD_Result first_call(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
-                                  const char *url, const char *method, bool *wait_body)
+                                  const char *url, const char *method, bool *wait_body,
+                                  enum body_kind *kind)
 {
     bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
     bool head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     *wait_body = false;
+    *kind = BODY_PUT_ROUTE;
+    if (strcmp(url, "/register_dp_rank") == 0) {
+        *kind = BODY_REGISTER_DP;
+        return dp_route(s, c, method, true, wait_body);
+    }
+    if (strcmp(url, "/query_dp_ranks") == 0) {
+        *kind = BODY_QUERY_DP;
+        return dp_route(s, c, method, false, wait_body);
+    }
     if (strcmp(url, "/route") == 0) {
         if (strcmp(method, MHD_HTTP_METHOD_PUT) == 0) {
-            const char *cl;
-            int64_t n;
             if (!authorized(s, c))
                 return respond_text(s, c, 401, "Unauthorized");
-            cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-            if (cl != NULL &&
-                (!kvb__parse_i64(cl, strlen(cl), 0, INT64_MAX, &n) || n > KVB_BOOTSTRAP_MAX_BODY)) {
-                char reason[96];
-                snprintf(reason, sizeof(reason), "request body exceeds %d bytes",
-                         KVB_BOOTSTRAP_MAX_BODY);
-                return respond_text(s, c, 400, reason);
-            }
-            *wait_body = true;
-            return MHD_YES;
+            return expect_body(s, c, wait_body);
         }
         if (get) {
             if (s->auth_reads && !authorized(s, c))
@@ -330,12 +498,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
     if (ctx == NULL) {
         bool wait_body;
-        enum MHD_Result ret = first_call(s, c, url, method, &wait_body);
+        enum body_kind kind;
+        enum MHD_Result ret = first_call(s, c, url, method, &wait_body, &kind);
         if (!wait_body || ret != MHD_YES)
             return ret;
         ctx = calloc(1, sizeof(*ctx));
         if (ctx == NULL)
             return MHD_NO;
+        ctx->kind = kind;
         *con_cls = ctx;
         return MHD_YES;
     }
@@ -357,7 +527,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         ctx->len += n;
         return MHD_YES;
     }
-    return handle_put_route(s, c, ctx);
+    return handle_body(s, c, ctx);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -449,6 +619,10 @@ KVB_API kvb_status_t kvb_bootstrap_server_start(const kvb_bootstrap_server_param
     const char *token = kvb__env_get("KVBRIDGE_BOOTSTRAP_TOKEN", NULL);
     unsigned threads = DEFAULT_THREADS;
     double timeout_s = DEFAULT_CONN_TIMEOUT_S;
+    double dp_ttl_s = kvb__env_double("KVBRIDGE_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL",
+                                      "SGLANG_DISAGGREGATION_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL",
+                                      DEFAULT_DP_ROOM_TTL_S, 0.01, 86400.0);
+    size_t max_dp = DEFAULT_MAX_DP_ROOMS;
     struct kvb_bootstrap_server *s;
     kvb_status_t st = KVB_ERR_NOMEM;
     int fd, family = AF_INET;
@@ -466,11 +640,17 @@ KVB_API kvb_status_t kvb_bootstrap_server_start(const kvb_bootstrap_server_param
         threads = params->threads;
     if (mask & KVB_BOOTSTRAP_SERVER_PARAM_CONN_TIMEOUT)
         timeout_s = params->conn_timeout_s;
+    if (mask & KVB_BOOTSTRAP_SERVER_PARAM_DP_ROOMS) {
+        dp_ttl_s = params->dp_room_ttl_s;
+        max_dp = params->max_dp_rooms;
+    }
     if (threads < 1 || threads > 64 || !(timeout_s >= 1.0 && timeout_s <= 3600.0) ||
-        host[0] == '\0') {
+        host[0] == '\0' || !(dp_ttl_s >= 0.01 && dp_ttl_s <= 86400.0) || max_dp < 1 ||
+        max_dp > ((size_t)1 << 24)) {
         KVB_LOGE("bootstrap server: invalid parameters (threads %u in [1, 64], conn_timeout_s "
-                 "%g in [1, 3600], host non-empty)",
-                 threads, timeout_s);
+                 "%g in [1, 3600], host non-empty, dp_room_ttl_s %g in [0.01, 86400], "
+                 "max_dp_rooms %zu in [1, 2^24])",
+                 threads, timeout_s, dp_ttl_s, max_dp);
         return KVB_ERR_INVALID;
     }
 
@@ -479,6 +659,7 @@ KVB_API kvb_status_t kvb_bootstrap_server_start(const kvb_bootstrap_server_param
         return KVB_ERR_NOMEM;
     if (kvb__boot_table_init(&s->table) != KVB_OK)
         goto err_free;
+    kvb__dp_rooms_init(&s->dp_rooms, max_dp, dp_ttl_s);
     pthread_mutex_init(&s->mu, NULL);
     if (token != NULL && token[0] != '\0') {
         s->token = strdup(token);
@@ -520,6 +701,7 @@ err_token:
     free(s->token);
     pthread_mutex_destroy(&s->mu);
     kvb__boot_table_destroy(&s->table);
+    kvb__dp_rooms_destroy(&s->dp_rooms);
 err_free:
     free(s);
     return st;
@@ -532,6 +714,7 @@ KVB_API void kvb_bootstrap_server_stop(kvb_bootstrap_server_h s)
     /* Closes the listening socket and every connection, joins the threads. */
     MHD_stop_daemon(s->daemon);
     kvb__boot_table_destroy(&s->table);
+    kvb__dp_rooms_destroy(&s->dp_rooms);
     pthread_mutex_destroy(&s->mu);
     free(s->token);
     free(s);

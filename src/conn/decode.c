@@ -117,10 +117,13 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
         return KVB_OK;
     pthread_mutex_lock(&a->client_mu);
     kvb_status_t st = kvb_bootstrap_client_parallel_info(a->client, 5.0, &info);
+    /* The HTTP detail, read under the lock (thread-local copy). */
+    const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
     pthread_mutex_unlock(&a->client_mu);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why),
-                 "Could not fetch prefill parallel info from bootstrap_addr: %s", a->addr);
+                 "Could not fetch prefill parallel info from bootstrap_addr: %s (%s)", a->addr,
+                 detail);
         return st;
     }
     prefill_layout(m, &info, &pre);
@@ -272,12 +275,13 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
         return KVB_OK;
     pthread_mutex_lock(&a->client_mu);
     kvb_status_t st = kvb_bootstrap_client_lookup(a->client, dp, tp, pp, 5.0, &ra);
+    const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
     pthread_mutex_unlock(&a->client_mu);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why),
                  "Could not fetch bootstrap info for engine rank: %d and target_dp_group: %d "
-                 "and target_pp_rank %d",
-                 m->args.engine_rank, dp, pp);
+                 "and target_pp_rank %d (%s)",
+                 m->args.engine_rank, dp, pp, detail);
         return st;
     }
     /* A fresh grant per resolution: writes of rooms from an earlier one

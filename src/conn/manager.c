@@ -58,6 +58,8 @@ static void knobs(kvb_manager_params_t *out, const kvb_manager_params_t *in)
         out->room_ttl_s = in->room_ttl_s;
     if (in->field_mask & KVB_MANAGER_PARAM_BOOTSTRAP_REFRESH)
         out->bootstrap_refresh_s = in->bootstrap_refresh_s < 0 ? 0 : in->bootstrap_refresh_s;
+    out->sglang_dialect =
+        (in->field_mask & KVB_MANAGER_PARAM_SGLANG_DIALECT) ? in->sglang_dialect : 0;
     /* The seeds' floors: interval at least 2 s, at least one miss. The test
      * hook KVBRIDGE_HEARTBEAT_FLOOR lowers the floor (never in production). */
     double floor = kvb__env_double("KVBRIDGE_HEARTBEAT_FLOOR", NULL, 2.0, 0.05, 2.0);
@@ -109,6 +111,10 @@ static kvb_status_t check_params(const kvb_manager_params_t *p)
         return create_error(KVB_ERR_INVALID, "a prefill manager needs bootstrap_addr%s", "");
     if (p->mode == KVB_MODE_DECODE && p->pp_size != 1)
         return create_error(KVB_ERR_INVALID, "decode PP must be 1 (decode holds all layers)%s", "");
+    if ((p->field_mask & KVB_MANAGER_PARAM_SGLANG_DIALECT) && p->sglang_dialect != 0 &&
+        p->sglang_dialect != KVB_BOOTSTRAP_DIALECT_2025 &&
+        p->sglang_dialect != KVB_BOOTSTRAP_DIALECT_2026)
+        return create_error(KVB_ERR_INVALID, "sglang_dialect is not 0, 2025 or 2026%s", "");
     return KVB_OK;
 }
 
@@ -332,9 +338,13 @@ kvb_status_t kvb__bootstrap_client(struct kvb_manager *m, const char *addr,
                                    kvb_bootstrap_client_h *client_p)
 {
     kvb_bootstrap_client_params_t cp = {0};
-    cp.field_mask = KVB_BOOTSTRAP_CLIENT_PARAM_TOKEN;
-    cp.token = m->bootstrap_token;
-    return kvb_bootstrap_client_create(addr, m->bootstrap_token != NULL ? &cp : NULL, client_p);
+    cp.field_mask = KVB_BOOTSTRAP_CLIENT_PARAM_DIALECT;
+    cp.dialect = m->p.sglang_dialect;
+    if (m->bootstrap_token != NULL) {
+        cp.field_mask |= KVB_BOOTSTRAP_CLIENT_PARAM_TOKEN;
+        cp.token = m->bootstrap_token;
+    }
+    return kvb_bootstrap_client_create(addr, &cp, client_p);
 }
 
 static void manager_free(struct kvb_manager *m)

@@ -55,8 +55,8 @@ bool kvb__boot_valid_host(const char *s, size_t len)
     return true;
 }
 
-static json_t *load_object(const char *body, size_t len, const char *what, char *reason,
-                           size_t reason_len)
+json_t *kvb__boot_load_object(const char *body, size_t len, const char *what, char *reason,
+                              size_t reason_len)
 {
     json_error_t jerr;
     json_t *root;
@@ -87,8 +87,8 @@ static json_t *load_object(const char *body, size_t len, const char *what, char 
 }
 
 /* Integer key in [min, max]; missing, wrong type or out of range → false. */
-static bool get_int(json_t *obj, const char *key, int64_t min, int64_t max, int64_t *out,
-                    char *reason, size_t reason_len)
+bool kvb__boot_get_int(json_t *obj, const char *key, int64_t min, int64_t max, int64_t *out,
+                       char *reason, size_t reason_len)
 {
     json_t *v = json_object_get(obj, key);
     if (v == NULL) {
@@ -145,7 +145,7 @@ static bool valid_lens(json_t *v, const char *key, char *reason, size_t reason_l
 }
 
 /* Boolean that also accepts 0 / 1; *out gets the truth value. */
-static bool valid_flag(json_t *v, const char *key, bool *out, char *reason, size_t reason_len)
+bool kvb__boot_valid_flag(json_t *v, const char *key, bool *out, char *reason, size_t reason_len)
 {
     if (json_is_boolean(v)) {
         *out = json_is_true(v);
@@ -185,7 +185,7 @@ static json_t *extract_layout(json_t *root, char *reason, size_t reason_len, boo
     }
     v = json_object_get(root, KVB__BOOT_KEY_MLA_L1_5);
     if (v != NULL && !json_is_null(v)) {
-        if (!valid_flag(v, KVB__BOOT_KEY_MLA_L1_5, &flag, reason, reason_len))
+        if (!kvb__boot_valid_flag(v, KVB__BOOT_KEY_MLA_L1_5, &flag, reason, reason_len))
             goto invalid;
         if (json_object_set_new(layout, KVB__BOOT_KEY_MLA_L1_5, json_boolean(flag)) != 0)
             goto nomem;
@@ -231,34 +231,42 @@ kvb_status_t kvb__boot_reg_parse(const char *body, size_t len, kvb__boot_reg_t *
     kvb_status_t st = KVB_ERR_PROTO;
 
     memset(&r, 0, sizeof(r));
-    root = load_object(body, len, "PUT /route", reason, reason_len);
+    root = kvb__boot_load_object(body, len, "PUT /route", reason, reason_len);
     if (root == NULL)
         return KVB_ERR_PROTO;
 
+    /* With "role": seed 001 (2026 keys optional). Without: SGLang 2026, whose
+     * server needs attn_cp_* and page_size (PROTOCOL-SGLANG-2026.md 3.1). */
     v = json_object_get(root, "role");
-    if (v == NULL) {
-        kvb__boot_reason(reason, reason_len, "missing key \"role\"");
+    if (v == NULL && json_object_get(root, "attn_cp_size") == NULL &&
+        json_object_get(root, "page_size") == NULL) {
+        kvb__boot_reason(reason, reason_len,
+                         "missing key \"role\" (seed-001 registration) or \"attn_cp_size\" and "
+                         "\"page_size\" (SGLang 2026 registration)");
         goto out;
     }
-    if (!json_is_string(v) || strcmp(json_string_value(v), "Prefill") != 0 ||
-        json_string_length(v) != strlen("Prefill")) {
+    if (v != NULL && (!json_is_string(v) || strcmp(json_string_value(v), "Prefill") != 0 ||
+                      json_string_length(v) != strlen("Prefill"))) {
         kvb__boot_reason(reason, reason_len, "\"role\" must be \"Prefill\"");
         goto out;
     }
-    if (!get_int(root, "attn_tp_size", 1, KVB__BOOT_MAX_SIZE, &r.attn_tp_size, reason,
-                 reason_len) ||
-        !get_int(root, "attn_tp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.attn_tp_rank, reason,
-                 reason_len) ||
-        !get_int(root, "attn_dp_size", 1, KVB__BOOT_MAX_SIZE, &r.attn_dp_size, reason,
-                 reason_len) ||
-        !get_int(root, "attn_dp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.attn_dp_rank, reason,
-                 reason_len) ||
-        !get_int(root, "pp_size", 1, KVB__BOOT_MAX_SIZE, &r.pp_size, reason, reason_len) ||
-        !get_int(root, "pp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.pp_rank, reason, reason_len) ||
-        !get_int(root, "system_dp_size", 1, KVB__BOOT_MAX_SIZE, &r.system_dp_size, reason,
-                 reason_len) ||
-        !get_int(root, "system_dp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.system_dp_rank, reason,
-                 reason_len))
+    r.has_role = v != NULL;
+    if (!kvb__boot_get_int(root, "attn_tp_size", 1, KVB__BOOT_MAX_SIZE, &r.attn_tp_size, reason,
+                           reason_len) ||
+        !kvb__boot_get_int(root, "attn_tp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.attn_tp_rank, reason,
+                           reason_len) ||
+        !kvb__boot_get_int(root, "attn_dp_size", 1, KVB__BOOT_MAX_SIZE, &r.attn_dp_size, reason,
+                           reason_len) ||
+        !kvb__boot_get_int(root, "attn_dp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.attn_dp_rank, reason,
+                           reason_len) ||
+        !kvb__boot_get_int(root, "pp_size", 1, KVB__BOOT_MAX_SIZE, &r.pp_size, reason,
+                           reason_len) ||
+        !kvb__boot_get_int(root, "pp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.pp_rank, reason,
+                           reason_len) ||
+        !kvb__boot_get_int(root, "system_dp_size", 1, KVB__BOOT_MAX_SIZE, &r.system_dp_size, reason,
+                           reason_len) ||
+        !kvb__boot_get_int(root, "system_dp_rank", 0, KVB__BOOT_MAX_SIZE - 1, &r.system_dp_rank,
+                           reason, reason_len))
         goto out;
     if (validate_ranks(&r, reason, reason_len) != KVB_OK)
         goto out;
@@ -281,10 +289,14 @@ kvb_status_t kvb__boot_reg_parse(const char *body, size_t len, kvb__boot_reg_t *
             kvb__boot_reason(reason, reason_len, "\"rank_port\" must be an integer in [1, 65535]");
             goto out;
         }
-    } else if (!get_int(root, "rank_port", 1, 65535, &r.rank_port, reason, reason_len)) {
+    } else if (!kvb__boot_get_int(root, "rank_port", 1, 65535, &r.rank_port, reason, reason_len)) {
         goto out;
     }
 
+    st = kvb__boot_reg_parse_2026(root, &r, reason, reason_len);
+    if (st != KVB_OK)
+        goto out;
+    st = KVB_ERR_PROTO;
     r.layout = extract_layout(root, reason, reason_len, &nomem);
     if (r.layout == NULL) {
         st = nomem ? KVB_ERR_NOMEM : KVB_ERR_PROTO;
@@ -310,19 +322,29 @@ void kvb__boot_reg_clear(kvb__boot_reg_t *reg)
     if (reg == NULL)
         return;
     free(reg->rank_ip);
+    free(reg->kv_cache_dtype);
+    free(reg->load_balance_method);
     json_decref(reg->layout);
     memset(reg, 0, sizeof(*reg));
 }
 
 json_t *kvb__boot_reg_to_json(const kvb__boot_reg_t *r)
 {
-    json_t *o = json_pack(
-        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I}", "role", "Prefill",
-        "attn_tp_size", (json_int_t)r->attn_tp_size, "attn_tp_rank", (json_int_t)r->attn_tp_rank,
-        "attn_dp_size", (json_int_t)r->attn_dp_size, "attn_dp_rank", (json_int_t)r->attn_dp_rank,
-        "pp_size", (json_int_t)r->pp_size, "pp_rank", (json_int_t)r->pp_rank, "system_dp_size",
-        (json_int_t)r->system_dp_size, "system_dp_rank", (json_int_t)r->system_dp_rank, "rank_ip",
-        r->rank_ip, "rank_port", (json_int_t)r->rank_port);
+    json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I}", "attn_tp_size",
+                          (json_int_t)r->attn_tp_size, "attn_tp_rank", (json_int_t)r->attn_tp_rank,
+                          "attn_dp_size", (json_int_t)r->attn_dp_size, "attn_dp_rank",
+                          (json_int_t)r->attn_dp_rank, "pp_size", (json_int_t)r->pp_size, "pp_rank",
+                          (json_int_t)r->pp_rank, "system_dp_size", (json_int_t)r->system_dp_size,
+                          "system_dp_rank", (json_int_t)r->system_dp_rank, "rank_ip", r->rank_ip,
+                          "rank_port", (json_int_t)r->rank_port);
+    if (o != NULL && r->has_role && json_object_set_new(o, "role", json_string("Prefill")) != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    if (o != NULL && r->v2026 && !kvb__boot_reg_2026_to_json(r, o)) {
+        json_decref(o);
+        return NULL;
+    }
     if (o != NULL && r->layout != NULL && json_object_update(o, r->layout) != 0) {
         json_decref(o);
         return NULL;
@@ -366,7 +388,57 @@ static bool lens_to_json(json_t *layout, const char *key, const kvb_bootstrap_le
     return json_object_set_new(layout, key, a) == 0;
 }
 
-kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *p,
+/* The 2026 keys of a public registration (defaults where field_mask does not
+ * name them). */
+static kvb_status_t from_public_2026(const kvb_bootstrap_registration_t *p, kvb__boot_reg_t *r,
+                                     char *reason, size_t reason_len)
+{
+    r->v2026 = true;
+    r->attn_cp_size = 1;
+    r->page_size = -1;
+    if (p->field_mask & KVB_BOOTSTRAP_REG_CP) {
+        r->attn_cp_size = p->attn_cp_size;
+        r->attn_cp_rank = p->attn_cp_rank;
+        if (r->attn_cp_size < 1 || r->attn_cp_size > KVB__BOOT_MAX_SIZE || r->attn_cp_rank < 0 ||
+            r->attn_cp_rank >= r->attn_cp_size) {
+            kvb__boot_reason(reason, reason_len,
+                             "attn_cp_size must be in [1, %d], attn_cp_rank below it",
+                             KVB__BOOT_MAX_SIZE);
+            return KVB_ERR_INVALID;
+        }
+    }
+    if (p->field_mask & KVB_BOOTSTRAP_REG_PAGE_SIZE) {
+        if (p->page_size < 1) {
+            kvb__boot_reason(reason, reason_len, "page_size must be >= 1");
+            return KVB_ERR_INVALID;
+        }
+        r->page_size = p->page_size;
+    }
+    const char *words[2] = {
+        (p->field_mask & KVB_BOOTSTRAP_REG_KV_CACHE_DTYPE) ? p->kv_cache_dtype : NULL,
+        (p->field_mask & KVB_BOOTSTRAP_REG_LOAD_BALANCE) ? p->load_balance_method : NULL};
+    char **outs[2] = {&r->kv_cache_dtype, &r->load_balance_method};
+    for (int k = 0; k < 2; k++) {
+        if (words[k] == NULL)
+            continue;
+        if (!kvb__boot_valid_word(words[k], strlen(words[k]))) {
+            kvb__boot_reason(reason, reason_len, "%s must be 1..%d characters [A-Za-z0-9_.:+-]",
+                             k == 0 ? "kv_cache_dtype" : "load_balance_method", KVB__BOOT_WORD_MAX);
+            return KVB_ERR_INVALID;
+        }
+        if ((*outs[k] = strdup(words[k])) == NULL) {
+            kvb__boot_reason(reason, reason_len, "out of memory");
+            return KVB_ERR_NOMEM;
+        }
+    }
+    if (p->field_mask & KVB_BOOTSTRAP_REG_DSA_SPLIT)
+        r->enable_dsa_cache_layer_split = p->enable_dsa_cache_layer_split != 0;
+    if (p->field_mask & KVB_BOOTSTRAP_REG_HTTP_PORT)
+        r->prefill_http_port = p->prefill_http_port;
+    return KVB_OK;
+}
+
+kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *p, int dialect,
                                        kvb__boot_reg_t *reg_p, char *reason, size_t reason_len)
 {
     kvb__boot_reg_t r;
@@ -414,6 +486,16 @@ kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *p,
     r.rank_ip = strdup(p->rank_ip);
     if (r.layout == NULL || r.rank_ip == NULL)
         goto nomem;
+    r.has_role = true;
+    r.attn_cp_size = 1;
+    r.page_size = -1;
+    if (dialect == KVB_BOOTSTRAP_DIALECT_2026) {
+        kvb_status_t st = from_public_2026(p, &r, reason, reason_len);
+        if (st != KVB_OK) {
+            kvb__boot_reg_clear(&r);
+            return st;
+        }
+    }
     lens[0] = &p->kv_item_lens;
     lens[1] = &p->kv_unit_lens;
     lens[2] = &p->state_item_lens;
@@ -558,12 +640,68 @@ static char *pct_decode(const char *s, size_t len, bool *nomem)
     return out;
 }
 
+static bool given(const char *v)
+{
+    return v != NULL && v[0] != '\0';
+}
+
+/* 2026 query (PROTOCOL-SGLANG-2026.md 3.2): four keys, each in [-1, 2^31-1];
+ * all -1 = parallel info; a -1 among other values is a look-up that finds
+ * nothing (SGLang answers 404). */
+static kvb__boot_query_result_t parse_2026(const kvb__boot_query_vals_t *v, kvb__boot_query_t *q,
+                                           char *reason, size_t reason_len)
+{
+    if (!given(v->prefill_dp_rank) || !given(v->prefill_cp_rank) || !given(v->target_tp_rank) ||
+        !given(v->target_pp_rank)) {
+        kvb__boot_reason(reason, reason_len, "%s", KVB__BOOT_MSG_MISSING);
+        return KVB__BOOT_QUERY_MISSING;
+    }
+    if (!parse_rank_value("prefill_dp_rank", v->prefill_dp_rank, &q->dp_group, reason,
+                          reason_len) ||
+        !parse_rank_value("prefill_cp_rank", v->prefill_cp_rank, &q->cp_rank, reason, reason_len) ||
+        !parse_rank_value("target_tp_rank", v->target_tp_rank, &q->engine_rank, reason,
+                          reason_len) ||
+        !parse_rank_value("target_pp_rank", v->target_pp_rank, &q->pp_rank, reason, reason_len))
+        return KVB__BOOT_QUERY_INVALID;
+    q->v2026 = true;
+    q->parallel_info =
+        q->dp_group == -1 && q->cp_rank == -1 && q->engine_rank == -1 && q->pp_rank == -1;
+    if (given(v->kvbridge_layout)) {
+        if (strcmp(v->kvbridge_layout, "0") != 0 && strcmp(v->kvbridge_layout, "1") != 0) {
+            kvb__boot_reason(reason, reason_len, "kvbridge_layout must be 0 or 1");
+            return KVB__BOOT_QUERY_INVALID;
+        }
+        q->want_layout = v->kvbridge_layout[0] == '1';
+    }
+    return KVB__BOOT_QUERY_OK;
+}
+
+kvb__boot_query_result_t kvb__boot_query_parse_vals(const kvb__boot_query_vals_t *v,
+                                                    kvb__boot_query_t *query_p, char *reason,
+                                                    size_t reason_len)
+{
+    kvb__boot_query_t q;
+    kvb__boot_query_result_t res;
+    if (!given(v->prefill_dp_rank) && !given(v->prefill_cp_rank) && !given(v->target_tp_rank))
+        return kvb__boot_query_parse(v->engine_rank, v->target_dp_group, v->target_pp_rank, query_p,
+                                     reason, reason_len);
+    memset(&q, 0, sizeof(q));
+    res = parse_2026(v, &q, reason, reason_len);
+    if (res == KVB__BOOT_QUERY_OK)
+        *query_p = q;
+    return res;
+}
+
+#define NQ 7
+
 kvb__boot_query_result_t kvb__boot_query_parse_string(const char *qs, size_t len,
                                                       kvb__boot_query_t *query_p, char *reason,
                                                       size_t reason_len)
 {
-    static const char *const names[3] = {"engine_rank", "target_dp_group", "target_pp_rank"};
-    char *vals[3] = {NULL, NULL, NULL};
+    static const char *const names[NQ] = {"engine_rank",     "target_dp_group", "target_pp_rank",
+                                          "prefill_dp_rank", "prefill_cp_rank", "target_tp_rank",
+                                          "kvbridge_layout"};
+    char *vals[NQ] = {NULL};
     kvb__boot_query_result_t res = KVB__BOOT_QUERY_INVALID;
     size_t pos = 0;
     bool nomem = false;
@@ -582,7 +720,7 @@ kvb__boot_query_result_t kvb__boot_query_parse_string(const char *qs, size_t len
                              nomem ? "out of memory" : "query string has a bad %%-escape");
             goto out;
         }
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < NQ; k++) {
             if (vals[k] == NULL && strcmp(key, names[k]) == 0) {
                 vals[k] = pct_decode(eq + 1, seg_len - (size_t)(eq - seg) - 1, &nomem);
                 if (vals[k] == NULL) {
@@ -596,9 +734,10 @@ kvb__boot_query_result_t kvb__boot_query_parse_string(const char *qs, size_t len
         }
         free(key);
     }
-    res = kvb__boot_query_parse(vals[0], vals[1], vals[2], query_p, reason, reason_len);
+    kvb__boot_query_vals_t qv = {vals[0], vals[1], vals[2], vals[3], vals[4], vals[5], vals[6]};
+    res = kvb__boot_query_parse_vals(&qv, query_p, reason, reason_len);
 out:
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < NQ; k++)
         free(vals[k]);
     return res;
 }
@@ -609,7 +748,7 @@ kvb_status_t kvb__boot_rank_addr_parse(const char *body, size_t len,
                                        kvb_bootstrap_rank_addr_t *addr_p, char *reason,
                                        size_t reason_len)
 {
-    json_t *root = load_object(body, len, "rank info", reason, reason_len);
+    json_t *root = kvb__boot_load_object(body, len, "rank info", reason, reason_len);
     json_t *ip;
     int64_t port;
     if (root == NULL)
@@ -621,7 +760,7 @@ kvb_status_t kvb__boot_rank_addr_parse(const char *body, size_t len,
         json_decref(root);
         return KVB_ERR_PROTO;
     }
-    if (!get_int(root, "rank_port", 1, 65535, &port, reason, reason_len)) {
+    if (!kvb__boot_get_int(root, "rank_port", 1, 65535, &port, reason, reason_len)) {
         json_decref(root);
         return KVB_ERR_PROTO;
     }
@@ -657,56 +796,188 @@ static bool lens_from_json(json_t *root, const char *key, kvb_bootstrap_lens_t *
     return true;
 }
 
-kvb_status_t kvb__boot_parallel_info_parse(const char *body, size_t len,
-                                           kvb_bootstrap_parallel_info_t *info_p, char *reason,
-                                           size_t reason_len)
+/* The optional layout keys of a parallel-info answer into info. */
+static bool info_layout_parse(json_t *root, kvb_bootstrap_parallel_info_t *info, bool *nomem,
+                              char *reason, size_t reason_len)
 {
-    kvb_bootstrap_parallel_info_t info;
-    kvb_bootstrap_lens_t *lens[N_LENS_KEYS];
-    json_t *root, *v;
-    int64_t tp, dp, pp;
-    bool nomem = false, flag = false;
-
-    memset(&info, 0, sizeof(info));
-    root = load_object(body, len, "parallel info", reason, reason_len);
-    if (root == NULL)
-        return KVB_ERR_PROTO;
-    if (!get_int(root, "prefill_attn_tp_size", 1, KVB__BOOT_MAX_SIZE, &tp, reason, reason_len) ||
-        !get_int(root, "prefill_dp_size", 1, KVB__BOOT_MAX_SIZE, &dp, reason, reason_len) ||
-        !get_int(root, "prefill_pp_size", 1, KVB__BOOT_MAX_SIZE, &pp, reason, reason_len))
-        goto fail;
-    info.attn_tp_size = (int32_t)tp;
-    info.dp_size = (int32_t)dp;
-    info.pp_size = (int32_t)pp;
-    lens[0] = &info.kv_item_lens;
-    lens[1] = &info.kv_unit_lens;
-    lens[2] = &info.state_item_lens;
-    lens[3] = &info.state_unit_lens;
+    kvb_bootstrap_lens_t *lens[N_LENS_KEYS] = {&info->kv_item_lens, &info->kv_unit_lens,
+                                               &info->state_item_lens, &info->state_unit_lens};
+    json_t *v;
+    bool flag = false;
     for (size_t k = 0; k < N_LENS_KEYS; k++)
-        if (!lens_from_json(root, g_lens_keys[k], lens[k], &nomem, reason, reason_len))
-            goto fail;
+        if (!lens_from_json(root, g_lens_keys[k], lens[k], nomem, reason, reason_len))
+            return false;
     v = json_object_get(root, KVB__BOOT_KEY_MLA_L1_5);
     if (v != NULL && !json_is_null(v)) {
-        if (!valid_flag(v, KVB__BOOT_KEY_MLA_L1_5, &flag, reason, reason_len))
-            goto fail;
-        info.enable_mla_l1_5_cache = flag;
+        if (!kvb__boot_valid_flag(v, KVB__BOOT_KEY_MLA_L1_5, &flag, reason, reason_len))
+            return false;
+        info->enable_mla_l1_5_cache = flag;
     }
     v = json_object_get(root, KVB__BOOT_KEY_LAYOUT);
     if (v != NULL && !json_is_null(v)) {
         if (!json_is_object(v)) {
             kvb__boot_reason(reason, reason_len, "\"%s\" must be a JSON object",
                              KVB__BOOT_KEY_LAYOUT);
-            goto fail;
+            return false;
         }
-        info.layout_json = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
-        if (info.layout_json == NULL) {
-            nomem = true;
+        info->layout_json = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+        if (info->layout_json == NULL) {
+            *nomem = true;
             kvb__boot_reason(reason, reason_len, "out of memory");
-            goto fail;
+            return false;
         }
     }
+    return true;
+}
+
+kvb_status_t kvb__boot_parallel_info_parse(const char *body, size_t len,
+                                           kvb_bootstrap_parallel_info_t *info_p, char *reason,
+                                           size_t reason_len)
+{
+    kvb_bootstrap_parallel_info_t info;
+    json_t *root;
+    int64_t tp, dp, pp;
+    bool nomem = false;
+
+    memset(&info, 0, sizeof(info));
+    root = kvb__boot_load_object(body, len, "parallel info", reason, reason_len);
+    if (root == NULL)
+        return KVB_ERR_PROTO;
+    if (!kvb__boot_get_int(root, "prefill_attn_tp_size", 1, KVB__BOOT_MAX_SIZE, &tp, reason,
+                           reason_len) ||
+        !kvb__boot_get_int(root, "prefill_dp_size", 1, KVB__BOOT_MAX_SIZE, &dp, reason,
+                           reason_len) ||
+        !kvb__boot_get_int(root, "prefill_pp_size", 1, KVB__BOOT_MAX_SIZE, &pp, reason, reason_len))
+        goto fail;
+    info.attn_tp_size = (int32_t)tp;
+    info.dp_size = (int32_t)dp;
+    info.pp_size = (int32_t)pp;
+    if (!info_layout_parse(root, &info, &nomem, reason, reason_len))
+        goto fail;
     json_decref(root);
     *info_p = info;
+    return KVB_OK;
+fail:
+    json_decref(root);
+    kvb_bootstrap_parallel_info_free(&info);
+    return nomem ? KVB_ERR_NOMEM : KVB_ERR_PROTO;
+}
+
+/* The 2026-only fields of a PrefillServerInfo answer into ext (defaults for
+ * null). */
+static bool info_2026_fields(json_t *root, kvb_bootstrap_parallel_info_ext_t *e, char *reason,
+                             size_t reason_len)
+{
+    json_t *v;
+    bool flag;
+    int64_t x;
+    memset(e, 0, sizeof(*e));
+    e->dialect = KVB_BOOTSTRAP_DIALECT_2026;
+    e->page_size = -1;
+    e->follow_bootstrap_room = 1;
+    if (!kvb__boot_get_int(root, "attn_cp_size", 1, KVB__BOOT_MAX_SIZE, &x, reason, reason_len))
+        return false;
+    e->attn_cp_size = (int32_t)x;
+    v = json_object_get(root, "page_size");
+    if (v != NULL && !json_is_null(v)) {
+        if (!kvb__boot_get_int(root, "page_size", 1, INT32_MAX, &x, reason, reason_len))
+            return false;
+        e->page_size = (int32_t)x;
+    }
+    v = json_object_get(root, "kv_cache_dtype");
+    if (v != NULL && !json_is_null(v)) {
+        if (!json_is_string(v) ||
+            !kvb__boot_valid_word(json_string_value(v), json_string_length(v))) {
+            kvb__boot_reason(reason, reason_len,
+                             "\"kv_cache_dtype\" must be null or 1..%d "
+                             "characters [A-Za-z0-9_.:+-]",
+                             KVB__BOOT_WORD_MAX);
+            return false;
+        }
+        memcpy(e->kv_cache_dtype, json_string_value(v), json_string_length(v) + 1);
+    }
+    static const char *const flags[2] = {"follow_bootstrap_room", "enable_dsa_cache_layer_split"};
+    int *outs[2] = {&e->follow_bootstrap_room, &e->enable_dsa_cache_layer_split};
+    for (int k = 0; k < 2; k++) {
+        v = json_object_get(root, flags[k]);
+        if (v == NULL || json_is_null(v))
+            continue;
+        if (!kvb__boot_valid_flag(v, flags[k], &flag, reason, reason_len))
+            return false;
+        *outs[k] = flag;
+    }
+    v = json_object_get(root, "prefill_http_port");
+    if (v != NULL && !json_is_null(v)) {
+        if (!kvb__boot_get_int(root, "prefill_http_port", 1, 65535, &x, reason, reason_len))
+            return false;
+        e->prefill_http_port = (int32_t)x;
+    }
+    return true;
+}
+
+/* Copy the fields of src that dst->field_mask names. */
+static void ext_copy(kvb_bootstrap_parallel_info_ext_t *dst,
+                     const kvb_bootstrap_parallel_info_ext_t *src)
+{
+    uint64_t m = dst->field_mask;
+    if (m & KVB_BOOTSTRAP_INFO_DIALECT)
+        dst->dialect = src->dialect;
+    if (m & KVB_BOOTSTRAP_INFO_CP_SIZE)
+        dst->attn_cp_size = src->attn_cp_size;
+    if (m & KVB_BOOTSTRAP_INFO_PAGE_SIZE)
+        dst->page_size = src->page_size;
+    if (m & KVB_BOOTSTRAP_INFO_KV_CACHE_DTYPE)
+        memcpy(dst->kv_cache_dtype, src->kv_cache_dtype, sizeof(dst->kv_cache_dtype));
+    if (m & KVB_BOOTSTRAP_INFO_FOLLOW_ROOM)
+        dst->follow_bootstrap_room = src->follow_bootstrap_room;
+    if (m & KVB_BOOTSTRAP_INFO_DSA_SPLIT)
+        dst->enable_dsa_cache_layer_split = src->enable_dsa_cache_layer_split;
+    if (m & KVB_BOOTSTRAP_INFO_HTTP_PORT)
+        dst->prefill_http_port = src->prefill_http_port;
+}
+
+void kvb__boot_info_ext_default(kvb_bootstrap_parallel_info_ext_t *ext_p)
+{
+    kvb_bootstrap_parallel_info_ext_t e;
+    if (ext_p == NULL)
+        return;
+    memset(&e, 0, sizeof(e));
+    e.dialect = KVB_BOOTSTRAP_DIALECT_2025;
+    e.attn_cp_size = 1;
+    e.page_size = -1;
+    e.follow_bootstrap_room = 1;
+    ext_copy(ext_p, &e);
+}
+
+kvb_status_t kvb__boot_parallel_info_parse_2026(const char *body, size_t len,
+                                                kvb_bootstrap_parallel_info_t *info_p,
+                                                kvb_bootstrap_parallel_info_ext_t *ext_p,
+                                                char *reason, size_t reason_len)
+{
+    kvb_bootstrap_parallel_info_t info;
+    kvb_bootstrap_parallel_info_ext_t e;
+    json_t *root;
+    int64_t tp, dp, pp;
+    bool nomem = false;
+
+    memset(&info, 0, sizeof(info));
+    root = kvb__boot_load_object(body, len, "parallel info", reason, reason_len);
+    if (root == NULL)
+        return KVB_ERR_PROTO;
+    if (!kvb__boot_get_int(root, "attn_tp_size", 1, KVB__BOOT_MAX_SIZE, &tp, reason, reason_len) ||
+        !kvb__boot_get_int(root, "dp_size", 1, KVB__BOOT_MAX_SIZE, &dp, reason, reason_len) ||
+        !kvb__boot_get_int(root, "pp_size", 1, KVB__BOOT_MAX_SIZE, &pp, reason, reason_len) ||
+        !info_2026_fields(root, &e, reason, reason_len))
+        goto fail;
+    info.attn_tp_size = (int32_t)tp;
+    info.dp_size = (int32_t)dp;
+    info.pp_size = (int32_t)pp;
+    if (!info_layout_parse(root, &info, &nomem, reason, reason_len))
+        goto fail;
+    json_decref(root);
+    *info_p = info;
+    if (ext_p != NULL)
+        ext_copy(ext_p, &e);
     return KVB_OK;
 fail:
     json_decref(root);

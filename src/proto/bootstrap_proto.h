@@ -32,6 +32,13 @@
 #define KVB__BOOT_MSG_MISSING "Missing inputs for bootstrap server."
 #define KVB__BOOT_MSG_NOT_FOUND "Bootstrap info not Found"
 #define KVB__BOOT_MSG_METHOD "Method not allowed"
+/* SGLang 2026 (PROTOCOL-SGLANG-2026.md 3.2): 503 text, "%lld" = ranks registered. */
+#define KVB__BOOT_MSG_NOT_READY "Prefill server not fully registered yet (%lld workers registered)."
+
+/* Longest kv_cache_dtype / load_balance_method string accepted (bytes). */
+#define KVB__BOOT_WORD_MAX 64
+/* Most rooms one POST /query_dp_ranks may ask about. */
+#define KVB__BOOT_MAX_QUERY_ROOMS 16384
 
 /* A validated registration. */
 typedef struct kvb__boot_reg {
@@ -43,21 +50,35 @@ typedef struct kvb__boot_reg {
     char *rank_ip;  /* owned, 1..KVB_BOOTSTRAP_IP_MAX bytes of [A-Za-z0-9.:%_-] */
     json_t *layout; /* owned object holding only the validated layout keys
                        present in the body (possibly empty) */
+    /* SGLang 2026 keys (PROTOCOL-SGLANG-2026.md 3.1). A seed-001 body
+     * carries none of them and gets the defaults shown. */
+    bool has_role;                     /* the body carried "role": "Prefill" */
+    bool v2026;                        /* the body carried 2026 keys (serialised back) */
+    int64_t attn_cp_size;              /* 1 */
+    int64_t attn_cp_rank;              /* 0 */
+    int64_t page_size;                 /* -1 = null */
+    char *kv_cache_dtype;              /* owned; NULL = null */
+    char *load_balance_method;         /* owned; NULL = absent ("follow_bootstrap_room") */
+    bool enable_dsa_cache_layer_split; /* false */
+    int64_t prefill_http_port;         /* 0 = null */
 } kvb__boot_reg_t;
 
 /* Parse and validate a PUT /route body (len bytes, not NUL-terminated).
- * Unknown keys are ignored (peers may add extensions); role must be
- * "Prefill". On success fills *reg_p (release with kvb__boot_reg_clear) and
- * returns KVB_OK. Otherwise returns KVB_ERR_PROTO (or KVB_ERR_NOMEM), writes a
- * one-line reason to reason[reason_len] and leaves *reg_p untouched. */
+ * Unknown keys are ignored (peers may add extensions). Two shapes: with
+ * "role" (seed 001; role must be "Prefill"; 2026 keys optional, validated
+ * when present) and without (SGLang 2026: attn_cp_size, attn_cp_rank,
+ * page_size and kv_cache_dtype required). On success fills *reg_p (release with
+ * kvb__boot_reg_clear) and returns KVB_OK. Otherwise returns KVB_ERR_PROTO (or KVB_ERR_NOMEM),
+ * writes a one-line reason to reason[reason_len] and leaves *reg_p untouched. */
 kvb_status_t kvb__boot_reg_parse(const char *body, size_t len, kvb__boot_reg_t *reg_p, char *reason,
                                  size_t reason_len);
 
 /* Free what reg owns and zero it. NULL-safe, idempotent. */
 void kvb__boot_reg_clear(kvb__boot_reg_t *reg);
 
-/* The JSON object of a registration (role "Prefill" + every field + the
- * layout keys). New reference, NULL on allocation failure. */
+/* The JSON object of a registration: role "Prefill" when has_role, every
+ * seed-001 field, the 2026 keys when v2026, the layout keys. New reference,
+ * NULL on allocation failure. */
 json_t *kvb__boot_reg_to_json(const kvb__boot_reg_t *reg);
 
 /* dp_group and dp_size of a registration (SGLang rule: attn_dp_* when
@@ -65,17 +86,41 @@ json_t *kvb__boot_reg_to_json(const kvb__boot_reg_t *reg);
 int64_t kvb__boot_reg_dp_group(const kvb__boot_reg_t *reg);
 int64_t kvb__boot_reg_dp_size(const kvb__boot_reg_t *reg);
 
-/* Build a validated registration from the public struct (client side).
- * KVB_ERR_INVALID with a reason when a field is out of range. */
-kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *pub,
+/* Build a validated registration from the public struct (client side) for
+ * the given dialect (KVB_BOOTSTRAP_DIALECT_*): 2025 = the seed-001 body as
+ * before; 2026 = the union body (role "Prefill" + every 2026 key), which both
+ * SGLang servers accept. KVB_ERR_INVALID with a reason when a field is out of
+ * range. */
+kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *pub, int dialect,
                                        kvb__boot_reg_t *reg_p, char *reason, size_t reason_len);
+
+/* Validate the 2026 keys of a registration body (called by
+ * kvb__boot_reg_parse; fills the 2026 fields of r). */
+kvb_status_t kvb__boot_reg_parse_2026(json_t *root, kvb__boot_reg_t *r, char *reason,
+                                      size_t reason_len);
+
+/* Add the 2026 keys of r to o (kvb__boot_reg_to_json). false on no memory. */
+bool kvb__boot_reg_2026_to_json(const kvb__boot_reg_t *r, json_t *o);
 
 /* A validated GET /route query. */
 typedef struct kvb__boot_query {
-    bool parallel_info; /* engine_rank = target_dp_group = -1 (target_pp_rank
-                           -1 or absent) */
-    int64_t engine_rank, dp_group, pp_rank;
+    bool parallel_info; /* seed 001: engine_rank = target_dp_group = -1
+                           (target_pp_rank -1 or absent); 2026: all four -1 */
+    bool v2026;         /* prefill_dp_rank/prefill_cp_rank/target_tp_rank style */
+    int64_t engine_rank, dp_group, pp_rank; /* 2026: target_tp_rank,
+                                               prefill_dp_rank, target_pp_rank
+                                               (each >= -1; a -1 among other
+                                               values finds nothing: 404) */
+    int64_t cp_rank;                        /* 2026: prefill_cp_rank; seed 001: 0 */
+    bool want_layout; /* 2026 + kvbridge_layout=1: kvbridge's layout keys wanted */
 } kvb__boot_query_t;
+
+/* Query values by key (NUL-terminated, NULL when absent). */
+typedef struct kvb__boot_query_vals {
+    const char *engine_rank, *target_dp_group, *target_pp_rank;     /* seed 001 */
+    const char *prefill_dp_rank, *prefill_cp_rank, *target_tp_rank; /* 2026 (+ target_pp_rank) */
+    const char *kvbridge_layout; /* 2026 extension: "1" = add the layout keys */
+} kvb__boot_query_vals_t;
 
 /* Outcome of query validation. */
 typedef enum kvb__boot_query_result {
@@ -83,6 +128,14 @@ typedef enum kvb__boot_query_result {
     KVB__BOOT_QUERY_MISSING = 1, /* engine_rank or target_dp_group absent or empty */
     KVB__BOOT_QUERY_INVALID = 2  /* a value that is not an integer in range */
 } kvb__boot_query_result_t;
+
+/* Validate a query of either dialect. Any of prefill_dp_rank,
+ * prefill_cp_rank, target_tp_rank present (non-empty) makes it a 2026 query:
+ * all four 2026 keys are then required (MISSING otherwise) and the seed-001
+ * keys are ignored. Otherwise as kvb__boot_query_parse. */
+kvb__boot_query_result_t kvb__boot_query_parse_vals(const kvb__boot_query_vals_t *v,
+                                                    kvb__boot_query_t *query_p, char *reason,
+                                                    size_t reason_len);
 
 /* Validate the three query values (each NUL-terminated, NULL when absent; an
  * empty value counts as absent). target_pp_rank absent means 0, except that
@@ -111,6 +164,50 @@ kvb_status_t kvb__boot_rank_addr_parse(const char *body, size_t len,
 kvb_status_t kvb__boot_parallel_info_parse(const char *body, size_t len,
                                            kvb_bootstrap_parallel_info_t *info_p, char *reason,
                                            size_t reason_len);
+
+/* Client side: parse a 2026 parallel-info answer (SGLang's PrefillServerInfo:
+ * attn_tp_size, attn_cp_size, dp_size, pp_size required; page_size,
+ * kv_cache_dtype, prefill_http_port int/string or null; the two flags
+ * booleans; kvbridge's layout keys optional). Fills *info_p (owning its
+ * arrays) and, when ext_p is not NULL, the fields ext_p->field_mask names. */
+kvb_status_t kvb__boot_parallel_info_parse_2026(const char *body, size_t len,
+                                                kvb_bootstrap_parallel_info_t *info_p,
+                                                kvb_bootstrap_parallel_info_ext_t *ext_p,
+                                                char *reason, size_t reason_len);
+
+/* Fill the fields ext_p->field_mask names with a seed-001 server's defaults
+ * (dialect 2025, cp 1, page_size -1, follow_bootstrap_room 1). NULL-safe. */
+void kvb__boot_info_ext_default(kvb_bootstrap_parallel_info_ext_t *ext_p);
+
+/* Server side: parse a POST /register_dp_rank body {"bootstrap_room", "dp_rank"}
+ * (each an integer, or a decimal string as SGLang's int() allows; room
+ * 0..2^64-1, dp_rank 0..65535). */
+kvb_status_t kvb__boot_dp_rank_parse(const char *body, size_t len, uint64_t *room_p,
+                                     int64_t *dp_rank_p, char *reason, size_t reason_len);
+
+/* Server side: parse a POST /query_dp_ranks body {"bootstrap_rooms": [...]}
+ * (at most KVB__BOOT_MAX_QUERY_ROOMS rooms). *rooms_p is malloc'ed (NULL when
+ * the list is empty). */
+kvb_status_t kvb__boot_dp_query_parse(const char *body, size_t len, uint64_t **rooms_p, size_t *n_p,
+                                      char *reason, size_t reason_len);
+
+/* Client side: parse a /query_dp_ranks answer {"<room>": dp_rank, ...} into
+ * dp_ranks[i] for rooms[i] (-1 when the room is not in the answer). */
+kvb_status_t kvb__boot_dp_answer_parse(const char *body, size_t len, const uint64_t *rooms,
+                                       size_t n, int32_t *dp_ranks, char *reason,
+                                       size_t reason_len);
+
+/* Shared helpers (bootstrap_json.c). */
+json_t *kvb__boot_load_object(const char *body, size_t len, const char *what, char *reason,
+                              size_t reason_len);
+bool kvb__boot_get_int(json_t *obj, const char *key, int64_t min, int64_t max, int64_t *out,
+                       char *reason, size_t reason_len);
+bool kvb__boot_valid_flag(json_t *v, const char *key, bool *out, char *reason, size_t reason_len);
+/* An integer or a decimal string (SGLang's int()) in [min, max]. */
+bool kvb__boot_get_intish(json_t *v, const char *key, int64_t min, int64_t max, int64_t *out,
+                          char *reason, size_t reason_len);
+/* A word: 1..KVB__BOOT_WORD_MAX bytes of [A-Za-z0-9_.:+-]. */
+bool kvb__boot_valid_word(const char *s, size_t len);
 
 /* True when s (len bytes) is an acceptable rank_ip / host: 1..255 bytes of
  * [A-Za-z0-9.:%_-]. */

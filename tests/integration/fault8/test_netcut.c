@@ -159,8 +159,9 @@ static int child_prefill(char **argv)
         return 5;
     setenv("UCX_NET_DEVICES", argv[2], 1);
     const char *ip = argv[1];
-    kvb_bootstrap_server_params_t bp = {
-        KVB_BOOTSTRAP_SERVER_PARAM_PORT | KVB_BOOTSTRAP_SERVER_PARAM_HOST, ip, 0, NULL, 0, 0, 0};
+    kvb_bootstrap_server_params_t bp = {.field_mask = KVB_BOOTSTRAP_SERVER_PARAM_PORT |
+                                                      KVB_BOOTSTRAP_SERVER_PARAM_HOST,
+                                        .host = ip};
     kvb_bootstrap_server_h boot;
     kvbh_rank_t p;
     kvb_sender_h snd[MAXS] = {0};
