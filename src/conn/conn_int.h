@@ -108,6 +108,7 @@ typedef struct kvb__src {
     uint32_t required_dst_info_num;
     int dummy;
     uint64_t epoch; /* our writer grant to this source (0: dummy) */
+    int dialect;    /* KVB__DIALECT_* of its bootstrap server's answer: what we speak to it */
 } kvb__src_t;
 
 typedef struct kvb__room {
@@ -218,6 +219,7 @@ typedef struct kvb__addr {
     pthread_mutex_t client_mu;
     int have_info;
     kvb_bootstrap_parallel_info_t info;
+    int dialect;     /* KVB__DIALECT_* the server answered in: the ZeroMQ dialect to its ranks */
     kvb_plan_h plan; /* prefill rank 0 layout × this decode rank */
     int failures;
     struct kvb__route *routes;
@@ -310,11 +312,13 @@ struct kvb_receiver {
 /* ---- SGLang dialects (wire26.c) ---- */
 #define KVB__DIALECT_2025 2025 /* seed 001 (PROTOCOL.md) */
 #define KVB__DIALECT_2026 2026 /* PROTOCOL-SGLANG-2026.md */
-/* The dialect this manager speaks as a decode (prefill ranks answer each
- * peer in the dialect it used). The one place it is read: today the
- * environment KVBRIDGE_SGLANG_DIALECT (2025 default); the manager param of
- * the dialect setting replaces it here. */
-int kvb__dialect(const struct kvb_manager *m);
+/* The ZeroMQ dialect a decode speaks to a prefill instance is the one its
+ * bootstrap server answered in (PROTOCOL-SGLANG-2026.md 11.1: "speak on
+ * ZeroMQ the dialect of the server that answered"): the manager's
+ * sglang_dialect (KVBRIDGE_SGLANG_DIALECT, default 2026) unless a seed-001
+ * server made the bootstrap client fall back to 2025 (kvb__addr_t.dialect,
+ * kvb__src_t.dialect). Prefill ranks answer each peer in the dialect it
+ * used. */
 /* May kvbridge's extension frames (epoch=, kv_lens=) follow the 18 / 10
  * frames of 2026 KV-args / transfer info? The 2026 prefill parser ignores
  * frames after 17 / 9 (spec 5.2, 5.3, 11.1). KVBRIDGE_SGLANG_EXT26=0 turns

@@ -115,8 +115,10 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     pthread_mutex_unlock(&m->mu);
     if (have)
         return KVB_OK;
+    kvb_bootstrap_parallel_info_ext_t ext = {0};
+    ext.field_mask = KVB_BOOTSTRAP_INFO_DIALECT | KVB_BOOTSTRAP_INFO_PAGE_SIZE;
     pthread_mutex_lock(&a->client_mu);
-    kvb_status_t st = kvb_bootstrap_client_parallel_info(a->client, 5.0, &info);
+    kvb_status_t st = kvb_bootstrap_client_parallel_info_ext(a->client, 5.0, &info, &ext);
     /* The HTTP detail, read under the lock (thread-local copy). */
     const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
     pthread_mutex_unlock(&a->client_mu);
@@ -125,6 +127,15 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
                  "Could not fetch prefill parallel info from bootstrap_addr: %s (%s)", a->addr,
                  detail);
         return st;
+    }
+    if (ext.page_size > 0 && (uint32_t)ext.page_size != m->args.page_size) {
+        /* SGLang's decode raises "Page size mismatch" here; kvbridge fails
+         * the room and asks again for the next one. */
+        snprintf(rs->why, sizeof(rs->why),
+                 "Page size mismatch: prefill at %s has page_size %d, this decode %u", a->addr,
+                 (int)ext.page_size, m->args.page_size);
+        kvb_bootstrap_parallel_info_free(&info);
+        return KVB_ERR_INVALID;
     }
     prefill_layout(m, &info, &pre);
     kvb__layout_self(m, &dec);
@@ -142,6 +153,8 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     pthread_mutex_lock(&m->mu);
     if (!a->have_info) {
         a->info = info;
+        a->dialect =
+            ext.dialect == KVB_BOOTSTRAP_DIALECT_2026 ? KVB__DIALECT_2026 : KVB__DIALECT_2025;
         a->plan = plan;
         a->have_info = 1;
         a->failures = 0;
@@ -217,7 +230,8 @@ static kvb_status_t send_registration26(struct kvb_manager *m, const char *ip, u
     return st;
 }
 
-static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uint16_t port)
+static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uint16_t port,
+                                      int dialect)
 {
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
@@ -226,7 +240,7 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     uint8_t *lens_buf = NULL;
     if (kv_lens_ext(m, &lens_buf, &lens) != KVB_OK)
         return KVB_ERR_NOMEM;
-    if (kvb__dialect(m) == KVB__DIALECT_2026) {
+    if (dialect == KVB__DIALECT_2026) {
         kvb_status_t st = send_registration26(m, ip, port, &lens);
         free(lens_buf);
         return st;
@@ -290,7 +304,7 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     uint64_t epoch = 0;
     st = kvb_engine_grant_writer(m->engine, tag, &epoch);
     if (st == KVB_OK)
-        st = send_registration(m, ra.rank_ip, ra.rank_port);
+        st = send_registration(m, ra.rank_ip, ra.rank_port, out->dialect);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why), "KV args not delivered to prefill %s:%u", ra.rank_ip,
                  ra.rank_port);
@@ -325,6 +339,7 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
         return st;
     pthread_mutex_lock(&m->mu);
     int32_t pp = a->info.pp_size, dp = a->info.dp_size;
+    int dialect = a->dialect;
     st = a->have_info ? kvb_plan_route(a->plan, (uint32_t)m->p.attn_tp_rank, &rs->route)
                       : KVB_ERR_STATE;
     pthread_mutex_unlock(&m->mu);
@@ -345,6 +360,7 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
             s->pp_rank = (uint32_t)p;
             s->dummy = (int)ps->dummy;
             s->required_dst_info_num = ps->required_dst_info_num;
+            s->dialect = dialect;
             st = resolve_one(m, a, rs->dp_group, (int32_t)ps->prefill_rank, p, s, rs);
             if (st != KVB_OK)
                 return st;
@@ -431,6 +447,11 @@ static kvb_status_t send_transfer26(struct kvb_manager *m, const kvb__src_t *s, 
     x.prefix_len = (int64_t)prefix;
     x.has_epoch = !s->dummy && s->epoch != 0 && kvb__ext26_ok(m);
     x.epoch = s->epoch;
+    if (!s->dummy && kvb__ext26_ok(m) && ex != NULL && (ex->field_mask & KVB_RECV_INIT_MASK) &&
+        ex->page_mask != NULL && x.pages.count > 0) {
+        x.has_page_mask = true; /* the suffix's bytes, aligned with frame 4 */
+        x.page_mask = ex->page_mask + skip;
+    }
     if (!s->dummy && ex != NULL && (ex->field_mask & KVB_RECV_INIT_STATE) &&
         ex->num_state_indices > 0 && ex->state_indices != NULL)
         st = kvb__lol_pack_one(ex->state_indices, ex->num_state_indices, 4, &lol, &x.state_idx);
@@ -451,7 +472,7 @@ static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, ui
                                   const int32_t *idx, size_t n, int64_t aux,
                                   const kvb_receiver_init_t *ex, bool abort)
 {
-    if (kvb__dialect(m) == KVB__DIALECT_2026)
+    if (s->dialect == KVB__DIALECT_2026)
         return abort ? kvb__send_abort26(m, s->ip, s->port, room)
                      : send_transfer26(m, s, room, idx, n, aux, ex);
     kvb__frames_buf_t b;
@@ -573,22 +594,34 @@ static bool pages_in_pool(struct kvb_manager *m, uint64_t room, const int32_t *i
     return true;
 }
 
+/* The dialect the room's sources speak (one bootstrap address: one). */
+static int room_dialect(struct kvb_manager *m, uint64_t room)
+{
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, room);
+    int d = r != NULL && r->n_src > 0 ? r->srcs[0].dialect : KVB__DIALECT_2025;
+    pthread_mutex_unlock(&m->mu);
+    return d;
+}
+
 /* The 2026 transfer info carries the prefix as a token count and the
- * suffix pages; it has no page mask. What it cannot say fails the room with
- * why and nothing is sent. */
+ * suffix pages; it has no page mask (kvbridge's page_mask= extension after
+ * frame 9 carries one, when extensions may follow: kvb__ext26_ok). What it
+ * cannot say fails the room with why and nothing is sent. */
 static bool init_fits_dialect(struct kvb_manager *m, uint64_t room, size_t count,
                               const kvb_receiver_init_t *ex)
 {
     char why[256] = "";
     uint32_t page = m->args.page_size ? m->args.page_size : 1;
-    if (kvb__dialect(m) != KVB__DIALECT_2026 || ex == NULL)
+    if (room_dialect(m, room) != KVB__DIALECT_2026 || ex == NULL)
         return true;
-    if ((ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask != NULL)
+    if ((ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask != NULL && !kvb__ext26_ok(m))
         for (size_t i = 0; i < count && why[0] == '\0'; i++)
             if (!ex->page_mask[i])
                 snprintf(why, sizeof(why),
                          "a page mask with holes (entry %zu is 0) has no form in SGLang's 2026 "
-                         "transfer info; use prefix_tokens",
+                         "transfer info without kvbridge extensions (KVBRIDGE_SGLANG_EXT26=0); "
+                         "use prefix_tokens",
                          i);
     if (why[0] == '\0' && (ex->field_mask & KVB_RECV_INIT_PREFIX) &&
         (ex->prefix_tokens % page != 0 || ex->prefix_tokens / page > count))

@@ -520,6 +520,12 @@ static kvb_status_t dst_from_msg26(struct kvb_manager *m, const kvb__xfer26_msg_
         return KVB_ERR_NOMEM;
     for (size_t i = 0; i < d->n_pages; i++)
         d->pages[i] = kvb__i32_at(x->pages, i);
+    if (x->has_page_mask) { /* aligned with the suffix pages */
+        d->mask = malloc(d->n_pages ? d->n_pages : 1);
+        if (d->mask == NULL)
+            return KVB_ERR_NOMEM;
+        memcpy(d->mask, x->page_mask, d->n_pages);
+    }
     uint32_t page = m->args.page_size ? m->args.page_size : 1;
     if (x->prefix_len % page != 0)
         snprintf(why, wl, "decode prefix of %lld tokens is not a multiple of the page size %u",

@@ -179,11 +179,11 @@ static kvb_status_t plan_into(struct kvb_manager *m, job_t *j, const kvb_plan_ch
                            (uint32_t)(j->reg->tp_rank % j->reg->tp_size), &src, &dst, ch, out);
 }
 
-/* Request page g goes to destination page g - shift when g >= shift (and
- * its page-mask byte, seed dialect only, is 1). */
+/* Request page g goes to destination page g - shift when g >= shift and
+ * its page-mask byte (if any; aligned with the destination pages) is 1. */
 static bool page_wanted(const kvb__dst_t *d, uint64_t g, uint64_t shift)
 {
-    return g >= shift && (d->mask == NULL || d->mask[g]);
+    return g >= shift && (d->mask == NULL || d->mask[g - shift]);
 }
 
 /* Request pages a 2026 destination skips: its pages cover only the suffix

@@ -1,18 +1,12 @@
-/* SGLang's 2026 dialect in the connector: which dialect a decode speaks,
- * and the small messages that exist only there (ABORT, ABORT_ACK). The
- * larger ones are built in decode.c and parsed in prefill_ctl.c. */
+/* SGLang's 2026 dialect in the connector: whether kvbridge extensions may
+ * follow its frames, and the small messages that exist only there (ABORT,
+ * ABORT_ACK). The larger ones are built in decode.c and parsed in
+ * prefill_ctl.c; the dialect of each source is chosen in decode.c. */
 #include "conn/conn_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-int kvb__dialect(const struct kvb_manager *m)
-{
-    (void)m; /* the manager param of the dialect setting goes here */
-    const char *v = getenv("KVBRIDGE_SGLANG_DIALECT");
-    return v != NULL && strcmp(v, "2026") == 0 ? KVB__DIALECT_2026 : KVB__DIALECT_2025;
-}
 
 bool kvb__ext26_ok(const struct kvb_manager *m)
 {

@@ -1138,6 +1138,18 @@ kvb_status_t kvb__frames_decode_registration26(const kvb__frame_t *frames, size_
     return KVB_OK;
 }
 
+static kvb_status_t need_mask(dctx_t *c, const kvb__frame_t *val, size_t i, size_t pages)
+{
+    if (val->len != pages)
+        return fail_frame(c, i, "extension page_mask", "%zu bytes for %zu page indices", val->len,
+                          pages);
+    for (size_t k = 0; k < val->len; k++)
+        if (val->data[k] > 1)
+            return fail_frame(c, i, "extension page_mask", "byte %zu is 0x%02x, expected 0 or 1", k,
+                              val->data[k]);
+    return KVB_OK;
+}
+
 static kvb_status_t xfer26_ext(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__xfer26_msg_t *m)
 {
     m->n_fixed = n < KVB__XFER26_FRAMES ? n : KVB__XFER26_FRAMES;
@@ -1153,6 +1165,10 @@ static kvb_status_t xfer26_ext(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__
             TRY(need_int(c, &val, i, "extension epoch", 1, INT64_MAX, &ep));
             m->has_epoch = true;
             m->epoch = (uint64_t)ep;
+        } else if (key_is(&kv, "page_mask")) {
+            TRY(need_mask(c, &val, i, m->pages.count));
+            m->has_page_mask = true;
+            m->page_mask = val.data;
         }
     }
     m->ext = &f[KVB__XFER26_FRAMES];
@@ -1319,9 +1335,9 @@ kvb_status_t kvb__frames_encode_transfer26(const kvb__xfer26_msg_t *msg, kvb__fr
 {
     size_t n0 = out->n, len0 = out->len;
     char epoch[24];
-    ext_out_t typed[1];
+    ext_out_t typed[2];
     size_t n_typed = 0;
-    static const char *const known[] = {"epoch", NULL};
+    static const char *const known[] = {"epoch", "page_mask", NULL};
     if (bad_view(msg->ip, msg->ip_len) || bad_view(msg->session_id, msg->session_id_len) ||
         bad_view(msg->pages.data, msg->pages.count) || bad_lol(msg->state_idx) ||
         bad_view(msg->device_pages.data, msg->device_pages.count) ||
@@ -1335,6 +1351,11 @@ kvb_status_t kvb__frames_encode_transfer26(const kvb__xfer26_msg_t *msg, kvb__fr
             return caller_error(err, KIND_XFER26, "epoch outside 1..2^63-1");
         int k = snprintf(epoch, sizeof(epoch), "%llu", (unsigned long long)msg->epoch);
         typed[n_typed++] = typed_ext("epoch", epoch, (size_t)k);
+    }
+    if (msg->has_page_mask) {
+        if (bad_view(msg->page_mask, msg->pages.count))
+            return caller_error(err, KIND_XFER26, "NULL page mask with page indices");
+        typed[n_typed++] = typed_ext("page_mask", msg->page_mask, msg->pages.count);
     }
     bool ok = put_u64(out, msg->room) && put(out, msg->ip, msg->ip_len) &&
               put_u64(out, msg->port) && put(out, msg->session_id, msg->session_id_len);

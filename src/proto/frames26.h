@@ -73,7 +73,8 @@ typedef struct kvb__reg26_msg {
 
 /* Transfer info, 2026 (8..10 frames, then kvbridge extension frames only
  * when all 10 are present). Dummy iff frames 4 and 5 are both empty (then
- * frame 6 must be empty too). Known extension: "epoch" (decimal >= 1). */
+ * frame 6 must be empty too). Known extensions: "epoch" (decimal >= 1),
+ * "page_mask" (pages.count bytes, each 0 or 1). */
 typedef struct kvb__xfer26_msg {
     uint64_t room; /* 0 */
     const char *ip;
@@ -91,7 +92,9 @@ typedef struct kvb__xfer26_msg {
     kvb__i32_view_t device_pages;  /* 9, HiSparse device pages, each >= 0 */
     bool has_epoch;
     uint64_t epoch;
-    size_t n_fixed; /* 8..10 */
+    bool has_page_mask;       /* kvbridge extension "page_mask": one byte 0/1 per */
+    const uint8_t *page_mask; /* frame-4 page (1 = write it) */
+    size_t n_fixed;           /* 8..10 */
     const kvb__frame_t *ext;
     size_t n_ext;
 } kvb__xfer26_msg_t;

@@ -39,7 +39,11 @@ class Helper:
 
     def __init__(self, role, env=None):
         full_env = dict(os.environ)
-        full_env.update(env or {})
+        for k, v in (env or {}).items():  # None: unset
+            if v is None:
+                full_env.pop(k, None)
+            else:
+                full_env[k] = v
         # stderr kept: a sanitizer report or a leak makes close() fail.
         self.err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(

@@ -62,10 +62,10 @@ def env():
     ctx = zmq.Context()
     made = []
 
-    def start(tp_size=1, ext=True, role="decode"):
+    def start(tp_size=1, ext=True, role="decode", dialect="2026"):
         h = Helper(
             role,
-            {"KVBRIDGE_SGLANG_DIALECT": "2026", "KVBRIDGE_SGLANG_EXT26": "1" if ext else "0"},
+            {"KVBRIDGE_SGLANG_DIALECT": dialect, "KVBRIDGE_SGLANG_EXT26": "1" if ext else "0"},
         )
         made.append(h)
         ranks = [Prefill(ctx, h.info["boot"], t, tp_size) for t in range(tp_size)]
@@ -196,7 +196,9 @@ def test_tp1_success_and_abort(env):
 
 
 def test_bare_2026_frames_without_extensions(env):
-    h, (p,), push = env(ext=False)
+    # The default dialect (KVBRIDGE_SGLANG_DIALECT unset) is 2026: the
+    # bootstrap server answered the 2026 query, so ZeroMQ speaks 2026 too.
+    h, (p,), push = env(ext=False, dialect=None)
     room = 7101
     h.cmd(f"recv {room} 1 0 3 5 6 7")
     assert h.line("recv", room) == "2"
@@ -250,3 +252,28 @@ def test_tp2_mla_prefill_to_tp1_decode_dummy(env):
     push.send_multipart([dec(room), b"4", b"0"])  # the dummy sends nothing
     assert poll(h, room, 5) == (4, 1, "")
     assert not ranks[1].pull.poll(200)
+
+
+def test_seed001_dialect_when_configured(env):
+    """KVBRIDGE_SGLANG_DIALECT=2025: the seed-001 layouts (PROTOCOL.md),
+    kvbridge's extensions after frames 8 / 6, and the abort as a dummy
+    transfer info with abort=1 (seed 001 has no ABORT)."""
+    h, (p,), push = env(dialect="2025")
+    room = 7401
+    h.cmd(f"recv {room} 2 0 2 3 4")
+    assert h.line("recv", room) == "2"
+    frames = recv_frames(p.pull)
+    v26 = expected_kv_args(h, True)
+    assert frames == v26[:6] + [b"0", b"1", v26[9], v26[18]], frames  # 9 + kv_lens=
+    host, port = h.info["ctl"].rsplit(":", 1)
+    frames = recv_frames(p.pull)
+    assert frames[:7] == [dec(room), host.encode(), port.encode(), h.info["session"].encode(),
+                          i32s([3, 4]), b"2", b"1"], frames
+    assert len(frames) == 8 and re.fullmatch(rb"epoch=[1-9][0-9]*", frames[7]), frames
+    h.cmd(f"abort {room}")
+    assert h.line("aborted", room) == ""
+    assert recv_frames(p.pull) == [dec(room), host.encode(), port.encode(),
+                                   h.info["session"].encode(), b"", b"", b"1", b"abort=1"]
+    push.send_multipart([dec(room), b"0", b"0"])  # seed 001: the Failed status confirms
+    status, safe, reason = poll(h, room, 5)
+    assert (status, safe, reason) == (0, 1, "Aborted by AbortReq."), reason
