@@ -116,7 +116,8 @@ static void fuzz_xfer(const kvb__frame_t *f, size_t n, kvb__frames_err_t *e)
         die("re-encoded 2026 transfer info does not decode");
     same_bytes(&b1, &b2);
     if (m2.room != m.room || m2.pages.count != m.pages.count || m2.is_dummy != m.is_dummy ||
-        m2.prefix_len != m.prefix_len || m2.has_epoch != m.has_epoch || m2.epoch != m.epoch)
+        m2.prefix_len != m.prefix_len || m2.has_epoch != m.has_epoch || m2.epoch != m.epoch ||
+        m2.has_page_mask != m.has_page_mask)
         die("re-encoded 2026 transfer info changed a field");
     for (uint32_t i = 0; i < m.state_idx.n; i++) {
         const uint8_t *d;

@@ -347,6 +347,26 @@ static void test_xfer26(void)
     REJ_XFER(f, 11,
              "transfer info (2026) frame 10 (extension epoch): \"0\" out of range "
              "1..9223372036854775807");
+    /* kvbridge's page mask after frame 9: one byte per frame-4 page. */
+    xfer_real(f);
+    f[10] = T("epoch=3");
+    f[11] = T("page_mask=\x01\x00\x01");
+    CHECK_EQ(kvb__frames_decode_transfer26(f, 12, &e, &m), KVB_OK);
+    CHECK(m.has_page_mask && m.page_mask[1] == 0 && m.page_mask[2] == 1);
+    kvb__frames_buf_init(&b);
+    CHECK_EQ(kvb__frames_encode_transfer26(&m, &e, &b), KVB_OK);
+    check_frames(&b, f, 12);
+    kvb__frames_buf_free(&b);
+    f[11] = T("page_mask=\x01\x00");
+    REJ_XFER(f, 12,
+             "transfer info (2026) frame 11 (extension page_mask): 2 bytes for 3 page "
+             "indices");
+    f[11] = T("page_mask=\x01\x02\x01");
+    REJ_XFER(f, 12,
+             "transfer info (2026) frame 11 (extension page_mask): byte 1 is 0x02, "
+             "expected 0 or 1");
+    xfer_real(f);
+    f[10] = T("epoch=0");
     kvb__frames_err_t e2;
     CHECK_EQ(kvb__frames_decode_transfer26(f, 11, &e2, &m), KVB_ERR_PROTO);
     CHECK(e2.has_room && e2.room == 12345678901234567890ull); /* the room it names fails */
