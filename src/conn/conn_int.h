@@ -12,6 +12,7 @@
 
 #include "core/core.h"
 #include "proto/frames.h"
+#include "proto/frames26.h"
 
 #define KVB_IP_MAX 256
 #define KVB_SID_MAX 300
@@ -93,6 +94,10 @@ typedef struct kvb__dst {
     int32_t *state_idx;
     size_t n_state;
     uint64_t epoch; /* the decode's writer grant for this room (0: none sent) */
+    int dialect;    /* KVB__DIALECT_* of the transfer info */
+    /* 2026: pages cover only the suffix after the decode's prefix of
+     * skip_pages pages (prefix_tokens / page_size). */
+    uint64_t skip_pages;
 } kvb__dst_t;
 
 /* A source of a decode room. */
@@ -103,6 +108,7 @@ typedef struct kvb__src {
     uint32_t required_dst_info_num;
     int dummy;
     uint64_t epoch; /* our writer grant to this source (0: dummy) */
+    int dialect;    /* KVB__DIALECT_* of its bootstrap server's answer: what we speak to it */
 } kvb__src_t;
 
 typedef struct kvb__room {
@@ -126,6 +132,7 @@ typedef struct kvb__room {
     size_t n_xfers, cap_xfers;
     char abort_ip[KVB_IP_MAX]; /* decode that asked for the abort (ack target) */
     uint16_t abort_port;
+    int abort_ack26; /* the abort came as a 2026 ABORT: answer ABORT_ACK, not a status */
     /* decode */
     char *bootstrap_addr;
     kvb__src_t *srcs;
@@ -166,6 +173,7 @@ typedef struct kvb__reg {
     size_t n_state;
     int32_t tp_rank, tp_size;
     int64_t item_len;
+    int dialect;      /* KVB__DIALECT_* its KV args came in */
     char peer_id[41]; /* CURVE key it came with ("" without CURVE): a replacement
                          needs the same */
     int has_kv_pool;  /* it sent "kv_lens=": its destination pages are checked */
@@ -186,6 +194,7 @@ typedef struct kvb__chunk {
     int32_t *indices;
     size_t n;
     uint64_t first; /* request page index of indices[0] */
+    uint64_t total; /* the sender's num_kv_indices */
     int is_last;
     int64_t aux_index;
     int32_t *state_idx; /* last chunk: the prefill's state slots, or NULL */
@@ -210,6 +219,7 @@ typedef struct kvb__addr {
     pthread_mutex_t client_mu;
     int have_info;
     kvb_bootstrap_parallel_info_t info;
+    int dialect;     /* KVB__DIALECT_* the server answered in: the ZeroMQ dialect to its ranks */
     kvb_plan_h plan; /* prefill rank 0 layout × this decode rank */
     int failures;
     struct kvb__route *routes;
@@ -298,6 +308,31 @@ struct kvb_receiver {
     uint64_t room;
     int concluded;
 };
+
+/* ---- SGLang dialects (wire26.c) ---- */
+#define KVB__DIALECT_2025 2025 /* seed 001 (PROTOCOL.md) */
+#define KVB__DIALECT_2026 2026 /* PROTOCOL-SGLANG-2026.md */
+/* The ZeroMQ dialect a decode speaks to a prefill instance is the one its
+ * bootstrap server answered in (PROTOCOL-SGLANG-2026.md 11.1: "speak on
+ * ZeroMQ the dialect of the server that answered"): the manager's
+ * sglang_dialect (KVBRIDGE_SGLANG_DIALECT, default 2026) unless a seed-001
+ * server made the bootstrap client fall back to 2025 (kvb__addr_t.dialect,
+ * kvb__src_t.dialect). Prefill ranks answer each peer in the dialect it
+ * used. */
+/* May kvbridge's extension frames (epoch=, kv_lens=) follow the 18 / 10
+ * frames of 2026 KV-args / transfer info? The 2026 prefill parser ignores
+ * frames after 17 / 9 (spec 5.2, 5.3, 11.1). KVBRIDGE_SGLANG_EXT26=0 turns
+ * them off (then no writer grant travels: writes carry epoch 0). */
+bool kvb__ext26_ok(const struct kvb_manager *m);
+/* ABORT_ACK (room, rank) to ip:port: always the 3-frame form, sent only
+ * once no write of the room can land. */
+kvb_status_t kvb__send_abort_ack(struct kvb_manager *m, const char *ip, uint16_t port,
+                                 uint64_t room, int32_t rank);
+/* ABORT (room, our ip, our port) to a 2026 prefill rank. */
+kvb_status_t kvb__send_abort26(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room);
+/* Log once per kind and count a message kvbridge does not support (the
+ * 2026 staging messages): it fails no room and is otherwise ignored. */
+void kvb__conn_unsupported(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
 
 /* rooms.c (mgr->mu held by the caller for every function here) */
 kvb__room_t *kvb__room_find(struct kvb_manager *m, uint64_t id);

@@ -115,8 +115,10 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     pthread_mutex_unlock(&m->mu);
     if (have)
         return KVB_OK;
+    kvb_bootstrap_parallel_info_ext_t ext = {0};
+    ext.field_mask = KVB_BOOTSTRAP_INFO_DIALECT | KVB_BOOTSTRAP_INFO_PAGE_SIZE;
     pthread_mutex_lock(&a->client_mu);
-    kvb_status_t st = kvb_bootstrap_client_parallel_info(a->client, 5.0, &info);
+    kvb_status_t st = kvb_bootstrap_client_parallel_info_ext(a->client, 5.0, &info, &ext);
     /* The HTTP detail, read under the lock (thread-local copy). */
     const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
     pthread_mutex_unlock(&a->client_mu);
@@ -125,6 +127,15 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
                  "Could not fetch prefill parallel info from bootstrap_addr: %s (%s)", a->addr,
                  detail);
         return st;
+    }
+    if (ext.page_size > 0 && (uint32_t)ext.page_size != m->args.page_size) {
+        /* SGLang's decode raises "Page size mismatch" here; kvbridge fails
+         * the room and asks again for the next one. */
+        snprintf(rs->why, sizeof(rs->why),
+                 "Page size mismatch: prefill at %s has page_size %d, this decode %u", a->addr,
+                 (int)ext.page_size, m->args.page_size);
+        kvb_bootstrap_parallel_info_free(&info);
+        return KVB_ERR_INVALID;
     }
     prefill_layout(m, &info, &pre);
     kvb__layout_self(m, &dec);
@@ -142,6 +153,8 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     pthread_mutex_lock(&m->mu);
     if (!a->have_info) {
         a->info = info;
+        a->dialect =
+            ext.dialect == KVB_BOOTSTRAP_DIALECT_2026 ? KVB__DIALECT_2026 : KVB__DIALECT_2025;
         a->plan = plan;
         a->have_info = 1;
         a->failures = 0;
@@ -170,7 +183,55 @@ static kvb_status_t kv_lens_ext(const struct kvb_manager *m, uint8_t **buf_p, kv
     return KVB_OK;
 }
 
-static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uint16_t port)
+/* 2026 KV-args (18 frames): state buffers as one component, no layer ids,
+ * no staging ring (kvbridge never stages), DCP 1/0; kv_lens= follows frame
+ * 17 when kvbridge extensions may (kvb__ext26_ok). */
+static kvb_status_t send_registration26(struct kvb_manager *m, const char *ip, uint16_t port,
+                                        const kvb__frame_t *lens)
+{
+    kvb__frames_buf_t b;
+    kvb__frames_err_t e;
+    kvb__reg26_msg_t r = {0};
+    uint8_t *sp = NULL, *sl = NULL;
+    uint32_t *items = calloc(m->args.num_state + 1, sizeof(*items));
+    kvb_status_t st = items == NULL ? KVB_ERR_NOMEM : KVB_OK;
+    for (uint32_t i = 0; st == KVB_OK && i < m->args.num_state; i++) {
+        if (m->state_items[i] > UINT32_MAX)
+            st = KVB_ERR_INVALID; /* frame 10 carries u32 item lengths */
+        items[i] = (uint32_t)m->state_items[i];
+    }
+    if (st == KVB_OK && m->args.num_state > 0)
+        st = kvb__lol_pack_one(m->state_ptrs, m->args.num_state, 8, &sp, &r.state_ptrs);
+    if (st == KVB_OK && m->args.num_state > 0)
+        st = kvb__lol_pack_one(items, m->args.num_state, 4, &sl, &r.state_item_lens);
+    const char *sid = kvb_engine_session_id(m->engine);
+    r.ip = m->host;
+    r.ip_len = strlen(m->host);
+    r.port = m->port;
+    r.session_id = sid;
+    r.session_id_len = strlen(sid);
+    r.kv_ptrs = kvb__u64_view_of(m->kv_ptrs, m->args.num_kv);
+    r.aux_ptrs = kvb__u64_view_of(m->aux_ptrs, m->args.num_aux);
+    r.dst_tp_rank = m->p.attn_tp_rank;
+    r.dst_attn_tp_size = m->p.attn_tp_size;
+    r.dst_kv_item_len = (int64_t)m->args.kv_item_len;
+    r.dcp_size = 1;
+    r.ext = kvb__ext26_ok(m) ? lens : NULL;
+    r.n_ext = kvb__ext26_ok(m) ? 1 : 0;
+    kvb__frames_buf_init(&b);
+    if (st == KVB_OK)
+        st = kvb__frames_encode_registration26(&r, &e, &b);
+    if (st == KVB_OK)
+        st = kvb__zsend(&m->zc, ip, port, &b);
+    kvb__frames_buf_free(&b);
+    free(items);
+    free(sp);
+    free(sl);
+    return st;
+}
+
+static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uint16_t port,
+                                      int dialect)
 {
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
@@ -179,6 +240,11 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     uint8_t *lens_buf = NULL;
     if (kv_lens_ext(m, &lens_buf, &lens) != KVB_OK)
         return KVB_ERR_NOMEM;
+    if (dialect == KVB__DIALECT_2026) {
+        kvb_status_t st = send_registration26(m, ip, port, &lens);
+        free(lens_buf);
+        return st;
+    }
     r.ext = &lens;
     r.n_ext = 1;
     const char *sid = kvb_engine_session_id(m->engine);
@@ -238,7 +304,7 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     uint64_t epoch = 0;
     st = kvb_engine_grant_writer(m->engine, tag, &epoch);
     if (st == KVB_OK)
-        st = send_registration(m, ra.rank_ip, ra.rank_port);
+        st = send_registration(m, ra.rank_ip, ra.rank_port, out->dialect);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why), "KV args not delivered to prefill %s:%u", ra.rank_ip,
                  ra.rank_port);
@@ -273,6 +339,7 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
         return st;
     pthread_mutex_lock(&m->mu);
     int32_t pp = a->info.pp_size, dp = a->info.dp_size;
+    int dialect = a->dialect;
     st = a->have_info ? kvb_plan_route(a->plan, (uint32_t)m->p.attn_tp_rank, &rs->route)
                       : KVB_ERR_STATE;
     pthread_mutex_unlock(&m->mu);
@@ -293,6 +360,7 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
             s->pp_rank = (uint32_t)p;
             s->dummy = (int)ps->dummy;
             s->required_dst_info_num = ps->required_dst_info_num;
+            s->dialect = dialect;
             st = resolve_one(m, a, rs->dp_group, (int32_t)ps->prefill_rank, p, s, rs);
             if (st != KVB_OK)
                 return st;
@@ -349,10 +417,64 @@ kvb_status_t kvb_receiver_create(kvb_manager_h m, const char *bootstrap_addr, ui
 
 /* ---- init and abort messages ---- */
 
+/* 2026 transfer info (10 frames): the pages after the prefix only, the
+ * prefix in tokens (frame 8), one state index list; epoch= follows frame 9
+ * when kvbridge extensions may. The caller checked what has no 2026 form. */
+static kvb_status_t send_transfer26(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
+                                    const int32_t *idx, size_t n, int64_t aux,
+                                    const kvb_receiver_init_t *ex)
+{
+    kvb__frames_buf_t b;
+    kvb__frames_err_t e;
+    kvb__xfer26_msg_t x = {0};
+    uint8_t *lol = NULL;
+    const char *sid = kvb_engine_session_id(m->engine);
+    uint64_t prefix = ex != NULL && (ex->field_mask & KVB_RECV_INIT_PREFIX) ? ex->prefix_tokens : 0;
+    uint64_t skip = prefix / (m->args.page_size ? m->args.page_size : 1);
+    kvb_status_t st = KVB_OK;
+    x.room = room;
+    x.ip = m->host;
+    x.ip_len = strlen(m->host);
+    x.port = m->port;
+    x.session_id = sid;
+    x.session_id_len = strlen(sid);
+    x.is_dummy = s->dummy;
+    x.aux_index = s->dummy ? -1 : (int32_t)aux;
+    x.pages =
+        s->dummy || skip >= n ? kvb__i32_view_of(NULL, 0) : kvb__i32_view_of(idx + skip, n - skip);
+    x.required_dst_info_num = (int32_t)s->required_dst_info_num;
+    x.has_prefix_len = true;
+    x.prefix_len = (int64_t)prefix;
+    x.has_epoch = !s->dummy && s->epoch != 0 && kvb__ext26_ok(m);
+    x.epoch = s->epoch;
+    if (!s->dummy && kvb__ext26_ok(m) && ex != NULL && (ex->field_mask & KVB_RECV_INIT_MASK) &&
+        ex->page_mask != NULL && x.pages.count > 0) {
+        x.has_page_mask = true; /* the suffix's bytes, aligned with frame 4 */
+        x.page_mask = ex->page_mask + skip;
+    }
+    if (!s->dummy && ex != NULL && (ex->field_mask & KVB_RECV_INIT_STATE) &&
+        ex->num_state_indices > 0 && ex->state_indices != NULL)
+        st = kvb__lol_pack_one(ex->state_indices, ex->num_state_indices, 4, &lol, &x.state_idx);
+    kvb__frames_buf_init(&b);
+    if (st == KVB_OK)
+        st = kvb__frames_encode_transfer26(&x, &e, &b);
+    if (st != KVB_OK)
+        KVB_LOGW("manager %s: transfer info for room %llu not encodable: %s", m->endpoint,
+                 (unsigned long long)room, e.reason);
+    else
+        st = kvb__zsend(&m->zc, s->ip, s->port, &b);
+    kvb__frames_buf_free(&b);
+    free(lol);
+    return st;
+}
+
 static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
                                   const int32_t *idx, size_t n, int64_t aux,
                                   const kvb_receiver_init_t *ex, bool abort)
 {
+    if (s->dialect == KVB__DIALECT_2026)
+        return abort ? kvb__send_abort26(m, s->ip, s->port, room)
+                     : send_transfer26(m, s, room, idx, n, aux, ex);
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__xfer_msg_t x = {0};
@@ -472,6 +594,51 @@ static bool pages_in_pool(struct kvb_manager *m, uint64_t room, const int32_t *i
     return true;
 }
 
+/* The dialect the room's sources speak (one bootstrap address: one). */
+static int room_dialect(struct kvb_manager *m, uint64_t room)
+{
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, room);
+    int d = r != NULL && r->n_src > 0 ? r->srcs[0].dialect : KVB__DIALECT_2025;
+    pthread_mutex_unlock(&m->mu);
+    return d;
+}
+
+/* The 2026 transfer info carries the prefix as a token count and the
+ * suffix pages; it has no page mask (kvbridge's page_mask= extension after
+ * frame 9 carries one, when extensions may follow: kvb__ext26_ok). What it
+ * cannot say fails the room with why and nothing is sent. */
+static bool init_fits_dialect(struct kvb_manager *m, uint64_t room, size_t count,
+                              const kvb_receiver_init_t *ex)
+{
+    char why[256] = "";
+    uint32_t page = m->args.page_size ? m->args.page_size : 1;
+    if (room_dialect(m, room) != KVB__DIALECT_2026 || ex == NULL)
+        return true;
+    if ((ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask != NULL && !kvb__ext26_ok(m))
+        for (size_t i = 0; i < count && why[0] == '\0'; i++)
+            if (!ex->page_mask[i])
+                snprintf(why, sizeof(why),
+                         "a page mask with holes (entry %zu is 0) has no form in SGLang's 2026 "
+                         "transfer info without kvbridge extensions (KVBRIDGE_SGLANG_EXT26=0); "
+                         "use prefix_tokens",
+                         i);
+    if (why[0] == '\0' && (ex->field_mask & KVB_RECV_INIT_PREFIX) &&
+        (ex->prefix_tokens % page != 0 || ex->prefix_tokens / page > count))
+        snprintf(why, sizeof(why),
+                 "prefix of %llu tokens is not a whole number of pages (page size %u) within the "
+                 "%zu pages given",
+                 (unsigned long long)ex->prefix_tokens, page, count);
+    if (why[0] == '\0')
+        return true;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, room);
+    if (r != NULL)
+        kvb__room_fail(r, "room %llu: %s; nothing was sent", (unsigned long long)room, why);
+    pthread_mutex_unlock(&m->mu);
+    return false;
+}
+
 kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t count,
                                int64_t aux_index, const kvb_receiver_init_t *extra)
 {
@@ -490,7 +657,8 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
                                 m->args.num_aux);
         aux_index = 0; /* no aux buffers here: the prefill plans no aux into us */
     }
-    if (!pages_in_pool(m, rc->room, indices, count, extra))
+    if (!pages_in_pool(m, rc->room, indices, count, extra) ||
+        !init_fits_dialect(m, rc->room, count, extra))
         return KVB_ERR_INVALID;
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, rc->room);
@@ -664,6 +832,35 @@ static bool is_source(const kvb__room_t *r, uint32_t key)
     return r->n_src == 0;
 }
 
+/* m->mu held. Record that prefill rank (tp * pp_size + pp; the 2026 rank
+ * is the same with CP size 1) answered for the room: a terminal status, or
+ * a drained abort ack (what says). false when it had answered already, or
+ * is no source of the room (logged: any peer on the PULL socket could
+ * otherwise end a room before its bytes landed). */
+static bool record_response(struct kvb_manager *m, kvb__room_t *r, int32_t rank, const char *what)
+{
+    int32_t pp_size = 1;
+    kvb__addr_t *a = r->bootstrap_addr ? addr_get(m, r->bootstrap_addr) : NULL;
+    if (a != NULL && a->have_info && a->info.pp_size > 0)
+        pp_size = a->info.pp_size;
+    uint32_t key = src_key((uint32_t)(rank / pp_size), (uint32_t)(rank % pp_size));
+    if (!is_source(r, key)) {
+        KVB_LOGW("manager %s: room %llu: %s from prefill rank %d, which is not one of its "
+                 "sources: ignored",
+                 m->endpoint, (unsigned long long)r->id, what, (int)rank);
+        return false;
+    }
+    for (size_t i = 0; i < r->n_responded; i++)
+        if (r->responded[i] == key)
+            return false;
+    uint32_t *v = realloc(r->responded, (r->n_responded + 1) * sizeof(*v));
+    if (v == NULL)
+        return false;
+    r->responded = v;
+    r->responded[r->n_responded++] = key;
+    return true;
+}
+
 static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     kvb__status_msg_t s;
@@ -679,30 +876,14 @@ static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
              (unsigned long long)s.room, s.status, s.prefill_rank);
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, s.room);
-    if (r != NULL && (s.status == KVB_POLL_SUCCESS || s.status == KVB_POLL_FAILED)) {
-        int32_t pp_size = 1;
-        kvb__addr_t *a = r->bootstrap_addr ? addr_get(m, r->bootstrap_addr) : NULL;
-        if (a != NULL && a->have_info)
-            pp_size = a->info.pp_size;
-        uint32_t key =
-            src_key((uint32_t)(s.prefill_rank / pp_size), (uint32_t)(s.prefill_rank % pp_size));
-        bool seen = !is_source(r, key); /* a rank that is no source of the room counts not */
-        if (seen)
-            KVB_LOGW("manager %s: room %llu: status %d from prefill rank %d, which is not one "
-                     "of its sources: ignored",
-                     m->endpoint, (unsigned long long)s.room, s.status, s.prefill_rank);
-        for (size_t i = 0; i < r->n_responded; i++)
-            seen |= r->responded[i] == key;
-        uint32_t *v = seen ? NULL : realloc(r->responded, (r->n_responded + 1) * sizeof(*v));
-        if (v != NULL) {
-            r->responded = v;
-            r->responded[r->n_responded++] = key;
-            if (s.status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses)
-                kvb__room_set_status(r, KVB_POLL_SUCCESS);
-            if (s.status == KVB_POLL_FAILED) {
-                kvb__room_fail(r, FAIL_FROM_PREFILL);
-                open_fence(m, r, &todo, &n_todo);
-            }
+    if (r != NULL && (s.status == KVB_POLL_SUCCESS || s.status == KVB_POLL_FAILED) &&
+        record_response(m, r, s.prefill_rank,
+                        s.status == KVB_POLL_SUCCESS ? "Success" : "Failed")) {
+        if (s.status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses)
+            kvb__room_set_status(r, KVB_POLL_SUCCESS);
+        if (s.status == KVB_POLL_FAILED) {
+            kvb__room_fail(r, FAIL_FROM_PREFILL);
+            open_fence(m, r, &todo, &n_todo);
         }
     }
     pthread_mutex_unlock(&m->mu);
@@ -739,6 +920,32 @@ static void on_aux(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
     pthread_mutex_unlock(&m->mu);
 }
 
+/* ABORT_ACK from a 2026 prefill rank. The 3-frame form (SGLang's deferred
+ * mode, and what a kvbridge prefill always sends, only once the room's
+ * writes settled) confirms that nothing of the room is in flight from that
+ * rank: it counts as that source's answer for the abort fence. The 2-frame
+ * form is sent at once, writes or not: it confirms nothing and is ignored
+ * (the fence then waits for a status or KVBRIDGE_ABORT_ACK_TIMEOUT). */
+static void on_abort_ack(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+{
+    kvb__abort_ack_msg_t a;
+    kvb__frames_err_t e;
+    if (kvb__frames_decode_abort_ack(f, n, &e, &a) != KVB_OK) {
+        kvb__conn_bad_message(m, KVB__MSG_ABORT_ACK, &e);
+        return;
+    }
+    KVB_LOGD("manager %s: room %llu: abort ack%s from prefill rank %d", m->endpoint,
+             (unsigned long long)a.room, a.has_rank ? "" : " (2 frames, not a drain)",
+             a.has_rank ? (int)a.rank : -1);
+    if (!a.has_rank)
+        return;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, a.room);
+    if (r != NULL && r->fence_open)
+        record_response(m, r, a.rank, "abort ack");
+    pthread_mutex_unlock(&m->mu);
+}
+
 void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     kvb__msg_kind_t kind = kvb__frames_classify(f, n);
@@ -746,6 +953,10 @@ void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t
         on_status(m, f, n);
     else if (kind == KVB__MSG_AUX)
         on_aux(m, f, n);
+    else if (kind == KVB__MSG_ABORT_ACK)
+        on_abort_ack(m, f, n);
+    else if (kind == KVB__MSG_STAGING)
+        kvb__conn_unsupported(m, f, n);
     else
         kvb__conn_bad_message(m, kind, NULL);
 }

@@ -200,29 +200,29 @@ static void reg_build_plan(struct kvb_manager *m, kvb__reg_t *g)
  * pages each of its buffers holds, the smallest wins. *has_p false when
  * absent (an older decode: its pages are not checked here). false:
  * malformed. */
-static bool reg_kv_pool(const kvb__reg_msg_t *msg, bool *has_p, uint64_t *pool_p,
-                        kvb__frames_err_t *e)
+static bool reg_kv_pool(const kvb__frame_t *ext, size_t n_ext, size_t n_kv, int64_t item_len,
+                        bool *has_p, uint64_t *pool_p, kvb__frames_err_t *e)
 {
     static const char key[] = "kv_lens=";
     const size_t kl = sizeof(key) - 1;
     *has_p = false;
     *pool_p = 0;
-    for (size_t i = 0; i < msg->n_ext; i++) {
-        const kvb__frame_t *x = &msg->ext[i];
+    for (size_t i = 0; i < n_ext; i++) {
+        const kvb__frame_t *x = &ext[i];
         if (x->len < kl || memcmp(x->data, key, kl) != 0)
             continue;
-        if (x->len - kl != msg->kv_ptrs.count * 8) {
+        if (x->len - kl != n_kv * 8 || item_len <= 0) {
             snprintf(e->reason, sizeof(e->reason),
                      "registration: extension kv_lens has %zu bytes, %zu KV buffers need %zu",
-                     x->len - kl, msg->kv_ptrs.count, msg->kv_ptrs.count * 8);
+                     x->len - kl, n_kv, n_kv * 8);
             e->has_room = false;
             return false;
         }
-        kvb__u64_view_t v = {x->data + kl, msg->kv_ptrs.count};
+        kvb__u64_view_t v = {x->data + kl, n_kv};
         uint64_t pool = UINT64_MAX;
         for (size_t k = 0; k < v.count; k++)
-            if (kvb__u64_at(v, k) / (uint64_t)msg->dst_kv_item_len < pool)
-                pool = kvb__u64_at(v, k) / (uint64_t)msg->dst_kv_item_len;
+            if (kvb__u64_at(v, k) / (uint64_t)item_len < pool)
+                pool = kvb__u64_at(v, k) / (uint64_t)item_len;
         *pool_p = pool;
         *has_p = true;
         return true;
@@ -230,53 +230,83 @@ static bool reg_kv_pool(const kvb__reg_msg_t *msg, bool *has_p, uint64_t *pool_p
     return true;
 }
 
-static void on_registration(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
-{
-    kvb__reg_msg_t msg;
-    kvb__frames_err_t e;
-    uint64_t pool;
+/* A decoded registration of either dialect, as the table keeps it. */
+typedef struct reg_in {
+    const char *ip, *session;
+    size_t ip_len, session_len;
+    uint16_t port;
+    kvb__u64_view_t kv, aux;
+    uint64_t *state; /* owned: moved into the record */
+    size_t n_state;
+    int32_t tp_rank, tp_size;
+    int64_t item_len;
     bool has_pool;
-    if (kvb__frames_decode_registration(f, n, &e, &msg) != KVB_OK ||
-        !reg_kv_pool(&msg, &has_pool, &pool, &e)) {
-        kvb__conn_bad_message(m, KVB__MSG_REGISTRATION, &e);
-        return;
-    }
-    uint64_t bytes = (uint64_t)(msg.kv_ptrs.count + msg.aux_ptrs.count +
-                                (msg.has_state_ptrs ? msg.state_ptrs.count : 0)) *
-                     8;
-    if (bytes > m->max_reg_bytes) { /* refused before anything is copied */
-        pthread_rwlock_wrlock(&m->reg_mu);
-        uint64_t k = ++m->regs_too_big;
-        pthread_rwlock_unlock(&m->reg_mu);
-        if ((k & (k - 1)) == 0)
-            KVB_LOGW("manager %s: KV args with %llu bytes of pointers refused "
-                     "(KVBRIDGE_MAX_REGISTRATION_BYTES %llu); %llu so far",
-                     m->endpoint, (unsigned long long)bytes, (unsigned long long)m->max_reg_bytes,
-                     (unsigned long long)k);
-        return;
-    }
+    uint64_t pool;
+    int dialect;
+    char *refuse; /* owned: why this decode cannot be served (2026 fields) */
+} reg_in_t;
+
+/* Pointer bytes past the per-registration cap: refused before anything is
+ * copied (counted, logged at powers of two). */
+static bool reg_too_big(struct kvb_manager *m, uint64_t bytes)
+{
+    if (bytes <= m->max_reg_bytes)
+        return false;
+    pthread_rwlock_wrlock(&m->reg_mu);
+    uint64_t k = ++m->regs_too_big;
+    pthread_rwlock_unlock(&m->reg_mu);
+    if ((k & (k - 1)) == 0)
+        KVB_LOGW("manager %s: KV args with %llu bytes of pointers refused "
+                 "(KVBRIDGE_MAX_REGISTRATION_BYTES %llu); %llu so far",
+                 m->endpoint, (unsigned long long)bytes, (unsigned long long)m->max_reg_bytes,
+                 (unsigned long long)k);
+    return true;
+}
+
+static kvb__reg_t *reg_from_in(struct kvb_manager *m, reg_in_t *in, uint64_t bytes)
+{
     kvb__reg_t *g = calloc(1, sizeof(*g));
     if (g == NULL)
-        return;
+        return NULL;
     g->bytes = bytes;
-    copy_str(g->session, sizeof(g->session), msg.session_id, msg.session_id_len);
-    copy_str(g->ip, sizeof(g->ip), msg.ip, msg.ip_len);
-    g->port = msg.port;
-    g->kv_ptrs = copy_u64_view(msg.kv_ptrs);
-    g->n_kv = msg.kv_ptrs.count;
-    g->aux_ptrs = copy_u64_view(msg.aux_ptrs);
-    g->n_aux = msg.aux_ptrs.count;
-    g->state_ptrs = msg.has_state_ptrs ? copy_u64_view(msg.state_ptrs) : NULL;
-    g->n_state = msg.has_state_ptrs ? msg.state_ptrs.count : 0;
-    g->tp_rank = msg.dst_tp_rank;
-    g->tp_size = msg.dst_attn_tp_size;
-    g->item_len = msg.dst_kv_item_len;
-    g->has_kv_pool = has_pool;
-    g->kv_pool = pool;
+    copy_str(g->session, sizeof(g->session), in->session, in->session_len);
+    copy_str(g->ip, sizeof(g->ip), in->ip, in->ip_len);
+    g->port = in->port;
+    g->kv_ptrs = copy_u64_view(in->kv);
+    g->n_kv = in->kv.count;
+    g->aux_ptrs = copy_u64_view(in->aux);
+    g->n_aux = in->aux.count;
+    g->state_ptrs = in->state;
+    g->n_state = in->n_state;
+    in->state = NULL;
+    g->tp_rank = in->tp_rank;
+    g->tp_size = in->tp_size;
+    g->item_len = in->item_len;
+    g->has_kv_pool = in->has_pool;
+    g->kv_pool = in->pool;
+    g->dialect = in->dialect;
     g->refs = 1;
     snprintf(g->peer_id, sizeof(g->peer_id), "%s", m->rx_peer_id);
-    reg_build_plan(m, g);
+    if (in->refuse != NULL) {
+        g->plan_error = in->refuse; /* every room to it fails with this reason */
+        in->refuse = NULL;
+        KVB_LOGW("manager %s: %s", m->endpoint, g->plan_error);
+    } else {
+        reg_build_plan(m, g);
+    }
     g->registered_ms = now_ms();
+    return g;
+}
+
+/* Build the record and put it in the table (in's owned fields consumed). */
+static void reg_install(struct kvb_manager *m, reg_in_t *in)
+{
+    uint64_t bytes = (uint64_t)(in->kv.count + in->aux.count + in->n_state) * 8;
+    kvb__reg_t *g = reg_too_big(m, bytes) ? NULL : reg_from_in(m, in, bytes);
+    free(in->state);
+    free(in->refuse);
+    if (g == NULL)
+        return;
     /* Replace any earlier record of the session: a restarted decode
      * re-registers, which also clears its failure mark. */
     kvb__reg_t *old;
@@ -288,22 +318,152 @@ static void on_registration(struct kvb_manager *m, const kvb__frame_t *f, size_t
         KVB_LOGW("manager %s: KV args of %s refused: that session is registered with another "
                  "CURVE key (this one %.8s...)",
                  m->endpoint, g->session, g->peer_id);
-    if (ins == REG_IMPOSTOR || ins == REG_TOO_BIG) {
-        kvb__reg_put(g);
-        return;
-    }
     if (ins == REG_TOO_BIG)
         KVB_LOGW("manager %s: KV args of %s refused: registrations would hold more than %llu "
                  "bytes of pointers (KVBRIDGE_MAX_REGISTRATIONS_BYTES)",
                  m->endpoint, g->session, (unsigned long long)m->max_regs_bytes);
-    if (ins == REG_FULL) {
+    if (ins == REG_FULL)
         KVB_LOGW("manager %s: KV args of %s refused: %zu registrations in use "
                  "(KVBRIDGE_MAX_REGISTRATIONS)",
                  m->endpoint, g->session, m->max_regs);
+    if (ins != REG_OK) {
         kvb__reg_put(g);
         return;
     }
-    KVB_LOGD("manager %s: KV args of %s registered", m->endpoint, g->session);
+    KVB_LOGD("manager %s: KV args of %s registered (dialect %d)", m->endpoint, g->session,
+             g->dialect);
+}
+
+static void on_registration(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+{
+    kvb__reg_msg_t msg;
+    kvb__frames_err_t e;
+    reg_in_t in = {0};
+    if (kvb__frames_decode_registration(f, n, &e, &msg) != KVB_OK ||
+        !reg_kv_pool(msg.ext, msg.n_ext, msg.kv_ptrs.count, msg.dst_kv_item_len, &in.has_pool,
+                     &in.pool, &e)) {
+        kvb__conn_bad_message(m, KVB__MSG_REGISTRATION, &e);
+        return;
+    }
+    in = (reg_in_t){msg.ip,      msg.session_id,  msg.ip_len,           msg.session_id_len,
+                    msg.port,    msg.kv_ptrs,     msg.aux_ptrs,         NULL,
+                    0,           msg.dst_tp_rank, msg.dst_attn_tp_size, msg.dst_kv_item_len,
+                    in.has_pool, in.pool,         KVB__DIALECT_2025,    NULL};
+    if (msg.has_state_ptrs) {
+        in.state = copy_u64_view(msg.state_ptrs);
+        in.n_state = msg.state_ptrs.count;
+        if (in.state == NULL)
+            return;
+    }
+    reg_install(m, &in);
+}
+
+/* Why kvbridge cannot serve a 2026 registration's fields, or NULL (the
+ * fields it honours are copied into in). */
+/* What of a 2026 registration kvbridge cannot serve, into buf (empty: all
+ * fine). Checked: KV buffers present, DCP off, the KV item length at the
+ * same attention TP size (or MLA: page size and KV dtype), one state
+ * component, layer ids only where position pairs the same layers. */
+static void reg26_unsupported(struct kvb_manager *m, const kvb__reg26_msg_t *x, char *buf,
+                              size_t len)
+{
+    int sid = (int)x->session_id_len;
+    buf[0] = '\0';
+    if (x->kv_ptrs.count == 0)
+        snprintf(buf, len, "decode %.*s registered no KV buffers", sid, x->session_id);
+    else if (x->dcp_size != 1)
+        snprintf(buf, len,
+                 "decode %.*s uses decode context parallelism (DCP size %d, rank %d); kvbridge "
+                 "does not relayout KV for DCP",
+                 sid, x->session_id, (int)x->dcp_size, (int)x->dcp_rank);
+    else if ((m->p.is_mla || x->dst_attn_tp_size == m->p.attn_tp_size) &&
+             (uint64_t)x->dst_kv_item_len != m->args.kv_item_len)
+        snprintf(buf, len,
+                 "decode %.*s KV items are %lld bytes, this prefill's %llu (same attention TP "
+                 "size or MLA): the page size or the KV cache dtype differ",
+                 sid, x->session_id, (long long)x->dst_kv_item_len,
+                 (unsigned long long)m->args.kv_item_len);
+    else if (x->state_ptrs.n > 1)
+        snprintf(buf, len,
+                 "decode %.*s registered %u state components; kvbridge pairs one (its state "
+                 "buffers, one index list)",
+                 sid, x->session_id, x->state_ptrs.n);
+    else if (m->p.pp_size > 1 && (x->kv_layer_ids.count > 0 || x->state_layer_ids.len > 0))
+        snprintf(buf, len,
+                 "decode %.*s sent layer ids; kvbridge pairs layers by position and cannot "
+                 "pair by layer id with prefill PP size %d",
+                 sid, x->session_id, m->p.pp_size);
+}
+
+/* The one state component's buffers into in (owned), checked against this
+ * prefill's state item lengths (frame 10) where both have them. */
+static void reg26_state(struct kvb_manager *m, const kvb__reg26_msg_t *x, reg_in_t *in, char *buf,
+                        size_t len)
+{
+    const uint8_t *d;
+    size_t count;
+    int sid = (int)x->session_id_len;
+    kvb__lol_list(x->state_ptrs, 0, &d, &count);
+    in->state = malloc((count ? count : 1) * sizeof(uint64_t));
+    if (in->state == NULL) {
+        snprintf(buf, len, "decode %.*s: out of memory for its state buffers", sid, x->session_id);
+        return;
+    }
+    for (size_t k = 0; k < count; k++)
+        in->state[k] = kvb__lol_at(x->state_ptrs, 0, k);
+    in->n_state = count;
+    for (size_t k = 0; x->state_item_lens.n == 1 && k < count && k < m->args.num_state; k++)
+        if (kvb__lol_at(x->state_item_lens, 0, k) != m->state_items[k]) {
+            snprintf(buf, len,
+                     "decode %.*s state tensor %zu has items of %llu bytes, this prefill %llu: "
+                     "the state layouts differ",
+                     sid, x->session_id, k,
+                     (unsigned long long)kvb__lol_at(x->state_item_lens, 0, k),
+                     (unsigned long long)m->state_items[k]);
+            return;
+        }
+}
+
+/* Why kvbridge cannot serve a 2026 registration, or NULL (the fields it
+ * honours are copied into in). */
+static char *reg26_refusal(struct kvb_manager *m, const kvb__reg26_msg_t *x, reg_in_t *in)
+{
+    char buf[400];
+    reg26_unsupported(m, x, buf, sizeof(buf));
+    if (buf[0] == '\0' && x->state_ptrs.n == 1)
+        reg26_state(m, x, in, buf, sizeof(buf));
+    return buf[0] != '\0' ? strdup(buf) : NULL;
+}
+
+static void on_registration26(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+{
+    kvb__reg26_msg_t x;
+    kvb__frames_err_t e;
+    reg_in_t in = {0};
+    if (kvb__frames_decode_registration26(f, n, &e, &x) != KVB_OK ||
+        !reg_kv_pool(x.ext, x.n_ext, x.kv_ptrs.count, x.dst_kv_item_len, &in.has_pool, &in.pool,
+                     &e)) {
+        kvb__conn_bad_message(m, KVB__MSG_REGISTRATION26, &e);
+        return;
+    }
+    in = (reg_in_t){x.ip,
+                    x.session_id,
+                    x.ip_len,
+                    x.session_id_len,
+                    x.port,
+                    x.kv_ptrs,
+                    x.aux_ptrs,
+                    NULL,
+                    0,
+                    x.dst_tp_rank,
+                    x.dst_attn_tp_size,
+                    x.dst_kv_item_len > 0 ? x.dst_kv_item_len : 1,
+                    in.has_pool,
+                    in.pool,
+                    KVB__DIALECT_2026,
+                    NULL};
+    in.refuse = reg26_refusal(m, &x, &in);
+    reg_install(m, &in);
 }
 
 static kvb_status_t dst_from_msg(const kvb__xfer_msg_t *x, kvb__dst_t *d)
@@ -339,6 +499,58 @@ static kvb_status_t dst_from_msg(const kvb__xfer_msg_t *x, kvb__dst_t *d)
     return KVB_OK;
 }
 
+/* A 2026 transfer info as a destination; *why_p (static text or buf) says
+ * why kvbridge cannot serve it (the room then fails with that reason). */
+static kvb_status_t dst_from_msg26(struct kvb_manager *m, const kvb__xfer26_msg_t *x, kvb__dst_t *d,
+                                   char *why, size_t wl)
+{
+    memset(d, 0, sizeof(*d));
+    why[0] = '\0';
+    copy_str(d->session, sizeof(d->session), x->session_id, x->session_id_len);
+    copy_str(d->ip, sizeof(d->ip), x->ip, x->ip_len);
+    d->port = x->port;
+    d->dummy = x->is_dummy;
+    d->aux_index = x->aux_index;
+    d->dialect = KVB__DIALECT_2026;
+    d->epoch = x->has_epoch ? x->epoch : 0;
+    d->prefix_tokens = x->prefix_len;
+    d->n_pages = x->pages.count;
+    d->pages = malloc((d->n_pages ? d->n_pages : 1) * sizeof(int32_t));
+    if (d->pages == NULL)
+        return KVB_ERR_NOMEM;
+    for (size_t i = 0; i < d->n_pages; i++)
+        d->pages[i] = kvb__i32_at(x->pages, i);
+    if (x->has_page_mask) { /* aligned with the suffix pages */
+        d->mask = malloc(d->n_pages ? d->n_pages : 1);
+        if (d->mask == NULL)
+            return KVB_ERR_NOMEM;
+        memcpy(d->mask, x->page_mask, d->n_pages);
+    }
+    uint32_t page = m->args.page_size ? m->args.page_size : 1;
+    if (x->prefix_len % page != 0)
+        snprintf(why, wl, "decode prefix of %lld tokens is not a multiple of the page size %u",
+                 (long long)x->prefix_len, page);
+    else if (x->device_pages.count > 0)
+        snprintf(why, wl,
+                 "transfer info frame 9 (HiSparse device page indices, %zu) is not "
+                 "supported by kvbridge",
+                 x->device_pages.count);
+    else if (x->state_idx.n > 1)
+        snprintf(why, wl, "%u state index lists; kvbridge pairs one state component",
+                 x->state_idx.n);
+    d->skip_pages = (uint64_t)x->prefix_len / page;
+    if (x->state_idx.n == 1) {
+        const uint8_t *p;
+        kvb__lol_list(x->state_idx, 0, &p, &d->n_state);
+        d->state_idx = malloc((d->n_state ? d->n_state : 1) * sizeof(int32_t));
+        if (d->state_idx == NULL)
+            return KVB_ERR_NOMEM;
+        for (size_t i = 0; i < d->n_state; i++)
+            d->state_idx[i] = (int32_t)kvb__lol_at(x->state_idx, 0, i);
+    }
+    return KVB_OK;
+}
+
 /* Who named a room (the wire-room caps' fairness): the CURVE key the
  * message came with, else the ip:port its frames claim. */
 static void wire_peer(const struct kvb_manager *m, const kvb__xfer_msg_t *x, char *out, size_t len)
@@ -348,6 +560,15 @@ static void wire_peer(const struct kvb_manager *m, const kvb__xfer_msg_t *x, cha
     else
         snprintf(out, len, "%.*s:%u", (int)(x->ip_len < KVB_IP_MAX ? x->ip_len : KVB_IP_MAX), x->ip,
                  x->port);
+}
+
+static void wire_peer26(const struct kvb_manager *m, const char *ip, size_t ip_len, uint16_t port,
+                        char *out, size_t len)
+{
+    if (m->rx_peer_id[0] != '\0')
+        snprintf(out, len, "%s", m->rx_peer_id);
+    else
+        snprintf(out, len, "%.*s:%u", (int)(ip_len < KVB_IP_MAX ? ip_len : KVB_IP_MAX), ip, port);
 }
 
 /* What a destination holds in memory (the wire-room byte cap). */
@@ -367,6 +588,23 @@ static bool msg_is_abort(const kvb__xfer_msg_t *x)
 
 void kvb__prefill_abort_room(struct kvb_manager *m, kvb__room_t *r, const char *reason);
 void kvb__prefill_notify(struct kvb_manager *m, uint64_t room);
+
+/* A decode that joined a failed room: told at once when the room's other
+ * decodes were told already, else with them (once nothing is in flight). */
+static void notify_joined(struct kvb_manager *m, uint64_t room, const char *ip, size_t ip_len,
+                          uint16_t port)
+{
+    char host[KVB_IP_MAX];
+    copy_str(host, sizeof(host), ip, ip_len);
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, room);
+    bool told = r != NULL && r->fail_notified;
+    pthread_mutex_unlock(&m->mu);
+    if (told)
+        kvb__send_status(m, host, port, room, KVB_POLL_FAILED, m->prefill_rank);
+    else
+        kvb__prefill_notify(m, room);
+}
 
 /* A decode aborted the room: stop writing; the decode learns that nothing is
  * in flight from the Failed status sent once the writes settled. */
@@ -464,6 +702,84 @@ static void on_transfer(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         kvb__send_status(m, ip, x.port, x.room, KVB_POLL_FAILED, m->prefill_rank);
 }
 
+/* Record a 2026 destination in its room (failing the room when kvbridge
+ * cannot serve it) and move the room to WaitingForInput when complete. */
+static void on_transfer26(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+{
+    kvb__xfer26_msg_t x;
+    kvb__frames_err_t e;
+    kvb__dst_t d;
+    char why[256], peer[KVB_IP_MAX + 48];
+    if (kvb__frames_decode_transfer26(f, n, &e, &x) != KVB_OK) {
+        kvb__conn_bad_message(m, KVB__MSG_TRANSFER26, &e);
+        return;
+    }
+    if (dst_from_msg26(m, &x, &d, why, sizeof(why)) != KVB_OK) {
+        dst_free(&d);
+        return;
+    }
+    pthread_mutex_lock(&m->mu);
+    wire_peer26(m, x.ip, x.ip_len, x.port, peer, sizeof(peer));
+    kvb__room_t *r = kvb__room_wire_admit(m, x.room, dst_bytes(&d), peer);
+    room_put_dst(m, r, &d);
+    bool tell = false;
+    if (r != NULL) {
+        r->required_dst = x.required_dst_info_num;
+        if (why[0] != '\0')
+            kvb__room_fail(r, "room %llu from decode %.*s: %s", (unsigned long long)x.room,
+                           (int)x.session_id_len, x.session_id, why);
+        if (r->n_dst >= (size_t)r->required_dst)
+            kvb__room_set_status(r, KVB_POLL_WAITING_FOR_INPUT);
+        tell = r->status == KVB_POLL_FAILED;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (why[0] != '\0')
+        KVB_LOGW("manager %s: room %llu: %s", m->endpoint, (unsigned long long)x.room, why);
+    /* A room that failed here (or before, aborted) tells its decodes now,
+     * once nothing of it is in flight (kvb__prefill_notify checks). */
+    if (tell)
+        notify_joined(m, x.room, x.ip, x.ip_len, x.port);
+}
+
+/* A 2026 decode asked to abort the room: stop writing, and answer
+ * ABORT_ACK once no write of the room can land (the same fence as
+ * kvbridge's abort=1; the ACK replaces the Failed status to the asker). A
+ * room already over (Success and told, or Failed and told) is acknowledged
+ * at once. */
+static void on_abort26(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+{
+    kvb__abort_msg_t a;
+    kvb__frames_err_t e;
+    char ip[KVB_IP_MAX], peer[KVB_IP_MAX + 48];
+    if (kvb__frames_decode_abort(f, n, &e, &a) != KVB_OK) {
+        kvb__conn_bad_message(m, KVB__MSG_ABORT, &e);
+        return;
+    }
+    copy_str(ip, sizeof(ip), a.ip, a.ip_len);
+    pthread_mutex_lock(&m->mu);
+    wire_peer26(m, a.ip, a.ip_len, a.port, peer, sizeof(peer));
+    kvb__room_t *r = kvb__room_wire_admit(m, a.room, 0, peer);
+    bool ack_now = r == NULL;
+    if (r != NULL) {
+        snprintf(r->abort_ip, sizeof(r->abort_ip), "%s", ip);
+        r->abort_port = a.port;
+        r->abort_ack26 = 1;
+        /* A room that already ended Success here fails too (as with
+         * abort=1: sender and receiver agree), but its decodes were told
+         * Success: only the asker hears back, with the ACK. */
+        bool told_success = r->status == KVB_POLL_SUCCESS && !r->success_due;
+        kvb__prefill_abort_room(m, r, "Aborted by the decode instance");
+        if (told_success)
+            r->fail_notified = 1;
+        ack_now = r->inflight == 0 && !r->submitting && r->fail_notified;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (ack_now)
+        kvb__send_abort_ack(m, ip, a.port, a.room, m->prefill_rank);
+    else
+        kvb__prefill_notify(m, a.room);
+}
+
 void kvb__prefill_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     kvb__msg_kind_t kind = kvb__frames_classify(f, n);
@@ -471,6 +787,14 @@ void kvb__prefill_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_
         on_registration(m, f, n);
     else if (kind == KVB__MSG_TRANSFER)
         on_transfer(m, f, n);
+    else if (kind == KVB__MSG_REGISTRATION26)
+        on_registration26(m, f, n);
+    else if (kind == KVB__MSG_TRANSFER26)
+        on_transfer26(m, f, n);
+    else if (kind == KVB__MSG_ABORT)
+        on_abort26(m, f, n);
+    else if (kind == KVB__MSG_STAGING)
+        kvb__conn_unsupported(m, f, n);
     else
         kvb__conn_bad_message(m, kind, NULL);
 }

@@ -39,6 +39,7 @@ typedef struct work {
 typedef struct note {
     char ip[KVB_IP_MAX];
     uint16_t port;
+    int ack; /* a 2026 decode asked for the abort: ABORT_ACK instead of the status */
 } note_t;
 
 /* Collect, under m->mu, the decode endpoints to tell about the room's end.
@@ -62,9 +63,13 @@ static size_t notes_due(struct kvb_manager *m, kvb__room_t *r, note_t **out, int
     if (failed && r->abort_port != 0) {
         bool known = false;
         for (size_t i = 0; i < n; i++)
-            known |= (*out)[i].port == r->abort_port && strcmp((*out)[i].ip, r->abort_ip) == 0;
+            if ((*out)[i].port == r->abort_port && strcmp((*out)[i].ip, r->abort_ip) == 0) {
+                known = true;
+                (*out)[i].ack = r->abort_ack26;
+            }
         if (!known) {
             snprintf((*out)[n].ip, KVB_IP_MAX, "%s", r->abort_ip);
+            (*out)[n].ack = r->abort_ack26;
             (*out)[n++].port = r->abort_port;
         }
     }
@@ -81,8 +86,10 @@ static void send_notes(struct kvb_manager *m, uint64_t room, note_t *notes, size
     KVB_LOGD("manager %s: room %llu ends %s; telling %zu decode rank(s)", m->endpoint,
              (unsigned long long)room, kvb_poll_string((kvb_poll_t)status), n);
     for (size_t i = 0; i < n; i++)
-        if (kvb__send_status(m, notes[i].ip, notes[i].port, room, status, m->prefill_rank) !=
-            KVB_OK)
+        if ((notes[i].ack
+                 ? kvb__send_abort_ack(m, notes[i].ip, notes[i].port, room, m->prefill_rank)
+                 : kvb__send_status(m, notes[i].ip, notes[i].port, room, status,
+                                    m->prefill_rank)) != KVB_OK)
             KVB_LOGW("manager %s: status of room %llu to %s:%u not sent", m->endpoint,
                      (unsigned long long)room, notes[i].ip, notes[i].port);
     free(notes);
@@ -172,27 +179,57 @@ static kvb_status_t plan_into(struct kvb_manager *m, job_t *j, const kvb_plan_ch
                            (uint32_t)(j->reg->tp_rank % j->reg->tp_size), &src, &dst, ch, out);
 }
 
+/* Request page g goes to destination page g - shift when g >= shift and
+ * its page-mask byte (if any; aligned with the destination pages) is 1. */
+static bool page_wanted(const kvb__dst_t *d, uint64_t g, uint64_t shift)
+{
+    return g >= shift && (d->mask == NULL || d->mask[g - shift]);
+}
+
+/* Request pages a 2026 destination skips: its pages cover only the suffix
+ * after its prefix. A sender with the suffix only (SGLang's prefill sends
+ * from the decode's prefix on) maps page for page; a sender with the whole
+ * request skips the prefix pages. Any other count cannot be mapped. */
+static bool dst_shift(const kvb__dst_t *d, const kvb__chunk_t *c, uint64_t *shift_p, char *why,
+                      size_t wl)
+{
+    *shift_p = 0;
+    if (d->dialect != KVB__DIALECT_2026 || d->skip_pages == 0 || c->total == d->n_pages)
+        return true;
+    if (c->total == d->n_pages + d->skip_pages) {
+        *shift_p = d->skip_pages;
+        return true;
+    }
+    snprintf(why, wl,
+             "the sender has %llu pages; decode %s holds a %llu-page prefix and pre-allocated %zu "
+             "suffix pages",
+             (unsigned long long)c->total, d->session, (unsigned long long)d->skip_pages,
+             d->n_pages);
+    return false;
+}
+
 static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t *d,
-                              const kvb__chunk_t *c)
+                              const kvb__chunk_t *c, uint64_t shift)
 {
     kvb_plan_chunk_t ch = {0};
     size_t i = 0;
     ch.field_mask = KVB_PLAN_CHUNK_PREFIX;
-    ch.prefix_tokens = (uint64_t)d->prefix_tokens;
-    /* Pages the decode already holds (page mask 0) are skipped: plan each run
-     * of wanted pages on its own. */
+    /* 2026: the pages already exclude the prefix (shift maps them). */
+    ch.prefix_tokens = d->dialect == KVB__DIALECT_2026 ? 0 : (uint64_t)d->prefix_tokens;
+    /* Pages the decode already holds (page mask 0, below the shift) are
+     * skipped: plan each run of wanted pages on its own. */
     while (i < c->n) {
         size_t k = i;
-        if (d->mask != NULL && !d->mask[c->first + i]) {
+        if (!page_wanted(d, c->first + i, shift)) {
             i++;
             continue;
         }
-        while (k < c->n && (d->mask == NULL || d->mask[c->first + k]))
+        while (k < c->n && page_wanted(d, c->first + k, shift))
             k++;
         ch.src_pages = c->indices + i;
-        ch.dst_pages = d->pages + c->first + i;
+        ch.dst_pages = d->pages + (c->first + i - shift);
         ch.num_pages = k - i;
-        ch.first_page = c->first + i;
+        ch.first_page = c->first + i - shift;
         if (plan_into(m, j, &ch, &j->blocks) != KVB_OK)
             return KVB_ERR_INVALID;
         i = k;
@@ -237,6 +274,7 @@ static bool dst_pages_fit(const kvb__reg_t *g, const kvb__dst_t *d, char *why, s
 
 static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const kvb__chunk_t *c)
 {
+    uint64_t shift = 0;
     j->st = KVB_OK;
     snprintf(j->ip, sizeof(j->ip), "%s", d->ip);
     j->port = d->port;
@@ -257,7 +295,9 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
                  "Decode instance could be dead, remote session %s is not alive", d->session);
     } else if (!dst_pages_fit(j->reg, d, j->why, sizeof(j->why))) {
         j->st = KVB_ERR_INVALID;
-    } else if (c->first + c->n > d->n_pages) {
+    } else if (!dst_shift(d, c, &shift, j->why, sizeof(j->why))) {
+        j->st = KVB_ERR_INVALID;
+    } else if (c->first + c->n > d->n_pages + shift) {
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why),
                  "chunk covers request pages up to %llu but decode %s pre-allocated %zu",
@@ -268,7 +308,7 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         snprintf(j->why, sizeof(j->why),
                  "room %llu: the prefill has %zu state indices, decode %s asked for %zu",
                  (unsigned long long)c->room, c->n_state, d->session, d->n_state);
-    } else if (plan_runs(m, j, d, c) != KVB_OK) {
+    } else if (plan_runs(m, j, d, c, shift) != KVB_OK) {
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why), "planning room %llu for %s: %s",
                  (unsigned long long)c->room, d->session, kvb_plan_last_error());
@@ -670,6 +710,7 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
     c->room = s->room;
     c->n = count;
     c->first = s->cur;
+    c->total = s->num_kv;
     s->cur += count;
     c->is_last = s->cur == s->num_kv;
     c->aux_index = s->aux_index;

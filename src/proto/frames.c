@@ -1,5 +1,6 @@
 /* Control-channel frame codec; see frames.h and docs/protocol-frames.md. */
 #include "proto/frames.h"
+#include "proto/frames26.h"
 
 #include "core/core.h"
 
@@ -11,6 +12,10 @@
 #define KIND_XFER "transfer info"
 #define KIND_STATUS "status"
 #define KIND_AUX "aux data"
+#define KIND_REG26 "registration (2026)"
+#define KIND_XFER26 "transfer info (2026)"
+#define KIND_ABORT "abort"
+#define KIND_ACK "abort ack"
 
 static const char NONE_TAG[] = "None";
 static const char AUX_TAG[] = "AUX_DATA";
@@ -338,19 +343,41 @@ static kvb_status_t check_ext(dctx_t *c, const kvb__frame_t *frames, size_t firs
 
 /* ---- classification ---- */
 
+/* A kvbridge extension frame starts with its key's [a-z]; the 2026 frame in
+ * the same position (registration 9, transfer info 7) is a decimal. */
+static bool looks_ext(const kvb__frame_t *f)
+{
+    return f->len > 0 && f->data[0] >= 'a' && f->data[0] <= 'z';
+}
+
+static bool tag_is(const kvb__frame_t *f, const char *lit)
+{
+    return frame_is(f, lit, strlen(lit));
+}
+
 kvb__msg_kind_t kvb__frames_classify(const kvb__frame_t *frames, size_t n)
 {
     uint64_t room;
     if (n == 0)
         return KVB__MSG_UNKNOWN;
     if (frame_is(&frames[0], NONE_TAG, sizeof(NONE_TAG) - 1))
-        return KVB__MSG_REGISTRATION;
+        return n >= KVB__REG26_MIN && !looks_ext(&frames[REG_FRAMES]) ? KVB__MSG_REGISTRATION26
+                                                                      : KVB__MSG_REGISTRATION;
     if (frame_is(&frames[0], AUX_TAG, sizeof(AUX_TAG) - 1))
         return KVB__MSG_AUX;
+    if (tag_is(&frames[0], "ABORT"))
+        return KVB__MSG_ABORT;
+    if (tag_is(&frames[0], "ABORT_ACK"))
+        return KVB__MSG_ABORT_ACK;
+    if (tag_is(&frames[0], "STAGING_REQ") || tag_is(&frames[0], "STAGING_RSP") ||
+        tag_is(&frames[0], "CHUNK_READY") || tag_is(&frames[0], "WATERMARK"))
+        return KVB__MSG_STAGING;
     if (!parse_room(&frames[0], &room))
         return KVB__MSG_UNKNOWN;
     if (n == STATUS_FRAMES)
         return KVB__MSG_STATUS;
+    if (n >= KVB__XFER26_MIN && !looks_ext(&frames[XFER_FRAMES]))
+        return KVB__MSG_TRANSFER26;
     if (n >= XFER_FRAMES)
         return KVB__MSG_TRANSFER;
     return KVB__MSG_UNKNOWN;
@@ -367,6 +394,16 @@ const char *kvb__frames_kind_name(kvb__msg_kind_t kind)
         return KIND_STATUS;
     case KVB__MSG_AUX:
         return KIND_AUX;
+    case KVB__MSG_REGISTRATION26:
+        return KIND_REG26;
+    case KVB__MSG_TRANSFER26:
+        return KIND_XFER26;
+    case KVB__MSG_ABORT:
+        return KIND_ABORT;
+    case KVB__MSG_ABORT_ACK:
+        return KIND_ACK;
+    case KVB__MSG_STAGING:
+        return "staging";
     default:
         return "unknown";
     }
@@ -880,5 +917,484 @@ kvb_status_t kvb__frames_encode_aux(const kvb__aux_msg_t *msg, kvb__frames_err_t
         !put(out, msg->payload, msg->payload_len))
         return rollback(out, n0, len0, KVB_ERR_NOMEM);
     VERIFY(out, n0, len0, err, kvb__frames_decode_aux, kvb__aux_msg_t);
+    return KVB_OK;
+}
+
+/* ==== SGLang's 2026 dialect (frames26.h) ==== */
+
+static uint64_t le_at(const uint8_t *p, unsigned elem)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < elem; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* Offset of list i's payload (header checked by need_lol). */
+static size_t lol_offset(kvb__lol_view_t v, uint32_t i)
+{
+    size_t off = 4 + 4 * (size_t)v.n;
+    for (uint32_t k = 0; k < i; k++)
+        off += (size_t)le_at(v.data + 4 + 4 * (size_t)k, 4);
+    return off;
+}
+
+void kvb__lol_list(kvb__lol_view_t v, uint32_t i, const uint8_t **data_p, size_t *count_p)
+{
+    *data_p = v.data + lol_offset(v, i);
+    *count_p = (size_t)le_at(v.data + 4 + 4 * (size_t)i, 4) / v.elem;
+}
+
+uint64_t kvb__lol_at(kvb__lol_view_t v, uint32_t i, size_t k)
+{
+    const uint8_t *d;
+    size_t count;
+    kvb__lol_list(v, i, &d, &count);
+    return le_at(d + k * v.elem, v.elem);
+}
+
+kvb_status_t kvb__lol_pack_one(const void *elems, size_t count, unsigned elem, uint8_t **buf_p,
+                               kvb__lol_view_t *view_p)
+{
+    if ((elem != 4 && elem != 8) || (elems == NULL && count > 0) || count > UINT32_MAX / elem)
+        return KVB_ERR_INVALID;
+    size_t bytes = count * elem;
+    uint8_t *b = malloc(8 + bytes);
+    if (b == NULL)
+        return KVB_ERR_NOMEM;
+    for (unsigned i = 0; i < 4; i++) {
+        b[i] = i == 0 ? 1 : 0;
+        b[4 + i] = (uint8_t)(bytes >> (8 * i));
+    }
+    for (size_t k = 0; k < count; k++) { /* little-endian whatever the host */
+        uint64_t x = elem == 8 ? ((const uint64_t *)elems)[k] : ((const uint32_t *)elems)[k];
+        for (unsigned i = 0; i < elem; i++)
+            b[8 + k * elem + i] = (uint8_t)(x >> (8 * i));
+    }
+    *buf_p = b;
+    *view_p = (kvb__lol_view_t){b, 8 + bytes, 1, (uint8_t)elem};
+    return KVB_OK;
+}
+
+/* LoL frame: header, lengths that are multiples of elem and sum exactly to
+ * the payload, at most KVB__LOL_MAX_LISTS lists. */
+static kvb_status_t need_lol(dctx_t *c, const kvb__frame_t *f, size_t idx, const char *name,
+                             unsigned elem, kvb__lol_view_t *out_p)
+{
+    kvb__lol_view_t v = {f->data, f->len, 0, (uint8_t)elem};
+    if (f->len == 0) {
+        *out_p = v;
+        return KVB_OK;
+    }
+    if (f->len < 4)
+        return fail_frame(c, idx, name, "%zu bytes, shorter than the 4-byte list count", f->len);
+    uint64_t n = le_at(f->data, 4);
+    if (n > KVB__LOL_MAX_LISTS)
+        return fail_frame(c, idx, name, "%llu lists, at most %d", (unsigned long long)n,
+                          KVB__LOL_MAX_LISTS);
+    size_t head = 4 + 4 * (size_t)n, sum = 0;
+    if (f->len < head)
+        return fail_frame(c, idx, name, "%zu bytes, %llu lists need a %zu-byte header", f->len,
+                          (unsigned long long)n, head);
+    for (size_t i = 0; i < n; i++) {
+        size_t l = (size_t)le_at(f->data + 4 + 4 * i, 4);
+        if (l % elem != 0)
+            return fail_frame(c, idx, name, "list %zu is %zu bytes, not a multiple of %u", i, l,
+                              elem);
+        sum += l;
+    }
+    if (sum != f->len - head)
+        return fail_frame(c, idx, name, "lists declare %zu payload bytes, frame holds %zu", sum,
+                          f->len - head);
+    v.n = (uint32_t)n;
+    *out_p = v;
+    return KVB_OK;
+}
+
+/* Every element of every list: non-zero (pointers) or a non-negative i32. */
+static kvb_status_t lol_elems(dctx_t *c, kvb__lol_view_t v, size_t idx, const char *name,
+                              bool pointers)
+{
+    for (uint32_t i = 0; i < v.n; i++) {
+        const uint8_t *d;
+        size_t count;
+        kvb__lol_list(v, i, &d, &count);
+        for (size_t k = 0; k < count; k++) {
+            uint64_t x = le_at(d + k * v.elem, v.elem);
+            if (pointers && x == 0)
+                return fail_frame(c, idx, name, "list %u entry %zu is a null address", i, k);
+            if (!pointers && (int32_t)(uint32_t)x < 0)
+                return fail_frame(c, idx, name, "list %u entry %zu is negative (%d)", i, k,
+                                  (int)(int32_t)(uint32_t)x);
+        }
+    }
+    return KVB_OK;
+}
+
+/* v is empty, or has the lists of ref each with the same element count
+ * (counts_may_be_empty: a list may also be empty). */
+static kvb_status_t lol_shaped(dctx_t *c, kvb__lol_view_t v, kvb__lol_view_t ref, size_t idx,
+                               const char *name, bool counts_may_be_empty)
+{
+    if (v.len == 0)
+        return KVB_OK;
+    if (v.n != ref.n)
+        return fail_frame(c, idx, name, "%u lists, frame 6 has %u state components", v.n, ref.n);
+    for (uint32_t i = 0; i < v.n; i++) {
+        const uint8_t *d;
+        size_t a, b;
+        kvb__lol_list(v, i, &d, &a);
+        kvb__lol_list(ref, i, &d, &b);
+        if (a != b && !(counts_may_be_empty && a == 0))
+            return fail_frame(c, idx, name, "list %u has %zu entries, component %u has %zu", i, a,
+                              i, b);
+    }
+    return KVB_OK;
+}
+
+/* Decimal frame that may be empty (then *out_p = dflt). */
+static kvb_status_t opt_int(dctx_t *c, const kvb__frame_t *frames, size_t n, size_t idx,
+                            const char *name, int64_t min, int64_t max, int64_t dflt,
+                            int64_t *out_p)
+{
+    *out_p = dflt;
+    if (idx >= n || frames[idx].len == 0)
+        return KVB_OK;
+    return need_int(c, &frames[idx], idx, name, min, max, out_p);
+}
+
+static kvb_status_t reg26_state(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__reg26_msg_t *m)
+{
+    static const kvb__frame_t none = {NULL, 0};
+    TRY(need_lol(c, &f[6], 6, "dst_state_data_ptrs", 8, &m->state_ptrs));
+    TRY(lol_elems(c, m->state_ptrs, 6, "dst_state_data_ptrs", true));
+    TRY(need_lol(c, n > 10 ? &f[10] : &none, 10, "dst_state_item_lens", 4, &m->state_item_lens));
+    TRY(lol_shaped(c, m->state_item_lens, m->state_ptrs, 10, "dst_state_item_lens", false));
+    TRY(need_lol(c, n > 11 ? &f[11] : &none, 11, "dst_state_dim_per_tensor", 4, &m->state_dims));
+    TRY(lol_shaped(c, m->state_dims, m->state_ptrs, 11, "dst_state_dim_per_tensor", true));
+    const kvb__frame_t *ids = n > 12 ? &f[12] : &none;
+    if (ids->len % 4 != 0)
+        return fail_frame(c, 12, "dst_kv_layer_ids", "length %zu is not a multiple of 4", ids->len);
+    m->kv_layer_ids = (kvb__u32_view_t){ids->data, ids->len / 4};
+    if (m->kv_layer_ids.count != 0 && m->kv_layer_ids.count != m->kv_ptrs.count)
+        return fail_frame(c, 12, "dst_kv_layer_ids", "%zu ids for %zu KV buffers",
+                          m->kv_layer_ids.count, m->kv_ptrs.count);
+    TRY(need_lol(c, n > 13 ? &f[13] : &none, 13, "dst_state_layer_ids", 4, &m->state_layer_ids));
+    return lol_shaped(c, m->state_layer_ids, m->state_ptrs, 13, "dst_state_layer_ids", false);
+}
+
+static kvb_status_t reg26_tail(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__reg26_msg_t *m)
+{
+    int64_t v;
+    if (n > 14 && f[14].len != 0 && f[14].len != 8)
+        return fail_frame(c, 14, "staging_base_ptr", "%zu bytes, expected 8 or none", f[14].len);
+    m->has_staging_base = n > 14 && f[14].len == 8;
+    m->staging_base = m->has_staging_base ? kvb__u64_at((kvb__u64_view_t){f[14].data, 1}, 0) : 0;
+    TRY(opt_int(c, f, n, 15, "staging_total_size", 0, INT64_MAX, 0, &v));
+    m->staging_size = (uint64_t)v;
+    TRY(opt_int(c, f, n, 16, "dst_dcp_size", 1, INT32_MAX, 1, &v));
+    m->dcp_size = (int32_t)v;
+    TRY(opt_int(c, f, n, 17, "dst_dcp_rank", 0, m->dcp_size - 1, 0, &v));
+    m->dcp_rank = (int32_t)v;
+    m->n_fixed = n < KVB__REG26_FRAMES ? n : KVB__REG26_FRAMES;
+    if (n > KVB__REG26_FRAMES)
+        TRY(check_ext(c, f, KVB__REG26_FRAMES, n));
+    m->ext = n > KVB__REG26_FRAMES ? &f[KVB__REG26_FRAMES] : NULL;
+    m->n_ext = n > KVB__REG26_FRAMES ? n - KVB__REG26_FRAMES : 0;
+    return KVB_OK;
+}
+
+kvb_status_t kvb__frames_decode_registration26(const kvb__frame_t *frames, size_t n,
+                                               kvb__frames_err_t *err, kvb__reg26_msg_t *msg_p)
+{
+    dctx_t c = {KIND_REG26, err, false, 0};
+    kvb__reg26_msg_t m;
+    int64_t v;
+    char q[200];
+    memset(&m, 0, sizeof(m));
+    if (n < KVB__REG26_MIN)
+        return fail(&c, "expected at least %d frames, got %zu", KVB__REG26_MIN, n);
+    if (!frame_is(&frames[0], NONE_TAG, sizeof(NONE_TAG) - 1)) {
+        quote(q, sizeof(q), frames[0].data, frames[0].len);
+        return fail_frame(&c, 0, "tag", "%s is not \"None\"", q);
+    }
+    TRY(need_ip(&c, &frames[1], 1));
+    TRY(need_int(&c, &frames[2], 2, "port", 1, 65535, &v));
+    m.port = (uint16_t)v;
+    TRY(need_session(&c, &frames[3], 3));
+    TRY(need_u64_array(&c, &frames[4], 4, "dst_kv_ptrs", false, &m.kv_ptrs));
+    TRY(need_u64_array(&c, &frames[5], 5, "dst_aux_ptrs", false, &m.aux_ptrs));
+    TRY(need_i32(&c, &frames[7], 7, "dst_tp_rank", 0, &m.dst_tp_rank));
+    TRY(need_i32(&c, &frames[8], 8, "dst_attn_tp_size", 1, &m.dst_attn_tp_size));
+    TRY(need_int(&c, &frames[9], 9, "dst_kv_item_len", m.kv_ptrs.count > 0 ? 1 : 0,
+                 m.kv_ptrs.count > 0 ? INT64_MAX : 0, &m.dst_kv_item_len));
+    TRY(reg26_state(&c, frames, n, &m));
+    TRY(reg26_tail(&c, frames, n, &m));
+    m.ip = (const char *)frames[1].data;
+    m.ip_len = frames[1].len;
+    m.session_id = (const char *)frames[3].data;
+    m.session_id_len = frames[3].len;
+    *msg_p = m;
+    return KVB_OK;
+}
+
+static kvb_status_t need_mask(dctx_t *c, const kvb__frame_t *val, size_t i, size_t pages)
+{
+    if (val->len != pages)
+        return fail_frame(c, i, "extension page_mask", "%zu bytes for %zu page indices", val->len,
+                          pages);
+    for (size_t k = 0; k < val->len; k++)
+        if (val->data[k] > 1)
+            return fail_frame(c, i, "extension page_mask", "byte %zu is 0x%02x, expected 0 or 1", k,
+                              val->data[k]);
+    return KVB_OK;
+}
+
+static kvb_status_t xfer26_ext(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__xfer26_msg_t *m)
+{
+    m->n_fixed = n < KVB__XFER26_FRAMES ? n : KVB__XFER26_FRAMES;
+    if (n <= KVB__XFER26_FRAMES)
+        return KVB_OK;
+    TRY(check_ext(c, f, KVB__XFER26_FRAMES, n));
+    for (size_t i = KVB__XFER26_FRAMES; i < n; i++) {
+        ext_kv_t kv;
+        split_ext(&f[i], &kv);
+        kvb__frame_t val = {kv.val, kv.val_len};
+        if (key_is(&kv, "epoch")) {
+            int64_t ep;
+            TRY(need_int(c, &val, i, "extension epoch", 1, INT64_MAX, &ep));
+            m->has_epoch = true;
+            m->epoch = (uint64_t)ep;
+        } else if (key_is(&kv, "page_mask")) {
+            TRY(need_mask(c, &val, i, m->pages.count));
+            m->has_page_mask = true;
+            m->page_mask = val.data;
+        }
+    }
+    m->ext = &f[KVB__XFER26_FRAMES];
+    m->n_ext = n - KVB__XFER26_FRAMES;
+    return KVB_OK;
+}
+
+static kvb_status_t xfer26_dst(dctx_t *c, const kvb__frame_t *f, kvb__xfer26_msg_t *m)
+{
+    m->is_dummy = f[4].len == 0 && f[5].len == 0;
+    m->aux_index = -1;
+    TRY(need_lol(c, &f[6], 6, "dst_state_indices", 4, &m->state_idx));
+    TRY(lol_elems(c, m->state_idx, 6, "dst_state_indices", false));
+    if (m->is_dummy) {
+        if (f[6].len != 0)
+            return fail_frame(c, 6, "dst_state_indices", "%zu bytes on a dummy transfer info",
+                              f[6].len);
+        return KVB_OK;
+    }
+    TRY(need_i32_array(c, &f[4], 4, "dst_kv_indices", &m->pages));
+    if (f[5].len == 0)
+        return fail_frame(c, 5, "dst_aux_index", "empty while frame 4 holds %zu page indices",
+                          m->pages.count);
+    return need_i32(c, &f[5], 5, "dst_aux_index", 0, &m->aux_index);
+}
+
+kvb_status_t kvb__frames_decode_transfer26(const kvb__frame_t *frames, size_t n,
+                                           kvb__frames_err_t *err, kvb__xfer26_msg_t *msg_p)
+{
+    dctx_t c = {KIND_XFER26, err, false, 0};
+    kvb__xfer26_msg_t m;
+    int64_t v;
+    memset(&m, 0, sizeof(m));
+    if (n >= 1)
+        c.has_room = parse_room(&frames[0], &c.room);
+    if (n < KVB__XFER26_MIN)
+        return fail(&c, "expected at least %d frames, got %zu", KVB__XFER26_MIN, n);
+    TRY(need_room(&c, &frames[0], 0, &m.room));
+    TRY(need_ip(&c, &frames[1], 1));
+    TRY(need_int(&c, &frames[2], 2, "port", 1, 65535, &v));
+    m.port = (uint16_t)v;
+    TRY(need_session(&c, &frames[3], 3));
+    TRY(xfer26_dst(&c, frames, &m));
+    TRY(need_i32(&c, &frames[7], 7, "required_dst_info_num", 1, &m.required_dst_info_num));
+    m.has_prefix_len = n > 8 && frames[8].len > 0;
+    TRY(opt_int(&c, frames, n, 8, "decode_prefix_len", 0, INT64_MAX, 0, &m.prefix_len));
+    if (n > 9)
+        TRY(need_i32_array(&c, &frames[9], 9, "dst_device_kv_indices", &m.device_pages));
+    if (m.is_dummy && m.device_pages.count > 0)
+        return fail_frame(&c, 9, "dst_device_kv_indices", "%zu entries on a dummy transfer info",
+                          m.device_pages.count);
+    TRY(xfer26_ext(&c, frames, n, &m));
+    m.ip = (const char *)frames[1].data;
+    m.ip_len = frames[1].len;
+    m.session_id = (const char *)frames[3].data;
+    m.session_id_len = frames[3].len;
+    *msg_p = m;
+    return KVB_OK;
+}
+
+kvb_status_t kvb__frames_decode_abort(const kvb__frame_t *frames, size_t n, kvb__frames_err_t *err,
+                                      kvb__abort_msg_t *msg_p)
+{
+    dctx_t c = {KIND_ABORT, err, false, 0};
+    kvb__abort_msg_t m;
+    int64_t v;
+    char q[200];
+    if (n >= 2 && tag_is(&frames[0], "ABORT"))
+        c.has_room = parse_room(&frames[1], &c.room);
+    if (n != 4)
+        return fail(&c, "expected 4 frames, got %zu", n);
+    if (!tag_is(&frames[0], "ABORT")) {
+        quote(q, sizeof(q), frames[0].data, frames[0].len);
+        return fail_frame(&c, 0, "tag", "%s is not \"ABORT\"", q);
+    }
+    TRY(need_room(&c, &frames[1], 1, &m.room));
+    TRY(need_ip(&c, &frames[2], 2));
+    TRY(need_int(&c, &frames[3], 3, "port", 1, 65535, &v));
+    m.port = (uint16_t)v;
+    m.ip = (const char *)frames[2].data;
+    m.ip_len = frames[2].len;
+    *msg_p = m;
+    return KVB_OK;
+}
+
+kvb_status_t kvb__frames_decode_abort_ack(const kvb__frame_t *frames, size_t n,
+                                          kvb__frames_err_t *err, kvb__abort_ack_msg_t *msg_p)
+{
+    dctx_t c = {KIND_ACK, err, false, 0};
+    kvb__abort_ack_msg_t m = {0, false, 0};
+    char q[200];
+    if (n >= 2 && tag_is(&frames[0], "ABORT_ACK"))
+        c.has_room = parse_room(&frames[1], &c.room);
+    if (n != 2 && n != 3)
+        return fail(&c, "expected 2 or 3 frames, got %zu", n);
+    if (!tag_is(&frames[0], "ABORT_ACK")) {
+        quote(q, sizeof(q), frames[0].data, frames[0].len);
+        return fail_frame(&c, 0, "tag", "%s is not \"ABORT_ACK\"", q);
+    }
+    TRY(need_room(&c, &frames[1], 1, &m.room));
+    if (n == 3) {
+        TRY(need_i32(&c, &frames[2], 2, "prefill_unique_rank", 0, &m.rank));
+        m.has_rank = true;
+    }
+    *msg_p = m;
+    return KVB_OK;
+}
+
+/* ---- 2026 encoders ---- */
+
+static bool put_lol(kvb__frames_buf_t *b, kvb__lol_view_t v)
+{
+    return put(b, v.data, v.len);
+}
+
+static bool bad_lol(kvb__lol_view_t v)
+{
+    return bad_view(v.data, v.len);
+}
+
+static bool reg26_fixed(kvb__frames_buf_t *out, const kvb__reg26_msg_t *msg)
+{
+    uint8_t base[8];
+    memcpy(base, &msg->staging_base, 8);
+    return put(out, NONE_TAG, sizeof(NONE_TAG) - 1) && put(out, msg->ip, msg->ip_len) &&
+           put_u64(out, msg->port) && put(out, msg->session_id, msg->session_id_len) &&
+           put(out, msg->kv_ptrs.data, msg->kv_ptrs.count * 8) &&
+           put(out, msg->aux_ptrs.data, msg->aux_ptrs.count * 8) && put_lol(out, msg->state_ptrs) &&
+           put_i64(out, msg->dst_tp_rank) && put_i64(out, msg->dst_attn_tp_size) &&
+           put_i64(out, msg->dst_kv_item_len) && put_lol(out, msg->state_item_lens) &&
+           put_lol(out, msg->state_dims) &&
+           put(out, msg->kv_layer_ids.data, msg->kv_layer_ids.count * 4) &&
+           put_lol(out, msg->state_layer_ids) &&
+           put(out, msg->has_staging_base ? base : NULL, msg->has_staging_base ? 8 : 0) &&
+           (msg->staging_size > 0 || msg->has_staging_base ? put_u64(out, msg->staging_size)
+                                                           : put(out, NULL, 0)) &&
+           put_i64(out, msg->dcp_size) && put_i64(out, msg->dcp_rank);
+}
+
+kvb_status_t kvb__frames_encode_registration26(const kvb__reg26_msg_t *msg, kvb__frames_err_t *err,
+                                               kvb__frames_buf_t *out)
+{
+    size_t n0 = out->n, len0 = out->len;
+    if (bad_view(msg->ip, msg->ip_len) || bad_view(msg->session_id, msg->session_id_len) ||
+        bad_view(msg->kv_ptrs.data, msg->kv_ptrs.count) ||
+        bad_view(msg->aux_ptrs.data, msg->aux_ptrs.count) ||
+        bad_view(msg->kv_layer_ids.data, msg->kv_layer_ids.count) || bad_lol(msg->state_ptrs) ||
+        bad_lol(msg->state_item_lens) || bad_lol(msg->state_dims) ||
+        bad_lol(msg->state_layer_ids) || bad_view(msg->ext, msg->n_ext) ||
+        msg->kv_ptrs.count > SIZE_MAX / 8 || msg->aux_ptrs.count > SIZE_MAX / 8 ||
+        msg->kv_layer_ids.count > SIZE_MAX / 4)
+        return caller_error(err, KIND_REG26, "NULL array with a non-zero length");
+    if (!reg26_fixed(out, msg))
+        return rollback(out, n0, len0, KVB_ERR_NOMEM);
+    kvb_status_t st = put_ext(out, REG_KNOWN, NULL, 0, msg->ext, msg->n_ext);
+    if (st != KVB_OK)
+        return rollback(out, n0, len0, st);
+    VERIFY(out, n0, len0, err, kvb__frames_decode_registration26, kvb__reg26_msg_t);
+    return KVB_OK;
+}
+
+kvb_status_t kvb__frames_encode_transfer26(const kvb__xfer26_msg_t *msg, kvb__frames_err_t *err,
+                                           kvb__frames_buf_t *out)
+{
+    size_t n0 = out->n, len0 = out->len;
+    char epoch[24];
+    ext_out_t typed[2];
+    size_t n_typed = 0;
+    static const char *const known[] = {"epoch", "page_mask", NULL};
+    if (bad_view(msg->ip, msg->ip_len) || bad_view(msg->session_id, msg->session_id_len) ||
+        bad_view(msg->pages.data, msg->pages.count) || bad_lol(msg->state_idx) ||
+        bad_view(msg->device_pages.data, msg->device_pages.count) ||
+        bad_view(msg->ext, msg->n_ext) || msg->pages.count > SIZE_MAX / 4 ||
+        msg->device_pages.count > SIZE_MAX / 4)
+        return caller_error(err, KIND_XFER26, "NULL array with a non-zero length");
+    if (msg->is_dummy && (msg->pages.count != 0 || msg->state_idx.len != 0))
+        return caller_error(err, KIND_XFER26, "a dummy transfer info carries no indices");
+    if (msg->has_epoch) {
+        if (msg->epoch == 0 || msg->epoch > INT64_MAX)
+            return caller_error(err, KIND_XFER26, "epoch outside 1..2^63-1");
+        int k = snprintf(epoch, sizeof(epoch), "%llu", (unsigned long long)msg->epoch);
+        typed[n_typed++] = typed_ext("epoch", epoch, (size_t)k);
+    }
+    if (msg->has_page_mask) {
+        if (bad_view(msg->page_mask, msg->pages.count))
+            return caller_error(err, KIND_XFER26, "NULL page mask with page indices");
+        typed[n_typed++] = typed_ext("page_mask", msg->page_mask, msg->pages.count);
+    }
+    bool ok = put_u64(out, msg->room) && put(out, msg->ip, msg->ip_len) &&
+              put_u64(out, msg->port) && put(out, msg->session_id, msg->session_id_len);
+    if (ok && msg->is_dummy)
+        ok = put(out, NULL, 0) && put(out, NULL, 0);
+    else if (ok)
+        ok = put(out, msg->pages.data, msg->pages.count * 4) && put_i64(out, msg->aux_index);
+    ok = ok && put_lol(out, msg->state_idx) && put_i64(out, msg->required_dst_info_num) &&
+         put_i64(out, msg->has_prefix_len ? msg->prefix_len : 0) &&
+         put(out, msg->device_pages.data, msg->device_pages.count * 4);
+    if (!ok)
+        return rollback(out, n0, len0, KVB_ERR_NOMEM);
+    kvb_status_t st = put_ext(out, known, typed, n_typed, msg->ext, msg->n_ext);
+    if (st != KVB_OK)
+        return rollback(out, n0, len0, st);
+    VERIFY(out, n0, len0, err, kvb__frames_decode_transfer26, kvb__xfer26_msg_t);
+    return KVB_OK;
+}
+
+kvb_status_t kvb__frames_encode_abort(const kvb__abort_msg_t *msg, kvb__frames_err_t *err,
+                                      kvb__frames_buf_t *out)
+{
+    size_t n0 = out->n, len0 = out->len;
+    if (bad_view(msg->ip, msg->ip_len))
+        return caller_error(err, KIND_ABORT, "NULL ip with a non-zero length");
+    if (!put(out, "ABORT", 5) || !put_u64(out, msg->room) || !put(out, msg->ip, msg->ip_len) ||
+        !put_u64(out, msg->port))
+        return rollback(out, n0, len0, KVB_ERR_NOMEM);
+    VERIFY(out, n0, len0, err, kvb__frames_decode_abort, kvb__abort_msg_t);
+    return KVB_OK;
+}
+
+kvb_status_t kvb__frames_encode_abort_ack(const kvb__abort_ack_msg_t *msg, kvb__frames_err_t *err,
+                                          kvb__frames_buf_t *out)
+{
+    size_t n0 = out->n, len0 = out->len;
+    if (!put(out, "ABORT_ACK", 9) || !put_u64(out, msg->room) ||
+        (msg->has_rank && !put_i64(out, msg->rank)))
+        return rollback(out, n0, len0, KVB_ERR_NOMEM);
+    VERIFY(out, n0, len0, err, kvb__frames_decode_abort_ack, kvb__abort_ack_msg_t);
     return KVB_OK;
 }

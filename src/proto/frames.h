@@ -173,7 +173,15 @@ typedef enum kvb__msg_kind {
     KVB__MSG_REGISTRATION, /* frame 0 is "None" */
     KVB__MSG_TRANSFER,     /* frame 0 digits, >= 7 frames */
     KVB__MSG_STATUS,       /* frame 0 digits, exactly 3 frames */
-    KVB__MSG_AUX           /* frame 0 is "AUX_DATA" */
+    KVB__MSG_AUX,          /* frame 0 is "AUX_DATA" */
+    /* SGLang's 2026 dialect (frames26.h): a registration with >= 10 frames
+     * or a transfer info with >= 8 whose frame 9 / 7 is not a kvbridge
+     * "key=value" extension (it is a decimal there in 2026). */
+    KVB__MSG_REGISTRATION26,
+    KVB__MSG_TRANSFER26,
+    KVB__MSG_ABORT,     /* frame 0 "ABORT" */
+    KVB__MSG_ABORT_ACK, /* frame 0 "ABORT_ACK" */
+    KVB__MSG_STAGING    /* STAGING_REQ/STAGING_RSP/CHUNK_READY/WATERMARK: unsupported */
 } kvb__msg_kind_t;
 
 /* Which message a multipart is, from frame 0 and the frame count, as the
@@ -181,7 +189,8 @@ typedef enum kvb__msg_kind {
  * expecting one kind (a decode rank: status or aux) may instead call that
  * decoder on anything not classified, to get a reason and the room. */
 kvb__msg_kind_t kvb__frames_classify(const kvb__frame_t *frames, size_t n);
-/* "registration", "transfer info", "status", "aux data" or "unknown". Static. */
+/* "registration", "transfer info", "status", "aux data", "registration (2026)",
+ * "transfer info (2026)", "abort", "abort ack", "staging" or "unknown". Static. */
 const char *kvb__frames_kind_name(kvb__msg_kind_t kind);
 
 /* ---- decoding ----
