@@ -63,11 +63,15 @@ typedef struct kvb__reg26_msg {
     kvb__lol_view_t state_layer_ids; /* 13, LoL<I>: empty or shaped as 6 */
     bool has_staging_base;           /* 14 was 8 bytes */
     uint64_t staging_base;
-    uint64_t staging_size;   /* 15, 0 when empty/absent */
-    int32_t dcp_size;        /* 16, >= 1 (1 when empty/absent) */
-    int32_t dcp_rank;        /* 17, 0..dcp_size-1 (0 when empty/absent) */
-    size_t n_fixed;          /* dialect frames present, 10..18 */
-    const kvb__frame_t *ext; /* frames after 17 (kvbridge "key=value") */
+    uint64_t staging_size; /* 15, 0 when empty/absent */
+    int32_t dcp_size;      /* 16, >= 1 (1 when empty/absent) */
+    int32_t dcp_rank;      /* 17, 0..dcp_size-1 (0 when empty/absent) */
+    /* SGLang >= 0.5.23 (after the spec's commit): frames 18 and 19, told
+     * from kvbridge extensions by their text (not "key=value"). */
+    kvb__u64_view_t staging_slot_ids; /* 18, u64[]: ignored (no staging) */
+    kvb__u64_view_t kv_item_lens;     /* 19, u64[]: empty or one per kv_ptrs entry, >= 1 */
+    size_t n_fixed;                   /* dialect frames present, 10..20 */
+    const kvb__frame_t *ext;          /* frames after the dialect's (kvbridge "key=value") */
     size_t n_ext;
 } kvb__reg26_msg_t;
 
