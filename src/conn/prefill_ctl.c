@@ -784,6 +784,8 @@ static void on_abort26(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         snprintf(r->abort_ip, sizeof(r->abort_ip), "%s", ip);
         r->abort_port = a.port;
         r->abort_ack26 = 1;
+        r->abort_has_gen = a.has_generation;
+        r->abort_gen = a.generation;
         /* A room that already ended Success here fails too (as with
          * abort=1: sender and receiver agree), but its decodes were told
          * Success: only the asker hears back, with the ACK. */
@@ -795,7 +797,8 @@ static void on_abort26(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
     }
     pthread_mutex_unlock(&m->mu);
     if (ack_now)
-        kvb__send_abort_ack(m, ip, a.port, a.room, m->prefill_rank);
+        kvb__send_abort_ack(m, ip, a.port, a.room, m->prefill_rank,
+                            a.has_generation ? &a.generation : NULL);
     else
         kvb__prefill_notify(m, a.room);
 }

@@ -1293,8 +1293,8 @@ kvb_status_t kvb__frames_decode_abort(const kvb__frame_t *frames, size_t n, kvb_
     char q[200];
     if (n >= 2 && tag_is(&frames[0], "ABORT"))
         c.has_room = parse_room(&frames[1], &c.room);
-    if (n != 4)
-        return fail(&c, "expected 4 frames, got %zu", n);
+    if (n != 4 && n != 5)
+        return fail(&c, "expected 4 or 5 frames, got %zu", n);
     if (!tag_is(&frames[0], "ABORT")) {
         quote(q, sizeof(q), frames[0].data, frames[0].len);
         return fail_frame(&c, 0, "tag", "%s is not \"ABORT\"", q);
@@ -1305,6 +1305,12 @@ kvb_status_t kvb__frames_decode_abort(const kvb__frame_t *frames, size_t n, kvb_
     m.port = (uint16_t)v;
     m.ip = (const char *)frames[2].data;
     m.ip_len = frames[2].len;
+    m.has_generation = n == 5;
+    m.generation = 0;
+    if (n == 5) {
+        TRY(need_int(&c, &frames[4], 4, "generation", 0, INT64_MAX, &v));
+        m.generation = (uint64_t)v;
+    }
     *msg_p = m;
     return KVB_OK;
 }
@@ -1313,20 +1319,26 @@ kvb_status_t kvb__frames_decode_abort_ack(const kvb__frame_t *frames, size_t n,
                                           kvb__frames_err_t *err, kvb__abort_ack_msg_t *msg_p)
 {
     dctx_t c = {KIND_ACK, err, false, 0};
-    kvb__abort_ack_msg_t m = {0, false, 0};
+    kvb__abort_ack_msg_t m = {0, false, 0, false, 0};
+    int64_t v;
     char q[200];
     if (n >= 2 && tag_is(&frames[0], "ABORT_ACK"))
         c.has_room = parse_room(&frames[1], &c.room);
-    if (n != 2 && n != 3)
-        return fail(&c, "expected 2 or 3 frames, got %zu", n);
+    if (n < 2 || n > 4)
+        return fail(&c, "expected 2, 3 or 4 frames, got %zu", n);
     if (!tag_is(&frames[0], "ABORT_ACK")) {
         quote(q, sizeof(q), frames[0].data, frames[0].len);
         return fail_frame(&c, 0, "tag", "%s is not \"ABORT_ACK\"", q);
     }
     TRY(need_room(&c, &frames[1], 1, &m.room));
-    if (n == 3) {
+    if (n >= 3) {
         TRY(need_i32(&c, &frames[2], 2, "prefill_unique_rank", 0, &m.rank));
         m.has_rank = true;
+    }
+    if (n == 4) {
+        TRY(need_int(&c, &frames[3], 3, "generation", 0, INT64_MAX, &v));
+        m.generation = (uint64_t)v;
+        m.has_generation = true;
     }
     *msg_p = m;
     return KVB_OK;
@@ -1437,7 +1449,7 @@ kvb_status_t kvb__frames_encode_abort(const kvb__abort_msg_t *msg, kvb__frames_e
     if (bad_view(msg->ip, msg->ip_len))
         return caller_error(err, KIND_ABORT, "NULL ip with a non-zero length");
     if (!put(out, "ABORT", 5) || !put_u64(out, msg->room) || !put(out, msg->ip, msg->ip_len) ||
-        !put_u64(out, msg->port))
+        !put_u64(out, msg->port) || (msg->has_generation && !put_u64(out, msg->generation)))
         return rollback(out, n0, len0, KVB_ERR_NOMEM);
     VERIFY(out, n0, len0, err, kvb__frames_decode_abort, kvb__abort_msg_t);
     return KVB_OK;
@@ -1447,8 +1459,11 @@ kvb_status_t kvb__frames_encode_abort_ack(const kvb__abort_ack_msg_t *msg, kvb__
                                           kvb__frames_buf_t *out)
 {
     size_t n0 = out->n, len0 = out->len;
+    if (msg->has_generation && !msg->has_rank)
+        return caller_error(err, KIND_ACK, "a generation needs the rank frame before it");
     if (!put(out, "ABORT_ACK", 9) || !put_u64(out, msg->room) ||
-        (msg->has_rank && !put_i64(out, msg->rank)))
+        (msg->has_rank && !put_i64(out, msg->rank)) ||
+        (msg->has_generation && !put_u64(out, msg->generation)))
         return rollback(out, n0, len0, KVB_ERR_NOMEM);
     VERIFY(out, n0, len0, err, kvb__frames_decode_abort_ack, kvb__abort_ack_msg_t);
     return KVB_OK;

@@ -103,12 +103,16 @@ typedef struct kvb__xfer26_msg {
     size_t n_ext;
 } kvb__xfer26_msg_t;
 
-/* ABORT (decode -> prefill), exactly 4 frames. */
+/* ABORT (decode -> prefill), 4 frames, or 5 with SGLang 0.5.23's
+ * generation (its deferred decode KV release, on by default there): the ACK
+ * must echo it or that decode ignores the ACK. */
 typedef struct kvb__abort_msg {
     uint64_t room;
     const char *ip;
     size_t ip_len;
     uint16_t port; /* the decode's PULL port: where the ACK goes */
+    bool has_generation;
+    uint64_t generation; /* 4, decimal */
 } kvb__abort_msg_t;
 
 /* ABORT_ACK (prefill -> decode): 2 frames, or 3 with the sender's
@@ -118,6 +122,8 @@ typedef struct kvb__abort_ack_msg {
     uint64_t room;
     bool has_rank;
     int32_t rank;
+    bool has_generation; /* 4 frames (SGLang 0.5.23): the ABORT's generation */
+    uint64_t generation;
 } kvb__abort_ack_msg_t;
 
 /* Decoders: as in frames.h (KVB_OK, or KVB_ERR_PROTO with *err). */
