@@ -45,6 +45,7 @@ DST_PAGES = [5, 1, 30, 12]  # decode page indices (same length)
 SRC_AUX, DST_AUX = 2, 6
 DTYPE = "bfloat16"
 DEADLINE_S = 60.0
+ABORT_ACK_S = 10.0  # an ABORT_ACK must come well before SGLang's 30 s release timeout
 
 
 def out(obj):
@@ -227,9 +228,9 @@ def role_prefill(kind, boot, room):
             out({"status": int(st), "reason": reason_of(sender), "stage": "bootstrap"})
             return
         out("waiting")
-        sys.stdin.readline()  # "go"
-        sender.init(n, SRC_AUX)
-        sender.send(np.array(SRC_PAGES, dtype=np.int32))
+        if sys.stdin.readline().strip() == "go":  # else "wait": the decode aborts
+            sender.init(n, SRC_AUX)
+            sender.send(np.array(SRC_PAGES, dtype=np.int32))
         st = wait_terminal(sender.poll, KVPoll)
         out({"status": int(st), "reason": reason_of(sender) if st == KVPoll.Failed else ""})
     else:
@@ -248,12 +249,22 @@ def role_prefill(kind, boot, room):
             out({"status": int(st), "reason": reason_of(sender), "stage": "bootstrap"})
             return
         out("waiting")
-        sys.stdin.readline()
-        sender.init(n, SRC_AUX)
-        sender.send(np.array(SRC_PAGES, dtype=np.int32))
+        if sys.stdin.readline().strip() == "go":  # else "wait": the decode aborts
+            sender.init(n, SRC_AUX)
+            sender.send(np.array(SRC_PAGES, dtype=np.int32))
         st = wait_terminal(sender.poll, KVPoll)
         out({"status": int(st), "reason": reason_of(sender) if st == KVPoll.Failed else ""})
         mgr.close()
+
+
+def wait_true(fn, deadline_s=ABORT_ACK_S):
+    """Seconds until fn() held, or None past the bound."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if fn():
+            return round(time.monotonic() - t0, 2)
+        time.sleep(0.02)
+    return None
 
 
 def wait_until(poll, wanted, KVPoll, deadline_s=DEADLINE_S):
@@ -286,6 +297,11 @@ def role_decode(kind, boot, room):
         recv.init(0)
         recv.send_metadata(np.array(DST_PAGES, dtype=np.int32), DST_AUX, None)
         out("sent")
+        if sys.stdin.readline().strip() == "abort":
+            recv.abort()
+            # SGLang frees the pages once every prefill rank ACKed (deferred
+            # decode KV release, on by default in 0.5.23).
+            ack = wait_true(lambda: mgr.is_abort_release_safe(room, 1))
         st = wait_terminal(recv.poll, KVPoll)
         res = {"status": int(st), "reason": reason_of(recv) if st == KVPoll.Failed else ""}
     else:
@@ -300,9 +316,14 @@ def role_decode(kind, boot, room):
         recv = kvbridge.KVReceiver(mgr, boot, room)
         recv.init(np.array(DST_PAGES, dtype=np.int32), DST_AUX)
         out("sent")
+        if sys.stdin.readline().strip() == "abort":
+            recv.abort()
+            ack = wait_true(recv.pages_safe)  # the prefill's ABORT_ACK closed the fence
         st = wait_terminal(recv.poll, KVPoll)
         res = {"status": int(st), "reason": recv.failure_reason() if st == KVPoll.Failed else ""}
     res["bytes"] = verify(np, kv, aux, room) if res["status"] == 4 else "not checked"
+    if "ack" in locals():
+        res["released_after_ack"] = ack
     out(res)
     if kind == "kvbridge":
         mgr.close()
@@ -350,8 +371,10 @@ class Proc:
 
 def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
     """kill: None, "prefill" (with its bootstrap server, after the decode's
-    request arrived) or "decode" (after its request arrived, before the
-    prefill sends)."""
+    request arrived), "decode" (after its request arrived, before the prefill
+    sends) or "abort" (the decode aborts then: both sides Failed with a
+    reason, and the decode's pages released by the prefill's ABORT_ACK within
+    ABORT_ACK_S)."""
     env = dict(env, INTEROP_LOG=os.path.join(env["INTEROP_OUT"], name + ".log"))
     procs = []
     try:
@@ -367,7 +390,16 @@ def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
         w = pre.line()
         if w != "waiting":
             return False, f"prefill never ready to send: {w}"
+        if kill == "abort":
+            dec.send("abort")
+            pre.send("wait")
+            pres = json.loads(pre.line())
+            dres = json.loads(dec.line())
+            ok = (pres["status"] == 0 and pres["reason"] != "" and dres["status"] == 0
+                  and dres.get("released_after_ack") is not None)
+            return ok, f"prefill: {pres} decode: {dres}"
         if kill == "prefill":
+            dec.send("wait")
             pre.kill()
             boot.kill()
             res = json.loads(dec.line())
@@ -380,6 +412,7 @@ def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
             ok = res["status"] == 0 and res["reason"] != ""
             return ok, f"prefill: {res}"
         pre.send("go")
+        dec.send("wait")
         pres = json.loads(pre.line())
         dres = json.loads(dec.line())
         ok = pres["status"] == 4 and dres["status"] == 4 and dres["bytes"] == ""
@@ -402,6 +435,8 @@ CASES = [
     ("kvbridge_decode__sglang_prefill_killed", "sglang", "sglang", "kvbridge", "prefill", 2),
     ("sglang_prefill__kvbridge_decode_killed", "sglang", "sglang", "kvbridge", "decode", 2),
     ("kvbridge_prefill__sglang_decode_killed", "kvbridge", "kvbridge", "sglang", "decode", 0),
+    ("sglang_decode_aborts__kvbridge_prefill", "kvbridge", "kvbridge", "sglang", "abort", 0),
+    ("kvbridge_decode_aborts__sglang_prefill", "sglang", "sglang", "kvbridge", "abort", 2),
 ]
 
 
