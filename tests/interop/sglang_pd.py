@@ -439,6 +439,14 @@ CASES = [
     ("kvbridge_decode_aborts__sglang_prefill", "sglang", "sglang", "kvbridge", "abort", 2),
 ]
 
+# Strict expected failures (as ctest's known_bug label): reported XFAIL while
+# they fail, and a failure of the suite (XPASS) once they pass, so that the
+# entry and docs/testing.md get updated.
+KNOWN = {
+    "kvbridge_decode_aborts__sglang_prefill": "kvbridge's 4-frame ABORT has no generation: SGLang "
+    "0.5.23's prefill (deferred decode KV release on) sends no ABORT_ACK",
+}
+
 
 def driver(outdir, only=None):
     """A kill case counts only when the same pair moved verified bytes in
@@ -457,7 +465,12 @@ def driver(outdir, only=None):
             detail = f"not counted: its transfer case {CASES[needs][0]} did not pass; {detail}"
         results[i] = ok
         dt = time.monotonic() - t0
-        print(f"{'PASS' if ok else 'FAIL'} {name} ({dt:.1f} s): {detail}", flush=True)
+        word = "PASS" if ok else "FAIL"
+        if name in KNOWN:
+            word = "XPASS" if ok else "XFAIL"
+            detail = f"known: {KNOWN[name]}; {detail}"
+            ok = not ok
+        print(f"{word} {name} ({dt:.1f} s): {detail}", flush=True)
         passed, failed = passed + ok, failed + (not ok)
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
