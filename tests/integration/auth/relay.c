@@ -74,14 +74,15 @@ static bool forward_msg(relay_t *r, int from, int to, bool upstream, bool *repli
         KVB_OK)
         return false;
     bool reply = upstream && (memcmp(msg, "KVBHS002", 8) == 0 || memcmp(msg, "KVBHR001", 8) == 0);
-    if (reply)
+    if (reply) {
         msg = on_reply(r, msg, &len);
-    bool ok = kvb__sock_write_all(to, msg, len, deadline_s(5)) == KVB_OK;
-    free(msg);
-    if (reply && ok) {
+        /* Counted before it is forwarded: the writer may act on the reply
+         * (and the test read the count) before this thread runs again. */
         *replied = true;
         __atomic_add_fetch(&r->replies_seen, 1, __ATOMIC_RELEASE);
     }
+    bool ok = kvb__sock_write_all(to, msg, len, deadline_s(5)) == KVB_OK;
+    free(msg);
     return ok;
 }
 

@@ -351,7 +351,13 @@ static void test_hostile(void)
             "writes verified\n",
             tried, fd0, fd1, rss0, rss1, round);
     CHECK(fd1 <= fd0);
+#if defined(__SANITIZE_THREAD__)
+    /* ThreadSanitizer keeps state for each of the ~600 short-lived handshake
+     * threads (11-27 MiB here); the plain build grows under 1 MiB. */
+    CHECK(rss1 - rss0 < 64 * 1024);
+#else
     CHECK(rss1 - rss0 < 16 * 1024);
+#endif
     kvb_engine_destroy(e);
     free(mem);
     TEST_PASS("hostile TCP peers: engine keeps serving, fds and memory bounded");
