@@ -44,6 +44,11 @@ SRC_PAGES = [3, 7, 8, 20]  # prefill page indices
 DST_PAGES = [5, 1, 30, 12]  # decode page indices (same length)
 SRC_AUX, DST_AUX = 2, 6
 DTYPE = "bfloat16"
+# MLA (INTEROP_MLA=1, set per case by the driver): one latent buffer per layer,
+# one "head", is_mla_backend / is_mla on both sides.
+MLA = os.environ.get("INTEROP_MLA") == "1"
+N_KV = LAYERS if MLA else 2 * LAYERS
+HEADS_ARG = 1 if MLA else HEADS
 DEADLINE_S = 60.0
 ABORT_ACK_S = 10.0  # an ABORT_ACK must come well before SGLang's 30 s release timeout
 
@@ -63,8 +68,8 @@ def aux_pattern(np, slot, room):
 
 
 def buffers(np, fill_room=None):
-    """2*LAYERS KV buffers (K layers then V layers) and one aux buffer."""
-    kv = [np.zeros(PAGES * ITEM, dtype=np.uint8) for _ in range(2 * LAYERS)]
+    """N_KV KV buffers (MHA: K layers then V layers) and one aux buffer."""
+    kv = [np.zeros(PAGES * ITEM, dtype=np.uint8) for _ in range(N_KV)]
     aux = np.zeros(AUX_SLOTS * AUX_ITEM, dtype=np.uint8)
     if fill_room is not None:
         for b, arr in enumerate(kv):
@@ -146,8 +151,8 @@ def sglang_kv_args(KVArgs, kv, aux):
     a.is_hybrid_mla_backend = False
     a.ib_device = None
     a.gpu_id = 0
-    a.kv_head_num = HEADS
-    a.total_kv_head_num = HEADS
+    a.kv_head_num = HEADS_ARG
+    a.total_kv_head_num = HEADS_ARG
     a.prefill_start_layer = 0
     a.prefill_end_layer = None
     a.mla_compression_ratios = None
@@ -220,7 +225,7 @@ def role_prefill(kind, boot, room):
 
         sglang_engine(mte)
         mgr = mc.MooncakeKVManager(sglang_kv_args(KVArgs, kv, aux), DisaggregationMode.PREFILL,
-                                   stubs.server_args(), False)
+                                   stubs.server_args(), MLA)
         out("ready")
         sender = mc.MooncakeKVSender(mgr, boot, room)
         st = wait_until(sender.poll, (KVPoll.WaitingForInput,), KVPoll)
@@ -240,8 +245,8 @@ def role_prefill(kind, boot, room):
         args = kvbridge.KVArgs(kv_data_ptrs=ptrs(kv), kv_data_lens=[x.nbytes for x in kv],
                                kv_item_lens=[ITEM] * len(kv), aux_data_ptrs=[aux.ctypes.data],
                                aux_data_lens=[aux.nbytes], aux_item_lens=[AUX_ITEM], page_size=PAGE,
-                               kv_head_num=HEADS, engine_rank=0)
-        mgr = kvbridge.KVManager(args, "prefill", bootstrap_addr=boot, host="127.0.0.1")
+                               kv_head_num=HEADS_ARG, engine_rank=0)
+        mgr = kvbridge.KVManager(args, "prefill", bootstrap_addr=boot, host="127.0.0.1", is_mla=MLA)
         out("ready")
         sender = kvbridge.KVSender(mgr, boot, room)
         st = wait_until(sender.poll, (KVPoll.WaitingForInput,), KVPoll)
@@ -287,7 +292,7 @@ def role_decode(kind, boot, room):
 
         sglang_engine(mte)
         mgr = mc.MooncakeKVManager(sglang_kv_args(KVArgs, kv, aux), DisaggregationMode.DECODE,
-                                   stubs.server_args(), False)
+                                   stubs.server_args(), MLA)
         recv = mc.MooncakeKVReceiver(mgr, boot, room)
         # What the decode scheduler does (decode.py): parallel info, then
         # init(prefill_dp_rank), then send_metadata with the page indices.
@@ -311,8 +316,8 @@ def role_decode(kind, boot, room):
         args = kvbridge.KVArgs(kv_data_ptrs=ptrs(kv), kv_data_lens=[x.nbytes for x in kv],
                                kv_item_lens=[ITEM] * len(kv), aux_data_ptrs=[aux.ctypes.data],
                                aux_data_lens=[aux.nbytes], aux_item_lens=[AUX_ITEM], page_size=PAGE,
-                               kv_head_num=HEADS, engine_rank=0)
-        mgr = kvbridge.KVManager(args, "decode", host="127.0.0.1")
+                               kv_head_num=HEADS_ARG, engine_rank=0)
+        mgr = kvbridge.KVManager(args, "decode", host="127.0.0.1", is_mla=MLA)
         recv = kvbridge.KVReceiver(mgr, boot, room)
         recv.init(np.array(DST_PAGES, dtype=np.int32), DST_AUX)
         out("sent")
@@ -370,6 +375,7 @@ class Proc:
 
 
 def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
+    env = dict(env, INTEROP_MLA="1" if name.startswith("mla_") else "0")
     """kill: None, "prefill" (with its bootstrap server, after the decode's
     request arrived), "decode" (after its request arrived, before the prefill
     sends) or "abort" (the decode aborts then: both sides Failed with a
@@ -436,6 +442,8 @@ CASES = [
     ("sglang_prefill__kvbridge_decode_killed", "sglang", "sglang", "kvbridge", "decode", 2),
     ("kvbridge_prefill__sglang_decode_killed", "kvbridge", "kvbridge", "sglang", "decode", 0),
     ("sglang_decode_aborts__kvbridge_prefill", "kvbridge", "kvbridge", "sglang", "abort", 0),
+    ("mla_sglang_decode_from_kvbridge_prefill__sglang_boot", "sglang", "kvbridge", "sglang", None, None),
+    ("mla_kvbridge_decode_from_sglang_prefill__kvbridge_boot", "kvbridge", "sglang", "kvbridge", None, None),
     ("kvbridge_decode_aborts__sglang_prefill", "sglang", "sglang", "kvbridge", "abort", 2),
 ]
 
