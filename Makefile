@@ -8,7 +8,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVB_WERROR=ON
 # (docs/testing.md, Known issues) must not hide behind nor block the rest.
 CTEST_FLAGS ?= --output-on-failure -j$(JOBS) --repeat until-pass:2
 
-.PHONY: all deps build check demo format format-check clean check-asan check-tsan fuzz fuzz-smoke soak
+.PHONY: all deps build check demo format format-check clean check-asan check-tsan fuzz fuzz-smoke soak check-interop
 
 all: build
 
@@ -64,3 +64,8 @@ fuzz-smoke: build
 # Soak (minutes, not part of check): 20k rooms with aborts, RSS/fd check.
 soak: build
 	bash scripts/soak.sh $(BUILD)
+
+# Interop (PyPI, ~6 GB venv under $(BUILD), minutes; not part of check):
+# SGLang's real Mooncake connector <-> kvbridge, and scripts/mooncake-diff.sh.
+check-interop: build
+	bash scripts/interop.sh $(BUILD)

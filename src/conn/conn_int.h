@@ -132,7 +132,9 @@ typedef struct kvb__room {
     size_t n_xfers, cap_xfers;
     char abort_ip[KVB_IP_MAX]; /* decode that asked for the abort (ack target) */
     uint16_t abort_port;
-    int abort_ack26; /* the abort came as a 2026 ABORT: answer ABORT_ACK, not a status */
+    int abort_ack26;   /* the abort came as a 2026 ABORT: answer ABORT_ACK, not a status */
+    int abort_has_gen; /* that ABORT carried SGLang 0.5.23's generation: the ACK echoes it */
+    uint64_t abort_gen;
     /* decode */
     char *bootstrap_addr;
     kvb__src_t *srcs;
@@ -327,7 +329,7 @@ bool kvb__ext26_ok(const struct kvb_manager *m);
 /* ABORT_ACK (room, rank) to ip:port: always the 3-frame form, sent only
  * once no write of the room can land. */
 kvb_status_t kvb__send_abort_ack(struct kvb_manager *m, const char *ip, uint16_t port,
-                                 uint64_t room, int32_t rank);
+                                 uint64_t room, int32_t rank, const uint64_t *gen);
 /* ABORT (room, our ip, our port) to a 2026 prefill rank. */
 kvb_status_t kvb__send_abort26(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room);
 /* Log once per kind and count a message kvbridge does not support (the

@@ -364,6 +364,24 @@ static void on_registration(struct kvb_manager *m, const kvb__frame_t *f, size_t
  * fine). Checked: KV buffers present, DCP off, the KV item length at the
  * same attention TP size (or MLA: page size and KV dtype), one state
  * component, layer ids only where position pairs the same layers. */
+/* SGLang 0.5.23's frame 19: per-buffer item lengths; kvbridge takes one per
+ * rank (frame 9), so a buffer with another length cannot be served. */
+static bool reg26_mixed_items(const kvb__reg26_msg_t *x, char *buf, size_t len)
+{
+    for (size_t i = 0; i < x->kv_item_lens.count; i++) {
+        uint64_t v = kvb__u64_at(x->kv_item_lens, i);
+        if (v != (uint64_t)x->dst_kv_item_len) {
+            snprintf(buf, len,
+                     "decode %.*s KV buffer %zu has %llu-byte items, its first %lld; kvbridge "
+                     "takes one item length per rank",
+                     (int)x->session_id_len, x->session_id, i, (unsigned long long)v,
+                     (long long)x->dst_kv_item_len);
+            return true;
+        }
+    }
+    return false;
+}
+
 static void reg26_unsupported(struct kvb_manager *m, const kvb__reg26_msg_t *x, char *buf,
                               size_t len)
 {
@@ -376,6 +394,8 @@ static void reg26_unsupported(struct kvb_manager *m, const kvb__reg26_msg_t *x, 
                  "decode %.*s uses decode context parallelism (DCP size %d, rank %d); kvbridge "
                  "does not relayout KV for DCP",
                  sid, x->session_id, (int)x->dcp_size, (int)x->dcp_rank);
+    else if (reg26_mixed_items(x, buf, len))
+        ;
     else if ((m->p.is_mla || x->dst_attn_tp_size == m->p.attn_tp_size) &&
              (uint64_t)x->dst_kv_item_len != m->args.kv_item_len)
         snprintf(buf, len,
@@ -764,6 +784,8 @@ static void on_abort26(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         snprintf(r->abort_ip, sizeof(r->abort_ip), "%s", ip);
         r->abort_port = a.port;
         r->abort_ack26 = 1;
+        r->abort_has_gen = a.has_generation;
+        r->abort_gen = a.generation;
         /* A room that already ended Success here fails too (as with
          * abort=1: sender and receiver agree), but its decodes were told
          * Success: only the asker hears back, with the ACK. */
@@ -775,7 +797,8 @@ static void on_abort26(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
     }
     pthread_mutex_unlock(&m->mu);
     if (ack_now)
-        kvb__send_abort_ack(m, ip, a.port, a.room, m->prefill_rank);
+        kvb__send_abort_ack(m, ip, a.port, a.room, m->prefill_rank,
+                            a.has_generation ? &a.generation : NULL);
     else
         kvb__prefill_notify(m, a.room);
 }

@@ -39,7 +39,9 @@ typedef struct work {
 typedef struct note {
     char ip[KVB_IP_MAX];
     uint16_t port;
-    int ack; /* a 2026 decode asked for the abort: ABORT_ACK instead of the status */
+    int ack;     /* a 2026 decode asked for the abort: ABORT_ACK instead of the status */
+    int has_gen; /* its ABORT's generation (SGLang 0.5.23): echoed in the ACK */
+    uint64_t gen;
 } note_t;
 
 /* Collect, under m->mu, the decode endpoints to tell about the room's end.
@@ -66,10 +68,14 @@ static size_t notes_due(struct kvb_manager *m, kvb__room_t *r, note_t **out, int
             if ((*out)[i].port == r->abort_port && strcmp((*out)[i].ip, r->abort_ip) == 0) {
                 known = true;
                 (*out)[i].ack = r->abort_ack26;
+                (*out)[i].has_gen = r->abort_has_gen;
+                (*out)[i].gen = r->abort_gen;
             }
         if (!known) {
             snprintf((*out)[n].ip, KVB_IP_MAX, "%s", r->abort_ip);
             (*out)[n].ack = r->abort_ack26;
+            (*out)[n].has_gen = r->abort_has_gen;
+            (*out)[n].gen = r->abort_gen;
             (*out)[n++].port = r->abort_port;
         }
     }
@@ -87,7 +93,8 @@ static void send_notes(struct kvb_manager *m, uint64_t room, note_t *notes, size
              (unsigned long long)room, kvb_poll_string((kvb_poll_t)status), n);
     for (size_t i = 0; i < n; i++)
         if ((notes[i].ack
-                 ? kvb__send_abort_ack(m, notes[i].ip, notes[i].port, room, m->prefill_rank)
+                 ? kvb__send_abort_ack(m, notes[i].ip, notes[i].port, room, m->prefill_rank,
+                                       notes[i].has_gen ? &notes[i].gen : NULL)
                  : kvb__send_status(m, notes[i].ip, notes[i].port, room, status,
                                     m->prefill_rank)) != KVB_OK)
             KVB_LOGW("manager %s: status of room %llu to %s:%u not sent", m->endpoint,

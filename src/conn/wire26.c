@@ -24,12 +24,14 @@ static kvb_status_t send_buf(struct kvb_manager *m, const char *ip, uint16_t por
     return st;
 }
 
+/* gen: the ABORT's generation (SGLang 0.5.23), echoed as frame 3; NULL:
+ * the 3-frame ACK of the spec's dialect. */
 kvb_status_t kvb__send_abort_ack(struct kvb_manager *m, const char *ip, uint16_t port,
-                                 uint64_t room, int32_t rank)
+                                 uint64_t room, int32_t rank, const uint64_t *gen)
 {
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
-    kvb__abort_ack_msg_t a = {room, true, rank};
+    kvb__abort_ack_msg_t a = {room, true, rank, gen != NULL, gen != NULL ? *gen : 0};
     kvb__frames_buf_init(&b);
     return send_buf(m, ip, port, &b, kvb__frames_encode_abort_ack(&a, &e, &b));
 }
@@ -38,7 +40,7 @@ kvb_status_t kvb__send_abort26(struct kvb_manager *m, const char *ip, uint16_t p
 {
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
-    kvb__abort_msg_t a = {room, m->host, strlen(m->host), m->port};
+    kvb__abort_msg_t a = {room, m->host, strlen(m->host), m->port, false, 0};
     kvb__frames_buf_init(&b);
     return send_buf(m, ip, port, &b, kvb__frames_encode_abort(&a, &e, &b));
 }

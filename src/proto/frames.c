@@ -1083,6 +1083,59 @@ static kvb_status_t reg26_state(dctx_t *c, const kvb__frame_t *f, size_t n, kvb_
     return lol_shaped(c, m->state_layer_ids, m->state_ptrs, 13, "dst_state_layer_ids", false);
 }
 
+/* A kvbridge extension frame: "key=" with key [a-z][a-z0-9_]{0,31}. A packed
+ * u64 array (SGLang's frames 18/19) never reads so: its first 8 bytes hold
+ * a small number, zero bytes after the first. */
+static bool is_ext_text(const kvb__frame_t *f)
+{
+    size_t i = 0;
+    if (!looks_ext(f))
+        return false;
+    for (; i < f->len && i <= 32 && f->data[i] != '='; i++)
+        if (!((f->data[i] >= 'a' && f->data[i] <= 'z') ||
+              (f->data[i] >= '0' && f->data[i] <= '9') || f->data[i] == '_'))
+            return false;
+    return i < f->len && f->data[i] == '=';
+}
+
+/* Packed u64 frame of any values (layer ids may be 0). */
+static kvb_status_t need_u64_values(dctx_t *c, const kvb__frame_t *f, size_t idx, const char *name,
+                                    kvb__u64_view_t *out_p)
+{
+    if (f->len % 8 != 0)
+        return fail_frame(c, idx, name, "length %zu is not a multiple of 8", f->len);
+    *out_p = (kvb__u64_view_t){f->data, f->len / 8};
+    return KVB_OK;
+}
+
+/* SGLang after the spec's commit (release 0.5.23) appends frame 18, the
+ * staging slot layer ids (u64[]; kvbridge never stages: ignored), and frame
+ * 19, each KV buffer's item length (u64[], empty or one per frame-4 entry).
+ * They are told from kvbridge's extension frames by their text; extensions
+ * follow them. *from_p: the first extension frame. */
+static kvb_status_t reg26_after17(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__reg26_msg_t *m,
+                                  size_t *from_p)
+{
+    *from_p = KVB__REG26_FRAMES;
+    if (n <= KVB__REG26_FRAMES || is_ext_text(&f[KVB__REG26_FRAMES]))
+        return KVB_OK;
+    TRY(need_u64_values(c, &f[18], 18, "staging_slot_layer_ids", &m->staging_slot_ids));
+    *from_p = 19;
+    if (n <= 19 || is_ext_text(&f[19]))
+        return KVB_OK;
+    TRY(need_u64_values(c, &f[19], 19, "dst_kv_item_lens", &m->kv_item_lens));
+    if (m->kv_item_lens.count != 0 && m->kv_item_lens.count != m->kv_ptrs.count)
+        return fail_frame(c, 19, "dst_kv_item_lens", "%zu lengths for %zu KV buffers",
+                          m->kv_item_lens.count, m->kv_ptrs.count);
+    for (size_t i = 0; i < m->kv_item_lens.count; i++)
+        if (kvb__u64_at(m->kv_item_lens, i) == 0 ||
+            kvb__u64_at(m->kv_item_lens, i) > (uint64_t)INT64_MAX)
+            return fail_frame(c, 19, "dst_kv_item_lens", "entry %zu is %llu", i,
+                              (unsigned long long)kvb__u64_at(m->kv_item_lens, i));
+    *from_p = 20;
+    return KVB_OK;
+}
+
 static kvb_status_t reg26_tail(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__reg26_msg_t *m)
 {
     int64_t v;
@@ -1096,11 +1149,13 @@ static kvb_status_t reg26_tail(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__
     m->dcp_size = (int32_t)v;
     TRY(opt_int(c, f, n, 17, "dst_dcp_rank", 0, m->dcp_size - 1, 0, &v));
     m->dcp_rank = (int32_t)v;
-    m->n_fixed = n < KVB__REG26_FRAMES ? n : KVB__REG26_FRAMES;
-    if (n > KVB__REG26_FRAMES)
-        TRY(check_ext(c, f, KVB__REG26_FRAMES, n));
-    m->ext = n > KVB__REG26_FRAMES ? &f[KVB__REG26_FRAMES] : NULL;
-    m->n_ext = n > KVB__REG26_FRAMES ? n - KVB__REG26_FRAMES : 0;
+    size_t from;
+    TRY(reg26_after17(c, f, n, m, &from));
+    m->n_fixed = n < from ? n : from;
+    if (n > from)
+        TRY(check_ext(c, f, from, n));
+    m->ext = n > from ? &f[from] : NULL;
+    m->n_ext = n > from ? n - from : 0;
     return KVB_OK;
 }
 
@@ -1238,8 +1293,8 @@ kvb_status_t kvb__frames_decode_abort(const kvb__frame_t *frames, size_t n, kvb_
     char q[200];
     if (n >= 2 && tag_is(&frames[0], "ABORT"))
         c.has_room = parse_room(&frames[1], &c.room);
-    if (n != 4)
-        return fail(&c, "expected 4 frames, got %zu", n);
+    if (n != 4 && n != 5)
+        return fail(&c, "expected 4 or 5 frames, got %zu", n);
     if (!tag_is(&frames[0], "ABORT")) {
         quote(q, sizeof(q), frames[0].data, frames[0].len);
         return fail_frame(&c, 0, "tag", "%s is not \"ABORT\"", q);
@@ -1250,6 +1305,12 @@ kvb_status_t kvb__frames_decode_abort(const kvb__frame_t *frames, size_t n, kvb_
     m.port = (uint16_t)v;
     m.ip = (const char *)frames[2].data;
     m.ip_len = frames[2].len;
+    m.has_generation = n == 5;
+    m.generation = 0;
+    if (n == 5) {
+        TRY(need_int(&c, &frames[4], 4, "generation", 0, INT64_MAX, &v));
+        m.generation = (uint64_t)v;
+    }
     *msg_p = m;
     return KVB_OK;
 }
@@ -1258,20 +1319,26 @@ kvb_status_t kvb__frames_decode_abort_ack(const kvb__frame_t *frames, size_t n,
                                           kvb__frames_err_t *err, kvb__abort_ack_msg_t *msg_p)
 {
     dctx_t c = {KIND_ACK, err, false, 0};
-    kvb__abort_ack_msg_t m = {0, false, 0};
+    kvb__abort_ack_msg_t m = {0, false, 0, false, 0};
+    int64_t v;
     char q[200];
     if (n >= 2 && tag_is(&frames[0], "ABORT_ACK"))
         c.has_room = parse_room(&frames[1], &c.room);
-    if (n != 2 && n != 3)
-        return fail(&c, "expected 2 or 3 frames, got %zu", n);
+    if (n < 2 || n > 4)
+        return fail(&c, "expected 2, 3 or 4 frames, got %zu", n);
     if (!tag_is(&frames[0], "ABORT_ACK")) {
         quote(q, sizeof(q), frames[0].data, frames[0].len);
         return fail_frame(&c, 0, "tag", "%s is not \"ABORT_ACK\"", q);
     }
     TRY(need_room(&c, &frames[1], 1, &m.room));
-    if (n == 3) {
+    if (n >= 3) {
         TRY(need_i32(&c, &frames[2], 2, "prefill_unique_rank", 0, &m.rank));
         m.has_rank = true;
+    }
+    if (n == 4) {
+        TRY(need_int(&c, &frames[3], 3, "generation", 0, INT64_MAX, &v));
+        m.generation = (uint64_t)v;
+        m.has_generation = true;
     }
     *msg_p = m;
     return KVB_OK;
@@ -1382,7 +1449,7 @@ kvb_status_t kvb__frames_encode_abort(const kvb__abort_msg_t *msg, kvb__frames_e
     if (bad_view(msg->ip, msg->ip_len))
         return caller_error(err, KIND_ABORT, "NULL ip with a non-zero length");
     if (!put(out, "ABORT", 5) || !put_u64(out, msg->room) || !put(out, msg->ip, msg->ip_len) ||
-        !put_u64(out, msg->port))
+        !put_u64(out, msg->port) || (msg->has_generation && !put_u64(out, msg->generation)))
         return rollback(out, n0, len0, KVB_ERR_NOMEM);
     VERIFY(out, n0, len0, err, kvb__frames_decode_abort, kvb__abort_msg_t);
     return KVB_OK;
@@ -1392,8 +1459,11 @@ kvb_status_t kvb__frames_encode_abort_ack(const kvb__abort_ack_msg_t *msg, kvb__
                                           kvb__frames_buf_t *out)
 {
     size_t n0 = out->n, len0 = out->len;
+    if (msg->has_generation && !msg->has_rank)
+        return caller_error(err, KIND_ACK, "a generation needs the rank frame before it");
     if (!put(out, "ABORT_ACK", 9) || !put_u64(out, msg->room) ||
-        (msg->has_rank && !put_i64(out, msg->rank)))
+        (msg->has_rank && !put_i64(out, msg->rank)) ||
+        (msg->has_generation && !put_u64(out, msg->generation)))
         return rollback(out, n0, len0, KVB_ERR_NOMEM);
     VERIFY(out, n0, len0, err, kvb__frames_decode_abort_ack, kvb__abort_ack_msg_t);
     return KVB_OK;

@@ -63,11 +63,15 @@ typedef struct kvb__reg26_msg {
     kvb__lol_view_t state_layer_ids; /* 13, LoL<I>: empty or shaped as 6 */
     bool has_staging_base;           /* 14 was 8 bytes */
     uint64_t staging_base;
-    uint64_t staging_size;   /* 15, 0 when empty/absent */
-    int32_t dcp_size;        /* 16, >= 1 (1 when empty/absent) */
-    int32_t dcp_rank;        /* 17, 0..dcp_size-1 (0 when empty/absent) */
-    size_t n_fixed;          /* dialect frames present, 10..18 */
-    const kvb__frame_t *ext; /* frames after 17 (kvbridge "key=value") */
+    uint64_t staging_size; /* 15, 0 when empty/absent */
+    int32_t dcp_size;      /* 16, >= 1 (1 when empty/absent) */
+    int32_t dcp_rank;      /* 17, 0..dcp_size-1 (0 when empty/absent) */
+    /* SGLang >= 0.5.23 (after the spec's commit): frames 18 and 19, told
+     * from kvbridge extensions by their text (not "key=value"). */
+    kvb__u64_view_t staging_slot_ids; /* 18, u64[]: ignored (no staging) */
+    kvb__u64_view_t kv_item_lens;     /* 19, u64[]: empty or one per kv_ptrs entry, >= 1 */
+    size_t n_fixed;                   /* dialect frames present, 10..20 */
+    const kvb__frame_t *ext;          /* frames after the dialect's (kvbridge "key=value") */
     size_t n_ext;
 } kvb__reg26_msg_t;
 
@@ -99,12 +103,16 @@ typedef struct kvb__xfer26_msg {
     size_t n_ext;
 } kvb__xfer26_msg_t;
 
-/* ABORT (decode -> prefill), exactly 4 frames. */
+/* ABORT (decode -> prefill), 4 frames, or 5 with SGLang 0.5.23's
+ * generation (its deferred decode KV release, on by default there): the ACK
+ * must echo it or that decode ignores the ACK. */
 typedef struct kvb__abort_msg {
     uint64_t room;
     const char *ip;
     size_t ip_len;
     uint16_t port; /* the decode's PULL port: where the ACK goes */
+    bool has_generation;
+    uint64_t generation; /* 4, decimal */
 } kvb__abort_msg_t;
 
 /* ABORT_ACK (prefill -> decode): 2 frames, or 3 with the sender's
@@ -114,6 +122,8 @@ typedef struct kvb__abort_ack_msg {
     uint64_t room;
     bool has_rank;
     int32_t rank;
+    bool has_generation; /* 4 frames (SGLang 0.5.23): the ABORT's generation */
+    uint64_t generation;
 } kvb__abort_ack_msg_t;
 
 /* Decoders: as in frames.h (KVB_OK, or KVB_ERR_PROTO with *err). */

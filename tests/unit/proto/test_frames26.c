@@ -230,10 +230,10 @@ static void test_reg26_rejects(void)
             "registration (2026) frame 9 (dst_kv_item_len): \"0\" out of range "
             "1..9223372036854775807");
     reg_plain(f);
-    f[18] = T("7");
+    f[18] = T("7"); /* not key=value: SGLang 0.5.23's frame 18, packed u64 */
     REJ_REG(f, 19,
-            "registration (2026) frame 18 (extension): \"7\" is not key=value (key "
-            "[a-z][a-z0-9_]*, at most 32 bytes)");
+            "registration (2026) frame 18 (staging_slot_layer_ids): length 1 is not a "
+            "multiple of 8");
     reg_plain(f);
     f[4] = EMPTY; /* no KV buffers: item length must be 0 */
     f[9] = T("0");
@@ -377,7 +377,7 @@ static void test_abort_and_ack(void)
 {
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
-    kvb__abort_msg_t a = {99, "10.0.0.2", 8, 17001}, da;
+    kvb__abort_msg_t a = {99, "10.0.0.2", 8, 17001, false, 0}, da;
     kvb__frame_t exp[4] = {T("ABORT"), T("99"), T("10.0.0.2"), T("17001")};
     kvb__frames_buf_init(&b);
     CHECK_EQ(kvb__frames_encode_abort(&a, &e, &b), KVB_OK);
@@ -385,11 +385,12 @@ static void test_abort_and_ack(void)
     CHECK_EQ(kvb__frames_classify(exp, 4), KVB__MSG_ABORT);
     CHECK_EQ(kvb__frames_decode_abort(exp, 4, &e, &da), KVB_OK);
     CHECK(da.room == 99 && da.port == 17001 && da.ip_len == 8);
-    REJECT26(kvb__frames_decode_abort, kvb__abort_msg_t, exp, 3, "abort: expected 4 frames, got 3");
+    REJECT26(kvb__frames_decode_abort, kvb__abort_msg_t, exp, 3,
+             "abort: expected 4 or 5 frames, got 3");
     exp[3] = T("0");
     REJECT26(kvb__frames_decode_abort, kvb__abort_msg_t, exp, 4,
              "abort frame 3 (port): \"0\" out of range 1..65535");
-    kvb__abort_ack_msg_t k = {99, true, 3}, dk;
+    kvb__abort_ack_msg_t k = {99, true, 3, false, 0}, dk;
     kvb__frame_t ack[3] = {T("ABORT_ACK"), T("99"), T("3")};
     kvb__frames_buf_reset(&b);
     CHECK_EQ(kvb__frames_encode_abort_ack(&k, &e, &b), KVB_OK);
@@ -400,9 +401,9 @@ static void test_abort_and_ack(void)
     CHECK_EQ(kvb__frames_decode_abort_ack(ack, 2, &e, &dk), KVB_OK); /* SGLang's default form */
     CHECK(dk.room == 99 && !dk.has_rank);
     kvb__frames_buf_free(&b);
-    kvb__frame_t four[4] = {T("ABORT_ACK"), T("99"), T("3"), T("x")};
-    REJECT26(kvb__frames_decode_abort_ack, kvb__abort_ack_msg_t, four, 4,
-             "abort ack: expected 2 or 3 frames, got 4");
+    kvb__frame_t five[5] = {T("ABORT_ACK"), T("99"), T("3"), T("1"), T("x")};
+    REJECT26(kvb__frames_decode_abort_ack, kvb__abort_ack_msg_t, five, 5,
+             "abort ack: expected 2, 3 or 4 frames, got 5");
     kvb__frame_t st[1] = {T("WATERMARK")};
     CHECK_EQ(kvb__frames_classify(st, 1), KVB__MSG_STAGING);
     st[0] = T("STAGING_REQ");
