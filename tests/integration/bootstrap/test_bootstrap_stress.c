@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +152,9 @@ static void *busy_thread(void *arg)
     /* Keep requesting until the server is gone, then a few more. */
     while (after_stop < 5) {
         kvb_bootstrap_rank_addr_t a;
+        /* Read before the request: one that began before the stop may still
+         * succeed, and must not count as one made after it. */
+        bool stopped = atomic_load(&g_stop);
         kvb_status_t st = kvb_bootstrap_client_lookup(c, 0, 0, 0, 2.0, &a);
         if (st == KVB_OK || st == KVB_ERR_NOT_FOUND)
             atomic_fetch_add(&g_ok, 1);
@@ -161,7 +165,7 @@ static void *busy_thread(void *arg)
                     kvb_bootstrap_client_last_error(c));
             atomic_fetch_add(&g_other, 1);
         }
-        if (atomic_load(&g_stop))
+        if (stopped)
             after_stop++;
     }
     kvb_bootstrap_client_destroy(c);
