@@ -418,24 +418,37 @@ const char *kvb__frames_kind_name(kvb__msg_kind_t kind)
             return st_;                                                                            \
     } while (0)
 
+/* Frames 1-3 every decode message starts with after its tag or room:
+ * control ip, port, session id (the message keeps views into them). */
+static kvb_status_t need_peer(dctx_t *c, const kvb__frame_t *frames, uint16_t *port_p)
+{
+    int64_t v;
+    TRY(need_ip(c, &frames[1], 1));
+    TRY(need_int(c, &frames[2], 2, "port", 1, 65535, &v));
+    *port_p = (uint16_t)v;
+    return need_session(c, &frames[3], 3);
+}
+
+/* A registration's frames 0-3 (either dialect): "None", then need_peer. */
+static kvb_status_t need_reg_head(dctx_t *c, const kvb__frame_t *frames, uint16_t *port_p)
+{
+    char q[200];
+    if (!frame_is(&frames[0], NONE_TAG, sizeof(NONE_TAG) - 1)) {
+        quote(q, sizeof(q), frames[0].data, frames[0].len);
+        return fail_frame(c, 0, "tag", "%s is not \"None\"", q);
+    }
+    return need_peer(c, frames, port_p);
+}
+
 kvb_status_t kvb__frames_decode_registration(const kvb__frame_t *frames, size_t n,
                                              kvb__frames_err_t *err, kvb__reg_msg_t *msg_p)
 {
     dctx_t c = {KIND_REG, err, false, 0};
     kvb__reg_msg_t m;
-    int64_t v;
-    char q[200];
     memset(&m, 0, sizeof(m));
     if (n < REG_FRAMES)
         return fail(&c, "expected at least %d frames, got %zu", REG_FRAMES, n);
-    if (!frame_is(&frames[0], NONE_TAG, sizeof(NONE_TAG) - 1)) {
-        quote(q, sizeof(q), frames[0].data, frames[0].len);
-        return fail_frame(&c, 0, "tag", "%s is not \"None\"", q);
-    }
-    TRY(need_ip(&c, &frames[1], 1));
-    TRY(need_int(&c, &frames[2], 2, "port", 1, 65535, &v));
-    m.port = (uint16_t)v;
-    TRY(need_session(&c, &frames[3], 3));
+    TRY(need_reg_head(&c, frames, &m.port));
     TRY(need_u64_array(&c, &frames[4], 4, "kv_ptrs", true, &m.kv_ptrs));
     TRY(need_u64_array(&c, &frames[5], 5, "aux_ptrs", false, &m.aux_ptrs));
     TRY(need_i32(&c, &frames[6], 6, "dst_tp_rank", 0, &m.dst_tp_rank));
@@ -468,17 +481,13 @@ kvb_status_t kvb__frames_decode_transfer(const kvb__frame_t *frames, size_t n,
 {
     dctx_t c = {KIND_XFER, err, false, 0};
     kvb__xfer_msg_t m;
-    int64_t v;
     memset(&m, 0, sizeof(m));
     if (n >= 1)
         c.has_room = parse_room(&frames[0], &c.room);
     if (n < XFER_FRAMES)
         return fail(&c, "expected at least %d frames, got %zu", XFER_FRAMES, n);
     TRY(need_room(&c, &frames[0], 0, &m.room));
-    TRY(need_ip(&c, &frames[1], 1));
-    TRY(need_int(&c, &frames[2], 2, "port", 1, 65535, &v));
-    m.port = (uint16_t)v;
-    TRY(need_session(&c, &frames[3], 3));
+    TRY(need_peer(&c, frames, &m.port));
     m.is_dummy = frames[4].len == 0 && frames[5].len == 0;
     m.aux_index = -1;
     if (!m.is_dummy) {
@@ -1164,19 +1173,10 @@ kvb_status_t kvb__frames_decode_registration26(const kvb__frame_t *frames, size_
 {
     dctx_t c = {KIND_REG26, err, false, 0};
     kvb__reg26_msg_t m;
-    int64_t v;
-    char q[200];
     memset(&m, 0, sizeof(m));
     if (n < KVB__REG26_MIN)
         return fail(&c, "expected at least %d frames, got %zu", KVB__REG26_MIN, n);
-    if (!frame_is(&frames[0], NONE_TAG, sizeof(NONE_TAG) - 1)) {
-        quote(q, sizeof(q), frames[0].data, frames[0].len);
-        return fail_frame(&c, 0, "tag", "%s is not \"None\"", q);
-    }
-    TRY(need_ip(&c, &frames[1], 1));
-    TRY(need_int(&c, &frames[2], 2, "port", 1, 65535, &v));
-    m.port = (uint16_t)v;
-    TRY(need_session(&c, &frames[3], 3));
+    TRY(need_reg_head(&c, frames, &m.port));
     TRY(need_u64_array(&c, &frames[4], 4, "dst_kv_ptrs", false, &m.kv_ptrs));
     TRY(need_u64_array(&c, &frames[5], 5, "dst_aux_ptrs", false, &m.aux_ptrs));
     TRY(need_i32(&c, &frames[7], 7, "dst_tp_rank", 0, &m.dst_tp_rank));
@@ -1255,17 +1255,13 @@ kvb_status_t kvb__frames_decode_transfer26(const kvb__frame_t *frames, size_t n,
 {
     dctx_t c = {KIND_XFER26, err, false, 0};
     kvb__xfer26_msg_t m;
-    int64_t v;
     memset(&m, 0, sizeof(m));
     if (n >= 1)
         c.has_room = parse_room(&frames[0], &c.room);
     if (n < KVB__XFER26_MIN)
         return fail(&c, "expected at least %d frames, got %zu", KVB__XFER26_MIN, n);
     TRY(need_room(&c, &frames[0], 0, &m.room));
-    TRY(need_ip(&c, &frames[1], 1));
-    TRY(need_int(&c, &frames[2], 2, "port", 1, 65535, &v));
-    m.port = (uint16_t)v;
-    TRY(need_session(&c, &frames[3], 3));
+    TRY(need_peer(&c, frames, &m.port));
     TRY(xfer26_dst(&c, frames, &m));
     TRY(need_i32(&c, &frames[7], 7, "required_dst_info_num", 1, &m.required_dst_info_num));
     m.has_prefix_len = n > 8 && frames[8].len > 0;
