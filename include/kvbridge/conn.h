@@ -315,6 +315,9 @@ KVB_API kvb_poll_t kvb_receiver_poll(kvb_receiver_h receiver);
 /* Abort: record "Aborted by AbortReq." and tell the sources to stop. */
 KVB_API void kvb_receiver_abort(kvb_receiver_h receiver);
 
+/* Copy the room's failure reason into buf (at most len - 1 bytes and a NUL)
+ * and consume it, as the seeds pop it: a second call gives the generic
+ * "Failed due to an unknown reason..." text. Any thread. */
 KVB_API void kvb_receiver_failure(kvb_receiver_h receiver, char *buf, size_t len);
 
 /* 1 when nothing can land in the room's pages any more: Success, or Failed
