@@ -245,6 +245,18 @@ KVB_API kvb_status_t kvb_sender_send(kvb_sender_h sender, const int32_t *indices
 KVB_API kvb_status_t kvb_sender_set_state_indices(kvb_sender_h sender, const int32_t *indices,
                                                   size_t count);
 
+/* TokenSpeed decodes (PROTOCOL-TOKENSPEED.md 4.4, 8.6): the first output
+ * token the prefill sampled and the optional speculative candidate token
+ * ids, sent in this room's Success status to every TokenSpeed decode (they
+ * have no aux buffers). Without this call the token is the first int32 of
+ * this prefill's aux buffer 0 at the sender's aux_index (SGLang's output_ids
+ * slot) when the prefill has aux buffers, else -1 (the decode then resumes
+ * from the wrong position). Call before the last chunk; the array is copied
+ * (at most 4096 candidates). SGLang decodes never see it. Errors:
+ * KVB_ERR_INVALID (too many, NULL with count), KVB_ERR_NOMEM. */
+KVB_API kvb_status_t kvb_sender_set_first_token(kvb_sender_h sender, int64_t token,
+                                                const int32_t *candidates, size_t count);
+
 /* Current status; checks the bootstrap time-out. */
 KVB_API kvb_poll_t kvb_sender_poll(kvb_sender_h sender);
 

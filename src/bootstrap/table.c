@@ -181,7 +181,8 @@ json_t *kvb__boot_table_parallel_info(const kvb__boot_table_t *t, bool *nomem_p)
     o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:b}", "prefill_attn_tp_size",
                   (json_int_t)t->attn_tp_size, "prefill_dp_size", (json_int_t)t->dp_size,
                   "prefill_pp_size", (json_int_t)t->pp_size, "prefill_tp_size",
-                  (json_int_t)t->attn_tp_size, "dp_size", (json_int_t)t->dp_size,
+                  /* TokenSpeed's: its world size (PROTOCOL-TOKENSPEED.md 3.2, 13) */
+                  (json_int_t)(t->attn_tp_size * t->dp_size), "dp_size", (json_int_t)t->dp_size,
                   KVB__BOOT_KEY_MLA_L1_5, 0);
     if (o == NULL || json_object_update(o, t->layout) != 0) {
         json_decref(o);

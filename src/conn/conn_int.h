@@ -98,6 +98,7 @@ typedef struct kvb__dst {
     /* 2026: pages cover only the suffix after the decode's prefix of
      * skip_pages pages (prefix_tokens / page_size). */
     uint64_t skip_pages;
+    struct kvb__ts_plan *ts_plan; /* TokenSpeed: the decode's plan (frames 12-13), or NULL */
 } kvb__dst_t;
 
 /* A source of a decode room. */
@@ -289,6 +290,8 @@ struct kvb_manager {
     pthread_t ref_thr; /* periodic re-registration (prefill_ctl.c) */
     int ref_started;
 
+    struct kvb__ts *ts; /* prefill: TokenSpeed peers and first tokens (prefill_ts.c) */
+
     /* decode */
     kvb__addr_t *addrs;
     int hb_started; /* the heartbeat thread runs (join it on stop) */
@@ -314,6 +317,7 @@ struct kvb_receiver {
 /* ---- SGLang dialects (wire26.c) ---- */
 #define KVB__DIALECT_2025 2025 /* seed 001 (PROTOCOL.md) */
 #define KVB__DIALECT_2026 2026 /* PROTOCOL-SGLANG-2026.md */
+#define KVB__DIALECT_TS 4      /* TokenSpeed, seed 004 (PROTOCOL-TOKENSPEED.md; prefill_ts.c) */
 /* The ZeroMQ dialect a decode speaks to a prefill instance is the one its
  * bootstrap server answered in (PROTOCOL-SGLANG-2026.md 11.1: "speak on
  * ZeroMQ the dialect of the server that answered"): the manager's
@@ -368,6 +372,40 @@ void kvb__prefill_free(struct kvb_manager *m);
  * within the PUT's time-out (min(1 s, interval)) once m->stop is set. */
 kvb_status_t kvb__prefill_refresh_start(struct kvb_manager *m);
 void kvb__prefill_refresh_stop(struct kvb_manager *m);
+
+/* prefill_ctl.c, for the TokenSpeed dialect (prefill_ts.c) */
+/* Store a decode's KV args (pointers copied; state moved) under its session:
+ * no decode-side planner (each TokenSpeed room brings its plan). */
+void kvb__prefill_reg_install(struct kvb_manager *m, const char *ip, size_t ip_len, const char *sid,
+                              size_t sid_len, uint16_t port, kvb__u64_view_t kv, uint64_t *state,
+                              size_t n_state, int dialect);
+/* Put destination d (moved) into its room as a transfer info of the decode at
+ * ip:port does; why non-empty fails the room with it; the decode is told at
+ * once when the room failed. */
+void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, int32_t required,
+                          const char *why, const char *ip, size_t ip_len, uint16_t port);
+
+/* prefill_ts.c: TokenSpeed decodes (seed 004) on the prefill's port */
+/* Handle a TokenSpeed KV-args or transfer info (true), else false: the
+ * message is another dialect's. Control thread. */
+bool kvb__ts_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
+/* Is ip:port a TokenSpeed decode's control endpoint? Then every status to it
+ * goes out as kvb__ts_send_status. Any thread. */
+bool kvb__ts_endpoint(struct kvb_manager *m, const char *ip, uint16_t port);
+/* The 5-frame status (status: KVB_POLL_FAILED or _SUCCESS, or the
+ * KVB__TS_WAITING_FOR_INPUT arming value when ts_raw) with the room's first
+ * token and candidates on Success. */
+kvb_status_t kvb__ts_send_status(struct kvb_manager *m, const char *ip, uint16_t port,
+                                 uint64_t room, int status);
+/* The blocks of chunk c for TokenSpeed destination d (decode g): its plan,
+ * validated against both sides before any write. *st_p / why on error. */
+void kvb__ts_job_plan(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
+                      const kvb__chunk_t *c, kvb_plan_blocks_t *out, kvb_status_t *st_p, char *why,
+                      size_t wl);
+/* A sender's aux slot (first-token fallback), from kvb_sender_init. */
+void kvb__ts_note_aux(struct kvb_manager *m, uint64_t room, int64_t aux_index);
+void kvb__ts_plan_destroy(struct kvb__ts_plan *plan); /* NULL-safe */
+void kvb__ts_free(struct kvb_manager *m);
 
 /* decode.c */
 kvb_status_t kvb__decode_start(struct kvb_manager *m);

@@ -272,6 +272,8 @@ kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t po
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__status_msg_t s = {room, status, rank};
+    if (m->mode == KVB_MODE_PREFILL && kvb__ts_endpoint(m, ip, port))
+        return kvb__ts_send_status(m, ip, port, room, status); /* never 3 frames to it */
     kvb__frames_buf_init(&b);
     kvb_status_t st = kvb__frames_encode_status(&s, &e, &b);
     if (st == KVB_OK)

@@ -291,8 +291,8 @@ static kvb__reg_t *reg_from_in(struct kvb_manager *m, reg_in_t *in, uint64_t byt
         g->plan_error = in->refuse; /* every room to it fails with this reason */
         in->refuse = NULL;
         KVB_LOGW("manager %s: %s", m->endpoint, g->plan_error);
-    } else {
-        reg_build_plan(m, g);
+    } else if (in->dialect != KVB__DIALECT_TS) {
+        reg_build_plan(m, g); /* TokenSpeed rooms bring their own plans */
     }
     g->registered_ms = now_ms();
     return g;
@@ -332,6 +332,16 @@ static void reg_install(struct kvb_manager *m, reg_in_t *in)
     }
     KVB_LOGD("manager %s: KV args of %s registered (dialect %d)", m->endpoint, g->session,
              g->dialect);
+}
+
+void kvb__prefill_reg_install(struct kvb_manager *m, const char *ip, size_t ip_len, const char *sid,
+                              size_t sid_len, uint16_t port, kvb__u64_view_t kv, uint64_t *state,
+                              size_t n_state, int dialect)
+{
+    kvb__u64_view_t none = {NULL, 0};
+    reg_in_t in = {ip,      sid, ip_len, sid_len, port,  kv, none,    state,
+                   n_state, 0,   1,      1,       false, 0,  dialect, NULL};
+    reg_install(m, &in);
 }
 
 static void on_registration(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
@@ -650,6 +660,7 @@ static void dst_free(kvb__dst_t *d)
     free(d->pages);
     free(d->mask);
     free(d->state_idx);
+    kvb__ts_plan_destroy(d->ts_plan);
 }
 
 /* Put d into room r (m->mu held); d is moved or freed. Once a chunk of the
@@ -729,7 +740,7 @@ static void on_transfer26(struct kvb_manager *m, const kvb__frame_t *f, size_t n
     kvb__xfer26_msg_t x;
     kvb__frames_err_t e;
     kvb__dst_t d;
-    char why[256], peer[KVB_IP_MAX + 48];
+    char why[256];
     if (kvb__frames_decode_transfer26(f, n, &e, &x) != KVB_OK) {
         kvb__conn_bad_message(m, KVB__MSG_TRANSFER26, &e);
         return;
@@ -738,27 +749,36 @@ static void on_transfer26(struct kvb_manager *m, const kvb__frame_t *f, size_t n
         dst_free(&d);
         return;
     }
+    kvb__prefill_add_dst(m, x.room, &d, x.required_dst_info_num, why, x.ip, x.ip_len, x.port);
+}
+
+void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, int32_t required,
+                          const char *why, const char *ip, size_t ip_len, uint16_t port)
+{
+    char peer[KVB_IP_MAX + 48];
+    char session[KVB_SID_MAX];
+    snprintf(session, sizeof(session), "%s", d->session);
     pthread_mutex_lock(&m->mu);
-    wire_peer26(m, x.ip, x.ip_len, x.port, peer, sizeof(peer));
-    kvb__room_t *r = kvb__room_wire_admit(m, x.room, dst_bytes(&d), peer);
-    room_put_dst(m, r, &d);
+    wire_peer26(m, ip, ip_len, port, peer, sizeof(peer));
+    kvb__room_t *r = kvb__room_wire_admit(m, room, dst_bytes(d), peer);
+    room_put_dst(m, r, d);
     bool tell = false;
     if (r != NULL) {
-        r->required_dst = x.required_dst_info_num;
+        r->required_dst = required;
         if (why[0] != '\0')
-            kvb__room_fail(r, "room %llu from decode %.*s: %s", (unsigned long long)x.room,
-                           (int)x.session_id_len, x.session_id, why);
+            kvb__room_fail(r, "room %llu from decode %s: %s", (unsigned long long)room, session,
+                           why);
         if (r->n_dst >= (size_t)r->required_dst)
             kvb__room_set_status(r, KVB_POLL_WAITING_FOR_INPUT);
         tell = r->status == KVB_POLL_FAILED;
     }
     pthread_mutex_unlock(&m->mu);
     if (why[0] != '\0')
-        KVB_LOGW("manager %s: room %llu: %s", m->endpoint, (unsigned long long)x.room, why);
+        KVB_LOGW("manager %s: room %llu: %s", m->endpoint, (unsigned long long)room, why);
     /* A room that failed here (or before, aborted) tells its decodes now,
      * once nothing of it is in flight (kvb__prefill_notify checks). */
     if (tell)
-        notify_joined(m, x.room, x.ip, x.ip_len, x.port);
+        notify_joined(m, room, ip, ip_len, port);
 }
 
 /* A 2026 decode asked to abort the room: stop writing, and answer
@@ -805,6 +825,8 @@ static void on_abort26(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 
 void kvb__prefill_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
+    if (kvb__ts_on_message(m, f, n))
+        return; /* TokenSpeed (seed 004): told apart per session, prefill_ts.c */
     kvb__msg_kind_t kind = kvb__frames_classify(f, n);
     if (kind == KVB__MSG_REGISTRATION)
         on_registration(m, f, n);
@@ -823,13 +845,17 @@ void kvb__prefill_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_
 }
 
 /* What this rank tells the bootstrap server (PUT /route); item and unit are
- * the storage of its length arrays. */
+ * the storage of its length arrays, num_kv entries each: TokenSpeed's decode
+ * reads one per KV buffer in its buffer order (PROTOCOL-TOKENSPEED.md 3.2;
+ * kvbridge's decode reads the first). The unit is one head of one token for
+ * MHA and 1 byte for MLA, as TokenSpeed's pools say (spec 1, 8.2). */
 static void registration(struct kvb_manager *m, kvb_bootstrap_registration_t *reg, uint64_t *item,
                          uint64_t *unit)
 {
-    *item = m->args.kv_item_len;
-    *unit =
-        m->p.is_mla ? *item / m->args.page_size : *item / m->args.page_size / m->args.kv_head_num;
+    for (uint32_t i = 0; i < m->args.num_kv; i++) {
+        item[i] = m->args.kv_item_len;
+        unit[i] = m->p.is_mla ? 1 : item[i] / m->args.page_size / m->args.kv_head_num;
+    }
     memset(reg, 0, sizeof(*reg));
     /* The 2026 keys go out only when the client speaks 2026: SGLang's 2026
      * server needs page_size (PROTOCOL-SGLANG-2026.md 3.1). */
@@ -846,20 +872,24 @@ static void registration(struct kvb_manager *m, kvb_bootstrap_registration_t *re
     reg->system_dp_rank = m->p.system_dp_rank;
     reg->rank_ip = m->host;
     reg->rank_port = m->port;
-    reg->kv_item_lens = (kvb_bootstrap_lens_t){item, 1};
-    reg->kv_unit_lens = (kvb_bootstrap_lens_t){unit, 1};
+    reg->kv_item_lens = (kvb_bootstrap_lens_t){item, m->args.num_kv};
+    reg->kv_unit_lens = (kvb_bootstrap_lens_t){unit, m->args.num_kv};
 }
 
 kvb_status_t kvb__prefill_register(struct kvb_manager *m)
 {
     kvb_bootstrap_client_h c;
     kvb_bootstrap_registration_t reg;
-    uint64_t item, unit;
-    kvb_status_t st = kvb__bootstrap_client(m, m->bootstrap_addr, &c);
-    if (st != KVB_OK)
+    uint64_t *lens = calloc(2 * (size_t)m->args.num_kv + 2, sizeof(uint64_t));
+    kvb_status_t st =
+        lens == NULL ? KVB_ERR_NOMEM : kvb__bootstrap_client(m, m->bootstrap_addr, &c);
+    if (st != KVB_OK) {
+        free(lens);
         return kvb__err_set(&m->err, st, "bootstrap address \"%s\" is invalid", m->bootstrap_addr);
-    registration(m, &reg, &item, &unit);
+    }
+    registration(m, &reg, lens, lens + m->args.num_kv + 1);
     st = kvb_bootstrap_client_register(c, &reg, 5.0);
+    free(lens);
     if (st != KVB_OK)
         kvb__err_set(&m->err, st, "registration with bootstrap server %s failed: %s",
                      m->bootstrap_addr, kvb_bootstrap_client_last_error(c));
@@ -876,7 +906,7 @@ kvb_status_t kvb__prefill_register(struct kvb_manager *m)
 typedef struct refresh {
     kvb_bootstrap_client_h client;
     kvb_bootstrap_registration_t reg;
-    uint64_t item, unit;
+    uint64_t *lens; /* the registration's item then unit lengths */
     double timeout_s;
     double down_since; /* 0: the last attempt succeeded */
     int attempts;      /* failed attempts of the current outage */
@@ -910,9 +940,12 @@ static void *refresh_main(void *arg)
     struct kvb_manager *m = arg;
     refresh_t r = {0};
     double interval = m->p.bootstrap_refresh_s, next = kvb__now_s() + interval;
-    if (kvb__bootstrap_client(m, m->bootstrap_addr, &r.client) != KVB_OK)
+    r.lens = calloc(2 * (size_t)m->args.num_kv + 2, sizeof(uint64_t));
+    if (r.lens == NULL || kvb__bootstrap_client(m, m->bootstrap_addr, &r.client) != KVB_OK) {
+        free(r.lens);
         return NULL; /* the address was valid at creation: out of memory */
-    registration(m, &r.reg, &r.item, &r.unit);
+    }
+    registration(m, &r.reg, r.lens, r.lens + m->args.num_kv + 1);
     r.timeout_s = interval < 1.0 ? interval : 1.0;
     while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE)) {
         double now = kvb__now_s();
@@ -927,6 +960,7 @@ static void *refresh_main(void *arg)
             next = kvb__now_s() + interval;
     }
     kvb_bootstrap_client_destroy(r.client);
+    free(r.lens);
     return NULL;
 }
 

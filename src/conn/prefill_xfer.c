@@ -292,7 +292,7 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         j->st = KVB_ERR_STATE;
         snprintf(j->why, sizeof(j->why), "decode %s sent a transfer info but never its KV args",
                  d->session);
-    } else if (j->reg->plan == NULL) {
+    } else if (d->dialect != KVB__DIALECT_TS && j->reg->plan == NULL) {
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why), "%s", j->reg->plan_error);
     } else if (__atomic_load_n(&j->reg->failed, __ATOMIC_ACQUIRE) &&
@@ -300,6 +300,8 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         j->st = KVB_ERR_PEER;
         snprintf(j->why, sizeof(j->why),
                  "Decode instance could be dead, remote session %s is not alive", d->session);
+    } else if (d->dialect == KVB__DIALECT_TS) {
+        kvb__ts_job_plan(m, j->reg, d, c, &j->blocks, &j->st, j->why, sizeof(j->why));
     } else if (!dst_pages_fit(j->reg, d, j->why, sizeof(j->why))) {
         j->st = KVB_ERR_INVALID;
     } else if (!dst_shift(d, c, &shift, j->why, sizeof(j->why))) {
@@ -627,6 +629,7 @@ void kvb__prefill_free(struct kvb_manager *m)
     }
     free(m->queues);
     m->queues = NULL;
+    kvb__ts_free(m);
     for (kvb__reg_t *g = m->regs, *next; g != NULL; g = next) {
         next = g->next;
         kvb__reg_put(g);
@@ -679,6 +682,7 @@ kvb_status_t kvb_sender_init(kvb_sender_h s, uint64_t num_kv_indices, int64_t au
                             s->mgr->args.num_aux);
     s->num_kv = num_kv_indices;
     s->aux_index = aux_index;
+    kvb__ts_note_aux(s->mgr, s->room, aux_index);
     s->initialized = 1;
     return KVB_OK;
 }

@@ -68,6 +68,7 @@ static void room_free(kvb__room_t *r)
         free(r->dsts[i].pages);
         free(r->dsts[i].mask);
         free(r->dsts[i].state_idx);
+        kvb__ts_plan_destroy(r->dsts[i].ts_plan);
     }
     free(r->dsts);
     free(r->xfers);

@@ -237,6 +237,13 @@ kvb_status_t kvb__boot_reg_parse(const char *body, size_t len, kvb__boot_reg_t *
 
     /* With "role": seed 001 (2026 keys optional). Without: SGLang 2026, whose
      * server needs attn_cp_* and page_size (PROTOCOL-SGLANG-2026.md 3.1). */
+    /* TokenSpeed sends "role" too: told apart by world_size/engine_rank
+     * first (PROTOCOL-TOKENSPEED.md 11.2). */
+    if (kvb__boot_reg_is_ts(root)) {
+        if (kvb__boot_reg_parse_ts(root, &r, reason, reason_len) != KVB_OK)
+            goto out;
+        goto ranked;
+    }
     v = json_object_get(root, "role");
     if (v == NULL && json_object_get(root, "attn_cp_size") == NULL &&
         json_object_get(root, "page_size") == NULL) {
@@ -270,7 +277,7 @@ kvb_status_t kvb__boot_reg_parse(const char *body, size_t len, kvb__boot_reg_t *
         goto out;
     if (validate_ranks(&r, reason, reason_len) != KVB_OK)
         goto out;
-
+ranked:
     v = json_object_get(root, "rank_ip");
     if (v == NULL) {
         kvb__boot_reason(reason, reason_len, "missing key \"rank_ip\"");

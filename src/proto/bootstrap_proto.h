@@ -73,6 +73,14 @@ typedef struct kvb__boot_reg {
 kvb_status_t kvb__boot_reg_parse(const char *body, size_t len, kvb__boot_reg_t *reg_p, char *reason,
                                  size_t reason_len);
 
+/* TokenSpeed's body (bootstrap_json_ts.c): world_size and engine_rank
+ * present, attn_tp_size absent; then role, world_size, dp_size,
+ * engine_rank and enable_mla_l1_5_cache are required and fill r's seed-001
+ * fields (rank_ip, rank_port and the layout keys as for the others). */
+bool kvb__boot_reg_is_ts(json_t *root);
+kvb_status_t kvb__boot_reg_parse_ts(json_t *root, kvb__boot_reg_t *r, char *reason,
+                                    size_t reason_len);
+
 /* Free what reg owns and zero it. NULL-safe, idempotent. */
 void kvb__boot_reg_clear(kvb__boot_reg_t *reg);
 

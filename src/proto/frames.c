@@ -1464,3 +1464,32 @@ kvb_status_t kvb__frames_encode_abort_ack(const kvb__abort_ack_msg_t *msg, kvb__
     VERIFY(out, n0, len0, err, kvb__frames_decode_abort_ack, kvb__abort_ack_msg_t);
     return KVB_OK;
 }
+
+/* ---- shared with the TokenSpeed codec (frames_ts.c): the same field rules ---- */
+
+kvb_status_t kvb__frames_decode_peer(const kvb__frame_t *frames, size_t n, const char *kind,
+                                     bool room_first, kvb__frames_err_t *err, uint64_t *room_p,
+                                     uint16_t *port_p)
+{
+    dctx_t c = {kind, err, false, 0};
+    if (n < 4)
+        return fail(&c, "expected at least 4 frames, got %zu", n);
+    if (!room_first)
+        return need_reg_head(&c, frames, port_p);
+    c.has_room = parse_room(&frames[0], &c.room);
+    TRY(need_room(&c, &frames[0], 0, room_p));
+    return need_peer(&c, frames, port_p);
+}
+
+kvb_status_t kvb__frames_need_int(const kvb__frame_t *f, size_t idx, const char *kind,
+                                  const char *name, int64_t min, int64_t max, bool has_room,
+                                  uint64_t room, kvb__frames_err_t *err, int64_t *out_p)
+{
+    dctx_t c = {kind, err, has_room, room};
+    return need_int(&c, f, idx, name, min, max, out_p);
+}
+
+bool kvb__frames_put(kvb__frames_buf_t *b, const void *p, size_t len)
+{
+    return put(b, p, len);
+}

@@ -84,7 +84,8 @@ static void test_register_and_lookup(kvb_bootstrap_server_h s)
     CHECK_STR_CONTAINS(r.body, "\"prefill_attn_tp_size\":2");
     CHECK_STR_CONTAINS(r.body, "\"prefill_dp_size\":2");
     CHECK_STR_CONTAINS(r.body, "\"prefill_pp_size\":2");
-    CHECK_STR_CONTAINS(r.body, "\"prefill_tp_size\":2");
+    /* TokenSpeed's prefill_tp_size is its world size: attn TP 2 x DP 2 (spec 3.2). */
+    CHECK_STR_CONTAINS(r.body, "\"prefill_tp_size\":4");
     CHECK_STR_CONTAINS(r.body, "\"dp_size\":2");
     CHECK_STR_CONTAINS(r.body, "\"enable_mla_l1_5_cache\":false");
     /* TokenSpeed: no target_pp_rank. */
