@@ -69,3 +69,4 @@ soak: build
 # SGLang's real Mooncake connector <-> kvbridge, and scripts/mooncake-diff.sh.
 check-interop: build
 	bash scripts/interop.sh $(BUILD)
+	bash scripts/interop-tokenspeed.sh $(BUILD)

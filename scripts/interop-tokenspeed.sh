@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# TokenSpeed interop (run by `make check-interop`, after scripts/interop.sh;
+# NOT part of `make check`: it needs TokenSpeed's source and PyPI). Runs
+# TokenSpeed's own decode receiver (lightseekorg/tokenspeed at e41aa8b1609a,
+# whose pd/mooncake/receiver.py is seed 004), unmodified, against kvbridge's
+# C prefill ranks (ts_helper) with kvbridge's Mooncake drop-in
+# (python/compat) as its transfer engine: TP1->TP1, TP2->TP1, MLA,
+# MLA TP2->TP1, prefix skip, a killed prefill (Failed with TokenSpeed's
+# reason). Every KV byte and the first token are checked. What is stubbed:
+# tests/interop/tokenspeed_receiver.py (its docstring; docs/testing.md).
+#   TOKENSPEED_SRC  a git clone of lightseekorg/tokenspeed holding that
+#                   commit (default: cloned into BUILD/tokenspeed-git)
+# Usage: scripts/interop-tokenspeed.sh [BUILD_DIR]   (make build first)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=$(cd "${1:-$ROOT/build}" && pwd)
+COMMIT=e41aa8b1609a9412d7ed26aa56d910828607950f
+VENV=$BUILD/ts-venv
+HELPER=$BUILD/tests/integration/tokenspeed/ts_helper
+for f in "$BUILD/libkvbridge.so" "$HELPER"; do
+    if [ ! -e "$f" ]; then
+        echo "interop-tokenspeed: $f missing: build first (make build)" >&2
+        exit 2
+    fi
+done
+SRC=${TOKENSPEED_SRC:-$BUILD/tokenspeed-git}
+if ! git -C "$SRC" cat-file -e "$COMMIT^{commit}" 2>/dev/null; then
+    rm -rf "$BUILD/tokenspeed-git"
+    git clone -q --filter=blob:none https://github.com/lightseekorg/tokenspeed "$BUILD/tokenspeed-git"
+    SRC=$BUILD/tokenspeed-git
+fi
+TREE=$BUILD/tokenspeed
+rm -rf "$TREE"
+mkdir -p "$TREE"
+git -C "$SRC" archive "$COMMIT" python/tokenspeed | tar -x -C "$TREE"
+# aiohttp: TokenSpeed's bootstrap module imports it (Debian's python3 lacks it).
+if [ ! -x "$VENV/bin/python" ]; then
+    /usr/bin/python3 -m venv --system-site-packages "$VENV"
+fi
+"$VENV/bin/python" -c 'import aiohttp' 2>/dev/null ||
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check aiohttp==3.14.5
+OUT=$BUILD/interop-tokenspeed
+rm -rf "$OUT"
+mkdir -p "$OUT"
+export KVBRIDGE_TS_HELPER=$HELPER KVBRIDGE_LIB=$BUILD/libkvbridge.so
+export PYTHONPATH=$TREE/python:$ROOT/python/compat:$ROOT/python
+export TOKENSPEED_DISAGGREGATION_HEARTBEAT_INTERVAL=2 TOKENSPEED_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=1
+echo "== TokenSpeed $COMMIT receiver (seed 004) <- kvbridge C prefill (drop-in engine)"
+rc=0
+for c in tp1 tp2 mla mla_tp2 prefix killed; do
+    if timeout 120 "$VENV/bin/python" "$ROOT/tests/interop/tokenspeed_receiver.py" "$c" \
+        >"$OUT/$c.log" 2>&1; then
+        tail -n 1 "$OUT/$c.log"
+    else
+        echo "FAIL $c (log: $OUT/$c.log)"
+        tail -n 15 "$OUT/$c.log"
+        rc=1
+    fi
+done
+exit $rc

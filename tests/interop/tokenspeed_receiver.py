@@ -1,0 +1,277 @@
+"""TokenSpeed's own decode receiver (lightseekorg/tokenspeed at e41aa8b1609a,
+pd/mooncake/receiver.py = seed 004), run unmodified against kvbridge's C
+prefill (tests/integration/tokenspeed/ts_helper), its bytes moved by
+kvbridge's engine through the Mooncake drop-in (python/compat/mooncake).
+Run by scripts/interop-tokenspeed.sh; not part of `make check`.
+
+Run unmodified: receiver.py, mooncake/decode.py, mooncake/conn.py,
+mooncake/entities.py, base/manager.py, base/mooncake_engine.py,
+base/status.py, base/bootstrap.py, transfer_plan.py and utils/network.py,
+all from the TokenSpeed tree on sys.path. Stubbed (they import torch,
+triton and TokenSpeed's GPU kernels, or the whole server config, and the
+connector uses one or two names of each):
+  tokenspeed.runtime.pd.utils          DisaggregationMode, PageTransferMetadata
+                                       (+ three prefill-only names, never called)
+  tokenspeed.runtime.utils (+ .common) get_colorful_logger
+  tokenspeed.runtime.utils.env         envs: the PD variables of spec 6.1,
+                                       read from the environment
+  tokenspeed.runtime.metrics.collector KVTransferMetrics (metrics off)
+The decode's KV pool is host memory (ctypes) instead of GPU tensors.
+
+Cases (argv[1]): tp1, tp2, mla, mla_tp2, prefix, killed. Prints one line
+"CASE ok ..." or raises.
+"""
+
+import ctypes
+import dataclasses
+import enum
+import logging
+import os
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+
+HELPER = os.environ["KVBRIDGE_TS_HELPER"]
+M64 = (1 << 64) - 1
+
+
+class _Env:
+    def __init__(self, name, default, kind):
+        self.name, self.default, self.kind = name, default, kind
+
+    def get(self):
+        v = os.environ.get(self.name)
+        try:
+            return self.kind(v) if v is not None else self.default
+        except ValueError:
+            return self.default
+
+
+def install_stubs():
+    def mod(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        sys.modules[name] = m
+        return m
+
+    import tokenspeed.runtime  # noqa: F401  (the real namespace packages)
+
+    ts_root = os.path.dirname(list(sys.modules["tokenspeed.runtime"].__path__)[0])
+    utils = mod("tokenspeed.runtime.utils", get_colorful_logger=logging.getLogger)
+    utils.__path__ = [os.path.join(ts_root, "runtime", "utils")]  # network.py stays real
+    mod("tokenspeed.runtime.utils.common")
+    envs = types.SimpleNamespace(
+        TOKENSPEED_DISAGGREGATION_HEARTBEAT_INTERVAL=_Env(
+            "TOKENSPEED_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0, float
+        ),
+        TOKENSPEED_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=_Env(
+            "TOKENSPEED_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2, int
+        ),
+        TOKENSPEED_DISAGGREGATION_WAITING_TIMEOUT=_Env(
+            "TOKENSPEED_DISAGGREGATION_WAITING_TIMEOUT", 300, int
+        ),
+        TOKENSPEED_HOST_IP=_Env("TOKENSPEED_HOST_IP", "", str),
+    )
+    mod("tokenspeed.runtime.utils.env", envs=envs)
+
+    class DisaggregationMode(enum.Enum):
+        NULL = "null"
+        PREFILL = "prefill"
+        DECODE = "decode"
+        ENCODE = "encode"
+
+    @dataclasses.dataclass
+    class PageTransferMetadata:
+        indices_are_local: bool
+        page_transfer_mask: object
+        page_local_indices: object = None
+
+    def _prefill_only(*a, **k):  # prefill.py imports them; the decode never calls them
+        raise NotImplementedError("stub: TokenSpeed's prefill side is not run here")
+
+    mod(
+        "tokenspeed.runtime.pd.utils",
+        DisaggregationMode=DisaggregationMode,
+        PageTransferMetadata=PageTransferMetadata,
+        FastQueue=_prefill_only,
+        StepCounter=_prefill_only,
+        group_concurrent_contiguous=_prefill_only,
+    )
+    mod("tokenspeed.runtime.metrics")
+    mod("tokenspeed.runtime.metrics.collector", KVTransferMetrics=object)
+
+
+def pat(room, buf, page, k):
+    """kvbh_pat (tests/harness/kvb_cluster.c)."""
+    x = ((room * 0x9E3779B97F4A7C15) & M64) ^ (buf << 48) ^ (page << 24) ^ (k >> 3)
+    x &= M64
+    x ^= x >> 31
+    x = (x * 0xBF58476D1CE4E5B9) & M64
+    x ^= x >> 29
+    return (x >> (8 * (k & 7))) & 0xFF
+
+
+class Helper:
+    def __init__(self, tp, mla):
+        args = [HELPER, "prefill", str(tp)] + (["mla"] if mla else [])
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.info = {}
+        for _ in range(64):
+            line = self.proc.stdout.readline().strip()
+            assert line, "helper exited early"
+            if line == "ready":
+                break
+            k, _, v = line.partition(" ")
+            self.info[k] = v
+
+    def send(self, room, ranks, n, prefix, pages, token):
+        self.proc.stdin.write(
+            f"send {room} {ranks} {n} {prefix} suffix {token} " + " ".join(map(str, pages)) + "\n"
+        )
+        self.proc.stdin.flush()
+        out = [self.proc.stdout.readline().strip() for _ in range(len(ranks) + 2)]
+        return out[: len(ranks)]
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+class Pool:
+    """The decode's KV pool: TP 1, token-major pages, host memory."""
+
+    def __init__(self, info, pages=256):
+        self.page = int(info["page"])
+        self.layers = int(info["layers"])
+        self.item = int(info["item_len"])
+        self.n_kv = len(info["kv"].split(","))
+        self.bufs = [ctypes.create_string_buffer(self.item * pages) for _ in range(self.n_kv)]
+
+    def verify(self, room, dst, first_page):
+        bad = 0
+        for b, buf in enumerate(self.bufs):
+            raw = memoryview(buf).cast("B")
+            for j, p in enumerate(dst):
+                base = p * self.item
+                for k in range(self.item):
+                    bad += raw[base + k] != pat(room, b, first_page + j, k)
+        return bad
+
+
+def make_receiver_manager(pool, mla, head_bytes):
+    from tokenspeed.runtime.pd.mooncake.decode import MooncakeKVManagerDecode
+    from tokenspeed.runtime.pd.mooncake.entities import KVArgs, KVManagerArgs
+
+    L = pool.layers
+    offsets = [[l] for l in range(L)] if mla else [[l, L + l] for l in range(L)]
+    unit = 1 if mla else head_bytes  # MLA pools keep the base default (spec 8.2)
+    kv_args = KVArgs(
+        engine_rank=0,
+        kv_data_ptrs=[ctypes.addressof(b) for b in pool.bufs],
+        kv_data_lens=[len(b) for b in pool.bufs],
+        kv_item_lens=[pool.item] * pool.n_kv,
+        offsets=offsets,
+        aux_data_ptrs=[],
+        aux_data_lens=[],
+        aux_item_lens=[],
+        ib_device=None,
+        gpu_id=0,
+        target_layer_num=L,
+        draft_layer_num=0,
+        kv_unit_lens=[unit] * pool.n_kv,
+    )
+    args = KVManagerArgs(
+        bootstrap_port=0,
+        dist_init_addr=None,
+        world_size=1,
+        dp_size=1,
+        attn_tp_rank=0,
+        attn_dp_rank=0,
+        is_mla_backend=False,  # hard-coded False by TokenSpeed's engine (EL:522)
+        draft_is_mla_backend=False,
+        enable_metrics=False,
+        enable_dp_attention=False,
+        enable_mla_l1_5_cache=False,
+        served_model_name="m",
+        app_key="k",
+        metrics_reporters="",
+    )
+    return MooncakeKVManagerDecode(args, kv_args)
+
+
+def poll(recv, timeout_s):
+    from tokenspeed.runtime.pd.base.status import TransferPoll
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = recv.poll()
+        if st in (TransferPoll.Success, TransferPoll.Failed):
+            return st
+        time.sleep(0.02)
+    raise AssertionError(f"no Success or Failed in {timeout_s} s (last {st})")
+
+
+def run_case(case):
+    from tokenspeed.runtime.pd.base.status import TransferPoll
+    from tokenspeed.runtime.pd.mooncake.receiver import MooncakeKVReceiver
+
+    tp = 2 if case in ("tp2", "mla_tp2") else 1
+    mla = case.startswith("mla")
+    h = Helper(tp, mla)
+    pool = Pool(h.info)
+    mgr = make_receiver_manager(pool, mla, int(h.info["head_bytes"]))
+    boot = h.info["boot"]
+    results = []
+    rooms = [(9001, 0), (9002, 2)] if case == "prefix" else [(9001, 0), (9002, 0)]
+    for room, prefix in rooms:
+        recv = MooncakeKVReceiver(mgr, boot, room)
+        assert mgr.check_status(room) == TransferPoll.Bootstrapped, mgr.failure_records
+        n = 4 + prefix
+        dst = np.array([3 * room % 200 + i for i in range(n - prefix)], dtype=np.int64)
+        recv.prefill(dst, aux_index=room % 32, decode_prefix_len=prefix * pool.page)
+        if case == "killed":
+            h.kill()
+            st = poll(recv, 30)
+            assert st == TransferPoll.Failed, st
+            try:
+                recv.failure_exception()
+            except Exception as e:  # KVTransferError
+                text = str(e)
+            assert "Losing connection with prefill instance" in text, text
+            print(f"killed ok: {text}")
+            return
+        targets = ",".join(str(r) for r in recv.route_plan.target_tp_ranks)
+        token = 500 + room % 100
+        st_lines = h.send(room, targets.replace(",", ""), n, prefix, dst.tolist(), token)
+        st = poll(recv, 20)
+        assert st == TransferPoll.Success, (st, mgr.failure_records, st_lines)
+        tok, cands = mgr.pop_prefill_metadata(room)
+        assert tok == token, (tok, token)
+        bad = pool.verify(room, dst.tolist(), prefix)
+        assert bad == 0, f"{bad} wrong KV bytes in room {room}"
+        results.append(
+            f"room {room} targets [{targets}] prefix {prefix} pages {len(dst)} token {tok} "
+            f"cands {cands} bytes {len(dst) * pool.item * pool.n_kv} verified"
+        )
+    h.kill()
+    print(f"{case} ok: " + "; ".join(results))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=os.environ.get("TS_LOGLEVEL", "WARNING"))
+    install_stubs()
+    try:
+        run_case(sys.argv[1])
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)  # TokenSpeed's decode and heartbeat threads never end
