@@ -364,6 +364,9 @@ kvb_status_t kvb__ts_plan_parse(const uint8_t *json, size_t len, size_t max_frag
     json_t *root = json_loadb((const char *)json, len, JSON_REJECT_DUPLICATES, &je);
     if (root == NULL) {
         snprintf(reason, rl, "plan: not JSON (%s)", je.text);
+        for (char *c = reason; *c != '\0'; c++) /* jansson quotes the peer's bytes */
+            if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e)
+                *c = '?';
         return KVB_ERR_PROTO;
     }
     size_t n = json_is_array(root) ? json_array_size(root) : 0;
