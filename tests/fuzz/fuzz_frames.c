@@ -15,35 +15,10 @@
 #include <string.h>
 
 #define MAX_FRAMES 200
+#define FUZZ_NAME "fuzz_frames"
+#include "fuzz_frames_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static void die(const char *what)
-{
-    fprintf(stderr, "fuzz_frames: %s\n", what);
-    abort();
-}
-
-static void same_frames(const kvb__frames_buf_t *b, const kvb__frame_t *f, size_t n)
-{
-    if (b->n != n)
-        die("re-encode gives a different frame count");
-    for (size_t i = 0; i < n; i++) {
-        kvb__frame_t g = kvb__frames_buf_get(b, i);
-        if (g.len != f[i].len || (g.len && memcmp(g.data, f[i].data, g.len) != 0))
-            die("re-encode gives different frame bytes");
-    }
-}
-
-static void check_reason(const kvb__frames_err_t *e)
-{
-    size_t len = strnlen(e->reason, sizeof(e->reason));
-    if (len == 0 || len == sizeof(e->reason))
-        die("rejection without a terminated reason");
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)e->reason[i] < 0x20 || (unsigned char)e->reason[i] > 0x7e)
-            die("reason carries a non-printable byte");
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

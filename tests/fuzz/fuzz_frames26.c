@@ -18,54 +18,10 @@
 #include <string.h>
 
 #define MAX_FRAMES 200
+#define FUZZ_NAME "fuzz_frames26"
+#include "fuzz_frames_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static void die(const char *what)
-{
-    fprintf(stderr, "fuzz_frames26: %s\n", what);
-    abort();
-}
-
-static void check_reason(const kvb__frames_err_t *e)
-{
-    size_t len = strnlen(e->reason, sizeof(e->reason));
-    if (len == 0 || len == sizeof(e->reason))
-        die("rejection without a terminated reason");
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)e->reason[i] < 0x20 || (unsigned char)e->reason[i] > 0x7e)
-            die("reason carries a non-printable byte");
-}
-
-static kvb__frame_t *frames_of(const kvb__frames_buf_t *b)
-{
-    kvb__frame_t *f = malloc((b->n + 1) * sizeof(*f));
-    if (f == NULL)
-        die("out of memory");
-    for (size_t i = 0; i < b->n; i++)
-        f[i] = kvb__frames_buf_get(b, i);
-    return f;
-}
-
-static void same_bytes(const kvb__frames_buf_t *a, const kvb__frames_buf_t *b)
-{
-    if (a->n != b->n || a->len != b->len || (a->len && memcmp(a->data, b->data, a->len) != 0))
-        die("re-encoding is not idempotent");
-    for (size_t i = 0; i < a->n; i++)
-        if (a->ends[i] != b->ends[i])
-            die("re-encoding moves a frame boundary");
-}
-
-static void same_input(const kvb__frames_buf_t *b, const kvb__frame_t *f, size_t n)
-{
-    if (b->n != n)
-        die("re-encode gives a different frame count");
-    for (size_t i = 0; i < n; i++) {
-        kvb__frame_t g = kvb__frames_buf_get(b, i);
-        if (g.len != f[i].len || (g.len && memcmp(g.data, f[i].data, g.len) != 0))
-            die("re-encode gives different frame bytes");
-    }
-}
 
 static void fuzz_reg(const kvb__frame_t *f, size_t n, kvb__frames_err_t *e)
 {
@@ -151,7 +107,7 @@ static void fuzz_abort(const kvb__frame_t *f, size_t n, kvb__frames_err_t *e, bo
             die("accepted abort misclassified or not re-encodable");
     }
     if (st == KVB_OK)
-        same_input(&b, f, n);
+        same_frames(&b, f, n);
     else
         check_reason(e);
     kvb__frames_buf_free(&b);

@@ -35,9 +35,10 @@ def lol(fmt, lists):
 
 
 class Helper:
-    """One sglang26_helper process; lines in, key/value lines out."""
+    """One sglang26_helper process (or argv's: another helper of the same
+    line protocol); lines in, key/value lines out."""
 
-    def __init__(self, role, env=None):
+    def __init__(self, role, env=None, argv=None):
         full_env = dict(os.environ)
         for k, v in (env or {}).items():  # None: unset
             if v is None:
@@ -47,7 +48,7 @@ class Helper:
         # stderr kept: a sanitizer report or a leak makes close() fail.
         self.err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            [HELPER, role],
+            [HELPER, role] if argv is None else argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.err,

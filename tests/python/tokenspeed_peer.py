@@ -14,80 +14,39 @@ liveness check is TokenSpeed's: GET /health on the bootstrap server.
 import json
 import os
 import struct
-import subprocess
-import tempfile
 import time
 
 import requests
 import zmq
+
+import sglang26_peer
+from sglang26_peer import dec, u64s
 
 HELPER = os.environ.get("KVBRIDGE_TS_HELPER")
 LOCAL_IP = "127.0.0.1"
 FAILED, BOOTSTRAPPED, SUCCESS = 0, 2, 5
 
 
-def dec(x):
-    return str(x).encode("ascii")
-
-
-def u64s(values):
-    return b"".join(struct.pack("Q", v) for v in values)
-
-
 def i64s(values):
     return struct.pack(f"={len(values)}q", *values)
 
 
-class Helper:
-    """One ts_helper process: lines in, key/value lines out."""
+class Helper(sglang26_peer.Helper):
+    """One ts_helper process (the 2026 helper's line protocol)."""
 
     def __init__(self, tp, mla=False):
-        args = [HELPER, "prefill", str(tp)] + (["mla"] if mla else [])
-        self.err = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True
-        )
-        self.info = {}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            assert line, "helper exited early"
-            line = line.strip()
-            if line == "ready":
-                break
-            key, _, value = line.partition(" ")
-            self.info[key] = value
-        else:
-            raise AssertionError("helper never ready")
-
-    def cmd(self, line):
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def line(self, key, room):
-        out = self.proc.stdout.readline().strip()
-        k, r, rest = (out.split(" ", 2) + ["", ""])[:3]
-        assert k == key and int(r) == room, out
-        return rest
+        super().__init__(None, argv=[HELPER, "prefill", str(tp)] + (["mla"] if mla else []))
 
     def kill(self):
         self.proc.kill()
         self.proc.wait()
 
     def close(self):
-        """Stop the helper; it must exit 0 (no sanitizer report, no leak)."""
+        """Must exit 0 (no sanitizer report, no leak) unless killed."""
         if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                rc = self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                rc = "killed after 20 s"
-            self.err.seek(0)
-            text = self.err.read()
-            assert rc == 0, f"helper exit {rc}: {text[-4000:]}"
-        self.err.close()
+            super().close()
+        else:
+            self.err.close()
 
 
 def plan_fragments(item_p, item_d, unit, ptp, mla, n_kv):
