@@ -5,8 +5,8 @@
 # whose pd/mooncake/receiver.py is seed 004), unmodified, against kvbridge's
 # C prefill ranks (ts_helper) with kvbridge's Mooncake drop-in
 # (python/compat) as its transfer engine: TP1->TP1, TP2->TP1, MLA,
-# MLA TP2->TP1, prefix skip, a killed prefill (Failed with TokenSpeed's
-# reason). Every KV byte and the first token are checked. What is stubbed:
+# MLA TP2->TP1, prefix skip, a killed prefill and a killed prefill rank
+# whose bootstrap server lives on (Failed with TokenSpeed's reasons). Every KV byte and the first token are checked. What is stubbed:
 # tests/interop/tokenspeed_receiver.py (its docstring; docs/testing.md).
 #   TOKENSPEED_SRC  a git clone of lightseekorg/tokenspeed holding that
 #                   commit (default: cloned into BUILD/tokenspeed-git)
@@ -42,12 +42,13 @@ fi
 OUT=$BUILD/interop-tokenspeed
 rm -rf "$OUT"
 mkdir -p "$OUT"
-export KVBRIDGE_TS_HELPER=$HELPER KVBRIDGE_LIB=$BUILD/libkvbridge.so
+export KVBRIDGE_TS_HELPER=$HELPER KVBRIDGE_LIB=$BUILD/libkvbridge.so KVBRIDGE_BIN=$BUILD/kvbridge
 export PYTHONPATH=$TREE/python:$ROOT/python/compat:$ROOT/python
 export TOKENSPEED_DISAGGREGATION_HEARTBEAT_INTERVAL=2 TOKENSPEED_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=1
+export TOKENSPEED_DISAGGREGATION_WAITING_TIMEOUT=3
 echo "== TokenSpeed $COMMIT receiver (seed 004) <- kvbridge C prefill (drop-in engine)"
 rc=0
-for c in tp1 tp2 mla mla_tp2 prefix killed; do
+for c in tp1 tp2 mla mla_tp2 prefix killed rank_killed; do
     if timeout 120 "$VENV/bin/python" "$ROOT/tests/interop/tokenspeed_receiver.py" "$c" \
         >"$OUT/$c.log" 2>&1; then
         tail -n 1 "$OUT/$c.log"

@@ -4,9 +4,10 @@
  * 11.4); its rooms carry a decode-computed plan that is validated against
  * this prefill's layout and the decode's registered regions before any
  * write (spec 7.7) and executed per token (7.6); statuses to its decodes are
- * 5 frames with TokenSpeed's values and the first token (4.4). Nothing else
- * is ever sent to a TokenSpeed decode: its control thread dies on anything
- * else. Field by field: docs/tokenspeed-fields.md. */
+ * 5 frames with TokenSpeed's values and the first token (4.4): WaitingForInput
+ * (3) once a transfer info is accepted, then Success (5) or Failed (0).
+ * Nothing else is ever sent to a TokenSpeed decode: its control thread dies
+ * on anything else. Field by field: docs/tokenspeed-fields.md. */
 #include "conn/conn_int.h"
 #include "engine/peer_region.h"
 #include "proto/frames_ts.h"
@@ -504,6 +505,12 @@ static void on_xfer_ts(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         return;
     }
     d.ts_plan = plan;
+    /* WaitingForInput (3) arms the decode's own time-out (spec 6.3): without
+     * it a TokenSpeed decode whose prefill rank dies while the bootstrap
+     * server lives waits forever. Sent before the room can end, on the same
+     * socket, so it always precedes the terminal status. */
+    if (why[0] == '\0' && !x.is_dummy && kvb__env_int("KVBRIDGE_TS_WAITING_STATUS", NULL, 1, 0, 1))
+        send_raw(m, d.ip, d.port, x.room, KVB__TS_WAITING_FOR_INPUT, -1, NULL, 0);
     kvb__prefill_add_dst(m, x.room, &d, x.required_dst_info_num, why, x.ip, x.ip_len, x.port);
 }
 

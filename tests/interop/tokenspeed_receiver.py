@@ -18,8 +18,12 @@ connector uses one or two names of each):
   tokenspeed.runtime.metrics.collector KVTransferMetrics (metrics off)
 The decode's KV pool is host memory (ctypes) instead of GPU tensors.
 
-Cases (argv[1]): tp1, tp2, mla, mla_tp2, prefix, killed. Prints one line
-"CASE ok ..." or raises.
+Cases (argv[1]): tp1, tp2, mla, mla_tp2, prefix, killed (the prefill
+process and its bootstrap server: TokenSpeed's heartbeat notices),
+rank_killed (the prefill ranks only, the bootstrap server a separate
+`kvbridge bootstrap` that lives on: the WaitingForInput kvbridge sends arms
+TokenSpeed's own time-out, TOKENSPEED_DISAGGREGATION_WAITING_TIMEOUT). Prints
+one line "CASE ok ..." or raises.
 """
 
 import ctypes
@@ -60,7 +64,13 @@ def install_stubs():
     import tokenspeed.runtime  # noqa: F401  (the real namespace packages)
 
     ts_root = os.path.dirname(list(sys.modules["tokenspeed.runtime"].__path__)[0])
-    utils = mod("tokenspeed.runtime.utils", get_colorful_logger=logging.getLogger)
+    def get_colorful_logger(name):
+        log = logging.getLogger(name)
+        log.warning_once = log.warning  # TokenSpeed's logger has *_once variants
+        log.info_once = log.info
+        return log
+
+    utils = mod("tokenspeed.runtime.utils", get_colorful_logger=get_colorful_logger)
     utils.__path__ = [os.path.join(ts_root, "runtime", "utils")]  # network.py stays real
     mod("tokenspeed.runtime.utils.common")
     envs = types.SimpleNamespace(
@@ -115,8 +125,9 @@ def pat(room, buf, page, k):
 
 
 class Helper:
-    def __init__(self, tp, mla):
+    def __init__(self, tp, mla, boot=None):
         args = [HELPER, "prefill", str(tp)] + (["mla"] if mla else [])
+        args += [f"boot={boot}"] if boot else []
         self.proc = subprocess.Popen(
             args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -222,7 +233,15 @@ def run_case(case):
 
     tp = 2 if case in ("tp2", "mla_tp2") else 1
     mla = case.startswith("mla")
-    h = Helper(tp, mla)
+    server = None
+    if case == "rank_killed":
+        server = subprocess.Popen(
+            [os.environ["KVBRIDGE_BIN"], "bootstrap", "--host", "127.0.0.1", "--port", "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        addr = server.stdout.readline().strip().rsplit(" ", 1)[-1]  # "listening on H:P"
+    h = Helper(tp, mla, boot=addr if server else None)
     pool = Pool(h.info)
     mgr = make_receiver_manager(pool, mla, int(h.info["head_bytes"]))
     boot = h.info["boot"]
@@ -234,6 +253,22 @@ def run_case(case):
         n = 4 + prefix
         dst = np.array([3 * room % 200 + i for i in range(n - prefix)], dtype=np.int64)
         recv.prefill(dst, aux_index=room % 32, decode_prefix_len=prefix * pool.page)
+        if case == "rank_killed":
+            deadline = time.monotonic() + 10
+            while recv.poll() != TransferPoll.WaitingForInput and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert recv.poll() == TransferPoll.WaitingForInput
+            h.kill()
+            st = poll(recv, 30)
+            assert st == TransferPoll.Failed, st
+            try:
+                recv.failure_exception()
+            except Exception as e:  # KVTransferError
+                text = str(e)
+            assert "in TransferPoll.WaitingForInput" in text, text
+            server.kill()
+            print(f"rank_killed ok: {text}")
+            return
         if case == "killed":
             h.kill()
             st = poll(recv, 30)

@@ -5,9 +5,12 @@ infos (a clear Failed, nothing written, the rank keeps serving), a killed
 prefill; every KV byte checked by the helper, every frame checked here."""
 
 import os
+import time
 
 import pytest
+import requests
 
+from test_bootstrap import start_server, stop_server
 from tokenspeed_peer import (
     FAILED,
     HELPER,
@@ -67,6 +70,7 @@ def test_tp1_to_tp1_token_and_aux_fallback():
         assert st[0].split(" ")[1] == "4", st  # kvbridge's own poll: Success
         assert kvbad == 0 and dirty > 0
         assert d.status() == (room, SUCCESS, 0, 77, [78, 79])
+        assert d.waiting == [(room, 0)]  # WaitingForInput came first (arms its time-out)
         quiet(d)
         # No explicit token: the first int32 of the sender's aux item.
         room = 7002
@@ -195,6 +199,8 @@ def expect_failed(h, d, room, pages, text, ranks="0"):
     st, _, dirty = run(h, d, room, ranks, pages)
     r, value, sender, token, cands = d.status()
     assert (r, value, token, cands) == (room, FAILED, -1, []), (r, value)
+    if text != "past the region":  # refused before any status: no WaitingForInput
+        assert all(r != room for r, _ in d.waiting), d.waiting
     assert st[0].split(" ")[1] == "0" and text in st[0], st
     assert dirty == 0, st
     quiet(d)
@@ -277,3 +283,29 @@ def test_prefill_killed_is_failed_with_a_reason():
     finally:
         d.close()
         h.close()
+
+
+def test_prefill_rank_killed_while_its_bootstrap_server_lives():
+    """No heartbeat can see it: the WaitingForInput kvbridge sent arms the
+    decode's own time-out (spec 6.3), so the room still ends Failed."""
+    proc, addr = start_server()
+    h = Helper(1, boot=addr)
+    d = Decode(h)
+    try:
+        d.register(0)
+        d.transfer(0, 7701, [1, 2, 3])
+        deadline = time.monotonic() + 10
+        while not d.waiting and time.monotonic() < deadline:
+            assert d.next_status(0.1) is None  # nothing but the WaitingForInput
+        assert d.waiting == [(7701, 0)]
+        h.kill()
+        value, reason, _, _ = d.wait_room(7701, responses=1, timeout_s=15, waiting_timeout=2)
+        assert value == FAILED
+        assert reason.startswith("Request 7701 timed out after ") and reason.endswith(
+            "s in TransferPoll.WaitingForInput"
+        ), reason
+        assert requests.get(f"http://{addr}/health").text == "OK"  # the server lives on
+    finally:
+        d.close()
+        h.close()
+        stop_server(proc)

@@ -24,7 +24,7 @@ from sglang26_peer import dec, u64s
 
 HELPER = os.environ.get("KVBRIDGE_TS_HELPER")
 LOCAL_IP = "127.0.0.1"
-FAILED, BOOTSTRAPPED, SUCCESS = 0, 2, 5
+FAILED, BOOTSTRAPPED, WAITING, SUCCESS = 0, 2, 3, 5
 
 
 def i64s(values):
@@ -34,8 +34,9 @@ def i64s(values):
 class Helper(sglang26_peer.Helper):
     """One ts_helper process (the 2026 helper's line protocol)."""
 
-    def __init__(self, tp, mla=False):
-        super().__init__(None, argv=[HELPER, "prefill", str(tp)] + (["mla"] if mla else []))
+    def __init__(self, tp, mla=False, boot=None):
+        argv = [HELPER, "prefill", str(tp)] + (["mla"] if mla else [])
+        super().__init__(None, argv=argv + ([f"boot={boot}"] if boot else []))
 
     def kill(self):
         self.proc.kill()
@@ -107,6 +108,8 @@ class Decode:
         self.port = self.pull.bind_to_random_port(f"tcp://{LOCAL_IP}")
         self.push = {}
         self.http = requests.Session()
+        self.waiting = []  # (room, sender) of each WaitingForInput (3), in order
+        self.waiting_at = {}  # room -> when its first WaitingForInput came
 
     def close(self):
         for s in self.push.values():
@@ -171,24 +174,43 @@ class Decode:
         self.sock(tp).send_multipart(raw if raw is not None else frames)
 
     def status(self, timeout_s=10.0):
-        """Spec 4.4: every message must be exactly 5 frames."""
-        assert self.pull.poll(int(timeout_s * 1000)), "no status within %.1f s" % timeout_s
-        f = self.pull.recv_multipart()
-        assert len(f) == 5, f"status of {len(f)} frames: {f}"
-        room, value, sender, token = (int(x) for x in f[:4])
-        assert len(f[4]) % 4 == 0
-        cands = list(struct.unpack(f"={len(f[4]) // 4}i", f[4]))
-        assert value in (SUCCESS, FAILED), f"status value {value} (TokenSpeed: 5 or 0)"
-        return room, value, sender, token, cands
+        """Spec 4.4: every message must be exactly 5 frames. A WaitingForInput
+        (3: it arms TokenSpeed's time-out, spec 6.3) is recorded and skipped;
+        the next must be the end, 5 or 0."""
+        got = self.next_status(timeout_s)
+        assert got is not None, "no status within %.1f s" % timeout_s
+        return got
 
-    def wait_room(self, room, responses, timeout_s=10.0):
+    def next_status(self, timeout_s):
+        """The next terminal status within timeout_s, or None."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.pull.poll(int(left * 1000) + 1):
+                return None
+            f = self.pull.recv_multipart()
+            assert len(f) == 5, f"status of {len(f)} frames: {f}"
+            room, value, sender, token = (int(x) for x in f[:4])
+            assert len(f[4]) % 4 == 0
+            cands = list(struct.unpack(f"={len(f[4]) // 4}i", f[4]))
+            if value == WAITING:
+                assert (token, cands) == (-1, []) and (room, sender) not in self.waiting, f
+                self.waiting.append((room, sender))
+                self.waiting_at.setdefault(room, time.monotonic())
+                continue
+            assert value in (SUCCESS, FAILED), f"status value {value} (TokenSpeed: 5 or 0)"
+            return room, value, sender, token, cands
+
+    def wait_room(self, room, responses, timeout_s=10.0, waiting_timeout=300.0):
         """Success once `responses` distinct senders said 5; Failed on a 0;
-        a lost bootstrap server (GET /health, spec 6.2) fails it too."""
+        a lost bootstrap server (GET /health, spec 6.2) fails it too, and so
+        does waiting_timeout after a WaitingForInput (spec 6.3)."""
         senders, token, cands = set(), -1, []
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.pull.poll(200):
-                r, value, sender, tok, c = self.status(0.1)
+            got = self.next_status(0.2)
+            if got is not None:
+                r, value, sender, tok, c = got
                 assert r == room, (r, room)
                 if value == FAILED:
                     return FAILED, "Failed to get kvcache from prefill instance, it might be dead", -1, []
@@ -198,6 +220,10 @@ class Decode:
                 if len(senders) >= responses:
                     return SUCCESS, sorted(senders), token, cands
                 continue
+            since = self.waiting_at.get(room)
+            if since is not None and time.monotonic() - since >= waiting_timeout:
+                elapsed = time.monotonic() - since
+                return FAILED, f"Request {room} timed out after {elapsed:.1f}s in TransferPoll.WaitingForInput", -1, []
             try:
                 ok = self.http.get(f"http://{self.boot}/health", timeout=(2, 3)).status_code == 200
             except requests.RequestException:

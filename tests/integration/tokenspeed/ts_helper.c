@@ -5,8 +5,9 @@
  * buffers, each registered on its own with a kvbridge engine) that the
  * Python decode names as its own.
  *
- *   ts_helper prefill TP [mla]
- * Prints "boot ADDR", "session SID", "kv P0,..", "item_len N" (the decode's),
+ *   ts_helper prefill TP [mla] [boot=ADDR]
+ * With boot=ADDR the ranks register with that bootstrap server (which then
+ * outlives them), else with one of the helper's own. Prints "boot ADDR", "session SID", "kv P0,..", "item_len N" (the decode's),
  * "buf_len N", "page N", "heads N", "head_bytes N", "layers N", "ready".
  * Then per line
  *   send ROOM RANKS N PREFIX MODE TOKEN D0 .. D(N-PREFIX-1)
@@ -137,10 +138,13 @@ static void do_send(const char *addr, char *line)
     fflush(stdout);
 }
 
-static int start(kvbh_boot_t *boot, kvb_engine_h *deng, uint8_t **arena)
+static int start(kvbh_boot_t *boot, const char *ext, kvb_engine_h *deng, uint8_t **arena)
 {
     kvb_engine_params_t ep = {0};
-    if (kvbh_boot_start(boot, 0, NULL) != 0)
+    memset(boot, 0, sizeof(*boot));
+    if (ext != NULL)
+        snprintf(boot->addr, sizeof(boot->addr), "%s", ext);
+    else if (kvbh_boot_start(boot, 0, NULL) != 0)
         return 3;
     for (int i = 0; i < TP; i++) {
         kvbh_place_t pl = {i, TP, 0, 1, 0, 1};
@@ -166,13 +170,18 @@ int main(int argc, char **argv)
     kvb_engine_h deng;
     uint8_t *arena = NULL;
     char line[8192];
+    const char *ext = NULL;
     if (argc < 3 || strcmp(argv[1], "prefill") != 0 || (TP = atoi(argv[2])) < 1 || TP > MAX_TP) {
-        fprintf(stderr, "usage: ts_helper prefill TP [mla]\n");
+        fprintf(stderr, "usage: ts_helper prefill TP [mla] [boot=ADDR]\n");
         return 2;
     }
     G = KVBH_CHILD_GEOM;
-    G.mla = argc > 3 && strcmp(argv[3], "mla") == 0;
-    int rc = start(&boot, &deng, &arena);
+    for (int i = 3; i < argc; i++) {
+        G.mla |= strcmp(argv[i], "mla") == 0;
+        if (strncmp(argv[i], "boot=", 5) == 0)
+            ext = argv[i] + 5;
+    }
+    int rc = start(&boot, ext, &deng, &arena);
     if (rc != 0)
         return rc;
     printf("boot %s\nsession %s\nkv ", boot.addr, kvb_engine_session_id(deng));
