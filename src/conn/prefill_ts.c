@@ -108,16 +108,23 @@ static void remember_endpoint(struct kvb_manager *m, const char *ip, size_t ip_l
     pthread_mutex_unlock(&t->mu);
 }
 
+/* The endpoints of recent TokenSpeed messages, and of every TokenSpeed
+ * registration held (those outlast a flood of forged messages that would
+ * push a real decode out of the FIFO). */
 bool kvb__ts_endpoint(struct kvb_manager *m, const char *ip, uint16_t port)
 {
     struct kvb__ts *t = ts_get(m, false);
     bool known = false;
     if (t == NULL)
-        return false;
+        return false; /* no TokenSpeed message ever came: the SGLang paths pay nothing */
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->n_ep && !known; i++)
         known = t->ep[i].port == port && strcmp(t->ep[i].ip, ip) == 0;
     pthread_mutex_unlock(&t->mu);
+    pthread_rwlock_rdlock(&m->reg_mu);
+    for (const kvb__reg_t *g = m->regs; g != NULL && !known; g = g->next)
+        known = g->dialect == KVB__DIALECT_TS && g->port == port && strcmp(g->ip, ip) == 0;
+    pthread_rwlock_unlock(&m->reg_mu);
     return known;
 }
 
