@@ -38,6 +38,11 @@ typedef enum kvb_bootstrap_dialect {
     KVB_BOOTSTRAP_DIALECT_DEFAULT = 0, /* KVBRIDGE_SGLANG_DIALECT=2025|2026, else 2026 */
     KVB_BOOTSTRAP_DIALECT_2025 = 2025,
     KVB_BOOTSTRAP_DIALECT_2026 = 2026,
+    /* Only as an answer's dialect (kvb_bootstrap_parallel_info_ext_t): a
+     * TokenSpeed (seed 004) server answered the seed-001 query in its own
+     * shape (PROTOCOL-TOKENSPEED.md 11.3); its ranks speak TokenSpeed's
+     * ZeroMQ dialect. Not a client setting. */
+    KVB_BOOTSTRAP_DIALECT_TOKENSPEED = 4,
 } kvb_bootstrap_dialect_t;
 
 /* ------------------------------------------------------------------ server */
@@ -221,7 +226,7 @@ enum kvb_bootstrap_info_ext_field {
  * answer gives the defaults shown. */
 typedef struct kvb_bootstrap_parallel_info_ext {
     uint64_t field_mask;
-    int dialect;          /* 2025 or 2026: the style the server answered */
+    int dialect;          /* 2025, 2026 or 4 (TokenSpeed): the style the server answered */
     int32_t attn_cp_size; /* 1 */
     int32_t page_size;    /* -1 = unknown (null) */
     char kv_cache_dtype[KVB_BOOTSTRAP_WORD_MAX + 1]; /* "" = unknown (null) */

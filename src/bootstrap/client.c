@@ -426,8 +426,18 @@ KVB_API kvb_status_t kvb_bootstrap_client_parallel_info_ext(
         } else {
             st =
                 kvb__boot_parallel_info_parse(c->resp, c->resp_len, info_p, reason, sizeof(reason));
+            /* TokenSpeed's server answers the seed-001 query in its own shape
+             * (PROTOCOL-TOKENSPEED.md 11.3): its ranks speak its dialect. */
+            char why_ts[KVB__BOOT_REASON_MAX];
+            bool ts = st == KVB_ERR_PROTO &&
+                      kvb__boot_parallel_info_parse_ts(c->resp, c->resp_len, info_p, why_ts,
+                                                       sizeof(why_ts)) == KVB_OK;
+            if (ts)
+                st = KVB_OK;
             if (st == KVB_OK)
                 kvb__boot_info_ext_default(ext_p);
+            if (ts && ext_p != NULL && (ext_p->field_mask & KVB_BOOTSTRAP_INFO_DIALECT))
+                ext_p->dialect = KVB_BOOTSTRAP_DIALECT_TOKENSPEED;
         }
         if (st != KVB_OK)
             kvb__err_set(&c->err, st, "GET %s: bad answer: %s",

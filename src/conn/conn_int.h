@@ -407,6 +407,15 @@ void kvb__ts_note_aux(struct kvb_manager *m, uint64_t room, int64_t aux_index);
 void kvb__ts_plan_destroy(struct kvb__ts_plan *plan); /* NULL-safe */
 void kvb__ts_free(struct kvb_manager *m);
 
+/* decode_ts.c: kvbridge's decode facing a TokenSpeed prefill (its bootstrap
+ * server answered in TokenSpeed's shape): 8-frame KV-args, 12-frame transfer
+ * info, 5-frame statuses read (true: the message was one). */
+kvb_status_t kvb__ts_send_registration(struct kvb_manager *m, const char *ip, uint16_t port);
+kvb_status_t kvb__ts_send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
+                                   const int32_t *idx, size_t n, int64_t aux,
+                                   const kvb_receiver_init_t *ex);
+bool kvb__ts_decode_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
+
 /* decode.c */
 kvb_status_t kvb__decode_start(struct kvb_manager *m);
 void kvb__decode_stop(struct kvb_manager *m);

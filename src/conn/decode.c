@@ -137,6 +137,16 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
         kvb_bootstrap_parallel_info_free(&info);
         return KVB_ERR_INVALID;
     }
+    if (ext.dialect == KVB_BOOTSTRAP_DIALECT_TOKENSPEED && info.attn_tp_size != m->p.attn_tp_size) {
+        /* kvbridge sends TokenSpeed prefills no plan yet (spec 7.6: P
+         * fragments per buffer and source would be needed). */
+        snprintf(rs->why, sizeof(rs->why),
+                 "TokenSpeed prefill at %s has TP size %d per DP group, this decode %d: kvbridge's "
+                 "decode serves TokenSpeed prefills of the same TP size only",
+                 a->addr, (int)info.attn_tp_size, (int)m->p.attn_tp_size);
+        kvb_bootstrap_parallel_info_free(&info);
+        return KVB_ERR_INVALID;
+    }
     prefill_layout(m, &info, &pre);
     kvb__layout_self(m, &dec);
     /* Routes follow the KV geometry; state pairs up rank by rank (the prefill
@@ -153,8 +163,9 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     pthread_mutex_lock(&m->mu);
     if (!a->have_info) {
         a->info = info;
-        a->dialect =
-            ext.dialect == KVB_BOOTSTRAP_DIALECT_2026 ? KVB__DIALECT_2026 : KVB__DIALECT_2025;
+        a->dialect = ext.dialect == KVB_BOOTSTRAP_DIALECT_2026         ? KVB__DIALECT_2026
+                     : ext.dialect == KVB_BOOTSTRAP_DIALECT_TOKENSPEED ? KVB__DIALECT_TS
+                                                                       : KVB__DIALECT_2025;
         a->plan = plan;
         a->have_info = 1;
         a->failures = 0;
@@ -238,6 +249,8 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     kvb__reg_msg_t r = {0};
     kvb__frame_t lens;
     uint8_t *lens_buf = NULL;
+    if (dialect == KVB__DIALECT_TS)
+        return kvb__ts_send_registration(m, ip, port);
     if (kv_lens_ext(m, &lens_buf, &lens) != KVB_OK)
         return KVB_ERR_NOMEM;
     if (dialect == KVB__DIALECT_2026) {
@@ -475,6 +488,8 @@ static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, ui
     if (s->dialect == KVB__DIALECT_2026)
         return abort ? kvb__send_abort26(m, s->ip, s->port, room)
                      : send_transfer26(m, s, room, idx, n, aux, ex);
+    if (s->dialect == KVB__DIALECT_TS) /* TokenSpeed has no abort message */
+        return abort ? KVB_OK : kvb__ts_send_transfer(m, s, room, idx, n, aux, ex);
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__xfer_msg_t x = {0};
@@ -613,16 +628,21 @@ static bool init_fits_dialect(struct kvb_manager *m, uint64_t room, size_t count
 {
     char why[256] = "";
     uint32_t page = m->args.page_size ? m->args.page_size : 1;
-    if (room_dialect(m, room) != KVB__DIALECT_2026 || ex == NULL)
+    int d = room_dialect(m, room);
+    if ((d != KVB__DIALECT_2026 && d != KVB__DIALECT_TS) || ex == NULL)
         return true;
-    if ((ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask != NULL && !kvb__ext26_ok(m))
+    /* TokenSpeed's transfer info has no page mask at all. */
+    if ((ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask != NULL &&
+        (d == KVB__DIALECT_TS || !kvb__ext26_ok(m)))
         for (size_t i = 0; i < count && why[0] == '\0'; i++)
             if (!ex->page_mask[i])
                 snprintf(why, sizeof(why),
-                         "a page mask with holes (entry %zu is 0) has no form in SGLang's 2026 "
-                         "transfer info without kvbridge extensions (KVBRIDGE_SGLANG_EXT26=0); "
-                         "use prefix_tokens",
-                         i);
+                         "a page mask with holes (entry %zu is 0) has no form in %s; use "
+                         "prefix_tokens",
+                         i,
+                         d == KVB__DIALECT_TS ? "TokenSpeed's transfer info"
+                                              : "SGLang's 2026 transfer info without kvbridge "
+                                                "extensions (KVBRIDGE_SGLANG_EXT26=0)");
     if (why[0] == '\0' && (ex->field_mask & KVB_RECV_INIT_PREFIX) &&
         (ex->prefix_tokens % page != 0 || ex->prefix_tokens / page > count))
         snprintf(why, sizeof(why),
@@ -948,6 +968,8 @@ static void on_abort_ack(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 
 void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
+    if (kvb__ts_decode_message(m, f, n))
+        return; /* a TokenSpeed prefill's 5-frame status (decode_ts.c) */
     kvb__msg_kind_t kind = kvb__frames_classify(f, n);
     if (kind == KVB__MSG_STATUS)
         on_status(m, f, n);

@@ -804,6 +804,8 @@ static bool lens_from_json(json_t *root, const char *key, kvb_bootstrap_lens_t *
 }
 
 /* The optional layout keys of a parallel-info answer into info. */
+bool kvb__boot_info_layout_parse(json_t *root, kvb_bootstrap_parallel_info_t *info, bool *nomem,
+                                 char *reason, size_t reason_len);
 static bool info_layout_parse(json_t *root, kvb_bootstrap_parallel_info_t *info, bool *nomem,
                               char *reason, size_t reason_len)
 {
@@ -1002,4 +1004,10 @@ KVB_API void kvb_bootstrap_parallel_info_free(kvb_bootstrap_parallel_info_t *inf
     free(info->state_unit_lens.values);
     free(info->layout_json);
     memset(info, 0, sizeof(*info));
+}
+
+bool kvb__boot_info_layout_parse(json_t *root, kvb_bootstrap_parallel_info_t *info, bool *nomem,
+                                 char *reason, size_t reason_len)
+{
+    return info_layout_parse(root, info, nomem, reason, reason_len);
 }

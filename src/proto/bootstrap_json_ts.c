@@ -58,3 +58,46 @@ kvb_status_t kvb__boot_reg_parse_ts(json_t *root, kvb__boot_reg_t *r, char *reas
     r->system_dp_rank = 0;
     return KVB_OK;
 }
+
+kvb_status_t kvb__boot_parallel_info_parse_ts(const char *body, size_t len,
+                                              kvb_bootstrap_parallel_info_t *info_p, char *reason,
+                                              size_t reason_len)
+{
+    kvb_bootstrap_parallel_info_t info;
+    int64_t world, dp;
+    bool nomem = false, l15 = true;
+    memset(&info, 0, sizeof(info));
+    json_t *root = kvb__boot_load_object(body, len, "parallel info", reason, reason_len);
+    if (root == NULL)
+        return KVB_ERR_PROTO;
+    if (json_object_get(root, "prefill_attn_tp_size") != NULL) {
+        kvb__boot_reason(reason, reason_len, "not TokenSpeed's shape (prefill_attn_tp_size)");
+        goto fail;
+    }
+    if (!kvb__boot_get_intish(json_object_get(root, "prefill_tp_size"), "prefill_tp_size", 1,
+                              KVB__BOOT_MAX_SIZE, &world, reason, reason_len) ||
+        !kvb__boot_get_intish(json_object_get(root, "prefill_dp_size"), "prefill_dp_size", 1,
+                              KVB__BOOT_MAX_SIZE, &dp, reason, reason_len) ||
+        !kvb__boot_valid_flag(json_object_get(root, KVB__BOOT_KEY_MLA_L1_5), KVB__BOOT_KEY_MLA_L1_5,
+                              &l15, reason, reason_len))
+        goto fail;
+    if (world % dp != 0 || l15) {
+        kvb__boot_reason(reason, reason_len,
+                         l15 ? "enable_mla_l1_5_cache is true: kvbridge has no MLA L1.5 cache"
+                             : "prefill_tp_size %lld is not a multiple of prefill_dp_size %lld",
+                         (long long)world, (long long)dp);
+        goto fail;
+    }
+    info.attn_tp_size = (int32_t)(world / dp);
+    info.dp_size = (int32_t)dp;
+    info.pp_size = 1;
+    if (!kvb__boot_info_layout_parse(root, &info, &nomem, reason, reason_len))
+        goto fail;
+    json_decref(root);
+    *info_p = info;
+    return KVB_OK;
+fail:
+    json_decref(root);
+    kvb_bootstrap_parallel_info_free(&info);
+    return nomem ? KVB_ERR_NOMEM : KVB_ERR_PROTO;
+}

@@ -81,6 +81,17 @@ bool kvb__boot_reg_is_ts(json_t *root);
 kvb_status_t kvb__boot_reg_parse_ts(json_t *root, kvb__boot_reg_t *r, char *reason,
                                     size_t reason_len);
 
+/* Client side: a TokenSpeed server's parallel info (spec 3.2):
+ * prefill_tp_size (its world size), prefill_dp_size, enable_mla_l1_5_cache
+ * (must be false: kvbridge has no L1.5), the length lists; no
+ * prefill_attn_tp_size. Fills attention TP = world / DP, PP 1. */
+kvb_status_t kvb__boot_parallel_info_parse_ts(const char *body, size_t len,
+                                              kvb_bootstrap_parallel_info_t *info_p, char *reason,
+                                              size_t reason_len);
+/* The layout keys of an answer into info (bootstrap_json.c). */
+bool kvb__boot_info_layout_parse(json_t *root, kvb_bootstrap_parallel_info_t *info, bool *nomem,
+                                 char *reason, size_t reason_len);
+
 /* Free what reg owns and zero it. NULL-safe, idempotent. */
 void kvb__boot_reg_clear(kvb__boot_reg_t *reg);
 

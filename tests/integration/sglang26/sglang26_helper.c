@@ -16,8 +16,10 @@
  *   kvbad ROOM <wrong KV bytes at D..: request page PREFIX+j expected at Dj>
  *   auxbad ROOM <wrong bytes of aux item DST_AUX>
  *
- *   sglang26_helper decode | decode-mla
- * A bootstrap server (where the Python prefill ranks register) and one
+ *   sglang26_helper decode | decode-mla [boot=ADDR]
+ * A bootstrap server (where the Python prefill ranks register; boot=ADDR:
+ * theirs instead, e.g. the TokenSpeed-shaped one of
+ * test_tokenspeed_decode.py) and one
  * decode rank (MHA, or MLA) speaking the dialect of KVBRIDGE_SGLANG_DIALECT. Prints
  * "boot ADDR", "ctl HOST:PORT", "session SID", "kv ..", "aux P",
  * "item_len N", "buf_len N" (bytes of each KV buffer), "ready". Then per line
@@ -25,6 +27,8 @@
  *   poll ROOM SECONDS  -> "poll ROOM <poll> <pages_safe> <reason>" (waits
  *                         until terminal or SECONDS)
  *   abort ROOM         -> "aborted ROOM"
+ *   check ROOM FIRST D0 .. D(N-1) -> "check ROOM <KV bytes at D.. differing
+ *                         from kvbh_pat of request pages FIRST..>"
  * Exits on stdin EOF. */
 #include "harness/kvb_cluster.h"
 
@@ -182,14 +186,31 @@ static void decode_poll(recv_slot_t *r, int nr, char *line)
     printf("poll %llu %d %d %s\n", room, (int)st, kvb_receiver_pages_safe(rc), why);
 }
 
-static int run_decode(const kvbh_geom_t *g)
+static void decode_check(const kvbh_rank_t *d, char *line)
 {
-    kvbh_boot_t boot;
+    unsigned long long room;
+    int first, off = 0, k, dst;
+    uint64_t bad = 0;
+    if (sscanf(line, "check %llu %d%n", &room, &first, &off) != 2)
+        return;
+    for (int j = 0; sscanf(line + off, "%d%n", &dst, &k) == 1 && j < 512; j++, off += k)
+        for (int b = 0; b < d->n_kv; b++)
+            for (uint64_t x = 0; x < d->item_len; x++)
+                bad += d->kv[b][(uint64_t)dst * d->item_len + x] !=
+                       kvbh_pat(room, b, (uint64_t)(first + j), x);
+    printf("check %llu %llu\n", room, (unsigned long long)bad);
+}
+
+static int run_decode(const kvbh_geom_t *g, const char *ext)
+{
+    kvbh_boot_t boot = {0};
     kvbh_rank_t d;
     char line[8192];
     recv_slot_t r[MAX_RECV];
     int nr = 0;
-    if (kvbh_boot_start(&boot, 0, NULL) != 0)
+    if (ext != NULL)
+        snprintf(boot.addr, sizeof(boot.addr), "%s", ext);
+    else if (kvbh_boot_start(&boot, 0, NULL) != 0)
         return 3;
     if (kvbh_rank_start(&d, g, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL) != 0)
         return 4;
@@ -209,7 +230,8 @@ static int run_decode(const kvbh_geom_t *g)
         else if (sscanf(line, "abort %llu", &room) == 1 && find(r, nr, room) != NULL) {
             kvb_receiver_abort(find(r, nr, room));
             printf("aborted %llu\n", room);
-        }
+        } else if (strncmp(line, "check ", 6) == 0)
+            decode_check(&d, line);
         fflush(stdout);
     }
     for (int i = 0; i < nr; i++)
@@ -223,12 +245,13 @@ int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "prefill") == 0)
         return run_prefill();
-    if (argc == 2 && strcmp(argv[1], "decode") == 0)
-        return run_decode(&G);
-    if (argc == 2 && strcmp(argv[1], "decode-mla") == 0) {
+    const char *ext = argc == 3 && strncmp(argv[2], "boot=", 5) == 0 ? argv[2] + 5 : NULL;
+    if ((argc == 2 || ext != NULL) && strcmp(argv[1], "decode") == 0)
+        return run_decode(&G, ext);
+    if ((argc == 2 || ext != NULL) && strcmp(argv[1], "decode-mla") == 0) {
         kvbh_geom_t mla = G;
         mla.mla = 1; /* one latent buffer per layer */
-        return run_decode(&mla);
+        return run_decode(&mla, ext);
     }
     fprintf(stderr, "usage: sglang26_helper prefill|decode|decode-mla\n");
     return 2;

@@ -7,8 +7,9 @@
  *
  *   ts_helper prefill TP [mla] [boot=ADDR]
  * With boot=ADDR the ranks register with that bootstrap server (which then
- * outlives them), else with one of the helper's own. Prints "boot ADDR", "session SID", "kv P0,..", "item_len N" (the decode's),
- * "buf_len N", "page N", "heads N", "head_bytes N", "layers N", "ready".
+ * outlives them), else with one of the helper's own. Prints "boot ADDR",
+ * "session SID", "kv P0,..", "item_len N" (the decode's), "buf_len N",
+ * "page N", "heads N", "head_bytes N", "layers N", "ready".
  * Then per line
  *   send ROOM RANKS N PREFIX MODE TOKEN D0 .. D(N-PREFIX-1)
  * RANKS: the prefill TP ranks that send (comma list: the ranks the decode's
