@@ -137,16 +137,6 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
         kvb_bootstrap_parallel_info_free(&info);
         return KVB_ERR_INVALID;
     }
-    if (ext.dialect == KVB_BOOTSTRAP_DIALECT_TOKENSPEED && info.attn_tp_size != m->p.attn_tp_size) {
-        /* kvbridge sends TokenSpeed prefills no plan yet (spec 7.6: P
-         * fragments per buffer and source would be needed). */
-        snprintf(rs->why, sizeof(rs->why),
-                 "TokenSpeed prefill at %s has TP size %d per DP group, this decode %d: kvbridge's "
-                 "decode serves TokenSpeed prefills of the same TP size only",
-                 a->addr, (int)info.attn_tp_size, (int)m->p.attn_tp_size);
-        kvb_bootstrap_parallel_info_free(&info);
-        return KVB_ERR_INVALID;
-    }
     prefill_layout(m, &info, &pre);
     kvb__layout_self(m, &dec);
     /* Routes follow the KV geometry; state pairs up rank by rank (the prefill

@@ -2,9 +2,9 @@
  * "kvbridge decode <-> TokenSpeed prefill"): a decode whose bootstrap server
  * answered in TokenSpeed's shape (kvb__addr_t.dialect = KVB__DIALECT_TS)
  * sends its ranks the 8-frame KV-args and 12-frame transfer infos (int64
- * pages past the prefix, no plan: equal TP only, checked in decode.c) and
- * reads their 5-frame statuses. Nothing else goes to a TokenSpeed prefill:
- * its control thread dies on anything else (there is no abort message). */
+ * pages past the prefix; with another TP size, 14 frames: a plan computed by
+ * kvbridge's planner, see plan_json) and reads their 5-frame statuses. Nothing else goes to a
+ * TokenSpeed prefill: its control thread dies on anything else (there is no abort message). */
 #include "conn/conn_int.h"
 #include "proto/frames_ts.h"
 
@@ -41,6 +41,84 @@ kvb_status_t kvb__ts_send_registration(struct kvb_manager *m, const char *ip, ui
     return send(m, ip, port, &b, kvb__frames_encode_registration_ts(&r, &e, &b), &e);
 }
 
+/* Fake buffer bases for planning one page: buffer b at (b + 1) << 40, so a
+ * block's buffer and in-item offset read back from its addresses. */
+#define FAKE_BASE(b) ((uint64_t)((b) + 1) << 40)
+
+/* kvbridge's planner's blocks for one page pair (prefill page 0 -> decode
+ * page 0) from source s, as TokenSpeed fragments (m->mu held). TokenSpeed's
+ * prefill applies each fragment to every page pair literally (spec 7.5), so
+ * the exact in-page blocks are exact for every page: at page size P > 1 that
+ * is P fragments per buffer and source for head slices (spec 7.6, second
+ * half). 0 fragments, or -1 on a planner error. */
+static long plan_frags(struct kvb_manager *m, const kvb__addr_t *a, const kvb__src_t *s,
+                       kvb__ts_frag_t **frags_p)
+{
+    uint32_t nkv = m->args.num_kv;
+    uint64_t *base = malloc((nkv + 1) * sizeof(uint64_t));
+    int32_t page0 = 0;
+    kvb_plan_blocks_t out = {0};
+    kvb_plan_chunk_t ch = {0};
+    long n = -1;
+    uint64_t item_p =
+        a->info.kv_item_lens.count > 0
+            ? a->info.kv_item_lens.values[0]
+            : m->args.kv_item_len * (uint64_t)m->p.attn_tp_size / (uint64_t)a->info.attn_tp_size;
+    for (uint32_t b = 0; base != NULL && b < nkv; b++)
+        base[b] = FAKE_BASE(b);
+    kvb_plan_buffers_t src = {base, NULL, NULL, NULL}, dst = {base, NULL, NULL, NULL};
+    ch.src_pages = &page0;
+    ch.dst_pages = &page0;
+    ch.num_pages = 1;
+    if (base != NULL && kvb_plan_blocks(a->plan, s->tp_rank, (uint32_t)m->p.attn_tp_rank, &src,
+                                        &dst, &ch, &out) == KVB_OK) {
+        kvb__ts_frag_t *f = calloc(out.count + 1, sizeof(*f));
+        for (size_t i = 0; f != NULL && i < out.count; i++) {
+            uint64_t b = (out.blocks[i].src >> 40) - 1;
+            f[i] =
+                (kvb__ts_frag_t){b,
+                                 m->p.is_mla || b < nkv / 2 ? KVB__TS_TARGET_K : KVB__TS_TARGET_V,
+                                 (int64_t)s->tp_rank,
+                                 m->p.attn_tp_rank,
+                                 item_p,
+                                 m->args.kv_item_len,
+                                 out.blocks[i].src - FAKE_BASE(b),
+                                 out.blocks[i].dst - FAKE_BASE(b),
+                                 out.blocks[i].len,
+                                 0};
+        }
+        *frags_p = f;
+        n = f != NULL ? (long)out.count : -1;
+    }
+    kvb_plan_blocks_free(&out);
+    free(base);
+    return n;
+}
+
+/* The plan JSON for source s of room (malloc'ed; NULL with *st_p KVB_OK: the
+ * same TP size, no plan, TokenSpeed's identity copy). */
+static char *plan_json(struct kvb_manager *m, uint64_t room, const kvb__src_t *s, size_t *len_p,
+                       kvb_status_t *st_p)
+{
+    kvb__ts_frag_t *frags = NULL;
+    long n = 0;
+    char *json = NULL;
+    *st_p = KVB_OK;
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, room);
+    kvb__addr_t *a = m->addrs;
+    while (a != NULL &&
+           (r == NULL || r->bootstrap_addr == NULL || strcmp(a->addr, r->bootstrap_addr) != 0))
+        a = a->next;
+    if (a != NULL && a->have_info && a->info.attn_tp_size != m->p.attn_tp_size)
+        n = plan_frags(m, a, s, &frags);
+    pthread_mutex_unlock(&m->mu);
+    if (n < 0 || (n > 0 && kvb__ts_plan_encode(frags, (size_t)n, &json, len_p) != KVB_OK))
+        *st_p = KVB_ERR_INVALID;
+    free(frags);
+    return n > 0 ? json : NULL;
+}
+
 kvb_status_t kvb__ts_send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
                                    const int32_t *idx, size_t n, int64_t aux,
                                    const kvb_receiver_init_t *ex)
@@ -75,8 +153,16 @@ kvb_status_t kvb__ts_send_transfer(struct kvb_manager *m, const kvb__src_t *s, u
     x.required_dst_info_num = (int32_t)s->required_dst_info_num;
     x.prefix_len = (int64_t)prefix;
     x.state_idx = (kvb__i64_view_t){(const uint8_t *)(wide + np), ns};
+    kvb_status_t st = KVB_OK;
+    char *json = s->dummy ? NULL : plan_json(m, room, s, &x.plan_len, &st);
+    x.has_plan = json != NULL;
+    x.plan_json = (const uint8_t *)json;
     kvb__frames_buf_init(&b);
-    kvb_status_t st = send(m, s->ip, s->port, &b, kvb__frames_encode_transfer_ts(&x, &e, &b), &e);
+    if (st == KVB_OK)
+        st = send(m, s->ip, s->port, &b, kvb__frames_encode_transfer_ts(&x, &e, &b), &e);
+    else
+        kvb__frames_buf_free(&b);
+    free(json);
     free(wide);
     return st;
 }

@@ -164,6 +164,28 @@ class Prefill:
                 lens.append(self.item)
         assert self.eng.batch_transfer_sync_write(session, srcs, dsts, lens) == 0
 
+    def write_plan(self, session, kv, room, dst_pages, first_page, frags, rank, tp, page=4, hb=32):
+        """Spec 7.5, as TokenSpeed's prefill executes a plan: every fragment of
+        a buffer, literally, once per page pair. This rank's items hold its
+        heads' slice (token-major rows) of the TP 1 pattern."""
+        hl = self.item // page // hb
+        heads = hl * tp
+        srcs, dsts, lens = [], [], []
+        for j, p in enumerate(dst_pages):
+            for b in range(self.n_kv):
+                off = (b * len(dst_pages) + j) * self.item
+                for t in range(page):
+                    for h in range(hl):
+                        for x in range(hb):
+                            g = (t * heads + rank * hl + h) * hb + x
+                            self.src[off + (t * hl + h) * hb + x] = pat(room, b, first_page + j, g)
+                for f in frags:
+                    if f["buffer_index"] == b:
+                        srcs.append(self.src.ctypes.data + off + f["src_byte_offset"])
+                        dsts.append(kv[b] + p * f["dst_page_stride_bytes"] + f["dst_byte_offset"])
+                        lens.append(f["bytes_per_page"])
+        assert self.eng.batch_transfer_sync_write(session, srcs, dsts, lens) == 0
+
     def status(self, host, port, frames):
         ep = f"tcp://{host}:{port}"
         if ep not in self.push:
@@ -181,7 +203,7 @@ def ts():
     made = []
 
     def start(world=1):
-        pre = [Prefill(ctx, boot.addr, r, world) for r in range(world)]
+        pre = [Prefill(ctx, boot.addr, r, world, item=256 // world) for r in range(world)]
         h = Helper(None, argv=[HELPER, "decode", f"boot={boot.addr}"])
         made.append(h)
         return h, pre
@@ -250,13 +272,48 @@ def test_kvbridge_decode_speaks_tokenspeed(ts):
     assert not p.pull.poll(500), "a message after the abort: TokenSpeed has none"
 
 
-def test_other_tp_size_is_refused_with_a_reason(ts):
+def test_tp2_prefill_gets_a_plan_of_token_rows(ts):
+    """Another TP size: kvbridge's decode sends each source rank a plan
+    (frames 12-13) that TokenSpeed's literal execution gets right: at page
+    size 4, one fragment per token row and buffer (spec 7.6, second half)."""
     h, pre = ts(world=2)
-    room = 8101
-    h.cmd(f"recv {room} 1 0 1 3")
+    kv = [int(x) for x in h.info["kv"].split(",")]
+    host, port = h.info["ctl"].rsplit(":", 1)
+    sid = h.info["session"]
+    room, pages = 8101, [60, 61, 62]
+    h.cmd(f"recv {room} 3 0 {len(pages)} " + " ".join(map(str, pages)))
     h.line("recv", room)
-    h.cmd(f"poll {room} 5")
-    st, _, reason = (h.line("poll", room).split(" ", 2) + [""])[:3]
-    assert st == "0" and "same TP size only" in reason, reason
-    for p in pre:
-        assert not p.pull.poll(200), "nothing may reach a prefill the decode cannot serve"
+    for k, p in enumerate(pre):
+        assert p.recv()[0] == b"None"
+        f = p.recv()
+        assert len(f) == 14 and f[:12] == [
+            dec(room), host.encode(), port.encode(), sid.encode(), i64s(pages),
+            b"3", b"1", b"0", b"0", b"", b"", b"",
+        ], f
+        assert f[12] == b"1"
+        frags = json.loads(f[13])
+        want = [
+            {
+                "buffer_index": b,
+                "buffer_kind": "target_k" if b < 2 else "target_v",
+                "src_rank": k,
+                "dst_rank": 0,
+                "src_page_stride_bytes": 128,
+                "dst_page_stride_bytes": 256,
+                "src_byte_offset": t * 32,
+                "dst_byte_offset": t * 64 + k * 32,
+                "bytes_per_page": 32,
+                "page_count": None,
+            }
+            for b in range(4)
+            for t in range(4)
+        ]
+        key = lambda x: (x["buffer_index"], x["src_byte_offset"])  # noqa: E731
+        assert sorted(frags, key=key) == want
+        assert list(frags[0]) == list(want[0])  # TokenSpeed's key order
+        p.write_plan(sid, kv, room, pages, 0, frags, k, 2)
+        p.status(host, port, [dec(room), b"5", dec(k), b"9", b""])
+    h.cmd(f"poll {room} 10")
+    assert h.line("poll", room).split(" ")[0] == "4"
+    h.cmd(f"check {room} 0 " + " ".join(map(str, pages)))
+    assert h.line("check", room) == "0"
