@@ -415,7 +415,7 @@ static bool plan_from(struct kvb_manager *m, const kvb__xferts_msg_t *x, kvb__ts
     kvb__ts_plan_t *p = calloc(1, sizeof(*p));
     if (p == NULL || kvb__ts_plan_parse(x->plan_json, x->plan_len, (size_t)(m->args.num_kv * P * 4),
                                         p, why, wl) != KVB_OK) {
-        if (p == NULL)
+        if (p == NULL || why[0] == '\0') /* a refusal always has a reason: never no plan */
             snprintf(why, wl, "out of memory for the plan");
         free(p);
         return false;
@@ -619,10 +619,12 @@ static bool page_blocks(ts_job_t *j, uint64_t sp, uint64_t dp)
     return true;
 }
 
-/* Rule 17/18: the furthest byte this destination's pages reach in buffer b
- * stays inside the region the decode registered around that buffer's base,
- * so no write of buffer b lands in buffer b+1. Checked over every page of
- * the transfer info at each chunk, so a bad one fails before any write. */
+/* Rule 17/18: the whole destination item of the highest page of buffer b
+ * (every write of a page stays inside its item, in either reading of a
+ * fragment: frag_ok) lies inside the region the decode registered around
+ * that buffer's base, so no write of buffer b lands in buffer b+1. Checked
+ * over every page of the transfer info at each chunk, so a bad one fails
+ * before any write. */
 static bool regions_ok(ts_job_t *j, char *why, size_t wl)
 {
     int32_t max_page = -1;
@@ -631,17 +633,14 @@ static bool regions_ok(ts_job_t *j, char *why, size_t wl)
     if (max_page < 0)
         return true;
     for (uint32_t b = 0; b < j->m->args.num_kv; b++) {
-        uint64_t stride = j->item, reach = j->item, base = 0, len = 0;
+        uint64_t stride = j->item, base = 0, len = 0;
         const kvb__ts_plan_t *p = j->d->ts_plan;
         bool written = p == NULL;
-        for (size_t i = 0; p != NULL && i < p->n; i++) {
-            const kvb__ts_frag_t *f = &p->frags[i];
-            if (f->buffer_index != b)
-                continue;
-            reach = written && reach > f->dst_off + f->bytes ? reach : f->dst_off + f->bytes;
-            stride = f->dst_stride; /* one per buffer: frags_consistent */
-            written = true;
-        }
+        for (size_t i = 0; p != NULL && i < p->n; i++)
+            if (p->frags[i].buffer_index == b) {
+                stride = p->frags[i].dst_stride; /* one per buffer: frags_consistent */
+                written = true;
+            }
         if (!written)
             continue;
         kvb_status_t st = kvb__engine_peer_region(j->m->engine, j->d->session, j->g->kv_ptrs[b],
@@ -653,12 +652,16 @@ static bool regions_ok(ts_job_t *j, char *why, size_t wl)
                      j->d->session, b, (unsigned long long)j->g->kv_ptrs[b], kvb_status_string(st));
             return false;
         }
-        uint64_t end = j->g->kv_ptrs[b] + (uint64_t)max_page * stride + reach;
-        if (end > base + len || end < j->g->kv_ptrs[b]) {
+        uint64_t end = 0;
+        bool wraps = !kvb__mul_u64((uint64_t)max_page + 1, stride, &end) ||
+                     !kvb__add_u64(end, j->g->kv_ptrs[b], &end);
+        if (wraps || end > base + len) {
             snprintf(why, wl,
                      "decode %s: page %d of KV buffer %u would end %llu bytes past the region "
                      "it registered ([0x%llx, +%llu)); nothing written",
-                     j->d->session, (int)max_page, b, (unsigned long long)(end - (base + len)),
+                     j->d->session, (int)max_page, b,
+                     wraps ? (unsigned long long)UINT64_MAX
+                           : (unsigned long long)(end - (base + len)),
                      (unsigned long long)base, (unsigned long long)len);
             return false;
         }
