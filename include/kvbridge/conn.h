@@ -332,6 +332,15 @@ KVB_API void kvb_receiver_abort(kvb_receiver_h receiver);
  * "Failed due to an unknown reason..." text. Any thread. */
 KVB_API void kvb_receiver_failure(kvb_receiver_h receiver, char *buf, size_t len);
 
+/* TokenSpeed prefills (PROTOCOL-TOKENSPEED.md 4.4, 8.6; they have no aux
+ * data): the first output token and speculative candidate token ids their
+ * Success statuses carried (the first token other than -1 seen among the
+ * room's sources, with its candidates). 1 when known: *token_p, the
+ * candidates copied into cands (at most cap), *n_p (optional) how many there
+ * were; 0 otherwise (another dialect, or not arrived yet). Any thread. */
+KVB_API int kvb_receiver_first_token(kvb_receiver_h receiver, int64_t *token_p, int32_t *cands,
+                                     size_t cap, size_t *n_p);
+
 /* 1 when nothing can land in the room's pages any more: Success, or Failed
  * with every source quiescent (it confirmed the abort, or its revoked grant
  * has no write left in flight); 0 while the room runs, while a source may

@@ -402,6 +402,12 @@ kvb_status_t kvb__ts_send_status(struct kvb_manager *m, const char *ip, uint16_t
 void kvb__ts_job_plan(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
                       const kvb__chunk_t *c, kvb_plan_blocks_t *out, kvb_status_t *st_p, char *why,
                       size_t wl);
+/* A room's first token and candidates (prefill: the sender's; decode: from
+ * a TokenSpeed prefill's Success). first_wins: keep what is there (the
+ * decode keeps the first non -1 token seen, as TokenSpeed's does). Bounded
+ * table (rooms map onto 4096 slots; a later room takes a slot). Any thread. */
+kvb_status_t kvb__ts_output_set(struct kvb_manager *m, uint64_t room, int64_t token,
+                                const int32_t *cands, size_t n, bool first_wins);
 /* A sender's aux slot (first-token fallback), from kvb_sender_init. */
 void kvb__ts_note_aux(struct kvb_manager *m, uint64_t room, int64_t aux_index);
 void kvb__ts_plan_destroy(struct kvb__ts_plan *plan); /* NULL-safe */

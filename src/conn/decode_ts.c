@@ -182,6 +182,16 @@ bool kvb__ts_decode_message(struct kvb_manager *m, const kvb__frame_t *f, size_t
     }
     if (s.status != KVB__TS_SUCCESS && s.status != KVB__TS_FAILED)
         return true;
+    /* The first non -1 token and the first candidates seen (TokenSpeed's
+     * setdefault), for kvb_receiver_first_token(). */
+    if (s.status == KVB__TS_SUCCESS && s.first_token != -1 && s.candidates.count <= 4096) {
+        int32_t *c = malloc((s.candidates.count + 1) * sizeof(int32_t));
+        for (size_t i = 0; c != NULL && i < s.candidates.count; i++)
+            c[i] = kvb__i32_at(s.candidates, i);
+        if (c != NULL)
+            kvb__ts_output_set(m, s.room, s.first_token, c, s.candidates.count, true);
+        free(c);
+    }
     char room[24], rank[16];
     int rl = snprintf(room, sizeof(room), "%llu", (unsigned long long)s.room);
     int kl = snprintf(rank, sizeof(rank), "%d", (int)s.sender);

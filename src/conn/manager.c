@@ -351,6 +351,7 @@ kvb_status_t kvb__bootstrap_client(struct kvb_manager *m, const char *addr,
 
 static void manager_free(struct kvb_manager *m)
 {
+    kvb__ts_free(m); /* TokenSpeed first tokens, endpoints (either mode) */
     if (m->pull != NULL)
         zmq_close(m->pull);
     kvb__zcache_free(&m->zc);

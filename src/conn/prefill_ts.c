@@ -155,12 +155,10 @@ void kvb__ts_note_aux(struct kvb_manager *m, uint64_t room, int64_t aux_index)
     pthread_mutex_unlock(&t->mu);
 }
 
-kvb_status_t kvb_sender_set_first_token(kvb_sender_h s, int64_t token, const int32_t *cands,
-                                        size_t count)
+kvb_status_t kvb__ts_output_set(struct kvb_manager *m, uint64_t room, int64_t token,
+                                const int32_t *cands, size_t count, bool first_wins)
 {
-    if (s == NULL || (cands == NULL && count > 0) || count > TS_MAX_CANDS || token < -1)
-        return KVB_ERR_INVALID;
-    struct kvb__ts *t = ts_get(s->mgr, true);
+    struct kvb__ts *t = ts_get(m, true);
     int32_t *copy = malloc((count ? count : 1) * sizeof(*copy));
     if (t == NULL || copy == NULL) {
         free(copy);
@@ -169,14 +167,51 @@ kvb_status_t kvb_sender_set_first_token(kvb_sender_h s, int64_t token, const int
     if (count > 0)
         memcpy(copy, cands, count * sizeof(*copy));
     pthread_mutex_lock(&t->mu);
-    ts_output_t *o = output_slot(t, s->room, true);
-    free(o->cands);
-    o->has_token = 1;
-    o->token = token;
-    o->cands = copy;
-    o->n_cands = count;
+    ts_output_t *o = output_slot(t, room, true);
+    if (first_wins && o->has_token) {
+        free(copy);
+    } else {
+        free(o->cands);
+        o->has_token = 1;
+        o->token = token;
+        o->cands = copy;
+        o->n_cands = count;
+    }
     pthread_mutex_unlock(&t->mu);
     return KVB_OK;
+}
+
+kvb_status_t kvb_sender_set_first_token(kvb_sender_h s, int64_t token, const int32_t *cands,
+                                        size_t count)
+{
+    if (s == NULL || (cands == NULL && count > 0) || count > TS_MAX_CANDS || token < -1)
+        return KVB_ERR_INVALID;
+    return kvb__ts_output_set(s->mgr, s->room, token, cands, count, false);
+}
+
+int kvb_receiver_first_token(kvb_receiver_h rc, int64_t *token_p, int32_t *cands, size_t cap,
+                             size_t *n_p)
+{
+    int32_t *c = NULL;
+    size_t n = 0;
+    if (rc == NULL || token_p == NULL || (cands == NULL && cap > 0))
+        return 0;
+    struct kvb__ts *t = ts_get(rc->mgr, false);
+    if (t == NULL)
+        return 0;
+    pthread_mutex_lock(&t->mu);
+    ts_output_t *o = output_slot(t, rc->room, false);
+    bool known = o != NULL && o->has_token;
+    if (known) {
+        *token_p = o->token;
+        n = o->n_cands;
+        c = o->cands;
+        memcpy(cands, c, (n < cap ? n : cap) * sizeof(int32_t));
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (known && n_p != NULL)
+        *n_p = n;
+    return known ? 1 : 0;
 }
 
 /* The room's first token: the sender's, else aux buffer 0's first int32 at

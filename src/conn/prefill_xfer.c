@@ -629,7 +629,6 @@ void kvb__prefill_free(struct kvb_manager *m)
     }
     free(m->queues);
     m->queues = NULL;
-    kvb__ts_free(m);
     for (kvb__reg_t *g = m->regs, *next; g != NULL; g = next) {
         next = g->next;
         kvb__reg_put(g);

@@ -241,6 +241,8 @@ def test_kvbridge_decode_speaks_tokenspeed(ts):
     assert h.line("poll", room).split(" ")[0] == "4"  # Success
     h.cmd(f"check {room} 0 " + " ".join(map(str, pages)))
     assert h.line("check", room) == "0"
+    h.cmd(f"token {room}")  # the first token and candidates of its Success
+    assert h.line("token", room) == "1 77 1,2"
     # 2. A prefix of 2 pages: only the missing pages go on the wire (int64).
     room, pages = 8002, [40, 41, 42, 43, 44]
     h.cmd(f"recv {room} 6 {2 * page} {len(pages)} " + " ".join(map(str, pages)))
@@ -254,6 +256,8 @@ def test_kvbridge_decode_speaks_tokenspeed(ts):
     assert h.line("poll", room).split(" ")[0] == "4"
     h.cmd(f"check {room} 2 " + " ".join(map(str, pages[2:])))
     assert h.line("check", room) == "0"
+    h.cmd(f"token {room}")
+    assert h.line("token", room) == "0 -1"  # -1: no token known
     # 3. Failed from the prefill; an abort sends a TokenSpeed prefill nothing.
     room = 8003
     h.cmd(f"recv {room} 7 0 1 50")

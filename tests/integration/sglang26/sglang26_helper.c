@@ -29,6 +29,8 @@
  *   abort ROOM         -> "aborted ROOM"
  *   check ROOM FIRST D0 .. D(N-1) -> "check ROOM <KV bytes at D.. differing
  *                         from kvbh_pat of request pages FIRST..>"
+ *   token ROOM         -> "token ROOM <known 0/1> <token> <candidates,...>"
+ *                         (kvb_receiver_first_token: TokenSpeed prefills)
  * Exits on stdin EOF. */
 #include "harness/kvb_cluster.h"
 
@@ -230,8 +232,18 @@ static int run_decode(const kvbh_geom_t *g, const char *ext)
         else if (sscanf(line, "abort %llu", &room) == 1 && find(r, nr, room) != NULL) {
             kvb_receiver_abort(find(r, nr, room));
             printf("aborted %llu\n", room);
-        } else if (strncmp(line, "check ", 6) == 0)
+        } else if (strncmp(line, "check ", 6) == 0) {
             decode_check(&d, line);
+        } else if (sscanf(line, "token %llu", &room) == 1 && find(r, nr, room) != NULL) {
+            int64_t tok = -1;
+            int32_t c[8];
+            size_t n = 0;
+            int known = kvb_receiver_first_token(find(r, nr, room), &tok, c, 8, &n);
+            printf("token %llu %d %lld ", room, known, (long long)tok);
+            for (size_t i = 0; i < n && i < 8; i++)
+                printf("%s%d", i ? "," : "", (int)c[i]);
+            printf("\n");
+        }
         fflush(stdout);
     }
     for (int i = 0; i < nr; i++)
