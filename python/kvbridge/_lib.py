@@ -294,6 +294,7 @@ _PROTOTYPES = {
     "kvb_sender_init": (_S, [_P, ctypes.c_uint64, ctypes.c_int64]),
     "kvb_sender_send": (_S, [_P, c_i32_p, ctypes.c_size_t]),
     "kvb_sender_set_state_indices": (_S, [_P, c_i32_p, ctypes.c_size_t]),
+    "kvb_sender_set_first_token": (_S, [_P, ctypes.c_int64, c_i32_p, ctypes.c_size_t]),
     "kvb_sender_poll": (ctypes.c_int, [_P]),
     "kvb_sender_abort": (None, [_P]),
     "kvb_sender_failure": (None, [_P, ctypes.c_char_p, ctypes.c_size_t]),
@@ -306,6 +307,8 @@ _PROTOTYPES = {
     "kvb_receiver_abort": (None, [_P]),
     "kvb_receiver_failure": (None, [_P, ctypes.c_char_p, ctypes.c_size_t]),
     "kvb_receiver_pages_safe": (ctypes.c_int, [_P]),
+    "kvb_receiver_first_token": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int64), c_i32_p,
+                                                ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "kvb_receiver_destroy": (None, [_P]),
 }
 

@@ -538,6 +538,21 @@ class KVSender(_Room):
         self._call(f)
         self.curr_idx += n
 
+    def set_first_token(self, token, spec_candidate_ids=None):
+        """TokenSpeed decodes: the first output token (and speculative
+        candidate token ids) sent in this room's Success status
+        (kvb_sender_set_first_token). Call before the last chunk."""
+        tok = L.as_int(token, "token", -1, (1 << 63) - 1)
+        carr, cn = (None, 0) if spec_candidate_ids is None else \
+            L.index_array(spec_candidate_ids, "spec_candidate_ids")
+
+        def f(h):
+            st = L.lib().kvb_sender_set_first_token(h, tok, carr, cn)
+            if st != L.KVB_OK:
+                raise self.kv_mgr._error(st, f"KVSender.set_first_token of room "
+                                             f"{self.bootstrap_room}")
+        self._call(f)
+
 
 def _page_mask(mask, n):
     if mask is None:
@@ -624,3 +639,13 @@ class KVReceiver(_Room):
         write them (re-checked on each call; docs/engine.md, "The writer
         fence"). Ask before clear()."""
         return bool(self._call(lambda h: L.lib().kvb_receiver_pages_safe(h)))
+
+    def first_token(self):
+        """(token, spec_candidate_ids) a TokenSpeed prefill's Success carried,
+        or None before it (or from another dialect)."""
+        tok = ctypes.c_int64(-1)
+        n = ctypes.c_size_t(0)
+        cands = (ctypes.c_int32 * 4096)()
+        known = self._call(lambda h: L.lib().kvb_receiver_first_token(
+            h, ctypes.byref(tok), cands, 4096, ctypes.byref(n)))
+        return (tok.value, list(cands[: n.value])) if known else None
