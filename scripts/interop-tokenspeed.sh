@@ -6,7 +6,10 @@
 # C prefill ranks (ts_helper) with kvbridge's Mooncake drop-in
 # (python/compat) as its transfer engine: TP1->TP1, TP2->TP1, MLA,
 # MLA TP2->TP1, prefix skip, a killed prefill and a killed prefill rank
-# whose bootstrap server lives on (Failed with TokenSpeed's reasons). Every KV byte and the first token are checked. What is stubbed:
+# whose bootstrap server lives on (Failed with TokenSpeed's reasons); then
+# TokenSpeed's own prefill and bootstrap server, unmodified, against
+# kvbridge's C decode (sglang26_helper decode): TP1->TP1, prefix skip, TP2->TP1
+# (kvbridge's plan executed by TokenSpeed's prefill). Every KV byte and the first token are checked. What is stubbed:
 # tests/interop/tokenspeed_receiver.py (its docstring; docs/testing.md).
 #   TOKENSPEED_SRC  a git clone of lightseekorg/tokenspeed holding that
 #                   commit (default: cloned into BUILD/tokenspeed-git)
@@ -17,7 +20,8 @@ BUILD=$(cd "${1:-$ROOT/build}" && pwd)
 COMMIT=e41aa8b1609a9412d7ed26aa56d910828607950f
 VENV=$BUILD/ts-venv
 HELPER=$BUILD/tests/integration/tokenspeed/ts_helper
-for f in "$BUILD/libkvbridge.so" "$HELPER"; do
+HELPER26=$BUILD/tests/integration/sglang26/sglang26_helper
+for f in "$BUILD/libkvbridge.so" "$HELPER" "$HELPER26"; do
     if [ ! -e "$f" ]; then
         echo "interop-tokenspeed: $f missing: build first (make build)" >&2
         exit 2
@@ -42,15 +46,18 @@ fi
 OUT=$BUILD/interop-tokenspeed
 rm -rf "$OUT"
 mkdir -p "$OUT"
-export KVBRIDGE_TS_HELPER=$HELPER KVBRIDGE_LIB=$BUILD/libkvbridge.so KVBRIDGE_BIN=$BUILD/kvbridge
-export PYTHONPATH=$TREE/python:$ROOT/python/compat:$ROOT/python
+export KVBRIDGE_TS_HELPER=$HELPER KVBRIDGE_SGLANG26_HELPER=$HELPER26
+export KVBRIDGE_LIB=$BUILD/libkvbridge.so KVBRIDGE_BIN=$BUILD/kvbridge
+export PYTHONPATH=$TREE/python:$ROOT/python/compat:$ROOT/python:$ROOT/tests/interop
+export TOKENSPEED_HOST_IP=127.0.0.1 # where TokenSpeed's prefill PUTs (its get_ip())
 export TOKENSPEED_DISAGGREGATION_HEARTBEAT_INTERVAL=2 TOKENSPEED_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=1
 export TOKENSPEED_DISAGGREGATION_WAITING_TIMEOUT=3
-echo "== TokenSpeed $COMMIT receiver (seed 004) <- kvbridge C prefill (drop-in engine)"
+echo "== TokenSpeed $COMMIT receiver (seed 004) <- kvbridge C prefill, TokenSpeed prefill -> kvbridge C decode (drop-in engine)"
 rc=0
-for c in tp1 tp2 mla mla_tp2 prefix killed rank_killed; do
-    if timeout 120 "$VENV/bin/python" "$ROOT/tests/interop/tokenspeed_receiver.py" "$c" \
-        >"$OUT/$c.log" 2>&1; then
+for c in tp1 tp2 mla mla_tp2 prefix killed rank_killed pf_tp1 pf_prefix pf_tp2; do
+    driver=tokenspeed_receiver.py
+    [[ $c == pf_* ]] && driver=tokenspeed_prefill.py
+    if timeout 120 "$VENV/bin/python" "$ROOT/tests/interop/$driver" "$c" >"$OUT/$c.log" 2>&1; then
         tail -n 1 "$OUT/$c.log"
     else
         echo "FAIL $c (log: $OUT/$c.log)"

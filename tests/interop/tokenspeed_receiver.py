@@ -6,17 +6,11 @@ Run by scripts/interop-tokenspeed.sh; not part of `make check`.
 
 Run unmodified: receiver.py, mooncake/decode.py, mooncake/conn.py,
 mooncake/entities.py, base/manager.py, base/mooncake_engine.py,
-base/status.py, base/bootstrap.py, transfer_plan.py and utils/network.py,
-all from the TokenSpeed tree on sys.path. Stubbed (they import torch,
-triton and TokenSpeed's GPU kernels, or the whole server config, and the
-connector uses one or two names of each):
-  tokenspeed.runtime.pd.utils          DisaggregationMode, PageTransferMetadata
-                                       (+ three prefill-only names, never called)
-  tokenspeed.runtime.utils (+ .common) get_colorful_logger
-  tokenspeed.runtime.utils.env         envs: the PD variables of spec 6.1,
-                                       read from the environment
-  tokenspeed.runtime.metrics.collector KVTransferMetrics (metrics off)
-The decode's KV pool is host memory (ctypes) instead of GPU tensors.
+base/status.py, base/bootstrap.py, transfer_plan.py, pd/utils.py and
+utils/network.py, all from the TokenSpeed tree on sys.path. Stubbed: what
+imports torch, triton or TokenSpeed's GPU kernels (tokenspeed_stubs.py says
+which and why). The decode's KV pool is host memory (ctypes) instead of GPU
+tensors.
 
 Cases (argv[1]): tp1, tp2, mla, mla_tp2, prefix, killed (the prefill
 process and its bootstrap server: TokenSpeed's heartbeat notices),
@@ -27,91 +21,18 @@ one line "CASE ok ..." or raises.
 """
 
 import ctypes
-import dataclasses
-import enum
 import logging
 import os
 import subprocess
 import sys
 import time
-import types
 
 import numpy as np
 
+import tokenspeed_stubs
+
 HELPER = os.environ["KVBRIDGE_TS_HELPER"]
 M64 = (1 << 64) - 1
-
-
-class _Env:
-    def __init__(self, name, default, kind):
-        self.name, self.default, self.kind = name, default, kind
-
-    def get(self):
-        v = os.environ.get(self.name)
-        try:
-            return self.kind(v) if v is not None else self.default
-        except ValueError:
-            return self.default
-
-
-def install_stubs():
-    def mod(name, **attrs):
-        m = types.ModuleType(name)
-        m.__dict__.update(attrs)
-        sys.modules[name] = m
-        return m
-
-    import tokenspeed.runtime  # noqa: F401  (the real namespace packages)
-
-    ts_root = os.path.dirname(list(sys.modules["tokenspeed.runtime"].__path__)[0])
-    def get_colorful_logger(name):
-        log = logging.getLogger(name)
-        log.warning_once = log.warning  # TokenSpeed's logger has *_once variants
-        log.info_once = log.info
-        return log
-
-    utils = mod("tokenspeed.runtime.utils", get_colorful_logger=get_colorful_logger)
-    utils.__path__ = [os.path.join(ts_root, "runtime", "utils")]  # network.py stays real
-    mod("tokenspeed.runtime.utils.common")
-    envs = types.SimpleNamespace(
-        TOKENSPEED_DISAGGREGATION_HEARTBEAT_INTERVAL=_Env(
-            "TOKENSPEED_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0, float
-        ),
-        TOKENSPEED_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=_Env(
-            "TOKENSPEED_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2, int
-        ),
-        TOKENSPEED_DISAGGREGATION_WAITING_TIMEOUT=_Env(
-            "TOKENSPEED_DISAGGREGATION_WAITING_TIMEOUT", 300, int
-        ),
-        TOKENSPEED_HOST_IP=_Env("TOKENSPEED_HOST_IP", "", str),
-    )
-    mod("tokenspeed.runtime.utils.env", envs=envs)
-
-    class DisaggregationMode(enum.Enum):
-        NULL = "null"
-        PREFILL = "prefill"
-        DECODE = "decode"
-        ENCODE = "encode"
-
-    @dataclasses.dataclass
-    class PageTransferMetadata:
-        indices_are_local: bool
-        page_transfer_mask: object
-        page_local_indices: object = None
-
-    def _prefill_only(*a, **k):  # prefill.py imports them; the decode never calls them
-        raise NotImplementedError("stub: TokenSpeed's prefill side is not run here")
-
-    mod(
-        "tokenspeed.runtime.pd.utils",
-        DisaggregationMode=DisaggregationMode,
-        PageTransferMetadata=PageTransferMetadata,
-        FastQueue=_prefill_only,
-        StepCounter=_prefill_only,
-        group_concurrent_contiguous=_prefill_only,
-    )
-    mod("tokenspeed.runtime.metrics")
-    mod("tokenspeed.runtime.metrics.collector", KVTransferMetrics=object)
 
 
 def pat(room, buf, page, k):
@@ -299,7 +220,7 @@ def run_case(case):
 
 if __name__ == "__main__":
     logging.basicConfig(level=os.environ.get("TS_LOGLEVEL", "WARNING"))
-    install_stubs()
+    tokenspeed_stubs.install()
     try:
         run_case(sys.argv[1])
     except BaseException:
