@@ -284,9 +284,11 @@ static kvb_status_t register_regions(kvb_engine_h eng, const void *regions, size
 {
     kvb_status_t st = KVB_OK;
     size_t done = 0;
-    if (eng == NULL || (regions == NULL && count > 0) ||
-        (!legacy && size < offsetof(kvb_mem_region_ex_t, mem_type) + sizeof(kvb_mem_type_t)))
+    if (eng == NULL || (regions == NULL && count > 0))
         return KVB_ERR_INVALID;
+    if (!legacy && size < offsetof(kvb_mem_region_ex_t, mem_type) + sizeof(kvb_mem_type_t))
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                            "register: region_size %zu is shorter than a region", size);
     pthread_mutex_lock(&eng->seg_mu);
     for (; done < count; done++) {
         kvb__seg_t seg;

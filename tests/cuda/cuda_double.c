@@ -18,7 +18,8 @@
  *   fails), ipc_get (export refused, as for VMM memory), ipc_open (import
  *   refused), batch (cuMemcpyBatchAsync unsupported), copy (copies fail),
  *   attr (cuPointerGetAttribute fails for device memory).
- * - KVB_CUDA_DOUBLE_DEVICES: device count (2).
+ * - KVB_CUDA_DOUBLE_DEVICES: device count (2); KVB_CUDA_DOUBLE_SLOW_MS: each
+ *   cuStreamSynchronize takes that long (copies in flight, for fence tests).
  * - kvb_cuda_double_stats(): calls counted, for tests that check batching. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -503,7 +504,10 @@ API CUresult cuStreamDestroy_v2(void *s)
 
 API CUresult cuStreamSynchronize(void *s)
 {
+    const char *ms = getenv("KVB_CUDA_DOUBLE_SLOW_MS");
     COUNT(syncs);
+    if (ms != NULL && atoi(ms) > 0) /* a slow device: the copies "finish" now */
+        usleep((useconds_t)atoi(ms) * 1000);
     return OK;
 }
 
