@@ -315,6 +315,26 @@ kvb_status_t kvb__cuda_copy_batch(int device, const kvb__cuda_copy_t *v, size_t 
     return KVB_OK;
 }
 
+kvb_status_t kvb__mem_copy(void *dst, const void *src, size_t n)
+{
+    char why[300] = "";
+    int dd = -1, ds = -1;
+    uint64_t b, s;
+    int kd = kvb__cuda_classify((uint64_t)(uintptr_t)dst, &dd, &b, &s, why, sizeof(why));
+    int ks = kvb__cuda_classify((uint64_t)(uintptr_t)src, &ds, &b, &s, why, sizeof(why));
+    if (kd == 0 && ks == 0) {
+        memcpy(dst, src, n);
+        return KVB_OK;
+    }
+    kvb__cuda_copy_t c = {(uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n};
+    kvb_status_t st = kd < 0 || ks < 0
+                          ? KVB_ERR_IO
+                          : kvb__cuda_copy_batch(kd > 0 ? dd : ds, &c, 1, why, sizeof(why));
+    if (st != KVB_OK)
+        KVB_LOGW("copy of %zu bytes %p -> %p: %s", n, src, dst, why);
+    return st;
+}
+
 /* ---- pinned staging cache ---- */
 
 #define STAGE_MIN (1u << 20)

@@ -127,6 +127,11 @@ typedef struct kvb__cuda_copy {
 kvb_status_t kvb__cuda_copy_batch(int device, const kvb__cuda_copy_t *v, size_t n, char *why,
                                   size_t wl);
 
+/* memcpy for pointers that may be CUDA device memory (the connector's inline
+ * aux messages): the driver copies when either side is device memory, else
+ * memcpy. KVB_ERR_IO when the driver fails (reason logged). */
+kvb_status_t kvb__mem_copy(void *dst, const void *src, size_t n);
+
 /* Pinned host staging buffers (cuMemHostAlloc, portable), cached up to
  * KVBRIDGE_CUDA_STAGING_CACHE bytes (default 256 MiB) across the process.
  * NULL when the driver cannot allocate. */

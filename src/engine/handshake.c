@@ -270,6 +270,11 @@ static bool decode_cuda(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen
     int64_t prev = -1;
     if (rb->off == rb->len)
         return true; /* no device memory */
+    if (rb->len - rb->off < 4 + CUDA_ENTRY_LEN) {
+        snprintf(why, whylen, "%zu trailing bytes after the shared-file table",
+                 rb->len - rb->off);
+        return false;
+    }
     if (!rb_u32(rb, &r->ncuda) || r->ncuda == 0 || r->ncuda > r->nseg ||
         r->ncuda > (rb->len - rb->off) / CUDA_ENTRY_LEN) {
         snprintf(why, whylen, "device-memory table truncated, empty or oversized");
