@@ -6,6 +6,7 @@
 #define KVB_CUDA_TEST_H
 
 #include <kvbridge/engine.h>
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <sys/types.h>
@@ -15,17 +16,94 @@
 #include "cuda/cuda_double.h"
 #include "kvb_test.h"
 
+/* The driver the library loads (KVBRIDGE_CUDA_LIB, else libcuda.so.1),
+ * opened here too: dlopen of one file gives one instance, so the test's
+ * allocations are the ones the library sees. Against the test double the
+ * stats entry point exists; against a real driver it does not (checks that
+ * need it are skipped: scripts/gpu-check.sh). */
+typedef struct cuda_test_api {
+    int (*Init)(unsigned int);
+    int (*DeviceGet)(int *, int);
+    int (*DeviceGetCount)(int *);
+    int (*PrimaryCtxRetain)(void **, int);
+    int (*CtxSetCurrent)(void *);
+    int (*MemAlloc)(unsigned long long *, size_t);
+    int (*MemFree)(unsigned long long);
+    int (*HtoD)(unsigned long long, const void *, size_t);
+    int (*DtoH)(void *, unsigned long long, size_t);
+    void (*stats)(kvb_cuda_double_stats_t *);
+} cuda_test_api_t;
+
+static inline const cuda_test_api_t *ct(void)
+{
+    static cuda_test_api_t a;
+    static int loaded;
+    if (!loaded) {
+        const char *lib = getenv("KVBRIDGE_CUDA_LIB");
+        void *h = dlopen(lib != NULL && lib[0] ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        CHECK(h != NULL);
+        *(void **)&a.Init = dlsym(h, "cuInit");
+        *(void **)&a.DeviceGet = dlsym(h, "cuDeviceGet");
+        *(void **)&a.DeviceGetCount = dlsym(h, "cuDeviceGetCount");
+        *(void **)&a.PrimaryCtxRetain = dlsym(h, "cuDevicePrimaryCtxRetain");
+        *(void **)&a.CtxSetCurrent = dlsym(h, "cuCtxSetCurrent");
+        *(void **)&a.MemAlloc = dlsym(h, "cuMemAlloc_v2");
+        *(void **)&a.MemFree = dlsym(h, "cuMemFree_v2");
+        *(void **)&a.HtoD = dlsym(h, "cuMemcpyHtoD_v2");
+        *(void **)&a.DtoH = dlsym(h, "cuMemcpyDtoH_v2");
+        *(void **)&a.stats = dlsym(h, "kvb_cuda_double_stats"); /* NULL: a real driver */
+        CHECK(a.Init && a.DeviceGet && a.DeviceGetCount && a.PrimaryCtxRetain &&
+              a.CtxSetCurrent && a.MemAlloc && a.MemFree && a.HtoD && a.DtoH);
+        loaded = 1;
+    }
+    return &a;
+}
+
+/* The double's counters; false against a real driver. */
+static inline bool ct_stats(kvb_cuda_double_stats_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    if (ct()->stats == NULL)
+        return false;
+    ct()->stats(s);
+    return true;
+}
+
+/* Device ordinal want, or 0 where the machine has fewer devices. */
+static inline int ct_device(int want)
+{
+    int n = 0;
+    CHECK_EQ(ct()->Init(0), 0);
+    CHECK_EQ(ct()->DeviceGetCount(&n), 0);
+    return want < n ? want : 0;
+}
+
+static inline void ct_htod(void *dev, const void *h, size_t n)
+{
+    CHECK_EQ(ct()->HtoD((unsigned long long)(uintptr_t)dev, h, n), 0);
+}
+
+static inline void ct_dtoh(void *h, const void *dev, size_t n)
+{
+    CHECK_EQ(ct()->DtoH(h, (unsigned long long)(uintptr_t)dev, n), 0);
+}
+
+static inline void ct_free(void *dev)
+{
+    CHECK_EQ(ct()->MemFree((unsigned long long)(uintptr_t)dev), 0);
+}
+
 /* n bytes of device memory on device dev (its primary context made current). */
 static inline uint8_t *cuda_test_alloc(int dev, size_t n)
 {
     void *ctx;
     int d;
     unsigned long long p = 0;
-    CHECK_EQ(cuInit(0), 0);
-    CHECK_EQ(cuDeviceGet(&d, dev), 0);
-    CHECK_EQ(cuDevicePrimaryCtxRetain(&ctx, d), 0);
-    CHECK_EQ(cuCtxSetCurrent(ctx), 0);
-    CHECK_EQ(cuMemAlloc_v2(&p, n), 0);
+    dev = ct_device(dev);
+    CHECK_EQ(ct()->DeviceGet(&d, dev), 0);
+    CHECK_EQ(ct()->PrimaryCtxRetain(&ctx, d), 0);
+    CHECK_EQ(ct()->CtxSetCurrent(ctx), 0);
+    CHECK_EQ(ct()->MemAlloc(&p, n), 0);
     return (uint8_t *)(uintptr_t)p;
 }
 
@@ -41,7 +119,7 @@ static inline void cuda_test_fill(uint8_t *dev, size_t n, uint64_t seed)
     CHECK(h != NULL);
     for (size_t i = 0; i < n; i++)
         h[i] = cuda_test_byte(seed, i);
-    CHECK_EQ(cuMemcpyHtoD_v2((unsigned long long)(uintptr_t)dev, h, n), 0);
+    ct_htod(dev, h, n);
     free(h);
 }
 
@@ -74,7 +152,8 @@ static inline void tgt_io(int fd, void *p, size_t n, bool rd)
     }
 }
 
-/* Child: an engine on tr with an 8 MiB device allocation on device 1,
+/* Child: an engine on tr with an 8 MiB device allocation on device 1 (0 if
+ * the machine has one),
  * registered as [alloc+4096, +len) and [alloc+len+8192, +1 MiB) (offsets
  * inside one allocation), zeroed; then serve commands. */
 static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
@@ -86,9 +165,10 @@ static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
     CHECK_EQ(kvb_engine_create(&p, &e), KVB_OK);
     uint8_t *a = cuda_test_alloc(1, len + 8192 + (1u << 20));
     uint8_t *zero = calloc(1, len + 8192 + (1u << 20));
-    CHECK_EQ(cuMemcpyHtoD_v2((unsigned long long)(uintptr_t)a, zero, len + 8192 + (1u << 20)), 0);
+    ct_htod(a, zero, len + 8192 + (1u << 20));
+    free(zero);
     kvb_mem_region_ex_t r[2] = {
-        {KVB_MEM_REGION_FIELD_DEVICE, a + 4096, len, KVB_MEM_CUDA, 1},
+        {KVB_MEM_REGION_FIELD_DEVICE, a + 4096, len, KVB_MEM_CUDA, ct_device(1)},
         {0, a + len + 8192, 1u << 20, KVB_MEM_AUTO, 0},
     };
     CHECK_EQ(kvb_engine_register_ex(e, r, 2, sizeof(r[0])), KVB_OK);
@@ -105,7 +185,7 @@ static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
         if (c.op == TGT_READ) { /* device to host, then the bytes to the parent */
             uint8_t *h = malloc(c.b);
             CHECK(h != NULL);
-            CHECK_EQ(cuMemcpyDtoH_v2(h, c.a, c.b), 0);
+            ct_dtoh(h, (const void *)(uintptr_t)c.a, c.b);
             tgt_io(out, h, c.b, false);
             free(h);
         } else if (c.op == TGT_GRANT) {

@@ -70,7 +70,7 @@ static void in_process(kvb_engine_h t, uint8_t *dev, uint8_t *host)
     kvb_block_t b = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dev, N};
     CHECK_EQ(kvb_engine_write(w, kvb_engine_session_id(t), &b, 1, 10.0), KVB_OK);
     CHECK_EQ(kvb_engine_session_direct(w, kvb_engine_session_id(t)), 0);
-    CHECK_EQ(cuMemcpyDtoH_v2(back, (unsigned long long)(uintptr_t)dev, N), 0);
+    ct_dtoh(back, dev, N);
     CHECK(memcmp(back, want, N) == 0);
     TEST_PASS("own-process IPC refused: staged, bytes verified");
 
@@ -90,7 +90,7 @@ static void in_process(kvb_engine_h t, uint8_t *dev, uint8_t *host)
     unsetenv("KVB_CUDA_DOUBLE_FAIL");
     TEST_PASS("failed copies fail the write with the driver's reason");
     kvb_engine_destroy(w);
-    CHECK_EQ(cuMemFree_v2((unsigned long long)(uintptr_t)src), 0);
+    ct_free(src);
     free(back);
     free(want);
 }
@@ -103,7 +103,7 @@ int main(void)
     registrations(t, dev, host);
     in_process(t, dev, host);
     kvb_engine_destroy(t);
-    CHECK_EQ(cuMemFree_v2((unsigned long long)(uintptr_t)dev), 0);
+    ct_free(dev);
     free(host);
     return 0;
 }
