@@ -352,8 +352,9 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
     if (o->transport == KVB_TRANSPORT_TCP)
         fprintf(f, "\"tcp_gbps\": %.4f, ", r->tcp_gbps);
     if (o->cuda) {
-        fprintf(f, "\"memory\": \"cuda\", \"cuda_device\": %d, \"cuda_memcpy_gbps\": %.4f, "
-                   "\"cuda_ratio\": %.4f, \"cuda_test_double\": %s, \"cuda_driver\": ",
+        fprintf(f,
+                "\"memory\": \"cuda\", \"cuda_device\": %d, \"cuda_memcpy_gbps\": %.4f, "
+                "\"cuda_ratio\": %.4f, \"cuda_test_double\": %s, \"cuda_driver\": ",
                 o->cuda_device, r->cuda_memcpy_gbps,
                 r->cuda_memcpy_gbps > 0 ? g / r->cuda_memcpy_gbps : 0,
                 bench_cuda_is_double() ? "true" : "false");

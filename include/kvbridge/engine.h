@@ -34,11 +34,7 @@ typedef enum kvb_transport {
  * KVB_ERR_UNSUPPORTED naming why. AUTO: the engine asks the driver
  * (cuPointerGetAttribute) and takes HOST for memory the driver does not know
  * (or without a driver). docs/engine.md "CUDA device memory". */
-typedef enum kvb_mem_type {
-    KVB_MEM_HOST = 0,
-    KVB_MEM_CUDA = 1,
-    KVB_MEM_AUTO = 2
-} kvb_mem_type_t;
+typedef enum kvb_mem_type { KVB_MEM_HOST = 0, KVB_MEM_CUDA = 1, KVB_MEM_AUTO = 2 } kvb_mem_type_t;
 
 enum kvb_engine_param_field {
     KVB_ENGINE_PARAM_HOST = 1u << 0,

@@ -20,8 +20,8 @@ typedef struct am_recv {
     size_t npinned;
     ucp_dt_iov_t *iov;
     uint32_t np;
-    int device;   /* a destination is device memory (this one's ordinal), else -1 */
-    void *stage;  /* then: the payload is received here (pinned) and copied in */
+    int device;  /* a destination is device memory (this one's ordinal), else -1 */
+    void *stage; /* then: the payload is received here (pinned) and copied in */
     size_t stage_len;
 } am_recv_t;
 
@@ -122,8 +122,8 @@ static kvb_status_t stage_in(am_recv_t *rc, const uint8_t *data, char *why, size
         return KVB_ERR_NOMEM;
     }
     for (uint32_t i = 0; i < rc->np; i++) {
-        v[i] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)rc->iov[i].buffer,
-                                  (uint64_t)(uintptr_t)data, rc->iov[i].length};
+        v[i] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)rc->iov[i].buffer, (uint64_t)(uintptr_t)data,
+                                  rc->iov[i].length};
         data += rc->iov[i].length;
     }
     kvb_status_t st = kvb__cuda_copy_batch(rc->device, v, rc->np, why, wl);

@@ -25,7 +25,10 @@ typedef struct sym {
     bool optional;
 } sym_t;
 
-#define S(field, name) {name, offsetof(kvb__cuda_api_t, field), false}
+#define S(field, name)                                                                             \
+    {                                                                                              \
+        name, offsetof(kvb__cuda_api_t, field), false                                              \
+    }
 static const sym_t g_syms[] = {
     S(cuInit, "cuInit"),
     S(cuDriverGetVersion, "cuDriverGetVersion"),
@@ -150,7 +153,8 @@ int kvb__cuda_classify(uint64_t addr, int *device_p, uint64_t *base_p, uint64_t 
         return 0;
     /* Host memory CUDA never saw answers CUDA_ERROR_INVALID_VALUE. */
     kvb_CUresult r = cu->cuPointerGetAttribute(&type, KVB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr);
-    if (r == KVB_CUDA_ERROR_INVALID_VALUE || (r == KVB_CUDA_SUCCESS && type != KVB_CU_MEMORYTYPE_DEVICE))
+    if (r == KVB_CUDA_ERROR_INVALID_VALUE ||
+        (r == KVB_CUDA_SUCCESS && type != KVB_CU_MEMORYTYPE_DEVICE))
         return 0;
     if (r == KVB_CUDA_SUCCESS)
         r = cu->cuPointerGetAttribute(&dev, KVB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr);
@@ -359,8 +363,8 @@ void *kvb__cuda_stage_get(size_t len)
     void *p = NULL;
     pthread_mutex_lock(&g_stage_mu);
     if (g_stage_max == UINT64_MAX)
-        g_stage_max = (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGING_CACHE", NULL, 256ll << 20, 0,
-                                             INT64_MAX);
+        g_stage_max =
+            (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGING_CACHE", NULL, 256ll << 20, 0, INT64_MAX);
     if (g_stage_n[c] > 0) {
         p = g_stage_free[c][--g_stage_n[c]];
         g_stage_cached -= (uint64_t)STAGE_MIN << c;

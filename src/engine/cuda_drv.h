@@ -77,15 +77,16 @@ typedef struct kvb__cuda_api {
     kvb_CUresult (*cuDevicePrimaryCtxRetain)(kvb_CUcontext *, kvb_CUdevice);
     kvb_CUresult (*cuCtxSetCurrent)(kvb_CUcontext);
     kvb_CUresult (*cuPointerGetAttribute)(void *, int, kvb_CUdeviceptr);
-    kvb_CUresult (*cuMemAlloc)(kvb_CUdeviceptr *, size_t);             /* _v2 */
-    kvb_CUresult (*cuMemFree)(kvb_CUdeviceptr);                        /* _v2 */
+    kvb_CUresult (*cuMemAlloc)(kvb_CUdeviceptr *, size_t); /* _v2 */
+    kvb_CUresult (*cuMemFree)(kvb_CUdeviceptr);            /* _v2 */
     kvb_CUresult (*cuMemHostAlloc)(void **, size_t, unsigned int);
     kvb_CUresult (*cuMemFreeHost)(void *);
     kvb_CUresult (*cuMemcpy)(kvb_CUdeviceptr, kvb_CUdeviceptr, size_t); /* unified */
     kvb_CUresult (*cuMemcpyAsync)(kvb_CUdeviceptr, kvb_CUdeviceptr, size_t, kvb_CUstream);
     kvb_CUresult (*cuMemcpy2DAsync)(const kvb_CUDA_MEMCPY2D *, kvb_CUstream); /* _v2 */
     kvb_CUresult (*cuIpcGetMemHandle)(kvb_CUipcMemHandle *, kvb_CUdeviceptr);
-    kvb_CUresult (*cuIpcOpenMemHandle)(kvb_CUdeviceptr *, kvb_CUipcMemHandle, unsigned int); /* _v2 */
+    kvb_CUresult (*cuIpcOpenMemHandle)(kvb_CUdeviceptr *, kvb_CUipcMemHandle,
+                                       unsigned int); /* _v2 */
     kvb_CUresult (*cuIpcCloseMemHandle)(kvb_CUdeviceptr);
     kvb_CUresult (*cuStreamCreate)(kvb_CUstream *, unsigned int);
     kvb_CUresult (*cuStreamDestroy)(kvb_CUstream); /* _v2 */

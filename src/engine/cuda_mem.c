@@ -35,8 +35,10 @@ kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
     if (r->mem_type != KVB_MEM_CUDA && r->mem_type != KVB_MEM_AUTO)
         return region_error(eng, KVB_ERR_INVALID, r, "unknown memory type");
     if (r->mem_type == KVB_MEM_CUDA && kvb__cuda() == NULL) {
-        snprintf(why, sizeof(why), "CUDA device memory needs the CUDA driver: %s "
-                 "(set KVBRIDGE_CUDA_LIB to the driver library)", kvb__cuda_why());
+        snprintf(why, sizeof(why),
+                 "CUDA device memory needs the CUDA driver: %s "
+                 "(set KVBRIDGE_CUDA_LIB to the driver library)",
+                 kvb__cuda_why());
         return region_error(eng, KVB_ERR_UNSUPPORTED, r, why);
     }
     int k = kvb__cuda_classify(a, &dev, &base, &size, why, sizeof(why));
@@ -281,8 +283,8 @@ void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r
             imported += s->direct != NULL;
         }
     }
-    KVB_LOGI("engine %s: session %s: %u device segment(s), %u imported over CUDA IPC",
-             eng->sid, c->sess->sid, r->ncuda, imported);
+    KVB_LOGI("engine %s: session %s: %u device segment(s), %u imported over CUDA IPC", eng->sid,
+             c->sess->sid, r->ncuda, imported);
 }
 
 void kvb__cuda_detach(kvb__conn_t *c)
@@ -359,8 +361,10 @@ kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
     v = malloc(x->n * sizeof(*v));
     x->stage = v != NULL ? kvb__cuda_stage_get(total) : NULL;
     if (x->stage == NULL) {
-        st = kvb__err_set(&eng->err, KVB_ERR_NOMEM, "session %s: no %llu bytes of pinned memory "
-                          "to stage device sources", x->conn->sess->sid, (unsigned long long)total);
+        st = kvb__err_set(&eng->err, KVB_ERR_NOMEM,
+                          "session %s: no %llu bytes of pinned memory "
+                          "to stage device sources",
+                          x->conn->sess->sid, (unsigned long long)total);
         goto out;
     }
     x->stage_len = total;

@@ -20,8 +20,8 @@
 /* CUDA transfers: a unit is one batch of driver copies and one stream
  * synchronisation (the fence's busy count spans it), so larger. */
 #define CUDA_UNIT (16u << 20)
-#define DIRECT_MAX_FILES 4096  /* shared files one connection maps */
-#define STREAM_MIN 512         /* blocks this long are copied with streaming stores */
+#define DIRECT_MAX_FILES 4096 /* shared files one connection maps */
+#define STREAM_MIN 512        /* blocks this long are copied with streaming stores */
 
 /* ---- writer side: mappings ---- */
 

@@ -299,9 +299,9 @@ static kvb_status_t register_regions(kvb_engine_h eng, const void *regions, size
         st = kvb__segtab_insert(&eng->segs, &seg);
         if (st != KVB_OK) {
             unmap_seg(eng, &seg);
-            kvb__err_set(
-                &eng->err, st, "register %p+%zu: %s", r.addr, r.length,
-                st == KVB_ERR_OVERLAP ? "overlaps a registered region" : kvb_status_string(st));
+            kvb__err_set(&eng->err, st, "register %p+%zu: %s", r.addr, r.length,
+                         st == KVB_ERR_OVERLAP ? "overlaps a registered region"
+                                               : kvb_status_string(st));
             break;
         }
     }
@@ -323,7 +323,7 @@ kvb_status_t kvb_engine_register_batch(kvb_engine_h eng, const kvb_mem_region_t 
 }
 
 kvb_status_t kvb_engine_register_ex(kvb_engine_h eng, const kvb_mem_region_ex_t *regions,
-                                   size_t count, size_t region_size)
+                                    size_t count, size_t region_size)
 {
     return register_regions(eng, regions, count, region_size, false);
 }

@@ -182,8 +182,8 @@ struct kvb_engine {
     uint64_t direct_refused,
         direct_unpopulated;                     /* atomic: peer files not mapped / not prefaulted */
     uint64_t direct_slack, direct_populate_max; /* KVBRIDGE_DIRECT_MAP_SLACK / _POPULATE_MAX */
-    size_t n_cuda_segs; /* local registrations in device memory (seg_mu) */
-    int cuda_device;    /* atomic: the device our copies run in (first CUDA registration), -1 */
+    size_t n_cuda_segs;                         /* local registrations in device memory (seg_mu) */
+    int cuda_device; /* atomic: the device our copies run in (first CUDA registration), -1 */
     /* secret set: the message-lane token of each authenticated control
      * connection (seg_mu); dropped when its connection closes */
     struct kvb__am_tok {

@@ -271,8 +271,7 @@ static bool decode_cuda(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen
     if (rb->off == rb->len)
         return true; /* no device memory */
     if (rb->len - rb->off < 4 + CUDA_ENTRY_LEN) {
-        snprintf(why, whylen, "%zu trailing bytes after the shared-file table",
-                 rb->len - rb->off);
+        snprintf(why, whylen, "%zu trailing bytes after the shared-file table", rb->len - rb->off);
         return false;
     }
     if (!rb_u32(rb, &r->ncuda) || r->ncuda == 0 || r->ncuda > r->nseg ||
@@ -291,8 +290,8 @@ static bool decode_cuda(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen
         const uint8_t *h;
         if (!rb_u32(rb, &e->seg) || !rb_u32(rb, &dev) || !rb_u32(rb, &e->flags) ||
             !rb_u32(rb, &zero) || !rb_u64(rb, &e->alloc_off) ||
-            !rb_bytes(rb, KVB_HS_CUDA_HANDLE, &h) || e->seg >= r->nseg ||
-            (int64_t)e->seg <= prev || (e->flags & ~KVB_HS_CUDA_IPC) != 0 || zero != 0) {
+            !rb_bytes(rb, KVB_HS_CUDA_HANDLE, &h) || e->seg >= r->nseg || (int64_t)e->seg <= prev ||
+            (e->flags & ~KVB_HS_CUDA_IPC) != 0 || zero != 0) {
             snprintf(why, whylen, "device-memory entry %u truncated, invalid or unsorted", i);
             return false;
         }
@@ -329,8 +328,7 @@ kvb_status_t kvb__hs_reply_decode(const uint8_t *buf, size_t len, kvb__hs_reply_
               decode_cuda(&rb, r, why, whylen);
     if (!ok || rb.off != len) {
         if (ok)
-            snprintf(why, whylen, "%zu trailing bytes after the device-memory table",
-                     len - rb.off);
+            snprintf(why, whylen, "%zu trailing bytes after the device-memory table", len - rb.off);
         kvb__hs_reply_free(r);
         return KVB_ERR_PROTO;
     }

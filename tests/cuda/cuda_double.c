@@ -64,8 +64,8 @@ typedef struct entry {
     uint8_t *alias; /* where the bytes are reachable */
     size_t size;
     int device, fd;
-    uint64_t id;        /* K_ALLOC: unique in the process; K_IPC: the exporter's */
-    pid_t owner;        /* K_IPC: exporting process */
+    uint64_t id; /* K_ALLOC: unique in the process; K_IPC: the exporter's */
+    pid_t owner; /* K_IPC: exporting process */
     struct entry *next;
 } entry_t;
 
@@ -172,15 +172,33 @@ API CUresult cuDriverGetVersion(int *v)
 API CUresult cuGetErrorString(CUresult r, const char **s)
 {
     switch (r) {
-    case OK: *s = "no error (double)"; break;
-    case E_INVALID_VALUE: *s = "invalid argument (double)"; break;
-    case E_NO_DEVICE: *s = "no CUDA-capable device is detected (double)"; break;
-    case E_INVALID_CONTEXT: *s = "invalid device context (double)"; break;
-    case E_ALREADY_MAPPED: *s = "resource already mapped (double)"; break;
-    case E_INVALID_HANDLE: *s = "invalid resource handle (double)"; break;
-    case E_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered (double)"; break;
-    case E_NOT_SUPPORTED: *s = "operation not supported (double)"; break;
-    default: *s = "unknown error (double)"; break;
+    case OK:
+        *s = "no error (double)";
+        break;
+    case E_INVALID_VALUE:
+        *s = "invalid argument (double)";
+        break;
+    case E_NO_DEVICE:
+        *s = "no CUDA-capable device is detected (double)";
+        break;
+    case E_INVALID_CONTEXT:
+        *s = "invalid device context (double)";
+        break;
+    case E_ALREADY_MAPPED:
+        *s = "resource already mapped (double)";
+        break;
+    case E_INVALID_HANDLE:
+        *s = "invalid resource handle (double)";
+        break;
+    case E_ILLEGAL_ADDRESS:
+        *s = "an illegal memory access was encountered (double)";
+        break;
+    case E_NOT_SUPPORTED:
+        *s = "operation not supported (double)";
+        break;
+    default:
+        *s = "unknown error (double)";
+        break;
     }
     return OK;
 }
@@ -415,9 +433,8 @@ API CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p)
     pthread_mutex_lock(&g_mu);
     entry_t *e = find((void *)(uintptr_t)p);
     ipc_handle_t h = {{'K', 'V', 'B', 'D', 'B', 'L', 'I', 'P'}, 0, 0, 0, 0, 0, 0};
-    CUresult r = e == NULL || e->kind != K_ALLOC || e->dev != (uint8_t *)(uintptr_t)p
-                     ? E_INVALID_VALUE
-                     : OK;
+    CUresult r =
+        e == NULL || e->kind != K_ALLOC || e->dev != (uint8_t *)(uintptr_t)p ? E_INVALID_VALUE : OK;
     if (r == OK) {
         h.pid = (int32_t)getpid();
         h.fd = e->fd;
@@ -434,7 +451,9 @@ API CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p)
 }
 
 /* The handle is passed by value (64 bytes on the stack, as the real ABI). */
-typedef struct { char reserved[64]; } handle64_t;
+typedef struct {
+    char reserved[64];
+} handle64_t;
 
 API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, handle64_t handle, unsigned int flags)
 {
@@ -610,10 +629,10 @@ API CUresult cuMemcpy2DAsync_v2(const memcpy2d_t *m, void *s)
     if (m->srcArray != NULL || m->dstArray != NULL || m->srcPitch < m->WidthInBytes ||
         m->dstPitch < m->WidthInBytes)
         return E_INVALID_VALUE;
-    CUdeviceptr src = side(m->srcMemoryType, m->srcHost, m->srcDevice) + m->srcXInBytes +
-                      m->srcY * m->srcPitch;
-    CUdeviceptr dst = side(m->dstMemoryType, m->dstHost, m->dstDevice) + m->dstXInBytes +
-                      m->dstY * m->dstPitch;
+    CUdeviceptr src =
+        side(m->srcMemoryType, m->srcHost, m->srcDevice) + m->srcXInBytes + m->srcY * m->srcPitch;
+    CUdeviceptr dst =
+        side(m->dstMemoryType, m->dstHost, m->dstDevice) + m->dstXInBytes + m->dstY * m->dstPitch;
     for (size_t r = 0; r < m->Height; r++) {
         CUresult e = copy(dst + r * m->dstPitch, src + r * m->srcPitch, m->WidthInBytes);
         if (e != OK)

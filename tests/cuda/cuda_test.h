@@ -52,8 +52,8 @@ static inline const cuda_test_api_t *ct(void)
         *(void **)&a.HtoD = dlsym(h, "cuMemcpyHtoD_v2");
         *(void **)&a.DtoH = dlsym(h, "cuMemcpyDtoH_v2");
         *(void **)&a.stats = dlsym(h, "kvb_cuda_double_stats"); /* NULL: a real driver */
-        CHECK(a.Init && a.DeviceGet && a.DeviceGetCount && a.PrimaryCtxRetain &&
-              a.CtxSetCurrent && a.MemAlloc && a.MemFree && a.HtoD && a.DtoH);
+        CHECK(a.Init && a.DeviceGet && a.DeviceGetCount && a.PrimaryCtxRetain && a.CtxSetCurrent &&
+              a.MemAlloc && a.MemFree && a.HtoD && a.DtoH);
         loaded = 1;
     }
     return &a;

@@ -41,7 +41,7 @@ int main(void)
     nanosleep(&ts, NULL);
     uint8_t *again = tgt_read(&t, t.dev_addr, LEN);
     CHECK(memcmp(a, again, LEN) == 0); /* nothing lands after the revoke */
-    for (size_t i = 0; i < UNIT; i++) /* the unit admitted before the revoke */
+    for (size_t i = 0; i < UNIT; i++)  /* the unit admitted before the revoke */
         CHECK_EQ(a[i], cuda_test_byte(9, i));
     for (size_t i = UNIT; i < LEN; i++) /* the rest never */
         CHECK_EQ(a[i], 0);

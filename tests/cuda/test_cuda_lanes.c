@@ -95,8 +95,8 @@ int main(int argc, char **argv)
     ct_stats(&s0);
     kvb_block_t *rows = calloc(ROWS, sizeof(*rows));
     for (size_t i = 0; i < ROWS; i++) {
-        rows[i] = (kvb_block_t){(uint64_t)(uintptr_t)sd + i * 2048, t.dev_addr + i * 2048 + 1024,
-                                1024};
+        rows[i] =
+            (kvb_block_t){(uint64_t)(uintptr_t)sd + i * 2048, t.dev_addr + i * 2048 + 1024, 1024};
         memcpy(want + i * 2048 + 1024, want + i * 2048, 1024); /* source: seed 1 pattern */
     }
     CHECK_EQ(kvb_engine_write(w, t.sid, rows, ROWS, 10.0), KVB_OK);

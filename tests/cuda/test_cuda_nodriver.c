@@ -13,7 +13,8 @@ int main(int argc, char **argv)
     CHECK_STR_CONTAINS(why, missing ? "cannot load" : "cuInit failed");
     fprintf(stderr, "no driver: %s\n", why);
 
-    kvb_engine_h t = kvb_test_engine(KVB_TRANSPORT_AUTO, 2), w = kvb_test_engine(KVB_TRANSPORT_AUTO, 2);
+    kvb_engine_h t = kvb_test_engine(KVB_TRANSPORT_AUTO, 2),
+                 w = kvb_test_engine(KVB_TRANSPORT_AUTO, 2);
     uint8_t *src = malloc(N), *dst = NULL;
     CHECK(src != NULL);
     CHECK_EQ(kvb_mem_alloc(N, (void **)&dst), KVB_OK);
