@@ -591,31 +591,26 @@ def as_ptr(v, name):
     return as_int(v, name, 1, U64_MAX) if c is None else as_int(c[0], name, 1, U64_MAX)
 
 
-def ptr_list(v, name):
-    """int_list for addresses: each item an int or a __cuda_array_interface__ object."""
+def _items(v, name, what):
     if v is None:
         return []
     if isinstance(v, (str, bytes)):
-        raise InvalidArgument(f"{name} must be a sequence of addresses")
+        raise InvalidArgument(f"{name} must be a sequence of {what}")
     try:
-        items = list(v)
+        return list(v)
     except TypeError:
-        raise InvalidArgument(f"{name} must be a sequence of addresses, "
+        raise InvalidArgument(f"{name} must be a sequence of {what}, "
                               f"not {type(v).__name__}") from None
-    return [as_ptr(x, f"{name}[{i}]") for i, x in enumerate(items)]
+
+
+def ptr_list(v, name):
+    """int_list for addresses: each item an int or a __cuda_array_interface__ object."""
+    return [as_ptr(x, f"{name}[{i}]") for i, x in enumerate(_items(v, name, "addresses"))]
 
 
 def int_list(v, name, lo=0, hi=U64_MAX):
-    if v is None:
-        return []
-    if isinstance(v, (str, bytes)):
-        raise InvalidArgument(f"{name} must be a sequence of integers")
-    try:
-        items = list(v)
-    except TypeError:
-        raise InvalidArgument(f"{name} must be a sequence of integers, "
-                              f"not {type(v).__name__}") from None
-    return [as_int(x, f"{name}[{i}]", lo, hi) for i, x in enumerate(items)]
+    return [as_int(x, f"{name}[{i}]", lo, hi)
+            for i, x in enumerate(_items(v, name, "integers"))]
 
 
 def u64_array(values):
