@@ -54,7 +54,8 @@ static void wb_put(wbuf_t *w, const void *src, size_t n)
         w->p = p;
         w->cap = cap;
     }
-    memcpy(w->p + w->len, src, n);
+    if (n > 0) /* src may be NULL for nothing (device memory has no remote key) */
+        memcpy(w->p + w->len, src, n);
     w->len += n;
 }
 
