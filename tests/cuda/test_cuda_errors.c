@@ -54,6 +54,40 @@ static void registrations(kvb_engine_h e, uint8_t *dev, uint8_t *host)
     TEST_PASS("registrations refused with their reason");
 }
 
+/* 64 blocks of 4 KiB at shuffled places (no strided runs): the staging copies
+ * go as batched calls (cuMemcpyBatchAsync), and where the driver refuses
+ * those (KVB_CUDA_DOUBLE_FAIL=batch) one copy each; bytes verified both times. */
+static void scattered(kvb_engine_h w, kvb_engine_h t, uint8_t *src, uint8_t *dev, uint8_t *back)
+{
+    enum { NB = 64, BS = 4096 };
+    kvb_block_t b[NB];
+    for (int pass = 0; pass < 2; pass++) {
+        kvb_cuda_double_stats_t s0, s1;
+        cuda_test_fill(src, N, 20 + (uint64_t)pass);
+        for (int i = 0; i < NB; i++) /* source slot i to destination slot (i * 37) % NB */
+            b[i] = (kvb_block_t){(uint64_t)(uintptr_t)src + (uint64_t)i * 2 * BS,
+                                 (uint64_t)(uintptr_t)dev + (uint64_t)((i * 37) % NB) * BS, BS};
+        if (pass == 1)
+            setenv("KVB_CUDA_DOUBLE_FAIL", "batch", 1);
+        ct_stats(&s0);
+        CHECK_EQ(kvb_engine_write(w, kvb_engine_session_id(t), b, NB, 10.0), KVB_OK);
+        ct_stats(&s1);
+        unsetenv("KVB_CUDA_DOUBLE_FAIL");
+        fprintf(stderr, "scattered (batch %s): %llu batched calls, %llu single copies\n",
+                pass ? "refused" : "offered",
+                (unsigned long long)(s1.copies_batch - s0.copies_batch),
+                (unsigned long long)(s1.copies - s0.copies));
+        CHECK(s1.copies_batch - s0.copies_batch >= 1);
+        CHECK(pass == 0 ? s1.copies - s0.copies < 8 : s1.copies - s0.copies >= NB);
+        ct_dtoh(back, dev, NB * BS);
+        for (int i = 0; i < NB; i++)
+            for (size_t k = 0; k < BS; k++)
+                CHECK_EQ(back[(size_t)((i * 37) % NB) * BS + k],
+                         cuda_test_byte(20 + (uint64_t)pass, (uint64_t)i * 2 * BS + k));
+    }
+    TEST_PASS("scattered blocks: batched copies, and one each where batching is refused");
+}
+
 /* Two engines of this process: the driver refuses a process's own IPC
  * handles, so device memory is staged; then a failing copy fails the write. */
 static void in_process(kvb_engine_h t, uint8_t *dev, uint8_t *host)
@@ -73,6 +107,8 @@ static void in_process(kvb_engine_h t, uint8_t *dev, uint8_t *host)
     ct_dtoh(back, dev, N);
     CHECK(memcmp(back, want, N) == 0);
     TEST_PASS("own-process IPC refused: staged, bytes verified");
+
+    scattered(w, t, src, dev, back);
 
     setenv("KVB_CUDA_DOUBLE_FAIL", "copy", 1);
     CHECK_EQ(kvb_engine_write(w, kvb_engine_session_id(t), &b, 1, 10.0), KVB_ERR_IO);
