@@ -35,7 +35,8 @@ bool bench_pool_cuda(bench_pool_t *p, int device, char *why, size_t wl)
         snprintf(why, wl, "%s", kvb__cuda_why());
         return false;
     }
-    if (kvb__cuda_bind(device, why, wl) != KVB_OK)
+    kvb__cuda_scope_t sc; /* a rank process: its context may stay */
+    if (kvb__cuda_enter(device, &sc, why, wl) != KVB_OK)
         return false;
     kvb_CUresult r = cu->cuMemAlloc(&d, total ? total : 1);
     p->host_ptrs = calloc((size_t)p->g.n_kv, sizeof(uint64_t));
@@ -104,7 +105,8 @@ double bench_cuda_memcpy_gbps(const bench_opts_t *o, uint64_t item_len)
     size_t n = item_len > 0 ? (size_t)(vol / item_len) : 0;
     kvb_CUdeviceptr a = 0, b = 0;
     double best = 0;
-    if (cu == NULL || n == 0 || kvb__cuda_bind(o->cuda_device, why, sizeof(why)) != KVB_OK ||
+    kvb__cuda_scope_t sc;
+    if (cu == NULL || n == 0 || kvb__cuda_enter(o->cuda_device, &sc, why, sizeof(why)) != KVB_OK ||
         cu->cuMemAlloc(&a, n * item_len) != KVB_CUDA_SUCCESS ||
         cu->cuMemAlloc(&b, n * item_len) != KVB_CUDA_SUCCESS) {
         fprintf(stderr, "kvbridge: bench: no device-to-device yardstick (%s)\n",

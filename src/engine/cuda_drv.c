@@ -37,6 +37,7 @@ static const sym_t g_syms[] = {
     S(cuDeviceGet, "cuDeviceGet"),
     S(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
     S(cuCtxSetCurrent, "cuCtxSetCurrent"),
+    S(cuCtxGetCurrent, "cuCtxGetCurrent"),
     S(cuPointerGetAttribute, "cuPointerGetAttribute"),
     S(cuMemAlloc, "cuMemAlloc_v2"),
     S(cuMemFree, "cuMemFree_v2"),
@@ -111,7 +112,7 @@ const char *kvb__cuda_errstr(kvb_CUresult r)
     return s;
 }
 
-kvb_status_t kvb__cuda_bind(int device, char *why, size_t wl)
+static kvb_status_t bind(int device, char *why, size_t wl)
 {
     const kvb__cuda_api_t *cu = kvb__cuda();
     if (cu == NULL) {
@@ -141,6 +142,24 @@ kvb_status_t kvb__cuda_bind(int device, char *why, size_t wl)
     return KVB_OK;
 }
 
+kvb_status_t kvb__cuda_enter(int device, kvb__cuda_scope_t *s, char *why, size_t wl)
+{
+    s->entered = false;
+    s->prev = NULL;
+    if (kvb__cuda() != NULL && g_api.cuCtxGetCurrent(&s->prev) != KVB_CUDA_SUCCESS)
+        s->prev = NULL;
+    kvb_status_t st = bind(device, why, wl);
+    s->entered = st == KVB_OK;
+    return st;
+}
+
+void kvb__cuda_leave(kvb__cuda_scope_t *s)
+{
+    if (s->entered)
+        g_api.cuCtxSetCurrent(s->prev); /* NULL: none, as before */
+    s->entered = false;
+}
+
 int kvb__cuda_classify(uint64_t addr, int *device_p, uint64_t *base_p, uint64_t *size_p, char *why,
                        size_t wl)
 {
@@ -151,8 +170,15 @@ int kvb__cuda_classify(uint64_t addr, int *device_p, uint64_t *base_p, uint64_t 
     size_t size = 0;
     if (cu == NULL)
         return 0;
-    /* Host memory CUDA never saw answers CUDA_ERROR_INVALID_VALUE. */
+    /* Host memory CUDA never saw answers CUDA_ERROR_INVALID_VALUE. A thread
+     * without a current context may be refused: ask again inside one. */
     kvb_CUresult r = cu->cuPointerGetAttribute(&type, KVB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr);
+    if (r == KVB_CUDA_ERROR_INVALID_CONTEXT) {
+        kvb__cuda_scope_t sc;
+        if (kvb__cuda_enter(0, &sc, why, wl) == KVB_OK)
+            r = cu->cuPointerGetAttribute(&type, KVB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr);
+        kvb__cuda_leave(&sc);
+    }
     if (r == KVB_CUDA_ERROR_INVALID_VALUE ||
         (r == KVB_CUDA_SUCCESS && type != KVB_CU_MEMORYTYPE_DEVICE))
         return 0;
@@ -286,12 +312,13 @@ static kvb_CUresult copy_singles(const kvb__cuda_copy_t *v, size_t n, kvb_CUstre
 kvb_status_t kvb__cuda_copy_batch(int device, const kvb__cuda_copy_t *v, size_t n, char *why,
                                   size_t wl)
 {
-    kvb_status_t st = kvb__cuda_bind(device, why, wl);
-    if (st != KVB_OK)
-        return st;
-    kvb_CUstream s = thread_stream(device, why, wl);
-    if (s == NULL)
-        return KVB_ERR_IO;
+    kvb__cuda_scope_t sc;
+    kvb_status_t st = kvb__cuda_enter(device, &sc, why, wl);
+    kvb_CUstream s = st == KVB_OK ? thread_stream(device, why, wl) : NULL;
+    if (s == NULL) {
+        kvb__cuda_leave(&sc);
+        return st != KVB_OK ? st : KVB_ERR_IO;
+    }
     kvb_CUresult r = KVB_CUDA_SUCCESS;
     size_t i = 0, singles = 0;
     while (i < n && r == KVB_CUDA_SUCCESS) {
@@ -310,6 +337,7 @@ kvb_status_t kvb__cuda_copy_batch(int device, const kvb__cuda_copy_t *v, size_t 
         r = copy_singles(v + n - singles, singles, s);
     /* Wait even after a failure: copies already queued read the sources. */
     kvb_CUresult r2 = g_api.cuStreamSynchronize(s);
+    kvb__cuda_leave(&sc);
     if (r == KVB_CUDA_SUCCESS)
         r = r2;
     if (r != KVB_CUDA_SUCCESS) {
@@ -371,11 +399,14 @@ void *kvb__cuda_stage_get(size_t len)
     }
     pthread_mutex_unlock(&g_stage_mu);
     char why[8];
+    kvb__cuda_scope_t sc;
     /* Portable: pinned for every context, whichever device copies from it. */
-    if (p == NULL && kvb__cuda_bind(0, why, sizeof(why)) == KVB_OK &&
+    if (p == NULL && kvb__cuda_enter(0, &sc, why, sizeof(why)) == KVB_OK &&
         g_api.cuMemHostAlloc(&p, (size_t)STAGE_MIN << c, KVB_CU_MEMHOSTALLOC_PORTABLE) !=
             KVB_CUDA_SUCCESS)
         p = NULL;
+    if (sc.entered)
+        kvb__cuda_leave(&sc);
     return p;
 }
 

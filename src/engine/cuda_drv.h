@@ -29,6 +29,7 @@ typedef struct kvb_CUipcMemHandle {
 enum {
     KVB_CUDA_SUCCESS = 0,
     KVB_CUDA_ERROR_INVALID_VALUE = 1,
+    KVB_CUDA_ERROR_INVALID_CONTEXT = 201,
     KVB_CUDA_ERROR_NOT_SUPPORTED = 801,
     KVB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
     KVB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
@@ -76,6 +77,7 @@ typedef struct kvb__cuda_api {
     kvb_CUresult (*cuDeviceGet)(kvb_CUdevice *, int);
     kvb_CUresult (*cuDevicePrimaryCtxRetain)(kvb_CUcontext *, kvb_CUdevice);
     kvb_CUresult (*cuCtxSetCurrent)(kvb_CUcontext);
+    kvb_CUresult (*cuCtxGetCurrent)(kvb_CUcontext *);
     kvb_CUresult (*cuPointerGetAttribute)(void *, int, kvb_CUdeviceptr);
     kvb_CUresult (*cuMemAlloc)(kvb_CUdeviceptr *, size_t); /* _v2 */
     kvb_CUresult (*cuMemFree)(kvb_CUdeviceptr);            /* _v2 */
@@ -104,9 +106,18 @@ const char *kvb__cuda_why(void);
 /* "cuFoo failed: CUDA_ERROR_...": the driver's text for r. */
 const char *kvb__cuda_errstr(kvb_CUresult r);
 
-/* Make device's primary context current on this thread (retained once per
- * process, kept). KVB_ERR_UNSUPPORTED without a driver, KVB_ERR_IO else. */
-kvb_status_t kvb__cuda_bind(int device, char *why, size_t wl);
+/* Run driver calls in device's primary context (retained once per process,
+ * kept) on this thread, then give the thread its previous context back:
+ * kvbridge runs on its callers' threads too (register, write, handshake),
+ * whose current context (PyTorch's device) it must not change.
+ * KVB_ERR_UNSUPPORTED without a driver, KVB_ERR_IO else; on error nothing is
+ * changed and leave is a no-op. */
+typedef struct kvb__cuda_scope {
+    kvb_CUcontext prev;
+    bool entered;
+} kvb__cuda_scope_t;
+kvb_status_t kvb__cuda_enter(int device, kvb__cuda_scope_t *s, char *why, size_t wl);
+void kvb__cuda_leave(kvb__cuda_scope_t *s);
 
 /* What addr is: 1 CUDA device memory (then *device_p, and the allocation
  * [*base_p, +*size_p) that holds it), 0 host memory (also without a driver),

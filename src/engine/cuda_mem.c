@@ -66,14 +66,18 @@ kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
      * expandable segments) refuse it and stay on the staging lane. */
     kvb_CUipcMemHandle h;
     kvb_CUresult cr = KVB_CUDA_SUCCESS;
-    if (kvb__cuda_bind(dev, why, sizeof(why)) == KVB_OK &&
-        (cr = kvb__cuda()->cuIpcGetMemHandle(&h, base)) == KVB_CUDA_SUCCESS) {
+    kvb__cuda_scope_t sc;
+    kvb_status_t bst = kvb__cuda_enter(dev, &sc, why, sizeof(why));
+    if (bst == KVB_OK)
+        cr = kvb__cuda()->cuIpcGetMemHandle(&h, base);
+    kvb__cuda_leave(&sc);
+    if (bst == KVB_OK && cr == KVB_CUDA_SUCCESS) {
         memcpy(cs->handle, &h, sizeof(cs->handle));
         cs->ipc = true;
     } else {
         KVB_LOGI("engine %s: %p+%zu (CUDA device %d) cannot be exported (%s): writers on this "
                  "host stage it through host memory",
-                 eng->sid, r->addr, r->length, dev, why[0] ? why : kvb__cuda_errstr(cr));
+                 eng->sid, r->addr, r->length, dev, bst != KVB_OK ? why : kvb__cuda_errstr(cr));
     }
     memset(seg, 0, sizeof(*seg));
     seg->addr = a;
@@ -183,13 +187,15 @@ static ipc_import_t *ipc_open(int device, const uint8_t *handle, char *why, size
     size_t size = 0;
     memcpy(&h, handle, sizeof(h));
     kvb_CUresult r = KVB_CUDA_ERROR_NOT_SUPPORTED;
-    if (kvb__cuda_bind(device, why, wl) == KVB_OK) {
+    kvb__cuda_scope_t sc;
+    if (kvb__cuda_enter(device, &sc, why, wl) == KVB_OK) {
         r = cu->cuIpcOpenMemHandle(&p, h, KVB_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
         if (r == KVB_CUDA_SUCCESS)
             r = cu->cuPointerGetAttribute(&size, KVB_CU_POINTER_ATTRIBUTE_RANGE_SIZE, p);
         if (r != KVB_CUDA_SUCCESS)
             snprintf(why, wl, "cuIpcOpenMemHandle: %s", kvb__cuda_errstr(r));
     }
+    kvb__cuda_leave(&sc);
     m = r == KVB_CUDA_SUCCESS ? calloc(1, sizeof(*m)) : NULL;
     if (m != NULL) {
         memcpy(m->handle, handle, KVB_HS_CUDA_HANDLE);

@@ -27,6 +27,7 @@ typedef struct cuda_test_api {
     int (*DeviceGetCount)(int *);
     int (*PrimaryCtxRetain)(void **, int);
     int (*CtxSetCurrent)(void *);
+    int (*CtxGetCurrent)(void **);
     int (*MemAlloc)(unsigned long long *, size_t);
     int (*MemFree)(unsigned long long);
     int (*HtoD)(unsigned long long, const void *, size_t);
@@ -47,13 +48,14 @@ static inline const cuda_test_api_t *ct(void)
         *(void **)&a.DeviceGetCount = dlsym(h, "cuDeviceGetCount");
         *(void **)&a.PrimaryCtxRetain = dlsym(h, "cuDevicePrimaryCtxRetain");
         *(void **)&a.CtxSetCurrent = dlsym(h, "cuCtxSetCurrent");
+        *(void **)&a.CtxGetCurrent = dlsym(h, "cuCtxGetCurrent");
         *(void **)&a.MemAlloc = dlsym(h, "cuMemAlloc_v2");
         *(void **)&a.MemFree = dlsym(h, "cuMemFree_v2");
         *(void **)&a.HtoD = dlsym(h, "cuMemcpyHtoD_v2");
         *(void **)&a.DtoH = dlsym(h, "cuMemcpyDtoH_v2");
         *(void **)&a.stats = dlsym(h, "kvb_cuda_double_stats"); /* NULL: a real driver */
         CHECK(a.Init && a.DeviceGet && a.DeviceGetCount && a.PrimaryCtxRetain && a.CtxSetCurrent &&
-              a.MemAlloc && a.MemFree && a.HtoD && a.DtoH);
+              a.CtxGetCurrent && a.MemAlloc && a.MemFree && a.HtoD && a.DtoH);
         loaded = 1;
     }
     return &a;

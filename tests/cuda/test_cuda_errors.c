@@ -131,6 +131,38 @@ static void in_process(kvb_engine_h t, uint8_t *dev, uint8_t *host)
     free(want);
 }
 
+/* The caller's current context (PyTorch's device) is its own: registering
+ * and writing device memory of another device leave it as it was. */
+static void caller_context(kvb_engine_h t)
+{
+    uint8_t *mine = cuda_test_alloc(1, N); /* this thread now in device 1's context */
+    void *before = NULL, *after = NULL, *ctx0;
+    int d;
+    unsigned long long p;
+    CHECK_EQ(ct()->CtxGetCurrent(&before), 0);
+    CHECK_EQ(ct()->DeviceGet(&d, 0), 0);
+    CHECK_EQ(ct()->PrimaryCtxRetain(&ctx0, d), 0);
+    CHECK_EQ(ct()->CtxSetCurrent(ctx0), 0);
+    CHECK_EQ(ct()->MemAlloc(&p, N), 0);
+    uint8_t *dev0 = (uint8_t *)(uintptr_t)p;
+    CHECK_EQ(ct()->CtxSetCurrent(before), 0); /* back in device 1's */
+    kvb_engine_h w = kvb_test_engine(KVB_TRANSPORT_AUTO, 2);
+    CHECK_EQ(kvb_engine_register(w, dev0, N, KVB_MEM_CUDA), KVB_OK);
+    CHECK_EQ(kvb_engine_register(t, mine, N, KVB_MEM_AUTO), KVB_OK);
+    kvb_block_t b = {(uint64_t)(uintptr_t)dev0, (uint64_t)(uintptr_t)mine, N};
+    CHECK_EQ(kvb_engine_write(w, kvb_engine_session_id(t), &b, 1, 10.0), KVB_OK);
+    kvb_mem_type_t mt;
+    CHECK_EQ(kvb_mem_query(dev0, &mt, &d), KVB_OK);
+    CHECK(mt == KVB_MEM_CUDA && d == 0);
+    CHECK_EQ(ct()->CtxGetCurrent(&after), 0);
+    CHECK(after == before);
+    kvb_engine_destroy(w);
+    CHECK_EQ(kvb_engine_unregister(t, mine), KVB_OK);
+    ct_free(dev0);
+    ct_free(mine);
+    TEST_PASS("the caller's current context is left as it was");
+}
+
 int main(void)
 {
     kvb_engine_h t = kvb_test_engine(KVB_TRANSPORT_AUTO, 2);
@@ -138,6 +170,7 @@ int main(void)
     CHECK(host != NULL);
     registrations(t, dev, host);
     in_process(t, dev, host);
+    caller_context(t);
     kvb_engine_destroy(t);
     ct_free(dev);
     free(host);
