@@ -276,6 +276,48 @@ static kvb_CUresult copy_2d(const kvb__cuda_copy_t *v, size_t rows, kvb_CUstream
     return g_api.cuMemcpy2DAsync(&m, s);
 }
 
+/* The allocation the last span was found in (one per side of a batch). */
+typedef struct alloc_range {
+    uint64_t base, size;
+} alloc_range_t;
+
+static bool in_range(const alloc_range_t *a, uint64_t p, uint64_t n)
+{
+    return a->size > 0 && p >= a->base && p - a->base <= a->size && n <= a->size - (p - a->base);
+}
+
+/* Does [p, p+n) lie inside one device allocation, or (both ends) in memory
+ * the driver does not know (host memory)? A 2-D copy's rows must: equally
+ * spaced rows can run from one layer's buffer into the next one's, which
+ * the driver would refuse as one copy. */
+static bool one_alloc(alloc_range_t *a, uint64_t p, uint64_t n)
+{
+    kvb_CUdeviceptr base = 0;
+    size_t size = 0;
+    if (in_range(a, p, n))
+        return true;
+    kvb_CUresult r =
+        g_api.cuPointerGetAttribute(&base, KVB_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
+    if (r == KVB_CUDA_ERROR_INVALID_VALUE)
+        return g_api.cuPointerGetAttribute(&base, KVB_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                           p + n - 1) == KVB_CUDA_ERROR_INVALID_VALUE;
+    if (r != KVB_CUDA_SUCCESS ||
+        g_api.cuPointerGetAttribute(&size, KVB_CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) !=
+            KVB_CUDA_SUCCESS)
+        return false;
+    *a = (alloc_range_t){base, size};
+    return in_range(a, p, n);
+}
+
+/* Rows v[0..k) as one 2-D copy when both spans lie in one allocation each;
+ * false: copy them one by one. */
+static bool run_ok(alloc_range_t sides[2], const kvb__cuda_copy_t *v, size_t k)
+{
+    uint64_t ss = v[1].src - v[0].src, ds = v[1].dst - v[0].dst;
+    return one_alloc(&sides[0], v[0].src, ss * (k - 1) + v[0].len) &&
+           one_alloc(&sides[1], v[0].dst, ds * (k - 1) + v[0].len);
+}
+
 #define BATCH_MAX 1024 /* copies per cuMemcpyBatchAsync call */
 
 /* Single copies v[0..n): one batched call per BATCH_MAX where the driver
@@ -321,15 +363,17 @@ kvb_status_t kvb__cuda_copy_batch(int device, const kvb__cuda_copy_t *v, size_t 
     }
     kvb_CUresult r = KVB_CUDA_SUCCESS;
     size_t i = 0, singles = 0;
+    alloc_range_t sides[2] = {{0, 0}, {0, 0}};
     while (i < n && r == KVB_CUDA_SUCCESS) {
         size_t k = run_len(v, i, n);
-        if (k < 4) { /* too short to be worth a 2-D call */
-            i++, singles++;
+        if (k < 4 || !run_ok(sides, v + i, k)) { /* short, or across allocations */
+            i += k, singles += k;
             continue;
         }
         r = copy_singles(v + i - singles, singles, s);
-        if (r == KVB_CUDA_SUCCESS)
-            r = copy_2d(v + i, k, s);
+        /* a driver refusing the 2-D form: the rows one by one */
+        if (r == KVB_CUDA_SUCCESS && copy_2d(v + i, k, s) != KVB_CUDA_SUCCESS)
+            r = copy_singles(v + i, k, s);
         singles = 0;
         i += k;
     }

@@ -133,7 +133,8 @@ typedef struct kvb__cuda_copy {
 
 /* Copy v[0..n) on this thread's stream in device's context and wait until the
  * copies are done. Runs of equal length and constant strides on both sides
- * (head slices) go as one 2-D copy each, the remaining ones in one batched
+ * (head slices) inside one allocation on each side go as one 2-D copy each
+ * (where the driver refuses one: row by row), the remaining ones in one batched
  * call where the driver has it, else one call each. KVB_OK or KVB_ERR_IO
  * (reason in why). */
 kvb_status_t kvb__cuda_copy_batch(int device, const kvb__cuda_copy_t *v, size_t n, char *why,

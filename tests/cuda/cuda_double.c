@@ -633,6 +633,11 @@ API CUresult cuMemcpy2DAsync_v2(const memcpy2d_t *m, void *s)
         side(m->srcMemoryType, m->srcHost, m->srcDevice) + m->srcXInBytes + m->srcY * m->srcPitch;
     CUdeviceptr dst =
         side(m->dstMemoryType, m->dstHost, m->dstDevice) + m->dstXInBytes + m->dstY * m->dstPitch;
+    /* Strict, as a driver may be: each side's whole span (all rows and the
+     * gaps between them) in one allocation, or outside all of them. */
+    if (m->Height > 0 && (resolve(src, (m->Height - 1) * m->srcPitch + m->WidthInBytes) == NULL ||
+                          resolve(dst, (m->Height - 1) * m->dstPitch + m->WidthInBytes) == NULL))
+        return E_INVALID_VALUE;
     for (size_t r = 0; r < m->Height; r++) {
         CUresult e = copy(dst + r * m->dstPitch, src + r * m->srcPitch, m->WidthInBytes);
         if (e != OK)

@@ -88,6 +88,52 @@ static void scattered(kvb_engine_h w, kvb_engine_h t, uint8_t *src, uint8_t *dev
     TEST_PASS("scattered blocks: batched copies, and one each where batching is refused");
 }
 
+static int cmp_ptr(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Rows at a constant stride that run through four device allocations (one
+ * row each, e.g. one page of four equally spaced layer buffers): never one
+ * 2-D copy (the double, like a driver may, refuses a 2-D span across
+ * allocations), the bytes arrive. */
+static void across_allocations(kvb_engine_h w, kvb_engine_h t, uint8_t *dev, uint8_t *back)
+{
+    enum { NA = 24, AS = 64 << 10, L = 1024 };
+    uintptr_t a[NA];
+    for (int i = 0; i < NA; i++)
+        a[i] = (uintptr_t)cuda_test_alloc(0, AS);
+    qsort(a, NA, sizeof(a[0]), cmp_ptr);
+    int at = -1;
+    for (int i = 0; i + 3 < NA && at < 0; i++)
+        if (a[i + 1] - a[i] == a[i + 2] - a[i + 1] && a[i + 2] - a[i + 1] == a[i + 3] - a[i + 2])
+            at = i;
+    CHECK(at >= 0); /* the double maps allocations at a regular spacing */
+    kvb_block_t b[4];
+    for (int j = 0; j < 4; j++) {
+        uint8_t *p = (uint8_t *)a[at + j];
+        cuda_test_fill(p, AS, 40 + (uint64_t)j);
+        CHECK_EQ(kvb_engine_register(w, p, AS, KVB_MEM_CUDA), KVB_OK);
+        b[j] =
+            (kvb_block_t){(uint64_t)(uintptr_t)p + 512, (uint64_t)(uintptr_t)dev + 8192 + j * L, L};
+    }
+    kvb_cuda_double_stats_t s0, s1;
+    ct_stats(&s0);
+    CHECK_EQ(kvb_engine_write(w, kvb_engine_session_id(t), b, 4, 10.0), KVB_OK);
+    ct_stats(&s1);
+    CHECK_EQ(s1.copies_2d - s0.copies_2d, 0); /* not even tried */
+    ct_dtoh(back, dev + 8192, 4 * L);
+    for (int j = 0; j < 4; j++)
+        for (size_t k = 0; k < L; k++)
+            CHECK_EQ(back[(size_t)j * L + k], cuda_test_byte(40 + (uint64_t)j, 512 + k));
+    for (int i = 0; i < NA; i++) {
+        kvb_engine_unregister(w, (void *)a[i]); /* the four registered ones */
+        ct_free((void *)a[i]);
+    }
+    TEST_PASS("rows through four allocations copied one by one");
+}
+
 /* Two engines of this process: the driver refuses a process's own IPC
  * handles, so device memory is staged; then a failing copy fails the write. */
 static void in_process(kvb_engine_h t, uint8_t *dev, uint8_t *host)
@@ -109,6 +155,7 @@ static void in_process(kvb_engine_h t, uint8_t *dev, uint8_t *host)
     TEST_PASS("own-process IPC refused: staged, bytes verified");
 
     scattered(w, t, src, dev, back);
+    across_allocations(w, t, dev, back);
 
     setenv("KVB_CUDA_DOUBLE_FAIL", "copy", 1);
     CHECK_EQ(kvb_engine_write(w, kvb_engine_session_id(t), &b, 1, 10.0), KVB_ERR_IO);
