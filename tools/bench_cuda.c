@@ -35,7 +35,7 @@ bool bench_pool_cuda(bench_pool_t *p, int device, char *why, size_t wl)
         snprintf(why, wl, "%s", kvb__cuda_why());
         return false;
     }
-    kvb__cuda_scope_t sc; /* a rank process: its context may stay */
+    kvb__cuda_scope_t sc = {NULL, false}; /* a rank process: its context may stay */
     if (kvb__cuda_enter(device, &sc, why, wl) != KVB_OK)
         return false;
     kvb_CUresult r = cu->cuMemAlloc(&d, total ? total : 1);
@@ -105,7 +105,7 @@ double bench_cuda_memcpy_gbps(const bench_opts_t *o, uint64_t item_len)
     size_t n = item_len > 0 ? (size_t)(vol / item_len) : 0;
     kvb_CUdeviceptr a = 0, b = 0;
     double best = 0;
-    kvb__cuda_scope_t sc;
+    kvb__cuda_scope_t sc = {NULL, false};
     if (cu == NULL || n == 0 || kvb__cuda_enter(o->cuda_device, &sc, why, sizeof(why)) != KVB_OK ||
         cu->cuMemAlloc(&a, n * item_len) != KVB_CUDA_SUCCESS ||
         cu->cuMemAlloc(&b, n * item_len) != KVB_CUDA_SUCCESS) {

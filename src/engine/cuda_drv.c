@@ -174,7 +174,7 @@ int kvb__cuda_classify(uint64_t addr, int *device_p, uint64_t *base_p, uint64_t 
      * without a current context may be refused: ask again inside one. */
     kvb_CUresult r = cu->cuPointerGetAttribute(&type, KVB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr);
     if (r == KVB_CUDA_ERROR_INVALID_CONTEXT) {
-        kvb__cuda_scope_t sc;
+        kvb__cuda_scope_t sc = {NULL, false};
         if (kvb__cuda_enter(0, &sc, why, wl) == KVB_OK)
             r = cu->cuPointerGetAttribute(&type, KVB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr);
         kvb__cuda_leave(&sc);
@@ -354,7 +354,7 @@ static kvb_CUresult copy_singles(const kvb__cuda_copy_t *v, size_t n, kvb_CUstre
 kvb_status_t kvb__cuda_copy_batch(int device, const kvb__cuda_copy_t *v, size_t n, char *why,
                                   size_t wl)
 {
-    kvb__cuda_scope_t sc;
+    kvb__cuda_scope_t sc = {NULL, false};
     kvb_status_t st = kvb__cuda_enter(device, &sc, why, wl);
     kvb_CUstream s = st == KVB_OK ? thread_stream(device, why, wl) : NULL;
     if (s == NULL) {
@@ -443,14 +443,13 @@ void *kvb__cuda_stage_get(size_t len)
     }
     pthread_mutex_unlock(&g_stage_mu);
     char why[8];
-    kvb__cuda_scope_t sc;
+    kvb__cuda_scope_t sc = {NULL, false};
     /* Portable: pinned for every context, whichever device copies from it. */
     if (p == NULL && kvb__cuda_enter(0, &sc, why, sizeof(why)) == KVB_OK &&
         g_api.cuMemHostAlloc(&p, (size_t)STAGE_MIN << c, KVB_CU_MEMHOSTALLOC_PORTABLE) !=
             KVB_CUDA_SUCCESS)
         p = NULL;
-    if (sc.entered)
-        kvb__cuda_leave(&sc);
+    kvb__cuda_leave(&sc);
     return p;
 }
 

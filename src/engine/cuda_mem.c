@@ -66,7 +66,7 @@ kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
      * expandable segments) refuse it and stay on the staging lane. */
     kvb_CUipcMemHandle h;
     kvb_CUresult cr = KVB_CUDA_SUCCESS;
-    kvb__cuda_scope_t sc;
+    kvb__cuda_scope_t sc = {NULL, false};
     kvb_status_t bst = kvb__cuda_enter(dev, &sc, why, sizeof(why));
     if (bst == KVB_OK)
         cr = kvb__cuda()->cuIpcGetMemHandle(&h, base);
@@ -187,7 +187,7 @@ static ipc_import_t *ipc_open(int device, const uint8_t *handle, char *why, size
     size_t size = 0;
     memcpy(&h, handle, sizeof(h));
     kvb_CUresult r = KVB_CUDA_ERROR_NOT_SUPPORTED;
-    kvb__cuda_scope_t sc;
+    kvb__cuda_scope_t sc = {NULL, false};
     if (kvb__cuda_enter(device, &sc, why, wl) == KVB_OK) {
         r = cu->cuIpcOpenMemHandle(&p, h, KVB_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
         if (r == KVB_CUDA_SUCCESS)
