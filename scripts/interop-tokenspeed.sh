@@ -9,8 +9,9 @@
 # whose bootstrap server lives on (Failed with TokenSpeed's reasons); then
 # TokenSpeed's own prefill and bootstrap server, unmodified, against
 # kvbridge's C decode (sglang26_helper decode): TP1->TP1, prefix skip, TP2->TP1
-# (kvbridge's plan executed by TokenSpeed's prefill). Every KV byte and the first token are checked. What is stubbed:
-# tests/interop/tokenspeed_receiver.py (its docstring; docs/testing.md).
+# (kvbridge's plan executed by TokenSpeed's prefill). Every KV byte and the
+# first token are checked. What is stubbed, and why:
+# tests/interop/tokenspeed_common.py (docs/testing.md).
 #   TOKENSPEED_SRC  a git clone of lightseekorg/tokenspeed holding that
 #                   commit (default: cloned into BUILD/tokenspeed-git)
 # Usage: scripts/interop-tokenspeed.sh [BUILD_DIR]   (make build first)
@@ -48,7 +49,7 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 export KVBRIDGE_TS_HELPER=$HELPER KVBRIDGE_SGLANG26_HELPER=$HELPER26
 export KVBRIDGE_LIB=$BUILD/libkvbridge.so KVBRIDGE_BIN=$BUILD/kvbridge
-export PYTHONPATH=$TREE/python:$ROOT/python/compat:$ROOT/python:$ROOT/tests/interop
+export PYTHONPATH=$TREE/python:$ROOT/python/compat:$ROOT/python:$ROOT/tests/interop:$ROOT/tests/python
 export TOKENSPEED_HOST_IP=127.0.0.1 # where TokenSpeed's prefill PUTs (its get_ip())
 export TOKENSPEED_DISAGGREGATION_HEARTBEAT_INTERVAL=2 TOKENSPEED_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=1
 export TOKENSPEED_DISAGGREGATION_WAITING_TIMEOUT=3

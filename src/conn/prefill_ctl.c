@@ -619,23 +619,6 @@ static bool msg_is_abort(const kvb__xfer_msg_t *x)
 void kvb__prefill_abort_room(struct kvb_manager *m, kvb__room_t *r, const char *reason);
 void kvb__prefill_notify(struct kvb_manager *m, uint64_t room);
 
-/* A decode that joined a failed room: told at once when the room's other
- * decodes were told already, else with them (once nothing is in flight). */
-static void notify_joined(struct kvb_manager *m, uint64_t room, const char *ip, size_t ip_len,
-                          uint16_t port)
-{
-    char host[KVB_IP_MAX];
-    copy_str(host, sizeof(host), ip, ip_len);
-    pthread_mutex_lock(&m->mu);
-    kvb__room_t *r = kvb__room_find(m, room);
-    bool told = r != NULL && r->fail_notified;
-    pthread_mutex_unlock(&m->mu);
-    if (told)
-        kvb__send_status(m, host, port, room, KVB_POLL_FAILED, m->prefill_rank);
-    else
-        kvb__prefill_notify(m, room);
-}
-
 /* A decode aborted the room: stop writing; the decode learns that nothing is
  * in flight from the Failed status sent once the writes settled. */
 static void on_abort(struct kvb_manager *m, const kvb__xfer_msg_t *x)
@@ -761,6 +744,10 @@ void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, i
     pthread_mutex_lock(&m->mu);
     wire_peer26(m, ip, ip_len, port, peer, sizeof(peer));
     kvb__room_t *r = kvb__room_wire_admit(m, room, dst_bytes(d), peer);
+    /* Told before this decode joined: only it still needs the Failed. Read
+     * under the lock that adds it, not after: a sender's poll may notify the
+     * room (this decode included) in between, and it must hear once. */
+    bool told_before = r != NULL && r->status == KVB_POLL_FAILED && r->fail_notified;
     room_put_dst(m, r, d);
     bool tell = false;
     if (r != NULL) {
@@ -777,8 +764,12 @@ void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, i
         KVB_LOGW("manager %s: room %llu: %s", m->endpoint, (unsigned long long)room, why);
     /* A room that failed here (or before, aborted) tells its decodes now,
      * once nothing of it is in flight (kvb__prefill_notify checks). */
-    if (tell)
-        notify_joined(m, room, ip, ip_len, port);
+    char host[KVB_IP_MAX];
+    copy_str(host, sizeof(host), ip, ip_len);
+    if (told_before)
+        kvb__send_status(m, host, port, room, KVB_POLL_FAILED, m->prefill_rank);
+    else if (tell)
+        kvb__prefill_notify(m, room);
 }
 
 /* A 2026 decode asked to abort the room: stop writing, and answer

@@ -4,7 +4,7 @@ mooncake/prefill.py, sender.py, conn.py's MooncakeKVBootstrapServer on
 aiohttp, ...), unmodified, their bytes moved by kvbridge's engine through the
 Mooncake drop-in (python/compat/mooncake). Run by
 scripts/interop-tokenspeed.sh; not part of `make check`. Stubbed: what
-imports torch, triton or TokenSpeed's GPU kernels (tokenspeed_stubs.py); the
+imports torch, triton or TokenSpeed's GPU kernels (tokenspeed_common.py); the
 prefill's KV pool is host memory.
 
 kvbridge's decode learns the dialect from TokenSpeed's bootstrap answer,
@@ -15,17 +15,14 @@ pf_prefix, pf_tp2. Prints "CASE ok ..." or raises.
 """
 
 import ctypes
-import logging
 import os
 import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
 
-import tokenspeed_stubs
-from tokenspeed_receiver import pat
+from tokenspeed_common import LineProc, main
+from tokenspeed_peer import pat
 
 HELPER = os.environ["KVBRIDGE_SGLANG26_HELPER"]
 PAGE, HEADS, HB, LAYERS = 4, 2, 32, 2  # KVBH_CHILD_GEOM, the helper's decode
@@ -39,31 +36,8 @@ def free_port():
     return port
 
 
-class Decode:
-    def __init__(self, boot):
-        self.proc = subprocess.Popen(
-            [HELPER, "decode", f"boot={boot}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.info = {}
-        for _ in range(64):
-            line = self.proc.stdout.readline().strip()
-            assert line, "helper exited early"
-            if line == "ready":
-                break
-            k, _, v = line.partition(" ")
-            self.info[k] = v
-
-    def ask(self, line, key):
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        out = self.proc.stdout.readline().strip()
-        assert out.startswith(key + " "), out
-        return out.split(" ", 2)[2] if out.count(" ") >= 2 else ""
-
-    def close(self):
-        self.proc.stdin.close()
-        assert self.proc.wait(timeout=20) == 0
+def Decode(boot):
+    return LineProc([HELPER, "decode", f"boot={boot}"])
 
 
 class Prefill:
@@ -178,15 +152,4 @@ def run_case(case):
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("TS_LOGLEVEL", "WARNING"))
-    tokenspeed_stubs.install()
-    try:
-        run_case(sys.argv[1])
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        sys.stdout.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    os._exit(0)  # TokenSpeed's threads never end
+    main(run_case)

@@ -8,7 +8,7 @@ Run unmodified: receiver.py, mooncake/decode.py, mooncake/conn.py,
 mooncake/entities.py, base/manager.py, base/mooncake_engine.py,
 base/status.py, base/bootstrap.py, transfer_plan.py, pd/utils.py and
 utils/network.py, all from the TokenSpeed tree on sys.path. Stubbed: what
-imports torch, triton or TokenSpeed's GPU kernels (tokenspeed_stubs.py says
+imports torch, triton or TokenSpeed's GPU kernels (tokenspeed_common.py says
 which and why). The decode's KV pool is host memory (ctypes) instead of GPU
 tensors.
 
@@ -21,57 +21,26 @@ one line "CASE ok ..." or raises.
 """
 
 import ctypes
-import logging
 import os
 import subprocess
-import sys
 import time
 
 import numpy as np
 
-import tokenspeed_stubs
+from tokenspeed_common import LineProc, failure_text, main
+from tokenspeed_peer import pat
 
 HELPER = os.environ["KVBRIDGE_TS_HELPER"]
-M64 = (1 << 64) - 1
 
 
-def pat(room, buf, page, k):
-    """kvbh_pat (tests/harness/kvb_cluster.c)."""
-    x = ((room * 0x9E3779B97F4A7C15) & M64) ^ (buf << 48) ^ (page << 24) ^ (k >> 3)
-    x &= M64
-    x ^= x >> 31
-    x = (x * 0xBF58476D1CE4E5B9) & M64
-    x ^= x >> 29
-    return (x >> (8 * (k & 7))) & 0xFF
-
-
-class Helper:
+class Helper(LineProc):
     def __init__(self, tp, mla, boot=None):
         args = [HELPER, "prefill", str(tp)] + (["mla"] if mla else [])
-        args += [f"boot={boot}"] if boot else []
-        self.proc = subprocess.Popen(
-            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        self.info = {}
-        for _ in range(64):
-            line = self.proc.stdout.readline().strip()
-            assert line, "helper exited early"
-            if line == "ready":
-                break
-            k, _, v = line.partition(" ")
-            self.info[k] = v
+        super().__init__(args + ([f"boot={boot}"] if boot else []))
 
     def send(self, room, ranks, n, prefix, pages, token):
-        self.proc.stdin.write(
-            f"send {room} {ranks} {n} {prefix} suffix {token} " + " ".join(map(str, pages)) + "\n"
-        )
-        self.proc.stdin.flush()
-        out = [self.proc.stdout.readline().strip() for _ in range(len(ranks) + 2)]
-        return out[: len(ranks)]
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
+        line = f"send {room} {ranks} {n} {prefix} suffix {token} " + " ".join(map(str, pages))
+        return self.cmd(line, len(ranks) + 2)[: len(ranks)]
 
 
 class Pool:
@@ -182,10 +151,7 @@ def run_case(case):
             h.kill()
             st = poll(recv, 30)
             assert st == TransferPoll.Failed, st
-            try:
-                recv.failure_exception()
-            except Exception as e:  # KVTransferError
-                text = str(e)
+            text = failure_text(recv)
             assert "in TransferPoll.WaitingForInput" in text, text
             server.kill()
             print(f"rank_killed ok: {text}")
@@ -194,10 +160,7 @@ def run_case(case):
             h.kill()
             st = poll(recv, 30)
             assert st == TransferPoll.Failed, st
-            try:
-                recv.failure_exception()
-            except Exception as e:  # KVTransferError
-                text = str(e)
+            text = failure_text(recv)
             assert "Losing connection with prefill instance" in text, text
             print(f"killed ok: {text}")
             return
@@ -219,15 +182,4 @@ def run_case(case):
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("TS_LOGLEVEL", "WARNING"))
-    tokenspeed_stubs.install()
-    try:
-        run_case(sys.argv[1])
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        sys.stdout.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    os._exit(0)  # TokenSpeed's decode and heartbeat threads never end
+    main(run_case)

@@ -21,6 +21,7 @@ import pytest
 import zmq
 
 from sglang26_peer import HELPER, Helper, dec, u64s
+from tokenspeed_peer import i64s, pat
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMPAT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python", "compat")
@@ -33,17 +34,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 IP = "127.0.0.1"
-M64 = (1 << 64) - 1
-
-
-def pat(room, buf, page, k):
-    """kvbh_pat (tests/harness/kvb_cluster.c)."""
-    x = ((room * 0x9E3779B97F4A7C15) & M64) ^ (buf << 48) ^ (page << 24) ^ (k >> 3)
-    x &= M64
-    x ^= x >> 31
-    x = (x * 0xBF58476D1CE4E5B9) & M64
-    x ^= x >> 29
-    return (x >> (8 * (k & 7))) & 0xFF
 
 
 class TSBootstrap(ThreadingHTTPServer):
@@ -213,10 +203,6 @@ def ts():
         h.close()
     boot.shutdown()
     ctx.destroy(linger=0)
-
-
-def i64s(values):
-    return struct.pack(f"={len(values)}q", *values)
 
 
 def test_kvbridge_decode_speaks_tokenspeed(ts):

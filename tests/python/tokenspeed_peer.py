@@ -27,6 +27,18 @@ LOCAL_IP = "127.0.0.1"
 FAILED, BOOTSTRAPPED, WAITING, SUCCESS = 0, 2, 3, 5
 
 
+def pat(room, buf, page, k):
+    """kvbh_pat (tests/harness/kvb_cluster.c): byte k of request page `page`
+    of KV buffer buf of room, as the C helpers fill and check them."""
+    m64 = (1 << 64) - 1
+    x = ((room * 0x9E3779B97F4A7C15) & m64) ^ (buf << 48) ^ (page << 24) ^ (k >> 3)
+    x &= m64
+    x ^= x >> 31
+    x = (x * 0xBF58476D1CE4E5B9) & m64
+    x ^= x >> 29
+    return (x >> (8 * (k & 7))) & 0xFF
+
+
 def i64s(values):
     return struct.pack(f"={len(values)}q", *values)
 

@@ -1,7 +1,8 @@
-"""What TokenSpeed's PD connector imports that cannot run here, stubbed for
-the interop drivers (tokenspeed_receiver.py, tokenspeed_prefill.py; run by
-scripts/interop-tokenspeed.sh). Everything else of TokenSpeed's connector
-runs unmodified from its tree at e41aa8b1609a.
+"""Shared by the TokenSpeed interop drivers (tokenspeed_receiver.py,
+tokenspeed_prefill.py; run by scripts/interop-tokenspeed.sh): a line-driven
+kvbridge helper process, the drivers' main, and what TokenSpeed's PD
+connector imports that cannot run here, stubbed (install()). Everything else
+of TokenSpeed's connector runs unmodified from its tree at e41aa8b1609a.
 
 Stubbed, and why:
   torch, torch.distributed            PyTorch: pd/utils.py imports it at the
@@ -23,8 +24,71 @@ pd/utils.py itself is the real file.
 
 import logging
 import os
+import subprocess
 import sys
+import traceback
 import types
+
+
+class LineProc:
+    """A helper (ts_helper, sglang26_helper) driven by lines: "key value"
+    lines up to "ready" fill info; ask() sends a command and returns the rest
+    of its answer line."""
+
+    def __init__(self, argv):
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.info = {}
+        for _ in range(64):
+            line = self.proc.stdout.readline().strip()
+            assert line, "helper exited early"
+            if line == "ready":
+                break
+            k, _, v = line.partition(" ")
+            self.info[k] = v
+
+    def cmd(self, line, answers):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return [self.proc.stdout.readline().strip() for _ in range(answers)]
+
+    def ask(self, line, key):
+        out = self.cmd(line, 1)[0]
+        assert out.startswith(key + " "), out
+        return out.split(" ", 2)[2] if out.count(" ") >= 2 else ""
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def close(self):
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=20) == 0
+
+
+def failure_text(conn):
+    """The KVTransferError text of a failed TokenSpeed sender or receiver."""
+    try:
+        conn.failure_exception()
+    except Exception as e:  # KVTransferError
+        return str(e)
+    raise AssertionError("failure_exception() did not raise")
+
+
+def main(run_case):
+    """Install the stubs, run argv[1]; exit 0/1 at once (TokenSpeed's
+    threads never end)."""
+    logging.basicConfig(level=os.environ.get("TS_LOGLEVEL", "WARNING"))
+    install()
+    try:
+        run_case(sys.argv[1])
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
 
 
 class _Env:
