@@ -67,6 +67,51 @@ class LineProc:
         assert self.proc.wait(timeout=20) == 0
 
 
+def manager_args(bufs, item, layers, mla, unit, rank=0, world=1, port=0):
+    """TokenSpeed's KVManagerArgs and KVArgs for a rank whose KV pool is the
+    ctypes buffers bufs (items of `item` bytes; K then V of each layer, or
+    one latent buffer per layer for MLA). is_mla_backend stays False: its
+    engine hard-codes that (EL:522), so every model takes the generic
+    planner."""
+    import ctypes
+
+    from tokenspeed.runtime.pd.mooncake.entities import KVArgs, KVManagerArgs
+
+    offsets = [[l] for l in range(layers)] if mla else [[l, layers + l] for l in range(layers)]
+    kv_args = KVArgs(
+        engine_rank=rank,
+        kv_data_ptrs=[ctypes.addressof(b) for b in bufs],
+        kv_data_lens=[len(b) for b in bufs],
+        kv_item_lens=[item] * len(bufs),
+        offsets=offsets,
+        aux_data_ptrs=[],
+        aux_data_lens=[],
+        aux_item_lens=[],
+        ib_device=None,
+        gpu_id=0,
+        target_layer_num=layers,
+        draft_layer_num=0,
+        kv_unit_lens=[unit] * len(bufs),
+    )
+    args = KVManagerArgs(
+        bootstrap_port=port,
+        dist_init_addr=None,
+        world_size=world,
+        dp_size=1,
+        attn_tp_rank=rank,
+        attn_dp_rank=0,
+        is_mla_backend=False,
+        draft_is_mla_backend=False,
+        enable_metrics=False,
+        enable_dp_attention=False,
+        enable_mla_l1_5_cache=False,
+        served_model_name="m",
+        app_key="k",
+        metrics_reporters="",
+    )
+    return args, kv_args
+
+
 def failure_text(conn):
     """The KVTransferError text of a failed TokenSpeed sender or receiver."""
     try:

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from tokenspeed_common import LineProc, main
+from tokenspeed_common import LineProc, main, manager_args
 from tokenspeed_peer import pat
 
 HELPER = os.environ["KVBRIDGE_SGLANG26_HELPER"]
@@ -45,44 +45,14 @@ class Prefill:
     slice (token-major rows) of the TP 1 pattern."""
 
     def __init__(self, port, rank, tp, pages=64):
-        from tokenspeed.runtime.pd.mooncake.entities import KVArgs, KVManagerArgs
         from tokenspeed.runtime.pd.mooncake.prefill import MooncakeKVManagerPrefill
 
         self.rank, self.tp, self.hl = rank, tp, HEADS // tp
         self.item = PAGE * self.hl * HB
         n_kv = 2 * LAYERS
         self.bufs = [ctypes.create_string_buffer(self.item * pages) for _ in range(n_kv)]
-        kv_args = KVArgs(
-            engine_rank=rank,
-            kv_data_ptrs=[ctypes.addressof(b) for b in self.bufs],
-            kv_data_lens=[len(b) for b in self.bufs],
-            kv_item_lens=[self.item] * n_kv,
-            offsets=[[l, LAYERS + l] for l in range(LAYERS)],
-            aux_data_ptrs=[],
-            aux_data_lens=[],
-            aux_item_lens=[],
-            ib_device=None,
-            gpu_id=0,
-            target_layer_num=LAYERS,
-            draft_layer_num=0,
-            kv_unit_lens=[HB] * n_kv,  # one head of one token (MHA pool)
-        )
-        args = KVManagerArgs(
-            bootstrap_port=port,
-            dist_init_addr=None,
-            world_size=tp,
-            dp_size=1,
-            attn_tp_rank=rank,
-            attn_dp_rank=0,
-            is_mla_backend=False,
-            draft_is_mla_backend=False,
-            enable_metrics=False,
-            enable_dp_attention=False,
-            enable_mla_l1_5_cache=False,
-            served_model_name="m",
-            app_key="k",
-            metrics_reporters="",
-        )
+        # unit: one head of one token (MHA pool)
+        args, kv_args = manager_args(self.bufs, self.item, LAYERS, False, HB, rank, tp, port)
         self.mgr = MooncakeKVManagerPrefill(args, kv_args)
 
     def fill(self, room, src_pages, first):

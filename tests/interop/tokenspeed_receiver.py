@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from tokenspeed_common import LineProc, failure_text, main
+from tokenspeed_common import LineProc, failure_text, main, manager_args
 from tokenspeed_peer import pat
 
 HELPER = os.environ["KVBRIDGE_TS_HELPER"]
@@ -66,43 +66,9 @@ class Pool:
 
 def make_receiver_manager(pool, mla, head_bytes):
     from tokenspeed.runtime.pd.mooncake.decode import MooncakeKVManagerDecode
-    from tokenspeed.runtime.pd.mooncake.entities import KVArgs, KVManagerArgs
 
-    L = pool.layers
-    offsets = [[l] for l in range(L)] if mla else [[l, L + l] for l in range(L)]
     unit = 1 if mla else head_bytes  # MLA pools keep the base default (spec 8.2)
-    kv_args = KVArgs(
-        engine_rank=0,
-        kv_data_ptrs=[ctypes.addressof(b) for b in pool.bufs],
-        kv_data_lens=[len(b) for b in pool.bufs],
-        kv_item_lens=[pool.item] * pool.n_kv,
-        offsets=offsets,
-        aux_data_ptrs=[],
-        aux_data_lens=[],
-        aux_item_lens=[],
-        ib_device=None,
-        gpu_id=0,
-        target_layer_num=L,
-        draft_layer_num=0,
-        kv_unit_lens=[unit] * pool.n_kv,
-    )
-    args = KVManagerArgs(
-        bootstrap_port=0,
-        dist_init_addr=None,
-        world_size=1,
-        dp_size=1,
-        attn_tp_rank=0,
-        attn_dp_rank=0,
-        is_mla_backend=False,  # hard-coded False by TokenSpeed's engine (EL:522)
-        draft_is_mla_backend=False,
-        enable_metrics=False,
-        enable_dp_attention=False,
-        enable_mla_l1_5_cache=False,
-        served_model_name="m",
-        app_key="k",
-        metrics_reporters="",
-    )
-    return MooncakeKVManagerDecode(args, kv_args)
+    return MooncakeKVManagerDecode(*manager_args(pool.bufs, pool.item, pool.layers, mla, unit))
 
 
 def poll(recv, timeout_s):
