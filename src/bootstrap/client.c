@@ -429,16 +429,18 @@ KVB_API kvb_status_t kvb_bootstrap_client_parallel_info_ext(
             /* TokenSpeed's server answers the seed-001 query in its own shape
              * (PROTOCOL-TOKENSPEED.md 11.3): its ranks speak its dialect. */
             char why_ts[KVB__BOOT_REASON_MAX];
-            bool ts = st == KVB_ERR_PROTO &&
-                      kvb__boot_parallel_info_parse_ts(c->resp, c->resp_len, info_p, why_ts,
-                                                       sizeof(why_ts)) == KVB_OK;
-            if (ts)
+            if (st == KVB_ERR_PROTO &&
+                kvb__boot_parallel_info_parse_ts(c->resp, c->resp_len, info_p, why_ts,
+                                                 sizeof(why_ts)) == KVB_OK)
                 st = KVB_OK;
             if (st == KVB_OK)
                 kvb__boot_info_ext_default(ext_p);
-            if (ts && ext_p != NULL && (ext_p->field_mask & KVB_BOOTSTRAP_INFO_DIALECT))
-                ext_p->dialect = KVB_BOOTSTRAP_DIALECT_TOKENSPEED;
         }
+        /* TokenSpeed ranks: its server's shape, or kvbridge's server saying
+         * so ("kvbridge_peer_dialect"; either query style). */
+        if (st == KVB_OK && ext_p != NULL && (ext_p->field_mask & KVB_BOOTSTRAP_INFO_DIALECT) &&
+            kvb__boot_answer_is_ts(c->resp, c->resp_len))
+            ext_p->dialect = KVB_BOOTSTRAP_DIALECT_TOKENSPEED;
         if (st != KVB_OK)
             kvb__err_set(&c->err, st, "GET %s: bad answer: %s",
                          dialect == KVB_BOOTSTRAP_DIALECT_2026 ? url : old, reason);

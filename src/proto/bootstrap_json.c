@@ -190,6 +190,16 @@ static json_t *extract_layout(json_t *root, char *reason, size_t reason_len, boo
         if (json_object_set_new(layout, KVB__BOOT_KEY_MLA_L1_5, json_boolean(flag)) != 0)
             goto nomem;
     }
+    v = json_object_get(root, KVB__BOOT_KEY_DIALECT);
+    if (v != NULL && !json_is_null(v)) {
+        if (!json_is_string(v) || strcmp(json_string_value(v), KVB__BOOT_DIALECT_TS) != 0) {
+            kvb__boot_reason(reason, reason_len, "\"%s\" must be \"%s\"", KVB__BOOT_KEY_DIALECT,
+                             KVB__BOOT_DIALECT_TS);
+            goto invalid;
+        }
+        if (json_object_set_new(layout, KVB__BOOT_KEY_DIALECT, json_string(KVB__BOOT_DIALECT_TS)))
+            goto nomem;
+    }
     v = json_object_get(root, KVB__BOOT_KEY_LAYOUT);
     if (v != NULL && !json_is_null(v)) {
         if (!json_is_object(v)) {
@@ -307,6 +317,12 @@ ranked:
     r.layout = extract_layout(root, reason, reason_len, &nomem);
     if (r.layout == NULL) {
         st = nomem ? KVB_ERR_NOMEM : KVB_ERR_PROTO;
+        goto out;
+    }
+    /* Its ranks speak TokenSpeed on ZeroMQ: served to kvbridge's decodes. */
+    if (kvb__boot_reg_is_ts(root) &&
+        json_object_set_new(r.layout, KVB__BOOT_KEY_DIALECT, json_string(KVB__BOOT_DIALECT_TS))) {
+        st = KVB_ERR_NOMEM;
         goto out;
     }
     r.rank_ip = strdup(json_string_value(json_object_get(root, "rank_ip")));

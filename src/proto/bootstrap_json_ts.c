@@ -101,3 +101,18 @@ fail:
     kvb_bootstrap_parallel_info_free(&info);
     return nomem ? KVB_ERR_NOMEM : KVB_ERR_PROTO;
 }
+
+bool kvb__boot_answer_is_ts(const char *body, size_t len)
+{
+    char reason[KVB__BOOT_REASON_MAX];
+    json_t *root = kvb__boot_load_object(body, len, "parallel info", reason, sizeof(reason));
+    if (root == NULL)
+        return false;
+    json_t *d = json_object_get(root, KVB__BOOT_KEY_DIALECT);
+    bool ts = (json_is_string(d) && strcmp(json_string_value(d), KVB__BOOT_DIALECT_TS) == 0) ||
+              (json_object_get(root, "prefill_tp_size") != NULL &&
+               json_object_get(root, "prefill_attn_tp_size") == NULL &&
+               json_object_get(root, "attn_tp_size") == NULL);
+    json_decref(root);
+    return ts;
+}

@@ -27,6 +27,12 @@
 #define KVB__BOOT_KEY_STATE_UNIT_LENS "state_unit_lens"
 #define KVB__BOOT_KEY_MLA_L1_5 "enable_mla_l1_5_cache"
 #define KVB__BOOT_KEY_LAYOUT "kvbridge_layout"
+/* kvbridge's server stores it with a TokenSpeed registration and serves it
+ * with the layout keys: the ZeroMQ dialect of those ranks ("tokenspeed"),
+ * which the answer's shape alone does not say (PROTOCOL-TOKENSPEED.md 11.2,
+ * "record the registering dialect"). */
+#define KVB__BOOT_KEY_DIALECT "kvbridge_peer_dialect"
+#define KVB__BOOT_DIALECT_TS "tokenspeed"
 
 /* The texts the seeds answer with. */
 #define KVB__BOOT_MSG_MISSING "Missing inputs for bootstrap server."
@@ -88,6 +94,10 @@ kvb_status_t kvb__boot_reg_parse_ts(json_t *root, kvb__boot_reg_t *r, char *reas
 kvb_status_t kvb__boot_parallel_info_parse_ts(const char *body, size_t len,
                                               kvb_bootstrap_parallel_info_t *info_p, char *reason,
                                               size_t reason_len);
+/* Does a parallel-info answer name TokenSpeed ranks: TokenSpeed's own shape
+ * (prefill_tp_size without prefill_attn_tp_size) or kvbridge's server's
+ * "kvbridge_peer_dialect": "tokenspeed"? (bootstrap_json_ts.c) */
+bool kvb__boot_answer_is_ts(const char *body, size_t len);
 /* The layout keys of an answer into info (bootstrap_json.c). */
 bool kvb__boot_info_layout_parse(json_t *root, kvb_bootstrap_parallel_info_t *info, bool *nomem,
                                  char *reason, size_t reason_len);

@@ -307,3 +307,33 @@ def test_tp2_prefill_gets_a_plan_of_token_rows(ts):
     assert h.line("poll", room).split(" ")[0] == "4"
     h.cmd(f"check {room} 0 " + " ".join(map(str, pages)))
     assert h.line("check", room) == "0"
+
+
+def test_tokenspeed_prefill_on_kvbridges_bootstrap_server():
+    """A TokenSpeed prefill registered with kvbridge's server: the union
+    answer's shape is seed 001's, so the server says which dialect those
+    ranks speak ("kvbridge_peer_dialect"); kvbridge's decode speaks TokenSpeed
+    to them (an 18-frame KV-args would kill their control thread)."""
+    ctx = zmq.Context()
+    h = Helper(None, argv=[HELPER, "decode"])  # its own (kvbridge) bootstrap server
+    try:
+        p = Prefill(ctx, h.info["boot"], 0)
+        kv = [int(x) for x in h.info["kv"].split(",")]
+        host, port = h.info["ctl"].rsplit(":", 1)
+        sid = h.info["session"]
+        room, pages = 8201, [70, 71]
+        h.cmd(f"recv {room} 2 0 {len(pages)} " + " ".join(map(str, pages)))
+        h.line("recv", room)
+        f = p.recv()
+        assert len(f) == 8 and f[0] == b"None" and f[5] == b"", f
+        f = p.recv()
+        assert len(f) == 12 and f[4] == i64s(pages), f
+        p.write(sid, kv, room, pages, 0)
+        p.status(host, port, [dec(room), b"5", b"0", b"11", b""])
+        h.cmd(f"poll {room} 10")
+        assert h.line("poll", room).split(" ")[0] == "4"
+        h.cmd(f"check {room} 0 " + " ".join(map(str, pages)))
+        assert h.line("check", room) == "0"
+    finally:
+        h.close()
+        ctx.destroy(linger=0)
