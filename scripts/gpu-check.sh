@@ -4,7 +4,8 @@
 #      driver API is loaded at run time), the toolkit's cuda.h, where found,
 #      only feeds the ABI check (test_cuda_abi);
 #   2. runs the CUDA lane tests against the real driver (KVBRIDGE_CUDA_LIB
-#      unset: libcuda.so.1): IPC between two processes, staging over tcp,
+#      unset: libcuda.so.1): IPC between two processes, VMM allocations
+#      (cuMemCreate, shared as file descriptors), staging over tcp,
 #      offsets, head slices, the fence, bounds, bytes verified;
 #   3. runs `kvbridge bench --memory cuda` for TP1->TP1, TP2->TP1, TP1->TP2,
 #      deepseek-v3 MLA (TP1->TP1) and TP1->TP1 over tcp (staging), plus the
@@ -43,7 +44,7 @@ echo "== build ($BUILD)"
 # No -Werror: a newer compiler's warnings must not stop a GPU run.
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >"$LOG/cmake.log" 2>&1 ||
     { echo "gpu-check: cmake failed ($LOG/cmake.log)" >&2; exit 1; }
-TARGETS=(kvbridge_cli kvb_cuda_double test_cuda_lanes_ipc test_cuda_lanes_stage_tcp)
+TARGETS=(kvbridge_cli kvb_cuda_double test_cuda_lanes_ipc test_cuda_lanes_vmm test_cuda_lanes_stage_tcp)
 grep -q '^test_cuda_abi' <(cmake --build "$BUILD" --target help 2>/dev/null | sed 's/^... //') &&
     TARGETS+=(test_cuda_abi)
 cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >"$LOG/build.log" 2>&1 ||
@@ -70,7 +71,8 @@ echo "== driver: $DRIVER"
 
 FAILED=0
 echo "== CUDA tests"
-for t in "test_cuda_lanes_ipc ipc" "test_cuda_lanes_stage_tcp stage_tcp" "test_cuda_abi"; do
+for t in "test_cuda_lanes_ipc ipc" "test_cuda_lanes_vmm vmm" "test_cuda_lanes_stage_tcp stage_tcp" \
+    "test_cuda_abi"; do
     set -- $t
     bin=$BUILD/tests/cuda/$1
     [ -x "$bin" ] || { echo "   $1: not built (no cuda.h), skipped"; continue; }

@@ -23,6 +23,37 @@ static kvb_status_t region_error(kvb_engine_h eng, kvb_status_t st, const kvb_me
     return kvb__err_set(&eng->err, st, "register %p+%zu: %s", r->addr, r->length, why);
 }
 
+/* Make the allocation [base, +size) holding r importable by same-host
+ * writers: VMM allocations as a file descriptor (cuda_vmm.c), cuMemAlloc
+ * memory as a legacy IPC handle. Refused: writers stage it. */
+static void export_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__cuda_seg_t *cs,
+                          uint64_t base, uint64_t size)
+{
+    char why[300] = "";
+    kvb_CUipcMemHandle h;
+    kvb_CUresult cr = KVB_CUDA_SUCCESS;
+    int v = kvb__cuda_vmm_export(cs->device, base, size, cs, why, sizeof(why));
+    if (v > 0)
+        return;
+    if (v == 0) {
+        kvb__cuda_scope_t sc = {NULL, false};
+        kvb_status_t bst = kvb__cuda_enter(cs->device, &sc, why, sizeof(why));
+        if (bst == KVB_OK)
+            cr = kvb__cuda()->cuIpcGetMemHandle(&h, base);
+        kvb__cuda_leave(&sc);
+        if (bst == KVB_OK && cr == KVB_CUDA_SUCCESS) {
+            memcpy(cs->handle, &h, sizeof(cs->handle));
+            cs->ipc = true;
+            return;
+        }
+        if (bst == KVB_OK)
+            snprintf(why, sizeof(why), "cuIpcGetMemHandle: %s", kvb__cuda_errstr(cr));
+    }
+    KVB_LOGI("engine %s: %p+%zu (CUDA device %d) cannot be exported (%s): writers on this "
+             "host stage it through host memory",
+             eng->sid, r->addr, r->length, cs->device, why);
+}
+
 kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__seg_t *seg,
                                   bool *cuda_p)
 {
@@ -62,23 +93,8 @@ kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
         return region_error(eng, KVB_ERR_NOMEM, r, "out of memory");
     cs->device = dev;
     cs->alloc_off = a - base;
-    /* Legacy IPC covers cuMemAlloc memory; VMM allocations (PyTorch's
-     * expandable segments) refuse it and stay on the staging lane. */
-    kvb_CUipcMemHandle h;
-    kvb_CUresult cr = KVB_CUDA_SUCCESS;
-    kvb__cuda_scope_t sc = {NULL, false};
-    kvb_status_t bst = kvb__cuda_enter(dev, &sc, why, sizeof(why));
-    if (bst == KVB_OK)
-        cr = kvb__cuda()->cuIpcGetMemHandle(&h, base);
-    kvb__cuda_leave(&sc);
-    if (bst == KVB_OK && cr == KVB_CUDA_SUCCESS) {
-        memcpy(cs->handle, &h, sizeof(cs->handle));
-        cs->ipc = true;
-    } else {
-        KVB_LOGI("engine %s: %p+%zu (CUDA device %d) cannot be exported (%s): writers on this "
-                 "host stage it through host memory",
-                 eng->sid, r->addr, r->length, dev, bst != KVB_OK ? why : kvb__cuda_errstr(cr));
-    }
+    cs->vmm_fd = -1;
+    export_region(eng, r, cs, base, size);
     memset(seg, 0, sizeof(*seg));
     seg->addr = a;
     seg->len = r->length;
@@ -93,6 +109,7 @@ kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
 
 void kvb__cuda_unmap_seg(kvb_engine_h eng, kvb__seg_t *seg)
 {
+    kvb__cuda_vmm_unexport(seg->cuda);
     free(seg->cuda);
     seg->cuda = NULL;
     eng->n_cuda_segs--;
@@ -112,8 +129,8 @@ kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local)
         kvb__hs_cuda_t *e = &r->cuda[r->ncuda++];
         e->seg = (uint32_t)i;
         e->device = cs->device;
-        if (local && cs->ipc) {
-            e->flags = KVB_HS_CUDA_IPC;
+        if (local && (cs->ipc || cs->vmm)) {
+            e->flags = cs->vmm ? KVB_HS_CUDA_VMM : KVB_HS_CUDA_IPC;
             e->alloc_off = cs->alloc_off;
             memcpy(e->handle, cs->handle, sizeof(e->handle));
         }
@@ -164,8 +181,9 @@ static ipc_import_t *g_ipc;
 
 typedef struct kvb__cuda_conn kvb__cuda_conn_t;
 struct kvb__cuda_conn {
-    ipc_import_t **imports; /* one per entry of the peer's table (NULL: not imported) */
-    kvb__cuda_seg_t *segs;  /* one per entry; c->segs.v[k].cuda points here */
+    ipc_import_t **imports;    /* one per entry of the peer's table (NULL: not imported) */
+    kvb__cuda_vmm_map_t *vmms; /* one per entry (size 0: not mapped) */
+    kvb__cuda_seg_t *segs;     /* one per entry; c->segs.v[k].cuda points here */
     uint32_t n;
 };
 
@@ -251,6 +269,23 @@ static void import_one(kvb_engine_h eng, kvb__conn_t *c, uint32_t i, const kvb__
     s->direct = (uint8_t *)(uintptr_t)(m->base + e->alloc_off);
 }
 
+/* Map entry e's VMM allocation (listener pid's descriptor); sets the
+ * segment's direct address. */
+static void vmm_one(kvb_engine_h eng, kvb__conn_t *c, uint32_t pid, uint32_t i,
+                    const kvb__hs_cuda_t *e, kvb__seg_t *s)
+{
+    char why[300] = "";
+    int dev = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
+    kvb__cuda_vmm_map_t *m = &c->cuda->vmms[i];
+    if (!kvb__cuda_vmm_import(dev < 0 ? 0 : dev, pid, e, s->len, m, why, sizeof(why))) {
+        KVB_LOGI("engine %s: session %s: device segment 0x%llx (VMM) not mapped (%s): staged "
+                 "through host memory",
+                 eng->sid, c->sess->sid, (unsigned long long)s->addr, why);
+        return;
+    }
+    s->direct = (uint8_t *)(uintptr_t)(m->va + e->alloc_off);
+}
+
 kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r)
 {
     if (r->ncuda == 0)
@@ -259,9 +294,10 @@ kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r)
     if (cc != NULL) {
         cc->imports = calloc(r->ncuda, sizeof(*cc->imports));
         cc->segs = calloc(r->ncuda, sizeof(*cc->segs));
+        cc->vmms = calloc(r->ncuda, sizeof(*cc->vmms));
     }
     c->cuda = cc;
-    if (cc == NULL || cc->imports == NULL || cc->segs == NULL) {
+    if (cc == NULL || cc->imports == NULL || cc->segs == NULL || cc->vmms == NULL) {
         kvb__cuda_detach(c);
         return KVB_ERR_NOMEM;
     }
@@ -273,7 +309,7 @@ void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r
     kvb__cuda_conn_t *cc = c->cuda;
     if (cc == NULL)
         return;
-    uint32_t imported = 0;
+    uint32_t imported = 0, vmms = 0;
     for (uint32_t i = 0; i < r->ncuda; i++) {
         const kvb__hs_cuda_t *e = &r->cuda[i];
         long k = kvb__segtab_find_start(&c->segs, r->segs[e->seg].addr);
@@ -287,10 +323,14 @@ void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r
         if (import && kvb__cuda() != NULL && (e->flags & KVB_HS_CUDA_IPC)) {
             import_one(eng, c, i, e, s);
             imported += s->direct != NULL;
+        } else if (import && kvb__cuda() != NULL && (e->flags & KVB_HS_CUDA_VMM)) {
+            vmm_one(eng, c, r->pid, i, e, s);
+            vmms += s->direct != NULL;
         }
     }
-    KVB_LOGI("engine %s: session %s: %u device segment(s), %u imported over CUDA IPC", eng->sid,
-             c->sess->sid, r->ncuda, imported);
+    KVB_LOGI("engine %s: session %s: %u device segment(s), %u imported over CUDA IPC, %u VMM "
+             "allocation(s) mapped",
+             eng->sid, c->sess->sid, r->ncuda, imported, vmms);
 }
 
 void kvb__cuda_detach(kvb__conn_t *c)
@@ -301,6 +341,9 @@ void kvb__cuda_detach(kvb__conn_t *c)
     for (uint32_t i = 0; i < cc->n && cc->imports != NULL; i++)
         if (cc->imports[i] != NULL)
             ipc_close(cc->imports[i]);
+    for (uint32_t i = 0; i < cc->n && cc->vmms != NULL; i++)
+        kvb__cuda_vmm_unmap(&cc->vmms[i]);
+    free(cc->vmms);
     free(cc->imports);
     free(cc->segs);
     free(cc);

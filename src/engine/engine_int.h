@@ -310,7 +310,9 @@ void kvb__direct_stop(kvb_engine_h eng);
 /* cuda_mem.c: CUDA device memory on every lane (docs/engine.md) */
 typedef struct kvb__cuda_seg {
     int device;         /* local: ordinal here; remote: the peer's (informational) */
-    bool ipc;           /* local: handle exports the allocation */
+    bool ipc;           /* local: handle exports the allocation (legacy IPC) */
+    bool vmm;           /* local: handle names vmm_fd, the VMM allocation exported */
+    int vmm_fd;         /* local, vmm: our shareable handle (closed at unregistration) */
     uint64_t alloc_off; /* local: offset of the segment in that allocation */
     uint8_t handle[KVB_HS_CUDA_HANDLE];
 } kvb__cuda_seg_t;
@@ -328,6 +330,24 @@ kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r);
  * import: open their IPC handles (same host, fence page mapped). */
 void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r, bool import);
 void kvb__cuda_detach(kvb__conn_t *c);
+/* cuda_vmm.c: VMM allocations on the same-host lane. Target, at
+ * registration: export the VMM allocation [base, +size) on dev as a file
+ * descriptor into cs (vmm, vmm_fd, handle): 1 exported, 0 not VMM memory
+ * (or a driver without VMM), -1 VMM but refused (why). */
+int kvb__cuda_vmm_export(int dev, uint64_t base, uint64_t size, kvb__cuda_seg_t *cs, char *why,
+                         size_t wl);
+void kvb__cuda_vmm_unexport(kvb__cuda_seg_t *cs);
+/* Writer: a peer's VMM allocation mapped here (size 0: none). */
+typedef struct kvb__cuda_vmm_map {
+    kvb_CUdeviceptr va;
+    uint64_t size;
+} kvb__cuda_vmm_map_t;
+/* Writer: fetch listener pid's descriptor e names, import and map it on dev;
+ * the segment (seg_len bytes at e->alloc_off) must lie inside. false: not
+ * mapped (why). */
+bool kvb__cuda_vmm_import(int dev, uint32_t pid, const kvb__hs_cuda_t *e, uint64_t seg_len,
+                          kvb__cuda_vmm_map_t *m, char *why, size_t wl);
+void kvb__cuda_vmm_unmap(kvb__cuda_vmm_map_t *m);
 /* Does a block of the batch touch device memory (dst_seg: the peer's
  * segment of each block, -1 for empty ones)? */
 bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,

@@ -33,6 +33,14 @@ typedef struct cuda_test_api {
     int (*HtoD)(unsigned long long, const void *, size_t);
     int (*DtoH)(void *, unsigned long long, size_t);
     void (*stats)(kvb_cuda_double_stats_t *);
+    /* VMM (cuMemCreate and friends) */
+    int (*MemCreate)(unsigned long long *, size_t, const void *, unsigned long long);
+    int (*MemRelease)(unsigned long long);
+    int (*AddressReserve)(unsigned long long *, size_t, size_t, unsigned long long,
+                          unsigned long long);
+    int (*MemMap)(unsigned long long, size_t, size_t, unsigned long long, unsigned long long);
+    int (*SetAccess)(unsigned long long, size_t, const void *, size_t);
+    int (*Granularity)(size_t *, const void *, int);
 } cuda_test_api_t;
 
 static inline const cuda_test_api_t *ct(void)
@@ -54,6 +62,12 @@ static inline const cuda_test_api_t *ct(void)
         *(void **)&a.HtoD = dlsym(h, "cuMemcpyHtoD_v2");
         *(void **)&a.DtoH = dlsym(h, "cuMemcpyDtoH_v2");
         *(void **)&a.stats = dlsym(h, "kvb_cuda_double_stats"); /* NULL: a real driver */
+        *(void **)&a.MemCreate = dlsym(h, "cuMemCreate");
+        *(void **)&a.MemRelease = dlsym(h, "cuMemRelease");
+        *(void **)&a.AddressReserve = dlsym(h, "cuMemAddressReserve");
+        *(void **)&a.MemMap = dlsym(h, "cuMemMap");
+        *(void **)&a.SetAccess = dlsym(h, "cuMemSetAccess");
+        *(void **)&a.Granularity = dlsym(h, "cuMemGetAllocationGranularity");
         CHECK(a.Init && a.DeviceGet && a.DeviceGetCount && a.PrimaryCtxRetain && a.CtxSetCurrent &&
               a.CtxGetCurrent && a.MemAlloc && a.MemFree && a.HtoD && a.DtoH);
         loaded = 1;
@@ -95,18 +109,55 @@ static inline void ct_free(void *dev)
     CHECK_EQ(ct()->MemFree((unsigned long long)(uintptr_t)dev), 0);
 }
 
-/* n bytes of device memory on device dev (its primary context made current). */
-static inline uint8_t *cuda_test_alloc(int dev, size_t n)
+/* Make device dev's primary context current here; the ordinal used. */
+static inline int ct_ctx(int dev)
 {
     void *ctx;
     int d;
-    unsigned long long p = 0;
     dev = ct_device(dev);
     CHECK_EQ(ct()->DeviceGet(&d, dev), 0);
     CHECK_EQ(ct()->PrimaryCtxRetain(&ctx, d), 0);
     CHECK_EQ(ct()->CtxSetCurrent(ctx), 0);
+    return dev;
+}
+
+/* n bytes of device memory on device dev (its primary context made current). */
+static inline uint8_t *cuda_test_alloc(int dev, size_t n)
+{
+    unsigned long long p = 0;
+    ct_ctx(dev);
     CHECK_EQ(ct()->MemAlloc(&p, n), 0);
     return (uint8_t *)(uintptr_t)p;
+}
+
+/* n bytes (rounded up to the granularity) of VMM device memory on device
+ * dev, as PyTorch's expandable segments make it: cuMemCreate asking for a
+ * POSIX file descriptor handle, reserved, mapped, read-write on dev. The
+ * address range stays reserved until the process ends. */
+static inline uint8_t *cuda_test_alloc_vmm(int dev, size_t n)
+{
+    struct {
+        int type, handle_types, location[2];
+        void *win32;
+        unsigned char flags[8];
+    } prop = {1 /* PINNED */, 1 /* POSIX fd */, {1 /* DEVICE */, 0}, NULL, {0}};
+    struct {
+        int location[2], flags;
+    } acc = {{1, 0}, 3 /* READWRITE */};
+    size_t g = 0;
+    unsigned long long h = 0, va = 0;
+    dev = ct_ctx(dev);
+    prop.location[1] = acc.location[1] = dev;
+    CHECK(ct()->MemCreate && ct()->MemRelease && ct()->AddressReserve && ct()->MemMap &&
+          ct()->SetAccess && ct()->Granularity);
+    CHECK_EQ(ct()->Granularity(&g, &prop, 0), 0);
+    n = (n + g - 1) / g * g;
+    CHECK_EQ(ct()->MemCreate(&h, n, &prop, 0), 0);
+    CHECK_EQ(ct()->AddressReserve(&va, n, 0, 0, 0), 0);
+    CHECK_EQ(ct()->MemMap(va, n, 0, h, 0), 0);
+    CHECK_EQ(ct()->MemRelease(h), 0);
+    CHECK_EQ(ct()->SetAccess(va, n, &acc, 1), 0);
+    return (uint8_t *)(uintptr_t)va;
 }
 
 /* Pattern byte i of a buffer seeded s (distinct per seed and position). */
@@ -155,7 +206,7 @@ static inline void tgt_io(int fd, void *p, size_t n, bool rd)
 }
 
 /* Child: an engine on tr with an 8 MiB device allocation on device 1 (0 if
- * the machine has one),
+ * the machine has one; VMM memory when KVB_CUDA_TEST_VMM is set),
  * registered as [alloc+4096, +len) and [alloc+len+8192, +1 MiB) (offsets
  * inside one allocation), zeroed; then serve commands. */
 static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
@@ -165,7 +216,9 @@ static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
     p.field_mask = KVB_ENGINE_PARAM_TRANSPORT;
     p.transport = tr;
     CHECK_EQ(kvb_engine_create(&p, &e), KVB_OK);
-    uint8_t *a = cuda_test_alloc(1, len + 8192 + (1u << 20));
+    bool vmm = getenv("KVB_CUDA_TEST_VMM") != NULL;
+    uint8_t *a = vmm ? cuda_test_alloc_vmm(1, len + 8192 + (1u << 20))
+                     : cuda_test_alloc(1, len + 8192 + (1u << 20));
     uint8_t *zero = calloc(1, len + 8192 + (1u << 20));
     ct_htod(a, zero, len + 8192 + (1u << 20));
     free(zero);

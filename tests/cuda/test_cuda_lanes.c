@@ -6,7 +6,13 @@
  *              allocation), copies device to device by the copy threads;
  *   stage_shm  same host, imports refused (KVB_CUDA_DOUBLE_FAIL=ipc_open):
  *              staged through pinned host memory over the message lane;
- *   stage_tcp  the tcp transport (as across hosts): staged.
+ *   stage_tcp  the tcp transport (as across hosts): staged;
+ *   vmm        same host, every allocation VMM memory (cuMemCreate/cuMemMap,
+ *              as PyTorch's expandable segments): the target exports its
+ *              allocation as a file descriptor, this process fetches it,
+ *              imports and maps it; copies device to device;
+ *   vmm_refused  VMM memory whose export is refused
+ *              (KVB_CUDA_DOUBLE_FAIL=vmm_export): staged.
  * Every write is verified byte for byte by reading the target's device
  * memory back in the target; head slices (1 KiB every 2 KiB) go in few
  * batched copies; a revoked grant fences the device lane; a block past a
@@ -53,12 +59,15 @@ static kvb_status_t write_epoch(kvb_engine_h w, const char *sid, const kvb_block
 int main(int argc, char **argv)
 {
     const char *lane = argc > 1 ? argv[1] : "ipc";
-    bool ipc = strcmp(lane, "ipc") == 0;
+    bool vmm = strncmp(lane, "vmm", 3) == 0;
+    bool ipc = strcmp(lane, "ipc") == 0 || strcmp(lane, "vmm") == 0; /* the device lane */
     kvb_transport_t tr = strcmp(lane, "stage_tcp") == 0 ? KVB_TRANSPORT_TCP : KVB_TRANSPORT_AUTO;
+    if (vmm)
+        setenv("KVB_CUDA_TEST_VMM", "1", 1);
     tgt_t t = tgt_start(tr, LEN); /* first: fork before any thread */
 
     kvb_engine_h w = kvb_test_engine(tr, 2);
-    uint8_t *sd = cuda_test_alloc(0, LEN);
+    uint8_t *sd = vmm ? cuda_test_alloc_vmm(0, LEN) : cuda_test_alloc(0, LEN);
     uint8_t *sh = malloc(LEN), *want = malloc(LEN);
     CHECK(sh != NULL && want != NULL);
     cuda_test_fill(sd, LEN, 1);
@@ -80,7 +89,9 @@ int main(int argc, char **argv)
     /* both regions share one allocation: imported once (the double, like
      * some drivers, refuses to open one handle twice in a process) */
     bool dbl = ct_stats(&s0);
-    if (dbl)
+    if (dbl && vmm) /* each region maps the allocation; legacy IPC never tried */
+        CHECK(s0.ipc_opens == 0 && s0.vmm_imports == (ipc ? 2 : 0) && s0.vmm_maps >= (ipc ? 3 : 1));
+    else if (dbl)
         CHECK_EQ(s0.ipc_opens, ipc ? 1 : tr == KVB_TRANSPORT_AUTO ? 2 /* both refused */ : 0);
     pattern(want, LEN, 1);
     expect(&t, t.dev_addr, want, LEN, "device to device");
@@ -132,10 +143,14 @@ int main(int argc, char **argv)
 
     kvb_engine_destroy(w);
     ct_stats(&s1);
-    fprintf(stderr, "IPC imports: %llu opened, %llu closed\n", (unsigned long long)s1.ipc_opens,
-            (unsigned long long)s1.ipc_closes);
+    fprintf(stderr, "IPC imports: %llu opened, %llu closed; VMM: %llu imported, %llu unmapped\n",
+            (unsigned long long)s1.ipc_opens, (unsigned long long)s1.ipc_closes,
+            (unsigned long long)s1.vmm_imports, (unsigned long long)s1.vmm_unmaps);
     if (!dbl) /* a real driver: no counters */
         ;
+    else if (vmm) /* mapped per connection, unmapped with it: nothing left mapped */
+        CHECK(s1.ipc_opens == 0 && (ipc ? s1.vmm_imports >= 2 : s1.vmm_imports == 0) &&
+              s1.vmm_unmaps == s1.vmm_imports);
     else if (ipc) /* every import closed with its last connection */
         CHECK(s1.ipc_opens >= 1 && s1.ipc_closes == s1.ipc_opens);
     else if (tr == KVB_TRANSPORT_AUTO)
@@ -143,7 +158,8 @@ int main(int argc, char **argv)
     else
         CHECK(s1.ipc_opens == 0); /* tcp: no handles offered */
     tgt_stop(&t);
-    ct_free(sd);
+    if (!vmm)
+        ct_free(sd);
     free(sh);
     free(want);
     free(rows);
