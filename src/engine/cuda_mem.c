@@ -14,6 +14,7 @@
 
 #define STAGE_XFER_MAX_DEFAULT (4ull << 30) /* bytes one transfer may stage */
 #define STAGE_MSG_MAX_DEFAULT (256ull << 20)
+#define STAGE_CHUNK_DEFAULT (8ull << 20) /* bytes staged per step (writer) */
 
 /* ---- registration (target and writer) ---- */
 
@@ -385,9 +386,117 @@ static uint64_t device_sources(kvb_engine_h eng, const struct kvb_xfer *x, bool 
     return total;
 }
 
+/* ---- writer: pipelined staging of device sources ----
+ * The copies device to pinned host memory run on the device-copy worker,
+ * chunk by chunk, in the transfer's order; after each chunk the transfer's
+ * staged mark (x->stage_ready: bytes of its blocks, in order, whose sources
+ * are readable) moves on and the progress thread sends what it covers, so
+ * the copy of chunk k+1 overlaps the send of chunk k. */
+
+typedef struct stage_job {
+    kvb__job_t job; /* first */
+    kvb_engine_h eng;
+    struct kvb_xfer *x;  /* a reference, dropped by done/drop */
+    kvb__cuda_copy_t *v; /* device pieces, in the transfer's order, each <= chunk */
+    uint64_t *at;        /* v[i]'s first byte's position in the transfer */
+    size_t nv, i;        /* pieces, next one to copy */
+    uint64_t total;      /* the transfer's bytes */
+    uint64_t chunk;      /* bytes per step */
+    int device;
+} stage_job_t;
+
+static void stage_job_free(stage_job_t *j)
+{
+    kvb__xfer_release(j->x);
+    free(j->v);
+    free(j->at);
+    free(j);
+}
+
+static bool stage_step(kvb__job_t *jb) /* device-copy worker */
+{
+    stage_job_t *j = (stage_job_t *)jb;
+    struct kvb_xfer *x = j->x;
+    char why[300] = "";
+    if (__atomic_load_n(&x->status, __ATOMIC_ACQUIRE) != KVB_ERR_INPROGRESS)
+        return false; /* over (failed, canceled): nobody reads the rest */
+    size_t k = 0;
+    uint64_t bytes = 0;
+    while (j->i + k < j->nv && (k == 0 || bytes + j->v[j->i + k].len <= j->chunk))
+        bytes += j->v[j->i + k++].len;
+    uint64_t t0 = kvb__now_ns();
+    kvb_status_t st = kvb__cuda_copy_batch(j->device, j->v + j->i, k, why, sizeof(why));
+    if (st != KVB_OK) {
+        snprintf(x->stage_why, sizeof(x->stage_why), "staging device sources: %s", why);
+        __atomic_store_n(&x->stage_status, (int)st, __ATOMIC_RELEASE);
+        kvb__jobs_wake(j->eng);
+        return false;
+    }
+    j->i += k;
+    uint64_t ready = j->i < j->nv ? j->at[j->i] : UINT64_MAX;
+    KVB_LOGD("transfer %llu: staged %llu bytes in %.3f ms, %llu of %llu ready",
+             (unsigned long long)x->id, (unsigned long long)bytes, (kvb__now_ns() - t0) / 1e6,
+             (unsigned long long)(ready == UINT64_MAX ? j->total : ready),
+             (unsigned long long)j->total);
+    __atomic_store_n(&x->stage_ready, ready, __ATOMIC_RELEASE);
+    kvb__jobs_wake(j->eng);
+    return j->i < j->nv;
+}
+
+static void stage_done(kvb_engine_h eng, kvb__job_t *jb)
+{
+    stage_job_free((stage_job_t *)jb);
+}
+
+/* Split x's device sources into pieces of at most chunk bytes, pointing
+ * the blocks at the pinned buffer (read only once staged). */
+static kvb_status_t stage_plan(stage_job_t *j, const bool *dev)
+{
+    struct kvb_xfer *x = j->x;
+    size_t cap = 0;
+    for (size_t i = 0; i < x->n; i++)
+        cap += dev[i] ? (size_t)((x->blocks[i].len + j->chunk - 1) / j->chunk) : 0;
+    j->v = malloc((cap ? cap : 1) * sizeof(*j->v));
+    j->at = malloc((cap ? cap : 1) * sizeof(*j->at));
+    if (j->v == NULL || j->at == NULL)
+        return KVB_ERR_NOMEM;
+    uint64_t off = 0, pos = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        kvb_block_t *b = &x->blocks[i];
+        for (uint64_t o = 0; dev[i] && o < b->len; o += j->chunk) {
+            uint64_t len = b->len - o < j->chunk ? b->len - o : j->chunk;
+            uint64_t to = (uint64_t)(uintptr_t)x->stage + off + o;
+            j->at[j->nv] = pos + o;
+            j->v[j->nv++] = (kvb__cuda_copy_t){to, b->src + o, len};
+        }
+        if (dev[i]) {
+            b->src = (uint64_t)(uintptr_t)x->stage + off;
+            off += b->len;
+        }
+        pos += b->len;
+    }
+    j->total = pos;
+    return KVB_OK;
+}
+
+static stage_job_t *stage_job_new(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    stage_job_t *j = calloc(1, sizeof(*j));
+    if (j == NULL)
+        return NULL;
+    j->job = (kvb__job_t){NULL, stage_step, stage_done, stage_done, false};
+    j->eng = eng;
+    j->x = x;
+    __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
+    int d = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
+    j->device = d < 0 ? 0 : d;
+    j->chunk = (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGE_CHUNK", NULL,
+                                      (int64_t)STAGE_CHUNK_DEFAULT, 4096, (int64_t)1 << 40);
+    return j;
+}
+
 kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
 {
-    char why[300] = "";
     bool *dev = calloc(x->n ? x->n : 1, sizeof(*dev));
     if (dev == NULL)
         return KVB_ERR_NOMEM;
@@ -397,7 +506,7 @@ kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
     uint64_t max = (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGE_XFER_MAX", NULL,
                                           (int64_t)STAGE_XFER_MAX_DEFAULT, 1, INT64_MAX);
     kvb_status_t st = KVB_OK;
-    kvb__cuda_copy_t *v = NULL;
+    stage_job_t *j = NULL;
     if (total == 0)
         goto out;
     if (total > max) {
@@ -407,8 +516,7 @@ kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
                           x->conn->sess->sid, (unsigned long long)total, (unsigned long long)max);
         goto out;
     }
-    v = malloc(x->n * sizeof(*v));
-    x->stage = v != NULL ? kvb__cuda_stage_get(total) : NULL;
+    x->stage = kvb__cuda_stage_get(total);
     if (x->stage == NULL) {
         st = kvb__err_set(&eng->err, KVB_ERR_NOMEM,
                           "session %s: no %llu bytes of pinned memory "
@@ -417,23 +525,26 @@ kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
         goto out;
     }
     x->stage_len = total;
-    size_t nv = 0;
-    uint64_t off = 0;
-    for (size_t i = 0; i < x->n; i++) {
-        if (!dev[i])
-            continue;
-        uint64_t to = (uint64_t)(uintptr_t)x->stage + off;
-        v[nv++] = (kvb__cuda_copy_t){to, x->blocks[i].src, x->blocks[i].len};
-        x->blocks[i].src = to;
-        off += x->blocks[i].len;
+    j = stage_job_new(eng, x);
+    st = j == NULL ? KVB_ERR_NOMEM : stage_plan(j, dev);
+    if (st != KVB_OK) {
+        kvb__err_set(&eng->err, st, "session %s: out of memory staging device sources",
+                     x->conn->sess->sid);
+        goto out;
     }
-    int d = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
-    st = kvb__cuda_copy_batch(d < 0 ? 0 : d, v, nv, why, sizeof(why));
+    x->stage_ready = 0; /* nothing readable before the first chunk */
+    if (kvb__jobs_push(eng, &j->job)) {
+        j = NULL;
+        goto out;
+    }
+    while (stage_step(&j->job)) /* no worker (the engine is stopping): here */
+        ;
+    st = (kvb_status_t)__atomic_load_n(&x->stage_status, __ATOMIC_ACQUIRE);
     if (st != KVB_OK)
-        kvb__err_set(&eng->err, st, "session %s: staging device sources: %s", x->conn->sess->sid,
-                     why);
+        kvb__err_set(&eng->err, st, "session %s: %s", x->conn->sess->sid, x->stage_why);
 out:
-    free(v);
+    if (j != NULL)
+        stage_job_free(j);
     free(dev);
     return st;
 }
