@@ -193,7 +193,10 @@ typedef struct tgt {
     uint64_t dev_len;
     uint64_t dev2_addr; /* a second region in the same allocation */
     uint64_t dev2_len;
+    uint64_t host_addr; /* a region in host memory (TGT_HOST_LEN bytes) */
 } tgt_t;
+
+#define TGT_HOST_LEN (1u << 20)
 
 static inline void tgt_io(int fd, void *p, size_t n, bool rd)
 {
@@ -205,8 +208,9 @@ static inline void tgt_io(int fd, void *p, size_t n, bool rd)
     }
 }
 
-/* Child: an engine on tr with an 8 MiB device allocation on device 1 (0 if
- * the machine has one; VMM memory when KVB_CUDA_TEST_VMM is set),
+/* Child: an engine on tr with a host region (host_addr) and an 8 MiB
+ * device allocation on device 1 (0 if the machine has one; VMM memory when
+ * KVB_CUDA_TEST_VMM is set),
  * registered as [alloc+4096, +len) and [alloc+len+8192, +1 MiB) (offsets
  * inside one allocation), zeroed; then serve commands. */
 static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
@@ -227,7 +231,11 @@ static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
         {0, a + len + 8192, 1u << 20, KVB_MEM_AUTO, 0},
     };
     CHECK_EQ(kvb_engine_register_ex(e, r, 2, sizeof(r[0])), KVB_OK);
+    uint8_t *host = calloc(1, TGT_HOST_LEN);
+    CHECK(host != NULL);
+    CHECK_EQ(kvb_engine_register(e, host, TGT_HOST_LEN, KVB_MEM_HOST), KVB_OK);
     tgt_t t = {0};
+    t.host_addr = (uint64_t)(uintptr_t)host;
     snprintf(t.sid, sizeof(t.sid), "%s", kvb_engine_session_id(e));
     t.dev_addr = (uint64_t)(uintptr_t)(a + 4096);
     t.dev_len = len;
@@ -240,7 +248,10 @@ static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
         if (c.op == TGT_READ) { /* device to host, then the bytes to the parent */
             uint8_t *h = malloc(c.b);
             CHECK(h != NULL);
-            ct_dtoh(h, (const void *)(uintptr_t)c.a, c.b);
+            if (c.a >= t.host_addr && c.a - t.host_addr < TGT_HOST_LEN)
+                memcpy(h, (const void *)(uintptr_t)c.a, c.b);
+            else
+                ct_dtoh(h, (const void *)(uintptr_t)c.a, c.b);
             tgt_io(out, h, c.b, false);
             free(h);
         } else if (c.op == TGT_GRANT) {
