@@ -108,7 +108,7 @@ struct kvb_xfer {
      * its failure (atomic status, then the reason, written before it) */
     uint64_t stage_ready;
     int stage_status;
-    char stage_why[320];
+    char stage_why[340];
     uint64_t pos;  /* message lane (progress thread): bytes issued so far */
     int queued;    /* direct lane (dmu): units left to claim */
     int published; /* direct lane (dmu): final status set */
