@@ -434,8 +434,8 @@ static bool stage_step(kvb__job_t *jb) /* device-copy worker */
     }
     j->i += k;
     uint64_t ready = j->i < j->nv ? j->at[j->i] : UINT64_MAX;
-    KVB_LOGD("transfer %llu: staged %llu bytes in %.3f ms, %llu of %llu ready",
-             (unsigned long long)x->id, (unsigned long long)bytes, (kvb__now_ns() - t0) / 1e6,
+    KVB_LOGD("session %s: staged %llu bytes in %.3f ms, %llu of %llu ready", x->conn->sess->sid,
+             (unsigned long long)bytes, (kvb__now_ns() - t0) / 1e6,
              (unsigned long long)(ready == UINT64_MAX ? j->total : ready),
              (unsigned long long)j->total);
     __atomic_store_n(&x->stage_ready, ready, __ATOMIC_RELEASE);
@@ -533,20 +533,31 @@ kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
         goto out;
     }
     x->stage_ready = 0; /* nothing readable before the first chunk */
-    if (kvb__jobs_push(eng, &j->job)) {
-        j = NULL;
-        goto out;
-    }
-    while (stage_step(&j->job)) /* no worker (the engine is stopping): here */
-        ;
-    st = (kvb_status_t)__atomic_load_n(&x->stage_status, __ATOMIC_ACQUIRE);
-    if (st != KVB_OK)
-        kvb__err_set(&eng->err, st, "session %s: %s", x->conn->sess->sid, x->stage_why);
+    x->stage_job = j;
+    j = NULL;
 out:
     if (j != NULL)
         stage_job_free(j);
     free(dev);
     return st;
+}
+
+void kvb__cuda_stage_start(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    stage_job_t *j = x->stage_job;
+    x->stage_job = NULL;
+    if (j == NULL || kvb__jobs_push(eng, &j->job))
+        return;
+    while (stage_step(&j->job)) /* no worker (the engine is stopping): here */
+        ;
+    stage_job_free(j);
+}
+
+void kvb__cuda_stage_abandon(struct kvb_xfer *x)
+{
+    if (x->stage_job != NULL)
+        stage_job_free(x->stage_job);
+    x->stage_job = NULL;
 }
 
 kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t n, char *why,

@@ -107,6 +107,7 @@ struct kvb_xfer {
      * readable (atomic; UINT64_MAX all), set by the device-copy worker;
      * its failure (atomic status, then the reason, written before it) */
     uint64_t stage_ready;
+    void *stage_job; /* caller, until kvb__cuda_stage_start: the staging job */
     int stage_status;
     char stage_why[340];
     uint64_t pos;  /* message lane (progress thread): bytes issued so far */
@@ -398,9 +399,14 @@ void kvb__cuda_vmm_unmap(kvb__cuda_vmm_map_t *m);
 bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
                         const kvb_block_t *b, size_t n);
 /* Message lane, writer (before x is submitted): point x's device sources at
- * one pinned buffer and stage them into it on the device-copy worker, chunk
- * by chunk (x->stage_ready tells the progress thread how far). */
+ * one pinned buffer and plan their staging (x->stage_ready 0: nothing may be
+ * sent yet). Once x is submitted, kvb__cuda_stage_start hands the copies to
+ * the device-copy worker (chunk by chunk; x->stage_ready tells the progress
+ * thread how far; no worker: on this thread); a transfer never submitted
+ * drops the plan with kvb__cuda_stage_abandon. */
 kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x);
+void kvb__cuda_stage_start(kvb_engine_h eng, struct kvb_xfer *x);
+void kvb__cuda_stage_abandon(struct kvb_xfer *x);
 /* Direct lane unit of a CUDA transfer: copies v[0..n) and waits for them. */
 kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t n, char *why,
                             size_t wl);

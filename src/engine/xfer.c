@@ -178,10 +178,12 @@ static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_blo
     }
     if (st != KVB_OK) {
         free(cmd);
+        kvb__cuda_stage_abandon(x); /* drops the plan's reference */
         x->refs = 1;
         kvb__xfer_release(x);
         return st;
     }
+    kvb__cuda_stage_start(eng, x); /* staged sources: the copies begin */
     *xfer_p = x;
     return KVB_OK;
 }
