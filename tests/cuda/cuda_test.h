@@ -302,6 +302,21 @@ static inline uint8_t *tgt_read(const tgt_t *t, uint64_t addr, size_t n)
     return h;
 }
 
+/* The target's bytes [addr, addr+n) are want's, else exit(1) naming the
+ * first wrong byte; what passed. */
+static inline void tgt_expect(const tgt_t *t, uint64_t addr, const uint8_t *want, size_t n,
+                              const char *what)
+{
+    uint8_t *got = tgt_read(t, addr, n);
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i]) {
+            fprintf(stderr, "%s: byte %zu is %u, want %u\n", what, i, got[i], want[i]);
+            exit(1);
+        }
+    free(got);
+    TEST_PASS(what);
+}
+
 static inline uint64_t tgt_grant(const tgt_t *t, uint32_t tag)
 {
     tgt_cmd_t c = {TGT_GRANT, tag, 0};

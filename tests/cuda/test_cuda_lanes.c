@@ -23,18 +23,6 @@
 #define LEN (4u << 20)
 #define ROWS 1024
 
-static void expect(const tgt_t *t, uint64_t addr, const uint8_t *want, size_t n, const char *what)
-{
-    uint8_t *got = tgt_read(t, addr, n);
-    for (size_t i = 0; i < n; i++)
-        if (got[i] != want[i]) {
-            fprintf(stderr, "%s: byte %zu is %u, want %u\n", what, i, got[i], want[i]);
-            exit(1);
-        }
-    free(got);
-    TEST_PASS(what);
-}
-
 static void pattern(uint8_t *h, size_t n, uint64_t seed)
 {
     for (size_t i = 0; i < n; i++)
@@ -94,12 +82,12 @@ int main(int argc, char **argv)
     else if (dbl)
         CHECK_EQ(s0.ipc_opens, ipc ? 1 : tr == KVB_TRANSPORT_AUTO ? 2 /* both refused */ : 0);
     pattern(want, LEN, 1);
-    expect(&t, t.dev_addr, want, LEN, "device to device");
+    tgt_expect(&t, t.dev_addr, want, LEN, "device to device");
 
     /* host -> device, the second region of the same allocation */
     b = (kvb_block_t){(uint64_t)(uintptr_t)sh + 4096, t.dev2_addr, t.dev2_len};
     CHECK_EQ(kvb_engine_write(w, t.sid, &b, 1, 10.0), KVB_OK);
-    expect(&t, t.dev2_addr, sh + 4096, t.dev2_len, "host to device at an offset");
+    tgt_expect(&t, t.dev2_addr, sh + 4096, t.dev2_len, "host to device at an offset");
 
     /* head slices: row i's first KiB of the device source into the second
      * KiB of row i of the target, one block each */
@@ -119,7 +107,7 @@ int main(int argc, char **argv)
     /* one 2-D copy for the strided rows (device lane: device to device;
      * staging: device to pinned host), not one call per row */
     CHECK(!dbl || (s1.copies_2d - s0.copies_2d >= 1 && s1.copies - s0.copies < 8));
-    expect(&t, t.dev_addr, want, LEN, "head slices");
+    tgt_expect(&t, t.dev_addr, want, LEN, "head slices");
 
     /* the fence: admitted under a live grant, refused once revoked */
     kvb_engine_set_writer_tag(w, 7);
@@ -127,19 +115,19 @@ int main(int argc, char **argv)
     pattern(sh, LEN, 3);
     b = (kvb_block_t){(uint64_t)(uintptr_t)sh, t.dev_addr, LEN};
     CHECK_EQ(write_epoch(w, t.sid, &b, 1, ep), KVB_OK);
-    expect(&t, t.dev_addr, sh, LEN, "written under a live grant");
+    tgt_expect(&t, t.dev_addr, sh, LEN, "written under a live grant");
     memcpy(want, sh, LEN);
     CHECK_EQ(tgt_revoke(&t, 7, ep), KVB_OK);
     pattern(sh, LEN, 4);
     CHECK_EQ(write_epoch(w, t.sid, &b, 1, ep), KVB_ERR_FENCED);
-    expect(&t, t.dev_addr, want, LEN, "nothing lands under a revoked grant");
+    tgt_expect(&t, t.dev_addr, want, LEN, "nothing lands under a revoked grant");
 
     /* bounds: one block past the region's end fails the whole batch */
     kvb_block_t bad[2] = {{(uint64_t)(uintptr_t)sd, t.dev_addr, 4096},
                           {(uint64_t)(uintptr_t)sd, t.dev_addr + LEN - 100, 200}};
     CHECK_EQ(kvb_engine_write(w, t.sid, bad, 2, 10.0), KVB_ERR_BOUNDS);
     CHECK_STR_CONTAINS(kvb_engine_last_error(w), "not inside a region the peer registered");
-    expect(&t, t.dev_addr, want, LEN, "nothing of a refused batch lands");
+    tgt_expect(&t, t.dev_addr, want, LEN, "nothing of a refused batch lands");
 
     kvb_engine_destroy(w);
     ct_stats(&s1);

@@ -31,18 +31,6 @@ static void sleep_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-static void expect(const tgt_t *t, uint64_t addr, const uint8_t *want, size_t n, const char *what)
-{
-    uint8_t *got = tgt_read(t, addr, n);
-    for (size_t i = 0; i < n; i++)
-        if (got[i] != want[i]) {
-            fprintf(stderr, "%s: byte %zu is %u, want %u\n", what, i, got[i], want[i]);
-            exit(1);
-        }
-    free(got);
-    TEST_PASS(what);
-}
-
 static uint8_t *pattern(size_t n, uint64_t seed)
 {
     uint8_t *h = malloc(n);
@@ -99,7 +87,7 @@ static void overlap(const tgt_t *t, kvb_engine_h w)
     /* the window: the target had chunk 0 while chunks were still being staged */
     CHECK(staged_at_first < CHUNKS);
     CHECK(s1.syncs - s0.syncs >= CHUNKS); /* one step per chunk at least */
-    expect(t, t->dev_addr, want, LEN, "pipelined staging: every byte");
+    tgt_expect(t, t->dev_addr, want, LEN, "pipelined staging: every byte");
     free(want);
 }
 
@@ -137,8 +125,8 @@ static void unstalled(const tgt_t *t, kvb_engine_h w)
     CHECK(in < LEN / 2 / CHUNK / 2);
     kvb_xfer_free(xh);
     kvb_xfer_free(xd);
-    expect(t, t->host_addr, small, SMALL, "host write beside slow device copies");
-    expect(t, t->dev_addr, big, LEN / 2, "device write: every byte");
+    tgt_expect(t, t->host_addr, small, SMALL, "host write beside slow device copies");
+    tgt_expect(t, t->dev_addr, big, LEN / 2, "device write: every byte");
     free(big);
     free(small);
 }
