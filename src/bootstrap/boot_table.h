@@ -15,6 +15,7 @@ typedef struct kvb__boot_entry {
     int64_t dp, cp, tp, pp;
     char *rank_ip; /* owned */
     int64_t rank_port;
+    int64_t kvbridge; /* the registration's "kvbridge" (a kvbridge prefill), 0: absent */
 } kvb__boot_entry_t;
 
 typedef struct kvb__boot_table {
@@ -65,7 +66,10 @@ json_t *kvb__boot_table_parallel_info_2026(const kvb__boot_table_t *t, bool with
  * yet or on allocation failure (*nomem_p says which). New reference. */
 json_t *kvb__boot_table_parallel_info(const kvb__boot_table_t *t, bool *nomem_p);
 
-/* {"rank_ip", "rank_port"} of an entry. New reference, NULL on no memory. */
+/* {"rank_ip", "rank_port"} of an entry, plus "kvbridge" when its
+ * registration carried it (a kvbridge decode then sends kvbridge's extension
+ * frames to that rank; SGLang's and TokenSpeed's decodes read only the two
+ * address keys). New reference, NULL on no memory. */
 json_t *kvb__boot_entry_json(const kvb__boot_entry_t *e);
 
 /* Whole table as JSON (for tests and invariants). New reference or NULL. */

@@ -164,6 +164,7 @@ kvb_status_t kvb__boot_table_apply(kvb__boot_table_t *t, const kvb__boot_reg_t *
     }
     t->entries[pos].rank_ip = ip;
     t->entries[pos].rank_port = reg->rank_port;
+    t->entries[pos].kvbridge = reg->kvbridge;
     json_decref(t->layout);
     t->layout = layout;
     return KVB_OK;
@@ -235,6 +236,9 @@ json_t *kvb__boot_table_parallel_info_2026(const kvb__boot_table_t *t, bool with
 
 json_t *kvb__boot_entry_json(const kvb__boot_entry_t *e)
 {
+    if (e->kvbridge > 0)
+        return json_pack("{s:s, s:I, s:I}", "rank_ip", e->rank_ip, "rank_port",
+                         (json_int_t)e->rank_port, KVB__BOOT_KEY_KVBRIDGE, (json_int_t)e->kvbridge);
     return json_pack("{s:s, s:I}", "rank_ip", e->rank_ip, "rank_port", (json_int_t)e->rank_port);
 }
 

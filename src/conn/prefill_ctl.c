@@ -832,9 +832,11 @@ static void registration(struct kvb_manager *m, kvb_bootstrap_registration_t *re
         m->p.is_mla ? *item / m->args.page_size : *item / m->args.page_size / m->args.kv_head_num;
     memset(reg, 0, sizeof(*reg));
     /* The 2026 keys go out only when the client speaks 2026: SGLang's 2026
-     * server needs page_size (PROTOCOL-SGLANG-2026.md 3.1). */
+     * server needs page_size (PROTOCOL-SGLANG-2026.md 3.1). "kvbridge": 1
+     * (both dialects; SGLang's servers ignore it) lets a kvbridge decode
+     * send this rank its extension frames (docs/protocol-frames.md). */
     reg->field_mask = KVB_BOOTSTRAP_REG_KV_ITEM_LENS | KVB_BOOTSTRAP_REG_KV_UNIT_LENS |
-                      KVB_BOOTSTRAP_REG_PAGE_SIZE;
+                      KVB_BOOTSTRAP_REG_PAGE_SIZE | KVB_BOOTSTRAP_REG_KVBRIDGE;
     reg->page_size = (int32_t)m->args.page_size;
     reg->attn_tp_size = m->p.attn_tp_size;
     reg->attn_tp_rank = m->p.attn_tp_rank;
