@@ -450,10 +450,7 @@ CASES = [
 # Strict expected failures (as ctest's known_bug label): reported XFAIL while
 # they fail, and a failure of the suite (XPASS) once they pass, so that the
 # entry and docs/testing.md get updated.
-KNOWN = {
-    "kvbridge_decode_aborts__sglang_prefill": "kvbridge's 4-frame ABORT has no generation: SGLang "
-    "0.5.23's prefill (deferred decode KV release on) sends no ABORT_ACK",
-}
+KNOWN = {}
 
 
 def driver(outdir, only=None):
