@@ -116,7 +116,9 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     if (have)
         return KVB_OK;
     kvb_bootstrap_parallel_info_ext_t ext = {0};
-    ext.field_mask = KVB_BOOTSTRAP_INFO_DIALECT | KVB_BOOTSTRAP_INFO_PAGE_SIZE;
+    ext.field_mask = KVB_BOOTSTRAP_INFO_DIALECT | KVB_BOOTSTRAP_INFO_PAGE_SIZE |
+                     KVB_BOOTSTRAP_INFO_CP_SIZE | KVB_BOOTSTRAP_INFO_FOLLOW_ROOM |
+                     KVB_BOOTSTRAP_INFO_DSA_SPLIT;
     pthread_mutex_lock(&a->client_mu);
     kvb_status_t st = kvb_bootstrap_client_parallel_info_ext(a->client, 5.0, &info, &ext);
     /* The HTTP detail, read under the lock (thread-local copy). */
@@ -134,6 +136,16 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
         snprintf(rs->why, sizeof(rs->why),
                  "Page size mismatch: prefill at %s has page_size %d, this decode %u", a->addr,
                  (int)ext.page_size, m->args.page_size);
+        kvb_bootstrap_parallel_info_free(&info);
+        return KVB_ERR_INVALID;
+    }
+    if (ext.enable_dsa_cache_layer_split && ext.attn_cp_size > 1) {
+        /* Each CP rank then holds a layer subset (spec 7.7): the decode
+         * would have to pull from every CP rank and pair layers by id. */
+        snprintf(rs->why, sizeof(rs->why),
+                 "prefill at %s splits its DSA cache layers across %d CP ranks "
+                 "(enable_dsa_cache_layer_split); kvbridge pulls every layer from CP rank 0",
+                 a->addr, (int)ext.attn_cp_size);
         kvb_bootstrap_parallel_info_free(&info);
         return KVB_ERR_INVALID;
     }
@@ -155,6 +167,7 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
         a->info = info;
         a->dialect =
             ext.dialect == KVB_BOOTSTRAP_DIALECT_2026 ? KVB__DIALECT_2026 : KVB__DIALECT_2025;
+        a->follow_room = ext.follow_bootstrap_room;
         a->plan = plan;
         a->have_info = 1;
         a->failures = 0;
@@ -336,6 +349,39 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     return KVB_OK;
 }
 
+/* The prefill DP group serving room (spec 3.6): the caller's, 0 with one
+ * group, room % dp_size under follow_bootstrap_room, else the group the
+ * prefill registered for the room (POST /register_dp_rank), asked for up to
+ * DP_QUERY_S (SGLang's decode keeps such a room pending and asks again). */
+#define DP_QUERY_S 5.0
+static kvb_status_t dp_group_of(kvb__addr_t *a, uint64_t room, int32_t dp_rank, int32_t dp,
+                                int follow, resolve_t *rs)
+{
+    double end = kvb__now_s() + DP_QUERY_S, pause = 0.02;
+    int32_t got = -1;
+    rs->dp_group = dp_rank >= 0 ? dp_rank : dp <= 1 ? 0 : (int32_t)(room % (uint64_t)dp);
+    if (dp_rank >= 0 || dp <= 1 || follow)
+        return KVB_OK;
+    for (;;) {
+        pthread_mutex_lock(&a->client_mu);
+        kvb_status_t st = kvb_bootstrap_client_query_dp_ranks(a->client, &room, 1, 1.0, &got);
+        pthread_mutex_unlock(&a->client_mu);
+        if (st == KVB_OK && got >= 0 && got < dp) {
+            rs->dp_group = got;
+            return KVB_OK;
+        }
+        if (kvb__now_s() + pause > end)
+            break;
+        usleep((useconds_t)(pause * 1e6));
+        pause = pause < 0.2 ? pause * 2 : 0.2;
+    }
+    snprintf(rs->why, sizeof(rs->why),
+             "prefill DP group of room %llu unknown at bootstrap server %s after %.0f s "
+             "(follow_bootstrap_room is false there: the prefill must POST /register_dp_rank)",
+             (unsigned long long)room, a->addr, DP_QUERY_S);
+    return KVB_ERR_NOT_FOUND;
+}
+
 static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room, int32_t dp_rank,
                             resolve_t *rs)
 {
@@ -344,7 +390,7 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
         return st;
     pthread_mutex_lock(&m->mu);
     int32_t pp = a->info.pp_size, dp = a->info.dp_size;
-    int dialect = a->dialect;
+    int dialect = a->dialect, follow = a->follow_room;
     st = a->have_info ? kvb_plan_route(a->plan, (uint32_t)m->p.attn_tp_rank, &rs->route)
                       : KVB_ERR_STATE;
     pthread_mutex_unlock(&m->mu);
@@ -353,7 +399,9 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
                  kvb_plan_last_error());
         return st;
     }
-    rs->dp_group = dp_rank >= 0 ? dp_rank : (int32_t)(room % (uint64_t)dp);
+    st = dp_group_of(a, room, dp_rank, dp, follow, rs);
+    if (st != KVB_OK)
+        return st;
     rs->srcs = calloc((size_t)rs->route.num_sources * (size_t)pp + 1, sizeof(*rs->srcs));
     if (rs->srcs == NULL)
         return KVB_ERR_NOMEM;
