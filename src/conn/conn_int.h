@@ -224,6 +224,8 @@ typedef struct kvb__addr {
     int have_info;
     kvb_bootstrap_parallel_info_t info;
     int dialect;     /* KVB__DIALECT_* the server answered in: the ZeroMQ dialect to its ranks */
+    int32_t cp_size; /* the prefill's attention CP size (seed 001: 1): its status ranks are
+                        tp*(pp*cp) + pp*cp + cp; only CP rank 0 sends (spec 7.7) */
     int follow_room; /* 2026 follow_bootstrap_room (seed 001: 1): DP group = room % dp_size;
                         else the group the prefill registered for the room (/query_dp_ranks) */
     kvb_plan_h plan; /* prefill rank 0 layout × this decode rank */

@@ -168,6 +168,7 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
         a->dialect =
             ext.dialect == KVB_BOOTSTRAP_DIALECT_2026 ? KVB__DIALECT_2026 : KVB__DIALECT_2025;
         a->follow_room = ext.follow_bootstrap_room;
+        a->cp_size = ext.attn_cp_size > 0 ? ext.attn_cp_size : 1;
         a->plan = plan;
         a->have_info = 1;
         a->failures = 0;
@@ -934,19 +935,23 @@ static bool is_source(const kvb__room_t *r, uint32_t key)
     return r->n_src == 0;
 }
 
-/* m->mu held. Record that prefill rank (tp * pp_size + pp; the 2026 rank
- * is the same with CP size 1) answered for the room: a terminal status, or
- * a drained abort ack (what says). false when it had answered already, or
- * is no source of the room (logged: any peer on the PULL socket could
- * otherwise end a room before its bytes landed). */
+/* m->mu held. Record that prefill rank (seed 001: tp * pp_size + pp; 2026:
+ * tp * (pp_size * cp_size) + pp * cp_size + cp, the same with CP size 1)
+ * answered for the room: a terminal status, or a drained abort ack (what
+ * says). false when it had answered already, or is no source of the room
+ * (a CP rank other than 0 never is; logged: any peer on the PULL socket
+ * could otherwise end a room before its bytes landed). */
 static bool record_response(struct kvb_manager *m, kvb__room_t *r, int32_t rank, const char *what)
 {
-    int32_t pp_size = 1;
+    int32_t pp_size = 1, cp_size = 1;
     kvb__addr_t *a = r->bootstrap_addr ? addr_get(m, r->bootstrap_addr) : NULL;
     if (a != NULL && a->have_info && a->info.pp_size > 0)
         pp_size = a->info.pp_size;
-    uint32_t key = src_key((uint32_t)(rank / pp_size), (uint32_t)(rank % pp_size));
-    if (!is_source(r, key)) {
+    if (a != NULL && a->have_info && a->cp_size > 1)
+        cp_size = a->cp_size;
+    int32_t base = rank / cp_size;
+    uint32_t key = src_key((uint32_t)(base / pp_size), (uint32_t)(base % pp_size));
+    if (rank % cp_size != 0 || !is_source(r, key)) {
         KVB_LOGW("manager %s: room %llu: %s from prefill rank %d, which is not one of its "
                  "sources: ignored",
                  m->endpoint, (unsigned long long)r->id, what, (int)rank);

@@ -121,3 +121,40 @@ def test_dsa_layer_split_is_refused(decode):
         "(enable_dsa_cache_layer_split); kvbridge pulls every layer from CP rank 0"
     ), reason
     assert not p0.poll(200) and not p1.poll(100)
+
+
+def test_cp2_prefill_status_ranks(decode):
+    """Prefill TP 2 x CP 2 (no DSA split): only CP rank 0 of each TP rank
+    transfers (spec 7.7); its status carries prefill_unique_rank
+    tp * (pp * cp) + pp * cp + cp (spec 1), i.e. 0 and 2 here. A status
+    from a CP rank 1 counts for nothing."""
+    h, pull = decode
+    boot = h.info["boot"]
+    socks = {}
+    for tp in range(2):
+        for cp in range(2):
+            s, port = pull()
+            socks[(tp, cp)] = s
+            r = requests.put(f"http://{boot}/route", json={
+                "attn_tp_size": 2, "attn_tp_rank": tp, "attn_cp_size": 2, "attn_cp_rank": cp,
+                "attn_dp_size": 1, "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0,
+                "system_dp_size": 1, "system_dp_rank": 0, "rank_ip": LOCAL_IP,
+                "rank_port": port, "page_size": 4, "kv_cache_dtype": "auto"}, timeout=5)
+            assert r.status_code == 200, r.text
+    room = 8301
+    h.cmd(f"recv {room} 1 0 2 5 6")
+    assert h.line("recv", room) == "2"
+    for tp in range(2):  # non-MLA TP 2 -> TP 1: both TP ranks are real sources
+        assert recv_frames(socks[(tp, 0)])[0] == b"None"
+        assert recv_frames(socks[(tp, 0)])[0] == dec(room)
+        assert not socks[(tp, 1)].poll(100), "a CP rank 1 was targeted"
+    ctl_host, ctl_port = h.info["ctl"].rsplit(":", 1)
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(f"tcp://{ctl_host}:{ctl_port}")
+    push.send_multipart([dec(room), b"4", b"0"])  # tp 0 cp 0
+    push.send_multipart([dec(room), b"4", b"1"])  # tp 0 cp 1: no source
+    assert poll(h, room, 0.3)[0] == 2
+    push.send_multipart([dec(room), b"4", b"2"])  # tp 1 cp 0
+    assert poll(h, room, 5) == (4, 1, "")
+    push.close()
