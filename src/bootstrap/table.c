@@ -51,6 +51,11 @@ static size_t lower_bound(const kvb__boot_table_t *t, int64_t dp, int64_t cp, in
     return lo;
 }
 
+bool kvb__boot_table_legacy(const kvb__boot_table_t *t)
+{
+    return t->n_legacy > 0;
+}
+
 const kvb__boot_entry_t *kvb__boot_table_find(const kvb__boot_table_t *t, int64_t dp, int64_t cp,
                                               int64_t tp, int64_t pp)
 {
@@ -154,6 +159,7 @@ kvb_status_t kvb__boot_table_apply(kvb__boot_table_t *t, const kvb__boot_reg_t *
         t->prefill_http_port = reg->prefill_http_port;
     if (exists) {
         free(t->entries[pos].rank_ip);
+        t->n_legacy -= !t->entries[pos].v2026;
     } else {
         memmove(&t->entries[pos + 1], &t->entries[pos], (t->count - pos) * sizeof(*t->entries));
         t->count++;
@@ -165,6 +171,8 @@ kvb_status_t kvb__boot_table_apply(kvb__boot_table_t *t, const kvb__boot_reg_t *
     t->entries[pos].rank_ip = ip;
     t->entries[pos].rank_port = reg->rank_port;
     t->entries[pos].kvbridge = reg->kvbridge;
+    t->entries[pos].v2026 = reg->v2026;
+    t->n_legacy += !reg->v2026;
     json_decref(t->layout);
     t->layout = layout;
     return KVB_OK;

@@ -19,7 +19,9 @@ shared transfer engine, the runtime context):
                                      was written)
 
 `run` (the driver) runs every case and prints one line per case and
-"N passed, N failed".
+"N passed, N failed". `run-0.5.2` runs CASES_OLD with SGLang 0.5.2rc2's
+connector (the seed-001 dialect, sglang_old.py; its own venv) as the SGLang
+side: the roles read INTEROP_SGLANG=0.5.2rc2.
 """
 
 import json
@@ -51,6 +53,8 @@ N_KV = LAYERS if MLA else 2 * LAYERS
 HEADS_ARG = 1 if MLA else HEADS
 DEADLINE_S = 60.0
 ABORT_ACK_S = 10.0  # an ABORT_ACK must come well before SGLang's 30 s release timeout
+# The SGLang side is 0.5.2rc2's connector (seed-001 dialect, sglang_old.py).
+OLD = os.environ.get("INTEROP_SGLANG") == "0.5.2rc2"
 
 
 def out(obj):
@@ -182,8 +186,17 @@ def reason_of(obj):
     return ""
 
 
+def old():
+    sys.path.insert(0, HERE)
+    import sglang_old
+
+    return sglang_old
+
+
 def role_boot(kind):
-    if kind == "sglang":
+    if kind == "sglang" and OLD:
+        srv, addr = old().boot()
+    elif kind == "sglang":
         _, mc, _, _ = sglang_setup()
         import socket
 
@@ -218,7 +231,9 @@ def role_prefill(kind, boot, room):
 
     kv, aux = buffers(np, fill_room=room)
     n = len(SRC_PAGES)
-    if kind == "sglang":
+    if kind == "sglang" and OLD:
+        old().prefill(sys.modules[__name__], boot, room)
+    elif kind == "sglang":
         stubs, mc, KVArgs, mte = sglang_setup(int(boot.rsplit(":", 1)[1]))
         from sglang.srt.disaggregation.base.conn import KVPoll
         from sglang.srt.disaggregation.utils import DisaggregationMode
@@ -285,6 +300,9 @@ def role_decode(kind, boot, room):
     import numpy as np
 
     kv, aux = buffers(np)
+    if kind == "sglang" and OLD:
+        old().decode(sys.modules[__name__], boot, room)
+        return
     if kind == "sglang":
         stubs, mc, KVArgs, mte = sglang_setup()
         from sglang.srt.disaggregation.base.conn import KVPoll
@@ -447,27 +465,33 @@ CASES = [
     ("kvbridge_decode_aborts__sglang_prefill", "sglang", "sglang", "kvbridge", "abort", 2),
 ]
 
+# The seed-001 dialect: SGLang 0.5.2rc2 against kvbridge's defaults (its
+# decode falls back to the 2025 dialect on the old server's 400, its prefill's
+# union registration is what the old server reads). No abort cases: seed 001
+# has no abort message.
+CASES_OLD = [c for c in CASES if "abort" not in c[0] and not c[0].startswith("mla_")]
+
 # Strict expected failures (as ctest's known_bug label): reported XFAIL while
 # they fail, and a failure of the suite (XPASS) once they pass, so that the
 # entry and docs/testing.md get updated.
 KNOWN = {}
 
 
-def driver(outdir, only=None):
+def driver(outdir, only=None, cases=CASES):
     """A kill case counts only when the same pair moved verified bytes in
     its transfer case (else its Failed could have another cause)."""
     os.makedirs(outdir, exist_ok=True)
     env = dict(os.environ, INTEROP_OUT=outdir)
     passed = failed = 0
     results = {}
-    for i, (name, boot, pre, dec, kill, needs) in enumerate(CASES):
+    for i, (name, boot, pre, dec, kill, needs) in enumerate(cases):
         if only and only not in name:
             continue
         t0 = time.monotonic()
         ok, detail = run_case(name, boot, pre, dec, 1000 + i, env, kill)
         if ok and needs is not None and results.get(needs) is not True:
             ok = False
-            detail = f"not counted: its transfer case {CASES[needs][0]} did not pass; {detail}"
+            detail = f"not counted: its transfer case {cases[needs][0]} did not pass; {detail}"
         results[i] = ok
         dt = time.monotonic() - t0
         word = "PASS" if ok else "FAIL"
@@ -485,6 +509,9 @@ def main(argv):
     role = argv[0]
     if role == "run":
         return driver(argv[1], argv[2] if len(argv) > 2 else None)
+    if role == "run-0.5.2":
+        os.environ["INTEROP_SGLANG"] = "0.5.2rc2"
+        return driver(argv[1], argv[2] if len(argv) > 2 else None, CASES_OLD)
     if role == "boot":
         role_boot(argv[1])
     elif role == "prefill":
