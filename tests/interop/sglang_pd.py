@@ -405,6 +405,12 @@ class Proc:
         self.p.wait()
 
 
+def stop_all(procs):
+    for p in reversed(procs):
+        if p.p.poll() is None:
+            p.stop()
+
+
 def run_tp2(boot_kind, prefill_kind, decode_kind, room, env):
     """Transfer from two prefill ranks (attention TP 2, one KV head each) to
     a TP1 decode (both heads): every byte of the decode's pages checked."""
@@ -436,9 +442,7 @@ def run_tp2(boot_kind, prefill_kind, decode_kind, room, env):
     except Exception as e:
         return False, f"{type(e).__name__}: {e}"
     finally:
-        for p in reversed(procs):
-            if p.p.poll() is None:
-                p.stop()
+        stop_all(procs)
 
 
 def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
@@ -496,9 +500,7 @@ def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
     except Exception as e:
         return False, f"{type(e).__name__}: {e}"
     finally:
-        for p in reversed(procs):
-            if p.p.poll() is None:
-                p.stop()
+        stop_all(procs)
 
 
 CASES = [

@@ -6,31 +6,21 @@ that rank its extension frames; any other rank's answer is exactly
 {rank_ip, rank_port}; the 2026 parallel info never carries it (SGLang's
 decode builds PrefillServerInfo(**data), spec 3.3, and would raise)."""
 
-import os
-import re
-import signal
-import subprocess
-
 import pytest
 import requests
 
-from test_bootstrap_2026 import PrefillServerInfo, parallel_info, put_2026, register
-
-BIN = os.environ.get("KVBRIDGE_BIN", "kvbridge")
-LISTEN_RE = re.compile(r"^listening on (.+):(\d+)$")
+from test_bootstrap_2026 import (  # noqa: F401 (server is a fixture)
+    PrefillServerInfo,
+    parallel_info,
+    put_2026,
+    register,
+    server,
+)
 
 
 @pytest.fixture
-def boot():
-    env = dict(os.environ)
-    env.pop("KVBRIDGE_BOOTSTRAP_TOKEN", None)
-    proc = subprocess.Popen([BIN, "bootstrap", "--host", "127.0.0.1", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    m = LISTEN_RE.match(proc.stdout.readline().strip())
-    assert m
-    yield f"{m.group(1)}:{m.group(2)}"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=10) == 0
+def boot(server):  # noqa: F811
+    return server
 
 
 def rank26(boot, tp):

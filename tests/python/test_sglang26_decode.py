@@ -21,7 +21,7 @@ import pytest
 import requests
 import zmq
 
-from sglang26_peer import HELPER, Helper, dec, i32s, recv_frames, u64s
+from sglang26_peer import HELPER, Helper, dec, i32s, poll, recv_frames, refused_at_init, u64s
 
 pytestmark = pytest.mark.skipif(
     not HELPER or not os.path.exists(HELPER), reason="KVBRIDGE_SGLANG26_HELPER not set"
@@ -136,12 +136,6 @@ def check_transfer(frames, h, room, pages, aux, prefix, ext, required=1):
     assert len(frames) == 10, frames
     return None
 
-
-def poll(h, room, secs):
-    h.cmd(f"poll {room} {secs}")
-    rest = h.line("poll", room)
-    status, safe, reason = (rest.split(" ", 2) + ["", ""])[:3]
-    return int(status), int(safe), reason
 
 
 def test_tp1_success_and_abort(env):
@@ -318,10 +312,7 @@ def test_seed001_plain_prefill_gets_plain_frames(env):
     assert (status, safe, reason) == (0, 1, "Aborted by AbortReq."), reason
 
     room = 7502  # 8 prefix tokens: 2 pages of 4
-    h.cmd(f"recv {room} 3 8 3 5 6 7")
-    assert h.line("recv", room) == "0"
-    status, safe, reason = poll(h, room, 1)
-    assert status == 0 and safe == 1, reason
+    reason = refused_at_init(h, room, "3 8 3 5 6 7")
     assert reason == (
         f"room {room}: a decode prefix (kvbridge's extension) has no form in seed 001's "
         f"transfer info without kvbridge extensions, and prefill {LOCAL_IP}:{p.port} did not "

@@ -10,7 +10,7 @@ import pytest
 import requests
 import zmq
 
-from sglang26_peer import HELPER, Helper, dec, recv_frames
+from sglang26_peer import HELPER, Helper, dec, poll, recv_frames, refused_at_init
 
 pytestmark = pytest.mark.skipif(
     not HELPER or not os.path.exists(HELPER), reason="KVBRIDGE_SGLANG26_HELPER not set"
@@ -54,12 +54,6 @@ def decode():
     ctx.term()
 
 
-def poll(h, room, secs):
-    h.cmd(f"poll {room} {secs}")
-    status, safe, reason = (h.line("poll", room).split(" ", 2) + ["", ""])[:3]
-    return int(status), int(safe), reason
-
-
 def test_rooms_follow_the_registered_dp_group(decode):
     h, pull = decode
     boot = h.info["boot"]
@@ -80,10 +74,7 @@ def test_rooms_follow_the_registered_dp_group(decode):
     # A room no prefill registered: the decode asks for a bounded time, then
     # fails the room with the reason; nothing is sent.
     room = 8002
-    h.cmd(f"recv {room} 1 0 1 7")
-    assert h.line("recv", room) == "0"
-    status, safe, reason = poll(h, room, 1)
-    assert status == 0 and safe == 1, reason
+    reason = refused_at_init(h, room, "1 0 1 7")
     assert reason == (
         f"prefill DP group of room {room} unknown at bootstrap server {boot} after 5 s "
         "(follow_bootstrap_room is false there: the prefill must POST /register_dp_rank)"
