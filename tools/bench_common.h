@@ -64,6 +64,8 @@ typedef struct bench_opts {
     /* rank processes (set by the driver) */
     int tp_rank, pp_rank, dp_rank;
     long long pool_pages, wave;
+    bool cuda;       /* --memory cuda: pools in device memory (bench_cuda.c) */
+    int cuda_device; /* --device N */
 } bench_opts_t;
 
 /* What one rank holds. */
@@ -113,6 +115,11 @@ typedef struct bench_pool {
     uint64_t nfree;
     uint64_t rng;
     uint8_t *scratch;
+    /* --memory cuda: kv_ptrs are device memory; the pattern lives in the
+     * host mirror host_ptrs (else NULL) */
+    uint64_t *host_ptrs;
+    unsigned long long dev;
+    int device;
 } bench_pool_t;
 
 bool bench_pool_init(bench_pool_t *p, const bench_rank_geom_t *g, uint64_t pages,
@@ -129,6 +136,19 @@ void bench_fill(bench_pool_t *p, int page, uint64_t room, const int32_t *pages, 
 uint64_t bench_verify(bench_pool_t *p, int page, uint64_t room, const int32_t *pages, uint32_t n,
                       int64_t aux);
 
+/* ---- CUDA device memory (bench_cuda.c) ---- */
+
+/* Move p's KV buffers to device memory (host memory stays as the mirror). */
+bool bench_pool_cuda(bench_pool_t *p, int device, char *why, size_t wl);
+void bench_pool_cuda_free(bench_pool_t *p);
+/* Pages of every KV buffer: mirror to device (after a fill) or back. */
+bool bench_pool_cuda_sync(bench_pool_t *p, const int32_t *pages, uint32_t n, bool to_device);
+/* Device-to-device copy of one request's volume in item_len runs, GB/s. */
+double bench_cuda_memcpy_gbps(const bench_opts_t *o, uint64_t item_len);
+/* The driver library used, and whether it is the test double. */
+const char *bench_cuda_driver(void);
+bool bench_cuda_is_double(void);
+
 /* ---- report (bench_report.c) ---- */
 
 /* --resource-report: one process, after warm-up (0) and at the end (1). */
@@ -144,6 +164,7 @@ typedef struct bench_report {
     double seconds;           /* wall time of the transfer phases */
     double memcpy_gbps;       /* memcpy of one request's bytes */
     double memcpy_pages_gbps; /* the same in page runs between random slots */
+    double cuda_memcpy_gbps;  /* --memory cuda: device to device, page runs */
     double tcp_gbps;          /* raw loopback TCP stream (--transport tcp), else 0 */
     double plan_us;           /* planner time per request (all rank pairs), -1 unknown */
     double *lat_ms;           /* per finished request */

@@ -75,6 +75,7 @@ bool bench_pool_init(bench_pool_t *p, const bench_rank_geom_t *g, uint64_t pages
 
 void bench_pool_free(bench_pool_t *p)
 {
+    bench_pool_cuda_free(p);
     kvb_eb_free_shared(p->base);
     free(p->kv_ptrs);
     free(p->kv_lens);
@@ -104,7 +105,8 @@ void bench_pages_give(bench_pool_t *p, const int32_t *pages, uint32_t n)
 static uint8_t *cell(const bench_pool_t *p, int b, int32_t page, int s, int lh)
 {
     const bench_rank_geom_t *g = &p->g;
-    return (uint8_t *)(uintptr_t)p->kv_ptrs[b] + (uint64_t)page * g->item_len +
+    const uint64_t *ptrs = p->host_ptrs != NULL ? p->host_ptrs : p->kv_ptrs; /* mirror */
+    return (uint8_t *)(uintptr_t)ptrs[b] + (uint64_t)page * g->item_len +
            (uint64_t)s * g->row_bytes + (uint64_t)lh * g->head_bytes;
 }
 
@@ -162,10 +164,14 @@ void bench_fill(bench_pool_t *p, int page, uint64_t room, const int32_t *pages, 
                 int64_t aux)
 {
     pass(p, page, room, pages, n, aux, false);
+    if (p->host_ptrs != NULL)
+        bench_pool_cuda_sync(p, pages, n, true);
 }
 
 uint64_t bench_verify(bench_pool_t *p, int page, uint64_t room, const int32_t *pages, uint32_t n,
                       int64_t aux)
 {
+    if (p->host_ptrs != NULL && !bench_pool_cuda_sync(p, pages, n, false))
+        return UINT64_MAX;
     return pass(p, page, room, pages, n, aux, true);
 }

@@ -127,6 +127,12 @@ static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int p
     }
     arg(a, "--transport");
     arg(a, "%s", bench_transport_name(o->transport));
+    if (o->cuda) {
+        arg(a, "--memory");
+        arg(a, "cuda");
+        arg(a, "--device");
+        arg(a, "%d", o->cuda_device);
+    }
     arg(a, "--host");
     arg(a, "%s", o->host);
     if (o->m.mla)

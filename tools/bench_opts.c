@@ -38,6 +38,9 @@ static void usage(FILE *out)
             "  --page-size P         tokens per page (default 16)\n"
             "  --chunk T             tokens per sender_send (default: whole prompt)\n"
             "  --transport auto|tcp|shm   engine lane (default auto)\n"
+            "  --memory host|cuda    KV pools in host or CUDA device memory (default host;\n"
+            "                        cuda: adds cuda_memcpy_gbps, a device-to-device yardstick)\n"
+            "  --device N            CUDA device of every rank (default 0)\n"
             "  --seed S              rooms, page choice and pattern seed (default 1)\n"
             "output:\n"
             "  --json FILE           also write the report as one JSON object\n"
@@ -126,6 +129,7 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
 {
     long long page = o->page, ptp = o->ptp, dtp = o->dtp, ppp = o->ppp, dp = o->dp;
     long long tpr = o->tp_rank, ppr = o->pp_rank, dpr = o->dp_rank, tmo = (long long)o->timeout_s;
+    long long cdev = o->cuda_device;
     const struct {
         const char *name;
         long long min, max, *dst;
@@ -148,7 +152,8 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
              {"--dp-rank", 0, 16, &dpr},
              {"--pool-pages", 1, 1LL << 30, &o->pool_pages},
              {"--wave", 1, 1000000, &o->wave},
-             {"--timeout", 1, 86400, &tmo}};
+             {"--timeout", 1, 86400, &tmo},
+             {"--device", 0, 63, &cdev}};
     size_t i = 0, n = sizeof(t) / sizeof(t[0]);
     while (i < n && strcmp(a, t[i].name) != 0)
         i++;
@@ -164,6 +169,7 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
     o->pp_rank = (int)ppr;
     o->dp_rank = (int)dpr;
     o->timeout_s = (double)tmo;
+    o->cuda_device = (int)cdev;
     return true;
 }
 
@@ -200,6 +206,14 @@ static int parse_one(bench_opts_t *o, overrides_t *w, int argc, char **argv, int
         return ok ? 0 : 2;
     if (strcmp(a, "--transport") == 0)
         return parse_transport(v, &o->transport) ? 0 : 2;
+    if (strcmp(a, "--memory") == 0) {
+        if (v == NULL || (strcmp(v, "host") != 0 && strcmp(v, "cuda") != 0)) {
+            fprintf(stderr, "kvbridge: --memory must be host or cuda\n");
+            return 2;
+        }
+        o->cuda = strcmp(v, "cuda") == 0;
+        return 0;
+    }
     if (strcmp(a, "--role") == 0)
         return parse_role(v, o) ? 0 : 2;
     if (strcmp(a, "--abort-rate") == 0)

@@ -2,6 +2,7 @@
  * decode rank (engine, KV pool registered once by its manager, senders or
  * receivers), each driven over stdin/stdout (protocol in bench_common.h). */
 #include "bench_common.h"
+#include "engine/cuda_drv.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -245,6 +246,11 @@ static bool rank_start(rank_t *r)
         bench_say("error cannot allocate a KV pool of %lld pages", o->pool_pages);
         return false;
     }
+    char why[300];
+    if (o->cuda && !bench_pool_cuda(&r->pool, o->cuda_device, why, sizeof(why))) {
+        bench_say("error --memory cuda: %s", why);
+        return false;
+    }
     ep.field_mask = KVB_ENGINE_PARAM_HOST | KVB_ENGINE_PARAM_TRANSPORT;
     ep.host = o->host;
     ep.transport = o->transport;
@@ -364,7 +370,10 @@ static void cmd_verify(rank_t *r, uint64_t id)
         /* test hook: one flipped byte must make this request fail */
         uint8_t *p =
             (uint8_t *)(uintptr_t)r->pool.kv_ptrs[0] + (uint64_t)rm->pages[0] * r->pool.g.item_len;
-        p[0] ^= 0x5a;
+        uint8_t v; /* through the driver when the pool is device memory */
+        kvb__mem_copy(&v, p, 1);
+        v ^= 0x5a;
+        kvb__mem_copy(p, &v, 1);
         r->corrupted = true;
     }
     uint64_t bad = bench_verify(&r->pool, r->o->page, id, rm->pages, rm->n, rm->aux);

@@ -216,6 +216,8 @@ void bench_baselines(const bench_opts_t *o, bench_report_t *rep)
         rep->memcpy_pages_gbps = memcpy_pages_gbps(g.item_len, volume);
         if (o->transport == KVB_TRANSPORT_TCP && o->role == BENCH_ROLE_ALL)
             rep->tcp_gbps = tcp_gbps(o->host, b, a, buf);
+        if (o->cuda)
+            rep->cuda_memcpy_gbps = bench_cuda_memcpy_gbps(o, g.item_len);
     }
     kvb_eb_free(a, buf);
     kvb_eb_free(b, buf);
@@ -285,6 +287,11 @@ static void print_table(const bench_opts_t *o, const bench_report_t *r)
     if (o->transport == KVB_TRANSPORT_TCP)
         printf("  %-22s %.2f GB/s (ratio %.2f)\n", "raw TCP loopback", r->tcp_gbps,
                r->tcp_gbps > 0 ? g / r->tcp_gbps : 0);
+    if (o->cuda)
+        printf("  %-22s %.2f GB/s (ratio %.2f), device %d, driver %s%s\n", "CUDA device to device",
+               r->cuda_memcpy_gbps, r->cuda_memcpy_gbps > 0 ? g / r->cuda_memcpy_gbps : 0,
+               o->cuda_device, bench_cuda_driver(),
+               bench_cuda_is_double() ? " (TEST DOUBLE: proves plumbing, not GPU speed)" : "");
     printf("  %-22s p50 %.2f  p90 %.2f  p99 %.2f\n", "latency ms", pct(r, 50), pct(r, 90),
            pct(r, 99));
     printf("  %-22s %.1f us per request\n", "planner", r->plan_us);
@@ -344,6 +351,16 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
             r->memcpy_pages_gbps > 0 ? g / r->memcpy_pages_gbps : 0);
     if (o->transport == KVB_TRANSPORT_TCP)
         fprintf(f, "\"tcp_gbps\": %.4f, ", r->tcp_gbps);
+    if (o->cuda) {
+        fprintf(f,
+                "\"memory\": \"cuda\", \"cuda_device\": %d, \"cuda_memcpy_gbps\": %.4f, "
+                "\"cuda_ratio\": %.4f, \"cuda_test_double\": %s, \"cuda_driver\": ",
+                o->cuda_device, r->cuda_memcpy_gbps,
+                r->cuda_memcpy_gbps > 0 ? g / r->cuda_memcpy_gbps : 0,
+                bench_cuda_is_double() ? "true" : "false");
+        json_str(f, bench_cuda_driver());
+        fprintf(f, ", ");
+    }
     if (r->nres > 0) {
         json_res(f, r, "rss_kib", true);
         json_res(f, r, "fds", false);

@@ -27,9 +27,14 @@ typedef enum kvb_transport {
     KVB_TRANSPORT_SHM = 2
 } kvb_transport_t;
 
-/* Memory kind of a registration. Only HOST is supported in this build;
- * CUDA registrations return KVB_ERR_UNSUPPORTED. */
-typedef enum kvb_mem_type { KVB_MEM_HOST = 0, KVB_MEM_CUDA = 1 } kvb_mem_type_t;
+/* Memory kind of a registration. CUDA: device memory of the CUDA driver API
+ * (cuMemAlloc, PyTorch's caching allocator, VMM), moved with the driver
+ * loaded at run time (dlopen "libcuda.so.1", or the library
+ * KVBRIDGE_CUDA_LIB names): without a driver, registering it fails
+ * KVB_ERR_UNSUPPORTED naming why. AUTO: the engine asks the driver
+ * (cuPointerGetAttribute) and takes HOST for memory the driver does not know
+ * (or without a driver). docs/engine.md "CUDA device memory". */
+typedef enum kvb_mem_type { KVB_MEM_HOST = 0, KVB_MEM_CUDA = 1, KVB_MEM_AUTO = 2 } kvb_mem_type_t;
 
 enum kvb_engine_param_field {
     KVB_ENGINE_PARAM_HOST = 1u << 0,
@@ -120,13 +125,46 @@ typedef struct kvb_mem_region {
 
 /* Register [addr, addr+length) as a source and as a destination peers may
  * write. A range overlapping a registered one → KVB_ERR_OVERLAP; zero length
- * or NULL → KVB_ERR_INVALID. Peers see the new table on their next write. */
+ * or NULL → KVB_ERR_INVALID. Peers see the new table on their next write.
+ * KVB_MEM_CUDA: the range must lie inside one device allocation
+ * (KVB_ERR_INVALID otherwise, also for host memory); KVB_ERR_UNSUPPORTED
+ * without a CUDA driver. */
 KVB_API kvb_status_t kvb_engine_register(kvb_engine_h engine, void *addr, size_t length,
                                          kvb_mem_type_t mem_type);
 
 /* All-or-nothing batch: on error nothing of the batch stays registered. */
 KVB_API kvb_status_t kvb_engine_register_batch(kvb_engine_h engine, const kvb_mem_region_t *regions,
                                                size_t count);
+
+/* A region with the fields that came later; only those named in field_mask
+ * are read (the others: defaults). */
+enum kvb_mem_region_field {
+    KVB_MEM_REGION_FIELD_DEVICE = 1u << 0, /* device (default: any) */
+};
+
+typedef struct kvb_mem_region_ex {
+    uint64_t field_mask;
+    void *addr;
+    size_t length;
+    kvb_mem_type_t mem_type; /* HOST, CUDA or AUTO */
+    int device;              /* CUDA: the ordinal the caller expects the memory on
+                                (in this process); another one → KVB_ERR_INVALID */
+} kvb_mem_region_ex_t;
+
+/* As kvb_engine_register_batch. region_size: sizeof(kvb_mem_region_ex_t) as
+ * the caller was compiled (the array's stride), so a later, longer struct
+ * keeps older callers working; smaller than this version's first fields →
+ * KVB_ERR_INVALID. */
+KVB_API kvb_status_t kvb_engine_register_ex(kvb_engine_h engine, const kvb_mem_region_ex_t *regions,
+                                            size_t count, size_t region_size);
+
+/* What memory addr is: *type_p HOST or CUDA (then *device_p its ordinal in
+ * this process, else -1). HOST without a CUDA driver. Thread-safe. */
+KVB_API kvb_status_t kvb_mem_query(const void *addr, kvb_mem_type_t *type_p, int *device_p);
+
+/* Is the CUDA driver loaded (1) or not (0)? Loads it on first call; why, when
+ * not NULL, gets the reason it is not (valid for the process's life). */
+KVB_API int kvb_cuda_available(const char **why_p);
 
 /* Unregister the region that starts at addr; unknown → KVB_ERR_NOT_FOUND.
  * Waits until no incoming message-lane write into it is in progress, at most

@@ -29,7 +29,7 @@ from .conn import (
     KVSender,
     KVTransferError,
 )
-from .engine import SharedMemory, TransferEngine, TransferHandle
+from .engine import SharedMemory, TransferEngine, TransferHandle, cuda_available, mem_query
 
 __version__ = "0.1.0"
 
@@ -48,8 +48,10 @@ __all__ = [
     "TransferEngine",
     "TransferHandle",
     "compat_path",
+    "cuda_available",
     "library_path",
     "load_library",
+    "mem_query",
     "set_log_level",
     "version",
 ]

@@ -109,6 +109,10 @@ class MemRegion(ctypes.Structure):
     _fields_ = [("addr", ctypes.c_void_p), ("length", ctypes.c_size_t), ("mem_type", ctypes.c_int)]
 
 
+MEM_HOST, MEM_CUDA, MEM_AUTO = 0, 1, 2
+MEM_TYPES = {"host": MEM_HOST, "cuda": MEM_CUDA, "auto": MEM_AUTO}
+
+
 class Block(ctypes.Structure):
     _fields_ = [("src", ctypes.c_uint64), ("dst", ctypes.c_uint64), ("len", ctypes.c_uint64)]
 
@@ -262,6 +266,8 @@ _PROTOTYPES = {
     "kvb_engine_last_error": (ctypes.c_char_p, [_P]),
     "kvb_engine_register": (_S, [_P, _P, ctypes.c_size_t, ctypes.c_int]),
     "kvb_engine_register_batch": (_S, [_P, ctypes.POINTER(MemRegion), ctypes.c_size_t]),
+    "kvb_mem_query": (_S, [_P, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]),
+    "kvb_cuda_available": (ctypes.c_int, [ctypes.POINTER(ctypes.c_char_p)]),
     "kvb_engine_unregister": (_S, [_P, _P]),
     "kvb_engine_unregister_batch": (_S, [_P, ctypes.POINTER(_P), ctypes.c_size_t]),
     "kvb_engine_write": (_S, [_P, ctypes.c_char_p, ctypes.POINTER(Block), ctypes.c_size_t,
@@ -549,17 +555,62 @@ def as_str(v, name, allow_none=False):
     return v
 
 
-def int_list(v, name, lo=0, hi=U64_MAX):
+def cuda_array(v):
+    """(pointer, bytes) of an object with __cuda_array_interface__ (a PyTorch
+    CUDA tensor, a CuPy or Numba array), or None for anything else. Only
+    C-contiguous memory has one range to register or write."""
+    cai = getattr(v, "__cuda_array_interface__", None)
+    if cai is None:
+        return None
+    try:
+        ptr = int(cai["data"][0])
+        shape = tuple(int(x) for x in cai["shape"])
+        itemsize = int(cai["typestr"][2:])
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise InvalidArgument(f"malformed __cuda_array_interface__ of {type(v).__name__}") \
+            from None
+    n = itemsize
+    for x in shape:
+        n *= x
+    strides = cai.get("strides")
+    if strides is not None:
+        want, expect = tuple(int(x) for x in strides), []
+        step = itemsize
+        for x in reversed(shape):
+            expect.insert(0, step)
+            step *= x
+        if n > 0 and any(a != b for a, b, d in zip(want, expect, shape) if d > 1):
+            raise InvalidArgument(f"{type(v).__name__} is not C-contiguous device memory")
+    return ptr, n
+
+
+def as_ptr(v, name):
+    """A raw address (int; device pointers included) or the start of an
+    object with __cuda_array_interface__."""
+    c = cuda_array(v)
+    return as_int(v, name, 1, U64_MAX) if c is None else as_int(c[0], name, 1, U64_MAX)
+
+
+def _items(v, name, what):
     if v is None:
         return []
     if isinstance(v, (str, bytes)):
-        raise InvalidArgument(f"{name} must be a sequence of integers")
+        raise InvalidArgument(f"{name} must be a sequence of {what}")
     try:
-        items = list(v)
+        return list(v)
     except TypeError:
-        raise InvalidArgument(f"{name} must be a sequence of integers, "
+        raise InvalidArgument(f"{name} must be a sequence of {what}, "
                               f"not {type(v).__name__}") from None
-    return [as_int(x, f"{name}[{i}]", lo, hi) for i, x in enumerate(items)]
+
+
+def ptr_list(v, name):
+    """int_list for addresses: each item an int or a __cuda_array_interface__ object."""
+    return [as_ptr(x, f"{name}[{i}]") for i, x in enumerate(_items(v, name, "addresses"))]
+
+
+def int_list(v, name, lo=0, hi=U64_MAX):
+    return [as_int(x, f"{name}[{i}]", lo, hi)
+            for i, x in enumerate(_items(v, name, "integers"))]
 
 
 def u64_array(values):

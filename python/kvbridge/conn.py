@@ -112,7 +112,9 @@ def _args_struct(args, is_mla, pp_rank, pp_size):
     def lst(name, lo=0):
         return L.int_list(getattr(args, name, None), f"KVArgs.{name}", lo)
 
-    kv_ptrs, kv_lens = lst("kv_data_ptrs", 1), lst("kv_data_lens", 1)
+    # addresses: host or CUDA device memory (the engine tells them apart), as
+    # ints or objects with __cuda_array_interface__ (PyTorch CUDA tensors)
+    kv_ptrs, kv_lens = L.ptr_list(args.kv_data_ptrs, "KVArgs.kv_data_ptrs"), lst("kv_data_lens", 1)
     if not kv_ptrs:
         raise InvalidArgument("KVArgs.kv_data_ptrs is empty")
     if len(kv_ptrs) != len(kv_lens):
@@ -132,8 +134,8 @@ def _args_struct(args, is_mla, pp_rank, pp_size):
                               f"{len(kv_ptrs)} buffers")
     groups = {}
     for g in ("aux", "state"):
-        p, n, i = (lst(f"{g}_data_ptrs", 1), lst(f"{g}_data_lens", 1),
-                   lst(f"{g}_item_lens", 1))
+        p, n, i = (L.ptr_list(getattr(args, f"{g}_data_ptrs", None), f"KVArgs.{g}_data_ptrs"),
+                   lst(f"{g}_data_lens", 1), lst(f"{g}_item_lens", 1))
         if not (len(p) == len(n) == len(i)):
             raise InvalidArgument(f"KVArgs.{g}_data_ptrs, {g}_data_lens and {g}_item_lens "
                                   f"differ in length ({len(p)}, {len(n)}, {len(i)})")

@@ -8,12 +8,36 @@ import weakref
 from . import _lib as L
 from ._lib import InvalidArgument, KVBridgeError
 
-__all__ = ["SharedMemory", "TransferEngine", "TransferHandle"]
+__all__ = ["SharedMemory", "TransferEngine", "TransferHandle", "cuda_available", "mem_query"]
+
+
+def _mem_type(v):
+    if v not in L.MEM_TYPES:
+        raise InvalidArgument(f"mem_type must be one of {sorted(L.MEM_TYPES)}, not {v!r}")
+    return L.MEM_TYPES[v]
+
+
+def cuda_available():
+    """(True, "") when the CUDA driver is loaded (KVBRIDGE_CUDA_LIB or
+    libcuda.so.1), else (False, why)."""
+    why = ctypes.c_char_p()
+    ok = L.lib().kvb_cuda_available(ctypes.byref(why))
+    return bool(ok), (why.value or b"").decode()
+
+
+def mem_query(ptr):
+    """("host", -1) or ("cuda", device ordinal) for an address or a
+    __cuda_array_interface__ object."""
+    t, d = ctypes.c_int(), ctypes.c_int()
+    st = L.lib().kvb_mem_query(L.as_ptr(ptr, "ptr"), ctypes.byref(t), ctypes.byref(d))
+    if st != L.KVB_OK:
+        raise KVBridgeError(st, "kvb_mem_query failed")
+    return ("cuda" if t.value == L.MEM_CUDA else "host"), d.value
 
 
 def _blocks(src_ptrs, dst_ptrs, lengths):
-    src = L.int_list(src_ptrs, "src_ptrs")
-    dst = L.int_list(dst_ptrs, "dst_ptrs")
+    src = L.ptr_list(src_ptrs, "src_ptrs")
+    dst = L.ptr_list(dst_ptrs, "dst_ptrs")
     lens = L.int_list(lengths, "lengths")
     if not (len(src) == len(dst) == len(lens)):
         raise InvalidArgument(f"src_ptrs, dst_ptrs and lengths differ in length "
@@ -122,19 +146,28 @@ class TransferEngine(L.Closeable):
             r = L.lib().kvb_engine_session_direct(self._h, sid)
         return None if r < 0 else bool(r)
 
-    def register(self, ptr, length):
-        """Register [ptr, ptr+length) of host memory; raises KVBridgeError
-        (overlap, bad range) with the library's message."""
-        ptr = L.as_int(ptr, "ptr", 1, L.U64_MAX)
+    def register(self, ptr, length=None, mem_type="auto"):
+        """Register [ptr, ptr+length); raises KVBridgeError (overlap, bad
+        range, device memory without a CUDA driver) with the library's
+        message. ptr: an address (host or CUDA device memory) or an object
+        with __cuda_array_interface__ (a PyTorch CUDA tensor: length defaults
+        to its size). mem_type: "auto" (the engine asks the CUDA driver),
+        "host" or "cuda"."""
+        c = L.cuda_array(ptr)
+        if length is None and c is not None:
+            length = c[1]
+        ptr = L.as_ptr(ptr, "ptr")
         length = L.as_int(length, "length", 1, L.U64_MAX)
+        mt = _mem_type(mem_type)
         with self._guard:
-            st = L.lib().kvb_engine_register(self._h, ptr, length, 0)
+            st = L.lib().kvb_engine_register(self._h, ptr, length, mt)
             if st != L.KVB_OK:
                 raise self._error(st, f"register {ptr:#x}+{length}")
 
-    def batch_register(self, ptrs, lengths):
-        """Register several regions, all or nothing."""
-        ptrs = L.int_list(ptrs, "ptrs", 1)
+    def batch_register(self, ptrs, lengths, mem_type="auto"):
+        """Register several regions (as `register`), all or nothing."""
+        ptrs = L.ptr_list(ptrs, "ptrs")
+        mt = _mem_type(mem_type)
         lengths = L.int_list(lengths, "lengths", 1)
         if len(ptrs) != len(lengths):
             raise InvalidArgument(f"ptrs and lengths differ in length "
@@ -143,7 +176,7 @@ class TransferEngine(L.Closeable):
             return
         regs = (L.MemRegion * len(ptrs))()
         for i, (p, n) in enumerate(zip(ptrs, lengths)):
-            regs[i].addr, regs[i].length, regs[i].mem_type = p, n, 0
+            regs[i].addr, regs[i].length, regs[i].mem_type = p, n, mt
         with self._guard:
             st = L.lib().kvb_engine_register_batch(self._h, regs, len(ptrs))
             if st != L.KVB_OK:

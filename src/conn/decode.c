@@ -2,6 +2,7 @@
  * (cached per address), KV-args registration, statuses and inline aux from
  * the prefill ranks, heartbeats, and the abort fence. */
 #include "conn/conn_int.h"
+#include "engine/cuda_drv.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -1021,10 +1022,10 @@ static void on_aux(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
     }
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, a.room);
-    if (r != NULL && r->status != KVB_POLL_FAILED)
-        memcpy((void *)(uintptr_t)(m->aux_ptrs[a.buffer_index] +
-                                   m->aux_items[a.buffer_index] * (uint64_t)a.aux_index),
-               a.payload, a.payload_len);
+    if (r != NULL && r->status != KVB_POLL_FAILED) /* aux may be device memory */
+        kvb__mem_copy((void *)(uintptr_t)(m->aux_ptrs[a.buffer_index] +
+                                          m->aux_items[a.buffer_index] * (uint64_t)a.aux_index),
+                      a.payload, a.payload_len);
     pthread_mutex_unlock(&m->mu);
 }
 

@@ -166,14 +166,17 @@ static kvb_status_t register_buffers(struct kvb_manager *m)
     kvb_status_t st;
     if (r == NULL)
         return KVB_ERR_NOMEM;
+    /* AUTO: buffers in CUDA device memory (PyTorch tensors) are found by the
+     * engine and moved by the driver; host memory as before (also without a
+     * driver). */
     for (uint32_t i = 0; i < m->args.num_kv; i++)
-        r[k++] = (kvb_mem_region_t){(void *)(uintptr_t)m->kv_ptrs[i], m->kv_lens[i], KVB_MEM_HOST};
+        r[k++] = (kvb_mem_region_t){(void *)(uintptr_t)m->kv_ptrs[i], m->kv_lens[i], KVB_MEM_AUTO};
     for (uint32_t i = 0; i < m->args.num_aux; i++)
         r[k++] =
-            (kvb_mem_region_t){(void *)(uintptr_t)m->aux_ptrs[i], m->aux_lens[i], KVB_MEM_HOST};
+            (kvb_mem_region_t){(void *)(uintptr_t)m->aux_ptrs[i], m->aux_lens[i], KVB_MEM_AUTO};
     for (uint32_t i = 0; i < m->args.num_state; i++)
         r[k++] =
-            (kvb_mem_region_t){(void *)(uintptr_t)m->state_ptrs[i], m->state_lens[i], KVB_MEM_HOST};
+            (kvb_mem_region_t){(void *)(uintptr_t)m->state_ptrs[i], m->state_lens[i], KVB_MEM_AUTO};
     st = kvb_engine_register_batch(m->engine, r, n);
     free(r);
     if (st != KVB_OK)

@@ -3,6 +3,7 @@
  * (async, one chunk planned while the previous is in flight), and reports
  * the room's outcome to the decode ranks once its writes have settled. */
 #include "conn/conn_int.h"
+#include "engine/cuda_drv.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -467,17 +468,22 @@ static void send_aux_inline(struct kvb_manager *m, job_t *j, const kvb__chunk_t 
     for (uint32_t b = 0; b < m->args.num_aux && b < j->reg->n_aux; b++) {
         kvb__frames_buf_t buf;
         kvb__frames_err_t e;
-        kvb__aux_msg_t a = {
-            c->room, (int32_t)b, j->dst_aux_index,
-            (const uint8_t *)(uintptr_t)(m->aux_ptrs[b] + m->aux_items[b] * (uint64_t)c->aux_index),
-            m->aux_items[b]};
+        /* a copy: the aux buffer may be device memory */
+        uint8_t *item = malloc(m->aux_items[b] ? m->aux_items[b] : 1);
+        kvb__aux_msg_t a = {c->room, (int32_t)b, j->dst_aux_index, item, m->aux_items[b]};
         kvb__frames_buf_init(&buf);
-        if (kvb__frames_encode_aux(&a, &e, &buf) != KVB_OK ||
+        if (item == NULL ||
+            kvb__mem_copy(item,
+                          (const void *)(uintptr_t)(m->aux_ptrs[b] +
+                                                    m->aux_items[b] * (uint64_t)c->aux_index),
+                          m->aux_items[b]) != KVB_OK ||
+            kvb__frames_encode_aux(&a, &e, &buf) != KVB_OK ||
             kvb__zsend(&m->zc, j->ip, j->port, &buf) != KVB_OK) {
             j->st = KVB_ERR_PEER;
             snprintf(j->why, sizeof(j->why), "inline aux to %s:%u not sent", j->ip, j->port);
         }
         kvb__frames_buf_free(&buf);
+        free(item);
     }
 }
 

@@ -19,6 +19,10 @@ typedef struct am_recv {
     uint64_t *pinned; /* segment start addresses pinned, one per descriptor */
     size_t npinned;
     ucp_dt_iov_t *iov;
+    uint32_t np;
+    int device;  /* a destination is device memory (this one's ordinal), else -1 */
+    void *stage; /* then: the payload is received here (pinned) and copied in */
+    size_t stage_len;
 } am_recv_t;
 
 static void ack_sent_cb(void *req, ucs_status_t status, void *user)
@@ -74,7 +78,7 @@ static void unpin(kvb_engine_h eng, const uint64_t *pinned, size_t n)
  * the segments; fills iov with the destination pieces (as many as the
  * parser counted). */
 static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint64_t *pinned,
-                                ucp_dt_iov_t *iov, char *why, size_t wl)
+                                ucp_dt_iov_t *iov, int *device_p, char *why, size_t wl)
 {
     kvb_status_t st = KVB_OK;
     uint32_t i;
@@ -94,6 +98,8 @@ static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd,
         }
         eng->segs.v[s].pins++;
         pinned[i] = eng->segs.v[s].addr;
+        if (eng->segs.v[s].cuda != NULL)
+            *device_p = eng->segs.v[s].cuda->device;
         for (uint32_t c = 0; c < d.count; c++, n++) {
             iov[n].buffer = (void *)(uintptr_t)(d.dst + (uint64_t)c * d.stride);
             iov[n].length = d.len;
@@ -105,13 +111,42 @@ static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd,
     return st;
 }
 
+/* Device destinations: copy the staged payload in (host to device, one
+ * batch, waited for) before the segments are unpinned and the ack says
+ * placed. */
+static kvb_status_t stage_in(am_recv_t *rc, const uint8_t *data, char *why, size_t wl)
+{
+    kvb__cuda_copy_t *v = malloc(rc->np * sizeof(*v));
+    if (v == NULL) {
+        snprintf(why, wl, "out of memory");
+        return KVB_ERR_NOMEM;
+    }
+    for (uint32_t i = 0; i < rc->np; i++) {
+        v[i] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)rc->iov[i].buffer, (uint64_t)(uintptr_t)data,
+                                  rc->iov[i].length};
+        data += rc->iov[i].length;
+    }
+    kvb_status_t st = kvb__cuda_copy_batch(rc->device, v, rc->np, why, wl);
+    free(v);
+    return st;
+}
+
 static void am_recv_done(am_recv_t *rc, ucs_status_t status)
 {
+    char why[300] = "";
+    kvb_status_t st = status == UCS_OK ? KVB_OK : KVB_ERR_IO;
+    if (status != UCS_OK)
+        snprintf(why, sizeof(why), "%s", ucs_status_string(status));
+    else if (rc->stage != NULL)
+        st = stage_in(rc, rc->stage, why, sizeof(why));
+    if (st != KVB_OK)
+        KVB_LOGW("engine %s: write not placed: %s", rc->eng->sid, why);
     KVB_TSAN_RELEASE(); /* the bytes are placed; the acknowledgement follows */
     unpin(rc->eng, rc->pinned, rc->npinned);
     kvb__fence_done(rc->eng, (uint32_t)(rc->msg_id >> 32), rc->epoch);
-    send_ack(rc->eng, rc->reply_ep, rc->xfer_id, rc->msg_id, status == UCS_OK ? KVB_OK : KVB_ERR_IO,
-             status == UCS_OK ? NULL : ucs_status_string(status));
+    send_ack(rc->eng, rc->reply_ep, rc->xfer_id, rc->msg_id, st, st == KVB_OK ? NULL : why);
+    if (rc->stage != NULL)
+        kvb__cuda_stage_put(rc->stage, rc->stage_len);
     free(rc->pinned);
     free(rc->iov);
     free(rc);
@@ -131,6 +166,24 @@ static void scatter(const ucp_dt_iov_t *iov, uint32_t n, const uint8_t *data)
         memcpy(iov[i].buffer, data, iov[i].length);
         data += iov[i].length;
     }
+}
+
+/* A message into device memory is received into pinned host memory first:
+ * at most KVBRIDGE_CUDA_STAGE_MSG_MAX bytes (the peer chooses the size). */
+static bool stage_alloc(am_recv_t *rc, size_t length, char *why, size_t wl)
+{
+    if (length > kvb__cuda_stage_msg_max()) {
+        snprintf(why, wl,
+                 "a message of %zu bytes into device memory exceeds KVBRIDGE_CUDA_STAGE_MSG_MAX",
+                 length);
+        return false;
+    }
+    rc->stage = kvb__cuda_stage_get(length ? length : 1);
+    rc->stage_len = length ? length : 1;
+    if (rc->stage == NULL)
+        snprintf(why, wl, "no %zu bytes of pinned memory to stage a write into device memory",
+                 length);
+    return rc->stage != NULL;
 }
 
 /* authorized: false when the engine has a secret and the message did not
@@ -164,13 +217,22 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
         return UCS_OK;
     }
     am_recv_t *rc = calloc(1, sizeof(*rc));
+    kvb_status_t st = KVB_ERR_BOUNDS;
+    int device = -1;
     bool ok = rc != NULL && (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
               (rc->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL &&
-              am_validate(eng, h, nd, rc->pinned, rc->iov, why, sizeof(why)) == KVB_OK;
+              am_validate(eng, h, nd, rc->pinned, rc->iov, &device, why, sizeof(why)) == KVB_OK;
+    if (rc != NULL)
+        rc->device = device;
+    if (ok && rc->device >= 0 && !stage_alloc(rc, length, why, sizeof(why))) {
+        unpin(eng, rc->pinned, nd);
+        st = KVB_ERR_NOMEM;
+        ok = false;
+    }
     if (!ok) {
         KVB_LOGW("engine %s: refused a write: %s", eng->sid, why);
         kvb__fence_done(eng, (uint32_t)(mid >> 32), epoch);
-        send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_BOUNDS, why);
+        send_ack(eng, param->reply_ep, xid, mid, st, why);
         if (rc != NULL) {
             free(rc->pinned);
             free(rc->iov);
@@ -184,8 +246,12 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     rc->msg_id = mid;
     rc->epoch = epoch;
     rc->npinned = nd;
+    rc->np = np;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-        scatter(rc->iov, np, data);
+        if (rc->stage != NULL)
+            memcpy(rc->stage, data, length); /* pinned: the driver copies it in */
+        else
+            scatter(rc->iov, np, data);
         am_recv_done(rc, UCS_OK);
         return UCS_OK;
     }
@@ -194,9 +260,16 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
     p.cb.recv_am = am_recv_cb;
     p.user_data = rc;
-    p.datatype = np == 1 ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
-    void *r = ucp_am_recv_data_nbx(eng->worker, data, np == 1 ? rc->iov[0].buffer : rc->iov,
-                                   np == 1 ? rc->iov[0].length : np, &p);
+    bool contig = np == 1 || rc->stage != NULL;
+    p.datatype = contig ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
+    void *r = ucp_am_recv_data_nbx(eng->worker, data,
+                                   rc->stage != NULL ? rc->stage
+                                   : np == 1         ? rc->iov[0].buffer
+                                                     : (void *)rc->iov,
+                                   rc->stage != NULL ? length
+                                   : np == 1         ? rc->iov[0].length
+                                                     : np,
+                                   &p);
     if (UCS_PTR_IS_ERR(r))
         am_recv_done(rc, UCS_PTR_STATUS(r));
     else if (r == NULL)

@@ -17,8 +17,11 @@
 #endif
 
 #define DIRECT_UNIT (1u << 20) /* bytes a copy thread takes at a time */
-#define DIRECT_MAX_FILES 4096  /* shared files one connection maps */
-#define STREAM_MIN 512         /* blocks this long are copied with streaming stores */
+/* CUDA transfers: a unit is one batch of driver copies and one stream
+ * synchronisation (the fence's busy count spans it), so larger. */
+#define CUDA_UNIT (16u << 20)
+#define DIRECT_MAX_FILES 4096 /* shared files one connection maps */
+#define STREAM_MIN 512        /* blocks this long are copied with streaming stores */
 
 /* ---- writer side: mappings ---- */
 
@@ -82,8 +85,10 @@ void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t 
     char why[256] = "no fence page advertised";
     uint32_t mapped = 0;
     uint64_t t0 = kvb__now_ns(), bytes = 0;
-    if (r->nshm < 2 || r->shm[r->nshm - 1].seg != KVB_HS_SHM_FENCE)
-        return; /* nothing shared (or no fence page: writes could not be fenced) */
+    /* Nothing shared or in device memory (or no fence page: writes could not
+     * be fenced). Only device memory: the page alone. */
+    if (r->nshm < 1 || r->shm[r->nshm - 1].seg != KVB_HS_SHM_FENCE)
+        return;
     /* Writable: a unit in progress is counted in its grant's slot (fence.c). */
     const kvb__shm_ref_t *fref = &r->shm[r->nshm - 1].ref;
     snprintf(why, sizeof(why), "advertised with %llu bytes, not %u",
@@ -185,11 +190,25 @@ static void store_fence(void)
 #endif
 }
 
-/* Copy up to DIRECT_UNIT bytes starting at block bi, byte off. */
-static void copy_unit(kvb_engine_h eng, struct kvb_xfer *x, size_t bi, uint64_t off)
+static uint64_t unit_bytes(const struct kvb_xfer *x)
 {
-    uint64_t budget = DIRECT_UNIT;
+    return x->cuda ? CUDA_UNIT : DIRECT_UNIT;
+}
+
+/* Copy up to a unit's bytes starting at block bi, byte off. CUDA transfers
+ * (a source or destination in device memory, destinations imported over
+ * CUDA IPC) are collected into one batch of driver copies and waited for. */
+static kvb_status_t copy_unit(kvb_engine_h eng, struct kvb_xfer *x, size_t bi, uint64_t off,
+                              char *why, size_t wl)
+{
+    uint64_t budget = unit_bytes(x);
     const kvb__seg_t *s = NULL;
+    kvb__cuda_copy_t *v = NULL;
+    size_t nv = 0;
+    if (x->cuda && (v = malloc((x->n - bi) * sizeof(*v))) == NULL) {
+        snprintf(why, wl, "out of memory");
+        return KVB_ERR_NOMEM;
+    }
     for (; bi < x->n && budget > 0; bi++, off = 0) {
         const kvb_block_t *b = &x->blocks[bi];
         /* Neighbouring blocks mostly share a segment: look up only on a change.
@@ -199,16 +218,22 @@ static void copy_unit(kvb_engine_h eng, struct kvb_xfer *x, size_t bi, uint64_t 
             s = &x->conn->segs.v[kvb__segtab_find(&x->conn->segs, b->dst, b->len)];
         uint64_t take = b->len - off < budget ? b->len - off : budget;
         uint8_t *d = s->direct + (b->dst - s->addr) + off;
-        copy_block(d, (const uint8_t *)(uintptr_t)(b->src + off), take, eng->stream_copy);
+        if (v != NULL)
+            v[nv++] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)d, b->src + off, take};
+        else
+            copy_block(d, (const uint8_t *)(uintptr_t)(b->src + off), take, eng->stream_copy);
         budget -= take;
     }
+    kvb_status_t st = v != NULL ? kvb__cuda_unit(eng, v, nv, why, wl) : KVB_OK;
+    free(v);
     store_fence();
+    return st;
 }
 
 /* Claim the next unit of x (dmu held): its start, and advance past it. */
 static void claim_unit(struct kvb_xfer *x, size_t *bi_p, uint64_t *off_p)
 {
-    uint64_t budget = DIRECT_UNIT;
+    uint64_t budget = unit_bytes(x);
     *bi_p = x->next;
     *off_p = x->off;
     while (x->next < x->n && budget > 0) {
@@ -290,14 +315,18 @@ static bool copy_step(kvb_engine_h eng)
         pthread_mutex_unlock(&eng->dmu);
         /* The target's revoke waits for units between enter and exit. */
         int32_t slot;
+        char why[300];
+        kvb_status_t st = KVB_OK;
         fence_state_t fs = kvb__fence_enter(
             x->conn, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED), x->epoch, &slot);
         if (fs == FENCE_NO) {
-            copy_unit(eng, x, bi, off);
+            st = copy_unit(eng, x, bi, off, why, sizeof(why));
             kvb__fence_exit(x->conn, slot);
         }
         pthread_mutex_lock(&eng->dmu);
         x->busy--;
+        if (st != KVB_OK)
+            set_failure(x, st, why);
         if (fs == FENCE_YES)
             set_failure(x, KVB_ERR_FENCED,
                         "writer fenced: the target revoked this writer's grant (declared it "

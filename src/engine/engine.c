@@ -186,18 +186,19 @@ static void notify_locked(kvb_engine_h eng)
             KVB_LOGD("segment notice to fd %d failed: %s", eng->notify[i].fd, strerror(errno));
 }
 
-static kvb_status_t map_region(kvb_engine_h eng, const kvb_mem_region_t *r, kvb__seg_t *seg)
+static kvb_status_t map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__seg_t *seg)
 {
     ucp_mem_map_params_t mp = {0};
     ucp_mem_h memh;
+    bool cuda = false;
     memset(seg, 0, sizeof(*seg));
-    if (r->mem_type != KVB_MEM_HOST)
-        return kvb__err_set(&eng->err, KVB_ERR_UNSUPPORTED,
-                            "memory type %d is not supported by this build (host only)",
-                            (int)r->mem_type);
     if (r->addr == NULL || r->length == 0 || (uintptr_t)r->addr + r->length < (uintptr_t)r->addr)
         return kvb__err_set(&eng->err, KVB_ERR_INVALID, "region %p+%zu is empty or wraps", r->addr,
                             r->length);
+    /* Device memory is moved by the driver (cuda_mem.c), never by UCX. */
+    kvb_status_t st = kvb__cuda_map_region(eng, r, seg, &cuda);
+    if (st != KVB_OK || cuda)
+        return st;
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = r->addr;
     mp.length = r->length;
@@ -220,6 +221,10 @@ static kvb_status_t map_region(kvb_engine_h eng, const kvb_mem_region_t *r, kvb_
 
 static void unmap_seg(kvb_engine_h eng, kvb__seg_t *seg)
 {
+    if (seg->cuda != NULL) {
+        kvb__cuda_unmap_seg(eng, seg);
+        return;
+    }
     ucp_rkey_buffer_release(seg->rkey_buf);
     ucp_mem_unmap(eng->ctx, (ucp_mem_h)seg->handle);
 }
@@ -257,37 +262,70 @@ static kvb_status_t unregister_locked(kvb_engine_h eng, void *addr)
     return KVB_OK;
 }
 
-kvb_status_t kvb_engine_register_batch(kvb_engine_h eng, const kvb_mem_region_t *regions,
-                                       size_t count)
+/* Region i of an array with stride size (kvb_mem_region_t when legacy),
+ * as this version's struct: fields the caller's struct lacks take their
+ * defaults. */
+static kvb_mem_region_ex_t region_at(const void *regions, size_t i, size_t size, bool legacy)
+{
+    kvb_mem_region_ex_t r = {0};
+    if (legacy) {
+        const kvb_mem_region_t *o = (const kvb_mem_region_t *)regions + i;
+        r = (kvb_mem_region_ex_t){0, o->addr, o->length, o->mem_type, -1};
+    } else {
+        memcpy(&r, (const uint8_t *)regions + i * size, size < sizeof(r) ? size : sizeof(r));
+        if (size < offsetof(kvb_mem_region_ex_t, device) + sizeof(int))
+            r.field_mask &= ~(uint64_t)KVB_MEM_REGION_FIELD_DEVICE;
+    }
+    return r;
+}
+
+static kvb_status_t register_regions(kvb_engine_h eng, const void *regions, size_t count,
+                                     size_t size, bool legacy)
 {
     kvb_status_t st = KVB_OK;
     size_t done = 0;
     if (eng == NULL || (regions == NULL && count > 0))
         return KVB_ERR_INVALID;
+    if (!legacy && size < offsetof(kvb_mem_region_ex_t, mem_type) + sizeof(kvb_mem_type_t))
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                            "register: region_size %zu is shorter than a region", size);
     pthread_mutex_lock(&eng->seg_mu);
     for (; done < count; done++) {
         kvb__seg_t seg;
-        st = map_region(eng, &regions[done], &seg);
+        kvb_mem_region_ex_t r = region_at(regions, done, size, legacy);
+        st = map_region(eng, &r, &seg);
         if (st != KVB_OK)
             break;
         st = kvb__segtab_insert(&eng->segs, &seg);
         if (st != KVB_OK) {
             unmap_seg(eng, &seg);
-            kvb__err_set(
-                &eng->err, st, "register %p+%zu: %s", regions[done].addr, regions[done].length,
-                st == KVB_ERR_OVERLAP ? "overlaps a registered region" : kvb_status_string(st));
+            kvb__err_set(&eng->err, st, "register %p+%zu: %s", r.addr, r.length,
+                         st == KVB_ERR_OVERLAP ? "overlaps a registered region"
+                                               : kvb_status_string(st));
             break;
         }
     }
     if (st != KVB_OK)
         while (done-- > 0)
-            unregister_locked(eng, regions[done].addr);
+            unregister_locked(eng, region_at(regions, done, size, legacy).addr);
     else if (count > 0) {
         eng->generation++;
         notify_locked(eng);
     }
     pthread_mutex_unlock(&eng->seg_mu);
     return st;
+}
+
+kvb_status_t kvb_engine_register_batch(kvb_engine_h eng, const kvb_mem_region_t *regions,
+                                       size_t count)
+{
+    return register_regions(eng, regions, count, sizeof(*regions), true);
+}
+
+kvb_status_t kvb_engine_register_ex(kvb_engine_h eng, const kvb_mem_region_ex_t *regions,
+                                    size_t count, size_t region_size)
+{
+    return register_regions(eng, regions, count, region_size, false);
 }
 
 kvb_status_t kvb_engine_register(kvb_engine_h eng, void *addr, size_t length,
@@ -325,12 +363,12 @@ kvb_status_t kvb_engine_unregister(kvb_engine_h eng, void *addr)
  * held). None when nothing is shared or the fence page cannot be made. */
 static kvb_status_t reply_shared(kvb_engine_h eng, kvb__hs_reply_t *r)
 {
-    size_t n = 0;
+    size_t n = eng->n_cuda_segs; /* imported over CUDA IPC: fenced by the page too */
     for (size_t i = 0; i < eng->segs.n; i++)
         n += eng->segs.v[i].shared;
     if (n == 0 || kvb__fence_page_ensure(eng) != KVB_OK)
         return KVB_OK;
-    r->shm = calloc(n + 1, sizeof(*r->shm));
+    r->shm = calloc(n + 1, sizeof(*r->shm)); /* n: at least the shared ones */
     if (r->shm == NULL)
         return KVB_ERR_NOMEM;
     for (size_t i = 0; i < eng->segs.n; i++)
@@ -367,10 +405,13 @@ static kvb_status_t build_reply(kvb_engine_h eng, bool local, uint8_t **buf_p, s
     if (st == KVB_OK && local)
         st = reply_shared(eng, &r);
     if (st == KVB_OK)
+        st = kvb__cuda_reply(eng, &r, local);
+    if (st == KVB_OK)
         st = kvb__hs_reply_encode(&r, buf_p, len_p);
     pthread_mutex_unlock(&eng->seg_mu);
     free(r.segs);
     free(r.shm);
+    free(r.cuda);
     return st;
 }
 
@@ -532,10 +573,13 @@ static kvb_status_t challenge(kvb_engine_h eng, int fd, uint64_t deadline, const
     return st;
 }
 
+/* Segments a same-host writer writes directly: in shared files, or in
+ * device memory (CUDA IPC): worth the same-host proof. */
 static bool has_shared(kvb_engine_h eng)
 {
     bool any = false;
     pthread_mutex_lock(&eng->seg_mu);
+    any = eng->n_cuda_segs > 0;
     for (size_t i = 0; i < eng->segs.n && !any; i++)
         any = eng->segs.v[i].shared;
     pthread_mutex_unlock(&eng->seg_mu);
@@ -1138,6 +1182,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     if (eng == NULL)
         return NULL;
     params_defaults(&eng->params, params);
+    eng->cuda_device = -1;
     /* Every writer that completes a handshake keeps a socket here: cap them
      * (docs/security.md) well below the usual descriptor limit. */
     eng->max_notify = (size_t)kvb__env_int("KVBRIDGE_MAX_CONTROL_CONNS", NULL, 1024, 1, 1000000);

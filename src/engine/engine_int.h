@@ -9,6 +9,7 @@
 #include <ucp/api/ucp.h>
 
 #include "core/core.h"
+#include "engine/cuda_drv.h"
 #include "engine/handshake.h"
 #include "engine/segtab.h"
 
@@ -55,6 +56,7 @@ struct kvb__conn {
     size_t nmaps, cap_maps;
     uint64_t populated; /* direct lane: bytes of maps prefaulted (KVBRIDGE_DIRECT_POPULATE_MAX) */
     uint8_t *fence;     /* direct lane: the peer's fence page (busy counts written), or NULL */
+    struct kvb__cuda_conn *cuda; /* the peer's device-memory segments (cuda_mem.c), or NULL */
     size_t rxlen;
     kvb__conn_t *next_all;
 };
@@ -98,6 +100,9 @@ struct kvb_xfer {
     int failed;    /* progress thread: error seen, waiting for inflight */
     int abandoned; /* progress thread: connection lost, outstanding ops ignored */
     int direct;    /* direct lane: copied by the engine's copy threads */
+    int cuda;      /* a source or destination is CUDA device memory (cuda_mem.c) */
+    void *stage;   /* message lane: device sources staged here (pinned), or NULL */
+    size_t stage_len;
     int queued;    /* direct lane (dmu): units left to claim */
     int published; /* direct lane (dmu): final status set */
     size_t busy;   /* direct lane (dmu): units being copied */
@@ -177,6 +182,8 @@ struct kvb_engine {
     uint64_t direct_refused,
         direct_unpopulated;                     /* atomic: peer files not mapped / not prefaulted */
     uint64_t direct_slack, direct_populate_max; /* KVBRIDGE_DIRECT_MAP_SLACK / _POPULATE_MAX */
+    size_t n_cuda_segs;                         /* local registrations in device memory (seg_mu) */
+    int cuda_device; /* atomic: the device our copies run in (first CUDA registration), -1 */
     /* secret set: the message-lane token of each authenticated control
      * connection (seg_mu); dropped when its connection closes */
     struct kvb__am_tok {
@@ -299,6 +306,41 @@ bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, uint64_t epoch, 
                         const kvb_block_t *b, size_t n);
 bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *x); /* false: use UCX */
 void kvb__direct_stop(kvb_engine_h eng);
+
+/* cuda_mem.c: CUDA device memory on every lane (docs/engine.md) */
+typedef struct kvb__cuda_seg {
+    int device;         /* local: ordinal here; remote: the peer's (informational) */
+    bool ipc;           /* local: handle exports the allocation */
+    uint64_t alloc_off; /* local: offset of the segment in that allocation */
+    uint8_t handle[KVB_HS_CUDA_HANDLE];
+} kvb__cuda_seg_t;
+/* seg_mu held: classify r (AUTO), check it and fill seg's CUDA part;
+ * *cuda_p: device memory (then no UCX registration). */
+kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__seg_t *seg,
+                                  bool *cuda_p);
+void kvb__cuda_unmap_seg(kvb_engine_h eng, kvb__seg_t *seg); /* seg_mu held */
+/* seg_mu held: the reply's device-memory table (handles only for local). */
+kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local);
+/* Writer, before the handshake's conn is established: room for the peer's
+ * device-memory table (KVB_ERR_NOMEM). */
+kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r);
+/* Writer, before the conn is published: mark the peer's device segments;
+ * import: open their IPC handles (same host, fence page mapped). */
+void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r, bool import);
+void kvb__cuda_detach(kvb__conn_t *c);
+/* Does a block of the batch touch device memory (dst_seg: the peer's
+ * segment of each block, -1 for empty ones)? */
+bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
+                        const kvb_block_t *b, size_t n);
+/* Message lane, writer: copy x's device sources into one pinned buffer and
+ * point the blocks at it. */
+kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x);
+/* Direct lane unit of a CUDA transfer: copies v[0..n) and waits for them. */
+kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t n, char *why,
+                            size_t wl);
+/* Message lane, target: the most bytes one message into device memory may
+ * carry (staged), KVBRIDGE_CUDA_STAGE_MSG_MAX. */
+uint64_t kvb__cuda_stage_msg_max(void);
 
 /* xfer.c */
 /* Set x's final status, wake its waiters and drop the engine's reference. */

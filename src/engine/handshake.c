@@ -54,7 +54,8 @@ static void wb_put(wbuf_t *w, const void *src, size_t n)
         w->p = p;
         w->cap = cap;
     }
-    memcpy(w->p + w->len, src, n);
+    if (n > 0) /* src may be NULL for nothing (device memory has no remote key) */
+        memcpy(w->p + w->len, src, n);
     w->len += n;
 }
 
@@ -163,6 +164,17 @@ kvb_status_t kvb__hs_reply_encode(const kvb__hs_reply_t *r, uint8_t **buf_p, siz
         wb_u64(&w, f->ino);
         wb_put(&w, f->nonce, KVB_SHM_NONCE_LEN);
     }
+    if (r->ncuda > 0) {
+        wb_u32(&w, r->ncuda);
+        for (uint32_t i = 0; i < r->ncuda; i++) {
+            wb_u32(&w, r->cuda[i].seg);
+            wb_u32(&w, (uint32_t)r->cuda[i].device);
+            wb_u32(&w, r->cuda[i].flags);
+            wb_u32(&w, 0);
+            wb_u64(&w, r->cuda[i].alloc_off);
+            wb_put(&w, r->cuda[i].handle, KVB_HS_CUDA_HANDLE);
+        }
+    }
     return wb_finish(&w, buf_p, len_p);
 }
 
@@ -249,6 +261,48 @@ static bool decode_shm(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen)
     return true;
 }
 
+#define CUDA_ENTRY_LEN (4 * 4 + 8 + KVB_HS_CUDA_HANDLE)
+
+/* The optional device-memory table: entries sorted by segment, known flags,
+ * zero padding. The offset is checked by the writer against the allocation
+ * it imports (cuda_mem.c). */
+static bool decode_cuda(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen)
+{
+    int64_t prev = -1;
+    if (rb->off == rb->len)
+        return true; /* no device memory */
+    if (rb->len - rb->off < 4 + CUDA_ENTRY_LEN) {
+        snprintf(why, whylen, "%zu trailing bytes after the shared-file table", rb->len - rb->off);
+        return false;
+    }
+    if (!rb_u32(rb, &r->ncuda) || r->ncuda == 0 || r->ncuda > r->nseg ||
+        r->ncuda > (rb->len - rb->off) / CUDA_ENTRY_LEN) {
+        snprintf(why, whylen, "device-memory table truncated, empty or oversized");
+        return false;
+    }
+    r->cuda = calloc(r->ncuda, sizeof(*r->cuda));
+    if (r->cuda == NULL) {
+        snprintf(why, whylen, "out of memory");
+        return false;
+    }
+    for (uint32_t i = 0; i < r->ncuda; i++) {
+        kvb__hs_cuda_t *e = &r->cuda[i];
+        uint32_t dev, zero;
+        const uint8_t *h;
+        if (!rb_u32(rb, &e->seg) || !rb_u32(rb, &dev) || !rb_u32(rb, &e->flags) ||
+            !rb_u32(rb, &zero) || !rb_u64(rb, &e->alloc_off) ||
+            !rb_bytes(rb, KVB_HS_CUDA_HANDLE, &h) || e->seg >= r->nseg || (int64_t)e->seg <= prev ||
+            (e->flags & ~KVB_HS_CUDA_IPC) != 0 || zero != 0) {
+            snprintf(why, whylen, "device-memory entry %u truncated, invalid or unsorted", i);
+            return false;
+        }
+        e->device = (int32_t)dev;
+        memcpy(e->handle, h, KVB_HS_CUDA_HANDLE);
+        prev = (int64_t)e->seg;
+    }
+    return true;
+}
+
 kvb_status_t kvb__hs_reply_decode(const uint8_t *buf, size_t len, kvb__hs_reply_t *r, char *why,
                                   size_t whylen)
 {
@@ -271,10 +325,11 @@ kvb_status_t kvb__hs_reply_decode(const uint8_t *buf, size_t len, kvb__hs_reply_
     r->segs = calloc(r->nseg ? r->nseg : 1, sizeof(*r->segs));
     if (r->segs == NULL)
         return KVB_ERR_NOMEM;
-    bool ok = decode_segs(&rb, r, why, whylen) && decode_shm(&rb, r, why, whylen);
+    bool ok = decode_segs(&rb, r, why, whylen) && decode_shm(&rb, r, why, whylen) &&
+              decode_cuda(&rb, r, why, whylen);
     if (!ok || rb.off != len) {
         if (ok)
-            snprintf(why, whylen, "%zu trailing bytes after the shared-file table", len - rb.off);
+            snprintf(why, whylen, "%zu trailing bytes after the device-memory table", len - rb.off);
         kvb__hs_reply_free(r);
         return KVB_ERR_PROTO;
     }
@@ -285,9 +340,11 @@ void kvb__hs_reply_free(kvb__hs_reply_t *r)
 {
     free(r->segs);
     free(r->shm);
+    free(r->cuda);
     r->segs = NULL;
     r->shm = NULL;
-    r->nseg = r->nshm = 0;
+    r->cuda = NULL;
+    r->nseg = r->nshm = r->ncuda = 0;
 }
 
 kvb_status_t kvb__hs_request_encode(const char *sid, uint8_t **buf_p, size_t *len_p)

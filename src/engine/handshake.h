@@ -8,6 +8,13 @@
  *          u32 pid u32 nshm { u32 seg u32 fd u64 file_off u64 file_size u64 dev
  *          u64 ino nonce[16] }*   (direct lane: segments in shared files, sorted
  *          by seg; seg 0xffffffff = the listener's fence page, last)
+ *          [u32 ncuda { u32 seg i32 device u32 flags u32 zero u64 alloc_off
+ *          handle[64] }*]   (optional, present when ncuda > 0: the segments in
+ *          CUDA device memory, sorted by seg; flags bit 0: handle is a CUDA IPC
+ *          handle of the allocation holding the segment at alloc_off, sent to
+ *          same-host writers only. A writer that does not know the table
+ *          refuses the reply, which is right: it would treat device memory
+ *          as host memory.)
  * notice   "KVBGN001" u64 generation      (segment table changed)
  *
  * With an engine secret, both sides prove it (docs/security.md):
@@ -82,6 +89,18 @@ typedef struct kvb__hs_shm {
     kvb__shm_ref_t ref;
 } kvb__hs_shm_t;
 
+#define KVB_HS_CUDA_IPC 1u /* kvb__hs_cuda_t.flags: handle valid */
+#define KVB_HS_CUDA_HANDLE 64
+
+/* A segment in CUDA device memory (cuda_mem.c). */
+typedef struct kvb__hs_cuda {
+    uint32_t seg;
+    int32_t device; /* the listener's ordinal (informational: ordinals are per process) */
+    uint32_t flags;
+    uint64_t alloc_off; /* the segment's offset in the allocation the handle exports */
+    uint8_t handle[KVB_HS_CUDA_HANDLE];
+} kvb__hs_cuda_t;
+
 typedef struct kvb__hs_reply {
     uint64_t epoch;
     uint64_t generation;
@@ -94,6 +113,8 @@ typedef struct kvb__hs_reply {
     uint32_t pid;        /* listener's process id (direct lane), 0 = none */
     uint32_t nshm;
     kvb__hs_shm_t *shm; /* malloc'ed by decode; free with kvb__hs_reply_free */
+    uint32_t ncuda;
+    kvb__hs_cuda_t *cuda; /* malloc'ed by decode; free with kvb__hs_reply_free */
 } kvb__hs_reply_t;
 
 /* Encode a reply into a malloc'ed buffer (*buf_p, *len_p). */

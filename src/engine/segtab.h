@@ -20,7 +20,9 @@ typedef struct kvb__seg {
     uint32_t pins; /* local: incoming message-lane writes in progress */
     bool shared;   /* local: inside a kvb_mem_alloc file (ref describes it) */
     kvb__shm_ref_t ref;
-    uint8_t *direct; /* remote: where addr is mapped here (direct lane), or NULL */
+    uint8_t *direct;            /* remote: where addr is mapped here (direct lane, or a CUDA IPC
+                                   import), or NULL */
+    struct kvb__cuda_seg *cuda; /* CUDA device memory (cuda_mem.c), or NULL: host */
 } kvb__seg_t;
 
 typedef struct kvb__segtab {

@@ -380,6 +380,8 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
                                   cmd.conn->am_token);
         if (cmd.conn != NULL)
             cmd.conn->am_auth = o.authed;
+        if (st == KVB_OK)
+            st = kvb__cuda_conn_alloc(cmd.conn, &reply);
         if (st != KVB_OK)
             kvb__hs_reply_free(&reply);
     }
@@ -404,6 +406,11 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
         if (st == KVB_OK && cmd.conn->local && eng->params.transport == KVB_TRANSPORT_AUTO &&
             eng->params.copy_threads > 0)
             kvb__direct_attach(eng, cmd.conn, &reply);
+        /* Device segments: marked always (never written as host memory),
+         * imported over CUDA IPC where the direct lane's fence page is
+         * mapped (same host, proven). */
+        if (st == KVB_OK)
+            kvb__cuda_attach(eng, cmd.conn, &reply, cmd.conn->fence != NULL);
         kvb__hs_reply_free(&reply);
     }
     free(o.msg);
@@ -411,6 +418,7 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
         close(fd);
     if (st != KVB_OK) {
         if (cmd.conn != NULL && (cmd.result != KVB_OK || !cmd.done)) {
+            kvb__cuda_detach(cmd.conn);
             kvb__session_put(eng, cmd.conn->sess);
             free(cmd.conn);
         }
@@ -539,12 +547,16 @@ static kvb_status_t unpack_rkeys(kvb__conn_t *c, const kvb__hs_reply_t *r, char 
     for (uint32_t i = 0; i < r->nseg; i++) {
         kvb__seg_t seg = {.addr = r->segs[i].addr, .len = r->segs[i].len};
         ucp_rkey_h rk = NULL;
-        ucs_status_t us = ucp_ep_rkey_unpack(c->ep, r->segs[i].rkey, &rk);
+        ucs_status_t us = r->segs[i].rkey_len == 0
+                              ? UCS_ERR_UNSUPPORTED
+                              : ucp_ep_rkey_unpack(c->ep, r->segs[i].rkey, &rk);
         if (us == UCS_OK && KVB__HOOK(fail_rkey_unpack)) {
             ucp_rkey_destroy(rk);
             us = UCS_ERR_UNREACHABLE;
         }
-        if (us != UCS_OK && c->lane == LANE_PUT) {
+        /* Device memory comes without a remote key: the put lane never
+         * writes it (the transfer takes the message lane, cuda_mem.c). */
+        if (us != UCS_OK && c->lane == LANE_PUT && r->segs[i].rkey_len > 0) {
             snprintf(why, wl, "remote key %u unusable: %s", i, ucs_status_string(us));
             return KVB_ERR_PEER;
         }
@@ -669,6 +681,7 @@ void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c)
 {
     kvb__conn_close_ep(eng, c);
     kvb__direct_detach(c);
+    kvb__cuda_detach(c);
     for (size_t i = 0; i < c->segs.n; i++)
         if (c->segs.v[i].handle != NULL)
             ucp_rkey_destroy((ucp_rkey_h)c->segs.v[i].handle);

@@ -30,6 +30,8 @@ void kvb__xfer_release(struct kvb_xfer *x)
     if (__atomic_sub_fetch(&x->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
     kvb__conn_put(x->conn);
+    if (x->stage != NULL)
+        kvb__cuda_stage_put(x->stage, x->stage_len);
     free(x->blocks);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
@@ -117,6 +119,8 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t
         if (st == KVB_OK)
             st = check_blocks(eng, x->conn, blocks, count, seg, &retry);
     }
+    if (st == KVB_OK)
+        x->cuda = kvb__cuda_involved(eng, x->conn, seg, blocks, count);
     if (st == KVB_OK && eng->params.copy_threads > 0)
         x->direct = kvb__direct_usable(eng, x->conn, x->epoch, seg, blocks, count);
     if (st == KVB_OK) {
@@ -164,6 +168,8 @@ static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_blo
         return KVB_OK;
     }
     x->direct = 0;
+    if (st == KVB_OK && x->cuda) /* the message lane reads host memory only */
+        st = kvb__cuda_stage_sources(eng, x);
     if (st == KVB_OK) {
         cmd->kind = CMD_XFER;
         cmd->xfer = x;
@@ -653,7 +659,7 @@ static bool progress_one(kvb_engine_h eng, struct kvb_xfer *x)
     /* UCX may report the peer lost inside a send, which finishes x and
      * drops the engine's reference: hold one across the issue. */
     __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
-    if (x->conn->lane == LANE_PUT) {
+    if (x->conn->lane == LANE_PUT && !x->cuda) { /* device memory has no remote key */
         if (x->inflight == 0)
             issue_put(eng, x);
     } else {

@@ -1,0 +1,409 @@
+/* CUDA device memory in the engine (docs/engine.md "CUDA device memory"):
+ * registrations (kind, device, the IPC handle of the allocation), the
+ * handshake's device-memory table, the writer's IPC imports (the direct lane
+ * then copies device to device through the driver), staging of device
+ * sources for the message lane, and the public queries. The target side of
+ * staging is in amtarget.c (receive into pinned memory, then host to device).
+ * Without a driver nothing here runs but the classification, which answers
+ * "host". */
+#include "engine/engine_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STAGE_XFER_MAX_DEFAULT (4ull << 30) /* bytes one transfer may stage */
+#define STAGE_MSG_MAX_DEFAULT (256ull << 20)
+
+/* ---- registration (target and writer) ---- */
+
+static kvb_status_t region_error(kvb_engine_h eng, kvb_status_t st, const kvb_mem_region_ex_t *r,
+                                 const char *why)
+{
+    return kvb__err_set(&eng->err, st, "register %p+%zu: %s", r->addr, r->length, why);
+}
+
+kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__seg_t *seg,
+                                  bool *cuda_p)
+{
+    char why[300] = "";
+    int dev = -1;
+    uint64_t base = 0, size = 0, a = (uint64_t)(uintptr_t)r->addr;
+    *cuda_p = false;
+    if (r->mem_type == KVB_MEM_HOST)
+        return KVB_OK;
+    if (r->mem_type != KVB_MEM_CUDA && r->mem_type != KVB_MEM_AUTO)
+        return region_error(eng, KVB_ERR_INVALID, r, "unknown memory type");
+    if (r->mem_type == KVB_MEM_CUDA && kvb__cuda() == NULL) {
+        snprintf(why, sizeof(why),
+                 "CUDA device memory needs the CUDA driver: %s "
+                 "(set KVBRIDGE_CUDA_LIB to the driver library)",
+                 kvb__cuda_why());
+        return region_error(eng, KVB_ERR_UNSUPPORTED, r, why);
+    }
+    int k = kvb__cuda_classify(a, &dev, &base, &size, why, sizeof(why));
+    if (k < 0)
+        return region_error(eng, KVB_ERR_IO, r, why);
+    if (k == 0 && r->mem_type == KVB_MEM_CUDA)
+        return region_error(eng, KVB_ERR_INVALID, r, "not CUDA device memory");
+    if (k == 0)
+        return KVB_OK; /* AUTO: host */
+    if (a - base > size || r->length > size - (a - base)) {
+        snprintf(why, sizeof(why), "extends past its CUDA allocation [0x%llx, +%llu)",
+                 (unsigned long long)base, (unsigned long long)size);
+        return region_error(eng, KVB_ERR_INVALID, r, why);
+    }
+    if ((r->field_mask & KVB_MEM_REGION_FIELD_DEVICE) && r->device != dev) {
+        snprintf(why, sizeof(why), "on CUDA device %d, not %d", dev, r->device);
+        return region_error(eng, KVB_ERR_INVALID, r, why);
+    }
+    kvb__cuda_seg_t *cs = calloc(1, sizeof(*cs));
+    if (cs == NULL)
+        return region_error(eng, KVB_ERR_NOMEM, r, "out of memory");
+    cs->device = dev;
+    cs->alloc_off = a - base;
+    /* Legacy IPC covers cuMemAlloc memory; VMM allocations (PyTorch's
+     * expandable segments) refuse it and stay on the staging lane. */
+    kvb_CUipcMemHandle h;
+    kvb_CUresult cr = KVB_CUDA_SUCCESS;
+    kvb__cuda_scope_t sc = {NULL, false};
+    kvb_status_t bst = kvb__cuda_enter(dev, &sc, why, sizeof(why));
+    if (bst == KVB_OK)
+        cr = kvb__cuda()->cuIpcGetMemHandle(&h, base);
+    kvb__cuda_leave(&sc);
+    if (bst == KVB_OK && cr == KVB_CUDA_SUCCESS) {
+        memcpy(cs->handle, &h, sizeof(cs->handle));
+        cs->ipc = true;
+    } else {
+        KVB_LOGI("engine %s: %p+%zu (CUDA device %d) cannot be exported (%s): writers on this "
+                 "host stage it through host memory",
+                 eng->sid, r->addr, r->length, dev, bst != KVB_OK ? why : kvb__cuda_errstr(cr));
+    }
+    memset(seg, 0, sizeof(*seg));
+    seg->addr = a;
+    seg->len = r->length;
+    seg->cuda = cs;
+    int none = -1;
+    __atomic_compare_exchange_n(&eng->cuda_device, &none, dev, false, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
+    eng->n_cuda_segs++;
+    *cuda_p = true;
+    return KVB_OK;
+}
+
+void kvb__cuda_unmap_seg(kvb_engine_h eng, kvb__seg_t *seg)
+{
+    free(seg->cuda);
+    seg->cuda = NULL;
+    eng->n_cuda_segs--;
+}
+
+kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local)
+{
+    if (eng->n_cuda_segs == 0)
+        return KVB_OK;
+    r->cuda = calloc(eng->n_cuda_segs, sizeof(*r->cuda));
+    if (r->cuda == NULL)
+        return KVB_ERR_NOMEM;
+    for (size_t i = 0; i < eng->segs.n; i++) {
+        const kvb__cuda_seg_t *cs = eng->segs.v[i].cuda;
+        if (cs == NULL)
+            continue;
+        kvb__hs_cuda_t *e = &r->cuda[r->ncuda++];
+        e->seg = (uint32_t)i;
+        e->device = cs->device;
+        if (local && cs->ipc) {
+            e->flags = KVB_HS_CUDA_IPC;
+            e->alloc_off = cs->alloc_off;
+            memcpy(e->handle, cs->handle, sizeof(e->handle));
+        }
+    }
+    return KVB_OK;
+}
+
+kvb_status_t kvb_mem_query(const void *addr, kvb_mem_type_t *type_p, int *device_p)
+{
+    char why[200];
+    int dev = -1;
+    uint64_t base, size;
+    if (addr == NULL || type_p == NULL || device_p == NULL)
+        return KVB_ERR_INVALID;
+    int k = kvb__cuda_classify((uint64_t)(uintptr_t)addr, &dev, &base, &size, why, sizeof(why));
+    if (k < 0) {
+        KVB_LOGW("kvb_mem_query: %s", why);
+        return KVB_ERR_IO;
+    }
+    *type_p = k ? KVB_MEM_CUDA : KVB_MEM_HOST;
+    *device_p = k ? dev : -1;
+    return KVB_OK;
+}
+
+int kvb_cuda_available(const char **why_p)
+{
+    int ok = kvb__cuda() != NULL;
+    if (why_p != NULL)
+        *why_p = kvb__cuda_why();
+    return ok;
+}
+
+/* ---- writer: IPC imports, one per allocation and process ----
+ * The driver maps one exported allocation once per process (a second
+ * cuIpcOpenMemHandle of the same handle fails on some drivers), while
+ * several connections (to one peer, old and new) may use it: counted. */
+
+typedef struct ipc_import {
+    uint8_t handle[KVB_HS_CUDA_HANDLE];
+    kvb_CUdeviceptr base;
+    uint64_t size;
+    int refs;
+    struct ipc_import *next;
+} ipc_import_t;
+
+static pthread_mutex_t g_ipc_mu = PTHREAD_MUTEX_INITIALIZER;
+static ipc_import_t *g_ipc;
+
+typedef struct kvb__cuda_conn kvb__cuda_conn_t;
+struct kvb__cuda_conn {
+    ipc_import_t **imports; /* one per entry of the peer's table (NULL: not imported) */
+    kvb__cuda_seg_t *segs;  /* one per entry; c->segs.v[k].cuda points here */
+    uint32_t n;
+};
+
+static ipc_import_t *ipc_open(int device, const uint8_t *handle, char *why, size_t wl)
+{
+    const kvb__cuda_api_t *cu = kvb__cuda();
+    ipc_import_t *m;
+    pthread_mutex_lock(&g_ipc_mu);
+    for (m = g_ipc; m != NULL; m = m->next)
+        if (memcmp(m->handle, handle, KVB_HS_CUDA_HANDLE) == 0)
+            break;
+    if (m != NULL) {
+        m->refs++;
+        pthread_mutex_unlock(&g_ipc_mu);
+        return m;
+    }
+    kvb_CUipcMemHandle h;
+    kvb_CUdeviceptr p = 0;
+    size_t size = 0;
+    memcpy(&h, handle, sizeof(h));
+    kvb_CUresult r = KVB_CUDA_ERROR_NOT_SUPPORTED;
+    kvb__cuda_scope_t sc = {NULL, false};
+    if (kvb__cuda_enter(device, &sc, why, wl) == KVB_OK) {
+        r = cu->cuIpcOpenMemHandle(&p, h, KVB_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        if (r == KVB_CUDA_SUCCESS)
+            r = cu->cuPointerGetAttribute(&size, KVB_CU_POINTER_ATTRIBUTE_RANGE_SIZE, p);
+        if (r != KVB_CUDA_SUCCESS)
+            snprintf(why, wl, "cuIpcOpenMemHandle: %s", kvb__cuda_errstr(r));
+    }
+    kvb__cuda_leave(&sc);
+    m = r == KVB_CUDA_SUCCESS ? calloc(1, sizeof(*m)) : NULL;
+    if (m != NULL) {
+        memcpy(m->handle, handle, KVB_HS_CUDA_HANDLE);
+        m->base = p;
+        m->size = size;
+        m->refs = 1;
+        m->next = g_ipc;
+        g_ipc = m;
+    } else if (r == KVB_CUDA_SUCCESS) {
+        cu->cuIpcCloseMemHandle(p);
+        snprintf(why, wl, "out of memory");
+    }
+    pthread_mutex_unlock(&g_ipc_mu);
+    return m;
+}
+
+static void ipc_close(ipc_import_t *m)
+{
+    pthread_mutex_lock(&g_ipc_mu);
+    if (--m->refs == 0) {
+        ipc_import_t **pp = &g_ipc;
+        while (*pp != m)
+            pp = &(*pp)->next;
+        *pp = m->next;
+        kvb__cuda()->cuIpcCloseMemHandle(m->base);
+        free(m);
+    }
+    pthread_mutex_unlock(&g_ipc_mu);
+}
+
+/* Import entry e: the mapping must hold the segment (the offset and length
+ * came from the peer). Sets the segment's direct address. */
+static void import_one(kvb_engine_h eng, kvb__conn_t *c, uint32_t i, const kvb__hs_cuda_t *e,
+                       kvb__seg_t *s)
+{
+    char why[300] = "";
+    int dev = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
+    ipc_import_t *m = ipc_open(dev < 0 ? 0 : dev, e->handle, why, sizeof(why));
+    if (m != NULL && (e->alloc_off > m->size || s->len > m->size - e->alloc_off)) {
+        snprintf(why, sizeof(why), "segment [+%llu, %llu bytes) outside the allocation (%llu)",
+                 (unsigned long long)e->alloc_off, (unsigned long long)s->len,
+                 (unsigned long long)m->size);
+        ipc_close(m);
+        m = NULL;
+    }
+    if (m == NULL) {
+        KVB_LOGI("engine %s: session %s: device segment 0x%llx not imported (%s): staged "
+                 "through host memory",
+                 eng->sid, c->sess->sid, (unsigned long long)s->addr, why);
+        return;
+    }
+    c->cuda->imports[i] = m;
+    s->direct = (uint8_t *)(uintptr_t)(m->base + e->alloc_off);
+}
+
+kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r)
+{
+    if (r->ncuda == 0)
+        return KVB_OK;
+    kvb__cuda_conn_t *cc = calloc(1, sizeof(*cc));
+    if (cc != NULL) {
+        cc->imports = calloc(r->ncuda, sizeof(*cc->imports));
+        cc->segs = calloc(r->ncuda, sizeof(*cc->segs));
+    }
+    c->cuda = cc;
+    if (cc == NULL || cc->imports == NULL || cc->segs == NULL) {
+        kvb__cuda_detach(c);
+        return KVB_ERR_NOMEM;
+    }
+    return KVB_OK;
+}
+
+void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r, bool import)
+{
+    kvb__cuda_conn_t *cc = c->cuda;
+    if (cc == NULL)
+        return;
+    uint32_t imported = 0;
+    for (uint32_t i = 0; i < r->ncuda; i++) {
+        const kvb__hs_cuda_t *e = &r->cuda[i];
+        long k = kvb__segtab_find_start(&c->segs, r->segs[e->seg].addr);
+        if (k < 0)
+            continue; /* cannot be: the conn's table is the reply's */
+        kvb__seg_t *s = &c->segs.v[k];
+        cc->n = i + 1;
+        cc->segs[i].device = e->device;
+        s->cuda = &cc->segs[i];
+        s->direct = NULL; /* never written as host memory */
+        if (import && kvb__cuda() != NULL && (e->flags & KVB_HS_CUDA_IPC)) {
+            import_one(eng, c, i, e, s);
+            imported += s->direct != NULL;
+        }
+    }
+    KVB_LOGI("engine %s: session %s: %u device segment(s), %u imported over CUDA IPC", eng->sid,
+             c->sess->sid, r->ncuda, imported);
+}
+
+void kvb__cuda_detach(kvb__conn_t *c)
+{
+    kvb__cuda_conn_t *cc = c->cuda;
+    if (cc == NULL)
+        return;
+    for (uint32_t i = 0; i < cc->n && cc->imports != NULL; i++)
+        if (cc->imports[i] != NULL)
+            ipc_close(cc->imports[i]);
+    free(cc->imports);
+    free(cc->segs);
+    free(cc);
+    c->cuda = NULL;
+}
+
+/* ---- transfers ---- */
+
+bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
+                        const kvb_block_t *b, size_t n)
+{
+    bool any = false;
+    long last = -1;
+    if (c->cuda != NULL)
+        for (size_t i = 0; i < n && !any; i++)
+            any = dst_seg[i] >= 0 && c->segs.v[dst_seg[i]].cuda != NULL;
+    pthread_mutex_lock(&eng->seg_mu);
+    for (size_t i = 0; i < n && !any && eng->n_cuda_segs > 0; i++) {
+        if (b[i].len == 0)
+            continue;
+        if (last < 0 || b[i].src < eng->segs.v[last].addr ||
+            b[i].src - eng->segs.v[last].addr >= eng->segs.v[last].len)
+            last = kvb__segtab_find(&eng->segs, b[i].src, b[i].len);
+        any = last >= 0 && eng->segs.v[last].cuda != NULL;
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+    return any;
+}
+
+/* x's blocks whose source is device memory, and their bytes (seg_mu held). */
+static uint64_t device_sources(kvb_engine_h eng, const struct kvb_xfer *x, bool *dev)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        long s = kvb__segtab_find(&eng->segs, x->blocks[i].src, x->blocks[i].len);
+        dev[i] = s >= 0 && eng->segs.v[s].cuda != NULL;
+        total += dev[i] ? x->blocks[i].len : 0;
+    }
+    return total;
+}
+
+kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    char why[300] = "";
+    bool *dev = calloc(x->n ? x->n : 1, sizeof(*dev));
+    if (dev == NULL)
+        return KVB_ERR_NOMEM;
+    pthread_mutex_lock(&eng->seg_mu);
+    uint64_t total = device_sources(eng, x, dev);
+    pthread_mutex_unlock(&eng->seg_mu);
+    uint64_t max = (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGE_XFER_MAX", NULL,
+                                          (int64_t)STAGE_XFER_MAX_DEFAULT, 1, INT64_MAX);
+    kvb_status_t st = KVB_OK;
+    kvb__cuda_copy_t *v = NULL;
+    if (total == 0)
+        goto out;
+    if (total > max) {
+        st = kvb__err_set(&eng->err, KVB_ERR_NOMEM,
+                          "session %s: %llu bytes of device memory to stage through host memory, "
+                          "more than KVBRIDGE_CUDA_STAGE_XFER_MAX (%llu): split the transfer",
+                          x->conn->sess->sid, (unsigned long long)total, (unsigned long long)max);
+        goto out;
+    }
+    v = malloc(x->n * sizeof(*v));
+    x->stage = v != NULL ? kvb__cuda_stage_get(total) : NULL;
+    if (x->stage == NULL) {
+        st = kvb__err_set(&eng->err, KVB_ERR_NOMEM,
+                          "session %s: no %llu bytes of pinned memory "
+                          "to stage device sources",
+                          x->conn->sess->sid, (unsigned long long)total);
+        goto out;
+    }
+    x->stage_len = total;
+    size_t nv = 0;
+    uint64_t off = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        if (!dev[i])
+            continue;
+        uint64_t to = (uint64_t)(uintptr_t)x->stage + off;
+        v[nv++] = (kvb__cuda_copy_t){to, x->blocks[i].src, x->blocks[i].len};
+        x->blocks[i].src = to;
+        off += x->blocks[i].len;
+    }
+    int d = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
+    st = kvb__cuda_copy_batch(d < 0 ? 0 : d, v, nv, why, sizeof(why));
+    if (st != KVB_OK)
+        kvb__err_set(&eng->err, st, "session %s: staging device sources: %s", x->conn->sess->sid,
+                     why);
+out:
+    free(v);
+    free(dev);
+    return st;
+}
+
+kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t n, char *why,
+                            size_t wl)
+{
+    int d = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
+    return kvb__cuda_copy_batch(d < 0 ? 0 : d, v, n, why, wl);
+}
+
+uint64_t kvb__cuda_stage_msg_max(void)
+{
+    return (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGE_MSG_MAX", NULL,
+                                  (int64_t)STAGE_MSG_MAX_DEFAULT, 1 << 20, INT64_MAX);
+}

@@ -1,0 +1,152 @@
+/* CUDA device memory between two processes, against the driver-API test
+ * double (KVBRIDGE_CUDA_LIB): a forked target registers two regions at
+ * offsets inside one device allocation; this process writes into them from
+ * device and host memory. argv[1] picks the lane:
+ *   ipc        same host: the target's IPC handles imported (once for the
+ *              allocation), copies device to device by the copy threads;
+ *   stage_shm  same host, imports refused (KVB_CUDA_DOUBLE_FAIL=ipc_open):
+ *              staged through pinned host memory over the message lane;
+ *   stage_tcp  the tcp transport (as across hosts): staged.
+ * Every write is verified byte for byte by reading the target's device
+ * memory back in the target; head slices (1 KiB every 2 KiB) go in few
+ * batched copies; a revoked grant fences the device lane; a block past a
+ * region is refused with nothing written. */
+#include "cuda/cuda_test.h"
+#include "kvb_test_engine.h"
+
+#define LEN (4u << 20)
+#define ROWS 1024
+
+static void expect(const tgt_t *t, uint64_t addr, const uint8_t *want, size_t n, const char *what)
+{
+    uint8_t *got = tgt_read(t, addr, n);
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i]) {
+            fprintf(stderr, "%s: byte %zu is %u, want %u\n", what, i, got[i], want[i]);
+            exit(1);
+        }
+    free(got);
+    TEST_PASS(what);
+}
+
+static void pattern(uint8_t *h, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        h[i] = cuda_test_byte(seed, i);
+}
+
+static kvb_status_t write_epoch(kvb_engine_h w, const char *sid, const kvb_block_t *b, size_t n,
+                                uint64_t epoch)
+{
+    kvb_write_params_t p = {KVB_WRITE_PARAM_EPOCH, epoch};
+    kvb_xfer_h x;
+    kvb_status_t st = kvb_engine_write_async_ex(w, sid, b, n, &p, &x);
+    if (st != KVB_OK)
+        return st;
+    st = kvb_xfer_wait(x, 10.0);
+    fprintf(stderr, "write under epoch %llu: %s (%s)\n", (unsigned long long)epoch,
+            kvb_status_string(st), kvb_xfer_error(x));
+    kvb_xfer_free(x);
+    return st;
+}
+
+int main(int argc, char **argv)
+{
+    const char *lane = argc > 1 ? argv[1] : "ipc";
+    bool ipc = strcmp(lane, "ipc") == 0;
+    kvb_transport_t tr = strcmp(lane, "stage_tcp") == 0 ? KVB_TRANSPORT_TCP : KVB_TRANSPORT_AUTO;
+    tgt_t t = tgt_start(tr, LEN); /* first: fork before any thread */
+
+    kvb_engine_h w = kvb_test_engine(tr, 2);
+    uint8_t *sd = cuda_test_alloc(0, LEN);
+    uint8_t *sh = malloc(LEN), *want = malloc(LEN);
+    CHECK(sh != NULL && want != NULL);
+    cuda_test_fill(sd, LEN, 1);
+    pattern(sh, LEN, 2);
+    kvb_mem_type_t mt;
+    int dev;
+    CHECK_EQ(kvb_mem_query(sd, &mt, &dev), KVB_OK);
+    CHECK(mt == KVB_MEM_CUDA && dev == ct_device(0));
+    CHECK_EQ(kvb_mem_query(sh, &mt, &dev), KVB_OK);
+    CHECK(mt == KVB_MEM_HOST && dev == -1);
+    CHECK_EQ(kvb_engine_register(w, sd, LEN, KVB_MEM_AUTO), KVB_OK);
+    CHECK_EQ(kvb_engine_register(w, sh, LEN, KVB_MEM_AUTO), KVB_OK);
+
+    /* device -> device, the whole first region */
+    kvb_block_t b = {(uint64_t)(uintptr_t)sd, t.dev_addr, LEN};
+    CHECK_EQ(kvb_engine_write(w, t.sid, &b, 1, 10.0), KVB_OK);
+    CHECK_EQ(kvb_engine_session_direct(w, t.sid), ipc ? 1 : 0);
+    kvb_cuda_double_stats_t s0, s1;
+    /* both regions share one allocation: imported once (the double, like
+     * some drivers, refuses to open one handle twice in a process) */
+    bool dbl = ct_stats(&s0);
+    if (dbl)
+        CHECK_EQ(s0.ipc_opens, ipc ? 1 : tr == KVB_TRANSPORT_AUTO ? 2 /* both refused */ : 0);
+    pattern(want, LEN, 1);
+    expect(&t, t.dev_addr, want, LEN, "device to device");
+
+    /* host -> device, the second region of the same allocation */
+    b = (kvb_block_t){(uint64_t)(uintptr_t)sh + 4096, t.dev2_addr, t.dev2_len};
+    CHECK_EQ(kvb_engine_write(w, t.sid, &b, 1, 10.0), KVB_OK);
+    expect(&t, t.dev2_addr, sh + 4096, t.dev2_len, "host to device at an offset");
+
+    /* head slices: row i's first KiB of the device source into the second
+     * KiB of row i of the target, one block each */
+    ct_stats(&s0);
+    kvb_block_t *rows = calloc(ROWS, sizeof(*rows));
+    for (size_t i = 0; i < ROWS; i++) {
+        rows[i] =
+            (kvb_block_t){(uint64_t)(uintptr_t)sd + i * 2048, t.dev_addr + i * 2048 + 1024, 1024};
+        memcpy(want + i * 2048 + 1024, want + i * 2048, 1024); /* source: seed 1 pattern */
+    }
+    CHECK_EQ(kvb_engine_write(w, t.sid, rows, ROWS, 10.0), KVB_OK);
+    ct_stats(&s1);
+    fprintf(stderr, "head slices: %llu single copies, %llu 2-D, %llu batched calls here\n",
+            (unsigned long long)(s1.copies - s0.copies),
+            (unsigned long long)(s1.copies_2d - s0.copies_2d),
+            (unsigned long long)(s1.copies_batch - s0.copies_batch));
+    /* one 2-D copy for the strided rows (device lane: device to device;
+     * staging: device to pinned host), not one call per row */
+    CHECK(!dbl || (s1.copies_2d - s0.copies_2d >= 1 && s1.copies - s0.copies < 8));
+    expect(&t, t.dev_addr, want, LEN, "head slices");
+
+    /* the fence: admitted under a live grant, refused once revoked */
+    kvb_engine_set_writer_tag(w, 7);
+    uint64_t ep = tgt_grant(&t, 7);
+    pattern(sh, LEN, 3);
+    b = (kvb_block_t){(uint64_t)(uintptr_t)sh, t.dev_addr, LEN};
+    CHECK_EQ(write_epoch(w, t.sid, &b, 1, ep), KVB_OK);
+    expect(&t, t.dev_addr, sh, LEN, "written under a live grant");
+    memcpy(want, sh, LEN);
+    CHECK_EQ(tgt_revoke(&t, 7, ep), KVB_OK);
+    pattern(sh, LEN, 4);
+    CHECK_EQ(write_epoch(w, t.sid, &b, 1, ep), KVB_ERR_FENCED);
+    expect(&t, t.dev_addr, want, LEN, "nothing lands under a revoked grant");
+
+    /* bounds: one block past the region's end fails the whole batch */
+    kvb_block_t bad[2] = {{(uint64_t)(uintptr_t)sd, t.dev_addr, 4096},
+                          {(uint64_t)(uintptr_t)sd, t.dev_addr + LEN - 100, 200}};
+    CHECK_EQ(kvb_engine_write(w, t.sid, bad, 2, 10.0), KVB_ERR_BOUNDS);
+    CHECK_STR_CONTAINS(kvb_engine_last_error(w), "not inside a region the peer registered");
+    expect(&t, t.dev_addr, want, LEN, "nothing of a refused batch lands");
+
+    kvb_engine_destroy(w);
+    ct_stats(&s1);
+    fprintf(stderr, "IPC imports: %llu opened, %llu closed\n", (unsigned long long)s1.ipc_opens,
+            (unsigned long long)s1.ipc_closes);
+    if (!dbl) /* a real driver: no counters */
+        ;
+    else if (ipc) /* every import closed with its last connection */
+        CHECK(s1.ipc_opens >= 1 && s1.ipc_closes == s1.ipc_opens);
+    else if (tr == KVB_TRANSPORT_AUTO)
+        CHECK(s1.ipc_opens >= 1 && s1.ipc_closes == 0); /* refused by the double */
+    else
+        CHECK(s1.ipc_opens == 0); /* tcp: no handles offered */
+    tgt_stop(&t);
+    ct_free(sd);
+    free(sh);
+    free(want);
+    free(rows);
+    TEST_PASS(lane);
+    return 0;
+}
