@@ -385,11 +385,11 @@ static bool tag_is(const kvb__frame_t *f, const char *lit)
 kvb__msg_kind_t kvb__frames_classify(const kvb__frame_t *frames, size_t n)
 {
     uint64_t room;
-    size_t nd = kvb__frames_dialect_count(frames, n);
     if (n == 0)
         return KVB__MSG_UNKNOWN;
     if (frame_is(&frames[0], NONE_TAG, sizeof(NONE_TAG) - 1))
-        return nd >= KVB__REG26_MIN ? KVB__MSG_REGISTRATION26 : KVB__MSG_REGISTRATION;
+        return kvb__frames_dialect_count(frames, n) >= KVB__REG26_MIN ? KVB__MSG_REGISTRATION26
+                                                                      : KVB__MSG_REGISTRATION;
     if (frame_is(&frames[0], AUX_TAG, sizeof(AUX_TAG) - 1))
         return KVB__MSG_AUX;
     if (tag_is(&frames[0], "ABORT"))
@@ -403,6 +403,7 @@ kvb__msg_kind_t kvb__frames_classify(const kvb__frame_t *frames, size_t n)
         return KVB__MSG_UNKNOWN;
     if (n == STATUS_FRAMES)
         return KVB__MSG_STATUS;
+    size_t nd = kvb__frames_dialect_count(frames, n);
     if (nd >= KVB__XFER26_MIN)
         return KVB__MSG_TRANSFER26;
     if (nd >= XFER_FRAMES)

@@ -319,7 +319,7 @@ static void test_status_and_aux_bytes(void)
 
 static void test_classify(void)
 {
-    kvb__frame_t f[7];
+    kvb__frame_t f[9] = {EMPTY};
     xfer_frames(f);
     CHECK_EQ(kvb__frames_classify(NULL, 0), KVB__MSG_UNKNOWN);
     CHECK_EQ(kvb__frames_classify(f, 4), KVB__MSG_UNKNOWN); /* digits, 4 frames */
