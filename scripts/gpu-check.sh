@@ -4,7 +4,8 @@
 #      driver API is loaded at run time), the toolkit's cuda.h, where found,
 #      only feeds the ABI check (test_cuda_abi);
 #   2. runs the CUDA lane tests against the real driver (KVBRIDGE_CUDA_LIB
-#      unset: libcuda.so.1): IPC between two processes, staging over tcp,
+#      unset: libcuda.so.1): IPC between two processes, VMM allocations
+#      (cuMemCreate, shared as file descriptors), staging over tcp,
 #      offsets, head slices, the fence, bounds, bytes verified;
 #   3. runs `kvbridge bench --memory cuda` for TP1->TP1, TP2->TP1, TP1->TP2,
 #      deepseek-v3 MLA (TP1->TP1) and TP1->TP1 over tcp (staging), plus the
@@ -15,7 +16,10 @@
 # (tests/cuda/libkvb_cuda_double.so) with small sizes: that proves the script
 # and the plumbing on a machine without a GPU, never GPU speed.
 # Usage: scripts/gpu-check.sh [--double] [--device N] [--build DIR] [--out FILE]
-#   --out FILE: also append the table to FILE. Exit status: 0 all passed,
+#                             [--no-werror]
+#   --out FILE: also append the table to FILE. The build is Release with
+#   -Werror (KVB_WERROR=ON) unless --no-werror (a newer compiler's new
+#   warnings need not stop a GPU run). Exit status: 0 all passed,
 #   1 a test or a bench failed, 2 usage / no driver.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,13 +27,15 @@ BUILD=$ROOT/build-gpu
 DOUBLE=0
 DEVICE=0
 OUT=
+WERROR=ON
 while [ $# -gt 0 ]; do
     case $1 in
     --double) DOUBLE=1 ;;
     --device) DEVICE=$2; shift ;;
     --build) BUILD=$2; shift ;;
     --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+    --no-werror) WERROR=OFF ;;
+    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -40,10 +46,9 @@ LOG=$BUILD/gpu-check
 mkdir -p "$LOG"
 
 echo "== build ($BUILD)"
-# No -Werror: a newer compiler's warnings must not stop a GPU run.
-cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >"$LOG/cmake.log" 2>&1 ||
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKVB_WERROR=$WERROR >"$LOG/cmake.log" 2>&1 ||
     { echo "gpu-check: cmake failed ($LOG/cmake.log)" >&2; exit 1; }
-TARGETS=(kvbridge_cli kvb_cuda_double test_cuda_lanes_ipc test_cuda_lanes_stage_tcp)
+TARGETS=(kvbridge_cli kvb_cuda_double test_cuda_lanes_ipc test_cuda_lanes_vmm test_cuda_lanes_stage_tcp)
 grep -q '^test_cuda_abi' <(cmake --build "$BUILD" --target help 2>/dev/null | sed 's/^... //') &&
     TARGETS+=(test_cuda_abi)
 cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >"$LOG/build.log" 2>&1 ||
@@ -70,7 +75,8 @@ echo "== driver: $DRIVER"
 
 FAILED=0
 echo "== CUDA tests"
-for t in "test_cuda_lanes_ipc ipc" "test_cuda_lanes_stage_tcp stage_tcp" "test_cuda_abi"; do
+for t in "test_cuda_lanes_ipc ipc" "test_cuda_lanes_vmm vmm" "test_cuda_lanes_stage_tcp stage_tcp" \
+    "test_cuda_abi"; do
     set -- $t
     bin=$BUILD/tests/cuda/$1
     [ -x "$bin" ] || { echo "   $1: not built (no cuda.h), skipped"; continue; }

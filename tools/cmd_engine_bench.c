@@ -441,7 +441,7 @@ static void locate_bad(const eb_ctx_t *c, eb_target_t *t, size_t n, size_t bs, e
 {
     uint32_t *inv = malloc(n * sizeof(*inv));
     size_t lo = 0, hi = n, len = strlen(row->error);
-    char err[64];
+    char err[200]; /* holds a target reply (128) and its prefix */
     uint64_t got;
     if (inv == NULL)
         return;

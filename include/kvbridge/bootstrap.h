@@ -166,6 +166,11 @@ enum kvb_bootstrap_reg_field {
     KVB_BOOTSTRAP_REG_LOAD_BALANCE = 1u << 9,   /* load_balance_method [not sent] */
     KVB_BOOTSTRAP_REG_DSA_SPLIT = 1u << 10,     /* enable_dsa_cache_layer_split [false] */
     KVB_BOOTSTRAP_REG_HTTP_PORT = 1u << 11,     /* prefill_http_port [null] */
+    /* "kvbridge": 1 (either dialect; SGLang's servers ignore it): this rank is
+     * a kvbridge prefill, so a kvbridge decode may send it kvbridge's
+     * extension frames (docs/protocol-frames.md). kvbridge's server repeats
+     * it in this rank's look-up answers. [not sent] */
+    KVB_BOOTSTRAP_REG_KVBRIDGE = 1u << 12,
 };
 
 /* One prefill rank's registration (the body of PUT /route). The integer and
@@ -245,6 +250,19 @@ typedef struct kvb_bootstrap_rank_addr {
     uint16_t rank_port;
 } kvb_bootstrap_rank_addr_t;
 
+enum kvb_bootstrap_rank_ext_field {
+    KVB_BOOTSTRAP_RANK_KVBRIDGE = 1u << 0,
+};
+
+/* What a rank look-up answer may add to the address; only the fields named
+ * in field_mask are written. */
+typedef struct kvb_bootstrap_rank_ext {
+    uint64_t field_mask;
+    int kvbridge; /* the answer's "kvbridge" (the rank registered as a kvbridge
+                     prefill, KVB_BOOTSTRAP_REG_KVBRIDGE); 0 when absent (any
+                     other prefill, or a server that does not keep it) */
+} kvb_bootstrap_rank_ext_t;
+
 /* Errors common to the calls below (each with the detail in _last_error()):
  * KVB_ERR_TIMEOUT  no full answer within the bound;
  * KVB_ERR_PEER     connection refused, reset or closed without an answer;
@@ -299,6 +317,15 @@ KVB_API kvb_status_t kvb_bootstrap_client_lookup_cp(kvb_bootstrap_client_h clien
                                                     int32_t cp_rank, int32_t tp_rank,
                                                     int32_t pp_rank, double timeout_s,
                                                     kvb_bootstrap_rank_addr_t *addr_p);
+
+/* The same, also filling the fields of *ext_p that ext_p->field_mask names
+ * (ext_p may be NULL). */
+KVB_API kvb_status_t kvb_bootstrap_client_lookup_ext(kvb_bootstrap_client_h client,
+                                                     int32_t dp_group, int32_t cp_rank,
+                                                     int32_t tp_rank, int32_t pp_rank,
+                                                     double timeout_s,
+                                                     kvb_bootstrap_rank_addr_t *addr_p,
+                                                     kvb_bootstrap_rank_ext_t *ext_p);
 
 /* POST /register_dp_rank {"bootstrap_room": room, "dp_rank": dp_rank} (2026;
  * a prefill rank tells which DP group serves room). dp_rank 0..65535. A room

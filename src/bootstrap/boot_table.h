@@ -15,6 +15,8 @@ typedef struct kvb__boot_entry {
     int64_t dp, cp, tp, pp;
     char *rank_ip; /* owned */
     int64_t rank_port;
+    int64_t kvbridge; /* the registration's "kvbridge" (a kvbridge prefill), 0: absent */
+    bool v2026;       /* registered with the 2026 keys (a rank that speaks 2026 on ZeroMQ) */
 } kvb__boot_entry_t;
 
 typedef struct kvb__boot_table {
@@ -30,6 +32,7 @@ typedef struct kvb__boot_table {
     json_t *layout;             /* merged layout keys; an object, never NULL */
     kvb__boot_entry_t *entries; /* sorted by (dp, tp, pp) */
     size_t count, cap;
+    size_t n_legacy; /* entries registered without the 2026 keys (seed 001, TokenSpeed) */
 } kvb__boot_table_t;
 
 /* Empty table. KVB_ERR_NOMEM on allocation failure. */
@@ -50,6 +53,13 @@ kvb_status_t kvb__boot_table_apply(kvb__boot_table_t *t, const kvb__boot_reg_t *
 const kvb__boot_entry_t *kvb__boot_table_find(const kvb__boot_table_t *t, int64_t dp, int64_t cp,
                                               int64_t tp, int64_t pp);
 
+/* Some rank registered without the 2026 keys (a seed-001 or TokenSpeed
+ * prefill): it does not speak 2026 on ZeroMQ, so the server answers 2026
+ * look-ups as such a prefill's own server does (400), and a decode asks
+ * again in the old style and speaks the old dialect (spec 11.1: "speak on
+ * ZeroMQ the dialect of the server that answered"). */
+bool kvb__boot_table_legacy(const kvb__boot_table_t *t);
+
 /* SGLang 2026 readiness (3.7): the sizes are known and every
  * (dp, cp, tp, pp) is registered. */
 bool kvb__boot_table_ready(const kvb__boot_table_t *t);
@@ -65,7 +75,10 @@ json_t *kvb__boot_table_parallel_info_2026(const kvb__boot_table_t *t, bool with
  * yet or on allocation failure (*nomem_p says which). New reference. */
 json_t *kvb__boot_table_parallel_info(const kvb__boot_table_t *t, bool *nomem_p);
 
-/* {"rank_ip", "rank_port"} of an entry. New reference, NULL on no memory. */
+/* {"rank_ip", "rank_port"} of an entry, plus "kvbridge" when its
+ * registration carried it (a kvbridge decode then sends kvbridge's extension
+ * frames to that rank; SGLang's and TokenSpeed's decodes read only the two
+ * address keys). New reference, NULL on no memory. */
 json_t *kvb__boot_entry_json(const kvb__boot_entry_t *e);
 
 /* Whole table as JSON (for tests and invariants). New reference or NULL. */

@@ -457,10 +457,11 @@ KVB_API kvb_status_t kvb_bootstrap_client_parallel_info(kvb_bootstrap_client_h c
     return kvb_bootstrap_client_parallel_info_ext(c, timeout_s, info_p, NULL);
 }
 
-KVB_API kvb_status_t kvb_bootstrap_client_lookup_cp(kvb_bootstrap_client_h c, int32_t dp_group,
-                                                    int32_t cp_rank, int32_t tp_rank,
-                                                    int32_t pp_rank, double timeout_s,
-                                                    kvb_bootstrap_rank_addr_t *addr_p)
+KVB_API kvb_status_t kvb_bootstrap_client_lookup_ext(kvb_bootstrap_client_h c, int32_t dp_group,
+                                                     int32_t cp_rank, int32_t tp_rank,
+                                                     int32_t pp_rank, double timeout_s,
+                                                     kvb_bootstrap_rank_addr_t *addr_p,
+                                                     kvb_bootstrap_rank_ext_t *ext_p)
 {
     char reason[KVB__BOOT_REASON_MAX], *url = NULL, *old = NULL;
     int dialect;
@@ -488,17 +489,30 @@ KVB_API kvb_status_t kvb_bootstrap_client_lookup_cp(kvb_bootstrap_client_h c, in
     st = lookup_get(c, url, old, timeout_s, false, &dialect);
     if (st == KVB_OK) {
         kvb_bootstrap_rank_addr_t a;
-        st = kvb__boot_rank_addr_parse(c->resp, c->resp_len, &a, reason, sizeof(reason));
-        if (st != KVB_OK)
+        int kvbridge = 0;
+        st = kvb__boot_rank_addr_parse(c->resp, c->resp_len, &a, &kvbridge, reason, sizeof(reason));
+        if (st != KVB_OK) {
             kvb__err_set(&c->err, st, "GET %s: bad answer: %s",
                          dialect == KVB_BOOTSTRAP_DIALECT_2026 ? url : old, reason);
-        else
+        } else {
             *addr_p = a;
+            if (ext_p != NULL && (ext_p->field_mask & KVB_BOOTSTRAP_RANK_KVBRIDGE))
+                ext_p->kvbridge = kvbridge;
+        }
     }
     pthread_mutex_unlock(&c->mu);
     free(url);
     free(old);
     return st;
+}
+
+KVB_API kvb_status_t kvb_bootstrap_client_lookup_cp(kvb_bootstrap_client_h c, int32_t dp_group,
+                                                    int32_t cp_rank, int32_t tp_rank,
+                                                    int32_t pp_rank, double timeout_s,
+                                                    kvb_bootstrap_rank_addr_t *addr_p)
+{
+    return kvb_bootstrap_client_lookup_ext(c, dp_group, cp_rank, tp_rank, pp_rank, timeout_s,
+                                           addr_p, NULL);
 }
 
 KVB_API kvb_status_t kvb_bootstrap_client_lookup(kvb_bootstrap_client_h c, int32_t dp_group,

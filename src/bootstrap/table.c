@@ -51,6 +51,11 @@ static size_t lower_bound(const kvb__boot_table_t *t, int64_t dp, int64_t cp, in
     return lo;
 }
 
+bool kvb__boot_table_legacy(const kvb__boot_table_t *t)
+{
+    return t->n_legacy > 0;
+}
+
 const kvb__boot_entry_t *kvb__boot_table_find(const kvb__boot_table_t *t, int64_t dp, int64_t cp,
                                               int64_t tp, int64_t pp)
 {
@@ -154,6 +159,7 @@ kvb_status_t kvb__boot_table_apply(kvb__boot_table_t *t, const kvb__boot_reg_t *
         t->prefill_http_port = reg->prefill_http_port;
     if (exists) {
         free(t->entries[pos].rank_ip);
+        t->n_legacy -= !t->entries[pos].v2026;
     } else {
         memmove(&t->entries[pos + 1], &t->entries[pos], (t->count - pos) * sizeof(*t->entries));
         t->count++;
@@ -164,6 +170,9 @@ kvb_status_t kvb__boot_table_apply(kvb__boot_table_t *t, const kvb__boot_reg_t *
     }
     t->entries[pos].rank_ip = ip;
     t->entries[pos].rank_port = reg->rank_port;
+    t->entries[pos].kvbridge = reg->kvbridge;
+    t->entries[pos].v2026 = reg->v2026;
+    t->n_legacy += !reg->v2026;
     json_decref(t->layout);
     t->layout = layout;
     return KVB_OK;
@@ -236,6 +245,9 @@ json_t *kvb__boot_table_parallel_info_2026(const kvb__boot_table_t *t, bool with
 
 json_t *kvb__boot_entry_json(const kvb__boot_entry_t *e)
 {
+    if (e->kvbridge > 0)
+        return json_pack("{s:s, s:I, s:I}", "rank_ip", e->rank_ip, "rank_port",
+                         (json_int_t)e->rank_port, KVB__BOOT_KEY_KVBRIDGE, (json_int_t)e->kvbridge);
     return json_pack("{s:s, s:I}", "rank_ip", e->rank_ip, "rank_port", (json_int_t)e->rank_port);
 }
 

@@ -110,6 +110,7 @@ typedef struct kvb__src {
     int dummy;
     uint64_t epoch; /* our writer grant to this source (0: dummy) */
     int dialect;    /* KVB__DIALECT_* of its bootstrap server's answer: what we speak to it */
+    int kvbridge;   /* its look-up answer said "kvbridge": it gets our extension frames */
 } kvb__src_t;
 
 typedef struct kvb__room {
@@ -133,9 +134,10 @@ typedef struct kvb__room {
     size_t n_xfers, cap_xfers;
     char abort_ip[KVB_IP_MAX]; /* decode that asked for the abort (ack target) */
     uint16_t abort_port;
-    int abort_ack26;   /* the abort came as a 2026 ABORT: answer ABORT_ACK, not a status */
-    int abort_has_gen; /* that ABORT carried SGLang 0.5.23's generation: the ACK echoes it */
-    uint64_t abort_gen;
+    int abort_ack26;    /* the abort came as a 2026 ABORT: answer ABORT_ACK, not a status */
+    int abort_has_gen;  /* that ABORT carried SGLang 0.5.23's generation: the ACK echoes it */
+    uint64_t abort_gen; /* prefill: that generation; decode: the one our ABORT carried (an
+                           ACK with another is a late one for an earlier use of the room id) */
     /* decode */
     char *bootstrap_addr;
     kvb__src_t *srcs;
@@ -223,6 +225,10 @@ typedef struct kvb__addr {
     int have_info;
     kvb_bootstrap_parallel_info_t info;
     int dialect;     /* KVB__DIALECT_* the server answered in: the ZeroMQ dialect to its ranks */
+    int32_t cp_size; /* the prefill's attention CP size (seed 001: 1): its status ranks are
+                        tp*(pp*cp) + pp*cp + cp; only CP rank 0 sends (spec 7.7) */
+    int follow_room; /* 2026 follow_bootstrap_room (seed 001: 1): DP group = room % dp_size;
+                        else the group the prefill registered for the room (/query_dp_ranks) */
     kvb_plan_h plan; /* prefill rank 0 layout × this decode rank */
     int failures;
     struct kvb__route *routes;
@@ -235,6 +241,7 @@ typedef struct kvb__route { /* resolved (dp, tp, pp) → endpoint, kv args sent 
     uint16_t port;
     uint64_t epoch; /* writer grant of this resolution (revoked when the route is forgotten) */
     int unsafe;     /* forgotten, and its writes may still land */
+    int kvbridge;   /* the look-up answer said "kvbridge" (kvb__src_t.kvbridge) */
     struct kvb__route *next;
 } kvb__route_t;
 
@@ -294,7 +301,8 @@ struct kvb_manager {
 
     /* decode */
     kvb__addr_t *addrs;
-    int hb_started; /* the heartbeat thread runs (join it on stop) */
+    int hb_started;          /* the heartbeat thread runs (join it on stop) */
+    uint64_t abort_gen_last; /* generations of our 2026 ABORTs (mu): 1, 2, ... */
 };
 
 struct kvb_sender {
@@ -325,17 +333,22 @@ struct kvb_receiver {
  * server made the bootstrap client fall back to 2025 (kvb__addr_t.dialect,
  * kvb__src_t.dialect). Prefill ranks answer each peer in the dialect it
  * used. */
-/* May kvbridge's extension frames (epoch=, kv_lens=) follow the 18 / 10
- * frames of 2026 KV-args / transfer info? The 2026 prefill parser ignores
- * frames after 17 / 9 (spec 5.2, 5.3, 11.1). KVBRIDGE_SGLANG_EXT26=0 turns
- * them off (then no writer grant travels: writes carry epoch 0). */
-bool kvb__ext26_ok(const struct kvb_manager *m);
+/* kvbridge's extension frames (kv_lens=, epoch=, page_mask=, prefix_len=,
+ * state_idx=, abort=1; after the "kvbridge-ext/1" marker) go only to a
+ * prefill rank whose bootstrap look-up answer said "kvbridge"
+ * (kvb__src_t.kvbridge): SGLang's and TokenSpeed's prefills get their
+ * dialect's frames and nothing else. Without them no writer grant travels
+ * (writes carry epoch 0: the fence is what that prefill offers, its
+ * ABORT/ACK or statuses) and a seed-001 prefill gets no abort at all. */
 /* ABORT_ACK (room, rank) to ip:port: always the 3-frame form, sent only
  * once no write of the room can land. */
 kvb_status_t kvb__send_abort_ack(struct kvb_manager *m, const char *ip, uint16_t port,
                                  uint64_t room, int32_t rank, const uint64_t *gen);
-/* ABORT (room, our ip, our port) to a 2026 prefill rank. */
-kvb_status_t kvb__send_abort26(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room);
+/* ABORT (room, our ip, our port, gen) to a 2026 prefill rank. gen (>= 1)
+ * is SGLang 0.5.23's frame 4: that prefill's deferred mode ACKs only an
+ * ABORT with one, echoing it; the spec's commit reads frames 0-3 only. */
+kvb_status_t kvb__send_abort26(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
+                               uint64_t gen);
 /* Log once per kind and count a message kvbridge does not support (the
  * 2026 staging messages): it fails no room and is otherwise ignored. */
 void kvb__conn_unsupported(struct kvb_manager *m, const kvb__frame_t *f, size_t n);

@@ -117,7 +117,9 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     if (have)
         return KVB_OK;
     kvb_bootstrap_parallel_info_ext_t ext = {0};
-    ext.field_mask = KVB_BOOTSTRAP_INFO_DIALECT | KVB_BOOTSTRAP_INFO_PAGE_SIZE;
+    ext.field_mask = KVB_BOOTSTRAP_INFO_DIALECT | KVB_BOOTSTRAP_INFO_PAGE_SIZE |
+                     KVB_BOOTSTRAP_INFO_CP_SIZE | KVB_BOOTSTRAP_INFO_FOLLOW_ROOM |
+                     KVB_BOOTSTRAP_INFO_DSA_SPLIT;
     pthread_mutex_lock(&a->client_mu);
     kvb_status_t st = kvb_bootstrap_client_parallel_info_ext(a->client, 5.0, &info, &ext);
     /* The HTTP detail, read under the lock (thread-local copy). */
@@ -135,6 +137,16 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
         snprintf(rs->why, sizeof(rs->why),
                  "Page size mismatch: prefill at %s has page_size %d, this decode %u", a->addr,
                  (int)ext.page_size, m->args.page_size);
+        kvb_bootstrap_parallel_info_free(&info);
+        return KVB_ERR_INVALID;
+    }
+    if (ext.enable_dsa_cache_layer_split && ext.attn_cp_size > 1) {
+        /* Each CP rank then holds a layer subset (spec 7.7): the decode
+         * would have to pull from every CP rank and pair layers by id. */
+        snprintf(rs->why, sizeof(rs->why),
+                 "prefill at %s splits its DSA cache layers across %d CP ranks "
+                 "(enable_dsa_cache_layer_split); kvbridge pulls every layer from CP rank 0",
+                 a->addr, (int)ext.attn_cp_size);
         kvb_bootstrap_parallel_info_free(&info);
         return KVB_ERR_INVALID;
     }
@@ -157,6 +169,8 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
         a->dialect = ext.dialect == KVB_BOOTSTRAP_DIALECT_2026         ? KVB__DIALECT_2026
                      : ext.dialect == KVB_BOOTSTRAP_DIALECT_TOKENSPEED ? KVB__DIALECT_TS
                                                                        : KVB__DIALECT_2025;
+        a->follow_room = ext.follow_bootstrap_room;
+        a->cp_size = ext.attn_cp_size > 0 ? ext.attn_cp_size : 1;
         a->plan = plan;
         a->have_info = 1;
         a->failures = 0;
@@ -186,8 +200,8 @@ static kvb_status_t kv_lens_ext(const struct kvb_manager *m, uint8_t **buf_p, kv
 }
 
 /* 2026 KV-args (18 frames): state buffers as one component, no layer ids,
- * no staging ring (kvbridge never stages), DCP 1/0; kv_lens= follows frame
- * 17 when kvbridge extensions may (kvb__ext26_ok). */
+ * no staging ring (kvbridge never stages), DCP 1/0; then, when lens is
+ * given (a kvbridge prefill), the marker and kv_lens=. */
 static kvb_status_t send_registration26(struct kvb_manager *m, const char *ip, uint16_t port,
                                         const kvb__frame_t *lens)
 {
@@ -218,8 +232,8 @@ static kvb_status_t send_registration26(struct kvb_manager *m, const char *ip, u
     r.dst_attn_tp_size = m->p.attn_tp_size;
     r.dst_kv_item_len = (int64_t)m->args.kv_item_len;
     r.dcp_size = 1;
-    r.ext = kvb__ext26_ok(m) ? lens : NULL;
-    r.n_ext = kvb__ext26_ok(m) ? 1 : 0;
+    r.ext = lens;
+    r.n_ext = lens != NULL ? 1 : 0;
     kvb__frames_buf_init(&b);
     if (st == KVB_OK)
         st = kvb__frames_encode_registration26(&r, &e, &b);
@@ -232,25 +246,27 @@ static kvb_status_t send_registration26(struct kvb_manager *m, const char *ip, u
     return st;
 }
 
+/* KV-args in the source's dialect; kvbridge's kv_lens= (after the marker)
+ * only to a kvbridge prefill. */
 static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uint16_t port,
-                                      int dialect)
+                                      const kvb__src_t *s)
 {
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__reg_msg_t r = {0};
     kvb__frame_t lens;
     uint8_t *lens_buf = NULL;
-    if (dialect == KVB__DIALECT_TS)
+    if (s->dialect == KVB__DIALECT_TS)
         return kvb__ts_send_registration(m, ip, port);
     if (kv_lens_ext(m, &lens_buf, &lens) != KVB_OK)
         return KVB_ERR_NOMEM;
-    if (dialect == KVB__DIALECT_2026) {
-        kvb_status_t st = send_registration26(m, ip, port, &lens);
+    if (s->dialect == KVB__DIALECT_2026) {
+        kvb_status_t st = send_registration26(m, ip, port, s->kvbridge ? &lens : NULL);
         free(lens_buf);
         return st;
     }
-    r.ext = &lens;
-    r.n_ext = 1;
+    r.ext = s->kvbridge ? &lens : NULL;
+    r.n_ext = s->kvbridge ? 1 : 0;
     const char *sid = kvb_engine_session_id(m->engine);
     r.ip = m->host;
     r.ip_len = strlen(m->host);
@@ -287,12 +303,14 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
         snprintf(out->ip, sizeof(out->ip), "%s", r->ip);
         out->port = r->port;
         out->epoch = r->epoch;
+        out->kvbridge = r->kvbridge;
     }
     pthread_mutex_unlock(&m->mu);
     if (r != NULL)
         return KVB_OK;
+    kvb_bootstrap_rank_ext_t rx = {KVB_BOOTSTRAP_RANK_KVBRIDGE, 0};
     pthread_mutex_lock(&a->client_mu);
-    kvb_status_t st = kvb_bootstrap_client_lookup(a->client, dp, tp, pp, 5.0, &ra);
+    kvb_status_t st = kvb_bootstrap_client_lookup_ext(a->client, dp, 0, tp, pp, 5.0, &ra, &rx);
     const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
     pthread_mutex_unlock(&a->client_mu);
     if (st != KVB_OK) {
@@ -306,9 +324,10 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
      * (fenced when that route was forgotten) stay refused. */
     uint32_t tag = kvb__endpoint_tag(ra.rank_ip, ra.rank_port);
     uint64_t epoch = 0;
+    out->kvbridge = rx.kvbridge > 0;
     st = kvb_engine_grant_writer(m->engine, tag, &epoch);
     if (st == KVB_OK)
-        st = send_registration(m, ra.rank_ip, ra.rank_port, out->dialect);
+        st = send_registration(m, ra.rank_ip, ra.rank_port, out);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why), "KV args not delivered to prefill %s:%u", ra.rank_ip,
                  ra.rank_port);
@@ -324,7 +343,7 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     if (had != NULL) /* resolved meanwhile by another receiver: one grant per route */
         out->epoch = had->epoch;
     else if (a->have_info && (r = calloc(1, sizeof(*r))) != NULL) {
-        *r = (kvb__route_t){dp, tp, pp, "", ra.rank_port, epoch, 0, a->routes};
+        *r = (kvb__route_t){dp, tp, pp, "", ra.rank_port, epoch, 0, out->kvbridge, a->routes};
         snprintf(r->ip, sizeof(r->ip), "%s", ra.rank_ip);
         a->routes = r;
     }
@@ -335,6 +354,39 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     return KVB_OK;
 }
 
+/* The prefill DP group serving room (spec 3.6): the caller's, 0 with one
+ * group, room % dp_size under follow_bootstrap_room, else the group the
+ * prefill registered for the room (POST /register_dp_rank), asked for up to
+ * DP_QUERY_S (SGLang's decode keeps such a room pending and asks again). */
+#define DP_QUERY_S 5.0
+static kvb_status_t dp_group_of(kvb__addr_t *a, uint64_t room, int32_t dp_rank, int32_t dp,
+                                int follow, resolve_t *rs)
+{
+    double end = kvb__now_s() + DP_QUERY_S, pause = 0.02;
+    int32_t got = -1;
+    rs->dp_group = dp_rank >= 0 ? dp_rank : dp <= 1 ? 0 : (int32_t)(room % (uint64_t)dp);
+    if (dp_rank >= 0 || dp <= 1 || follow)
+        return KVB_OK;
+    for (;;) {
+        pthread_mutex_lock(&a->client_mu);
+        kvb_status_t st = kvb_bootstrap_client_query_dp_ranks(a->client, &room, 1, 1.0, &got);
+        pthread_mutex_unlock(&a->client_mu);
+        if (st == KVB_OK && got >= 0 && got < dp) {
+            rs->dp_group = got;
+            return KVB_OK;
+        }
+        if (kvb__now_s() + pause > end)
+            break;
+        usleep((useconds_t)(pause * 1e6));
+        pause = pause < 0.2 ? pause * 2 : 0.2;
+    }
+    snprintf(rs->why, sizeof(rs->why),
+             "prefill DP group of room %llu unknown at bootstrap server %s after %.0f s "
+             "(follow_bootstrap_room is false there: the prefill must POST /register_dp_rank)",
+             (unsigned long long)room, a->addr, DP_QUERY_S);
+    return KVB_ERR_NOT_FOUND;
+}
+
 static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room, int32_t dp_rank,
                             resolve_t *rs)
 {
@@ -343,7 +395,7 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
         return st;
     pthread_mutex_lock(&m->mu);
     int32_t pp = a->info.pp_size, dp = a->info.dp_size;
-    int dialect = a->dialect;
+    int dialect = a->dialect, follow = a->follow_room;
     st = a->have_info ? kvb_plan_route(a->plan, (uint32_t)m->p.attn_tp_rank, &rs->route)
                       : KVB_ERR_STATE;
     pthread_mutex_unlock(&m->mu);
@@ -352,7 +404,9 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
                  kvb_plan_last_error());
         return st;
     }
-    rs->dp_group = dp_rank >= 0 ? dp_rank : (int32_t)(room % (uint64_t)dp);
+    st = dp_group_of(a, room, dp_rank, dp, follow, rs);
+    if (st != KVB_OK)
+        return st;
     rs->srcs = calloc((size_t)rs->route.num_sources * (size_t)pp + 1, sizeof(*rs->srcs));
     if (rs->srcs == NULL)
         return KVB_ERR_NOMEM;
@@ -422,8 +476,9 @@ kvb_status_t kvb_receiver_create(kvb_manager_h m, const char *bootstrap_addr, ui
 /* ---- init and abort messages ---- */
 
 /* 2026 transfer info (10 frames): the pages after the prefix only, the
- * prefix in tokens (frame 8), one state index list; epoch= follows frame 9
- * when kvbridge extensions may. The caller checked what has no 2026 form. */
+ * prefix in tokens (frame 8), one state index list; then, to a kvbridge
+ * prefill, the marker, epoch= and page_mask=. The caller checked what has
+ * no 2026 form (init_fits_sources). */
 static kvb_status_t send_transfer26(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
                                     const int32_t *idx, size_t n, int64_t aux,
                                     const kvb_receiver_init_t *ex)
@@ -449,9 +504,9 @@ static kvb_status_t send_transfer26(struct kvb_manager *m, const kvb__src_t *s, 
     x.required_dst_info_num = (int32_t)s->required_dst_info_num;
     x.has_prefix_len = true;
     x.prefix_len = (int64_t)prefix;
-    x.has_epoch = !s->dummy && s->epoch != 0 && kvb__ext26_ok(m);
+    x.has_epoch = !s->dummy && s->epoch != 0 && s->kvbridge;
     x.epoch = s->epoch;
-    if (!s->dummy && kvb__ext26_ok(m) && ex != NULL && (ex->field_mask & KVB_RECV_INIT_MASK) &&
+    if (!s->dummy && s->kvbridge && ex != NULL && (ex->field_mask & KVB_RECV_INIT_MASK) &&
         ex->page_mask != NULL && x.pages.count > 0) {
         x.has_page_mask = true; /* the suffix's bytes, aligned with frame 4 */
         x.page_mask = ex->page_mask + skip;
@@ -472,59 +527,92 @@ static kvb_status_t send_transfer26(struct kvb_manager *m, const kvb__src_t *s, 
     return st;
 }
 
-static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
-                                  const int32_t *idx, size_t n, int64_t aux,
-                                  const kvb_receiver_init_t *ex, bool abort)
+/* Frames 0-6 of a seed-001 transfer info from us to s (a dummy when dummy). */
+static void xfer_head(struct kvb_manager *m, const kvb__src_t *s, uint64_t room, bool dummy,
+                      kvb__xfer_msg_t *x)
 {
-    if (s->dialect == KVB__DIALECT_2026)
-        return abort ? kvb__send_abort26(m, s->ip, s->port, room)
-                     : send_transfer26(m, s, room, idx, n, aux, ex);
-    if (s->dialect == KVB__DIALECT_TS) /* TokenSpeed has no abort message */
-        return abort ? KVB_OK : kvb__ts_send_transfer(m, s, room, idx, n, aux, ex);
+    const char *sid = kvb_engine_session_id(m->engine);
+    memset(x, 0, sizeof(*x));
+    x->room = room;
+    x->ip = m->host;
+    x->ip_len = strlen(m->host);
+    x->port = m->port;
+    x->session_id = sid;
+    x->session_id_len = strlen(sid);
+    x->is_dummy = dummy;
+    x->aux_index = -1;
+    x->required_dst_info_num = (int32_t)s->required_dst_info_num;
+}
+
+static kvb_status_t send_xfer_msg(struct kvb_manager *m, const kvb__src_t *s,
+                                  const kvb__xfer_msg_t *x)
+{
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
-    kvb__xfer_msg_t x = {0};
-    kvb__frame_t ext = {(const uint8_t *)"abort=1", 7};
-    const char *sid = kvb_engine_session_id(m->engine);
-    bool dummy = s->dummy || abort;
-    x.room = room;
-    x.ip = m->host;
-    x.ip_len = strlen(m->host);
-    x.port = m->port;
-    x.session_id = sid;
-    x.session_id_len = strlen(sid);
-    x.is_dummy = dummy;
-    x.pages = dummy ? kvb__i32_view_of(NULL, 0) : kvb__i32_view_of(idx, n);
-    x.aux_index = dummy ? -1 : (int32_t)aux;
-    x.required_dst_info_num = (int32_t)s->required_dst_info_num;
-    x.has_epoch = !dummy && s->epoch != 0;
-    x.epoch = s->epoch;
-    if (!dummy && ex != NULL && (ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask) {
-        x.has_page_mask = true;
-        x.page_mask = ex->page_mask;
-    }
-    if (!dummy && ex != NULL && (ex->field_mask & KVB_RECV_INIT_PREFIX)) {
-        x.has_prefix_len = true;
-        x.prefix_len = (int64_t)ex->prefix_tokens;
-    }
-    if (!dummy && ex != NULL && (ex->field_mask & KVB_RECV_INIT_STATE) &&
-        ex->num_state_indices > 0 && ex->state_indices != NULL) {
-        x.has_state_idx = true;
-        x.state_idx = kvb__i32_view_of(ex->state_indices, ex->num_state_indices);
-    }
-    if (abort) {
-        x.ext = &ext;
-        x.n_ext = 1;
-    }
     kvb__frames_buf_init(&b);
-    kvb_status_t st = kvb__frames_encode_transfer(&x, &e, &b);
+    kvb_status_t st = kvb__frames_encode_transfer(x, &e, &b);
     if (st != KVB_OK)
         KVB_LOGW("manager %s: transfer info for room %llu not encodable: %s", m->endpoint,
-                 (unsigned long long)room, e.reason);
+                 (unsigned long long)x->room, e.reason);
     else
         st = kvb__zsend(&m->zc, s->ip, s->port, &b);
     kvb__frames_buf_free(&b);
     return st;
+}
+
+/* Transfer info in the source's dialect. Seed 001: 7 frames, then, to a
+ * kvbridge prefill, the marker and epoch=, page_mask=, prefix_len=,
+ * state_idx= (a plain seed-001 prefill gets the 7 frames: the caller
+ * checked what they cannot say, init_fits_sources). */
+static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
+                                  const int32_t *idx, size_t n, int64_t aux,
+                                  const kvb_receiver_init_t *ex)
+{
+    if (s->dialect == KVB__DIALECT_2026)
+        return send_transfer26(m, s, room, idx, n, aux, ex);
+    if (s->dialect == KVB__DIALECT_TS)
+        return kvb__ts_send_transfer(m, s, room, idx, n, aux, ex);
+    kvb__xfer_msg_t x;
+    bool ext = !s->dummy && s->kvbridge && ex != NULL;
+    xfer_head(m, s, room, s->dummy, &x);
+    x.pages = s->dummy ? kvb__i32_view_of(NULL, 0) : kvb__i32_view_of(idx, n);
+    x.aux_index = s->dummy ? -1 : (int32_t)aux;
+    x.has_epoch = !s->dummy && s->kvbridge && s->epoch != 0;
+    x.epoch = s->epoch;
+    if (ext && (ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask) {
+        x.has_page_mask = true;
+        x.page_mask = ex->page_mask;
+    }
+    if (ext && (ex->field_mask & KVB_RECV_INIT_PREFIX)) {
+        x.has_prefix_len = true;
+        x.prefix_len = (int64_t)ex->prefix_tokens;
+    }
+    if (ext && (ex->field_mask & KVB_RECV_INIT_STATE) && ex->num_state_indices > 0 &&
+        ex->state_indices != NULL) {
+        x.has_state_idx = true;
+        x.state_idx = kvb__i32_view_of(ex->state_indices, ex->num_state_indices);
+    }
+    return send_xfer_msg(m, s, &x);
+}
+
+/* Ask source s to stop writing the room: a 2026 ABORT carrying gen (SGLang
+ * 0.5.23's generation; the spec's prefill reads frames 0-3 only), or, to a
+ * kvbridge prefill speaking seed 001, a dummy transfer info with abort=1.
+ * Seed 001 has no abort: a plain seed-001 prefill is told nothing (its
+ * status, or the abort-ack time-out, then closes the fence). */
+static kvb_status_t send_abort(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
+                               uint64_t gen)
+{
+    if (s->dialect == KVB__DIALECT_2026)
+        return kvb__send_abort26(m, s->ip, s->port, room, gen);
+    if (!s->kvbridge || s->dialect == KVB__DIALECT_TS) /* TokenSpeed has no abort message */
+        return KVB_OK;
+    kvb__xfer_msg_t x;
+    kvb__frame_t ext = {(const uint8_t *)"abort=1", 7};
+    xfer_head(m, s, room, true, &x);
+    x.ext = &ext;
+    x.n_ext = 1;
+    return send_xfer_msg(m, s, &x);
 }
 
 static uint32_t src_key(uint32_t tp, uint32_t pp)
@@ -533,15 +621,18 @@ static uint32_t src_key(uint32_t tp, uint32_t pp)
 }
 
 /* m->mu held: the room failed after init; ask every real source that has
- * not answered to stop, and hold the terminal report until they confirm. */
-static void open_fence(struct kvb_manager *m, kvb__room_t *r, kvb__src_t **todo, size_t *n_todo)
+ * not answered to stop, and hold the terminal report until they confirm.
+ * The abort's generation: a fresh one per room fence, so an ACK left over
+ * from an earlier use of the room id is told apart. 0: nothing to send. */
+static uint64_t open_fence(struct kvb_manager *m, kvb__room_t *r, kvb__src_t **todo, size_t *n_todo)
 {
     *todo = NULL;
     *n_todo = 0;
     if (r->fence_open || r->t_init == 0 || r->lost)
-        return;
+        return 0;
     r->fence_open = 1;
     r->t_fence = kvb__now_s(); /* the abort-confirmation bound runs from here */
+    r->abort_gen = ++m->abort_gen_last;
     *todo = calloc(r->n_src + 1, sizeof(**todo));
     for (size_t i = 0; *todo != NULL && i < r->n_src; i++) {
         uint32_t key = src_key(r->srcs[i].tp_rank, r->srcs[i].pp_rank);
@@ -551,12 +642,14 @@ static void open_fence(struct kvb_manager *m, kvb__room_t *r, kvb__src_t **todo,
         if (!r->srcs[i].dummy && !answered)
             (*todo)[(*n_todo)++] = r->srcs[i];
     }
+    return r->abort_gen;
 }
 
-static void send_aborts(struct kvb_manager *m, uint64_t room, kvb__src_t *todo, size_t n)
+static void send_aborts(struct kvb_manager *m, uint64_t room, uint64_t gen, kvb__src_t *todo,
+                        size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        send_transfer(m, &todo[i], room, NULL, 0, -1, NULL, true);
+        send_abort(m, &todo[i], room, gen);
     free(todo);
 }
 
@@ -600,54 +693,64 @@ static bool pages_in_pool(struct kvb_manager *m, uint64_t room, const int32_t *i
     return true;
 }
 
-/* The dialect the room's sources speak (one bootstrap address: one). */
-static int room_dialect(struct kvb_manager *m, uint64_t room)
+/* What the transfer info to real source s cannot say, into why (empty:
+ * nothing). The 2026 frames carry the prefix as a token count (whole pages)
+ * and the suffix pages; seed 001's carry pages only. Page masks (both
+ * dialects) and, in seed 001, prefixes and state indices travel as kvbridge
+ * extensions, which only a kvbridge prefill gets. */
+static void no_form(const struct kvb_manager *m, const kvb__src_t *s, size_t count,
+                    const kvb_receiver_init_t *ex, char *why, size_t len)
 {
-    pthread_mutex_lock(&m->mu);
-    kvb__room_t *r = kvb__room_find(m, room);
-    int d = r != NULL && r->n_src > 0 ? r->srcs[0].dialect : KVB__DIALECT_2025;
-    pthread_mutex_unlock(&m->mu);
-    return d;
-}
-
-/* The 2026 transfer info carries the prefix as a token count and the
- * suffix pages; it has no page mask (kvbridge's page_mask= extension after
- * frame 9 carries one, when extensions may follow: kvb__ext26_ok). What it
- * cannot say fails the room with why and nothing is sent. */
-static bool init_fits_dialect(struct kvb_manager *m, uint64_t room, size_t count,
-                              const kvb_receiver_init_t *ex)
-{
-    char why[256] = "";
     uint32_t page = m->args.page_size ? m->args.page_size : 1;
-    int d = room_dialect(m, room);
-    if ((d != KVB__DIALECT_2026 && d != KVB__DIALECT_TS) || ex == NULL)
-        return true;
-    /* TokenSpeed's transfer info has no page mask at all. */
-    if ((ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask != NULL &&
-        (d == KVB__DIALECT_TS || !kvb__ext26_ok(m)))
-        for (size_t i = 0; i < count && why[0] == '\0'; i++)
-            if (!ex->page_mask[i])
-                snprintf(why, sizeof(why),
-                         "a page mask with holes (entry %zu is 0) has no form in %s; use "
-                         "prefix_tokens",
-                         i,
-                         d == KVB__DIALECT_TS ? "TokenSpeed's transfer info"
-                                              : "SGLang's 2026 transfer info without kvbridge "
-                                                "extensions (KVBRIDGE_SGLANG_EXT26=0)");
-    if (why[0] == '\0' && (ex->field_mask & KVB_RECV_INIT_PREFIX) &&
-        (ex->prefix_tokens % page != 0 || ex->prefix_tokens / page > count))
-        snprintf(why, sizeof(why),
+    bool holes = false, v26 = s->dialect == KVB__DIALECT_2026;
+    size_t hole = 0;
+    const char *name = v26 ? "SGLang's 2026" : "seed 001's";
+    if ((ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask != NULL)
+        for (hole = 0; hole < count && !holes; hole++)
+            holes = !ex->page_mask[hole];
+    bool prefix = (ex->field_mask & KVB_RECV_INIT_PREFIX) && ex->prefix_tokens > 0;
+    bool state = (ex->field_mask & KVB_RECV_INIT_STATE) && ex->num_state_indices > 0;
+    bool ts = s->dialect == KVB__DIALECT_TS; /* prefix and state slots: frames 7, 11 */
+    why[0] = '\0';
+    if (ts && holes)
+        snprintf(why, len,
+                 "a page mask with holes (entry %zu is 0) has no form in TokenSpeed's transfer "
+                 "info; use prefix_tokens",
+                 hole - 1);
+    else if ((v26 || ts) && prefix &&
+             (ex->prefix_tokens % page != 0 || ex->prefix_tokens / page > count))
+        snprintf(why, len,
                  "prefix of %llu tokens is not a whole number of pages (page size %u) within the "
                  "%zu pages given",
                  (unsigned long long)ex->prefix_tokens, page, count);
-    if (why[0] == '\0')
+    else if (!ts && !s->kvbridge && (holes || (!v26 && (prefix || state))))
+        snprintf(why, len,
+                 "%s%s has no form in %s transfer info without kvbridge extensions, and prefill "
+                 "%.64s:%u did not register as kvbridge%s",
+                 holes    ? "a page mask with holes"
+                 : prefix ? "a decode prefix"
+                          : "state indices",
+                 holes ? "" : " (kvbridge's extension)", name, s->ip, s->port,
+                 v26 ? "; use prefix_tokens" : "");
+}
+
+/* Fail the room (nothing sent) when its transfer info cannot say what ex
+ * asks of one of its sources. */
+static bool init_fits_sources(struct kvb_manager *m, uint64_t room, size_t count,
+                              const kvb_receiver_init_t *ex)
+{
+    char why[320] = "";
+    if (ex == NULL)
         return true;
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, room);
-    if (r != NULL)
+    for (size_t i = 0; r != NULL && i < r->n_src && why[0] == '\0'; i++)
+        if (!r->srcs[i].dummy)
+            no_form(m, &r->srcs[i], count, ex, why, sizeof(why));
+    if (why[0] != '\0')
         kvb__room_fail(r, "room %llu: %s; nothing was sent", (unsigned long long)room, why);
     pthread_mutex_unlock(&m->mu);
-    return false;
+    return why[0] == '\0';
 }
 
 kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t count,
@@ -669,7 +772,7 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
         aux_index = 0; /* no aux buffers here: the prefill plans no aux into us */
     }
     if (!pages_in_pool(m, rc->room, indices, count, extra) ||
-        !init_fits_dialect(m, rc->room, count, extra))
+        !init_fits_sources(m, rc->room, count, extra))
         return KVB_ERR_INVALID;
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, rc->room);
@@ -684,7 +787,7 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
     pthread_mutex_unlock(&m->mu);
     kvb_status_t st = KVB_OK;
     for (size_t i = 0; i < n && st == KVB_OK; i++)
-        st = send_transfer(m, &srcs[i], rc->room, indices, count, aux_index, extra, false);
+        st = send_transfer(m, &srcs[i], rc->room, indices, count, aux_index, extra);
     free(srcs);
     if (st != KVB_OK) {
         pthread_mutex_lock(&m->mu);
@@ -759,6 +862,7 @@ kvb_poll_t kvb_receiver_poll(kvb_receiver_h rc)
     struct kvb_manager *m = rc->mgr;
     kvb__src_t *todo = NULL;
     size_t n_todo = 0;
+    uint64_t gen = 0;
     int status;
     if (rc->concluded)
         return (kvb_poll_t)(rc->concluded - 1);
@@ -777,14 +881,14 @@ kvb_poll_t kvb_receiver_poll(kvb_receiver_h rc)
          * an undeliverable transfer info), the sources must stop writing
          * before the pages are reported reusable. No-op once opened. */
         if (r->status == KVB_POLL_FAILED)
-            open_fence(m, r, &todo, &n_todo);
+            gen = open_fence(m, r, &todo, &n_todo);
         status = r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
         if (status == KVB_POLL_FAILED && !fence_done(m, r))
             status = KVB_POLL_TRANSFERRING; /* not terminal until the fence closes */
     }
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
-        send_aborts(m, rc->room, todo, n_todo);
+        send_aborts(m, rc->room, gen, todo, n_todo);
     if (status == KVB_POLL_FAILED || status == KVB_POLL_SUCCESS)
         rc->concluded = status + 1;
     return (kvb_poll_t)status;
@@ -795,15 +899,16 @@ void kvb_receiver_abort(kvb_receiver_h rc)
     struct kvb_manager *m = rc->mgr;
     kvb__src_t *todo = NULL;
     size_t n = 0;
+    uint64_t gen = 0;
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, rc->room);
     if (r != NULL && r->status != KVB_POLL_SUCCESS) {
         kvb__room_fail(r, "Aborted by AbortReq.");
-        open_fence(m, r, &todo, &n);
+        gen = open_fence(m, r, &todo, &n);
     }
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
-        send_aborts(m, rc->room, todo, n);
+        send_aborts(m, rc->room, gen, todo, n);
 }
 
 void kvb_receiver_failure(kvb_receiver_h rc, char *buf, size_t len)
@@ -843,19 +948,23 @@ static bool is_source(const kvb__room_t *r, uint32_t key)
     return r->n_src == 0;
 }
 
-/* m->mu held. Record that prefill rank (tp * pp_size + pp; the 2026 rank
- * is the same with CP size 1) answered for the room: a terminal status, or
- * a drained abort ack (what says). false when it had answered already, or
- * is no source of the room (logged: any peer on the PULL socket could
- * otherwise end a room before its bytes landed). */
+/* m->mu held. Record that prefill rank (seed 001: tp * pp_size + pp; 2026:
+ * tp * (pp_size * cp_size) + pp * cp_size + cp, the same with CP size 1)
+ * answered for the room: a terminal status, or a drained abort ack (what
+ * says). false when it had answered already, or is no source of the room
+ * (a CP rank other than 0 never is; logged: any peer on the PULL socket
+ * could otherwise end a room before its bytes landed). */
 static bool record_response(struct kvb_manager *m, kvb__room_t *r, int32_t rank, const char *what)
 {
-    int32_t pp_size = 1;
+    int32_t pp_size = 1, cp_size = 1;
     kvb__addr_t *a = r->bootstrap_addr ? addr_get(m, r->bootstrap_addr) : NULL;
     if (a != NULL && a->have_info && a->info.pp_size > 0)
         pp_size = a->info.pp_size;
-    uint32_t key = src_key((uint32_t)(rank / pp_size), (uint32_t)(rank % pp_size));
-    if (!is_source(r, key)) {
+    if (a != NULL && a->have_info && a->cp_size > 1)
+        cp_size = a->cp_size;
+    int32_t base = rank / cp_size;
+    uint32_t key = src_key((uint32_t)(base / pp_size), (uint32_t)(base % pp_size));
+    if (rank % cp_size != 0 || !is_source(r, key)) {
         KVB_LOGW("manager %s: room %llu: %s from prefill rank %d, which is not one of its "
                  "sources: ignored",
                  m->endpoint, (unsigned long long)r->id, what, (int)rank);
@@ -878,6 +987,7 @@ static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
     kvb__frames_err_t e;
     kvb__src_t *todo = NULL;
     size_t n_todo = 0;
+    uint64_t gen = 0;
     if (kvb__frames_decode_status(f, n, &e, &s) != KVB_OK) {
         kvb__conn_bad_message(m, KVB__MSG_STATUS, &e);
         return;
@@ -894,12 +1004,12 @@ static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
             kvb__room_set_status(r, KVB_POLL_SUCCESS);
         if (s.status == KVB_POLL_FAILED) {
             kvb__room_fail(r, FAIL_FROM_PREFILL);
-            open_fence(m, r, &todo, &n_todo);
+            gen = open_fence(m, r, &todo, &n_todo);
         }
     }
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
-        send_aborts(m, s.room, todo, n_todo);
+        send_aborts(m, s.room, gen, todo, n_todo);
 }
 
 static void on_aux(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
@@ -934,9 +1044,12 @@ static void on_aux(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 /* ABORT_ACK from a 2026 prefill rank. The 3-frame form (SGLang's deferred
  * mode, and what a kvbridge prefill always sends, only once the room's
  * writes settled) confirms that nothing of the room is in flight from that
- * rank: it counts as that source's answer for the abort fence. The 2-frame
- * form is sent at once, writes or not: it confirms nothing and is ignored
- * (the fence then waits for a status or KVBRIDGE_ABORT_ACK_TIMEOUT). */
+ * rank: it counts as that source's answer for the abort fence. The 4-frame
+ * form (SGLang 0.5.23, and a kvbridge prefill answering our ABORT) must
+ * echo our ABORT's generation: another is a late ACK for an earlier use of
+ * the room id, ignored as SGLang's decode does. The 2-frame form is sent at
+ * once, writes or not: it confirms nothing and is ignored (the fence then
+ * waits for a status or KVBRIDGE_ABORT_ACK_TIMEOUT). */
 static void on_abort_ack(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     kvb__abort_ack_msg_t a;
@@ -952,7 +1065,11 @@ static void on_abort_ack(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         return;
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, a.room);
-    if (r != NULL && r->fence_open)
+    if (r != NULL && r->fence_open && a.has_generation && a.generation != r->abort_gen)
+        KVB_LOGD("manager %s: room %llu: abort ack for generation %llu, ours is %llu: ignored",
+                 m->endpoint, (unsigned long long)a.room, (unsigned long long)a.generation,
+                 (unsigned long long)r->abort_gen);
+    else if (r != NULL && r->fence_open)
         record_response(m, r, a.rank, "abort ack");
     pthread_mutex_unlock(&m->mu);
 }
@@ -999,7 +1116,7 @@ static const kvb__route_t *granted_by(const kvb__src_t *s, const kvb__route_t *l
 }
 
 typedef struct lost_abort {
-    uint64_t room;
+    uint64_t room, gen;
     kvb__src_t src;
 } lost_abort_t;
 
@@ -1027,6 +1144,7 @@ static size_t fail_lost_rooms(struct kvb_manager *m, kvb__addr_t *a, const kvb__
                 kvb__room_note(r, UNSAFE_NOTE);
             r->lost = 1;
             r->unsafe = unsafe;
+            r->abort_gen = ++m->abort_gen_last;
             affected++;
             for (size_t k = 0; r->t_init > 0 && k < r->n_src; k++) {
                 if (r->srcs[k].dummy)
@@ -1038,7 +1156,7 @@ static size_t fail_lost_rooms(struct kvb_manager *m, kvb__addr_t *a, const kvb__
                         return affected; /* best effort */
                     *ab_p = v;
                 }
-                (*ab_p)[(*n_ab)++] = (lost_abort_t){r->id, r->srcs[k]};
+                (*ab_p)[(*n_ab)++] = (lost_abort_t){r->id, r->abort_gen, r->srcs[k]};
             }
         }
     return affected;
@@ -1061,7 +1179,7 @@ static void node_failure(struct kvb_manager *m, kvb__addr_t *a)
     size_t affected = fail_lost_rooms(m, a, gone, &ab, &n_ab);
     pthread_mutex_unlock(&m->mu);
     for (size_t i = 0; i < n_ab; i++)
-        send_transfer(m, &ab[i].src, ab[i].room, NULL, 0, -1, NULL, true);
+        send_abort(m, &ab[i].src, ab[i].room, ab[i].gen);
     free(ab);
     bool unsafe = false;
     for (kvb__route_t *rt = gone, *next; rt != NULL; rt = next) {

@@ -178,6 +178,18 @@ static void reg_build_plan(struct kvb_manager *m, kvb__reg_t *g)
         g->plan_error = strdup(buf);
         return;
     }
+    size_t layers = m->p.is_mla ? g->n_kv : g->n_kv / 2;
+    if (layers != m->args.num_layers_total) {
+        /* Layers pair by position, V after all K: with another count (an
+         * SGLang decode with draft-model KV appended, spec 7.2, or another
+         * model) the V halves would land in the wrong buffers. */
+        snprintf(buf, sizeof(buf),
+                 "decode %s registered KV buffers for %zu layers, this prefill's model has %u: "
+                 "kvbridge pairs layers by position (no draft-model KV layout)",
+                 g->session, layers, m->args.num_layers_total);
+        g->plan_error = strdup(buf);
+        return;
+    }
     if (m->args.num_state > 0 && g->n_state > 0 && g->tp_size != m->p.attn_tp_size) {
         snprintf(buf, sizeof(buf),
                  "decode %s: state buffers need the same attention TP size on both sides "
@@ -849,9 +861,11 @@ static void registration(struct kvb_manager *m, kvb_bootstrap_registration_t *re
     }
     memset(reg, 0, sizeof(*reg));
     /* The 2026 keys go out only when the client speaks 2026: SGLang's 2026
-     * server needs page_size (PROTOCOL-SGLANG-2026.md 3.1). */
+     * server needs page_size (PROTOCOL-SGLANG-2026.md 3.1). "kvbridge": 1
+     * (both dialects; SGLang's servers ignore it) lets a kvbridge decode
+     * send this rank its extension frames (docs/protocol-frames.md). */
     reg->field_mask = KVB_BOOTSTRAP_REG_KV_ITEM_LENS | KVB_BOOTSTRAP_REG_KV_UNIT_LENS |
-                      KVB_BOOTSTRAP_REG_PAGE_SIZE;
+                      KVB_BOOTSTRAP_REG_PAGE_SIZE | KVB_BOOTSTRAP_REG_KVBRIDGE;
     reg->page_size = (int32_t)m->args.page_size;
     reg->attn_tp_size = m->p.attn_tp_size;
     reg->attn_tp_rank = m->p.attn_tp_rank;

@@ -568,7 +568,7 @@ bool kvb__ts_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
     if (n == 0)
         return false;
     for (size_t i = 0; i < n; i++)
-        if (frame_eq(&f[i], "kvbridge-ext/1"))
+        if (frame_eq(&f[i], KVB__EXT_MARKER))
             return false; /* kvbridge's own message (its extensions follow a marker) */
     if (frame_eq(&f[0], "None")) {
         /* 8 frames with frame 5 empty; CachePD's 8 carry JSON there (unsupported) */

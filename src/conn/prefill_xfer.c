@@ -462,9 +462,12 @@ static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
     return st;
 }
 
+/* AUX_DATA for the buffers both sides have (the first min(ours, its)): an
+ * SGLang decode indexes its aux pointers with frame 2 unchecked (spec 5.5),
+ * so a buffer it lacks would kill its control thread. */
 static void send_aux_inline(struct kvb_manager *m, job_t *j, const kvb__chunk_t *c)
 {
-    for (uint32_t b = 0; b < m->args.num_aux; b++) {
+    for (uint32_t b = 0; b < m->args.num_aux && b < j->reg->n_aux; b++) {
         kvb__frames_buf_t buf;
         kvb__frames_err_t e;
         /* a copy: the aux buffer may be device memory */

@@ -1,19 +1,12 @@
-/* SGLang's 2026 dialect in the connector: whether kvbridge extensions may
- * follow its frames, and the small messages that exist only there (ABORT,
- * ABORT_ACK). The larger ones are built in decode.c and parsed in
- * prefill_ctl.c; the dialect of each source is chosen in decode.c. */
+/* SGLang's 2026 dialect in the connector: the small messages that exist
+ * only there (ABORT, ABORT_ACK). The larger ones are built in decode.c and
+ * parsed in prefill_ctl.c; the dialect of each source is chosen in
+ * decode.c. */
 #include "conn/conn_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-bool kvb__ext26_ok(const struct kvb_manager *m)
-{
-    (void)m;
-    const char *v = getenv("KVBRIDGE_SGLANG_EXT26");
-    return v == NULL || strcmp(v, "0") != 0;
-}
 
 static kvb_status_t send_buf(struct kvb_manager *m, const char *ip, uint16_t port,
                              kvb__frames_buf_t *b, kvb_status_t st)
@@ -36,11 +29,12 @@ kvb_status_t kvb__send_abort_ack(struct kvb_manager *m, const char *ip, uint16_t
     return send_buf(m, ip, port, &b, kvb__frames_encode_abort_ack(&a, &e, &b));
 }
 
-kvb_status_t kvb__send_abort26(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room)
+kvb_status_t kvb__send_abort26(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
+                               uint64_t gen)
 {
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
-    kvb__abort_msg_t a = {room, m->host, strlen(m->host), m->port, false, 0};
+    kvb__abort_msg_t a = {room, m->host, strlen(m->host), m->port, true, gen};
     kvb__frames_buf_init(&b);
     return send_buf(m, ip, port, &b, kvb__frames_encode_abort(&a, &e, &b));
 }

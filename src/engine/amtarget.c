@@ -3,7 +3,9 @@
  * live (fence.c, which counts it until its bytes are placed); every destination descriptor must lie
  * inside one local registration, whose segment stays pinned until the bytes are placed (eager copy,
  * or a rendezvous receive straight into the destination IOV); then one acknowledgement carries the
- * status. */
+ * status. A message into device memory is received into pinned host memory and copied in by the
+ * device-copy worker (jobs.c), not here: a slow device copy must not hold up other writes; its
+ * acknowledgement goes once the copy is done. */
 #include "engine/engine_int.h"
 #include "engine/amwire.h"
 
@@ -12,6 +14,7 @@
 #include <string.h>
 
 typedef struct am_recv {
+    kvb__job_t job; /* first: a staged message's copy to the device (jobs.c) */
     kvb_engine_h eng;
     ucp_ep_h reply_ep;
     uint64_t xfer_id, msg_id;
@@ -23,6 +26,8 @@ typedef struct am_recv {
     int device;  /* a destination is device memory (this one's ordinal), else -1 */
     void *stage; /* then: the payload is received here (pinned) and copied in */
     size_t stage_len;
+    kvb_status_t copied; /* the worker's copy: status and reason */
+    char why[300];
 } am_recv_t;
 
 static void ack_sent_cb(void *req, ucs_status_t status, void *user)
@@ -131,14 +136,10 @@ static kvb_status_t stage_in(am_recv_t *rc, const uint8_t *data, char *why, size
     return st;
 }
 
-static void am_recv_done(am_recv_t *rc, ucs_status_t status)
+/* The bytes are placed (st: KVB_OK) or not: release the segments and the
+ * fence count, answer the writer. */
+static void am_recv_finish(am_recv_t *rc, kvb_status_t st, const char *why)
 {
-    char why[300] = "";
-    kvb_status_t st = status == UCS_OK ? KVB_OK : KVB_ERR_IO;
-    if (status != UCS_OK)
-        snprintf(why, sizeof(why), "%s", ucs_status_string(status));
-    else if (rc->stage != NULL)
-        st = stage_in(rc, rc->stage, why, sizeof(why));
     if (st != KVB_OK)
         KVB_LOGW("engine %s: write not placed: %s", rc->eng->sid, why);
     KVB_TSAN_RELEASE(); /* the bytes are placed; the acknowledgement follows */
@@ -150,6 +151,50 @@ static void am_recv_done(am_recv_t *rc, ucs_status_t status)
     free(rc->pinned);
     free(rc->iov);
     free(rc);
+}
+
+static bool copy_run(kvb__job_t *j) /* device-copy worker */
+{
+    am_recv_t *rc = (am_recv_t *)j;
+    rc->copied = stage_in(rc, rc->stage, rc->why, sizeof(rc->why));
+    return false;
+}
+
+static void copy_done(kvb_engine_h eng, kvb__job_t *j) /* progress thread */
+{
+    am_recv_t *rc = (am_recv_t *)j;
+    eng->am_pending--;
+    am_recv_finish(rc, rc->copied, rc->why);
+}
+
+/* The engine stops: nobody to answer (the writer's transfer fails with its
+ * connection); the segments and the fence count are released. */
+static void copy_drop(kvb_engine_h eng, kvb__job_t *j)
+{
+    am_recv_t *rc = (am_recv_t *)j;
+    unpin(eng, rc->pinned, rc->npinned);
+    kvb__fence_done(eng, (uint32_t)(rc->msg_id >> 32), rc->epoch);
+    kvb__cuda_stage_put(rc->stage, rc->stage_len);
+    free(rc->pinned);
+    free(rc->iov);
+    free(rc);
+}
+
+static void am_recv_done(am_recv_t *rc, ucs_status_t status)
+{
+    char why[300] = "";
+    kvb_status_t st = status == UCS_OK ? KVB_OK : KVB_ERR_IO;
+    if (status != UCS_OK) {
+        snprintf(why, sizeof(why), "%s", ucs_status_string(status));
+    } else if (rc->stage != NULL) {
+        rc->job = (kvb__job_t){NULL, copy_run, copy_done, copy_drop, true};
+        if (kvb__jobs_push(rc->eng, &rc->job)) {
+            rc->eng->am_pending++; /* until copy_done */
+            return;
+        }
+        st = stage_in(rc, rc->stage, why, sizeof(why)); /* the queue is full: here */
+    }
+    am_recv_finish(rc, st, why);
 }
 
 static void am_recv_cb(void *req, ucs_status_t status, size_t length, void *user)

@@ -29,6 +29,10 @@ typedef struct sym {
     {                                                                                              \
         name, offsetof(kvb__cuda_api_t, field), false                                              \
     }
+#define O(field)                                                                                   \
+    {                                                                                              \
+#field, offsetof(kvb__cuda_api_t, field), true                                             \
+    }
 static const sym_t g_syms[] = {
     S(cuInit, "cuInit"),
     S(cuDriverGetVersion, "cuDriverGetVersion"),
@@ -53,8 +57,18 @@ static const sym_t g_syms[] = {
     S(cuStreamDestroy, "cuStreamDestroy_v2"),
     S(cuStreamSynchronize, "cuStreamSynchronize"),
     {"cuMemcpyBatchAsync_v2", offsetof(kvb__cuda_api_t, cuMemcpyBatchAsync), true},
+    O(cuMemRetainAllocationHandle),
+    O(cuMemRelease),
+    O(cuMemExportToShareableHandle),
+    O(cuMemImportFromShareableHandle),
+    O(cuMemAddressReserve),
+    O(cuMemAddressFree),
+    O(cuMemMap),
+    O(cuMemUnmap),
+    O(cuMemSetAccess),
 };
 #undef S
+#undef O
 
 static void load(void)
 {
@@ -97,6 +111,15 @@ const kvb__cuda_api_t *kvb__cuda(void)
 {
     pthread_once(&g_once, load);
     return g_ok;
+}
+
+bool kvb__cuda_has_vmm(void)
+{
+    const kvb__cuda_api_t *cu = kvb__cuda();
+    return cu != NULL && cu->cuMemRetainAllocationHandle != NULL && cu->cuMemRelease != NULL &&
+           cu->cuMemExportToShareableHandle != NULL && cu->cuMemImportFromShareableHandle != NULL &&
+           cu->cuMemAddressReserve != NULL && cu->cuMemAddressFree != NULL &&
+           cu->cuMemMap != NULL && cu->cuMemUnmap != NULL && cu->cuMemSetAccess != NULL;
 }
 
 const char *kvb__cuda_why(void)

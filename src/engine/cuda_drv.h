@@ -20,6 +20,7 @@ typedef unsigned long long kvb_CUdeviceptr;
 typedef int kvb_CUdevice;
 typedef struct kvb_CUctx_st *kvb_CUcontext;
 typedef struct kvb_CUstream_st *kvb_CUstream;
+typedef unsigned long long kvb_CUmemGenericAllocationHandle;
 
 #define KVB_CU_IPC_HANDLE_SIZE 64
 typedef struct kvb_CUipcMemHandle {
@@ -42,7 +43,16 @@ enum {
     KVB_CU_STREAM_NON_BLOCKING = 1,
     KVB_CU_MEMHOSTALLOC_PORTABLE = 1,
     KVB_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1,
+    KVB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
+    KVB_CU_MEM_LOCATION_TYPE_DEVICE = 1,
+    KVB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
 };
+
+/* CUmemAccessDesc_v1 */
+typedef struct kvb_CUmemAccessDesc {
+    int location[2]; /* CUmemLocation {type, id} */
+    int flags;
+} kvb_CUmemAccessDesc;
 
 /* CUDA_MEMCPY2D_v2 */
 typedef struct kvb_CUDA_MEMCPY2D {
@@ -96,7 +106,25 @@ typedef struct kvb__cuda_api {
     /* optional (CUDA 13: cuMemcpyBatchAsync_v2): many copies in one call */
     kvb_CUresult (*cuMemcpyBatchAsync)(kvb_CUdeviceptr *, kvb_CUdeviceptr *, size_t *, size_t,
                                        kvb_CUmemcpyAttributes *, size_t *, size_t, kvb_CUstream);
+    /* optional (CUDA 10.2+; all or none): VMM allocations (cuMemCreate,
+     * PyTorch's expandable segments) shared as POSIX file descriptors */
+    kvb_CUresult (*cuMemRetainAllocationHandle)(kvb_CUmemGenericAllocationHandle *, void *);
+    kvb_CUresult (*cuMemRelease)(kvb_CUmemGenericAllocationHandle);
+    kvb_CUresult (*cuMemExportToShareableHandle)(void *, kvb_CUmemGenericAllocationHandle, int,
+                                                 unsigned long long);
+    kvb_CUresult (*cuMemImportFromShareableHandle)(kvb_CUmemGenericAllocationHandle *, void *, int);
+    kvb_CUresult (*cuMemAddressReserve)(kvb_CUdeviceptr *, size_t, size_t, kvb_CUdeviceptr,
+                                        unsigned long long);
+    kvb_CUresult (*cuMemAddressFree)(kvb_CUdeviceptr, size_t);
+    kvb_CUresult (*cuMemMap)(kvb_CUdeviceptr, size_t, size_t, kvb_CUmemGenericAllocationHandle,
+                             unsigned long long);
+    kvb_CUresult (*cuMemUnmap)(kvb_CUdeviceptr, size_t);
+    kvb_CUresult (*cuMemSetAccess)(kvb_CUdeviceptr, size_t, const kvb_CUmemAccessDesc *, size_t);
 } kvb__cuda_api_t;
+
+/* Does the loaded driver have the VMM entry points (the table's last
+ * nine)? */
+bool kvb__cuda_has_vmm(void);
 
 /* The loaded table, or NULL when no driver could be loaded and initialised
  * (then kvb__cuda_why() says why). Loads on first call. */

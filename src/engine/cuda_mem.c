@@ -14,6 +14,7 @@
 
 #define STAGE_XFER_MAX_DEFAULT (4ull << 30) /* bytes one transfer may stage */
 #define STAGE_MSG_MAX_DEFAULT (256ull << 20)
+#define STAGE_CHUNK_DEFAULT (8ull << 20) /* bytes staged per step (writer) */
 
 /* ---- registration (target and writer) ---- */
 
@@ -21,6 +22,37 @@ static kvb_status_t region_error(kvb_engine_h eng, kvb_status_t st, const kvb_me
                                  const char *why)
 {
     return kvb__err_set(&eng->err, st, "register %p+%zu: %s", r->addr, r->length, why);
+}
+
+/* Make the allocation [base, +size) holding r importable by same-host
+ * writers: VMM allocations as a file descriptor (cuda_vmm.c), cuMemAlloc
+ * memory as a legacy IPC handle. Refused: writers stage it. */
+static void export_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__cuda_seg_t *cs,
+                          uint64_t base, uint64_t size)
+{
+    char why[300] = "";
+    kvb_CUipcMemHandle h;
+    kvb_CUresult cr = KVB_CUDA_SUCCESS;
+    int v = kvb__cuda_vmm_export(cs->device, base, size, cs, why, sizeof(why));
+    if (v > 0)
+        return;
+    if (v == 0) {
+        kvb__cuda_scope_t sc = {NULL, false};
+        kvb_status_t bst = kvb__cuda_enter(cs->device, &sc, why, sizeof(why));
+        if (bst == KVB_OK)
+            cr = kvb__cuda()->cuIpcGetMemHandle(&h, base);
+        kvb__cuda_leave(&sc);
+        if (bst == KVB_OK && cr == KVB_CUDA_SUCCESS) {
+            memcpy(cs->handle, &h, sizeof(cs->handle));
+            cs->ipc = true;
+            return;
+        }
+        if (bst == KVB_OK)
+            snprintf(why, sizeof(why), "cuIpcGetMemHandle: %s", kvb__cuda_errstr(cr));
+    }
+    KVB_LOGI("engine %s: %p+%zu (CUDA device %d) cannot be exported (%s): writers on this "
+             "host stage it through host memory",
+             eng->sid, r->addr, r->length, cs->device, why);
 }
 
 kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__seg_t *seg,
@@ -62,23 +94,8 @@ kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
         return region_error(eng, KVB_ERR_NOMEM, r, "out of memory");
     cs->device = dev;
     cs->alloc_off = a - base;
-    /* Legacy IPC covers cuMemAlloc memory; VMM allocations (PyTorch's
-     * expandable segments) refuse it and stay on the staging lane. */
-    kvb_CUipcMemHandle h;
-    kvb_CUresult cr = KVB_CUDA_SUCCESS;
-    kvb__cuda_scope_t sc = {NULL, false};
-    kvb_status_t bst = kvb__cuda_enter(dev, &sc, why, sizeof(why));
-    if (bst == KVB_OK)
-        cr = kvb__cuda()->cuIpcGetMemHandle(&h, base);
-    kvb__cuda_leave(&sc);
-    if (bst == KVB_OK && cr == KVB_CUDA_SUCCESS) {
-        memcpy(cs->handle, &h, sizeof(cs->handle));
-        cs->ipc = true;
-    } else {
-        KVB_LOGI("engine %s: %p+%zu (CUDA device %d) cannot be exported (%s): writers on this "
-                 "host stage it through host memory",
-                 eng->sid, r->addr, r->length, dev, bst != KVB_OK ? why : kvb__cuda_errstr(cr));
-    }
+    cs->vmm_fd = -1;
+    export_region(eng, r, cs, base, size);
     memset(seg, 0, sizeof(*seg));
     seg->addr = a;
     seg->len = r->length;
@@ -93,6 +110,7 @@ kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
 
 void kvb__cuda_unmap_seg(kvb_engine_h eng, kvb__seg_t *seg)
 {
+    kvb__cuda_vmm_unexport(seg->cuda);
     free(seg->cuda);
     seg->cuda = NULL;
     eng->n_cuda_segs--;
@@ -112,8 +130,8 @@ kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local)
         kvb__hs_cuda_t *e = &r->cuda[r->ncuda++];
         e->seg = (uint32_t)i;
         e->device = cs->device;
-        if (local && cs->ipc) {
-            e->flags = KVB_HS_CUDA_IPC;
+        if (local && (cs->ipc || cs->vmm)) {
+            e->flags = cs->vmm ? KVB_HS_CUDA_VMM : KVB_HS_CUDA_IPC;
             e->alloc_off = cs->alloc_off;
             memcpy(e->handle, cs->handle, sizeof(e->handle));
         }
@@ -164,8 +182,9 @@ static ipc_import_t *g_ipc;
 
 typedef struct kvb__cuda_conn kvb__cuda_conn_t;
 struct kvb__cuda_conn {
-    ipc_import_t **imports; /* one per entry of the peer's table (NULL: not imported) */
-    kvb__cuda_seg_t *segs;  /* one per entry; c->segs.v[k].cuda points here */
+    ipc_import_t **imports;    /* one per entry of the peer's table (NULL: not imported) */
+    kvb__cuda_vmm_map_t *vmms; /* one per entry (size 0: not mapped) */
+    kvb__cuda_seg_t *segs;     /* one per entry; c->segs.v[k].cuda points here */
     uint32_t n;
 };
 
@@ -251,6 +270,23 @@ static void import_one(kvb_engine_h eng, kvb__conn_t *c, uint32_t i, const kvb__
     s->direct = (uint8_t *)(uintptr_t)(m->base + e->alloc_off);
 }
 
+/* Map entry e's VMM allocation (listener pid's descriptor); sets the
+ * segment's direct address. */
+static void vmm_one(kvb_engine_h eng, kvb__conn_t *c, uint32_t pid, uint32_t i,
+                    const kvb__hs_cuda_t *e, kvb__seg_t *s)
+{
+    char why[300] = "";
+    int dev = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
+    kvb__cuda_vmm_map_t *m = &c->cuda->vmms[i];
+    if (!kvb__cuda_vmm_import(dev < 0 ? 0 : dev, pid, e, s->len, m, why, sizeof(why))) {
+        KVB_LOGI("engine %s: session %s: device segment 0x%llx (VMM) not mapped (%s): staged "
+                 "through host memory",
+                 eng->sid, c->sess->sid, (unsigned long long)s->addr, why);
+        return;
+    }
+    s->direct = (uint8_t *)(uintptr_t)(m->va + e->alloc_off);
+}
+
 kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r)
 {
     if (r->ncuda == 0)
@@ -259,9 +295,10 @@ kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r)
     if (cc != NULL) {
         cc->imports = calloc(r->ncuda, sizeof(*cc->imports));
         cc->segs = calloc(r->ncuda, sizeof(*cc->segs));
+        cc->vmms = calloc(r->ncuda, sizeof(*cc->vmms));
     }
     c->cuda = cc;
-    if (cc == NULL || cc->imports == NULL || cc->segs == NULL) {
+    if (cc == NULL || cc->imports == NULL || cc->segs == NULL || cc->vmms == NULL) {
         kvb__cuda_detach(c);
         return KVB_ERR_NOMEM;
     }
@@ -273,7 +310,7 @@ void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r
     kvb__cuda_conn_t *cc = c->cuda;
     if (cc == NULL)
         return;
-    uint32_t imported = 0;
+    uint32_t imported = 0, vmms = 0;
     for (uint32_t i = 0; i < r->ncuda; i++) {
         const kvb__hs_cuda_t *e = &r->cuda[i];
         long k = kvb__segtab_find_start(&c->segs, r->segs[e->seg].addr);
@@ -287,10 +324,14 @@ void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r
         if (import && kvb__cuda() != NULL && (e->flags & KVB_HS_CUDA_IPC)) {
             import_one(eng, c, i, e, s);
             imported += s->direct != NULL;
+        } else if (import && kvb__cuda() != NULL && (e->flags & KVB_HS_CUDA_VMM)) {
+            vmm_one(eng, c, r->pid, i, e, s);
+            vmms += s->direct != NULL;
         }
     }
-    KVB_LOGI("engine %s: session %s: %u device segment(s), %u imported over CUDA IPC", eng->sid,
-             c->sess->sid, r->ncuda, imported);
+    KVB_LOGI("engine %s: session %s: %u device segment(s), %u imported over CUDA IPC, %u VMM "
+             "allocation(s) mapped",
+             eng->sid, c->sess->sid, r->ncuda, imported, vmms);
 }
 
 void kvb__cuda_detach(kvb__conn_t *c)
@@ -301,6 +342,9 @@ void kvb__cuda_detach(kvb__conn_t *c)
     for (uint32_t i = 0; i < cc->n && cc->imports != NULL; i++)
         if (cc->imports[i] != NULL)
             ipc_close(cc->imports[i]);
+    for (uint32_t i = 0; i < cc->n && cc->vmms != NULL; i++)
+        kvb__cuda_vmm_unmap(&cc->vmms[i]);
+    free(cc->vmms);
     free(cc->imports);
     free(cc->segs);
     free(cc);
@@ -342,9 +386,117 @@ static uint64_t device_sources(kvb_engine_h eng, const struct kvb_xfer *x, bool 
     return total;
 }
 
+/* ---- writer: pipelined staging of device sources ----
+ * The copies device to pinned host memory run on the device-copy worker,
+ * chunk by chunk, in the transfer's order; after each chunk the transfer's
+ * staged mark (x->stage_ready: bytes of its blocks, in order, whose sources
+ * are readable) moves on and the progress thread sends what it covers, so
+ * the copy of chunk k+1 overlaps the send of chunk k. */
+
+typedef struct stage_job {
+    kvb__job_t job; /* first */
+    kvb_engine_h eng;
+    struct kvb_xfer *x;  /* a reference, dropped by done/drop */
+    kvb__cuda_copy_t *v; /* device pieces, in the transfer's order, each <= chunk */
+    uint64_t *at;        /* v[i]'s first byte's position in the transfer */
+    size_t nv, i;        /* pieces, next one to copy */
+    uint64_t total;      /* the transfer's bytes */
+    uint64_t chunk;      /* bytes per step */
+    int device;
+} stage_job_t;
+
+static void stage_job_free(stage_job_t *j)
+{
+    kvb__xfer_release(j->x);
+    free(j->v);
+    free(j->at);
+    free(j);
+}
+
+static bool stage_step(kvb__job_t *jb) /* device-copy worker */
+{
+    stage_job_t *j = (stage_job_t *)jb;
+    struct kvb_xfer *x = j->x;
+    char why[300] = "";
+    if (__atomic_load_n(&x->status, __ATOMIC_ACQUIRE) != KVB_ERR_INPROGRESS)
+        return false; /* over (failed, canceled): nobody reads the rest */
+    size_t k = 0;
+    uint64_t bytes = 0;
+    while (j->i + k < j->nv && (k == 0 || bytes + j->v[j->i + k].len <= j->chunk))
+        bytes += j->v[j->i + k++].len;
+    uint64_t t0 = kvb__now_ns();
+    kvb_status_t st = kvb__cuda_copy_batch(j->device, j->v + j->i, k, why, sizeof(why));
+    if (st != KVB_OK) {
+        snprintf(x->stage_why, sizeof(x->stage_why), "staging device sources: %s", why);
+        __atomic_store_n(&x->stage_status, (int)st, __ATOMIC_RELEASE);
+        kvb__jobs_wake(j->eng);
+        return false;
+    }
+    j->i += k;
+    uint64_t ready = j->i < j->nv ? j->at[j->i] : UINT64_MAX;
+    KVB_LOGD("session %s: staged %llu bytes in %.3f ms, %llu of %llu ready", x->conn->sess->sid,
+             (unsigned long long)bytes, (kvb__now_ns() - t0) / 1e6,
+             (unsigned long long)(ready == UINT64_MAX ? j->total : ready),
+             (unsigned long long)j->total);
+    __atomic_store_n(&x->stage_ready, ready, __ATOMIC_RELEASE);
+    kvb__jobs_wake(j->eng);
+    return j->i < j->nv;
+}
+
+static void stage_done(kvb_engine_h eng, kvb__job_t *jb)
+{
+    stage_job_free((stage_job_t *)jb);
+}
+
+/* Split x's device sources into pieces of at most chunk bytes, pointing
+ * the blocks at the pinned buffer (read only once staged). */
+static kvb_status_t stage_plan(stage_job_t *j, const bool *dev)
+{
+    struct kvb_xfer *x = j->x;
+    size_t cap = 0;
+    for (size_t i = 0; i < x->n; i++)
+        cap += dev[i] ? (size_t)((x->blocks[i].len + j->chunk - 1) / j->chunk) : 0;
+    j->v = malloc((cap ? cap : 1) * sizeof(*j->v));
+    j->at = malloc((cap ? cap : 1) * sizeof(*j->at));
+    if (j->v == NULL || j->at == NULL)
+        return KVB_ERR_NOMEM;
+    uint64_t off = 0, pos = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        kvb_block_t *b = &x->blocks[i];
+        for (uint64_t o = 0; dev[i] && o < b->len; o += j->chunk) {
+            uint64_t len = b->len - o < j->chunk ? b->len - o : j->chunk;
+            uint64_t to = (uint64_t)(uintptr_t)x->stage + off + o;
+            j->at[j->nv] = pos + o;
+            j->v[j->nv++] = (kvb__cuda_copy_t){to, b->src + o, len};
+        }
+        if (dev[i]) {
+            b->src = (uint64_t)(uintptr_t)x->stage + off;
+            off += b->len;
+        }
+        pos += b->len;
+    }
+    j->total = pos;
+    return KVB_OK;
+}
+
+static stage_job_t *stage_job_new(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    stage_job_t *j = calloc(1, sizeof(*j));
+    if (j == NULL)
+        return NULL;
+    j->job = (kvb__job_t){NULL, stage_step, stage_done, stage_done, false};
+    j->eng = eng;
+    j->x = x;
+    __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
+    int d = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
+    j->device = d < 0 ? 0 : d;
+    j->chunk = (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGE_CHUNK", NULL,
+                                      (int64_t)STAGE_CHUNK_DEFAULT, 4096, (int64_t)1 << 40);
+    return j;
+}
+
 kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
 {
-    char why[300] = "";
     bool *dev = calloc(x->n ? x->n : 1, sizeof(*dev));
     if (dev == NULL)
         return KVB_ERR_NOMEM;
@@ -354,7 +506,7 @@ kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
     uint64_t max = (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGE_XFER_MAX", NULL,
                                           (int64_t)STAGE_XFER_MAX_DEFAULT, 1, INT64_MAX);
     kvb_status_t st = KVB_OK;
-    kvb__cuda_copy_t *v = NULL;
+    stage_job_t *j = NULL;
     if (total == 0)
         goto out;
     if (total > max) {
@@ -364,8 +516,7 @@ kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
                           x->conn->sess->sid, (unsigned long long)total, (unsigned long long)max);
         goto out;
     }
-    v = malloc(x->n * sizeof(*v));
-    x->stage = v != NULL ? kvb__cuda_stage_get(total) : NULL;
+    x->stage = kvb__cuda_stage_get(total);
     if (x->stage == NULL) {
         st = kvb__err_set(&eng->err, KVB_ERR_NOMEM,
                           "session %s: no %llu bytes of pinned memory "
@@ -374,25 +525,39 @@ kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
         goto out;
     }
     x->stage_len = total;
-    size_t nv = 0;
-    uint64_t off = 0;
-    for (size_t i = 0; i < x->n; i++) {
-        if (!dev[i])
-            continue;
-        uint64_t to = (uint64_t)(uintptr_t)x->stage + off;
-        v[nv++] = (kvb__cuda_copy_t){to, x->blocks[i].src, x->blocks[i].len};
-        x->blocks[i].src = to;
-        off += x->blocks[i].len;
+    j = stage_job_new(eng, x);
+    st = j == NULL ? KVB_ERR_NOMEM : stage_plan(j, dev);
+    if (st != KVB_OK) {
+        kvb__err_set(&eng->err, st, "session %s: out of memory staging device sources",
+                     x->conn->sess->sid);
+        goto out;
     }
-    int d = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
-    st = kvb__cuda_copy_batch(d < 0 ? 0 : d, v, nv, why, sizeof(why));
-    if (st != KVB_OK)
-        kvb__err_set(&eng->err, st, "session %s: staging device sources: %s", x->conn->sess->sid,
-                     why);
+    x->stage_ready = 0; /* nothing readable before the first chunk */
+    x->stage_job = j;
+    j = NULL;
 out:
-    free(v);
+    if (j != NULL)
+        stage_job_free(j);
     free(dev);
     return st;
+}
+
+void kvb__cuda_stage_start(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    stage_job_t *j = x->stage_job;
+    x->stage_job = NULL;
+    if (j == NULL || kvb__jobs_push(eng, &j->job))
+        return;
+    while (stage_step(&j->job)) /* no worker (the engine is stopping): here */
+        ;
+    stage_job_free(j);
+}
+
+void kvb__cuda_stage_abandon(struct kvb_xfer *x)
+{
+    if (x->stage_job != NULL)
+        stage_job_free(x->stage_job);
+    x->stage_job = NULL;
 }
 
 kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t n, char *why,

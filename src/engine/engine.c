@@ -1042,7 +1042,8 @@ static void *progress_main(void *arg)
     while (!__atomic_load_n(&eng->stop, __ATOMIC_ACQUIRE)) {
         bool busy;
         run_commands(eng);
-        busy = kvb__xfer_progress_all(eng);
+        busy = kvb__jobs_progress(eng);
+        busy |= kvb__xfer_progress_all(eng);
         while (ucp_worker_progress(eng->worker) != 0)
             busy = true;
         if ((++iter & 63) == 0)
@@ -1150,6 +1151,7 @@ static void engine_free(kvb_engine_h eng)
     for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
         if (fds[i] >= 0)
             close(fds[i]);
+    kvb__jobs_free(&eng->jobs);
     pthread_mutex_destroy(&eng->seg_mu);
     pthread_cond_destroy(&eng->seg_cv);
     pthread_mutex_destroy(&eng->sess_mu);
@@ -1183,6 +1185,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
         return NULL;
     params_defaults(&eng->params, params);
     eng->cuda_device = -1;
+    kvb__jobs_init(&eng->jobs);
     /* Every writer that completes a handshake keeps a socket here: cap them
      * (docs/security.md) well below the usual descriptor limit. */
     eng->max_notify = (size_t)kvb__env_int("KVBRIDGE_MAX_CONTROL_CONNS", NULL, 1024, 1, 1000000);
@@ -1262,6 +1265,7 @@ void kvb_engine_destroy(kvb_engine_h eng)
     if (eng == NULL)
         return;
     kvb__direct_stop(eng); /* before the progress thread: transfers release conns */
+    kvb__jobs_stop(eng);   /* likewise; copies arriving later run inline */
     pthread_mutex_lock(&eng->cmd_mu);
     __atomic_store_n(&eng->stop, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&eng->cmd_mu);

@@ -103,6 +103,14 @@ struct kvb_xfer {
     int cuda;      /* a source or destination is CUDA device memory (cuda_mem.c) */
     void *stage;   /* message lane: device sources staged here (pinned), or NULL */
     size_t stage_len;
+    /* message lane, staged: bytes of blocks (in order) whose sources are
+     * readable (atomic; UINT64_MAX all), set by the device-copy worker;
+     * its failure (atomic status, then the reason, written before it) */
+    uint64_t stage_ready;
+    void *stage_job; /* caller, until kvb__cuda_stage_start: the staging job */
+    int stage_status;
+    char stage_why[340];
+    uint64_t pos;  /* message lane (progress thread): bytes issued so far */
     int queued;    /* direct lane (dmu): units left to claim */
     int published; /* direct lane (dmu): final status set */
     size_t busy;   /* direct lane (dmu): units being copied */
@@ -124,6 +132,29 @@ typedef struct kvb__op {
 
 void kvb__op_track(kvb_engine_h eng, kvb__op_t *op);
 void kvb__op_untrack(kvb_engine_h eng, kvb__op_t *op);
+
+/* jobs.c: the device-copy worker, one thread per engine started with the
+ * first job: CUDA copies kept off the progress thread. A job runs in steps
+ * on the worker; after its last one the progress thread calls done (it may
+ * answer peers); if the engine stops first, drop is called instead (on the
+ * destroying thread), exactly one of the two. */
+typedef struct kvb__job kvb__job_t;
+struct kvb__job {
+    kvb__job_t *next;
+    bool (*run)(kvb__job_t *j); /* worker: one step; true: more steps to run */
+    void (*done)(kvb_engine_h eng, kvb__job_t *j);
+    void (*drop)(kvb_engine_h eng, kvb__job_t *j);
+    bool bounded; /* counts against KVBRIDGE_CUDA_COPY_QUEUE (peer-driven jobs) */
+};
+typedef struct kvb__jobs {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    kvb__job_t *head, *tail, *done; /* queued (run order), finished */
+    size_t n_bounded, max_bounded;
+    int has_done; /* atomic: done is not empty */
+    bool started, stop;
+    pthread_t thr;
+} kvb__jobs_t;
 
 typedef enum cmd_kind { CMD_XFER, CMD_CONNECT, CMD_RETIRE, CMD_KILL } cmd_kind_t;
 
@@ -235,6 +266,8 @@ struct kvb_engine {
     uint8_t *fence_base; /* our fence page (seg_mu), created with the first shared segment */
     kvb__shm_ref_t fence_ref;
 
+    kvb__jobs_t jobs; /* device-copy worker (jobs.c) */
+
     pthread_t progress_thr, listen_thr;
     int stop; /* atomic */
     int stop_pipe[2];
@@ -310,7 +343,9 @@ void kvb__direct_stop(kvb_engine_h eng);
 /* cuda_mem.c: CUDA device memory on every lane (docs/engine.md) */
 typedef struct kvb__cuda_seg {
     int device;         /* local: ordinal here; remote: the peer's (informational) */
-    bool ipc;           /* local: handle exports the allocation */
+    bool ipc;           /* local: handle exports the allocation (legacy IPC) */
+    bool vmm;           /* local: handle names vmm_fd, the VMM allocation exported */
+    int vmm_fd;         /* local, vmm: our shareable handle (closed at unregistration) */
     uint64_t alloc_off; /* local: offset of the segment in that allocation */
     uint8_t handle[KVB_HS_CUDA_HANDLE];
 } kvb__cuda_seg_t;
@@ -328,13 +363,50 @@ kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r);
  * import: open their IPC handles (same host, fence page mapped). */
 void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r, bool import);
 void kvb__cuda_detach(kvb__conn_t *c);
+/* jobs.c (see kvb__job_t) */
+void kvb__jobs_init(kvb__jobs_t *q);
+/* Queue j; false when it cannot run there (the engine is stopping, a
+ * bounded job finds the bound reached, no thread): run it inline. */
+bool kvb__jobs_push(kvb_engine_h eng, kvb__job_t *j);
+/* Progress thread: call done for finished jobs; true when there were any. */
+bool kvb__jobs_progress(kvb_engine_h eng);
+/* Wake the progress thread (a job made progress it may act on). */
+void kvb__jobs_wake(kvb_engine_h eng);
+/* Before the progress thread stops: join the worker, drop every job left. */
+void kvb__jobs_stop(kvb_engine_h eng);
+void kvb__jobs_free(kvb__jobs_t *q);
+
+/* cuda_vmm.c: VMM allocations on the same-host lane. Target, at
+ * registration: export the VMM allocation [base, +size) on dev as a file
+ * descriptor into cs (vmm, vmm_fd, handle): 1 exported, 0 not VMM memory
+ * (or a driver without VMM), -1 VMM but refused (why). */
+int kvb__cuda_vmm_export(int dev, uint64_t base, uint64_t size, kvb__cuda_seg_t *cs, char *why,
+                         size_t wl);
+void kvb__cuda_vmm_unexport(kvb__cuda_seg_t *cs);
+/* Writer: a peer's VMM allocation mapped here (size 0: none). */
+typedef struct kvb__cuda_vmm_map {
+    kvb_CUdeviceptr va;
+    uint64_t size;
+} kvb__cuda_vmm_map_t;
+/* Writer: fetch listener pid's descriptor e names, import and map it on dev;
+ * the segment (seg_len bytes at e->alloc_off) must lie inside. false: not
+ * mapped (why). */
+bool kvb__cuda_vmm_import(int dev, uint32_t pid, const kvb__hs_cuda_t *e, uint64_t seg_len,
+                          kvb__cuda_vmm_map_t *m, char *why, size_t wl);
+void kvb__cuda_vmm_unmap(kvb__cuda_vmm_map_t *m);
 /* Does a block of the batch touch device memory (dst_seg: the peer's
  * segment of each block, -1 for empty ones)? */
 bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
                         const kvb_block_t *b, size_t n);
-/* Message lane, writer: copy x's device sources into one pinned buffer and
- * point the blocks at it. */
+/* Message lane, writer (before x is submitted): point x's device sources at
+ * one pinned buffer and plan their staging (x->stage_ready 0: nothing may be
+ * sent yet). Once x is submitted, kvb__cuda_stage_start hands the copies to
+ * the device-copy worker (chunk by chunk; x->stage_ready tells the progress
+ * thread how far; no worker: on this thread); a transfer never submitted
+ * drops the plan with kvb__cuda_stage_abandon. */
 kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x);
+void kvb__cuda_stage_start(kvb_engine_h eng, struct kvb_xfer *x);
+void kvb__cuda_stage_abandon(struct kvb_xfer *x);
 /* Direct lane unit of a CUDA transfer: copies v[0..n) and waits for them. */
 kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t n, char *why,
                             size_t wl);

@@ -263,7 +263,7 @@ static bool decode_shm(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen)
 
 #define CUDA_ENTRY_LEN (4 * 4 + 8 + KVB_HS_CUDA_HANDLE)
 
-/* The optional device-memory table: entries sorted by segment, known flags,
+/* The optional device-memory table: entries sorted by segment, one known flag,
  * zero padding. The offset is checked by the writer against the allocation
  * it imports (cuda_mem.c). */
 static bool decode_cuda(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen)
@@ -292,7 +292,8 @@ static bool decode_cuda(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen
         if (!rb_u32(rb, &e->seg) || !rb_u32(rb, &dev) || !rb_u32(rb, &e->flags) ||
             !rb_u32(rb, &zero) || !rb_u64(rb, &e->alloc_off) ||
             !rb_bytes(rb, KVB_HS_CUDA_HANDLE, &h) || e->seg >= r->nseg || (int64_t)e->seg <= prev ||
-            (e->flags & ~KVB_HS_CUDA_IPC) != 0 || zero != 0) {
+            (e->flags != 0 && e->flags != KVB_HS_CUDA_IPC && e->flags != KVB_HS_CUDA_VMM) ||
+            zero != 0) {
             snprintf(why, whylen, "device-memory entry %u truncated, invalid or unsorted", i);
             return false;
         }

@@ -11,8 +11,10 @@
  *          [u32 ncuda { u32 seg i32 device u32 flags u32 zero u64 alloc_off
  *          handle[64] }*]   (optional, present when ncuda > 0: the segments in
  *          CUDA device memory, sorted by seg; flags bit 0: handle is a CUDA IPC
- *          handle of the allocation holding the segment at alloc_off, sent to
- *          same-host writers only. A writer that does not know the table
+ *          handle of the allocation holding the segment at alloc_off; bit 1
+ *          (never with bit 0): handle names the listener's file descriptor
+ *          of a VMM allocation's shareable handle (KVB_HS_CUDA_VMM); either
+ *          sent to same-host writers only. A writer that does not know the table
  *          refuses the reply, which is right: it would treat device memory
  *          as host memory.)
  * notice   "KVBGN001" u64 generation      (segment table changed)
@@ -89,7 +91,11 @@ typedef struct kvb__hs_shm {
     kvb__shm_ref_t ref;
 } kvb__hs_shm_t;
 
-#define KVB_HS_CUDA_IPC 1u /* kvb__hs_cuda_t.flags: handle valid */
+#define KVB_HS_CUDA_IPC 1u /* kvb__hs_cuda_t.flags: handle is a legacy IPC handle */
+/* kvb__hs_cuda_t.flags: handle is u32 fd, u32 zero, u64 size (LE): the
+ * listener's descriptor of a POSIX shareable handle of the VMM allocation
+ * (cuMemExportToShareableHandle), size bytes, mapped whole at offset 0 */
+#define KVB_HS_CUDA_VMM 2u
 #define KVB_HS_CUDA_HANDLE 64
 
 /* A segment in CUDA device memory (cuda_mem.c). */

@@ -159,6 +159,7 @@ static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_blo
     x->eng = eng;
     x->refs = 2;
     x->status = KVB_ERR_INPROGRESS;
+    x->stage_ready = UINT64_MAX; /* no staging: every source readable */
     if (params != NULL && (params->field_mask & KVB_WRITE_PARAM_EPOCH))
         x->epoch = params->epoch;
     st = prepare(eng, sid, blocks, count, deadline, x);
@@ -177,10 +178,12 @@ static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_blo
     }
     if (st != KVB_OK) {
         free(cmd);
+        kvb__cuda_stage_abandon(x); /* drops the plan's reference */
         x->refs = 1;
         kvb__xfer_release(x);
         return st;
     }
+    kvb__cuda_stage_start(eng, x); /* staged sources: the copies begin */
     *xfer_p = x;
     return KVB_OK;
 }
@@ -573,14 +576,18 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     am_fill_t f = {0};
     if (m == NULL)
         return NULL;
-    while (x->next < x->n && f.total < chunk) {
+    uint64_t ready = __atomic_load_n(&x->stage_ready, __ATOMIC_ACQUIRE);
+    while (x->next < x->n && f.total < chunk && x->pos < ready) {
         const kvb_block_t *b = &x->blocks[x->next];
         uint64_t piece = b->len - x->off;
         if (piece > chunk - f.total)
             piece = chunk - f.total;
+        if (piece > ready - x->pos) /* staging: only what is staged */
+            piece = ready - x->pos;
         if (!am_add_piece(x, m, &f, max_desc, b->src + x->off, b->dst + x->off, piece))
             break;
         x->off += piece;
+        x->pos += piece;
         if (x->off == b->len) {
             x->next++;
             x->off = 0;
@@ -604,7 +611,8 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
 
 static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
 {
-    while (x->next < x->n && x->inflight < AM_WINDOW && !x->failed && !x->abandoned) {
+    while (x->next < x->n && x->inflight < AM_WINDOW && !x->failed && !x->abandoned &&
+           x->pos < __atomic_load_n(&x->stage_ready, __ATOMIC_ACQUIRE)) {
         size_t niov;
         uint64_t bytes;
         am_msg_t *m = am_build(eng, x, &niov, &bytes);
@@ -645,6 +653,8 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
 
 static bool progress_one(kvb_engine_h eng, struct kvb_xfer *x)
 {
+    if (__atomic_load_n(&x->stage_status, __ATOMIC_ACQUIRE) != KVB_OK)
+        fail(x, (kvb_status_t)x->stage_status, "session %s: %s", x->conn->sess->sid, x->stage_why);
     bool stop = x->failed || __atomic_load_n(&x->cancel, __ATOMIC_ACQUIRE);
     if (x->abandoned || ((stop || x->next == x->n) && x->inflight == 0)) {
         kvb_status_t st = x->failed ? x->fail_status : stop ? KVB_ERR_CANCELED : KVB_OK;

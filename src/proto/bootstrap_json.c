@@ -219,6 +219,17 @@ invalid:
     return NULL;
 }
 
+/* The optional "kvbridge" key of a registration or a look-up answer:
+ * absent or null is 0. */
+static bool opt_kvbridge(json_t *root, int64_t *out, char *reason, size_t reason_len)
+{
+    json_t *v = json_object_get(root, KVB__BOOT_KEY_KVBRIDGE);
+    *out = 0;
+    return v == NULL || json_is_null(v) ||
+           kvb__boot_get_int(root, KVB__BOOT_KEY_KVBRIDGE, 1, KVB__BOOT_KVBRIDGE_MAX, out, reason,
+                             reason_len);
+}
+
 static kvb_status_t validate_ranks(const kvb__boot_reg_t *r, char *reason, size_t reason_len)
 {
     if (!check_rank("attn_tp_rank", r->attn_tp_rank, "attn_tp_size", r->attn_tp_size, reason,
@@ -314,6 +325,8 @@ ranked:
     if (st != KVB_OK)
         goto out;
     st = KVB_ERR_PROTO;
+    if (!opt_kvbridge(root, &r.kvbridge, reason, reason_len))
+        goto out;
     r.layout = extract_layout(root, reason, reason_len, &nomem);
     if (r.layout == NULL) {
         st = nomem ? KVB_ERR_NOMEM : KVB_ERR_PROTO;
@@ -361,6 +374,12 @@ json_t *kvb__boot_reg_to_json(const kvb__boot_reg_t *r)
                           "system_dp_rank", (json_int_t)r->system_dp_rank, "rank_ip", r->rank_ip,
                           "rank_port", (json_int_t)r->rank_port);
     if (o != NULL && r->has_role && json_object_set_new(o, "role", json_string("Prefill")) != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    if (o != NULL && r->kvbridge > 0 &&
+        json_object_set_new(o, KVB__BOOT_KEY_KVBRIDGE, json_integer((json_int_t)r->kvbridge)) !=
+            0) {
         json_decref(o);
         return NULL;
     }
@@ -512,6 +531,7 @@ kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *p, in
     r.has_role = true;
     r.attn_cp_size = 1;
     r.page_size = -1;
+    r.kvbridge = (p->field_mask & KVB_BOOTSTRAP_REG_KVBRIDGE) ? 1 : 0;
     if (dialect == KVB_BOOTSTRAP_DIALECT_2026) {
         kvb_status_t st = from_public_2026(p, &r, reason, reason_len);
         if (st != KVB_OK) {
@@ -768,12 +788,12 @@ out:
 /* ---------------------------------------------------------------- answers */
 
 kvb_status_t kvb__boot_rank_addr_parse(const char *body, size_t len,
-                                       kvb_bootstrap_rank_addr_t *addr_p, char *reason,
-                                       size_t reason_len)
+                                       kvb_bootstrap_rank_addr_t *addr_p, int *kvbridge_p,
+                                       char *reason, size_t reason_len)
 {
     json_t *root = kvb__boot_load_object(body, len, "rank info", reason, reason_len);
     json_t *ip;
-    int64_t port;
+    int64_t port, kvbridge;
     if (root == NULL)
         return KVB_ERR_PROTO;
     ip = json_object_get(root, "rank_ip");
@@ -783,10 +803,13 @@ kvb_status_t kvb__boot_rank_addr_parse(const char *body, size_t len,
         json_decref(root);
         return KVB_ERR_PROTO;
     }
-    if (!kvb__boot_get_int(root, "rank_port", 1, 65535, &port, reason, reason_len)) {
+    if (!kvb__boot_get_int(root, "rank_port", 1, 65535, &port, reason, reason_len) ||
+        !opt_kvbridge(root, &kvbridge, reason, reason_len)) {
         json_decref(root);
         return KVB_ERR_PROTO;
     }
+    if (kvbridge_p != NULL)
+        *kvbridge_p = (int)kvbridge;
     memcpy(addr_p->rank_ip, json_string_value(ip), json_string_length(ip));
     addr_p->rank_ip[json_string_length(ip)] = '\0';
     addr_p->rank_port = (uint16_t)port;

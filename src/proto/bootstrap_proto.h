@@ -33,6 +33,13 @@
  * "record the registering dialect"). */
 #define KVB__BOOT_KEY_DIALECT "kvbridge_peer_dialect"
 #define KVB__BOOT_DIALECT_TS "tokenspeed"
+/* A kvbridge prefill says so in its registration, and the server in that
+ * rank's look-up answers: an integer, the extension version (1: the
+ * "kvbridge-ext/1" marker and extension frames, docs/protocol-frames.md).
+ * Never in the 2026 parallel info (SGLang's decode refuses unknown keys
+ * there). */
+#define KVB__BOOT_KEY_KVBRIDGE "kvbridge"
+#define KVB__BOOT_KVBRIDGE_MAX 65535
 
 /* The texts the seeds answer with. */
 #define KVB__BOOT_MSG_MISSING "Missing inputs for bootstrap server."
@@ -67,6 +74,7 @@ typedef struct kvb__boot_reg {
     char *load_balance_method;         /* owned; NULL = absent ("follow_bootstrap_room") */
     bool enable_dsa_cache_layer_split; /* false */
     int64_t prefill_http_port;         /* 0 = null */
+    int64_t kvbridge;                  /* "kvbridge" (1..65535), 0 = absent (any dialect) */
 } kvb__boot_reg_t;
 
 /* Parse and validate a PUT /route body (len bytes, not NUL-terminated).
@@ -181,11 +189,13 @@ kvb__boot_query_result_t kvb__boot_query_parse_string(const char *qs, size_t len
                                                       kvb__boot_query_t *query_p, char *reason,
                                                       size_t reason_len);
 
-/* Client side: parse a rank lookup answer {"rank_ip", "rank_port"}.
- * KVB_ERR_PROTO with a reason when the body is not exactly that. */
+/* Client side: parse a rank lookup answer {"rank_ip", "rank_port"} and,
+ * when kvbridge_p is not NULL, its optional "kvbridge" (0 when absent).
+ * Other keys are ignored. KVB_ERR_PROTO with a reason when a key is
+ * missing or out of range. */
 kvb_status_t kvb__boot_rank_addr_parse(const char *body, size_t len,
-                                       kvb_bootstrap_rank_addr_t *addr_p, char *reason,
-                                       size_t reason_len);
+                                       kvb_bootstrap_rank_addr_t *addr_p, int *kvbridge_p,
+                                       char *reason, size_t reason_len);
 
 /* Client side: parse a parallel-info answer. Requires prefill_attn_tp_size,
  * prefill_dp_size, prefill_pp_size (positive integers); the layout keys are

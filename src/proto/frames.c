@@ -314,8 +314,9 @@ static bool known_key(const char *const *known, const ext_kv_t *kv)
     return false;
 }
 
-/* Syntax, order and count of the trailing frames [first, n); the caller then
- * interprets the keys it knows and ignores the others. */
+/* Syntax, order and count of the extension frames [first, n) (those after
+ * the marker); the caller then interprets the keys it knows and ignores the
+ * others. */
 static kvb_status_t check_ext(dctx_t *c, const kvb__frame_t *frames, size_t first, size_t n)
 {
     ext_kv_t prev = {NULL, 0, NULL, 0}, kv;
@@ -341,27 +342,53 @@ static kvb_status_t check_ext(dctx_t *c, const kvb__frame_t *frames, size_t firs
     return KVB_OK;
 }
 
-/* ---- classification ---- */
+/* ---- the extension marker ---- */
 
-/* A kvbridge extension frame starts with its key's [a-z]; the 2026 frame in
- * the same position (registration 9, transfer info 7) is a decimal. */
-static bool looks_ext(const kvb__frame_t *f)
+static bool is_marker(const kvb__frame_t *f)
 {
-    return f->len > 0 && f->data[0] >= 'a' && f->data[0] <= 'z';
+    return frame_is(f, KVB__EXT_MARKER, sizeof(KVB__EXT_MARKER) - 1);
 }
+
+size_t kvb__frames_dialect_count(const kvb__frame_t *frames, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (is_marker(&frames[i]))
+            return i;
+    return n;
+}
+
+/* *nd_p: the dialect's frames (before the marker); *from_p: the first
+ * extension frame (n when unmarked). The extensions are checked here; a
+ * marker with nothing after it is refused (kvbridge never sends one, and
+ * every accepted message has one encoding). */
+static kvb_status_t split_marker(dctx_t *c, const kvb__frame_t *frames, size_t n, size_t *nd_p,
+                                 size_t *from_p)
+{
+    size_t nd = kvb__frames_dialect_count(frames, n);
+    *nd_p = nd;
+    *from_p = nd < n ? nd + 1 : n;
+    if (nd < n && nd + 1 == n)
+        return fail_frame(c, nd, "marker", "\"" KVB__EXT_MARKER "\" with no extension after it");
+    return check_ext(c, frames, *from_p, n);
+}
+
+/* ---- classification ---- */
 
 static bool tag_is(const kvb__frame_t *f, const char *lit)
 {
     return frame_is(f, lit, strlen(lit));
 }
 
+/* Registrations and transfer infos are told apart by their dialect frames
+ * alone (those before the marker): seed 001 has 9 / 7, SGLang 2026 at least
+ * 10 / 8 (docs/protocol-frames.md, "Told apart from seed 001"). */
 kvb__msg_kind_t kvb__frames_classify(const kvb__frame_t *frames, size_t n)
 {
     uint64_t room;
     if (n == 0)
         return KVB__MSG_UNKNOWN;
     if (frame_is(&frames[0], NONE_TAG, sizeof(NONE_TAG) - 1))
-        return n >= KVB__REG26_MIN && !looks_ext(&frames[REG_FRAMES]) ? KVB__MSG_REGISTRATION26
+        return kvb__frames_dialect_count(frames, n) >= KVB__REG26_MIN ? KVB__MSG_REGISTRATION26
                                                                       : KVB__MSG_REGISTRATION;
     if (frame_is(&frames[0], AUX_TAG, sizeof(AUX_TAG) - 1))
         return KVB__MSG_AUX;
@@ -376,9 +403,10 @@ kvb__msg_kind_t kvb__frames_classify(const kvb__frame_t *frames, size_t n)
         return KVB__MSG_UNKNOWN;
     if (n == STATUS_FRAMES)
         return KVB__MSG_STATUS;
-    if (n >= KVB__XFER26_MIN && !looks_ext(&frames[XFER_FRAMES]))
+    size_t nd = kvb__frames_dialect_count(frames, n);
+    if (nd >= KVB__XFER26_MIN)
         return KVB__MSG_TRANSFER26;
-    if (n >= XFER_FRAMES)
+    if (nd >= XFER_FRAMES)
         return KVB__MSG_TRANSFER;
     return KVB__MSG_UNKNOWN;
 }
@@ -418,6 +446,22 @@ const char *kvb__frames_kind_name(kvb__msg_kind_t kind)
             return st_;                                                                            \
     } while (0)
 
+/* The message's dialect frames (before the marker) number min..max; the
+ * extensions after the marker are checked. *nd_p / *from_p as split_marker. */
+static kvb_status_t need_frames(dctx_t *c, const kvb__frame_t *frames, size_t n, size_t min,
+                                size_t max, size_t *nd_p, size_t *from_p)
+{
+    size_t nd = kvb__frames_dialect_count(frames, n);
+    if (nd < min)
+        return fail(c, "expected at least %zu frames, got %zu", min, nd);
+    if (nd > max)
+        return fail(c,
+                    "%zu frames before any \"" KVB__EXT_MARKER "\" marker, at most %zu (kvbridge "
+                    "extensions follow the marker)",
+                    nd, max);
+    return split_marker(c, frames, n, nd_p, from_p);
+}
+
 /* Frames 1-3 every decode message starts with after its tag or room:
  * control ip, port, session id (the message keeps views into them). */
 static kvb_status_t need_peer(dctx_t *c, const kvb__frame_t *frames, uint16_t *port_p)
@@ -446,16 +490,15 @@ kvb_status_t kvb__frames_decode_registration(const kvb__frame_t *frames, size_t 
     dctx_t c = {KIND_REG, err, false, 0};
     kvb__reg_msg_t m;
     memset(&m, 0, sizeof(m));
-    if (n < REG_FRAMES)
-        return fail(&c, "expected at least %d frames, got %zu", REG_FRAMES, n);
+    size_t nd, from;
+    TRY(need_frames(&c, frames, n, REG_FRAMES, REG_FRAMES, &nd, &from));
     TRY(need_reg_head(&c, frames, &m.port));
     TRY(need_u64_array(&c, &frames[4], 4, "kv_ptrs", true, &m.kv_ptrs));
     TRY(need_u64_array(&c, &frames[5], 5, "aux_ptrs", false, &m.aux_ptrs));
     TRY(need_i32(&c, &frames[6], 6, "dst_tp_rank", 0, &m.dst_tp_rank));
     TRY(need_i32(&c, &frames[7], 7, "dst_attn_tp_size", 1, &m.dst_attn_tp_size));
     TRY(need_int(&c, &frames[8], 8, "dst_kv_item_len", 1, INT64_MAX, &m.dst_kv_item_len));
-    TRY(check_ext(&c, frames, REG_FRAMES, n));
-    for (size_t i = REG_FRAMES; i < n; i++) {
+    for (size_t i = from; i < n; i++) {
         ext_kv_t kv;
         kvb__frame_t val;
         split_ext(&frames[i], &kv);
@@ -470,8 +513,8 @@ kvb_status_t kvb__frames_decode_registration(const kvb__frame_t *frames, size_t 
     m.ip_len = frames[1].len;
     m.session_id = (const char *)frames[3].data;
     m.session_id_len = frames[3].len;
-    m.ext = n > REG_FRAMES ? &frames[REG_FRAMES] : NULL;
-    m.n_ext = n - REG_FRAMES;
+    m.ext = n > from ? &frames[from] : NULL;
+    m.n_ext = n - from;
     *msg_p = m;
     return KVB_OK;
 }
@@ -484,8 +527,8 @@ kvb_status_t kvb__frames_decode_transfer(const kvb__frame_t *frames, size_t n,
     memset(&m, 0, sizeof(m));
     if (n >= 1)
         c.has_room = parse_room(&frames[0], &c.room);
-    if (n < XFER_FRAMES)
-        return fail(&c, "expected at least %d frames, got %zu", XFER_FRAMES, n);
+    size_t nd, from;
+    TRY(need_frames(&c, frames, n, XFER_FRAMES, XFER_FRAMES, &nd, &from));
     TRY(need_room(&c, &frames[0], 0, &m.room));
     TRY(need_peer(&c, frames, &m.port));
     m.is_dummy = frames[4].len == 0 && frames[5].len == 0;
@@ -498,8 +541,7 @@ kvb_status_t kvb__frames_decode_transfer(const kvb__frame_t *frames, size_t n,
         TRY(need_i32(&c, &frames[5], 5, "aux index", 0, &m.aux_index));
     }
     TRY(need_i32(&c, &frames[6], 6, "required_dst_info_num", 1, &m.required_dst_info_num));
-    TRY(check_ext(&c, frames, XFER_FRAMES, n));
-    for (size_t i = XFER_FRAMES; i < n; i++) {
+    for (size_t i = from; i < n; i++) {
         ext_kv_t kv;
         kvb__frame_t val;
         split_ext(&frames[i], &kv);
@@ -532,8 +574,8 @@ kvb_status_t kvb__frames_decode_transfer(const kvb__frame_t *frames, size_t n,
     m.ip_len = frames[1].len;
     m.session_id = (const char *)frames[3].data;
     m.session_id_len = frames[3].len;
-    m.ext = n > XFER_FRAMES ? &frames[XFER_FRAMES] : NULL;
-    m.n_ext = n - XFER_FRAMES;
+    m.ext = n > from ? &frames[from] : NULL;
+    m.n_ext = n - from;
     *msg_p = m;
     return KVB_OK;
 }
@@ -726,9 +768,10 @@ static int ext_out_cmp(const void *a, const void *b)
     return key_cmp(x->key, x->key_len, y->key, y->key_len);
 }
 
-/* Emit typed known entries and caller extras (minus known keys) in key order.
- * Extras that are not key=value are passed through as is; the decoder check
- * that follows rejects them. */
+/* Emit the marker, then typed known entries and caller extras (minus known
+ * keys) in key order; nothing at all when there are none. Extras that are
+ * not key=value are passed through as is; the decoder check that follows
+ * rejects them. */
 static kvb_status_t put_ext(kvb__frames_buf_t *b, const char *const *known, ext_out_t *typed,
                             size_t n_typed, const kvb__frame_t *ext, size_t n_ext)
 {
@@ -755,6 +798,8 @@ static kvb_status_t put_ext(kvb__frames_buf_t *b, const char *const *known, ext_
         all[n++] = e;
     }
     qsort(all, n, sizeof(*all), ext_out_cmp);
+    if (n > 0 && !put(b, KVB__EXT_MARKER, sizeof(KVB__EXT_MARKER) - 1))
+        st = KVB_ERR_NOMEM;
     for (size_t i = 0; i < n && st == KVB_OK; i++) {
         bool ok = all[i].raw
                       ? put(b, all[i].val, all[i].val_len)
@@ -1092,21 +1137,6 @@ static kvb_status_t reg26_state(dctx_t *c, const kvb__frame_t *f, size_t n, kvb_
     return lol_shaped(c, m->state_layer_ids, m->state_ptrs, 13, "dst_state_layer_ids", false);
 }
 
-/* A kvbridge extension frame: "key=" with key [a-z][a-z0-9_]{0,31}. A packed
- * u64 array (SGLang's frames 18/19) never reads so: its first 8 bytes hold
- * a small number, zero bytes after the first. */
-static bool is_ext_text(const kvb__frame_t *f)
-{
-    size_t i = 0;
-    if (!looks_ext(f))
-        return false;
-    for (; i < f->len && i <= 32 && f->data[i] != '='; i++)
-        if (!((f->data[i] >= 'a' && f->data[i] <= 'z') ||
-              (f->data[i] >= '0' && f->data[i] <= '9') || f->data[i] == '_'))
-            return false;
-    return i < f->len && f->data[i] == '=';
-}
-
 /* Packed u64 frame of any values (layer ids may be 0). */
 static kvb_status_t need_u64_values(dctx_t *c, const kvb__frame_t *f, size_t idx, const char *name,
                                     kvb__u64_view_t *out_p)
@@ -1120,17 +1150,12 @@ static kvb_status_t need_u64_values(dctx_t *c, const kvb__frame_t *f, size_t idx
 /* SGLang after the spec's commit (release 0.5.23) appends frame 18, the
  * staging slot layer ids (u64[]; kvbridge never stages: ignored), and frame
  * 19, each KV buffer's item length (u64[], empty or one per frame-4 entry).
- * They are told from kvbridge's extension frames by their text; extensions
- * follow them. *from_p: the first extension frame. */
-static kvb_status_t reg26_after17(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__reg26_msg_t *m,
-                                  size_t *from_p)
+ * nd: the dialect frames (before the marker). */
+static kvb_status_t reg26_after17(dctx_t *c, const kvb__frame_t *f, size_t nd, kvb__reg26_msg_t *m)
 {
-    *from_p = KVB__REG26_FRAMES;
-    if (n <= KVB__REG26_FRAMES || is_ext_text(&f[KVB__REG26_FRAMES]))
-        return KVB_OK;
-    TRY(need_u64_values(c, &f[18], 18, "staging_slot_layer_ids", &m->staging_slot_ids));
-    *from_p = 19;
-    if (n <= 19 || is_ext_text(&f[19]))
+    if (nd > 18)
+        TRY(need_u64_values(c, &f[18], 18, "staging_slot_layer_ids", &m->staging_slot_ids));
+    if (nd <= 19)
         return KVB_OK;
     TRY(need_u64_values(c, &f[19], 19, "dst_kv_item_lens", &m->kv_item_lens));
     if (m->kv_item_lens.count != 0 && m->kv_item_lens.count != m->kv_ptrs.count)
@@ -1141,7 +1166,6 @@ static kvb_status_t reg26_after17(dctx_t *c, const kvb__frame_t *f, size_t n, kv
             kvb__u64_at(m->kv_item_lens, i) > (uint64_t)INT64_MAX)
             return fail_frame(c, 19, "dst_kv_item_lens", "entry %zu is %llu", i,
                               (unsigned long long)kvb__u64_at(m->kv_item_lens, i));
-    *from_p = 20;
     return KVB_OK;
 }
 
@@ -1158,14 +1182,7 @@ static kvb_status_t reg26_tail(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__
     m->dcp_size = (int32_t)v;
     TRY(opt_int(c, f, n, 17, "dst_dcp_rank", 0, m->dcp_size - 1, 0, &v));
     m->dcp_rank = (int32_t)v;
-    size_t from;
-    TRY(reg26_after17(c, f, n, m, &from));
-    m->n_fixed = n < from ? n : from;
-    if (n > from)
-        TRY(check_ext(c, f, from, n));
-    m->ext = n > from ? &f[from] : NULL;
-    m->n_ext = n > from ? n - from : 0;
-    return KVB_OK;
+    return reg26_after17(c, f, n, m);
 }
 
 kvb_status_t kvb__frames_decode_registration26(const kvb__frame_t *frames, size_t n,
@@ -1174,8 +1191,8 @@ kvb_status_t kvb__frames_decode_registration26(const kvb__frame_t *frames, size_
     dctx_t c = {KIND_REG26, err, false, 0};
     kvb__reg26_msg_t m;
     memset(&m, 0, sizeof(m));
-    if (n < KVB__REG26_MIN)
-        return fail(&c, "expected at least %d frames, got %zu", KVB__REG26_MIN, n);
+    size_t nd, from;
+    TRY(need_frames(&c, frames, n, KVB__REG26_MIN, KVB__REG26_MAX, &nd, &from));
     TRY(need_reg_head(&c, frames, &m.port));
     TRY(need_u64_array(&c, &frames[4], 4, "dst_kv_ptrs", false, &m.kv_ptrs));
     TRY(need_u64_array(&c, &frames[5], 5, "dst_aux_ptrs", false, &m.aux_ptrs));
@@ -1183,8 +1200,11 @@ kvb_status_t kvb__frames_decode_registration26(const kvb__frame_t *frames, size_
     TRY(need_i32(&c, &frames[8], 8, "dst_attn_tp_size", 1, &m.dst_attn_tp_size));
     TRY(need_int(&c, &frames[9], 9, "dst_kv_item_len", m.kv_ptrs.count > 0 ? 1 : 0,
                  m.kv_ptrs.count > 0 ? INT64_MAX : 0, &m.dst_kv_item_len));
-    TRY(reg26_state(&c, frames, n, &m));
-    TRY(reg26_tail(&c, frames, n, &m));
+    TRY(reg26_state(&c, frames, nd, &m));
+    TRY(reg26_tail(&c, frames, nd, &m));
+    m.n_fixed = nd;
+    m.ext = n > from ? &frames[from] : NULL;
+    m.n_ext = n - from;
     m.ip = (const char *)frames[1].data;
     m.ip_len = frames[1].len;
     m.session_id = (const char *)frames[3].data;
@@ -1205,13 +1225,11 @@ static kvb_status_t need_mask(dctx_t *c, const kvb__frame_t *val, size_t i, size
     return KVB_OK;
 }
 
-static kvb_status_t xfer26_ext(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__xfer26_msg_t *m)
+/* The known extensions after the marker (frames [from, n), checked). */
+static kvb_status_t xfer26_ext(dctx_t *c, const kvb__frame_t *f, size_t from, size_t n,
+                               kvb__xfer26_msg_t *m)
 {
-    m->n_fixed = n < KVB__XFER26_FRAMES ? n : KVB__XFER26_FRAMES;
-    if (n <= KVB__XFER26_FRAMES)
-        return KVB_OK;
-    TRY(check_ext(c, f, KVB__XFER26_FRAMES, n));
-    for (size_t i = KVB__XFER26_FRAMES; i < n; i++) {
+    for (size_t i = from; i < n; i++) {
         ext_kv_t kv;
         split_ext(&f[i], &kv);
         kvb__frame_t val = {kv.val, kv.val_len};
@@ -1226,8 +1244,8 @@ static kvb_status_t xfer26_ext(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__
             m->page_mask = val.data;
         }
     }
-    m->ext = &f[KVB__XFER26_FRAMES];
-    m->n_ext = n - KVB__XFER26_FRAMES;
+    m->ext = n > from ? &f[from] : NULL;
+    m->n_ext = n - from;
     return KVB_OK;
 }
 
@@ -1258,20 +1276,21 @@ kvb_status_t kvb__frames_decode_transfer26(const kvb__frame_t *frames, size_t n,
     memset(&m, 0, sizeof(m));
     if (n >= 1)
         c.has_room = parse_room(&frames[0], &c.room);
-    if (n < KVB__XFER26_MIN)
-        return fail(&c, "expected at least %d frames, got %zu", KVB__XFER26_MIN, n);
+    size_t nd, from;
+    TRY(need_frames(&c, frames, n, KVB__XFER26_MIN, KVB__XFER26_FRAMES, &nd, &from));
     TRY(need_room(&c, &frames[0], 0, &m.room));
     TRY(need_peer(&c, frames, &m.port));
     TRY(xfer26_dst(&c, frames, &m));
     TRY(need_i32(&c, &frames[7], 7, "required_dst_info_num", 1, &m.required_dst_info_num));
-    m.has_prefix_len = n > 8 && frames[8].len > 0;
-    TRY(opt_int(&c, frames, n, 8, "decode_prefix_len", 0, INT64_MAX, 0, &m.prefix_len));
-    if (n > 9)
+    m.has_prefix_len = nd > 8 && frames[8].len > 0;
+    TRY(opt_int(&c, frames, nd, 8, "decode_prefix_len", 0, INT64_MAX, 0, &m.prefix_len));
+    if (nd > 9)
         TRY(need_i32_array(&c, &frames[9], 9, "dst_device_kv_indices", &m.device_pages));
     if (m.is_dummy && m.device_pages.count > 0)
         return fail_frame(&c, 9, "dst_device_kv_indices", "%zu entries on a dummy transfer info",
                           m.device_pages.count);
-    TRY(xfer26_ext(&c, frames, n, &m));
+    m.n_fixed = nd;
+    TRY(xfer26_ext(&c, frames, from, n, &m));
     m.ip = (const char *)frames[1].data;
     m.ip_len = frames[1].len;
     m.session_id = (const char *)frames[3].data;

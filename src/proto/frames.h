@@ -32,6 +32,15 @@ typedef struct kvb__frame {
 #define KVB__FRAMES_MAX_KEY 32     /* extension key, bytes */
 #define KVB__FRAMES_REASON_MAX 320 /* reason text incl. NUL */
 
+/* kvbridge's extension marker (docs/protocol-frames.md, "Extension frames"):
+ * a registration or transfer info carrying kvbridge extensions has this
+ * frame after its dialect's frames, then the "key=value" extension frames.
+ * A receiver counts the frames before it as the dialect's, so extensions
+ * are never read as another dialect's frames. Sent only to a peer known to
+ * be kvbridge (its bootstrap registration said so): SGLang's and
+ * TokenSpeed's parsers know nothing of it. */
+#define KVB__EXT_MARKER "kvbridge-ext/1"
+
 /* Wire status values (PROTOCOL.md "Status values"). */
 enum {
     KVB__WIRE_FAILED = 0,
@@ -91,12 +100,15 @@ static inline kvb__i32_view_t kvb__i32_view_of(const int32_t *a, size_t n)
 /* ---- messages ----
  * Each struct is both the decoder's output (views into the input frames) and
  * the encoder's input (views into caller memory). ext/n_ext: on decode, every
- * trailing extension frame in wire order ("key=value", keys strictly
+ * extension frame after the marker in wire order ("key=value", keys strictly
  * ascending), known keys included; on encode, extra extension frames to send:
  * those whose key this version knows are skipped (the typed has_* field is
- * authoritative), so a decoded message re-encodes to identical frames. */
+ * authoritative), so a decoded message re-encodes to identical frames. The
+ * encoder writes the marker before the first extension frame, and neither
+ * when there is none. */
 
-/* Decode → prefill KV-args registration (frame 0 "None", 9 frames + ext).
+/* Decode → prefill KV-args registration (frame 0 "None", 9 frames, then
+ * the marker and extensions when any).
  * Known extension: "state_ptrs" (packed u64, Mamba/linear-attention state
  * buffer bases). dst_tp_rank is the decode engine rank; it may exceed
  * dst_attn_tp_size under DP attention, so no order between them is checked. */
@@ -117,7 +129,8 @@ typedef struct kvb__reg_msg {
     size_t n_ext;
 } kvb__reg_msg_t;
 
-/* Decode → prefill transfer info for one room (7 frames + ext). Dummy iff
+/* Decode → prefill transfer info for one room (7 frames, then the marker
+ * and extensions when any). Dummy iff
  * frames 4 and 5 are both empty; then pages.count == 0 and aux_index is -1.
  * Known extensions: "page_mask" (one byte 0/1 per page index, count equal to
  * pages.count), "prefix_len" (decimal >= 0, decode prefix length in tokens),
@@ -170,13 +183,12 @@ typedef struct kvb__aux_msg {
 /* ---- classification ---- */
 typedef enum kvb__msg_kind {
     KVB__MSG_UNKNOWN = 0,
-    KVB__MSG_REGISTRATION, /* frame 0 is "None" */
-    KVB__MSG_TRANSFER,     /* frame 0 digits, >= 7 frames */
+    KVB__MSG_REGISTRATION, /* frame 0 is "None", <= 9 dialect frames */
+    KVB__MSG_TRANSFER,     /* frame 0 digits, 7 dialect frames */
     KVB__MSG_STATUS,       /* frame 0 digits, exactly 3 frames */
     KVB__MSG_AUX,          /* frame 0 is "AUX_DATA" */
-    /* SGLang's 2026 dialect (frames26.h): a registration with >= 10 frames
-     * or a transfer info with >= 8 whose frame 9 / 7 is not a kvbridge
-     * "key=value" extension (it is a decimal there in 2026). */
+    /* SGLang's 2026 dialect (frames26.h): a registration with >= 10
+     * dialect frames, a transfer info with >= 8. */
     KVB__MSG_REGISTRATION26,
     KVB__MSG_TRANSFER26,
     KVB__MSG_ABORT,     /* frame 0 "ABORT" */
@@ -184,9 +196,13 @@ typedef enum kvb__msg_kind {
     KVB__MSG_STAGING    /* STAGING_REQ/STAGING_RSP/CHUNK_READY/WATERMARK: unsupported */
 } kvb__msg_kind_t;
 
-/* Which message a multipart is, from frame 0 and the frame count, as the
- * seed's receivers dispatch. Validates nothing else: the decoder does. A side
- * expecting one kind (a decode rank: status or aux) may instead call that
+/* The dialect's frames of a message: those before the first marker frame
+ * (n when there is none). */
+size_t kvb__frames_dialect_count(const kvb__frame_t *frames, size_t n);
+
+/* Which message a multipart is, from frame 0 and the count of dialect frames
+ * (kvb__frames_dialect_count), as the seed's receivers dispatch. Validates nothing else: the
+ * decoder does. A side expecting one kind (a decode rank: status or aux) may instead call that
  * decoder on anything not classified, to get a reason and the room. */
 kvb__msg_kind_t kvb__frames_classify(const kvb__frame_t *frames, size_t n);
 /* "registration", "transfer info", "status", "aux data", "registration (2026)",

@@ -13,6 +13,7 @@
 /* Frame counts SGLang sends; the 2026 prefill parser accepts from 10 / 8. */
 #define KVB__REG26_FRAMES 18
 #define KVB__REG26_MIN 10
+#define KVB__REG26_MAX 20 /* SGLang 0.5.23 sends 20 (frames 18, 19) */
 #define KVB__XFER26_FRAMES 10
 #define KVB__XFER26_MIN 8
 #define KVB__LOL_MAX_LISTS 64 /* state components kvbridge accepts per message */
@@ -42,8 +43,8 @@ typedef struct kvb__u32_view {
     size_t count;
 } kvb__u32_view_t;
 
-/* KV-args registration, 2026 (frame 0 "None", 10..18 frames, then kvbridge
- * extension frames only when all 18 are present). Absent frames 10..17 take
+/* KV-args registration, 2026 (frame 0 "None", 10..20 dialect frames, then
+ * the marker and kvbridge extensions when any). Absent frames 10..19 take
  * the spec's defaults. */
 typedef struct kvb__reg26_msg {
     const char *ip; /* 1 */
@@ -66,17 +67,16 @@ typedef struct kvb__reg26_msg {
     uint64_t staging_size; /* 15, 0 when empty/absent */
     int32_t dcp_size;      /* 16, >= 1 (1 when empty/absent) */
     int32_t dcp_rank;      /* 17, 0..dcp_size-1 (0 when empty/absent) */
-    /* SGLang >= 0.5.23 (after the spec's commit): frames 18 and 19, told
-     * from kvbridge extensions by their text (not "key=value"). */
+    /* SGLang >= 0.5.23 (after the spec's commit): frames 18 and 19. */
     kvb__u64_view_t staging_slot_ids; /* 18, u64[]: ignored (no staging) */
     kvb__u64_view_t kv_item_lens;     /* 19, u64[]: empty or one per kv_ptrs entry, >= 1 */
     size_t n_fixed;                   /* dialect frames present, 10..20 */
-    const kvb__frame_t *ext;          /* frames after the dialect's (kvbridge "key=value") */
+    const kvb__frame_t *ext;          /* after the marker (kvbridge "key=value") */
     size_t n_ext;
 } kvb__reg26_msg_t;
 
-/* Transfer info, 2026 (8..10 frames, then kvbridge extension frames only
- * when all 10 are present). Dummy iff frames 4 and 5 are both empty (then
+/* Transfer info, 2026 (8..10 dialect frames, then the marker and kvbridge
+ * extensions when any). Dummy iff frames 4 and 5 are both empty (then
  * frame 6 must be empty too). Known extensions: "epoch" (decimal >= 1),
  * "page_mask" (pages.count bytes, each 0 or 1). */
 typedef struct kvb__xfer26_msg {
@@ -137,9 +137,9 @@ kvb_status_t kvb__frames_decode_abort_ack(const kvb__frame_t *frames, size_t n,
                                           kvb__frames_err_t *err, kvb__abort_ack_msg_t *msg_p);
 
 /* Encoders: as in frames.h. Registration and transfer info always emit all
- * 18 / 10 dialect frames (empty frames for what is absent), then msg->ext
- * (and "epoch=" when has_epoch) as kvbridge extension frames; pass no
- * extensions for a peer that is not kvbridge. */
+ * 18 / 10 dialect frames (empty frames for what is absent), then, when
+ * msg->ext or "epoch=" / "page_mask=" are given, the marker and those
+ * extension frames; pass no extensions for a peer that is not kvbridge. */
 kvb_status_t kvb__frames_encode_registration26(const kvb__reg26_msg_t *msg, kvb__frames_err_t *err,
                                                kvb__frames_buf_t *out);
 kvb_status_t kvb__frames_encode_transfer26(const kvb__xfer26_msg_t *msg, kvb__frames_err_t *err,

@@ -56,7 +56,16 @@ enum {
     E_UNKNOWN = 999,
 };
 
-enum kind { K_ALLOC = 1, K_IPC, K_HOST };
+enum kind { K_ALLOC = 1, K_IPC, K_HOST, K_VMM };
+
+/* A VMM physical allocation (cuMemCreate, or imported from a shareable
+ * handle): a memfd; the handle value is this object's address. Counted:
+ * the handle and each mapping hold it. */
+typedef struct vmm {
+    int fd, device, exportable;
+    size_t size;
+    int refs; /* g_mu */
+} vmm_t;
 
 typedef struct entry {
     enum kind kind;
@@ -66,6 +75,8 @@ typedef struct entry {
     int device, fd;
     uint64_t id; /* K_ALLOC: unique in the process; K_IPC: the exporter's */
     pid_t owner; /* K_IPC: exporting process */
+    vmm_t *vmm;  /* K_VMM: the physical allocation mapped here */
+    int access;  /* K_VMM: cuMemSetAccess granted read-write */
     struct entry *next;
 } entry_t;
 
@@ -120,7 +131,9 @@ static uint8_t *resolve(CUdeviceptr p, size_t n)
     uint8_t *a = (uint8_t *)(uintptr_t)p, *r = a;
     pthread_mutex_lock(&g_mu);
     entry_t *e = find(a);
-    if (e != NULL)
+    if (e != NULL && e->kind == K_VMM && !e->access)
+        r = NULL; /* mapped but never made accessible: the GPU faults */
+    else if (e != NULL)
         r = (size_t)(a - e->dev) + n <= e->size ? e->alias + (a - e->dev) : NULL;
     else
         for (entry_t *o = g_entries; o != NULL && r != NULL; o = o->next)
@@ -507,6 +520,255 @@ API CUresult cuIpcCloseMemHandle(CUdeviceptr p)
     return OK;
 }
 
+/* ---- VMM: physical allocations, reservations, mappings ---- */
+
+#define VMM_GRANULARITY (2u << 20)
+#define H_POSIX_FD 1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+
+typedef struct alloc_prop { /* CUmemAllocationProp */
+    int type, requestedHandleTypes;
+    int location[2]; /* CUmemLocation {type, id} */
+    void *win32HandleMetaData;
+    unsigned char allocFlags[8];
+} alloc_prop_t;
+
+typedef struct access_desc { /* CUmemAccessDesc */
+    int location[2];
+    int flags;
+} access_desc_t;
+
+typedef struct reservation {
+    uint8_t *va;
+    size_t size;
+    struct reservation *next;
+} reservation_t;
+
+static reservation_t *g_reserved; /* g_mu */
+
+static vmm_t *vmm_new(int fd, size_t size, int device, int exportable)
+{
+    vmm_t *v = calloc(1, sizeof(*v));
+    if (v == NULL)
+        return NULL;
+    *v = (vmm_t){fd, device, exportable, size, 1};
+    return v;
+}
+
+static void vmm_put(vmm_t *v)
+{
+    pthread_mutex_lock(&g_mu);
+    int last = --v->refs == 0;
+    pthread_mutex_unlock(&g_mu);
+    if (last) {
+        close(v->fd);
+        free(v);
+    }
+}
+
+API CUresult cuMemGetAllocationGranularity(size_t *g, const alloc_prop_t *prop, int option)
+{
+    if (g == NULL || prop == NULL)
+        return E_INVALID_VALUE;
+    *g = VMM_GRANULARITY;
+    return OK;
+}
+
+API CUresult cuMemCreate(unsigned long long *h, size_t size, const alloc_prop_t *prop,
+                         unsigned long long flags)
+{
+    if (prop == NULL || prop->type != 1 || prop->location[0] != 1 || size == 0 ||
+        size % VMM_GRANULARITY != 0)
+        return E_INVALID_VALUE;
+    if (prop->location[1] < 0 || prop->location[1] >= ndevices())
+        return E_INVALID_DEVICE;
+    int fd = memfd_create("kvb-cuda-double-vmm", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return E_OUT_OF_MEMORY;
+    }
+    vmm_t *v = vmm_new(fd, size, prop->location[1], prop->requestedHandleTypes & H_POSIX_FD);
+    if (v == NULL) {
+        close(fd);
+        return E_OUT_OF_MEMORY;
+    }
+    *h = (unsigned long long)(uintptr_t)v;
+    return OK;
+}
+
+API CUresult cuMemRelease(unsigned long long h)
+{
+    if (h == 0)
+        return E_INVALID_VALUE;
+    vmm_put((vmm_t *)(uintptr_t)h);
+    return OK;
+}
+
+API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr,
+                                 unsigned long long flags)
+{
+    reservation_t *r = calloc(1, sizeof(*r));
+    if (r == NULL || size == 0 || size % VMM_GRANULARITY != 0) {
+        free(r);
+        return r == NULL ? E_OUT_OF_MEMORY : E_INVALID_VALUE;
+    }
+    r->va = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r->va == MAP_FAILED) {
+        free(r);
+        return E_OUT_OF_MEMORY;
+    }
+    r->size = size;
+    pthread_mutex_lock(&g_mu);
+    r->next = g_reserved;
+    g_reserved = r;
+    pthread_mutex_unlock(&g_mu);
+    *p = (CUdeviceptr)(uintptr_t)r->va;
+    return OK;
+}
+
+API CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
+{
+    pthread_mutex_lock(&g_mu);
+    reservation_t **pp = &g_reserved;
+    while (*pp != NULL && ((*pp)->va != (uint8_t *)(uintptr_t)p || (*pp)->size != size))
+        pp = &(*pp)->next;
+    reservation_t *r = *pp;
+    int busy = 0;
+    for (entry_t *e = g_entries; r != NULL && e != NULL; e = e->next)
+        busy |= e->dev >= r->va && e->dev < r->va + r->size;
+    if (r != NULL && !busy)
+        *pp = r->next;
+    pthread_mutex_unlock(&g_mu);
+    if (r == NULL || busy)
+        return E_INVALID_VALUE; /* unknown, or still mapped */
+    munmap(r->va, r->size);
+    free(r);
+    return OK;
+}
+
+API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long long h,
+                      unsigned long long flags)
+{
+    vmm_t *v = (vmm_t *)(uintptr_t)h;
+    uint8_t *a = (uint8_t *)(uintptr_t)p;
+    if (v == NULL || offset != 0 || size != v->size)
+        return E_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    int inside = 0;
+    for (reservation_t *r = g_reserved; r != NULL; r = r->next)
+        inside |= a >= r->va && size <= r->size && (size_t)(a - r->va) <= r->size - size;
+    int used = 0;
+    for (entry_t *e = g_entries; e != NULL; e = e->next)
+        used |= e->dev < a + size && a < e->dev + e->size;
+    pthread_mutex_unlock(&g_mu);
+    if (!inside || used)
+        return !inside ? E_INVALID_VALUE : E_ALREADY_MAPPED;
+    entry_t *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return E_OUT_OF_MEMORY;
+    e->dev = mmap(a, size, PROT_NONE, MAP_SHARED | MAP_FIXED, v->fd, 0);
+    e->alias = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd, 0);
+    if (e->dev == MAP_FAILED || e->alias == MAP_FAILED) {
+        if (e->alias != MAP_FAILED)
+            munmap(e->alias, size);
+        free(e);
+        return E_MAP_FAILED; /* the reservation may be gone: the double's limit */
+    }
+    e->kind = K_VMM;
+    e->size = size;
+    e->fd = -1;
+    e->device = v->device;
+    e->vmm = v;
+    pthread_mutex_lock(&g_mu);
+    v->refs++;
+    pthread_mutex_unlock(&g_mu);
+    add(e);
+    COUNT(vmm_maps);
+    return OK;
+}
+
+API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
+{
+    entry_t *e = take((void *)(uintptr_t)p, K_VMM);
+    if (e == NULL)
+        return E_INVALID_VALUE;
+    /* the range stays reserved */
+    mmap(e->dev, e->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+         0);
+    munmap(e->alias, e->size);
+    vmm_put(e->vmm);
+    free(e);
+    COUNT(vmm_unmaps);
+    return OK;
+}
+
+API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const access_desc_t *desc, size_t count)
+{
+    uint8_t *a = (uint8_t *)(uintptr_t)p;
+    if (desc == NULL || count == 0 || desc[0].location[0] != 1 || desc[0].flags != 3)
+        return E_INVALID_VALUE; /* kvbridge asks for read-write on a device */
+    CUresult r = E_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (entry_t *e = g_entries; e != NULL; e = e->next)
+        if (e->kind == K_VMM && e->dev >= a && e->dev + e->size <= a + size) {
+            e->access = 1;
+            r = OK;
+        }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+API CUresult cuMemRetainAllocationHandle(unsigned long long *h, void *addr)
+{
+    CUresult r = E_INVALID_VALUE; /* not VMM memory */
+    pthread_mutex_lock(&g_mu);
+    entry_t *e = find(addr);
+    if (e != NULL && e->kind == K_VMM) {
+        e->vmm->refs++;
+        *h = (unsigned long long)(uintptr_t)e->vmm;
+        r = OK;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+API CUresult cuMemExportToShareableHandle(void *out, unsigned long long h, int type,
+                                          unsigned long long flags)
+{
+    vmm_t *v = (vmm_t *)(uintptr_t)h;
+    if (fail("vmm_export"))
+        return E_NOT_SUPPORTED;
+    if (v == NULL || out == NULL || type != H_POSIX_FD || !v->exportable)
+        return E_INVALID_VALUE; /* the allocation was not created exportable */
+    int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return E_OUT_OF_MEMORY;
+    *(int *)out = fd;
+    COUNT(vmm_exports);
+    return OK;
+}
+
+API CUresult cuMemImportFromShareableHandle(unsigned long long *h, void *os_handle, int type)
+{
+    struct stat st;
+    int fd = (int)(intptr_t)os_handle;
+    if (fail("vmm_import"))
+        return E_INVALID_HANDLE;
+    if (type != H_POSIX_FD || fstat(fd, &st) != 0 || st.st_size <= 0 ||
+        st.st_size % VMM_GRANULARITY != 0)
+        return E_INVALID_HANDLE;
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* the caller keeps its descriptor */
+    vmm_t *v = own >= 0 ? vmm_new(own, (size_t)st.st_size, t_dev < 0 ? 0 : t_dev, 1) : NULL;
+    if (v == NULL) {
+        if (own >= 0)
+            close(own);
+        return E_OUT_OF_MEMORY;
+    }
+    *h = (unsigned long long)(uintptr_t)v;
+    COUNT(vmm_imports);
+    return OK;
+}
+
 /* ---- streams and events: copies complete at once ---- */
 
 API CUresult cuStreamCreate(void **s, unsigned int flags)
@@ -677,4 +939,8 @@ API void kvb_cuda_double_stats(kvb_cuda_double_stats_t *out)
     out->ipc_opens = __atomic_load_n(&g_stats.ipc_opens, __ATOMIC_RELAXED);
     out->ipc_closes = __atomic_load_n(&g_stats.ipc_closes, __ATOMIC_RELAXED);
     out->bytes = __atomic_load_n(&g_stats.bytes, __ATOMIC_RELAXED);
+    out->vmm_exports = __atomic_load_n(&g_stats.vmm_exports, __ATOMIC_RELAXED);
+    out->vmm_imports = __atomic_load_n(&g_stats.vmm_imports, __ATOMIC_RELAXED);
+    out->vmm_maps = __atomic_load_n(&g_stats.vmm_maps, __ATOMIC_RELAXED);
+    out->vmm_unmaps = __atomic_load_n(&g_stats.vmm_unmaps, __ATOMIC_RELAXED);
 }

@@ -33,6 +33,14 @@ typedef struct cuda_test_api {
     int (*HtoD)(unsigned long long, const void *, size_t);
     int (*DtoH)(void *, unsigned long long, size_t);
     void (*stats)(kvb_cuda_double_stats_t *);
+    /* VMM (cuMemCreate and friends) */
+    int (*MemCreate)(unsigned long long *, size_t, const void *, unsigned long long);
+    int (*MemRelease)(unsigned long long);
+    int (*AddressReserve)(unsigned long long *, size_t, size_t, unsigned long long,
+                          unsigned long long);
+    int (*MemMap)(unsigned long long, size_t, size_t, unsigned long long, unsigned long long);
+    int (*SetAccess)(unsigned long long, size_t, const void *, size_t);
+    int (*Granularity)(size_t *, const void *, int);
 } cuda_test_api_t;
 
 static inline const cuda_test_api_t *ct(void)
@@ -54,6 +62,12 @@ static inline const cuda_test_api_t *ct(void)
         *(void **)&a.HtoD = dlsym(h, "cuMemcpyHtoD_v2");
         *(void **)&a.DtoH = dlsym(h, "cuMemcpyDtoH_v2");
         *(void **)&a.stats = dlsym(h, "kvb_cuda_double_stats"); /* NULL: a real driver */
+        *(void **)&a.MemCreate = dlsym(h, "cuMemCreate");
+        *(void **)&a.MemRelease = dlsym(h, "cuMemRelease");
+        *(void **)&a.AddressReserve = dlsym(h, "cuMemAddressReserve");
+        *(void **)&a.MemMap = dlsym(h, "cuMemMap");
+        *(void **)&a.SetAccess = dlsym(h, "cuMemSetAccess");
+        *(void **)&a.Granularity = dlsym(h, "cuMemGetAllocationGranularity");
         CHECK(a.Init && a.DeviceGet && a.DeviceGetCount && a.PrimaryCtxRetain && a.CtxSetCurrent &&
               a.CtxGetCurrent && a.MemAlloc && a.MemFree && a.HtoD && a.DtoH);
         loaded = 1;
@@ -95,18 +109,55 @@ static inline void ct_free(void *dev)
     CHECK_EQ(ct()->MemFree((unsigned long long)(uintptr_t)dev), 0);
 }
 
-/* n bytes of device memory on device dev (its primary context made current). */
-static inline uint8_t *cuda_test_alloc(int dev, size_t n)
+/* Make device dev's primary context current here; the ordinal used. */
+static inline int ct_ctx(int dev)
 {
     void *ctx;
     int d;
-    unsigned long long p = 0;
     dev = ct_device(dev);
     CHECK_EQ(ct()->DeviceGet(&d, dev), 0);
     CHECK_EQ(ct()->PrimaryCtxRetain(&ctx, d), 0);
     CHECK_EQ(ct()->CtxSetCurrent(ctx), 0);
+    return dev;
+}
+
+/* n bytes of device memory on device dev (its primary context made current). */
+static inline uint8_t *cuda_test_alloc(int dev, size_t n)
+{
+    unsigned long long p = 0;
+    ct_ctx(dev);
     CHECK_EQ(ct()->MemAlloc(&p, n), 0);
     return (uint8_t *)(uintptr_t)p;
+}
+
+/* n bytes (rounded up to the granularity) of VMM device memory on device
+ * dev, as PyTorch's expandable segments make it: cuMemCreate asking for a
+ * POSIX file descriptor handle, reserved, mapped, read-write on dev. The
+ * address range stays reserved until the process ends. */
+static inline uint8_t *cuda_test_alloc_vmm(int dev, size_t n)
+{
+    struct {
+        int type, handle_types, location[2];
+        void *win32;
+        unsigned char flags[8];
+    } prop = {1 /* PINNED */, 1 /* POSIX fd */, {1 /* DEVICE */, 0}, NULL, {0}};
+    struct {
+        int location[2], flags;
+    } acc = {{1, 0}, 3 /* READWRITE */};
+    size_t g = 0;
+    unsigned long long h = 0, va = 0;
+    dev = ct_ctx(dev);
+    prop.location[1] = acc.location[1] = dev;
+    CHECK(ct()->MemCreate && ct()->MemRelease && ct()->AddressReserve && ct()->MemMap &&
+          ct()->SetAccess && ct()->Granularity);
+    CHECK_EQ(ct()->Granularity(&g, &prop, 0), 0);
+    n = (n + g - 1) / g * g;
+    CHECK_EQ(ct()->MemCreate(&h, n, &prop, 0), 0);
+    CHECK_EQ(ct()->AddressReserve(&va, n, 0, 0, 0), 0);
+    CHECK_EQ(ct()->MemMap(va, n, 0, h, 0), 0);
+    CHECK_EQ(ct()->MemRelease(h), 0);
+    CHECK_EQ(ct()->SetAccess(va, n, &acc, 1), 0);
+    return (uint8_t *)(uintptr_t)va;
 }
 
 /* Pattern byte i of a buffer seeded s (distinct per seed and position). */
@@ -142,7 +193,10 @@ typedef struct tgt {
     uint64_t dev_len;
     uint64_t dev2_addr; /* a second region in the same allocation */
     uint64_t dev2_len;
+    uint64_t host_addr; /* a region in host memory (TGT_HOST_LEN bytes) */
 } tgt_t;
+
+#define TGT_HOST_LEN (1u << 20)
 
 static inline void tgt_io(int fd, void *p, size_t n, bool rd)
 {
@@ -154,8 +208,9 @@ static inline void tgt_io(int fd, void *p, size_t n, bool rd)
     }
 }
 
-/* Child: an engine on tr with an 8 MiB device allocation on device 1 (0 if
- * the machine has one),
+/* Child: an engine on tr with a host region (host_addr) and an 8 MiB
+ * device allocation on device 1 (0 if the machine has one; VMM memory when
+ * KVB_CUDA_TEST_VMM is set),
  * registered as [alloc+4096, +len) and [alloc+len+8192, +1 MiB) (offsets
  * inside one allocation), zeroed; then serve commands. */
 static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
@@ -165,7 +220,9 @@ static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
     p.field_mask = KVB_ENGINE_PARAM_TRANSPORT;
     p.transport = tr;
     CHECK_EQ(kvb_engine_create(&p, &e), KVB_OK);
-    uint8_t *a = cuda_test_alloc(1, len + 8192 + (1u << 20));
+    bool vmm = getenv("KVB_CUDA_TEST_VMM") != NULL;
+    uint8_t *a = vmm ? cuda_test_alloc_vmm(1, len + 8192 + (1u << 20))
+                     : cuda_test_alloc(1, len + 8192 + (1u << 20));
     uint8_t *zero = calloc(1, len + 8192 + (1u << 20));
     ct_htod(a, zero, len + 8192 + (1u << 20));
     free(zero);
@@ -174,7 +231,11 @@ static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
         {0, a + len + 8192, 1u << 20, KVB_MEM_AUTO, 0},
     };
     CHECK_EQ(kvb_engine_register_ex(e, r, 2, sizeof(r[0])), KVB_OK);
+    uint8_t *host = calloc(1, TGT_HOST_LEN);
+    CHECK(host != NULL);
+    CHECK_EQ(kvb_engine_register(e, host, TGT_HOST_LEN, KVB_MEM_HOST), KVB_OK);
     tgt_t t = {0};
+    t.host_addr = (uint64_t)(uintptr_t)host;
     snprintf(t.sid, sizeof(t.sid), "%s", kvb_engine_session_id(e));
     t.dev_addr = (uint64_t)(uintptr_t)(a + 4096);
     t.dev_len = len;
@@ -187,7 +248,10 @@ static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
         if (c.op == TGT_READ) { /* device to host, then the bytes to the parent */
             uint8_t *h = malloc(c.b);
             CHECK(h != NULL);
-            ct_dtoh(h, (const void *)(uintptr_t)c.a, c.b);
+            if (c.a >= t.host_addr && c.a - t.host_addr < TGT_HOST_LEN)
+                memcpy(h, (const void *)(uintptr_t)c.a, c.b);
+            else
+                ct_dtoh(h, (const void *)(uintptr_t)c.a, c.b);
             tgt_io(out, h, c.b, false);
             free(h);
         } else if (c.op == TGT_GRANT) {
@@ -236,6 +300,21 @@ static inline uint8_t *tgt_read(const tgt_t *t, uint64_t addr, size_t n)
     tgt_io(t->to, &c, sizeof(c), false);
     tgt_io(t->from, h, n, true);
     return h;
+}
+
+/* The target's bytes [addr, addr+n) are want's, else exit(1) naming the
+ * first wrong byte; what passed. */
+static inline void tgt_expect(const tgt_t *t, uint64_t addr, const uint8_t *want, size_t n,
+                              const char *what)
+{
+    uint8_t *got = tgt_read(t, addr, n);
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i]) {
+            fprintf(stderr, "%s: byte %zu is %u, want %u\n", what, i, got[i], want[i]);
+            exit(1);
+        }
+    free(got);
+    TEST_PASS(what);
 }
 
 static inline uint64_t tgt_grant(const tgt_t *t, uint32_t tag)

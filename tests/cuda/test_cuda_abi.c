@@ -27,6 +27,13 @@ SAME(KVB_CU_STREAM_NON_BLOCKING, CU_STREAM_NON_BLOCKING);
 SAME(KVB_CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_PORTABLE);
 SAME(KVB_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, CU_MEMCPY_SRC_ACCESS_ORDER_STREAM);
 SAME(KVB_CU_IPC_HANDLE_SIZE, CU_IPC_HANDLE_SIZE);
+SAME(KVB_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+SAME(KVB_CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_DEVICE);
+SAME(KVB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+_Static_assert(sizeof(kvb_CUmemAccessDesc) == sizeof(CUmemAccessDesc), "access desc");
+SAME_OFFSET(kvb_CUmemAccessDesc, CUmemAccessDesc, flags);
+_Static_assert(sizeof(kvb_CUmemGenericAllocationHandle) == sizeof(CUmemGenericAllocationHandle),
+               "generic handle");
 _Static_assert(sizeof(kvb_CUipcMemHandle) == sizeof(CUipcMemHandle), "handle");
 _Static_assert(sizeof(kvb_CUdeviceptr) == sizeof(CUdeviceptr), "deviceptr");
 _Static_assert(sizeof(kvb_CUDA_MEMCPY2D) == sizeof(CUDA_MEMCPY2D), "memcpy2d");

@@ -4,7 +4,8 @@
  * while the first unit is in flight: the revoke returns only once that unit
  * is done (its busy count in the fence page), the transfer ends
  * KVB_ERR_FENCED, the units after the revoke never land, and nothing changes
- * after the revoke returned. */
+ * after the revoke returned. With KVB_CUDA_TEST_VMM the target's allocation
+ * is VMM memory (exported as a file descriptor, mapped here). */
 #include "cuda/cuda_test.h"
 #include "kvb_test_engine.h"
 

@@ -6,7 +6,13 @@
  *              allocation), copies device to device by the copy threads;
  *   stage_shm  same host, imports refused (KVB_CUDA_DOUBLE_FAIL=ipc_open):
  *              staged through pinned host memory over the message lane;
- *   stage_tcp  the tcp transport (as across hosts): staged.
+ *   stage_tcp  the tcp transport (as across hosts): staged;
+ *   vmm        same host, every allocation VMM memory (cuMemCreate/cuMemMap,
+ *              as PyTorch's expandable segments): the target exports its
+ *              allocation as a file descriptor, this process fetches it,
+ *              imports and maps it; copies device to device;
+ *   vmm_refused  VMM memory whose export is refused
+ *              (KVB_CUDA_DOUBLE_FAIL=vmm_export): staged.
  * Every write is verified byte for byte by reading the target's device
  * memory back in the target; head slices (1 KiB every 2 KiB) go in few
  * batched copies; a revoked grant fences the device lane; a block past a
@@ -16,18 +22,6 @@
 
 #define LEN (4u << 20)
 #define ROWS 1024
-
-static void expect(const tgt_t *t, uint64_t addr, const uint8_t *want, size_t n, const char *what)
-{
-    uint8_t *got = tgt_read(t, addr, n);
-    for (size_t i = 0; i < n; i++)
-        if (got[i] != want[i]) {
-            fprintf(stderr, "%s: byte %zu is %u, want %u\n", what, i, got[i], want[i]);
-            exit(1);
-        }
-    free(got);
-    TEST_PASS(what);
-}
 
 static void pattern(uint8_t *h, size_t n, uint64_t seed)
 {
@@ -53,12 +47,15 @@ static kvb_status_t write_epoch(kvb_engine_h w, const char *sid, const kvb_block
 int main(int argc, char **argv)
 {
     const char *lane = argc > 1 ? argv[1] : "ipc";
-    bool ipc = strcmp(lane, "ipc") == 0;
+    bool vmm = strncmp(lane, "vmm", 3) == 0;
+    bool ipc = strcmp(lane, "ipc") == 0 || strcmp(lane, "vmm") == 0; /* the device lane */
     kvb_transport_t tr = strcmp(lane, "stage_tcp") == 0 ? KVB_TRANSPORT_TCP : KVB_TRANSPORT_AUTO;
+    if (vmm)
+        setenv("KVB_CUDA_TEST_VMM", "1", 1);
     tgt_t t = tgt_start(tr, LEN); /* first: fork before any thread */
 
     kvb_engine_h w = kvb_test_engine(tr, 2);
-    uint8_t *sd = cuda_test_alloc(0, LEN);
+    uint8_t *sd = vmm ? cuda_test_alloc_vmm(0, LEN) : cuda_test_alloc(0, LEN);
     uint8_t *sh = malloc(LEN), *want = malloc(LEN);
     CHECK(sh != NULL && want != NULL);
     cuda_test_fill(sd, LEN, 1);
@@ -80,15 +77,17 @@ int main(int argc, char **argv)
     /* both regions share one allocation: imported once (the double, like
      * some drivers, refuses to open one handle twice in a process) */
     bool dbl = ct_stats(&s0);
-    if (dbl)
+    if (dbl && vmm) /* each region maps the allocation; legacy IPC never tried */
+        CHECK(s0.ipc_opens == 0 && s0.vmm_imports == (ipc ? 2 : 0) && s0.vmm_maps >= (ipc ? 3 : 1));
+    else if (dbl)
         CHECK_EQ(s0.ipc_opens, ipc ? 1 : tr == KVB_TRANSPORT_AUTO ? 2 /* both refused */ : 0);
     pattern(want, LEN, 1);
-    expect(&t, t.dev_addr, want, LEN, "device to device");
+    tgt_expect(&t, t.dev_addr, want, LEN, "device to device");
 
     /* host -> device, the second region of the same allocation */
     b = (kvb_block_t){(uint64_t)(uintptr_t)sh + 4096, t.dev2_addr, t.dev2_len};
     CHECK_EQ(kvb_engine_write(w, t.sid, &b, 1, 10.0), KVB_OK);
-    expect(&t, t.dev2_addr, sh + 4096, t.dev2_len, "host to device at an offset");
+    tgt_expect(&t, t.dev2_addr, sh + 4096, t.dev2_len, "host to device at an offset");
 
     /* head slices: row i's first KiB of the device source into the second
      * KiB of row i of the target, one block each */
@@ -108,7 +107,7 @@ int main(int argc, char **argv)
     /* one 2-D copy for the strided rows (device lane: device to device;
      * staging: device to pinned host), not one call per row */
     CHECK(!dbl || (s1.copies_2d - s0.copies_2d >= 1 && s1.copies - s0.copies < 8));
-    expect(&t, t.dev_addr, want, LEN, "head slices");
+    tgt_expect(&t, t.dev_addr, want, LEN, "head slices");
 
     /* the fence: admitted under a live grant, refused once revoked */
     kvb_engine_set_writer_tag(w, 7);
@@ -116,26 +115,30 @@ int main(int argc, char **argv)
     pattern(sh, LEN, 3);
     b = (kvb_block_t){(uint64_t)(uintptr_t)sh, t.dev_addr, LEN};
     CHECK_EQ(write_epoch(w, t.sid, &b, 1, ep), KVB_OK);
-    expect(&t, t.dev_addr, sh, LEN, "written under a live grant");
+    tgt_expect(&t, t.dev_addr, sh, LEN, "written under a live grant");
     memcpy(want, sh, LEN);
     CHECK_EQ(tgt_revoke(&t, 7, ep), KVB_OK);
     pattern(sh, LEN, 4);
     CHECK_EQ(write_epoch(w, t.sid, &b, 1, ep), KVB_ERR_FENCED);
-    expect(&t, t.dev_addr, want, LEN, "nothing lands under a revoked grant");
+    tgt_expect(&t, t.dev_addr, want, LEN, "nothing lands under a revoked grant");
 
     /* bounds: one block past the region's end fails the whole batch */
     kvb_block_t bad[2] = {{(uint64_t)(uintptr_t)sd, t.dev_addr, 4096},
                           {(uint64_t)(uintptr_t)sd, t.dev_addr + LEN - 100, 200}};
     CHECK_EQ(kvb_engine_write(w, t.sid, bad, 2, 10.0), KVB_ERR_BOUNDS);
     CHECK_STR_CONTAINS(kvb_engine_last_error(w), "not inside a region the peer registered");
-    expect(&t, t.dev_addr, want, LEN, "nothing of a refused batch lands");
+    tgt_expect(&t, t.dev_addr, want, LEN, "nothing of a refused batch lands");
 
     kvb_engine_destroy(w);
     ct_stats(&s1);
-    fprintf(stderr, "IPC imports: %llu opened, %llu closed\n", (unsigned long long)s1.ipc_opens,
-            (unsigned long long)s1.ipc_closes);
+    fprintf(stderr, "IPC imports: %llu opened, %llu closed; VMM: %llu imported, %llu unmapped\n",
+            (unsigned long long)s1.ipc_opens, (unsigned long long)s1.ipc_closes,
+            (unsigned long long)s1.vmm_imports, (unsigned long long)s1.vmm_unmaps);
     if (!dbl) /* a real driver: no counters */
         ;
+    else if (vmm) /* mapped per connection, unmapped with it: nothing left mapped */
+        CHECK(s1.ipc_opens == 0 && (ipc ? s1.vmm_imports >= 2 : s1.vmm_imports == 0) &&
+              s1.vmm_unmaps == s1.vmm_imports);
     else if (ipc) /* every import closed with its last connection */
         CHECK(s1.ipc_opens >= 1 && s1.ipc_closes == s1.ipc_opens);
     else if (tr == KVB_TRANSPORT_AUTO)
@@ -143,7 +146,8 @@ int main(int argc, char **argv)
     else
         CHECK(s1.ipc_opens == 0); /* tcp: no handles offered */
     tgt_stop(&t);
-    ct_free(sd);
+    if (!vmm)
+        ct_free(sd);
     free(sh);
     free(want);
     free(rows);

@@ -9,7 +9,9 @@
  *  - an accepted registration has ranks below sizes and a valid port/ip, and
  *    re-serialises to JSON that parses back to an identical registration;
  *  - applying a registration to a table either succeeds (the entry is then
- *    found with that address) or leaves the table exactly as it was. */
+ *    found with that address) or leaves the table exactly as it was;
+ *  - a rank look-up answer parses to a valid address and "kvbridge" value,
+ *    or is refused with a one-line reason. */
 #include "fuzz_assert.h"
 #include <stdint.h>
 #include <stdio.h>
@@ -57,7 +59,7 @@ static int same_reg(const kvb__boot_reg_t *a, const kvb__boot_reg_t *b)
            a->page_size == b->page_size && same_str(a->kv_cache_dtype, b->kv_cache_dtype) &&
            same_str(a->load_balance_method, b->load_balance_method) &&
            a->enable_dsa_cache_layer_split == b->enable_dsa_cache_layer_split &&
-           a->prefill_http_port == b->prefill_http_port;
+           a->prefill_http_port == b->prefill_http_port && a->kvbridge == b->kvbridge;
 }
 
 static void check_table(const kvb__boot_reg_t *reg)
@@ -120,6 +122,7 @@ static void check_body(const char *body, size_t len)
     FUZZ_ASSERT(kvb__boot_valid_host(reg.rank_ip, strlen(reg.rank_ip)));
     FUZZ_ASSERT(reg.attn_cp_rank >= 0 && reg.attn_cp_rank < reg.attn_cp_size);
     FUZZ_ASSERT(reg.page_size == -1 || reg.page_size >= 1);
+    FUZZ_ASSERT(reg.kvbridge >= 0 && reg.kvbridge <= KVB__BOOT_KVBRIDGE_MAX);
     /* Without role it is SGLang 2026's shape: page_size is required. */
     FUZZ_ASSERT(reg.has_role || (reg.v2026 && reg.page_size >= 1));
     FUZZ_ASSERT(reg.kv_cache_dtype == NULL ||
@@ -176,6 +179,13 @@ static void check_other_bodies(const char *body, size_t len)
     }
     if (kvb__boot_parallel_info_parse(body, len, &info, reason, sizeof(reason)) == KVB_OK)
         kvb_bootstrap_parallel_info_free(&info);
+    kvb_bootstrap_rank_addr_t addr;
+    int kvbridge = -1;
+    if (kvb__boot_rank_addr_parse(body, len, &addr, &kvbridge, reason, sizeof(reason)) == KVB_OK)
+        FUZZ_ASSERT(kvbridge >= 0 && kvbridge <= KVB__BOOT_KVBRIDGE_MAX && addr.rank_port >= 1 &&
+                    kvb__boot_valid_host(addr.rank_ip, strlen(addr.rank_ip)));
+    else
+        FUZZ_ASSERT(reason[0] != '\0' && strchr(reason, '\n') == NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -19,7 +19,9 @@ shared transfer engine, the runtime context):
                                      was written)
 
 `run` (the driver) runs every case and prints one line per case and
-"N passed, N failed".
+"N passed, N failed". `run-0.5.2` runs CASES_OLD with SGLang 0.5.2rc2's
+connector (the seed-001 dialect, sglang_old.py; its own venv) as the SGLang
+side: the roles read INTEROP_SGLANG=0.5.2rc2.
 """
 
 import json
@@ -51,6 +53,14 @@ N_KV = LAYERS if MLA else 2 * LAYERS
 HEADS_ARG = 1 if MLA else HEADS
 DEADLINE_S = 60.0
 ABORT_ACK_S = 10.0  # an ABORT_ACK must come well before SGLang's 30 s release timeout
+# The SGLang side is 0.5.2rc2's connector (seed-001 dialect, sglang_old.py).
+OLD = os.environ.get("INTEROP_SGLANG") == "0.5.2rc2"
+# A prefill rank of a TP group (the driver's tp2_ cases; the decode is TP1):
+# it holds HEADS / TP_SIZE heads, the per-token slices of the TP1 pattern.
+TP_SIZE = int(os.environ.get("INTEROP_TP_SIZE", "1"))
+TP_RANK = int(os.environ.get("INTEROP_TP_RANK", "0"))
+RITEM = ITEM if MLA else ITEM // TP_SIZE  # this rank's item length (MLA: replicated)
+RHEADS = HEADS_ARG if MLA else HEADS // TP_SIZE  # this rank's KV heads
 
 
 def out(obj):
@@ -68,13 +78,19 @@ def aux_pattern(np, slot, room):
 
 
 def buffers(np, fill_room=None):
-    """N_KV KV buffers (MHA: K layers then V layers) and one aux buffer."""
-    kv = [np.zeros(PAGES * ITEM, dtype=np.uint8) for _ in range(N_KV)]
+    """N_KV KV buffers (MHA: K layers then V layers) and one aux buffer; a
+    prefill rank of a TP group holds heads [TP_RANK * RHEADS, +RHEADS) of
+    each token row of the TP1 pattern (so the TP1 decode verifies as ever)."""
+    item = RITEM if fill_room is not None else ITEM
+    kv = [np.zeros(PAGES * item, dtype=np.uint8) for _ in range(N_KV)]
     aux = np.zeros(AUX_SLOTS * AUX_ITEM, dtype=np.uint8)
+    row, rrow = ITEM // PAGE, item // PAGE  # bytes of one token, all heads / this rank's
     if fill_room is not None:
         for b, arr in enumerate(kv):
             for p in range(PAGES):
-                arr[p * ITEM:(p + 1) * ITEM] = pattern(np, b, p, fill_room)
+                full = pattern(np, b, p, fill_room).reshape(PAGE, row)
+                part = full[:, TP_RANK * rrow:(TP_RANK + 1) * rrow] if rrow < row else full
+                arr[p * item:(p + 1) * item] = part.reshape(-1)
         for s in range(AUX_SLOTS):
             aux[s * AUX_ITEM:(s + 1) * AUX_ITEM] = aux_pattern(np, s, fill_room)
     return kv, aux
@@ -112,7 +128,7 @@ def sglang_setup(boot_port=0):
     sys.path.insert(0, HERE)
     import sglang_stubs
 
-    sglang_stubs.install(bootstrap_port=boot_port)
+    sglang_stubs.install(bootstrap_port=boot_port, tp_rank=TP_RANK, tp_size=TP_SIZE)
     import sglang.srt.disaggregation.mooncake.conn as mc
     from sglang.srt.disaggregation.base.conn import KVArgs
     from sglang.srt.distributed.device_communicators import mooncake_transfer_engine as mte
@@ -125,14 +141,14 @@ def sglang_setup(boot_port=0):
 
 def sglang_kv_args(KVArgs, kv, aux):
     a = KVArgs()
-    a.engine_rank = 0
+    a.engine_rank = TP_RANK
     a.pp_rank = 0
     a.system_dp_rank = 0
     a.kv_cache_dtype_str = DTYPE
     a.kv_layout = None
     a.kv_data_ptrs = ptrs(kv)
     a.kv_data_lens = [x.nbytes for x in kv]
-    a.kv_item_lens = [ITEM] * len(kv)
+    a.kv_item_lens = [kv[0].nbytes // PAGES] * len(kv)
     a.num_draft_entries = 0
     a.kv_layer_ids = []
     a.page_size = PAGE
@@ -151,7 +167,7 @@ def sglang_kv_args(KVArgs, kv, aux):
     a.is_hybrid_mla_backend = False
     a.ib_device = None
     a.gpu_id = 0
-    a.kv_head_num = HEADS_ARG
+    a.kv_head_num = HEADS_ARG * (kv[0].nbytes // PAGES) // ITEM  # this rank's heads
     a.total_kv_head_num = HEADS_ARG
     a.prefill_start_layer = 0
     a.prefill_end_layer = None
@@ -182,8 +198,17 @@ def reason_of(obj):
     return ""
 
 
+def old():
+    sys.path.insert(0, HERE)
+    import sglang_old
+
+    return sglang_old
+
+
 def role_boot(kind):
-    if kind == "sglang":
+    if kind == "sglang" and OLD:
+        srv, addr = old().boot()
+    elif kind == "sglang":
         _, mc, _, _ = sglang_setup()
         import socket
 
@@ -218,7 +243,9 @@ def role_prefill(kind, boot, room):
 
     kv, aux = buffers(np, fill_room=room)
     n = len(SRC_PAGES)
-    if kind == "sglang":
+    if kind == "sglang" and OLD:
+        old().prefill(sys.modules[__name__], boot, room)
+    elif kind == "sglang":
         stubs, mc, KVArgs, mte = sglang_setup(int(boot.rsplit(":", 1)[1]))
         from sglang.srt.disaggregation.base.conn import KVPoll
         from sglang.srt.disaggregation.utils import DisaggregationMode
@@ -243,10 +270,11 @@ def role_prefill(kind, boot, room):
         from kvbridge import KVPoll
 
         args = kvbridge.KVArgs(kv_data_ptrs=ptrs(kv), kv_data_lens=[x.nbytes for x in kv],
-                               kv_item_lens=[ITEM] * len(kv), aux_data_ptrs=[aux.ctypes.data],
+                               kv_item_lens=[RITEM] * len(kv), aux_data_ptrs=[aux.ctypes.data],
                                aux_data_lens=[aux.nbytes], aux_item_lens=[AUX_ITEM], page_size=PAGE,
-                               kv_head_num=HEADS_ARG, engine_rank=0)
-        mgr = kvbridge.KVManager(args, "prefill", bootstrap_addr=boot, host="127.0.0.1", is_mla=MLA)
+                               kv_head_num=RHEADS, engine_rank=TP_RANK)
+        mgr = kvbridge.KVManager(args, "prefill", bootstrap_addr=boot, host="127.0.0.1", is_mla=MLA,
+                                 attn_tp_size=TP_SIZE, attn_tp_rank=TP_RANK)
         out("ready")
         sender = kvbridge.KVSender(mgr, boot, room)
         st = wait_until(sender.poll, (KVPoll.WaitingForInput,), KVPoll)
@@ -285,6 +313,9 @@ def role_decode(kind, boot, room):
     import numpy as np
 
     kv, aux = buffers(np)
+    if kind == "sglang" and OLD:
+        old().decode(sys.modules[__name__], boot, room)
+        return
     if kind == "sglang":
         stubs, mc, KVArgs, mte = sglang_setup()
         from sglang.srt.disaggregation.base.conn import KVPoll
@@ -374,8 +405,51 @@ class Proc:
         self.p.wait()
 
 
+def stop_all(procs):
+    for p in reversed(procs):
+        if p.p.poll() is None:
+            p.stop()
+
+
+def run_tp2(boot_kind, prefill_kind, decode_kind, room, env):
+    """Transfer from two prefill ranks (attention TP 2, one KV head each) to
+    a TP1 decode (both heads): every byte of the decode's pages checked."""
+    procs = []
+    try:
+        boot = Proc(["boot", boot_kind], env)
+        procs.append(boot)
+        addr = boot.line().split()[1]
+        pres = []
+        for r in range(2):
+            pres.append(Proc(["prefill", prefill_kind, addr, str(room)],
+                             dict(env, INTEROP_TP_SIZE="2", INTEROP_TP_RANK=str(r))))
+            procs.append(pres[-1])
+            assert pres[-1].line() == "ready"
+        dec = Proc(["decode", decode_kind, addr, str(room)], env)
+        procs.append(dec)
+        assert dec.line() == "sent"
+        for r, pre in enumerate(pres):
+            w = pre.line()
+            if w != "waiting":
+                return False, f"prefill rank {r} never ready to send: {w}"
+        for pre in pres:
+            pre.send("go")
+        dec.send("wait")
+        pr = [json.loads(pre.line()) for pre in pres]
+        dres = json.loads(dec.line())
+        ok = all(x["status"] == 4 for x in pr) and dres["status"] == 4 and dres["bytes"] == ""
+        return ok, f"prefill ranks: {pr} decode: {dres}"
+    except Exception as e:
+        return False, f"{type(e).__name__}: {e}"
+    finally:
+        stop_all(procs)
+
+
 def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
     env = dict(env, INTEROP_MLA="1" if name.startswith("mla_") else "0")
+    if name.startswith("tp2_"):
+        env = dict(env, INTEROP_LOG=os.path.join(env["INTEROP_OUT"], name + ".log"))
+        return run_tp2(boot_kind, prefill_kind, decode_kind, room, env)
     """kill: None, "prefill" (with its bootstrap server, after the decode's
     request arrived), "decode" (after its request arrived, before the prefill
     sends) or "abort" (the decode aborts then: both sides Failed with a
@@ -426,9 +500,7 @@ def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
     except Exception as e:
         return False, f"{type(e).__name__}: {e}"
     finally:
-        for p in reversed(procs):
-            if p.p.poll() is None:
-                p.stop()
+        stop_all(procs)
 
 
 CASES = [
@@ -445,32 +517,39 @@ CASES = [
     ("mla_sglang_decode_from_kvbridge_prefill__sglang_boot", "sglang", "kvbridge", "sglang", None, None),
     ("mla_kvbridge_decode_from_sglang_prefill__kvbridge_boot", "kvbridge", "sglang", "kvbridge", None, None),
     ("kvbridge_decode_aborts__sglang_prefill", "sglang", "sglang", "kvbridge", "abort", 2),
+    # Prefill attention TP 2 -> decode TP 1 (non-MLA: both prefill ranks real
+    # sources, each writing its KV head into every token row).
+    ("tp2_kvbridge_decode_from_sglang_prefill__sglang_boot", "sglang", "sglang", "kvbridge", None, None),
+    ("tp2_sglang_decode_from_kvbridge_prefill__kvbridge_boot", "kvbridge", "kvbridge", "sglang", None, None),
 ]
+
+# The seed-001 dialect: SGLang 0.5.2rc2 against kvbridge's defaults (its
+# decode falls back to the 2025 dialect on the old server's 400, its prefill's
+# union registration is what the old server reads). No abort cases: seed 001
+# has no abort message.
+CASES_OLD = [c for c in CASES if "abort" not in c[0] and not c[0].startswith(("mla_", "tp2_"))]
 
 # Strict expected failures (as ctest's known_bug label): reported XFAIL while
 # they fail, and a failure of the suite (XPASS) once they pass, so that the
 # entry and docs/testing.md get updated.
-KNOWN = {
-    "kvbridge_decode_aborts__sglang_prefill": "kvbridge's 4-frame ABORT has no generation: SGLang "
-    "0.5.23's prefill (deferred decode KV release on) sends no ABORT_ACK",
-}
+KNOWN = {}
 
 
-def driver(outdir, only=None):
+def driver(outdir, only=None, cases=CASES):
     """A kill case counts only when the same pair moved verified bytes in
     its transfer case (else its Failed could have another cause)."""
     os.makedirs(outdir, exist_ok=True)
     env = dict(os.environ, INTEROP_OUT=outdir)
     passed = failed = 0
     results = {}
-    for i, (name, boot, pre, dec, kill, needs) in enumerate(CASES):
+    for i, (name, boot, pre, dec, kill, needs) in enumerate(cases):
         if only and only not in name:
             continue
         t0 = time.monotonic()
         ok, detail = run_case(name, boot, pre, dec, 1000 + i, env, kill)
         if ok and needs is not None and results.get(needs) is not True:
             ok = False
-            detail = f"not counted: its transfer case {CASES[needs][0]} did not pass; {detail}"
+            detail = f"not counted: its transfer case {cases[needs][0]} did not pass; {detail}"
         results[i] = ok
         dt = time.monotonic() - t0
         word = "PASS" if ok else "FAIL"
@@ -488,6 +567,9 @@ def main(argv):
     role = argv[0]
     if role == "run":
         return driver(argv[1], argv[2] if len(argv) > 2 else None)
+    if role == "run-0.5.2":
+        os.environ["INTEROP_SGLANG"] = "0.5.2rc2"
+        return driver(argv[1], argv[2] if len(argv) > 2 else None, CASES_OLD)
     if role == "boot":
         role_boot(argv[1])
     elif role == "prefill":

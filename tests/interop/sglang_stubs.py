@@ -14,7 +14,7 @@ Stubbed (and why):
   launched server publishes (ServerArgs needs a model config and a device).
   Here they are fixed namespaces describing one TP1/DP1/PP1/CP1 rank, no
   speculative decoding, no staging, "early" decode allocation, no tracing,
-  device "cpu". Every attribute the connector reads is listed; an unknown one
+  device "cpu" (a prefill rank of the tp2_ cases: TP2, its TP rank). Every attribute the connector reads is listed; an unknown one
   raises AttributeError (so a new SGLang read shows up as an error, not as a
   silent default).
 - the `server_args` argument of MooncakeKVManager: a namespace with
@@ -44,7 +44,7 @@ def _bag(name, **fields):
     return b
 
 
-def make(bootstrap_port=0, host="127.0.0.1", mode="null"):
+def make(bootstrap_port=0, host="127.0.0.1", mode="null", tp_rank=0, tp_size=1):
     parallel = _bag(
         "parallel",
         dist_init_addr=None,
@@ -54,16 +54,16 @@ def make(bootstrap_port=0, host="127.0.0.1", mode="null"):
         pp_size=1,
         pp_group=None,
         world_group=None,
-        attn_tp_size=1,
-        attn_tp_rank=0,
+        attn_tp_size=tp_size,
+        attn_tp_rank=tp_rank,
         attn_cp_size=1,
         attn_cp_rank=0,
         attn_dcp_size=1,
         attn_dcp_rank=0,
         attn_dp_size=1,
         attn_dp_rank=0,
-        tp_size=1,
-        tp_rank=0,
+        tp_size=tp_size,
+        tp_rank=tp_rank,
         enable_cp_tp_group_sharing=False,
         enable_dsa_cache_layer_split=False,
         enable_kv_cache_sharding=False,
@@ -95,11 +95,11 @@ def make(bootstrap_port=0, host="127.0.0.1", mode="null"):
     }
 
 
-def install(bootstrap_port=0, host="127.0.0.1", mode="null"):
+def install(bootstrap_port=0, host="127.0.0.1", mode="null", tp_rank=0, tp_size=1):
     """Patch sglang.srt.runtime_context; call before importing the connector."""
     import sglang.srt.runtime_context as rc
 
-    ctx = make(bootstrap_port, host, mode)
+    ctx = make(bootstrap_port, host, mode, tp_rank, tp_size)
     for name, bag in ctx.items():
         setattr(rc, "get_" + name, lambda bag=bag: bag)
     rc.linear_attn_tp_size = lambda: 1

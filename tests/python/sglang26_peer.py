@@ -93,6 +93,23 @@ class Helper:
         assert rc == 0, f"helper exit {rc}: {text[-4000:]}"
 
 
+def poll(h, room, secs):
+    """The decode helper's poll: (status, pages_safe, failure reason)."""
+    h.cmd(f"poll {room} {secs}")
+    status, safe, reason = (h.line("poll", room).split(" ", 2) + ["", ""])[:3]
+    return int(status), int(safe), reason
+
+
+def refused_at_init(h, room, recv_args):
+    """A receiver the decode helper fails before sending anything: its
+    reason (the room is Failed, its pages safe)."""
+    h.cmd(f"recv {room} {recv_args}")
+    assert h.line("recv", room) == "0"
+    status, safe, reason = poll(h, room, 1)
+    assert status == 0 and safe == 1, reason
+    return reason
+
+
 def recv_frames(pull, timeout_s=10.0):
     if not pull.poll(int(timeout_s * 1000)):
         raise AssertionError("no message within %.1f s" % timeout_s)

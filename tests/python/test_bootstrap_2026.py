@@ -159,10 +159,11 @@ def test_2026_and_seed001_peers_share_a_server(server):
                     "system_dp_size": 1, "system_dp_rank": 0,
                     "rank_ip": "127.0.0.1", "rank_port": 7100})
     register(boot, put_2026(1, 7101))
-    info, _ = parallel_info(boot)
-    # The first registration decides follow_bootstrap_room: the seed-001 one
-    # had no load_balance_method, i.e. the default follow_bootstrap_room.
-    assert info.attn_tp_size == 2 and info.page_size == 16 and info.follow_bootstrap_room is True
+    # Rank 0 speaks seed 001 on ZeroMQ (no 2026 keys): a 2026 decode is
+    # answered as that rank's own server would (400), not given ranks whose
+    # control thread its 18-frame KV-args would kill.
+    info, answers = parallel_info(boot, tries=1)
+    assert info is None and answers == [(400, "Missing inputs for bootstrap server.")]
     # The seed-001 decode reads the same table its own way.
     r = requests.get(f"http://{boot}/route?engine_rank=-1&target_dp_group=-1&target_pp_rank=-1",
                      timeout=5)
@@ -172,6 +173,12 @@ def test_2026_and_seed001_peers_share_a_server(server):
     r = requests.get(f"http://{boot}/route?engine_rank=1&target_dp_group=0&target_pp_rank=0",
                      timeout=5)
     assert r.json() == {"rank_ip": "127.0.0.1", "rank_port": 7101}
+    # Rank 0 re-registers with the 2026 keys: the 2026 decode is served. The
+    # first registration decided follow_bootstrap_room: the seed-001 one had
+    # no load_balance_method, i.e. the default follow_bootstrap_room.
+    register(boot, put_2026(0, 7100))
+    info, _ = parallel_info(boot)
+    assert info.attn_tp_size == 2 and info.page_size == 16 and info.follow_bootstrap_room is True
 
 
 def test_2026_malformed_input_is_refused_and_server_keeps_serving(server):

@@ -3,7 +3,8 @@ register with `kvbridge bootstrap`: the PUT body its prefill sends
 (world_size, dp_size, the global engine_rank, a required
 enable_mla_l1_5_cache, one length per buffer), told from seed 001 by
 world_size/engine_rank before the "role" rule; its decode's GETs are
-answered in its shape, and a 2026 query still gets exactly SGLang's keys."""
+answered in its shape; a 2026 query gets the 400 TokenSpeed's own server
+answers."""
 
 import requests
 
@@ -43,14 +44,15 @@ def test_tokenspeed_registration_and_lookups(server):  # noqa: F811
     assert r.status_code == 200 and r.json() == {"rank_ip": "10.0.0.7", "rank_port": 17003}
     r = requests.get(f"http://{server}/route?engine_rank=0&target_dp_group=1", timeout=5)
     assert r.json()["rank_port"] == 17002
-    # A 2026 query: exactly SGLang's 15 keys, none of TokenSpeed's.
+    # A 2026 query: 400 as TokenSpeed's own server answers it (an SGLang 2026
+    # decode's KV-args would kill these ranks' control threads), so a
+    # kvbridge client falls back to the query above.
     r = requests.get(
         f"http://{server}/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1"
         "&target_pp_rank=-1"
     )
-    assert r.status_code == 200, r.text
-    assert "prefill_tp_size" not in r.json() and "kv_item_lens" not in r.json()
-    assert len(r.json()) == 15
+    assert (r.status_code, r.text) == (400, "Missing inputs for bootstrap server."), r.text
+    assert info["kvbridge_peer_dialect"] == "tokenspeed"  # what a kvbridge decode reads
 
 
 def test_tokenspeed_registration_refused_with_a_reason(server):  # noqa: F811

@@ -8,6 +8,10 @@ The peers register with kvbridge's bootstrap server (the union body of spec
 KV-args and 10-frame transfer infos on their PULL sockets, check every byte,
 and answer with 3-frame statuses and ABORT_ACKs. The decode's poll, reason
 and pages_safe are read back from the helper.
+
+A peer registered with "kvbridge": 1 (as a kvbridge prefill does) gets
+kvbridge's extension frames after the kvbridge-ext/1 marker; any other gets
+exactly its dialect's frames (docs/protocol-frames.md, "Extension frames").
 """
 
 import os
@@ -17,19 +21,20 @@ import pytest
 import requests
 import zmq
 
-from sglang26_peer import HELPER, Helper, dec, i32s, recv_frames, u64s
+from sglang26_peer import HELPER, Helper, dec, i32s, poll, recv_frames, refused_at_init, u64s
 
 pytestmark = pytest.mark.skipif(
     not HELPER or not os.path.exists(HELPER), reason="KVBRIDGE_SGLANG26_HELPER not set"
 )
 
 LOCAL_IP = "127.0.0.1"
+MARKER = b"kvbridge-ext/1"
 
 
 class Prefill:
     """One prefill rank: a PULL socket registered at the bootstrap server."""
 
-    def __init__(self, ctx, boot, tp_rank, tp_size):
+    def __init__(self, ctx, boot, tp_rank, tp_size, kvbridge):
         self.pull = ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.port = self.pull.bind_to_random_port(f"tcp://{LOCAL_IP}")
@@ -53,6 +58,8 @@ class Prefill:
             "enable_dsa_cache_layer_split": False,
             "prefill_http_port": None,
         }
+        if kvbridge:
+            body["kvbridge"] = 1
         r = requests.put(f"http://{boot}/route", json=body, timeout=5)
         assert r.status_code == 200, r.text
 
@@ -62,13 +69,10 @@ def env():
     ctx = zmq.Context()
     made = []
 
-    def start(tp_size=1, ext=True, role="decode", dialect="2026"):
-        h = Helper(
-            role,
-            {"KVBRIDGE_SGLANG_DIALECT": dialect, "KVBRIDGE_SGLANG_EXT26": "1" if ext else "0"},
-        )
+    def start(tp_size=1, kvbridge=True, role="decode", dialect="2026"):
+        h = Helper(role, {"KVBRIDGE_SGLANG_DIALECT": dialect})
         made.append(h)
-        ranks = [Prefill(ctx, h.info["boot"], t, tp_size) for t in range(tp_size)]
+        ranks = [Prefill(ctx, h.info["boot"], t, tp_size, kvbridge) for t in range(tp_size)]
         ctl_host, ctl_port = h.info["ctl"].rsplit(":", 1)
         push = ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 0)
@@ -105,7 +109,7 @@ def expected_kv_args(h, ext):
         b"0",  # DCP rank
     ]
     if ext:  # kvbridge's extension after frame 17: its KV buffer lengths
-        frames.append(b"kv_lens=" + u64s([int(h.info["buf_len"])] * len(kv)))
+        frames += [MARKER, b"kv_lens=" + u64s([int(h.info["buf_len"])] * len(kv))]
     return frames
 
 
@@ -125,19 +129,13 @@ def check_transfer(frames, h, room, pages, aux, prefix, ext, required=1):
     ]
     assert frames[:10] == fixed, frames
     if ext:
-        assert len(frames) == 11, frames
-        m = re.fullmatch(rb"epoch=([1-9][0-9]*)", frames[10])
-        assert m, frames[10]
+        assert len(frames) == 12 and frames[10] == MARKER, frames
+        m = re.fullmatch(rb"epoch=([1-9][0-9]*)", frames[11])
+        assert m, frames[11]
         return int(m.group(1))
     assert len(frames) == 10, frames
     return None
 
-
-def poll(h, room, secs):
-    h.cmd(f"poll {room} {secs}")
-    rest = h.line("poll", room)
-    status, safe, reason = (rest.split(" ", 2) + ["", ""])[:3]
-    return int(status), int(safe), reason
 
 
 def test_tp1_success_and_abort(env):
@@ -152,9 +150,11 @@ def test_tp1_success_and_abort(env):
     push.send_multipart([dec(room), b"4", b"0"])  # spec 5.4
     assert poll(h, room, 5) == (4, 1, "")
 
-    # Abort: 4-frame ABORT to the source; the room is not reported Failed
-    # until the source confirms no write can land (a 3-frame ACK). A 2-frame
-    # ACK (SGLang's default, sent at once) confirms nothing.
+    # Abort: ABORT to the source with a generation (frame 4, SGLang 0.5.23;
+    # the spec's prefill reads frames 0-3); the room is not reported Failed
+    # until the source confirms no write can land (a 3-frame ACK, or a
+    # 4-frame one echoing the generation). A 2-frame ACK (SGLang's default,
+    # sent at once) confirms nothing.
     room, pages = 7002, [30, 31]
     h.cmd(f"recv {room} 4 0 2 30 31")
     assert h.line("recv", room) == "2"
@@ -162,13 +162,18 @@ def test_tp1_success_and_abort(env):
     h.cmd(f"abort {room}")
     assert h.line("aborted", room) == ""
     host, port = h.info["ctl"].rsplit(":", 1)
-    assert recv_frames(p.pull) == [b"ABORT", dec(room), host.encode(), port.encode()]
+    frames = recv_frames(p.pull)
+    assert frames[:4] == [b"ABORT", dec(room), host.encode(), port.encode()], frames
+    assert len(frames) == 5 and re.fullmatch(rb"[1-9][0-9]*", frames[4]), frames
+    gen = int(frames[4])
     assert poll(h, room, 0.3)[:2] == (3, 0)  # Transferring: the fence is open
     push.send_multipart([b"ABORT_ACK", dec(room)])
     assert poll(h, room, 0.3)[:2] == (3, 0)
     push.send_multipart([b"ABORT_ACK", dec(room), b"5"])  # rank 5 is no source: ignored
     assert poll(h, room, 0.3)[:2] == (3, 0)
-    push.send_multipart([b"ABORT_ACK", dec(room), b"0"])
+    push.send_multipart([b"ABORT_ACK", dec(room), b"0", dec(gen + 7)])  # another generation
+    assert poll(h, room, 0.3)[:2] == (3, 0)
+    push.send_multipart([b"ABORT_ACK", dec(room), b"0", dec(gen)])
     status, safe, reason = poll(h, room, 5)
     assert (status, safe) == (0, 1)
     assert reason == "Aborted by AbortReq.", reason
@@ -198,7 +203,8 @@ def test_tp1_success_and_abort(env):
 def test_bare_2026_frames_without_extensions(env):
     # The default dialect (KVBRIDGE_SGLANG_DIALECT unset) is 2026: the
     # bootstrap server answered the 2026 query, so ZeroMQ speaks 2026 too.
-    h, (p,), push = env(ext=False, dialect=None)
+    # The prefill did not register as kvbridge: no marker, no extension.
+    h, (p,), push = env(kvbridge=False, dialect=None)
     room = 7101
     h.cmd(f"recv {room} 1 0 3 5 6 7")
     assert h.line("recv", room) == "2"
@@ -255,25 +261,61 @@ def test_tp2_mla_prefill_to_tp1_decode_dummy(env):
 
 
 def test_seed001_dialect_when_configured(env):
-    """KVBRIDGE_SGLANG_DIALECT=2025: the seed-001 layouts (PROTOCOL.md),
-    kvbridge's extensions after frames 8 / 6, and the abort as a dummy
-    transfer info with abort=1 (seed 001 has no ABORT)."""
+    """KVBRIDGE_SGLANG_DIALECT=2025: the seed-001 layouts (PROTOCOL.md), to a
+    kvbridge prefill with kvbridge's extensions after frames 8 / 6 and the
+    marker, and the abort as a dummy transfer info with abort=1 (seed 001
+    has no ABORT)."""
     h, (p,), push = env(dialect="2025")
     room = 7401
     h.cmd(f"recv {room} 2 0 2 3 4")
     assert h.line("recv", room) == "2"
     frames = recv_frames(p.pull)
     v26 = expected_kv_args(h, True)
-    assert frames == v26[:6] + [b"0", b"1", v26[9], v26[18]], frames  # 9 + kv_lens=
+    assert frames == v26[:6] + [b"0", b"1", v26[9], MARKER, v26[19]], frames  # 9 + kv_lens=
     host, port = h.info["ctl"].rsplit(":", 1)
     frames = recv_frames(p.pull)
     assert frames[:7] == [dec(room), host.encode(), port.encode(), h.info["session"].encode(),
                           i32s([3, 4]), b"2", b"1"], frames
-    assert len(frames) == 8 and re.fullmatch(rb"epoch=[1-9][0-9]*", frames[7]), frames
+    assert len(frames) == 9 and frames[7] == MARKER, frames
+    assert re.fullmatch(rb"epoch=[1-9][0-9]*", frames[8]), frames
     h.cmd(f"abort {room}")
     assert h.line("aborted", room) == ""
     assert recv_frames(p.pull) == [dec(room), host.encode(), port.encode(),
-                                   h.info["session"].encode(), b"", b"", b"1", b"abort=1"]
+                                   h.info["session"].encode(), b"", b"", b"1", MARKER,
+                                   b"abort=1"]
     push.send_multipart([dec(room), b"0", b"0"])  # seed 001: the Failed status confirms
     status, safe, reason = poll(h, room, 5)
     assert (status, safe, reason) == (0, 1, "Aborted by AbortReq."), reason
+
+
+def test_seed001_plain_prefill_gets_plain_frames(env):
+    """A seed-001 prefill that did not register as kvbridge (SGLang 0.5.2rc2)
+    gets exactly 9 / 7 frames: no marker, no kv_lens=, no epoch=, and no
+    abort (seed 001 has none): an aborted room waits for that prefill's
+    status. What those frames cannot say (a decode prefix, state indices, a
+    page mask with holes) fails the room with the reason, nothing sent."""
+    h, (p,), push = env(dialect="2025", kvbridge=False)
+    room = 7501
+    h.cmd(f"recv {room} 2 0 2 3 4")
+    assert h.line("recv", room) == "2"
+    v26 = expected_kv_args(h, False)
+    assert recv_frames(p.pull) == v26[:6] + [b"0", b"1", v26[9]]
+    host, port = h.info["ctl"].rsplit(":", 1)
+    assert recv_frames(p.pull) == [dec(room), host.encode(), port.encode(),
+                                   h.info["session"].encode(), i32s([3, 4]), b"2", b"1"]
+    h.cmd(f"abort {room}")
+    assert h.line("aborted", room) == ""
+    assert not p.pull.poll(300), "an abort reached a seed-001 prefill"
+    assert poll(h, room, 0.3)[:2] == (3, 0)  # the fence waits for the prefill
+    push.send_multipart([dec(room), b"4", b"0"])  # its Success ends the writes
+    status, safe, reason = poll(h, room, 5)
+    assert (status, safe, reason) == (0, 1, "Aborted by AbortReq."), reason
+
+    room = 7502  # 8 prefix tokens: 2 pages of 4
+    reason = refused_at_init(h, room, "3 8 3 5 6 7")
+    assert reason == (
+        f"room {room}: a decode prefix (kvbridge's extension) has no form in seed 001's "
+        f"transfer info without kvbridge extensions, and prefill {LOCAL_IP}:{p.port} did not "
+        "register as kvbridge; nothing was sent"
+    ), reason
+    assert not p.pull.poll(300), "a transfer info was sent"

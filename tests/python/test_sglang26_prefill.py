@@ -82,7 +82,7 @@ def register(p, item_len=None, dcp=(1, 0)):
 
 def transfer_info(p, room, pages, aux_index, prefix_tokens=0, device=b"", ext=()):
     """Spec 5.3: 10 frames, the suffix pages only, prefix in tokens; ext:
-    kvbridge extension frames after frame 9 (a kvbridge decode's)."""
+    frames after frame 9 (a kvbridge decode's marker and extensions)."""
     frames = [
         dec(room),
         LOCAL_IP.encode("ascii"),
@@ -242,18 +242,47 @@ def test_refused_fields_fail_the_room_with_a_reason(peer):
     check_status(recv_frames(p.pull), room, 4)
     status, kvbad, auxbad = report(p, room)
     assert status.split(" ")[0] == "4" and (kvbad, auxbad) == (0, 0), status
+
+
+def test_unmarked_extension_is_refused(peer):
+    """An extension frame without the marker is no 2026 frame: the transfer
+    info is refused with the codec's reason and the room it names fails
+    (nothing is written, the decode is told); the rank keeps serving."""
+    p = peer
+    register(p)
+    room = 5401
+    transfer_info(p, room, [94, 95], 8)
+    transfer_info(p, room, [94, 95], 8, ext=[b"epoch=1"])
+    p.helper.cmd(f"send {room} 1 8 2 0 all 94 95")
+    check_status(recv_frames(p.pull), room, 0)
+    status, kvbad, _ = report(p, room)
+    assert (
+        'transfer info (2026): 11 frames before any "kvbridge-ext/1" marker, at most 10'
+        in status
+    ), status
+    assert kvbad > 0
+    room = 5402
+    transfer_info(p, room, [96], 9, ext=[MARKER, b"zz_future=1"])  # unknown keys pass
+    p.helper.cmd(f"send {room} 1 9 1 0 all 96")
+    check_status(recv_frames(p.pull), room, 4)
+    status, kvbad, auxbad = report(p, room)
+    assert status.split(" ")[0] == "4" and (kvbad, auxbad) == (0, 0), status
     assert not p.pull.poll(200), "unexpected extra message"
 
 
+MARKER = b"kvbridge-ext/1"
+
+
 def test_epoch_extension_is_stamped(peer):
-    """A kvbridge decode's writer grant travels after frame 9 (epoch=); the
-    prefill stamps it on the room's writes. The helper's decode engine never
-    granted this epoch, so its target refuses the writes: proof the 2026
-    path honours the grant (without it the same room succeeds)."""
+    """A kvbridge decode's writer grant travels after frame 9 and the
+    kvbridge-ext/1 marker (epoch=); the prefill stamps it on the room's
+    writes. The helper's decode engine never granted this epoch, so its
+    target refuses the writes: proof the 2026 path honours the grant
+    (without it the same room succeeds)."""
     p = peer
     register(p)
     room = 5301
-    transfer_info(p, room, [90, 91], 8, ext=[b"epoch=12345"])
+    transfer_info(p, room, [90, 91], 8, ext=[MARKER, b"epoch=12345"])
     p.helper.cmd(f"send {room} 1 8 2 0 all 90 91")
     check_status(recv_frames(p.pull), room, 0)
     status, kvbad, _ = report(p, room)

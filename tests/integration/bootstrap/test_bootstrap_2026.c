@@ -177,6 +177,23 @@ static void test_both_put_shapes(void)
                "\"attn_cp_size\":1,\"attn_cp_rank\":0,\"page_size\":\"32\","
                "\"kv_cache_dtype\":\"fp8_e4m3\",\"prefill_http_port\":null}",
                200, "OK");
+    /* Rank 0 registered without the 2026 keys: it speaks seed 001 on
+     * ZeroMQ, so the 2026 look-ups get the old server's 400 (a 2026
+     * decode's KV-args would kill that prefill's control thread; kvbridge's
+     * decode then asks in the old style); the seed-001 look-ups answer. */
+    expect_http("GET", url(INFO26), NULL, NULL, 400, "Missing inputs for bootstrap server.");
+    expect_http("GET", url(Q26("0", "0", "1", "0")), NULL, NULL, 400,
+                "Missing inputs for bootstrap server.");
+    expect_http("GET", url("/route?engine_rank=0&target_dp_group=0&target_pp_rank=0"), NULL, NULL,
+                200, "{\"rank_ip\":\"10.3.0.1\",\"rank_port\":18000}");
+    /* Rank 0 again with the 2026 keys (and kvbridge's layout key). */
+    b = put_2026(2, 0, 1, 0, 32, "null", 18000);
+    b[strlen(b) - 1] = '\0';
+    char *withl = NULL;
+    CHECK(asprintf(&withl, "%s, \"kv_item_lens\": [4096]}", b) > 0);
+    expect_put(withl, 200, "OK");
+    free(withl);
+    free(b);
     json_t *o = get_json(INFO26);
     CHECK_EQ(json_object_size(o), 15);
     CHECK_EQ(json_integer_value(json_object_get(o, "page_size")), 32);
@@ -187,15 +204,8 @@ static void test_both_put_shapes(void)
     expect_http("GET", url(Q26("0", "0", "1", "0")), NULL, NULL, 200,
                 "{\"rank_ip\":\"10.3.0.9\",\"rank_port\":18009}");
     expect_http("GET", url(Q26("0", "0", "0", "0")), NULL, NULL, 200,
-                "{\"rank_ip\":\"10.3.0.1\",\"rank_port\":18000}");
+                "{\"rank_ip\":\"10.2.0.0\",\"rank_port\":18000}");
     /* kvbridge's own client asks for the layout keys (kvbridge_layout=1). */
-    b = seed_payload(2, 0, 1, 0, 1, 0, 1, 0, "10.3.0.1", 18000);
-    b[strlen(b) - 1] = '\0';
-    char *withl = NULL;
-    CHECK(asprintf(&withl, "%s, \"kv_item_lens\": [4096]}", b) > 0);
-    expect_put(withl, 200, "OK");
-    free(withl);
-    free(b);
     o = get_json(INFO26 "&kvbridge_layout=1");
     CHECK_EQ(json_object_size(o), 15 + 1);
     CHECK_EQ(json_integer_value(json_array_get(json_object_get(o, "kv_item_lens"), 0)), 4096);

@@ -21,7 +21,9 @@ static kvb__hs_reply_t sample(kvb__hs_seg_t *segs, kvb__hs_cuda_t *cuda)
     memset(cuda, 0, 2 * sizeof(*cuda));
     cuda[0] = (kvb__hs_cuda_t){0, 1, KVB_HS_CUDA_IPC, 4096, {0}};
     memset(cuda[0].handle, 0xab, sizeof(cuda[0].handle));
-    cuda[1] = (kvb__hs_cuda_t){2, 0, 0, 0, {0}};
+    cuda[1] = (kvb__hs_cuda_t){2, 0, KVB_HS_CUDA_VMM, 8192, {0}};
+    cuda[1].handle[0] = 7; /* a VMM handle: fd 7, 2 MiB */
+    cuda[1].handle[10] = 0x20;
     r.ncuda = 2;
     r.cuda = cuda;
     return r;
@@ -61,7 +63,8 @@ int main(void)
     CHECK_EQ(d.ncuda, 2);
     CHECK(d.cuda[0].seg == 0 && d.cuda[0].device == 1 && d.cuda[0].flags == KVB_HS_CUDA_IPC);
     CHECK(d.cuda[0].alloc_off == 4096 && d.cuda[0].handle[63] == 0xab);
-    CHECK(d.cuda[1].seg == 2 && d.cuda[1].flags == 0);
+    CHECK(d.cuda[1].seg == 2 && d.cuda[1].flags == KVB_HS_CUDA_VMM);
+    CHECK(d.cuda[1].alloc_off == 8192 && d.cuda[1].handle[0] == 7 && d.cuda[1].handle[10] == 0x20);
     kvb__hs_reply_free(&d);
     TEST_PASS("device-memory table round trip");
 
@@ -78,8 +81,11 @@ int main(void)
     cuda[1].seg = 0;
     expect_refused(&r, "unsorted");
     r = sample(segs, cuda);
-    cuda[1].flags = 2;
+    cuda[1].flags = 4;
     expect_refused(&r, "unknown flag");
+    r = sample(segs, cuda);
+    cuda[1].flags = KVB_HS_CUDA_IPC | KVB_HS_CUDA_VMM;
+    expect_refused(&r, "both handle kinds");
     r = sample(segs, cuda);
     r.nseg = 1; /* more entries than segments */
     cuda[1].seg = 0;

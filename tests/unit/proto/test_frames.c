@@ -14,6 +14,7 @@
 #define T(s) ((kvb__frame_t){(const uint8_t *)(s), sizeof(s) - 1})
 #define B(a) ((kvb__frame_t){(a), sizeof(a)})
 #define EMPTY ((kvb__frame_t){NULL, 0})
+#define MARKER T(KVB__EXT_MARKER)
 
 #define CHECK_STR_EQ(a, b)                                                                         \
     do {                                                                                           \
@@ -66,7 +67,7 @@ static void test_registration_bytes_and_round_trip(void)
     kvb__reg_msg_t m, d;
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
-    kvb__frame_t exp[11];
+    kvb__frame_t exp[12];
     memset(&m, 0, sizeof(m));
     m.ip = "10.0.0.2";
     m.ip_len = 8;
@@ -103,8 +104,8 @@ static void test_registration_bytes_and_round_trip(void)
     /* The decoded message points into exp. */
     CHECK(d.ip == (const char *)exp[1].data);
 
-    /* Extensions: state_ptrs (typed) and an unknown key, emitted in key order,
-     * whatever order the caller gives. */
+    /* Extensions: the marker, then state_ptrs (typed) and an unknown key,
+     * emitted in key order, whatever order the caller gives. */
     const uint64_t state[] = {0x0102030405060708ull};
     kvb__frame_t extra[2] = {T("zz_future=x"), T("layout={\"v\":1}")};
     m.has_state_ptrs = true;
@@ -113,23 +114,25 @@ static void test_registration_bytes_and_round_trip(void)
     m.n_ext = 2;
     kvb__frames_buf_reset(&b);
     CHECK_EQ(kvb__frames_encode_registration(&m, &e, &b), KVB_OK);
-    exp[9] = T("layout={\"v\":1}");
-    exp[10] = B(STATE_EXT);
-    kvb__frame_t exp2[12];
+    exp[9] = MARKER;
+    exp[10] = T("layout={\"v\":1}");
+    exp[11] = B(STATE_EXT);
+    kvb__frame_t exp2[13];
     memcpy(exp2, exp, sizeof(exp));
-    exp2[11] = T("zz_future=x");
-    check_frames(&b, 0, exp2, 12);
-    CHECK_EQ(kvb__frames_decode_registration(exp2, 12, &e, &d), KVB_OK);
+    exp2[12] = T("zz_future=x");
+    check_frames(&b, 0, exp2, 13);
+    CHECK_EQ(kvb__frames_classify(exp2, 13), KVB__MSG_REGISTRATION);
+    CHECK_EQ(kvb__frames_decode_registration(exp2, 13, &e, &d), KVB_OK);
     CHECK(d.has_state_ptrs);
     CHECK_EQ(d.state_ptrs.count, 1);
     CHECK(kvb__u64_at(d.state_ptrs, 0) == 0x0102030405060708ull);
     CHECK_EQ(d.n_ext, 3);
-    CHECK(d.ext == &exp2[9]);
+    CHECK(d.ext == &exp2[10]);
     /* A decoded message re-encodes to the same frames (state_ptrs in ext is
      * skipped, the typed field regenerates it). */
     kvb__frames_buf_reset(&b);
     CHECK_EQ(kvb__frames_encode_registration(&d, &e, &b), KVB_OK);
-    check_frames(&b, 0, exp2, 12);
+    check_frames(&b, 0, exp2, 13);
     /* A known key among caller extras without the typed field is dropped. */
     kvb__frame_t stale[1] = {B(STATE_EXT)};
     m.has_state_ptrs = false;
@@ -165,7 +168,7 @@ static void test_transfer_bytes_and_round_trip(void)
     kvb__xfer_msg_t m, d;
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
-    kvb__frame_t exp[10];
+    kvb__frame_t exp[11];
     memset(&m, 0, sizeof(m));
     m.room = 12345678901234567890ull; /* above 2^63: a full uint64 room */
     m.ip = "fe80::1";
@@ -191,7 +194,7 @@ static void test_transfer_bytes_and_round_trip(void)
     CHECK_EQ(d.port, 17002);
     CHECK(!d.has_page_mask && !d.has_prefix_len && !d.has_state_idx);
 
-    /* kvbridge extensions, in key order. */
+    /* The marker, then kvbridge extensions in key order. */
     static const uint8_t MASK_EXT[] = {'p', 'a', 'g', 'e', '_', 'm', 'a', 's', 'k', '=', 1, 0, 1};
     static const uint8_t SIDX_EXT[] = {'s', 't', 'a', 't', 'e', '_', 'i', 'd', 'x',
                                        '=', 9,   0,   0,   0,   0,   0,   0,   0};
@@ -203,18 +206,20 @@ static void test_transfer_bytes_and_round_trip(void)
     m.state_idx = kvb__i32_view_of(sidx, 2);
     kvb__frames_buf_reset(&b);
     CHECK_EQ(kvb__frames_encode_transfer(&m, &e, &b), KVB_OK);
-    exp[7] = B(MASK_EXT);
-    exp[8] = T("prefix_len=128");
-    exp[9] = B(SIDX_EXT);
-    check_frames(&b, 0, exp, 10);
-    CHECK_EQ(kvb__frames_decode_transfer(exp, 10, &e, &d), KVB_OK);
+    exp[7] = MARKER;
+    exp[8] = B(MASK_EXT);
+    exp[9] = T("prefix_len=128");
+    exp[10] = B(SIDX_EXT);
+    check_frames(&b, 0, exp, 11);
+    CHECK_EQ(kvb__frames_classify(exp, 11), KVB__MSG_TRANSFER);
+    CHECK_EQ(kvb__frames_decode_transfer(exp, 11, &e, &d), KVB_OK);
     CHECK(d.has_page_mask && d.page_mask[0] == 1 && d.page_mask[1] == 0);
     CHECK(d.has_prefix_len && d.prefix_len == 128);
     CHECK(d.has_state_idx && d.state_idx.count == 2 && kvb__i32_at(d.state_idx, 0) == 9);
     CHECK_EQ(d.n_ext, 3);
     kvb__frames_buf_reset(&b);
     CHECK_EQ(kvb__frames_encode_transfer(&d, &e, &b), KVB_OK);
-    check_frames(&b, 0, exp, 10);
+    check_frames(&b, 0, exp, 11);
 
     /* Dummy: frames 4 and 5 empty, as seed 001 sends b"" for both. */
     memset(&m, 0, sizeof(m));
@@ -314,7 +319,7 @@ static void test_status_and_aux_bytes(void)
 
 static void test_classify(void)
 {
-    kvb__frame_t f[7];
+    kvb__frame_t f[9] = {EMPTY};
     xfer_frames(f);
     CHECK_EQ(kvb__frames_classify(NULL, 0), KVB__MSG_UNKNOWN);
     CHECK_EQ(kvb__frames_classify(f, 4), KVB__MSG_UNKNOWN); /* digits, 4 frames */
@@ -498,15 +503,16 @@ static void test_registration_rejects(void)
 
     /* Accepted edges: 255-byte ip, empty aux_ptrs, unknown empty extension. */
     reg_frames(f);
+    f[9] = MARKER;
     f[1] = (kvb__frame_t){(const uint8_t *)longs, 255};
     f[5] = EMPTY;
-    f[9] = T("zzz=");
-    CHECK_EQ(kvb__frames_decode_registration(f, 10, &e, &d), KVB_OK);
+    f[10] = T("zzz=");
+    CHECK_EQ(kvb__frames_decode_registration(f, 11, &e, &d), KVB_OK);
     CHECK_EQ(d.aux_ptrs.count, 0);
     CHECK(!d.has_state_ptrs);
     CHECK_EQ(d.n_ext, 1);
     f[3] = T("[::ffff:10.0.0.2%eth0]:1");
-    CHECK_EQ(kvb__frames_decode_registration(f, 10, &e, &d), KVB_OK);
+    CHECK_EQ(kvb__frames_decode_registration(f, 11, &e, &d), KVB_OK);
 
     /* Extension frames. */
     static const char *const bad_ext[] = {"foo",   "Key=1", "=x",   "1a=2",
@@ -514,58 +520,83 @@ static void test_registration_rejects(void)
     for (size_t i = 0; i < sizeof(bad_ext) / sizeof(bad_ext[0]); i++) {
         char want[200];
         reg_frames(f);
-        f[9] = (kvb__frame_t){(const uint8_t *)bad_ext[i], strlen(bad_ext[i])};
+        f[9] = MARKER;
+        f[10] = (kvb__frame_t){(const uint8_t *)bad_ext[i], strlen(bad_ext[i])};
         snprintf(want, sizeof(want),
-                 "registration frame 9 (extension): \"%s\" is not key=value (key "
+                 "registration frame 10 (extension): \"%s\" is not key=value (key "
                  "[a-z][a-z0-9_]*, at most 32 bytes)",
                  bad_ext[i]);
-        reject(K_REG, f, 10, want, 0, 0, __LINE__);
+        reject(K_REG, f, 11, want, 0, 0, __LINE__);
     }
     reg_frames(f);
-    f[9] = T("abcdefghijklmnopqrstuvwxyz0123456=1"); /* 33-byte key */
-    REJECT(K_REG, f, 10,
-           "registration frame 9 (extension): \"abcdefghijklmnopqrstuvwxyz012345\"... "
+    f[9] = MARKER;
+    f[10] = T("abcdefghijklmnopqrstuvwxyz0123456=1"); /* 33-byte key */
+    REJECT(K_REG, f, 11,
+           "registration frame 10 (extension): \"abcdefghijklmnopqrstuvwxyz012345\"... "
            "(35 bytes) is not key=value (key [a-z][a-z0-9_]*, at most 32 bytes)",
            0, 0);
-    f[9] = T("abcdefghijklmnopqrstuvwxyz012345=1"); /* 32-byte key: fine */
-    CHECK_EQ(kvb__frames_decode_registration(f, 10, &e, &d), KVB_OK);
-    f[9] = T("b=1");
-    f[10] = T("a=1");
-    REJECT(K_REG, f, 11,
-           "registration frame 10 (extension): key \"a\" does not follow \"b\" (keys "
+    f[10] = T("abcdefghijklmnopqrstuvwxyz012345=1"); /* 32-byte key: fine */
+    CHECK_EQ(kvb__frames_decode_registration(f, 11, &e, &d), KVB_OK);
+    f[10] = T("b=1");
+    f[11] = T("a=1");
+    REJECT(K_REG, f, 12,
+           "registration frame 11 (extension): key \"a\" does not follow \"b\" (keys "
            "must be strictly ascending)",
            0, 0);
-    f[10] = T("b=2");
-    REJECT(K_REG, f, 11,
-           "registration frame 10 (extension): key \"b\" does not follow \"b\" (keys "
+    f[11] = T("b=2");
+    REJECT(K_REG, f, 12,
+           "registration frame 11 (extension): key \"b\" does not follow \"b\" (keys "
            "must be strictly ascending)",
            0, 0);
-    f[9] = T("a1=1"); /* key order, not frame-byte order: "a" < "a1" although '=' > '1' */
-    f[10] = T("a=1");
-    REJECT(K_REG, f, 11,
-           "registration frame 10 (extension): key \"a\" does not follow \"a1\" "
+    f[10] = T("a1=1"); /* key order, not frame-byte order: "a" < "a1" although '=' > '1' */
+    f[11] = T("a=1");
+    REJECT(K_REG, f, 12,
+           "registration frame 11 (extension): key \"a\" does not follow \"a1\" "
            "(keys must be strictly ascending)",
            0, 0);
-    f[9] = T("a=1");
-    f[10] = T("a1=1");
-    CHECK_EQ(kvb__frames_decode_registration(f, 11, &e, &d), KVB_OK);
-    f[9] = B(STATE5);
-    REJECT(K_REG, f, 10,
-           "registration frame 9 (extension state_ptrs): length 5 is not a multiple "
+    f[10] = T("a=1");
+    f[11] = T("a1=1");
+    CHECK_EQ(kvb__frames_decode_registration(f, 12, &e, &d), KVB_OK);
+    f[10] = B(STATE5);
+    REJECT(K_REG, f, 11,
+           "registration frame 10 (extension state_ptrs): length 5 is not a multiple "
            "of 8",
            0, 0);
-    f[9] = T("state_ptrs=\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00");
-    REJECT(K_REG, f, 10, "registration frame 9 (extension state_ptrs): entry 1 is a null address",
+    f[10] = T("state_ptrs=\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00");
+    REJECT(K_REG, f, 11, "registration frame 10 (extension state_ptrs): entry 1 is a null address",
            0, 0);
     reg_frames(f);
+    f[9] = MARKER;
     static char keys[65][8];
     for (int i = 0; i < 65; i++) {
         snprintf(keys[i], sizeof(keys[i]), "k%03d=", i);
-        f[9 + i] = (kvb__frame_t){(const uint8_t *)keys[i], strlen(keys[i])};
+        f[10 + i] = (kvb__frame_t){(const uint8_t *)keys[i], strlen(keys[i])};
     }
-    CHECK_EQ(kvb__frames_decode_registration(f, 9 + 64, &e, &d), KVB_OK);
+    CHECK_EQ(kvb__frames_decode_registration(f, 10 + 64, &e, &d), KVB_OK);
     CHECK_EQ(d.n_ext, 64);
-    REJECT(K_REG, f, 9 + 65, "registration: 65 extension frames, at most 64 allowed", 0, 0);
+    REJECT(K_REG, f, 10 + 65, "registration: 65 extension frames, at most 64 allowed", 0, 0);
+
+    /* The marker: extensions only after it; nothing unmarked after frame 8
+     * (a seed-001 registration has exactly 9 dialect frames, more is 2026). */
+    reg_frames(f);
+    f[9] = T("zzz=1");
+    CHECK_EQ(kvb__frames_classify(f, 10), KVB__MSG_REGISTRATION26);
+    REJECT(K_REG, f, 10,
+           "registration: 10 frames before any \"kvbridge-ext/1\" marker, at most 9 "
+           "(kvbridge extensions follow the marker)",
+           0, 0);
+    f[9] = MARKER;
+    REJECT(K_REG, f, 10,
+           "registration frame 9 (marker): \"kvbridge-ext/1\" with no extension after it", 0, 0);
+    f[10] = MARKER; /* a second marker is no extension */
+    REJECT(K_REG, f, 11,
+           "registration frame 10 (extension): \"kvbridge-ext/1\" is not key=value (key "
+           "[a-z][a-z0-9_]*, at most 32 bytes)",
+           0, 0);
+    f[8] = MARKER; /* too early: the dialect frames end at the marker */
+    f[9] = T("zzz=1");
+    CHECK_EQ(kvb__frames_classify(f, 10), KVB__MSG_REGISTRATION);
+    REJECT(K_REG, f, 10, "registration: expected at least 9 frames, got 8", 0, 0);
     TEST_PASS("registration rejects");
 }
 
@@ -582,7 +613,7 @@ static void xfer_bad(size_t i, kvb__frame_t v, const char *reason, int has_room,
 
 static void test_transfer_rejects(void)
 {
-    kvb__frame_t f[9];
+    kvb__frame_t f[10];
     static const uint8_t P6[6] = {0};
     static const uint8_t PNEG[8] = {1, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff}; /* 1, -2 */
     static const uint8_t P2[8] = {1, 0, 0, 0, 2, 0, 0, 0};
@@ -633,46 +664,56 @@ static void test_transfer_rejects(void)
              "integer (digits, no sign, no leading 0)");
 
     xfer_frames(f);
-    f[7] = T("page_mask=\x01\x00");
-    REJECT(K_XFER, f, 8, "transfer info frame 7 (extension page_mask): 2 bytes for 3 page indices",
+    f[7] = MARKER;
+    f[8] = T("page_mask=\x01\x00");
+    REJECT(K_XFER, f, 9, "transfer info frame 8 (extension page_mask): 2 bytes for 3 page indices",
            1, 12345678901234567890ull);
-    f[7] = T("page_mask=\x01\x02\x00");
-    REJECT(K_XFER, f, 8,
-           "transfer info frame 7 (extension page_mask): byte 1 is 0x02, expected 0 "
+    f[8] = T("page_mask=\x01\x02\x00");
+    REJECT(K_XFER, f, 9,
+           "transfer info frame 8 (extension page_mask): byte 1 is 0x02, expected 0 "
            "or 1",
            1, 12345678901234567890ull);
-    f[7] = T("prefix_len=-3");
-    REJECT(K_XFER, f, 8,
-           "transfer info frame 7 (extension prefix_len): \"-3\" is not a decimal "
+    f[8] = T("prefix_len=-3");
+    REJECT(K_XFER, f, 9,
+           "transfer info frame 8 (extension prefix_len): \"-3\" is not a decimal "
            "integer (digits, no sign, no leading 0)",
            1, 12345678901234567890ull);
-    f[7] = T("state_idx=\x01\x00\x00");
-    REJECT(K_XFER, f, 8,
-           "transfer info frame 7 (extension state_idx): length 3 is not a multiple "
+    f[8] = T("state_idx=\x01\x00\x00");
+    REJECT(K_XFER, f, 9,
+           "transfer info frame 8 (extension state_idx): length 3 is not a multiple "
            "of 4",
            1, 12345678901234567890ull);
-    f[7] = T("state_idx=\xff\xff\xff\xff");
-    REJECT(K_XFER, f, 8, "transfer info frame 7 (extension state_idx): entry 0 is negative (-1)", 1,
+    f[8] = T("state_idx=\xff\xff\xff\xff");
+    REJECT(K_XFER, f, 9, "transfer info frame 8 (extension state_idx): entry 0 is negative (-1)", 1,
            12345678901234567890ull);
-    f[7] = T("prefix_len=5");
-    f[8] = T("page_mask=\x01\x01\x01");
-    REJECT(K_XFER, f, 9,
-           "transfer info frame 8 (extension): key \"page_mask\" does not follow "
+    f[8] = T("prefix_len=5");
+    f[9] = T("page_mask=\x01\x01\x01");
+    REJECT(K_XFER, f, 10,
+           "transfer info frame 9 (extension): key \"page_mask\" does not follow "
            "\"prefix_len\" (keys must be strictly ascending)",
            1, 12345678901234567890ull);
     /* TokenSpeed-style positional extras are not kvbridge extensions. */
-    f[7] = T("0");
-    REJECT(K_XFER, f, 8,
-           "transfer info frame 7 (extension): \"0\" is not key=value (key "
+    f[8] = T("0");
+    REJECT(K_XFER, f, 9,
+           "transfer info frame 8 (extension): \"0\" is not key=value (key "
            "[a-z][a-z0-9_]*, at most 32 bytes)",
            1, 12345678901234567890ull);
     /* Dummy with a page mask must have it empty. */
-    kvb__frame_t dummy[8] = {T("5"), T("h"), T("1"), T("h:1"),
-                             EMPTY,  EMPTY,  T("1"), T("page_mask=\x01")};
-    REJECT(K_XFER, dummy, 8,
-           "transfer info frame 7 (extension page_mask): 1 bytes for 0 page "
+    kvb__frame_t dummy[9] = {T("5"), T("h"), T("1"), T("h:1"),           EMPTY,
+                             EMPTY,  T("1"), MARKER, T("page_mask=\x01")};
+    REJECT(K_XFER, dummy, 9,
+           "transfer info frame 8 (extension page_mask): 1 bytes for 0 page "
            "indices",
            1, 5);
+
+    /* Unmarked frames after frame 6 make it a 2026 transfer info. */
+    xfer_frames(f);
+    f[7] = T("epoch=3");
+    CHECK_EQ(kvb__frames_classify(f, 8), KVB__MSG_TRANSFER26);
+    REJECT(K_XFER, f, 8,
+           "transfer info: 8 frames before any \"kvbridge-ext/1\" marker, at most 7 "
+           "(kvbridge extensions follow the marker)",
+           1, 12345678901234567890ull);
 
     /* Pool bound, checked by the caller. */
     kvb__frames_err_t e;
@@ -827,7 +868,7 @@ static void test_encode_rejects(void)
     r.ext = dup;
     r.n_ext = 2;
     CHECK_EQ(kvb__frames_encode_registration(&r, &e, &b), KVB_ERR_INVALID);
-    CHECK_STR_EQ(e.reason, "registration frame 10 (extension): key \"a\" does not follow \"a\" "
+    CHECK_STR_EQ(e.reason, "registration frame 11 (extension): key \"a\" does not follow \"a\" "
                            "(keys must be strictly ascending)");
     kvb__frame_t junk[1] = {T("nokey")};
     r.ext = junk;

@@ -89,10 +89,11 @@ static void test_reg26_decode_plain(void)
     CHECK_EQ(kvb__frames_decode_registration26(f, 10, &e, &m), KVB_OK);
     CHECK_EQ(m.dcp_size, 1);
     CHECK_EQ(m.n_fixed, 10);
-    /* Seed 001: 9 frames, or 9 + kvbridge extensions. */
+    /* Seed 001: 9 dialect frames, then the marker and kvbridge extensions. */
     CHECK_EQ(kvb__frames_classify(f, 9), KVB__MSG_REGISTRATION);
-    f[9] = T("kv_lens=");
-    CHECK_EQ(kvb__frames_classify(f, 10), KVB__MSG_REGISTRATION);
+    f[9] = T(KVB__EXT_MARKER);
+    f[10] = T("kv_lens=");
+    CHECK_EQ(kvb__frames_classify(f, 11), KVB__MSG_REGISTRATION);
     TEST_PASS("registration (2026): SGLang's plain example, defaults, told apart");
 }
 
@@ -124,7 +125,7 @@ static void test_reg26_encode_state_and_ext(void)
     m.n_ext = 1;
     kvb__frames_buf_init(&b);
     CHECK_EQ(kvb__frames_encode_registration26(&m, &e, &b), KVB_OK);
-    kvb__frame_t exp[19] = {T("None"),
+    kvb__frame_t exp[20] = {T("None"),
                             T("10.0.0.2"),
                             T("17001"),
                             T("10.0.0.2:15001"),
@@ -142,10 +143,11 @@ static void test_reg26_encode_state_and_ext(void)
                             EMPTY,
                             T("1"),
                             T("0"),
+                            T(KVB__EXT_MARKER),
                             ext};
-    check_frames(&b, exp, 19);
-    CHECK_EQ(kvb__frames_classify(exp, 19), KVB__MSG_REGISTRATION26);
-    CHECK_EQ(kvb__frames_decode_registration26(exp, 19, &e, &d), KVB_OK);
+    check_frames(&b, exp, 20);
+    CHECK_EQ(kvb__frames_classify(exp, 20), KVB__MSG_REGISTRATION26);
+    CHECK_EQ(kvb__frames_decode_registration26(exp, 20, &e, &d), KVB_OK);
     CHECK_EQ(d.state_ptrs.n, 1);
     CHECK_EQ(kvb__lol_at(d.state_ptrs, 0, 0), 0x7f0000004000ull);
     CHECK_EQ(kvb__lol_at(d.state_item_lens, 0, 0), 256);
@@ -261,7 +263,7 @@ static void xfer_real(kvb__frame_t *f)
 
 static void test_xfer26(void)
 {
-    kvb__frame_t f[12];
+    kvb__frame_t f[13];
     kvb__xfer26_msg_t m;
     kvb__frames_err_t e;
     kvb__frames_buf_t b;
@@ -283,25 +285,30 @@ static void test_xfer26(void)
     kvb__frames_buf_init(&b);
     CHECK_EQ(kvb__frames_encode_transfer26(&m, &e, &b), KVB_OK);
     check_frames(&b, f, 10);
-    /* kvbridge's writer grant after frame 9. */
+    /* kvbridge's writer grant after frame 9 and the marker. */
     kvb__frames_buf_reset(&b);
     m.has_epoch = true;
     m.epoch = 77;
     m.ext = NULL;
     m.n_ext = 0;
     CHECK_EQ(kvb__frames_encode_transfer26(&m, &e, &b), KVB_OK);
-    f[10] = T("epoch=77");
-    check_frames(&b, f, 11);
-    CHECK_EQ(kvb__frames_classify(f, 11), KVB__MSG_TRANSFER26);
-    CHECK_EQ(kvb__frames_decode_transfer26(f, 11, &e, &m), KVB_OK);
+    f[10] = T(KVB__EXT_MARKER);
+    f[11] = T("epoch=77");
+    check_frames(&b, f, 12);
+    CHECK_EQ(kvb__frames_classify(f, 12), KVB__MSG_TRANSFER26);
+    CHECK_EQ(kvb__frames_decode_transfer26(f, 12, &e, &m), KVB_OK);
     CHECK(m.has_epoch && m.epoch == 77);
     /* 8 frames (the parser's minimum): no prefix, no device pages. */
     CHECK_EQ(kvb__frames_decode_transfer26(f, 8, &e, &m), KVB_OK);
     CHECK(!m.has_prefix_len && m.prefix_len == 0);
-    /* Seed 001: 7 frames, or 7 + extensions. */
+    /* Seed 001: 7 dialect frames, then the marker and extensions; unmarked
+     * frames after 6 make it 2026. */
     CHECK_EQ(kvb__frames_classify(f, 7), KVB__MSG_TRANSFER);
+    f[7] = T(KVB__EXT_MARKER);
+    f[8] = T("epoch=1");
+    CHECK_EQ(kvb__frames_classify(f, 9), KVB__MSG_TRANSFER);
     f[7] = T("epoch=1");
-    CHECK_EQ(kvb__frames_classify(f, 8), KVB__MSG_TRANSFER);
+    CHECK_EQ(kvb__frames_classify(f, 8), KVB__MSG_TRANSFER26);
     /* A dummy: frames 4, 5, 6 and 9 empty. */
     kvb__frame_t dummy[10] = {T("5"), T("h"), T("1"), T("h:1"), EMPTY,
                               EMPTY,  EMPTY,  T("2"), T("0"),   EMPTY};
@@ -343,33 +350,53 @@ static void test_xfer26(void)
              "transfer info (2026) frame 9 (dst_device_kv_indices): length 3 is not a "
              "multiple of 4");
     xfer_real(f);
-    f[10] = T("epoch=0");
-    REJ_XFER(f, 11,
-             "transfer info (2026) frame 10 (extension epoch): \"0\" out of range "
+    f[10] = T(KVB__EXT_MARKER);
+    f[11] = T("epoch=0");
+    REJ_XFER(f, 12,
+             "transfer info (2026) frame 11 (extension epoch): \"0\" out of range "
              "1..9223372036854775807");
-    /* kvbridge's page mask after frame 9: one byte per frame-4 page. */
+    /* kvbridge's page mask after the marker: one byte per frame-4 page. */
     xfer_real(f);
-    f[10] = T("epoch=3");
-    f[11] = T("page_mask=\x01\x00\x01");
-    CHECK_EQ(kvb__frames_decode_transfer26(f, 12, &e, &m), KVB_OK);
+    f[10] = T(KVB__EXT_MARKER);
+    f[11] = T("epoch=3");
+    f[12] = T("page_mask=\x01\x00\x01");
+    CHECK_EQ(kvb__frames_decode_transfer26(f, 13, &e, &m), KVB_OK);
     CHECK(m.has_page_mask && m.page_mask[1] == 0 && m.page_mask[2] == 1);
     kvb__frames_buf_init(&b);
     CHECK_EQ(kvb__frames_encode_transfer26(&m, &e, &b), KVB_OK);
-    check_frames(&b, f, 12);
+    check_frames(&b, f, 13);
     kvb__frames_buf_free(&b);
-    f[11] = T("page_mask=\x01\x00");
-    REJ_XFER(f, 12,
-             "transfer info (2026) frame 11 (extension page_mask): 2 bytes for 3 page "
+    f[12] = T("page_mask=\x01\x00");
+    REJ_XFER(f, 13,
+             "transfer info (2026) frame 12 (extension page_mask): 2 bytes for 3 page "
              "indices");
-    f[11] = T("page_mask=\x01\x02\x01");
-    REJ_XFER(f, 12,
-             "transfer info (2026) frame 11 (extension page_mask): byte 1 is 0x02, "
+    f[12] = T("page_mask=\x01\x02\x01");
+    REJ_XFER(f, 13,
+             "transfer info (2026) frame 12 (extension page_mask): byte 1 is 0x02, "
              "expected 0 or 1");
     xfer_real(f);
-    f[10] = T("epoch=0");
+    f[10] = T(KVB__EXT_MARKER);
+    f[11] = T("epoch=0");
     kvb__frames_err_t e2;
-    CHECK_EQ(kvb__frames_decode_transfer26(f, 11, &e2, &m), KVB_ERR_PROTO);
+    CHECK_EQ(kvb__frames_decode_transfer26(f, 12, &e2, &m), KVB_ERR_PROTO);
     CHECK(e2.has_room && e2.room == 12345678901234567890ull); /* the room it names fails */
+    /* Unmarked frames after 9: refused (SGLang's later frames would be
+     * misread otherwise), and a marker must have an extension after it. */
+    xfer_real(f);
+    f[10] = T("epoch=3");
+    REJ_XFER(f, 11,
+             "transfer info (2026): 11 frames before any \"kvbridge-ext/1\" marker, at most 10 "
+             "(kvbridge extensions follow the marker)");
+    f[10] = T(KVB__EXT_MARKER);
+    REJ_XFER(f, 11,
+             "transfer info (2026) frame 10 (marker): \"kvbridge-ext/1\" with no extension "
+             "after it");
+    /* The marker ends the dialect frames: after frame 8, no frame 9. */
+    f[9] = T(KVB__EXT_MARKER);
+    f[10] = T("epoch=3");
+    CHECK_EQ(kvb__frames_decode_transfer26(f, 11, &e, &m), KVB_OK);
+    CHECK_EQ(m.n_fixed, 9);
+    CHECK(m.has_epoch && m.epoch == 3 && m.device_pages.count == 0);
     TEST_PASS("transfer info (2026): bytes, epoch extension, dummy, rejections");
 }
 

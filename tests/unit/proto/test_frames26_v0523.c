@@ -3,8 +3,9 @@
  * staging slot layer ids (struct.pack "Q" each; empty without staging) and
  * struct.pack(f"{len(kv_item_lens)}Q", *kv_item_lens). Found by the interop
  * suite (make check-interop): kvbridge read frame 18 as an extension and
- * dropped the registration. Also: kvbridge extensions still parse after
- * 17 (kvbridge decodes) and after 19; malformed 18/19 are refused. */
+ * dropped the registration. Also: kvbridge extensions parse after the
+ * kvbridge-ext/1 marker wherever the dialect frames end (17 for a kvbridge
+ * decode, 19 for 0.5.23's layout); malformed 18/19 are refused. */
 #include "kvb_test.h"
 #include "proto/frames26.h"
 
@@ -18,6 +19,7 @@
 #define T(s) ((kvb__frame_t){(const uint8_t *)(s), sizeof(s) - 1})
 #define B(a) ((kvb__frame_t){(a), sizeof(a)})
 #define EMPTY ((kvb__frame_t){NULL, 0})
+#define MARKER T(KVB__EXT_MARKER)
 
 static const uint8_t KV[] = {0x00, 0x10, 0x00, 0x00, 0x00, 0x7f, 0x00, 0x00,
                              0x00, 0x20, 0x00, 0x00, 0x00, 0x7f, 0x00, 0x00};
@@ -43,7 +45,7 @@ static void reg20(kvb__frame_t *f)
 
 static void test_sglang_0523(void)
 {
-    kvb__frame_t f[22];
+    kvb__frame_t f[23];
     kvb__reg26_msg_t m;
     kvb__frames_err_t e;
     reg20(f);
@@ -60,27 +62,46 @@ static void test_sglang_0523(void)
     CHECK_EQ(m.n_fixed, 19);
     CHECK_EQ(m.staging_slot_ids.count, 2);
     CHECK_EQ(m.kv_item_lens.count, 0);
-    /* kvbridge extensions after frame 19. */
-    f[20] = T("epoch=3");
-    CHECK_EQ(kvb__frames_decode_registration26(f, 21, &e, &m), KVB_OK);
+    /* kvbridge extensions after the marker after frame 19. */
+    f[20] = MARKER;
+    f[21] = T("epoch=3");
+    CHECK_EQ(kvb__frames_decode_registration26(f, 22, &e, &m), KVB_OK);
     CHECK_EQ(m.n_fixed, 20);
     CHECK_EQ(m.n_ext, 1);
     CHECK_EQ(m.ext[0].len, 7);
+    /* Unmarked, a 21st frame is no extension: refused. */
+    f[20] = T("epoch=3");
+    CHECK_EQ(kvb__frames_decode_registration26(f, 21, &e, &m), KVB_ERR_PROTO);
+    CHECK(strstr(e.reason, "21 frames before any \"kvbridge-ext/1\" marker, at most 20") != NULL);
     TEST_PASS("registration (2026): SGLang 0.5.23's frames 18 and 19, extensions after them");
 }
 
-static void test_ext_after_17_unchanged(void)
+static void test_ext_after_17(void)
 {
     kvb__frame_t f[20];
     kvb__reg26_msg_t m;
     kvb__frames_err_t e;
     reg20(f);
-    f[18] = T("kv_lens=12345678");
-    CHECK_EQ(kvb__frames_decode_registration26(f, 19, &e, &m), KVB_OK);
+    f[18] = MARKER;
+    f[19] = T("kv_lens=12345678");
+    CHECK_EQ(kvb__frames_classify(f, 20), KVB__MSG_REGISTRATION26);
+    CHECK_EQ(kvb__frames_decode_registration26(f, 20, &e, &m), KVB_OK);
     CHECK_EQ(m.n_fixed, 18);
     CHECK_EQ(m.n_ext, 1);
     CHECK_EQ(m.kv_item_lens.count, 0);
-    TEST_PASS("registration (2026): a kvbridge decode's kv_lens= after frame 17 as before");
+    CHECK_EQ(m.staging_slot_ids.count, 0);
+    /* Without the marker, frame 18 is SGLang's staging slot ids (a packed
+     * u64 array: 16 bytes of text read as two ids) and frame 19 its item
+     * lengths: text there is refused, never taken for an extension. */
+    f[18] = T("kv_lens=12345678");
+    f[19] = T("kv_lens=");
+    CHECK_EQ(kvb__frames_decode_registration26(f, 19, &e, &m), KVB_OK);
+    CHECK_EQ(m.n_fixed, 19);
+    CHECK_EQ(m.n_ext, 0);
+    CHECK_EQ(m.staging_slot_ids.count, 2);
+    CHECK_EQ(kvb__frames_decode_registration26(f, 20, &e, &m), KVB_ERR_PROTO);
+    CHECK(strstr(e.reason, "frame 19 (dst_kv_item_lens): 1 lengths for 2 KV buffers") != NULL);
+    TEST_PASS("registration (2026): a kvbridge decode's kv_lens= after the marker after 17");
 }
 
 static void test_rejects(void)
@@ -113,7 +134,7 @@ static void test_rejects(void)
 int main(void)
 {
     test_sglang_0523();
-    test_ext_after_17_unchanged();
+    test_ext_after_17();
     test_rejects();
     return 0;
 }
