@@ -76,6 +76,7 @@ enum kvb_manager_param_field {
     KVB_MANAGER_PARAM_BOOTSTRAP_REFRESH = 1u << 9,
     /* A high bit: other parameters may claim 10.. meanwhile. */
     KVB_MANAGER_PARAM_SGLANG_DIALECT = 1u << 16,
+    KVB_MANAGER_PARAM_DRAFT_LAYERS = 1u << 20, /* draft_layers */
 };
 
 /* Manager creation. Always read: mode, kv_args, engine, the parallel info
@@ -135,6 +136,14 @@ typedef struct kvb_manager_params {
                                             look-ups; default KVBRIDGE_SGLANG_DIALECT, else 2026
                                             (a 2026 decode falls back to 2025 with a seed-001
                                             server: docs/bootstrap.md) */
+    uint32_t draft_layers;               /* speculative decoding: the last draft_layers
+                                            layers of kv_args are the draft model's, appended
+                                            after the target's as SGLang and TokenSpeed do
+                                            (MHA: K target, V target, K draft, V draft; MLA:
+                                            target, draft); same item length as the target.
+                                            A prefill pairs them with the decode's draft
+                                            layers and fails a room whose decode holds
+                                            another number; needs pp_size 1. 0 = none */
 } kvb_manager_params_t;
 
 /* Create a manager: registers the KV/aux/state buffers with the engine,

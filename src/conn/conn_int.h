@@ -452,6 +452,9 @@ kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t po
 /* Writer tag of the prefill rank whose control endpoint is ip:port (the
  * engine's writer fencing; never 0). */
 uint32_t kvb__endpoint_tag(const char *ip, uint16_t port);
+/* Target-model layers of this rank's KV list: num_kv per K/V (or latent)
+ * less the draft layers appended after them (params draft_layers). */
+uint32_t kvb__target_layers(const struct kvb_manager *m);
 /* This rank's planner layout (prefill) or decode layout. */
 void kvb__layout_self(struct kvb_manager *m, kvb_plan_layout_t *out);
 

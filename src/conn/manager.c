@@ -60,6 +60,7 @@ static void knobs(kvb_manager_params_t *out, const kvb_manager_params_t *in)
         out->bootstrap_refresh_s = in->bootstrap_refresh_s < 0 ? 0 : in->bootstrap_refresh_s;
     out->sglang_dialect =
         (in->field_mask & KVB_MANAGER_PARAM_SGLANG_DIALECT) ? in->sglang_dialect : 0;
+    out->draft_layers = (in->field_mask & KVB_MANAGER_PARAM_DRAFT_LAYERS) ? in->draft_layers : 0;
     /* The seeds' floors: interval at least 2 s, at least one miss. The test
      * hook KVBRIDGE_HEARTBEAT_FLOOR lowers the floor (never in production). */
     double floor = kvb__env_double("KVBRIDGE_HEARTBEAT_FLOOR", NULL, 2.0, 0.05, 2.0);
@@ -71,6 +72,27 @@ static void knobs(kvb_manager_params_t *out, const kvb_manager_params_t *in)
         out->transfer_queues = 1;
     if (out->transfer_threads < out->transfer_queues)
         out->transfer_threads = out->transfer_queues;
+}
+
+/* draft_layers: the draft model's layers end the KV list and leave at least
+ * one target layer; a PP prefill would hold them only on its last stage,
+ * which the pairing does not model. */
+static kvb_status_t check_draft(const kvb_manager_params_t *p)
+{
+    if (!(p->field_mask & KVB_MANAGER_PARAM_DRAFT_LAYERS) || p->draft_layers == 0)
+        return KVB_OK;
+    uint64_t per = p->is_mla ? 1 : 2, need = per * ((uint64_t)p->draft_layers + 1);
+    char why[160];
+    if (p->kv_args->num_kv < need)
+        snprintf(why, sizeof(why),
+                 "draft_layers=%u needs at least %llu KV buffers (the draft's and one target "
+                 "layer's), kv_args has %u",
+                 p->draft_layers, (unsigned long long)need, p->kv_args->num_kv);
+    else if (p->pp_size != 1)
+        snprintf(why, sizeof(why), "draft_layers needs pp_size 1 (pp_size=%d)", p->pp_size);
+    else
+        return KVB_OK;
+    return create_error(KVB_ERR_INVALID, "%s", why);
 }
 
 static kvb_status_t check_params(const kvb_manager_params_t *p)
@@ -115,7 +137,7 @@ static kvb_status_t check_params(const kvb_manager_params_t *p)
         p->sglang_dialect != KVB_BOOTSTRAP_DIALECT_2025 &&
         p->sglang_dialect != KVB_BOOTSTRAP_DIALECT_2026)
         return create_error(KVB_ERR_INVALID, "sglang_dialect is not 0, 2025 or 2026%s", "");
-    return KVB_OK;
+    return check_draft(p);
 }
 
 static uint64_t *dup_u64(const uint64_t *a, size_t n)
@@ -153,7 +175,7 @@ static kvb_status_t copy_args(struct kvb_manager *m, const kvb_kv_args_t *a)
         m->state_geom[i] = (kvb_plan_geom_t){.item_len = a->state_item_lens[i],
                                              .axis = KVB_PLAN_AXIS_STATE_CHANNEL};
     if (m->args.num_layers_total == 0) {
-        uint32_t local = m->p.is_mla ? a->num_kv : a->num_kv / 2;
+        uint32_t local = kvb__target_layers(m);
         m->args.num_layers_total = m->mode == KVB_MODE_DECODE ? local : local * m->p.pp_size;
     }
     return KVB_OK;
@@ -295,6 +317,12 @@ uint32_t kvb__endpoint_tag(const char *ip, uint16_t port)
     return h != 0 ? h : 1;
 }
 
+uint32_t kvb__target_layers(const struct kvb_manager *m)
+{
+    uint32_t per = m->p.is_mla ? 1 : 2;
+    return m->args.num_kv / per - m->p.draft_layers;
+}
+
 void kvb__layout_self(struct kvb_manager *m, kvb_plan_layout_t *out)
 {
     const kvb_kv_args_t *a = &m->args;
@@ -319,7 +347,12 @@ void kvb__layout_self(struct kvb_manager *m, kvb_plan_layout_t *out)
         out->pp_size = (uint32_t)m->p.pp_size;
         out->pp_rank = (uint32_t)m->p.pp_rank;
         out->start_layer = a->prefill_start_layer;
-        out->stage_layers = m->p.is_mla ? a->num_kv : a->num_kv / 2;
+        out->stage_layers = kvb__target_layers(m);
+    }
+    if (m->p.draft_layers > 0) { /* same item geometry as the target's */
+        out->field_mask |= KVB_PLAN_LAYOUT_DRAFT_GEOM;
+        out->draft_layers = m->p.draft_layers;
+        out->draft_geom = out->kv_geom;
     }
     if (a->num_state > 0 && m->state_geom != NULL) {
         out->field_mask |= KVB_PLAN_LAYOUT_STATE;

@@ -147,11 +147,13 @@ static void decode_layout(struct kvb_manager *m, const kvb__reg_t *g, kvb_plan_l
     *dec = *pre;
     dec->field_mask &=
         ~(uint64_t)(KVB_PLAN_LAYOUT_PP | KVB_PLAN_LAYOUT_STAGE | KVB_PLAN_LAYOUT_POOL);
-    dec->num_layers = (uint32_t)(m->p.is_mla ? g->n_kv : g->n_kv / 2);
-    pre->num_layers = dec->num_layers; /* the decode holds every layer */
+    /* the decode holds every layer, its draft layers (draft_pairs) after */
+    dec->num_layers = (uint32_t)(m->p.is_mla ? g->n_kv : g->n_kv / 2) - m->p.draft_layers;
+    pre->num_layers = dec->num_layers;
     dec->tp_size = (uint32_t)g->tp_size;
     dec->tp_rank = (uint32_t)(g->tp_rank % g->tp_size);
     dec->kv_geom.item_len = (uint64_t)g->item_len;
+    dec->draft_geom.item_len = (uint64_t)g->item_len; /* one item length on the wire */
     dec->pp_size = 1;
     dec->pp_rank = 0;
     if (g->n_aux != m->args.num_aux) {
@@ -168,25 +170,43 @@ static void decode_layout(struct kvb_manager *m, const kvb__reg_t *g, kvb_plan_l
     }
 }
 
+/* Layers pair by position, target K then V, then the draft model's K and V
+ * (params draft_layers; SGLang and TokenSpeed append draft KV the same way).
+ * The wire carries no draft count (an SGLang prefill guesses it from
+ * Ld % Ls, spec 7.2), so the decode's draft layers are its KV layers beyond
+ * our model's target layers, and must equal our draft_layers: with another
+ * count V (or the draft) would land in the wrong buffers. */
+static bool draft_pairs(struct kvb_manager *m, const kvb__reg_t *g, char *why, size_t wl)
+{
+    size_t layers = m->p.is_mla ? g->n_kv : g->n_kv / 2;
+    uint32_t target = m->args.num_layers_total, draft = m->p.draft_layers;
+    if (layers == (size_t)target + draft)
+        return true;
+    if (layers > target)
+        snprintf(why, wl,
+                 "decode %s registered KV buffers for %zu layers, this prefill's model has %u "
+                 "target + %u draft layers: kvbridge pairs target and draft-model layers by "
+                 "position and the decode's %zu draft layers do not match (draft_layers)",
+                 g->session, layers, target, draft, layers - target);
+    else
+        snprintf(why, wl,
+                 "decode %s registered KV buffers for %zu layers, this prefill's model has %u "
+                 "target + %u draft layers: kvbridge pairs layers by position",
+                 g->session, layers, target, draft);
+    return false;
+}
+
 static void reg_build_plan(struct kvb_manager *m, kvb__reg_t *g)
 {
     kvb_plan_layout_t pre, dec;
-    char buf[512];
+    char buf[768]; /* a reason naming the session (KVB_SID_MAX) */
     if (!m->p.is_mla && g->n_kv % 2 != 0) {
         snprintf(buf, sizeof(buf), "decode %s registered %zu KV buffers (odd, MHA needs K and V)",
                  g->session, g->n_kv);
         g->plan_error = strdup(buf);
         return;
     }
-    size_t layers = m->p.is_mla ? g->n_kv : g->n_kv / 2;
-    if (layers != m->args.num_layers_total) {
-        /* Layers pair by position, V after all K: with another count (an
-         * SGLang decode with draft-model KV appended, spec 7.2, or another
-         * model) the V halves would land in the wrong buffers. */
-        snprintf(buf, sizeof(buf),
-                 "decode %s registered KV buffers for %zu layers, this prefill's model has %u: "
-                 "kvbridge pairs layers by position (no draft-model KV layout)",
-                 g->session, layers, m->args.num_layers_total);
+    if (!draft_pairs(m, g, buf, sizeof(buf))) {
         g->plan_error = strdup(buf);
         return;
     }

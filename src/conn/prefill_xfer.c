@@ -181,8 +181,15 @@ static void chunk_free(kvb__chunk_t *c)
 static kvb_status_t plan_into(struct kvb_manager *m, job_t *j, const kvb_plan_chunk_t *ch,
                               kvb_plan_blocks_t *out)
 {
-    kvb_plan_buffers_t src = {m->kv_ptrs, NULL, m->state_ptrs, m->aux_ptrs};
-    kvb_plan_buffers_t dst = {j->reg->kv_ptrs, NULL, j->reg->state_ptrs, j->reg->aux_ptrs};
+    /* Draft K/V (params draft_layers) follow the target's on both sides:
+     * this stage's target buffers here, every target layer at the decode
+     * (reg_build_plan checked the decode holds exactly our draft count). */
+    size_t per = m->p.is_mla ? 1 : 2;
+    const uint64_t *sd = m->p.draft_layers ? m->kv_ptrs + per * kvb__target_layers(m) : NULL;
+    const uint64_t *dd =
+        m->p.draft_layers ? j->reg->kv_ptrs + per * m->args.num_layers_total : NULL;
+    kvb_plan_buffers_t src = {m->kv_ptrs, sd, m->state_ptrs, m->aux_ptrs};
+    kvb_plan_buffers_t dst = {j->reg->kv_ptrs, dd, j->reg->state_ptrs, j->reg->aux_ptrs};
     return kvb_plan_blocks(j->reg->plan, (uint32_t)m->p.attn_tp_rank,
                            (uint32_t)(j->reg->tp_rank % j->reg->tp_size), &src, &dst, ch, out);
 }

@@ -43,7 +43,7 @@ static void heads_of(const kvbh_geom_t *g, int tp, int tp_size, int *local, int 
     }
 }
 
-static void shape(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p)
+static void shape(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, int draft)
 {
     if (p == NULL)
         p = &SINGLE;
@@ -57,7 +57,8 @@ static void shape(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p)
     r->n_layers = g->layers / p->pp_size;
     r->first_layer = p->pp * r->n_layers;
     r->item_len = (uint64_t)g->page * (uint64_t)r->local_heads * (uint64_t)g->head_bytes;
-    r->n_kv = g->mla ? r->n_layers : 2 * r->n_layers;
+    r->draft = draft;
+    r->n_kv = (g->mla ? 1 : 2) * (r->n_layers + draft);
     r->buf_len = r->item_len * g->pool_pages;
 }
 
@@ -72,10 +73,10 @@ static size_t gap(bool packed)
     return packed ? 0 : KVBH_CANARY;
 }
 
-static size_t arena_len_of(const kvbh_geom_t *g, const kvbh_place_t *p, bool packed)
+static size_t arena_len_of(const kvbh_geom_t *g, const kvbh_place_t *p, bool packed, int draft)
 {
     kvbh_rank_t r;
-    shape(&r, g, p);
+    shape(&r, g, p, draft);
     size_t len = KVBH_CANARY + (size_t)r.n_kv * ((size_t)r.buf_len + gap(packed)) +
                  KVBH_AUX_ITEM * KVBH_AUX_ITEMS + gap(packed);
     if (g->state_bytes > 0)
@@ -85,7 +86,12 @@ static size_t arena_len_of(const kvbh_geom_t *g, const kvbh_place_t *p, bool pac
 
 size_t kvbh_arena_len(const kvbh_geom_t *g, const kvbh_place_t *p)
 {
-    return arena_len_of(g, p, false);
+    return arena_len_of(g, p, false, 0);
+}
+
+size_t kvbh_arena_len_draft(const kvbh_geom_t *g, const kvbh_place_t *p, int draft)
+{
+    return arena_len_of(g, p, false, draft);
 }
 
 /* Place n bytes at *off (zeroed when fill), a canary gap of gap_len after it. */
@@ -99,12 +105,12 @@ static uint8_t *carve(uint8_t *arena, size_t *off, size_t n, int fill, size_t ga
 }
 
 static void layout_of(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, uint8_t *arena,
-                      int fill, bool packed)
+                      int fill, bool packed, int draft)
 {
     size_t off = KVBH_CANARY;
-    shape(r, g, p);
+    shape(r, g, p, draft);
     r->arena = arena;
-    r->arena_len = arena_len_of(g, p, packed);
+    r->arena_len = arena_len_of(g, p, packed, draft);
     if (fill)
         memset(arena, KVBH_CANARY_BYTE, r->arena_len);
     for (int i = 0; i < r->n_kv; i++)
@@ -117,7 +123,13 @@ static void layout_of(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *
 void kvbh_layout(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, uint8_t *arena,
                  int fill)
 {
-    layout_of(r, g, p, arena, fill, false);
+    layout_of(r, g, p, arena, fill, false, 0);
+}
+
+void kvbh_layout_draft(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, uint8_t *arena,
+                       int fill, int draft)
+{
+    layout_of(r, g, p, arena, fill, false, draft);
 }
 
 /* ---- memory ---- */
@@ -245,6 +257,10 @@ static kvb_status_t manager_start(kvbh_rank_t *r, const kvbh_place_t *p, kvb_mod
     mp.pp_rank = p->pp;
     mp.system_dp_size = 1;
     mp.is_mla = r->g.mla;
+    if (r->draft > 0) {
+        mp.field_mask |= KVB_MANAGER_PARAM_DRAFT_LAYERS;
+        mp.draft_layers = (uint32_t)r->draft;
+    }
     mp.bootstrap_addr = boot;
     mp.transfer_threads = 2;
     mp.transfer_queues = 2;
@@ -258,7 +274,8 @@ kvb_status_t kvbh_rank_start_at(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh
                                 kvb_mode_t mode, const char *boot, int mem, const kvbh_knobs_t *k)
 {
     kvb_engine_params_t ep = {0};
-    size_t len = arena_len_of(g, p, mem == KVBH_MEM_PACKED);
+    int draft = k != NULL ? k->draft : 0;
+    size_t len = arena_len_of(g, p, mem == KVBH_MEM_PACKED, draft);
     uint8_t *arena = arena_get(mem, len);
     kvb_status_t st;
     memset(r, 0, sizeof(*r));
@@ -266,7 +283,7 @@ kvb_status_t kvbh_rank_start_at(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh
         fprintf(stderr, "rank arena of %zu bytes: no memory\n", len);
         return KVB_ERR_NOMEM;
     }
-    layout_of(r, g, p, arena, 1, mem == KVBH_MEM_PACKED);
+    layout_of(r, g, p, arena, 1, mem == KVBH_MEM_PACKED, draft);
     r->mem = mem;
     st = kvb_engine_create(k != NULL && k->engine != NULL ? k->engine : &ep, &r->eng);
     if (st != KVB_OK)

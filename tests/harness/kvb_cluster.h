@@ -55,6 +55,8 @@ typedef struct kvbh_knobs {
     const char *curve_sk, *curve_client_sk, *curve_allowed;
     const char *host;                  /* the manager's control address */
     const kvb_engine_params_t *engine; /* secret, transport, host, time-outs */
+    int draft; /* draft-model layers appended after the target's (same heads;
+                  params draft_layers): K target, V target, K draft, V draft */
 } kvbh_knobs_t;
 
 typedef struct kvbh_rank {
@@ -65,8 +67,8 @@ typedef struct kvbh_rank {
     kvb_manager_h mgr;
     uint8_t *arena;
     size_t arena_len;
-    int mem; /* KVBH_MEM_MALLOC, _SHARED, _PACKED or a memfd mapped shared */
-    int n_kv;
+    int mem;         /* KVBH_MEM_MALLOC, _SHARED, _PACKED or a memfd mapped shared */
+    int n_kv, draft; /* draft: the last draft layers' buffers (kvbh_knobs_t) */
     uint64_t item_len, buf_len;
     uint8_t *kv[KVBH_MAX_KV];
     uint8_t *aux;
@@ -79,6 +81,10 @@ size_t kvbh_arena_len(const kvbh_geom_t *g, const kvbh_place_t *p);
  * (0: a view of an arena another process laid out). */
 void kvbh_layout(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, uint8_t *arena,
                  int fill);
+/* The same with draft layers appended (kvbh_knobs_t draft). */
+size_t kvbh_arena_len_draft(const kvbh_geom_t *g, const kvbh_place_t *p, int draft);
+void kvbh_layout_draft(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, uint8_t *arena,
+                       int fill, int draft);
 /* Start a rank. mem: KVBH_MEM_MALLOC, KVBH_MEM_SHARED or a memfd (>= 0, at
  * least kvbh_arena_len bytes); KVBH_MEM_PACKED: malloc, the KV, aux and state
  * buffers side by side (canaries only before the first and after the last),

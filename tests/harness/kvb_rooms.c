@@ -70,13 +70,24 @@ static uint8_t pattern(uint64_t room, int layer, int kind, uint64_t token, int h
     return (uint8_t)x;
 }
 
+/* Local layer ll of r: its target layers, then (ll >= n_layers) the draft
+ * model's, whose buffers follow every target buffer: K target, V target,
+ * K draft, V draft (params draft_layers). */
 static uint8_t *cell(const kvbh_cluster_t *c, const kvbh_rank_t *r, int kind, int ll, int32_t page,
                      int s, int lh)
 {
-    int buf = kind * r->n_layers + ll;
+    int kinds = c->g.mla ? 1 : 2, d = ll - r->n_layers;
+    int buf = d < 0 ? kind * r->n_layers + ll : kinds * r->n_layers + kind * r->draft + d;
     return r->kv[buf] + (uint64_t)page * r->item_len +
            (uint64_t)s * (uint64_t)(r->local_heads * c->g.head_bytes) +
            (uint64_t)lh * (uint64_t)c->g.head_bytes;
+}
+
+/* Global id of local layer ll of r: draft layers are told apart from the
+ * target's (1000 + draft layer). */
+static int layer_id(const kvbh_rank_t *r, int ll)
+{
+    return ll < r->n_layers ? r->first_layer + ll : 1000 + ll - r->n_layers;
 }
 
 static void fill_prefill(const kvbh_cluster_t *c, kvbh_rank_t *r, uint64_t room, const int32_t *src,
@@ -84,14 +95,14 @@ static void fill_prefill(const kvbh_cluster_t *c, kvbh_rank_t *r, uint64_t room,
 {
     int kinds = c->g.mla ? 1 : 2;
     for (int k = 0; k < kinds; k++)
-        for (int ll = 0; ll < r->n_layers; ll++)
+        for (int ll = 0; ll < r->n_layers + r->draft; ll++)
             for (int i = 0; i < n; i++)
                 for (int s = 0; s < c->g.page; s++)
                     for (int lh = 0; lh < r->local_heads; lh++) {
                         uint8_t *p = cell(c, r, k, ll, src[i], s, lh);
                         for (int b = 0; b < c->g.head_bytes; b++)
-                            p[b] = pattern(room, r->first_layer + ll, k,
-                                           (uint64_t)(i * c->g.page + s), r->first_head + lh, b);
+                            p[b] = pattern(room, layer_id(r, ll), k, (uint64_t)(i * c->g.page + s),
+                                           r->first_head + lh, b);
                     }
     for (int b = 0; b < KVBH_AUX_ITEM; b++)
         r->aux[aux_index * KVBH_AUX_ITEM + b] = pattern(room, 255, 2, 0, 0, b);
@@ -125,7 +136,7 @@ static uint64_t verify_decode(const kvbh_cluster_t *c, const kvbh_rank_t *r, uin
     uint64_t bad = 0;
     int kinds = c->g.mla ? 1 : 2;
     for (int k = 0; k < kinds; k++)
-        for (int ll = 0; ll < r->n_layers; ll++)
+        for (int ll = 0; ll < r->n_layers + r->draft; ll++)
             for (int i = 0; i < n; i++) {
                 if (i < skip || (mask != NULL && !mask[i])) {
                     /* pages the decode already held must not be written */
@@ -138,7 +149,8 @@ static uint64_t verify_decode(const kvbh_cluster_t *c, const kvbh_rank_t *r, uin
                     for (int lh = 0; lh < r->local_heads; lh++) {
                         const uint8_t *p = cell(c, r, k, ll, dst[i], s, lh);
                         for (int b = 0; b < c->g.head_bytes; b++)
-                            bad += p[b] != pattern(room, ll, k, (uint64_t)(i * c->g.page + s),
+                            bad += p[b] != pattern(room, layer_id(r, ll), k,
+                                                   (uint64_t)(i * c->g.page + s),
                                                    r->first_head + lh, b);
                     }
             }
