@@ -299,6 +299,19 @@ static void on_reg_ts(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 
 /* ---- transfer info: checks against this prefill (spec 7.7 rules 1-16) ---- */
 
+/* The kind of KV buffer b here: target K of layers 0..L-1, target V, then
+ * the draft model's K and V (params draft_layers; spec 8.5: the draft pool's
+ * buffers are appended). MLA: target latents, then draft latents ("_k"). */
+static kvb__ts_kind_t buffer_kind(const struct kvb_manager *m, uint64_t b)
+{
+    uint64_t L = kvb__target_layers(m), D = m->p.draft_layers;
+    if (m->p.is_mla)
+        return b < L ? KVB__TS_TARGET_K : KVB__TS_DRAFT_K;
+    if (b < 2 * L)
+        return b < L ? KVB__TS_TARGET_K : KVB__TS_TARGET_V;
+    return b < 2 * L + D ? KVB__TS_DRAFT_K : KVB__TS_DRAFT_V;
+}
+
 /* Rules 9-12 and 16 for one fragment; P = page size. */
 static bool frag_ok(struct kvb_manager *m, const kvb__ts_frag_t *f, size_t i, char *why, size_t wl)
 {
@@ -309,15 +322,16 @@ static bool frag_ok(struct kvb_manager *m, const kvb__ts_frag_t *f, size_t i, ch
                  i);
         return false;
     }
-    bool is_k = f->kind == KVB__TS_TARGET_K || f->kind == KVB__TS_DRAFT_K;
-    bool want_k = m->p.is_mla || f->buffer_index < nkv / 2;
     if (f->buffer_index >= nkv)
         snprintf(why, wl, "plan fragment %zu: buffer %llu, this prefill has %llu KV buffers", i,
                  (unsigned long long)f->buffer_index, (unsigned long long)nkv);
-    else if (is_k != want_k)
-        snprintf(why, wl, "plan fragment %zu: buffer %llu is a %s buffer here, the plan says %s", i,
-                 (unsigned long long)f->buffer_index, want_k ? "K (or latent)" : "V",
-                 kvb__ts_kind_name(f->kind));
+    else if (f->kind != buffer_kind(m, f->buffer_index))
+        snprintf(why, wl,
+                 "plan fragment %zu: buffer %llu is a %s buffer here (%u target + %u draft "
+                 "layers), the plan says %s",
+                 i, (unsigned long long)f->buffer_index,
+                 kvb__ts_kind_name(buffer_kind(m, f->buffer_index)), kvb__target_layers(m),
+                 m->p.draft_layers, kvb__ts_kind_name(f->kind));
     else if (f->src_rank != m->p.attn_tp_rank)
         snprintf(why, wl, "plan fragment %zu: src_rank %lld, this prefill is TP rank %d", i,
                  (long long)f->src_rank, m->p.attn_tp_rank);
@@ -428,8 +442,11 @@ static void xfer_refusal(struct kvb_manager *m, const kvb__xferts_msg_t *x, cons
     else if (x->l1_5 != 0 || x->mask_len != 0 || x->local_len != 0)
         snprintf(why, wl, "the MLA L1.5 cache (frames 8-10) is not supported by kvbridge");
     else if (g->n_kv != m->args.num_kv)
-        snprintf(why, wl, "decode %.*s registered %zu KV buffers, this prefill has %u", sid,
-                 x->session_id, g->n_kv, m->args.num_kv);
+        snprintf(why, wl,
+                 "decode %.*s registered %zu KV buffers, this prefill has %u (%u target + %u "
+                 "draft layers, draft_layers)",
+                 sid, x->session_id, g->n_kv, m->args.num_kv, kvb__target_layers(m),
+                 m->p.draft_layers);
     else if (x->prefix_len % (int64_t)P != 0)
         snprintf(why, wl, "decode prefix of %lld tokens is not a multiple of the page size %llu",
                  (long long)x->prefix_len, (unsigned long long)P);

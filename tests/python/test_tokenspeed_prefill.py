@@ -218,7 +218,7 @@ def test_bad_plans_fail_the_room_and_write_nothing():
             ("past its page", [dict(good[0], dst_byte_offset=200)] + good[1:], "outside its"),
             ("src rank", [dict(f, src_rank=1) for f in good], "src_rank 1"),
             ("buffer", good + [dict(good[0], buffer_index=9)], "buffer 9"),
-            ("kind", [dict(good[0], buffer_kind="target_v")] + good[1:], "is a K"),
+            ("kind", [dict(good[0], buffer_kind="target_v")] + good[1:], "is a target_k buffer"),
             ("stride", [dict(f, src_page_stride_bytes=256) for f in good], "src_page_stride"),
             ("float", [dict(good[0], bytes_per_page=128.0)] + good[1:], "JSON integer"),
             ("empty", [], "non-empty"),

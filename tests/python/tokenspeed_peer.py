@@ -46,8 +46,9 @@ def i64s(values):
 class Helper(sglang26_peer.Helper):
     """One ts_helper process (the 2026 helper's line protocol)."""
 
-    def __init__(self, tp, mla=False, boot=None):
+    def __init__(self, tp, mla=False, boot=None, draft=0):
         argv = [HELPER, "prefill", str(tp)] + (["mla"] if mla else [])
+        argv += [f"draft={draft}"] if draft else []
         super().__init__(None, argv=argv + ([f"boot={boot}"] if boot else []))
 
     def kill(self):
@@ -62,16 +63,28 @@ class Helper(sglang26_peer.Helper):
             self.err.close()
 
 
-def plan_fragments(item_p, item_d, unit, ptp, mla, n_kv):
+def buffer_kind(b, n_kv, mla, draft=0):
+    """Spec 7.2 / 8.5: K of the target layers, V of them, then the draft
+    pool's K and V (MLA: target latents, then draft latents, all "_k")."""
+    if mla:
+        return "target_k" if b < n_kv - draft else "draft_k"
+    target = n_kv // 2 - draft
+    if b < 2 * target:
+        return "target_k" if b < target else "target_v"
+    return "draft_k" if b < 2 * target + draft else "draft_v"
+
+
+def plan_fragments(item_p, item_d, unit, ptp, mla, n_kv, draft=0, identity=True):
     """Spec 7.2-7.3 for one decode rank (TP 1 here): per prefill rank, the
-    fragments TokenSpeed's decode would send, or None for the identity plan.
-    Units cover the whole item (page_size x heads): TokenSpeed's reading."""
+    fragments TokenSpeed's decode would send, or None for the identity plan
+    (identity=False: the explicit fragments even then). Units cover the
+    whole item (page_size x heads): TokenSpeed's reading."""
     n_p, n_d = item_p // unit, item_d // unit
-    if n_p * ptp == n_d and ptp == 1:
+    if n_p * ptp == n_d and ptp == 1 and identity:
         return None  # identity: no frames 12-13
     frags = {}
     for b in range(n_kv):
-        kind = "target_k" if mla or b < n_kv // 2 else "target_v"
+        kind = buffer_kind(b, n_kv, mla, draft)
         if n_p * ptp == n_d:  # kv_head axis, rank k holds [k*S/ptp, (k+1)*S/ptp)
             size = n_d // ptp
             for k in range(ptp):

@@ -5,26 +5,22 @@
  * buffers, each registered on its own with a kvbridge engine) that the
  * Python decode names as its own.
  *
- *   ts_helper prefill TP [mla] [boot=ADDR]
- * With boot=ADDR the ranks register with that bootstrap server (which then
- * outlives them), else with one of the helper's own. Prints "boot ADDR",
- * "session SID", "kv P0,..", "item_len N" (the decode's), "buf_len N",
- * "page N", "heads N", "head_bytes N", "layers N", "ready".
- * Then per line
- *   send ROOM RANKS N PREFIX MODE TOKEN D0 .. D(N-PREFIX-1)
- * RANKS: the prefill TP ranks that send (comma list: the ranks the decode's
- * plan targets), each with a sender for a request of N pages whose first
- * PREFIX the decode holds; MODE "all": the sender has all N pages (kvbridge
- * skips the prefix), "suffix": only the missing ones (as TokenSpeed's
- * prefill). TOKEN >= 0: kvb_sender_set_first_token(TOKEN, [TOKEN+1,
- * TOKEN+2]); -1: the first int32 of the aux item ROOM % 32 is 1000 + ROOM %
- * 1000 (the aux fallback). Answers, per rank, then once:
- *   status ROOM RANK <final sender poll> <reason>
- *   kvbad ROOM <decode KV bytes at D.. differing from request pages PREFIX..>
- *   dirty ROOM <non-zero decode bytes at D..> (0: nothing was written)
- * Request page p of KV buffer b holds, at byte o of a TP 1 item, kvbh_pat(
- * ROOM, b, p, o): each prefill rank holds its heads' slice of it (token-major
- * rows), so TP re-slicing is checked byte for byte. Exits on stdin EOF. */
+ *   ts_helper prefill TP [mla] [draft=N] [boot=ADDR]
+ * draft=N: N draft-model layers appended after the target's on every rank
+ * and in the decode memory (params draft_layers; spec 8.5). With boot=ADDR the ranks register with
+ * that bootstrap server (which then outlives them), else with one of the helper's own. Prints "boot
+ * ADDR", "session SID", "kv P0,..", "item_len N" (the decode's), "buf_len N", "page N", "heads N",
+ * "head_bytes N", "layers N", "ready". Then per line send ROOM RANKS N PREFIX MODE TOKEN D0 ..
+ * D(N-PREFIX-1) RANKS: the prefill TP ranks that send (comma list: the ranks the decode's plan
+ * targets), each with a sender for a request of N pages whose first PREFIX the decode holds; MODE
+ * "all": the sender has all N pages (kvbridge skips the prefix), "suffix": only the missing ones
+ * (as TokenSpeed's prefill). TOKEN >= 0: kvb_sender_set_first_token(TOKEN, [TOKEN+1, TOKEN+2]); -1:
+ * the first int32 of the aux item ROOM % 32 is 1000 + ROOM % 1000 (the aux fallback). Answers, per
+ * rank, then once: status ROOM RANK <final sender poll> <reason> kvbad ROOM <decode KV bytes at D..
+ * differing from request pages PREFIX..> dirty ROOM <non-zero decode bytes at D..> (0: nothing was
+ * written) Request page p of KV buffer b holds, at byte o of a TP 1 item, kvbh_pat( ROOM, b, p, o):
+ * each prefill rank holds its heads' slice of it (token-major rows), so TP re-slicing is checked
+ * byte for byte. Exits on stdin EOF. */
 #include "harness/kvb_cluster.h"
 
 #include <stdio.h>
@@ -36,7 +32,7 @@
 
 static kvbh_geom_t G;
 static kvbh_rank_t P[MAX_TP], D;
-static int TP;
+static int TP, DRAFT;
 
 /* Fill request page p (at source page sp) of every buffer of rank r. */
 static void fill_page(kvbh_rank_t *r, uint64_t room, uint64_t p, int32_t sp)
@@ -147,16 +143,17 @@ static int start(kvbh_boot_t *boot, const char *ext, kvb_engine_h *deng, uint8_t
         snprintf(boot->addr, sizeof(boot->addr), "%s", ext);
     else if (kvbh_boot_start(boot, 0, NULL) != 0)
         return 3;
+    kvbh_knobs_t k = {.draft = DRAFT};
     for (int i = 0; i < TP; i++) {
         kvbh_place_t pl = {i, TP, 0, 1, 0, 1};
-        if (kvbh_rank_start_at(&P[i], &G, &pl, KVB_MODE_PREFILL, boot->addr, KVBH_MEM_MALLOC,
-                               NULL) != KVB_OK)
+        if (kvbh_rank_start_at(&P[i], &G, &pl, KVB_MODE_PREFILL, boot->addr, KVBH_MEM_MALLOC, &k) !=
+            KVB_OK)
             return 4;
     }
-    *arena = malloc(kvbh_arena_len(&G, NULL));
+    *arena = malloc(kvbh_arena_len_draft(&G, NULL, DRAFT));
     if (*arena == NULL || kvb_engine_create(&ep, deng) != KVB_OK)
         return 5;
-    kvbh_layout(&D, &G, NULL, *arena, 1);
+    kvbh_layout_draft(&D, &G, NULL, *arena, 1, DRAFT);
     /* One registration per buffer, as TokenSpeed's decode registers them:
      * a write past a buffer's end is then outside every region. */
     for (int i = 0; i < D.n_kv; i++)
@@ -173,12 +170,14 @@ int main(int argc, char **argv)
     char line[8192];
     const char *ext = NULL;
     if (argc < 3 || strcmp(argv[1], "prefill") != 0 || (TP = atoi(argv[2])) < 1 || TP > MAX_TP) {
-        fprintf(stderr, "usage: ts_helper prefill TP [mla] [boot=ADDR]\n");
+        fprintf(stderr, "usage: ts_helper prefill TP [mla] [draft=N] [boot=ADDR]\n");
         return 2;
     }
     G = KVBH_CHILD_GEOM;
     for (int i = 3; i < argc; i++) {
         G.mla |= strcmp(argv[i], "mla") == 0;
+        if (strncmp(argv[i], "draft=", 6) == 0)
+            DRAFT = atoi(argv[i] + 6);
         if (strncmp(argv[i], "boot=", 5) == 0)
             ext = argv[i] + 5;
     }
@@ -188,9 +187,10 @@ int main(int argc, char **argv)
     printf("boot %s\nsession %s\nkv ", boot.addr, kvb_engine_session_id(deng));
     for (int i = 0; i < D.n_kv; i++)
         printf("%s%llu", i ? "," : "", (unsigned long long)(uintptr_t)D.kv[i]);
-    printf("\nitem_len %llu\nbuf_len %llu\npage %d\nheads %d\nhead_bytes %d\nlayers %d\nready\n",
+    printf("\nitem_len %llu\nbuf_len %llu\npage %d\nheads %d\nhead_bytes %d\nlayers %d\ndraft "
+           "%d\nready\n",
            (unsigned long long)D.item_len, (unsigned long long)D.buf_len, G.page,
-           G.mla ? 1 : G.heads, G.head_bytes, G.layers);
+           G.mla ? 1 : G.heads, G.head_bytes, G.layers, DRAFT);
     fflush(stdout);
     while (fgets(line, sizeof(line), stdin) != NULL)
         if (strncmp(line, "send ", 5) == 0)
