@@ -23,9 +23,8 @@ pytestmark = pytest.mark.skipif(
 LOCAL_IP = "127.0.0.1"
 
 
-@pytest.fixture
-def peer():
-    h = Helper("prefill")
+def open_peer(h):
+    """The Python decode against helper h (sglang26_helper prefill ...)."""
     boot = h.info["boot"]
     http = requests.Session()
     # The seed-001 look-up (the dialect of kvbridge's bootstrap server today;
@@ -47,11 +46,22 @@ def peer():
     p.aux = int(h.info["aux"])
     p.item_len = int(h.info["item_len"])
     p.page = int(h.info["page"])
+    p.ctx = ctx
+    return p
+
+
+def close_peer(p):
+    p.push.close()
+    p.pull.close()
+    p.ctx.term()
+    p.helper.close()
+
+
+@pytest.fixture
+def peer():
+    p = open_peer(Helper("prefill"))
     yield p
-    push.close()
-    pull.close()
-    ctx.term()
-    h.close()
+    close_peer(p)
 
 
 def register(p, item_len=None, dcp=(1, 0)):

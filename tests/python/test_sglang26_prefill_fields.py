@@ -1,8 +1,9 @@
 """More 2026 registration fields against kvbridge's C prefill
 (sglang26_helper prefill), from the spec: a decode whose KV buffers cover
 another number of layers than the prefill's model (SGLang appends
-draft-model KV buffers, spec 5.2 frame 4 / 7.2) is refused with a reason
-instead of having its V halves written into the wrong buffers."""
+draft-model KV buffers, spec 5.2 frame 4 / 7.2) to a prefill declaring no
+draft layers (params draft_layers; test_sglang26_draft.py) is refused with a
+reason instead of having its V halves written into the wrong buffers."""
 
 from sglang26_peer import dec, u64s
 from test_sglang26_prefill import (  # noqa: F401 (peer is a fixture)
@@ -31,7 +32,8 @@ def test_draft_kv_buffers_are_refused(peer):
     layers = len(p.kv) // 2
     assert status.startswith("0 "), status
     assert (
-        f"registered KV buffers for {layers + 1} layers, this prefill's model has {layers}: "
-        "kvbridge pairs layers by position (no draft-model KV layout)" in status
+        f"registered KV buffers for {layers + 1} layers, this prefill's model has {layers} "
+        "target + 0 draft layers: kvbridge pairs target and draft-model layers by position "
+        "and the decode's 1 draft layers do not match (draft_layers)" in status
     ), status
     assert kvbad > 0  # nothing written

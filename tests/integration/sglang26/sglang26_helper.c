@@ -2,10 +2,11 @@
  * test_sglang26_decode.py: Python peers written from
  * PROTOCOL-SGLANG-2026.md talk to one kvbridge rank driven here over stdin.
  *
- *   sglang26_helper prefill
+ *   sglang26_helper prefill [draft=N]
  * A bootstrap server, one prefill rank whose KV and aux buffers hold a known
  * pattern, and decode-side registered memory the Python 2026 decode names as
- * its own. Prints "boot ADDR", "session SID", "kv P0,..", "aux P",
+ * its own (draft=N: N draft-model layers appended after the target's on both,
+ * params draft_layers). Prints "boot ADDR", "session SID", "kv P0,..", "aux P",
  * "item_len N", "page N", "ready". Then per line
  *   send ROOM SRC_AUX DST_AUX N PREFIX MODE D0 .. D(N-PREFIX-1)
  * creates the room's sender for a request of N pages whose first PREFIX the
@@ -15,6 +16,8 @@
  *   status ROOM <final sender poll> <reason>
  *   kvbad ROOM <wrong KV bytes at D..: request page PREFIX+j expected at Dj>
  *   auxbad ROOM <wrong bytes of aux item DST_AUX>
+ * and
+ *   dirty ROOM D0 ..  -> "dirty ROOM <non-zero decode KV bytes at D..>"
  *
  *   sglang26_helper decode | decode-mla [boot=ADDR]
  * A bootstrap server (where the Python prefill ranks register; boot=ADDR:
@@ -101,8 +104,24 @@ static void prefill_send(kvbh_rank_t *p, kvbh_rank_t *d, const char *addr, char 
     fflush(stdout);
 }
 
-static int run_prefill(void)
+static void prefill_dirty(const kvbh_rank_t *d, char *line)
 {
+    unsigned long long room;
+    int off = 0, k, dst;
+    uint64_t n = 0;
+    if (sscanf(line, "dirty %llu%n", &room, &off) != 1)
+        return;
+    for (int j = 0; sscanf(line + off, "%d%n", &dst, &k) == 1 && j < 512; j++, off += k)
+        for (int b = 0; dst >= 0 && (uint64_t)dst < KVBH_CHILD_GEOM.pool_pages && b < d->n_kv; b++)
+            for (uint64_t x = 0; x < d->item_len; x++)
+                n += d->kv[b][(uint64_t)dst * d->item_len + x] != 0;
+    printf("dirty %llu %llu\n", room, (unsigned long long)n);
+    fflush(stdout);
+}
+
+static int run_prefill(int draft)
+{
+    kvbh_knobs_t kn = {.draft = draft};
     kvbh_boot_t boot;
     kvb_engine_params_t ep = {0};
     kvb_engine_h deng;
@@ -110,12 +129,12 @@ static int run_prefill(void)
     char line[8192];
     if (kvbh_boot_start(&boot, 0, NULL) != 0)
         return 3;
-    if (kvbh_rank_start(&p, &G, KVB_MODE_PREFILL, boot.addr, KVBH_MEM_MALLOC, NULL) != 0)
+    if (kvbh_rank_start(&p, &G, KVB_MODE_PREFILL, boot.addr, KVBH_MEM_MALLOC, &kn) != 0)
         return 4;
-    uint8_t *arena = malloc(kvbh_arena_len(&G, NULL));
+    uint8_t *arena = malloc(kvbh_arena_len_draft(&G, NULL, draft));
     if (arena == NULL || kvb_engine_create(&ep, &deng) != KVB_OK)
         return 5;
-    kvbh_layout(&d, &G, NULL, arena, 1);
+    kvbh_layout_draft(&d, &G, NULL, arena, 1, draft);
     for (int i = 0; i < d.n_kv; i++)
         if (kvb_engine_register(deng, d.kv[i], d.buf_len, KVB_MEM_HOST) != KVB_OK)
             return 6;
@@ -128,7 +147,10 @@ static int run_prefill(void)
            (unsigned long long)d.item_len, G.page);
     fflush(stdout);
     while (fgets(line, sizeof(line), stdin) != NULL)
-        prefill_send(&p, &d, boot.addr, line);
+        if (strncmp(line, "dirty ", 6) == 0)
+            prefill_dirty(&d, line);
+        else
+            prefill_send(&p, &d, boot.addr, line);
     kvbh_rank_stop(&p);
     kvb_engine_destroy(deng);
     free(arena);
@@ -256,7 +278,9 @@ static int run_decode(const kvbh_geom_t *g, const char *ext)
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "prefill") == 0)
-        return run_prefill();
+        return run_prefill(0);
+    if (argc == 3 && strcmp(argv[1], "prefill") == 0 && strncmp(argv[2], "draft=", 6) == 0)
+        return run_prefill(atoi(argv[2] + 6));
     const char *ext = argc == 3 && strncmp(argv[2], "boot=", 5) == 0 ? argv[2] + 5 : NULL;
     if ((argc == 2 || ext != NULL) && strcmp(argv[1], "decode") == 0)
         return run_decode(&G, ext);
