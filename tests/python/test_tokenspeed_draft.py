@@ -26,6 +26,20 @@ def start(tp, draft, mla=False):
     return h, Decode(h)
 
 
+def planned_room(h, d, room, pages, frags):
+    """Every rank the plan names registers and gets its fragments; all
+    bytes must land and the decode hear Success from each."""
+    for r in frags:
+        d.register(r)
+        d.transfer(r, room, pages, plan=frags[r])
+    st, kvbad, _ = run(h, d, room, "".join(map(str, frags)), pages)
+    assert all(s.split(" ")[1] == "4" for s in st), st
+    assert kvbad == 0, st  # every head slice of every target and draft buffer
+    got = d.wait_room(room, responses=len(frags))
+    assert got[0] == SUCCESS, got
+    quiet(d)
+
+
 def test_kinds_follow_the_appended_layout():
     assert [buffer_kind(b, 8, False, 2) for b in range(8)] == [
         "target_k", "target_k", "target_v", "target_v",
@@ -67,16 +81,7 @@ def test_tp2_to_tp1_draft_plan():
         )
         kinds = [f["buffer_kind"] for f in frags[0]]
         assert kinds.count("draft_k") == 2 and kinds.count("draft_v") == 2, kinds
-        for r in (0, 1):
-            d.register(r)
-        room, pages = 8101, [7, 1, 40, 41]
-        for r in (0, 1):
-            d.transfer(r, room, pages, plan=frags[r])
-        st, kvbad, _ = run(h, d, room, "01", pages)
-        assert all(s.split(" ")[1] == "4" for s in st), st
-        assert kvbad == 0  # every head slice of every target and draft buffer
-        assert d.wait_room(room, responses=2)[0] == SUCCESS
-        quiet(d)
+        planned_room(h, d, 8101, [7, 1, 40, 41], frags)
     finally:
         d.close()
         h.close()
@@ -90,11 +95,7 @@ def test_mla_tp2_to_tp1_draft():
             info["kv_item_lens"][0], d.item, info["kv_unit_lens"][0], 2, True, len(d.kv), draft=1
         )
         assert [f["buffer_kind"] for f in frags[0]] == ["target_k", "target_k", "draft_k"]
-        d.register(0)
-        d.transfer(0, 8201, [11, 12], plan=frags[0])
-        _, kvbad, _ = run(h, d, 8201, "0", [11, 12])
-        assert kvbad == 0
-        assert d.status()[:3] == (8201, SUCCESS, 0)
+        planned_room(h, d, 8201, [11, 12], {0: frags[0]})  # replicated: rank 0 only
     finally:
         d.close()
         h.close()
@@ -124,13 +125,7 @@ def test_kinds_against_the_layout_and_missing_draft_buffers():
         expect_failed(h, d, 8303, [22], "registered 4 KV buffers, this prefill has 6 (2 target + 1 "
                       "draft layers")
         # The rank keeps serving a decode with the right layout.
-        d.register(0)
-        d.register(1)
-        for r, f in plan_fragments(item_p, d.item, 32, 2, False, n, draft=1).items():
-            d.transfer(r, 8304, [23], plan=f)
-        st, kvbad, _ = run(h, d, 8304, "01", [23])
-        assert kvbad == 0, st
-        assert d.wait_room(8304, responses=2)[0] == SUCCESS
+        planned_room(h, d, 8304, [23], plan_fragments(item_p, d.item, 32, 2, False, n, draft=1))
     finally:
         d.close()
         h.close()
