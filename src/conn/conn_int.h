@@ -405,6 +405,11 @@ bool kvb__ts_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
 /* Is ip:port a TokenSpeed decode's control endpoint? Then every status to it
  * goes out as kvb__ts_send_status. Any thread. */
 bool kvb__ts_endpoint(struct kvb_manager *m, const char *ip, uint16_t port);
+/* The TokenSpeed buffer_kind (kvb__ts_kind_t) of this rank's KV buffer b:
+ * target K of layers 0..L-1, target V, then the draft model's K and V
+ * (params draft_layers; spec 8.5: the draft pool's buffers are appended).
+ * MLA: target latents, then draft latents (both "_k"). */
+int kvb__ts_buffer_kind(const struct kvb_manager *m, uint64_t b);
 /* The 5-frame status (status: KVB_POLL_FAILED or _SUCCESS, or the
  * KVB__TS_WAITING_FOR_INPUT arming value when ts_raw) with the room's first
  * token and candidates on Success. */

@@ -94,6 +94,7 @@ static void prefill_layout(struct kvb_manager *m, const kvb_bootstrap_parallel_i
             m->args.kv_item_len * (uint64_t)m->p.attn_tp_size / (uint64_t)info->attn_tp_size;
     if (!m->p.is_mla && info->kv_unit_lens.count > 0)
         out->kv_geom.unit_len = info->kv_unit_lens.values[0];
+    out->draft_geom = out->kv_geom; /* draft items: the target's length (draft_layers) */
 }
 
 /* ---- receiver creation ---- */

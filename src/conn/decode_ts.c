@@ -66,7 +66,11 @@ static long plan_frags(struct kvb_manager *m, const kvb__addr_t *a, const kvb__s
             : m->args.kv_item_len * (uint64_t)m->p.attn_tp_size / (uint64_t)a->info.attn_tp_size;
     for (uint32_t b = 0; base != NULL && b < nkv; b++)
         base[b] = FAKE_BASE(b);
-    kvb_plan_buffers_t src = {base, NULL, NULL, NULL}, dst = {base, NULL, NULL, NULL};
+    /* Draft K/V follow the target's on both sides (params draft_layers). */
+    const uint64_t *draft = base != NULL && m->p.draft_layers
+                                ? base + (m->p.is_mla ? 1 : 2) * kvb__target_layers(m)
+                                : NULL;
+    kvb_plan_buffers_t src = {base, draft, NULL, NULL}, dst = {base, draft, NULL, NULL};
     ch.src_pages = &page0;
     ch.dst_pages = &page0;
     ch.num_pages = 1;
@@ -75,17 +79,16 @@ static long plan_frags(struct kvb_manager *m, const kvb__addr_t *a, const kvb__s
         kvb__ts_frag_t *f = calloc(out.count + 1, sizeof(*f));
         for (size_t i = 0; f != NULL && i < out.count; i++) {
             uint64_t b = (out.blocks[i].src >> 40) - 1;
-            f[i] =
-                (kvb__ts_frag_t){b,
-                                 m->p.is_mla || b < nkv / 2 ? KVB__TS_TARGET_K : KVB__TS_TARGET_V,
-                                 (int64_t)s->tp_rank,
-                                 m->p.attn_tp_rank,
-                                 item_p,
-                                 m->args.kv_item_len,
-                                 out.blocks[i].src - FAKE_BASE(b),
-                                 out.blocks[i].dst - FAKE_BASE(b),
-                                 out.blocks[i].len,
-                                 0};
+            f[i] = (kvb__ts_frag_t){b,
+                                    (kvb__ts_kind_t)kvb__ts_buffer_kind(m, b),
+                                    (int64_t)s->tp_rank,
+                                    m->p.attn_tp_rank,
+                                    item_p,
+                                    m->args.kv_item_len,
+                                    out.blocks[i].src - FAKE_BASE(b),
+                                    out.blocks[i].dst - FAKE_BASE(b),
+                                    out.blocks[i].len,
+                                    0};
         }
         *frags_p = f;
         n = f != NULL ? (long)out.count : -1;

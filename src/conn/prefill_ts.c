@@ -299,10 +299,7 @@ static void on_reg_ts(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 
 /* ---- transfer info: checks against this prefill (spec 7.7 rules 1-16) ---- */
 
-/* The kind of KV buffer b here: target K of layers 0..L-1, target V, then
- * the draft model's K and V (params draft_layers; spec 8.5: the draft pool's
- * buffers are appended). MLA: target latents, then draft latents ("_k"). */
-static kvb__ts_kind_t buffer_kind(const struct kvb_manager *m, uint64_t b)
+int kvb__ts_buffer_kind(const struct kvb_manager *m, uint64_t b)
 {
     uint64_t L = kvb__target_layers(m), D = m->p.draft_layers;
     if (m->p.is_mla)
@@ -325,13 +322,13 @@ static bool frag_ok(struct kvb_manager *m, const kvb__ts_frag_t *f, size_t i, ch
     if (f->buffer_index >= nkv)
         snprintf(why, wl, "plan fragment %zu: buffer %llu, this prefill has %llu KV buffers", i,
                  (unsigned long long)f->buffer_index, (unsigned long long)nkv);
-    else if (f->kind != buffer_kind(m, f->buffer_index))
+    else if (f->kind != (kvb__ts_kind_t)kvb__ts_buffer_kind(m, f->buffer_index))
         snprintf(why, wl,
                  "plan fragment %zu: buffer %llu is a %s buffer here (%u target + %u draft "
                  "layers), the plan says %s",
                  i, (unsigned long long)f->buffer_index,
-                 kvb__ts_kind_name(buffer_kind(m, f->buffer_index)), kvb__target_layers(m),
-                 m->p.draft_layers, kvb__ts_kind_name(f->kind));
+                 kvb__ts_kind_name((kvb__ts_kind_t)kvb__ts_buffer_kind(m, f->buffer_index)),
+                 kvb__target_layers(m), m->p.draft_layers, kvb__ts_kind_name(f->kind));
     else if (f->src_rank != m->p.attn_tp_rank)
         snprintf(why, wl, "plan fragment %zu: src_rank %lld, this prefill is TP rank %d", i,
                  (long long)f->src_rank, m->p.attn_tp_rank);

@@ -19,11 +19,12 @@
  * and
  *   dirty ROOM D0 ..  -> "dirty ROOM <non-zero decode KV bytes at D..>"
  *
- *   sglang26_helper decode | decode-mla [boot=ADDR]
+ *   sglang26_helper decode | decode-mla [boot=ADDR] [draft=N]
  * A bootstrap server (where the Python prefill ranks register; boot=ADDR:
  * theirs instead, e.g. the TokenSpeed-shaped one of
  * test_tokenspeed_decode.py) and one
- * decode rank (MHA, or MLA) speaking the dialect of KVBRIDGE_SGLANG_DIALECT. Prints
+ * decode rank (MHA, or MLA; draft=N: N draft-model layers appended, params
+ * draft_layers) speaking the dialect of KVBRIDGE_SGLANG_DIALECT. Prints
  * "boot ADDR", "ctl HOST:PORT", "session SID", "kv ..", "aux P",
  * "item_len N", "buf_len N" (bytes of each KV buffer), "ready". Then per line
  *   recv ROOM DST_AUX PREFIX_TOKENS N D0 .. D(N-1)   -> "recv ROOM <poll>"
@@ -225,8 +226,9 @@ static void decode_check(const kvbh_rank_t *d, char *line)
     printf("check %llu %llu\n", room, (unsigned long long)bad);
 }
 
-static int run_decode(const kvbh_geom_t *g, const char *ext)
+static int run_decode(const kvbh_geom_t *g, const char *ext, int draft)
 {
+    kvbh_knobs_t kn = {.draft = draft};
     kvbh_boot_t boot = {0};
     kvbh_rank_t d;
     char line[8192];
@@ -236,7 +238,7 @@ static int run_decode(const kvbh_geom_t *g, const char *ext)
         snprintf(boot.addr, sizeof(boot.addr), "%s", ext);
     else if (kvbh_boot_start(&boot, 0, NULL) != 0)
         return 3;
-    if (kvbh_rank_start(&d, g, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL) != 0)
+    if (kvbh_rank_start(&d, g, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, &kn) != 0)
         return 4;
     printf("boot %s\nctl %s\nsession %s\nkv ", boot.addr, kvb_manager_endpoint(d.mgr),
            kvb_engine_session_id(d.eng));
@@ -281,14 +283,23 @@ int main(int argc, char **argv)
         return run_prefill(0);
     if (argc == 3 && strcmp(argv[1], "prefill") == 0 && strncmp(argv[2], "draft=", 6) == 0)
         return run_prefill(atoi(argv[2] + 6));
-    const char *ext = argc == 3 && strncmp(argv[2], "boot=", 5) == 0 ? argv[2] + 5 : NULL;
-    if ((argc == 2 || ext != NULL) && strcmp(argv[1], "decode") == 0)
-        return run_decode(&G, ext);
-    if ((argc == 2 || ext != NULL) && strcmp(argv[1], "decode-mla") == 0) {
+    const char *ext = NULL;
+    int draft = 0, bad = argc < 2;
+    for (int i = 2; i < argc; i++)
+        if (strncmp(argv[i], "boot=", 5) == 0)
+            ext = argv[i] + 5;
+        else if (strncmp(argv[i], "draft=", 6) == 0)
+            draft = atoi(argv[i] + 6);
+        else
+            bad = 1;
+    if (!bad && strcmp(argv[1], "decode") == 0)
+        return run_decode(&G, ext, draft);
+    if (!bad && strcmp(argv[1], "decode-mla") == 0) {
         kvbh_geom_t mla = G;
         mla.mla = 1; /* one latent buffer per layer */
-        return run_decode(&mla, ext);
+        return run_decode(&mla, ext, draft);
     }
-    fprintf(stderr, "usage: sglang26_helper prefill|decode|decode-mla\n");
+    fprintf(stderr, "usage: sglang26_helper prefill [draft=N] | decode|decode-mla [boot=ADDR] "
+                    "[draft=N]\n");
     return 2;
 }
