@@ -40,8 +40,10 @@ typedef enum kvb_mode { KVB_MODE_PREFILL = 0, KVB_MODE_DECODE = 1 } kvb_mode_t;
 
 /* A rank's KV arguments (the seeds' KVArgs). Arrays are copied at manager
  * creation. kv_data_ptrs follow PROTOCOL.md's layout order: MHA → K of each
- * local layer, then V of the same layers; MLA → one latent buffer per layer.
- * Every buffer holds items of kv_item_len bytes (page_size tokens). */
+ * local layer, then V of the same layers; MLA → one latent buffer per layer;
+ * with params draft_layers the draft model's K then V (MLA: latents) follow.
+ * Every buffer holds items of kv_item_len bytes (page_size tokens).
+ * num_layers_total counts target layers only. */
 typedef struct kvb_kv_args {
     const uint64_t *kv_data_ptrs;
     const uint64_t *kv_data_lens;
