@@ -24,35 +24,40 @@ static kvb_status_t region_error(kvb_engine_h eng, kvb_status_t st, const kvb_me
     return kvb__err_set(&eng->err, st, "register %p+%zu: %s", r->addr, r->length, why);
 }
 
-/* Make the allocation [base, +size) holding r importable by same-host
- * writers: VMM allocations as a file descriptor (cuda_vmm.c), cuMemAlloc
- * memory as a legacy IPC handle. Refused: writers stage it. */
-static void export_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__cuda_seg_t *cs,
-                          uint64_t base, uint64_t size)
+/* Make the allocation(s) holding r (the first one [base, +size))
+ * importable by same-host writers: VMM allocations as file descriptors
+ * (cuda_vmm.c), cuMemAlloc memory as a legacy IPC handle. Refused: writers
+ * stage it. KVB_ERR_INVALID (why) when r cannot be registered at all. */
+static kvb_status_t export_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r,
+                                  kvb__cuda_seg_t *cs, uint64_t base, uint64_t size, char *why,
+                                  size_t wl)
 {
-    char why[300] = "";
     kvb_CUipcMemHandle h;
     kvb_CUresult cr = KVB_CUDA_SUCCESS;
-    int v = kvb__cuda_vmm_export(cs->device, base, size, cs, why, sizeof(why));
+    uint64_t end = (uint64_t)(uintptr_t)r->addr + r->length;
+    int v = kvb__cuda_vmm_export(cs->device, base, size, end, cs, why, wl);
+    if (v == -2)
+        return KVB_ERR_INVALID;
     if (v > 0)
-        return;
+        return KVB_OK;
     if (v == 0) {
         kvb__cuda_scope_t sc = {NULL, false};
-        kvb_status_t bst = kvb__cuda_enter(cs->device, &sc, why, sizeof(why));
+        kvb_status_t bst = kvb__cuda_enter(cs->device, &sc, why, wl);
         if (bst == KVB_OK)
             cr = kvb__cuda()->cuIpcGetMemHandle(&h, base);
         kvb__cuda_leave(&sc);
         if (bst == KVB_OK && cr == KVB_CUDA_SUCCESS) {
             memcpy(cs->handle, &h, sizeof(cs->handle));
             cs->ipc = true;
-            return;
+            return KVB_OK;
         }
         if (bst == KVB_OK)
-            snprintf(why, sizeof(why), "cuIpcGetMemHandle: %s", kvb__cuda_errstr(cr));
+            snprintf(why, wl, "cuIpcGetMemHandle: %s", kvb__cuda_errstr(cr));
     }
     KVB_LOGI("engine %s: %p+%zu (CUDA device %d) cannot be exported (%s): writers on this "
              "host stage it through host memory",
              eng->sid, r->addr, r->length, cs->device, why);
+    return KVB_OK;
 }
 
 kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__seg_t *seg,
@@ -80,8 +85,8 @@ kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
         return region_error(eng, KVB_ERR_INVALID, r, "not CUDA device memory");
     if (k == 0)
         return KVB_OK; /* AUTO: host */
-    if (a - base > size || r->length > size - (a - base)) {
-        snprintf(why, sizeof(why), "extends past its CUDA allocation [0x%llx, +%llu)",
+    if (a - base >= size || r->length > UINT64_MAX - a) {
+        snprintf(why, sizeof(why), "outside its CUDA allocation [0x%llx, +%llu)",
                  (unsigned long long)base, (unsigned long long)size);
         return region_error(eng, KVB_ERR_INVALID, r, why);
     }
@@ -94,8 +99,10 @@ kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
         return region_error(eng, KVB_ERR_NOMEM, r, "out of memory");
     cs->device = dev;
     cs->alloc_off = a - base;
-    cs->vmm_fd = -1;
-    export_region(eng, r, cs, base, size);
+    if (export_region(eng, r, cs, base, size, why, sizeof(why)) != KVB_OK) {
+        free(cs);
+        return region_error(eng, KVB_ERR_INVALID, r, why);
+    }
     memset(seg, 0, sizeof(*seg));
     seg->addr = a;
     seg->len = r->length;
@@ -116,8 +123,41 @@ void kvb__cuda_unmap_seg(kvb_engine_h eng, kvb__seg_t *seg)
     eng->n_cuda_segs--;
 }
 
-kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local)
+/* The parts table of r's VMM entries (their descriptors and sizes). */
+static kvb_status_t reply_parts(kvb_engine_h eng, kvb__hs_reply_t *r)
 {
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < r->ncuda; i++)
+        if (r->cuda[i].flags == KVB_HS_CUDA_VMM_PARTS)
+            n += r->cuda[i].nparts;
+    if (n == 0)
+        return KVB_OK;
+    if (n > KVB_HS_MAX_VMM_PARTS) {
+        KVB_LOGW("engine %s: %llu VMM allocations registered, more than a handshake carries "
+                 "(%u): writers stage device memory",
+                 eng->sid, (unsigned long long)n, KVB_HS_MAX_VMM_PARTS);
+        for (uint32_t i = 0; i < r->ncuda; i++)
+            if (r->cuda[i].flags == KVB_HS_CUDA_VMM_PARTS)
+                r->cuda[i].flags = 0;
+        return KVB_OK;
+    }
+    r->nparts = (uint32_t)n;
+    r->parts = calloc(r->nparts, sizeof(*r->parts));
+    if (r->parts == NULL)
+        return KVB_ERR_NOMEM;
+    for (uint32_t i = 0; i < r->ncuda; i++) {
+        const kvb__hs_cuda_t *e = &r->cuda[i];
+        const kvb__cuda_seg_t *cs = eng->segs.v[e->seg].cuda;
+        for (uint32_t k = 0; e->flags == KVB_HS_CUDA_VMM_PARTS && k < e->nparts; k++)
+            r->parts[e->part0 + k] =
+                (kvb__hs_vmm_part_t){(uint32_t)cs->vmm_fds[k], cs->vmm_sizes[k]};
+    }
+    return KVB_OK;
+}
+
+kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local, uint32_t caps)
+{
+    uint64_t part = 0;
     if (eng->n_cuda_segs == 0)
         return KVB_OK;
     r->cuda = calloc(eng->n_cuda_segs, sizeof(*r->cuda));
@@ -130,13 +170,30 @@ kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local)
         kvb__hs_cuda_t *e = &r->cuda[r->ncuda++];
         e->seg = (uint32_t)i;
         e->device = cs->device;
-        if (local && (cs->ipc || cs->vmm)) {
-            e->flags = cs->vmm ? KVB_HS_CUDA_VMM : KVB_HS_CUDA_IPC;
+        if (!local)
+            continue;
+        if (cs->ipc) {
+            e->flags = KVB_HS_CUDA_IPC;
             e->alloc_off = cs->alloc_off;
             memcpy(e->handle, cs->handle, sizeof(e->handle));
+        } else if (cs->vmm && (caps & KVB_HS_CAP_VMM_PARTS)) {
+            /* a writer without the cap would refuse the flag: it stages */
+            e->flags = KVB_HS_CUDA_VMM_PARTS;
+            e->alloc_off = cs->alloc_off;
+            e->part0 = (uint32_t)part; /* too many in all: reply_parts drops them */
+            e->nparts = cs->vmm_n;
+            e->vmm_size = cs->vmm_size;
+            part += cs->vmm_n;
         }
     }
-    return KVB_OK;
+    return reply_parts(eng, r);
+}
+
+uint32_t kvb__cuda_caps(void)
+{
+    if (kvb__env_int("KVBRIDGE_CUDA_VMM", NULL, 1, 0, 1) == 0 || !kvb__cuda_has_vmm())
+        return 0;
+    return KVB_HS_CAP_VMM_PARTS;
 }
 
 kvb_status_t kvb_mem_query(const void *addr, kvb_mem_type_t *type_p, int *device_p)
@@ -270,15 +327,15 @@ static void import_one(kvb_engine_h eng, kvb__conn_t *c, uint32_t i, const kvb__
     s->direct = (uint8_t *)(uintptr_t)(m->base + e->alloc_off);
 }
 
-/* Map entry e's VMM allocation (listener pid's descriptor); sets the
+/* Map entry e's VMM allocations (listener pid's descriptors); sets the
  * segment's direct address. */
-static void vmm_one(kvb_engine_h eng, kvb__conn_t *c, uint32_t pid, uint32_t i,
+static void vmm_one(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r, uint32_t i,
                     const kvb__hs_cuda_t *e, kvb__seg_t *s)
 {
     char why[300] = "";
     int dev = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
     kvb__cuda_vmm_map_t *m = &c->cuda->vmms[i];
-    if (!kvb__cuda_vmm_import(dev < 0 ? 0 : dev, pid, e, s->len, m, why, sizeof(why))) {
+    if (!kvb__cuda_vmm_import(dev < 0 ? 0 : dev, r->pid, r, e, s->len, m, why, sizeof(why))) {
         KVB_LOGI("engine %s: session %s: device segment 0x%llx (VMM) not mapped (%s): staged "
                  "through host memory",
                  eng->sid, c->sess->sid, (unsigned long long)s->addr, why);
@@ -324,8 +381,8 @@ void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r
         if (import && kvb__cuda() != NULL && (e->flags & KVB_HS_CUDA_IPC)) {
             import_one(eng, c, i, e, s);
             imported += s->direct != NULL;
-        } else if (import && kvb__cuda() != NULL && (e->flags & KVB_HS_CUDA_VMM)) {
-            vmm_one(eng, c, r->pid, i, e, s);
+        } else if (import && kvb__cuda() != NULL && e->flags == KVB_HS_CUDA_VMM_PARTS) {
+            vmm_one(eng, c, r, i, e, s);
             vmms += s->direct != NULL;
         }
     }

@@ -342,20 +342,24 @@ void kvb__direct_stop(kvb_engine_h eng);
 
 /* cuda_mem.c: CUDA device memory on every lane (docs/engine.md) */
 typedef struct kvb__cuda_seg {
-    int device;         /* local: ordinal here; remote: the peer's (informational) */
-    bool ipc;           /* local: handle exports the allocation (legacy IPC) */
-    bool vmm;           /* local: handle names vmm_fd, the VMM allocation exported */
-    int vmm_fd;         /* local, vmm: our shareable handle (closed at unregistration) */
-    uint64_t alloc_off; /* local: offset of the segment in that allocation */
-    uint8_t handle[KVB_HS_CUDA_HANDLE];
+    int device;          /* local: ordinal here; remote: the peer's (informational) */
+    bool ipc;            /* local: handle exports the allocation (legacy IPC) */
+    bool vmm;            /* local: the VMM allocations holding the segment exported */
+    uint32_t vmm_n;      /* local, vmm: allocations, mapped back to back from the first */
+    int *vmm_fds;        /* local, vmm: our shareable handles (closed at unregistration) */
+    uint64_t *vmm_sizes; /* local, vmm: their sizes */
+    uint64_t vmm_size;   /* local, vmm: their sum */
+    uint64_t alloc_off;  /* local: offset of the segment in that allocation (the first) */
+    uint8_t handle[KVB_HS_CUDA_HANDLE]; /* local, ipc: the IPC handle */
 } kvb__cuda_seg_t;
 /* seg_mu held: classify r (AUTO), check it and fill seg's CUDA part;
  * *cuda_p: device memory (then no UCX registration). */
 kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__seg_t *seg,
                                   bool *cuda_p);
 void kvb__cuda_unmap_seg(kvb_engine_h eng, kvb__seg_t *seg); /* seg_mu held */
-/* seg_mu held: the reply's device-memory table (handles only for local). */
-kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local);
+/* seg_mu held: the reply's device-memory table (handles only for local;
+ * VMM parts only for a writer whose caps have KVB_HS_CAP_VMM_PARTS). */
+kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local, uint32_t caps);
 /* Writer, before the handshake's conn is established: room for the peer's
  * device-memory table (KVB_ERR_NOMEM). */
 kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r);
@@ -377,23 +381,35 @@ void kvb__jobs_stop(kvb_engine_h eng);
 void kvb__jobs_free(kvb__jobs_t *q);
 
 /* cuda_vmm.c: VMM allocations on the same-host lane. Target, at
- * registration: export the VMM allocation [base, +size) on dev as a file
- * descriptor into cs (vmm, vmm_fd, handle): 1 exported, 0 not VMM memory
- * (or a driver without VMM), -1 VMM but refused (why). */
-int kvb__cuda_vmm_export(int dev, uint64_t base, uint64_t size, kvb__cuda_seg_t *cs, char *why,
-                         size_t wl);
+ * registration of [.., end) whose first byte lies in the mapping [base,
+ * +size) on dev: export the VMM allocations mapped back to back from base
+ * up to end as file descriptors into cs (vmm, vmm_n, vmm_fds, vmm_sizes,
+ * vmm_size). 1 exported; 0 not VMM memory (or a driver without VMM) and end
+ * within the mapping; -1 VMM but an export refused (why; writers stage it);
+ * -2 the region cannot be registered (why: past its allocation, mixed
+ * cuMemAlloc and VMM memory, too many allocations). */
+int kvb__cuda_vmm_export(int dev, uint64_t base, uint64_t size, uint64_t end, kvb__cuda_seg_t *cs,
+                         char *why, size_t wl);
 void kvb__cuda_vmm_unexport(kvb__cuda_seg_t *cs);
-/* Writer: a peer's VMM allocation mapped here (size 0: none). */
+/* Writer: a peer's VMM allocations mapped here back to back (size 0: none). */
 typedef struct kvb__cuda_vmm_map {
-    kvb_CUdeviceptr va;
+    kvb_CUdeviceptr va; /* the reservation, size bytes */
     uint64_t size;
+    bool reserved;
+    uint32_t parts, n; /* allocations; mapped so far */
+    uint64_t *sizes;   /* each one's size */
 } kvb__cuda_vmm_map_t;
-/* Writer: fetch listener pid's descriptor e names, import and map it on dev;
- * the segment (seg_len bytes at e->alloc_off) must lie inside. false: not
- * mapped (why). */
-bool kvb__cuda_vmm_import(int dev, uint32_t pid, const kvb__hs_cuda_t *e, uint64_t seg_len,
-                          kvb__cuda_vmm_map_t *m, char *why, size_t wl);
+/* Writer: fetch listener pid's descriptors of entry e's parts (rep's parts
+ * table), import and map them on dev; the segment (seg_len bytes at
+ * e->alloc_off) must lie inside. false: nothing mapped (why). */
+bool kvb__cuda_vmm_import(int dev, uint32_t pid, const kvb__hs_reply_t *rep,
+                          const kvb__hs_cuda_t *e, uint64_t seg_len, kvb__cuda_vmm_map_t *m,
+                          char *why, size_t wl);
 void kvb__cuda_vmm_unmap(kvb__cuda_vmm_map_t *m);
+/* The caps a writer's handshake request announces (KVB_HS_CAP_*): VMM parts
+ * when the driver loads with the VMM entry points and KVBRIDGE_CUDA_VMM is
+ * not 0. */
+uint32_t kvb__cuda_caps(void);
 /* Does a block of the batch touch device memory (dst_seg: the peer's
  * segment of each block, -1 for empty ones)? */
 bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,

@@ -143,17 +143,39 @@ static uint8_t *resolve(CUdeviceptr p, size_t n)
     return r;
 }
 
+/* The bytes of [p, p+n) up to the end of the mapping p lies in (*k bytes):
+ * VMM mappings back to back in one reservation (several cuMemCreate handles,
+ * as PyTorch's expandable segments map them) are one range of addresses to
+ * a copy, as on a GPU; any other allocation's end is not. NULL: illegal. */
+static uint8_t *resolve_part(CUdeviceptr p, size_t n, size_t *k)
+{
+    uint8_t *a = (uint8_t *)(uintptr_t)p;
+    *k = n;
+    pthread_mutex_lock(&g_mu);
+    entry_t *e = find(a), *next = NULL;
+    size_t left = e != NULL ? e->size - (size_t)(a - e->dev) : n;
+    if (e != NULL && e->kind == K_VMM && left < n)
+        next = find(e->dev + e->size);
+    if (next != NULL && next->kind == K_VMM && next->dev == e->dev + e->size)
+        *k = left; /* continued in the next mapping */
+    pthread_mutex_unlock(&g_mu);
+    return resolve(p, *k);
+}
+
 static CUresult copy(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
     if (fail("copy"))
         return E_ILLEGAL_ADDRESS;
-    if (n == 0)
-        return OK;
-    uint8_t *d = resolve(dst, n), *s = resolve(src, n);
-    if (d == NULL || s == NULL)
-        return E_ILLEGAL_ADDRESS;
-    memmove(d, s, n);
-    __atomic_add_fetch(&g_stats.bytes, n, __ATOMIC_RELAXED);
+    while (n > 0) {
+        size_t kd = 0, ks = 0;
+        uint8_t *d = resolve_part(dst, n, &kd), *s = resolve_part(src, n, &ks);
+        if (d == NULL || s == NULL)
+            return E_ILLEGAL_ADDRESS;
+        size_t k = kd < ks ? kd : ks;
+        memmove(d, s, k);
+        __atomic_add_fetch(&g_stats.bytes, k, __ATOMIC_RELAXED);
+        dst += k, src += k, n -= k;
+    }
     return OK;
 }
 
