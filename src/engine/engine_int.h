@@ -101,13 +101,21 @@ struct kvb_xfer {
     int abandoned; /* progress thread: connection lost, outstanding ops ignored */
     int direct;    /* direct lane: copied by the engine's copy threads */
     int cuda;      /* a source or destination is CUDA device memory (cuda_mem.c) */
-    void *stage;   /* message lane: device sources staged here (pinned), or NULL */
+    /* message lane: device sources staged through this ring (pinned,
+     * stage_len bytes), or NULL; staged[i]: block i's src is an offset in
+     * the stream of staged bytes, found at stage + offset % stage_len */
+    void *stage;
     size_t stage_len;
+    bool *staged;
     /* message lane, staged: bytes of blocks (in order) whose sources are
      * readable (atomic; UINT64_MAX all), set by the device-copy worker;
      * its failure (atomic status, then the reason, written before it) */
     uint64_t stage_ready;
-    void *stage_job; /* caller, until kvb__cuda_stage_start: the staging job */
+    /* staged: bytes of blocks (in order) whose messages were acknowledged,
+     * so their ring space may be reused (atomic; progress thread) */
+    uint64_t stage_free;
+    uint64_t am_pos[KVB__AM_WINDOW]; /* first byte of each message of am_win */
+    void *stage_job;                 /* caller, until kvb__cuda_stage_start: the staging job */
     int stage_status;
     char stage_why[340];
     uint64_t pos;  /* message lane (progress thread): bytes issued so far */
@@ -139,9 +147,14 @@ void kvb__op_untrack(kvb_engine_h eng, kvb__op_t *op);
  * answer peers); if the engine stops first, drop is called instead (on the
  * destroying thread), exactly one of the two. */
 typedef struct kvb__job kvb__job_t;
+enum {
+    KVB__JOB_DONE = 0,   /* run: the last step ran */
+    KVB__JOB_MORE = 1,   /* run: a step ran, more to run */
+    KVB__JOB_BLOCKED = 2 /* run: nothing could run (waits for kvb__jobs_kick) */
+};
 struct kvb__job {
     kvb__job_t *next;
-    bool (*run)(kvb__job_t *j); /* worker: one step; true: more steps to run */
+    int (*run)(kvb__job_t *j); /* worker: one step; KVB__JOB_* */
     void (*done)(kvb_engine_h eng, kvb__job_t *j);
     void (*drop)(kvb_engine_h eng, kvb__job_t *j);
     bool bounded; /* counts against KVBRIDGE_CUDA_COPY_QUEUE (peer-driven jobs) */
@@ -151,7 +164,9 @@ typedef struct kvb__jobs {
     pthread_cond_t cv;
     kvb__job_t *head, *tail, *done; /* queued (run order), finished */
     size_t n_bounded, max_bounded;
-    int has_done; /* atomic: done is not empty */
+    size_t n_queued, n_blocked; /* jobs queued; steps blocked in a row */
+    bool kicked;                /* kvb__jobs_kick since the worker last waited */
+    int has_done;               /* atomic: done is not empty */
     bool started, stop;
     pthread_t thr;
 } kvb__jobs_t;
@@ -376,6 +391,9 @@ bool kvb__jobs_push(kvb_engine_h eng, kvb__job_t *j);
 bool kvb__jobs_progress(kvb_engine_h eng);
 /* Wake the progress thread (a job made progress it may act on). */
 void kvb__jobs_wake(kvb_engine_h eng);
+/* Wake the worker (a blocked job may run: staging memory was freed). When
+ * every queued job is blocked the worker waits for this, or 2 ms. */
+void kvb__jobs_kick(kvb_engine_h eng);
 /* Before the progress thread stops: join the worker, drop every job left. */
 void kvb__jobs_stop(kvb_engine_h eng);
 void kvb__jobs_free(kvb__jobs_t *q);

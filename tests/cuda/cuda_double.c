@@ -20,7 +20,10 @@
  *   attr (cuPointerGetAttribute fails for device memory).
  * - KVB_CUDA_DOUBLE_DEVICES: device count (2); KVB_CUDA_DOUBLE_SLOW_MS: each
  *   cuStreamSynchronize takes that long (copies in flight, for fence tests).
- * - kvb_cuda_double_stats(): calls counted, for tests that check batching. */
+ * - VMM mappings back to back in one reservation are one range to copies
+ *   (several cuMemCreate handles, as an expandable segment maps them).
+ * - kvb_cuda_double_stats(): calls counted, for tests that check batching;
+ *   pinned host memory live and its peak. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -399,6 +402,11 @@ API CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags)
     e->fd = -1;
     e->device = t_dev;
     add(e);
+    uint64_t now = __atomic_add_fetch(&g_stats.pinned_bytes, size, __ATOMIC_RELAXED);
+    uint64_t peak = __atomic_load_n(&g_stats.pinned_peak, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&g_stats.pinned_peak, &peak, now, 0,
+                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
     *p = e->dev;
     return OK;
 }
@@ -413,6 +421,7 @@ API CUresult cuMemFreeHost(void *p)
     entry_t *e = take(p, K_HOST);
     if (e == NULL)
         return E_INVALID_VALUE;
+    __atomic_sub_fetch(&g_stats.pinned_bytes, e->size, __ATOMIC_RELAXED);
     free(e->dev);
     free(e);
     return OK;
@@ -965,4 +974,6 @@ API void kvb_cuda_double_stats(kvb_cuda_double_stats_t *out)
     out->vmm_imports = __atomic_load_n(&g_stats.vmm_imports, __ATOMIC_RELAXED);
     out->vmm_maps = __atomic_load_n(&g_stats.vmm_maps, __ATOMIC_RELAXED);
     out->vmm_unmaps = __atomic_load_n(&g_stats.vmm_unmaps, __ATOMIC_RELAXED);
+    out->pinned_bytes = __atomic_load_n(&g_stats.pinned_bytes, __ATOMIC_RELAXED);
+    out->pinned_peak = __atomic_load_n(&g_stats.pinned_peak, __ATOMIC_RELAXED);
 }
