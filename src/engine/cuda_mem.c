@@ -38,8 +38,10 @@ static kvb_status_t export_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
     int v = kvb__cuda_vmm_export(cs->device, base, size, end, cs, why, wl);
     if (v == -2)
         return KVB_ERR_INVALID;
-    if (v > 0)
+    if (v > 0) {
+        kvb__fdsrv_ensure(eng);
         return KVB_OK;
+    }
     if (v == 0) {
         kvb__cuda_scope_t sc = {NULL, false};
         kvb_status_t bst = kvb__cuda_enter(cs->device, &sc, why, wl);
@@ -145,6 +147,7 @@ static kvb_status_t reply_parts(kvb_engine_h eng, kvb__hs_reply_t *r)
     r->parts = calloc(r->nparts, sizeof(*r->parts));
     if (r->parts == NULL)
         return KVB_ERR_NOMEM;
+    kvb__fdsrv_ticket(eng, r->fdsock, r->ticket); /* none: writers use pidfd_getfd */
     for (uint32_t i = 0; i < r->ncuda; i++) {
         const kvb__hs_cuda_t *e = &r->cuda[i];
         const kvb__cuda_seg_t *cs = eng->segs.v[e->seg].cuda;

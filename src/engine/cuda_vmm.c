@@ -10,8 +10,9 @@
  * for that handle type) and keeps them open while the region is registered;
  * the handshake names the descriptors and sizes (the parts table) to a
  * writer that announced it maps them. A writer on the same host (the
- * same-host proof passed, the fence page mapped) fetches a duplicate of each
- * (pidfd_getfd, else /proc/<pid>/fd), imports it, reserves one range for
+ * same-host proof passed, the fence page mapped) gets a duplicate of each
+ * over the target's descriptor socket (cuda_fdsrv.c: SCM_RIGHTS, no ptrace
+ * rights needed; else pidfd_getfd or /proc/<pid>/fd), imports it, reserves one range for
  * all of them, maps them back to back (so the segment's addresses translate
  * with one offset, as in the target) and makes the range readable and
  * writable on its device; the direct lane then copies device to device into
@@ -194,10 +195,17 @@ void kvb__cuda_vmm_unexport(kvb__cuda_seg_t *cs)
 
 /* A duplicate of pid's descriptor fdn: pidfd_getfd (the file itself, as the
  * driver's descriptors need; ptrace rights on pid), else reopening
- * /proc/<pid>/fd/<fdn> (enough for files that can be reopened). */
+ * /proc/<pid>/fd/<fdn> (enough for files that can be reopened). Neither
+ * with KVBRIDGE_CUDA_PIDFD=0 (only the target's descriptor socket). */
 static int fetch_fd(uint32_t pid, uint32_t fdn, char *why, size_t wl)
 {
     int fd = -1;
+    if (kvb__env_int("KVBRIDGE_CUDA_PIDFD", NULL, 1, 0, 1) == 0) {
+        snprintf(why, wl,
+                 "no descriptor socket, and fetching the peer's descriptors from its "
+                 "process is off (KVBRIDGE_CUDA_PIDFD=0)");
+        return -1;
+    }
 #if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
     int pfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
     if (pfd >= 0) {
@@ -216,6 +224,34 @@ static int fetch_fd(uint32_t pid, uint32_t fdn, char *why, size_t wl)
     return fd;
 }
 
+/* Descriptors of parts p[0..n) (n <= KVB_FDSRV_MAX_FDS) into fds: over the
+ * target's descriptor socket *c where there is one (closed and -1 once it
+ * fails: the rest go the other way), else fetched from its process. false:
+ * none held (why). */
+static bool fetch_batch(const kvb__hs_reply_t *rep, int *c, const kvb__hs_vmm_part_t *p, uint32_t n,
+                        int *fds, char *why, size_t wl)
+{
+    uint32_t fdn[KVB_FDSRV_MAX_FDS];
+    for (uint32_t i = 0; i < n; i++)
+        fdn[i] = p[i].fd;
+    if (*c >= 0 && kvb__fdsrv_fetch(*c, rep->ticket, fdn, n, fds, why, wl))
+        return true;
+    if (*c >= 0) {
+        KVB_LOGI("VMM descriptors: %s: trying pidfd_getfd", why);
+        close(*c);
+        *c = -1;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        fds[i] = fetch_fd(rep->pid, fdn[i], why, wl);
+        if (fds[i] < 0) {
+            while (i > 0)
+                close(fds[--i]);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* Import the descriptor and map it at va (size bytes, inside our
  * reservation). */
 static kvb_CUresult map_part(int fd, kvb_CUdeviceptr va, uint64_t size)
@@ -231,10 +267,29 @@ static kvb_CUresult map_part(int fd, kvb_CUdeviceptr va, uint64_t size)
     return r;
 }
 
+/* Map the batch's parts (descriptors fds, closed here) from m->n on at off. */
+static bool map_batch(kvb__cuda_vmm_map_t *m, const kvb__hs_vmm_part_t *p, int *fds, uint32_t k,
+                      uint64_t *off, char *why, size_t wl)
+{
+    kvb_CUresult r = KVB_CUDA_SUCCESS;
+    for (uint32_t i = 0; i < k; i++) {
+        if (r == KVB_CUDA_SUCCESS) {
+            r = map_part(fds[i], m->va + *off, p[m->n].size);
+            if (r == KVB_CUDA_SUCCESS)
+                *off += p[m->n++].size;
+            else
+                snprintf(why, wl, "importing VMM allocation %u of %u (%llu bytes): %s", m->n + 1,
+                         m->parts, (unsigned long long)p[m->n].size, kvb__cuda_errstr(r));
+        }
+        close(fds[i]); /* imported (or not): the driver holds what it needs */
+    }
+    return r == KVB_CUDA_SUCCESS;
+}
+
 /* Reserve, map every part back to back, grant access on dev (m->n: parts
  * mapped so far, for the caller to unmap on failure). */
-static bool map_parts(int dev, uint32_t pid, const kvb__hs_vmm_part_t *p, kvb__cuda_vmm_map_t *m,
-                      char *why, size_t wl)
+static bool map_parts(int dev, const kvb__hs_reply_t *rep, const kvb__hs_vmm_part_t *p,
+                      kvb__cuda_vmm_map_t *m, char *why, size_t wl)
 {
     const kvb__cuda_api_t *cu = kvb__cuda();
     kvb_CUresult r = cu->cuMemAddressReserve(&m->va, m->size, 0, 0, 0);
@@ -244,18 +299,19 @@ static bool map_parts(int dev, uint32_t pid, const kvb__hs_vmm_part_t *p, kvb__c
         return false;
     }
     m->reserved = true;
-    for (uint64_t off = 0; m->n < m->parts; off += p[m->n++].size) {
-        int fd = fetch_fd(pid, p[m->n].fd, why, wl);
-        if (fd < 0)
-            return false;
-        r = map_part(fd, m->va + off, p[m->n].size);
-        close(fd); /* imported (or not): the driver holds what it needs */
-        if (r != KVB_CUDA_SUCCESS) {
-            snprintf(why, wl, "importing VMM allocation %u of %u (%llu bytes): %s", m->n + 1,
-                     m->parts, (unsigned long long)p[m->n].size, kvb__cuda_errstr(r));
-            return false;
-        }
+    int c = rep->fdsock[0] != 0 ? kvb__fdsrv_connect(rep->fdsock, why, wl) : -1;
+    int fds[KVB_FDSRV_MAX_FDS];
+    uint64_t off = 0;
+    bool ok = true;
+    while (ok && m->n < m->parts) {
+        uint32_t k = m->parts - m->n < KVB_FDSRV_MAX_FDS ? m->parts - m->n : KVB_FDSRV_MAX_FDS;
+        ok = fetch_batch(rep, &c, p + m->n, k, fds, why, wl) &&
+             map_batch(m, p, fds, k, &off, why, wl);
     }
+    if (c >= 0)
+        close(c);
+    if (!ok)
+        return false;
     kvb_CUmemAccessDesc d = {{KVB_CU_MEM_LOCATION_TYPE_DEVICE, dev},
                              KVB_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     r = cu->cuMemSetAccess(m->va, m->size, &d, 1);
@@ -292,7 +348,7 @@ bool kvb__cuda_vmm_import(int dev, uint32_t pid, const kvb__hs_reply_t *rep,
     for (uint32_t i = 0; i < e->nparts; i++)
         m->sizes[i] = p[i].size;
     kvb__cuda_scope_t sc = {NULL, false};
-    bool ok = kvb__cuda_enter(dev, &sc, why, wl) == KVB_OK && map_parts(dev, pid, p, m, why, wl);
+    bool ok = kvb__cuda_enter(dev, &sc, why, wl) == KVB_OK && map_parts(dev, rep, p, m, why, wl);
     if (!ok)
         kvb__cuda_vmm_unmap(m);
     kvb__cuda_leave(&sc);

@@ -1276,6 +1276,7 @@ void kvb_engine_destroy(kvb_engine_h eng)
     pthread_join(eng->progress_thr, NULL);
     pthread_join(eng->listen_thr, NULL);
     hs_drain(eng);
+    kvb__fdsrv_stop(eng); /* its thread reads the segments */
     engine_free(eng);
 }
 

@@ -230,6 +230,8 @@ struct kvb_engine {
     uint64_t direct_slack, direct_populate_max; /* KVBRIDGE_DIRECT_MAP_SLACK / _POPULATE_MAX */
     size_t n_cuda_segs;                         /* local registrations in device memory (seg_mu) */
     int cuda_device; /* atomic: the device our copies run in (first CUDA registration), -1 */
+    struct kvb__fdsrv *fdsrv; /* VMM descriptors for same-host writers (seg_mu; cuda_fdsrv.c) */
+    bool fdsrv_failed;        /* seg_mu: it could not start (not tried again) */
     /* secret set: the message-lane token of each authenticated control
      * connection (seg_mu); dropped when its connection closes */
     struct kvb__am_tok {
@@ -424,6 +426,25 @@ bool kvb__cuda_vmm_import(int dev, uint32_t pid, const kvb__hs_reply_t *rep,
                           const kvb__hs_cuda_t *e, uint64_t seg_len, kvb__cuda_vmm_map_t *m,
                           char *why, size_t wl);
 void kvb__cuda_vmm_unmap(kvb__cuda_vmm_map_t *m);
+/* cuda_fdsrv.c: the target's VMM descriptors passed to same-host writers
+ * over an abstract Unix socket (SCM_RIGHTS), without ptrace rights. */
+#define KVB_FDSRV_MAX_FDS 64 /* descriptors per request */
+typedef struct kvb__fdsrv kvb__fdsrv_t;
+/* seg_mu held (registration of a VMM region): start the server once
+ * (KVBRIDGE_CUDA_FD_SOCKET=0: never). */
+void kvb__fdsrv_ensure(kvb_engine_h eng);
+/* seg_mu held (a reply naming VMM parts): the socket's name and a fresh
+ * ticket for it; false (both zeroed) without a server. */
+bool kvb__fdsrv_ticket(kvb_engine_h eng, uint8_t name[KVB_HS_FDSOCK_LEN],
+                       uint8_t ticket[KVB_HS_TICKET_LEN]);
+/* Engine destroy, before the segments go: stop the server. */
+void kvb__fdsrv_stop(kvb_engine_h eng);
+/* Writer: connect to the target's socket (-1: why), then fetch n (<=
+ * KVB_FDSRV_MAX_FDS) of its descriptors under ticket into out (each ours to
+ * close); false: none received (why). */
+int kvb__fdsrv_connect(const uint8_t name[KVB_HS_FDSOCK_LEN], char *why, size_t wl);
+bool kvb__fdsrv_fetch(int c, const uint8_t ticket[KVB_HS_TICKET_LEN], const uint32_t *fdn,
+                      uint32_t n, int *out, char *why, size_t wl);
 /* The caps a writer's handshake request announces (KVB_HS_CAP_*): VMM parts
  * when the driver loads with the VMM entry points and KVBRIDGE_CUDA_VMM is
  * not 0. */

@@ -185,6 +185,8 @@ kvb_status_t kvb__hs_reply_encode(const kvb__hs_reply_t *r, uint8_t **buf_p, siz
     }
     if (r->nparts > 0) {
         wb_u32(&w, r->nparts);
+        wb_put(&w, r->fdsock, KVB_HS_FDSOCK_LEN);
+        wb_put(&w, r->ticket, KVB_HS_TICKET_LEN);
         for (uint32_t i = 0; i < r->nparts; i++) {
             wb_u32(&w, r->parts[i].fd);
             wb_u32(&w, 0);
@@ -310,17 +312,44 @@ static bool vmm_entry(kvb__hs_cuda_t *e, const uint8_t *h, uint32_t *next)
     return true;
 }
 
+/* The descriptor socket's name: none (all zero), or ours
+ * ("kvbridge-fd-" then letters, digits, '-'), NUL-padded, never another
+ * abstract socket of this host. */
+static bool fdsock_ok(const uint8_t *n)
+{
+    size_t len = strnlen((const char *)n, KVB_HS_FDSOCK_LEN), pre = strlen(KVB_HS_FDSOCK_PREFIX);
+    for (size_t i = len; i < KVB_HS_FDSOCK_LEN; i++)
+        if (n[i] != 0)
+            return false;
+    if (len == 0)
+        return true;
+    if (len == KVB_HS_FDSOCK_LEN || len <= pre || memcmp(n, KVB_HS_FDSOCK_PREFIX, pre) != 0)
+        return false;
+    for (size_t i = pre; i < len; i++)
+        if (!((n[i] >= 'a' && n[i] <= 'z') || (n[i] >= '0' && n[i] <= '9') || n[i] == '-'))
+            return false;
+    return true;
+}
+
 /* The VMM parts table: exactly the parts the entries claimed, each entry's
  * sizes adding up to its bytes. */
 static bool decode_parts(rbuf_t *rb, kvb__hs_reply_t *r, uint32_t claimed, char *why, size_t whylen)
 {
     if (claimed == 0)
         return true;
+    const uint8_t *name, *ticket;
     if (!rb_u32(rb, &r->nparts) || r->nparts != claimed ||
+        !rb_bytes(rb, KVB_HS_FDSOCK_LEN, &name) || !rb_bytes(rb, KVB_HS_TICKET_LEN, &ticket) ||
         r->nparts > (rb->len - rb->off) / VMM_PART_LEN) {
         snprintf(why, whylen, "VMM parts table truncated or not the %u parts claimed", claimed);
         return false;
     }
+    if (!fdsock_ok(name)) {
+        snprintf(why, whylen, "VMM parts table: descriptor socket name invalid");
+        return false;
+    }
+    memcpy(r->fdsock, name, KVB_HS_FDSOCK_LEN);
+    memcpy(r->ticket, ticket, KVB_HS_TICKET_LEN);
     r->parts = calloc(r->nparts, sizeof(*r->parts));
     if (r->parts == NULL) {
         snprintf(why, whylen, "out of memory");

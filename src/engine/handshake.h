@@ -23,8 +23,11 @@
  *          u32 first part, u32 parts, u64 bytes in all (KVB_HS_CUDA_VMM_PARTS),
  *          sent only to a writer whose caps have KVB_HS_CAP_VMM_PARTS; all
  *          sent to same-host writers only.)
- *          [u32 nparts { u32 fd u32 zero u64 size }*]   (present when an entry
- *          has bit 2: the VMM allocations, the listener's descriptors of their
+ *          [u32 nparts fdsock[32] ticket[32] { u32 fd u32 zero u64 size }*]
+ *          (present when an entry has bit 2: the listener's descriptor socket
+ *          (cuda_fdsrv.c: an abstract Unix socket name "kvbridge-fd-...",
+ *          NUL-padded; all zero: none, fetch with pidfd_getfd) and a ticket
+ *          for it; the VMM allocations, the listener's descriptors of their
  *          shareable handles, each entry's parts in order, entries in order) A writer that does not
  * know the table refuses the reply, which is right: it would treat device memory as host memory.)
  * notice   "KVBGN001" u64 generation      (segment table changed)
@@ -114,6 +117,9 @@ typedef struct kvb__hs_shm {
 #define KVB_HS_CAP_VMM_PARTS 1u          /* request caps: the writer maps VMM parts */
 #define KVB_HS_MAX_VMM_PARTS 65536u      /* parts in one reply (descriptors the listener holds) */
 #define KVB_HS_VMM_SIZE_MAX (1ull << 48) /* bytes of one entry's parts, all together */
+#define KVB_HS_FDSOCK_LEN 32             /* the descriptor socket's name, NUL-padded */
+#define KVB_HS_FDSOCK_PREFIX "kvbridge-fd-"
+#define KVB_HS_TICKET_LEN 32
 
 /* One VMM allocation of the parts table. */
 typedef struct kvb__hs_vmm_part {
@@ -148,7 +154,9 @@ typedef struct kvb__hs_reply {
     uint32_t ncuda;
     kvb__hs_cuda_t *cuda; /* malloc'ed by decode; free with kvb__hs_reply_free */
     uint32_t nparts;
-    kvb__hs_vmm_part_t *parts; /* malloc'ed by decode; free with kvb__hs_reply_free */
+    kvb__hs_vmm_part_t *parts;         /* malloc'ed by decode; free with kvb__hs_reply_free */
+    uint8_t fdsock[KVB_HS_FDSOCK_LEN]; /* with parts: the descriptor socket (zeros: none) */
+    uint8_t ticket[KVB_HS_TICKET_LEN]; /* with parts: the ticket for it */
 } kvb__hs_reply_t;
 
 /* Encode a reply into a malloc'ed buffer (*buf_p, *len_p). */

@@ -45,7 +45,7 @@ static kvb__hs_reply_t sample(kvb__hs_seg_t *segs, kvb__hs_cuda_t *cuda)
     cuda[2].handle[10] = 0x20;
     r.ncuda = 3;
     r.cuda = cuda;
-    return r;
+    return r; /* no descriptor socket (zeros) */
 }
 
 static kvb_status_t roundtrip(const kvb__hs_reply_t *r, kvb__hs_reply_t *d, char *why, size_t wl)
@@ -137,6 +137,19 @@ int main(void)
     g_parts[1].size = 0;
     cuda[1].vmm_size = 2 * MiB;
     expect_refused(&r, "empty part", "VMM part 1 invalid");
+    r = sample(segs, cuda);
+    memcpy(r.fdsock, "kvbridge-fd-12-ab", 17); /* ours: decoded */
+    memset(r.ticket, 0x5a, sizeof(r.ticket));
+    CHECK_EQ(roundtrip(&r, &d, why, sizeof(why)), KVB_OK);
+    CHECK(memcmp(d.fdsock, r.fdsock, sizeof(r.fdsock)) == 0 && d.ticket[31] == 0x5a);
+    kvb__hs_reply_free(&d);
+    memcpy(r.fdsock, "some-other-sock", 15); /* another abstract socket of the host */
+    expect_refused(&r, "foreign socket name", "descriptor socket name invalid");
+    memcpy(r.fdsock, "kvbridge-fd-12/x", 16);
+    expect_refused(&r, "odd socket name", "descriptor socket name invalid");
+    memset(r.fdsock, 0, sizeof(r.fdsock));
+    r.fdsock[20] = 'x'; /* not NUL-padded */
+    expect_refused(&r, "bytes after the name", "descriptor socket name invalid");
     r = sample(segs, cuda);
     cuda[1].flags = 0; /* parts nobody claims: trailing bytes */
     expect_refused(&r, "unclaimed parts", "trailing bytes");
