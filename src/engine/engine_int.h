@@ -453,12 +453,14 @@ uint32_t kvb__cuda_caps(void);
  * segment of each block, -1 for empty ones)? */
 bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
                         const kvb_block_t *b, size_t n);
-/* Message lane, writer (before x is submitted): point x's device sources at
- * one pinned buffer and plan their staging (x->stage_ready 0: nothing may be
- * sent yet). Once x is submitted, kvb__cuda_stage_start hands the copies to
- * the device-copy worker (chunk by chunk; x->stage_ready tells the progress
- * thread how far; no worker: on this thread); a transfer never submitted
- * drops the plan with kvb__cuda_stage_abandon. */
+/* Message lane, writer (before x is submitted): mark x's device sources
+ * staged through a bounded pinned ring (x->stage, x->staged) and plan their
+ * staging (x->stage_ready 0: nothing may be sent yet). Once x is submitted,
+ * kvb__cuda_stage_start hands the copies to the device-copy worker (chunk by
+ * chunk, each once its ring slot is free: x->stage_free; x->stage_ready
+ * tells the progress thread how far; no worker: on this thread, as far as
+ * the ring allows); a transfer never submitted drops the plan with
+ * kvb__cuda_stage_abandon. */
 kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x);
 void kvb__cuda_stage_start(kvb_engine_h eng, struct kvb_xfer *x);
 void kvb__cuda_stage_abandon(struct kvb_xfer *x);
