@@ -47,7 +47,9 @@ typedef struct drv {
     int nprocs;
     bool has_pre, has_dec;
     char boot[128];
-    req_t *reqs;
+    req_t *reqs;        /* warm-up requests first, then the timed ones */
+    long long nreqs;    /* rep.warm_requests + rep.requests */
+    long long cold_end; /* requests [0, cold_end) make the cold first pass */
     uint64_t room_base;
     long long wave, pool_pages, inflight;
     bench_report_t rep;
@@ -275,7 +277,7 @@ static void on_fail(drv_t *d, req_t *q, const proc_t *p, const char *why)
 
 static req_t *req_of(drv_t *d, uint64_t room)
 {
-    if (room < d->room_base || room - d->room_base >= (uint64_t)d->rep.requests)
+    if (room < d->room_base || room - d->room_base >= (uint64_t)d->nreqs)
         return NULL;
     return &d->reqs[room - d->room_base];
 }
@@ -377,6 +379,11 @@ static void fill_phase(drv_t *d, long long a, long long b)
             pump(d, 100);
 }
 
+static bool is_warm(const drv_t *d, const req_t *q)
+{
+    return q - d->reqs < d->rep.warm_requests;
+}
+
 static void dispatch(drv_t *d, req_t *q)
 {
     if (q->failed) { /* its fill failed */
@@ -392,7 +399,8 @@ static void dispatch(drv_t *d, req_t *q)
     d->inflight++;
     for (int k = 0; d->has_dec && k < d->nprocs; k++)
         if (d->procs[k].kind == K_DEC)
-            kvb_eb_send(&d->procs[k].ch, "recv %" PRIu64 " %u %" PRId64, q->room, q->pages, q->aux);
+            kvb_eb_send(&d->procs[k].ch, "recv %" PRIu64 " %u %" PRId64 "%s", q->room, q->pages,
+                        q->aux, is_warm(d, q) ? " sweep" : "");
     maybe_send(d, q);
 }
 
@@ -413,8 +421,18 @@ static void finish(drv_t *d, req_t *q, double now)
         return;
     double from = d->has_pre && d->has_dec ? q->t_first : q->t_init;
     double to = d->has_dec ? q->t_succ : q->t_first;
-    d->rep.lat_ms[d->rep.nlat++] = d->has_dec ? (to - from) * 1e3 : 0;
-    d->rep.bytes += bench_request_bytes(d->o);
+    double ms = d->has_dec ? (to - from) * 1e3 : 0;
+    long long i = q - d->reqs;
+    if (i == 0)
+        d->rep.first_ms = ms;
+    if (i < d->cold_end) {
+        d->rep.cold.lat_ms[d->rep.cold.nlat++] = ms;
+        d->rep.cold.bytes += bench_request_bytes(d->o);
+    }
+    if (!is_warm(d, q)) {
+        d->rep.steady.lat_ms[d->rep.steady.nlat++] = ms;
+        d->rep.steady.bytes += bench_request_bytes(d->o);
+    }
 }
 
 static void transfer_phase(drv_t *d, long long a, long long b)
@@ -432,7 +450,10 @@ static void transfer_phase(drv_t *d, long long a, long long b)
             finish(d, &d->reqs[i], now);
         for (long long i = a; i < b; i++)
             left += d->reqs[i].state != Q_DONE;
-        d->rep.seconds += now - t0;
+        if (a < d->cold_end) /* waves never straddle cold_end */
+            d->rep.cold.seconds += now - t0;
+        if (a >= d->rep.warm_requests)
+            d->rep.steady.seconds += now - t0;
         t0 = now;
         bench_progress(d->o, &d->rep, false);
     }
@@ -459,9 +480,10 @@ static void verify_phase(drv_t *d, long long a, long long b)
             fail_req(d, q, NULL, "room planned to abort (--abort-rate) ended Success");
         else if (planned)
             q->aborted = true;
-        d->rep.aborted += q->aborted;
-        d->rep.verified += !q->failed;
-        d->rep.failed += q->failed && !q->aborted;
+        bool warm = is_warm(d, q);
+        *(warm ? &d->rep.warm_aborted : &d->rep.aborted) += q->aborted;
+        *(warm ? &d->rep.warm_verified : &d->rep.verified) += !q->failed;
+        *(warm ? &d->rep.warm_failed : &d->rep.failed) += q->failed && !q->aborted;
         if (q->failed && !q->aborted && d->rep.nfails < BENCH_MAX_FAIL_SHOWN)
             snprintf(d->rep.fails[d->rep.nfails++], sizeof(d->rep.fails[0]), "room %" PRIu64 ": %s",
                      q->room, q->why);
@@ -519,12 +541,16 @@ static void sample(drv_t *d, int at)
 static void run_waves(drv_t *d)
 {
     bool warm = false;
-    for (long long a = 0; a < d->rep.requests && !stopping(d); a += d->wave) {
-        long long b = a + d->wave < d->rep.requests ? a + d->wave : d->rep.requests;
+    long long w = d->rep.warm_requests;
+    /* Warm-up waves [0, w), then timed waves [w, nreqs): none straddles w. */
+    for (long long a = 0; a < d->nreqs && !stopping(d);) {
+        long long end = a < w ? w : d->nreqs;
+        long long b = a + d->wave < end ? a + d->wave : end;
         fill_phase(d, a, b);
         transfer_phase(d, a, b);
         verify_phase(d, a, b);
-        if (d->o->resource_report && !warm && b * 10 >= d->rep.requests && !stopping(d)) {
+        a = b;
+        if (d->o->resource_report && !warm && (b - w) * 10 >= d->rep.requests && !stopping(d)) {
             sample(d, 0);
             warm = true;
         }
@@ -542,12 +568,22 @@ static bool setup(drv_t *d, const bench_opts_t *o)
     d->wave = bench_wave(o);
     d->pool_pages = bench_pool_pages(o, d->wave);
     d->rep.requests = o->requests;
-    d->reqs = calloc((size_t)o->requests, sizeof(req_t));
-    d->rep.lat_ms = calloc((size_t)o->requests, sizeof(double));
+    d->rep.warm_requests = bench_warmup_requests(o, d->pool_pages);
+    d->rep.first_ms = -1;
+    d->nreqs = d->rep.warm_requests + o->requests;
+    /* The cold first pass: the warm-up, or without one the first wave. */
+    d->cold_end = d->rep.warm_requests > 0 ? d->rep.warm_requests
+                  : d->wave < o->requests  ? d->wave
+                                           : o->requests;
+    d->rep.cold_requests = d->cold_end;
+    d->reqs = calloc((size_t)d->nreqs, sizeof(req_t));
+    d->rep.steady.lat_ms = calloc((size_t)o->requests, sizeof(double));
+    d->rep.cold.lat_ms = calloc((size_t)d->cold_end + 1, sizeof(double));
     d->room_base = (uint64_t)o->seed * 10000000ull + 1;
-    if (d->wave <= 0 || d->reqs == NULL || d->rep.lat_ms == NULL)
+    if (d->wave <= 0 || d->reqs == NULL || d->rep.steady.lat_ms == NULL ||
+        d->rep.cold.lat_ms == NULL)
         return false;
-    for (long long i = 0; i < o->requests; i++) {
+    for (long long i = 0; i < d->nreqs; i++) {
         req_t *q = &d->reqs[i];
         q->room = d->room_base + (uint64_t)i;
         q->pages = (uint32_t)bench_pages_per_request(o);
@@ -578,14 +614,15 @@ int bench_run_driver(const bench_opts_t *o)
     if (d->fatal[0] != '\0')
         fprintf(stderr, "kvbridge bench: stopped: %s\n", d->fatal);
     bool json_ok = bench_report_print(o, &d->rep);
-    rc = g_interrupted ? 130
-         : d->fatal[0] == '\0' && json_ok && d->rep.verified + d->rep.aborted == d->rep.requests
-             ? 0
-             : 1;
+    const bench_report_t *r = &d->rep;
+    bool all = r->verified + r->aborted == r->requests &&
+               r->warm_verified + r->warm_aborted == r->warm_requests;
+    rc = g_interrupted ? 130 : d->fatal[0] == '\0' && json_ok && all ? 0 : 1;
 out:
     if (d != NULL) {
         free(d->reqs);
-        free(d->rep.lat_ms);
+        free(d->rep.steady.lat_ms);
+        free(d->rep.cold.lat_ms);
     }
     free(d);
     return rc;

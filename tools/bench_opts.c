@@ -38,6 +38,9 @@ static void usage(FILE *out)
             "  --page-size P         tokens per page (default 16)\n"
             "  --chunk T             tokens per sender_send (default: whole prompt)\n"
             "  --transport auto|tcp|shm   engine lane (default auto)\n"
+            "  --warmup N            untimed passes over the pools first (default 1; the\n"
+            "                        first pass is reported as the cold figures; 0 = the\n"
+            "                        timed requests start cold)\n"
             "  --seed S              rooms, page choice and pattern seed (default 1)\n"
             "output:\n"
             "  --json FILE           also write the report as one JSON object\n"
@@ -63,6 +66,7 @@ static void defaults(bench_opts_t *o, overrides_t *v)
     o->conc = 4;
     o->prompt_len = 2048;
     o->seed = 1;
+    o->warmup = 1;
     o->transport = KVB_TRANSPORT_AUTO;
     o->progress = true;
     o->host = "127.0.0.1";
@@ -139,6 +143,7 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
              {"--page-size", 1, 4096, &page},
              {"--chunk", 0, 1 << 20, &o->chunk},
              {"--seed", 0, 1000000, &o->seed},
+             {"--warmup", 0, 100, &o->warmup},
              {"--layers", 1, 1024, &w->layers},
              {"--kv-heads", 1, 1024, &w->kv_heads},
              {"--head-dim", 1, 65536, &w->head_dim},
@@ -373,6 +378,12 @@ long long bench_wave(const bench_opts_t *o)
 long long bench_pool_pages(const bench_opts_t *o, long long wave)
 {
     return (long long)pool_pages_for(o, wave);
+}
+
+long long bench_warmup_requests(const bench_opts_t *o, long long pool_pages)
+{
+    long long n = (long long)bench_pages_per_request(o);
+    return o->warmup * o->dp * ((pool_pages + n - 1) / n);
 }
 
 /* ------------------------------------------------------------ soak hooks */
