@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define BENCH_AUX_ITEM 64u
 #define BENCH_MAX_FAIL_SHOWN 5
@@ -62,6 +63,7 @@ typedef struct bench_opts {
      * VmRSS/fd report of every process */
     double abort_rate;
     bool random_chunks, resource_report;
+    bool scale; /* --scale: tiny geometry, per-room CPU and memory */
     char bootstrap[128];
     const char *host;
     double timeout_s;
@@ -179,6 +181,14 @@ typedef struct bench_report {
     double last_progress;
     bench_res_t res[BENCH_MAX_RES];
     int nres;
+    /* --scale: CPU seconds of every child during the timed waves, rooms in
+     * flight at most (dispatched, inited on every decode rank, not done) and
+     * the children's summed VmRSS (KiB) before the timed waves and at that
+     * most */
+    double cpu_s;
+    long long max_inflight;
+    double rss_idle_kib, rss_peak_kib;
+    int nprocs;
 } bench_report_t;
 
 /* memcpy (and, for tcp, raw TCP) baselines and planner cost; fills rep. */
@@ -189,6 +199,12 @@ void bench_progress(const bench_opts_t *o, bench_report_t *rep, bool final);
 /* Table on stdout, failure reasons on stderr, JSON file if asked. false when
  * the JSON file could not be written. */
 bool bench_report_print(const bench_opts_t *o, bench_report_t *rep);
+
+/* ---- /proc of a child (bench_proc.c); -1 when unknown ---- */
+
+long bench_proc_rss_kib(pid_t pid);
+long bench_proc_fds(pid_t pid);
+double bench_proc_cpu_s(pid_t pid); /* user + system CPU seconds so far */
 
 /* ---- processes (bench_rank.c, bench_driver.c) ---- */
 

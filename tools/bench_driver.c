@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -435,6 +434,39 @@ static void finish(drv_t *d, req_t *q, double now)
     }
 }
 
+/* --scale: summed CPU seconds / VmRSS KiB of every child. */
+static double children_cpu_s(const drv_t *d)
+{
+    double s = 0;
+    for (int i = 0; i < d->nprocs; i++)
+        s += bench_proc_cpu_s(d->procs[i].ch.pid);
+    return s;
+}
+
+static double children_rss_kib(const drv_t *d)
+{
+    double s = 0;
+    for (int i = 0; i < d->nprocs; i++)
+        s += (double)bench_proc_rss_kib(d->procs[i].ch.pid);
+    return s;
+}
+
+/* --scale, timed waves: rooms in flight that every decode rank has inited
+ * (their state exists on both sides); at a new most, the children's RSS. */
+static void scale_sample(drv_t *d, long long a, long long next)
+{
+    long long held = 0;
+    if (!d->o->scale || a < d->rep.warm_requests)
+        return;
+    for (long long i = a; i < next; i++)
+        held += d->reqs[i].state == Q_FLIGHT && d->reqs[i].pend_init == 0;
+    if (held <= d->rep.max_inflight)
+        return;
+    d->rep.max_inflight = held;
+    double rss = children_rss_kib(d);
+    d->rep.rss_peak_kib = rss > d->rep.rss_peak_kib ? rss : d->rep.rss_peak_kib;
+}
+
 static void transfer_phase(drv_t *d, long long a, long long b)
 {
     long long next = a, left = b - a;
@@ -446,6 +478,7 @@ static void transfer_phase(drv_t *d, long long a, long long b)
         pump(d, 20);
         double now = kvb_tool_now();
         left = 0;
+        scale_sample(d, a, next);
         for (long long i = a; i < next; i++)
             finish(d, &d->reqs[i], now);
         for (long long i = a; i < b; i++)
@@ -492,34 +525,6 @@ static void verify_phase(drv_t *d, long long a, long long b)
 
 /* ------------------------------------------------------ resource report */
 
-static long vm_rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    long kib = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    while (f != NULL && kib < 0 && fgets(line, sizeof(line), f) != NULL)
-        if (sscanf(line, "VmRSS: %ld", &kib) != 1)
-            kib = -1;
-    if (f != NULL)
-        fclose(f);
-    return kib;
-}
-
-static long fd_count(pid_t pid)
-{
-    char path[64];
-    long n = 0;
-    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-    DIR *dir = opendir(path);
-    if (dir == NULL)
-        return -1;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;)
-        n += e->d_name[0] != '.';
-    closedir(dir);
-    return n - (pid == getpid()); /* not the fd of this listing */
-}
-
 /* VmRSS and fds of the driver and every child, as sample at (0 warm-up, 1 end). */
 static void sample(drv_t *d, int at)
 {
@@ -531,8 +536,8 @@ static void sample(drv_t *d, int at)
             snprintf(r->res[0].name, sizeof(r->res[0].name), "driver");
         else
             proc_name(&d->procs[i - 1], r->res[i].name, sizeof(r->res[i].name));
-        r->res[i].rss_kib[at] = vm_rss_kib(pid);
-        r->res[i].fds[at] = fd_count(pid);
+        r->res[i].rss_kib[at] = bench_proc_rss_kib(pid);
+        r->res[i].fds[at] = bench_proc_fds(pid);
     }
 }
 
@@ -545,6 +550,10 @@ static void run_waves(drv_t *d)
     /* Warm-up waves [0, w), then timed waves [w, nreqs): none straddles w. */
     for (long long a = 0; a < d->nreqs && !stopping(d);) {
         long long end = a < w ? w : d->nreqs;
+        if (a == w && d->o->scale) { /* the timed waves start: idle figures */
+            d->rep.cpu_s = -children_cpu_s(d);
+            d->rep.rss_idle_kib = children_rss_kib(d);
+        }
         long long b = a + d->wave < end ? a + d->wave : end;
         fill_phase(d, a, b);
         transfer_phase(d, a, b);
@@ -557,6 +566,9 @@ static void run_waves(drv_t *d)
     }
     if (d->o->resource_report && warm)
         sample(d, 1);
+    if (d->o->scale)
+        d->rep.cpu_s += children_cpu_s(d);
+    d->rep.nprocs = d->nprocs;
 }
 
 static bool setup(drv_t *d, const bench_opts_t *o)

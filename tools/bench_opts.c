@@ -38,6 +38,9 @@ static void usage(FILE *out)
             "  --page-size P         tokens per page (default 16)\n"
             "  --chunk T             tokens per sender_send (default: whole prompt)\n"
             "  --transport auto|tcp|shm   engine lane (default auto)\n"
+            "  --scale               control-plane scale mode: 1-layer MLA, 16-element rows,\n"
+            "                        one-token pages and requests (later options override);\n"
+            "                        reports CPU and memory per room (docs/bench.md)\n"
             "  --warmup N            untimed passes over the pools first (default 1; the\n"
             "                        first pass is reported as the cold figures; 0 = the\n"
             "                        timed requests start cold)\n"
@@ -172,6 +175,18 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
     return true;
 }
 
+/* --scale: control dominates. One layer of MLA with 16-element rows, one
+ * token per page, one-page requests; options after it override. */
+static void scale_preset(bench_opts_t *o, overrides_t *w)
+{
+    o->scale = true;
+    w->layers = 1;
+    w->head_dim = 16;
+    w->mla = 1;
+    o->page = 1;
+    o->prompt_len = 1;
+}
+
 static bool parse_flag(const char *a, bench_opts_t *o, overrides_t *w)
 {
     if (strcmp(a, "--no-progress") == 0)
@@ -186,6 +201,8 @@ static bool parse_flag(const char *a, bench_opts_t *o, overrides_t *w)
         o->random_chunks = true;
     else if (strcmp(a, "--resource-report") == 0)
         o->resource_report = true;
+    else if (strcmp(a, "--scale") == 0)
+        scale_preset(o, w);
     else
         return false;
     return true;

@@ -276,6 +276,27 @@ static double pct(const bench_phase_t *r, double p)
     return x;
 }
 
+/* --scale: per-room figures of the timed requests. */
+static double cpu_us_per_room(const bench_report_t *r)
+{
+    return r->requests > 0 ? r->cpu_s * 1e6 / (double)r->requests : 0;
+}
+
+static double bytes_per_room(const bench_report_t *r)
+{
+    return r->max_inflight > 0
+               ? (r->rss_peak_kib - r->rss_idle_kib) * 1024.0 / (double)r->max_inflight
+               : 0;
+}
+
+static void print_scale(const bench_opts_t *o, const bench_report_t *r)
+{
+    printf("  %-22s %d prefill + %d decode ranks in %d processes\n", "scale",
+           o->ptp * o->ppp * o->dp, o->dtp, r->nprocs);
+    printf("  %-22s %.1f us CPU (all processes), %.0f B RSS (%lld rooms held at most)\n",
+           "per room", cpu_us_per_room(r), bytes_per_room(r), r->max_inflight);
+}
+
 static void print_table(const bench_opts_t *o, const bench_report_t *r)
 {
     double g = rate(&r->steady);
@@ -308,6 +329,8 @@ static void print_table(const bench_opts_t *o, const bench_report_t *r)
         printf("  %-22s %lld requests, %lld verified, %lld aborted, %lld failed\n", "warm-up",
                r->warm_requests, r->warm_verified, r->warm_aborted, r->warm_failed);
     printf("  %-22s %.1f us per request\n", "planner", r->plan_us);
+    if (o->scale)
+        print_scale(o, r);
     for (int i = 0; i < r->nres; i++)
         printf("  %-22s RSS %ld -> %ld KiB, fds %ld -> %ld\n", r->res[i].name, r->res[i].rss_kib[0],
                r->res[i].rss_kib[1], r->res[i].fds[0], r->res[i].fds[1]);
@@ -364,6 +387,13 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
             r->memcpy_pages_gbps, r->memcpy_pages_gbps > 0 ? g / r->memcpy_pages_gbps : 0);
     if (o->transport == KVB_TRANSPORT_TCP)
         fprintf(f, "\"tcp_gbps\": %.4f, ", r->tcp_gbps);
+    if (o->scale)
+        fprintf(f,
+                "\"scale\": {\"prefill_ranks\": %d, \"decode_ranks\": %d, \"processes\": %d, "
+                "\"cpu_s\": %.3f, \"cpu_us_per_room\": %.2f, \"max_in_flight\": %lld, "
+                "\"rss_idle_kib\": %.0f, \"rss_peak_kib\": %.0f, \"rss_bytes_per_room\": %.0f}, ",
+                o->ptp * o->ppp * o->dp, o->dtp, r->nprocs, r->cpu_s, cpu_us_per_room(r),
+                r->max_inflight, r->rss_idle_kib, r->rss_peak_kib, bytes_per_room(r));
     if (r->nres > 0) {
         json_res(f, r, "rss_kib", true);
         json_res(f, r, "fds", false);
