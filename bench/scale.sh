@@ -3,14 +3,14 @@
 # control dominates) over rank counts and rooms in flight, one process per
 # rank (the bench's limit: 64 rank processes, so 32 x 32 at most). Prints a
 # markdown table and keeps each run's JSON in bench/results/scale/.
-# Usage: [SIZES="1x1 2x2 ..."] [INFLIGHT="100 1000 10000"] bench/scale.sh [BUILD_DIR]
+# Usage: [SIZES="1x1 2x2 ..."] [INFLIGHT="100 1000 4000"] bench/scale.sh [BUILD_DIR]
 set -uo pipefail
 BUILD=${1:-build}
 KVB="$BUILD/kvbridge"
 OUT=$(dirname "$0")/results/scale
 mkdir -p "$OUT"
 SIZES=${SIZES:-"1x1 2x2 4x4 8x8 16x16 32x32"}
-INFLIGHT=${INFLIGHT:-"100 1000 10000"}
+INFLIGHT=${INFLIGHT:-"100 1000 4000"}
 echo "scale: $(uptime)" >&2
 for s in $SIZES; do
     p=${s%x*} d=${s#*x}
