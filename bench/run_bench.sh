@@ -8,11 +8,12 @@
 # latency. Every bar runs with the default warm-up (--warmup 1): gbps is the
 # steady state, cold_gbps the first pass over fresh mappings. Then, unless
 # SCALE=0, the scale curve (bench/scale.sh). The load average is printed.
-# Usage: [REPS=N] [SCALE=0] bench/run_bench.sh [BUILD_DIR]   (default: build)
+# Usage: [REPS=N] [SCALE=0] [RESULTS=DIR] bench/run_bench.sh [BUILD_DIR]   (default: build,
+# bench/results)
 set -uo pipefail
 BUILD=${1:-build}
 KVB="$BUILD/kvbridge"
-OUT=$(dirname "$0")/results
+OUT=${RESULTS:-$(dirname "$0")/results}
 mkdir -p "$OUT"
 W="--model llama3-8b --prompt-len 4096 --page-size 16 --concurrency 8 --requests 16"
 REPS=${REPS:-3}
