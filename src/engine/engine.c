@@ -1124,6 +1124,7 @@ static void ops_release_all(kvb_engine_h eng)
 
 static void engine_free(kvb_engine_h eng)
 {
+    kvb__warm_stop(eng); /* no-op after kvb__direct_stop */
     kvb__sessions_free(eng);
     for (size_t i = 0; i < eng->segs.n; i++)
         unmap_seg(eng, &eng->segs.v[i]);
@@ -1196,6 +1197,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     eng->direct_populate_max = (uint64_t)kvb__env_int("KVBRIDGE_DIRECT_POPULATE_MAX", NULL,
                                                       (int64_t)4 << 30, 0, (int64_t)1 << 50);
     eng->max_sessions = (size_t)kvb__env_int("KVBRIDGE_MAX_SESSIONS", NULL, 4096, 1, 10000000);
+    kvb__warm_init(eng);
     kvb__err_init(&eng->err);
     pthread_mutex_init(&eng->seg_mu, NULL);
     kvb__cond_init_mono(&eng->seg_cv);

@@ -279,8 +279,10 @@ struct kvb_engine {
     pthread_t *dthr;
     size_t n_dthr;
     int dstop;
-    bool stream_copy;    /* AVX2 streaming stores available */
-    uint8_t *fence_base; /* our fence page (seg_mu), created with the first shared segment */
+    bool stream_copy;       /* AVX2 streaming stores available */
+    struct kvb__warm *warm; /* background warmer of new mappings (warm.c), NULL when off */
+    int warm_pct;           /* KVBRIDGE_DIRECT_WARM_CPU: % of one core it may use; 0 = off */
+    uint8_t *fence_base;    /* our fence page (seg_mu), created with the first shared segment */
     kvb__shm_ref_t fence_ref;
 
     kvb__jobs_t jobs; /* device-copy worker (jobs.c) */
@@ -470,6 +472,13 @@ kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t 
 /* Message lane, target: the most bytes one message into device memory may
  * carry (staged), KVBRIDGE_CUDA_STAGE_MSG_MAX. */
 uint64_t kvb__cuda_stage_msg_max(void);
+/* warm.c: warming a peer's newly mapped files off the copy threads' path */
+int kvb__warm_cpu_pct(void);           /* KVBRIDGE_DIRECT_WARM_CPU (default 50) */
+void kvb__warm_init(kvb_engine_h eng); /* at engine creation (no memory: warmer off) */
+/* Queue [base, base + size) of c's mappings (takes a reference to c). */
+void kvb__warm_add(kvb_engine_h eng, kvb__conn_t *c, uint8_t *base, uint64_t size);
+void kvb__warm_stop(kvb_engine_h eng);      /* joins the thread, drops the jobs */
+uint64_t kvb__warm_pages(kvb_engine_h eng); /* pages warmed so far */
 
 /* xfer.c */
 /* Set x's final status, wake its waiters and drop the engine's reference. */
