@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# The speed bars of `kvbridge bench` (issue 6 §3). Each configuration runs
-# REPS times (default 3; this 2-vCPU VM varies +-20% between runs) in
-# alternation, and the run with the median gbps is kept: its JSON goes to
-# bench/results/bench-<name>.json (every run's to bench-<name>.r<k>.json) and
-# a summary line per configuration, with every run's gbps, to stdout.
-# Usage: [REPS=N] bench/run_bench.sh [BUILD_DIR]   (default: build)
+# The speed bars of `kvbridge bench` (issue 6 §3, issue 16). Each
+# configuration runs REPS times (default 3; this 2-vCPU VM varies +-20%
+# between runs) in alternation, and the run with the median gbps is kept: its
+# JSON goes to bench/results/bench-<name>.json (every run's to
+# bench-<name>.r<k>.json) and a summary line per configuration to stdout:
+# every run's steady gbps and cold_gbps, the median run's first-request
+# latency. Every bar runs with the default warm-up (--warmup 1): gbps is the
+# steady state, cold_gbps the first pass over fresh mappings. Then, unless
+# SCALE=0, the scale curve (bench/scale.sh). The load average is printed.
+# Usage: [REPS=N] [SCALE=0] [RESULTS=DIR] bench/run_bench.sh [BUILD_DIR]   (default: build,
+# bench/results)
 set -uo pipefail
 BUILD=${1:-build}
 KVB="$BUILD/kvbridge"
-OUT=$(dirname "$0")/results
+OUT=${RESULTS:-$(dirname "$0")/results}
 mkdir -p "$OUT"
 W="--model llama3-8b --prompt-len 4096 --page-size 16 --concurrency 8 --requests 16"
 REPS=${REPS:-3}
@@ -37,6 +42,7 @@ add latency-1page --model llama3-8b --prompt-len 16 --page-size 16 --concurrency
 # message lane), alternating with the runs above.
 add_env tp1-tp1-ucx KVBRIDGE_COPY_THREADS=0 $W --prefill-tp 1 --decode-tp 1
 status=0
+echo "run_bench: $(uptime)"
 for ((r = 1; r <= REPS; r++)); do
     for i in "${!NAMES[@]}"; do
         n=${NAMES[$i]}
@@ -64,7 +70,13 @@ if runs:
     for ext in ("json", "txt"):
         shutil.copy(f"{out}/bench-{name}.r{r}.{ext}", f"{out}/bench-{name}.{ext}")
     print("   gbps of the runs: " + ", ".join(f"{j['gbps']:.2f}" for j, _ in runs) +
-          f"; median run {r}: " + json.dumps(med)[:400])
+          "; cold_gbps: " + ", ".join(f"{j.get('cold_gbps', 0):.2f}" for j, _ in runs) +
+          f"; median run {r}: first request {med.get('first_request_ms', 0):.1f} ms, "
+          f"memcpy {med.get('memcpy_gbps', 0):.2f}, p50 {med['latency_ms']['p50']:.2f} ms")
 PY
 done
+echo "run_bench: load after: $(uptime)"
+if [ "${SCALE:-1}" != 0 ]; then
+    bash "$(dirname "$0")/scale.sh" "$BUILD" || status=1
+fi
 exit $status

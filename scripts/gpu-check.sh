@@ -48,7 +48,8 @@ mkdir -p "$LOG"
 echo "== build ($BUILD)"
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKVB_WERROR=$WERROR >"$LOG/cmake.log" 2>&1 ||
     { echo "gpu-check: cmake failed ($LOG/cmake.log)" >&2; exit 1; }
-TARGETS=(kvbridge_cli kvb_cuda_double test_cuda_lanes_ipc test_cuda_lanes_vmm test_cuda_lanes_stage_tcp)
+TARGETS=(kvbridge_cli kvb_cuda_double test_cuda_lanes_ipc test_cuda_lanes_vmm test_cuda_lanes_stage_tcp
+    test_cuda_lanes_vmm_parts test_cuda_lanes_vmm_scm test_cuda_fdsrv test_cuda_stage_ring)
 grep -q '^test_cuda_abi' <(cmake --build "$BUILD" --target help 2>/dev/null | sed 's/^... //') &&
     TARGETS+=(test_cuda_abi)
 cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >"$LOG/build.log" 2>&1 ||
@@ -75,12 +76,17 @@ echo "== driver: $DRIVER"
 
 FAILED=0
 echo "== CUDA tests"
+# binary, lane, then environment for it (the VMM parts lane maps 2 MiB
+# handles back to back; _scm takes the descriptors only over the socket)
 for t in "test_cuda_lanes_ipc ipc" "test_cuda_lanes_vmm vmm" "test_cuda_lanes_stage_tcp stage_tcp" \
-    "test_cuda_abi"; do
+    "test_cuda_lanes_vmm_parts vmm_parts" "test_cuda_lanes_vmm_scm vmm_parts KVBRIDGE_CUDA_PIDFD=0" \
+    "test_cuda_fdsrv -" "test_cuda_stage_ring -" "test_cuda_abi"; do
     set -- $t
     bin=$BUILD/tests/cuda/$1
+    arg=${2:-}
+    [ "$arg" = - ] && arg=
     [ -x "$bin" ] || { echo "   $1: not built (no cuda.h), skipped"; continue; }
-    if timeout 120 "$bin" ${2:-} >"$LOG/$1.log" 2>&1; then
+    if timeout 120 env "${@:3}" "$bin" $arg >"$LOG/$1.log" 2>&1; then
         echo "   $1: passed"
     else
         echo "   $1: FAILED (log: $LOG/$1.log)"; tail -5 "$LOG/$1.log"; FAILED=1

@@ -9,10 +9,12 @@
  *   child  → "ready <text>" | "error <text>"
  *   prefill: "fill <room> <pages> <aux>" → "filled <room>"
  *            "send <room>"               → "sent <room> <t_first>" | "fail <room> <why>"
- *   decode:  "recv <room> <pages> <aux>" → "inited <room> <t_init>", then
+ *   decode:  "recv <room> <pages> <aux> [sweep]" → "inited <room> <t_init>", then
  *                                          "ok <room> <t_success>" | "fail <room> <why>"
  *            "verify <room>"             → "verified <room> <wrong bytes | -1>"
  *   all:     "quit"
+ * ("sweep": a warm-up room; the decode takes the next pages of its sweep
+ * over the pool instead of random ones.)
  * Times are CLOCK_MONOTONIC seconds (comparable between processes of one
  * host). Children die with the driver (PR_SET_PDEATHSIG) and on EOF. */
 #ifndef KVB_BENCH_COMMON_H
@@ -25,10 +27,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define BENCH_AUX_ITEM 64u
 #define BENCH_MAX_FAIL_SHOWN 5
 #define BENCH_MAX_RES 81 /* driver + MAX_PROCS children */
+#define BENCH_MAX_DP 16
 
 typedef enum bench_role {
     BENCH_ROLE_ALL = 0, /* both sides and the bootstrap server on this host */
@@ -48,6 +52,7 @@ typedef struct bench_opts {
     bench_model_t m;
     int page, ptp, dtp, ppp, dp;
     long long requests, conc, prompt_len, chunk, seed;
+    long long warmup; /* untimed passes over the pools before the timed requests */
     kvb_transport_t transport;
     const char *json;
     bool progress;
@@ -58,6 +63,7 @@ typedef struct bench_opts {
      * VmRSS/fd report of every process */
     double abort_rate;
     bool random_chunks, resource_report;
+    bool scale; /* --scale: tiny geometry, per-room CPU and memory */
     char bootstrap[128];
     const char *host;
     double timeout_s;
@@ -91,6 +97,9 @@ uint64_t bench_request_bytes(const bench_opts_t *o);
 long long bench_wave(const bench_opts_t *o);
 /* Pages of each rank's pool for a wave of that many requests. */
 long long bench_pool_pages(const bench_opts_t *o, long long wave);
+/* Requests of the warm-up passes: enough for each DP group's sweep to
+ * cover every decode pool page once per pass. */
+long long bench_warmup_requests(const bench_opts_t *o, long long pool_pages);
 
 /* --abort-rate: which side aborts room (deterministic in seed and room, so
  * the driver and every rank agree). */
@@ -112,7 +121,9 @@ typedef struct bench_pool {
     uint8_t *aux;
     uint64_t aux_items;
     int32_t *free_pages;
+    int32_t *free_pos; /* page -> its index in free_pages, -1 when taken */
     uint64_t nfree;
+    uint64_t sweep[BENCH_MAX_DP]; /* next page of each DP group's warm-up sweep */
     uint64_t rng;
     uint8_t *scratch;
     /* --memory cuda: kv_ptrs are device memory; the pattern lives in the
@@ -128,6 +139,10 @@ void bench_pool_free(bench_pool_t *p);
 /* Take n pages at random from the free list (false when short). */
 bool bench_pages_take(bench_pool_t *p, int32_t *pages, uint32_t n);
 void bench_pages_give(bench_pool_t *p, const int32_t *pages, uint32_t n);
+/* Warm-up: take the next n pages of DP group dp's sweep over the pool (in
+ * page order, wrapping), so a warm-up pass touches every page; false when
+ * one of them is not free. */
+bool bench_pages_take_sweep(bench_pool_t *p, int dp, int32_t *pages, uint32_t n);
 /* Write the pattern of room into the request's pages (request page i at
  * pages[i]) and aux item aux. page = tokens per page. */
 void bench_fill(bench_pool_t *p, int page, uint64_t room, const int32_t *pages, uint32_t n,
@@ -157,24 +172,44 @@ typedef struct bench_res {
     long rss_kib[2], fds[2];
 } bench_res_t;
 
+/* Transfer figures of a set of requests (the timed ones, or the cold first
+ * pass over the pools). */
+typedef struct bench_phase {
+    uint64_t bytes; /* bytes of completed, successful requests */
+    double seconds; /* wall time of their transfer phases */
+    double *lat_ms; /* per finished request */
+    long long nlat;
+} bench_phase_t;
+
 typedef struct bench_report {
-    long long requests, done, verified, failed;
-    long long aborted;        /* --abort-rate rooms that ended Failed as planned */
-    uint64_t bytes;           /* bytes of completed, successful requests */
-    double seconds;           /* wall time of the transfer phases */
+    long long requests, done, verified, failed; /* the timed requests */
+    long long aborted; /* --abort-rate rooms that ended Failed as planned */
+    /* warm-up requests (--warmup passes before the timed ones): asked for,
+     * verified, aborted as planned, failed */
+    long long warm_requests, warm_verified, warm_aborted, warm_failed;
+    bench_phase_t steady; /* the timed requests */
+    bench_phase_t cold;   /* the first pass: the warm-up, or with --warmup 0 the first wave */
+    long long cold_requests;
+    double first_ms;          /* latency of the very first request, -1 unknown */
     double memcpy_gbps;       /* memcpy of one request's bytes */
     double memcpy_pages_gbps; /* the same in page runs between random slots */
     double cuda_memcpy_gbps;  /* --memory cuda: device to device, page runs */
     double tcp_gbps;          /* raw loopback TCP stream (--transport tcp), else 0 */
     double plan_us;           /* planner time per request (all rank pairs), -1 unknown */
-    double *lat_ms;           /* per finished request */
-    long long nlat;
     char fails[BENCH_MAX_FAIL_SHOWN][240];
     int nfails;
     bool interrupted;
     double last_progress;
     bench_res_t res[BENCH_MAX_RES];
     int nres;
+    /* --scale: CPU seconds of every child during the timed waves, rooms in
+     * flight at most (dispatched, inited on every decode rank, not done) and
+     * the children's summed VmRSS (KiB) before the timed waves and at that
+     * most */
+    double cpu_s;
+    long long max_inflight;
+    double rss_idle_kib, rss_peak_kib;
+    int nprocs;
 } bench_report_t;
 
 /* memcpy (and, for tcp, raw TCP) baselines and planner cost; fills rep. */
@@ -185,6 +220,12 @@ void bench_progress(const bench_opts_t *o, bench_report_t *rep, bool final);
 /* Table on stdout, failure reasons on stderr, JSON file if asked. false when
  * the JSON file could not be written. */
 bool bench_report_print(const bench_opts_t *o, bench_report_t *rep);
+
+/* ---- /proc of a child (bench_proc.c); -1 when unknown ---- */
+
+long bench_proc_rss_kib(pid_t pid);
+long bench_proc_fds(pid_t pid);
+double bench_proc_cpu_s(pid_t pid); /* user + system CPU seconds so far */
 
 /* ---- processes (bench_rank.c, bench_driver.c) ---- */
 

@@ -56,8 +56,10 @@ bool bench_pool_init(bench_pool_t *p, const bench_rank_geom_t *g, uint64_t pages
     p->kv_ptrs = calloc((size_t)g->n_kv, sizeof(uint64_t));
     p->kv_lens = calloc((size_t)g->n_kv, sizeof(uint64_t));
     p->free_pages = calloc((size_t)pages, sizeof(int32_t));
+    p->free_pos = calloc((size_t)pages, sizeof(int32_t));
     p->scratch = malloc((size_t)g->head_bytes + 8);
-    if (p->base == NULL || !p->kv_ptrs || !p->kv_lens || !p->free_pages || !p->scratch) {
+    if (p->base == NULL || !p->kv_ptrs || !p->kv_lens || !p->free_pages || !p->free_pos ||
+        !p->scratch) {
         bench_pool_free(p);
         return false;
     }
@@ -67,7 +69,7 @@ bool bench_pool_init(bench_pool_t *p, const bench_rank_geom_t *g, uint64_t pages
     }
     p->aux = p->base + kv_bytes * (uint64_t)g->n_kv;
     for (uint64_t i = 0; i < pages; i++)
-        p->free_pages[i] = (int32_t)i;
+        p->free_pages[i] = p->free_pos[i] = (int32_t)i;
     p->nfree = pages;
     p->rng = seed * 0x9E3779B97F4A7C15ull + (uint64_t)g->tp * 131 + (uint64_t)g->pp;
     return true;
@@ -80,26 +82,50 @@ void bench_pool_free(bench_pool_t *p)
     free(p->kv_ptrs);
     free(p->kv_lens);
     free(p->free_pages);
+    free(p->free_pos);
     free(p->scratch);
     memset(p, 0, sizeof(*p));
+}
+
+/* Remove free-list entry j (the last entry moves into its place). */
+static int32_t take_at(bench_pool_t *p, uint64_t j)
+{
+    int32_t page = p->free_pages[j], last = p->free_pages[--p->nfree];
+    p->free_pages[j] = last;
+    p->free_pos[last] = (int32_t)j;
+    p->free_pos[page] = -1;
+    return page;
 }
 
 bool bench_pages_take(bench_pool_t *p, int32_t *pages, uint32_t n)
 {
     if (n > p->nfree)
         return false;
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t j = mix64(++p->rng) % p->nfree;
-        pages[i] = p->free_pages[j];
-        p->free_pages[j] = p->free_pages[--p->nfree];
-    }
+    for (uint32_t i = 0; i < n; i++)
+        pages[i] = take_at(p, mix64(++p->rng) % p->nfree);
+    return true;
+}
+
+bool bench_pages_take_sweep(bench_pool_t *p, int dp, int32_t *pages, uint32_t n)
+{
+    uint64_t *cur = &p->sweep[dp >= 0 && dp < BENCH_MAX_DP ? dp : 0];
+    if (n > p->nfree) /* also keeps the run from wrapping onto itself */
+        return false;
+    for (uint32_t i = 0; i < n; i++)
+        if (p->free_pos[(*cur + i) % p->pages] < 0)
+            return false;
+    for (uint32_t i = 0; i < n; i++)
+        pages[i] = take_at(p, (uint64_t)p->free_pos[(*cur + i) % p->pages]);
+    *cur = (*cur + n) % p->pages;
     return true;
 }
 
 void bench_pages_give(bench_pool_t *p, const int32_t *pages, uint32_t n)
 {
-    for (uint32_t i = 0; i < n && p->nfree < p->pages; i++)
+    for (uint32_t i = 0; i < n && p->nfree < p->pages; i++) {
+        p->free_pos[pages[i]] = (int32_t)p->nfree;
         p->free_pages[p->nfree++] = pages[i];
+    }
 }
 
 static uint8_t *cell(const bench_pool_t *p, int b, int32_t page, int s, int lh)

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,7 +46,9 @@ typedef struct drv {
     int nprocs;
     bool has_pre, has_dec;
     char boot[128];
-    req_t *reqs;
+    req_t *reqs;        /* warm-up requests first, then the timed ones */
+    long long nreqs;    /* rep.warm_requests + rep.requests */
+    long long cold_end; /* requests [0, cold_end) make the cold first pass */
     uint64_t room_base;
     long long wave, pool_pages, inflight;
     bench_report_t rep;
@@ -281,7 +282,7 @@ static void on_fail(drv_t *d, req_t *q, const proc_t *p, const char *why)
 
 static req_t *req_of(drv_t *d, uint64_t room)
 {
-    if (room < d->room_base || room - d->room_base >= (uint64_t)d->rep.requests)
+    if (room < d->room_base || room - d->room_base >= (uint64_t)d->nreqs)
         return NULL;
     return &d->reqs[room - d->room_base];
 }
@@ -367,6 +368,16 @@ static int group_size(const drv_t *d)
     return d->o->ptp * d->o->ppp;
 }
 
+/* Between commands to the children: every 32 requests, read what they said.
+ * Without it a wave of 10k rooms deadlocked: the driver blocked writing to a
+ * rank's full stdin pipe while the rank blocked writing its answers to its
+ * full stdout pipe. */
+static void breathe(drv_t *d, long long i)
+{
+    if (i % 32 == 31)
+        pump(d, 0);
+}
+
 static void fill_phase(drv_t *d, long long a, long long b)
 {
     for (long long i = a; d->has_pre && i < b; i++) {
@@ -377,10 +388,16 @@ static void fill_phase(drv_t *d, long long a, long long b)
         for (int k = 0; k < d->nprocs; k++)
             if (d->procs[k].kind == K_PRE && d->procs[k].dp == q->dp)
                 kvb_eb_send(&d->procs[k].ch, "%s", cmd);
+        breathe(d, i);
     }
     for (long long i = a; i < b && !stopping(d); i++)
         while (d->reqs[i].pend_fill > 0 && !stopping(d))
             pump(d, 100);
+}
+
+static bool is_warm(const drv_t *d, const req_t *q)
+{
+    return q - d->reqs < d->rep.warm_requests;
 }
 
 static void dispatch(drv_t *d, req_t *q)
@@ -398,7 +415,8 @@ static void dispatch(drv_t *d, req_t *q)
     d->inflight++;
     for (int k = 0; d->has_dec && k < d->nprocs; k++)
         if (d->procs[k].kind == K_DEC)
-            kvb_eb_send(&d->procs[k].ch, "recv %" PRIu64 " %u %" PRId64, q->room, q->pages, q->aux);
+            kvb_eb_send(&d->procs[k].ch, "recv %" PRIu64 " %u %" PRId64 "%s", q->room, q->pages,
+                        q->aux, is_warm(d, q) ? " sweep" : "");
     maybe_send(d, q);
 }
 
@@ -419,8 +437,51 @@ static void finish(drv_t *d, req_t *q, double now)
         return;
     double from = d->has_pre && d->has_dec ? q->t_first : q->t_init;
     double to = d->has_dec ? q->t_succ : q->t_first;
-    d->rep.lat_ms[d->rep.nlat++] = d->has_dec ? (to - from) * 1e3 : 0;
-    d->rep.bytes += bench_request_bytes(d->o);
+    double ms = d->has_dec ? (to - from) * 1e3 : 0;
+    long long i = q - d->reqs;
+    if (i == 0)
+        d->rep.first_ms = ms;
+    if (i < d->cold_end) {
+        d->rep.cold.lat_ms[d->rep.cold.nlat++] = ms;
+        d->rep.cold.bytes += bench_request_bytes(d->o);
+    }
+    if (!is_warm(d, q)) {
+        d->rep.steady.lat_ms[d->rep.steady.nlat++] = ms;
+        d->rep.steady.bytes += bench_request_bytes(d->o);
+    }
+}
+
+/* --scale: summed CPU seconds / VmRSS KiB of every child. */
+static double children_cpu_s(const drv_t *d)
+{
+    double s = 0;
+    for (int i = 0; i < d->nprocs; i++)
+        s += bench_proc_cpu_s(d->procs[i].ch.pid);
+    return s;
+}
+
+static double children_rss_kib(const drv_t *d)
+{
+    double s = 0;
+    for (int i = 0; i < d->nprocs; i++)
+        s += (double)bench_proc_rss_kib(d->procs[i].ch.pid);
+    return s;
+}
+
+/* --scale, timed waves: rooms in flight that every decode rank has inited
+ * (their state exists on both sides); at a new most, the children's RSS. */
+static void scale_sample(drv_t *d, long long a, long long next)
+{
+    long long held = 0;
+    if (!d->o->scale || a < d->rep.warm_requests)
+        return;
+    for (long long i = a; i < next; i++)
+        held += d->reqs[i].state == Q_FLIGHT && d->reqs[i].pend_init == 0;
+    if (held <= d->rep.max_inflight)
+        return;
+    d->rep.max_inflight = held;
+    double rss = children_rss_kib(d);
+    d->rep.rss_peak_kib = rss > d->rep.rss_peak_kib ? rss : d->rep.rss_peak_kib;
 }
 
 static void transfer_phase(drv_t *d, long long a, long long b)
@@ -429,16 +490,22 @@ static void transfer_phase(drv_t *d, long long a, long long b)
     double t0 = kvb_tool_now();
     d->inflight = 0;
     while (left > 0 && !stopping(d)) {
-        while (next < b && d->inflight < d->o->conc)
-            dispatch(d, &d->reqs[next++]);
+        while (next < b && d->inflight < d->o->conc) {
+            dispatch(d, &d->reqs[next]);
+            breathe(d, next++);
+        }
         pump(d, 20);
         double now = kvb_tool_now();
         left = 0;
+        scale_sample(d, a, next);
         for (long long i = a; i < next; i++)
             finish(d, &d->reqs[i], now);
         for (long long i = a; i < b; i++)
             left += d->reqs[i].state != Q_DONE;
-        d->rep.seconds += now - t0;
+        if (a < d->cold_end) /* waves never straddle cold_end */
+            d->rep.cold.seconds += now - t0;
+        if (a >= d->rep.warm_requests)
+            d->rep.steady.seconds += now - t0;
         t0 = now;
         bench_progress(d->o, &d->rep, false);
     }
@@ -452,6 +519,7 @@ static void verify_phase(drv_t *d, long long a, long long b)
         for (int k = 0; k < d->nprocs; k++)
             if (d->procs[k].kind == K_DEC)
                 kvb_eb_send(&d->procs[k].ch, "verify %" PRIu64, q->room);
+        breathe(d, i);
     }
     for (long long i = a; i < b && !stopping(d); i++)
         while (d->reqs[i].pend_verify > 0 && !stopping(d))
@@ -465,9 +533,10 @@ static void verify_phase(drv_t *d, long long a, long long b)
             fail_req(d, q, NULL, "room planned to abort (--abort-rate) ended Success");
         else if (planned)
             q->aborted = true;
-        d->rep.aborted += q->aborted;
-        d->rep.verified += !q->failed;
-        d->rep.failed += q->failed && !q->aborted;
+        bool warm = is_warm(d, q);
+        *(warm ? &d->rep.warm_aborted : &d->rep.aborted) += q->aborted;
+        *(warm ? &d->rep.warm_verified : &d->rep.verified) += !q->failed;
+        *(warm ? &d->rep.warm_failed : &d->rep.failed) += q->failed && !q->aborted;
         if (q->failed && !q->aborted && d->rep.nfails < BENCH_MAX_FAIL_SHOWN)
             snprintf(d->rep.fails[d->rep.nfails++], sizeof(d->rep.fails[0]), "room %" PRIu64 ": %s",
                      q->room, q->why);
@@ -475,34 +544,6 @@ static void verify_phase(drv_t *d, long long a, long long b)
 }
 
 /* ------------------------------------------------------ resource report */
-
-static long vm_rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    long kib = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    while (f != NULL && kib < 0 && fgets(line, sizeof(line), f) != NULL)
-        if (sscanf(line, "VmRSS: %ld", &kib) != 1)
-            kib = -1;
-    if (f != NULL)
-        fclose(f);
-    return kib;
-}
-
-static long fd_count(pid_t pid)
-{
-    char path[64];
-    long n = 0;
-    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-    DIR *dir = opendir(path);
-    if (dir == NULL)
-        return -1;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;)
-        n += e->d_name[0] != '.';
-    closedir(dir);
-    return n - (pid == getpid()); /* not the fd of this listing */
-}
 
 /* VmRSS and fds of the driver and every child, as sample at (0 warm-up, 1 end). */
 static void sample(drv_t *d, int at)
@@ -515,8 +556,8 @@ static void sample(drv_t *d, int at)
             snprintf(r->res[0].name, sizeof(r->res[0].name), "driver");
         else
             proc_name(&d->procs[i - 1], r->res[i].name, sizeof(r->res[i].name));
-        r->res[i].rss_kib[at] = vm_rss_kib(pid);
-        r->res[i].fds[at] = fd_count(pid);
+        r->res[i].rss_kib[at] = bench_proc_rss_kib(pid);
+        r->res[i].fds[at] = bench_proc_fds(pid);
     }
 }
 
@@ -525,18 +566,29 @@ static void sample(drv_t *d, int at)
 static void run_waves(drv_t *d)
 {
     bool warm = false;
-    for (long long a = 0; a < d->rep.requests && !stopping(d); a += d->wave) {
-        long long b = a + d->wave < d->rep.requests ? a + d->wave : d->rep.requests;
+    long long w = d->rep.warm_requests;
+    /* Warm-up waves [0, w), then timed waves [w, nreqs): none straddles w. */
+    for (long long a = 0; a < d->nreqs && !stopping(d);) {
+        long long end = a < w ? w : d->nreqs;
+        if (a == w && d->o->scale) { /* the timed waves start: idle figures */
+            d->rep.cpu_s = -children_cpu_s(d);
+            d->rep.rss_idle_kib = children_rss_kib(d);
+        }
+        long long b = a + d->wave < end ? a + d->wave : end;
         fill_phase(d, a, b);
         transfer_phase(d, a, b);
         verify_phase(d, a, b);
-        if (d->o->resource_report && !warm && b * 10 >= d->rep.requests && !stopping(d)) {
+        a = b;
+        if (d->o->resource_report && !warm && (b - w) * 10 >= d->rep.requests && !stopping(d)) {
             sample(d, 0);
             warm = true;
         }
     }
     if (d->o->resource_report && warm)
         sample(d, 1);
+    if (d->o->scale)
+        d->rep.cpu_s += children_cpu_s(d);
+    d->rep.nprocs = d->nprocs;
 }
 
 static bool setup(drv_t *d, const bench_opts_t *o)
@@ -548,12 +600,22 @@ static bool setup(drv_t *d, const bench_opts_t *o)
     d->wave = bench_wave(o);
     d->pool_pages = bench_pool_pages(o, d->wave);
     d->rep.requests = o->requests;
-    d->reqs = calloc((size_t)o->requests, sizeof(req_t));
-    d->rep.lat_ms = calloc((size_t)o->requests, sizeof(double));
+    d->rep.warm_requests = bench_warmup_requests(o, d->pool_pages);
+    d->rep.first_ms = -1;
+    d->nreqs = d->rep.warm_requests + o->requests;
+    /* The cold first pass: the warm-up, or without one the first wave. */
+    d->cold_end = d->rep.warm_requests > 0 ? d->rep.warm_requests
+                  : d->wave < o->requests  ? d->wave
+                                           : o->requests;
+    d->rep.cold_requests = d->cold_end;
+    d->reqs = calloc((size_t)d->nreqs, sizeof(req_t));
+    d->rep.steady.lat_ms = calloc((size_t)o->requests, sizeof(double));
+    d->rep.cold.lat_ms = calloc((size_t)d->cold_end + 1, sizeof(double));
     d->room_base = (uint64_t)o->seed * 10000000ull + 1;
-    if (d->wave <= 0 || d->reqs == NULL || d->rep.lat_ms == NULL)
+    if (d->wave <= 0 || d->reqs == NULL || d->rep.steady.lat_ms == NULL ||
+        d->rep.cold.lat_ms == NULL)
         return false;
-    for (long long i = 0; i < o->requests; i++) {
+    for (long long i = 0; i < d->nreqs; i++) {
         req_t *q = &d->reqs[i];
         q->room = d->room_base + (uint64_t)i;
         q->pages = (uint32_t)bench_pages_per_request(o);
@@ -584,14 +646,15 @@ int bench_run_driver(const bench_opts_t *o)
     if (d->fatal[0] != '\0')
         fprintf(stderr, "kvbridge bench: stopped: %s\n", d->fatal);
     bool json_ok = bench_report_print(o, &d->rep);
-    rc = g_interrupted ? 130
-         : d->fatal[0] == '\0' && json_ok && d->rep.verified + d->rep.aborted == d->rep.requests
-             ? 0
-             : 1;
+    const bench_report_t *r = &d->rep;
+    bool all = r->verified + r->aborted == r->requests &&
+               r->warm_verified + r->warm_aborted == r->warm_requests;
+    rc = g_interrupted ? 130 : d->fatal[0] == '\0' && json_ok && all ? 0 : 1;
 out:
     if (d != NULL) {
         free(d->reqs);
-        free(d->rep.lat_ms);
+        free(d->rep.steady.lat_ms);
+        free(d->rep.cold.lat_ms);
     }
     free(d);
     return rc;

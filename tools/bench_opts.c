@@ -41,6 +41,12 @@ static void usage(FILE *out)
             "  --memory host|cuda    KV pools in host or CUDA device memory (default host;\n"
             "                        cuda: adds cuda_memcpy_gbps, a device-to-device yardstick)\n"
             "  --device N            CUDA device of every rank (default 0)\n"
+            "  --scale               control-plane scale mode: 1-layer MLA, 16-element rows,\n"
+            "                        one-token pages and requests (later options override);\n"
+            "                        reports CPU and memory per room (docs/bench.md)\n"
+            "  --warmup N            untimed passes over the pools first (default 1; the\n"
+            "                        first pass is reported as the cold figures; 0 = the\n"
+            "                        timed requests start cold)\n"
             "  --seed S              rooms, page choice and pattern seed (default 1)\n"
             "output:\n"
             "  --json FILE           also write the report as one JSON object\n"
@@ -66,6 +72,7 @@ static void defaults(bench_opts_t *o, overrides_t *v)
     o->conc = 4;
     o->prompt_len = 2048;
     o->seed = 1;
+    o->warmup = 1;
     o->transport = KVB_TRANSPORT_AUTO;
     o->progress = true;
     o->host = "127.0.0.1";
@@ -143,6 +150,7 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
              {"--page-size", 1, 4096, &page},
              {"--chunk", 0, 1 << 20, &o->chunk},
              {"--seed", 0, 1000000, &o->seed},
+             {"--warmup", 0, 100, &o->warmup},
              {"--layers", 1, 1024, &w->layers},
              {"--kv-heads", 1, 1024, &w->kv_heads},
              {"--head-dim", 1, 65536, &w->head_dim},
@@ -173,6 +181,18 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
     return true;
 }
 
+/* --scale: control dominates. One layer of MLA with 16-element rows, one
+ * token per page, one-page requests; options after it override. */
+static void scale_preset(bench_opts_t *o, overrides_t *w)
+{
+    o->scale = true;
+    w->layers = 1;
+    w->head_dim = 16;
+    w->mla = 1;
+    o->page = 1;
+    o->prompt_len = 1;
+}
+
 static bool parse_flag(const char *a, bench_opts_t *o, overrides_t *w)
 {
     if (strcmp(a, "--no-progress") == 0)
@@ -187,6 +207,8 @@ static bool parse_flag(const char *a, bench_opts_t *o, overrides_t *w)
         o->random_chunks = true;
     else if (strcmp(a, "--resource-report") == 0)
         o->resource_report = true;
+    else if (strcmp(a, "--scale") == 0)
+        scale_preset(o, w);
     else
         return false;
     return true;
@@ -387,6 +409,12 @@ long long bench_wave(const bench_opts_t *o)
 long long bench_pool_pages(const bench_opts_t *o, long long wave)
 {
     return (long long)pool_pages_for(o, wave);
+}
+
+long long bench_warmup_requests(const bench_opts_t *o, long long pool_pages)
+{
+    long long n = (long long)bench_pages_per_request(o);
+    return o->warmup * o->dp * ((pool_pages + n - 1) / n);
 }
 
 /* ------------------------------------------------------------ soak hooks */

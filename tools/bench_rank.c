@@ -27,6 +27,7 @@ typedef struct rroom {
     uint32_t n;
     int64_t aux;
     int state;
+    bool warm; /* a warm-up room ("sweep") */
     kvb_sender_h snd;
     kvb_receiver_h rcv;
     double deadline, t_first;
@@ -251,6 +252,10 @@ static bool rank_start(rank_t *r)
         bench_say("error --memory cuda: %s", why);
         return false;
     }
+    /* DP groups sweep the shared decode pool from evenly spaced starts: they
+     * advance alike, so one wave's runs never overlap. */
+    for (int dp = 0; dp < o->dp && dp < BENCH_MAX_DP; dp++)
+        r->pool.sweep[dp] = (uint64_t)dp * r->pool.pages / (uint64_t)o->dp;
     ep.field_mask = KVB_ENGINE_PARAM_HOST | KVB_ENGINE_PARAM_TRANSPORT;
     ep.host = o->host;
     ep.transport = o->transport;
@@ -261,12 +266,19 @@ static bool rank_start(rank_t *r)
     return rank_manager(r);
 }
 
+/* A room's slot is id mod the slot count: the rooms alive at once are one
+ * wave's (consecutive ids, at most wave of them, all released before the
+ * next wave starts), so they never share a slot; lookups are O(1) (a scan
+ * made --scale runs with 10k rooms quadratic in the bench itself). */
+static rroom_t *room_slot(rank_t *r, uint64_t id)
+{
+    return &r->rooms[id % r->nrooms];
+}
+
 static rroom_t *room_find(rank_t *r, uint64_t id, int state)
 {
-    for (size_t i = 0; i < r->nrooms; i++)
-        if (r->rooms[i].state == state && (state == R_FREE || r->rooms[i].id == id))
-            return &r->rooms[i];
-    return NULL;
+    rroom_t *rm = room_slot(r, id);
+    return rm->state == state && (state == R_FREE || rm->id == id) ? rm : NULL;
 }
 
 static void room_release(rank_t *r, rroom_t *rm)
@@ -289,10 +301,11 @@ static void room_fail(rank_t *r, rroom_t *rm, const char *why)
         rm->state = R_DONE_FAIL;
 }
 
-/* "fill"/"recv": take pages for a new room. */
-static rroom_t *room_new(rank_t *r, uint64_t id, uint32_t n, int64_t aux)
+/* "fill"/"recv": take pages for a new room (sweep: the next pages of the
+ * warm-up sweep of the room's DP group instead of random ones). */
+static rroom_t *room_new(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep)
 {
-    rroom_t *rm = room_find(r, 0, R_FREE);
+    rroom_t *rm = room_find(r, id, R_FREE);
     if (rm == NULL || (rm->pages = malloc((size_t)n * sizeof(int32_t))) == NULL) {
         bench_say("fail %" PRIu64 " no free room slot", id);
         return NULL;
@@ -300,7 +313,9 @@ static rroom_t *room_new(rank_t *r, uint64_t id, uint32_t n, int64_t aux)
     rm->id = id;
     rm->n = n;
     rm->aux = aux;
-    if (!bench_pages_take(&r->pool, rm->pages, n)) {
+    int dp = (int)(id % (uint64_t)r->o->dp);
+    if (!(sweep ? bench_pages_take_sweep(&r->pool, dp, rm->pages, n)
+                : bench_pages_take(&r->pool, rm->pages, n))) {
         free(rm->pages);
         memset(rm, 0, sizeof(*rm));
         bench_say("fail %" PRIu64 " KV pool exhausted", id);
@@ -335,12 +350,13 @@ static bool aborts_here(const rank_t *r, uint64_t id)
     return first && side == (r->prefill ? BENCH_ABORT_PREFILL : BENCH_ABORT_DECODE);
 }
 
-static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux)
+static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep)
 {
-    rroom_t *rm = room_new(r, id, n, aux);
+    rroom_t *rm = room_new(r, id, n, aux, sweep);
     char why[160];
     if (rm == NULL)
         return;
+    rm->warm = sweep;
     double t = kvb_tool_now();
     kvb_status_t st = kvb_receiver_create(r->mgr, r->o->bootstrap, id, -1, &rm->rcv);
     if (st == KVB_OK)
@@ -366,8 +382,8 @@ static void cmd_verify(rank_t *r, uint64_t id)
             room_release(r, rm);
         return;
     }
-    if (r->o->corrupt && r->o->tp_rank == 0 && !r->corrupted && rm->n > 0) {
-        /* test hook: one flipped byte must make this request fail */
+    if (r->o->corrupt && r->o->tp_rank == 0 && !r->corrupted && rm->n > 0 && !rm->warm) {
+        /* test hook: one flipped byte must make this (timed) request fail */
         uint8_t *p =
             (uint8_t *)(uintptr_t)r->pool.kv_ptrs[0] + (uint64_t)rm->pages[0] * r->pool.g.item_len;
         uint8_t v; /* through the driver when the pool is device memory */
@@ -384,14 +400,12 @@ static void cmd_verify(rank_t *r, uint64_t id)
 /* The driver gave up on a room (failed elsewhere): abort and free it. */
 static void cmd_drop(rank_t *r, uint64_t id)
 {
-    for (size_t i = 0; i < r->nrooms; i++) {
-        rroom_t *rm = &r->rooms[i];
-        if (rm->state == R_FREE || rm->id != id)
-            continue;
-        if (rm->snd != NULL && (rm->state == R_BOOT || rm->state == R_SENDING))
-            kvb_sender_abort(rm->snd);
-        room_release(r, rm);
-    }
+    rroom_t *rm = room_slot(r, id);
+    if (rm->state == R_FREE || rm->id != id)
+        return;
+    if (rm->snd != NULL && (rm->state == R_BOOT || rm->state == R_SENDING))
+        kvb_sender_abort(rm->snd);
+    room_release(r, rm);
 }
 
 static bool handle(rank_t *r, const char *line)
@@ -402,7 +416,7 @@ static bool handle(rank_t *r, const char *line)
     if (strcmp(line, "quit") == 0)
         return false;
     if (sscanf(line, "fill %" SCNu64 " %u %lld", &id, &n, &aux) == 3 && r->prefill) {
-        rroom_t *rm = room_new(r, id, n, aux);
+        rroom_t *rm = room_new(r, id, n, aux, false);
         if (rm != NULL) {
             bench_fill(&r->pool, r->o->page, id, rm->pages, n, aux);
             rm->state = R_FILLED;
@@ -413,7 +427,7 @@ static bool handle(rank_t *r, const char *line)
     } else if (sscanf(line, "drop %" SCNu64, &id) == 1 && r->prefill) {
         cmd_drop(r, id);
     } else if (sscanf(line, "recv %" SCNu64 " %u %lld", &id, &n, &aux) == 3 && !r->prefill) {
-        cmd_recv(r, id, n, aux);
+        cmd_recv(r, id, n, aux, strstr(line, " sweep") != NULL);
     } else if (sscanf(line, "verify %" SCNu64, &id) == 1 && !r->prefill) {
         cmd_verify(r, id);
     } else {

@@ -225,9 +225,16 @@ void bench_baselines(const bench_opts_t *o, bench_report_t *rep)
 
 /* ------------------------------------------------------------- progress */
 
-static double rate(const bench_report_t *r)
+static double rate(const bench_phase_t *p)
 {
-    return r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0;
+    return p->seconds > 0 ? (double)p->bytes / p->seconds / 1e9 : 0;
+}
+
+/* The phase the progress line shows: the warm-up until the timed requests
+ * start. */
+static const bench_phase_t *shown(const bench_report_t *r)
+{
+    return r->done < r->warm_requests ? &r->cold : &r->steady;
 }
 
 void bench_progress(const bench_opts_t *o, bench_report_t *rep, bool final)
@@ -237,23 +244,26 @@ void bench_progress(const bench_opts_t *o, bench_report_t *rep, bool final)
     if (!o->progress || (!final && now - rep->last_progress < (tty ? 0.1 : 1.0)))
         return;
     rep->last_progress = now;
+    long long total = rep->warm_requests + rep->requests;
+    const bench_phase_t *ph = shown(rep);
+    const char *what = ph == &rep->cold ? " (warm-up)" : "";
     if (!tty) {
-        fprintf(stderr, "bench: %lld/%lld requests, %.2f GB, %.2f GB/s\n", rep->done, rep->requests,
-                (double)rep->bytes / 1e9, rate(rep));
+        fprintf(stderr, "bench: %lld/%lld requests, %.2f GB, %.2f GB/s%s\n", rep->done, total,
+                (double)ph->bytes / 1e9, rate(ph), what);
         return;
     }
     char bar[31];
-    int fill = rep->requests > 0 ? (int)(30 * rep->done / rep->requests) : 30;
+    int fill = total > 0 ? (int)(30 * rep->done / total) : 30;
     for (int i = 0; i < 30; i++)
         bar[i] = i < fill ? '#' : '.';
     bar[30] = '\0';
-    fprintf(stderr, "\r[%s] %lld/%lld requests  %.2f GB  %.2f GB/s%s", bar, rep->done,
-            rep->requests, (double)rep->bytes / 1e9, rate(rep), final ? "\n" : "");
+    fprintf(stderr, "\r[%s] %lld/%lld requests  %.2f GB  %.2f GB/s%-10s%s", bar, rep->done, total,
+            (double)ph->bytes / 1e9, rate(ph), what, final ? "\n" : "");
 }
 
 /* --------------------------------------------------------------- report */
 
-static double pct(const bench_report_t *r, double p)
+static double pct(const bench_phase_t *r, double p)
 {
     if (r->nlat == 0)
         return 0;
@@ -268,9 +278,30 @@ static double pct(const bench_report_t *r, double p)
     return x;
 }
 
+/* --scale: per-room figures of the timed requests. */
+static double cpu_us_per_room(const bench_report_t *r)
+{
+    return r->requests > 0 ? r->cpu_s * 1e6 / (double)r->requests : 0;
+}
+
+static double bytes_per_room(const bench_report_t *r)
+{
+    return r->max_inflight > 0
+               ? (r->rss_peak_kib - r->rss_idle_kib) * 1024.0 / (double)r->max_inflight
+               : 0;
+}
+
+static void print_scale(const bench_opts_t *o, const bench_report_t *r)
+{
+    printf("  %-22s %d prefill + %d decode ranks in %d processes\n", "scale",
+           o->ptp * o->ppp * o->dp, o->dtp, r->nprocs);
+    printf("  %-22s %.1f us CPU (all processes), %.0f B RSS (%lld rooms held at most)\n",
+           "per room", cpu_us_per_room(r), bytes_per_room(r), r->max_inflight);
+}
+
 static void print_table(const bench_opts_t *o, const bench_report_t *r)
 {
-    double g = rate(r);
+    double g = rate(&r->steady);
     printf("\nkvbridge bench: %s, prefill TP%d PP%d DP%d -> decode TP%d, transport %s%s\n",
            o->m.name, o->ptp, o->ppp, o->dp, o->dtp, bench_transport_name(o->transport),
            r->interrupted ? " (interrupted: partial)" : "");
@@ -278,8 +309,11 @@ static void print_table(const bench_opts_t *o, const bench_report_t *r)
            r->requests, o->prompt_len, o->page, o->chunk > 0 ? o->chunk : o->prompt_len, o->conc);
     printf("  %-22s %lld verified, %lld aborted, %lld failed, %lld not run\n", "result",
            r->verified, r->aborted, r->failed, r->requests - r->verified - r->aborted - r->failed);
-    printf("  %-22s %.3f GB in %.3f s\n", "bytes moved", (double)r->bytes / 1e9, r->seconds);
-    printf("  %-22s %.2f GB/s\n", "throughput", g);
+    printf("  %-22s %.3f GB in %.3f s\n", "bytes moved", (double)r->steady.bytes / 1e9,
+           r->steady.seconds);
+    printf("  %-22s %.2f GB/s%s\n", "throughput", g,
+           r->warm_requests > 0 ? " (steady state, after the warm-up)"
+                                : " (from cold, no warm-up)");
     printf("  %-22s %.2f GB/s (ratio %.2f)\n", "memcpy, same volume", r->memcpy_gbps,
            r->memcpy_gbps > 0 ? g / r->memcpy_gbps : 0);
     printf("  %-22s %.2f GB/s (ratio %.2f)\n", "memcpy, page runs", r->memcpy_pages_gbps,
@@ -292,9 +326,18 @@ static void print_table(const bench_opts_t *o, const bench_report_t *r)
                r->cuda_memcpy_gbps, r->cuda_memcpy_gbps > 0 ? g / r->cuda_memcpy_gbps : 0,
                o->cuda_device, bench_cuda_driver(),
                bench_cuda_is_double() ? " (TEST DOUBLE: proves plumbing, not GPU speed)" : "");
-    printf("  %-22s p50 %.2f  p90 %.2f  p99 %.2f\n", "latency ms", pct(r, 50), pct(r, 90),
-           pct(r, 99));
+    printf("  %-22s p50 %.2f  p90 %.2f  p99 %.2f\n", "latency ms", pct(&r->steady, 50),
+           pct(&r->steady, 90), pct(&r->steady, 99));
+    printf(
+        "  %-22s %.2f GB/s over %lld requests (%s), latency p50 %.2f ms, first request %.2f ms\n",
+        "cold first pass", rate(&r->cold), r->cold_requests,
+        r->warm_requests > 0 ? "the warm-up" : "the first wave", pct(&r->cold, 50), r->first_ms);
+    if (r->warm_requests > 0)
+        printf("  %-22s %lld requests, %lld verified, %lld aborted, %lld failed\n", "warm-up",
+               r->warm_requests, r->warm_verified, r->warm_aborted, r->warm_failed);
     printf("  %-22s %.1f us per request\n", "planner", r->plan_us);
+    if (o->scale)
+        print_scale(o, r);
     for (int i = 0; i < r->nres; i++)
         printf("  %-22s RSS %ld -> %ld KiB, fds %ld -> %ld\n", r->res[i].name, r->res[i].rss_kib[0],
                r->res[i].rss_kib[1], r->res[i].fds[0], r->res[i].fds[1]);
@@ -331,7 +374,7 @@ static void json_res(FILE *f, const bench_report_t *r, const char *key, bool rss
 static bool write_json(const bench_opts_t *o, const bench_report_t *r)
 {
     FILE *f = fopen(o->json, "w");
-    double g = rate(r);
+    double g = rate(&r->steady);
     if (f == NULL) {
         fprintf(stderr, "kvbridge: bench: cannot write %s\n", o->json);
         return false;
@@ -346,9 +389,9 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
             "\"memcpy_gbps\": %.4f, \"ratio\": %.4f, \"memcpy_pages_gbps\": %.4f, "
             "\"pages_ratio\": %.4f, ",
             o->ptp, o->dtp, o->ppp, o->dp, bench_transport_name(o->transport), r->requests,
-            r->verified, r->failed, r->aborted, (unsigned long long)r->bytes, r->seconds, g,
-            r->memcpy_gbps, r->memcpy_gbps > 0 ? g / r->memcpy_gbps : 0, r->memcpy_pages_gbps,
-            r->memcpy_pages_gbps > 0 ? g / r->memcpy_pages_gbps : 0);
+            r->verified, r->failed, r->aborted, (unsigned long long)r->steady.bytes,
+            r->steady.seconds, g, r->memcpy_gbps, r->memcpy_gbps > 0 ? g / r->memcpy_gbps : 0,
+            r->memcpy_pages_gbps, r->memcpy_pages_gbps > 0 ? g / r->memcpy_pages_gbps : 0);
     if (o->transport == KVB_TRANSPORT_TCP)
         fprintf(f, "\"tcp_gbps\": %.4f, ", r->tcp_gbps);
     if (o->cuda) {
@@ -361,16 +404,31 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
         json_str(f, bench_cuda_driver());
         fprintf(f, ", ");
     }
+    if (o->scale)
+        fprintf(f,
+                "\"scale\": {\"prefill_ranks\": %d, \"decode_ranks\": %d, \"processes\": %d, "
+                "\"cpu_s\": %.3f, \"cpu_us_per_room\": %.2f, \"max_in_flight\": %lld, "
+                "\"rss_idle_kib\": %.0f, \"rss_peak_kib\": %.0f, \"rss_bytes_per_room\": %.0f}, ",
+                o->ptp * o->ppp * o->dp, o->dtp, r->nprocs, r->cpu_s, cpu_us_per_room(r),
+                r->max_inflight, r->rss_idle_kib, r->rss_peak_kib, bytes_per_room(r));
     if (r->nres > 0) {
         json_res(f, r, "rss_kib", true);
         json_res(f, r, "fds", false);
     }
     fprintf(f,
+            "\"warmup\": %lld, \"warmup_requests\": %lld, \"warmup_verified\": %lld, "
+            "\"warmup_failed\": %lld, \"cold_requests\": %lld, \"cold_bytes\": %llu, "
+            "\"cold_seconds\": %.6f, \"cold_gbps\": %.4f, \"cold_latency_ms\": {\"p50\": %.4f, "
+            "\"p99\": %.4f}, \"first_request_ms\": %.4f, ",
+            o->warmup, r->warm_requests, r->warm_verified, r->warm_failed, r->cold_requests,
+            (unsigned long long)r->cold.bytes, r->cold.seconds, rate(&r->cold), pct(&r->cold, 50),
+            pct(&r->cold, 99), r->first_ms);
+    fprintf(f,
             "\"latency_ms\": {\"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f}, "
             "\"plan_us_per_request\": %.2f, \"prompt_len\": %lld, \"page_size\": %d, "
             "\"concurrency\": %lld, \"interrupted\": %s, \"failures\": [",
-            pct(r, 50), pct(r, 90), pct(r, 99), r->plan_us, o->prompt_len, o->page, o->conc,
-            r->interrupted ? "true" : "false");
+            pct(&r->steady, 50), pct(&r->steady, 90), pct(&r->steady, 99), r->plan_us,
+            o->prompt_len, o->page, o->conc, r->interrupted ? "true" : "false");
     for (int i = 0; i < r->nfails; i++) {
         fprintf(f, i ? ", " : "");
         json_str(f, r->fails[i]);

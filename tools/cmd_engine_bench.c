@@ -9,6 +9,7 @@
  * The target dies with the writer (PR_SET_PDEATHSIG) and is reaped on every
  * exit path of the writer. */
 #include <kvbridge/engine.h>
+#include <kvbridge/kvbridge.h>
 
 #include <inttypes.h>
 #include <signal.h>
@@ -23,7 +24,7 @@
 #include "tools.h"
 
 #define EB_MAX_SIZES 16
-#define EB_MAX_LANES 3
+#define EB_MAX_LANES 4
 #define EB_BATCH_MAX 100000
 #define EB_MIN_BLOCK 64
 #define EB_WRITE_TIMEOUT_S 120.0
@@ -32,8 +33,14 @@
 #define EB_FULL_BYTES ((size_t)512 << 20)
 #define EB_QUICK_BYTES ((size_t)128 << 20)
 
+/* What is measured: auto = the message lane (the target's memory is plain
+ * anonymous memory, so no direct lane); direct = the same engines with the
+ * target's memory from kvb_mem_alloc (one host: the writer maps it and its
+ * copy threads write); tcp; shm = UCX put. */
+typedef enum eb_lane { EB_AUTO, EB_DIRECT, EB_TCP, EB_SHM } eb_lane_t;
+
 typedef struct eb_opts {
-    kvb_transport_t lanes[EB_MAX_LANES];
+    eb_lane_t lanes[EB_MAX_LANES];
     size_t nlanes;
     size_t sizes[EB_MAX_SIZES];
     size_t nsizes;
@@ -45,9 +52,12 @@ typedef struct eb_opts {
 } eb_opts_t;
 
 typedef struct eb_row {
-    kvb_transport_t lane;
+    eb_lane_t lane;
     size_t block_size, bytes;
     double seconds, gbps, memcpy_gbps, tcp_gbps, ratio;
+    /* a fresh target per row: open_ms = the first one-block write (handshake,
+     * mapping), cold = the first pass over the target's memory after it */
+    double open_ms, cold_seconds, cold_gbps;
     bool verified;
     char error[320];
 } eb_row_t;
@@ -82,7 +92,9 @@ static void usage(FILE *out)
             "destination byte by checksum, and compares with memcpy of the same blocks and\n"
             "(tcp lane) a raw single-stream TCP transfer of the same bytes.\n\n"
             "options:\n"
-            "  --transport auto|tcp|shm|all  lane(s) to measure (default auto)\n"
+            "  --transport L[,L...]|all      lanes to measure: auto (message lane), direct\n"
+            "                                (target memory from kvb_mem_alloc), tcp, shm\n"
+            "                                (default auto)\n"
             "  --quick                       128 MiB working set instead of 512 MiB\n"
             "  --sizes N,N,...               block sizes in bytes, multiples of 8, >= %d\n"
             "                                (default 4096,32768,262144,4194304)\n"
@@ -97,17 +109,22 @@ static void usage(FILE *out)
             EB_MIN_BLOCK);
 }
 
-static const char *lane_name(kvb_transport_t t)
+static const char *lane_name(eb_lane_t l)
 {
-    return t == KVB_TRANSPORT_TCP ? "tcp" : t == KVB_TRANSPORT_SHM ? "shm" : "auto";
+    static const char *names[] = {"auto", "direct", "tcp", "shm"};
+    return names[l];
 }
 
-static bool parse_lane(const char *v, kvb_transport_t *t_p)
+static kvb_transport_t lane_transport(eb_lane_t l)
 {
-    static const kvb_transport_t all[] = {KVB_TRANSPORT_AUTO, KVB_TRANSPORT_TCP, KVB_TRANSPORT_SHM};
-    for (size_t i = 0; i < 3; i++)
-        if (strcmp(v, lane_name(all[i])) == 0) {
-            *t_p = all[i];
+    return l == EB_TCP ? KVB_TRANSPORT_TCP : l == EB_SHM ? KVB_TRANSPORT_SHM : KVB_TRANSPORT_AUTO;
+}
+
+static bool parse_lane(const char *v, eb_lane_t *l_p)
+{
+    for (int i = EB_AUTO; i <= EB_SHM; i++)
+        if (strcmp(v, lane_name((eb_lane_t)i)) == 0) {
+            *l_p = (eb_lane_t)i;
             return true;
         }
     return false;
@@ -115,18 +132,24 @@ static bool parse_lane(const char *v, kvb_transport_t *t_p)
 
 static bool parse_transport(eb_opts_t *o, const char *v)
 {
-    if (v != NULL && strcmp(v, "all") == 0) {
-        o->lanes[0] = KVB_TRANSPORT_AUTO;
-        o->lanes[1] = KVB_TRANSPORT_TCP;
-        o->lanes[2] = KVB_TRANSPORT_SHM;
-        o->nlanes = 3;
-        return true;
+    char buf[64], *save = NULL;
+    o->nlanes = 0;
+    if (v != NULL && strcmp(v, "all") == 0)
+        v = "auto,direct,tcp,shm";
+    if (v == NULL || strlen(v) >= sizeof(buf)) {
+        fprintf(stderr, "kvbridge: --transport needs a list of lanes\n");
+        return false;
     }
-    o->nlanes = 1;
-    if (v != NULL && parse_lane(v, &o->lanes[0]))
-        return true;
-    fprintf(stderr, "kvbridge: --transport: '%s' is not one of auto, tcp, shm, all\n", v ? v : "");
-    return false;
+    strcpy(buf, v);
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        if (o->nlanes == EB_MAX_LANES || !parse_lane(tok, &o->lanes[o->nlanes++])) {
+            fprintf(stderr,
+                    "kvbridge: --transport: '%s' is not a list of auto, direct, tcp, shm (or "
+                    "all)\n",
+                    v);
+            return false;
+        }
+    return o->nlanes > 0;
 }
 
 static bool parse_sizes(eb_opts_t *o, const char *v)
@@ -170,7 +193,7 @@ static void defaults(eb_opts_t *o)
 {
     static const size_t def[] = {4096, 32768, 262144, 4194304};
     memset(o, 0, sizeof(*o));
-    o->lanes[0] = KVB_TRANSPORT_AUTO;
+    o->lanes[0] = EB_AUTO;
     o->nlanes = 1;
     for (size_t i = 0; i < 4; i++)
         o->sizes[i] = def[i];
@@ -335,8 +358,7 @@ static bool target_ready(eb_target_t *t, char *err, size_t cap)
     return true;
 }
 
-static bool target_start(const eb_opts_t *o, kvb_transport_t lane, eb_target_t *t, char *err,
-                         size_t cap)
+static bool target_start(const eb_opts_t *o, eb_lane_t lane, eb_target_t *t, char *err, size_t cap)
 {
     char ws[32], ppid[32];
     snprintf(ws, sizeof(ws), "%zu", o->ws);
@@ -361,14 +383,14 @@ static bool target_start(const eb_opts_t *o, kvb_transport_t lane, eb_target_t *
 
 /* -------------------------------------------------------------- engine lane */
 
-static kvb_engine_h engine_open(const eb_opts_t *o, kvb_transport_t lane, void *buf, char *err,
+static kvb_engine_h engine_open(const eb_opts_t *o, eb_lane_t lane, void *buf, char *err,
                                 size_t cap)
 {
     kvb_engine_params_t p;
     kvb_engine_h e = NULL;
     memset(&p, 0, sizeof(p));
     p.field_mask = KVB_ENGINE_PARAM_TRANSPORT | KVB_ENGINE_PARAM_HOST | KVB_ENGINE_PARAM_PORT;
-    p.transport = lane;
+    p.transport = lane_transport(lane);
     p.host = o->host;
     p.port = 0;
     kvb_status_t st = kvb_engine_create(&p, &e);
@@ -501,12 +523,29 @@ static bool time_tcp(eb_ctx_t *c, eb_target_t *t, eb_row_t *row)
     return true;
 }
 
+/* The first pass over a fresh target's memory (after the session opened),
+ * timed on its own: on the direct lane every destination page is written
+ * for the first time through the writer's new mapping. */
+static bool time_cold(eb_ctx_t *c, kvb_engine_h e, eb_target_t *t, size_t si, eb_row_t *row)
+{
+    size_t bs = c->o->sizes[si];
+    size_t n = build_blocks(c, bs, t->dst_base);
+    kvb_eb_fill(c->src, n * bs, pattern_seed(si, 1000));
+    double t0 = kvb_tool_now();
+    if (!write_all(e, t->session, c->blocks, n, row->error, sizeof(row->error)))
+        return false;
+    row->cold_seconds = kvb_tool_now() - t0;
+    row->cold_gbps = gbps(n * bs, row->cold_seconds);
+    return true;
+}
+
 static void run_size(eb_ctx_t *c, kvb_engine_h e, eb_target_t *t, size_t si, eb_row_t *row)
 {
-    if (!time_writes(c, e, t, si, row) || !verify(c, t, row->block_size, row))
+    if (!time_cold(c, e, t, si, row) || !time_writes(c, e, t, si, row) ||
+        !verify(c, t, row->block_size, row))
         return;
     row->verified = true;
-    if (row->lane == KVB_TRANSPORT_TCP)
+    if (row->lane == EB_TCP)
         time_tcp(c, t, row); /* a failure leaves verified but sets error */
 }
 
@@ -528,8 +567,8 @@ static void print_header(const eb_opts_t *o)
     fmt_size(o->ws, ws, sizeof(ws));
     printf("engine-bench: working set %s, %lld repetitions (median), host %s, GB = 1e9 B\n\n", ws,
            o->reps, o->host);
-    printf("%-9s %8s %9s %12s %9s %7s %s\n", "transport", "block", "GB/s", "memcpy GB/s",
-           "tcp GB/s", "ratio", "verified");
+    printf("%-9s %8s %9s %12s %9s %7s %9s %8s %s\n", "transport", "block", "GB/s", "memcpy GB/s",
+           "tcp GB/s", "ratio", "cold GB/s", "open ms", "verified");
     fflush(stdout);
 }
 
@@ -537,12 +576,12 @@ static void print_row(const eb_row_t *r)
 {
     char bs[32], tcp[32];
     fmt_size(r->block_size, bs, sizeof(bs));
-    if (r->lane == KVB_TRANSPORT_TCP)
+    if (r->lane == EB_TCP)
         snprintf(tcp, sizeof(tcp), "%.3f", r->tcp_gbps);
     else
         snprintf(tcp, sizeof(tcp), "-");
-    printf("%-9s %8s %9.3f %12.3f %9s %7.3f %s\n", lane_name(r->lane), bs, r->gbps, r->memcpy_gbps,
-           tcp, r->ratio, r->verified ? "yes" : "NO");
+    printf("%-9s %8s %9.3f %12.3f %9s %7.3f %9.3f %8.1f %s\n", lane_name(r->lane), bs, r->gbps,
+           r->memcpy_gbps, tcp, r->ratio, r->cold_gbps, r->open_ms, r->verified ? "yes" : "NO");
     if (r->error[0])
         printf("    %s\n", r->error);
     fflush(stdout);
@@ -569,8 +608,10 @@ static void json_row(FILE *f, const eb_row_t *r, bool last)
             lane_name(r->lane), r->block_size, r->bytes);
     fprintf(f, "\"seconds\": %.6f, \"gbps\": %.4f, \"memcpy_gbps\": %.4f, ", r->seconds, r->gbps,
             r->memcpy_gbps);
-    if (r->lane == KVB_TRANSPORT_TCP)
+    if (r->lane == EB_TCP)
         fprintf(f, "\"tcp_gbps\": %.4f, ", r->tcp_gbps);
+    fprintf(f, "\"cold_seconds\": %.6f, \"cold_gbps\": %.4f, \"open_ms\": %.3f, ", r->cold_seconds,
+            r->cold_gbps, r->open_ms);
     fprintf(f, "\"ratio\": %.4f, \"verified\": %s", r->ratio, r->verified ? "true" : "false");
     if (r->error[0]) {
         fprintf(f, ", \"error\": ");
@@ -602,7 +643,7 @@ static bool write_json(const eb_ctx_t *c, const char *path)
 
 static void finish_row(eb_ctx_t *c, eb_row_t *row, size_t si)
 {
-    double base = row->lane == KVB_TRANSPORT_TCP ? row->tcp_gbps : c->memcpy_gbps[si];
+    double base = row->lane == EB_TCP ? row->tcp_gbps : c->memcpy_gbps[si];
     row->memcpy_gbps = c->memcpy_gbps[si];
     row->ratio = base > 0 ? row->gbps / base : 0;
     if (!row->verified && row->error[0] == '\0')
@@ -610,7 +651,7 @@ static void finish_row(eb_ctx_t *c, eb_row_t *row, size_t si)
     print_row(row);
 }
 
-static eb_row_t *new_row(eb_ctx_t *c, kvb_transport_t lane, size_t si)
+static eb_row_t *new_row(eb_ctx_t *c, eb_lane_t lane, size_t si)
 {
     eb_row_t *row = &c->rows[c->nrows++];
     memset(row, 0, sizeof(*row));
@@ -620,37 +661,53 @@ static eb_row_t *new_row(eb_ctx_t *c, kvb_transport_t lane, size_t si)
     return row;
 }
 
-/* Open the session outside the timed region (handshake on first write). */
-static bool warm_up(eb_ctx_t *c, kvb_engine_h e, const eb_target_t *t, char *err, size_t cap)
+/* Open the session with one small block, outside the timed passes (the
+ * handshake and, on the direct lane, mapping the target's memory): open_ms. */
+static bool open_session(eb_ctx_t *c, kvb_engine_h e, const eb_target_t *t, eb_row_t *row)
 {
-    kvb_block_t b = {(uint64_t)(uintptr_t)c->src, t->dst_base, c->o->sizes[0]};
-    return write_all(e, t->session, &b, 1, err, cap);
+    kvb_block_t b = {(uint64_t)(uintptr_t)c->src, t->dst_base, EB_MIN_BLOCK};
+    double t0 = kvb_tool_now();
+    bool ok = write_all(e, t->session, &b, 1, row->error, sizeof(row->error));
+    row->open_ms = (kvb_tool_now() - t0) * 1e3;
+    /* The other lanes' targets hold plain memory: never direct. */
+    if (ok && (kvb_engine_session_direct(e, t->session) == 1) != (row->lane == EB_DIRECT)) {
+        snprintf(row->error, sizeof(row->error), "the session %s the direct lane",
+                 row->lane == EB_DIRECT ? "does not use" : "unexpectedly uses");
+        return false;
+    }
+    return ok;
 }
 
-static void run_lane(eb_ctx_t *c, kvb_transport_t lane)
+/* One row: a fresh target (fresh memory, new session), so every row has its
+ * own cold first pass. */
+static void run_row(eb_ctx_t *c, kvb_engine_h e, size_t si, eb_row_t *row)
 {
     eb_target_t t;
-    char err[320] = "";
-    kvb_engine_h e = NULL;
-    bool ok = target_start(c->o, lane, &t, err, sizeof(err));
+    bool ok = target_start(c->o, row->lane, &t, row->error, sizeof(row->error));
     if (ok && t.bytes < c->o->ws) {
-        snprintf(err, sizeof(err), "target registered %zu bytes, want %zu", t.bytes, c->o->ws);
+        snprintf(row->error, sizeof(row->error), "target registered %zu bytes, want %zu", t.bytes,
+                 c->o->ws);
         ok = false;
     }
-    if (ok)
-        e = engine_open(c->o, lane, c->src, err, sizeof(err));
-    ok = ok && e != NULL && warm_up(c, e, &t, err, sizeof(err));
+    if (ok && open_session(c, e, &t, row))
+        run_size(c, e, &t, si, row);
+    kvb_eb_stop(&t.ch, 5.0);
+}
+
+static void run_lane(eb_ctx_t *c, eb_lane_t lane)
+{
+    char err[320] = "";
+    kvb_engine_h e = engine_open(c->o, lane, c->src, err, sizeof(err));
     for (size_t si = 0; si < c->o->nsizes; si++) {
         eb_row_t *row = new_row(c, lane, si);
-        if (ok)
-            run_size(c, e, &t, si, row);
+        if (e != NULL)
+            run_row(c, e, si, row);
         else
             snprintf(row->error, sizeof(row->error), "%s", err);
         finish_row(c, row, si);
     }
     if (e != NULL)
         kvb_engine_destroy(e);
-    kvb_eb_stop(&t.ch, 5.0);
 }
 
 static bool ctx_init(eb_ctx_t *c, const eb_opts_t *o)
@@ -702,6 +759,10 @@ int kvb_cmd_engine_bench(int argc, char **argv)
         return rc == 1 ? 0 : 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* Every row's target leaves when the row is done: no "session lost"
+     * noise (a failure inside a row is reported with the row). */
+    if (getenv("KVBRIDGE_LOG") == NULL)
+        kvb_log_set_level(KVB_LOG_ERROR);
     rc = 1;
     if (!ctx_init(&ctx, &o))
         goto free_ctx;
@@ -720,7 +781,7 @@ free_ctx:
 /* ========================================================== target process */
 
 typedef struct eb_tgt {
-    kvb_transport_t lane;
+    eb_lane_t lane;
     const char *host;
     long long bytes, parent;
     FILE *out; /* the protocol pipe; stdout itself goes to stderr */
@@ -744,7 +805,7 @@ static bool tgt_opt(eb_tgt_t *t, const char *a, const char *v)
 
 static bool tgt_opts(eb_tgt_t *t, int argc, char **argv)
 {
-    t->lane = KVB_TRANSPORT_AUTO;
+    t->lane = EB_AUTO;
     t->host = "127.0.0.1";
     t->bytes = (long long)EB_QUICK_BYTES;
     for (int i = 1; i < argc; i += 2)
@@ -764,7 +825,7 @@ static bool tgt_open(eb_tgt_t *t, char *err, size_t cap)
     defaults(&o);
     o.host = t->host;
     o.ws = (size_t)t->bytes;
-    t->buf = kvb_eb_alloc(o.ws);
+    t->buf = t->lane == EB_DIRECT ? kvb_eb_alloc_shared(o.ws) : kvb_eb_alloc(o.ws);
     if (t->buf == NULL) {
         snprintf(err, cap, "cannot allocate %zu bytes", o.ws);
         return false;
@@ -779,7 +840,10 @@ static void tgt_close(eb_tgt_t *t)
         close(t->lfd);
     if (t->engine != NULL)
         kvb_engine_destroy(t->engine);
-    kvb_eb_free(t->buf, (size_t)t->bytes);
+    if (t->lane == EB_DIRECT)
+        kvb_eb_free_shared(t->buf);
+    else
+        kvb_eb_free(t->buf, (size_t)t->bytes);
 }
 
 static void tgt_sum(eb_tgt_t *t, const char *line)

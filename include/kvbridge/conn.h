@@ -78,6 +78,7 @@ enum kvb_manager_param_field {
     KVB_MANAGER_PARAM_BOOTSTRAP_REFRESH = 1u << 9,
     /* A high bit: other parameters may claim 10.. meanwhile. */
     KVB_MANAGER_PARAM_SGLANG_DIALECT = 1u << 16,
+    KVB_MANAGER_PARAM_KV_CACHE_DTYPE = 1u << 18,
     KVB_MANAGER_PARAM_DRAFT_LAYERS = 1u << 20, /* draft_layers */
 };
 
@@ -138,6 +139,16 @@ typedef struct kvb_manager_params {
                                             look-ups; default KVBRIDGE_SGLANG_DIALECT, else 2026
                                             (a 2026 decode falls back to 2025 with a seed-001
                                             server: docs/bootstrap.md) */
+    const char *kv_cache_dtype;          /* the KV cache's dtype name as the framework
+                                            spells it (SGLang's --kv-cache-dtype, e.g.
+                                            "auto", "fp8_e4m3"), 1..64 of
+                                            [A-Za-z0-9_.:+-]; NULL or "" = unknown. A
+                                            prefill registers it (SGLang 2026's PUT key);
+                                            a decode fails a room whose prefill
+                                            registered another ("KV cache dtype mismatch").
+                                            Unknown on either side: no check (the item
+                                            length check still catches another width).
+                                            Default KVBRIDGE_KV_CACHE_DTYPE */
     uint32_t draft_layers;               /* speculative decoding: the last draft_layers
                                             layers of kv_args are the draft model's, appended
                                             after the target's as SGLang and TokenSpeed do

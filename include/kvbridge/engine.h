@@ -270,7 +270,8 @@ typedef struct kvb_engine_limits {
      * KVBRIDGE_DIRECT_MAP_SLACK (default 64 MiB): those segments keep to the
      * UCX lanes; and files mapped without prefaulting because the
      * connection's prefaulted total would pass KVBRIDGE_DIRECT_POPULATE_MAX
-     * (default 4 GiB). */
+     * (default 4 GiB), or because the background warmer (default on,
+     * KVBRIDGE_DIRECT_WARM_CPU) warms them instead. */
     uint64_t direct_files_refused, direct_files_unpopulated;
 } kvb_engine_limits_t;
 

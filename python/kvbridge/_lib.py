@@ -150,6 +150,7 @@ MANAGER_PARAM_BOOTSTRAP_TOKEN = 1 << 7
 MANAGER_PARAM_CURVE = 1 << 8
 MANAGER_PARAM_BOOTSTRAP_REFRESH = 1 << 9
 MANAGER_PARAM_SGLANG_DIALECT = 1 << 16
+MANAGER_PARAM_KV_CACHE_DTYPE = 1 << 18
 MANAGER_PARAM_DRAFT_LAYERS = 1 << 20
 
 
@@ -183,6 +184,7 @@ class ManagerParams(ctypes.Structure):
         ("curve_allowed_clients", ctypes.c_char_p),
         ("bootstrap_refresh_s", ctypes.c_double),
         ("sglang_dialect", ctypes.c_int),
+        ("kv_cache_dtype", ctypes.c_char_p),
         ("draft_layers", ctypes.c_uint32),
     ]
 

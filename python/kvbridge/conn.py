@@ -214,7 +214,8 @@ class KVManager(L.Closeable):
                  heartbeat_interval=None, heartbeat_max_failures=None, transfer_threads=None,
                  transfer_queues=None, room_ttl=None, bootstrap_refresh=None,
                  bootstrap_token=None, curve_secret_key=None, curve_client_secret_key=None,
-                 curve_allowed_clients=None, sglang_dialect=None, draft_layers=None):
+                 curve_allowed_clients=None, sglang_dialect=None, kv_cache_dtype=None,
+                 draft_layers=None):
         self._guard = L.Guard("KVManager")
         self._guard.closed = True  # until created
         self._h = None
@@ -284,6 +285,10 @@ class KVManager(L.Closeable):
                 raise InvalidArgument(f"sglang_dialect must be 2025 or 2026, not {sglang_dialect!r}")
             p.sglang_dialect = sglang_dialect
             p.field_mask |= L.MANAGER_PARAM_SGLANG_DIALECT
+        if kv_cache_dtype is not None:  # e.g. SGLang's --kv-cache-dtype; checked by the C side
+            self._dtype_b = L.as_str(kv_cache_dtype, "kv_cache_dtype").encode()
+            p.kv_cache_dtype = self._dtype_b
+            p.field_mask |= L.MANAGER_PARAM_KV_CACHE_DTYPE
         if draft_layers is not None:  # speculative decoding: docs/python.md
             p.draft_layers = L.as_int(draft_layers, "draft_layers", 0, 0xFFFF)
             p.field_mask |= L.MANAGER_PARAM_DRAFT_LAYERS

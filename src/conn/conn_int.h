@@ -262,6 +262,7 @@ struct kvb_manager {
     kvb__zcache_t zc;
     kvb__zcurve_t curve;
     char *bootstrap_token; /* NULL: the client's default (KVBRIDGE_BOOTSTRAP_TOKEN) */
+    char kv_dtype[KVB_BOOTSTRAP_WORD_MAX + 1]; /* kv_cache_dtype; "" = unknown */
     pthread_t ctl_thr, hb_thr;
     int stop;
 

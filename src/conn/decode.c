@@ -120,7 +120,7 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     kvb_bootstrap_parallel_info_ext_t ext = {0};
     ext.field_mask = KVB_BOOTSTRAP_INFO_DIALECT | KVB_BOOTSTRAP_INFO_PAGE_SIZE |
                      KVB_BOOTSTRAP_INFO_CP_SIZE | KVB_BOOTSTRAP_INFO_FOLLOW_ROOM |
-                     KVB_BOOTSTRAP_INFO_DSA_SPLIT;
+                     KVB_BOOTSTRAP_INFO_DSA_SPLIT | KVB_BOOTSTRAP_INFO_KV_CACHE_DTYPE;
     pthread_mutex_lock(&a->client_mu);
     kvb_status_t st = kvb_bootstrap_client_parallel_info_ext(a->client, 5.0, &info, &ext);
     /* The HTTP detail, read under the lock (thread-local copy). */
@@ -138,6 +138,16 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
         snprintf(rs->why, sizeof(rs->why),
                  "Page size mismatch: prefill at %s has page_size %d, this decode %u", a->addr,
                  (int)ext.page_size, m->args.page_size);
+        kvb_bootstrap_parallel_info_free(&info);
+        return KVB_ERR_INVALID;
+    }
+    if (ext.kv_cache_dtype[0] != '\0' && m->kv_dtype[0] != '\0' &&
+        strcmp(ext.kv_cache_dtype, m->kv_dtype) != 0) {
+        /* SGLang's decode: "KV cache dtype mismatch" (fatal there); unknown
+         * on either side: no check. */
+        snprintf(rs->why, sizeof(rs->why),
+                 "KV cache dtype mismatch: prefill at %s has kv_cache_dtype %s, this decode %s",
+                 a->addr, ext.kv_cache_dtype, m->kv_dtype);
         kvb_bootstrap_parallel_info_free(&info);
         return KVB_ERR_INVALID;
     }

@@ -140,6 +140,25 @@ static kvb_status_t check_params(const kvb_manager_params_t *p)
     return check_draft(p);
 }
 
+/* The KV cache dtype name (param, else KVBRIDGE_KV_CACHE_DTYPE) into
+ * m->kv_dtype: 1..KVB_BOOTSTRAP_WORD_MAX of [A-Za-z0-9_.:+-], the bootstrap
+ * server's word rule; NULL or "" leaves it unknown. */
+static kvb_status_t set_kv_dtype(struct kvb_manager *m, const kvb_manager_params_t *p)
+{
+    const char *v = (p->field_mask & KVB_MANAGER_PARAM_KV_CACHE_DTYPE)
+                        ? p->kv_cache_dtype
+                        : getenv("KVBRIDGE_KV_CACHE_DTYPE");
+    if (v == NULL || v[0] == '\0')
+        return KVB_OK;
+    size_t n = strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:+-");
+    if (v[n] != '\0' || n > KVB_BOOTSTRAP_WORD_MAX)
+        return create_error(KVB_ERR_INVALID,
+                            "kv_cache_dtype \"%s\" is not 1..64 of [A-Za-z0-9_.:+-]",
+                            n > KVB_BOOTSTRAP_WORD_MAX ? "(too long)" : v);
+    memcpy(m->kv_dtype, v, n + 1);
+    return KVB_OK;
+}
+
 static uint64_t *dup_u64(const uint64_t *a, size_t n)
 {
     uint64_t *c = malloc((n ? n : 1) * sizeof(*c));
@@ -441,6 +460,8 @@ static kvb_status_t manager_init(struct kvb_manager *m, const kvb_manager_params
     if (p->field_mask & KVB_MANAGER_PARAM_BOOTSTRAP_TOKEN && p->bootstrap_token != NULL &&
         (m->bootstrap_token = strdup(p->bootstrap_token)) == NULL)
         return create_error(KVB_ERR_NOMEM, "out of memory%s", "");
+    if ((st = set_kv_dtype(m, p)) != KVB_OK)
+        return st;
     char why[200] = "";
     bool curve = p->field_mask & KVB_MANAGER_PARAM_CURVE;
     st = kvb__zcurve_init(&m->curve, curve ? p->curve_secret_key : NULL,

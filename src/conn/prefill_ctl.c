@@ -887,6 +887,10 @@ static void registration(struct kvb_manager *m, kvb_bootstrap_registration_t *re
     reg->field_mask = KVB_BOOTSTRAP_REG_KV_ITEM_LENS | KVB_BOOTSTRAP_REG_KV_UNIT_LENS |
                       KVB_BOOTSTRAP_REG_PAGE_SIZE | KVB_BOOTSTRAP_REG_KVBRIDGE;
     reg->page_size = (int32_t)m->args.page_size;
+    if (m->kv_dtype[0] != '\0') { /* a decode of another dtype fails the room */
+        reg->field_mask |= KVB_BOOTSTRAP_REG_KV_CACHE_DTYPE;
+        reg->kv_cache_dtype = m->kv_dtype;
+    }
     reg->attn_tp_size = m->p.attn_tp_size;
     reg->attn_tp_rank = m->p.attn_tp_rank;
     reg->attn_dp_size = m->p.attn_dp_size;

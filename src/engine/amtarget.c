@@ -153,11 +153,11 @@ static void am_recv_finish(am_recv_t *rc, kvb_status_t st, const char *why)
     free(rc);
 }
 
-static bool copy_run(kvb__job_t *j) /* device-copy worker */
+static int copy_run(kvb__job_t *j) /* device-copy worker */
 {
     am_recv_t *rc = (am_recv_t *)j;
     rc->copied = stage_in(rc, rc->stage, rc->why, sizeof(rc->why));
-    return false;
+    return KVB__JOB_DONE;
 }
 
 static void copy_done(kvb_engine_h eng, kvb__job_t *j) /* progress thread */

@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define STAGE_XFER_MAX_DEFAULT (4ull << 30) /* bytes one transfer may stage */
 #define STAGE_MSG_MAX_DEFAULT (256ull << 20)
 #define STAGE_CHUNK_DEFAULT (8ull << 20) /* bytes staged per step (writer) */
+#define STAGE_RING_DEFAULT (64ull << 20) /* pinned bytes one transfer stages through */
 
 /* ---- registration (target and writer) ---- */
 
@@ -24,35 +24,42 @@ static kvb_status_t region_error(kvb_engine_h eng, kvb_status_t st, const kvb_me
     return kvb__err_set(&eng->err, st, "register %p+%zu: %s", r->addr, r->length, why);
 }
 
-/* Make the allocation [base, +size) holding r importable by same-host
- * writers: VMM allocations as a file descriptor (cuda_vmm.c), cuMemAlloc
- * memory as a legacy IPC handle. Refused: writers stage it. */
-static void export_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__cuda_seg_t *cs,
-                          uint64_t base, uint64_t size)
+/* Make the allocation(s) holding r (the first one [base, +size))
+ * importable by same-host writers: VMM allocations as file descriptors
+ * (cuda_vmm.c), cuMemAlloc memory as a legacy IPC handle. Refused: writers
+ * stage it. KVB_ERR_INVALID (why) when r cannot be registered at all. */
+static kvb_status_t export_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r,
+                                  kvb__cuda_seg_t *cs, uint64_t base, uint64_t size, char *why,
+                                  size_t wl)
 {
-    char why[300] = "";
     kvb_CUipcMemHandle h;
     kvb_CUresult cr = KVB_CUDA_SUCCESS;
-    int v = kvb__cuda_vmm_export(cs->device, base, size, cs, why, sizeof(why));
-    if (v > 0)
-        return;
+    uint64_t end = (uint64_t)(uintptr_t)r->addr + r->length;
+    int v = kvb__cuda_vmm_export(cs->device, base, size, end, cs, why, wl);
+    if (v == -2)
+        return KVB_ERR_INVALID;
+    if (v > 0) {
+        kvb__fdsrv_ensure(eng);
+        return KVB_OK;
+    }
     if (v == 0) {
         kvb__cuda_scope_t sc = {NULL, false};
-        kvb_status_t bst = kvb__cuda_enter(cs->device, &sc, why, sizeof(why));
+        kvb_status_t bst = kvb__cuda_enter(cs->device, &sc, why, wl);
         if (bst == KVB_OK)
             cr = kvb__cuda()->cuIpcGetMemHandle(&h, base);
         kvb__cuda_leave(&sc);
         if (bst == KVB_OK && cr == KVB_CUDA_SUCCESS) {
             memcpy(cs->handle, &h, sizeof(cs->handle));
             cs->ipc = true;
-            return;
+            return KVB_OK;
         }
         if (bst == KVB_OK)
-            snprintf(why, sizeof(why), "cuIpcGetMemHandle: %s", kvb__cuda_errstr(cr));
+            snprintf(why, wl, "cuIpcGetMemHandle: %s", kvb__cuda_errstr(cr));
     }
     KVB_LOGI("engine %s: %p+%zu (CUDA device %d) cannot be exported (%s): writers on this "
              "host stage it through host memory",
              eng->sid, r->addr, r->length, cs->device, why);
+    return KVB_OK;
 }
 
 kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__seg_t *seg,
@@ -80,8 +87,8 @@ kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
         return region_error(eng, KVB_ERR_INVALID, r, "not CUDA device memory");
     if (k == 0)
         return KVB_OK; /* AUTO: host */
-    if (a - base > size || r->length > size - (a - base)) {
-        snprintf(why, sizeof(why), "extends past its CUDA allocation [0x%llx, +%llu)",
+    if (a - base >= size || r->length > UINT64_MAX - a) {
+        snprintf(why, sizeof(why), "outside its CUDA allocation [0x%llx, +%llu)",
                  (unsigned long long)base, (unsigned long long)size);
         return region_error(eng, KVB_ERR_INVALID, r, why);
     }
@@ -94,8 +101,10 @@ kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r
         return region_error(eng, KVB_ERR_NOMEM, r, "out of memory");
     cs->device = dev;
     cs->alloc_off = a - base;
-    cs->vmm_fd = -1;
-    export_region(eng, r, cs, base, size);
+    if (export_region(eng, r, cs, base, size, why, sizeof(why)) != KVB_OK) {
+        free(cs);
+        return region_error(eng, KVB_ERR_INVALID, r, why);
+    }
     memset(seg, 0, sizeof(*seg));
     seg->addr = a;
     seg->len = r->length;
@@ -116,8 +125,42 @@ void kvb__cuda_unmap_seg(kvb_engine_h eng, kvb__seg_t *seg)
     eng->n_cuda_segs--;
 }
 
-kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local)
+/* The parts table of r's VMM entries (their descriptors and sizes). */
+static kvb_status_t reply_parts(kvb_engine_h eng, kvb__hs_reply_t *r)
 {
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < r->ncuda; i++)
+        if (r->cuda[i].flags == KVB_HS_CUDA_VMM_PARTS)
+            n += r->cuda[i].nparts;
+    if (n == 0)
+        return KVB_OK;
+    if (n > KVB_HS_MAX_VMM_PARTS) {
+        KVB_LOGW("engine %s: %llu VMM allocations registered, more than a handshake carries "
+                 "(%u): writers stage device memory",
+                 eng->sid, (unsigned long long)n, KVB_HS_MAX_VMM_PARTS);
+        for (uint32_t i = 0; i < r->ncuda; i++)
+            if (r->cuda[i].flags == KVB_HS_CUDA_VMM_PARTS)
+                r->cuda[i].flags = 0;
+        return KVB_OK;
+    }
+    r->nparts = (uint32_t)n;
+    r->parts = calloc(r->nparts, sizeof(*r->parts));
+    if (r->parts == NULL)
+        return KVB_ERR_NOMEM;
+    kvb__fdsrv_ticket(eng, r->fdsock, r->ticket); /* none: writers use pidfd_getfd */
+    for (uint32_t i = 0; i < r->ncuda; i++) {
+        const kvb__hs_cuda_t *e = &r->cuda[i];
+        const kvb__cuda_seg_t *cs = eng->segs.v[e->seg].cuda;
+        for (uint32_t k = 0; e->flags == KVB_HS_CUDA_VMM_PARTS && k < e->nparts; k++)
+            r->parts[e->part0 + k] =
+                (kvb__hs_vmm_part_t){(uint32_t)cs->vmm_fds[k], cs->vmm_sizes[k]};
+    }
+    return KVB_OK;
+}
+
+kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local, uint32_t caps)
+{
+    uint64_t part = 0;
     if (eng->n_cuda_segs == 0)
         return KVB_OK;
     r->cuda = calloc(eng->n_cuda_segs, sizeof(*r->cuda));
@@ -130,13 +173,30 @@ kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local)
         kvb__hs_cuda_t *e = &r->cuda[r->ncuda++];
         e->seg = (uint32_t)i;
         e->device = cs->device;
-        if (local && (cs->ipc || cs->vmm)) {
-            e->flags = cs->vmm ? KVB_HS_CUDA_VMM : KVB_HS_CUDA_IPC;
+        if (!local)
+            continue;
+        if (cs->ipc) {
+            e->flags = KVB_HS_CUDA_IPC;
             e->alloc_off = cs->alloc_off;
             memcpy(e->handle, cs->handle, sizeof(e->handle));
+        } else if (cs->vmm && (caps & KVB_HS_CAP_VMM_PARTS)) {
+            /* a writer without the cap would refuse the flag: it stages */
+            e->flags = KVB_HS_CUDA_VMM_PARTS;
+            e->alloc_off = cs->alloc_off;
+            e->part0 = (uint32_t)part; /* too many in all: reply_parts drops them */
+            e->nparts = cs->vmm_n;
+            e->vmm_size = cs->vmm_size;
+            part += cs->vmm_n;
         }
     }
-    return KVB_OK;
+    return reply_parts(eng, r);
+}
+
+uint32_t kvb__cuda_caps(void)
+{
+    if (kvb__env_int("KVBRIDGE_CUDA_VMM", NULL, 1, 0, 1) == 0 || !kvb__cuda_has_vmm())
+        return 0;
+    return KVB_HS_CAP_VMM_PARTS;
 }
 
 kvb_status_t kvb_mem_query(const void *addr, kvb_mem_type_t *type_p, int *device_p)
@@ -270,15 +330,15 @@ static void import_one(kvb_engine_h eng, kvb__conn_t *c, uint32_t i, const kvb__
     s->direct = (uint8_t *)(uintptr_t)(m->base + e->alloc_off);
 }
 
-/* Map entry e's VMM allocation (listener pid's descriptor); sets the
+/* Map entry e's VMM allocations (listener pid's descriptors); sets the
  * segment's direct address. */
-static void vmm_one(kvb_engine_h eng, kvb__conn_t *c, uint32_t pid, uint32_t i,
+static void vmm_one(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r, uint32_t i,
                     const kvb__hs_cuda_t *e, kvb__seg_t *s)
 {
     char why[300] = "";
     int dev = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
     kvb__cuda_vmm_map_t *m = &c->cuda->vmms[i];
-    if (!kvb__cuda_vmm_import(dev < 0 ? 0 : dev, pid, e, s->len, m, why, sizeof(why))) {
+    if (!kvb__cuda_vmm_import(dev < 0 ? 0 : dev, r->pid, r, e, s->len, m, why, sizeof(why))) {
         KVB_LOGI("engine %s: session %s: device segment 0x%llx (VMM) not mapped (%s): staged "
                  "through host memory",
                  eng->sid, c->sess->sid, (unsigned long long)s->addr, why);
@@ -324,8 +384,8 @@ void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r
         if (import && kvb__cuda() != NULL && (e->flags & KVB_HS_CUDA_IPC)) {
             import_one(eng, c, i, e, s);
             imported += s->direct != NULL;
-        } else if (import && kvb__cuda() != NULL && (e->flags & KVB_HS_CUDA_VMM)) {
-            vmm_one(eng, c, r->pid, i, e, s);
+        } else if (import && kvb__cuda() != NULL && e->flags == KVB_HS_CUDA_VMM_PARTS) {
+            vmm_one(eng, c, r, i, e, s);
             vmms += s->direct != NULL;
         }
     }
@@ -386,20 +446,27 @@ static uint64_t device_sources(kvb_engine_h eng, const struct kvb_xfer *x, bool 
     return total;
 }
 
-/* ---- writer: pipelined staging of device sources ----
+/* ---- writer: pipelined staging of device sources through a ring ----
  * The copies device to pinned host memory run on the device-copy worker,
  * chunk by chunk, in the transfer's order; after each chunk the transfer's
  * staged mark (x->stage_ready: bytes of its blocks, in order, whose sources
  * are readable) moves on and the progress thread sends what it covers, so
- * the copy of chunk k+1 overlaps the send of chunk k. */
+ * the copy of chunk k+1 overlaps the send of chunk k. The staged bytes go
+ * through a ring of KVBRIDGE_CUDA_STAGE_RING bytes (whole chunks; smaller
+ * when the transfer is): a chunk is copied into its slot only once the
+ * messages that carried the slot's previous bytes are acknowledged
+ * (x->stage_free), so a transfer of any size pins at most the ring. */
 
 typedef struct stage_job {
     kvb__job_t job; /* first */
     kvb_engine_h eng;
     struct kvb_xfer *x;  /* a reference, dropped by done/drop */
-    kvb__cuda_copy_t *v; /* device pieces, in the transfer's order, each <= chunk */
+    kvb__cuda_copy_t *v; /* device pieces, in the transfer's order, each in one slot */
     uint64_t *at;        /* v[i]'s first byte's position in the transfer */
+    uint64_t *soff;      /* v[i]'s offset in the stream of staged bytes */
     size_t nv, i;        /* pieces, next one to copy */
+    size_t r;            /* pieces before it whose ring space is free again */
+    uint64_t freed;      /* staged bytes whose ring space is free again */
     uint64_t total;      /* the transfer's bytes */
     uint64_t chunk;      /* bytes per step */
     int device;
@@ -410,27 +477,46 @@ static void stage_job_free(stage_job_t *j)
     kvb__xfer_release(j->x);
     free(j->v);
     free(j->at);
+    free(j->soff);
     free(j);
 }
 
-static bool stage_step(kvb__job_t *jb) /* device-copy worker */
+/* Pieces from j->i on that fit a step and whose ring slot is free. */
+static size_t stage_fit(stage_job_t *j)
+{
+    struct kvb_xfer *x = j->x;
+    uint64_t free_pos = __atomic_load_n(&x->stage_free, __ATOMIC_ACQUIRE);
+    while (j->r < j->i && j->at[j->r] + j->v[j->r].len <= free_pos) {
+        j->freed = j->soff[j->r] + j->v[j->r].len;
+        j->r++;
+    }
+    size_t k = 0;
+    uint64_t bytes = 0;
+    while (j->i + k < j->nv && (k == 0 || bytes + j->v[j->i + k].len <= j->chunk) &&
+           j->soff[j->i + k] + j->v[j->i + k].len <= j->freed + x->stage_len)
+        bytes += j->v[j->i + k++].len;
+    return k;
+}
+
+static int stage_step(kvb__job_t *jb) /* device-copy worker */
 {
     stage_job_t *j = (stage_job_t *)jb;
     struct kvb_xfer *x = j->x;
     char why[300] = "";
     if (__atomic_load_n(&x->status, __ATOMIC_ACQUIRE) != KVB_ERR_INPROGRESS)
-        return false; /* over (failed, canceled): nobody reads the rest */
-    size_t k = 0;
-    uint64_t bytes = 0;
-    while (j->i + k < j->nv && (k == 0 || bytes + j->v[j->i + k].len <= j->chunk))
-        bytes += j->v[j->i + k++].len;
-    uint64_t t0 = kvb__now_ns();
+        return KVB__JOB_DONE; /* over (failed, canceled): nobody reads the rest */
+    size_t k = stage_fit(j);
+    if (k == 0)
+        return KVB__JOB_BLOCKED; /* the ring is full of bytes not yet acknowledged */
+    uint64_t t0 = kvb__now_ns(), bytes = 0;
+    for (size_t q = 0; q < k; q++)
+        bytes += j->v[j->i + q].len;
     kvb_status_t st = kvb__cuda_copy_batch(j->device, j->v + j->i, k, why, sizeof(why));
     if (st != KVB_OK) {
         snprintf(x->stage_why, sizeof(x->stage_why), "staging device sources: %s", why);
         __atomic_store_n(&x->stage_status, (int)st, __ATOMIC_RELEASE);
         kvb__jobs_wake(j->eng);
-        return false;
+        return KVB__JOB_DONE;
     }
     j->i += k;
     uint64_t ready = j->i < j->nv ? j->at[j->i] : UINT64_MAX;
@@ -440,7 +526,7 @@ static bool stage_step(kvb__job_t *jb) /* device-copy worker */
              (unsigned long long)j->total);
     __atomic_store_n(&x->stage_ready, ready, __ATOMIC_RELEASE);
     kvb__jobs_wake(j->eng);
-    return j->i < j->nv;
+    return j->i < j->nv ? KVB__JOB_MORE : KVB__JOB_DONE;
 }
 
 static void stage_done(kvb_engine_h eng, kvb__job_t *jb)
@@ -448,29 +534,35 @@ static void stage_done(kvb_engine_h eng, kvb__job_t *jb)
     stage_job_free((stage_job_t *)jb);
 }
 
-/* Split x's device sources into pieces of at most chunk bytes, pointing
- * the blocks at the pinned buffer (read only once staged). */
-static kvb_status_t stage_plan(stage_job_t *j, const bool *dev)
+/* Split x's device sources into pieces that each lie in one chunk of the
+ * staged stream (so in one slot of the ring: the ring is whole chunks), and
+ * mark the blocks staged (their src: an offset in that stream). */
+static kvb_status_t stage_plan(stage_job_t *j, const bool *dev, uint64_t total)
 {
     struct kvb_xfer *x = j->x;
-    size_t cap = 0;
-    for (size_t i = 0; i < x->n; i++)
-        cap += dev[i] ? (size_t)((x->blocks[i].len + j->chunk - 1) / j->chunk) : 0;
+    /* a piece per device block, and one more at each chunk boundary */
+    size_t cap = (size_t)(total / j->chunk) + x->n + 1;
     j->v = malloc((cap ? cap : 1) * sizeof(*j->v));
     j->at = malloc((cap ? cap : 1) * sizeof(*j->at));
-    if (j->v == NULL || j->at == NULL)
+    j->soff = malloc((cap ? cap : 1) * sizeof(*j->soff));
+    x->staged = calloc(x->n ? x->n : 1, sizeof(*x->staged));
+    if (j->v == NULL || j->at == NULL || j->soff == NULL || x->staged == NULL)
         return KVB_ERR_NOMEM;
     uint64_t off = 0, pos = 0;
     for (size_t i = 0; i < x->n; i++) {
         kvb_block_t *b = &x->blocks[i];
-        for (uint64_t o = 0; dev[i] && o < b->len; o += j->chunk) {
-            uint64_t len = b->len - o < j->chunk ? b->len - o : j->chunk;
-            uint64_t to = (uint64_t)(uintptr_t)x->stage + off + o;
+        for (uint64_t o = 0; dev[i] && o < b->len;) {
+            uint64_t room = j->chunk - (off + o) % j->chunk; /* to the chunk's end */
+            uint64_t len = b->len - o < room ? b->len - o : room;
+            uint64_t to = (uint64_t)(uintptr_t)x->stage + (off + o) % x->stage_len;
             j->at[j->nv] = pos + o;
+            j->soff[j->nv] = off + o;
             j->v[j->nv++] = (kvb__cuda_copy_t){to, b->src + o, len};
+            o += len;
         }
         if (dev[i]) {
-            b->src = (uint64_t)(uintptr_t)x->stage + off;
+            b->src = off;
+            x->staged[i] = true;
             off += b->len;
         }
         pos += b->len;
@@ -495,6 +587,19 @@ static stage_job_t *stage_job_new(kvb_engine_h eng, struct kvb_xfer *x)
     return j;
 }
 
+/* The ring for total staged bytes: whole chunks, at most
+ * KVBRIDGE_CUDA_STAGE_RING (at least one chunk), no more than the bytes. */
+static uint64_t stage_ring_len(uint64_t total, uint64_t chunk)
+{
+    uint64_t ring = (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGE_RING", NULL,
+                                           (int64_t)STAGE_RING_DEFAULT, 4096, (int64_t)1 << 40);
+    ring = ring / chunk * chunk;
+    if (ring < chunk)
+        ring = chunk;
+    uint64_t whole = (total + chunk - 1) / chunk * chunk;
+    return whole < ring ? whole : ring;
+}
+
 kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
 {
     bool *dev = calloc(x->n ? x->n : 1, sizeof(*dev));
@@ -503,30 +608,27 @@ kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x)
     pthread_mutex_lock(&eng->seg_mu);
     uint64_t total = device_sources(eng, x, dev);
     pthread_mutex_unlock(&eng->seg_mu);
-    uint64_t max = (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGE_XFER_MAX", NULL,
-                                          (int64_t)STAGE_XFER_MAX_DEFAULT, 1, INT64_MAX);
     kvb_status_t st = KVB_OK;
     stage_job_t *j = NULL;
     if (total == 0)
         goto out;
-    if (total > max) {
-        st = kvb__err_set(&eng->err, KVB_ERR_NOMEM,
-                          "session %s: %llu bytes of device memory to stage through host memory, "
-                          "more than KVBRIDGE_CUDA_STAGE_XFER_MAX (%llu): split the transfer",
-                          x->conn->sess->sid, (unsigned long long)total, (unsigned long long)max);
+    j = stage_job_new(eng, x);
+    if (j == NULL) {
+        st = kvb__err_set(&eng->err, KVB_ERR_NOMEM, "session %s: out of memory staging",
+                          x->conn->sess->sid);
         goto out;
     }
-    x->stage = kvb__cuda_stage_get(total);
+    uint64_t ring = stage_ring_len(total, j->chunk);
+    x->stage = kvb__cuda_stage_get(ring);
     if (x->stage == NULL) {
         st = kvb__err_set(&eng->err, KVB_ERR_NOMEM,
                           "session %s: no %llu bytes of pinned memory "
                           "to stage device sources",
-                          x->conn->sess->sid, (unsigned long long)total);
+                          x->conn->sess->sid, (unsigned long long)ring);
         goto out;
     }
-    x->stage_len = total;
-    j = stage_job_new(eng, x);
-    st = j == NULL ? KVB_ERR_NOMEM : stage_plan(j, dev);
+    x->stage_len = ring;
+    st = stage_plan(j, dev, total);
     if (st != KVB_OK) {
         kvb__err_set(&eng->err, st, "session %s: out of memory staging device sources",
                      x->conn->sess->sid);
@@ -548,7 +650,9 @@ void kvb__cuda_stage_start(kvb_engine_h eng, struct kvb_xfer *x)
     x->stage_job = NULL;
     if (j == NULL || kvb__jobs_push(eng, &j->job))
         return;
-    while (stage_step(&j->job)) /* no worker (the engine is stopping): here */
+    /* no worker (the engine is stopping): here, as far as the ring allows
+     * (nothing is sent now: the transfer fails with the engine) */
+    while (stage_step(&j->job) == KVB__JOB_MORE)
         ;
     stage_job_free(j);
 }

@@ -68,9 +68,10 @@ static uint8_t *map_file(kvb_engine_h eng, kvb__conn_t *c, uint32_t pid, const k
         return NULL;
     }
     /* Prefault only while this connection's total stays bounded: populate
-     * allocates every page of a sparse file. */
-    bool populate = c->populated + ref->file_size <= eng->direct_populate_max;
-    if (!populate)
+     * allocates every page of a sparse file. With the background warmer on,
+     * not here at all: it warms the allocated pages after the attach. */
+    bool populate = eng->warm == NULL && c->populated + ref->file_size <= eng->direct_populate_max;
+    if (!populate) /* past the budget, or left to the warmer */
         __atomic_add_fetch(&eng->direct_unpopulated, 1, __ATOMIC_RELAXED);
     uint8_t *m = kvb__shm_map_peer((int32_t)pid, ref, true, populate, why, wl);
     if (m != NULL) {
@@ -114,8 +115,10 @@ void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t 
         c->segs.v[k].direct = m + e->ref.file_off;
         mapped++;
     }
-    for (size_t i = 0; i < c->nmaps; i++)
+    for (size_t i = 0; i < c->nmaps; i++) {
         bytes += c->maps[i].size;
+        kvb__warm_add(eng, c, c->maps[i].base, c->maps[i].size);
+    }
     KVB_LOGI("engine %s: session %s: direct lane for %u of %zu segments (%zu files, %.1f MiB "
              "mapped in %.1f ms)",
              eng->sid, c->sess->sid, mapped, c->segs.n, c->nmaps, (double)bytes / (1 << 20),
@@ -388,6 +391,7 @@ bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *x)
 
 void kvb__direct_stop(kvb_engine_h eng)
 {
+    kvb__warm_stop(eng);
     pthread_mutex_lock(&eng->dmu);
     eng->dstop = 1;
     pthread_cond_broadcast(&eng->dcv);

@@ -380,9 +380,10 @@ static kvb_status_t reply_shared(kvb_engine_h eng, kvb__hs_reply_t *r)
 }
 
 /* local: the writer proved it runs on this host; only then the reply names
- * our shared files (pid, descriptors, nonces). */
-static kvb_status_t build_reply(kvb_engine_h eng, bool local, uint8_t **buf_p, size_t *len_p,
-                                uint64_t *gen_p)
+ * our shared files (pid, descriptors, nonces). caps: what the writer's
+ * request says it understands (KVB_HS_CAP_*). */
+static kvb_status_t build_reply(kvb_engine_h eng, bool local, uint32_t caps, uint8_t **buf_p,
+                                size_t *len_p, uint64_t *gen_p)
 {
     kvb__hs_reply_t r = {0};
     kvb_status_t st;
@@ -405,13 +406,14 @@ static kvb_status_t build_reply(kvb_engine_h eng, bool local, uint8_t **buf_p, s
     if (st == KVB_OK && local)
         st = reply_shared(eng, &r);
     if (st == KVB_OK)
-        st = kvb__cuda_reply(eng, &r, local);
+        st = kvb__cuda_reply(eng, &r, local, caps);
     if (st == KVB_OK)
         st = kvb__hs_reply_encode(&r, buf_p, len_p);
     pthread_mutex_unlock(&eng->seg_mu);
     free(r.segs);
     free(r.shm);
     free(r.cuda);
+    free(r.parts);
     return st;
 }
 
@@ -705,20 +707,20 @@ static kvb_status_t serve_handshake(kvb_engine_h eng, int fd, uint64_t *gen_p)
     uint8_t *req = NULL, *rep = NULL;
     size_t req_len, rep_len;
     const uint8_t *sid;
-    uint32_t sid_len;
+    uint32_t sid_len, caps = 0;
     hs_auth_t a;
     bool local = false;
     char why[256] = "";
     kvb_status_t st =
         kvb__sock_read_msg(fd, "KVBHQ001", 4096, deadline, &req, &req_len, why, sizeof(why));
     if (st == KVB_OK)
-        st = kvb__hs_request_decode(req, req_len, &sid, &sid_len, why, sizeof(why));
+        st = kvb__hs_request_decode(req, req_len, &sid, &sid_len, &caps, why, sizeof(why));
     if (st == KVB_OK && eng->secret != NULL)
         st = challenge(eng, fd, deadline, sid, sid_len, &a, why, sizeof(why));
     if (st == KVB_OK)
         st = local_check(eng, fd, deadline, &local, why, sizeof(why));
     if (st == KVB_OK)
-        st = build_reply(eng, local, &rep, &rep_len, gen_p);
+        st = build_reply(eng, local, caps, &rep, &rep_len, gen_p);
     if (st == KVB_OK && eng->secret != NULL)
         st = seal_reply(eng, fd, &a, sid, sid_len, &rep, &rep_len);
     if (st == KVB_OK)
@@ -1122,6 +1124,7 @@ static void ops_release_all(kvb_engine_h eng)
 
 static void engine_free(kvb_engine_h eng)
 {
+    kvb__warm_stop(eng); /* no-op after kvb__direct_stop */
     kvb__sessions_free(eng);
     for (size_t i = 0; i < eng->segs.n; i++)
         unmap_seg(eng, &eng->segs.v[i]);
@@ -1194,6 +1197,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     eng->direct_populate_max = (uint64_t)kvb__env_int("KVBRIDGE_DIRECT_POPULATE_MAX", NULL,
                                                       (int64_t)4 << 30, 0, (int64_t)1 << 50);
     eng->max_sessions = (size_t)kvb__env_int("KVBRIDGE_MAX_SESSIONS", NULL, 4096, 1, 10000000);
+    kvb__warm_init(eng);
     kvb__err_init(&eng->err);
     pthread_mutex_init(&eng->seg_mu, NULL);
     kvb__cond_init_mono(&eng->seg_cv);
@@ -1274,6 +1278,7 @@ void kvb_engine_destroy(kvb_engine_h eng)
     pthread_join(eng->progress_thr, NULL);
     pthread_join(eng->listen_thr, NULL);
     hs_drain(eng);
+    kvb__fdsrv_stop(eng); /* its thread reads the segments */
     engine_free(eng);
 }
 

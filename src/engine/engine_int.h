@@ -101,13 +101,21 @@ struct kvb_xfer {
     int abandoned; /* progress thread: connection lost, outstanding ops ignored */
     int direct;    /* direct lane: copied by the engine's copy threads */
     int cuda;      /* a source or destination is CUDA device memory (cuda_mem.c) */
-    void *stage;   /* message lane: device sources staged here (pinned), or NULL */
+    /* message lane: device sources staged through this ring (pinned,
+     * stage_len bytes), or NULL; staged[i]: block i's src is an offset in
+     * the stream of staged bytes, found at stage + offset % stage_len */
+    void *stage;
     size_t stage_len;
+    bool *staged;
     /* message lane, staged: bytes of blocks (in order) whose sources are
      * readable (atomic; UINT64_MAX all), set by the device-copy worker;
      * its failure (atomic status, then the reason, written before it) */
     uint64_t stage_ready;
-    void *stage_job; /* caller, until kvb__cuda_stage_start: the staging job */
+    /* staged: bytes of blocks (in order) whose messages were acknowledged,
+     * so their ring space may be reused (atomic; progress thread) */
+    uint64_t stage_free;
+    uint64_t am_pos[KVB__AM_WINDOW]; /* first byte of each message of am_win */
+    void *stage_job;                 /* caller, until kvb__cuda_stage_start: the staging job */
     int stage_status;
     char stage_why[340];
     uint64_t pos;  /* message lane (progress thread): bytes issued so far */
@@ -139,9 +147,14 @@ void kvb__op_untrack(kvb_engine_h eng, kvb__op_t *op);
  * answer peers); if the engine stops first, drop is called instead (on the
  * destroying thread), exactly one of the two. */
 typedef struct kvb__job kvb__job_t;
+enum {
+    KVB__JOB_DONE = 0,   /* run: the last step ran */
+    KVB__JOB_MORE = 1,   /* run: a step ran, more to run */
+    KVB__JOB_BLOCKED = 2 /* run: nothing could run (waits for kvb__jobs_kick) */
+};
 struct kvb__job {
     kvb__job_t *next;
-    bool (*run)(kvb__job_t *j); /* worker: one step; true: more steps to run */
+    int (*run)(kvb__job_t *j); /* worker: one step; KVB__JOB_* */
     void (*done)(kvb_engine_h eng, kvb__job_t *j);
     void (*drop)(kvb_engine_h eng, kvb__job_t *j);
     bool bounded; /* counts against KVBRIDGE_CUDA_COPY_QUEUE (peer-driven jobs) */
@@ -151,7 +164,9 @@ typedef struct kvb__jobs {
     pthread_cond_t cv;
     kvb__job_t *head, *tail, *done; /* queued (run order), finished */
     size_t n_bounded, max_bounded;
-    int has_done; /* atomic: done is not empty */
+    size_t n_queued, n_blocked; /* jobs queued; steps blocked in a row */
+    bool kicked;                /* kvb__jobs_kick since the worker last waited */
+    int has_done;               /* atomic: done is not empty */
     bool started, stop;
     pthread_t thr;
 } kvb__jobs_t;
@@ -215,6 +230,8 @@ struct kvb_engine {
     uint64_t direct_slack, direct_populate_max; /* KVBRIDGE_DIRECT_MAP_SLACK / _POPULATE_MAX */
     size_t n_cuda_segs;                         /* local registrations in device memory (seg_mu) */
     int cuda_device; /* atomic: the device our copies run in (first CUDA registration), -1 */
+    struct kvb__fdsrv *fdsrv; /* VMM descriptors for same-host writers (seg_mu; cuda_fdsrv.c) */
+    bool fdsrv_failed;        /* seg_mu: it could not start (not tried again) */
     /* secret set: the message-lane token of each authenticated control
      * connection (seg_mu); dropped when its connection closes */
     struct kvb__am_tok {
@@ -262,8 +279,10 @@ struct kvb_engine {
     pthread_t *dthr;
     size_t n_dthr;
     int dstop;
-    bool stream_copy;    /* AVX2 streaming stores available */
-    uint8_t *fence_base; /* our fence page (seg_mu), created with the first shared segment */
+    bool stream_copy;       /* AVX2 streaming stores available */
+    struct kvb__warm *warm; /* background warmer of new mappings (warm.c), NULL when off */
+    int warm_pct;           /* KVBRIDGE_DIRECT_WARM_CPU: % of one core it may use; 0 = off */
+    uint8_t *fence_base;    /* our fence page (seg_mu), created with the first shared segment */
     kvb__shm_ref_t fence_ref;
 
     kvb__jobs_t jobs; /* device-copy worker (jobs.c) */
@@ -342,20 +361,24 @@ void kvb__direct_stop(kvb_engine_h eng);
 
 /* cuda_mem.c: CUDA device memory on every lane (docs/engine.md) */
 typedef struct kvb__cuda_seg {
-    int device;         /* local: ordinal here; remote: the peer's (informational) */
-    bool ipc;           /* local: handle exports the allocation (legacy IPC) */
-    bool vmm;           /* local: handle names vmm_fd, the VMM allocation exported */
-    int vmm_fd;         /* local, vmm: our shareable handle (closed at unregistration) */
-    uint64_t alloc_off; /* local: offset of the segment in that allocation */
-    uint8_t handle[KVB_HS_CUDA_HANDLE];
+    int device;          /* local: ordinal here; remote: the peer's (informational) */
+    bool ipc;            /* local: handle exports the allocation (legacy IPC) */
+    bool vmm;            /* local: the VMM allocations holding the segment exported */
+    uint32_t vmm_n;      /* local, vmm: allocations, mapped back to back from the first */
+    int *vmm_fds;        /* local, vmm: our shareable handles (closed at unregistration) */
+    uint64_t *vmm_sizes; /* local, vmm: their sizes */
+    uint64_t vmm_size;   /* local, vmm: their sum */
+    uint64_t alloc_off;  /* local: offset of the segment in that allocation (the first) */
+    uint8_t handle[KVB_HS_CUDA_HANDLE]; /* local, ipc: the IPC handle */
 } kvb__cuda_seg_t;
 /* seg_mu held: classify r (AUTO), check it and fill seg's CUDA part;
  * *cuda_p: device memory (then no UCX registration). */
 kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__seg_t *seg,
                                   bool *cuda_p);
 void kvb__cuda_unmap_seg(kvb_engine_h eng, kvb__seg_t *seg); /* seg_mu held */
-/* seg_mu held: the reply's device-memory table (handles only for local). */
-kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local);
+/* seg_mu held: the reply's device-memory table (handles only for local;
+ * VMM parts only for a writer whose caps have KVB_HS_CAP_VMM_PARTS). */
+kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local, uint32_t caps);
 /* Writer, before the handshake's conn is established: room for the peer's
  * device-memory table (KVB_ERR_NOMEM). */
 kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r);
@@ -372,38 +395,74 @@ bool kvb__jobs_push(kvb_engine_h eng, kvb__job_t *j);
 bool kvb__jobs_progress(kvb_engine_h eng);
 /* Wake the progress thread (a job made progress it may act on). */
 void kvb__jobs_wake(kvb_engine_h eng);
+/* Wake the worker (a blocked job may run: staging memory was freed). When
+ * every queued job is blocked the worker waits for this, or 2 ms. */
+void kvb__jobs_kick(kvb_engine_h eng);
 /* Before the progress thread stops: join the worker, drop every job left. */
 void kvb__jobs_stop(kvb_engine_h eng);
 void kvb__jobs_free(kvb__jobs_t *q);
 
 /* cuda_vmm.c: VMM allocations on the same-host lane. Target, at
- * registration: export the VMM allocation [base, +size) on dev as a file
- * descriptor into cs (vmm, vmm_fd, handle): 1 exported, 0 not VMM memory
- * (or a driver without VMM), -1 VMM but refused (why). */
-int kvb__cuda_vmm_export(int dev, uint64_t base, uint64_t size, kvb__cuda_seg_t *cs, char *why,
-                         size_t wl);
+ * registration of [.., end) whose first byte lies in the mapping [base,
+ * +size) on dev: export the VMM allocations mapped back to back from base
+ * up to end as file descriptors into cs (vmm, vmm_n, vmm_fds, vmm_sizes,
+ * vmm_size). 1 exported; 0 not VMM memory (or a driver without VMM) and end
+ * within the mapping; -1 VMM but an export refused (why; writers stage it);
+ * -2 the region cannot be registered (why: past its allocation, mixed
+ * cuMemAlloc and VMM memory, too many allocations). */
+int kvb__cuda_vmm_export(int dev, uint64_t base, uint64_t size, uint64_t end, kvb__cuda_seg_t *cs,
+                         char *why, size_t wl);
 void kvb__cuda_vmm_unexport(kvb__cuda_seg_t *cs);
-/* Writer: a peer's VMM allocation mapped here (size 0: none). */
+/* Writer: a peer's VMM allocations mapped here back to back (size 0: none). */
 typedef struct kvb__cuda_vmm_map {
-    kvb_CUdeviceptr va;
+    kvb_CUdeviceptr va; /* the reservation, size bytes */
     uint64_t size;
+    bool reserved;
+    uint32_t parts, n; /* allocations; mapped so far */
+    uint64_t *sizes;   /* each one's size */
 } kvb__cuda_vmm_map_t;
-/* Writer: fetch listener pid's descriptor e names, import and map it on dev;
- * the segment (seg_len bytes at e->alloc_off) must lie inside. false: not
- * mapped (why). */
-bool kvb__cuda_vmm_import(int dev, uint32_t pid, const kvb__hs_cuda_t *e, uint64_t seg_len,
-                          kvb__cuda_vmm_map_t *m, char *why, size_t wl);
+/* Writer: fetch listener pid's descriptors of entry e's parts (rep's parts
+ * table), import and map them on dev; the segment (seg_len bytes at
+ * e->alloc_off) must lie inside. false: nothing mapped (why). */
+bool kvb__cuda_vmm_import(int dev, uint32_t pid, const kvb__hs_reply_t *rep,
+                          const kvb__hs_cuda_t *e, uint64_t seg_len, kvb__cuda_vmm_map_t *m,
+                          char *why, size_t wl);
 void kvb__cuda_vmm_unmap(kvb__cuda_vmm_map_t *m);
+/* cuda_fdsrv.c: the target's VMM descriptors passed to same-host writers
+ * over an abstract Unix socket (SCM_RIGHTS), without ptrace rights. */
+#define KVB_FDSRV_MAX_FDS 64 /* descriptors per request */
+typedef struct kvb__fdsrv kvb__fdsrv_t;
+/* seg_mu held (registration of a VMM region): start the server once
+ * (KVBRIDGE_CUDA_FD_SOCKET=0: never). */
+void kvb__fdsrv_ensure(kvb_engine_h eng);
+/* seg_mu held (a reply naming VMM parts): the socket's name and a fresh
+ * ticket for it; false (both zeroed) without a server. */
+bool kvb__fdsrv_ticket(kvb_engine_h eng, uint8_t name[KVB_HS_FDSOCK_LEN],
+                       uint8_t ticket[KVB_HS_TICKET_LEN]);
+/* Engine destroy, before the segments go: stop the server. */
+void kvb__fdsrv_stop(kvb_engine_h eng);
+/* Writer: connect to the target's socket (-1: why), then fetch n (<=
+ * KVB_FDSRV_MAX_FDS) of its descriptors under ticket into out (each ours to
+ * close); false: none received (why). */
+int kvb__fdsrv_connect(const uint8_t name[KVB_HS_FDSOCK_LEN], char *why, size_t wl);
+bool kvb__fdsrv_fetch(int c, const uint8_t ticket[KVB_HS_TICKET_LEN], const uint32_t *fdn,
+                      uint32_t n, int *out, char *why, size_t wl);
+/* The caps a writer's handshake request announces (KVB_HS_CAP_*): VMM parts
+ * when the driver loads with the VMM entry points and KVBRIDGE_CUDA_VMM is
+ * not 0. */
+uint32_t kvb__cuda_caps(void);
 /* Does a block of the batch touch device memory (dst_seg: the peer's
  * segment of each block, -1 for empty ones)? */
 bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
                         const kvb_block_t *b, size_t n);
-/* Message lane, writer (before x is submitted): point x's device sources at
- * one pinned buffer and plan their staging (x->stage_ready 0: nothing may be
- * sent yet). Once x is submitted, kvb__cuda_stage_start hands the copies to
- * the device-copy worker (chunk by chunk; x->stage_ready tells the progress
- * thread how far; no worker: on this thread); a transfer never submitted
- * drops the plan with kvb__cuda_stage_abandon. */
+/* Message lane, writer (before x is submitted): mark x's device sources
+ * staged through a bounded pinned ring (x->stage, x->staged) and plan their
+ * staging (x->stage_ready 0: nothing may be sent yet). Once x is submitted,
+ * kvb__cuda_stage_start hands the copies to the device-copy worker (chunk by
+ * chunk, each once its ring slot is free: x->stage_free; x->stage_ready
+ * tells the progress thread how far; no worker: on this thread, as far as
+ * the ring allows); a transfer never submitted drops the plan with
+ * kvb__cuda_stage_abandon. */
 kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x);
 void kvb__cuda_stage_start(kvb_engine_h eng, struct kvb_xfer *x);
 void kvb__cuda_stage_abandon(struct kvb_xfer *x);
@@ -413,6 +472,13 @@ kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t 
 /* Message lane, target: the most bytes one message into device memory may
  * carry (staged), KVBRIDGE_CUDA_STAGE_MSG_MAX. */
 uint64_t kvb__cuda_stage_msg_max(void);
+/* warm.c: warming a peer's newly mapped files off the copy threads' path */
+int kvb__warm_cpu_pct(void);           /* KVBRIDGE_DIRECT_WARM_CPU (default 50) */
+void kvb__warm_init(kvb_engine_h eng); /* at engine creation (no memory: warmer off) */
+/* Queue [base, base + size) of c's mappings (takes a reference to c). */
+void kvb__warm_add(kvb_engine_h eng, kvb__conn_t *c, uint8_t *base, uint64_t size);
+void kvb__warm_stop(kvb_engine_h eng);      /* joins the thread, drops the jobs */
+uint64_t kvb__warm_pages(kvb_engine_h eng); /* pages warmed so far */
 
 /* xfer.c */
 /* Set x's final status, wake its waiters and drop the engine's reference. */

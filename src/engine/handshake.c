@@ -136,6 +136,7 @@ static bool rb_header(rbuf_t *r, const char *magic, char *why, size_t whylen)
 
 kvb_status_t kvb__hs_reply_encode(const kvb__hs_reply_t *r, uint8_t **buf_p, size_t *len_p)
 {
+    static const uint8_t zero[KVB_HS_CUDA_HANDLE];
     wbuf_t w = {0};
     wb_put(&w, REP_MAGIC, KVB_HS_MAGIC_LEN);
     wb_u32(&w, 0); /* total, patched by wb_finish */
@@ -172,7 +173,24 @@ kvb_status_t kvb__hs_reply_encode(const kvb__hs_reply_t *r, uint8_t **buf_p, siz
             wb_u32(&w, r->cuda[i].flags);
             wb_u32(&w, 0);
             wb_u64(&w, r->cuda[i].alloc_off);
-            wb_put(&w, r->cuda[i].handle, KVB_HS_CUDA_HANDLE);
+            if (r->cuda[i].flags == KVB_HS_CUDA_VMM_PARTS) {
+                wb_u32(&w, r->cuda[i].part0);
+                wb_u32(&w, r->cuda[i].nparts);
+                wb_u64(&w, r->cuda[i].vmm_size);
+                wb_put(&w, zero, KVB_HS_CUDA_HANDLE - 16);
+            } else {
+                wb_put(&w, r->cuda[i].handle, KVB_HS_CUDA_HANDLE);
+            }
+        }
+    }
+    if (r->nparts > 0) {
+        wb_u32(&w, r->nparts);
+        wb_put(&w, r->fdsock, KVB_HS_FDSOCK_LEN);
+        wb_put(&w, r->ticket, KVB_HS_TICKET_LEN);
+        for (uint32_t i = 0; i < r->nparts; i++) {
+            wb_u32(&w, r->parts[i].fd);
+            wb_u32(&w, 0);
+            wb_u64(&w, r->parts[i].size);
         }
     }
     return wb_finish(&w, buf_p, len_p);
@@ -262,13 +280,110 @@ static bool decode_shm(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen)
 }
 
 #define CUDA_ENTRY_LEN (4 * 4 + 8 + KVB_HS_CUDA_HANDLE)
+#define VMM_PART_LEN 16
 
-/* The optional device-memory table: entries sorted by segment, one known flag,
+static uint64_t get_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static bool cuda_flags_ok(uint32_t f)
+{
+    return f == 0 || f == KVB_HS_CUDA_IPC || f == KVB_HS_CUDA_VMM || f == KVB_HS_CUDA_VMM_PARTS;
+}
+
+/* A KVB_HS_CUDA_VMM_PARTS entry's handle: first part, count, bytes, zeros;
+ * its parts follow the previous entry's (*next: the first part not yet
+ * claimed). */
+static bool vmm_entry(kvb__hs_cuda_t *e, const uint8_t *h, uint32_t *next)
+{
+    static const uint8_t zero[KVB_HS_CUDA_HANDLE - 16];
+    e->part0 = (uint32_t)get_le(h, 4);
+    e->nparts = (uint32_t)get_le(h + 4, 4);
+    e->vmm_size = get_le(h + 8, 8);
+    if (memcmp(h + 16, zero, sizeof(zero)) != 0 || e->part0 != *next || e->nparts == 0 ||
+        e->nparts > KVB_HS_MAX_VMM_PARTS - e->part0 || e->vmm_size == 0 ||
+        e->vmm_size > KVB_HS_VMM_SIZE_MAX || e->alloc_off >= e->vmm_size)
+        return false;
+    *next = e->part0 + e->nparts;
+    return true;
+}
+
+/* The descriptor socket's name: none (all zero), or ours
+ * ("kvbridge-fd-" then letters, digits, '-'), NUL-padded, never another
+ * abstract socket of this host. */
+static bool fdsock_ok(const uint8_t *n)
+{
+    size_t len = strnlen((const char *)n, KVB_HS_FDSOCK_LEN), pre = strlen(KVB_HS_FDSOCK_PREFIX);
+    for (size_t i = len; i < KVB_HS_FDSOCK_LEN; i++)
+        if (n[i] != 0)
+            return false;
+    if (len == 0)
+        return true;
+    if (len == KVB_HS_FDSOCK_LEN || len <= pre || memcmp(n, KVB_HS_FDSOCK_PREFIX, pre) != 0)
+        return false;
+    for (size_t i = pre; i < len; i++)
+        if (!((n[i] >= 'a' && n[i] <= 'z') || (n[i] >= '0' && n[i] <= '9') || n[i] == '-'))
+            return false;
+    return true;
+}
+
+/* The VMM parts table: exactly the parts the entries claimed, each entry's
+ * sizes adding up to its bytes. */
+static bool decode_parts(rbuf_t *rb, kvb__hs_reply_t *r, uint32_t claimed, char *why, size_t whylen)
+{
+    if (claimed == 0)
+        return true;
+    const uint8_t *name, *ticket;
+    if (!rb_u32(rb, &r->nparts) || r->nparts != claimed ||
+        !rb_bytes(rb, KVB_HS_FDSOCK_LEN, &name) || !rb_bytes(rb, KVB_HS_TICKET_LEN, &ticket) ||
+        r->nparts > (rb->len - rb->off) / VMM_PART_LEN) {
+        snprintf(why, whylen, "VMM parts table truncated or not the %u parts claimed", claimed);
+        return false;
+    }
+    if (!fdsock_ok(name)) {
+        snprintf(why, whylen, "VMM parts table: descriptor socket name invalid");
+        return false;
+    }
+    memcpy(r->fdsock, name, KVB_HS_FDSOCK_LEN);
+    memcpy(r->ticket, ticket, KVB_HS_TICKET_LEN);
+    r->parts = calloc(r->nparts, sizeof(*r->parts));
+    if (r->parts == NULL) {
+        snprintf(why, whylen, "out of memory");
+        return false;
+    }
+    for (uint32_t i = 0; i < r->nparts; i++) {
+        uint32_t zero;
+        if (!rb_u32(rb, &r->parts[i].fd) || !rb_u32(rb, &zero) || !rb_u64(rb, &r->parts[i].size) ||
+            zero != 0 || r->parts[i].size == 0 || r->parts[i].size > KVB_HS_VMM_SIZE_MAX) {
+            snprintf(why, whylen, "VMM part %u invalid", i);
+            return false;
+        }
+    }
+    for (uint32_t i = 0; i < r->ncuda; i++) {
+        const kvb__hs_cuda_t *e = &r->cuda[i];
+        uint64_t sum = 0;
+        for (uint32_t k = 0; e->flags == KVB_HS_CUDA_VMM_PARTS && k < e->nparts; k++)
+            sum += r->parts[e->part0 + k].size; /* each <= 2^48, at most 2^16: no overflow */
+        if (e->flags == KVB_HS_CUDA_VMM_PARTS && sum != e->vmm_size) {
+            snprintf(why, whylen, "device-memory entry %u: parts of %llu bytes, not %llu", i,
+                     (unsigned long long)sum, (unsigned long long)e->vmm_size);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The optional device-memory table: entries sorted by segment, known flags,
  * zero padding. The offset is checked by the writer against the allocation
  * it imports (cuda_mem.c). */
 static bool decode_cuda(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen)
 {
     int64_t prev = -1;
+    uint32_t claimed = 0;
     if (rb->off == rb->len)
         return true; /* no device memory */
     if (rb->len - rb->off < 4 + CUDA_ENTRY_LEN) {
@@ -292,8 +407,8 @@ static bool decode_cuda(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen
         if (!rb_u32(rb, &e->seg) || !rb_u32(rb, &dev) || !rb_u32(rb, &e->flags) ||
             !rb_u32(rb, &zero) || !rb_u64(rb, &e->alloc_off) ||
             !rb_bytes(rb, KVB_HS_CUDA_HANDLE, &h) || e->seg >= r->nseg || (int64_t)e->seg <= prev ||
-            (e->flags != 0 && e->flags != KVB_HS_CUDA_IPC && e->flags != KVB_HS_CUDA_VMM) ||
-            zero != 0) {
+            !cuda_flags_ok(e->flags) || zero != 0 ||
+            (e->flags == KVB_HS_CUDA_VMM_PARTS && !vmm_entry(e, h, &claimed))) {
             snprintf(why, whylen, "device-memory entry %u truncated, invalid or unsorted", i);
             return false;
         }
@@ -301,7 +416,7 @@ static bool decode_cuda(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen
         memcpy(e->handle, h, KVB_HS_CUDA_HANDLE);
         prev = (int64_t)e->seg;
     }
-    return true;
+    return decode_parts(rb, r, claimed, why, whylen);
 }
 
 kvb_status_t kvb__hs_reply_decode(const uint8_t *buf, size_t len, kvb__hs_reply_t *r, char *why,
@@ -342,13 +457,15 @@ void kvb__hs_reply_free(kvb__hs_reply_t *r)
     free(r->segs);
     free(r->shm);
     free(r->cuda);
+    free(r->parts);
     r->segs = NULL;
     r->shm = NULL;
     r->cuda = NULL;
-    r->nseg = r->nshm = r->ncuda = 0;
+    r->parts = NULL;
+    r->nseg = r->nshm = r->ncuda = r->nparts = 0;
 }
 
-kvb_status_t kvb__hs_request_encode(const char *sid, uint8_t **buf_p, size_t *len_p)
+kvb_status_t kvb__hs_request_encode(const char *sid, uint32_t caps, uint8_t **buf_p, size_t *len_p)
 {
     wbuf_t w = {0};
     size_t n = strlen(sid);
@@ -358,23 +475,27 @@ kvb_status_t kvb__hs_request_encode(const char *sid, uint8_t **buf_p, size_t *le
     wb_u32(&w, 0);
     wb_u32(&w, (uint32_t)n);
     wb_put(&w, sid, n);
+    if (caps != 0)
+        wb_u32(&w, caps);
     return wb_finish(&w, buf_p, len_p);
 }
 
 kvb_status_t kvb__hs_request_decode(const uint8_t *buf, size_t len, const uint8_t **sid_p,
-                                    uint32_t *sid_len_p, char *why, size_t whylen)
+                                    uint32_t *sid_len_p, uint32_t *caps_p, char *why, size_t whylen)
 {
     rbuf_t rb = {buf, len, 0};
-    uint32_t n;
+    uint32_t n, caps = 0;
     const uint8_t *sid;
     if (!rb_header(&rb, REQ_MAGIC, why, whylen))
         return KVB_ERR_PROTO;
-    if (!rb_u32(&rb, &n) || n > KVB_HS_MAX_SID || !rb_bytes(&rb, n, &sid) || rb.off != len) {
+    if (!rb_u32(&rb, &n) || n > KVB_HS_MAX_SID || !rb_bytes(&rb, n, &sid) ||
+        (rb.off != len && !rb_u32(&rb, &caps)) || rb.off != len) {
         snprintf(why, whylen, "handshake request malformed");
         return KVB_ERR_PROTO;
     }
     *sid_p = sid;
     *sid_len_p = n;
+    *caps_p = caps;
     return KVB_OK;
 }
 

@@ -2,7 +2,11 @@
  * the blocking socket helpers that carry them. Every decoder treats its input
  * as hostile: lengths, counts and sizes are checked before use.
  *
- * request  "KVBHQ001" u32 total u32 sid_len sid
+ * request  "KVBHQ001" u32 total u32 sid_len sid [u32 caps]
+ *          (caps: what the writer understands in a reply, KVB_HS_CAP_*; sent
+ *          only by a writer with a CUDA driver loaded, the one case it matters,
+ *          so other writers still reach targets that know no caps; absent: 0;
+ *          unknown bits ignored)
  * reply    "KVBHS002" u32 total u64 epoch u64 generation u32 host_len host
  *          u32 waddr_len waddr u32 nseg { u64 addr u64 len u32 rkey_len rkey }*
  *          u32 pid u32 nshm { u32 seg u32 fd u64 file_off u64 file_size u64 dev
@@ -13,10 +17,19 @@
  *          CUDA device memory, sorted by seg; flags bit 0: handle is a CUDA IPC
  *          handle of the allocation holding the segment at alloc_off; bit 1
  *          (never with bit 0): handle names the listener's file descriptor
- *          of a VMM allocation's shareable handle (KVB_HS_CUDA_VMM); either
- *          sent to same-host writers only. A writer that does not know the table
- *          refuses the reply, which is right: it would treat device memory
- *          as host memory.)
+ *          of a VMM allocation's shareable handle (KVB_HS_CUDA_VMM; sent by
+ *          the previous version, decoded, never imported); bit 2 (alone):
+ *          the segment lies in VMM allocations mapped back to back, handle =
+ *          u32 first part, u32 parts, u64 bytes in all (KVB_HS_CUDA_VMM_PARTS),
+ *          sent only to a writer whose caps have KVB_HS_CAP_VMM_PARTS; all
+ *          sent to same-host writers only.)
+ *          [u32 nparts fdsock[32] ticket[32] { u32 fd u32 zero u64 size }*]
+ *          (present when an entry has bit 2: the listener's descriptor socket
+ *          (cuda_fdsrv.c: an abstract Unix socket name "kvbridge-fd-...",
+ *          NUL-padded; all zero: none, fetch with pidfd_getfd) and a ticket
+ *          for it; the VMM allocations, the listener's descriptors of their
+ *          shareable handles, each entry's parts in order, entries in order) A writer that does not
+ * know the table refuses the reply, which is right: it would treat device memory as host memory.)
  * notice   "KVBGN001" u64 generation      (segment table changed)
  *
  * With an engine secret, both sides prove it (docs/security.md):
@@ -96,7 +109,23 @@ typedef struct kvb__hs_shm {
  * listener's descriptor of a POSIX shareable handle of the VMM allocation
  * (cuMemExportToShareableHandle), size bytes, mapped whole at offset 0 */
 #define KVB_HS_CUDA_VMM 2u
+/* kvb__hs_cuda_t.flags: the segment lies in parts [part0, +nparts) of the
+ * reply's VMM parts table, mapped back to back (vmm_size bytes in all), the
+ * segment at alloc_off from the first part's start */
+#define KVB_HS_CUDA_VMM_PARTS 4u
 #define KVB_HS_CUDA_HANDLE 64
+#define KVB_HS_CAP_VMM_PARTS 1u          /* request caps: the writer maps VMM parts */
+#define KVB_HS_MAX_VMM_PARTS 65536u      /* parts in one reply (descriptors the listener holds) */
+#define KVB_HS_VMM_SIZE_MAX (1ull << 48) /* bytes of one entry's parts, all together */
+#define KVB_HS_FDSOCK_LEN 32             /* the descriptor socket's name, NUL-padded */
+#define KVB_HS_FDSOCK_PREFIX "kvbridge-fd-"
+#define KVB_HS_TICKET_LEN 32
+
+/* One VMM allocation of the parts table. */
+typedef struct kvb__hs_vmm_part {
+    uint32_t fd; /* the listener's descriptor of its shareable handle */
+    uint64_t size;
+} kvb__hs_vmm_part_t;
 
 /* A segment in CUDA device memory (cuda_mem.c). */
 typedef struct kvb__hs_cuda {
@@ -105,6 +134,9 @@ typedef struct kvb__hs_cuda {
     uint32_t flags;
     uint64_t alloc_off; /* the segment's offset in the allocation the handle exports */
     uint8_t handle[KVB_HS_CUDA_HANDLE];
+    /* KVB_HS_CUDA_VMM_PARTS: decoded from handle (encode: filled from these) */
+    uint32_t part0, nparts;
+    uint64_t vmm_size;
 } kvb__hs_cuda_t;
 
 typedef struct kvb__hs_reply {
@@ -121,6 +153,10 @@ typedef struct kvb__hs_reply {
     kvb__hs_shm_t *shm; /* malloc'ed by decode; free with kvb__hs_reply_free */
     uint32_t ncuda;
     kvb__hs_cuda_t *cuda; /* malloc'ed by decode; free with kvb__hs_reply_free */
+    uint32_t nparts;
+    kvb__hs_vmm_part_t *parts;         /* malloc'ed by decode; free with kvb__hs_reply_free */
+    uint8_t fdsock[KVB_HS_FDSOCK_LEN]; /* with parts: the descriptor socket (zeros: none) */
+    uint8_t ticket[KVB_HS_TICKET_LEN]; /* with parts: the ticket for it */
 } kvb__hs_reply_t;
 
 /* Encode a reply into a malloc'ed buffer (*buf_p, *len_p). */
@@ -133,10 +169,12 @@ kvb_status_t kvb__hs_reply_decode(const uint8_t *buf, size_t len, kvb__hs_reply_
                                   size_t whylen);
 void kvb__hs_reply_free(kvb__hs_reply_t *r);
 
-kvb_status_t kvb__hs_request_encode(const char *sid, uint8_t **buf_p, size_t *len_p);
-/* Validate a request; the returned sid points into buf. */
+/* caps 0: the request without the caps field (as before caps). */
+kvb_status_t kvb__hs_request_encode(const char *sid, uint32_t caps, uint8_t **buf_p, size_t *len_p);
+/* Validate a request; the returned sid points into buf; *caps_p 0 if absent. */
 kvb_status_t kvb__hs_request_decode(const uint8_t *buf, size_t len, const uint8_t **sid_p,
-                                    uint32_t *sid_len_p, char *why, size_t whylen);
+                                    uint32_t *sid_len_p, uint32_t *caps_p, char *why,
+                                    size_t whylen);
 
 /* ---- authentication and the same-host proof ---- */
 typedef enum kvb__hs_kind {

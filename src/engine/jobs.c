@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define JOBS_BOUND_DEFAULT 16 /* bounded jobs (the target's copies) queued or running */
@@ -19,7 +20,7 @@ void kvb__jobs_init(kvb__jobs_t *q)
 {
     memset(q, 0, sizeof(*q));
     pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->cv, NULL);
+    kvb__cond_init_mono(&q->cv); /* blocked_wait: a monotonic time-out */
     q->max_bounded =
         (size_t)kvb__env_int("KVBRIDGE_CUDA_COPY_QUEUE", NULL, JOBS_BOUND_DEFAULT, 1, 1 << 20);
 }
@@ -34,6 +35,33 @@ static void wake(kvb_engine_h eng)
 void kvb__jobs_wake(kvb_engine_h eng)
 {
     wake(eng);
+}
+
+/* Every queued job is blocked: wait for a kick (or 2 ms, bounded, in case
+ * one was missed), then try them all again. q->mu held. */
+static void blocked_wait(kvb__jobs_t *q)
+{
+    if (!q->kicked && !q->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 2000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+    }
+    q->kicked = false;
+    q->n_blocked = 0;
+}
+
+void kvb__jobs_kick(kvb_engine_h eng)
+{
+    kvb__jobs_t *q = &eng->jobs;
+    pthread_mutex_lock(&q->mu);
+    q->kicked = true;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
 }
 
 static void *jobs_main(void *arg)
@@ -51,17 +79,21 @@ static void *jobs_main(void *arg)
         if (q->head == NULL)
             q->tail = NULL;
         pthread_mutex_unlock(&q->mu);
-        bool more = j->run(j);
+        int r = j->run(j);
         pthread_mutex_lock(&q->mu);
         j->next = NULL;
-        if (more) { /* to the back: the others get their turn */
+        if (r != KVB__JOB_DONE) { /* to the back: the others get their turn */
             if (q->tail != NULL)
                 q->tail->next = j;
             else
                 q->head = j;
             q->tail = j;
+            q->n_blocked = r == KVB__JOB_BLOCKED ? q->n_blocked + 1 : 0;
+            if (q->n_blocked >= q->n_queued)
+                blocked_wait(q); /* a whole round blocked */
             continue;
         }
+        q->n_queued--;
         q->n_bounded -= j->bounded;
         j->next = q->done;
         q->done = j;
@@ -93,6 +125,8 @@ bool kvb__jobs_push(kvb_engine_h eng, kvb__job_t *j)
             q->head = j;
         q->tail = j;
         q->n_bounded += j->bounded;
+        q->n_queued++;
+        q->n_blocked = 0;
         pthread_cond_signal(&q->cv);
     }
     pthread_mutex_unlock(&q->mu);
@@ -140,6 +174,7 @@ void kvb__jobs_stop(kvb_engine_h eng)
     pthread_mutex_lock(&q->mu);
     kvb__job_t *queued = q->head, *done = q->done;
     q->head = q->tail = q->done = NULL;
+    q->n_queued = 0;
     __atomic_store_n(&q->has_done, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&q->mu);
     drop_list(eng, queued);

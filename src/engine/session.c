@@ -330,7 +330,7 @@ static kvb_status_t exchange(kvb_engine_h eng, int fd, uint64_t deadline, hs_out
 {
     uint8_t *req = NULL;
     size_t req_len;
-    kvb_status_t st = kvb__hs_request_encode(eng->sid, &req, &req_len);
+    kvb_status_t st = kvb__hs_request_encode(eng->sid, kvb__cuda_caps(), &req, &req_len);
     if (st == KVB_OK)
         st = kvb__sock_write_all(fd, req, req_len, deadline);
     free(req);

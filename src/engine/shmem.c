@@ -38,15 +38,24 @@ static size_t page_round(size_t n)
 
 kvb_status_t kvb__shm_create(size_t payload, uint8_t **base_p, kvb__shm_ref_t *ref_p)
 {
+    return kvb__shm_create_ex(payload, KVB_HUGE_NONE, base_p, ref_p);
+}
+
+kvb_status_t kvb__shm_create_ex(size_t payload, kvb__huge_t huge, uint8_t **base_p,
+                                kvb__shm_ref_t *ref_p)
+{
     kvb__shm_ref_t ref = {0};
     struct stat sb;
     if (payload == 0 || payload > KVB_SHM_MAX_FILE - KVB_SHM_TRAILER)
         return KVB_ERR_INVALID;
-    payload = page_round(payload);
-    ref.file_size = payload + KVB_SHM_TRAILER;
+    /* hugetlb files are whole huge pages: the trailer ends the last one */
+    size_t unit = huge == KVB_HUGE_TLB ? KVB_HUGE_PAGE : KVB_SHM_TRAILER;
+    ref.file_size = (page_round(payload) + KVB_SHM_TRAILER + unit - 1) / unit * unit;
+    payload = ref.file_size - KVB_SHM_TRAILER;
     if (getrandom(ref.nonce, sizeof(ref.nonce), 0) != (ssize_t)sizeof(ref.nonce))
         return KVB_ERR_IO;
-    int fd = memfd_create("kvbridge-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = memfd_create("kvbridge-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING |
+                                             (huge == KVB_HUGE_TLB ? MFD_HUGETLB : 0));
     if (fd < 0)
         return errno == ENOMEM ? KVB_ERR_NOMEM : KVB_ERR_IO;
     if (ftruncate(fd, (off_t)ref.file_size) != 0 || fcntl(fd, F_ADD_SEALS, SHM_SEALS) != 0 ||
@@ -59,6 +68,8 @@ kvb_status_t kvb__shm_create(size_t payload, uint8_t **base_p, kvb__shm_ref_t *r
         close(fd);
         return KVB_ERR_NOMEM;
     }
+    if (huge == KVB_HUGE_THP) /* before the owner's first touch allocates the pages */
+        madvise(base, ref.file_size, MADV_HUGEPAGE);
     memcpy(base + payload, TRAILER_MAGIC, sizeof(TRAILER_MAGIC));
     memcpy(base + payload + sizeof(TRAILER_MAGIC), ref.nonce, sizeof(ref.nonce));
     ref.fd = fd;
@@ -135,6 +146,8 @@ uint8_t *kvb__shm_map_peer(int32_t pid, const kvb__shm_ref_t *ref, bool writable
         if (m == MAP_FAILED) {
             snprintf(why, wl, "mmap %s: %s", path, strerror(errno));
             m = NULL;
+        } else {
+            madvise(m, ref->file_size, MADV_HUGEPAGE); /* a THP file: map it in 2 MiB */
         }
     }
     close(fd);
@@ -161,7 +174,11 @@ kvb_status_t kvb_mem_alloc(size_t length, void **addr_p)
     a = calloc(1, sizeof(*a));
     if (a == NULL)
         return KVB_ERR_NOMEM;
-    st = kvb__shm_create(length, &a->base, &a->ref);
+    kvb__huge_t huge = kvb__huge_choose(length);
+    st = kvb__shm_create_ex(length, huge, &a->base, &a->ref);
+    if (st != KVB_OK && huge != KVB_HUGE_NONE) /* e.g. the reserved pages ran out */
+        st = kvb__shm_create_ex(length, huge = KVB_HUGE_NONE, &a->base, &a->ref);
+    KVB_LOGI("kvb_mem_alloc(%zu): %s", length, kvb__huge_name(huge));
     if (st != KVB_OK) {
         KVB_LOGE("kvb_mem_alloc(%zu): %s (%s)", length, kvb_status_string(st), strerror(errno));
         free(a);

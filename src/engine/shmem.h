@@ -29,6 +29,23 @@ typedef struct kvb__shm_ref {
 /* Create a sealed shared file of payload bytes (page-rounded) plus trailer
  * and map it. *base_p is the payload; *ref_p describes it (file_off 0). */
 kvb_status_t kvb__shm_create(size_t payload, uint8_t **base_p, kvb__shm_ref_t *ref_p);
+
+/* Page size of a kvb_mem_alloc file (hugepage.c, KVBRIDGE_HUGEPAGES). */
+typedef enum kvb__huge {
+    KVB_HUGE_NONE = 0, /* 4 KiB pages */
+    KVB_HUGE_TLB,      /* hugetlbfs memfd: reserved 2 MiB pages */
+    KVB_HUGE_THP       /* shmem with MADV_HUGEPAGE (transparent huge pages) */
+} kvb__huge_t;
+#define KVB_HUGE_PAGE ((size_t)2 << 20)
+/* What this host offers for a file of length bytes, by KVBRIDGE_HUGEPAGES
+ * (auto: reserved hugetlb pages when enough are free, else shmem THP when
+ * shmem_enabled allows it, else none; off; hugetlb; thp). */
+kvb__huge_t kvb__huge_choose(size_t length);
+const char *kvb__huge_name(kvb__huge_t h);
+/* kvb__shm_create with that page size (a hugetlb file is rounded up to whole
+ * huge pages, the trailer in the last 4 KiB). */
+kvb_status_t kvb__shm_create_ex(size_t payload, kvb__huge_t huge, uint8_t **base_p,
+                                kvb__shm_ref_t *ref_p);
 void kvb__shm_destroy(uint8_t *base, const kvb__shm_ref_t *ref);
 
 /* Is [addr, addr+len) inside one kvb_mem_alloc allocation? Then *ref_p

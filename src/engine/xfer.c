@@ -32,6 +32,7 @@ void kvb__xfer_release(struct kvb_xfer *x)
     kvb__conn_put(x->conn);
     if (x->stage != NULL)
         kvb__cuda_stage_put(x->stage, x->stage_len);
+    free(x->staged);
     free(x->blocks);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
@@ -448,6 +449,7 @@ static bool win_take(struct kvb_xfer *x, uint32_t seq)
     for (size_t i = 0; i < x->inflight && i < AM_WINDOW; i++)
         if (x->am_win[i] == seq) {
             x->am_win[i] = x->am_win[--x->inflight];
+            x->am_pos[i] = x->am_pos[x->inflight];
             return true;
         }
     return false;
@@ -584,7 +586,14 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
             piece = chunk - f.total;
         if (piece > ready - x->pos) /* staging: only what is staged */
             piece = ready - x->pos;
-        if (!am_add_piece(x, m, &f, max_desc, b->src + x->off, b->dst + x->off, piece))
+        uint64_t src = b->src + x->off;
+        if (x->staged != NULL && x->staged[x->next]) { /* in the ring, up to its end */
+            uint64_t at = src % x->stage_len;
+            if (piece > x->stage_len - at)
+                piece = x->stage_len - at;
+            src = (uint64_t)(uintptr_t)x->stage + at;
+        }
+        if (!am_add_piece(x, m, &f, max_desc, src, b->dst + x->off, piece))
             break;
         x->off += piece;
         x->pos += piece;
@@ -638,6 +647,7 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
             p.flags = 0; /* the target drops it unanswered */
         __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
         x->msgs_sent++;
+        x->am_pos[x->inflight] = x->pos - bytes;
         x->am_win[x->inflight++] = m->seq;
         void *buf = contig ? m->iov[0].buffer : (void *)m->iov;
         size_t cnt = contig ? m->iov[0].length : niov;
@@ -651,8 +661,23 @@ static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
     }
 }
 
+/* Staged: the ring space of acknowledged messages may be reused (the
+ * device-copy worker waits for it). */
+static void stage_release(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    uint64_t lo = x->pos;
+    for (size_t i = 0; i < x->inflight; i++)
+        lo = x->am_pos[i] < lo ? x->am_pos[i] : lo;
+    if (lo > __atomic_load_n(&x->stage_free, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&x->stage_free, lo, __ATOMIC_RELEASE);
+        kvb__jobs_kick(eng);
+    }
+}
+
 static bool progress_one(kvb_engine_h eng, struct kvb_xfer *x)
 {
+    if (x->stage != NULL)
+        stage_release(eng, x);
     if (__atomic_load_n(&x->stage_status, __ATOMIC_ACQUIRE) != KVB_OK)
         fail(x, (kvb_status_t)x->stage_status, "session %s: %s", x->conn->sess->sid, x->stage_why);
     bool stop = x->failed || __atomic_load_n(&x->cancel, __ATOMIC_ACQUIRE);

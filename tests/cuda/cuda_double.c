@@ -20,7 +20,10 @@
  *   attr (cuPointerGetAttribute fails for device memory).
  * - KVB_CUDA_DOUBLE_DEVICES: device count (2); KVB_CUDA_DOUBLE_SLOW_MS: each
  *   cuStreamSynchronize takes that long (copies in flight, for fence tests).
- * - kvb_cuda_double_stats(): calls counted, for tests that check batching. */
+ * - VMM mappings back to back in one reservation are one range to copies
+ *   (several cuMemCreate handles, as an expandable segment maps them).
+ * - kvb_cuda_double_stats(): calls counted, for tests that check batching;
+ *   pinned host memory live and its peak. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -143,17 +146,39 @@ static uint8_t *resolve(CUdeviceptr p, size_t n)
     return r;
 }
 
+/* The bytes of [p, p+n) up to the end of the mapping p lies in (*k bytes):
+ * VMM mappings back to back in one reservation (several cuMemCreate handles,
+ * as PyTorch's expandable segments map them) are one range of addresses to
+ * a copy, as on a GPU; any other allocation's end is not. NULL: illegal. */
+static uint8_t *resolve_part(CUdeviceptr p, size_t n, size_t *k)
+{
+    uint8_t *a = (uint8_t *)(uintptr_t)p;
+    *k = n;
+    pthread_mutex_lock(&g_mu);
+    entry_t *e = find(a), *next = NULL;
+    size_t left = e != NULL ? e->size - (size_t)(a - e->dev) : n;
+    if (e != NULL && e->kind == K_VMM && left < n)
+        next = find(e->dev + e->size);
+    if (next != NULL && next->kind == K_VMM && next->dev == e->dev + e->size)
+        *k = left; /* continued in the next mapping */
+    pthread_mutex_unlock(&g_mu);
+    return resolve(p, *k);
+}
+
 static CUresult copy(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
     if (fail("copy"))
         return E_ILLEGAL_ADDRESS;
-    if (n == 0)
-        return OK;
-    uint8_t *d = resolve(dst, n), *s = resolve(src, n);
-    if (d == NULL || s == NULL)
-        return E_ILLEGAL_ADDRESS;
-    memmove(d, s, n);
-    __atomic_add_fetch(&g_stats.bytes, n, __ATOMIC_RELAXED);
+    while (n > 0) {
+        size_t kd = 0, ks = 0;
+        uint8_t *d = resolve_part(dst, n, &kd), *s = resolve_part(src, n, &ks);
+        if (d == NULL || s == NULL)
+            return E_ILLEGAL_ADDRESS;
+        size_t k = kd < ks ? kd : ks;
+        memmove(d, s, k);
+        __atomic_add_fetch(&g_stats.bytes, k, __ATOMIC_RELAXED);
+        dst += k, src += k, n -= k;
+    }
     return OK;
 }
 
@@ -377,6 +402,11 @@ API CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags)
     e->fd = -1;
     e->device = t_dev;
     add(e);
+    uint64_t now = __atomic_add_fetch(&g_stats.pinned_bytes, size, __ATOMIC_RELAXED);
+    uint64_t peak = __atomic_load_n(&g_stats.pinned_peak, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&g_stats.pinned_peak, &peak, now, 0,
+                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
     *p = e->dev;
     return OK;
 }
@@ -391,6 +421,7 @@ API CUresult cuMemFreeHost(void *p)
     entry_t *e = take(p, K_HOST);
     if (e == NULL)
         return E_INVALID_VALUE;
+    __atomic_sub_fetch(&g_stats.pinned_bytes, e->size, __ATOMIC_RELAXED);
     free(e->dev);
     free(e);
     return OK;
@@ -943,4 +974,6 @@ API void kvb_cuda_double_stats(kvb_cuda_double_stats_t *out)
     out->vmm_imports = __atomic_load_n(&g_stats.vmm_imports, __ATOMIC_RELAXED);
     out->vmm_maps = __atomic_load_n(&g_stats.vmm_maps, __ATOMIC_RELAXED);
     out->vmm_unmaps = __atomic_load_n(&g_stats.vmm_unmaps, __ATOMIC_RELAXED);
+    out->pinned_bytes = __atomic_load_n(&g_stats.pinned_bytes, __ATOMIC_RELAXED);
+    out->pinned_peak = __atomic_load_n(&g_stats.pinned_peak, __ATOMIC_RELAXED);
 }

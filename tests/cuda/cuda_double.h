@@ -12,9 +12,10 @@ typedef struct kvb_cuda_double_stats {
     uint64_t copies_batch; /* cuMemcpyBatchAsync_v2 calls */
     uint64_t syncs;        /* cuStreamSynchronize */
     uint64_t ipc_opens, ipc_closes;
-    uint64_t bytes;                    /* copied, all kinds */
-    uint64_t vmm_exports, vmm_imports; /* shareable handles (POSIX fds) */
-    uint64_t vmm_maps, vmm_unmaps;     /* cuMemMap, cuMemUnmap calls that succeeded */
+    uint64_t bytes;                     /* copied, all kinds */
+    uint64_t vmm_exports, vmm_imports;  /* shareable handles (POSIX fds) */
+    uint64_t vmm_maps, vmm_unmaps;      /* cuMemMap, cuMemUnmap calls that succeeded */
+    uint64_t pinned_bytes, pinned_peak; /* cuMemHostAlloc'ed, not yet freed: now, at most */
 } kvb_cuda_double_stats_t;
 
 /* Exported by the double only (tests find it with dlsym). */

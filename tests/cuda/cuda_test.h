@@ -132,8 +132,11 @@ static inline uint8_t *cuda_test_alloc(int dev, size_t n)
 
 /* n bytes (rounded up to the granularity) of VMM device memory on device
  * dev, as PyTorch's expandable segments make it: cuMemCreate asking for a
- * POSIX file descriptor handle, reserved, mapped, read-write on dev. The
- * address range stays reserved until the process ends. */
+ * POSIX file descriptor handle, reserved, mapped, read-write on dev. With
+ * KVB_CUDA_TEST_VMM_PART set (bytes, a multiple of the granularity), one
+ * allocation of that size per part, mapped back to back in the one
+ * reservation (a segment that grew). The address range stays reserved until
+ * the process ends. */
 static inline uint8_t *cuda_test_alloc_vmm(int dev, size_t n)
 {
     struct {
@@ -152,10 +155,16 @@ static inline uint8_t *cuda_test_alloc_vmm(int dev, size_t n)
           ct()->SetAccess && ct()->Granularity);
     CHECK_EQ(ct()->Granularity(&g, &prop, 0), 0);
     n = (n + g - 1) / g * g;
-    CHECK_EQ(ct()->MemCreate(&h, n, &prop, 0), 0);
+    const char *ps = getenv("KVB_CUDA_TEST_VMM_PART");
+    size_t part = ps != NULL ? strtoull(ps, NULL, 10) : n;
+    CHECK(part > 0 && part % g == 0);
+    n = (n + part - 1) / part * part;
     CHECK_EQ(ct()->AddressReserve(&va, n, 0, 0, 0), 0);
-    CHECK_EQ(ct()->MemMap(va, n, 0, h, 0), 0);
-    CHECK_EQ(ct()->MemRelease(h), 0);
+    for (size_t off = 0; off < n; off += part) {
+        CHECK_EQ(ct()->MemCreate(&h, part, &prop, 0), 0);
+        CHECK_EQ(ct()->MemMap(va + off, part, 0, h, 0), 0);
+        CHECK_EQ(ct()->MemRelease(h), 0);
+    }
     CHECK_EQ(ct()->SetAccess(va, n, &acc, 1), 0);
     return (uint8_t *)(uintptr_t)va;
 }

@@ -3,7 +3,9 @@
  * past its allocation, the wrong device, a driver that fails; the region
  * array's stride; AUTO detection both ways; IPC refused within one process
  * (as the driver does) falls back to staging, bytes verified; a copy that
- * fails fails the write with the driver's reason. */
+ * fails fails the write with the driver's reason; a region across several
+ * VMM allocations mapped back to back registers, one running past the last
+ * is refused. */
 #include "cuda/cuda_test.h"
 #include "kvb_test_engine.h"
 
@@ -210,6 +212,26 @@ static void caller_context(kvb_engine_h t)
     TEST_PASS("the caller's current context is left as it was");
 }
 
+/* Two 2 MiB cuMemCreate allocations back to back: a region across the seam
+ * registers (both exported), one running past the second is refused. */
+static void vmm_parts(kvb_engine_h t)
+{
+    kvb_cuda_double_stats_t s0, s1;
+    setenv("KVB_CUDA_TEST_VMM_PART", "2097152", 1);
+    uint8_t *va = cuda_test_alloc_vmm(0, 4u << 20);
+    unsetenv("KVB_CUDA_TEST_VMM_PART");
+    bool dbl = ct_stats(&s0);
+    kvb_mem_region_ex_t r = {0, va + (1u << 20), 5u << 20, KVB_MEM_AUTO, 0};
+    expect_reg(t, &r, sizeof(r), KVB_ERR_INVALID, "extends past its CUDA allocation");
+    r.length = 3u << 20;
+    expect_reg(t, &r, sizeof(r), KVB_OK, NULL);
+    ct_stats(&s1);
+    /* the refused one exported both before finding the end (and closed them) */
+    CHECK(!dbl || s1.vmm_exports - s0.vmm_exports == 4);
+    CHECK_EQ(kvb_engine_unregister(t, va + (1u << 20)), KVB_OK);
+    TEST_PASS("a region across two VMM allocations; one past them refused");
+}
+
 int main(void)
 {
     kvb_engine_h t = kvb_test_engine(KVB_TRANSPORT_AUTO, 2);
@@ -218,6 +240,7 @@ int main(void)
     registrations(t, dev, host);
     in_process(t, dev, host);
     caller_context(t);
+    vmm_parts(t);
     kvb_engine_destroy(t);
     ct_free(dev);
     free(host);

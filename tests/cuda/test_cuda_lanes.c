@@ -12,7 +12,14 @@
  *              allocation as a file descriptor, this process fetches it,
  *              imports and maps it; copies device to device;
  *   vmm_refused  VMM memory whose export is refused
- *              (KVB_CUDA_DOUBLE_FAIL=vmm_export): staged.
+ *              (KVB_CUDA_DOUBLE_FAIL=vmm_export): staged;
+ *   vmm_parts  as vmm, every allocation made of 2 MiB cuMemCreate handles
+ *              mapped back to back (KVB_CUDA_TEST_VMM_PART, as an expandable
+ *              segment that grew): one region spans several handles, the
+ *              writer maps them back to back, blocks straddle the seams;
+ *   vmm_old_writer  as vmm, this writer announcing no VMM support
+ *              (KVBRIDGE_CUDA_VMM=0, as a writer before it): the target
+ *              sends it no VMM entries, so it stages.
  * Every write is verified byte for byte by reading the target's device
  * memory back in the target; head slices (1 KiB every 2 KiB) go in few
  * batched copies; a revoked grant fences the device lane; a block past a
@@ -48,11 +55,16 @@ int main(int argc, char **argv)
 {
     const char *lane = argc > 1 ? argv[1] : "ipc";
     bool vmm = strncmp(lane, "vmm", 3) == 0;
-    bool ipc = strcmp(lane, "ipc") == 0 || strcmp(lane, "vmm") == 0; /* the device lane */
+    bool parts = strcmp(lane, "vmm_parts") == 0;
+    bool ipc = strcmp(lane, "ipc") == 0 || strcmp(lane, "vmm") == 0 || parts; /* the device lane */
     kvb_transport_t tr = strcmp(lane, "stage_tcp") == 0 ? KVB_TRANSPORT_TCP : KVB_TRANSPORT_AUTO;
     if (vmm)
         setenv("KVB_CUDA_TEST_VMM", "1", 1);
+    if (parts)
+        setenv("KVB_CUDA_TEST_VMM_PART", "2097152", 1);
     tgt_t t = tgt_start(tr, LEN); /* first: fork before any thread */
+    if (strcmp(lane, "vmm_old_writer") == 0)
+        setenv("KVBRIDGE_CUDA_VMM", "0", 1); /* this process only */
 
     kvb_engine_h w = kvb_test_engine(tr, 2);
     uint8_t *sd = vmm ? cuda_test_alloc_vmm(0, LEN) : cuda_test_alloc(0, LEN);
@@ -77,8 +89,12 @@ int main(int argc, char **argv)
     /* both regions share one allocation: imported once (the double, like
      * some drivers, refuses to open one handle twice in a process) */
     bool dbl = ct_stats(&s0);
-    if (dbl && vmm) /* each region maps the allocation; legacy IPC never tried */
-        CHECK(s0.ipc_opens == 0 && s0.vmm_imports == (ipc ? 2 : 0) && s0.vmm_maps >= (ipc ? 3 : 1));
+    /* parts: the first region [4 KiB, +4 MiB) spans 2 MiB handles 0-2, the
+     * second one handle 2 */
+    uint64_t imports = parts ? 4 : 2;
+    if (dbl && vmm) /* each region maps its allocations; legacy IPC never tried */
+        CHECK(s0.ipc_opens == 0 && s0.vmm_imports == (ipc ? imports : 0) &&
+              s0.vmm_maps >= (ipc ? imports + 1 : 1));
     else if (dbl)
         CHECK_EQ(s0.ipc_opens, ipc ? 1 : tr == KVB_TRANSPORT_AUTO ? 2 /* both refused */ : 0);
     pattern(want, LEN, 1);
@@ -105,9 +121,27 @@ int main(int argc, char **argv)
             (unsigned long long)(s1.copies_2d - s0.copies_2d),
             (unsigned long long)(s1.copies_batch - s0.copies_batch));
     /* one 2-D copy for the strided rows (device lane: device to device;
-     * staging: device to pinned host), not one call per row */
-    CHECK(!dbl || (s1.copies_2d - s0.copies_2d >= 1 && s1.copies - s0.copies < 8));
+     * staging: device to pinned host), not one call per row; rows across
+     * a seam between handles: batched calls instead */
+    CHECK(!dbl ||
+          (s1.copies_2d - s0.copies_2d + (parts ? s1.copies_batch - s0.copies_batch : 0) >= 1 &&
+           s1.copies - s0.copies < 8));
     tgt_expect(&t, t.dev_addr, want, LEN, "head slices");
+
+    /* blocks straddling the 2 MiB seams (handle boundaries in vmm_parts) on
+     * both sides, device and host sources */
+    uint64_t seam = 2 * 1048576 - 4096; /* the target region starts 4 KiB in */
+    kvb_block_t st[3] = {
+        {(uint64_t)(uintptr_t)sd + 2 * 1048576 - 3000, t.dev_addr + seam - 777, 5000},
+        {(uint64_t)(uintptr_t)sh + 100, t.dev_addr + 2 * seam - 1, 2},
+        {(uint64_t)(uintptr_t)sd + 4 * 1048576 - 1, t.dev_addr + 3 * 1048576, 1}};
+    CHECK_EQ(kvb_engine_write(w, t.sid, st, 3, 10.0), KVB_OK);
+    pattern(want + seam - 777, 5000, 1);
+    for (size_t i = 0; i < 5000; i++) /* the source bytes at their positions */
+        want[seam - 777 + i] = cuda_test_byte(1, 2 * 1048576 - 3000 + i);
+    memcpy(want + 2 * seam - 1, sh + 100, 2);
+    want[3 * 1048576] = cuda_test_byte(1, 4 * 1048576 - 1);
+    tgt_expect(&t, t.dev_addr, want, LEN, "blocks across the seams");
 
     /* the fence: admitted under a live grant, refused once revoked */
     kvb_engine_set_writer_tag(w, 7);

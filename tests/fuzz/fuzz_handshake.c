@@ -80,14 +80,14 @@ static void check_sealed_local(const uint8_t *data, size_t size)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const uint8_t *sid;
-    uint32_t sl;
+    uint32_t sl, caps;
     char why[256], host[KVB_HS_MAX_HOST];
     uint16_t port;
     uint64_t g;
     check_reply(data, size);
     check_auth(data, size);
     check_sealed_local(data, size);
-    kvb__hs_request_decode(data, size, &sid, &sl, why, sizeof(why));
+    kvb__hs_request_decode(data, size, &sid, &sl, &caps, why, sizeof(why));
     if (size >= KVB_HS_NOTICE_LEN)
         kvb__hs_notice_decode(data, &g);
     char *s = malloc(size + 1);

@@ -172,7 +172,7 @@ uint8_t *relay_fetch_reply(const char *sid, size_t *len_p)
     uint64_t dl = deadline_s(5);
     CHECK_EQ(kvb__sid_parse(sid, host, sizeof(host), &port), KVB_OK);
     CHECK_EQ(kvb__sock_connect(host, port, dl, &fd, why, sizeof(why)), KVB_OK);
-    CHECK_EQ(kvb__hs_request_encode("127.0.0.1:1", &req, &req_len), KVB_OK);
+    CHECK_EQ(kvb__hs_request_encode("127.0.0.1:1", 0, &req, &req_len), KVB_OK);
     CHECK_EQ(kvb__sock_write_all(fd, req, req_len, dl), KVB_OK);
     CHECK_EQ(kvb__sock_read_msg(fd, NULL, MAX_MSG, dl, &rep, len_p, why, sizeof(why)), KVB_OK);
     CHECK(memcmp(rep, "KVBHS002", 8) == 0);

@@ -133,7 +133,7 @@ static void test_raw_peer(void)
     uint64_t dl = kvb__now_ns() + 3000000000ull;
     CHECK_EQ(kvb__sid_parse(kvb_engine_session_id(t.eng), host, sizeof(host), &port), KVB_OK);
     CHECK_EQ(kvb__sock_connect(host, port, dl, &fd, why, sizeof(why)), KVB_OK);
-    CHECK_EQ(kvb__hs_request_encode("10.9.9.9:9", &req, &req_len), KVB_OK);
+    CHECK_EQ(kvb__hs_request_encode("10.9.9.9:9", 0, &req, &req_len), KVB_OK);
     CHECK_EQ(kvb__sock_write_all(fd, req, req_len, dl), KVB_OK);
     CHECK_EQ(kvb__sock_read_msg(fd, NULL, KVB_HS_MAX_MSG, dl, &msg, &len, why, sizeof(why)),
              KVB_OK);

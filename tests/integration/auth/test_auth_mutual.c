@@ -79,7 +79,7 @@ static void *fake_main(void *arg)
     uint8_t nonce_l[KVB_HS_NONCE_LEN], chal[KVB_HS_CHALLENGE_LEN], *req, *proof, *rep, *out;
     size_t req_len, proof_len, rep_len, out_len;
     const uint8_t *sid;
-    uint32_t sid_len;
+    uint32_t sid_len, caps;
     char why[256];
     uint64_t dl = kvb__now_ns() + 5000000000ull;
     struct pollfd p = {f->net.lfd, POLLIN, 0};
@@ -87,7 +87,7 @@ static void *fake_main(void *arg)
     int fd = accept(f->net.lfd, NULL, NULL);
     CHECK(fd >= 0);
     CHECK_EQ(kvb__sock_read_msg(fd, NULL, 4096, dl, &req, &req_len, why, sizeof(why)), KVB_OK);
-    CHECK_EQ(kvb__hs_request_decode(req, req_len, &sid, &sid_len, why, sizeof(why)), KVB_OK);
+    CHECK_EQ(kvb__hs_request_decode(req, req_len, &sid, &sid_len, &caps, why, sizeof(why)), KVB_OK);
     CHECK(getrandom(nonce_l, sizeof(nonce_l), 0) == sizeof(nonce_l));
     kvb__hs_challenge_encode(nonce_l, chal);
     CHECK_EQ(kvb__sock_write_all(fd, chal, sizeof(chal), dl), KVB_OK);
@@ -220,7 +220,7 @@ static void test_table_only_local(void)
     kvb__hs_reply_t r;
     CHECK_EQ(kvb__sid_parse(lsid, host, sizeof(host), &port), KVB_OK);
     CHECK_EQ(kvb__sock_connect(host, port, dl, &fd, why, sizeof(why)), KVB_OK);
-    CHECK_EQ(kvb__hs_request_encode("10.9.9.9:9", &req, &req_len), KVB_OK);
+    CHECK_EQ(kvb__hs_request_encode("10.9.9.9:9", 0, &req, &req_len), KVB_OK);
     CHECK_EQ(kvb__sock_write_all(fd, req, req_len, dl), KVB_OK);
     free(req);
     CHECK_EQ(kvb__sock_read_msg(fd, NULL, KVB_HS_MAX_MSG, dl, &msg, &len, why, sizeof(why)),

@@ -1,6 +1,7 @@
 # Runs `kvbridge bench ARGS --json JSON` and checks its exit status and report.
 #   -DKVB=<kvbridge> -DARGS="<options>" -DJSON=<file> [-DEXPECT_FAIL=1]
 #   [-DEXPECT1=<regex>] [-DEXPECT2=<regex>] [-DEXPECT3=<regex>]  (matched on the JSON)
+#   [-DWARMUP=N]  also check the warm-up and cold-pass fields (check_cold.cmake)
 separate_arguments(args UNIX_COMMAND "${ARGS}")
 file(REMOVE "${JSON}")
 execute_process(COMMAND "${KVB}" bench ${args} --no-progress --json "${JSON}"
@@ -22,3 +23,6 @@ foreach(v EXPECT1 EXPECT2 EXPECT3)
     message(FATAL_ERROR "report does not match '${${v}}': ${j}")
   endif()
 endforeach()
+if(DEFINED WARMUP)
+  include(${CMAKE_CURRENT_LIST_DIR}/check_cold.cmake)
+endif()

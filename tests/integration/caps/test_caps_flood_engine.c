@@ -72,7 +72,7 @@ static int raw_handshake(uint16_t port)
     dst.sin_port = htons(port);
     CHECK_EQ(bind(fd, (struct sockaddr *)&src, sizeof(src)), 0);
     CHECK_EQ(connect(fd, (struct sockaddr *)&dst, sizeof(dst)), 0);
-    CHECK_EQ(kvb__hs_request_encode("127.0.0.2:9", &req, &req_len), KVB_OK);
+    CHECK_EQ(kvb__hs_request_encode("127.0.0.2:9", 0, &req, &req_len), KVB_OK);
     CHECK_EQ(write(fd, req, req_len), (ssize_t)req_len);
     (void)deadline;
     CHECK_EQ(

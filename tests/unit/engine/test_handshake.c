@@ -83,13 +83,14 @@ static void test_request_and_sid(void)
     uint8_t *buf;
     size_t len;
     const uint8_t *sid;
-    uint32_t sl;
+    uint32_t sl, caps;
     char why[100], host[64];
     uint16_t port;
-    CHECK_EQ(kvb__hs_request_encode("10.0.0.1:1234", &buf, &len), KVB_OK);
-    CHECK_EQ(kvb__hs_request_decode(buf, len, &sid, &sl, why, sizeof(why)), KVB_OK);
+    CHECK_EQ(kvb__hs_request_encode("10.0.0.1:1234", 0, &buf, &len), KVB_OK);
+    CHECK_EQ(kvb__hs_request_decode(buf, len, &sid, &sl, &caps, why, sizeof(why)), KVB_OK);
     CHECK(sl == 13 && memcmp(sid, "10.0.0.1:1234", 13) == 0);
-    CHECK_EQ(kvb__hs_request_decode(buf, len - 1, &sid, &sl, why, sizeof(why)), KVB_ERR_PROTO);
+    CHECK_EQ(kvb__hs_request_decode(buf, len - 1, &sid, &sl, &caps, why, sizeof(why)),
+             KVB_ERR_PROTO);
     free(buf);
     CHECK_EQ(kvb__sid_parse("127.0.0.1:80", host, sizeof(host), &port), KVB_OK);
     CHECK(strcmp(host, "127.0.0.1") == 0 && port == 80);
