@@ -221,6 +221,35 @@ typedef struct kvb_manager_limits {
  * that its field_mask names. Any thread; cannot fail. */
 KVB_API void kvb_manager_limits(kvb_manager_h manager, kvb_manager_limits_t *limits_p);
 
+/* Traffic a manager caused or received, for sizing deployments (issue 16
+ * §4: control messages per room, heartbeat and bootstrap load per rank).
+ * Monotonic since create; set field_mask to the fields your struct has (an
+ * older, shorter struct stays safe); only those are written. */
+enum kvb_manager_traffic_field {
+    KVB_MANAGER_TRAFFIC_CONTROL = 1u << 0,   /* control_sent .. control_received */
+    KVB_MANAGER_TRAFFIC_BOOTSTRAP = 1u << 1, /* bootstrap_requests, bootstrap_failed */
+    KVB_MANAGER_TRAFFIC_HEARTBEAT = 1u << 2, /* heartbeat_requests, heartbeat_failed */
+};
+
+typedef struct kvb_manager_traffic {
+    uint64_t field_mask;
+    /* ZeroMQ control messages (multipart) queued to peers, dropped (peer
+     * queue full, socket not made) and received on the PULL socket (all of
+     * them, malformed ones included) */
+    uint64_t control_sent, control_send_failed, control_received;
+    /* HTTP requests to bootstrap servers other than heartbeats (decode:
+     * parallel info, rank look-ups, dp-rank queries; prefill: registration
+     * and its periodic refresh), and how many of them failed */
+    uint64_t bootstrap_requests, bootstrap_failed;
+    /* decode: health GETs to bootstrap servers, and failed ones */
+    uint64_t heartbeat_requests, heartbeat_failed;
+} kvb_manager_traffic_t;
+
+/* Snapshot of the traffic counters into the fields of *traffic_p that its
+ * field_mask names (each read atomically; not a consistent set while traffic
+ * flows). Any thread; cannot fail. */
+KVB_API void kvb_manager_traffic(kvb_manager_h manager, kvb_manager_traffic_t *traffic_p);
+
 /* ---- sender (prefill) ---- */
 
 /* Create the sender of room (status Bootstrapping until every decode rank

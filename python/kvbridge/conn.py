@@ -403,6 +403,15 @@ class KVManager(L.Closeable):
             L.lib().kvb_manager_limits(self._h, ctypes.byref(s))
             return {k: getattr(s, k) for k, _ in L.ManagerLimits._fields_ if k != "field_mask"}
 
+    def traffic(self):
+        """Monotonic traffic counters: {"control_sent", "control_send_failed",
+        "control_received", "bootstrap_requests", "bootstrap_failed",
+        "heartbeat_requests", "heartbeat_failed"} (kvb_manager_traffic)."""
+        with self._guard:
+            s = L.ManagerTraffic(field_mask=L.MANAGER_TRAFFIC_ALL)
+            L.lib().kvb_manager_traffic(self._h, ctypes.byref(s))
+            return {k: getattr(s, k) for k, _ in L.ManagerTraffic._fields_ if k != "field_mask"}
+
 
 class _Room(L.Closeable):
     """Shared parts of KVSender and KVReceiver: the C handle behind a lock

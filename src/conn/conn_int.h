@@ -53,14 +53,17 @@ typedef struct kvb__zcache {
     void *zctx;
     const kvb__zcurve_t *curve; /* NULL or off: plain PUSH sockets */
     pthread_mutex_t mu;
-    kvb__zpush_t *head; /* most recently used first */
-    size_t n, max;      /* open sockets; cap (KVBRIDGE_MAX_PUSH_SOCKETS) */
-    uint64_t evicted;   /* closed least-recently used to make room */
+    kvb__zpush_t *head;         /* most recently used first */
+    size_t n, max;              /* open sockets; cap (KVBRIDGE_MAX_PUSH_SOCKETS) */
+    uint64_t evicted;           /* closed least-recently used to make room */
+    uint64_t sent, send_failed; /* messages queued / dropped (atomic, any thread) */
 } kvb__zcache_t;
 
 void kvb__zcache_init(kvb__zcache_t *c, void *zctx);
 void kvb__zcache_free(kvb__zcache_t *c);
 void kvb__zcache_stats(kvb__zcache_t *c, uint64_t *open_p, uint64_t *evicted_p);
+/* Messages kvb__zsend queued and dropped so far (relaxed atomic reads). */
+void kvb__zcache_traffic(kvb__zcache_t *c, uint64_t *sent_p, uint64_t *failed_p);
 /* Send a multipart message to tcp://ip:port without blocking; KVB_ERR_PEER
  * when the peer's queue is full or the socket cannot be made. */
 kvb_status_t kvb__zsend(kvb__zcache_t *c, const char *ip, uint16_t port,
@@ -265,6 +268,9 @@ struct kvb_manager {
     char kv_dtype[KVB_BOOTSTRAP_WORD_MAX + 1]; /* kv_cache_dtype; "" = unknown */
     pthread_t ctl_thr, hb_thr;
     int stop;
+    /* kvb_manager_traffic counters: relaxed atomics bumped where the
+     * traffic happens (no lock: read as a snapshot, not as a consistent set) */
+    uint64_t ctl_received, boot_requests, boot_failed, hb_requests, hb_failed;
 
     pthread_mutex_t mu;
     kvb__room_t **buckets;
@@ -444,6 +450,13 @@ void kvb__decode_free(struct kvb_manager *m);
 
 /* manager.c */
 /* A bootstrap client for addr carrying the manager's token (if any). */
+/* Count one bootstrap HTTP request (kvb_manager_traffic) that ended with st. */
+static inline void kvb__count_boot(struct kvb_manager *m, kvb_status_t st)
+{
+    __atomic_add_fetch(&m->boot_requests, 1, __ATOMIC_RELAXED);
+    if (st != KVB_OK)
+        __atomic_add_fetch(&m->boot_failed, 1, __ATOMIC_RELAXED);
+}
 kvb_status_t kvb__bootstrap_client(struct kvb_manager *m, const char *addr,
                                    kvb_bootstrap_client_h *client_p);
 void kvb__conn_bad_message(struct kvb_manager *m, int kind, const kvb__frames_err_t *e);

@@ -122,6 +122,7 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
                      KVB_BOOTSTRAP_INFO_DSA_SPLIT | KVB_BOOTSTRAP_INFO_KV_CACHE_DTYPE;
     pthread_mutex_lock(&a->client_mu);
     kvb_status_t st = kvb_bootstrap_client_parallel_info_ext(a->client, 5.0, &info, &ext);
+    kvb__count_boot(m, st);
     /* The HTTP detail, read under the lock (thread-local copy). */
     const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
     pthread_mutex_unlock(&a->client_mu);
@@ -321,6 +322,7 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     kvb_bootstrap_rank_ext_t rx = {KVB_BOOTSTRAP_RANK_KVBRIDGE, 0};
     pthread_mutex_lock(&a->client_mu);
     kvb_status_t st = kvb_bootstrap_client_lookup_ext(a->client, dp, 0, tp, pp, 5.0, &ra, &rx);
+    kvb__count_boot(m, st);
     const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
     pthread_mutex_unlock(&a->client_mu);
     if (st != KVB_OK) {
@@ -369,8 +371,8 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
  * prefill registered for the room (POST /register_dp_rank), asked for up to
  * DP_QUERY_S (SGLang's decode keeps such a room pending and asks again). */
 #define DP_QUERY_S 5.0
-static kvb_status_t dp_group_of(kvb__addr_t *a, uint64_t room, int32_t dp_rank, int32_t dp,
-                                int follow, resolve_t *rs)
+static kvb_status_t dp_group_of(struct kvb_manager *m, kvb__addr_t *a, uint64_t room,
+                                int32_t dp_rank, int32_t dp, int follow, resolve_t *rs)
 {
     double end = kvb__now_s() + DP_QUERY_S, pause = 0.02;
     int32_t got = -1;
@@ -380,6 +382,7 @@ static kvb_status_t dp_group_of(kvb__addr_t *a, uint64_t room, int32_t dp_rank, 
     for (;;) {
         pthread_mutex_lock(&a->client_mu);
         kvb_status_t st = kvb_bootstrap_client_query_dp_ranks(a->client, &room, 1, 1.0, &got);
+        kvb__count_boot(m, st);
         pthread_mutex_unlock(&a->client_mu);
         if (st == KVB_OK && got >= 0 && got < dp) {
             rs->dp_group = got;
@@ -414,7 +417,7 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
                  kvb_plan_last_error());
         return st;
     }
-    st = dp_group_of(a, room, dp_rank, dp, follow, rs);
+    st = dp_group_of(m, a, room, dp_rank, dp, follow, rs);
     if (st != KVB_OK)
         return st;
     rs->srcs = calloc((size_t)rs->route.num_sources * (size_t)pp + 1, sizeof(*rs->srcs));
@@ -1214,6 +1217,9 @@ static void heartbeat_round(struct kvb_manager *m)
     for (size_t i = 0; i < n; i++) {
         double t = m->p.heartbeat_interval_s < 3 ? m->p.heartbeat_interval_s : 3;
         kvb_status_t st = kvb_bootstrap_client_health(list[i]->hb, t);
+        __atomic_add_fetch(&m->hb_requests, 1, __ATOMIC_RELAXED);
+        if (st != KVB_OK)
+            __atomic_add_fetch(&m->hb_failed, 1, __ATOMIC_RELAXED);
         pthread_mutex_lock(&m->mu);
         int fails = list[i]->failures = st == KVB_OK ? 0 : list[i]->failures + 1;
         pthread_mutex_unlock(&m->mu);

@@ -260,6 +260,8 @@ static void *control_main(void *arg)
     double last_sweep = kvb__now_s();
     while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE)) {
         int n = kvb__zrecv(m->pull, msgs, MAX_FRAMES, 100);
+        if (n > 0)
+            __atomic_add_fetch(&m->ctl_received, 1, __ATOMIC_RELAXED);
         if (n > MAX_FRAMES) {
             kvb__frames_err_t e;
             too_many_frames(&msgs[0], &e);
@@ -539,6 +541,28 @@ void kvb_manager_stats(kvb_manager_h m, kvb_manager_stats_t *s)
     s->registrations_evicted = m->regs_evicted;
     s->registrations_refused = m->regs_refused;
     pthread_rwlock_unlock(&m->reg_mu);
+}
+
+static uint64_t relaxed(const uint64_t *v)
+{
+    return __atomic_load_n(v, __ATOMIC_RELAXED);
+}
+
+void kvb_manager_traffic(kvb_manager_h m, kvb_manager_traffic_t *t)
+{
+    uint64_t f = t->field_mask;
+    if (f & KVB_MANAGER_TRAFFIC_CONTROL) {
+        kvb__zcache_traffic(&m->zc, &t->control_sent, &t->control_send_failed);
+        t->control_received = relaxed(&m->ctl_received);
+    }
+    if (f & KVB_MANAGER_TRAFFIC_BOOTSTRAP) {
+        t->bootstrap_requests = relaxed(&m->boot_requests);
+        t->bootstrap_failed = relaxed(&m->boot_failed);
+    }
+    if (f & KVB_MANAGER_TRAFFIC_HEARTBEAT) {
+        t->heartbeat_requests = relaxed(&m->hb_requests);
+        t->heartbeat_failed = relaxed(&m->hb_failed);
+    }
 }
 
 void kvb_manager_limits(kvb_manager_h m, kvb_manager_limits_t *s)

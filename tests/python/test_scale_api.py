@@ -1,0 +1,53 @@
+"""Scale APIs of the bindings (issue 16 §4): KVManager.traffic() counts
+control messages, bootstrap requests and heartbeats; poll_many() polls many
+senders or receivers in one call, with the same answers as poll()."""
+
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
+if PYDIR not in sys.path:
+    sys.path.insert(0, PYDIR)
+
+import kvbridge as kb  # noqa: E402
+
+from test_bindings import MODEL, Rank  # noqa: E402
+
+
+def test_traffic_counts_rooms_and_bootstrap():
+    with kb.KVBootstrapServer("127.0.0.1", 0) as server:
+        eng = kb.TransferEngine("127.0.0.1", 0)
+        p, d = Rank(MODEL, 0, 1), Rank(MODEL, 0, 1)
+        pm = kb.KVManager(p.kv_args(), "prefill", server.address, engine=eng)
+        dm = kb.KVManager(d.kv_args(), "decode", engine=eng)
+        try:
+            t0p, t0d = pm.traffic(), dm.traffic()
+            assert set(t0p) == {"control_sent", "control_send_failed", "control_received",
+                                "bootstrap_requests", "bootstrap_failed",
+                                "heartbeat_requests", "heartbeat_failed"}
+            assert t0p["bootstrap_requests"] >= 1  # the prefill's registration
+            rooms = 6
+            for r in range(rooms):
+                rc = kb.KVReceiver(dm, server.address, 100 + r)
+                rc.init([r], aux_index=r % 8)
+                s = kb.KVSender(pm, server.address, 100 + r)
+                end = time.monotonic() + 10
+                while s.poll() != kb.KVPoll.WaitingForInput and time.monotonic() < end:
+                    time.sleep(0.005)
+                s.init(1, aux_index=r % 8)
+                s.send(np.array([r], np.int32))
+                while rc.poll() != kb.KVPoll.Success and time.monotonic() < end:
+                    time.sleep(0.005)
+                assert rc.poll() == kb.KVPoll.Success
+            t1p, t1d = pm.traffic(), dm.traffic()
+            assert t1d["control_sent"] - t0d["control_sent"] >= rooms
+            assert t1p["control_received"] - t0p["control_received"] >= rooms
+            assert t1d["control_send_failed"] == 0
+            assert t1d["bootstrap_requests"] >= 1  # parallel info + rank look-up
+            assert t1p["heartbeat_requests"] == 0  # prefills do not beat
+        finally:
+            eng.close()
