@@ -227,6 +227,22 @@ long bench_proc_rss_kib(pid_t pid);
 long bench_proc_fds(pid_t pid);
 double bench_proc_cpu_s(pid_t pid); /* user + system CPU seconds so far */
 
+/* ---- command queue of a child (bench_outq.c) ---- */
+
+typedef struct bench_outq {
+    char *buf;
+    size_t off, len, cap; /* bytes [off, len) not written yet */
+    size_t max_held;      /* the most bytes ever queued at once */
+} bench_outq_t;
+
+/* Queue n bytes for fd (non-blocking) and write what the pipe takes now.
+ * false: the queue would pass its cap (64 MiB) or the child is gone. */
+bool bench_outq_put(bench_outq_t *q, int fd, const char *line, size_t n);
+/* Write what the pipe takes: 0 all written, 1 some left (EAGAIN), -1 error. */
+int bench_outq_flush(bench_outq_t *q, int fd);
+bool bench_outq_pending(const bench_outq_t *q);
+void bench_outq_free(bench_outq_t *q);
+
 /* ---- processes (bench_rank.c, bench_driver.c) ---- */
 
 int bench_run_bootstrap(const bench_opts_t *o, bool child);

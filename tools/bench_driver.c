@@ -5,10 +5,12 @@
 #include "bench_common.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,7 @@ enum { Q_NEW, Q_FILLED, Q_FLIGHT, Q_DONE };
 
 typedef struct proc {
     kvb_eb_chan_t ch;
+    bench_outq_t out; /* commands the child's stdin pipe has not taken yet */
     int kind, dp, tp, pp;
 } proc_t;
 
@@ -72,6 +75,24 @@ static void on_sigint(int sig)
 static bool stopping(const drv_t *d)
 {
     return g_interrupted || d->fatal[0] != '\0';
+}
+
+/* One command line to p, queued: never blocks (bench_outq.c). A child that
+ * is gone or that lets 64 MiB of commands pile up stops the run. */
+static void psend(drv_t *d, proc_t *p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void psend(drv_t *d, proc_t *p, const char *fmt, ...)
+{
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof(line) - 1 || p->ch.wfd < 0)
+        return;
+    line[n++] = '\n';
+    if (!bench_outq_put(&p->out, p->ch.wfd, line, (size_t)n) && d->fatal[0] == '\0')
+        snprintf(d->fatal, sizeof(d->fatal), "a rank stopped taking commands (%zu B queued)",
+                 p->out.len - p->out.off);
 }
 
 /* ---------------------------------------------------------------- spawn */
@@ -166,6 +187,7 @@ static bool spawn(drv_t *d, int kind, int tp, int pp, int dp)
     *p = (proc_t){.kind = kind, .tp = tp, .pp = pp, .dp = dp};
     if (!kvb_eb_spawn(&p->ch, "/proc/self/exe", a.v))
         return false;
+    fcntl(p->ch.wfd, F_SETFL, fcntl(p->ch.wfd, F_GETFL) | O_NONBLOCK);
     d->nprocs++;
     return true;
 }
@@ -222,8 +244,10 @@ static bool start_all(drv_t *d)
 static void stop_all(drv_t *d)
 {
     double grace = g_interrupted || d->fatal[0] ? 0.5 : 10.0;
-    for (int i = d->nprocs - 1; i >= 0; i--)
+    for (int i = d->nprocs - 1; i >= 0; i--) {
+        bench_outq_free(&d->procs[i].out); /* unsent commands: moot now */
         kvb_eb_send(&d->procs[i].ch, "quit");
+    }
     for (int i = d->nprocs - 1; i >= 0; i--)
         kvb_eb_stop(&d->procs[i].ch, grace);
     d->nprocs = 0;
@@ -242,10 +266,12 @@ static void fail_req(drv_t *d, req_t *q, const proc_t *p, const char *why)
 }
 
 static void to_group(drv_t *d, const req_t *q, const char *fmt, uint64_t room)
+    __attribute__((format(printf, 3, 0)));
+static void to_group(drv_t *d, const req_t *q, const char *fmt, uint64_t room)
 {
     for (int i = 0; i < d->nprocs; i++)
         if (d->procs[i].kind == K_PRE && d->procs[i].dp == q->dp)
-            kvb_eb_send(&d->procs[i].ch, fmt, room);
+            psend(d, &d->procs[i], fmt, room);
 }
 
 static void maybe_send(drv_t *d, req_t *q)
@@ -337,28 +363,55 @@ static void drain(drv_t *d, proc_t *p)
         on_line(d, p, line);
 }
 
-/* Read whatever the children said within timeout_ms. */
+/* Read whatever the children said within timeout_ms, and write the
+ * commands their pipes take. Reading never waits on writing: a child blocked
+ * on its full stdout pipe is always read. */
 static void pump(drv_t *d, int timeout_ms)
 {
-    struct pollfd pf[MAX_PROCS];
+    struct pollfd pf[2 * MAX_PROCS];
     char line[600], name[48];
-    for (int i = 0; i < d->nprocs; i++) {
-        drain(d, &d->procs[i]);
-        pf[i] = (struct pollfd){.fd = d->procs[i].ch.rfd, .events = POLLIN};
+    int n = d->nprocs;
+    for (int i = 0; i < n; i++) {
+        proc_t *p = &d->procs[i];
+        drain(d, p);
+        pf[i] = (struct pollfd){.fd = p->ch.rfd, .events = POLLIN};
+        bool out = bench_outq_pending(&p->out) && p->ch.wfd >= 0;
+        pf[n + i] = (struct pollfd){.fd = out ? p->ch.wfd : -1, .events = POLLOUT};
     }
-    if (poll(pf, (nfds_t)d->nprocs, timeout_ms) <= 0)
+    if (poll(pf, (nfds_t)(2 * n), timeout_ms) <= 0)
         return;
-    for (int i = 0; i < d->nprocs && d->fatal[0] == '\0'; i++) {
+    for (int i = 0; i < n && d->fatal[0] == '\0'; i++) {
+        proc_t *p = &d->procs[i];
+        if (pf[n + i].revents != 0 && bench_outq_flush(&p->out, p->ch.wfd) < 0) {
+            proc_name(p, name, sizeof(name));
+            snprintf(d->fatal, sizeof(d->fatal), "%.40s: its command pipe is closed", name);
+            return;
+        }
         if (pf[i].revents == 0)
             continue;
-        if (!kvb_eb_recv(&d->procs[i].ch, line, sizeof(line), 2.0)) {
-            proc_name(&d->procs[i], name, sizeof(name));
+        if (!kvb_eb_recv(&p->ch, line, sizeof(line), 2.0)) {
+            proc_name(p, name, sizeof(name));
             snprintf(d->fatal, sizeof(d->fatal), "%.40s: %.180s", name, line);
             return;
         }
-        on_line(d, &d->procs[i], line);
-        drain(d, &d->procs[i]);
+        on_line(d, p, line);
+        drain(d, p);
     }
+}
+
+/* Pump until *pend of every request in [a, b) is 0, at most timeout_s. */
+static void pump_until(drv_t *d, long long a, long long b, size_t pend_off, const char *what)
+{
+    double end = kvb_tool_now() + d->o->timeout_s + 30;
+    for (long long i = a; i < b && !stopping(d); i++)
+        while (*(int *)((char *)&d->reqs[i] + pend_off) > 0 && !stopping(d)) {
+            if (kvb_tool_now() > end) {
+                snprintf(d->fatal, sizeof(d->fatal), "no %s answer from the ranks within %.0f s",
+                         what, d->o->timeout_s + 30);
+                return;
+            }
+            pump(d, 100);
+        }
 }
 
 /* ---------------------------------------------------------------- waves */
@@ -368,10 +421,10 @@ static int group_size(const drv_t *d)
     return d->o->ptp * d->o->ppp;
 }
 
-/* Between commands to the children: every 32 requests, read what they said.
- * Without it a wave of 10k rooms deadlocked: the driver blocked writing to a
- * rank's full stdin pipe while the rank blocked writing its answers to its
- * full stdout pipe. */
+/* Between commands to the children: every 32 requests, read what they said
+ * and write what their pipes take, so answers (inited → send) flow while a
+ * wave is being dispatched. Commands are queued (psend), so this is for
+ * latency, not for progress. */
 static void breathe(drv_t *d, long long i)
 {
     if (i % 32 == 31)
@@ -387,12 +440,10 @@ static void fill_phase(drv_t *d, long long a, long long b)
         snprintf(cmd, sizeof(cmd), "fill %" PRIu64 " %u %" PRId64, q->room, q->pages, q->aux);
         for (int k = 0; k < d->nprocs; k++)
             if (d->procs[k].kind == K_PRE && d->procs[k].dp == q->dp)
-                kvb_eb_send(&d->procs[k].ch, "%s", cmd);
+                psend(d, &d->procs[k], "%s", cmd);
         breathe(d, i);
     }
-    for (long long i = a; i < b && !stopping(d); i++)
-        while (d->reqs[i].pend_fill > 0 && !stopping(d))
-            pump(d, 100);
+    pump_until(d, a, b, offsetof(req_t, pend_fill), "fill");
 }
 
 static bool is_warm(const drv_t *d, const req_t *q)
@@ -415,8 +466,8 @@ static void dispatch(drv_t *d, req_t *q)
     d->inflight++;
     for (int k = 0; d->has_dec && k < d->nprocs; k++)
         if (d->procs[k].kind == K_DEC)
-            kvb_eb_send(&d->procs[k].ch, "recv %" PRIu64 " %u %" PRId64 "%s", q->room, q->pages,
-                        q->aux, is_warm(d, q) ? " sweep" : "");
+            psend(d, &d->procs[k], "recv %" PRIu64 " %u %" PRId64 "%s", q->room, q->pages, q->aux,
+                  is_warm(d, q) ? " sweep" : "");
     maybe_send(d, q);
 }
 
@@ -518,12 +569,10 @@ static void verify_phase(drv_t *d, long long a, long long b)
         q->pend_verify = d->o->dtp;
         for (int k = 0; k < d->nprocs; k++)
             if (d->procs[k].kind == K_DEC)
-                kvb_eb_send(&d->procs[k].ch, "verify %" PRIu64, q->room);
+                psend(d, &d->procs[k], "verify %" PRIu64, q->room);
         breathe(d, i);
     }
-    for (long long i = a; i < b && !stopping(d); i++)
-        while (d->reqs[i].pend_verify > 0 && !stopping(d))
-            pump(d, 100);
+    pump_until(d, a, b, offsetof(req_t, pend_verify), "verify");
     for (long long i = a; i < b && !stopping(d); i++) {
         req_t *q = &d->reqs[i];
         if (d->has_pre)

@@ -145,7 +145,7 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
              {"--prefill-pp", 1, 16, &ppp},
              {"--dp", 1, 16, &dp},
              {"--requests", 1, 1000000, &o->requests},
-             {"--concurrency", 1, 4096, &o->conc},
+             {"--concurrency", 1, 100000, &o->conc},
              {"--prompt-len", 1, 1 << 20, &o->prompt_len},
              {"--page-size", 1, 4096, &page},
              {"--chunk", 0, 1 << 20, &o->chunk},
