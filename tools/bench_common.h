@@ -210,7 +210,28 @@ typedef struct bench_report {
     long long max_inflight;
     double rss_idle_kib, rss_peak_kib;
     int nprocs;
+    /* --scale: kvb_manager_traffic of every rank summed, timed waves only
+     * (end minus start): BENCH_TR_* below; answers counted; timed seconds
+     * (wall, fill and verify included: the window heartbeats ran in) */
+    double traffic[8];
+    int traffic_answers, traffic_ranks;
+    double timed_wall_s;
+    /* heartbeats since the ranks started, over the run's wall time since then
+     * (a timed window can be shorter than one 5 s heartbeat interval) */
+    double hb_total, run_wall_s;
 } bench_report_t;
+
+/* kvb_manager_traffic fields as one "traffic" answer of a rank lists them. */
+enum {
+    BENCH_TR_CTL_SENT,
+    BENCH_TR_CTL_FAILED,
+    BENCH_TR_CTL_RECV,
+    BENCH_TR_BOOT_PRE, /* bootstrap requests of prefill ranks */
+    BENCH_TR_BOOT_DEC, /* of decode ranks */
+    BENCH_TR_BOOT_FAILED,
+    BENCH_TR_HB,
+    BENCH_TR_HB_FAILED,
+};
 
 /* memcpy (and, for tcp, raw TCP) baselines and planner cost; fills rep. */
 void bench_baselines(const bench_opts_t *o, bench_report_t *rep);

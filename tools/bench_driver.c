@@ -55,6 +55,7 @@ typedef struct drv {
     uint64_t room_base;
     long long wave, pool_pages, inflight;
     bench_report_t rep;
+    double traffic_sign; /* +1 / -1: the traffic collection under way */
     char fatal[240];
 } drv_t;
 
@@ -313,6 +314,27 @@ static req_t *req_of(drv_t *d, uint64_t room)
     return &d->reqs[room - d->room_base];
 }
 
+/* "traffic prefill|decode a b c ...": one rank's counters, added with the
+ * sign of the current collection (d->traffic_sign). */
+static void on_traffic(drv_t *d, const char *rest)
+{
+    unsigned long long v[7];
+    char side[16];
+    if (sscanf(rest, "%15s %llu %llu %llu %llu %llu %llu %llu", side, &v[0], &v[1], &v[2], &v[3],
+               &v[4], &v[5], &v[6]) != 8)
+        return;
+    bool pre = strcmp(side, "prefill") == 0;
+    const int at[7] = {BENCH_TR_CTL_SENT,    BENCH_TR_CTL_FAILED, BENCH_TR_CTL_RECV, 0,
+                       BENCH_TR_BOOT_FAILED, BENCH_TR_HB,         BENCH_TR_HB_FAILED};
+    for (int i = 0; i < 7; i++) {
+        int k = i == 3 ? (pre ? BENCH_TR_BOOT_PRE : BENCH_TR_BOOT_DEC) : at[i];
+        d->rep.traffic[k] += d->traffic_sign * (double)v[i];
+    }
+    if (d->traffic_sign > 0)
+        d->rep.hb_total += (double)v[5];
+    d->rep.traffic_answers++;
+}
+
 static void on_line(drv_t *d, proc_t *p, const char *line)
 {
     uint64_t room = 0;
@@ -322,6 +344,10 @@ static void on_line(drv_t *d, proc_t *p, const char *line)
     char verb[16] = "";
     if (strncmp(line, "error ", 6) == 0) {
         snprintf(d->fatal, sizeof(d->fatal), "%s", line + 6);
+        return;
+    }
+    if (strncmp(line, "traffic ", 8) == 0) {
+        on_traffic(d, line + 8);
         return;
     }
     if (sscanf(line, "%15s %" SCNu64 " %n", verb, &room, &off) != 2)
@@ -610,6 +636,23 @@ static void sample(drv_t *d, int at)
     }
 }
 
+/* --scale: every rank's traffic counters, added with sign (-1 before the
+ * timed waves, +1 after them); waits for the answers at most 30 s. */
+static void collect_traffic(drv_t *d, double sign)
+{
+    int want = 0, before = d->rep.traffic_answers;
+    d->traffic_sign = sign;
+    for (int i = 0; i < d->nprocs; i++)
+        if (d->procs[i].kind != K_BOOT) {
+            psend(d, &d->procs[i], "traffic");
+            want += 1;
+        }
+    double end = kvb_tool_now() + 30;
+    while (d->rep.traffic_answers - before < want && !stopping(d) && kvb_tool_now() < end)
+        pump(d, 100);
+    d->rep.traffic_ranks = want;
+}
+
 /* --resource-report: warm-up sample after the wave that passes 10% of the
  * requests, end sample after the last wave (children idle both times). */
 static void run_waves(drv_t *d)
@@ -620,6 +663,8 @@ static void run_waves(drv_t *d)
     for (long long a = 0; a < d->nreqs && !stopping(d);) {
         long long end = a < w ? w : d->nreqs;
         if (a == w && d->o->scale) { /* the timed waves start: idle figures */
+            collect_traffic(d, -1);
+            d->rep.timed_wall_s = -kvb_tool_now();
             d->rep.cpu_s = -children_cpu_s(d);
             d->rep.rss_idle_kib = children_rss_kib(d);
         }
@@ -635,8 +680,11 @@ static void run_waves(drv_t *d)
     }
     if (d->o->resource_report && warm)
         sample(d, 1);
-    if (d->o->scale)
+    if (d->o->scale) {
         d->rep.cpu_s += children_cpu_s(d);
+        d->rep.timed_wall_s += kvb_tool_now();
+        collect_traffic(d, +1);
+    }
     d->rep.nprocs = d->nprocs;
 }
 
@@ -685,8 +733,11 @@ int bench_run_driver(const bench_opts_t *o)
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     bench_baselines(o, &d->rep);
-    if (start_all(d) && !g_interrupted)
+    if (start_all(d) && !g_interrupted) {
+        d->rep.run_wall_s = -kvb_tool_now();
         run_waves(d);
+        d->rep.run_wall_s += kvb_tool_now();
+    }
     stop_all(d);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);

@@ -408,6 +408,20 @@ static void cmd_drop(rank_t *r, uint64_t id)
     room_release(r, rm);
 }
 
+/* "traffic": this rank's kvb_manager_traffic, in BENCH_TR_* order. */
+static void cmd_traffic(rank_t *r)
+{
+    kvb_manager_traffic_t t = {.field_mask = KVB_MANAGER_TRAFFIC_CONTROL |
+                                             KVB_MANAGER_TRAFFIC_BOOTSTRAP |
+                                             KVB_MANAGER_TRAFFIC_HEARTBEAT};
+    kvb_manager_traffic(r->mgr, &t);
+    bench_say("traffic %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
+              " %" PRIu64,
+              r->prefill ? "prefill" : "decode", t.control_sent, t.control_send_failed,
+              t.control_received, t.bootstrap_requests, t.bootstrap_failed, t.heartbeat_requests,
+              t.heartbeat_failed);
+}
+
 static bool handle(rank_t *r, const char *line)
 {
     uint64_t id = 0;
@@ -415,6 +429,10 @@ static bool handle(rank_t *r, const char *line)
     long long aux = 0;
     if (strcmp(line, "quit") == 0)
         return false;
+    if (strcmp(line, "traffic") == 0) {
+        cmd_traffic(r);
+        return true;
+    }
     if (sscanf(line, "fill %" SCNu64 " %u %lld", &id, &n, &aux) == 3 && r->prefill) {
         rroom_t *rm = room_new(r, id, n, aux, false);
         if (rm != NULL) {
