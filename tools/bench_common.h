@@ -31,7 +31,8 @@
 
 #define BENCH_AUX_ITEM 64u
 #define BENCH_MAX_FAIL_SHOWN 5
-#define BENCH_MAX_RES 81 /* driver + MAX_PROCS children */
+#define BENCH_MAX_PROCS 64 /* rank processes one driver starts */
+#define BENCH_MAX_RES 81   /* driver + bootstrap + rank processes */
 #define BENCH_MAX_DP 16
 
 typedef enum bench_role {
@@ -69,6 +70,11 @@ typedef struct bench_opts {
     double timeout_s;
     /* rank processes (set by the driver) */
     int tp_rank, pp_rank, dp_rank;
+    /* --ranks-per-process K: each rank process hosts up to K ranks of one
+     * side (consecutive TP ranks), each with its own engine and manager;
+     * 0 = as few as fit BENCH_MAX_PROCS (1 up to 64 ranks). In a rank
+     * process: how many it hosts, from --tp-rank on. */
+    long long rpp;
     long long pool_pages, wave;
     bool cuda;       /* --memory cuda: pools in device memory (bench_cuda.c) */
     int cuda_device; /* --device N */
@@ -265,6 +271,10 @@ bool bench_outq_pending(const bench_outq_t *q);
 void bench_outq_free(bench_outq_t *q);
 
 /* ---- processes (bench_rank.c, bench_driver.c) ---- */
+
+/* Ranks each rank process hosts (--ranks-per-process, or the fewest that
+ * keep the rank processes within BENCH_MAX_PROCS). */
+int bench_ranks_per_proc(const bench_opts_t *o);
 
 int bench_run_bootstrap(const bench_opts_t *o, bool child);
 int bench_run_rank(const bench_opts_t *o);

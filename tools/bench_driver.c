@@ -31,6 +31,7 @@ typedef struct proc {
     kvb_eb_chan_t ch;
     bench_outq_t out; /* commands the child's stdin pipe has not taken yet */
     int kind, dp, tp, pp;
+    int nranks; /* ranks it hosts: TP ranks [tp, tp + nranks) */
 } proc_t;
 
 typedef struct req {
@@ -111,7 +112,8 @@ static void arg(args_t *a, const char *fmt, ...)
     a->v[++a->n] = NULL;
 }
 
-static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int pp, int dp)
+static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int pp, int dp,
+                      int nranks)
 {
     const bench_opts_t *o = d->o;
     static const char *names[] = {"--layers",    "--kv-heads",   "--head-dim",  "--dtype-bytes",
@@ -168,9 +170,11 @@ static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int p
     }
     if (o->random_chunks)
         arg(a, "--random-chunks");
+    arg(a, "--ranks-per-process");
+    arg(a, "%d", nranks);
 }
 
-static bool spawn(drv_t *d, int kind, int tp, int pp, int dp)
+static bool spawn(drv_t *d, int kind, int tp, int pp, int dp, int nranks)
 {
     static const char *roles[] = {"bootstrap", "prefill-rank", "decode-rank"};
     args_t a = {.n = 0};
@@ -183,9 +187,9 @@ static bool spawn(drv_t *d, int kind, int tp, int pp, int dp)
         for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
             arg(&a, i == 6 ? "%s:0" : "%s", v[i]);
     } else {
-        rank_args(d, &a, roles[kind], tp, pp, dp);
+        rank_args(d, &a, roles[kind], tp, pp, dp, nranks);
     }
-    *p = (proc_t){.kind = kind, .tp = tp, .pp = pp, .dp = dp};
+    *p = (proc_t){.kind = kind, .tp = tp, .pp = pp, .dp = dp, .nranks = nranks};
     if (!kvb_eb_spawn(&p->ch, "/proc/self/exe", a.v))
         return false;
     fcntl(p->ch.wfd, F_SETFL, fcntl(p->ch.wfd, F_GETFL) | O_NONBLOCK);
@@ -222,19 +226,19 @@ static bool start_all(drv_t *d)
     const bench_opts_t *o = d->o;
     char text[128];
     if (o->role == BENCH_ROLE_ALL) {
-        if (!spawn(d, K_BOOT, 0, 0, 0) || !wait_ready(d, 0, d->boot, sizeof(d->boot)))
+        if (!spawn(d, K_BOOT, 0, 0, 0, 0) || !wait_ready(d, 0, d->boot, sizeof(d->boot)))
             return false;
     } else {
         snprintf(d->boot, sizeof(d->boot), "%s", o->bootstrap);
     }
-    int first = d->nprocs;
+    int first = d->nprocs, k = bench_ranks_per_proc(o);
     for (int g = 0; d->has_pre && g < o->dp; g++)
-        for (int t = 0; t < o->ptp; t++)
+        for (int t = 0; t < o->ptp; t += k)
             for (int p = 0; p < o->ppp; p++)
-                if (!spawn(d, K_PRE, t, p, g))
+                if (!spawn(d, K_PRE, t, p, g, o->ptp - t < k ? o->ptp - t : k))
                     return false;
-    for (int t = 0; d->has_dec && t < o->dtp; t++)
-        if (!spawn(d, K_DEC, t, 0, 0))
+    for (int t = 0; d->has_dec && t < o->dtp; t += k)
+        if (!spawn(d, K_DEC, t, 0, 0, o->dtp - t < k ? o->dtp - t : k))
             return false;
     for (int i = first; i < d->nprocs; i++)
         if (!wait_ready(d, i, text, sizeof(text)))
@@ -645,7 +649,7 @@ static void collect_traffic(drv_t *d, double sign)
     for (int i = 0; i < d->nprocs; i++)
         if (d->procs[i].kind != K_BOOT) {
             psend(d, &d->procs[i], "traffic");
-            want += 1;
+            want += d->procs[i].nranks;
         }
     double end = kvb_tool_now() + 30;
     while (d->rep.traffic_answers - before < want && !stopping(d) && kvb_tool_now() < end)

@@ -549,28 +549,46 @@ static void rank_stop(rank_t *r)
     free(r->rooms);
 }
 
+/* One rank process hosts o->rpp ranks (at least 1): TP ranks tp_rank ..
+ * tp_rank + rpp - 1 of one side, each with its own options copy, pool,
+ * engine and manager; every command goes to each of them and each answers
+ * for itself (the driver counts answers per rank). */
 int bench_run_rank(const bench_opts_t *o)
 {
-    rank_t r = {.o = o, .prefill = o->role == BENCH_ROLE_PREFILL_RANK};
+    int n = o->rpp > 0 ? (int)o->rpp : 1;
+    rank_t *r = calloc((size_t)n, sizeof(*r));
+    bench_opts_t *oc = calloc((size_t)n, sizeof(*oc));
     static linebuf_t lb;
     char line[512];
-    bool busy = false, run = true;
+    bool busy = false, run = true, ok = r != NULL && oc != NULL;
     child_setup(o);
     if (o->pool_pages <= 0 || o->wave <= 0 || o->bootstrap[0] == '\0') {
         bench_say("error rank processes are started by `kvbridge bench`");
+        free(r);
+        free(oc);
         return 2;
     }
-    if (!rank_start(&r)) {
-        rank_stop(&r);
-        return 1;
+    for (int i = 0; ok && i < n; i++) {
+        oc[i] = *o;
+        oc[i].tp_rank = o->tp_rank + i;
+        r[i] = (rank_t){.o = &oc[i], .prefill = o->role == BENCH_ROLE_PREFILL_RANK};
+        ok = rank_start(&r[i]);
     }
-    bench_say("ready %s", kvb_manager_endpoint(r.mgr));
-    while (run && !g_stop && !lb.eof) {
+    if (ok)
+        bench_say("ready %s", kvb_manager_endpoint(r[0].mgr));
+    while (ok && run && !g_stop && !lb.eof) {
         read_input(&lb, busy ? 50000L : 200000000L);
         while (run && next_line(&lb, line, sizeof(line)))
-            run = handle(&r, line);
-        busy = step_all(&r);
+            for (int i = 0; i < n && run; i++)
+                run = handle(&r[i], line);
+        busy = false;
+        for (int i = 0; i < n; i++)
+            busy |= step_all(&r[i]);
     }
-    rank_stop(&r);
-    return 0;
+    for (int i = 0; r != NULL && i < n; i++)
+        if (r[i].o != NULL)
+            rank_stop(&r[i]);
+    free(r);
+    free(oc);
+    return ok ? 0 : 1;
 }

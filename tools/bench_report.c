@@ -315,8 +315,12 @@ static scale_traffic_t scale_traffic(const bench_opts_t *o, const bench_report_t
 static void print_scale(const bench_opts_t *o, const bench_report_t *r)
 {
     scale_traffic_t t = scale_traffic(o, r);
-    printf("  %-22s %d prefill + %d decode ranks in %d processes\n", "scale",
-           o->ptp * o->ppp * o->dp, o->dtp, r->nprocs);
+    int k = bench_ranks_per_proc(o);
+    char mode[64] = "one process per rank";
+    if (k > 1)
+        snprintf(mode, sizeof(mode), "up to %d managers per process", k);
+    printf("  %-22s %d prefill + %d decode ranks in %d processes (%s)\n", "scale",
+           o->ptp * o->ppp * o->dp, o->dtp, r->nprocs, mode);
     printf("  %-22s %.1f us CPU (all processes), %.0f B RSS (%lld rooms held at most)\n",
            "per room", cpu_us_per_room(r), bytes_per_room(r), r->max_inflight);
     printf("  %-22s %.2f control messages sent, %.2f received (all ranks; %.0f dropped)\n", "",
@@ -445,14 +449,16 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
                 "\"control_received_per_room\": %.3f, \"control_dropped\": %.0f, "
                 "\"heartbeats_per_decode_rank_s\": %.4f, \"heartbeats_failed\": %.0f, "
                 "\"bootstrap_requests_prefill\": %.0f, \"bootstrap_requests_decode\": %.0f, "
-                "\"bootstrap_per_rank_s\": %.4f, \"heartbeats_run\": %.0f, \"run_wall_s\": %.3f}, ",
+                "\"bootstrap_per_rank_s\": %.4f, \"heartbeats_run\": %.0f, \"run_wall_s\": %.3f, "
+                "\"ranks_per_process\": %d}, ",
                 o->ptp * o->ppp * o->dp, o->dtp, r->nprocs, r->cpu_s, cpu_us_per_room(r),
                 r->max_inflight, r->rss_idle_kib, r->rss_peak_kib, bytes_per_room(r),
                 r->timed_wall_s, scale_traffic(o, r).ctl_sent_per_room,
                 scale_traffic(o, r).ctl_recv_per_room, r->traffic[BENCH_TR_CTL_FAILED],
                 scale_traffic(o, r).hb_per_dec_rank_s, r->traffic[BENCH_TR_HB_FAILED],
                 r->traffic[BENCH_TR_BOOT_PRE], r->traffic[BENCH_TR_BOOT_DEC],
-                scale_traffic(o, r).boot_per_rank_s, r->hb_total, r->run_wall_s);
+                scale_traffic(o, r).boot_per_rank_s, r->hb_total, r->run_wall_s,
+                bench_ranks_per_proc(o));
     if (r->nres > 0) {
         json_res(f, r, "rss_kib", true);
         json_res(f, r, "fds", false);
