@@ -32,7 +32,8 @@
 #define BENCH_AUX_ITEM 64u
 #define BENCH_MAX_FAIL_SHOWN 5
 #define BENCH_MAX_PROCS 64 /* rank processes one driver starts */
-#define BENCH_MAX_RES 81   /* driver + bootstrap + rank processes */
+#define BENCH_MAX_RANKS_PER_PROC 128
+#define BENCH_MAX_RES 81 /* driver + bootstrap + rank processes */
 #define BENCH_MAX_DP 16
 
 typedef enum bench_role {

@@ -164,7 +164,7 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
              {"--wave", 1, 1000000, &o->wave},
              {"--timeout", 1, 86400, &tmo},
              {"--device", 0, 63, &cdev},
-             {"--ranks-per-process", 0, BENCH_MAX_RANKS, &o->rpp}};
+             {"--ranks-per-process", 0, BENCH_MAX_RANKS_PER_PROC, &o->rpp}};
     size_t i = 0, n = sizeof(t) / sizeof(t[0]);
     while (i < n && strcmp(a, t[i].name) != 0)
         i++;

@@ -118,7 +118,8 @@ typedef struct kvb__src {
 
 typedef struct kvb__room {
     uint64_t id;
-    int status; /* kvb_poll_t */
+    struct kvb_manager *mgr; /* whose event fd a change signals */
+    int status;              /* kvb_poll_t */
     char *reason;
     double t_start, t_init, t_terminal;
     int has_handle;
@@ -271,6 +272,9 @@ struct kvb_manager {
     /* kvb_manager_traffic counters: relaxed atomics bumped where the
      * traffic happens (no lock: read as a snapshot, not as a consistent set) */
     uint64_t ctl_received, boot_requests, boot_failed, hb_requests, hb_failed;
+    /* kvb_manager_event_fd: an eventfd written (m->mu held) on every room
+     * status change; ev_on says it exists (made on first request) */
+    int ev_fd, ev_on;
 
     pthread_mutex_t mu;
     kvb__room_t **buckets;
@@ -450,6 +454,22 @@ void kvb__decode_free(struct kvb_manager *m);
 
 /* manager.c */
 /* A bootstrap client for addr carrying the manager's token (if any). */
+/* m->mu held: a room's poll answer may have changed (status, or a source's
+ * response that can close a failed room's fence): wake kvb_manager_event_fd
+ * waiters. */
+void kvb__room_changed(kvb__room_t *r);
+
+/* Polling pieces shared by kvb_*_poll and kvb_*_poll_many (poll_many.c).
+ * m->mu held: the status of s's room (failing it past the bootstrap
+ * time-out). After unlocking: remember a terminal status and tell the
+ * decode about a failure; returns status. */
+int kvb__sender_status(struct kvb_manager *m, kvb_sender_h s);
+kvb_poll_t kvb__sender_conclude(kvb_sender_h s, int status);
+/* m->mu held: the status of rc's room (failing it past the waiting
+ * time-out). Failed here is not final: the writer fence decides, so the
+ * caller then polls that receiver alone with kvb_receiver_poll. */
+int kvb__receiver_status(struct kvb_manager *m, kvb_receiver_h rc);
+
 /* Count one bootstrap HTTP request (kvb_manager_traffic) that ended with st. */
 static inline void kvb__count_boot(struct kvb_manager *m, kvb_status_t st)
 {

@@ -870,6 +870,24 @@ int kvb_receiver_pages_safe(kvb_receiver_h rc)
     return safe;
 }
 
+/* m->mu held: fail r past the waiting time-out. */
+static void check_waiting(struct kvb_manager *m, kvb__room_t *r)
+{
+    double el = r->t_init > 0 ? kvb__now_s() - r->t_init : 0;
+    if (r->status == KVB_POLL_WAITING_FOR_INPUT && r->t_init > 0 && el >= m->p.waiting_timeout_s)
+        kvb__room_fail(r, "Request %llu timed out after %.1fs in KVPoll.WaitingForInput",
+                       (unsigned long long)r->id, el);
+}
+
+int kvb__receiver_status(struct kvb_manager *m, kvb_receiver_h rc)
+{
+    kvb__room_t *r = kvb__room_find(m, rc->room);
+    if (r == NULL)
+        return KVB_POLL_FAILED;
+    check_waiting(m, r);
+    return r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
+}
+
 kvb_poll_t kvb_receiver_poll(kvb_receiver_h rc)
 {
     struct kvb_manager *m = rc->mgr;
@@ -884,12 +902,7 @@ kvb_poll_t kvb_receiver_poll(kvb_receiver_h rc)
     if (r == NULL) {
         status = KVB_POLL_FAILED;
     } else {
-        double el = r->t_init > 0 ? kvb__now_s() - r->t_init : 0;
-        if (r->status == KVB_POLL_WAITING_FOR_INPUT && r->t_init > 0 &&
-            el >= m->p.waiting_timeout_s) {
-            kvb__room_fail(r, "Request %llu timed out after %.1fs in KVPoll.WaitingForInput",
-                           (unsigned long long)rc->room, el);
-        }
+        check_waiting(m, r);
         /* Whatever failed the room (time-out, a malformed message naming it,
          * an undeliverable transfer info), the sources must stop writing
          * before the pages are reported reusable. No-op once opened. */
@@ -991,6 +1004,7 @@ static bool record_response(struct kvb_manager *m, kvb__room_t *r, int32_t rank,
         return false;
     r->responded = v;
     r->responded[r->n_responded++] = key;
+    kvb__room_changed(r); /* it may close the room's fence */
     return true;
 }
 

@@ -779,29 +779,36 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
     return KVB_OK;
 }
 
-kvb_poll_t kvb_sender_poll(kvb_sender_h s)
+int kvb__sender_status(struct kvb_manager *m, kvb_sender_h s)
 {
-    struct kvb_manager *m = s->mgr;
-    int status;
-    if (s->concluded)
-        return (kvb_poll_t)s->concluded - 1;
-    pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, s->room);
-    if (r == NULL) {
-        status = KVB_POLL_FAILED;
-    } else {
-        double elapsed = kvb__now_s() - r->t_start;
-        if (r->status == KVB_POLL_BOOTSTRAPPING && elapsed >= m->p.bootstrap_timeout_s)
-            kvb__room_fail(r, "Request %llu timed out after %.1fs in KVPoll.Bootstrapping",
-                           (unsigned long long)s->room, elapsed);
-        status = r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
-    }
-    pthread_mutex_unlock(&m->mu);
+    if (r == NULL)
+        return KVB_POLL_FAILED;
+    double elapsed = kvb__now_s() - r->t_start;
+    if (r->status == KVB_POLL_BOOTSTRAPPING && elapsed >= m->p.bootstrap_timeout_s)
+        kvb__room_fail(r, "Request %llu timed out after %.1fs in KVPoll.Bootstrapping",
+                       (unsigned long long)s->room, elapsed);
+    return r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
+}
+
+kvb_poll_t kvb__sender_conclude(kvb_sender_h s, int status)
+{
     if (status == KVB_POLL_FAILED || status == KVB_POLL_SUCCESS)
         s->concluded = status + 1;
     if (status == KVB_POLL_FAILED)
-        kvb__prefill_notify(m, s->room);
+        kvb__prefill_notify(s->mgr, s->room);
     return (kvb_poll_t)status;
+}
+
+kvb_poll_t kvb_sender_poll(kvb_sender_h s)
+{
+    struct kvb_manager *m = s->mgr;
+    if (s->concluded)
+        return (kvb_poll_t)s->concluded - 1;
+    pthread_mutex_lock(&m->mu);
+    int status = kvb__sender_status(m, s);
+    pthread_mutex_unlock(&m->mu);
+    return kvb__sender_conclude(s, status);
 }
 
 void kvb_sender_abort(kvb_sender_h s)

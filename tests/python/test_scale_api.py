@@ -51,3 +51,68 @@ def test_traffic_counts_rooms_and_bootstrap():
             assert t1p["heartbeat_requests"] == 0  # prefills do not beat
         finally:
             eng.close()
+
+
+def _wait_readable(fd, timeout):
+    import select
+    r, _, _ = select.select([fd], [], [], timeout)
+    if r:
+        os.read(fd, 8)
+    return bool(r)
+
+
+def test_poll_many_and_event_fd():
+    """Rooms polled only with poll_many: the same answers as poll(), bytes
+    right, the decode's event fd wakes on changes, bad input refused."""
+    with kb.KVBootstrapServer("127.0.0.1", 0) as server:
+        eng = kb.TransferEngine("127.0.0.1", 0)
+        p, d = Rank(MODEL, 0, 1), Rank(MODEL, 0, 1)
+        pm = kb.KVManager(p.kv_args(), "prefill", server.address, engine=eng)
+        dm = kb.KVManager(d.kv_args(), "decode", engine=eng)
+        try:
+            fd = dm.event_fd()
+            assert fd >= 0 and dm.event_fd() == fd
+            while _wait_readable(fd, 0):
+                pass
+            rooms = list(range(200, 208))
+            rcs, ss = [], []
+            for i, room in enumerate(rooms):
+                pages = [2 * i, 2 * i + 1]
+                p.fill(room, pages, i)
+                rc = kb.KVReceiver(dm, server.address, room)
+                rc.init(pages, aux_index=i)
+                rcs.append(rc)
+                ss.append(kb.KVSender(pm, server.address, room))
+            end = time.monotonic() + 10
+            while time.monotonic() < end:
+                st = kb.poll_many(ss)
+                if all(x == kb.KVPoll.WaitingForInput for x in st):
+                    break
+                time.sleep(0.005)
+            assert st == [kb.KVPoll.WaitingForInput] * len(ss)
+            assert [s.poll() for s in ss] == st
+            while _wait_readable(fd, 0.1):
+                pass
+            for i, s in enumerate(ss):
+                s.init(2, aux_index=i)
+                s.send(np.array([2 * i, 2 * i + 1], np.int32))
+            assert _wait_readable(fd, 5), "no event after the sends"
+            while time.monotonic() < end:
+                st = kb.poll_many(rcs)
+                if all(x == kb.KVPoll.Success for x in st):
+                    break
+                _wait_readable(fd, 0.05)
+            assert st == [kb.KVPoll.Success] * len(rcs)
+            assert [rc.poll() for rc in rcs] == st
+            for i, room in enumerate(rooms):
+                assert d.wrong_bytes(room, [2 * i, 2 * i + 1], i) == 0
+            rcs[0].clear()  # cleared: its conclusion
+            assert kb.poll_many(rcs)[0] == kb.KVPoll.Success
+            assert kb.poll_many([]) == []
+            try:
+                kb.poll_many([ss[0], rcs[1]])
+                raise AssertionError("a mix was accepted")
+            except kb.InvalidArgument:
+                pass
+        finally:
+            eng.close()
