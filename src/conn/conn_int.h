@@ -130,6 +130,7 @@ typedef struct kvb__room {
     size_t n_dst;
     int32_t required_dst;
     int inflight;      /* chunks queued or being written */
+    int last_done;     /* the last chunk settled (Success once inflight is 0) */
     int fail_notified; /* Failed status sent to the destinations */
     int success_due;   /* Success reached, status not sent yet */
     int submitting;    /* a worker is issuing writes for it (abort waits) */
@@ -303,7 +304,8 @@ struct kvb_manager {
     char rx_peer_id[41]; /* control thread: identity of the message in hand */
     kvb__queue_t *queues;
     int n_queues;
-    int32_t prefill_rank; /* attn_tp_rank * pp_size + pp_rank */
+    struct kvb__aside *aside; /* chunks moved off a stalled queue (prefill_xfer.c) */
+    int32_t prefill_rank;     /* attn_tp_rank * pp_size + pp_rank */
     int is_last_stage;
     pthread_t ref_thr; /* periodic re-registration (prefill_ctl.c) */
     int ref_started;
