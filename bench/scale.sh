@@ -1,23 +1,33 @@
 #!/usr/bin/env bash
 # The scale curve of issue 16 §4: `kvbridge bench --scale` (one-page rooms,
-# control dominates) over rank counts and rooms in flight, one process per
-# rank (the bench's limit: 64 rank processes, so 32 x 32 at most). Prints a
+# control dominates) over rank counts and rooms in flight; one process per
+# rank up to 64 ranks, past that several managers per process (the bench
+# picks the fewest that keep 64 rank processes; RPP=K forces K). Prints a
 # markdown table and keeps each run's JSON in bench/results/scale/.
-# Usage: [SIZES="1x1 2x2 ..."] [INFLIGHT="100 1000 4000"] bench/scale.sh [BUILD_DIR]
+# Usage: [SIZES="1x1 2x2 ..."] [INFLIGHT="100 1000 10000"] [REQS=2] [WARMUP=1]
+#        [POLL=event|many|single] [RPP=K] bench/scale.sh [BUILD_DIR]
+# (REQS: timed requests per point = REQS x in flight; POLL: how the ranks poll,
+# KVBRIDGE_BENCH_POLL, docs/bench.md)
 set -uo pipefail
 BUILD=${1:-build}
 KVB="$BUILD/kvbridge"
 OUT=$(dirname "$0")/results/scale
 mkdir -p "$OUT"
 SIZES=${SIZES:-"1x1 2x2 4x4 8x8 16x16 32x32"}
-INFLIGHT=${INFLIGHT:-"100 1000 4000"}
+INFLIGHT=${INFLIGHT:-"100 1000 10000"}
+REQS=${REQS:-2}
+WARMUP=${WARMUP:-1}
+export KVBRIDGE_BENCH_POLL=${POLL:-event}
+RPP_ARGS=()
+[ -n "${RPP:-}" ] && RPP_ARGS=(--ranks-per-process "$RPP")
 echo "scale: $(uptime)" >&2
 for s in $SIZES; do
     p=${s%x*} d=${s#*x}
     for c in $INFLIGHT; do
         n="p${p}-d${d}-c${c}"
         timeout 900 "$KVB" bench --scale --prefill-tp "$p" --decode-tp "$d" --concurrency "$c" \
-            --requests $((2 * c)) --timeout 300 --no-progress --json "$OUT/$n.json" \
+            --requests $((REQS * c)) --warmup "$WARMUP" "${RPP_ARGS[@]}" --timeout 300 \
+            --no-progress --json "$OUT/$n.json" \
             >"$OUT/$n.txt" 2>&1 || echo "   $n failed (exit $?): see $OUT/$n.txt" >&2
         echo "   $n done: $(uptime)" >&2
     done
@@ -27,9 +37,10 @@ import json, sys
 out = sys.argv[1]
 k = sys.argv.index("--")
 sizes, infl = sys.argv[2:k], sys.argv[k + 1:]
-print("| prefill x decode ranks | rooms (in flight asked / held at most) | verified | "
-      "CPU us per room | RSS B per room | p50 ms | p99 ms | rooms/s |")
-print("|---|---|---|---|---|---|---|---|")
+print("| prefill x decode ranks | processes (ranks each) | rooms (in flight asked / held at most) | "
+      "verified | CPU us per room | RSS B per room | ctl msgs per room | p50 ms | p99 ms | "
+      "rooms/s | heartbeats/s per decode rank (run) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for s in sizes:
     p, d = s.split("x")
     for c in infl:
@@ -37,11 +48,14 @@ for s in sizes:
             with open(f"{out}/p{p}-d{d}-c{c}.json") as f:
                 j = json.load(f)
         except (OSError, ValueError):
-            print(f"| {p} x {d} | {c} | failed | | | | | |")
+            print(f"| {p} x {d} | | {c} | failed | | | | | | | |")
             continue
         sc, lat = j["scale"], j["latency_ms"]
         rate = j["requests"] / j["seconds"] if j["seconds"] else 0
-        print(f"| {p} x {d} | {c} / {sc['max_in_flight']} | {j['verified_requests']}/"
+        hb = sc.get("heartbeats_run", 0) / int(d) / sc["run_wall_s"] if sc.get("run_wall_s") else 0
+        print(f"| {p} x {d} | {sc['processes'] - 1} ({sc.get('ranks_per_process', 1)}) | "
+              f"{c} / {sc['max_in_flight']} | {j['verified_requests']}/"
               f"{j['requests']} | {sc['cpu_us_per_room']:.0f} | {sc['rss_bytes_per_room']:.0f} | "
-              f"{lat['p50']:.1f} | {lat['p99']:.1f} | {rate:.0f} |")
+              f"{sc.get('control_sent_per_room', 0):.1f} | "
+              f"{lat['p50']:.1f} | {lat['p99']:.1f} | {rate:.0f} | {hb:.2f} |")
 PY

@@ -31,7 +31,9 @@
 
 #define BENCH_AUX_ITEM 64u
 #define BENCH_MAX_FAIL_SHOWN 5
-#define BENCH_MAX_RES 81 /* driver + MAX_PROCS children */
+#define BENCH_MAX_PROCS 64 /* rank processes one driver starts */
+#define BENCH_MAX_RANKS_PER_PROC 128
+#define BENCH_MAX_RES 81 /* driver + bootstrap + rank processes */
 #define BENCH_MAX_DP 16
 
 typedef enum bench_role {
@@ -69,6 +71,11 @@ typedef struct bench_opts {
     double timeout_s;
     /* rank processes (set by the driver) */
     int tp_rank, pp_rank, dp_rank;
+    /* --ranks-per-process K: each rank process hosts up to K ranks of one
+     * side (consecutive TP ranks), each with its own engine and manager;
+     * 0 = as few as fit BENCH_MAX_PROCS (1 up to 64 ranks). In a rank
+     * process: how many it hosts, from --tp-rank on. */
+    long long rpp;
     long long pool_pages, wave;
     bool cuda;       /* --memory cuda: pools in device memory (bench_cuda.c) */
     int cuda_device; /* --device N */
@@ -210,7 +217,28 @@ typedef struct bench_report {
     long long max_inflight;
     double rss_idle_kib, rss_peak_kib;
     int nprocs;
+    /* --scale: kvb_manager_traffic of every rank summed, timed waves only
+     * (end minus start): BENCH_TR_* below; answers counted; timed seconds
+     * (wall, fill and verify included: the window heartbeats ran in) */
+    double traffic[8];
+    int traffic_answers, traffic_ranks;
+    double timed_wall_s;
+    /* heartbeats since the ranks started, over the run's wall time since then
+     * (a timed window can be shorter than one 5 s heartbeat interval) */
+    double hb_total, run_wall_s;
 } bench_report_t;
+
+/* kvb_manager_traffic fields as one "traffic" answer of a rank lists them. */
+enum {
+    BENCH_TR_CTL_SENT,
+    BENCH_TR_CTL_FAILED,
+    BENCH_TR_CTL_RECV,
+    BENCH_TR_BOOT_PRE, /* bootstrap requests of prefill ranks */
+    BENCH_TR_BOOT_DEC, /* of decode ranks */
+    BENCH_TR_BOOT_FAILED,
+    BENCH_TR_HB,
+    BENCH_TR_HB_FAILED,
+};
 
 /* memcpy (and, for tcp, raw TCP) baselines and planner cost; fills rep. */
 void bench_baselines(const bench_opts_t *o, bench_report_t *rep);
@@ -227,7 +255,27 @@ long bench_proc_rss_kib(pid_t pid);
 long bench_proc_fds(pid_t pid);
 double bench_proc_cpu_s(pid_t pid); /* user + system CPU seconds so far */
 
+/* ---- command queue of a child (bench_outq.c) ---- */
+
+typedef struct bench_outq {
+    char *buf;
+    size_t off, len, cap; /* bytes [off, len) not written yet */
+    size_t max_held;      /* the most bytes ever queued at once */
+} bench_outq_t;
+
+/* Queue n bytes for fd (non-blocking) and write what the pipe takes now.
+ * false: the queue would pass its cap (64 MiB) or the child is gone. */
+bool bench_outq_put(bench_outq_t *q, int fd, const char *line, size_t n);
+/* Write what the pipe takes: 0 all written, 1 some left (EAGAIN), -1 error. */
+int bench_outq_flush(bench_outq_t *q, int fd);
+bool bench_outq_pending(const bench_outq_t *q);
+void bench_outq_free(bench_outq_t *q);
+
 /* ---- processes (bench_rank.c, bench_driver.c) ---- */
+
+/* Ranks each rank process hosts (--ranks-per-process, or the fewest that
+ * keep the rank processes within BENCH_MAX_PROCS). */
+int bench_ranks_per_proc(const bench_opts_t *o);
 
 int bench_run_bootstrap(const bench_opts_t *o, bool child);
 int bench_run_rank(const bench_opts_t *o);

@@ -5,10 +5,12 @@
 #include "bench_common.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +29,9 @@ enum { Q_NEW, Q_FILLED, Q_FLIGHT, Q_DONE };
 
 typedef struct proc {
     kvb_eb_chan_t ch;
+    bench_outq_t out; /* commands the child's stdin pipe has not taken yet */
     int kind, dp, tp, pp;
+    int nranks; /* ranks it hosts: TP ranks [tp, tp + nranks) */
 } proc_t;
 
 typedef struct req {
@@ -52,6 +56,7 @@ typedef struct drv {
     uint64_t room_base;
     long long wave, pool_pages, inflight;
     bench_report_t rep;
+    double traffic_sign; /* +1 / -1: the traffic collection under way */
     char fatal[240];
 } drv_t;
 
@@ -74,6 +79,24 @@ static bool stopping(const drv_t *d)
     return g_interrupted || d->fatal[0] != '\0';
 }
 
+/* One command line to p, queued: never blocks (bench_outq.c). A child that
+ * is gone or that lets 64 MiB of commands pile up stops the run. */
+static void psend(drv_t *d, proc_t *p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void psend(drv_t *d, proc_t *p, const char *fmt, ...)
+{
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof(line) - 1 || p->ch.wfd < 0)
+        return;
+    line[n++] = '\n';
+    if (!bench_outq_put(&p->out, p->ch.wfd, line, (size_t)n) && d->fatal[0] == '\0')
+        snprintf(d->fatal, sizeof(d->fatal), "a rank stopped taking commands (%zu B queued)",
+                 p->out.len - p->out.off);
+}
+
 /* ---------------------------------------------------------------- spawn */
 
 static void arg(args_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -89,7 +112,8 @@ static void arg(args_t *a, const char *fmt, ...)
     a->v[++a->n] = NULL;
 }
 
-static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int pp, int dp)
+static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int pp, int dp,
+                      int nranks)
 {
     const bench_opts_t *o = d->o;
     static const char *names[] = {"--layers",    "--kv-heads",   "--head-dim",  "--dtype-bytes",
@@ -146,9 +170,11 @@ static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int p
     }
     if (o->random_chunks)
         arg(a, "--random-chunks");
+    arg(a, "--ranks-per-process");
+    arg(a, "%d", nranks);
 }
 
-static bool spawn(drv_t *d, int kind, int tp, int pp, int dp)
+static bool spawn(drv_t *d, int kind, int tp, int pp, int dp, int nranks)
 {
     static const char *roles[] = {"bootstrap", "prefill-rank", "decode-rank"};
     args_t a = {.n = 0};
@@ -161,11 +187,12 @@ static bool spawn(drv_t *d, int kind, int tp, int pp, int dp)
         for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
             arg(&a, i == 6 ? "%s:0" : "%s", v[i]);
     } else {
-        rank_args(d, &a, roles[kind], tp, pp, dp);
+        rank_args(d, &a, roles[kind], tp, pp, dp, nranks);
     }
-    *p = (proc_t){.kind = kind, .tp = tp, .pp = pp, .dp = dp};
+    *p = (proc_t){.kind = kind, .tp = tp, .pp = pp, .dp = dp, .nranks = nranks};
     if (!kvb_eb_spawn(&p->ch, "/proc/self/exe", a.v))
         return false;
+    fcntl(p->ch.wfd, F_SETFL, fcntl(p->ch.wfd, F_GETFL) | O_NONBLOCK);
     d->nprocs++;
     return true;
 }
@@ -199,19 +226,19 @@ static bool start_all(drv_t *d)
     const bench_opts_t *o = d->o;
     char text[128];
     if (o->role == BENCH_ROLE_ALL) {
-        if (!spawn(d, K_BOOT, 0, 0, 0) || !wait_ready(d, 0, d->boot, sizeof(d->boot)))
+        if (!spawn(d, K_BOOT, 0, 0, 0, 0) || !wait_ready(d, 0, d->boot, sizeof(d->boot)))
             return false;
     } else {
         snprintf(d->boot, sizeof(d->boot), "%s", o->bootstrap);
     }
-    int first = d->nprocs;
+    int first = d->nprocs, k = bench_ranks_per_proc(o);
     for (int g = 0; d->has_pre && g < o->dp; g++)
-        for (int t = 0; t < o->ptp; t++)
+        for (int t = 0; t < o->ptp; t += k)
             for (int p = 0; p < o->ppp; p++)
-                if (!spawn(d, K_PRE, t, p, g))
+                if (!spawn(d, K_PRE, t, p, g, o->ptp - t < k ? o->ptp - t : k))
                     return false;
-    for (int t = 0; d->has_dec && t < o->dtp; t++)
-        if (!spawn(d, K_DEC, t, 0, 0))
+    for (int t = 0; d->has_dec && t < o->dtp; t += k)
+        if (!spawn(d, K_DEC, t, 0, 0, o->dtp - t < k ? o->dtp - t : k))
             return false;
     for (int i = first; i < d->nprocs; i++)
         if (!wait_ready(d, i, text, sizeof(text)))
@@ -222,8 +249,10 @@ static bool start_all(drv_t *d)
 static void stop_all(drv_t *d)
 {
     double grace = g_interrupted || d->fatal[0] ? 0.5 : 10.0;
-    for (int i = d->nprocs - 1; i >= 0; i--)
+    for (int i = d->nprocs - 1; i >= 0; i--) {
+        bench_outq_free(&d->procs[i].out); /* unsent commands: moot now */
         kvb_eb_send(&d->procs[i].ch, "quit");
+    }
     for (int i = d->nprocs - 1; i >= 0; i--)
         kvb_eb_stop(&d->procs[i].ch, grace);
     d->nprocs = 0;
@@ -242,10 +271,12 @@ static void fail_req(drv_t *d, req_t *q, const proc_t *p, const char *why)
 }
 
 static void to_group(drv_t *d, const req_t *q, const char *fmt, uint64_t room)
+    __attribute__((format(printf, 3, 0)));
+static void to_group(drv_t *d, const req_t *q, const char *fmt, uint64_t room)
 {
     for (int i = 0; i < d->nprocs; i++)
         if (d->procs[i].kind == K_PRE && d->procs[i].dp == q->dp)
-            kvb_eb_send(&d->procs[i].ch, fmt, room);
+            psend(d, &d->procs[i], fmt, room);
 }
 
 static void maybe_send(drv_t *d, req_t *q)
@@ -287,6 +318,27 @@ static req_t *req_of(drv_t *d, uint64_t room)
     return &d->reqs[room - d->room_base];
 }
 
+/* "traffic prefill|decode a b c ...": one rank's counters, added with the
+ * sign of the current collection (d->traffic_sign). */
+static void on_traffic(drv_t *d, const char *rest)
+{
+    unsigned long long v[7];
+    char side[16];
+    if (sscanf(rest, "%15s %llu %llu %llu %llu %llu %llu %llu", side, &v[0], &v[1], &v[2], &v[3],
+               &v[4], &v[5], &v[6]) != 8)
+        return;
+    bool pre = strcmp(side, "prefill") == 0;
+    const int at[7] = {BENCH_TR_CTL_SENT,    BENCH_TR_CTL_FAILED, BENCH_TR_CTL_RECV, 0,
+                       BENCH_TR_BOOT_FAILED, BENCH_TR_HB,         BENCH_TR_HB_FAILED};
+    for (int i = 0; i < 7; i++) {
+        int k = i == 3 ? (pre ? BENCH_TR_BOOT_PRE : BENCH_TR_BOOT_DEC) : at[i];
+        d->rep.traffic[k] += d->traffic_sign * (double)v[i];
+    }
+    if (d->traffic_sign > 0)
+        d->rep.hb_total += (double)v[5];
+    d->rep.traffic_answers++;
+}
+
 static void on_line(drv_t *d, proc_t *p, const char *line)
 {
     uint64_t room = 0;
@@ -296,6 +348,10 @@ static void on_line(drv_t *d, proc_t *p, const char *line)
     char verb[16] = "";
     if (strncmp(line, "error ", 6) == 0) {
         snprintf(d->fatal, sizeof(d->fatal), "%s", line + 6);
+        return;
+    }
+    if (strncmp(line, "traffic ", 8) == 0) {
+        on_traffic(d, line + 8);
         return;
     }
     if (sscanf(line, "%15s %" SCNu64 " %n", verb, &room, &off) != 2)
@@ -337,28 +393,55 @@ static void drain(drv_t *d, proc_t *p)
         on_line(d, p, line);
 }
 
-/* Read whatever the children said within timeout_ms. */
+/* Read whatever the children said within timeout_ms, and write the
+ * commands their pipes take. Reading never waits on writing: a child blocked
+ * on its full stdout pipe is always read. */
 static void pump(drv_t *d, int timeout_ms)
 {
-    struct pollfd pf[MAX_PROCS];
+    struct pollfd pf[2 * MAX_PROCS];
     char line[600], name[48];
-    for (int i = 0; i < d->nprocs; i++) {
-        drain(d, &d->procs[i]);
-        pf[i] = (struct pollfd){.fd = d->procs[i].ch.rfd, .events = POLLIN};
+    int n = d->nprocs;
+    for (int i = 0; i < n; i++) {
+        proc_t *p = &d->procs[i];
+        drain(d, p);
+        pf[i] = (struct pollfd){.fd = p->ch.rfd, .events = POLLIN};
+        bool out = bench_outq_pending(&p->out) && p->ch.wfd >= 0;
+        pf[n + i] = (struct pollfd){.fd = out ? p->ch.wfd : -1, .events = POLLOUT};
     }
-    if (poll(pf, (nfds_t)d->nprocs, timeout_ms) <= 0)
+    if (poll(pf, (nfds_t)(2 * n), timeout_ms) <= 0)
         return;
-    for (int i = 0; i < d->nprocs && d->fatal[0] == '\0'; i++) {
+    for (int i = 0; i < n && d->fatal[0] == '\0'; i++) {
+        proc_t *p = &d->procs[i];
+        if (pf[n + i].revents != 0 && bench_outq_flush(&p->out, p->ch.wfd) < 0) {
+            proc_name(p, name, sizeof(name));
+            snprintf(d->fatal, sizeof(d->fatal), "%.40s: its command pipe is closed", name);
+            return;
+        }
         if (pf[i].revents == 0)
             continue;
-        if (!kvb_eb_recv(&d->procs[i].ch, line, sizeof(line), 2.0)) {
-            proc_name(&d->procs[i], name, sizeof(name));
+        if (!kvb_eb_recv(&p->ch, line, sizeof(line), 2.0)) {
+            proc_name(p, name, sizeof(name));
             snprintf(d->fatal, sizeof(d->fatal), "%.40s: %.180s", name, line);
             return;
         }
-        on_line(d, &d->procs[i], line);
-        drain(d, &d->procs[i]);
+        on_line(d, p, line);
+        drain(d, p);
     }
+}
+
+/* Pump until *pend of every request in [a, b) is 0, at most timeout_s. */
+static void pump_until(drv_t *d, long long a, long long b, size_t pend_off, const char *what)
+{
+    double end = kvb_tool_now() + d->o->timeout_s + 30;
+    for (long long i = a; i < b && !stopping(d); i++)
+        while (*(int *)((char *)&d->reqs[i] + pend_off) > 0 && !stopping(d)) {
+            if (kvb_tool_now() > end) {
+                snprintf(d->fatal, sizeof(d->fatal), "no %s answer from the ranks within %.0f s",
+                         what, d->o->timeout_s + 30);
+                return;
+            }
+            pump(d, 100);
+        }
 }
 
 /* ---------------------------------------------------------------- waves */
@@ -368,10 +451,10 @@ static int group_size(const drv_t *d)
     return d->o->ptp * d->o->ppp;
 }
 
-/* Between commands to the children: every 32 requests, read what they said.
- * Without it a wave of 10k rooms deadlocked: the driver blocked writing to a
- * rank's full stdin pipe while the rank blocked writing its answers to its
- * full stdout pipe. */
+/* Between commands to the children: every 32 requests, read what they said
+ * and write what their pipes take, so answers (inited → send) flow while a
+ * wave is being dispatched. Commands are queued (psend), so this is for
+ * latency, not for progress. */
 static void breathe(drv_t *d, long long i)
 {
     if (i % 32 == 31)
@@ -387,12 +470,10 @@ static void fill_phase(drv_t *d, long long a, long long b)
         snprintf(cmd, sizeof(cmd), "fill %" PRIu64 " %u %" PRId64, q->room, q->pages, q->aux);
         for (int k = 0; k < d->nprocs; k++)
             if (d->procs[k].kind == K_PRE && d->procs[k].dp == q->dp)
-                kvb_eb_send(&d->procs[k].ch, "%s", cmd);
+                psend(d, &d->procs[k], "%s", cmd);
         breathe(d, i);
     }
-    for (long long i = a; i < b && !stopping(d); i++)
-        while (d->reqs[i].pend_fill > 0 && !stopping(d))
-            pump(d, 100);
+    pump_until(d, a, b, offsetof(req_t, pend_fill), "fill");
 }
 
 static bool is_warm(const drv_t *d, const req_t *q)
@@ -415,8 +496,8 @@ static void dispatch(drv_t *d, req_t *q)
     d->inflight++;
     for (int k = 0; d->has_dec && k < d->nprocs; k++)
         if (d->procs[k].kind == K_DEC)
-            kvb_eb_send(&d->procs[k].ch, "recv %" PRIu64 " %u %" PRId64 "%s", q->room, q->pages,
-                        q->aux, is_warm(d, q) ? " sweep" : "");
+            psend(d, &d->procs[k], "recv %" PRIu64 " %u %" PRId64 "%s", q->room, q->pages, q->aux,
+                  is_warm(d, q) ? " sweep" : "");
     maybe_send(d, q);
 }
 
@@ -518,12 +599,10 @@ static void verify_phase(drv_t *d, long long a, long long b)
         q->pend_verify = d->o->dtp;
         for (int k = 0; k < d->nprocs; k++)
             if (d->procs[k].kind == K_DEC)
-                kvb_eb_send(&d->procs[k].ch, "verify %" PRIu64, q->room);
+                psend(d, &d->procs[k], "verify %" PRIu64, q->room);
         breathe(d, i);
     }
-    for (long long i = a; i < b && !stopping(d); i++)
-        while (d->reqs[i].pend_verify > 0 && !stopping(d))
-            pump(d, 100);
+    pump_until(d, a, b, offsetof(req_t, pend_verify), "verify");
     for (long long i = a; i < b && !stopping(d); i++) {
         req_t *q = &d->reqs[i];
         if (d->has_pre)
@@ -561,6 +640,23 @@ static void sample(drv_t *d, int at)
     }
 }
 
+/* --scale: every rank's traffic counters, added with sign (-1 before the
+ * timed waves, +1 after them); waits for the answers at most 30 s. */
+static void collect_traffic(drv_t *d, double sign)
+{
+    int want = 0, before = d->rep.traffic_answers;
+    d->traffic_sign = sign;
+    for (int i = 0; i < d->nprocs; i++)
+        if (d->procs[i].kind != K_BOOT) {
+            psend(d, &d->procs[i], "traffic");
+            want += d->procs[i].nranks;
+        }
+    double end = kvb_tool_now() + 30;
+    while (d->rep.traffic_answers - before < want && !stopping(d) && kvb_tool_now() < end)
+        pump(d, 100);
+    d->rep.traffic_ranks = want;
+}
+
 /* --resource-report: warm-up sample after the wave that passes 10% of the
  * requests, end sample after the last wave (children idle both times). */
 static void run_waves(drv_t *d)
@@ -571,6 +667,8 @@ static void run_waves(drv_t *d)
     for (long long a = 0; a < d->nreqs && !stopping(d);) {
         long long end = a < w ? w : d->nreqs;
         if (a == w && d->o->scale) { /* the timed waves start: idle figures */
+            collect_traffic(d, -1);
+            d->rep.timed_wall_s = -kvb_tool_now();
             d->rep.cpu_s = -children_cpu_s(d);
             d->rep.rss_idle_kib = children_rss_kib(d);
         }
@@ -586,8 +684,11 @@ static void run_waves(drv_t *d)
     }
     if (d->o->resource_report && warm)
         sample(d, 1);
-    if (d->o->scale)
+    if (d->o->scale) {
         d->rep.cpu_s += children_cpu_s(d);
+        d->rep.timed_wall_s += kvb_tool_now();
+        collect_traffic(d, +1);
+    }
     d->rep.nprocs = d->nprocs;
 }
 
@@ -636,8 +737,11 @@ int bench_run_driver(const bench_opts_t *o)
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     bench_baselines(o, &d->rep);
-    if (start_all(d) && !g_interrupted)
+    if (start_all(d) && !g_interrupted) {
+        d->rep.run_wall_s = -kvb_tool_now();
         run_waves(d);
+        d->rep.run_wall_s += kvb_tool_now();
+    }
     stop_all(d);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);

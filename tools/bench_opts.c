@@ -9,7 +9,7 @@
 #include "tools.h"
 
 #define BENCH_MAX_TP 64
-#define BENCH_MAX_RANKS 64
+#define BENCH_MAX_RANKS 128 /* 64 x 64 */
 
 typedef struct overrides {
     long long layers, kv_heads, head_dim, dtype_bytes;
@@ -31,6 +31,8 @@ static void usage(FILE *out)
             "topology:\n"
             "  --prefill-tp N --prefill-pp K --dp D   prefill ranks: D x N x K (default 1 1 1)\n"
             "  --decode-tp M                          decode ranks (default 1)\n"
+            "  --ranks-per-process K  ranks (managers, engines) per rank process (default:\n"
+            "                        1, or the fewest that keep 64 rank processes at most)\n"
             "workload:\n"
             "  --requests R          requests in total (default 16)\n"
             "  --concurrency C       requests in flight at once (default 4)\n"
@@ -145,7 +147,7 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
              {"--prefill-pp", 1, 16, &ppp},
              {"--dp", 1, 16, &dp},
              {"--requests", 1, 1000000, &o->requests},
-             {"--concurrency", 1, 4096, &o->conc},
+             {"--concurrency", 1, 100000, &o->conc},
              {"--prompt-len", 1, 1 << 20, &o->prompt_len},
              {"--page-size", 1, 4096, &page},
              {"--chunk", 0, 1 << 20, &o->chunk},
@@ -161,7 +163,8 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
              {"--pool-pages", 1, 1LL << 30, &o->pool_pages},
              {"--wave", 1, 1000000, &o->wave},
              {"--timeout", 1, 86400, &tmo},
-             {"--device", 0, 63, &cdev}};
+             {"--device", 0, 63, &cdev},
+             {"--ranks-per-process", 0, BENCH_MAX_RANKS_PER_PROC, &o->rpp}};
     size_t i = 0, n = sizeof(t) / sizeof(t[0]);
     while (i < n && strcmp(a, t[i].name) != 0)
         i++;
@@ -294,6 +297,14 @@ static bool tp_fits(const bench_opts_t *o, int tp, const char *opt)
     return false;
 }
 
+int bench_ranks_per_proc(const bench_opts_t *o)
+{
+    if (o->rpp > 0)
+        return (int)o->rpp;
+    int ranks = o->ptp * o->ppp * o->dp + o->dtp;
+    return (ranks + BENCH_MAX_PROCS - 1) / BENCH_MAX_PROCS;
+}
+
 static bool check(bench_opts_t *o)
 {
     if (!tp_fits(o, o->ptp, "--prefill-tp") || !tp_fits(o, o->dtp, "--decode-tp"))
@@ -304,7 +315,14 @@ static bool check(bench_opts_t *o)
         return false;
     }
     if (o->ptp * o->ppp * o->dp + o->dtp > BENCH_MAX_RANKS) {
-        fprintf(stderr, "kvbridge: at most %d rank processes\n", BENCH_MAX_RANKS);
+        fprintf(stderr, "kvbridge: at most %d ranks\n", BENCH_MAX_RANKS);
+        return false;
+    }
+    int k = bench_ranks_per_proc(o),
+        procs = (o->ptp + k - 1) / k * o->ppp * o->dp + (o->dtp + k - 1) / k;
+    if (o->role == BENCH_ROLE_ALL && procs > BENCH_MAX_PROCS) {
+        fprintf(stderr, "kvbridge: %d rank processes at --ranks-per-process %d: at most %d\n",
+                procs, k, BENCH_MAX_PROCS);
         return false;
     }
     bool side = o->role == BENCH_ROLE_PREFILL || o->role == BENCH_ROLE_DECODE;

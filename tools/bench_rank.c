@@ -48,7 +48,37 @@ typedef struct rank {
     rroom_t *rooms;
     size_t nrooms;
     bool corrupted;
+    /* step_all's batch: active rooms, their handles, their polls */
+    rroom_t **act;
+    void **handles;
+    kvb_poll_t *polls;
 } rank_t;
+
+/* How a rank polls its active rooms (KVBRIDGE_BENCH_POLL, to compare in one
+ * build): "single" = kvb_*_poll room by room every ~50 us while any room is
+ * active (the bench before the batched poll); "many" = one kvb_*_poll_many
+ * per pass, same pace; "event" (default) = sleep on the managers' event
+ * fds (kvb_manager_event_fd) and stdin, one kvb_*_poll_many pass per wake,
+ * and at least every 100 ms for the time-outs. */
+enum { POLL_SINGLE, POLL_MANY, POLL_EVENT };
+
+static int poll_mode(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KVBRIDGE_BENCH_POLL");
+        v = e == NULL                  ? POLL_EVENT
+            : strcmp(e, "single") == 0 ? POLL_SINGLE
+            : strcmp(e, "many") == 0   ? POLL_MANY
+                                       : POLL_EVENT;
+    }
+    return v;
+}
+
+static bool poll_single(void)
+{
+    return poll_mode() == POLL_SINGLE;
+}
 
 static volatile sig_atomic_t g_stop;
 
@@ -113,6 +143,28 @@ static void read_input(linebuf_t *lb, long timeout_ns)
         lb->eof = true;
     else if (r > 0)
         lb->len += (size_t)r;
+}
+
+/* POLL_EVENT: wait up to timeout_ns for input (appended, as read_input) or
+ * a room change on one of the managers' event fds (reset here, before the
+ * caller polls, so no change is missed). */
+static void wait_input_or_event(linebuf_t *lb, const int *efd, int n, long timeout_ns)
+{
+    struct pollfd pf[1 + BENCH_MAX_RANKS_PER_PROC];
+    struct timespec ts = {timeout_ns / 1000000000L, timeout_ns % 1000000000L};
+    int k = 0;
+    if (!lb->eof)
+        pf[k++] = (struct pollfd){.fd = 0, .events = POLLIN};
+    for (int i = 0; i < n && i < BENCH_MAX_RANKS_PER_PROC; i++)
+        pf[k++] = (struct pollfd){.fd = efd[i], .events = POLLIN};
+    if (ppoll(pf, (nfds_t)k, &ts, NULL) <= 0)
+        return;
+    uint64_t v;
+    for (int i = lb->eof ? 0 : 1; i < k; i++)
+        if (pf[i].revents & POLLIN)
+            (void)!read(pf[i].fd, &v, sizeof(v));
+    if (!lb->eof && (pf[0].revents & (POLLIN | POLLHUP)))
+        read_input(lb, 0);
 }
 
 static bool next_line(linebuf_t *lb, char *line, size_t cap)
@@ -241,7 +293,10 @@ static bool rank_start(rank_t *r)
         bench_rank_geom(o, o->tp_rank, o->dtp, 0, 1, &g);
     r->nrooms = (size_t)o->wave + 4;
     r->rooms = calloc(r->nrooms, sizeof(*r->rooms));
-    if (r->rooms == NULL ||
+    r->act = calloc(r->nrooms, sizeof(*r->act));
+    r->handles = calloc(r->nrooms, sizeof(*r->handles));
+    r->polls = calloc(r->nrooms, sizeof(*r->polls));
+    if (r->rooms == NULL || r->act == NULL || r->handles == NULL || r->polls == NULL ||
         !bench_pool_init(&r->pool, &g, (uint64_t)o->pool_pages, (uint64_t)o->wave,
                          (uint64_t)o->seed * 7919 + (r->prefill ? 0 : 1) + (uint64_t)o->dp_rank)) {
         bench_say("error cannot allocate a KV pool of %lld pages", o->pool_pages);
@@ -408,6 +463,20 @@ static void cmd_drop(rank_t *r, uint64_t id)
     room_release(r, rm);
 }
 
+/* "traffic": this rank's kvb_manager_traffic, in BENCH_TR_* order. */
+static void cmd_traffic(rank_t *r)
+{
+    kvb_manager_traffic_t t = {.field_mask = KVB_MANAGER_TRAFFIC_CONTROL |
+                                             KVB_MANAGER_TRAFFIC_BOOTSTRAP |
+                                             KVB_MANAGER_TRAFFIC_HEARTBEAT};
+    kvb_manager_traffic(r->mgr, &t);
+    bench_say("traffic %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
+              " %" PRIu64,
+              r->prefill ? "prefill" : "decode", t.control_sent, t.control_send_failed,
+              t.control_received, t.bootstrap_requests, t.bootstrap_failed, t.heartbeat_requests,
+              t.heartbeat_failed);
+}
+
 static bool handle(rank_t *r, const char *line)
 {
     uint64_t id = 0;
@@ -415,6 +484,10 @@ static bool handle(rank_t *r, const char *line)
     long long aux = 0;
     if (strcmp(line, "quit") == 0)
         return false;
+    if (strcmp(line, "traffic") == 0) {
+        cmd_traffic(r);
+        return true;
+    }
     if (sscanf(line, "fill %" SCNu64 " %u %lld", &id, &n, &aux) == 3 && r->prefill) {
         rroom_t *rm = room_new(r, id, n, aux, false);
         if (rm != NULL) {
@@ -470,10 +543,9 @@ static void failure_of(rroom_t *rm, kvb_poll_t p, bool timed_out, char *why, siz
         snprintf(why, cap, "%s: %s", rm->snd != NULL ? "sender" : "receiver", text);
 }
 
-static void step_room(rank_t *r, rroom_t *rm, double now)
+static void step_room(rank_t *r, rroom_t *rm, double now, kvb_poll_t p)
 {
     char why[200];
-    kvb_poll_t p = rm->snd != NULL ? kvb_sender_poll(rm->snd) : kvb_receiver_poll(rm->rcv);
     bool timed_out = now > rm->deadline;
     if (rm->state == R_BOOT && (p == KVB_POLL_WAITING_FOR_INPUT || p == KVB_POLL_TRANSFERRING)) {
         send_chunks(r, rm);
@@ -500,17 +572,37 @@ static void step_room(rank_t *r, rroom_t *rm, double now)
     }
 }
 
-/* Poll every active room; true when some room is still active. */
+static bool active(const rroom_t *rm)
+{
+    return rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_RECV;
+}
+
+/* Poll every active room (one kvb_*_poll_many call, or room by room under
+ * KVBRIDGE_BENCH_POLL=single); true when some room is still active. */
 static bool step_all(rank_t *r)
 {
-    bool busy = false;
+    size_t n = 0;
     double now = kvb_tool_now();
-    for (size_t i = 0; i < r->nrooms; i++) {
-        rroom_t *rm = &r->rooms[i];
-        if (rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_RECV) {
-            step_room(r, rm, now);
-            busy = busy || rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_RECV;
+    for (size_t i = 0; i < r->nrooms; i++)
+        if (active(&r->rooms[i])) {
+            rroom_t *rm = &r->rooms[i];
+            r->act[n] = rm;
+            r->handles[n++] = rm->snd != NULL ? (void *)rm->snd : (void *)rm->rcv;
         }
+    if (n > 0 && !poll_single()) {
+        if (r->prefill)
+            kvb_sender_poll_many((kvb_sender_h *)r->handles, n, r->polls);
+        else
+            kvb_receiver_poll_many((kvb_receiver_h *)r->handles, n, r->polls);
+    }
+    bool busy = false;
+    for (size_t i = 0; i < n; i++) {
+        rroom_t *rm = r->act[i];
+        kvb_poll_t p = !poll_single()    ? r->polls[i]
+                       : rm->snd != NULL ? kvb_sender_poll(rm->snd)
+                                         : kvb_receiver_poll(rm->rcv);
+        step_room(r, rm, now, p);
+        busy = busy || active(rm);
     }
     return busy;
 }
@@ -529,30 +621,59 @@ static void rank_stop(rank_t *r)
         kvb_engine_destroy(r->eng);
     bench_pool_free(&r->pool);
     free(r->rooms);
+    free(r->act);
+    free(r->handles);
+    free(r->polls);
 }
 
+/* One rank process hosts o->rpp ranks (at least 1): TP ranks tp_rank ..
+ * tp_rank + rpp - 1 of one side, each with its own options copy, pool,
+ * engine and manager; every command goes to each of them and each answers
+ * for itself (the driver counts answers per rank). */
 int bench_run_rank(const bench_opts_t *o)
 {
-    rank_t r = {.o = o, .prefill = o->role == BENCH_ROLE_PREFILL_RANK};
+    int n = o->rpp > 0 ? (int)o->rpp : 1;
+    rank_t *r = calloc((size_t)n, sizeof(*r));
+    bench_opts_t *oc = calloc((size_t)n, sizeof(*oc));
     static linebuf_t lb;
     char line[512];
-    bool busy = false, run = true;
+    bool busy = false, run = true, ok = r != NULL && oc != NULL;
     child_setup(o);
     if (o->pool_pages <= 0 || o->wave <= 0 || o->bootstrap[0] == '\0') {
         bench_say("error rank processes are started by `kvbridge bench`");
+        free(r);
+        free(oc);
         return 2;
     }
-    if (!rank_start(&r)) {
-        rank_stop(&r);
-        return 1;
+    for (int i = 0; ok && i < n; i++) {
+        oc[i] = *o;
+        oc[i].tp_rank = o->tp_rank + i;
+        r[i] = (rank_t){.o = &oc[i], .prefill = o->role == BENCH_ROLE_PREFILL_RANK};
+        ok = rank_start(&r[i]);
     }
-    bench_say("ready %s", kvb_manager_endpoint(r.mgr));
-    while (run && !g_stop && !lb.eof) {
-        read_input(&lb, busy ? 50000L : 200000000L);
+    if (ok)
+        bench_say("ready %s", kvb_manager_endpoint(r[0].mgr));
+    int *efd = calloc((size_t)n, sizeof(int));
+    for (int i = 0; ok && i < n && poll_mode() == POLL_EVENT; i++)
+        if (efd == NULL || kvb_manager_event_fd(r[i].mgr, &efd[i]) != KVB_OK)
+            ok = false;
+    while (ok && run && !g_stop && !lb.eof) {
+        if (poll_mode() == POLL_EVENT)
+            wait_input_or_event(&lb, efd, n, busy ? 100000000L : 200000000L);
+        else
+            read_input(&lb, busy ? 50000L : 200000000L);
         while (run && next_line(&lb, line, sizeof(line)))
-            run = handle(&r, line);
-        busy = step_all(&r);
+            for (int i = 0; i < n && run; i++)
+                run = handle(&r[i], line);
+        busy = false;
+        for (int i = 0; i < n; i++)
+            busy |= step_all(&r[i]);
     }
-    rank_stop(&r);
-    return 0;
+    for (int i = 0; r != NULL && i < n; i++)
+        if (r[i].o != NULL)
+            rank_stop(&r[i]);
+    free(efd);
+    free(r);
+    free(oc);
+    return ok ? 0 : 1;
 }

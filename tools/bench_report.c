@@ -291,12 +291,48 @@ static double bytes_per_room(const bench_report_t *r)
                : 0;
 }
 
+/* --scale traffic figures: control messages per timed room, and per rank
+ * and second of the timed window, heartbeats (decode ranks) and bootstrap
+ * requests (all ranks). */
+typedef struct scale_traffic {
+    double ctl_sent_per_room, ctl_recv_per_room, hb_per_dec_rank_s, boot_per_rank_s;
+} scale_traffic_t;
+
+static scale_traffic_t scale_traffic(const bench_opts_t *o, const bench_report_t *r)
+{
+    scale_traffic_t t = {0, 0, 0, 0};
+    double rooms = (double)r->requests, s = r->timed_wall_s > 0 ? r->timed_wall_s : 1;
+    int ranks = o->ptp * o->ppp * o->dp + o->dtp;
+    if (rooms > 0) {
+        t.ctl_sent_per_room = r->traffic[BENCH_TR_CTL_SENT] / rooms;
+        t.ctl_recv_per_room = r->traffic[BENCH_TR_CTL_RECV] / rooms;
+    }
+    t.hb_per_dec_rank_s = r->traffic[BENCH_TR_HB] / o->dtp / s;
+    t.boot_per_rank_s = (r->traffic[BENCH_TR_BOOT_PRE] + r->traffic[BENCH_TR_BOOT_DEC]) / ranks / s;
+    return t;
+}
+
 static void print_scale(const bench_opts_t *o, const bench_report_t *r)
 {
-    printf("  %-22s %d prefill + %d decode ranks in %d processes\n", "scale",
-           o->ptp * o->ppp * o->dp, o->dtp, r->nprocs);
+    scale_traffic_t t = scale_traffic(o, r);
+    int k = bench_ranks_per_proc(o);
+    char mode[64] = "one process per rank";
+    if (k > 1)
+        snprintf(mode, sizeof(mode), "up to %d managers per process", k);
+    printf("  %-22s %d prefill + %d decode ranks in %d processes (%s)\n", "scale",
+           o->ptp * o->ppp * o->dp, o->dtp, r->nprocs, mode);
     printf("  %-22s %.1f us CPU (all processes), %.0f B RSS (%lld rooms held at most)\n",
            "per room", cpu_us_per_room(r), bytes_per_room(r), r->max_inflight);
+    printf("  %-22s %.2f control messages sent, %.2f received (all ranks; %.0f dropped)\n", "",
+           t.ctl_sent_per_room, t.ctl_recv_per_room, r->traffic[BENCH_TR_CTL_FAILED]);
+    printf("  %-22s %.3f heartbeats/s per decode rank, %.3f bootstrap requests/s per rank "
+           "(%.0f prefill + %.0f decode in %.1f s; %d/%d ranks answered)\n",
+           "per rank", t.hb_per_dec_rank_s, t.boot_per_rank_s, r->traffic[BENCH_TR_BOOT_PRE],
+           r->traffic[BENCH_TR_BOOT_DEC], r->timed_wall_s, r->traffic_answers / 2,
+           r->traffic_ranks);
+    printf("  %-22s %.3f heartbeats/s per decode rank over the whole run (%.0f in %.1f s)\n", "",
+           r->run_wall_s > 0 ? r->hb_total / o->dtp / r->run_wall_s : 0, r->hb_total,
+           r->run_wall_s);
 }
 
 static void print_table(const bench_opts_t *o, const bench_report_t *r)
@@ -408,9 +444,21 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
         fprintf(f,
                 "\"scale\": {\"prefill_ranks\": %d, \"decode_ranks\": %d, \"processes\": %d, "
                 "\"cpu_s\": %.3f, \"cpu_us_per_room\": %.2f, \"max_in_flight\": %lld, "
-                "\"rss_idle_kib\": %.0f, \"rss_peak_kib\": %.0f, \"rss_bytes_per_room\": %.0f}, ",
+                "\"rss_idle_kib\": %.0f, \"rss_peak_kib\": %.0f, \"rss_bytes_per_room\": %.0f, "
+                "\"timed_wall_s\": %.3f, \"control_sent_per_room\": %.3f, "
+                "\"control_received_per_room\": %.3f, \"control_dropped\": %.0f, "
+                "\"heartbeats_per_decode_rank_s\": %.4f, \"heartbeats_failed\": %.0f, "
+                "\"bootstrap_requests_prefill\": %.0f, \"bootstrap_requests_decode\": %.0f, "
+                "\"bootstrap_per_rank_s\": %.4f, \"heartbeats_run\": %.0f, \"run_wall_s\": %.3f, "
+                "\"ranks_per_process\": %d}, ",
                 o->ptp * o->ppp * o->dp, o->dtp, r->nprocs, r->cpu_s, cpu_us_per_room(r),
-                r->max_inflight, r->rss_idle_kib, r->rss_peak_kib, bytes_per_room(r));
+                r->max_inflight, r->rss_idle_kib, r->rss_peak_kib, bytes_per_room(r),
+                r->timed_wall_s, scale_traffic(o, r).ctl_sent_per_room,
+                scale_traffic(o, r).ctl_recv_per_room, r->traffic[BENCH_TR_CTL_FAILED],
+                scale_traffic(o, r).hb_per_dec_rank_s, r->traffic[BENCH_TR_HB_FAILED],
+                r->traffic[BENCH_TR_BOOT_PRE], r->traffic[BENCH_TR_BOOT_DEC],
+                scale_traffic(o, r).boot_per_rank_s, r->hb_total, r->run_wall_s,
+                bench_ranks_per_proc(o));
     if (r->nres > 0) {
         json_res(f, r, "rss_kib", true);
         json_res(f, r, "fds", false);

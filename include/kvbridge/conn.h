@@ -232,6 +232,47 @@ typedef struct kvb_manager_limits {
  * that its field_mask names. Any thread; cannot fail. */
 KVB_API void kvb_manager_limits(kvb_manager_h manager, kvb_manager_limits_t *limits_p);
 
+/* Traffic a manager caused or received, for sizing deployments (issue 16
+ * §4: control messages per room, heartbeat and bootstrap load per rank).
+ * Monotonic since create; set field_mask to the fields your struct has (an
+ * older, shorter struct stays safe); only those are written. */
+enum kvb_manager_traffic_field {
+    KVB_MANAGER_TRAFFIC_CONTROL = 1u << 0,   /* control_sent .. control_received */
+    KVB_MANAGER_TRAFFIC_BOOTSTRAP = 1u << 1, /* bootstrap_requests, bootstrap_failed */
+    KVB_MANAGER_TRAFFIC_HEARTBEAT = 1u << 2, /* heartbeat_requests, heartbeat_failed */
+};
+
+typedef struct kvb_manager_traffic {
+    uint64_t field_mask;
+    /* ZeroMQ control messages (multipart) queued to peers, dropped (peer
+     * queue full, socket not made) and received on the PULL socket (all of
+     * them, malformed ones included) */
+    uint64_t control_sent, control_send_failed, control_received;
+    /* HTTP requests to bootstrap servers other than heartbeats (decode:
+     * parallel info, rank look-ups, dp-rank queries; prefill: registration
+     * and its periodic refresh), and how many of them failed */
+    uint64_t bootstrap_requests, bootstrap_failed;
+    /* decode: health GETs to bootstrap servers, and failed ones */
+    uint64_t heartbeat_requests, heartbeat_failed;
+} kvb_manager_traffic_t;
+
+/* Snapshot of the traffic counters into the fields of *traffic_p that its
+ * field_mask names (each read atomically; not a consistent set while traffic
+ * flows). Any thread; cannot fail. */
+KVB_API void kvb_manager_traffic(kvb_manager_h manager, kvb_manager_traffic_t *traffic_p);
+
+/* A file descriptor (an eventfd, non-blocking, close-on-exec) that becomes
+ * readable when a room of this manager may poll differently: a status
+ * change, or a prefill's answer that can end a failed room's writer fence.
+ * Lets a caller with thousands of rooms sleep in poll/epoll and poll its
+ * rooms (kvb_*_poll_many) only after a change, instead of spinning. Read
+ * 8 bytes to reset it before polling, so no change is missed. Time-outs
+ * (bootstrap, waiting, abort-ack) are found by polling only: poll at least
+ * once a second regardless. Made on the first call; the same fd after;
+ * owned by the manager (closed by kvb_manager_destroy: do not close it).
+ * Any thread. Errors: KVB_ERR_INVALID (NULL), KVB_ERR_IO (no eventfd). */
+KVB_API kvb_status_t kvb_manager_event_fd(kvb_manager_h manager, int *fd_p);
+
 /* ---- sender (prefill) ---- */
 
 /* Create the sender of room (status Bootstrapping until every decode rank
@@ -281,6 +322,15 @@ KVB_API kvb_status_t kvb_sender_set_first_token(kvb_sender_h sender, int64_t tok
 
 /* Current status; checks the bootstrap time-out. */
 KVB_API kvb_poll_t kvb_sender_poll(kvb_sender_h sender);
+
+/* kvb_sender_poll of senders[0..count) into polls_p[0..count), with one
+ * lock round trip per run of consecutive senders of the same manager
+ * instead of one per sender (a rank with thousands of rooms in flight).
+ * The same answers and effects as polling each in turn; the caller owns
+ * both arrays; each sender follows kvb_sender_poll's threading rule.
+ * KVB_ERR_INVALID (NULL array with count > 0, a NULL handle): nothing polled. */
+KVB_API kvb_status_t kvb_sender_poll_many(kvb_sender_h const *senders, size_t count,
+                                          kvb_poll_t *polls_p);
 
 /* Fail the room "Aborted by AbortReq.": no write for it is issued after this
  * returns; the decode is told (status Failed) once writes already issued
@@ -345,6 +395,13 @@ KVB_API kvb_status_t kvb_receiver_init(kvb_receiver_h receiver, const int32_t *i
  * kvb_receiver_pages_safe() says when the pages may be reused
  * (docs/engine.md, "The writer fence"). */
 KVB_API kvb_poll_t kvb_receiver_poll(kvb_receiver_h receiver);
+
+/* kvb_receiver_poll of receivers[0..count) into polls_p[0..count), one lock
+ * round trip per run of receivers of the same manager (a failed room is
+ * then polled alone: its writer fence decides when Failed is final).
+ * Errors as kvb_sender_poll_many. */
+KVB_API kvb_status_t kvb_receiver_poll_many(kvb_receiver_h const *receivers, size_t count,
+                                            kvb_poll_t *polls_p);
 
 /* Abort: record "Aborted by AbortReq." and tell the sources to stop. */
 KVB_API void kvb_receiver_abort(kvb_receiver_h receiver);

@@ -28,6 +28,7 @@ from .conn import (
     KVReceiver,
     KVSender,
     KVTransferError,
+    poll_many,
 )
 from .engine import SharedMemory, TransferEngine, TransferHandle, cuda_available, mem_query
 
@@ -52,6 +53,7 @@ __all__ = [
     "library_path",
     "load_library",
     "mem_query",
+    "poll_many",
     "set_log_level",
     "version",
 ]

@@ -218,6 +218,23 @@ class ManagerLimits(ctypes.Structure):
 
 MANAGER_LIMITS_ALL = (1 << 4) - 1
 
+
+class ManagerTraffic(ctypes.Structure):
+    """kvb_manager_traffic_t (include/kvbridge/conn.h); field_mask: every group."""
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("control_sent", ctypes.c_uint64),
+        ("control_send_failed", ctypes.c_uint64),
+        ("control_received", ctypes.c_uint64),
+        ("bootstrap_requests", ctypes.c_uint64),
+        ("bootstrap_failed", ctypes.c_uint64),
+        ("heartbeat_requests", ctypes.c_uint64),
+        ("heartbeat_failed", ctypes.c_uint64),
+    ]
+
+
+MANAGER_TRAFFIC_ALL = (1 << 3) - 1
+
 RECV_INIT_STATE = 1 << 0
 RECV_INIT_PREFIX = 1 << 1
 RECV_INIT_MASK = 1 << 2
@@ -300,12 +317,18 @@ _PROTOTYPES = {
     "kvb_manager_endpoint": (ctypes.c_char_p, [_P]),
     "kvb_manager_stats": (None, [_P, ctypes.POINTER(ManagerStats)]),
     "kvb_manager_limits": (None, [_P, ctypes.POINTER(ManagerLimits)]),
+    "kvb_manager_traffic": (None, [_P, ctypes.POINTER(ManagerTraffic)]),
     "kvb_sender_create": (_S, [_P, ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(_P)]),
     "kvb_sender_init": (_S, [_P, ctypes.c_uint64, ctypes.c_int64]),
     "kvb_sender_send": (_S, [_P, c_i32_p, ctypes.c_size_t]),
     "kvb_sender_set_state_indices": (_S, [_P, c_i32_p, ctypes.c_size_t]),
     "kvb_sender_set_first_token": (_S, [_P, ctypes.c_int64, c_i32_p, ctypes.c_size_t]),
     "kvb_sender_poll": (ctypes.c_int, [_P]),
+    "kvb_sender_poll_many": (ctypes.c_int, [ctypes.POINTER(_P), ctypes.c_size_t,
+                                            ctypes.POINTER(ctypes.c_int)]),
+    "kvb_receiver_poll_many": (ctypes.c_int, [ctypes.POINTER(_P), ctypes.c_size_t,
+                                              ctypes.POINTER(ctypes.c_int)]),
+    "kvb_manager_event_fd": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),
     "kvb_sender_abort": (None, [_P]),
     "kvb_sender_failure": (None, [_P, ctypes.c_char_p, ctypes.c_size_t]),
     "kvb_sender_destroy": (None, [_P]),

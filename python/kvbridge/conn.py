@@ -12,7 +12,7 @@ from ._lib import InvalidArgument, KVBridgeError
 from .engine import TransferEngine
 
 __all__ = ["KVPoll", "KVTransferError", "KVArgs", "KVManager", "KVSender", "KVReceiver",
-           "DisaggregationMode"]
+           "DisaggregationMode", "poll_many"]
 
 _UNKNOWN_REASON = "Failed due to an unknown reason from another rank"
 
@@ -407,6 +407,28 @@ class KVManager(L.Closeable):
             L.lib().kvb_manager_limits(self._h, ctypes.byref(s))
             return {k: getattr(s, k) for k, _ in L.ManagerLimits._fields_ if k != "field_mask"}
 
+    def event_fd(self):
+        """A file descriptor (eventfd, owned by the manager: do not close it)
+        that turns readable when one of this manager's rooms may poll
+        differently. Wait on it (select/poll/asyncio add_reader), read 8
+        bytes to reset it, then poll_many() the rooms; poll at least once a
+        second anyway (time-outs are found by polling)."""
+        with self._guard:
+            fd = ctypes.c_int(-1)
+            st = L.lib().kvb_manager_event_fd(self._h, ctypes.byref(fd))
+            if st != 0:
+                raise KVBridgeError(st, L.text(L.lib().kvb_manager_last_error(self._h)))
+            return fd.value
+
+    def traffic(self):
+        """Monotonic traffic counters: {"control_sent", "control_send_failed",
+        "control_received", "bootstrap_requests", "bootstrap_failed",
+        "heartbeat_requests", "heartbeat_failed"} (kvb_manager_traffic)."""
+        with self._guard:
+            s = L.ManagerTraffic(field_mask=L.MANAGER_TRAFFIC_ALL)
+            L.lib().kvb_manager_traffic(self._h, ctypes.byref(s))
+            return {k: getattr(s, k) for k, _ in L.ManagerTraffic._fields_ if k != "field_mask"}
+
 
 class _Room(L.Closeable):
     """Shared parts of KVSender and KVReceiver: the C handle behind a lock
@@ -659,3 +681,44 @@ class KVReceiver(_Room):
         known = self._call(lambda h: L.lib().kvb_receiver_first_token(
             h, ctypes.byref(tok), cands, 4096, ctypes.byref(n)))
         return (tok.value, list(cands[: n.value])) if known else None
+
+
+def poll_many(rooms):
+    """KVPoll of every KVSender or KVReceiver in rooms (one kind only), in
+    one C call (kvb_sender_poll_many / kvb_receiver_poll_many: one lock round
+    trip per manager instead of one per room). Same answers as calling
+    poll() on each; cleared rooms answer their conclusion (or Failed)."""
+    rooms = list(rooms)
+    if not rooms:
+        return []
+    kind = type(rooms[0])
+    if kind not in (KVSender, KVReceiver) or any(type(r) is not kind for r in rooms):
+        raise InvalidArgument("poll_many takes KVSender objects or KVReceiver objects, "
+                              "not a mix")
+    # Each room's lock is held for the call (the C objects may not be used by
+    # two threads at once); taken in one global order so that two threads
+    # polling overlapping lists cannot deadlock.
+    uniq = {id(r): r for r in rooms}
+    locked = sorted(uniq.values(), key=id)
+    for r in locked:
+        r._lock.acquire()
+    try:
+        live = [r for r in rooms if r._h is not None]
+        out = {}
+        if live:
+            hs = (ctypes.c_void_p * len(live))(*[r._h for r in live])
+            st = (ctypes.c_int * len(live))()
+            fn = getattr(L.lib(), f"kvb_{kind._kind}_poll_many")
+            rc = fn(hs, len(live), st)
+            if rc != 0:
+                raise KVBridgeError(rc, f"kvb_{kind._kind}_poll_many failed")
+            for r, v in zip(live, st):
+                p = KVPoll(v)
+                if p in (KVPoll.Success, KVPoll.Failed):
+                    r._concluded = p
+                out[id(r)] = p
+        return [out[id(r)] if id(r) in out else
+                (r._concluded if r._concluded is not None else KVPoll.Failed) for r in rooms]
+    finally:
+        for r in reversed(locked):
+            r._lock.release()

@@ -53,14 +53,17 @@ typedef struct kvb__zcache {
     void *zctx;
     const kvb__zcurve_t *curve; /* NULL or off: plain PUSH sockets */
     pthread_mutex_t mu;
-    kvb__zpush_t *head; /* most recently used first */
-    size_t n, max;      /* open sockets; cap (KVBRIDGE_MAX_PUSH_SOCKETS) */
-    uint64_t evicted;   /* closed least-recently used to make room */
+    kvb__zpush_t *head;         /* most recently used first */
+    size_t n, max;              /* open sockets; cap (KVBRIDGE_MAX_PUSH_SOCKETS) */
+    uint64_t evicted;           /* closed least-recently used to make room */
+    uint64_t sent, send_failed; /* messages queued / dropped (atomic, any thread) */
 } kvb__zcache_t;
 
 void kvb__zcache_init(kvb__zcache_t *c, void *zctx);
 void kvb__zcache_free(kvb__zcache_t *c);
 void kvb__zcache_stats(kvb__zcache_t *c, uint64_t *open_p, uint64_t *evicted_p);
+/* Messages kvb__zsend queued and dropped so far (relaxed atomic reads). */
+void kvb__zcache_traffic(kvb__zcache_t *c, uint64_t *sent_p, uint64_t *failed_p);
 /* Send a multipart message to tcp://ip:port without blocking; KVB_ERR_PEER
  * when the peer's queue is full or the socket cannot be made. */
 kvb_status_t kvb__zsend(kvb__zcache_t *c, const char *ip, uint16_t port,
@@ -115,7 +118,8 @@ typedef struct kvb__src {
 
 typedef struct kvb__room {
     uint64_t id;
-    int status; /* kvb_poll_t */
+    struct kvb_manager *mgr; /* whose event fd a change signals */
+    int status;              /* kvb_poll_t */
     char *reason;
     double t_start, t_init, t_terminal;
     int has_handle;
@@ -126,6 +130,7 @@ typedef struct kvb__room {
     size_t n_dst;
     int32_t required_dst;
     int inflight;      /* chunks queued or being written */
+    int last_done;     /* the last chunk settled (Success once inflight is 0) */
     int fail_notified; /* Failed status sent to the destinations */
     int success_due;   /* Success reached, status not sent yet */
     int submitting;    /* a worker is issuing writes for it (abort waits) */
@@ -265,6 +270,12 @@ struct kvb_manager {
     char kv_dtype[KVB_BOOTSTRAP_WORD_MAX + 1]; /* kv_cache_dtype; "" = unknown */
     pthread_t ctl_thr, hb_thr;
     int stop;
+    /* kvb_manager_traffic counters: relaxed atomics bumped where the
+     * traffic happens (no lock: read as a snapshot, not as a consistent set) */
+    uint64_t ctl_received, boot_requests, boot_failed, hb_requests, hb_failed;
+    /* kvb_manager_event_fd: an eventfd written (m->mu held) on every room
+     * status change; ev_on says it exists (made on first request) */
+    int ev_fd, ev_on;
 
     pthread_mutex_t mu;
     kvb__room_t **buckets;
@@ -293,7 +304,8 @@ struct kvb_manager {
     char rx_peer_id[41]; /* control thread: identity of the message in hand */
     kvb__queue_t *queues;
     int n_queues;
-    int32_t prefill_rank; /* attn_tp_rank * pp_size + pp_rank */
+    struct kvb__aside *aside; /* chunks moved off a stalled queue (prefill_xfer.c) */
+    int32_t prefill_rank;     /* attn_tp_rank * pp_size + pp_rank */
     int is_last_stage;
     pthread_t ref_thr; /* periodic re-registration (prefill_ctl.c) */
     int ref_started;
@@ -449,6 +461,29 @@ void kvb__decode_free(struct kvb_manager *m);
 
 /* manager.c */
 /* A bootstrap client for addr carrying the manager's token (if any). */
+/* m->mu held: a room's poll answer may have changed (status, or a source's
+ * response that can close a failed room's fence): wake kvb_manager_event_fd
+ * waiters. */
+void kvb__room_changed(kvb__room_t *r);
+
+/* Polling pieces shared by kvb_*_poll and kvb_*_poll_many (poll_many.c).
+ * m->mu held: the status of s's room (failing it past the bootstrap
+ * time-out). After unlocking: remember a terminal status and tell the
+ * decode about a failure; returns status. */
+int kvb__sender_status(struct kvb_manager *m, kvb_sender_h s);
+kvb_poll_t kvb__sender_conclude(kvb_sender_h s, int status);
+/* m->mu held: the status of rc's room (failing it past the waiting
+ * time-out). Failed here is not final: the writer fence decides, so the
+ * caller then polls that receiver alone with kvb_receiver_poll. */
+int kvb__receiver_status(struct kvb_manager *m, kvb_receiver_h rc);
+
+/* Count one bootstrap HTTP request (kvb_manager_traffic) that ended with st. */
+static inline void kvb__count_boot(struct kvb_manager *m, kvb_status_t st)
+{
+    __atomic_add_fetch(&m->boot_requests, 1, __ATOMIC_RELAXED);
+    if (st != KVB_OK)
+        __atomic_add_fetch(&m->boot_failed, 1, __ATOMIC_RELAXED);
+}
 kvb_status_t kvb__bootstrap_client(struct kvb_manager *m, const char *addr,
                                    kvb_bootstrap_client_h *client_p);
 void kvb__conn_bad_message(struct kvb_manager *m, int kind, const kvb__frames_err_t *e);

@@ -123,6 +123,7 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
                      KVB_BOOTSTRAP_INFO_DSA_SPLIT | KVB_BOOTSTRAP_INFO_KV_CACHE_DTYPE;
     pthread_mutex_lock(&a->client_mu);
     kvb_status_t st = kvb_bootstrap_client_parallel_info_ext(a->client, 5.0, &info, &ext);
+    kvb__count_boot(m, st);
     /* The HTTP detail, read under the lock (thread-local copy). */
     const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
     pthread_mutex_unlock(&a->client_mu);
@@ -322,6 +323,7 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     kvb_bootstrap_rank_ext_t rx = {KVB_BOOTSTRAP_RANK_KVBRIDGE, 0};
     pthread_mutex_lock(&a->client_mu);
     kvb_status_t st = kvb_bootstrap_client_lookup_ext(a->client, dp, 0, tp, pp, 5.0, &ra, &rx);
+    kvb__count_boot(m, st);
     const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
     pthread_mutex_unlock(&a->client_mu);
     if (st != KVB_OK) {
@@ -370,8 +372,8 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
  * prefill registered for the room (POST /register_dp_rank), asked for up to
  * DP_QUERY_S (SGLang's decode keeps such a room pending and asks again). */
 #define DP_QUERY_S 5.0
-static kvb_status_t dp_group_of(kvb__addr_t *a, uint64_t room, int32_t dp_rank, int32_t dp,
-                                int follow, resolve_t *rs)
+static kvb_status_t dp_group_of(struct kvb_manager *m, kvb__addr_t *a, uint64_t room,
+                                int32_t dp_rank, int32_t dp, int follow, resolve_t *rs)
 {
     double end = kvb__now_s() + DP_QUERY_S, pause = 0.02;
     int32_t got = -1;
@@ -381,6 +383,7 @@ static kvb_status_t dp_group_of(kvb__addr_t *a, uint64_t room, int32_t dp_rank, 
     for (;;) {
         pthread_mutex_lock(&a->client_mu);
         kvb_status_t st = kvb_bootstrap_client_query_dp_ranks(a->client, &room, 1, 1.0, &got);
+        kvb__count_boot(m, st);
         pthread_mutex_unlock(&a->client_mu);
         if (st == KVB_OK && got >= 0 && got < dp) {
             rs->dp_group = got;
@@ -415,7 +418,7 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
                  kvb_plan_last_error());
         return st;
     }
-    st = dp_group_of(a, room, dp_rank, dp, follow, rs);
+    st = dp_group_of(m, a, room, dp_rank, dp, follow, rs);
     if (st != KVB_OK)
         return st;
     rs->srcs = calloc((size_t)rs->route.num_sources * (size_t)pp + 1, sizeof(*rs->srcs));
@@ -868,6 +871,24 @@ int kvb_receiver_pages_safe(kvb_receiver_h rc)
     return safe;
 }
 
+/* m->mu held: fail r past the waiting time-out. */
+static void check_waiting(struct kvb_manager *m, kvb__room_t *r)
+{
+    double el = r->t_init > 0 ? kvb__now_s() - r->t_init : 0;
+    if (r->status == KVB_POLL_WAITING_FOR_INPUT && r->t_init > 0 && el >= m->p.waiting_timeout_s)
+        kvb__room_fail(r, "Request %llu timed out after %.1fs in KVPoll.WaitingForInput",
+                       (unsigned long long)r->id, el);
+}
+
+int kvb__receiver_status(struct kvb_manager *m, kvb_receiver_h rc)
+{
+    kvb__room_t *r = kvb__room_find(m, rc->room);
+    if (r == NULL)
+        return KVB_POLL_FAILED;
+    check_waiting(m, r);
+    return r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
+}
+
 kvb_poll_t kvb_receiver_poll(kvb_receiver_h rc)
 {
     struct kvb_manager *m = rc->mgr;
@@ -882,12 +903,7 @@ kvb_poll_t kvb_receiver_poll(kvb_receiver_h rc)
     if (r == NULL) {
         status = KVB_POLL_FAILED;
     } else {
-        double el = r->t_init > 0 ? kvb__now_s() - r->t_init : 0;
-        if (r->status == KVB_POLL_WAITING_FOR_INPUT && r->t_init > 0 &&
-            el >= m->p.waiting_timeout_s) {
-            kvb__room_fail(r, "Request %llu timed out after %.1fs in KVPoll.WaitingForInput",
-                           (unsigned long long)rc->room, el);
-        }
+        check_waiting(m, r);
         /* Whatever failed the room (time-out, a malformed message naming it,
          * an undeliverable transfer info), the sources must stop writing
          * before the pages are reported reusable. No-op once opened. */
@@ -989,6 +1005,7 @@ static bool record_response(struct kvb_manager *m, kvb__room_t *r, int32_t rank,
         return false;
     r->responded = v;
     r->responded[r->n_responded++] = key;
+    kvb__room_changed(r); /* it may close the room's fence */
     return true;
 }
 
@@ -1215,6 +1232,9 @@ static void heartbeat_round(struct kvb_manager *m)
     for (size_t i = 0; i < n; i++) {
         double t = m->p.heartbeat_interval_s < 3 ? m->p.heartbeat_interval_s : 3;
         kvb_status_t st = kvb_bootstrap_client_health(list[i]->hb, t);
+        __atomic_add_fetch(&m->hb_requests, 1, __ATOMIC_RELAXED);
+        if (st != KVB_OK)
+            __atomic_add_fetch(&m->hb_failed, 1, __ATOMIC_RELAXED);
         pthread_mutex_lock(&m->mu);
         int fails = list[i]->failures = st == KVB_OK ? 0 : list[i]->failures + 1;
         pthread_mutex_unlock(&m->mu);

@@ -2,10 +2,12 @@
  * and its thread, shared helpers of the prefill and decode sides. */
 #include "conn/conn_int.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -282,6 +284,8 @@ static void *control_main(void *arg)
     double last_sweep = kvb__now_s();
     while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE)) {
         int n = kvb__zrecv(m->pull, msgs, MAX_FRAMES, 100);
+        if (n > 0)
+            __atomic_add_fetch(&m->ctl_received, 1, __ATOMIC_RELAXED);
         if (n > MAX_FRAMES) {
             kvb__frames_err_t e;
             too_many_frames(&msgs[0], &e);
@@ -406,6 +410,8 @@ kvb_status_t kvb__bootstrap_client(struct kvb_manager *m, const char *addr,
 
 static void manager_free(struct kvb_manager *m)
 {
+    if (m->ev_on)
+        close(m->ev_fd);
     kvb__ts_free(m); /* TokenSpeed first tokens, endpoints (either mode) */
     if (m->pull != NULL)
         zmq_close(m->pull);
@@ -572,6 +578,54 @@ void kvb_manager_stats(kvb_manager_h m, kvb_manager_stats_t *s)
     s->registrations_evicted = m->regs_evicted;
     s->registrations_refused = m->regs_refused;
     pthread_rwlock_unlock(&m->reg_mu);
+}
+
+void kvb__room_changed(kvb__room_t *r)
+{
+    struct kvb_manager *m = r->mgr;
+    uint64_t one = 1;
+    /* Non-blocking; a full counter (2^64 - 2 unread) is still readable. */
+    if (m != NULL && m->ev_on && write(m->ev_fd, &one, sizeof(one)) < 0)
+        return;
+}
+
+kvb_status_t kvb_manager_event_fd(kvb_manager_h m, int *fd_p)
+{
+    if (m == NULL || fd_p == NULL)
+        return KVB_ERR_INVALID;
+    kvb_status_t st = KVB_OK;
+    pthread_mutex_lock(&m->mu);
+    if (!m->ev_on) {
+        m->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        m->ev_on = m->ev_fd >= 0;
+        if (!m->ev_on)
+            st = kvb__err_set(&m->err, KVB_ERR_IO, "eventfd: %s", strerror(errno));
+    }
+    *fd_p = m->ev_on ? m->ev_fd : -1;
+    pthread_mutex_unlock(&m->mu);
+    return st;
+}
+
+static uint64_t relaxed(const uint64_t *v)
+{
+    return __atomic_load_n(v, __ATOMIC_RELAXED);
+}
+
+void kvb_manager_traffic(kvb_manager_h m, kvb_manager_traffic_t *t)
+{
+    uint64_t f = t->field_mask;
+    if (f & KVB_MANAGER_TRAFFIC_CONTROL) {
+        kvb__zcache_traffic(&m->zc, &t->control_sent, &t->control_send_failed);
+        t->control_received = relaxed(&m->ctl_received);
+    }
+    if (f & KVB_MANAGER_TRAFFIC_BOOTSTRAP) {
+        t->bootstrap_requests = relaxed(&m->boot_requests);
+        t->bootstrap_failed = relaxed(&m->boot_failed);
+    }
+    if (f & KVB_MANAGER_TRAFFIC_HEARTBEAT) {
+        t->heartbeat_requests = relaxed(&m->hb_requests);
+        t->heartbeat_failed = relaxed(&m->hb_failed);
+    }
 }
 
 void kvb_manager_limits(kvb_manager_h m, kvb_manager_limits_t *s)

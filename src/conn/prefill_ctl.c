@@ -918,6 +918,7 @@ kvb_status_t kvb__prefill_register(struct kvb_manager *m)
     }
     registration(m, &reg, lens, lens + m->args.num_kv + 1);
     st = kvb_bootstrap_client_register(c, &reg, 5.0);
+    kvb__count_boot(m, st);
     free(lens);
     if (st != KVB_OK)
         kvb__err_set(&m->err, st, "registration with bootstrap server %s failed: %s",
@@ -944,6 +945,7 @@ typedef struct refresh {
 static void refresh_once(struct kvb_manager *m, refresh_t *r)
 {
     kvb_status_t st = kvb_bootstrap_client_register(r->client, &r->reg, r->timeout_s);
+    kvb__count_boot(m, st);
     double now = kvb__now_s();
     if (st != KVB_OK && r->down_since == 0) {
         KVB_LOGW("manager %s: re-registration with bootstrap server %s failed: %s (retried "

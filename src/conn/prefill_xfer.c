@@ -537,7 +537,10 @@ static void work_finish(struct kvb_manager *m, work_t *w)
     if (r != NULL) {
         untrack_xfers(r, w);
         r->inflight--;
-        if (w->c->is_last && r->status != KVB_POLL_FAILED) {
+        r->last_done |= w->c->is_last;
+        /* Success once the last chunk and every earlier one settled (an
+         * earlier one may have been set aside and settle later). */
+        if (r->last_done && r->inflight == 0 && r->status != KVB_POLL_FAILED) {
             kvb__room_set_status(r, KVB_POLL_SUCCESS);
             r->success_due = 1; /* notes_due sends it and clears it */
         }
@@ -560,6 +563,164 @@ static void work_finish(struct kvb_manager *m, work_t *w)
     chunk_free(w->c);
 }
 
+/* ---- stalled chunks set aside ----
+ * A queue's worker settles its chunks in order. A chunk whose writes have
+ * not settled within KVBRIDGE_STALL_ASIDE (1 s) (a stopped or slow decode)
+ * is handed to the manager's aside thread, which settles such chunks as
+ * their writes end (or through wait_xfer's time-outs), so the other decodes
+ * sharing the queue are not held for 2 x transfer_timeout (review §3). A
+ * room's Success still waits for all its chunks (room.last_done). */
+
+typedef struct aside_item {
+    work_t w;
+    double since;
+    struct aside_item *next;
+} aside_item_t;
+
+struct kvb__aside {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    aside_item_t *head;
+    size_t n;
+    double stall_s;
+    int stop;
+    pthread_t thr;
+};
+
+/* All the chunk's writes ended (or were never issued)? */
+static bool work_settled(const work_t *w)
+{
+    for (size_t i = 0; !w->skip && i < w->n_jobs; i++) {
+        const job_t *j = &w->jobs[i];
+        if ((j->x != NULL && kvb_xfer_test(j->x) == KVB_ERR_INPROGRESS) ||
+            (j->xa != NULL && kvb_xfer_test(j->xa) == KVB_ERR_INPROGRESS))
+            return false;
+    }
+    return true;
+}
+
+/* Wait up to stall_s for w to settle; true if it did (or there is no aside
+ * thread): the worker finishes it in place. */
+static bool settles_in_time(struct kvb_manager *m, const work_t *w)
+{
+    if (m->aside == NULL)
+        return true;
+    double end = kvb__now_s() + m->aside->stall_s;
+    for (size_t i = 0; !w->skip && i < w->n_jobs; i++) {
+        kvb_xfer_h x[2] = {w->jobs[i].x, w->jobs[i].xa};
+        for (int k = 0; k < 2; k++) {
+            double left = end - kvb__now_s();
+            /* A time-out cancels nothing: the write stays in flight. (A
+             * time-out of 0 would wait forever: 1 us at least.) */
+            if (x[k] != NULL && kvb_xfer_wait(x[k], left > 1e-6 ? left : 1e-6) == KVB_ERR_TIMEOUT)
+                return false;
+        }
+    }
+    return true;
+}
+
+static void aside_push(struct kvb_manager *m, const work_t *w)
+{
+    aside_item_t *it = malloc(sizeof(*it));
+    if (it == NULL) { /* no memory: settle it here, as before */
+        work_t copy = *w;
+        work_finish(m, &copy);
+        return;
+    }
+    it->w = *w;
+    it->since = kvb__now_s();
+    KVB_LOGW("manager %s: room %llu: writes not settled after %.1f s: set aside so the "
+             "queue's other rooms proceed",
+             m->endpoint, (unsigned long long)w->c->room, m->aside->stall_s);
+    pthread_mutex_lock(&m->aside->mu);
+    it->next = m->aside->head;
+    m->aside->head = it;
+    m->aside->n++;
+    pthread_cond_signal(&m->aside->cv);
+    pthread_mutex_unlock(&m->aside->mu);
+}
+
+/* One that settled or waited its time-out (or any, when stopping); NULL if none. */
+static aside_item_t *aside_take(struct kvb__aside *a, double timeout_s, bool stopping)
+{
+    double now = kvb__now_s();
+    for (aside_item_t **pp = &a->head; *pp != NULL; pp = &(*pp)->next) {
+        aside_item_t *it = *pp;
+        if (stopping || work_settled(&it->w) || now - it->since >= timeout_s) {
+            *pp = it->next;
+            a->n--;
+            return it;
+        }
+    }
+    return NULL;
+}
+
+static void *aside_main(void *arg)
+{
+    struct kvb_manager *m = arg;
+    struct kvb__aside *a = m->aside;
+    pthread_mutex_lock(&a->mu);
+    while (!a->stop || a->head != NULL) {
+        aside_item_t *it = aside_take(a, m->transfer_timeout_s, a->stop);
+        if (it == NULL) {
+            kvb__cond_wait_ns(&a->cv, &a->mu, a->head != NULL ? 2000000 : 100000000);
+            continue;
+        }
+        pthread_mutex_unlock(&a->mu);
+        work_finish(m, &it->w); /* settled: at once; else wait_xfer's time-out path */
+        free(it);
+        pthread_mutex_lock(&a->mu);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+static kvb_status_t aside_start(struct kvb_manager *m)
+{
+    double stall = kvb__env_double("KVBRIDGE_STALL_ASIDE", NULL, 1.0, 0, 1e9);
+    if (stall <= 0)
+        return KVB_OK; /* 0: off, the worker waits in place */
+    struct kvb__aside *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return KVB_ERR_NOMEM;
+    pthread_mutex_init(&a->mu, NULL);
+    kvb__cond_init_mono(&a->cv);
+    a->stall_s = stall;
+    m->aside = a;
+    if (pthread_create(&a->thr, NULL, aside_main, m) != 0) {
+        m->aside = NULL;
+        free(a);
+        return KVB_ERR_IO;
+    }
+    return KVB_OK;
+}
+
+/* After the workers stopped: settle what is aside, then free. */
+static void aside_stop(struct kvb_manager *m)
+{
+    struct kvb__aside *a = m->aside;
+    if (a == NULL)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->stop = 1;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    pthread_join(a->thr, NULL);
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->cv);
+    free(a);
+    m->aside = NULL;
+}
+
+/* The worker's turn to settle prev: in place, or aside when it stalls. */
+static void work_settle(struct kvb_manager *m, work_t *w)
+{
+    if (settles_in_time(m, w))
+        work_finish(m, w);
+    else
+        aside_push(m, w);
+}
+
 static void *worker_main(void *arg)
 {
     kvb__queue_t *q = arg;
@@ -571,7 +732,7 @@ static void *worker_main(void *arg)
             __atomic_load_n(&m->stop, __ATOMIC_ACQUIRE) ? NULL : queue_pop(q, !pending);
         if (c == NULL) {
             if (pending)
-                work_finish(m, &prev);
+                work_settle(m, &prev);
             pending = false;
             continue;
         }
@@ -582,7 +743,7 @@ static void *worker_main(void *arg)
         work_prepare(m, c, &cur);
         work_submit(m, &cur);
         if (pending)
-            work_finish(m, &prev);
+            work_settle(m, &prev);
         prev = cur;
         pending = true;
     }
@@ -604,6 +765,9 @@ kvb_status_t kvb__prefill_start(struct kvb_manager *m)
     m->max_wire_rooms = (size_t)kvb__env_int("KVBRIDGE_MAX_WIRE_ROOMS", NULL, 4096, 1, 100000000);
     m->max_wire_room_bytes = (uint64_t)kvb__env_int("KVBRIDGE_MAX_WIRE_ROOM_BYTES", NULL, 256 << 20,
                                                     4096, (int64_t)1 << 40);
+    st = aside_start(m);
+    if (st != KVB_OK)
+        return st;
     m->n_queues = m->p.transfer_queues;
     m->queues = calloc((size_t)m->n_queues, sizeof(*m->queues));
     if (m->queues == NULL)
@@ -632,6 +796,7 @@ void kvb__prefill_stop(struct kvb_manager *m)
         pthread_mutex_unlock(&m->queues[i].mu);
         pthread_join(m->queues[i].thr, NULL);
     }
+    aside_stop(m);
 }
 
 void kvb__prefill_free(struct kvb_manager *m)
@@ -786,29 +951,36 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
     return KVB_OK;
 }
 
-kvb_poll_t kvb_sender_poll(kvb_sender_h s)
+int kvb__sender_status(struct kvb_manager *m, kvb_sender_h s)
 {
-    struct kvb_manager *m = s->mgr;
-    int status;
-    if (s->concluded)
-        return (kvb_poll_t)s->concluded - 1;
-    pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, s->room);
-    if (r == NULL) {
-        status = KVB_POLL_FAILED;
-    } else {
-        double elapsed = kvb__now_s() - r->t_start;
-        if (r->status == KVB_POLL_BOOTSTRAPPING && elapsed >= m->p.bootstrap_timeout_s)
-            kvb__room_fail(r, "Request %llu timed out after %.1fs in KVPoll.Bootstrapping",
-                           (unsigned long long)s->room, elapsed);
-        status = r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
-    }
-    pthread_mutex_unlock(&m->mu);
+    if (r == NULL)
+        return KVB_POLL_FAILED;
+    double elapsed = kvb__now_s() - r->t_start;
+    if (r->status == KVB_POLL_BOOTSTRAPPING && elapsed >= m->p.bootstrap_timeout_s)
+        kvb__room_fail(r, "Request %llu timed out after %.1fs in KVPoll.Bootstrapping",
+                       (unsigned long long)s->room, elapsed);
+    return r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
+}
+
+kvb_poll_t kvb__sender_conclude(kvb_sender_h s, int status)
+{
     if (status == KVB_POLL_FAILED || status == KVB_POLL_SUCCESS)
         s->concluded = status + 1;
     if (status == KVB_POLL_FAILED)
-        kvb__prefill_notify(m, s->room);
+        kvb__prefill_notify(s->mgr, s->room);
     return (kvb_poll_t)status;
+}
+
+kvb_poll_t kvb_sender_poll(kvb_sender_h s)
+{
+    struct kvb_manager *m = s->mgr;
+    if (s->concluded)
+        return (kvb_poll_t)s->concluded - 1;
+    pthread_mutex_lock(&m->mu);
+    int status = kvb__sender_status(m, s);
+    pthread_mutex_unlock(&m->mu);
+    return kvb__sender_conclude(s, status);
 }
 
 void kvb_sender_abort(kvb_sender_h s)

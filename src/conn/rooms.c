@@ -51,6 +51,7 @@ kvb__room_t *kvb__room_get(struct kvb_manager *m, uint64_t id)
     if (r == NULL)
         return NULL;
     r->id = id;
+    r->mgr = m;
     r->status = -1; /* none yet */
     r->t_start = kvb__now_s();
     if (m->n_rooms + 1 > m->n_buckets)
@@ -235,6 +236,8 @@ void kvb__room_set_status(kvb__room_t *r, int status)
         return; /* kvbridge: Failed is sticky */
     if (old < 0 || status == KVB_POLL_FAILED || status > old)
         r->status = status;
+    if (r->status != old)
+        kvb__room_changed(r);
     if ((r->status == KVB_POLL_FAILED || r->status == KVB_POLL_SUCCESS) && r->t_terminal == 0)
         r->t_terminal = kvb__now_s();
 }

@@ -248,6 +248,7 @@ void kvb__zcache_init(kvb__zcache_t *c, void *zctx)
     c->head = NULL;
     c->n = 0;
     c->evicted = 0;
+    c->sent = c->send_failed = 0;
     /* Each endpoint a peer names gets a socket that reconnects forever:
      * keep the most recently used ones only (docs/security.md). */
     c->max = (size_t)kvb__env_int("KVBRIDGE_MAX_PUSH_SOCKETS", NULL, 1024, 1, 1000000);
@@ -260,6 +261,12 @@ void kvb__zcache_stats(kvb__zcache_t *c, uint64_t *open_p, uint64_t *evicted_p)
     *open_p = c->n;
     *evicted_p = c->evicted;
     pthread_mutex_unlock(&c->mu);
+}
+
+void kvb__zcache_traffic(kvb__zcache_t *c, uint64_t *sent_p, uint64_t *failed_p)
+{
+    *sent_p = __atomic_load_n(&c->sent, __ATOMIC_RELAXED);
+    *failed_p = __atomic_load_n(&c->send_failed, __ATOMIC_RELAXED);
 }
 
 static void push_close(kvb__zpush_t *p)
@@ -370,8 +377,10 @@ kvb_status_t kvb__zsend(kvb__zcache_t *c, const char *ip, uint16_t port,
 {
     kvb__zpush_t *p = push_get(c, ip, port);
     kvb_status_t st = KVB_OK;
-    if (p == NULL)
+    if (p == NULL) {
+        __atomic_add_fetch(&c->send_failed, 1, __ATOMIC_RELAXED);
         return KVB_ERR_PEER;
+    }
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; i < msg->n; i++) {
         kvb__frame_t f = kvb__frames_buf_get(msg, i);
@@ -386,6 +395,7 @@ kvb_status_t kvb__zsend(kvb__zcache_t *c, const char *ip, uint16_t port,
     }
     pthread_mutex_unlock(&p->mu);
     push_put(c, p);
+    __atomic_add_fetch(st == KVB_OK ? &c->sent : &c->send_failed, 1, __ATOMIC_RELAXED);
     return st;
 }
 
