@@ -83,7 +83,8 @@ struct kvb__session {
 struct kvb_xfer {
     kvb_engine_h eng;
     kvb__conn_t *conn;
-    kvb_block_t *blocks; /* coalesced copy */
+    kvb_block_t *blocks; /* coalesced copy (bufpool.h) */
+    size_t blocks_cap;   /* its capacity in bytes, for kvb__bufpool_put */
     size_t n, next;      /* blocks and next block to issue */
     size_t off;          /* AM lane: bytes of blocks[next] already sent */
     uint64_t id;

@@ -7,6 +7,7 @@
  *    this file builds and sends the messages and handles the acks. */
 #include "engine/engine_int.h"
 #include "engine/amwire.h"
+#include "engine/bufpool.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +34,7 @@ void kvb__xfer_release(struct kvb_xfer *x)
     if (x->stage != NULL)
         kvb__cuda_stage_put(x->stage, x->stage_len);
     free(x->staged);
-    free(x->blocks);
+    kvb__bufpool_put(x->blocks, x->blocks_cap);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
     free(x);
@@ -104,7 +105,8 @@ static size_t coalesce(const kvb_block_t *b, const long *seg, size_t n, kvb_bloc
 static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
                             size_t count, uint64_t deadline, struct kvb_xfer *x)
 {
-    long *seg = malloc((count ? count : 1) * sizeof(*seg));
+    size_t seg_cap = 0;
+    long *seg = kvb__bufpool_get((count ? count : 1) * sizeof(*seg), &seg_cap);
     bool retry = false;
     kvb_status_t st = seg == NULL ? KVB_ERR_NOMEM : KVB_OK;
     if (st == KVB_OK)
@@ -125,13 +127,13 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t
     if (st == KVB_OK && eng->params.copy_threads > 0)
         x->direct = kvb__direct_usable(eng, x->conn, x->epoch, seg, blocks, count);
     if (st == KVB_OK) {
-        x->blocks = malloc((count ? count : 1) * sizeof(*x->blocks));
+        x->blocks = kvb__bufpool_get((count ? count : 1) * sizeof(*x->blocks), &x->blocks_cap);
         if (x->blocks == NULL)
             st = KVB_ERR_NOMEM;
         else
             x->n = coalesce(blocks, seg, count, x->blocks);
     }
-    free(seg);
+    kvb__bufpool_put(seg, seg_cap);
     return st;
 }
 
