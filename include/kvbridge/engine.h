@@ -159,7 +159,9 @@ KVB_API kvb_status_t kvb_engine_register_ex(kvb_engine_h engine, const kvb_mem_r
                                             size_t count, size_t region_size);
 
 /* What memory addr is: *type_p HOST or CUDA (then *device_p its ordinal in
- * this process, else -1). HOST without a CUDA driver. Thread-safe. */
+ * this process, else -1). HOST without a CUDA driver. Thread-safe. Errors:
+ * KVB_ERR_INVALID (a NULL argument), KVB_ERR_IO (the driver failed to say;
+ * logged). */
 KVB_API kvb_status_t kvb_mem_query(const void *addr, kvb_mem_type_t *type_p, int *device_p);
 
 /* Is the CUDA driver loaded (1) or not (0)? Loads it on first call; why, when
