@@ -1037,6 +1037,24 @@ static void close_dead_eps(kvb_engine_h eng)
             kvb__conn_close_ep(eng, c);
 }
 
+/* Spinning while waiting on a peer pays only where UCX's same-host
+ * shared-memory transports carry the data: they signal no event, and the
+ * writer must keep progressing (the put is emulated over messages). Over
+ * TCP (the tcp lane, or a peer on another host) the worker's event fd
+ * wakes the thread when a socket is ready, so it sleeps instead of taking
+ * a core from the processes it serves. */
+static bool spin_pays(kvb_engine_h eng)
+{
+    if (eng->params.transport == KVB_TRANSPORT_TCP)
+        return false;
+    if (eng->am_pending > 0)
+        return true; /* incoming writes: the lane is not known here */
+    for (const struct kvb_xfer *x = eng->active; x != NULL; x = x->next_active)
+        if (x->conn->local)
+            return true;
+    return false;
+}
+
 static void *progress_main(void *arg)
 {
     kvb_engine_h eng = arg;
@@ -1063,7 +1081,12 @@ static void *progress_main(void *arg)
              * 1 ms sleep on the event fd measured 2x slower still when both
              * processes share one core: UCX's same-host put is emulated over
              * shared-memory messages, so the writer must keep progressing.) */
-            if (++idle_spins > 64)
+            if (++idle_spins > 64 && !spin_pays(eng)) {
+                if (ucp_worker_arm(eng->worker) == UCS_OK)
+                    handle_events(eng, 1);
+                continue;
+            }
+            if (idle_spins > 64)
                 sched_yield();
             /* A peer silent for long (stopped, overloaded): stop burning a
              * core, sleep on the event fd 1 ms at a time. */
