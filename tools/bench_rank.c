@@ -27,7 +27,8 @@ typedef struct rroom {
     uint32_t n;
     int64_t aux;
     int state;
-    bool warm; /* a warm-up room ("sweep") */
+    bool warm;   /* a warm-up room ("sweep") */
+    bool queued; /* POLL_CHANGED: in this wake's poll list already */
     kvb_sender_h snd;
     kvb_receiver_h rcv;
     double deadline, t_first;
@@ -52,27 +53,45 @@ typedef struct rank {
     rroom_t **act;
     void **handles;
     kvb_poll_t *polls;
+    /* POLL_CHANGED: rooms a command touched since the last poll (each at
+     * most once per wave: <= nrooms), and kvb_manager_changed's buffer */
+    rroom_t **fresh;
+    size_t nfresh;
+    uint64_t *chg;
 } rank_t;
 
 /* How a rank polls its active rooms (KVBRIDGE_BENCH_POLL, to compare in one
  * build): "single" = kvb_*_poll room by room every ~50 us while any room is
  * active (the bench before the batched poll); "many" = one kvb_*_poll_many
- * per pass, same pace; "event" (default) = sleep on the managers' event
- * fds (kvb_manager_event_fd) and stdin, one kvb_*_poll_many pass per wake,
- * and at least every 100 ms for the time-outs. */
-enum { POLL_SINGLE, POLL_MANY, POLL_EVENT };
+ * per pass, same pace; "event" = sleep on the managers' event fds
+ * (kvb_manager_event_fd) and stdin, one kvb_*_poll_many pass over every
+ * active room per wake, and at least every 100 ms for the time-outs;
+ * "changed" (default) = the same wakes, but a wake polls only the rooms
+ * kvb_manager_changed names and those a command touched, plus a pass over
+ * every active room every 100 ms (time-outs): O(changes) per wake instead
+ * of O(rooms in flight). */
+enum { POLL_SINGLE, POLL_MANY, POLL_EVENT, POLL_CHANGED };
+
+#define FULL_PASS_S 0.1 /* POLL_EVENT / POLL_CHANGED: every active room at least this often */
+#define CHG_CAP 1024    /* ids per kvb_manager_changed call */
 
 static int poll_mode(void)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("KVBRIDGE_BENCH_POLL");
-        v = e == NULL                  ? POLL_EVENT
+        v = e == NULL                  ? POLL_CHANGED
             : strcmp(e, "single") == 0 ? POLL_SINGLE
             : strcmp(e, "many") == 0   ? POLL_MANY
-                                       : POLL_EVENT;
+            : strcmp(e, "event") == 0  ? POLL_EVENT
+                                       : POLL_CHANGED;
     }
     return v;
+}
+
+static bool waits_on_events(void)
+{
+    return poll_mode() == POLL_EVENT || poll_mode() == POLL_CHANGED;
 }
 
 static bool poll_single(void)
@@ -296,7 +315,10 @@ static bool rank_start(rank_t *r)
     r->act = calloc(r->nrooms, sizeof(*r->act));
     r->handles = calloc(r->nrooms, sizeof(*r->handles));
     r->polls = calloc(r->nrooms, sizeof(*r->polls));
+    r->fresh = calloc(r->nrooms, sizeof(*r->fresh));
+    r->chg = calloc(CHG_CAP, sizeof(*r->chg));
     if (r->rooms == NULL || r->act == NULL || r->handles == NULL || r->polls == NULL ||
+        r->fresh == NULL || r->chg == NULL ||
         !bench_pool_init(&r->pool, &g, (uint64_t)o->pool_pages, (uint64_t)o->wave,
                          (uint64_t)o->seed * 7919 + (r->prefill ? 0 : 1) + (uint64_t)o->dp_rank)) {
         bench_say("error cannot allocate a KV pool of %lld pages", o->pool_pages);
@@ -334,6 +356,13 @@ static rroom_t *room_find(rank_t *r, uint64_t id, int state)
 {
     rroom_t *rm = room_slot(r, id);
     return rm->state == state && (state == R_FREE || rm->id == id) ? rm : NULL;
+}
+
+/* POLL_CHANGED: rm's first state must be polled (no change lists it). */
+static void note_fresh(rank_t *r, rroom_t *rm)
+{
+    if (r->nfresh < r->nrooms)
+        r->fresh[r->nfresh++] = rm;
 }
 
 static void room_release(rank_t *r, rroom_t *rm)
@@ -390,6 +419,7 @@ static void cmd_send(rank_t *r, uint64_t id)
     kvb_status_t st = kvb_sender_create(r->mgr, r->o->bootstrap, id, &rm->snd);
     rm->deadline = kvb_tool_now() + r->o->timeout_s;
     rm->state = R_BOOT;
+    note_fresh(r, rm);
     if (st != KVB_OK) {
         snprintf(why, sizeof(why), "sender_create: %s", kvb_status_string(st));
         rm->snd = NULL;
@@ -420,6 +450,7 @@ static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep
         kvb_receiver_abort(rm->rcv); /* its poll must end Failed */
     rm->deadline = t + r->o->timeout_s;
     rm->state = R_RECV;
+    note_fresh(r, rm);
     bench_say("inited %" PRIu64 " %.9f", id, t);
     if (st != KVB_OK) {
         snprintf(why, sizeof(why), "receiver create/init: %s", kvb_status_string(st));
@@ -577,18 +608,16 @@ static bool active(const rroom_t *rm)
     return rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_RECV;
 }
 
-/* Poll every active room (one kvb_*_poll_many call, or room by room under
- * KVBRIDGE_BENCH_POLL=single); true when some room is still active. */
-static bool step_all(rank_t *r)
+/* Poll the rooms r->act[0..n) (one kvb_*_poll_many call, or room by room
+ * under KVBRIDGE_BENCH_POLL=single) and step each; true when one of them is
+ * still active. */
+static bool poll_act(rank_t *r, size_t n)
 {
-    size_t n = 0;
     double now = kvb_tool_now();
-    for (size_t i = 0; i < r->nrooms; i++)
-        if (active(&r->rooms[i])) {
-            rroom_t *rm = &r->rooms[i];
-            r->act[n] = rm;
-            r->handles[n++] = rm->snd != NULL ? (void *)rm->snd : (void *)rm->rcv;
-        }
+    for (size_t i = 0; i < n; i++) {
+        rroom_t *rm = r->act[i];
+        r->handles[i] = rm->snd != NULL ? (void *)rm->snd : (void *)rm->rcv;
+    }
     if (n > 0 && !poll_single()) {
         if (r->prefill)
             kvb_sender_poll_many((kvb_sender_h *)r->handles, n, r->polls);
@@ -605,6 +634,59 @@ static bool step_all(rank_t *r)
         busy = busy || active(rm);
     }
     return busy;
+}
+
+/* Drain kvb_manager_changed; with take, queue the active rooms it names
+ * (each once) after r->act[0..n); returns the new count. */
+static size_t take_changed(rank_t *r, size_t n, bool take)
+{
+    size_t got = 0;
+    do {
+        if (kvb_manager_changed(r->mgr, r->chg, CHG_CAP, &got) != KVB_OK)
+            return n;
+        for (size_t i = 0; take && i < got; i++) {
+            rroom_t *rm = room_slot(r, r->chg[i]);
+            if (rm->id == r->chg[i] && active(rm) && !rm->queued) {
+                rm->queued = true;
+                r->act[n++] = rm;
+            }
+        }
+    } while (got == CHG_CAP);
+    return n;
+}
+
+/* Poll every active room; true when some room is still active. Under
+ * POLL_CHANGED the changes so far are covered by this pass: dropped. */
+static bool step_all(rank_t *r)
+{
+    size_t n = 0;
+    if (poll_mode() == POLL_CHANGED) {
+        take_changed(r, 0, false);
+        r->nfresh = 0;
+    }
+    for (size_t i = 0; i < r->nrooms; i++)
+        if (active(&r->rooms[i]))
+            r->act[n++] = &r->rooms[i];
+    return poll_act(r, n);
+}
+
+/* POLL_CHANGED, one wake: poll the rooms a command touched and those
+ * kvb_manager_changed names (the event fd was reset before this). */
+static void step_changed(rank_t *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->nfresh; i++) {
+        rroom_t *rm = r->fresh[i];
+        if (active(rm) && !rm->queued) {
+            rm->queued = true;
+            r->act[n++] = rm;
+        }
+    }
+    r->nfresh = 0;
+    n = take_changed(r, n, true);
+    for (size_t i = 0; i < n; i++)
+        r->act[i]->queued = false;
+    poll_act(r, n);
 }
 
 static void rank_stop(rank_t *r)
@@ -624,6 +706,8 @@ static void rank_stop(rank_t *r)
     free(r->act);
     free(r->handles);
     free(r->polls);
+    free(r->fresh);
+    free(r->chg);
 }
 
 /* One rank process hosts o->rpp ranks (at least 1): TP ranks tp_rank ..
@@ -654,11 +738,16 @@ int bench_run_rank(const bench_opts_t *o)
     if (ok)
         bench_say("ready %s", kvb_manager_endpoint(r[0].mgr));
     int *efd = calloc((size_t)n, sizeof(int));
-    for (int i = 0; ok && i < n && poll_mode() == POLL_EVENT; i++)
+    for (int i = 0; ok && i < n && waits_on_events(); i++)
         if (efd == NULL || kvb_manager_event_fd(r[i].mgr, &efd[i]) != KVB_OK)
             ok = false;
+    double next_full = 0;
     while (ok && run && !g_stop && !lb.eof) {
-        if (poll_mode() == POLL_EVENT)
+        double now = kvb_tool_now();
+        if (poll_mode() == POLL_CHANGED) /* sleep at most until the next full pass */
+            wait_input_or_event(&lb, efd, n,
+                                now >= next_full ? 0 : (long)((next_full - now) * 1e9) + 1);
+        else if (poll_mode() == POLL_EVENT)
             wait_input_or_event(&lb, efd, n, busy ? 100000000L : 200000000L);
         else
             read_input(&lb, busy ? 50000L : 200000000L);
@@ -666,8 +755,14 @@ int bench_run_rank(const bench_opts_t *o)
             for (int i = 0; i < n && run; i++)
                 run = handle(&r[i], line);
         busy = false;
+        bool full = poll_mode() != POLL_CHANGED || (now = kvb_tool_now()) >= next_full;
+        if (full && poll_mode() == POLL_CHANGED)
+            next_full = now + FULL_PASS_S;
         for (int i = 0; i < n; i++)
-            busy |= step_all(&r[i]);
+            if (full)
+                busy |= step_all(&r[i]);
+            else
+                step_changed(&r[i]);
     }
     for (int i = 0; r != NULL && i < n; i++)
         if (r[i].o != NULL)
