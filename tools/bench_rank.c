@@ -19,7 +19,9 @@
 
 #include "tools.h"
 
-enum { R_FREE, R_FILLED, R_BOOT, R_SENDING, R_RECV, R_DONE_OK, R_DONE_FAIL };
+/* R_HOLDING: a --hold sender until it is WaitingForInput; R_HELD: then,
+ * until the driver's "send" (not polled: it has nothing to do) */
+enum { R_FREE, R_FILLED, R_BOOT, R_SENDING, R_RECV, R_DONE_OK, R_DONE_FAIL, R_HOLDING, R_HELD };
 
 typedef struct rroom {
     uint64_t id;
@@ -46,8 +48,8 @@ typedef struct rank {
     bench_pool_t pool;
     kvb_engine_h eng;
     kvb_manager_h mgr;
-    rroom_t *rooms;
-    size_t nrooms;
+    rroom_t *rooms; /* nwave slots for wave rooms, then nhold for --hold rooms */
+    size_t nrooms, nwave, nhold;
     bool corrupted;
     /* step_all's batch: active rooms, their handles, their polls */
     rroom_t **act;
@@ -87,6 +89,12 @@ static int poll_mode(void)
                                        : POLL_CHANGED;
     }
     return v;
+}
+
+const char *bench_poll_name(void)
+{
+    static const char *names[] = {"single", "many", "event", "changed"};
+    return names[poll_mode()];
 }
 
 static bool waits_on_events(void)
@@ -310,7 +318,9 @@ static bool rank_start(rank_t *r)
         bench_rank_geom(o, o->tp_rank, o->ptp, o->pp_rank, o->ppp, &g);
     else
         bench_rank_geom(o, o->tp_rank, o->dtp, 0, 1, &g);
-    r->nrooms = (size_t)o->wave + 4;
+    r->nwave = (size_t)o->wave + 4;
+    r->nhold = (size_t)o->hold;
+    r->nrooms = r->nwave + r->nhold;
     r->rooms = calloc(r->nrooms, sizeof(*r->rooms));
     r->act = calloc(r->nrooms, sizeof(*r->act));
     r->handles = calloc(r->nrooms, sizeof(*r->handles));
@@ -319,7 +329,7 @@ static bool rank_start(rank_t *r)
     r->chg = calloc(CHG_CAP, sizeof(*r->chg));
     if (r->rooms == NULL || r->act == NULL || r->handles == NULL || r->polls == NULL ||
         r->fresh == NULL || r->chg == NULL ||
-        !bench_pool_init(&r->pool, &g, (uint64_t)o->pool_pages, (uint64_t)o->wave,
+        !bench_pool_init(&r->pool, &g, (uint64_t)o->pool_pages, (uint64_t)(o->wave + o->hold),
                          (uint64_t)o->seed * 7919 + (r->prefill ? 0 : 1) + (uint64_t)o->dp_rank)) {
         bench_say("error cannot allocate a KV pool of %lld pages", o->pool_pages);
         return false;
@@ -346,10 +356,22 @@ static bool rank_start(rank_t *r)
 /* A room's slot is id mod the slot count: the rooms alive at once are one
  * wave's (consecutive ids, at most wave of them, all released before the
  * next wave starts), so they never share a slot; lookups are O(1) (a scan
- * made --scale runs with 10k rooms quadratic in the bench itself). */
+ * made --scale runs with 10k rooms quadratic in the bench itself). The
+ * --hold rooms (consecutive ids, nhold of them, alive across the waves)
+ * have slots of their own after the wave's. A free room's slot: hold says
+ * which part. */
+static rroom_t *slot_of(rank_t *r, uint64_t id, bool hold)
+{
+    return hold && r->nhold > 0 ? &r->rooms[r->nwave + id % r->nhold] : &r->rooms[id % r->nwave];
+}
+
 static rroom_t *room_slot(rank_t *r, uint64_t id)
 {
-    return &r->rooms[id % r->nrooms];
+    rroom_t *w = slot_of(r, id, false), *h;
+    if (w->id == id || r->nhold == 0)
+        return w;
+    h = slot_of(r, id, true);
+    return h->id == id && h->state != R_FREE ? h : w;
 }
 
 static rroom_t *room_find(rank_t *r, uint64_t id, int state)
@@ -387,10 +409,10 @@ static void room_fail(rank_t *r, rroom_t *rm, const char *why)
 
 /* "fill"/"recv": take pages for a new room (sweep: the next pages of the
  * warm-up sweep of the room's DP group instead of random ones). */
-static rroom_t *room_new(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep)
+static rroom_t *room_new(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep, bool hold)
 {
-    rroom_t *rm = room_find(r, id, R_FREE);
-    if (rm == NULL || (rm->pages = malloc((size_t)n * sizeof(int32_t))) == NULL) {
+    rroom_t *rm = slot_of(r, id, hold);
+    if (rm->state != R_FREE || (rm->pages = malloc((size_t)n * sizeof(int32_t))) == NULL) {
         bench_say("fail %" PRIu64 " no free room slot", id);
         return NULL;
     }
@@ -408,17 +430,27 @@ static rroom_t *room_new(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool s
     return rm;
 }
 
-static void cmd_send(rank_t *r, uint64_t id)
+static void send_chunks(rank_t *r, rroom_t *rm);
+
+/* "send", or with hold "hold": create the room's sender; "send" of a held
+ * room sends its pages now. */
+static void cmd_send(rank_t *r, uint64_t id, bool hold)
 {
     rroom_t *rm = room_find(r, id, R_FILLED);
     char why[160];
+    if (rm == NULL && !hold && (rm = room_find(r, id, R_HELD)) != NULL) {
+        rm->deadline = kvb_tool_now() + r->o->timeout_s;
+        send_chunks(r, rm);
+        note_fresh(r, rm);
+        return;
+    }
     if (rm == NULL) {
         bench_say("fail %" PRIu64 " send of a room that was not filled", id);
         return;
     }
     kvb_status_t st = kvb_sender_create(r->mgr, r->o->bootstrap, id, &rm->snd);
     rm->deadline = kvb_tool_now() + r->o->timeout_s;
-    rm->state = R_BOOT;
+    rm->state = hold ? R_HOLDING : R_BOOT;
     note_fresh(r, rm);
     if (st != KVB_OK) {
         snprintf(why, sizeof(why), "sender_create: %s", kvb_status_string(st));
@@ -435,9 +467,9 @@ static bool aborts_here(const rank_t *r, uint64_t id)
     return first && side == (r->prefill ? BENCH_ABORT_PREFILL : BENCH_ABORT_DECODE);
 }
 
-static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep)
+static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep, bool hold)
 {
-    rroom_t *rm = room_new(r, id, n, aux, sweep);
+    rroom_t *rm = room_new(r, id, n, aux, sweep, hold);
     char why[160];
     if (rm == NULL)
         return;
@@ -448,7 +480,9 @@ static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep
         st = kvb_receiver_init(rm->rcv, rm->pages, n, aux, NULL);
     if (st == KVB_OK && aborts_here(r, id))
         kvb_receiver_abort(rm->rcv); /* its poll must end Failed */
-    rm->deadline = t + r->o->timeout_s;
+    /* held: no bench time-out until it is sent (the library's waiting
+     * time-out, KVBRIDGE_WAITING_TIMEOUT, still applies) */
+    rm->deadline = hold ? 1e300 : t + r->o->timeout_s;
     rm->state = R_RECV;
     note_fresh(r, rm);
     bench_say("inited %" PRIu64 " %.9f", id, t);
@@ -489,7 +523,8 @@ static void cmd_drop(rank_t *r, uint64_t id)
     rroom_t *rm = room_slot(r, id);
     if (rm->state == R_FREE || rm->id != id)
         return;
-    if (rm->snd != NULL && (rm->state == R_BOOT || rm->state == R_SENDING))
+    if (rm->snd != NULL && (rm->state == R_BOOT || rm->state == R_SENDING ||
+                            rm->state == R_HOLDING || rm->state == R_HELD))
         kvb_sender_abort(rm->snd);
     room_release(r, rm);
 }
@@ -519,19 +554,22 @@ static bool handle(rank_t *r, const char *line)
         cmd_traffic(r);
         return true;
     }
+    bool hold = strstr(line, " hold") != NULL;
     if (sscanf(line, "fill %" SCNu64 " %u %lld", &id, &n, &aux) == 3 && r->prefill) {
-        rroom_t *rm = room_new(r, id, n, aux, false);
+        rroom_t *rm = room_new(r, id, n, aux, false, hold);
         if (rm != NULL) {
             bench_fill(&r->pool, r->o->page, id, rm->pages, n, aux);
             rm->state = R_FILLED;
             bench_say("filled %" PRIu64, id);
         }
     } else if (sscanf(line, "send %" SCNu64, &id) == 1 && r->prefill) {
-        cmd_send(r, id);
+        cmd_send(r, id, false);
+    } else if (sscanf(line, "hold %" SCNu64, &id) == 1 && r->prefill) {
+        cmd_send(r, id, true);
     } else if (sscanf(line, "drop %" SCNu64, &id) == 1 && r->prefill) {
         cmd_drop(r, id);
     } else if (sscanf(line, "recv %" SCNu64 " %u %lld", &id, &n, &aux) == 3 && !r->prefill) {
-        cmd_recv(r, id, n, aux, strstr(line, " sweep") != NULL);
+        cmd_recv(r, id, n, aux, strstr(line, " sweep") != NULL, hold);
     } else if (sscanf(line, "verify %" SCNu64, &id) == 1 && !r->prefill) {
         cmd_verify(r, id);
     } else {
@@ -578,7 +616,11 @@ static void step_room(rank_t *r, rroom_t *rm, double now, kvb_poll_t p)
 {
     char why[200];
     bool timed_out = now > rm->deadline;
-    if (rm->state == R_BOOT && (p == KVB_POLL_WAITING_FOR_INPUT || p == KVB_POLL_TRANSFERRING)) {
+    if (rm->state == R_HOLDING && p == KVB_POLL_WAITING_FOR_INPUT) {
+        bench_say("held %" PRIu64, rm->id);
+        rm->state = R_HELD;
+    } else if (rm->state == R_BOOT &&
+               (p == KVB_POLL_WAITING_FOR_INPUT || p == KVB_POLL_TRANSFERRING)) {
         send_chunks(r, rm);
     } else if (p == KVB_POLL_SUCCESS && rm->state == R_SENDING) {
         bench_say("sent %" PRIu64 " %.9f", rm->id, rm->t_first);
@@ -605,7 +647,8 @@ static void step_room(rank_t *r, rroom_t *rm, double now, kvb_poll_t p)
 
 static bool active(const rroom_t *rm)
 {
-    return rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_RECV;
+    return rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_RECV ||
+           rm->state == R_HOLDING;
 }
 
 /* Poll the rooms r->act[0..n) (one kvb_*_poll_many call, or room by room
