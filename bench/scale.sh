@@ -23,6 +23,9 @@ export KVBRIDGE_BENCH_POLL=${POLL:-changed}
 HOLD=${HOLD:-0}
 SUF=""
 [ "$HOLD" != 0 ] && SUF="-h$HOLD"
+# held receivers wait in WaitingForInput for the whole run: past the
+# library's 300 s waiting time-out on the large points unless raised
+[ "$HOLD" != 0 ] && export KVBRIDGE_WAITING_TIMEOUT=${KVBRIDGE_WAITING_TIMEOUT:-3600}
 RPP_ARGS=()
 [ -n "${RPP:-}" ] && RPP_ARGS=(--ranks-per-process "$RPP")
 echo "scale: $(uptime)" >&2
