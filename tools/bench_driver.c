@@ -684,23 +684,48 @@ static void collect_traffic(drv_t *d, double sign)
 
 /* --resource-report: warm-up sample after the wave that passes 10% of the
  * requests, end sample after the last wave (children idle both times). */
+/* --hold: rooms being set up at once. A decode's transfer info that reaches
+ * a prefill before its sender exists makes a room there that the prefill
+ * caps (KVBRIDGE_MAX_WIRE_ROOMS, 4096: past it the oldest are dropped, and
+ * their senders would wait in Bootstrapping for good); a slow prefill rank
+ * must not see more than this many ahead of its senders. */
+#define HOLD_BATCH 1000
+
+static bool holding(const req_t *q)
+{
+    return q->state == Q_FLIGHT && !q->failed && (q->pend_init > 0 || q->pend_hold > 0);
+}
+
 /* --hold: fill the held rooms, create their receivers (inited) and senders
- * (until WaitingForInput) on every rank, all at once, and wait for every
- * answer; they stay in flight until held_release. */
+ * (until WaitingForInput) on every rank, HOLD_BATCH at a time, and wait for
+ * every answer; they stay in flight until held_release. */
 static void hold_phase(drv_t *d)
 {
-    long long a = d->hold_base, b = d->nreqs;
+    long long a = d->hold_base, b = d->nreqs, next = a, lo = a, busy = 0;
+    double end = kvb_tool_now() + d->o->timeout_s + 30;
     if (a == b || stopping(d))
         return;
     d->rep.rss_prehold_kib = children_rss_kib(d);
     fill_phase(d, a, b);
     d->inflight = 0;
-    for (long long i = a; i < b && !stopping(d); i++) {
-        dispatch(d, &d->reqs[i]);
-        breathe(d, i);
+    while (!stopping(d) && (next < b || busy > 0)) {
+        while (lo < next && !holding(&d->reqs[lo]))
+            lo++; /* rooms get ready roughly in order: [lo, next) stays short */
+        busy = 0;
+        for (long long i = lo; i < next; i++)
+            busy += holding(&d->reqs[i]);
+        for (; next < b && busy < HOLD_BATCH; busy++) {
+            dispatch(d, &d->reqs[next]);
+            breathe(d, next++);
+        }
+        if (busy > 0)
+            pump(d, 20);
+        if (kvb_tool_now() > end) {
+            snprintf(d->fatal, sizeof(d->fatal), "--hold: rooms not set up within %.0f s",
+                     d->o->timeout_s + 30);
+            return;
+        }
     }
-    pump_until(d, a, b, offsetof(req_t, pend_init), "hold receiver");
-    pump_until(d, a, b, offsetof(req_t, pend_hold), "hold sender");
     d->rep.rss_held_kib = children_rss_kib(d);
 }
 

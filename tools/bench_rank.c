@@ -715,10 +715,9 @@ static size_t take_changed(rank_t *r, size_t n, bool take)
 static bool step_all(rank_t *r)
 {
     size_t n = 0;
-    if (poll_mode() == POLL_CHANGED) {
+    if (poll_mode() == POLL_CHANGED)
         take_changed(r, 0, false);
-        r->nfresh = 0;
-    }
+    r->nfresh = 0;
     for (size_t i = 0; i < r->nrooms; i++)
         if (active(&r->rooms[i]))
             r->act[n++] = &r->rooms[i];
