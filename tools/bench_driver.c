@@ -585,13 +585,14 @@ static void scale_sample(drv_t *d, long long a, long long next)
     d->rep.rss_peak_kib = rss > d->rep.rss_peak_kib ? rss : d->rep.rss_peak_kib;
 }
 
-static void transfer_phase(drv_t *d, long long a, long long b)
+/* Requests [a, b), at most conc in flight. */
+static void transfer_phase(drv_t *d, long long a, long long b, long long conc)
 {
     long long next = a, left = b - a;
     double t0 = kvb_tool_now();
     d->inflight = 0;
     while (left > 0 && !stopping(d)) {
-        while (next < b && d->inflight < d->o->conc) {
+        while (next < b && d->inflight < conc) {
             dispatch(d, &d->reqs[next]);
             breathe(d, next++);
         }
@@ -729,13 +730,13 @@ static void hold_phase(drv_t *d)
     d->rep.rss_held_kib = children_rss_kib(d);
 }
 
-/* --hold, after the timed waves: send the held rooms (--concurrency at a
- * time, as any wave) and verify them. */
+/* --hold, after the timed waves: send the held rooms (untimed: HOLD_BATCH
+ * at a time, or --concurrency if more) and verify them. */
 static void held_release(drv_t *d)
 {
     if (d->hold_base == d->nreqs || stopping(d))
         return;
-    transfer_phase(d, d->hold_base, d->nreqs);
+    transfer_phase(d, d->hold_base, d->nreqs, d->o->conc > HOLD_BATCH ? d->o->conc : HOLD_BATCH);
     verify_phase(d, d->hold_base, d->nreqs);
 }
 
@@ -756,7 +757,7 @@ static void run_waves(drv_t *d)
         }
         long long b = a + d->wave < end ? a + d->wave : end;
         fill_phase(d, a, b);
-        transfer_phase(d, a, b);
+        transfer_phase(d, a, b, d->o->conc);
         verify_phase(d, a, b);
         a = b;
         if (d->o->resource_report && !warm && (b - w) * 10 >= d->rep.requests && !stopping(d)) {
