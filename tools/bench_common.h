@@ -9,12 +9,16 @@
  *   child  → "ready <text>" | "error <text>"
  *   prefill: "fill <room> <pages> <aux>" → "filled <room>"
  *            "send <room>"               → "sent <room> <t_first>" | "fail <room> <why>"
- *   decode:  "recv <room> <pages> <aux> [sweep]" → "inited <room> <t_init>", then
+ *            "hold <room>"               → "held <room>" (sender in WaitingForInput;
+ *                                          a later "send" sends it) | "fail <room> <why>"
+ *   decode:  "recv <room> <pages> <aux> [sweep|hold]" → "inited <room> <t_init>", then
  *                                          "ok <room> <t_success>" | "fail <room> <why>"
  *            "verify <room>"             → "verified <room> <wrong bytes | -1>"
  *   all:     "quit"
  * ("sweep": a warm-up room; the decode takes the next pages of its sweep
- * over the pool instead of random ones.)
+ * over the pool instead of random ones. "hold" (also on "fill"): a --hold
+ * room, kept in the rank's hold slots, without the bench's own time-out
+ * while held.)
  * Times are CLOCK_MONOTONIC seconds (comparable between processes of one
  * host). Children die with the driver (PR_SET_PDEATHSIG) and on EOF. */
 #ifndef KVB_BENCH_COMMON_H
@@ -77,6 +81,10 @@ typedef struct bench_opts {
      * process: how many it hosts, from --tp-rank on. */
     long long rpp;
     long long pool_pages, wave;
+    /* --hold N (--scale): N more rooms per rank created before the timed
+     * waves and held in flight (decode receivers inited, prefill senders in
+     * WaitingForInput, no KV sent) during them, then sent and verified */
+    long long hold;
     bool cuda;       /* --memory cuda: pools in device memory (bench_cuda.c) */
     int cuda_device; /* --device N */
 } bench_opts_t;
@@ -102,7 +110,8 @@ uint64_t bench_request_bytes(const bench_opts_t *o);
 /* Requests whose pages both pools hold at once (a wave); 0 when even
  * --concurrency requests do not fit in memory (reason printed). */
 long long bench_wave(const bench_opts_t *o);
-/* Pages of each rank's pool for a wave of that many requests. */
+/* Pages of each rank's pool for a wave of that many requests and the
+ * --hold rooms. */
 long long bench_pool_pages(const bench_opts_t *o, long long wave);
 /* Requests of the warm-up passes: enough for each DP group's sweep to
  * cover every decode pool page once per pass. */
@@ -171,6 +180,10 @@ double bench_cuda_memcpy_gbps(const bench_opts_t *o, uint64_t item_len);
 const char *bench_cuda_driver(void);
 bool bench_cuda_is_double(void);
 
+/* How rank processes poll their rooms: KVBRIDGE_BENCH_POLL as they read it
+ * (bench_rank.c): "changed" (default), "event", "many" or "single". */
+const char *bench_poll_name(void);
+
 /* ---- report (bench_report.c) ---- */
 
 /* --resource-report: one process, after warm-up (0) and at the end (1). */
@@ -226,6 +239,10 @@ typedef struct bench_report {
     /* heartbeats since the ranks started, over the run's wall time since then
      * (a timed window can be shorter than one 5 s heartbeat interval) */
     double hb_total, run_wall_s;
+    /* --hold: the held rooms verified / failed after the timed waves, and
+     * the children's VmRSS (KiB) before and after they were set up */
+    long long held_verified, held_failed;
+    double rss_prehold_kib, rss_held_kib;
 } bench_report_t;
 
 /* kvb_manager_traffic fields as one "traffic" answer of a rank lists them. */

@@ -39,8 +39,10 @@ typedef struct req {
     uint32_t pages;
     int64_t aux;
     int dp, state, pend_fill, pend_init, pend_dec, pend_pre, pend_verify;
+    int pend_hold; /* --hold: prefill ranks of its group not yet "held" */
     double t_first, t_init, t_succ, deadline;
     bool failed, sent_to_prefill, aborted;
+    bool held, released; /* a --hold room; sent after the timed waves */
     char why[200];
 } req_t;
 
@@ -50,9 +52,10 @@ typedef struct drv {
     int nprocs;
     bool has_pre, has_dec;
     char boot[128];
-    req_t *reqs;        /* warm-up requests first, then the timed ones */
-    long long nreqs;    /* rep.warm_requests + rep.requests */
-    long long cold_end; /* requests [0, cold_end) make the cold first pass */
+    req_t *reqs;         /* warm-up requests first, then the timed ones, then --hold's */
+    long long nreqs;     /* rep.warm_requests + rep.requests + o->hold */
+    long long hold_base; /* the first --hold request: rep.warm_requests + rep.requests */
+    long long cold_end;  /* requests [0, cold_end) make the cold first pass */
     uint64_t room_base;
     long long wave, pool_pages, inflight;
     bench_report_t rep;
@@ -142,10 +145,11 @@ static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int p
         arg(a, "%s", names[i]);
         arg(a, "%d", vals[i]);
     }
-    const char *lnames[] = {"--chunk",   "--seed",     "--pool-pages", "--wave",
-                            "--timeout", "--requests", "--concurrency"};
+    const char *lnames[] = {"--chunk",   "--seed",     "--pool-pages",  "--wave",
+                            "--timeout", "--requests", "--concurrency", "--hold"};
     const long long lvals[] = {
-        o->chunk, o->seed, d->pool_pages, d->wave, (long long)o->timeout_s, o->requests, o->conc};
+        o->chunk,    o->seed, d->pool_pages, d->wave, (long long)o->timeout_s,
+        o->requests, o->conc, o->hold};
     for (size_t i = 0; i < sizeof(lvals) / sizeof(lvals[0]); i++) {
         arg(a, "%s", lnames[i]);
         arg(a, "%lld", lvals[i]);
@@ -286,13 +290,13 @@ static void maybe_send(drv_t *d, req_t *q)
     if (q->failed) {
         q->sent_to_prefill = true;
         to_group(d, q, "drop %" PRIu64, q->room);
-        q->pend_pre = 0;
+        q->pend_pre = q->pend_hold = 0;
         return;
     }
     if (q->pend_init > 0)
         return;
     q->sent_to_prefill = true;
-    to_group(d, q, "send %" PRIu64, q->room);
+    to_group(d, q, q->held && !q->released ? "hold %" PRIu64 : "send %" PRIu64, q->room);
 }
 
 static void on_fail(drv_t *d, req_t *q, const proc_t *p, const char *why)
@@ -308,6 +312,7 @@ static void on_fail(drv_t *d, req_t *q, const proc_t *p, const char *why)
         maybe_send(d, q);
     } else {
         q->pend_pre -= q->pend_pre > 0;
+        q->pend_hold -= q->pend_hold > 0;
     }
 }
 
@@ -374,6 +379,8 @@ static void on_line(drv_t *d, proc_t *p, const char *line)
     } else if (strcmp(verb, "sent") == 0 && q->state == Q_FLIGHT && sscanf(rest, "%lf", &t)) {
         q->t_first = q->t_first == 0 || t < q->t_first ? t : q->t_first;
         q->pend_pre -= q->pend_pre > 0;
+    } else if (strcmp(verb, "held") == 0 && q->state == Q_FLIGHT) {
+        q->pend_hold -= q->pend_hold > 0;
     } else if (strcmp(verb, "fail") == 0) {
         on_fail(d, q, p, rest);
     } else if (strcmp(verb, "verified") == 0 && sscanf(rest, "%lld", &bad) == 1) {
@@ -467,7 +474,8 @@ static void fill_phase(drv_t *d, long long a, long long b)
         req_t *q = &d->reqs[i];
         q->pend_fill = group_size(d);
         char cmd[96];
-        snprintf(cmd, sizeof(cmd), "fill %" PRIu64 " %u %" PRId64, q->room, q->pages, q->aux);
+        snprintf(cmd, sizeof(cmd), "fill %" PRIu64 " %u %" PRId64 "%s", q->room, q->pages, q->aux,
+                 q->held ? " hold" : "");
         for (int k = 0; k < d->nprocs; k++)
             if (d->procs[k].kind == K_PRE && d->procs[k].dp == q->dp)
                 psend(d, &d->procs[k], "%s", cmd);
@@ -483,21 +491,31 @@ static bool is_warm(const drv_t *d, const req_t *q)
 
 static void dispatch(drv_t *d, req_t *q)
 {
+    if (q->held && q->state == Q_FLIGHT) { /* after the timed waves: send it */
+        q->released = true;
+        q->sent_to_prefill = false;
+        q->deadline = kvb_tool_now() + d->o->timeout_s + 30;
+        d->inflight++;
+        maybe_send(d, q);
+        return;
+    }
     if (q->failed) { /* its fill failed */
         q->state = Q_DONE;
-        d->rep.done++;
+        d->rep.done += !q->held;
         to_group(d, q, "drop %" PRIu64, q->room);
         return;
     }
     q->state = Q_FLIGHT;
     q->deadline = kvb_tool_now() + d->o->timeout_s + 30;
-    q->pend_pre = d->has_pre ? group_size(d) : 0;
+    q->pend_pre = q->pend_hold = d->has_pre ? group_size(d) : 0;
     q->pend_dec = q->pend_init = d->has_dec ? d->o->dtp : 0;
     d->inflight++;
     for (int k = 0; d->has_dec && k < d->nprocs; k++)
         if (d->procs[k].kind == K_DEC)
             psend(d, &d->procs[k], "recv %" PRIu64 " %u %" PRId64 "%s", q->room, q->pages, q->aux,
-                  is_warm(d, q) ? " sweep" : "");
+                  is_warm(d, q) ? " sweep"
+                  : q->held     ? " hold"
+                                : "");
     maybe_send(d, q);
 }
 
@@ -513,6 +531,8 @@ static void finish(drv_t *d, req_t *q, double now)
         return;
     q->state = Q_DONE;
     d->inflight--;
+    if (q->held) /* not a timed room: no figures */
+        return;
     d->rep.done++;
     if (q->failed)
         return;
@@ -554,7 +574,7 @@ static double children_rss_kib(const drv_t *d)
 static void scale_sample(drv_t *d, long long a, long long next)
 {
     long long held = 0;
-    if (!d->o->scale || a < d->rep.warm_requests)
+    if (!d->o->scale || a < d->rep.warm_requests || a >= d->hold_base)
         return;
     for (long long i = a; i < next; i++)
         held += d->reqs[i].state == Q_FLIGHT && d->reqs[i].pend_init == 0;
@@ -565,13 +585,14 @@ static void scale_sample(drv_t *d, long long a, long long next)
     d->rep.rss_peak_kib = rss > d->rep.rss_peak_kib ? rss : d->rep.rss_peak_kib;
 }
 
-static void transfer_phase(drv_t *d, long long a, long long b)
+/* Requests [a, b), at most conc in flight. */
+static void transfer_phase(drv_t *d, long long a, long long b, long long conc)
 {
     long long next = a, left = b - a;
     double t0 = kvb_tool_now();
     d->inflight = 0;
     while (left > 0 && !stopping(d)) {
-        while (next < b && d->inflight < d->o->conc) {
+        while (next < b && d->inflight < conc) {
             dispatch(d, &d->reqs[next]);
             breathe(d, next++);
         }
@@ -585,7 +606,7 @@ static void transfer_phase(drv_t *d, long long a, long long b)
             left += d->reqs[i].state != Q_DONE;
         if (a < d->cold_end) /* waves never straddle cold_end */
             d->rep.cold.seconds += now - t0;
-        if (a >= d->rep.warm_requests)
+        if (a >= d->rep.warm_requests && a < d->hold_base)
             d->rep.steady.seconds += now - t0;
         t0 = now;
         bench_progress(d->o, &d->rep, false);
@@ -613,9 +634,14 @@ static void verify_phase(drv_t *d, long long a, long long b)
         else if (planned)
             q->aborted = true;
         bool warm = is_warm(d, q);
-        *(warm ? &d->rep.warm_aborted : &d->rep.aborted) += q->aborted;
-        *(warm ? &d->rep.warm_verified : &d->rep.verified) += !q->failed;
-        *(warm ? &d->rep.warm_failed : &d->rep.failed) += q->failed && !q->aborted;
+        if (q->held) { /* --hold never aborts (bench_parse) */
+            d->rep.held_verified += !q->failed;
+            d->rep.held_failed += q->failed;
+        } else {
+            *(warm ? &d->rep.warm_aborted : &d->rep.aborted) += q->aborted;
+            *(warm ? &d->rep.warm_verified : &d->rep.verified) += !q->failed;
+            *(warm ? &d->rep.warm_failed : &d->rep.failed) += q->failed && !q->aborted;
+        }
         if (q->failed && !q->aborted && d->rep.nfails < BENCH_MAX_FAIL_SHOWN)
             snprintf(d->rep.fails[d->rep.nfails++], sizeof(d->rep.fails[0]), "room %" PRIu64 ": %s",
                      q->room, q->why);
@@ -659,14 +685,71 @@ static void collect_traffic(drv_t *d, double sign)
 
 /* --resource-report: warm-up sample after the wave that passes 10% of the
  * requests, end sample after the last wave (children idle both times). */
+/* --hold: rooms being set up at once. A decode's transfer info that reaches
+ * a prefill before its sender exists makes a room there that the prefill
+ * caps (KVBRIDGE_MAX_WIRE_ROOMS, 4096: past it the oldest are dropped, and
+ * their senders would wait in Bootstrapping for good); a slow prefill rank
+ * must not see more than this many ahead of its senders. */
+#define HOLD_BATCH 1000
+
+static bool holding(const req_t *q)
+{
+    return q->state == Q_FLIGHT && !q->failed && (q->pend_init > 0 || q->pend_hold > 0);
+}
+
+/* --hold: fill the held rooms, create their receivers (inited) and senders
+ * (until WaitingForInput) on every rank, HOLD_BATCH at a time, and wait for
+ * every answer; they stay in flight until held_release. */
+static void hold_phase(drv_t *d)
+{
+    long long a = d->hold_base, b = d->nreqs, next = a, lo = a, busy = 0;
+    double end = kvb_tool_now() + d->o->timeout_s + 30;
+    if (a == b || stopping(d))
+        return;
+    d->rep.rss_prehold_kib = children_rss_kib(d);
+    fill_phase(d, a, b);
+    d->inflight = 0;
+    while (!stopping(d) && (next < b || busy > 0)) {
+        while (lo < next && !holding(&d->reqs[lo]))
+            lo++; /* rooms get ready roughly in order: [lo, next) stays short */
+        busy = 0;
+        for (long long i = lo; i < next; i++)
+            busy += holding(&d->reqs[i]);
+        for (; next < b && busy < HOLD_BATCH; busy++) {
+            dispatch(d, &d->reqs[next]);
+            breathe(d, next++);
+        }
+        if (busy > 0)
+            pump(d, 20);
+        if (kvb_tool_now() > end) {
+            snprintf(d->fatal, sizeof(d->fatal), "--hold: rooms not set up within %.0f s",
+                     d->o->timeout_s + 30);
+            return;
+        }
+    }
+    d->rep.rss_held_kib = children_rss_kib(d);
+}
+
+/* --hold, after the timed waves: send the held rooms (untimed: HOLD_BATCH
+ * at a time, or --concurrency if more) and verify them. */
+static void held_release(drv_t *d)
+{
+    if (d->hold_base == d->nreqs || stopping(d))
+        return;
+    transfer_phase(d, d->hold_base, d->nreqs, d->o->conc > HOLD_BATCH ? d->o->conc : HOLD_BATCH);
+    verify_phase(d, d->hold_base, d->nreqs);
+}
+
 static void run_waves(drv_t *d)
 {
     bool warm = false;
     long long w = d->rep.warm_requests;
-    /* Warm-up waves [0, w), then timed waves [w, nreqs): none straddles w. */
-    for (long long a = 0; a < d->nreqs && !stopping(d);) {
-        long long end = a < w ? w : d->nreqs;
+    /* Warm-up waves [0, w), then timed waves [w, hold_base): none straddles
+     * w; the --hold rooms [hold_base, nreqs) around the timed waves. */
+    for (long long a = 0; a < d->hold_base && !stopping(d);) {
+        long long end = a < w ? w : d->hold_base;
         if (a == w && d->o->scale) { /* the timed waves start: idle figures */
+            hold_phase(d);
             collect_traffic(d, -1);
             d->rep.timed_wall_s = -kvb_tool_now();
             d->rep.cpu_s = -children_cpu_s(d);
@@ -674,7 +757,7 @@ static void run_waves(drv_t *d)
         }
         long long b = a + d->wave < end ? a + d->wave : end;
         fill_phase(d, a, b);
-        transfer_phase(d, a, b);
+        transfer_phase(d, a, b, d->o->conc);
         verify_phase(d, a, b);
         a = b;
         if (d->o->resource_report && !warm && (b - w) * 10 >= d->rep.requests && !stopping(d)) {
@@ -689,6 +772,7 @@ static void run_waves(drv_t *d)
         d->rep.timed_wall_s += kvb_tool_now();
         collect_traffic(d, +1);
     }
+    held_release(d);
     d->rep.nprocs = d->nprocs;
 }
 
@@ -703,7 +787,8 @@ static bool setup(drv_t *d, const bench_opts_t *o)
     d->rep.requests = o->requests;
     d->rep.warm_requests = bench_warmup_requests(o, d->pool_pages);
     d->rep.first_ms = -1;
-    d->nreqs = d->rep.warm_requests + o->requests;
+    d->hold_base = d->rep.warm_requests + o->requests;
+    d->nreqs = d->hold_base + o->hold;
     /* The cold first pass: the warm-up, or without one the first wave. */
     d->cold_end = d->rep.warm_requests > 0 ? d->rep.warm_requests
                   : d->wave < o->requests  ? d->wave
@@ -722,6 +807,10 @@ static bool setup(drv_t *d, const bench_opts_t *o)
         q->pages = (uint32_t)bench_pages_per_request(o);
         q->aux = i % d->wave;
         q->dp = (int)(q->room % (uint64_t)o->dp);
+        if (i >= d->hold_base) { /* aux slots of their own, after the wave's */
+            q->held = true;
+            q->aux = d->wave + (i - d->hold_base);
+        }
     }
     return true;
 }
@@ -752,7 +841,8 @@ int bench_run_driver(const bench_opts_t *o)
     bool json_ok = bench_report_print(o, &d->rep);
     const bench_report_t *r = &d->rep;
     bool all = r->verified + r->aborted == r->requests &&
-               r->warm_verified + r->warm_aborted == r->warm_requests;
+               r->warm_verified + r->warm_aborted == r->warm_requests &&
+               r->held_verified == o->hold;
     rc = g_interrupted ? 130 : d->fatal[0] == '\0' && json_ok && all ? 0 : 1;
 out:
     if (d != NULL) {

@@ -46,6 +46,9 @@ static void usage(FILE *out)
             "  --scale               control-plane scale mode: 1-layer MLA, 16-element rows,\n"
             "                        one-token pages and requests (later options override);\n"
             "                        reports CPU and memory per room (docs/bench.md)\n"
+            "  --hold N              (--scale) N more rooms held in flight on every rank\n"
+            "                        during the timed requests (no KV sent until after\n"
+            "                        them; then sent and verified): latency with N in flight\n"
             "  --warmup N            untimed passes over the pools first (default 1; the\n"
             "                        first pass is reported as the cold figures; 0 = the\n"
             "                        timed requests start cold)\n"
@@ -148,6 +151,7 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
              {"--dp", 1, 16, &dp},
              {"--requests", 1, 1000000, &o->requests},
              {"--concurrency", 1, 100000, &o->conc},
+             {"--hold", 0, 100000, &o->hold},
              {"--prompt-len", 1, 1 << 20, &o->prompt_len},
              {"--page-size", 1, 4096, &page},
              {"--chunk", 0, 1 << 20, &o->chunk},
@@ -330,6 +334,10 @@ static bool check(bench_opts_t *o)
         fprintf(stderr, "kvbridge: --role prefill|decode needs --bootstrap HOST:PORT\n");
         return false;
     }
+    if (o->hold > 0 && !o->child && (!o->scale || o->abort_rate > 0)) {
+        fprintf(stderr, "kvbridge: --hold is for --scale runs (without --abort-rate)\n");
+        return false;
+    }
     if (o->conc > o->requests)
         o->conc = o->requests;
     return true;
@@ -399,9 +407,10 @@ uint64_t bench_request_bytes(const bench_opts_t *o)
            (uint64_t)o->dtp * BENCH_AUX_ITEM;
 }
 
+/* Pages for a wave plus the --hold rooms, with slack for fragmentation. */
 static uint64_t pool_pages_for(const bench_opts_t *o, long long wave)
 {
-    uint64_t need = (uint64_t)wave * bench_pages_per_request(o);
+    uint64_t need = (uint64_t)(wave + o->hold) * bench_pages_per_request(o);
     return need + need / 8 + 8;
 }
 

@@ -19,7 +19,9 @@
 
 #include "tools.h"
 
-enum { R_FREE, R_FILLED, R_BOOT, R_SENDING, R_RECV, R_DONE_OK, R_DONE_FAIL };
+/* R_HOLDING: a --hold sender until it is WaitingForInput; R_HELD: then,
+ * until the driver's "send" (not polled: it has nothing to do) */
+enum { R_FREE, R_FILLED, R_BOOT, R_SENDING, R_RECV, R_DONE_OK, R_DONE_FAIL, R_HOLDING, R_HELD };
 
 typedef struct rroom {
     uint64_t id;
@@ -27,7 +29,8 @@ typedef struct rroom {
     uint32_t n;
     int64_t aux;
     int state;
-    bool warm; /* a warm-up room ("sweep") */
+    bool warm;   /* a warm-up room ("sweep") */
+    bool queued; /* POLL_CHANGED: in this wake's poll list already */
     kvb_sender_h snd;
     kvb_receiver_h rcv;
     double deadline, t_first;
@@ -45,34 +48,72 @@ typedef struct rank {
     bench_pool_t pool;
     kvb_engine_h eng;
     kvb_manager_h mgr;
-    rroom_t *rooms;
-    size_t nrooms;
+    rroom_t *rooms; /* nwave slots for wave rooms, then nhold for --hold rooms */
+    size_t nrooms, nwave, nhold;
     bool corrupted;
     /* step_all's batch: active rooms, their handles, their polls */
     rroom_t **act;
     void **handles;
     kvb_poll_t *polls;
+    /* POLL_CHANGED: rooms a command touched since the last poll (each at
+     * most once per wave: <= nrooms), and kvb_manager_changed's buffer */
+    rroom_t **fresh;
+    size_t nfresh;
+    uint64_t *chg;
 } rank_t;
 
 /* How a rank polls its active rooms (KVBRIDGE_BENCH_POLL, to compare in one
  * build): "single" = kvb_*_poll room by room every ~50 us while any room is
  * active (the bench before the batched poll); "many" = one kvb_*_poll_many
- * per pass, same pace; "event" (default) = sleep on the managers' event
- * fds (kvb_manager_event_fd) and stdin, one kvb_*_poll_many pass per wake,
- * and at least every 100 ms for the time-outs. */
-enum { POLL_SINGLE, POLL_MANY, POLL_EVENT };
+ * per pass, same pace; "event" = sleep on the managers' event fds
+ * (kvb_manager_event_fd) and stdin, one kvb_*_poll_many pass over every
+ * active room per wake, and at least every 100 ms for the time-outs;
+ * "changed" (default) = the same wakes, but a wake polls only the rooms
+ * kvb_manager_changed names and those a command touched, plus a pass over
+ * every active room once a second (time-outs): O(changes) per wake instead
+ * of O(rooms in flight). */
+enum { POLL_SINGLE, POLL_MANY, POLL_EVENT, POLL_CHANGED };
+
+#define CHG_CAP 1024 /* ids per kvb_manager_changed call */
 
 static int poll_mode(void)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("KVBRIDGE_BENCH_POLL");
-        v = e == NULL                  ? POLL_EVENT
+        v = e == NULL                  ? POLL_CHANGED
             : strcmp(e, "single") == 0 ? POLL_SINGLE
             : strcmp(e, "many") == 0   ? POLL_MANY
-                                       : POLL_EVENT;
+            : strcmp(e, "event") == 0  ? POLL_EVENT
+                                       : POLL_CHANGED;
     }
     return v;
+}
+
+const char *bench_poll_name(void)
+{
+    static const char *names[] = {"single", "many", "event", "changed"};
+    return names[poll_mode()];
+}
+
+/* POLL_CHANGED: every active room is polled at least this often (the
+ * time-outs no change announces; the library asks for about once a
+ * second); KVBRIDGE_BENCH_FULL_PASS_MS, default 1000 (every 100 ms cost 4x
+ * the CPU per room at 64 x 64 with 10k rooms held, bench/results/scale.md). */
+static double full_pass_s(void)
+{
+    static double v = -1;
+    if (v < 0) {
+        const char *e = getenv("KVBRIDGE_BENCH_FULL_PASS_MS");
+        long ms = e != NULL ? strtol(e, NULL, 10) : 1000;
+        v = (ms >= 1 && ms <= 60000 ? (double)ms : 1000.0) / 1e3;
+    }
+    return v;
+}
+
+static bool waits_on_events(void)
+{
+    return poll_mode() == POLL_EVENT || poll_mode() == POLL_CHANGED;
 }
 
 static bool poll_single(void)
@@ -291,13 +332,18 @@ static bool rank_start(rank_t *r)
         bench_rank_geom(o, o->tp_rank, o->ptp, o->pp_rank, o->ppp, &g);
     else
         bench_rank_geom(o, o->tp_rank, o->dtp, 0, 1, &g);
-    r->nrooms = (size_t)o->wave + 4;
+    r->nwave = (size_t)o->wave + 4;
+    r->nhold = (size_t)o->hold;
+    r->nrooms = r->nwave + r->nhold;
     r->rooms = calloc(r->nrooms, sizeof(*r->rooms));
     r->act = calloc(r->nrooms, sizeof(*r->act));
     r->handles = calloc(r->nrooms, sizeof(*r->handles));
     r->polls = calloc(r->nrooms, sizeof(*r->polls));
+    r->fresh = calloc(r->nrooms, sizeof(*r->fresh));
+    r->chg = calloc(CHG_CAP, sizeof(*r->chg));
     if (r->rooms == NULL || r->act == NULL || r->handles == NULL || r->polls == NULL ||
-        !bench_pool_init(&r->pool, &g, (uint64_t)o->pool_pages, (uint64_t)o->wave,
+        r->fresh == NULL || r->chg == NULL ||
+        !bench_pool_init(&r->pool, &g, (uint64_t)o->pool_pages, (uint64_t)(o->wave + o->hold),
                          (uint64_t)o->seed * 7919 + (r->prefill ? 0 : 1) + (uint64_t)o->dp_rank)) {
         bench_say("error cannot allocate a KV pool of %lld pages", o->pool_pages);
         return false;
@@ -324,16 +370,35 @@ static bool rank_start(rank_t *r)
 /* A room's slot is id mod the slot count: the rooms alive at once are one
  * wave's (consecutive ids, at most wave of them, all released before the
  * next wave starts), so they never share a slot; lookups are O(1) (a scan
- * made --scale runs with 10k rooms quadratic in the bench itself). */
+ * made --scale runs with 10k rooms quadratic in the bench itself). The
+ * --hold rooms (consecutive ids, nhold of them, alive across the waves)
+ * have slots of their own after the wave's. A free room's slot: hold says
+ * which part. */
+static rroom_t *slot_of(rank_t *r, uint64_t id, bool hold)
+{
+    return hold && r->nhold > 0 ? &r->rooms[r->nwave + id % r->nhold] : &r->rooms[id % r->nwave];
+}
+
 static rroom_t *room_slot(rank_t *r, uint64_t id)
 {
-    return &r->rooms[id % r->nrooms];
+    rroom_t *w = slot_of(r, id, false), *h;
+    if (w->id == id || r->nhold == 0)
+        return w;
+    h = slot_of(r, id, true);
+    return h->id == id && h->state != R_FREE ? h : w;
 }
 
 static rroom_t *room_find(rank_t *r, uint64_t id, int state)
 {
     rroom_t *rm = room_slot(r, id);
     return rm->state == state && (state == R_FREE || rm->id == id) ? rm : NULL;
+}
+
+/* POLL_CHANGED: rm's first state must be polled (no change lists it). */
+static void note_fresh(rank_t *r, rroom_t *rm)
+{
+    if (r->nfresh < r->nrooms)
+        r->fresh[r->nfresh++] = rm;
 }
 
 static void room_release(rank_t *r, rroom_t *rm)
@@ -358,10 +423,10 @@ static void room_fail(rank_t *r, rroom_t *rm, const char *why)
 
 /* "fill"/"recv": take pages for a new room (sweep: the next pages of the
  * warm-up sweep of the room's DP group instead of random ones). */
-static rroom_t *room_new(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep)
+static rroom_t *room_new(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep, bool hold)
 {
-    rroom_t *rm = room_find(r, id, R_FREE);
-    if (rm == NULL || (rm->pages = malloc((size_t)n * sizeof(int32_t))) == NULL) {
+    rroom_t *rm = slot_of(r, id, hold);
+    if (rm->state != R_FREE || (rm->pages = malloc((size_t)n * sizeof(int32_t))) == NULL) {
         bench_say("fail %" PRIu64 " no free room slot", id);
         return NULL;
     }
@@ -379,17 +444,28 @@ static rroom_t *room_new(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool s
     return rm;
 }
 
-static void cmd_send(rank_t *r, uint64_t id)
+static void send_chunks(rank_t *r, rroom_t *rm);
+
+/* "send", or with hold "hold": create the room's sender; "send" of a held
+ * room sends its pages now. */
+static void cmd_send(rank_t *r, uint64_t id, bool hold)
 {
     rroom_t *rm = room_find(r, id, R_FILLED);
     char why[160];
+    if (rm == NULL && !hold && (rm = room_find(r, id, R_HELD)) != NULL) {
+        rm->deadline = kvb_tool_now() + r->o->timeout_s;
+        send_chunks(r, rm);
+        note_fresh(r, rm);
+        return;
+    }
     if (rm == NULL) {
         bench_say("fail %" PRIu64 " send of a room that was not filled", id);
         return;
     }
     kvb_status_t st = kvb_sender_create(r->mgr, r->o->bootstrap, id, &rm->snd);
     rm->deadline = kvb_tool_now() + r->o->timeout_s;
-    rm->state = R_BOOT;
+    rm->state = hold ? R_HOLDING : R_BOOT;
+    note_fresh(r, rm);
     if (st != KVB_OK) {
         snprintf(why, sizeof(why), "sender_create: %s", kvb_status_string(st));
         rm->snd = NULL;
@@ -405,9 +481,9 @@ static bool aborts_here(const rank_t *r, uint64_t id)
     return first && side == (r->prefill ? BENCH_ABORT_PREFILL : BENCH_ABORT_DECODE);
 }
 
-static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep)
+static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep, bool hold)
 {
-    rroom_t *rm = room_new(r, id, n, aux, sweep);
+    rroom_t *rm = room_new(r, id, n, aux, sweep, hold);
     char why[160];
     if (rm == NULL)
         return;
@@ -418,8 +494,11 @@ static void cmd_recv(rank_t *r, uint64_t id, uint32_t n, int64_t aux, bool sweep
         st = kvb_receiver_init(rm->rcv, rm->pages, n, aux, NULL);
     if (st == KVB_OK && aborts_here(r, id))
         kvb_receiver_abort(rm->rcv); /* its poll must end Failed */
-    rm->deadline = t + r->o->timeout_s;
+    /* held: no bench time-out until it is sent (the library's waiting
+     * time-out, KVBRIDGE_WAITING_TIMEOUT, still applies) */
+    rm->deadline = hold ? 1e300 : t + r->o->timeout_s;
     rm->state = R_RECV;
+    note_fresh(r, rm);
     bench_say("inited %" PRIu64 " %.9f", id, t);
     if (st != KVB_OK) {
         snprintf(why, sizeof(why), "receiver create/init: %s", kvb_status_string(st));
@@ -458,7 +537,8 @@ static void cmd_drop(rank_t *r, uint64_t id)
     rroom_t *rm = room_slot(r, id);
     if (rm->state == R_FREE || rm->id != id)
         return;
-    if (rm->snd != NULL && (rm->state == R_BOOT || rm->state == R_SENDING))
+    if (rm->snd != NULL && (rm->state == R_BOOT || rm->state == R_SENDING ||
+                            rm->state == R_HOLDING || rm->state == R_HELD))
         kvb_sender_abort(rm->snd);
     room_release(r, rm);
 }
@@ -488,19 +568,22 @@ static bool handle(rank_t *r, const char *line)
         cmd_traffic(r);
         return true;
     }
+    bool hold = strstr(line, " hold") != NULL;
     if (sscanf(line, "fill %" SCNu64 " %u %lld", &id, &n, &aux) == 3 && r->prefill) {
-        rroom_t *rm = room_new(r, id, n, aux, false);
+        rroom_t *rm = room_new(r, id, n, aux, false, hold);
         if (rm != NULL) {
             bench_fill(&r->pool, r->o->page, id, rm->pages, n, aux);
             rm->state = R_FILLED;
             bench_say("filled %" PRIu64, id);
         }
     } else if (sscanf(line, "send %" SCNu64, &id) == 1 && r->prefill) {
-        cmd_send(r, id);
+        cmd_send(r, id, false);
+    } else if (sscanf(line, "hold %" SCNu64, &id) == 1 && r->prefill) {
+        cmd_send(r, id, true);
     } else if (sscanf(line, "drop %" SCNu64, &id) == 1 && r->prefill) {
         cmd_drop(r, id);
     } else if (sscanf(line, "recv %" SCNu64 " %u %lld", &id, &n, &aux) == 3 && !r->prefill) {
-        cmd_recv(r, id, n, aux, strstr(line, " sweep") != NULL);
+        cmd_recv(r, id, n, aux, strstr(line, " sweep") != NULL, hold);
     } else if (sscanf(line, "verify %" SCNu64, &id) == 1 && !r->prefill) {
         cmd_verify(r, id);
     } else {
@@ -547,7 +630,11 @@ static void step_room(rank_t *r, rroom_t *rm, double now, kvb_poll_t p)
 {
     char why[200];
     bool timed_out = now > rm->deadline;
-    if (rm->state == R_BOOT && (p == KVB_POLL_WAITING_FOR_INPUT || p == KVB_POLL_TRANSFERRING)) {
+    if (rm->state == R_HOLDING && p == KVB_POLL_WAITING_FOR_INPUT) {
+        bench_say("held %" PRIu64, rm->id);
+        rm->state = R_HELD;
+    } else if (rm->state == R_BOOT &&
+               (p == KVB_POLL_WAITING_FOR_INPUT || p == KVB_POLL_TRANSFERRING)) {
         send_chunks(r, rm);
     } else if (p == KVB_POLL_SUCCESS && rm->state == R_SENDING) {
         bench_say("sent %" PRIu64 " %.9f", rm->id, rm->t_first);
@@ -574,21 +661,20 @@ static void step_room(rank_t *r, rroom_t *rm, double now, kvb_poll_t p)
 
 static bool active(const rroom_t *rm)
 {
-    return rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_RECV;
+    return rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_RECV ||
+           rm->state == R_HOLDING;
 }
 
-/* Poll every active room (one kvb_*_poll_many call, or room by room under
- * KVBRIDGE_BENCH_POLL=single); true when some room is still active. */
-static bool step_all(rank_t *r)
+/* Poll the rooms r->act[0..n) (one kvb_*_poll_many call, or room by room
+ * under KVBRIDGE_BENCH_POLL=single) and step each; true when one of them is
+ * still active. */
+static bool poll_act(rank_t *r, size_t n)
 {
-    size_t n = 0;
     double now = kvb_tool_now();
-    for (size_t i = 0; i < r->nrooms; i++)
-        if (active(&r->rooms[i])) {
-            rroom_t *rm = &r->rooms[i];
-            r->act[n] = rm;
-            r->handles[n++] = rm->snd != NULL ? (void *)rm->snd : (void *)rm->rcv;
-        }
+    for (size_t i = 0; i < n; i++) {
+        rroom_t *rm = r->act[i];
+        r->handles[i] = rm->snd != NULL ? (void *)rm->snd : (void *)rm->rcv;
+    }
     if (n > 0 && !poll_single()) {
         if (r->prefill)
             kvb_sender_poll_many((kvb_sender_h *)r->handles, n, r->polls);
@@ -605,6 +691,58 @@ static bool step_all(rank_t *r)
         busy = busy || active(rm);
     }
     return busy;
+}
+
+/* Drain kvb_manager_changed; with take, queue the active rooms it names
+ * (each once) after r->act[0..n); returns the new count. */
+static size_t take_changed(rank_t *r, size_t n, bool take)
+{
+    size_t got = 0;
+    do {
+        if (kvb_manager_changed(r->mgr, r->chg, CHG_CAP, &got) != KVB_OK)
+            return n;
+        for (size_t i = 0; take && i < got; i++) {
+            rroom_t *rm = room_slot(r, r->chg[i]);
+            if (rm->id == r->chg[i] && active(rm) && !rm->queued) {
+                rm->queued = true;
+                r->act[n++] = rm;
+            }
+        }
+    } while (got == CHG_CAP);
+    return n;
+}
+
+/* Poll every active room; true when some room is still active. Under
+ * POLL_CHANGED the changes so far are covered by this pass: dropped. */
+static bool step_all(rank_t *r)
+{
+    size_t n = 0;
+    if (poll_mode() == POLL_CHANGED)
+        take_changed(r, 0, false);
+    r->nfresh = 0;
+    for (size_t i = 0; i < r->nrooms; i++)
+        if (active(&r->rooms[i]))
+            r->act[n++] = &r->rooms[i];
+    return poll_act(r, n);
+}
+
+/* POLL_CHANGED, one wake: poll the rooms a command touched and those
+ * kvb_manager_changed names (the event fd was reset before this). */
+static void step_changed(rank_t *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->nfresh; i++) {
+        rroom_t *rm = r->fresh[i];
+        if (active(rm) && !rm->queued) {
+            rm->queued = true;
+            r->act[n++] = rm;
+        }
+    }
+    r->nfresh = 0;
+    n = take_changed(r, n, true);
+    for (size_t i = 0; i < n; i++)
+        r->act[i]->queued = false;
+    poll_act(r, n);
 }
 
 static void rank_stop(rank_t *r)
@@ -624,6 +762,8 @@ static void rank_stop(rank_t *r)
     free(r->act);
     free(r->handles);
     free(r->polls);
+    free(r->fresh);
+    free(r->chg);
 }
 
 /* One rank process hosts o->rpp ranks (at least 1): TP ranks tp_rank ..
@@ -654,11 +794,16 @@ int bench_run_rank(const bench_opts_t *o)
     if (ok)
         bench_say("ready %s", kvb_manager_endpoint(r[0].mgr));
     int *efd = calloc((size_t)n, sizeof(int));
-    for (int i = 0; ok && i < n && poll_mode() == POLL_EVENT; i++)
+    for (int i = 0; ok && i < n && waits_on_events(); i++)
         if (efd == NULL || kvb_manager_event_fd(r[i].mgr, &efd[i]) != KVB_OK)
             ok = false;
+    double next_full = 0;
     while (ok && run && !g_stop && !lb.eof) {
-        if (poll_mode() == POLL_EVENT)
+        double now = kvb_tool_now();
+        if (poll_mode() == POLL_CHANGED) /* sleep at most until the next full pass */
+            wait_input_or_event(&lb, efd, n,
+                                now >= next_full ? 0 : (long)((next_full - now) * 1e9) + 1);
+        else if (poll_mode() == POLL_EVENT)
             wait_input_or_event(&lb, efd, n, busy ? 100000000L : 200000000L);
         else
             read_input(&lb, busy ? 50000L : 200000000L);
@@ -666,8 +811,14 @@ int bench_run_rank(const bench_opts_t *o)
             for (int i = 0; i < n && run; i++)
                 run = handle(&r[i], line);
         busy = false;
+        bool full = poll_mode() != POLL_CHANGED || (now = kvb_tool_now()) >= next_full;
+        if (full && poll_mode() == POLL_CHANGED)
+            next_full = now + full_pass_s();
         for (int i = 0; i < n; i++)
-            busy |= step_all(&r[i]);
+            if (full)
+                busy |= step_all(&r[i]);
+            else
+                step_changed(&r[i]);
     }
     for (int i = 0; r != NULL && i < n; i++)
         if (r[i].o != NULL)

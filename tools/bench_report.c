@@ -291,6 +291,12 @@ static double bytes_per_room(const bench_report_t *r)
                : 0;
 }
 
+/* --hold: (children's VmRSS with the held rooms set up - before) / rooms. */
+static double held_bytes_per_room(const bench_opts_t *o, const bench_report_t *r)
+{
+    return o->hold > 0 ? (r->rss_held_kib - r->rss_prehold_kib) * 1024.0 / (double)o->hold : 0;
+}
+
 /* --scale traffic figures: control messages per timed room, and per rank
  * and second of the timed window, heartbeats (decode ranks) and bootstrap
  * requests (all ranks). */
@@ -333,6 +339,12 @@ static void print_scale(const bench_opts_t *o, const bench_report_t *r)
     printf("  %-22s %.3f heartbeats/s per decode rank over the whole run (%.0f in %.1f s)\n", "",
            r->run_wall_s > 0 ? r->hb_total / o->dtp / r->run_wall_s : 0, r->hb_total,
            r->run_wall_s);
+    printf("  %-22s %s (KVBRIDGE_BENCH_POLL)\n", "ranks poll", bench_poll_name());
+    if (o->hold > 0)
+        printf("  %-22s %lld rooms held in flight on every rank during the timed requests "
+               "(latency above: with them in flight); after them %lld verified, %lld failed; "
+               "%.0f B RSS per held room\n",
+               "held", o->hold, r->held_verified, r->held_failed, held_bytes_per_room(o, r));
 }
 
 static void print_table(const bench_opts_t *o, const bench_report_t *r)
@@ -450,14 +462,16 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
                 "\"heartbeats_per_decode_rank_s\": %.4f, \"heartbeats_failed\": %.0f, "
                 "\"bootstrap_requests_prefill\": %.0f, \"bootstrap_requests_decode\": %.0f, "
                 "\"bootstrap_per_rank_s\": %.4f, \"heartbeats_run\": %.0f, \"run_wall_s\": %.3f, "
-                "\"ranks_per_process\": %d}, ",
+                "\"poll\": \"%s\", \"hold\": %lld, \"held_verified\": %lld, \"held_failed\": %lld, "
+                "\"held_rss_bytes_per_room\": %.0f, \"ranks_per_process\": %d}, ",
                 o->ptp * o->ppp * o->dp, o->dtp, r->nprocs, r->cpu_s, cpu_us_per_room(r),
                 r->max_inflight, r->rss_idle_kib, r->rss_peak_kib, bytes_per_room(r),
                 r->timed_wall_s, scale_traffic(o, r).ctl_sent_per_room,
                 scale_traffic(o, r).ctl_recv_per_room, r->traffic[BENCH_TR_CTL_FAILED],
                 scale_traffic(o, r).hb_per_dec_rank_s, r->traffic[BENCH_TR_HB_FAILED],
                 r->traffic[BENCH_TR_BOOT_PRE], r->traffic[BENCH_TR_BOOT_DEC],
-                scale_traffic(o, r).boot_per_rank_s, r->hb_total, r->run_wall_s,
+                scale_traffic(o, r).boot_per_rank_s, r->hb_total, r->run_wall_s, bench_poll_name(),
+                o->hold, r->held_verified, r->held_failed, held_bytes_per_room(o, r),
                 bench_ranks_per_proc(o));
     if (r->nres > 0) {
         json_res(f, r, "rss_kib", true);

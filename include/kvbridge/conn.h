@@ -273,6 +273,26 @@ KVB_API void kvb_manager_traffic(kvb_manager_h manager, kvb_manager_traffic_t *t
  * Any thread. Errors: KVB_ERR_INVALID (NULL), KVB_ERR_IO (no eventfd). */
 KVB_API kvb_status_t kvb_manager_event_fd(kvb_manager_h manager, int *fd_p);
 
+/* The ids of this manager's rooms whose poll answer may have changed since
+ * they were last returned here (the same changes that wake
+ * kvb_manager_event_fd), oldest change first, each room at most once; at
+ * most cap of them into rooms[0..cap), their count in *n_p; the rest stay
+ * for the next call. Lets a caller with thousands of rooms in flight poll
+ * only those (kvb_*_poll_many) after a wake instead of all of them.
+ * Recorded from kvb_manager_create on, whether or not anyone asks: the list
+ * is threaded through the rooms themselves (no allocation), so it never
+ * holds more entries than rooms exist; a room freed (its handle destroyed
+ * and the room gone) leaves it. An id can name a room the caller holds no
+ * handle for (a peer's message arrived first, or after its destroy):
+ * ignore it. Not listed: time-outs (bootstrap, waiting, abort-ack, fence
+ * wait), which only a poll finds, so poll every room about once a second
+ * regardless; and a room's own first state (poll each new handle once).
+ * Read the event fd first, then call this until it returns fewer than cap,
+ * so no change is missed. Any thread; the caller owns rooms. Errors:
+ * KVB_ERR_INVALID (NULL manager or n_p, NULL rooms with cap > 0). */
+KVB_API kvb_status_t kvb_manager_changed(kvb_manager_h manager, uint64_t *rooms, size_t cap,
+                                         size_t *n_p);
+
 /* ---- sender (prefill) ---- */
 
 /* Create the sender of room (status Bootstrapping until every decode rank

@@ -329,6 +329,8 @@ _PROTOTYPES = {
     "kvb_receiver_poll_many": (ctypes.c_int, [ctypes.POINTER(_P), ctypes.c_size_t,
                                               ctypes.POINTER(ctypes.c_int)]),
     "kvb_manager_event_fd": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),
+    "kvb_manager_changed": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
+                                           ctypes.POINTER(ctypes.c_size_t)]),
     "kvb_sender_abort": (None, [_P]),
     "kvb_sender_failure": (None, [_P, ctypes.c_char_p, ctypes.c_size_t]),
     "kvb_sender_destroy": (None, [_P]),

@@ -420,6 +420,27 @@ class KVManager(L.Closeable):
                 raise KVBridgeError(st, L.text(L.lib().kvb_manager_last_error(self._h)))
             return fd.value
 
+    def changed(self, cap=4096):
+        """Ids (ints) of this manager's rooms whose poll answer may have
+        changed since they were last returned here, oldest first, each once
+        (kvb_manager_changed); all of them, fetched cap at a time. Read the
+        event_fd first, then poll_many() only the rooms named here; time-outs
+        are not listed: poll every room about once a second anyway. An id can
+        name a room you hold no handle for: ignore it."""
+        if cap < 1:
+            raise InvalidArgument("cap must be at least 1")
+        buf = (ctypes.c_uint64 * cap)()
+        n = ctypes.c_size_t(0)
+        out = []
+        with self._guard:
+            while True:
+                st = L.lib().kvb_manager_changed(self._h, buf, cap, ctypes.byref(n))
+                if st != 0:
+                    raise KVBridgeError(st, L.text(L.lib().kvb_manager_last_error(self._h)))
+                out.extend(buf[:n.value])
+                if n.value < cap:
+                    return out
+
     def traffic(self):
         """Monotonic traffic counters: {"control_sent", "control_send_failed",
         "control_received", "bootstrap_requests", "bootstrap_failed",

@@ -125,6 +125,11 @@ typedef struct kvb__room {
     int has_handle;
     int aborted;
     struct kvb__room *next;
+    /* kvb_manager_changed: place in the manager's list of rooms whose poll
+     * answer may have changed since the caller last heard of them (mu);
+     * changed = 1 while linked */
+    struct kvb__room *cprev, *cnext;
+    int changed;
     /* prefill */
     kvb__dst_t *dsts;
     size_t n_dst;
@@ -276,6 +281,9 @@ struct kvb_manager {
     /* kvb_manager_event_fd: an eventfd written (m->mu held) on every room
      * status change; ev_on says it exists (made on first request) */
     int ev_fd, ev_on;
+    /* kvb_manager_changed: rooms changed and not yet returned, oldest first
+     * (mu; intrusive through kvb__room_t, so never longer than n_rooms) */
+    kvb__room_t *chg_head, *chg_tail;
 
     pthread_mutex_t mu;
     kvb__room_t **buckets;
@@ -465,6 +473,8 @@ void kvb__decode_free(struct kvb_manager *m);
  * response that can close a failed room's fence): wake kvb_manager_event_fd
  * waiters. */
 void kvb__room_changed(kvb__room_t *r);
+/* m->mu held: take r off the kvb_manager_changed list (rooms.c, when freed). */
+void kvb__room_unchange(struct kvb_manager *m, kvb__room_t *r);
 
 /* Polling pieces shared by kvb_*_poll and kvb_*_poll_many (poll_many.c).
  * m->mu held: the status of s's room (failing it past the bootstrap

@@ -580,15 +580,6 @@ void kvb_manager_stats(kvb_manager_h m, kvb_manager_stats_t *s)
     pthread_rwlock_unlock(&m->reg_mu);
 }
 
-void kvb__room_changed(kvb__room_t *r)
-{
-    struct kvb_manager *m = r->mgr;
-    uint64_t one = 1;
-    /* Non-blocking; a full counter (2^64 - 2 unread) is still readable. */
-    if (m != NULL && m->ev_on && write(m->ev_fd, &one, sizeof(one)) < 0)
-        return;
-}
-
 kvb_status_t kvb_manager_event_fd(kvb_manager_h m, int *fd_p)
 {
     if (m == NULL || fd_p == NULL)

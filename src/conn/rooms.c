@@ -65,6 +65,7 @@ kvb__room_t *kvb__room_get(struct kvb_manager *m, uint64_t id)
 
 static void room_free(kvb__room_t *r)
 {
+    kvb__room_unchange(r->mgr, r);
     for (size_t i = 0; i < r->n_dst; i++) {
         free(r->dsts[i].pages);
         free(r->dsts[i].mask);
