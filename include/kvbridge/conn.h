@@ -266,9 +266,9 @@ KVB_API void kvb_manager_traffic(kvb_manager_h manager, kvb_manager_traffic_t *t
  * change, or a prefill's answer that can end a failed room's writer fence.
  * Lets a caller with thousands of rooms sleep in poll/epoll and poll its
  * rooms (kvb_*_poll_many) only after a change, instead of spinning. Read
- * 8 bytes to reset it before polling, so no change is missed. Time-outs
- * (bootstrap, waiting, abort-ack) are found by polling only: poll at least
- * once a second regardless. Made on the first call; the same fd after;
+ * 8 bytes to reset it before polling, so no change is missed. It is also
+ * written once a second while a room is due for a poll that no message
+ * prompts (see kvb_manager_changed). Made on the first call; the same fd after;
  * owned by the manager (closed by kvb_manager_destroy: do not close it).
  * Any thread. Errors: KVB_ERR_INVALID (NULL), KVB_ERR_IO (no eventfd). */
 KVB_API kvb_status_t kvb_manager_event_fd(kvb_manager_h manager, int *fd_p);
@@ -284,9 +284,13 @@ KVB_API kvb_status_t kvb_manager_event_fd(kvb_manager_h manager, int *fd_p);
  * holds more entries than rooms exist; a room freed (its handle destroyed
  * and the room gone) leaves it. An id can name a room the caller holds no
  * handle for (a peer's message arrived first, or after its destroy):
- * ignore it. Not listed: time-outs (bootstrap, waiting, abort-ack, fence
- * wait), which only a poll finds, so poll every room about once a second
- * regardless; and a room's own first state (poll each new handle once).
+ * ignore it. Rooms due for a poll that no message prompts are listed by
+ * the manager's once-a-second sweep, every second while due: a time-out
+ * passed (bootstrap, waiting, abort-ack: the poll fails the room) or a
+ * failed room whose lost prefill's writes are still being fenced. So a
+ * caller that polls what this returns needs no periodic pass over all its
+ * rooms for the library's sake. Not listed: a room's own first state (poll
+ * each new handle once).
  * Read the event fd first, then call this until it returns fewer than cap,
  * so no change is missed. Any thread; the caller owns rooms. Errors:
  * KVB_ERR_INVALID (NULL manager or n_p, NULL rooms with cap > 0). */

@@ -411,8 +411,9 @@ class KVManager(L.Closeable):
         """A file descriptor (eventfd, owned by the manager: do not close it)
         that turns readable when one of this manager's rooms may poll
         differently. Wait on it (select/poll/asyncio add_reader), read 8
-        bytes to reset it, then poll_many() the rooms; poll at least once a
-        second anyway (time-outs are found by polling)."""
+        bytes to reset it, then poll_many() the rooms (or only those
+        changed() names). It is also written once a second while a room's
+        time-out has passed."""
         with self._guard:
             fd = ctypes.c_int(-1)
             st = L.lib().kvb_manager_event_fd(self._h, ctypes.byref(fd))
@@ -424,9 +425,11 @@ class KVManager(L.Closeable):
         """Ids (ints) of this manager's rooms whose poll answer may have
         changed since they were last returned here, oldest first, each once
         (kvb_manager_changed); all of them, fetched cap at a time. Read the
-        event_fd first, then poll_many() only the rooms named here; time-outs
-        are not listed: poll every room about once a second anyway. An id can
-        name a room you hold no handle for: ignore it."""
+        event_fd first, then poll_many() only the rooms named here. Rooms
+        whose time-out passed are listed too (the manager's once-a-second
+        sweep), so no periodic pass over every room is needed; a new handle's
+        own first state is not: poll it once. An id can name a room you hold
+        no handle for: ignore it."""
         if cap < 1:
             raise InvalidArgument("cap must be at least 1")
         buf = (ctypes.c_uint64 * cap)()

@@ -281,9 +281,33 @@ void kvb__room_take_reason(kvb__room_t *r, char *buf, size_t len)
     }
 }
 
-/* Free rooms nobody holds a handle on once they are terminal (or stuck)
- * for longer than the TTL: transfer infos of requests the prefill never
- * created a sender for, statuses for receivers already destroyed. */
+/* Is r, a room with a handle, due for a poll that no message will prompt: a
+ * time-out passed (kvb__sender_status: Bootstrapping;
+ * kvb__receiver_status: WaitingForInput; the decode's abort-ack wait in
+ * fence_done), or a failed room whose revoke pages_safe retries? */
+static bool room_due(const struct kvb_manager *m, const kvb__room_t *r, double now)
+{
+    if (!r->has_handle)
+        return false;
+    if (m->mode == KVB_MODE_PREFILL)
+        return r->status < 0 || r->status == KVB_POLL_BOOTSTRAPPING
+                   ? now - r->t_start >= m->p.bootstrap_timeout_s
+                   : false;
+    if (r->status == KVB_POLL_WAITING_FOR_INPUT && r->t_init > 0)
+        return now - r->t_init >= m->p.waiting_timeout_s;
+    if (r->status != KVB_POLL_FAILED)
+        return false;
+    if (r->unsafe && r->lost)
+        return true; /* its lost prefill's grants are being revoked: each poll looks again */
+    return r->fence_open && now - r->t_fence >= m->abort_ack_timeout_s;
+}
+
+/* Once a second (m->mu held): free rooms nobody holds a handle on once
+ * they are terminal (or stuck) for longer than the TTL (transfer infos of
+ * requests the prefill never created a sender for, statuses for receivers
+ * already destroyed), and list in kvb_manager_changed the rooms whose
+ * time-out has passed, so that a caller polling only what changed sees
+ * them fail. */
 void kvb__rooms_sweep(struct kvb_manager *m, double now)
 {
     double ttl = m->p.room_ttl_s;
@@ -292,6 +316,8 @@ void kvb__rooms_sweep(struct kvb_manager *m, double now)
         while (*pp != NULL) {
             kvb__room_t *r = *pp;
             double since = r->t_terminal > 0 ? r->t_terminal : r->t_start;
+            if (room_due(m, r, now))
+                kvb__room_changed(r);
             if (!r->has_handle && r->inflight == 0 && now - since > ttl) {
                 *pp = r->next;
                 m->n_rooms--;
