@@ -440,9 +440,13 @@ static bool copy_step(kvb_engine_h eng)
     bool more = false;
     if (g == NULL)
         return false;
-    for (size_t k = 0; k < g->n; k++)
-        if (g->m[k]->queued)
-            check_stop(eng, g->m[k]);
+    for (size_t k = 0; k < g->n; k++) {
+        struct kvb_xfer *x = g->m[k];
+        if (x->queued)
+            check_stop(eng, x);
+        if (x->failed) /* not one more unit of it is claimed */
+            x->queued = 0;
+    }
     claim_unit(g, &u);
     for (size_t k = 0; k < g->n; k++) {
         struct kvb_xfer *x = g->m[k];
