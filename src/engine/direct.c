@@ -204,6 +204,8 @@ static void store_fence(void)
  * of each 2 KiB row costs as much memory traffic as the whole row, so one
  * write per half copies at half speed (bench/results/hotpath.md). */
 
+_Static_assert(KVB_WRITE_GROUP_MAX <= 64, "a group's members are bits of a uint64_t");
+
 typedef struct zpos {
     size_t row, k; /* block row, member */
     uint64_t off;  /* bytes of that block before this position */
@@ -212,8 +214,12 @@ typedef struct zpos {
 struct kvb__dgroup {
     struct kvb__dgroup *next; /* the copy queue (dmu) */
     size_t n, rows;           /* members; the most blocks of any */
+    bool cuda;                /* its one member is a CUDA transfer */
     zpos_t cur;               /* dmu: the next byte to claim */
-    size_t unpublished;       /* dmu: members not final; the group is freed at 0 */
+    /* dmu: members not yet published (bit k). A published member may be
+     * freed by its caller at once: nothing reads it after. At 0 the group
+     * is freed. */
+    uint64_t live;
     struct kvb_xfer *m[];
 };
 
@@ -245,7 +251,7 @@ static void zpos_next(const kvb__dgroup_t *g, zpos_t *p)
 /* Bytes a unit takes: CUDA groups have one member (kvb__direct_submit). */
 static uint64_t unit_bytes(const kvb__dgroup_t *g)
 {
-    return g->m[0]->cuda ? CUDA_UNIT : DIRECT_UNIT;
+    return g->cuda ? CUDA_UNIT : DIRECT_UNIT;
 }
 
 /* Claim g's next unit (dmu held): up to a unit's bytes of its queued
@@ -259,7 +265,7 @@ static void claim_unit(kvb__dgroup_t *g, unit_t *u)
     u->pieces = 0;
     while (g->cur.row < g->rows && budget > 0) {
         const struct kvb_xfer *x = g->m[g->cur.k];
-        if (x->queued && g->cur.row < x->n) {
+        if ((g->live >> g->cur.k & 1) && x->queued && g->cur.row < x->n) {
             uint64_t left = x->blocks[g->cur.row].len - g->cur.off;
             u->mask |= 1ull << g->cur.k;
             u->pieces++;
@@ -292,7 +298,7 @@ static kvb_status_t copy_unit(kvb_engine_h eng, const unit_t *u, uint64_t admitt
     const kvb__seg_t *seg[KVB_WRITE_GROUP_MAX] = {NULL};
     kvb__cuda_copy_t *v = NULL;
     size_t nv = 0;
-    if (g->m[0]->cuda && (v = malloc(u->pieces * sizeof(*v))) == NULL) {
+    if (g->cuda && (v = malloc(u->pieces * sizeof(*v))) == NULL) {
         snprintf(why, wl, "out of memory");
         return KVB_ERR_NOMEM;
     }
@@ -411,15 +417,14 @@ static void publish_done(kvb__dgroup_t *g, kvb_engine_h eng)
     size_t nd = 0;
     for (size_t k = 0; k < g->n; k++) {
         struct kvb_xfer *x = g->m[k];
-        if (!x->queued && x->busy == 0 && !x->published) {
-            x->published = 1;
+        if ((g->live >> k & 1) && !x->queued && x->busy == 0) {
+            g->live &= ~(1ull << k);
             done[nd++] = x;
         }
     }
     if (nd == 0)
         return;
-    g->unpublished -= nd;
-    bool last = g->unpublished == 0;
+    bool last = g->live == 0;
     pthread_mutex_unlock(&eng->dmu);
     for (size_t i = 0; i < nd; i++)
         kvb__xfer_publish(done[i], done[i]->failed ? done[i]->fail_status : KVB_OK);
@@ -442,6 +447,8 @@ static bool copy_step(kvb_engine_h eng)
         return false;
     for (size_t k = 0; k < g->n; k++) {
         struct kvb_xfer *x = g->m[k];
+        if (!(g->live >> k & 1))
+            continue;
         if (x->queued)
             check_stop(eng, x);
         if (x->failed) /* not one more unit of it is claimed */
@@ -450,6 +457,8 @@ static bool copy_step(kvb_engine_h eng)
     claim_unit(g, &u);
     for (size_t k = 0; k < g->n; k++) {
         struct kvb_xfer *x = g->m[k];
+        if (!(g->live >> k & 1))
+            continue;
         x->busy += u.mask >> k & 1;
         if (x->failed || member_claimed(g, k))
             x->queued = 0;
@@ -511,7 +520,8 @@ bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
         free(g);
         return false;
     }
-    *g = (kvb__dgroup_t){.n = n, .unpublished = n};
+    *g = (kvb__dgroup_t){
+        .n = n, .cuda = xs[0]->cuda, .live = n == 64 ? UINT64_MAX : (1ull << n) - 1};
     for (size_t k = 0; k < n; k++) {
         g->m[k] = xs[k];
         g->rows = xs[k]->n > g->rows ? xs[k]->n : g->rows;

@@ -121,10 +121,9 @@ struct kvb_xfer {
     void *stage_job;                 /* caller, until kvb__cuda_stage_start: the staging job */
     int stage_status;
     char stage_why[340];
-    uint64_t pos;  /* message lane (progress thread): bytes issued so far */
-    int queued;    /* direct lane (dmu): pieces left to claim (its group's cursor) */
-    int published; /* direct lane (dmu): final status set */
-    size_t busy;   /* direct lane (dmu): units being copied that include it */
+    uint64_t pos; /* message lane (progress thread): bytes issued so far */
+    int queued;   /* direct lane (dmu): pieces left to claim (its group's cursor) */
+    size_t busy;  /* direct lane (dmu): units being copied that include it */
     kvb_status_t fail_status;
     pthread_mutex_t mu;
     pthread_cond_t cv;
