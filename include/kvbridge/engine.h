@@ -365,9 +365,11 @@ typedef struct kvb_write_member {
  * with that status and its reason in kvb_xfer_error (NULL only when even
  * that could not be allocated: KVB_ERR_NOMEM). Returns KVB_OK when every
  * member started, else the first failing member's status (the others run
- * on). KVB_ERR_INVALID with nothing started and no array written: a NULL
- * engine, members, statuses_p or xfers_p (count > 0), count above the
- * maximum, or member_size smaller than this version's struct. Thread-safe. */
+ * on). Members are set up in order; the zipped ones start copying once the
+ * last member is set up. KVB_ERR_INVALID with nothing started and no array
+ * written: a NULL engine, members, statuses_p or xfers_p (count > 0), count
+ * above the maximum, or member_size smaller than this version's struct.
+ * Thread-safe. */
 KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
                                                   const kvb_write_member_t *members, size_t count,
                                                   size_t member_size, kvb_status_t *statuses_p,

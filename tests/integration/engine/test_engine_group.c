@@ -155,22 +155,29 @@ static void targets_free(target_t *t0, target_t *t1)
     kvb_test_end_free(&t1->end);
 }
 
+/* One TP1->TP2 group of npages pages of a fresh source: both members end
+ * KVB_OK with exact bytes, guards intact. */
+static void tp2_round(kvb_engine_h w, const target_t *t0, const target_t *t1, size_t npages,
+                      uint64_t seed)
+{
+    group_t g;
+    kvb_status_t fin[2];
+    fill_source(seed);
+    CHECK_EQ(tp2_start(w, &g, t0, t1, npages), KVB_OK);
+    group_end(&g, fin);
+    CHECK_EQ(fin[0], KVB_OK);
+    CHECK_EQ(fin[1], KVB_OK);
+    CHECK(tp2_exact(t0, 0, npages));
+    CHECK(tp2_exact(t1, 1, npages));
+}
+
 static void tp2_exact_case(void)
 {
     size_t npages = 512; /* 16 MiB of source */
     target_t t0 = target_new(true, npages * PAGE / 2), t1 = target_new(true, npages * PAGE / 2);
     kvb_engine_h w = writer();
-    group_t g;
-    kvb_status_t fin[2];
-    for (int round = 0; round < 3; round++) {
-        fill_source(0x1234 + (uint64_t)round);
-        CHECK_EQ(tp2_start(w, &g, &t0, &t1, npages), KVB_OK);
-        group_end(&g, fin);
-        CHECK_EQ(fin[0], KVB_OK);
-        CHECK_EQ(fin[1], KVB_OK);
-        CHECK(tp2_exact(&t0, 0, npages));
-        CHECK(tp2_exact(&t1, 1, npages));
-    }
+    for (int round = 0; round < 3; round++)
+        tp2_round(w, &t0, &t1, npages, 0x1234 + (uint64_t)round);
     CHECK_EQ(kvb_engine_session_direct(w, sid_of(&t0)), 1);
     CHECK_EQ(kvb_engine_session_direct(w, sid_of(&t1)), 1);
     kvb_engine_destroy(w);
@@ -275,15 +282,7 @@ static void mixed_case(void)
     size_t npages = 256;
     target_t t0 = target_new(true, npages * PAGE / 2), t1 = target_new(false, npages * PAGE / 2);
     kvb_engine_h w = writer();
-    group_t g;
-    kvb_status_t fin[2];
-    fill_source(0x99);
-    CHECK_EQ(tp2_start(w, &g, &t0, &t1, npages), KVB_OK);
-    group_end(&g, fin);
-    CHECK_EQ(fin[0], KVB_OK);
-    CHECK_EQ(fin[1], KVB_OK);
-    CHECK(tp2_exact(&t0, 0, npages));
-    CHECK(tp2_exact(&t1, 1, npages));
+    tp2_round(w, &t0, &t1, npages, 0x99);
     CHECK_EQ(kvb_engine_session_direct(w, sid_of(&t0)), 1);
     CHECK_EQ(kvb_engine_session_direct(w, sid_of(&t1)), 0);
 
