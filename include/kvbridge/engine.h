@@ -326,6 +326,55 @@ KVB_API kvb_status_t kvb_engine_write_async_ex(kvb_engine_h engine, const char *
                                                const kvb_write_params_t *params,
                                                kvb_xfer_h *xfer_p);
 
+/* ---- Writes submitted as one group ----
+ * Several writes (each its own session, blocks, parameters, handle and
+ * final status) queued together. On the direct lane (same host, the
+ * target's memory from kvb_mem_alloc) the members that take it are queued
+ * as one group, atomically, and the copy threads take their bytes in zip
+ * order: block i of member 0, block i of member 1, ..., then block i + 1 (a
+ * member with fewer blocks drops out; a long block is split into units as
+ * usual; blocks are first merged per member as in a single write). When the
+ * members read the same source rows in the same order (a prefill page split
+ * between decode ranks: member r gets the r-th slice of every row), the
+ * source is read once, sequentially, instead of once per member at a
+ * stride, which copies about twice as fast. The bytes placed and every
+ * member's status and error text are those of separate
+ * kvb_engine_write_async_ex calls: each member is fenced against its own
+ * target's grant, cancelled, failed by its own dead peer, and ends on its
+ * own; one failing does not stop the others. Members on another lane
+ * (message lane, CUDA memory) go their own way unchanged. */
+#define KVB_WRITE_GROUP_MAX 64 /* members per group */
+
+enum { KVB_WRITE_MEMBER_PARAMS = 1u << 0 };
+
+typedef struct kvb_write_member {
+    uint64_t field_mask; /* KVB_WRITE_MEMBER_*: which optional fields are set */
+    const char *session_id;
+    const kvb_block_t *blocks;
+    size_t count;
+    const kvb_write_params_t *params; /* KVB_WRITE_MEMBER_PARAMS (else none) */
+} kvb_write_member_t;
+
+/* Start members[0..count) (count <= KVB_WRITE_GROUP_MAX) as one group, on the
+ * calling thread as kvb_engine_write_async_ex does (session set-up
+ * included). member_size: sizeof(kvb_write_member_t) as the caller was
+ * compiled (the array's stride). Block arrays are copied; nothing of
+ * members is retained. For every member i, statuses_p[i] is its start
+ * status and xfers_p[i] a handle the caller owns and frees with
+ * kvb_xfer_free: running when statuses_p[i] is KVB_OK, else already final
+ * with that status and its reason in kvb_xfer_error (NULL only when even
+ * that could not be allocated: KVB_ERR_NOMEM). Returns KVB_OK when every
+ * member started, else the first failing member's status (the others run
+ * on). Members are set up in order; the zipped ones start copying once the
+ * last member is set up. KVB_ERR_INVALID with nothing started and no array
+ * written: a NULL engine, members, statuses_p or xfers_p (count > 0), count
+ * above the maximum, or member_size smaller than this version's struct.
+ * Thread-safe. */
+KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
+                                                  const kvb_write_member_t *members, size_t count,
+                                                  size_t member_size, kvb_status_t *statuses_p,
+                                                  kvb_xfer_h *xfers_p);
+
 #ifdef __cplusplus
 }
 #endif

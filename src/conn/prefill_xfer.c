@@ -390,21 +390,65 @@ static void untrack_xfers(kvb__room_t *r, const work_t *w)
     }
 }
 
-static void job_submit(struct kvb_manager *m, job_t *j, const char *session)
+static const char *job_session(const job_t *j)
+{
+    return j->reg ? j->reg->session : "";
+}
+
+/* Member k of a group ended its start with st and handle x. */
+static void kv_started(struct kvb_manager *m, job_t *j, kvb_status_t st, kvb_xfer_h x)
+{
+    j->st = st;
+    j->x = st == KVB_OK ? x : NULL;
+    if (st == KVB_OK)
+        return;
+    snprintf(j->why, sizeof(j->why), "%s",
+             x != NULL ? kvb_xfer_error(x) : kvb_engine_last_error(m->engine));
+    kvb_xfer_free(x);
+}
+
+/* The chunk's KV writes to all its destinations, submitted as engine
+ * groups: on the direct lane their copies are zipped, so each source row
+ * is read once for all decode ranks (docs/engine.md). Each write keeps its
+ * own grant (epoch), handle and failure, as separate writes would. */
+static void kv_submit(struct kvb_manager *m, work_t *w)
+{
+    kvb_write_member_t mb[KVB_WRITE_GROUP_MAX];
+    kvb_write_params_t wp[KVB_WRITE_GROUP_MAX];
+    kvb_status_t st[KVB_WRITE_GROUP_MAX];
+    kvb_xfer_h x[KVB_WRITE_GROUP_MAX];
+    job_t *js[KVB_WRITE_GROUP_MAX];
+    for (size_t i = 0; i < w->n_jobs;) {
+        size_t n = 0;
+        for (; i < w->n_jobs && n < KVB_WRITE_GROUP_MAX; i++) {
+            job_t *j = &w->jobs[i];
+            if (j->st != KVB_OK)
+                continue;
+            wp[n] = (kvb_write_params_t){KVB_WRITE_PARAM_EPOCH, j->epoch};
+            mb[n] = (kvb_write_member_t){KVB_WRITE_MEMBER_PARAMS, job_session(j), j->blocks.blocks,
+                                         j->blocks.count, &wp[n]};
+            st[n] = KVB_ERR_INVALID; /* the call refused them all: nothing written */
+            x[n] = NULL;
+            js[n++] = j;
+        }
+        if (n > 0)
+            kvb_engine_write_group_async(m->engine, mb, n, sizeof(mb[0]), st, x);
+        for (size_t k = 0; k < n; k++)
+            kv_started(m, js[k], st[k], x[k]);
+    }
+}
+
+static void aux_submit(struct kvb_manager *m, job_t *j)
 {
     kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, j->epoch};
-    if (j->st != KVB_OK)
+    if (j->st != KVB_OK || j->aux.count == 0)
         return;
-    j->st = kvb_engine_write_async_ex(m->engine, session, j->blocks.blocks, j->blocks.count, &wp,
-                                      &j->x);
-    if (j->st == KVB_OK && j->aux.count > 0) {
-        j->st =
-            kvb_engine_write_async_ex(m->engine, session, j->aux.blocks, j->aux.count, &wp, &j->xa);
-        if (j->st == KVB_ERR_BOUNDS) {
-            j->st = KVB_OK; /* decode aux memory not registered: send inline */
-            j->xa = NULL;
-            j->aux_inline = 1;
-        }
+    j->st = kvb_engine_write_async_ex(m->engine, job_session(j), j->aux.blocks, j->aux.count, &wp,
+                                      &j->xa);
+    if (j->st == KVB_ERR_BOUNDS) {
+        j->st = KVB_OK; /* decode aux memory not registered: send inline */
+        j->xa = NULL;
+        j->aux_inline = 1;
     }
     if (j->st != KVB_OK)
         snprintf(j->why, sizeof(j->why), "%s", kvb_engine_last_error(m->engine));
@@ -422,8 +466,9 @@ static void work_submit(struct kvb_manager *m, work_t *w)
     pthread_mutex_unlock(&m->mu);
     if (w->skip)
         return;
+    kv_submit(m, w);
     for (size_t i = 0; i < w->n_jobs; i++)
-        job_submit(m, &w->jobs[i], w->jobs[i].reg ? w->jobs[i].reg->session : "");
+        aux_submit(m, &w->jobs[i]);
     pthread_mutex_lock(&m->mu);
     r->submitting = 0;
     for (size_t i = 0; i < w->n_jobs; i++) {

@@ -193,39 +193,134 @@ static void store_fence(void)
 #endif
 }
 
-static uint64_t unit_bytes(const struct kvb_xfer *x)
+/* ---- groups and units ----
+ * Every direct-lane submission is a group: a lone write is a group of one;
+ * kvb_engine_write_group_async queues several writes as one. The copy
+ * threads take a group's bytes in zip order: block i of member 0, block i
+ * of member 1, ..., then block i + 1 (a member with fewer blocks drops out;
+ * a block longer than a unit's budget is split). Members that read the same
+ * source rows in the same order (one prefill page split between decode
+ * ranks) thereby read the source once, sequentially: reading a 1 KiB half
+ * of each 2 KiB row costs as much memory traffic as the whole row, so one
+ * write per half copies at half speed (bench/results/hotpath.md). */
+
+_Static_assert(KVB_WRITE_GROUP_MAX <= 64, "a group's members are bits of a uint64_t");
+
+typedef struct zpos {
+    size_t row, k; /* block row, member */
+    uint64_t off;  /* bytes of that block before this position */
+} zpos_t;
+
+struct kvb__dgroup {
+    struct kvb__dgroup *next; /* the copy queue (dmu) */
+    size_t n, rows;           /* members; the most blocks of any */
+    bool cuda;                /* its one member is a CUDA transfer */
+    zpos_t cur;               /* dmu: the next byte to claim */
+    /* dmu: members not yet published (bit k). A published member may be
+     * freed by its caller at once: nothing reads it after. At 0 the group
+     * is freed. */
+    uint64_t live;
+    struct kvb_xfer *m[];
+};
+
+/* A unit: the stretch [from, to) of its group's zip order, copied for the
+ * members in mask (queued when it was claimed; each counted busy). */
+typedef struct unit {
+    kvb__dgroup_t *g;
+    zpos_t from, to;
+    uint64_t mask;
+    size_t pieces; /* blocks it touches (a CUDA unit's batch size) */
+} unit_t;
+
+static bool zpos_before(const zpos_t *a, const zpos_t *b)
 {
-    return x->cuda ? CUDA_UNIT : DIRECT_UNIT;
+    if (a->row != b->row)
+        return a->row < b->row;
+    return a->k != b->k ? a->k < b->k : a->off < b->off;
 }
 
-/* Copy up to a unit's bytes starting at block bi, byte off. CUDA transfers
- * (a source or destination in device memory, destinations imported over
- * CUDA IPC) are collected into one batch of driver copies and waited for. */
-static kvb_status_t copy_unit(kvb_engine_h eng, struct kvb_xfer *x, size_t bi, uint64_t off,
-                              char *why, size_t wl)
+static void zpos_next(const kvb__dgroup_t *g, zpos_t *p)
 {
-    uint64_t budget = unit_bytes(x);
-    const kvb__seg_t *s = NULL;
+    p->off = 0;
+    if (++p->k == g->n) {
+        p->k = 0;
+        p->row++;
+    }
+}
+
+/* Bytes a unit takes: CUDA groups have one member (kvb__direct_submit). */
+static uint64_t unit_bytes(const kvb__dgroup_t *g)
+{
+    return g->cuda ? CUDA_UNIT : DIRECT_UNIT;
+}
+
+/* Claim g's next unit (dmu held): up to a unit's bytes of its queued
+ * members, from the cursor on, which moves past them. */
+static void claim_unit(kvb__dgroup_t *g, unit_t *u)
+{
+    uint64_t budget = unit_bytes(g);
+    u->g = g;
+    u->from = g->cur;
+    u->mask = 0;
+    u->pieces = 0;
+    while (g->cur.row < g->rows && budget > 0) {
+        const struct kvb_xfer *x = g->m[g->cur.k];
+        if ((g->live >> g->cur.k & 1) && x->queued && g->cur.row < x->n) {
+            uint64_t left = x->blocks[g->cur.row].len - g->cur.off;
+            u->mask |= 1ull << g->cur.k;
+            u->pieces++;
+            if (left > budget) {
+                g->cur.off += budget;
+                break;
+            }
+            budget -= left;
+        }
+        zpos_next(g, &g->cur);
+    }
+    u->to = g->cur;
+}
+
+/* Has g's cursor passed the last byte of member k? */
+static bool member_claimed(const kvb__dgroup_t *g, size_t k)
+{
+    size_t n = g->m[k]->n;
+    return n == 0 || g->cur.row > n - 1 || (g->cur.row == n - 1 && g->cur.k > k);
+}
+
+/* Copy u's bytes of the members in admitted (a subset of u->mask). CUDA
+ * transfers (a source or destination in device memory, destinations
+ * imported over CUDA IPC; always alone in their group) are collected into
+ * one batch of driver copies and waited for. */
+static kvb_status_t copy_unit(kvb_engine_h eng, const unit_t *u, uint64_t admitted, char *why,
+                              size_t wl)
+{
+    const kvb__dgroup_t *g = u->g;
+    const kvb__seg_t *seg[KVB_WRITE_GROUP_MAX] = {NULL};
     kvb__cuda_copy_t *v = NULL;
     size_t nv = 0;
-    if (x->cuda && (v = malloc((x->n - bi) * sizeof(*v))) == NULL) {
+    if (g->cuda && (v = malloc(u->pieces * sizeof(*v))) == NULL) {
         snprintf(why, wl, "out of memory");
         return KVB_ERR_NOMEM;
     }
-    for (; bi < x->n && budget > 0; bi++, off = 0) {
-        const kvb_block_t *b = &x->blocks[bi];
-        /* Neighbouring blocks mostly share a segment: look up only on a change.
-         * Every block was checked to lie in a mapped segment at submission. */
+    for (zpos_t p = u->from; zpos_before(&p, &u->to); zpos_next(g, &p)) {
+        const struct kvb_xfer *x = g->m[p.k];
+        if (!(admitted >> p.k & 1) || p.row >= x->n)
+            continue;
+        const kvb_block_t *b = &x->blocks[p.row];
+        uint64_t end = p.row == u->to.row && p.k == u->to.k ? u->to.off : b->len;
+        /* A member's neighbouring blocks mostly share a segment: look up
+         * only on a change. Every block was checked to lie in a mapped
+         * segment at submission. */
+        const kvb__seg_t *s = seg[p.k];
         if (s == NULL || b->dst < s->addr || b->dst - s->addr > s->len ||
             b->len > s->len - (b->dst - s->addr))
-            s = &x->conn->segs.v[kvb__segtab_find(&x->conn->segs, b->dst, b->len)];
-        uint64_t take = b->len - off < budget ? b->len - off : budget;
-        uint8_t *d = s->direct + (b->dst - s->addr) + off;
+            s = seg[p.k] = &x->conn->segs.v[kvb__segtab_find(&x->conn->segs, b->dst, b->len)];
+        uint8_t *d = s->direct + (b->dst - s->addr) + p.off;
         if (v != NULL)
-            v[nv++] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)d, b->src + off, take};
+            v[nv++] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)d, b->src + p.off, end - p.off};
         else
-            copy_block(d, (const uint8_t *)(uintptr_t)(b->src + off), take, eng->stream_copy);
-        budget -= take;
+            copy_block(d, (const uint8_t *)(uintptr_t)(b->src + p.off), end - p.off,
+                       eng->stream_copy);
     }
     kvb_status_t st = v != NULL ? kvb__cuda_unit(eng, v, nv, why, wl) : KVB_OK;
     free(v);
@@ -233,42 +328,24 @@ static kvb_status_t copy_unit(kvb_engine_h eng, struct kvb_xfer *x, size_t bi, u
     return st;
 }
 
-/* Claim the next unit of x (dmu held): its start, and advance past it. */
-static void claim_unit(struct kvb_xfer *x, size_t *bi_p, uint64_t *off_p)
+/* The queue (dmu held): groups with units left, linked by next. */
+static void dq_push(kvb_engine_h eng, kvb__dgroup_t *g)
 {
-    uint64_t budget = unit_bytes(x);
-    *bi_p = x->next;
-    *off_p = x->off;
-    while (x->next < x->n && budget > 0) {
-        uint64_t left = x->blocks[x->next].len - x->off;
-        if (left > budget) {
-            x->off += budget;
-            break;
-        }
-        budget -= left;
-        x->next++;
-        x->off = 0;
-    }
-}
-
-/* The queue (dmu held): transfers with units left, linked by next_active. */
-static void dq_push(kvb_engine_h eng, struct kvb_xfer *x)
-{
-    x->next_active = NULL;
+    g->next = NULL;
     if (eng->dq_tail != NULL)
-        eng->dq_tail->next_active = x;
+        eng->dq_tail->next = g;
     else
-        eng->dq_head = x;
-    eng->dq_tail = x;
+        eng->dq_head = g;
+    eng->dq_tail = g;
 }
 
 static void dq_pop(kvb_engine_h eng)
 {
-    struct kvb_xfer *x = eng->dq_head;
-    eng->dq_head = x->next_active;
+    kvb__dgroup_t *g = eng->dq_head;
+    eng->dq_head = g->next;
     if (eng->dq_head == NULL)
         eng->dq_tail = NULL;
-    x->next_active = NULL;
+    g->next = NULL;
 }
 
 static void set_failure(struct kvb_xfer *x, kvb_status_t st, const char *why)
@@ -293,59 +370,119 @@ static void check_stop(kvb_engine_h eng, struct kvb_xfer *x)
         set_failure(x, KVB_ERR_CANCELED, "transfer cancelled");
 }
 
+static void fence_failure(struct kvb_xfer *x, fence_state_t fs)
+{
+    if (fs == FENCE_YES)
+        set_failure(x, KVB_ERR_FENCED,
+                    "writer fenced: the target revoked this writer's grant (declared it "
+                    "lost or ended its rooms)");
+    else if (fs == FENCE_UNKNOWN)
+        set_failure(x, KVB_ERR_PEER,
+                    "the target's fence page does not list this writer's grant (page "
+                    "full, grant drained, or the target stopped while updating it): "
+                    "retry (new writes take the message lane, whose target decides)");
+}
+
+/* Copy unit u (dmu not held). Every member of the unit enters its target's
+ * fence first (the target's revoke waits for units between enter and exit);
+ * only the admitted ones are copied, and all of them exit after the store
+ * fence. fs[k]: member k's fence answer; returns the copy's status (CUDA). */
+static kvb_status_t run_unit(kvb_engine_h eng, const unit_t *u, fence_state_t *fs, char *why,
+                             size_t wl)
+{
+    int32_t slot[KVB_WRITE_GROUP_MAX];
+    uint64_t admitted = 0;
+    uint32_t tag = __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED);
+    kvb_status_t st = KVB_OK;
+    for (size_t k = 0; k < u->g->n; k++) {
+        const struct kvb_xfer *x = u->g->m[k];
+        if ((u->mask >> k & 1) &&
+            (fs[k] = kvb__fence_enter(x->conn, tag, x->epoch, &slot[k])) == FENCE_NO)
+            admitted |= 1ull << k;
+    }
+    if (admitted != 0)
+        st = copy_unit(eng, u, admitted, why, wl);
+    for (size_t k = 0; k < u->g->n; k++)
+        if (admitted >> k & 1)
+            kvb__fence_exit(u->g->m[k]->conn, slot[k]);
+    return st;
+}
+
+/* Publish every member of g that is done (dmu held; dropped around the
+ * wake-ups). The last one frees g: no unit of g is in progress then (each
+ * counts its members busy) and g is off the queue (no member queued). */
+static void publish_done(kvb__dgroup_t *g, kvb_engine_h eng)
+{
+    struct kvb_xfer *done[KVB_WRITE_GROUP_MAX];
+    size_t nd = 0;
+    for (size_t k = 0; k < g->n; k++) {
+        struct kvb_xfer *x = g->m[k];
+        if ((g->live >> k & 1) && !x->queued && x->busy == 0) {
+            g->live &= ~(1ull << k);
+            done[nd++] = x;
+        }
+    }
+    if (nd == 0)
+        return;
+    bool last = g->live == 0;
+    pthread_mutex_unlock(&eng->dmu);
+    for (size_t i = 0; i < nd; i++)
+        kvb__xfer_publish(done[i], done[i]->failed ? done[i]->fail_status : KVB_OK);
+    if (last)
+        free(g);
+    pthread_mutex_lock(&eng->dmu);
+}
+
 /* One pass of a copy thread with dmu held; false when it should sleep. The
- * head transfer gives one unit and goes to the back of the queue: transfers
- * (to every session) advance in turn, so a large one does not hold up the
- * others, and each one's cancel and dead-connection checks run once per
- * round instead of only when it reaches the head. */
+ * head group gives one unit and goes to the back of the queue: groups (to
+ * every session) advance in turn, so a large one does not hold up the
+ * others, and each member's cancel and dead-connection checks run once per
+ * round instead of only when its group reaches the head. */
 static bool copy_step(kvb_engine_h eng)
 {
-    struct kvb_xfer *x = eng->dq_head;
-    size_t bi = 0;
-    uint64_t off = 0;
-    if (x == NULL)
+    kvb__dgroup_t *g = eng->dq_head;
+    unit_t u;
+    bool more = false;
+    if (g == NULL)
         return false;
-    check_stop(eng, x);
-    if (!x->failed)
-        claim_unit(x, &bi, &off);
+    for (size_t k = 0; k < g->n; k++) {
+        struct kvb_xfer *x = g->m[k];
+        if (!(g->live >> k & 1))
+            continue;
+        if (x->queued)
+            check_stop(eng, x);
+        if (x->failed) /* not one more unit of it is claimed */
+            x->queued = 0;
+    }
+    claim_unit(g, &u);
+    for (size_t k = 0; k < g->n; k++) {
+        struct kvb_xfer *x = g->m[k];
+        if (!(g->live >> k & 1))
+            continue;
+        x->busy += u.mask >> k & 1;
+        if (x->failed || member_claimed(g, k))
+            x->queued = 0;
+        more |= x->queued != 0;
+    }
     dq_pop(eng);
-    if (x->failed || x->next == x->n)
-        x->queued = 0;
-    else
-        dq_push(eng, x);
-    if (!x->failed) {
-        x->busy++;
-        pthread_mutex_unlock(&eng->dmu);
-        /* The target's revoke waits for units between enter and exit. */
-        int32_t slot;
+    if (more)
+        dq_push(eng, g);
+    if (u.mask != 0) {
+        fence_state_t fs[KVB_WRITE_GROUP_MAX];
         char why[300];
-        kvb_status_t st = KVB_OK;
-        fence_state_t fs = kvb__fence_enter(
-            x->conn, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED), x->epoch, &slot);
-        if (fs == FENCE_NO) {
-            st = copy_unit(eng, x, bi, off, why, sizeof(why));
-            kvb__fence_exit(x->conn, slot);
-        }
-        pthread_mutex_lock(&eng->dmu);
-        x->busy--;
-        if (st != KVB_OK)
-            set_failure(x, st, why);
-        if (fs == FENCE_YES)
-            set_failure(x, KVB_ERR_FENCED,
-                        "writer fenced: the target revoked this writer's grant (declared it "
-                        "lost or ended its rooms)");
-        else if (fs == FENCE_UNKNOWN)
-            set_failure(x, KVB_ERR_PEER,
-                        "the target's fence page does not list this writer's grant (page "
-                        "full, grant drained, or the target stopped while updating it): "
-                        "retry (new writes take the message lane, whose target decides)");
-    }
-    if (!x->queued && x->busy == 0 && !x->published) {
-        x->published = 1;
         pthread_mutex_unlock(&eng->dmu);
-        kvb__xfer_publish(x, x->failed ? x->fail_status : KVB_OK);
+        kvb_status_t st = run_unit(eng, &u, fs, why, sizeof(why));
         pthread_mutex_lock(&eng->dmu);
+        for (size_t k = 0; k < g->n; k++) {
+            if (!(u.mask >> k & 1))
+                continue;
+            g->m[k]->busy--;
+            if (st != KVB_OK)
+                set_failure(g->m[k], st, why);
+            fence_failure(g->m[k], fs[k]);
+        }
     }
+    publish_done(g, eng);
     return true;
 }
 
@@ -376,19 +513,32 @@ static bool start_threads(kvb_engine_h eng)
     return eng->n_dthr > 0;
 }
 
-bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *x)
+bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
 {
+    kvb__dgroup_t *g = malloc(sizeof(*g) + n * sizeof(*xs));
+    if (g == NULL || n == 0 || n > KVB_WRITE_GROUP_MAX) {
+        free(g);
+        return false;
+    }
+    *g = (kvb__dgroup_t){
+        .n = n, .cuda = xs[0]->cuda, .live = n == 64 ? UINT64_MAX : (1ull << n) - 1};
+    for (size_t k = 0; k < n; k++) {
+        g->m[k] = xs[k];
+        g->rows = xs[k]->n > g->rows ? xs[k]->n : g->rows;
+    }
     pthread_mutex_lock(&eng->dmu);
     bool ok = !eng->dstop && start_threads(eng);
     if (ok) {
-        dq_push(eng, x);
-        x->queued = 1;
+        for (size_t k = 0; k < n; k++)
+            xs[k]->queued = 1;
+        dq_push(eng, g);
         pthread_cond_broadcast(&eng->dcv);
     }
     pthread_mutex_unlock(&eng->dmu);
+    if (!ok)
+        free(g);
     return ok;
 }
-
 void kvb__direct_stop(kvb_engine_h eng)
 {
     kvb__warm_stop(eng);

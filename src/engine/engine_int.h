@@ -79,7 +79,9 @@ struct kvb__session {
     kvb__session_t *next;
 };
 
-#define KVB__AM_WINDOW 8 /* unacknowledged messages per transfer */
+#define KVB__AM_WINDOW 8                  /* unacknowledged messages per transfer */
+typedef struct kvb__dgroup kvb__dgroup_t; /* direct lane: writes queued together (direct.c) */
+
 struct kvb_xfer {
     kvb_engine_h eng;
     kvb__conn_t *conn;
@@ -119,10 +121,9 @@ struct kvb_xfer {
     void *stage_job;                 /* caller, until kvb__cuda_stage_start: the staging job */
     int stage_status;
     char stage_why[340];
-    uint64_t pos;  /* message lane (progress thread): bytes issued so far */
-    int queued;    /* direct lane (dmu): units left to claim */
-    int published; /* direct lane (dmu): final status set */
-    size_t busy;   /* direct lane (dmu): units being copied */
+    uint64_t pos; /* message lane (progress thread): bytes issued so far */
+    int queued;   /* direct lane (dmu): pieces left to claim (its group's cursor) */
+    size_t busy;  /* direct lane (dmu): units being copied that include it */
     kvb_status_t fail_status;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -276,7 +277,7 @@ struct kvb_engine {
     /* direct lane: writer copy threads (dmu) and the fence page peers read */
     pthread_mutex_t dmu;
     pthread_cond_t dcv;
-    struct kvb_xfer *dq_head, *dq_tail; /* transfers with units left (round robin) */
+    struct kvb__dgroup *dq_head, *dq_tail; /* groups with units left (round robin) */
     pthread_t *dthr;
     size_t n_dthr;
     int dstop;
@@ -357,7 +358,12 @@ void kvb__direct_detach(kvb__conn_t *c);
 /* Every block's destination mapped and our tag not fenced? */
 bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, uint64_t epoch, const long *dst_seg,
                         const kvb_block_t *b, size_t n);
-bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *x); /* false: use UCX */
+/* Queue xs[0..n) (n <= KVB_WRITE_GROUP_MAX, each prepared for the direct
+ * lane, none CUDA unless n is 1) as one group under one dmu hold: the copy
+ * threads take its units in zip order (block i of every member, then block
+ * i + 1). false: nothing queued (engine stopping, no copy thread, no
+ * memory): use UCX. */
+bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n);
 void kvb__direct_stop(kvb_engine_h eng);
 
 /* cuda_mem.c: CUDA device memory on every lane (docs/engine.md) */

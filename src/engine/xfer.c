@@ -137,26 +137,13 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t
     return st;
 }
 
-/* kvb_engine_write_async with a deadline (monotonic ns) for the session
- * set-up: our handshake or waiting for another thread's. */
-static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
-                                size_t count, const kvb_write_params_t *params, uint64_t deadline,
-                                kvb_xfer_h *xfer_p)
+/* A new transfer under params (NULL: none); refs: the caller's and the
+ * engine's. NULL: out of memory. */
+static struct kvb_xfer *xfer_new(kvb_engine_h eng, const kvb_write_params_t *params)
 {
-    struct kvb_xfer *x;
-    kvb__cmd_t *cmd;
-    kvb_status_t st;
-    if (eng == NULL || sid == NULL || xfer_p == NULL || (blocks == NULL && count > 0))
-        return KVB_ERR_INVALID;
-    if (count > SIZE_MAX / sizeof(kvb_block_t)) /* the copies below would wrap */
-        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write of %zu blocks: too many", count);
-    x = calloc(1, sizeof(*x));
-    cmd = calloc(1, sizeof(*cmd));
-    if (x == NULL || cmd == NULL) {
-        free(x);
-        free(cmd);
-        return KVB_ERR_NOMEM;
-    }
+    struct kvb_xfer *x = calloc(1, sizeof(*x));
+    if (x == NULL)
+        return NULL;
     pthread_mutex_init(&x->mu, NULL);
     kvb__cond_init_mono(&x->cv);
     x->eng = eng;
@@ -165,15 +152,38 @@ static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_blo
     x->stage_ready = UINT64_MAX; /* no staging: every source readable */
     if (params != NULL && (params->field_mask & KVB_WRITE_PARAM_EPOCH))
         x->epoch = params->epoch;
-    st = prepare(eng, sid, blocks, count, deadline, x);
-    if (st == KVB_OK && x->direct && kvb__direct_submit(eng, x)) {
-        free(cmd);
-        *xfer_p = x;
-        return KVB_OK;
-    }
+    return x;
+}
+
+/* The caller's arguments of one write, checked (the engine's error set). */
+static kvb_status_t check_args(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                               size_t count)
+{
+    if (sid == NULL || (blocks == NULL && count > 0))
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write without a session or blocks");
+    if (count > SIZE_MAX / sizeof(kvb_block_t)) /* the copies below would wrap */
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write of %zu blocks: too many", count);
+    return KVB_OK;
+}
+
+/* x never reached a lane: only the caller's reference is left. */
+static void xfer_unsubmitted(struct kvb_xfer *x)
+{
+    kvb__cuda_stage_abandon(x); /* drops the plan's reference */
+    x->refs = 1;
+}
+
+/* Hand prepared x to the progress thread (message or put lane). On failure
+ * x is unsubmitted (the caller's reference left). */
+static kvb_status_t submit_ucx(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    kvb__cmd_t *cmd = NULL;
+    kvb_status_t st = KVB_OK;
     x->direct = 0;
-    if (st == KVB_OK && x->cuda) /* the message lane reads host memory only */
+    if (x->cuda) /* the message lane reads host memory only */
         st = kvb__cuda_stage_sources(eng, x);
+    if (st == KVB_OK && (cmd = calloc(1, sizeof(*cmd))) == NULL)
+        st = KVB_ERR_NOMEM;
     if (st == KVB_OK) {
         cmd->kind = CMD_XFER;
         cmd->xfer = x;
@@ -181,12 +191,44 @@ static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_blo
     }
     if (st != KVB_OK) {
         free(cmd);
-        kvb__cuda_stage_abandon(x); /* drops the plan's reference */
-        x->refs = 1;
-        kvb__xfer_release(x);
+        xfer_unsubmitted(x);
         return st;
     }
     kvb__cuda_stage_start(eng, x); /* staged sources: the copies begin */
+    return KVB_OK;
+}
+
+/* Prepared x on its lane: the direct lane alone (a group of one), else UCX. */
+static kvb_status_t submit_one(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    if (x->direct && kvb__direct_submit(eng, &x, 1))
+        return KVB_OK;
+    return submit_ucx(eng, x);
+}
+
+/* kvb_engine_write_async with a deadline (monotonic ns) for the session
+ * set-up: our handshake or waiting for another thread's. */
+static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                                size_t count, const kvb_write_params_t *params, uint64_t deadline,
+                                kvb_xfer_h *xfer_p)
+{
+    if (eng == NULL || sid == NULL || xfer_p == NULL || (blocks == NULL && count > 0))
+        return KVB_ERR_INVALID;
+    kvb_status_t st = check_args(eng, sid, blocks, count);
+    if (st != KVB_OK)
+        return st;
+    struct kvb_xfer *x = xfer_new(eng, params);
+    if (x == NULL)
+        return KVB_ERR_NOMEM;
+    st = prepare(eng, sid, blocks, count, deadline, x);
+    if (st == KVB_OK)
+        st = submit_one(eng, x);
+    else
+        xfer_unsubmitted(x);
+    if (st != KVB_OK) {
+        kvb__xfer_release(x);
+        return st;
+    }
     *xfer_p = x;
     return KVB_OK;
 }
@@ -217,6 +259,75 @@ kvb_status_t kvb_engine_write_async_ex(kvb_engine_h eng, const char *sid, const 
     if (eng == NULL)
         return KVB_ERR_INVALID;
     return write_start(eng, sid, blocks, count, params, setup_deadline(eng, 0), xfer_p);
+}
+
+/* ---- groups (kvb_engine_write_group_async) ---- */
+
+/* Failed member x (unsubmitted): final now, with the calling thread's last
+ * error on this engine as its reason. */
+static void member_failed(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st)
+{
+    const char *why = kvb__err_get(&eng->err);
+    snprintf(x->err, sizeof(x->err), "%s", why[0] != '\0' ? why : kvb_status_string(st));
+    __atomic_store_n(&x->status, (int)st, __ATOMIC_RELEASE);
+}
+
+/* Start member mb: on the direct lane (host memory) it is only prepared and
+ * added to zip[*nz_p] for the group's one submission; any other lane now. */
+static kvb_status_t member_start(kvb_engine_h eng, const kvb_write_member_t *mb,
+                                 struct kvb_xfer **zip, size_t *nz_p, kvb_xfer_h *xfer_p)
+{
+    const kvb_write_params_t *wp = mb->field_mask & KVB_WRITE_MEMBER_PARAMS ? mb->params : NULL;
+    struct kvb_xfer *x = xfer_new(eng, wp);
+    *xfer_p = x;
+    if (x == NULL)
+        return KVB_ERR_NOMEM;
+    kvb_status_t st = check_args(eng, mb->session_id, mb->blocks, mb->count);
+    if (st == KVB_OK)
+        st = prepare(eng, mb->session_id, mb->blocks, mb->count, setup_deadline(eng, 0), x);
+    if (st == KVB_OK && x->direct && !x->cuda) {
+        zip[(*nz_p)++] = x;
+        return KVB_OK;
+    }
+    if (st == KVB_OK)
+        st = submit_one(eng, x);
+    else
+        xfer_unsubmitted(x);
+    if (st != KVB_OK)
+        member_failed(eng, x, st);
+    return st;
+}
+
+kvb_status_t kvb_engine_write_group_async(kvb_engine_h eng, const kvb_write_member_t *members,
+                                          size_t count, size_t member_size,
+                                          kvb_status_t *statuses_p, kvb_xfer_h *xfers_p)
+{
+    struct kvb_xfer *zip[KVB_WRITE_GROUP_MAX];
+    size_t nz = 0, at[KVB_WRITE_GROUP_MAX];
+    kvb_status_t first = KVB_OK;
+    if (eng == NULL)
+        return KVB_ERR_INVALID;
+    if ((count > 0 && (members == NULL || statuses_p == NULL || xfers_p == NULL)) ||
+        count > KVB_WRITE_GROUP_MAX || member_size < sizeof(kvb_write_member_t))
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                            "write group of %zu members of %zu bytes: invalid", count, member_size);
+    for (size_t i = 0; i < count; i++) {
+        kvb_write_member_t mb;
+        memcpy(&mb, (const char *)members + i * member_size, sizeof(mb));
+        size_t nz0 = nz;
+        statuses_p[i] = member_start(eng, &mb, zip, &nz, &xfers_p[i]);
+        if (nz > nz0)
+            at[nz0] = i;
+    }
+    /* One hold of the copy queue for them all; refused (engine stopping):
+     * each takes the UCX lanes, as a single write would. */
+    if (nz > 0 && !kvb__direct_submit(eng, zip, nz))
+        for (size_t k = 0; k < nz; k++)
+            if ((statuses_p[at[k]] = submit_ucx(eng, zip[k])) != KVB_OK)
+                member_failed(eng, zip[k], statuses_p[at[k]]);
+    for (size_t i = 0; i < count && first == KVB_OK; i++)
+        first = statuses_p[i];
+    return first;
 }
 
 kvb_status_t kvb_xfer_test(kvb_xfer_h x)
