@@ -24,24 +24,13 @@
 #include <string.h>
 #include <time.h>
 #include <sys/mman.h>
+
+#include "copy_loop.h"
 #define PAGE 32768
 static size_t pool = 1ul << 30, npg = (256ul << 20) / PAGE, np;
 static uint8_t *src, *src2, *dst;
 static int *perm, mode;
 static pthread_barrier_t bar;
-__attribute__((target("avx2"))) static void cs(uint8_t *d, const uint8_t *s, size_t n)
-{
-    for (; n >= 128; n -= 128, d += 128, s += 128) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)s);
-        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
-        __m256i e = _mm256_loadu_si256((const __m256i *)(s + 64));
-        __m256i f = _mm256_loadu_si256((const __m256i *)(s + 96));
-        _mm256_stream_si256((__m256i *)d, a);
-        _mm256_stream_si256((__m256i *)(d + 32), b);
-        _mm256_stream_si256((__m256i *)(d + 64), e);
-        _mm256_stream_si256((__m256i *)(d + 96), f);
-    }
-}
 static double now(void)
 {
     struct timespec t;
