@@ -299,7 +299,10 @@ static bool room_due(const struct kvb_manager *m, const kvb__room_t *r, double n
         return false;
     if (r->unsafe && r->lost)
         return true; /* its lost prefill's grants are being revoked: each poll looks again */
-    return r->fence_open && now - r->t_fence >= m->abort_ack_timeout_s;
+    /* fence_done's wait for the sources to confirm the abort (its time-out
+     * marks the room unsafe, after which no poll is due for it) */
+    return r->fence_open && !r->lost && !r->unsafe && r->n_responded < r->required_responses &&
+           now - r->t_fence >= m->abort_ack_timeout_s;
 }
 
 /* Once a second (m->mu held): free rooms nobody holds a handle on once
