@@ -439,13 +439,6 @@ const char *kvb__frames_kind_name(kvb__msg_kind_t kind)
 
 /* ---- decoders ---- */
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        kvb_status_t st_ = (expr);                                                                 \
-        if (st_ != KVB_OK)                                                                         \
-            return st_;                                                                            \
-    } while (0)
-
 /* The message's dialect frames (before the marker) number min..max; the
  * extensions after the marker are checked. *nd_p / *from_p as split_marker. */
 static kvb_status_t need_frames(dctx_t *c, const kvb__frame_t *frames, size_t n, size_t min,
@@ -467,8 +460,8 @@ static kvb_status_t need_frames(dctx_t *c, const kvb__frame_t *frames, size_t n,
 static kvb_status_t need_peer(dctx_t *c, const kvb__frame_t *frames, uint16_t *port_p)
 {
     int64_t v;
-    TRY(need_ip(c, &frames[1], 1));
-    TRY(need_int(c, &frames[2], 2, "port", 1, 65535, &v));
+    KVB__FRAMES_TRY(need_ip(c, &frames[1], 1));
+    KVB__FRAMES_TRY(need_int(c, &frames[2], 2, "port", 1, 65535, &v));
     *port_p = (uint16_t)v;
     return need_session(c, &frames[3], 3);
 }
@@ -491,13 +484,14 @@ kvb_status_t kvb__frames_decode_registration(const kvb__frame_t *frames, size_t 
     kvb__reg_msg_t m;
     memset(&m, 0, sizeof(m));
     size_t nd, from;
-    TRY(need_frames(&c, frames, n, REG_FRAMES, REG_FRAMES, &nd, &from));
-    TRY(need_reg_head(&c, frames, &m.port));
-    TRY(need_u64_array(&c, &frames[4], 4, "kv_ptrs", true, &m.kv_ptrs));
-    TRY(need_u64_array(&c, &frames[5], 5, "aux_ptrs", false, &m.aux_ptrs));
-    TRY(need_i32(&c, &frames[6], 6, "dst_tp_rank", 0, &m.dst_tp_rank));
-    TRY(need_i32(&c, &frames[7], 7, "dst_attn_tp_size", 1, &m.dst_attn_tp_size));
-    TRY(need_int(&c, &frames[8], 8, "dst_kv_item_len", 1, INT64_MAX, &m.dst_kv_item_len));
+    KVB__FRAMES_TRY(need_frames(&c, frames, n, REG_FRAMES, REG_FRAMES, &nd, &from));
+    KVB__FRAMES_TRY(need_reg_head(&c, frames, &m.port));
+    KVB__FRAMES_TRY(need_u64_array(&c, &frames[4], 4, "kv_ptrs", true, &m.kv_ptrs));
+    KVB__FRAMES_TRY(need_u64_array(&c, &frames[5], 5, "aux_ptrs", false, &m.aux_ptrs));
+    KVB__FRAMES_TRY(need_i32(&c, &frames[6], 6, "dst_tp_rank", 0, &m.dst_tp_rank));
+    KVB__FRAMES_TRY(need_i32(&c, &frames[7], 7, "dst_attn_tp_size", 1, &m.dst_attn_tp_size));
+    KVB__FRAMES_TRY(
+        need_int(&c, &frames[8], 8, "dst_kv_item_len", 1, INT64_MAX, &m.dst_kv_item_len));
     for (size_t i = from; i < n; i++) {
         ext_kv_t kv;
         kvb__frame_t val;
@@ -505,7 +499,8 @@ kvb_status_t kvb__frames_decode_registration(const kvb__frame_t *frames, size_t 
         val.data = kv.val;
         val.len = kv.val_len;
         if (key_is(&kv, "state_ptrs")) {
-            TRY(need_u64_array(&c, &val, i, "extension state_ptrs", false, &m.state_ptrs));
+            KVB__FRAMES_TRY(
+                need_u64_array(&c, &val, i, "extension state_ptrs", false, &m.state_ptrs));
             m.has_state_ptrs = true;
         }
     }
@@ -528,19 +523,20 @@ kvb_status_t kvb__frames_decode_transfer(const kvb__frame_t *frames, size_t n,
     if (n >= 1)
         c.has_room = parse_room(&frames[0], &c.room);
     size_t nd, from;
-    TRY(need_frames(&c, frames, n, XFER_FRAMES, XFER_FRAMES, &nd, &from));
-    TRY(need_room(&c, &frames[0], 0, &m.room));
-    TRY(need_peer(&c, frames, &m.port));
+    KVB__FRAMES_TRY(need_frames(&c, frames, n, XFER_FRAMES, XFER_FRAMES, &nd, &from));
+    KVB__FRAMES_TRY(need_room(&c, &frames[0], 0, &m.room));
+    KVB__FRAMES_TRY(need_peer(&c, frames, &m.port));
     m.is_dummy = frames[4].len == 0 && frames[5].len == 0;
     m.aux_index = -1;
     if (!m.is_dummy) {
-        TRY(need_i32_array(&c, &frames[4], 4, "dst page indices", &m.pages));
+        KVB__FRAMES_TRY(need_i32_array(&c, &frames[4], 4, "dst page indices", &m.pages));
         if (frames[5].len == 0)
             return fail_frame(&c, 5, "aux index", "empty while frame 4 holds %zu page indices",
                               m.pages.count);
-        TRY(need_i32(&c, &frames[5], 5, "aux index", 0, &m.aux_index));
+        KVB__FRAMES_TRY(need_i32(&c, &frames[5], 5, "aux index", 0, &m.aux_index));
     }
-    TRY(need_i32(&c, &frames[6], 6, "required_dst_info_num", 1, &m.required_dst_info_num));
+    KVB__FRAMES_TRY(
+        need_i32(&c, &frames[6], 6, "required_dst_info_num", 1, &m.required_dst_info_num));
     for (size_t i = from; i < n; i++) {
         ext_kv_t kv;
         kvb__frame_t val;
@@ -558,14 +554,15 @@ kvb_status_t kvb__frames_decode_transfer(const kvb__frame_t *frames, size_t n,
             m.has_page_mask = true;
             m.page_mask = val.data;
         } else if (key_is(&kv, "prefix_len")) {
-            TRY(need_int(&c, &val, i, "extension prefix_len", 0, INT64_MAX, &m.prefix_len));
+            KVB__FRAMES_TRY(
+                need_int(&c, &val, i, "extension prefix_len", 0, INT64_MAX, &m.prefix_len));
             m.has_prefix_len = true;
         } else if (key_is(&kv, "state_idx")) {
-            TRY(need_i32_array(&c, &val, i, "extension state_idx", &m.state_idx));
+            KVB__FRAMES_TRY(need_i32_array(&c, &val, i, "extension state_idx", &m.state_idx));
             m.has_state_idx = true;
         } else if (key_is(&kv, "epoch")) {
             int64_t ep;
-            TRY(need_int(&c, &val, i, "extension epoch", 1, INT64_MAX, &ep));
+            KVB__FRAMES_TRY(need_int(&c, &val, i, "extension epoch", 1, INT64_MAX, &ep));
             m.has_epoch = true;
             m.epoch = (uint64_t)ep;
         }
@@ -590,10 +587,10 @@ kvb_status_t kvb__frames_decode_status(const kvb__frame_t *frames, size_t n, kvb
         c.has_room = parse_room(&frames[0], &c.room);
     if (n != STATUS_FRAMES)
         return fail(&c, "expected %d frames, got %zu", STATUS_FRAMES, n);
-    TRY(need_room(&c, &frames[0], 0, &m.room));
-    TRY(need_int(&c, &frames[1], 1, "status", KVB__WIRE_FAILED, KVB__WIRE_SUCCESS, &v));
+    KVB__FRAMES_TRY(need_room(&c, &frames[0], 0, &m.room));
+    KVB__FRAMES_TRY(need_int(&c, &frames[1], 1, "status", KVB__WIRE_FAILED, KVB__WIRE_SUCCESS, &v));
     m.status = (int32_t)v;
-    TRY(need_i32(&c, &frames[2], 2, "prefill_rank", 0, &m.prefill_rank));
+    KVB__FRAMES_TRY(need_i32(&c, &frames[2], 2, "prefill_rank", 0, &m.prefill_rank));
     *msg_p = m;
     return KVB_OK;
 }
@@ -613,9 +610,9 @@ kvb_status_t kvb__frames_decode_aux(const kvb__frame_t *frames, size_t n, kvb__f
         quote(q, sizeof(q), frames[0].data, frames[0].len);
         return fail_frame(&c, 0, "tag", "%s is not \"AUX_DATA\"", q);
     }
-    TRY(need_room(&c, &frames[1], 1, &m.room));
-    TRY(need_i32(&c, &frames[2], 2, "buffer index", 0, &m.buffer_index));
-    TRY(need_i32(&c, &frames[3], 3, "aux index", 0, &m.aux_index));
+    KVB__FRAMES_TRY(need_room(&c, &frames[1], 1, &m.room));
+    KVB__FRAMES_TRY(need_i32(&c, &frames[2], 2, "buffer index", 0, &m.buffer_index));
+    KVB__FRAMES_TRY(need_i32(&c, &frames[3], 3, "aux index", 0, &m.aux_index));
     if (frames[4].len != 4)
         return fail_frame(&c, 4, "length", "%zu bytes, expected 4 (big-endian uint32)",
                           frames[4].len);
@@ -1120,12 +1117,16 @@ static kvb_status_t opt_int(dctx_t *c, const kvb__frame_t *frames, size_t n, siz
 static kvb_status_t reg26_state(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__reg26_msg_t *m)
 {
     static const kvb__frame_t none = {NULL, 0};
-    TRY(need_lol(c, &f[6], 6, "dst_state_data_ptrs", 8, &m->state_ptrs));
-    TRY(lol_elems(c, m->state_ptrs, 6, "dst_state_data_ptrs", true));
-    TRY(need_lol(c, n > 10 ? &f[10] : &none, 10, "dst_state_item_lens", 4, &m->state_item_lens));
-    TRY(lol_shaped(c, m->state_item_lens, m->state_ptrs, 10, "dst_state_item_lens", false));
-    TRY(need_lol(c, n > 11 ? &f[11] : &none, 11, "dst_state_dim_per_tensor", 4, &m->state_dims));
-    TRY(lol_shaped(c, m->state_dims, m->state_ptrs, 11, "dst_state_dim_per_tensor", true));
+    KVB__FRAMES_TRY(need_lol(c, &f[6], 6, "dst_state_data_ptrs", 8, &m->state_ptrs));
+    KVB__FRAMES_TRY(lol_elems(c, m->state_ptrs, 6, "dst_state_data_ptrs", true));
+    KVB__FRAMES_TRY(
+        need_lol(c, n > 10 ? &f[10] : &none, 10, "dst_state_item_lens", 4, &m->state_item_lens));
+    KVB__FRAMES_TRY(
+        lol_shaped(c, m->state_item_lens, m->state_ptrs, 10, "dst_state_item_lens", false));
+    KVB__FRAMES_TRY(
+        need_lol(c, n > 11 ? &f[11] : &none, 11, "dst_state_dim_per_tensor", 4, &m->state_dims));
+    KVB__FRAMES_TRY(
+        lol_shaped(c, m->state_dims, m->state_ptrs, 11, "dst_state_dim_per_tensor", true));
     const kvb__frame_t *ids = n > 12 ? &f[12] : &none;
     if (ids->len % 4 != 0)
         return fail_frame(c, 12, "dst_kv_layer_ids", "length %zu is not a multiple of 4", ids->len);
@@ -1133,7 +1134,8 @@ static kvb_status_t reg26_state(dctx_t *c, const kvb__frame_t *f, size_t n, kvb_
     if (m->kv_layer_ids.count != 0 && m->kv_layer_ids.count != m->kv_ptrs.count)
         return fail_frame(c, 12, "dst_kv_layer_ids", "%zu ids for %zu KV buffers",
                           m->kv_layer_ids.count, m->kv_ptrs.count);
-    TRY(need_lol(c, n > 13 ? &f[13] : &none, 13, "dst_state_layer_ids", 4, &m->state_layer_ids));
+    KVB__FRAMES_TRY(
+        need_lol(c, n > 13 ? &f[13] : &none, 13, "dst_state_layer_ids", 4, &m->state_layer_ids));
     return lol_shaped(c, m->state_layer_ids, m->state_ptrs, 13, "dst_state_layer_ids", false);
 }
 
@@ -1154,10 +1156,11 @@ static kvb_status_t need_u64_values(dctx_t *c, const kvb__frame_t *f, size_t idx
 static kvb_status_t reg26_after17(dctx_t *c, const kvb__frame_t *f, size_t nd, kvb__reg26_msg_t *m)
 {
     if (nd > 18)
-        TRY(need_u64_values(c, &f[18], 18, "staging_slot_layer_ids", &m->staging_slot_ids));
+        KVB__FRAMES_TRY(
+            need_u64_values(c, &f[18], 18, "staging_slot_layer_ids", &m->staging_slot_ids));
     if (nd <= 19)
         return KVB_OK;
-    TRY(need_u64_values(c, &f[19], 19, "dst_kv_item_lens", &m->kv_item_lens));
+    KVB__FRAMES_TRY(need_u64_values(c, &f[19], 19, "dst_kv_item_lens", &m->kv_item_lens));
     if (m->kv_item_lens.count != 0 && m->kv_item_lens.count != m->kv_ptrs.count)
         return fail_frame(c, 19, "dst_kv_item_lens", "%zu lengths for %zu KV buffers",
                           m->kv_item_lens.count, m->kv_ptrs.count);
@@ -1176,11 +1179,11 @@ static kvb_status_t reg26_tail(dctx_t *c, const kvb__frame_t *f, size_t n, kvb__
         return fail_frame(c, 14, "staging_base_ptr", "%zu bytes, expected 8 or none", f[14].len);
     m->has_staging_base = n > 14 && f[14].len == 8;
     m->staging_base = m->has_staging_base ? kvb__u64_at((kvb__u64_view_t){f[14].data, 1}, 0) : 0;
-    TRY(opt_int(c, f, n, 15, "staging_total_size", 0, INT64_MAX, 0, &v));
+    KVB__FRAMES_TRY(opt_int(c, f, n, 15, "staging_total_size", 0, INT64_MAX, 0, &v));
     m->staging_size = (uint64_t)v;
-    TRY(opt_int(c, f, n, 16, "dst_dcp_size", 1, INT32_MAX, 1, &v));
+    KVB__FRAMES_TRY(opt_int(c, f, n, 16, "dst_dcp_size", 1, INT32_MAX, 1, &v));
     m->dcp_size = (int32_t)v;
-    TRY(opt_int(c, f, n, 17, "dst_dcp_rank", 0, m->dcp_size - 1, 0, &v));
+    KVB__FRAMES_TRY(opt_int(c, f, n, 17, "dst_dcp_rank", 0, m->dcp_size - 1, 0, &v));
     m->dcp_rank = (int32_t)v;
     return reg26_after17(c, f, n, m);
 }
@@ -1192,16 +1195,16 @@ kvb_status_t kvb__frames_decode_registration26(const kvb__frame_t *frames, size_
     kvb__reg26_msg_t m;
     memset(&m, 0, sizeof(m));
     size_t nd, from;
-    TRY(need_frames(&c, frames, n, KVB__REG26_MIN, KVB__REG26_MAX, &nd, &from));
-    TRY(need_reg_head(&c, frames, &m.port));
-    TRY(need_u64_array(&c, &frames[4], 4, "dst_kv_ptrs", false, &m.kv_ptrs));
-    TRY(need_u64_array(&c, &frames[5], 5, "dst_aux_ptrs", false, &m.aux_ptrs));
-    TRY(need_i32(&c, &frames[7], 7, "dst_tp_rank", 0, &m.dst_tp_rank));
-    TRY(need_i32(&c, &frames[8], 8, "dst_attn_tp_size", 1, &m.dst_attn_tp_size));
-    TRY(need_int(&c, &frames[9], 9, "dst_kv_item_len", m.kv_ptrs.count > 0 ? 1 : 0,
-                 m.kv_ptrs.count > 0 ? INT64_MAX : 0, &m.dst_kv_item_len));
-    TRY(reg26_state(&c, frames, nd, &m));
-    TRY(reg26_tail(&c, frames, nd, &m));
+    KVB__FRAMES_TRY(need_frames(&c, frames, n, KVB__REG26_MIN, KVB__REG26_MAX, &nd, &from));
+    KVB__FRAMES_TRY(need_reg_head(&c, frames, &m.port));
+    KVB__FRAMES_TRY(need_u64_array(&c, &frames[4], 4, "dst_kv_ptrs", false, &m.kv_ptrs));
+    KVB__FRAMES_TRY(need_u64_array(&c, &frames[5], 5, "dst_aux_ptrs", false, &m.aux_ptrs));
+    KVB__FRAMES_TRY(need_i32(&c, &frames[7], 7, "dst_tp_rank", 0, &m.dst_tp_rank));
+    KVB__FRAMES_TRY(need_i32(&c, &frames[8], 8, "dst_attn_tp_size", 1, &m.dst_attn_tp_size));
+    KVB__FRAMES_TRY(need_int(&c, &frames[9], 9, "dst_kv_item_len", m.kv_ptrs.count > 0 ? 1 : 0,
+                             m.kv_ptrs.count > 0 ? INT64_MAX : 0, &m.dst_kv_item_len));
+    KVB__FRAMES_TRY(reg26_state(&c, frames, nd, &m));
+    KVB__FRAMES_TRY(reg26_tail(&c, frames, nd, &m));
     m.n_fixed = nd;
     m.ext = n > from ? &frames[from] : NULL;
     m.n_ext = n - from;
@@ -1235,11 +1238,11 @@ static kvb_status_t xfer26_ext(dctx_t *c, const kvb__frame_t *f, size_t from, si
         kvb__frame_t val = {kv.val, kv.val_len};
         if (key_is(&kv, "epoch")) {
             int64_t ep;
-            TRY(need_int(c, &val, i, "extension epoch", 1, INT64_MAX, &ep));
+            KVB__FRAMES_TRY(need_int(c, &val, i, "extension epoch", 1, INT64_MAX, &ep));
             m->has_epoch = true;
             m->epoch = (uint64_t)ep;
         } else if (key_is(&kv, "page_mask")) {
-            TRY(need_mask(c, &val, i, m->pages.count));
+            KVB__FRAMES_TRY(need_mask(c, &val, i, m->pages.count));
             m->has_page_mask = true;
             m->page_mask = val.data;
         }
@@ -1253,15 +1256,15 @@ static kvb_status_t xfer26_dst(dctx_t *c, const kvb__frame_t *f, kvb__xfer26_msg
 {
     m->is_dummy = f[4].len == 0 && f[5].len == 0;
     m->aux_index = -1;
-    TRY(need_lol(c, &f[6], 6, "dst_state_indices", 4, &m->state_idx));
-    TRY(lol_elems(c, m->state_idx, 6, "dst_state_indices", false));
+    KVB__FRAMES_TRY(need_lol(c, &f[6], 6, "dst_state_indices", 4, &m->state_idx));
+    KVB__FRAMES_TRY(lol_elems(c, m->state_idx, 6, "dst_state_indices", false));
     if (m->is_dummy) {
         if (f[6].len != 0)
             return fail_frame(c, 6, "dst_state_indices", "%zu bytes on a dummy transfer info",
                               f[6].len);
         return KVB_OK;
     }
-    TRY(need_i32_array(c, &f[4], 4, "dst_kv_indices", &m->pages));
+    KVB__FRAMES_TRY(need_i32_array(c, &f[4], 4, "dst_kv_indices", &m->pages));
     if (f[5].len == 0)
         return fail_frame(c, 5, "dst_aux_index", "empty while frame 4 holds %zu page indices",
                           m->pages.count);
@@ -1277,20 +1280,23 @@ kvb_status_t kvb__frames_decode_transfer26(const kvb__frame_t *frames, size_t n,
     if (n >= 1)
         c.has_room = parse_room(&frames[0], &c.room);
     size_t nd, from;
-    TRY(need_frames(&c, frames, n, KVB__XFER26_MIN, KVB__XFER26_FRAMES, &nd, &from));
-    TRY(need_room(&c, &frames[0], 0, &m.room));
-    TRY(need_peer(&c, frames, &m.port));
-    TRY(xfer26_dst(&c, frames, &m));
-    TRY(need_i32(&c, &frames[7], 7, "required_dst_info_num", 1, &m.required_dst_info_num));
+    KVB__FRAMES_TRY(need_frames(&c, frames, n, KVB__XFER26_MIN, KVB__XFER26_FRAMES, &nd, &from));
+    KVB__FRAMES_TRY(need_room(&c, &frames[0], 0, &m.room));
+    KVB__FRAMES_TRY(need_peer(&c, frames, &m.port));
+    KVB__FRAMES_TRY(xfer26_dst(&c, frames, &m));
+    KVB__FRAMES_TRY(
+        need_i32(&c, &frames[7], 7, "required_dst_info_num", 1, &m.required_dst_info_num));
     m.has_prefix_len = nd > 8 && frames[8].len > 0;
-    TRY(opt_int(&c, frames, nd, 8, "decode_prefix_len", 0, INT64_MAX, 0, &m.prefix_len));
+    KVB__FRAMES_TRY(
+        opt_int(&c, frames, nd, 8, "decode_prefix_len", 0, INT64_MAX, 0, &m.prefix_len));
     if (nd > 9)
-        TRY(need_i32_array(&c, &frames[9], 9, "dst_device_kv_indices", &m.device_pages));
+        KVB__FRAMES_TRY(
+            need_i32_array(&c, &frames[9], 9, "dst_device_kv_indices", &m.device_pages));
     if (m.is_dummy && m.device_pages.count > 0)
         return fail_frame(&c, 9, "dst_device_kv_indices", "%zu entries on a dummy transfer info",
                           m.device_pages.count);
     m.n_fixed = nd;
-    TRY(xfer26_ext(&c, frames, from, n, &m));
+    KVB__FRAMES_TRY(xfer26_ext(&c, frames, from, n, &m));
     m.ip = (const char *)frames[1].data;
     m.ip_len = frames[1].len;
     m.session_id = (const char *)frames[3].data;
@@ -1314,16 +1320,16 @@ kvb_status_t kvb__frames_decode_abort(const kvb__frame_t *frames, size_t n, kvb_
         quote(q, sizeof(q), frames[0].data, frames[0].len);
         return fail_frame(&c, 0, "tag", "%s is not \"ABORT\"", q);
     }
-    TRY(need_room(&c, &frames[1], 1, &m.room));
-    TRY(need_ip(&c, &frames[2], 2));
-    TRY(need_int(&c, &frames[3], 3, "port", 1, 65535, &v));
+    KVB__FRAMES_TRY(need_room(&c, &frames[1], 1, &m.room));
+    KVB__FRAMES_TRY(need_ip(&c, &frames[2], 2));
+    KVB__FRAMES_TRY(need_int(&c, &frames[3], 3, "port", 1, 65535, &v));
     m.port = (uint16_t)v;
     m.ip = (const char *)frames[2].data;
     m.ip_len = frames[2].len;
     m.has_generation = n == 5;
     m.generation = 0;
     if (n == 5) {
-        TRY(need_int(&c, &frames[4], 4, "generation", 0, INT64_MAX, &v));
+        KVB__FRAMES_TRY(need_int(&c, &frames[4], 4, "generation", 0, INT64_MAX, &v));
         m.generation = (uint64_t)v;
     }
     *msg_p = m;
@@ -1345,13 +1351,13 @@ kvb_status_t kvb__frames_decode_abort_ack(const kvb__frame_t *frames, size_t n,
         quote(q, sizeof(q), frames[0].data, frames[0].len);
         return fail_frame(&c, 0, "tag", "%s is not \"ABORT_ACK\"", q);
     }
-    TRY(need_room(&c, &frames[1], 1, &m.room));
+    KVB__FRAMES_TRY(need_room(&c, &frames[1], 1, &m.room));
     if (n >= 3) {
-        TRY(need_i32(&c, &frames[2], 2, "prefill_unique_rank", 0, &m.rank));
+        KVB__FRAMES_TRY(need_i32(&c, &frames[2], 2, "prefill_unique_rank", 0, &m.rank));
         m.has_rank = true;
     }
     if (n == 4) {
-        TRY(need_int(&c, &frames[3], 3, "generation", 0, INT64_MAX, &v));
+        KVB__FRAMES_TRY(need_int(&c, &frames[3], 3, "generation", 0, INT64_MAX, &v));
         m.generation = (uint64_t)v;
         m.has_generation = true;
     }
@@ -1496,7 +1502,7 @@ kvb_status_t kvb__frames_decode_peer(const kvb__frame_t *frames, size_t n, const
     if (!room_first)
         return need_reg_head(&c, frames, port_p);
     c.has_room = parse_room(&frames[0], &c.room);
-    TRY(need_room(&c, &frames[0], 0, room_p));
+    KVB__FRAMES_TRY(need_room(&c, &frames[0], 0, room_p));
     return need_peer(&c, frames, port_p);
 }
 

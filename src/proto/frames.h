@@ -41,6 +41,14 @@ typedef struct kvb__frame {
  * TokenSpeed's parsers know nothing of it. */
 #define KVB__EXT_MARKER "kvbridge-ext/1"
 
+/* Decoders: return the status of expr unless it is KVB_OK. */
+#define KVB__FRAMES_TRY(expr)                                                                      \
+    do {                                                                                           \
+        kvb_status_t st_ = (expr);                                                                 \
+        if (st_ != KVB_OK)                                                                         \
+            return st_;                                                                            \
+    } while (0)
+
 /* Wire status values (PROTOCOL.md "Status values"). */
 enum {
     KVB__WIRE_FAILED = 0,

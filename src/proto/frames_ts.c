@@ -50,13 +50,6 @@ static kvb_status_t need_packed(const kvb__frame_t *f, size_t idx, const char *k
     return KVB_OK;
 }
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        kvb_status_t st_ = (expr);                                                                 \
-        if (st_ != KVB_OK)                                                                         \
-            return st_;                                                                            \
-    } while (0)
-
 kvb_status_t kvb__frames_decode_registration_ts(const kvb__frame_t *frames, size_t n,
                                                 kvb__frames_err_t *err, kvb__regts_msg_t *msg_p)
 {
@@ -65,17 +58,18 @@ kvb_status_t kvb__frames_decode_registration_ts(const kvb__frame_t *frames, size
     if (n != KVB__REGTS_FRAMES)
         return failf(err, KIND_REGTS, false, 0, "expected %d frames, got %zu", KVB__REGTS_FRAMES,
                      n);
-    TRY(kvb__frames_decode_peer(frames, n, KIND_REGTS, false, err, NULL, &m.port));
-    TRY(need_packed(&frames[4], 4, KIND_REGTS, "dst_kv_ptrs", true, false, 0, err));
+    KVB__FRAMES_TRY(kvb__frames_decode_peer(frames, n, KIND_REGTS, false, err, NULL, &m.port));
+    KVB__FRAMES_TRY(need_packed(&frames[4], 4, KIND_REGTS, "dst_kv_ptrs", true, false, 0, err));
     if (frames[4].len == 0)
         return failf(err, KIND_REGTS, false, 0, "frame 4 (dst_kv_ptrs): empty");
     if (frames[5].len != 0)
         return failf(err, KIND_REGTS, false, 0,
                      "frame 5 (aux pointers): %zu bytes; TokenSpeed sends it empty", frames[5].len);
-    TRY(need_packed(&frames[6], 6, KIND_REGTS, "dst_state_data_ptrs", true, false, 0, err));
+    KVB__FRAMES_TRY(
+        need_packed(&frames[6], 6, KIND_REGTS, "dst_state_data_ptrs", true, false, 0, err));
     if (frames[7].len != 0)
-        TRY(kvb__frames_need_int(&frames[7], 7, KIND_REGTS, "decode_prefix_len", 0, INT64_MAX,
-                                 false, 0, err, &m.prefix_len));
+        KVB__FRAMES_TRY(kvb__frames_need_int(&frames[7], 7, KIND_REGTS, "decode_prefix_len", 0,
+                                             INT64_MAX, false, 0, err, &m.prefix_len));
     m.ip = (const char *)frames[1].data;
     m.ip_len = frames[1].len;
     m.session_id = (const char *)frames[3].data;
@@ -91,25 +85,26 @@ static kvb_status_t xfer_tail(const kvb__frame_t *f, size_t n, kvb__frames_err_t
                               kvb__xferts_msg_t *m)
 {
     int64_t v;
-    TRY(kvb__frames_need_int(&f[7], 7, KIND_XFERTS, "decode_prefix_len", 0, INT64_MAX, true,
-                             m->room, err, &m->prefix_len));
-    TRY(kvb__frames_need_int(&f[8], 8, KIND_XFERTS, "dst_indices_are_local", 0, 1, true, m->room,
-                             err, &v));
+    KVB__FRAMES_TRY(kvb__frames_need_int(&f[7], 7, KIND_XFERTS, "decode_prefix_len", 0, INT64_MAX,
+                                         true, m->room, err, &m->prefix_len));
+    KVB__FRAMES_TRY(kvb__frames_need_int(&f[8], 8, KIND_XFERTS, "dst_indices_are_local", 0, 1, true,
+                                         m->room, err, &v));
     m->l1_5 = (int32_t)v;
     m->mask_len = f[9].len;
     if (f[10].len % 8 != 0)
         return failf(err, KIND_XFERTS, true, m->room,
                      "frame 10 (page-local indices): length %zu is not a multiple of 8", f[10].len);
     m->local_len = f[10].len;
-    TRY(need_packed(&f[11], 11, KIND_XFERTS, "state slots", false, true, m->room, err));
+    KVB__FRAMES_TRY(need_packed(&f[11], 11, KIND_XFERTS, "state slots", false, true, m->room, err));
     m->state_idx = (kvb__i64_view_t){f[11].data, f[11].len / 8};
     if (n == KVB__XFERTS_PLAN) {
         if ((f[12].len == 0) != (f[13].len == 0))
             return failf(err, KIND_XFERTS, true, m->room,
                          "frames 12-13 (plan): one is empty and the other not");
         if (f[12].len != 0) {
-            TRY(kvb__frames_need_int(&f[12], 12, KIND_XFERTS, "plan version", KVB__TS_PLAN_VERSION,
-                                     KVB__TS_PLAN_VERSION, true, m->room, err, &v));
+            KVB__FRAMES_TRY(kvb__frames_need_int(&f[12], 12, KIND_XFERTS, "plan version",
+                                                 KVB__TS_PLAN_VERSION, KVB__TS_PLAN_VERSION, true,
+                                                 m->room, err, &v));
             m->has_plan = true;
             m->plan_json = f[13].data;
             m->plan_len = f[13].len;
@@ -135,8 +130,8 @@ kvb_status_t kvb__frames_decode_transfer_ts(const kvb__frame_t *frames, size_t n
         return st;
     m.is_dummy = frames[4].len == 0 && frames[5].len == 0;
     m.aux_index = -1;
-    TRY(kvb__frames_need_int(&frames[6], 6, KIND_XFERTS, "required_dst_info_num", 1, INT32_MAX,
-                             true, m.room, err, &v));
+    KVB__FRAMES_TRY(kvb__frames_need_int(&frames[6], 6, KIND_XFERTS, "required_dst_info_num", 1,
+                                         INT32_MAX, true, m.room, err, &v));
     m.required_dst_info_num = (int32_t)v;
     if (m.is_dummy) {
         for (size_t i = 7; i < n; i++)
@@ -145,11 +140,12 @@ kvb_status_t kvb__frames_decode_transfer_ts(const kvb__frame_t *frames, size_t n
                              "frame %zu: %zu bytes in a dummy (frames 4 and 5 empty)", i,
                              frames[i].len);
     } else {
-        TRY(need_packed(&frames[4], 4, KIND_XFERTS, "dst_kv_indices", false, true, m.room, err));
+        KVB__FRAMES_TRY(
+            need_packed(&frames[4], 4, KIND_XFERTS, "dst_kv_indices", false, true, m.room, err));
         m.pages = (kvb__i64_view_t){frames[4].data, frames[4].len / 8};
-        TRY(kvb__frames_need_int(&frames[5], 5, KIND_XFERTS, "aux index", 0, INT64_MAX, true,
-                                 m.room, err, &m.aux_index));
-        TRY(xfer_tail(frames, n, err, &m));
+        KVB__FRAMES_TRY(kvb__frames_need_int(&frames[5], 5, KIND_XFERTS, "aux index", 0, INT64_MAX,
+                                             true, m.room, err, &m.aux_index));
+        KVB__FRAMES_TRY(xfer_tail(frames, n, err, &m));
     }
     m.ip = (const char *)frames[1].data;
     m.ip_len = frames[1].len;
@@ -168,20 +164,20 @@ kvb_status_t kvb__frames_decode_status_ts(const kvb__frame_t *frames, size_t n,
     if (n != KVB__STATUSTS_FRAMES)
         return failf(err, KIND_STATUSTS, false, 0, "expected %d frames, got %zu",
                      KVB__STATUSTS_FRAMES, n);
-    TRY(kvb__frames_need_int(&frames[0], 0, KIND_STATUSTS, "room", 0, INT64_MAX, false, 0, err,
-                             &v));
+    KVB__FRAMES_TRY(kvb__frames_need_int(&frames[0], 0, KIND_STATUSTS, "room", 0, INT64_MAX, false,
+                                         0, err, &v));
     m.room = (uint64_t)v;
-    TRY(kvb__frames_need_int(&frames[1], 1, KIND_STATUSTS, "status", 0, KVB__TS_SUCCESS, true,
-                             m.room, err, &v));
+    KVB__FRAMES_TRY(kvb__frames_need_int(&frames[1], 1, KIND_STATUSTS, "status", 0, KVB__TS_SUCCESS,
+                                         true, m.room, err, &v));
     m.status = (int32_t)v;
-    TRY(kvb__frames_need_int(&frames[2], 2, KIND_STATUSTS, "sender", 0, INT32_MAX, true, m.room,
-                             err, &v));
+    KVB__FRAMES_TRY(kvb__frames_need_int(&frames[2], 2, KIND_STATUSTS, "sender", 0, INT32_MAX, true,
+                                         m.room, err, &v));
     m.sender = (int32_t)v;
     if (frames[3].len == 2 && memcmp(frames[3].data, "-1", 2) == 0)
         m.first_token = -1;
     else
-        TRY(kvb__frames_need_int(&frames[3], 3, KIND_STATUSTS, "first token", 0, INT64_MAX, true,
-                                 m.room, err, &m.first_token));
+        KVB__FRAMES_TRY(kvb__frames_need_int(&frames[3], 3, KIND_STATUSTS, "first token", 0,
+                                             INT64_MAX, true, m.room, err, &m.first_token));
     if (frames[4].len % 4 != 0)
         return failf(err, KIND_STATUSTS, true, m.room,
                      "frame 4 (candidates): length %zu is not a multiple of 4", frames[4].len);
