@@ -188,6 +188,24 @@ typedef struct kvb_block {
     uint64_t len;
 } kvb_block_t;
 
+/* A strided block: count rows of len bytes; row r copies from
+ * src + r * src_stride to dst + r * dst_stride. One descriptor stands for the
+ * head slice of every token row of a run of pages (heterogeneous TP), so a
+ * write of it is checked, queued and walked per descriptor, not per row.
+ * Rules (else KVB_ERR_INVALID): count >= 1; when count > 1, dst_stride >= len
+ * (destination rows do not overlap) and the last row's addresses do not
+ * wrap. Every row lies inside one registration on each side: the first
+ * row's and the last row's (KVB_ERR_BOUNDS otherwise). Lanes that cannot
+ * walk strides (the message lane, tcp) send the rows as plain blocks. */
+typedef struct kvb_strided_block {
+    uint64_t src;
+    uint64_t dst;
+    uint64_t len;        /* bytes per row */
+    uint64_t src_stride; /* bytes between row starts in the source */
+    uint64_t dst_stride; /* and in the destination */
+    uint64_t count;      /* rows */
+} kvb_strided_block_t;
+
 /* Synchronous batched write to session_id ("host:port"). Returns KVB_OK only
  * when every byte is in the destination memory. Opens the session on first
  * use: the handshake ends within the connect time-out or timeout_s, whichever
@@ -345,7 +363,10 @@ KVB_API kvb_status_t kvb_engine_write_async_ex(kvb_engine_h engine, const char *
  * (message lane, CUDA memory) go their own way unchanged. */
 #define KVB_WRITE_GROUP_MAX 64 /* members per group */
 
-enum { KVB_WRITE_MEMBER_PARAMS = 1u << 0 };
+enum {
+    KVB_WRITE_MEMBER_PARAMS = 1u << 0, /* params */
+    KVB_WRITE_MEMBER_STRIDED = 1u << 1 /* strided, strided_count */
+};
 
 typedef struct kvb_write_member {
     uint64_t field_mask; /* KVB_WRITE_MEMBER_*: which optional fields are set */
@@ -353,6 +374,12 @@ typedef struct kvb_write_member {
     const kvb_block_t *blocks;
     size_t count;
     const kvb_write_params_t *params; /* KVB_WRITE_MEMBER_PARAMS (else none) */
+    /* KVB_WRITE_MEMBER_STRIDED: the member's blocks as strided blocks
+     * instead (blocks must then be NULL and count 0; KVB_ERR_INVALID
+     * otherwise). Zipped per row: row r of strided block i of every member,
+     * then row r + 1. */
+    const kvb_strided_block_t *strided;
+    size_t strided_count;
 } kvb_write_member_t;
 
 /* Start members[0..count) (count <= KVB_WRITE_GROUP_MAX) as one group, on the

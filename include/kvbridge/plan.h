@@ -273,6 +273,30 @@ KVB_API kvb_status_t kvb_plan_blocks(kvb_plan_h plan, uint32_t prefill_rank, uin
                                      const kvb_plan_buffers_t *src, const kvb_plan_buffers_t *dst,
                                      const kvb_plan_chunk_t *chunk, kvb_plan_blocks_t *out);
 
+/* The same chunk as strided blocks (kvb_strided_block_t, engine.h), for
+ * kvb_write_member_t's strided field: the rows of one buffer over a run of
+ * pages consecutive on both sides become one strided block (count = pages ×
+ * rows per page, strides = the row lengths) when a fragment is part of a
+ * row; whole rows stay plain (count 1) and merge as in kvb_plan_blocks. The
+ * bytes moved are exactly kvb_plan_blocks' for the same arguments; the
+ * descriptors are O(buffers × page runs) instead of O(rows). Same container
+ * rules, errors and thread safety as kvb_plan_blocks. */
+typedef struct kvb_plan_strided {
+    kvb_strided_block_t *blocks;
+    size_t count;
+    size_t capacity;
+    uint64_t bytes; /* sum of len × count added by kvb_plan_strided_blocks */
+    int fixed;
+} kvb_plan_strided_t;
+
+KVB_API void kvb_plan_strided_init(kvb_plan_strided_t *out);
+KVB_API void kvb_plan_strided_free(kvb_plan_strided_t *out);
+KVB_API kvb_status_t kvb_plan_strided_blocks(kvb_plan_h plan, uint32_t prefill_rank,
+                                             uint32_t decode_rank, const kvb_plan_buffers_t *src,
+                                             const kvb_plan_buffers_t *dst,
+                                             const kvb_plan_chunk_t *chunk,
+                                             kvb_plan_strided_t *out);
+
 #ifdef __cplusplus
 }
 #endif
