@@ -97,8 +97,13 @@ int main(int argc, char **argv)
             kvb_status_t st[2];
             kvb_block_t *b[2] = {way == 2 ? pb[0] : hb[0], way == 2 ? pb[1] : hb[1]};
             size_t n = way == 2 ? np : nh;
-            kvb_write_member_t mb[2] = {{KVB_WRITE_MEMBER_PARAMS, sid[0], b[0], n, &wp[0]},
-                                        {KVB_WRITE_MEMBER_PARAMS, sid[1], b[1], n, &wp[1]}};
+            kvb_write_member_t mb[2];
+            for (int k = 0; k < 2; k++)
+                mb[k] = (kvb_write_member_t){.field_mask = KVB_WRITE_MEMBER_PARAMS,
+                                             .session_id = sid[k],
+                                             .blocks = b[k],
+                                             .count = n,
+                                             .params = &wp[k]};
             double c0 = now_s(CLOCK_PROCESS_CPUTIME_ID), t0 = now_s(CLOCK_MONOTONIC);
             if (way == 1)
                 kvb_engine_write_group_async(w, mb, 2, sizeof(mb[0]), st, x);

@@ -425,8 +425,11 @@ static void kv_submit(struct kvb_manager *m, work_t *w)
             if (j->st != KVB_OK)
                 continue;
             wp[n] = (kvb_write_params_t){KVB_WRITE_PARAM_EPOCH, j->epoch};
-            mb[n] = (kvb_write_member_t){KVB_WRITE_MEMBER_PARAMS, job_session(j), j->blocks.blocks,
-                                         j->blocks.count, &wp[n]};
+            mb[n] = (kvb_write_member_t){.field_mask = KVB_WRITE_MEMBER_PARAMS,
+                                         .session_id = job_session(j),
+                                         .blocks = j->blocks.blocks,
+                                         .count = j->blocks.count,
+                                         .params = &wp[n]};
             st[n] = KVB_ERR_INVALID; /* the call refused them all: nothing written */
             x[n] = NULL;
             js[n++] = j;
