@@ -404,17 +404,22 @@ static void check_stop(kvb_engine_h eng, struct kvb_xfer *x)
         set_failure(x, KVB_ERR_CANCELED, "transfer cancelled");
 }
 
+/* A member's fence answer at a unit. It was admitted at submission
+ * (kvb__direct_usable), and a slot is freed only once revoked and drained
+ * and epochs are never reused (fence.c): so a grant the page no longer
+ * lists was revoked too. Only the legacy tag list (epoch 0) can be
+ * unknown for another reason (it overflowed). */
 static void fence_failure(struct kvb_xfer *x, fence_state_t fs)
 {
-    if (fs == FENCE_YES)
+    if (fs == FENCE_YES || (fs == FENCE_UNKNOWN && x->epoch != 0))
         set_failure(x, KVB_ERR_FENCED,
                     "writer fenced: the target revoked this writer's grant (declared it "
                     "lost or ended its rooms)");
     else if (fs == FENCE_UNKNOWN)
         set_failure(x, KVB_ERR_PEER,
-                    "the target's fence page does not list this writer's grant (page "
-                    "full, grant drained, or the target stopped while updating it): "
-                    "retry (new writes take the message lane, whose target decides)");
+                    "the target's fence page cannot say whether this writer's tag is fenced "
+                    "(its list overflowed): retry (new writes take the message lane, whose "
+                    "target decides)");
 }
 
 /* Copy unit u (dmu not held). Every member of the unit enters its target's

@@ -166,13 +166,14 @@ static void spoil_case(enum spoil how)
     group_end(&g, fin);
     fprintf(stderr, "%s: member 0 %s, member 1 %s\n", names[how], kvb_status_string(fin[0]),
             kvb_status_string(fin[1]));
-    /* A grant revoked and already drained is no longer listed on the fence
-     * page: the copy threads then answer KVB_ERR_PEER ("does not list this
-     * writer's grant"), as a single write's do; still revoked, FENCED. */
-    if (how == REVOKE_WHILE && fin[0] == KVB_ERR_PEER)
-        CHECK_STR_CONTAINS(why0, "fence page does not list this writer's grant");
-    else
-        CHECK_EQ(fin[0], want[how]);
+    /* Revoked while copying: the copy threads find the grant revoked, or
+     * (timing: the target freed the slot between two units) no longer
+     * listed; both are FENCED since session 7 (the second was KVB_ERR_PEER,
+     * which put the connector's session in back-off). This test does not
+     * force the second window; it was hit in some runs before the fix. */
+    CHECK_EQ(fin[0], want[how]);
+    if (how == REVOKE_BEFORE || how == REVOKE_WHILE)
+        CHECK_STR_CONTAINS(why0, "fenced");
     CHECK_EQ(fin[1], KVB_OK);
     CHECK(tp2_exact(&t1, 1, npages));
     if (how == REVOKE_BEFORE || how == REVOKE_WHILE)
