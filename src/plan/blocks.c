@@ -71,8 +71,8 @@ static kvb_status_t reserve(void **arr_p, size_t *cap_p, size_t count, int fixed
 
 /* Check that indices lie in [0, pool) (pool 0: only non-negative) and return
  * the largest. */
-static kvb_status_t check_indices(const char *what, const int32_t *idx, size_t n, uint64_t pool,
-                                  uint64_t *max_p)
+static kvb_status_t check_indices(const char *side, const char *what, const int32_t *idx, size_t n,
+                                  uint64_t pool, uint64_t *max_p)
 {
     int32_t mx = 0, mn = 0;
     for (size_t i = 0; i < n; i++) {
@@ -82,7 +82,7 @@ static kvb_status_t check_indices(const char *what, const int32_t *idx, size_t n
     if (mn < 0 || (pool != 0 && (uint64_t)mx >= pool)) {
         for (size_t i = 0; i < n; i++)
             if (idx[i] < 0 || (pool != 0 && (uint64_t)idx[i] >= pool))
-                return kvb__plan_fail("%s[%zu]=%d outside the pool of %llu items", what, i,
+                return kvb__plan_fail("%s_%s[%zu]=%d outside the pool of %llu items", side, what, i,
                                       (int)idx[i], (unsigned long long)pool);
     }
     *max_p = (uint64_t)mx;
@@ -102,14 +102,20 @@ static kvb_status_t check_span(const char *kind, const char *w, uint64_t base, u
     return KVB_OK;
 }
 
-/* One buffer kind of one call: nbuf buffers, the same n items of each. */
+/* Items of one kind that a call sends (pages, state items or the aux
+ * item): index pairs, checked against the pools. */
+typedef struct item_set {
+    const int32_t *sp, *dp;
+    size_t n, runs;      /* items; maximal runs of them consecutive on both sides */
+    uint64_t smax, dmax; /* largest index on each side */
+} item_set_t;
+
+/* One buffer kind of one call: nbuf buffers, the same items of each. */
 typedef struct emit_job {
     const kvb__plan_class_t *c;
     const uint64_t *sb, *db; /* base address per buffer */
     uint32_t nbuf;
-    const int32_t *sp, *dp; /* item indices */
-    size_t n;
-    uint64_t smax, dmax;
+    item_set_t is;
     uint64_t soff, doff, bytes; /* the fragment within a row */
 } emit_job_t;
 
@@ -117,6 +123,14 @@ typedef struct emit_job {
 static bool job_whole(const emit_job_t *j)
 {
     return j->bytes == j->c->src_row && j->bytes == j->c->dst_row;
+}
+
+/* The fragment's rows of a run of items follow each other at the row
+ * lengths on both sides (an item is exactly its rows). */
+static bool job_packed(const emit_job_t *j)
+{
+    const kvb__plan_class_t *c = j->c;
+    return c->src_item == c->rows * c->src_row && c->dst_item == c->rows * c->dst_row;
 }
 
 /* Addresses of every buffer checked for wrap-around, and *total_p = per_buf
@@ -127,8 +141,8 @@ static kvb_status_t job_check(const emit_job_t *j, uint64_t per_buf, uint64_t *t
     const char *kind = kvb_plan_buffer_name(c->kind);
     kvb_status_t st;
     for (uint32_t b = 0; b < j->nbuf; b++) {
-        if ((st = check_span(kind, "prefill", j->sb[b], j->smax, c->src_item)) != KVB_OK ||
-            (st = check_span(kind, "decode", j->db[b], j->dmax, c->dst_item)) != KVB_OK)
+        if ((st = check_span(kind, "prefill", j->sb[b], j->is.smax, c->src_item)) != KVB_OK ||
+            (st = check_span(kind, "decode", j->db[b], j->is.dmax, c->dst_item)) != KVB_OK)
             return st;
     }
     if (!kvb__mul_u64(per_buf, j->nbuf, total_p))
@@ -145,19 +159,19 @@ typedef struct run_iter {
 } run_iter_t;
 
 /* Next run: *s_p / *d_p = address of the fragment in its first row, *items_p
- * = its length. False when every buffer is done. j->n > 0. */
+ * = its length. False when every buffer is done. j->is.n > 0. */
 static inline bool next_run(const emit_job_t *j, run_iter_t *it, uint64_t *s_p, uint64_t *d_p,
                             uint64_t *items_p)
 {
-    if (it->k == j->n) {
+    if (it->k == j->is.n) {
         it->k = 0;
         it->b++;
     }
     if (it->b == j->nbuf)
         return false;
-    const int32_t *sp = j->sp, *dp = j->dp;
+    const int32_t *sp = j->is.sp, *dp = j->is.dp;
     size_t k = it->k, e = k + 1;
-    while (!it->single && e < j->n && sp[e] == sp[e - 1] + 1 && dp[e] == dp[e - 1] + 1)
+    while (!it->single && e < j->is.n && sp[e] == sp[e - 1] + 1 && dp[e] == dp[e - 1] + 1)
         e++;
     *s_p = j->sb[it->b] + j->soff + (uint64_t)sp[k] * j->c->src_item;
     *d_p = j->db[it->b] + j->doff + (uint64_t)dp[k] * j->c->dst_item;
@@ -212,7 +226,7 @@ static kvb_status_t emit_plain(void *arg, size_t floor, const emit_job_t *j)
     kvb_plan_blocks_t *out = arg;
     bool whole = job_whole(j);
     uint64_t total;
-    kvb_status_t st = job_check(j, whole ? j->n : (uint64_t)j->n * j->c->rows, &total);
+    kvb_status_t st = job_check(j, whole ? j->is.runs : (uint64_t)j->is.n * j->c->rows, &total);
     void *arr = out->blocks;
     if (st == KVB_OK)
         st = reserve(&arr, &out->capacity, out->count, out->fixed, sizeof(kvb_block_t), total);
@@ -228,40 +242,42 @@ static kvb_status_t emit_plain(void *arg, size_t floor, const emit_job_t *j)
 
 /* ---- strided blocks (kvb_plan_strided_blocks) ---- */
 
-/* Whole rows: as plain_whole, as strided blocks of count 1 whose strides
- * equal len; only such blocks merge. */
-static void strided_whole(kvb_plan_strided_t *out, size_t floor, const emit_job_t *j)
+/* Append b at *o_p, or fold it into the block before (from lo on, this
+ * call's) when both are plain (count 1) and b continues it on both sides:
+ * the same merging as plain_whole. A plain block's strides equal its len. */
+static void put_strided(kvb_strided_block_t **o_p, const kvb_strided_block_t *lo,
+                        kvb_strided_block_t b)
 {
-    kvb_strided_block_t *o = out->blocks + out->count;
-    run_iter_t it = {0, 0, false};
-    uint64_t s, d, items;
-    while (next_run(j, &it, &s, &d, &items)) {
-        uint64_t len = items * j->c->src_item;
-        kvb_strided_block_t *prev = o - out->blocks > (ptrdiff_t)floor ? o - 1 : NULL;
-        if (prev != NULL && prev->count == 1 && prev->src + prev->len == s &&
-            prev->dst + prev->len == d) {
-            prev->len += len;
-            prev->src_stride = prev->dst_stride = prev->len;
-        } else {
-            *o++ = (kvb_strided_block_t){s, d, len, len, len, 1};
-        }
+    kvb_strided_block_t *o = *o_p, *prev = o > lo ? o - 1 : NULL;
+    if (b.count == 1 && prev != NULL && prev->count == 1 && prev->src + prev->len == b.src &&
+        prev->dst + prev->len == b.dst) {
+        prev->len += b.len;
+        prev->src_stride = prev->dst_stride = prev->len;
+        return;
     }
-    out->count = (size_t)(o - out->blocks);
+    *o = b;
+    *o_p = o + 1;
 }
 
-/* Part of a row: one strided block per run of items, row after row. A run
- * spans items only when an item is exactly its rows on both sides (the row
- * after an item's last is the next item's first); otherwise one per item. */
-static void strided_rows(kvb_plan_strided_t *out, const emit_job_t *j)
+/* One strided block per run of items: the fragment of every row, row after
+ * row. A run spans items only when an item is exactly its rows on both sides
+ * (the row after an item's last is the next item's first), else one block per
+ * item. Whole rows on both sides are one contiguous span: a plain block. */
+static void strided_runs(kvb_plan_strided_t *out, size_t floor, const emit_job_t *j)
 {
     const kvb__plan_class_t *c = j->c;
     uint64_t rows = c->rows;
+    bool whole = job_whole(j);
     kvb_strided_block_t *o = out->blocks + out->count;
-    bool packed = c->src_item == rows * c->src_row && c->dst_item == rows * c->dst_row;
-    run_iter_t it = {0, 0, !packed};
+    run_iter_t it = {0, 0, !job_packed(j)};
     uint64_t s, d, items;
-    while (next_run(j, &it, &s, &d, &items))
-        *o++ = (kvb_strided_block_t){s, d, j->bytes, c->src_row, c->dst_row, items * rows};
+    while (next_run(j, &it, &s, &d, &items)) {
+        uint64_t n = items * rows, len = n * j->bytes;
+        if (whole)
+            put_strided(&o, out->blocks + floor, (kvb_strided_block_t){s, d, len, len, len, 1});
+        else
+            *o++ = (kvb_strided_block_t){s, d, j->bytes, c->src_row, c->dst_row, n};
+    }
     out->count = (size_t)(o - out->blocks);
 }
 
@@ -269,18 +285,14 @@ static kvb_status_t emit_strided(void *arg, size_t floor, const emit_job_t *j)
 {
     kvb_plan_strided_t *out = arg;
     uint64_t total;
-    kvb_status_t st = job_check(j, j->n, &total); /* at most one block per item */
+    kvb_status_t st = job_check(j, job_packed(j) ? j->is.runs : j->is.n, &total);
     void *arr = out->blocks;
     if (st == KVB_OK)
         st = reserve(&arr, &out->capacity, out->count, out->fixed, sizeof(*out->blocks), total);
     out->blocks = arr;
-    if (st != KVB_OK)
-        return st;
-    if (job_whole(j))
-        strided_whole(out, floor, j);
-    else
-        strided_rows(out, j);
-    return KVB_OK;
+    if (st == KVB_OK)
+        strided_runs(out, floor, j);
+    return st;
 }
 
 /* ---- the driver both entry points share ---- */
@@ -295,10 +307,9 @@ typedef struct plan_sink {
 
 /* What one chunk asks for, checked. */
 typedef struct chunk_prep {
-    size_t skip; /* pages below the decode's prefix */
-    uint64_t smax, dmax, ssmax, dsmax;
-    bool last_stage, with_state, with_aux;
+    item_set_t pages, state, aux; /* pages past the decode's prefix */
     int32_t aux_s, aux_d;
+    bool last_stage, with_state, with_aux;
 } chunk_prep_t;
 
 static kvb_status_t check_args(const char *fn, kvb_plan_h plan, uint32_t p, uint32_t d,
@@ -317,9 +328,36 @@ static kvb_status_t check_args(const char *fn, kvb_plan_h plan, uint32_t p, uint
     return KVB_OK;
 }
 
-/* Pages already on the decode (its prefix) are skipped; the pages checked. */
+/* Maximal runs of n indices consecutive on both sides (what reserve needs). */
+static size_t count_runs(const int32_t *sp, const int32_t *dp, size_t n)
+{
+    size_t runs = n > 0;
+    for (size_t i = 1; i < n; i++)
+        runs += sp[i] != sp[i - 1] + 1 || dp[i] != dp[i - 1] + 1;
+    return runs;
+}
+
+/* Check n index pairs against the pools ("src_" / "dst_" + what); *is gets
+ * those past the first skip. */
+static kvb_status_t prep_items(const char *what, const int32_t *sp, const int32_t *dp, size_t n,
+                               size_t skip, uint64_t spool, uint64_t dpool, item_set_t *is)
+{
+    kvb_status_t st = check_indices("src", what, sp, n, spool, &is->smax);
+    if (st == KVB_OK)
+        st = check_indices("dst", what, dp, n, dpool, &is->dmax);
+    if (st != KVB_OK || skip >= n)
+        return st;
+    is->sp = sp + skip;
+    is->dp = dp + skip;
+    is->n = n - skip;
+    is->runs = count_runs(is->sp, is->dp, is->n);
+    return KVB_OK;
+}
+
+/* Pages already on the decode (its prefix) are skipped. */
 static kvb_status_t prep_pages(kvb_plan_h plan, const kvb_plan_chunk_t *chunk, chunk_prep_t *pr)
 {
+    size_t skip = 0;
     if (chunk->field_mask & KVB_PLAN_CHUNK_PREFIX) {
         if (chunk->prefix_tokens % plan->page_size != 0)
             return kvb__plan_fail("chunk: prefix_tokens=%llu is not a multiple of page_size=%u",
@@ -327,15 +365,11 @@ static kvb_status_t prep_pages(kvb_plan_h plan, const kvb_plan_chunk_t *chunk, c
         uint64_t prefix_pages = chunk->prefix_tokens / plan->page_size;
         if (prefix_pages > chunk->first_page) {
             uint64_t s = prefix_pages - chunk->first_page;
-            pr->skip = s > chunk->num_pages ? chunk->num_pages : (size_t)s;
+            skip = s > chunk->num_pages ? chunk->num_pages : (size_t)s;
         }
     }
-    kvb_status_t st = check_indices("src_pages", chunk->src_pages, chunk->num_pages,
-                                    plan->src_kv_pool, &pr->smax);
-    if (st == KVB_OK)
-        st = check_indices("dst_pages", chunk->dst_pages, chunk->num_pages, plan->dst_kv_pool,
-                           &pr->dmax);
-    return st;
+    return prep_items("pages", chunk->src_pages, chunk->dst_pages, chunk->num_pages, skip,
+                      plan->src_kv_pool, plan->dst_kv_pool, &pr->pages);
 }
 
 /* State items: the last PP stage sends them when the chunk names some. */
@@ -348,12 +382,8 @@ static kvb_status_t prep_state(kvb_plan_h plan, const kvb_plan_chunk_t *chunk, c
     if (chunk->src_state == NULL || chunk->dst_state == NULL)
         return kvb__plan_fail("chunk: num_state_indices=%zu but src_state or dst_state is NULL",
                               chunk->num_state_indices);
-    kvb_status_t st = check_indices("src_state", chunk->src_state, chunk->num_state_indices,
-                                    plan->src_state_pool, &pr->ssmax);
-    if (st == KVB_OK)
-        st = check_indices("dst_state", chunk->dst_state, chunk->num_state_indices,
-                           plan->dst_state_pool, &pr->dsmax);
-    return st;
+    return prep_items("state", chunk->src_state, chunk->dst_state, chunk->num_state_indices, 0,
+                      plan->src_state_pool, plan->dst_state_pool, &pr->state);
 }
 
 /* One aux index, checked against its pool and int32_t. */
@@ -378,39 +408,8 @@ static kvb_status_t prep_chunk(kvb_plan_h plan, const kvb_plan_chunk_t *chunk, c
         st = aux_index("src_aux_index", chunk->src_aux_index, plan->src_aux_pool, &pr->aux_s);
     if (st == KVB_OK && pr->with_aux)
         st = aux_index("dst_aux_index", chunk->dst_aux_index, plan->dst_aux_pool, &pr->aux_d);
+    pr->aux = (item_set_t){&pr->aux_s, &pr->aux_d, 1, 1, (uint64_t)pr->aux_s, (uint64_t)pr->aux_d};
     return st;
-}
-
-/* Items of the job: the chunk's pages past the prefix, or its state items,
- * or the aux item. */
-static void job_items(emit_job_t *j, const kvb_plan_chunk_t *chunk, const chunk_prep_t *pr)
-{
-    switch (j->c->kind) {
-    case KVB_PLAN_BUF_STATE:
-        *j = (emit_job_t){.c = j->c,
-                          .sp = chunk->src_state,
-                          .dp = chunk->dst_state,
-                          .n = chunk->num_state_indices,
-                          .smax = pr->ssmax,
-                          .dmax = pr->dsmax};
-        break;
-    case KVB_PLAN_BUF_AUX:
-        *j = (emit_job_t){.c = j->c,
-                          .sp = &pr->aux_s,
-                          .dp = &pr->aux_d,
-                          .n = 1,
-                          .smax = (uint64_t)pr->aux_s,
-                          .dmax = (uint64_t)pr->aux_d};
-        break;
-    default:
-        *j = (emit_job_t){.c = j->c,
-                          .sp = chunk->src_pages + pr->skip,
-                          .dp = chunk->dst_pages + pr->skip,
-                          .n = chunk->num_pages - pr->skip,
-                          .smax = pr->smax,
-                          .dmax = pr->dmax};
-        break;
-    }
 }
 
 /* Buffers of the job's kind: nbuf bases from index si of src and di of dst
@@ -430,10 +429,12 @@ static kvb_status_t job_bases(emit_job_t *j, const uint64_t *sarr, size_t si, co
 /* Fill *j for class c; j->nbuf stays 0 when this call sends nothing of it. */
 static kvb_status_t build_job(kvb_plan_h plan, const kvb__plan_class_t *c,
                               const kvb_plan_buffers_t *src, const kvb_plan_buffers_t *dst,
-                              const kvb_plan_chunk_t *chunk, const chunk_prep_t *pr, emit_job_t *j)
+                              const chunk_prep_t *pr, emit_job_t *j)
 {
     j->c = c;
-    job_items(j, chunk, pr);
+    j->is = c->kind == KVB_PLAN_BUF_STATE ? pr->state
+            : c->kind == KVB_PLAN_BUF_AUX ? pr->aux
+                                          : pr->pages;
     switch (c->kind) {
     case KVB_PLAN_BUF_K:
     case KVB_PLAN_BUF_LATENT:
@@ -463,7 +464,7 @@ static kvb_status_t build_job(kvb_plan_h plan, const kvb__plan_class_t *c,
 /* Bytes of a job: every row of every item of every buffer carries `bytes`. */
 static uint64_t job_bytes(const emit_job_t *j)
 {
-    return (uint64_t)j->n * j->c->rows * j->bytes * j->nbuf;
+    return (uint64_t)j->is.n * j->c->rows * j->bytes * j->nbuf;
 }
 
 /* Validate, then emit every class's job; on error the container's count and
@@ -486,8 +487,8 @@ static kvb_status_t plan_chunk(const char *fn, kvb_plan_h plan, uint32_t p, uint
         uint64_t so, dof, bytes;
         if (!kvb__plan_pair_fragment(plan, c, p, d, &so, &dof, &bytes))
             continue;
-        st = build_job(plan, c, src, dst, chunk, &pr, &j);
-        if (st != KVB_OK || j.nbuf == 0 || j.n == 0)
+        st = build_job(plan, c, src, dst, &pr, &j);
+        if (st != KVB_OK || j.nbuf == 0 || j.is.n == 0)
             continue;
         j.soff = so;
         j.doff = dof;
