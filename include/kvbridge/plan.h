@@ -276,11 +276,14 @@ KVB_API kvb_status_t kvb_plan_blocks(kvb_plan_h plan, uint32_t prefill_rank, uin
 /* The same chunk as strided blocks (kvb_strided_block_t, engine.h), for
  * kvb_write_member_t's strided field: the rows of one buffer over a run of
  * pages consecutive on both sides become one strided block (count = pages ×
- * rows per page, strides = the row lengths) when a fragment is part of a
- * row; whole rows stay plain (count 1) and merge as in kvb_plan_blocks. The
- * bytes moved are exactly kvb_plan_blocks' for the same arguments; the
- * descriptors are O(buffers × page runs) instead of O(rows). Same container
- * rules, errors and thread safety as kvb_plan_blocks. */
+ * rows per page, len = the fragment's bytes, strides = the prefill and
+ * decode row lengths) when a fragment is part of a row; whole rows stay
+ * plain (count 1, src_stride = dst_stride = len) and merge as in
+ * kvb_plan_blocks. The bytes moved are exactly kvb_plan_blocks' for the same
+ * arguments, and in the same order when each strided block is read row by
+ * row; the descriptors are O(buffers × page runs) instead of O(rows).
+ * Same container rules, errors (out unchanged) and thread safety as
+ * kvb_plan_blocks. */
 typedef struct kvb_plan_strided {
     kvb_strided_block_t *blocks;
     size_t count;

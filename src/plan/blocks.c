@@ -1,6 +1,10 @@
 /* Transfer planner, hot path: fragments × pages × rows × layers → blocks.
- * Every index and address is checked once per call so the inner loops run
- * without checks; capacity is reserved per buffer kind for the same reason. */
+ *
+ * One driver (plan_chunk) checks the arguments and every index and address
+ * once per call and builds one job per buffer kind; an emitter then writes
+ * the job's blocks without checks: plain kvb_block_t rows (kvb_plan_blocks)
+ * or strided blocks over page runs (kvb_plan_strided_blocks). Capacity is
+ * reserved per job for the same reason. */
 #include "plan_int.h"
 
 #include <stddef.h>
@@ -12,41 +16,63 @@ void kvb_plan_blocks_init(kvb_plan_blocks_t *out)
     memset(out, 0, sizeof(*out));
 }
 
+void kvb_plan_strided_init(kvb_plan_strided_t *out)
+{
+    memset(out, 0, sizeof(*out));
+}
+
+/* Free a planner-grown array; a caller's fixed array is left alone. */
+static void free_array(void *blocks, int fixed)
+{
+    if (!fixed)
+        free(blocks);
+}
+
 void kvb_plan_blocks_free(kvb_plan_blocks_t *out)
 {
     if (out == NULL)
         return;
-    if (!out->fixed)
-        free(out->blocks);
+    free_array(out->blocks, out->fixed);
     memset(out, 0, sizeof(*out));
 }
 
-static kvb_status_t reserve(kvb_plan_blocks_t *out, uint64_t more)
+void kvb_plan_strided_free(kvb_plan_strided_t *out)
+{
+    if (out == NULL)
+        return;
+    free_array(out->blocks, out->fixed);
+    memset(out, 0, sizeof(*out));
+}
+
+/* Room for `more` entries of elem bytes after count in *arr_p (capacity
+ * *cap_p), grown by doubling unless fixed. */
+static kvb_status_t reserve(void **arr_p, size_t *cap_p, size_t count, int fixed, size_t elem,
+                            uint64_t more)
 {
     uint64_t need;
-    if (!kvb__add_u64(out->count, more, &need) || need > SIZE_MAX / sizeof(kvb_block_t))
+    if (!kvb__add_u64(count, more, &need) || need > SIZE_MAX / elem)
         return kvb__plan_fail("blocks: %llu more blocks overflow the array size",
                               (unsigned long long)more);
-    if (need <= out->capacity)
+    if (need <= *cap_p)
         return KVB_OK;
-    if (out->fixed)
-        return kvb__plan_fail("blocks: fixed array capacity=%zu, need at least %llu", out->capacity,
+    if (fixed)
+        return kvb__plan_fail("blocks: fixed array capacity=%zu, need at least %llu", *cap_p,
                               (unsigned long long)need);
-    size_t cap = out->capacity ? out->capacity : 256;
+    size_t cap = *cap_p ? *cap_p : 256;
     while (cap < need)
-        cap = cap > SIZE_MAX / 2 / sizeof(kvb_block_t) ? (size_t)need : cap * 2;
-    kvb_block_t *nb = realloc(out->blocks, cap * sizeof(kvb_block_t));
+        cap = cap > SIZE_MAX / 2 / elem ? (size_t)need : cap * 2;
+    void *nb = realloc(*arr_p, cap * elem);
     if (nb == NULL)
         return KVB_ERR_NOMEM;
-    out->blocks = nb;
-    out->capacity = cap;
+    *arr_p = nb;
+    *cap_p = cap;
     return KVB_OK;
 }
 
 /* Check that indices lie in [0, pool) (pool 0: only non-negative) and return
  * the largest. */
-static kvb_status_t check_indices(const char *what, const int32_t *idx, size_t n, uint64_t pool,
-                                  uint64_t *max_p)
+static kvb_status_t check_indices(const char *side, const char *what, const int32_t *idx, size_t n,
+                                  uint64_t pool, uint64_t *max_p)
 {
     int32_t mx = 0, mn = 0;
     for (size_t i = 0; i < n; i++) {
@@ -56,7 +82,7 @@ static kvb_status_t check_indices(const char *what, const int32_t *idx, size_t n
     if (mn < 0 || (pool != 0 && (uint64_t)mx >= pool)) {
         for (size_t i = 0; i < n; i++)
             if (idx[i] < 0 || (pool != 0 && (uint64_t)idx[i] >= pool))
-                return kvb__plan_fail("%s[%zu]=%d outside the pool of %llu items", what, i,
+                return kvb__plan_fail("%s_%s[%zu]=%d outside the pool of %llu items", side, what, i,
                                       (int)idx[i], (unsigned long long)pool);
     }
     *max_p = (uint64_t)mx;
@@ -76,104 +102,261 @@ static kvb_status_t check_span(const char *kind, const char *w, uint64_t base, u
     return KVB_OK;
 }
 
+/* Items of one kind that a call sends (pages, state items or the aux
+ * item): index pairs, checked against the pools. */
+typedef struct item_set {
+    const int32_t *sp, *dp;
+    size_t n, runs;      /* items; maximal runs of them consecutive on both sides */
+    uint64_t smax, dmax; /* largest index on each side */
+} item_set_t;
+
+/* One buffer kind of one call: nbuf buffers, the same items of each. */
 typedef struct emit_job {
     const kvb__plan_class_t *c;
     const uint64_t *sb, *db; /* base address per buffer */
     uint32_t nbuf;
-    const int32_t *sp, *dp; /* item indices */
-    size_t n;
-    uint64_t smax, dmax;
-    uint64_t soff, doff, bytes;
+    item_set_t is;
+    uint64_t soff, doff, bytes; /* the fragment within a row */
 } emit_job_t;
 
-static kvb_status_t emit(kvb_plan_blocks_t *out, size_t floor, const emit_job_t *j)
+/* The fragment covers whole rows on both sides (offsets are then 0). */
+static bool job_whole(const emit_job_t *j)
+{
+    return j->bytes == j->c->src_row && j->bytes == j->c->dst_row;
+}
+
+/* The fragment's rows of a run of items follow each other at the row
+ * lengths on both sides (an item is exactly its rows). */
+static bool job_packed(const emit_job_t *j)
+{
+    const kvb__plan_class_t *c = j->c;
+    return c->src_item == c->rows * c->src_row && c->dst_item == c->rows * c->dst_row;
+}
+
+/* Addresses of every buffer checked for wrap-around, and *total_p = per_buf
+ * × nbuf entries reserved in the emitter's array. */
+static kvb_status_t job_check(const emit_job_t *j, uint64_t per_buf, uint64_t *total_p)
 {
     const kvb__plan_class_t *c = j->c;
     const char *kind = kvb_plan_buffer_name(c->kind);
     kvb_status_t st;
-    if (j->n == 0 || j->nbuf == 0)
-        return KVB_OK;
     for (uint32_t b = 0; b < j->nbuf; b++) {
-        if ((st = check_span(kind, "prefill", j->sb[b], j->smax, c->src_item)) != KVB_OK ||
-            (st = check_span(kind, "decode", j->db[b], j->dmax, c->dst_item)) != KVB_OK)
+        if ((st = check_span(kind, "prefill", j->sb[b], j->is.smax, c->src_item)) != KVB_OK ||
+            (st = check_span(kind, "decode", j->db[b], j->is.dmax, c->dst_item)) != KVB_OK)
             return st;
     }
-    bool whole = j->bytes == c->src_row && j->bytes == c->dst_row;
-    uint64_t per_buf = whole ? j->n : (uint64_t)j->n * c->rows, total;
-    if (!kvb__mul_u64(per_buf, j->nbuf, &total))
+    if (!kvb__mul_u64(per_buf, j->nbuf, total_p))
         return kvb__plan_fail("%s: block count overflows", kind);
-    if ((st = reserve(out, total)) != KVB_OK)
-        return st;
-    kvb_block_t *o = out->blocks + out->count;
-    kvb_block_t *const start = o;
-    uint64_t sitem = c->src_item, ditem = c->dst_item, bytes = j->bytes;
-    if (whole) {
-        /* Runs of pages consecutive on both sides become one block; a block
-         * that continues the previous one on both sides (adjacent buffers)
-         * is folded into it too. */
-        for (uint32_t b = 0; b < j->nbuf; b++) {
-            uint64_t sb = j->sb[b], db = j->db[b];
-            size_t k = 0;
-            while (k < j->n) {
-                size_t e = k + 1;
-                while (e < j->n && j->sp[e] == j->sp[e - 1] + 1 && j->dp[e] == j->dp[e - 1] + 1)
-                    e++;
-                uint64_t s = sb + (uint64_t)j->sp[k] * sitem, d = db + (uint64_t)j->dp[k] * ditem;
-                uint64_t len = (uint64_t)(e - k) * sitem;
-                /* only blocks of this call merge, so an error can restore out */
-                kvb_block_t *prev = o - out->blocks > (ptrdiff_t)floor ? o - 1 : NULL;
-                if (prev != NULL && prev->src + prev->len == s && prev->dst + prev->len == d) {
-                    prev->len += len;
-                } else {
-                    o->src = s;
-                    o->dst = d;
-                    o->len = len;
-                    o++;
-                }
-                k = e;
-            }
-        }
-    } else {
-        uint64_t srow = c->src_row, drow = c->dst_row, rows = c->rows;
-        for (uint32_t b = 0; b < j->nbuf; b++) {
-            uint64_t sb = j->sb[b] + j->soff, db = j->db[b] + j->doff;
-            for (size_t k = 0; k < j->n; k++) {
-                uint64_t s = sb + (uint64_t)j->sp[k] * sitem, d = db + (uint64_t)j->dp[k] * ditem;
-                for (uint64_t r = 0; r < rows; r++) {
-                    o[r].src = s + r * srow;
-                    o[r].dst = d + r * drow;
-                    o[r].len = bytes;
-                }
-                o += rows;
-            }
-        }
-    }
-    uint64_t added = (uint64_t)(o - start);
-    out->count += (size_t)added;
-    /* Bytes: every row of every item of every buffer carries `bytes`. */
-    out->bytes += (uint64_t)j->n * c->rows * bytes * j->nbuf;
     return KVB_OK;
 }
 
-kvb_status_t kvb_plan_blocks(kvb_plan_h plan, uint32_t prefill_rank, uint32_t decode_rank,
-                             const kvb_plan_buffers_t *src, const kvb_plan_buffers_t *dst,
-                             const kvb_plan_chunk_t *chunk, kvb_plan_blocks_t *out)
+/* Runs of items, buffer by buffer: maximal runs consecutive on both sides,
+ * or single items when `single`. Both emitters walk jobs this way. */
+typedef struct run_iter {
+    uint32_t b;
+    size_t k;
+    bool single;
+} run_iter_t;
+
+/* Next run: *s_p / *d_p = address of the fragment in its first row, *items_p
+ * = its length. False when every buffer is done. j->is.n > 0. */
+static inline bool next_run(const emit_job_t *j, run_iter_t *it, uint64_t *s_p, uint64_t *d_p,
+                            uint64_t *items_p)
+{
+    if (it->k == j->is.n) {
+        it->k = 0;
+        it->b++;
+    }
+    if (it->b == j->nbuf)
+        return false;
+    const int32_t *sp = j->is.sp, *dp = j->is.dp;
+    size_t k = it->k, e = k + 1;
+    while (!it->single && e < j->is.n && sp[e] == sp[e - 1] + 1 && dp[e] == dp[e - 1] + 1)
+        e++;
+    *s_p = j->sb[it->b] + j->soff + (uint64_t)sp[k] * j->c->src_item;
+    *d_p = j->db[it->b] + j->doff + (uint64_t)dp[k] * j->c->dst_item;
+    *items_p = e - k;
+    it->k = e;
+    return true;
+}
+
+/* ---- plain blocks (kvb_plan_blocks) ---- */
+
+/* Whole rows: one block per run; a run that continues the previous block of
+ * this call on both sides (adjacent buffers) is folded into it. Only blocks
+ * of this call (from floor on) merge, so an error can restore out. */
+static void plain_whole(kvb_plan_blocks_t *out, size_t floor, const emit_job_t *j)
+{
+    kvb_block_t *o = out->blocks + out->count;
+    run_iter_t it = {0, 0, false};
+    uint64_t s, d, items;
+    while (next_run(j, &it, &s, &d, &items)) {
+        uint64_t len = items * j->c->src_item;
+        kvb_block_t *prev = o - out->blocks > (ptrdiff_t)floor ? o - 1 : NULL;
+        if (prev != NULL && prev->src + prev->len == s && prev->dst + prev->len == d) {
+            prev->len += len;
+        } else {
+            *o++ = (kvb_block_t){.src = s, .dst = d, .len = len};
+        }
+    }
+    out->count = (size_t)(o - out->blocks);
+}
+
+/* Part of a row: one block per row. */
+static void plain_rows(kvb_plan_blocks_t *out, const emit_job_t *j)
+{
+    const kvb__plan_class_t *c = j->c;
+    uint64_t srow = c->src_row, drow = c->dst_row, rows = c->rows, bytes = j->bytes;
+    kvb_block_t *o = out->blocks + out->count;
+    run_iter_t it = {0, 0, true};
+    uint64_t s, d, items;
+    while (next_run(j, &it, &s, &d, &items)) {
+        for (uint64_t r = 0; r < rows; r++) {
+            o[r].src = s + r * srow;
+            o[r].dst = d + r * drow;
+            o[r].len = bytes;
+        }
+        o += rows;
+    }
+    out->count = (size_t)(o - out->blocks);
+}
+
+static kvb_status_t emit_plain(void *arg, size_t floor, const emit_job_t *j)
+{
+    kvb_plan_blocks_t *out = arg;
+    bool whole = job_whole(j);
+    uint64_t total;
+    kvb_status_t st = job_check(j, whole ? j->is.runs : (uint64_t)j->is.n * j->c->rows, &total);
+    void *arr = out->blocks;
+    if (st == KVB_OK)
+        st = reserve(&arr, &out->capacity, out->count, out->fixed, sizeof(kvb_block_t), total);
+    out->blocks = arr;
+    if (st != KVB_OK)
+        return st;
+    if (whole)
+        plain_whole(out, floor, j);
+    else
+        plain_rows(out, j);
+    return KVB_OK;
+}
+
+/* ---- strided blocks (kvb_plan_strided_blocks) ---- */
+
+/* Append b at *o_p, or fold it into the block before (from lo on, this
+ * call's) when both are plain (count 1) and b continues it on both sides:
+ * the same merging as plain_whole. A plain block's strides equal its len. */
+static void put_strided(kvb_strided_block_t **o_p, const kvb_strided_block_t *lo,
+                        kvb_strided_block_t b)
+{
+    kvb_strided_block_t *o = *o_p, *prev = o > lo ? o - 1 : NULL;
+    if (b.count == 1 && prev != NULL && prev->count == 1 && prev->src + prev->len == b.src &&
+        prev->dst + prev->len == b.dst) {
+        prev->len += b.len;
+        prev->src_stride = prev->dst_stride = prev->len;
+        return;
+    }
+    *o = b;
+    *o_p = o + 1;
+}
+
+/* One strided block per run of items: the fragment of every row, row after
+ * row. A run spans items only when an item is exactly its rows on both sides
+ * (the row after an item's last is the next item's first), else one block per
+ * item. Whole rows on both sides are one contiguous span: a plain block. */
+static void strided_runs(kvb_plan_strided_t *out, size_t floor, const emit_job_t *j)
+{
+    const kvb__plan_class_t *c = j->c;
+    uint64_t rows = c->rows;
+    bool whole = job_whole(j);
+    kvb_strided_block_t *o = out->blocks + out->count;
+    run_iter_t it = {0, 0, !job_packed(j)};
+    uint64_t s, d, items;
+    while (next_run(j, &it, &s, &d, &items)) {
+        uint64_t n = items * rows, len = n * j->bytes;
+        if (whole)
+            put_strided(&o, out->blocks + floor, (kvb_strided_block_t){s, d, len, len, len, 1});
+        else
+            *o++ = (kvb_strided_block_t){s, d, j->bytes, c->src_row, c->dst_row, n};
+    }
+    out->count = (size_t)(o - out->blocks);
+}
+
+static kvb_status_t emit_strided(void *arg, size_t floor, const emit_job_t *j)
+{
+    kvb_plan_strided_t *out = arg;
+    uint64_t total;
+    kvb_status_t st = job_check(j, job_packed(j) ? j->is.runs : j->is.n, &total);
+    void *arr = out->blocks;
+    if (st == KVB_OK)
+        st = reserve(&arr, &out->capacity, out->count, out->fixed, sizeof(*out->blocks), total);
+    out->blocks = arr;
+    if (st == KVB_OK)
+        strided_runs(out, floor, j);
+    return st;
+}
+
+/* ---- the driver both entry points share ---- */
+
+/* Where a call writes: the emitter and the container's count and bytes. */
+typedef struct plan_sink {
+    kvb_status_t (*emit)(void *out, size_t floor, const emit_job_t *j);
+    void *out;
+    size_t *count;
+    uint64_t *bytes;
+} plan_sink_t;
+
+/* What one chunk asks for, checked. */
+typedef struct chunk_prep {
+    item_set_t pages, state, aux; /* pages past the decode's prefix */
+    int32_t aux_s, aux_d;
+    bool last_stage, with_state, with_aux;
+} chunk_prep_t;
+
+static kvb_status_t check_args(const char *fn, kvb_plan_h plan, uint32_t p, uint32_t d,
+                               const kvb_plan_buffers_t *src, const kvb_plan_buffers_t *dst,
+                               const kvb_plan_chunk_t *chunk, const void *out)
 {
     if (plan == NULL || src == NULL || dst == NULL || chunk == NULL || out == NULL)
-        return kvb__plan_fail("kvb_plan_blocks: NULL argument");
-    if (prefill_rank >= plan->ptp)
-        return kvb__plan_fail("prefill_rank=%u not below prefill tp_size=%u", prefill_rank,
-                              plan->ptp);
-    if (decode_rank >= plan->dtp)
-        return kvb__plan_fail("decode_rank=%u not below decode tp_size=%u", decode_rank, plan->dtp);
+        return kvb__plan_fail("%s: NULL argument", fn);
+    if (p >= plan->ptp)
+        return kvb__plan_fail("prefill_rank=%u not below prefill tp_size=%u", p, plan->ptp);
+    if (d >= plan->dtp)
+        return kvb__plan_fail("decode_rank=%u not below decode tp_size=%u", d, plan->dtp);
     if (chunk->num_pages > 0 && (chunk->src_pages == NULL || chunk->dst_pages == NULL))
         return kvb__plan_fail("chunk: num_pages=%zu but src_pages or dst_pages is NULL",
                               chunk->num_pages);
-    size_t count0 = out->count;
-    uint64_t bytes0 = out->bytes;
-    kvb_status_t st;
+    return KVB_OK;
+}
 
-    /* Pages already on the decode (its prefix) are skipped. */
+/* Maximal runs of n indices consecutive on both sides (what reserve needs). */
+static size_t count_runs(const int32_t *sp, const int32_t *dp, size_t n)
+{
+    size_t runs = n > 0;
+    for (size_t i = 1; i < n; i++)
+        runs += sp[i] != sp[i - 1] + 1 || dp[i] != dp[i - 1] + 1;
+    return runs;
+}
+
+/* Check n index pairs against the pools ("src_" / "dst_" + what); *is gets
+ * those past the first skip. */
+static kvb_status_t prep_items(const char *what, const int32_t *sp, const int32_t *dp, size_t n,
+                               size_t skip, uint64_t spool, uint64_t dpool, item_set_t *is)
+{
+    kvb_status_t st = check_indices("src", what, sp, n, spool, &is->smax);
+    if (st == KVB_OK)
+        st = check_indices("dst", what, dp, n, dpool, &is->dmax);
+    if (st != KVB_OK || skip >= n)
+        return st;
+    is->sp = sp + skip;
+    is->dp = dp + skip;
+    is->n = n - skip;
+    is->runs = count_runs(is->sp, is->dp, is->n);
+    return KVB_OK;
+}
+
+/* Pages already on the decode (its prefix) are skipped. */
+static kvb_status_t prep_pages(kvb_plan_h plan, const kvb_plan_chunk_t *chunk, chunk_prep_t *pr)
+{
     size_t skip = 0;
     if (chunk->field_mask & KVB_PLAN_CHUNK_PREFIX) {
         if (chunk->prefix_tokens % plan->page_size != 0)
@@ -185,131 +368,154 @@ kvb_status_t kvb_plan_blocks(kvb_plan_h plan, uint32_t prefill_rank, uint32_t de
             skip = s > chunk->num_pages ? chunk->num_pages : (size_t)s;
         }
     }
-    uint64_t smax = 0, dmax = 0;
-    if ((st = check_indices("src_pages", chunk->src_pages, chunk->num_pages, plan->src_kv_pool,
-                            &smax)) != KVB_OK ||
-        (st = check_indices("dst_pages", chunk->dst_pages, chunk->num_pages, plan->dst_kv_pool,
-                            &dmax)) != KVB_OK)
-        return st;
-    bool last_stage = plan->pp_rank + 1 == plan->pp_size;
-    bool with_state = last_stage && (chunk->field_mask & KVB_PLAN_CHUNK_STATE) &&
-                      chunk->num_state_indices > 0 && plan->num_state > 0;
-    uint64_t ssmax = 0, dsmax = 0;
-    if (with_state) {
-        if (chunk->src_state == NULL || chunk->dst_state == NULL)
-            return kvb__plan_fail("chunk: num_state_indices=%zu but src_state or dst_state is "
-                                  "NULL",
-                                  chunk->num_state_indices);
-        if ((st = check_indices("src_state", chunk->src_state, chunk->num_state_indices,
-                                plan->src_state_pool, &ssmax)) != KVB_OK ||
-            (st = check_indices("dst_state", chunk->dst_state, chunk->num_state_indices,
-                                plan->dst_state_pool, &dsmax)) != KVB_OK)
-            return st;
-    }
-    bool with_aux = last_stage && (chunk->field_mask & KVB_PLAN_CHUNK_AUX) && plan->num_aux > 0;
-    int32_t aux_s = 0, aux_d = 0;
-    if (with_aux) {
-        int64_t a = chunk->src_aux_index, b = chunk->dst_aux_index;
-        if (a < 0 || a > INT32_MAX || (plan->src_aux_pool && (uint64_t)a >= plan->src_aux_pool))
-            return kvb__plan_fail("chunk: src_aux_index=%lld outside the pool of %llu items",
-                                  (long long)a, (unsigned long long)plan->src_aux_pool);
-        if (b < 0 || b > INT32_MAX || (plan->dst_aux_pool && (uint64_t)b >= plan->dst_aux_pool))
-            return kvb__plan_fail("chunk: dst_aux_index=%lld outside the pool of %llu items",
-                                  (long long)b, (unsigned long long)plan->dst_aux_pool);
-        aux_s = (int32_t)a;
-        aux_d = (int32_t)b;
-    }
+    return prep_items("pages", chunk->src_pages, chunk->dst_pages, chunk->num_pages, skip,
+                      plan->src_kv_pool, plan->dst_kv_pool, &pr->pages);
+}
 
-    for (size_t k = 0; k < plan->num_classes; k++) {
-        const kvb__plan_class_t *c = &plan->classes[k];
-        emit_job_t j = {.c = c};
-        if (!kvb__plan_pair_fragment(plan, c, prefill_rank, decode_rank, &j.soff, &j.doff,
-                                     &j.bytes))
-            continue;
-        const uint64_t *sarr = NULL, *darr = NULL;
-        switch (c->kind) {
-        case KVB_PLAN_BUF_K:
-        case KVB_PLAN_BUF_LATENT:
-        case KVB_PLAN_BUF_V: {
-            bool v = c->kind == KVB_PLAN_BUF_V;
-            sarr = src->kv;
-            darr = dst->kv;
-            if (sarr == NULL || darr == NULL)
-                goto missing;
-            j.sb = sarr + (v ? plan->stage_layers : 0);
-            j.db = darr + (v ? plan->num_layers : 0) + plan->start_layer;
-            j.nbuf = plan->stage_layers;
-            j.sp = chunk->src_pages + skip;
-            j.dp = chunk->dst_pages + skip;
-            j.n = chunk->num_pages - skip;
-            j.smax = smax;
-            j.dmax = dmax;
-            break;
-        }
-        case KVB_PLAN_BUF_DRAFT_K:
-        case KVB_PLAN_BUF_DRAFT_V: {
-            if (!last_stage)
-                continue;
-            bool v = c->kind == KVB_PLAN_BUF_DRAFT_V;
-            sarr = src->draft;
-            darr = dst->draft;
-            if (sarr == NULL || darr == NULL)
-                goto missing;
-            j.sb = sarr + (v ? plan->draft_layers : 0);
-            j.db = darr + (v ? plan->draft_layers : 0);
-            j.nbuf = plan->draft_layers;
-            j.sp = chunk->src_pages + skip;
-            j.dp = chunk->dst_pages + skip;
-            j.n = chunk->num_pages - skip;
-            j.smax = smax;
-            j.dmax = dmax;
-            break;
-        }
-        case KVB_PLAN_BUF_STATE:
-            if (!with_state)
-                continue;
-            sarr = src->state;
-            darr = dst->state;
-            if (sarr == NULL || darr == NULL)
-                goto missing;
-            j.sb = sarr + c->index;
-            j.db = darr + c->index;
-            j.nbuf = 1;
-            j.sp = chunk->src_state;
-            j.dp = chunk->dst_state;
-            j.n = chunk->num_state_indices;
-            j.smax = ssmax;
-            j.dmax = dsmax;
-            break;
-        case KVB_PLAN_BUF_AUX:
-            if (!with_aux)
-                continue;
-            sarr = src->aux;
-            darr = dst->aux;
-            if (sarr == NULL || darr == NULL)
-                goto missing;
-            j.sb = sarr + c->index;
-            j.db = darr + c->index;
-            j.nbuf = 1;
-            j.sp = &aux_s;
-            j.dp = &aux_d;
-            j.n = 1;
-            j.smax = (uint64_t)aux_s;
-            j.dmax = (uint64_t)aux_d;
-            break;
-        }
-        if ((st = emit(out, count0, &j)) != KVB_OK)
-            goto restore;
-        continue;
-    missing:
-        st = kvb__plan_fail("%s: %s base address array is NULL", kvb_plan_buffer_name(c->kind),
-                            sarr == NULL ? "prefill" : "decode");
-        goto restore;
+/* State items: the last PP stage sends them when the chunk names some. */
+static kvb_status_t prep_state(kvb_plan_h plan, const kvb_plan_chunk_t *chunk, chunk_prep_t *pr)
+{
+    pr->with_state = pr->last_stage && (chunk->field_mask & KVB_PLAN_CHUNK_STATE) &&
+                     chunk->num_state_indices > 0 && plan->num_state > 0;
+    if (!pr->with_state)
+        return KVB_OK;
+    if (chunk->src_state == NULL || chunk->dst_state == NULL)
+        return kvb__plan_fail("chunk: num_state_indices=%zu but src_state or dst_state is NULL",
+                              chunk->num_state_indices);
+    return prep_items("state", chunk->src_state, chunk->dst_state, chunk->num_state_indices, 0,
+                      plan->src_state_pool, plan->dst_state_pool, &pr->state);
+}
+
+/* One aux index, checked against its pool and int32_t. */
+static kvb_status_t aux_index(const char *w, int64_t a, uint64_t pool, int32_t *idx_p)
+{
+    if (a < 0 || a > INT32_MAX || (pool && (uint64_t)a >= pool))
+        return kvb__plan_fail("chunk: %s=%lld outside the pool of %llu items", w, (long long)a,
+                              (unsigned long long)pool);
+    *idx_p = (int32_t)a;
+    return KVB_OK;
+}
+
+static kvb_status_t prep_chunk(kvb_plan_h plan, const kvb_plan_chunk_t *chunk, chunk_prep_t *pr)
+{
+    memset(pr, 0, sizeof(*pr));
+    pr->last_stage = plan->pp_rank + 1 == plan->pp_size;
+    kvb_status_t st = prep_pages(plan, chunk, pr);
+    if (st == KVB_OK)
+        st = prep_state(plan, chunk, pr);
+    pr->with_aux = pr->last_stage && (chunk->field_mask & KVB_PLAN_CHUNK_AUX) && plan->num_aux > 0;
+    if (st == KVB_OK && pr->with_aux)
+        st = aux_index("src_aux_index", chunk->src_aux_index, plan->src_aux_pool, &pr->aux_s);
+    if (st == KVB_OK && pr->with_aux)
+        st = aux_index("dst_aux_index", chunk->dst_aux_index, plan->dst_aux_pool, &pr->aux_d);
+    pr->aux = (item_set_t){&pr->aux_s, &pr->aux_d, 1, 1, (uint64_t)pr->aux_s, (uint64_t)pr->aux_d};
+    return st;
+}
+
+/* Buffers of the job's kind: nbuf bases from index si of src and di of dst
+ * (arrays a layout lacks may be NULL, unless this call needs them). */
+static kvb_status_t job_bases(emit_job_t *j, const uint64_t *sarr, size_t si, const uint64_t *darr,
+                              size_t di, uint32_t nbuf)
+{
+    if (sarr == NULL || darr == NULL)
+        return kvb__plan_fail("%s: %s base address array is NULL", kvb_plan_buffer_name(j->c->kind),
+                              sarr == NULL ? "prefill" : "decode");
+    j->sb = sarr + si;
+    j->db = darr + di;
+    j->nbuf = nbuf;
+    return KVB_OK;
+}
+
+/* Fill *j for class c; j->nbuf stays 0 when this call sends nothing of it. */
+static kvb_status_t build_job(kvb_plan_h plan, const kvb__plan_class_t *c,
+                              const kvb_plan_buffers_t *src, const kvb_plan_buffers_t *dst,
+                              const chunk_prep_t *pr, emit_job_t *j)
+{
+    j->c = c;
+    j->is = c->kind == KVB_PLAN_BUF_STATE ? pr->state
+            : c->kind == KVB_PLAN_BUF_AUX ? pr->aux
+                                          : pr->pages;
+    switch (c->kind) {
+    case KVB_PLAN_BUF_K:
+    case KVB_PLAN_BUF_LATENT:
+        return job_bases(j, src->kv, 0, dst->kv, plan->start_layer, plan->stage_layers);
+    case KVB_PLAN_BUF_V:
+        return job_bases(j, src->kv, plan->stage_layers, dst->kv,
+                         (size_t)plan->num_layers + plan->start_layer, plan->stage_layers);
+    case KVB_PLAN_BUF_DRAFT_K:
+    case KVB_PLAN_BUF_DRAFT_V: {
+        size_t off = c->kind == KVB_PLAN_BUF_DRAFT_V ? plan->draft_layers : 0;
+        if (!pr->last_stage)
+            return KVB_OK;
+        return job_bases(j, src->draft, off, dst->draft, off, plan->draft_layers);
+    }
+    case KVB_PLAN_BUF_STATE:
+        if (!pr->with_state)
+            return KVB_OK;
+        return job_bases(j, src->state, c->index, dst->state, c->index, 1);
+    case KVB_PLAN_BUF_AUX:
+        if (!pr->with_aux)
+            return KVB_OK;
+        return job_bases(j, src->aux, c->index, dst->aux, c->index, 1);
     }
     return KVB_OK;
+}
 
-restore:
-    out->count = count0;
-    out->bytes = bytes0;
+/* Bytes of a job: every row of every item of every buffer carries `bytes`. */
+static uint64_t job_bytes(const emit_job_t *j)
+{
+    return (uint64_t)j->is.n * j->c->rows * j->bytes * j->nbuf;
+}
+
+/* Validate, then emit every class's job; on error the container's count and
+ * bytes are restored (blocks past them may have been written). */
+static kvb_status_t plan_chunk(const char *fn, kvb_plan_h plan, uint32_t p, uint32_t d,
+                               const kvb_plan_buffers_t *src, const kvb_plan_buffers_t *dst,
+                               const kvb_plan_chunk_t *chunk, const plan_sink_t *sk)
+{
+    chunk_prep_t pr;
+    kvb_status_t st = check_args(fn, plan, p, d, src, dst, chunk, sk->out);
+    if (st == KVB_OK)
+        st = prep_chunk(plan, chunk, &pr);
+    if (st != KVB_OK)
+        return st;
+    size_t count0 = *sk->count;
+    uint64_t bytes0 = *sk->bytes;
+    for (size_t k = 0; k < plan->num_classes && st == KVB_OK; k++) {
+        const kvb__plan_class_t *c = &plan->classes[k];
+        emit_job_t j = {.c = c};
+        uint64_t so, dof, bytes;
+        if (!kvb__plan_pair_fragment(plan, c, p, d, &so, &dof, &bytes))
+            continue;
+        st = build_job(plan, c, src, dst, &pr, &j);
+        if (st != KVB_OK || j.nbuf == 0 || j.is.n == 0)
+            continue;
+        j.soff = so;
+        j.doff = dof;
+        j.bytes = bytes;
+        if ((st = sk->emit(sk->out, count0, &j)) == KVB_OK)
+            *sk->bytes += job_bytes(&j);
+    }
+    if (st != KVB_OK) {
+        *sk->count = count0;
+        *sk->bytes = bytes0;
+    }
     return st;
+}
+
+kvb_status_t kvb_plan_blocks(kvb_plan_h plan, uint32_t prefill_rank, uint32_t decode_rank,
+                             const kvb_plan_buffers_t *src, const kvb_plan_buffers_t *dst,
+                             const kvb_plan_chunk_t *chunk, kvb_plan_blocks_t *out)
+{
+    plan_sink_t sk = {emit_plain, out, out ? &out->count : NULL, out ? &out->bytes : NULL};
+    return plan_chunk("kvb_plan_blocks", plan, prefill_rank, decode_rank, src, dst, chunk, &sk);
+}
+
+kvb_status_t kvb_plan_strided_blocks(kvb_plan_h plan, uint32_t prefill_rank, uint32_t decode_rank,
+                                     const kvb_plan_buffers_t *src, const kvb_plan_buffers_t *dst,
+                                     const kvb_plan_chunk_t *chunk, kvb_plan_strided_t *out)
+{
+    plan_sink_t sk = {emit_strided, out, out ? &out->count : NULL, out ? &out->bytes : NULL};
+    return plan_chunk("kvb_plan_strided_blocks", plan, prefill_rank, decode_rank, src, dst, chunk,
+                      &sk);
 }
