@@ -246,17 +246,21 @@ static bool zpos_before(const zpos_t *a, const zpos_t *b)
     return a->k != b->k ? a->k < b->k : a->off < b->off;
 }
 
-/* The most rows of any member's run i (0 past every member's runs). */
-static uint64_t rows_of(const kvb__dgroup_t *g, size_t i)
+/* The most rows of run i of the members in mask (0 past all their runs).
+ * Only members that cannot be freed meanwhile may be read: the live ones
+ * under dmu, a unit's own (counted busy) without it. Members left out have
+ * nothing to claim or copy there, so skipping their extra rows skips
+ * nothing. */
+static uint64_t rows_of(const kvb__dgroup_t *g, size_t i, uint64_t mask)
 {
     uint64_t rows = 0;
     for (size_t k = 0; k < g->n; k++)
-        if (i < g->m[k]->nruns && g->m[k]->runs[i].count > rows)
+        if ((mask >> k & 1) && i < g->m[k]->nruns && g->m[k]->runs[i].count > rows)
             rows = g->m[k]->runs[i].count;
     return rows;
 }
 
-static void zpos_next(const kvb__dgroup_t *g, zpos_t *p)
+static void zpos_next(const kvb__dgroup_t *g, zpos_t *p, uint64_t mask)
 {
     p->off = 0;
     if (++p->k < g->n)
@@ -265,7 +269,7 @@ static void zpos_next(const kvb__dgroup_t *g, zpos_t *p)
     if (++p->row < p->rows)
         return;
     p->row = 0;
-    p->rows = rows_of(g, ++p->run);
+    p->rows = rows_of(g, ++p->run, mask);
 }
 
 /* Member x's row at p, or NULL when x has none there. */
@@ -302,7 +306,7 @@ static void claim_unit(kvb__dgroup_t *g, unit_t *u)
             }
             budget -= left;
         }
-        zpos_next(g, &g->cur);
+        zpos_next(g, &g->cur, g->live);
     }
     u->to = g->cur;
 }
@@ -342,7 +346,7 @@ static kvb_status_t copy_unit(kvb_engine_h eng, const unit_t *u, uint64_t admitt
         snprintf(why, wl, "out of memory");
         return KVB_ERR_NOMEM;
     }
-    for (zpos_t p = u->from; zpos_before(&p, &u->to); zpos_next(g, &p)) {
+    for (zpos_t p = u->from; zpos_before(&p, &u->to); zpos_next(g, &p, u->mask)) {
         const struct kvb_xfer *x = g->m[p.k];
         const kvb__run_t *r = admitted >> p.k & 1 ? run_at(x, &p) : NULL;
         if (r == NULL)
@@ -565,7 +569,7 @@ bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
         g->m[k] = xs[k];
         g->runs = xs[k]->nruns > g->runs ? xs[k]->nruns : g->runs;
     }
-    g->cur.rows = rows_of(g, 0);
+    g->cur.rows = rows_of(g, 0, g->live);
     pthread_mutex_lock(&eng->dmu);
     bool ok = !eng->dstop && start_threads(eng);
     if (ok) {
