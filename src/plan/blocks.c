@@ -151,9 +151,10 @@ static kvb_status_t job_check(const emit_job_t *j, uint64_t per_buf, uint64_t *t
 }
 
 /* Runs of items, buffer by buffer: maximal runs consecutive on both sides,
- * or single items when `single`. Both emitters walk jobs this way. The job's
- * fields are copied in so that the compiler keeps them in registers across
- * the emitters' stores (which could alias the job's uint64_t fields). */
+ * or single items when `single`; plain_whole and strided_runs walk jobs so.
+ * The job's fields are copied in so that the compiler keeps them in
+ * registers across the emitters' stores (which could alias the job's
+ * uint64_t fields). */
 typedef struct run_iter {
     const uint64_t *sb, *db;
     const int32_t *sp, *dp;
