@@ -5,7 +5,9 @@
  * (kvb_mem_alloc pools, destination pages permuted): member r gets the r-th
  * 1 KiB half of every row. Two ways, alternating: "separate" (two
  * kvb_engine_write_async_ex, as the connector did before) and "group" (one
- * kvb_engine_write_group_async: zipped copies). Also "page" (TP1->TP1: each
+ * kvb_engine_write_group_async: zipped copies), and "strided" (the group
+ * with one kvb_strided_block_t per member and page instead of one block per
+ * row: session 7). Also "page" (TP1->TP1: each
  * page whole to one target, 32 KiB blocks) as the yardstick. Per round and
  * way: wall GB/s of useful bytes from submission to the last completion, and
  * process CPU seconds (every thread: the caller's validation and the copy
@@ -74,10 +76,20 @@ int main(int argc, char **argv)
     }
     /* halves: member r, row-major over (page, row) */
     kvb_block_t *hb[2], *pb[2];
+    kvb_strided_block_t *sb[2];
     size_t nh = NPAGES * rows, np = NPAGES / 2;
     for (int r = 0; r < 2; r++) {
         hb[r] = malloc(nh * sizeof(kvb_block_t));
         pb[r] = malloc(np * sizeof(kvb_block_t));
+        sb[r] = malloc(NPAGES * sizeof(kvb_strided_block_t));
+        for (size_t p = 0; p < NPAGES; p++)
+            sb[r][p] =
+                (kvb_strided_block_t){(uint64_t)(uintptr_t)(src + p * PAGE + (size_t)r * KiB),
+                                      (uint64_t)(uintptr_t)(dst[r] + perm(p) * (PAGE / 2)),
+                                      KiB,
+                                      ROW,
+                                      KiB,
+                                      rows};
         for (size_t p = 0; p < NPAGES; p++)
             for (size_t i = 0; i < rows; i++)
                 hb[r][p * rows + i] = (kvb_block_t){
@@ -89,18 +101,31 @@ int main(int argc, char **argv)
                                      (uint64_t)(uintptr_t)(dst[r] + perm(k) * PAGE), PAGE};
     }
     kvb_write_params_t wp[2] = {{KVB_WRITE_PARAM_EPOCH, ep[0]}, {KVB_WRITE_PARAM_EPOCH, ep[1]}};
-    static const char *names[] = {"separate", "group", "page"};
+    static const char *names[] = {"separate", "group", "page", "strided"};
     printf("way       round  GB/s  CPU-s/GB\n");
     for (int round = 0; round <= rounds; round++) /* round 0: warm-up */
-        for (int way = 0; way < 3; way++) {
+        for (int way = 0; way < 4; way++) {
             kvb_xfer_h x[2];
             kvb_status_t st[2];
             kvb_block_t *b[2] = {way == 2 ? pb[0] : hb[0], way == 2 ? pb[1] : hb[1]};
             size_t n = way == 2 ? np : nh;
-            kvb_write_member_t mb[2] = {{KVB_WRITE_MEMBER_PARAMS, sid[0], b[0], n, &wp[0]},
-                                        {KVB_WRITE_MEMBER_PARAMS, sid[1], b[1], n, &wp[1]}};
+            kvb_write_member_t mb[2];
+            for (int k = 0; k < 2; k++)
+                mb[k] = (kvb_write_member_t){.field_mask = KVB_WRITE_MEMBER_PARAMS,
+                                             .session_id = sid[k],
+                                             .blocks = b[k],
+                                             .count = n,
+                                             .params = &wp[k]};
+            if (way == 3)
+                for (int k = 0; k < 2; k++) {
+                    mb[k].field_mask |= KVB_WRITE_MEMBER_STRIDED;
+                    mb[k].blocks = NULL;
+                    mb[k].count = 0;
+                    mb[k].strided = sb[k];
+                    mb[k].strided_count = NPAGES;
+                }
             double c0 = now_s(CLOCK_PROCESS_CPUTIME_ID), t0 = now_s(CLOCK_MONOTONIC);
-            if (way == 1)
+            if (way == 1 || way == 3)
                 kvb_engine_write_group_async(w, mb, 2, sizeof(mb[0]), st, x);
             else
                 for (int r = 0; r < 2; r++)
@@ -114,14 +139,14 @@ int main(int argc, char **argv)
             double gb = (double)(NPAGES * PAGE) / 1e9;
             if (round > 0)
                 printf("%-9s %5d %5.2f %8.3f\n", names[way], round, gb / dt, dc / gb);
-            if (round == 0 && way < 2) /* bytes exact */
+            if (round == 0 && way != 2) /* bytes exact */
                 for (size_t p = 0; p < NPAGES; p++)
                     for (size_t i = 0; i < rows; i++)
                         for (int r = 0; r < 2; r++)
                             if (memcmp(dst[r] + perm(p) * (PAGE / 2) + i * KiB,
                                        src + p * PAGE + i * ROW + (size_t)r * KiB, KiB) != 0)
                                 return fprintf(stderr, "%s: bytes differ\n", names[way]), 1;
-            if (round == 0 && way < 2)
+            if (round == 0 && way != 2)
                 for (int r = 0; r < 2; r++)
                     memset(dst[r], 0, NPAGES * PAGE);
         }
@@ -131,6 +156,7 @@ int main(int argc, char **argv)
         kvb_mem_free(dst[r]);
         free(hb[r]);
         free(pb[r]);
+        free(sb[r]);
     }
     free(src);
     return 0;

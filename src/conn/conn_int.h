@@ -439,7 +439,7 @@ kvb_status_t kvb__ts_send_status(struct kvb_manager *m, const char *ip, uint16_t
 /* The blocks of chunk c for TokenSpeed destination d (decode g): its plan,
  * validated against both sides before any write. *st_p / why on error. */
 void kvb__ts_job_plan(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
-                      const kvb__chunk_t *c, kvb_plan_blocks_t *out, kvb_status_t *st_p, char *why,
+                      const kvb__chunk_t *c, kvb_plan_strided_t *out, kvb_status_t *st_p, char *why,
                       size_t wl);
 /* A room's first token and candidates (prefill: the sender's; decode: from
  * a TokenSpeed prefill's Success). first_wins: keep what is there (the

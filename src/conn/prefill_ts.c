@@ -617,25 +617,32 @@ typedef struct ts_job {
     struct kvb_manager *m;
     const kvb__reg_t *g;
     const kvb__dst_t *d;
-    kvb_plan_blocks_t *out;
+    kvb_plan_strided_t *out;
     uint64_t P, item;
     uint64_t *dst_end; /* per KV buffer: end of the decode region holding its base */
 } ts_job_t;
 
-static bool push(ts_job_t *j, uint64_t src, uint64_t dst, uint64_t len)
+/* Append rows of len bytes at these strides (one row: a plain block). */
+static bool push_rows(ts_job_t *j, uint64_t src, uint64_t dst, uint64_t len, uint64_t sstride,
+                      uint64_t dstride, uint64_t rows)
 {
-    kvb_plan_blocks_t *o = j->out;
+    kvb_plan_strided_t *o = j->out;
     if (o->count == o->capacity) {
         size_t cap = o->capacity ? o->capacity * 2 : 256;
-        kvb_block_t *v = cap <= TS_MAX_BLOCKS ? realloc(o->blocks, cap * sizeof(*v)) : NULL;
+        kvb_strided_block_t *v = cap <= TS_MAX_BLOCKS ? realloc(o->blocks, cap * sizeof(*v)) : NULL;
         if (v == NULL)
             return false;
         o->blocks = v;
         o->capacity = cap;
     }
-    o->blocks[o->count++] = (kvb_block_t){src, dst, len};
-    o->bytes += len;
+    o->blocks[o->count++] = (kvb_strided_block_t){src, dst, len, sstride, dstride, rows};
+    o->bytes += len * rows;
     return true;
+}
+
+static bool push(ts_job_t *j, uint64_t src, uint64_t dst, uint64_t len)
+{
+    return push_rows(j, src, dst, len, len, len, 1);
 }
 
 /* Fragment f of buffer b for one page pair, per token when it is a partial
@@ -649,11 +656,9 @@ static bool frag_blocks(ts_job_t *j, const kvb__ts_frag_t *f, uint64_t sp, uint6
                  f->bytes == f->dst_stride;
     if (whole || j->P == 1)
         return push(j, s0 + f->src_off, d0 + f->dst_off, f->bytes);
-    for (uint64_t t = 0; t < j->P; t++)
-        if (!push(j, s0 + t * (f->src_stride / j->P) + f->src_off / j->P,
-                  d0 + t * (f->dst_stride / j->P) + f->dst_off / j->P, f->bytes / j->P))
-            return false;
-    return true;
+    /* one strided block: the slice of each of the page's P tokens */
+    return push_rows(j, s0 + f->src_off / j->P, d0 + f->dst_off / j->P, f->bytes / j->P,
+                     f->src_stride / j->P, f->dst_stride / j->P, j->P);
 }
 
 static bool page_blocks(ts_job_t *j, uint64_t sp, uint64_t dp)
@@ -719,7 +724,7 @@ static bool regions_ok(ts_job_t *j, char *why, size_t wl)
 }
 
 void kvb__ts_job_plan(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
-                      const kvb__chunk_t *c, kvb_plan_blocks_t *out, kvb_status_t *st_p, char *why,
+                      const kvb__chunk_t *c, kvb_plan_strided_t *out, kvb_status_t *st_p, char *why,
                       size_t wl)
 {
     ts_job_t j = {m,   g, d, out, m->args.page_size ? m->args.page_size : 1, m->args.kv_item_len,

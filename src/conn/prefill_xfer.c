@@ -18,7 +18,7 @@ typedef struct job {
     kvb__reg_t *reg;
     char ip[KVB_IP_MAX];
     uint16_t port;
-    kvb_plan_blocks_t blocks;
+    kvb_plan_strided_t kv; /* strided blocks: one per buffer and page run */
     kvb_plan_blocks_t aux;
     int32_t dst_aux_index;
     uint64_t epoch; /* the decode's grant, stamped on every write */
@@ -177,9 +177,9 @@ static void chunk_free(kvb__chunk_t *c)
 
 /* ---- planning ---- */
 
-/* Plan one chunk description of job j into out (appended). */
-static kvb_status_t plan_into(struct kvb_manager *m, job_t *j, const kvb_plan_chunk_t *ch,
-                              kvb_plan_blocks_t *out)
+/* Plan one chunk description of job j: its KV and state blocks into j->kv
+ * (strided), or, with aux, its aux blocks into j->aux (plain; appended). */
+static kvb_status_t plan_into(struct kvb_manager *m, job_t *j, const kvb_plan_chunk_t *ch, bool aux)
 {
     /* Draft K/V (params draft_layers) follow the target's on both sides:
      * this stage's target buffers here, every target layer at the decode
@@ -190,8 +190,10 @@ static kvb_status_t plan_into(struct kvb_manager *m, job_t *j, const kvb_plan_ch
         m->p.draft_layers ? j->reg->kv_ptrs + per * m->args.num_layers_total : NULL;
     kvb_plan_buffers_t src = {m->kv_ptrs, sd, m->state_ptrs, m->aux_ptrs};
     kvb_plan_buffers_t dst = {j->reg->kv_ptrs, dd, j->reg->state_ptrs, j->reg->aux_ptrs};
-    return kvb_plan_blocks(j->reg->plan, (uint32_t)m->p.attn_tp_rank,
-                           (uint32_t)(j->reg->tp_rank % j->reg->tp_size), &src, &dst, ch, out);
+    uint32_t p = (uint32_t)m->p.attn_tp_rank, d = (uint32_t)(j->reg->tp_rank % j->reg->tp_size);
+    if (aux)
+        return kvb_plan_blocks(j->reg->plan, p, d, &src, &dst, ch, &j->aux);
+    return kvb_plan_strided_blocks(j->reg->plan, p, d, &src, &dst, ch, &j->kv);
 }
 
 /* Request page g goes to destination page g - shift when g >= shift and
@@ -245,7 +247,7 @@ static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t 
         ch.dst_pages = d->pages + (c->first + i - shift);
         ch.num_pages = k - i;
         ch.first_page = c->first + i - shift;
-        if (plan_into(m, j, &ch, &j->blocks) != KVB_OK)
+        if (plan_into(m, j, &ch, false) != KVB_OK)
             return KVB_ERR_INVALID;
         i = k;
     }
@@ -256,7 +258,7 @@ static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t 
         sc.dst_state = d->state_idx;
         sc.num_state_indices = c->n_state;
         /* With the last KV blocks: the room completes when both are placed. */
-        if (plan_into(m, j, &sc, &j->blocks) != KVB_OK)
+        if (plan_into(m, j, &sc, false) != KVB_OK)
             return KVB_ERR_INVALID;
     }
     if (c->is_last && m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0) {
@@ -264,7 +266,7 @@ static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t 
         ax.field_mask = KVB_PLAN_CHUNK_AUX;
         ax.src_aux_index = c->aux_index;
         ax.dst_aux_index = d->aux_index;
-        if (plan_into(m, j, &ax, &j->aux) != KVB_OK)
+        if (plan_into(m, j, &ax, true) != KVB_OK)
             return KVB_ERR_INVALID;
     }
     return KVB_OK;
@@ -309,7 +311,7 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         snprintf(j->why, sizeof(j->why),
                  "Decode instance could be dead, remote session %s is not alive", d->session);
     } else if (d->dialect == KVB__DIALECT_TS) {
-        kvb__ts_job_plan(m, j->reg, d, c, &j->blocks, &j->st, j->why, sizeof(j->why));
+        kvb__ts_job_plan(m, j->reg, d, c, &j->kv, &j->st, j->why, sizeof(j->why));
     } else if (!dst_pages_fit(j->reg, d, j->why, sizeof(j->why))) {
         j->st = KVB_ERR_INVALID;
     } else if (!dst_shift(d, c, &shift, j->why, sizeof(j->why))) {
@@ -425,8 +427,12 @@ static void kv_submit(struct kvb_manager *m, work_t *w)
             if (j->st != KVB_OK)
                 continue;
             wp[n] = (kvb_write_params_t){KVB_WRITE_PARAM_EPOCH, j->epoch};
-            mb[n] = (kvb_write_member_t){KVB_WRITE_MEMBER_PARAMS, job_session(j), j->blocks.blocks,
-                                         j->blocks.count, &wp[n]};
+            mb[n] = (kvb_write_member_t){.field_mask =
+                                             KVB_WRITE_MEMBER_PARAMS | KVB_WRITE_MEMBER_STRIDED,
+                                         .session_id = job_session(j),
+                                         .params = &wp[n],
+                                         .strided = j->kv.blocks,
+                                         .strided_count = j->kv.count};
             st[n] = KVB_ERR_INVALID; /* the call refused them all: nothing written */
             x[n] = NULL;
             js[n++] = j;
@@ -598,7 +604,7 @@ static void work_finish(struct kvb_manager *m, work_t *w)
     for (size_t i = 0; i < w->n_jobs; i++) {
         kvb_xfer_free(w->jobs[i].x);
         kvb_xfer_free(w->jobs[i].xa);
-        kvb_plan_blocks_free(&w->jobs[i].blocks);
+        kvb_plan_strided_free(&w->jobs[i].kv);
         kvb_plan_blocks_free(&w->jobs[i].aux);
         kvb__reg_put(w->jobs[i].reg);
     }

@@ -414,20 +414,23 @@ void kvb__cuda_detach(kvb__conn_t *c)
 /* ---- transfers ---- */
 
 bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
-                        const kvb_block_t *b, size_t n)
+                        const kvb__wblocks_t *w)
 {
     bool any = false;
     long last = -1;
+    size_t n = w->n;
     if (c->cuda != NULL)
         for (size_t i = 0; i < n && !any; i++)
             any = dst_seg[i] >= 0 && c->segs.v[dst_seg[i]].cuda != NULL;
     pthread_mutex_lock(&eng->seg_mu);
     for (size_t i = 0; i < n && !any && eng->n_cuda_segs > 0; i++) {
-        if (b[i].len == 0)
+        /* a strided block's rows share its first row's segment (checked) */
+        kvb_strided_block_t b = kvb__wb_at(w, i);
+        if (b.len == 0)
             continue;
-        if (last < 0 || b[i].src < eng->segs.v[last].addr ||
-            b[i].src - eng->segs.v[last].addr >= eng->segs.v[last].len)
-            last = kvb__segtab_find(&eng->segs, b[i].src, b[i].len);
+        if (last < 0 || b.src < eng->segs.v[last].addr ||
+            b.src - eng->segs.v[last].addr >= eng->segs.v[last].len)
+            last = kvb__segtab_find(&eng->segs, b.src, b.len);
         any = last >= 0 && eng->segs.v[last].cuda != NULL;
     }
     pthread_mutex_unlock(&eng->seg_mu);

@@ -138,14 +138,14 @@ void kvb__direct_detach(kvb__conn_t *c)
 }
 
 bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, uint64_t epoch, const long *dst_seg,
-                        const kvb_block_t *b, size_t n)
+                        const kvb__wblocks_t *w)
 {
     /* Fenced or unknown: the message lane, whose target decides. */
     if (c->fence == NULL ||
         kvb__fence_check(c, __atomic_load_n(&eng->writer_tag, __ATOMIC_RELAXED), epoch) != FENCE_NO)
         return false;
-    for (size_t i = 0; i < n; i++)
-        if (b[i].len > 0 && c->segs.v[dst_seg[i]].direct == NULL)
+    for (size_t i = 0; i < w->n; i++) /* empty blocks: -1 */
+        if (dst_seg[i] >= 0 && c->segs.v[dst_seg[i]].direct == NULL)
             return false;
     return true;
 }
@@ -195,25 +195,30 @@ static void store_fence(void)
 
 /* ---- groups and units ----
  * Every direct-lane submission is a group: a lone write is a group of one;
- * kvb_engine_write_group_async queues several writes as one. The copy
- * threads take a group's bytes in zip order: block i of member 0, block i
- * of member 1, ..., then block i + 1 (a member with fewer blocks drops out;
- * a block longer than a unit's budget is split). Members that read the same
- * source rows in the same order (one prefill page split between decode
- * ranks) thereby read the source once, sequentially: reading a 1 KiB half
- * of each 2 KiB row costs as much memory traffic as the whole row, so one
- * write per half copies at half speed (bench/results/hotpath.md). */
+ * kvb_engine_write_group_async queues several writes as one. A member's
+ * bytes are runs (kvb__run_t: rows of len bytes at a stride; a contiguous
+ * block is one row). The copy threads take a group's bytes in zip order:
+ * row r of run i of member 0, of member 1, ..., then row r + 1, and after
+ * the last row of run i (in any member) run i + 1 (a member whose run i has
+ * fewer rows, or that has fewer runs, drops out there; a row longer than a
+ * unit's budget is split). Members that read the same source rows in the
+ * same order (one prefill page split between decode ranks: member k gets
+ * the k-th slice of every row) thereby read the source once, sequentially:
+ * reading a 1 KiB half of each 2 KiB row costs as much memory traffic as
+ * the whole row, so one write per half copies at half speed
+ * (bench/results/hotpath.md). */
 
 _Static_assert(KVB_WRITE_GROUP_MAX <= 64, "a group's members are bits of a uint64_t");
 
 typedef struct zpos {
-    size_t row, k; /* block row, member */
-    uint64_t off;  /* bytes of that block before this position */
+    size_t run, row, k; /* run, row in it, member */
+    uint64_t off;       /* bytes of that row before this position */
+    uint64_t rows;      /* the most rows of any member's run `run` */
 } zpos_t;
 
 struct kvb__dgroup {
     struct kvb__dgroup *next; /* the copy queue (dmu) */
-    size_t n, rows;           /* members; the most blocks of any */
+    size_t n, runs;           /* members; the most runs of any */
     bool cuda;                /* its one member is a CUDA transfer */
     zpos_t cur;               /* dmu: the next byte to claim */
     /* dmu: members not yet published (bit k). A published member may be
@@ -229,23 +234,44 @@ typedef struct unit {
     kvb__dgroup_t *g;
     zpos_t from, to;
     uint64_t mask;
-    size_t pieces; /* blocks it touches (a CUDA unit's batch size) */
+    size_t pieces; /* rows it touches (a CUDA unit's batch size) */
 } unit_t;
 
 static bool zpos_before(const zpos_t *a, const zpos_t *b)
 {
+    if (a->run != b->run)
+        return a->run < b->run;
     if (a->row != b->row)
         return a->row < b->row;
     return a->k != b->k ? a->k < b->k : a->off < b->off;
 }
 
+/* The most rows of any member's run i (0 past every member's runs). */
+static uint64_t rows_of(const kvb__dgroup_t *g, size_t i)
+{
+    uint64_t rows = 0;
+    for (size_t k = 0; k < g->n; k++)
+        if (i < g->m[k]->nruns && g->m[k]->runs[i].count > rows)
+            rows = g->m[k]->runs[i].count;
+    return rows;
+}
+
 static void zpos_next(const kvb__dgroup_t *g, zpos_t *p)
 {
     p->off = 0;
-    if (++p->k == g->n) {
-        p->k = 0;
-        p->row++;
-    }
+    if (++p->k < g->n)
+        return;
+    p->k = 0;
+    if (++p->row < p->rows)
+        return;
+    p->row = 0;
+    p->rows = rows_of(g, ++p->run);
+}
+
+/* Member x's row at p, or NULL when x has none there. */
+static const kvb__run_t *run_at(const struct kvb_xfer *x, const zpos_t *p)
+{
+    return p->run < x->nruns && p->row < x->runs[p->run].count ? &x->runs[p->run] : NULL;
 }
 
 /* Bytes a unit takes: CUDA groups have one member (kvb__direct_submit). */
@@ -263,10 +289,11 @@ static void claim_unit(kvb__dgroup_t *g, unit_t *u)
     u->from = g->cur;
     u->mask = 0;
     u->pieces = 0;
-    while (g->cur.row < g->rows && budget > 0) {
+    while (g->cur.run < g->runs && budget > 0) {
         const struct kvb_xfer *x = g->m[g->cur.k];
-        if ((g->live >> g->cur.k & 1) && x->queued && g->cur.row < x->n) {
-            uint64_t left = x->blocks[g->cur.row].len - g->cur.off;
+        const kvb__run_t *r = (g->live >> g->cur.k & 1) && x->queued ? run_at(x, &g->cur) : NULL;
+        if (r != NULL) {
+            uint64_t left = r->len - g->cur.off;
             u->mask |= 1ull << g->cur.k;
             u->pieces++;
             if (left > budget) {
@@ -283,8 +310,22 @@ static void claim_unit(kvb__dgroup_t *g, unit_t *u)
 /* Has g's cursor passed the last byte of member k? */
 static bool member_claimed(const kvb__dgroup_t *g, size_t k)
 {
-    size_t n = g->m[k]->n;
-    return n == 0 || g->cur.row > n - 1 || (g->cur.row == n - 1 && g->cur.k > k);
+    const struct kvb_xfer *x = g->m[k];
+    const zpos_t *c = &g->cur;
+    if (x->nruns == 0 || c->run >= x->nruns)
+        return true;
+    if (c->run < x->nruns - 1)
+        return false;
+    uint64_t last = x->runs[c->run].count - 1;
+    return c->row > last || (c->row == last && c->k > k);
+}
+
+/* Where member x's row at p is copied to. Every run was checked to lie in
+ * its mapped destination segment at submission. */
+static uint8_t *row_dst(const struct kvb_xfer *x, const kvb__run_t *r, const zpos_t *p)
+{
+    const kvb__seg_t *s = &x->conn->segs.v[r->seg];
+    return s->direct + (r->dst + p->row * r->dstride - s->addr) + p->off;
 }
 
 /* Copy u's bytes of the members in admitted (a subset of u->mask). CUDA
@@ -295,7 +336,6 @@ static kvb_status_t copy_unit(kvb_engine_h eng, const unit_t *u, uint64_t admitt
                               size_t wl)
 {
     const kvb__dgroup_t *g = u->g;
-    const kvb__seg_t *seg[KVB_WRITE_GROUP_MAX] = {NULL};
     kvb__cuda_copy_t *v = NULL;
     size_t nv = 0;
     if (g->cuda && (v = malloc(u->pieces * sizeof(*v))) == NULL) {
@@ -304,23 +344,17 @@ static kvb_status_t copy_unit(kvb_engine_h eng, const unit_t *u, uint64_t admitt
     }
     for (zpos_t p = u->from; zpos_before(&p, &u->to); zpos_next(g, &p)) {
         const struct kvb_xfer *x = g->m[p.k];
-        if (!(admitted >> p.k & 1) || p.row >= x->n)
+        const kvb__run_t *r = admitted >> p.k & 1 ? run_at(x, &p) : NULL;
+        if (r == NULL)
             continue;
-        const kvb_block_t *b = &x->blocks[p.row];
-        uint64_t end = p.row == u->to.row && p.k == u->to.k ? u->to.off : b->len;
-        /* A member's neighbouring blocks mostly share a segment: look up
-         * only on a change. Every block was checked to lie in a mapped
-         * segment at submission. */
-        const kvb__seg_t *s = seg[p.k];
-        if (s == NULL || b->dst < s->addr || b->dst - s->addr > s->len ||
-            b->len > s->len - (b->dst - s->addr))
-            s = seg[p.k] = &x->conn->segs.v[kvb__segtab_find(&x->conn->segs, b->dst, b->len)];
-        uint8_t *d = s->direct + (b->dst - s->addr) + p.off;
+        bool last = p.run == u->to.run && p.row == u->to.row && p.k == u->to.k;
+        uint64_t n = (last ? u->to.off : r->len) - p.off;
+        uint8_t *d = row_dst(x, r, &p);
+        uint64_t src = r->src + p.row * r->sstride + p.off;
         if (v != NULL)
-            v[nv++] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)d, b->src + p.off, end - p.off};
+            v[nv++] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)d, src, n};
         else
-            copy_block(d, (const uint8_t *)(uintptr_t)(b->src + p.off), end - p.off,
-                       eng->stream_copy);
+            copy_block(d, (const uint8_t *)(uintptr_t)src, n, eng->stream_copy);
     }
     kvb_status_t st = v != NULL ? kvb__cuda_unit(eng, v, nv, why, wl) : KVB_OK;
     free(v);
@@ -370,17 +404,22 @@ static void check_stop(kvb_engine_h eng, struct kvb_xfer *x)
         set_failure(x, KVB_ERR_CANCELED, "transfer cancelled");
 }
 
+/* A member's fence answer at a unit. It was admitted at submission
+ * (kvb__direct_usable), and a slot is freed only once revoked and drained
+ * and epochs are never reused (fence.c): so a grant the page no longer
+ * lists was revoked too. Only the legacy tag list (epoch 0) can be
+ * unknown for another reason (it overflowed). */
 static void fence_failure(struct kvb_xfer *x, fence_state_t fs)
 {
-    if (fs == FENCE_YES)
+    if (fs == FENCE_YES || (fs == FENCE_UNKNOWN && x->epoch != 0))
         set_failure(x, KVB_ERR_FENCED,
                     "writer fenced: the target revoked this writer's grant (declared it "
                     "lost or ended its rooms)");
     else if (fs == FENCE_UNKNOWN)
         set_failure(x, KVB_ERR_PEER,
-                    "the target's fence page does not list this writer's grant (page "
-                    "full, grant drained, or the target stopped while updating it): "
-                    "retry (new writes take the message lane, whose target decides)");
+                    "the target's fence page cannot say whether this writer's tag is fenced "
+                    "(its list overflowed): retry (new writes take the message lane, whose "
+                    "target decides)");
 }
 
 /* Copy unit u (dmu not held). Every member of the unit enters its target's
@@ -524,8 +563,9 @@ bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
         .n = n, .cuda = xs[0]->cuda, .live = n == 64 ? UINT64_MAX : (1ull << n) - 1};
     for (size_t k = 0; k < n; k++) {
         g->m[k] = xs[k];
-        g->rows = xs[k]->n > g->rows ? xs[k]->n : g->rows;
+        g->runs = xs[k]->nruns > g->runs ? xs[k]->nruns : g->runs;
     }
+    g->cur.rows = rows_of(g, 0);
     pthread_mutex_lock(&eng->dmu);
     bool ok = !eng->dstop && start_threads(eng);
     if (ok) {

@@ -82,13 +82,42 @@ struct kvb__session {
 #define KVB__AM_WINDOW 8                  /* unacknowledged messages per transfer */
 typedef struct kvb__dgroup kvb__dgroup_t; /* direct lane: writes queued together (direct.c) */
 
+/* A write's blocks as the caller gave them: plain or strided (runs.c). */
+typedef struct kvb__wblocks {
+    const kvb_strided_block_t *strided; /* or, when NULL, */
+    const kvb_block_t *plain;
+    size_t n;
+} kvb__wblocks_t;
+
+/* Block i of w as a strided block (a plain one: count 1). */
+static inline kvb_strided_block_t kvb__wb_at(const kvb__wblocks_t *w, size_t i)
+{
+    if (w->strided != NULL)
+        return w->strided[i];
+    const kvb_block_t *b = &w->plain[i];
+    return (kvb_strided_block_t){b->src, b->dst, b->len, b->len, b->len, 1};
+}
+
+/* The direct lane's form of a write: strided blocks, checked, with their
+ * destination segment (an index into the connection's table, which is
+ * fixed for the connection's life). count 1 for a contiguous block. */
+typedef struct kvb__run {
+    uint64_t src, dst, len;
+    uint64_t sstride, dstride, count;
+    long seg;
+} kvb__run_t;
+
 struct kvb_xfer {
     kvb_engine_h eng;
     kvb__conn_t *conn;
-    kvb_block_t *blocks; /* coalesced copy (bufpool.h) */
-    size_t blocks_cap;   /* its capacity in bytes, for kvb__bufpool_put */
-    size_t n, next;      /* blocks and next block to issue */
-    size_t off;          /* AM lane: bytes of blocks[next] already sent */
+    /* UCX lanes: the blocks, coalesced (bufpool.h; capacity in bytes for
+     * kvb__bufpool_put). The direct lane: runs instead (blocks NULL). */
+    kvb_block_t *blocks;
+    size_t blocks_cap;
+    kvb__run_t *runs;
+    size_t runs_cap, nruns;
+    size_t n, next; /* blocks and next block to issue */
+    size_t off;     /* AM lane: bytes of blocks[next] already sent */
     uint64_t id;
     uint64_t epoch;  /* writer grant stamped on every write (0: tag-only fence) */
     int refs;        /* atomic: caller + engine */
@@ -352,17 +381,36 @@ fence_state_t kvb__fence_check(const kvb__conn_t *c, uint32_t tag, uint64_t epoc
 fence_state_t kvb__fence_enter(const kvb__conn_t *c, uint32_t tag, uint64_t epoch, int32_t *slot_p);
 void kvb__fence_exit(const kvb__conn_t *c, int32_t slot);
 
+/* runs.c: a write's blocks, checked and coalesced on the caller's thread */
+/* Check every block of w against our registrations (source) and c's
+ * (destination): dst_seg[i] gets block i's destination segment (-1 when
+ * empty). KVB_ERR_INVALID (a strided block breaking its rules),
+ * KVB_ERR_BOUNDS (*retry_p set when a destination was the cause: the
+ * peer may have registered more). The engine's error set. */
+kvb_status_t kvb__wblocks_check(kvb_engine_h eng, kvb__conn_t *c, const kvb__wblocks_t *w,
+                                long *dst_seg, bool *retry_p);
+/* x->runs from checked w (x->blocks, x->n for plain w on the UCX lanes:
+ * kvb__xfer_blocks). KVB_ERR_NOMEM. */
+kvb_status_t kvb__runs_build(struct kvb_xfer *x, const kvb__wblocks_t *w, const long *dst_seg);
+/* x->blocks from x->runs, one block per row with contiguous rows merged,
+ * for the lanes that cannot walk strides; x->runs freed. KVB_ERR_NOMEM. */
+kvb_status_t kvb__runs_expand(struct kvb_xfer *x);
+/* x->blocks from plain checked blocks (neighbours contiguous on both sides
+ * in one destination segment merged). KVB_ERR_NOMEM. */
+kvb_status_t kvb__xfer_blocks(struct kvb_xfer *x, const kvb_block_t *b, const long *dst_seg,
+                              size_t n);
+
 /* direct.c */
 void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r);
 void kvb__direct_detach(kvb__conn_t *c);
 /* Every block's destination mapped and our tag not fenced? */
 bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, uint64_t epoch, const long *dst_seg,
-                        const kvb_block_t *b, size_t n);
+                        const kvb__wblocks_t *w);
 /* Queue xs[0..n) (n <= KVB_WRITE_GROUP_MAX, each prepared for the direct
- * lane, none CUDA unless n is 1) as one group under one dmu hold: the copy
- * threads take its units in zip order (block i of every member, then block
- * i + 1). false: nothing queued (engine stopping, no copy thread, no
- * memory): use UCX. */
+ * lane (runs), none CUDA unless n is 1) as one group under one dmu hold:
+ * the copy threads take its units in zip order (row r of run i of every
+ * member, then row r + 1, then run i + 1). false: nothing queued (engine
+ * stopping, no copy thread, no memory): use UCX. */
 bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n);
 void kvb__direct_stop(kvb_engine_h eng);
 
@@ -461,7 +509,7 @@ uint32_t kvb__cuda_caps(void);
 /* Does a block of the batch touch device memory (dst_seg: the peer's
  * segment of each block, -1 for empty ones)? */
 bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
-                        const kvb_block_t *b, size_t n);
+                        const kvb__wblocks_t *w);
 /* Message lane, writer (before x is submitted): mark x's device sources
  * staged through a bounded pinned ring (x->stage, x->staged) and plan their
  * staging (x->stage_ready 0: nothing may be sent yet). Once x is submitted,

@@ -9,6 +9,7 @@
 #include "engine/amwire.h"
 #include "engine/bufpool.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,7 @@ void kvb__xfer_release(struct kvb_xfer *x)
         kvb__cuda_stage_put(x->stage, x->stage_len);
     free(x->staged);
     kvb__bufpool_put(x->blocks, x->blocks_cap);
+    kvb__bufpool_put(x->runs, x->runs_cap);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
     free(x);
@@ -42,77 +44,29 @@ void kvb__xfer_release(struct kvb_xfer *x)
 
 /* ---- caller side ---- */
 
-/* Segment of t holding [addr, addr+len): entry *last when it does (blocks
- * of a batch mostly stay in one segment), else a search; -1 if none. */
-static long seg_of(const kvb__segtab_t *t, long *last, uint64_t addr, uint64_t len)
+/* x's blocks in the form of its lane. The direct lane walks runs; the UCX
+ * lanes plain blocks (strided ones expanded). */
+static kvb_status_t build_blocks(struct kvb_xfer *x, const kvb__wblocks_t *w, const long *seg)
 {
-    const kvb__seg_t *s = *last >= 0 && (size_t)*last < t->n ? &t->v[*last] : NULL;
-    if (s != NULL && addr >= s->addr && addr - s->addr <= s->len &&
-        len <= s->len - (addr - s->addr))
-        return *last;
-    return *last = kvb__segtab_find(t, addr, len);
-}
-
-static kvb_status_t check_blocks(kvb_engine_h eng, kvb__conn_t *c, const kvb_block_t *b, size_t n,
-                                 long *dst_seg, bool *retry_p)
-{
-    kvb_status_t st = KVB_OK;
-    long src_last = -1, dst_last = -1;
-    pthread_mutex_lock(&eng->seg_mu);
-    for (size_t i = 0; i < n && st == KVB_OK; i++) {
-        if (b[i].len == 0) {
-            dst_seg[i] = -1;
-            continue;
-        }
-        if (seg_of(&eng->segs, &src_last, b[i].src, b[i].len) < 0)
-            st = kvb__err_set(&eng->err, KVB_ERR_BOUNDS,
-                              "block %zu: local source [0x%llx, +%llu) is not inside a "
-                              "registered region",
-                              i, (unsigned long long)b[i].src, (unsigned long long)b[i].len);
-        else if ((dst_seg[i] = seg_of(&c->segs, &dst_last, b[i].dst, b[i].len)) < 0) {
-            *retry_p = true;
-            st = kvb__err_set(&eng->err, KVB_ERR_BOUNDS,
-                              "session %s, block %zu: destination [0x%llx, +%llu) is not "
-                              "inside a region the peer registered",
-                              c->sess->sid, i, (unsigned long long)b[i].dst,
-                              (unsigned long long)b[i].len);
-        }
-    }
-    pthread_mutex_unlock(&eng->seg_mu);
+    if (!x->direct && w->strided == NULL)
+        return kvb__xfer_blocks(x, w->plain, seg, w->n);
+    kvb_status_t st = kvb__runs_build(x, w, seg);
+    if (st == KVB_OK && !x->direct)
+        st = kvb__runs_expand(x);
     return st;
 }
 
-/* Merge neighbours contiguous on both sides within one destination segment
- * (a local region boundary is harmless: sources are only read). */
-static size_t coalesce(const kvb_block_t *b, const long *seg, size_t n, kvb_block_t *out)
-{
-    size_t m = 0;
-    long last_seg = -2;
-    for (size_t i = 0; i < n; i++) {
-        if (b[i].len == 0)
-            continue;
-        if (m > 0 && seg[i] == last_seg && out[m - 1].src + out[m - 1].len == b[i].src &&
-            out[m - 1].dst + out[m - 1].len == b[i].dst) {
-            out[m - 1].len += b[i].len;
-            continue;
-        }
-        out[m++] = b[i];
-        last_seg = seg[i];
-    }
-    return m;
-}
-
-static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
-                            size_t count, uint64_t deadline, struct kvb_xfer *x)
+static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w,
+                            uint64_t deadline, struct kvb_xfer *x)
 {
     size_t seg_cap = 0;
-    long *seg = kvb__bufpool_get((count ? count : 1) * sizeof(*seg), &seg_cap);
+    long *seg = kvb__bufpool_get((w->n ? w->n : 1) * sizeof(*seg), &seg_cap);
     bool retry = false;
     kvb_status_t st = seg == NULL ? KVB_ERR_NOMEM : KVB_OK;
     if (st == KVB_OK)
         st = kvb__session_acquire_by(eng, sid, false, deadline, &x->conn);
     if (st == KVB_OK)
-        st = check_blocks(eng, x->conn, blocks, count, seg, &retry);
+        st = kvb__wblocks_check(eng, x->conn, w, seg, &retry);
     if (st == KVB_ERR_BOUNDS && retry) {
         /* The peer may have registered more since our handshake: look again. */
         kvb__conn_put(x->conn);
@@ -120,19 +74,14 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb_block_t
         retry = false;
         st = kvb__session_acquire_by(eng, sid, true, deadline, &x->conn);
         if (st == KVB_OK)
-            st = check_blocks(eng, x->conn, blocks, count, seg, &retry);
+            st = kvb__wblocks_check(eng, x->conn, w, seg, &retry);
     }
     if (st == KVB_OK)
-        x->cuda = kvb__cuda_involved(eng, x->conn, seg, blocks, count);
+        x->cuda = kvb__cuda_involved(eng, x->conn, seg, w);
     if (st == KVB_OK && eng->params.copy_threads > 0)
-        x->direct = kvb__direct_usable(eng, x->conn, x->epoch, seg, blocks, count);
-    if (st == KVB_OK) {
-        x->blocks = kvb__bufpool_get((count ? count : 1) * sizeof(*x->blocks), &x->blocks_cap);
-        if (x->blocks == NULL)
-            st = KVB_ERR_NOMEM;
-        else
-            x->n = coalesce(blocks, seg, count, x->blocks);
-    }
+        x->direct = kvb__direct_usable(eng, x->conn, x->epoch, seg, w);
+    if (st == KVB_OK)
+        st = build_blocks(x, w, seg);
     kvb__bufpool_put(seg, seg_cap);
     return st;
 }
@@ -156,13 +105,12 @@ static struct kvb_xfer *xfer_new(kvb_engine_h eng, const kvb_write_params_t *par
 }
 
 /* The caller's arguments of one write, checked (the engine's error set). */
-static kvb_status_t check_args(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
-                               size_t count)
+static kvb_status_t check_args(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w)
 {
-    if (sid == NULL || (blocks == NULL && count > 0))
+    if (sid == NULL || (w->plain == NULL && w->strided == NULL && w->n > 0))
         return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write without a session or blocks");
-    if (count > SIZE_MAX / sizeof(kvb_block_t)) /* the copies below would wrap */
-        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write of %zu blocks: too many", count);
+    if (w->n > SIZE_MAX / sizeof(kvb__run_t)) /* the copies below would wrap */
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write of %zu blocks: too many", w->n);
     return KVB_OK;
 }
 
@@ -180,7 +128,9 @@ static kvb_status_t submit_ucx(kvb_engine_h eng, struct kvb_xfer *x)
     kvb__cmd_t *cmd = NULL;
     kvb_status_t st = KVB_OK;
     x->direct = 0;
-    if (x->cuda) /* the message lane reads host memory only */
+    if (x->runs != NULL) /* prepared for the direct lane, which refused it */
+        st = kvb__runs_expand(x);
+    if (st == KVB_OK && x->cuda) /* the message lane reads host memory only */
         st = kvb__cuda_stage_sources(eng, x);
     if (st == KVB_OK && (cmd = calloc(1, sizeof(*cmd))) == NULL)
         st = KVB_ERR_NOMEM;
@@ -214,13 +164,14 @@ static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_blo
 {
     if (eng == NULL || sid == NULL || xfer_p == NULL || (blocks == NULL && count > 0))
         return KVB_ERR_INVALID;
-    kvb_status_t st = check_args(eng, sid, blocks, count);
+    kvb__wblocks_t w = {.plain = blocks, .n = count};
+    kvb_status_t st = check_args(eng, sid, &w);
     if (st != KVB_OK)
         return st;
     struct kvb_xfer *x = xfer_new(eng, params);
     if (x == NULL)
         return KVB_ERR_NOMEM;
-    st = prepare(eng, sid, blocks, count, deadline, x);
+    st = prepare(eng, sid, &w, deadline, x);
     if (st == KVB_OK)
         st = submit_one(eng, x);
     else
@@ -272,9 +223,43 @@ static void member_failed(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st)
     __atomic_store_n(&x->status, (int)st, __ATOMIC_RELEASE);
 }
 
+/* The struct before the strided fields: callers built against it pass its
+ * size and never set KVB_WRITE_MEMBER_STRIDED. */
+#define MEMBER_V1_SIZE offsetof(kvb_write_member_t, strided)
+
+/* Member i of the caller's array of member_size strides; fields past the
+ * caller's struct read as zero. false when its field_mask names one of
+ * those. */
+static bool member_read(kvb_write_member_t *mb, const kvb_write_member_t *members, size_t i,
+                        size_t member_size)
+{
+    size_t have = member_size < sizeof(*mb) ? member_size : sizeof(*mb);
+    memset(mb, 0, sizeof(*mb));
+    memcpy(mb, (const char *)members + i * member_size, have);
+    return have == sizeof(*mb) || !(mb->field_mask & KVB_WRITE_MEMBER_STRIDED);
+}
+
+/* mb's blocks, plain or strided (fits: member_read's answer). */
+static kvb_status_t member_blocks(kvb_engine_h eng, const kvb_write_member_t *mb, bool fits,
+                                  kvb__wblocks_t *w)
+{
+    *w = (kvb__wblocks_t){.plain = mb->blocks, .n = mb->count};
+    if (!fits)
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                            "write member sets KVB_WRITE_MEMBER_STRIDED but member_size does "
+                            "not reach its fields");
+    if (!(mb->field_mask & KVB_WRITE_MEMBER_STRIDED))
+        return KVB_OK;
+    if (mb->blocks != NULL || mb->count != 0)
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                            "write member with both plain and strided blocks");
+    *w = (kvb__wblocks_t){.strided = mb->strided, .n = mb->strided_count};
+    return KVB_OK;
+}
+
 /* Start member mb: on the direct lane (host memory) it is only prepared and
  * added to zip[*nz_p] for the group's one submission; any other lane now. */
-static kvb_status_t member_start(kvb_engine_h eng, const kvb_write_member_t *mb,
+static kvb_status_t member_start(kvb_engine_h eng, const kvb_write_member_t *mb, bool fits,
                                  struct kvb_xfer **zip, size_t *nz_p, kvb_xfer_h *xfer_p)
 {
     const kvb_write_params_t *wp = mb->field_mask & KVB_WRITE_MEMBER_PARAMS ? mb->params : NULL;
@@ -282,9 +267,12 @@ static kvb_status_t member_start(kvb_engine_h eng, const kvb_write_member_t *mb,
     *xfer_p = x;
     if (x == NULL)
         return KVB_ERR_NOMEM;
-    kvb_status_t st = check_args(eng, mb->session_id, mb->blocks, mb->count);
+    kvb__wblocks_t w;
+    kvb_status_t st = member_blocks(eng, mb, fits, &w);
     if (st == KVB_OK)
-        st = prepare(eng, mb->session_id, mb->blocks, mb->count, setup_deadline(eng, 0), x);
+        st = check_args(eng, mb->session_id, &w);
+    if (st == KVB_OK)
+        st = prepare(eng, mb->session_id, &w, setup_deadline(eng, 0), x);
     if (st == KVB_OK && x->direct && !x->cuda) {
         zip[(*nz_p)++] = x;
         return KVB_OK;
@@ -308,14 +296,14 @@ kvb_status_t kvb_engine_write_group_async(kvb_engine_h eng, const kvb_write_memb
     if (eng == NULL)
         return KVB_ERR_INVALID;
     if ((count > 0 && (members == NULL || statuses_p == NULL || xfers_p == NULL)) ||
-        count > KVB_WRITE_GROUP_MAX || member_size < sizeof(kvb_write_member_t))
+        count > KVB_WRITE_GROUP_MAX || member_size < MEMBER_V1_SIZE)
         return kvb__err_set(&eng->err, KVB_ERR_INVALID,
                             "write group of %zu members of %zu bytes: invalid", count, member_size);
     for (size_t i = 0; i < count; i++) {
         kvb_write_member_t mb;
-        memcpy(&mb, (const char *)members + i * member_size, sizeof(mb));
+        bool fits = member_read(&mb, members, i, member_size);
         size_t nz0 = nz;
-        statuses_p[i] = member_start(eng, &mb, zip, &nz, &xfers_p[i]);
+        statuses_p[i] = member_start(eng, &mb, fits, zip, &nz, &xfers_p[i]);
         if (nz > nz0)
             at[nz0] = i;
     }

@@ -15,91 +15,14 @@
 #include <kvbridge/engine.h>
 
 #include <signal.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define KiB 1024u
-#define MiB (1024u * KiB)
-#define PAGE (32u * KiB) /* source page: 16 rows of 2 KiB */
-#define ROW (2u * KiB)
-#define HALF (1u * KiB)
-#define GUARD MiB /* untouched bytes around each target's written range */
-#define TAG 0x2e1bu
-#define GUARD_FILL 0xee
-
-static uint8_t *g_src;
-static size_t g_src_len;
-
-typedef struct target {
-    kvb_test_end_t end;
-    uint8_t *base; /* end.buf + GUARD: where the member writes */
-    size_t len;    /* bytes it is written */
-    uint64_t epoch;
-} target_t;
-
-static target_t target_new(bool shared, size_t len)
-{
-    target_t t = {0};
-    t.end =
-        kvb_test_end(kvb_test_engine(KVB_TRANSPORT_AUTO, 2), len + 2 * GUARD, GUARD_FILL, shared);
-    t.base = t.end.buf + GUARD;
-    t.len = len;
-    CHECK_EQ(kvb_engine_grant_writer(t.end.eng, TAG, &t.epoch), KVB_OK);
-    return t;
-}
-
-static const char *sid_of(const target_t *t)
-{
-    return kvb_engine_session_id(t->end.eng);
-}
-
-/* Source page p lands at destination page perm(p) (a permutation: npages a
- * power of two, the factor odd). */
-static size_t perm(size_t p, size_t npages)
-{
-    return (p * 7919u) % npages;
-}
-
-/* Member r of a TP1->TP2 split of the first npages source pages: the r-th
- * half of every row, rows of a page contiguous at the destination. */
-static kvb_block_t *tp2_blocks(const target_t *t, int r, size_t npages, size_t *n_p)
-{
-    size_t rows = PAGE / ROW, n = npages * rows;
-    kvb_block_t *b = malloc(n * sizeof(*b));
-    CHECK(b != NULL);
-    for (size_t p = 0; p < npages; p++)
-        for (size_t i = 0; i < rows; i++) {
-            size_t k = p * rows + i;
-            b[k].src = (uint64_t)(uintptr_t)(g_src + p * PAGE + i * ROW + (size_t)r * HALF);
-            b[k].dst = (uint64_t)(uintptr_t)(t->base + perm(p, npages) * (PAGE / 2) + i * HALF);
-            b[k].len = HALF;
-        }
-    *n_p = n;
-    return b;
-}
-
-/* Does t hold member r's halves of npages pages, and its guards untouched? */
-static bool tp2_exact(const target_t *t, int r, size_t npages)
-{
-    for (size_t p = 0; p < npages; p++)
-        for (size_t i = 0; i < PAGE / ROW; i++)
-            if (memcmp(t->base + perm(p, npages) * (PAGE / 2) + i * HALF,
-                       g_src + p * PAGE + i * ROW + (size_t)r * HALF, HALF) != 0)
-                return false;
-    return kvb_test_all(t->end.buf, GUARD, GUARD_FILL) &&
-           kvb_test_all(t->base + npages * (PAGE / 2), GUARD, GUARD_FILL);
-}
-
-static void fill_source(uint64_t seed)
-{
-    uint64_t s = seed;
-    uint64_t *w = (uint64_t *)g_src;
-    for (size_t i = 0; i < g_src_len / 8; i++)
-        w[i] = kvb_test_xorshift(&s);
-}
+#include "tp2_common.h"
 
 typedef struct group {
     kvb_write_member_t mb[2];
@@ -118,8 +41,7 @@ static kvb_status_t tp2_start(kvb_engine_h w, group_t *g, const target_t *t0, co
         size_t n;
         g->b[r] = tp2_blocks(t[r], r, npages, &n);
         g->wp[r] = (kvb_write_params_t){KVB_WRITE_PARAM_EPOCH, t[r]->epoch};
-        g->mb[r] =
-            (kvb_write_member_t){KVB_WRITE_MEMBER_PARAMS, sid_of(t[r]), g->b[r], n, &g->wp[r]};
+        g->mb[r] = member(sid_of(t[r]), g->b[r], n, &g->wp[r]);
     }
     return kvb_engine_write_group_async(w, g->mb, 2, sizeof(g->mb[0]), g->st, g->x);
 }
@@ -139,20 +61,6 @@ static void group_end(group_t *g, kvb_status_t fin[2])
         kvb_xfer_free(g->x[r]);
         free(g->b[r]);
     }
-}
-
-static kvb_engine_h writer(void)
-{
-    kvb_engine_h w = kvb_test_engine(KVB_TRANSPORT_AUTO, 2);
-    CHECK_EQ(kvb_engine_register(w, g_src, g_src_len, KVB_MEM_HOST), KVB_OK);
-    kvb_engine_set_writer_tag(w, TAG);
-    return w;
-}
-
-static void targets_free(target_t *t0, target_t *t1)
-{
-    kvb_test_end_free(&t0->end);
-    kvb_test_end_free(&t1->end);
 }
 
 /* One TP1->TP2 group of npages pages of a fresh source: both members end
@@ -201,9 +109,8 @@ static void uneven_case(void)
                       7 * MiB};
     kvb_write_params_t wp0 = {KVB_WRITE_PARAM_EPOCH, t0.epoch},
                        wp1 = {KVB_WRITE_PARAM_EPOCH, t1.epoch};
-    kvb_write_member_t mb[3] = {{KVB_WRITE_MEMBER_PARAMS, sid_of(&t0), b0, 6, &wp0},
-                                {KVB_WRITE_MEMBER_PARAMS, sid_of(&t1), &b1, 1, &wp1},
-                                {KVB_WRITE_MEMBER_PARAMS, sid_of(&t1), NULL, 0, &wp1}};
+    kvb_write_member_t mb[3] = {member(sid_of(&t0), b0, 6, &wp0), member(sid_of(&t1), &b1, 1, &wp1),
+                                member(sid_of(&t1), NULL, 0, &wp1)};
     kvb_status_t st[3];
     kvb_xfer_h x[3];
     CHECK_EQ(kvb_engine_write_group_async(w, mb, 3, sizeof(mb[0]), st, x), KVB_OK);
@@ -259,13 +166,14 @@ static void spoil_case(enum spoil how)
     group_end(&g, fin);
     fprintf(stderr, "%s: member 0 %s, member 1 %s\n", names[how], kvb_status_string(fin[0]),
             kvb_status_string(fin[1]));
-    /* A grant revoked and already drained is no longer listed on the fence
-     * page: the copy threads then answer KVB_ERR_PEER ("does not list this
-     * writer's grant"), as a single write's do; still revoked, FENCED. */
-    if (how == REVOKE_WHILE && fin[0] == KVB_ERR_PEER)
-        CHECK_STR_CONTAINS(why0, "fence page does not list this writer's grant");
-    else
-        CHECK_EQ(fin[0], want[how]);
+    /* Revoked while copying: the copy threads find the grant revoked, or
+     * (timing: the target freed the slot between two units) no longer
+     * listed; both are FENCED since session 7 (the second was KVB_ERR_PEER,
+     * which put the connector's session in back-off). This test does not
+     * force the second window; it was hit in some runs before the fix. */
+    CHECK_EQ(fin[0], want[how]);
+    if (how == REVOKE_BEFORE || how == REVOKE_WHILE)
+        CHECK_STR_CONTAINS(why0, "fenced");
     CHECK_EQ(fin[1], KVB_OK);
     CHECK(tp2_exact(&t1, 1, npages));
     if (how == REVOKE_BEFORE || how == REVOKE_WHILE)
@@ -292,9 +200,8 @@ static void mixed_case(void)
     kvb_block_t bad = {(uint64_t)(uintptr_t)g_src,
                        (uint64_t)(uintptr_t)(t0.end.buf + t0.len + 2 * GUARD - 512), 4096};
     kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, t0.epoch};
-    kvb_write_member_t mb[3] = {{KVB_WRITE_MEMBER_PARAMS, sid_of(&t0), b0, n, &wp},
-                                {KVB_WRITE_MEMBER_PARAMS, sid_of(&t0), &bad, 1, &wp},
-                                {0, NULL, &bad, 1, NULL}};
+    kvb_write_member_t mb[3] = {member(sid_of(&t0), b0, n, &wp), member(sid_of(&t0), &bad, 1, &wp),
+                                member(NULL, &bad, 1, NULL)};
     kvb_status_t st[3];
     kvb_xfer_h x[3];
     memset(t0.base, GUARD_FILL, t0.len);
@@ -315,7 +222,9 @@ static void mixed_case(void)
     /* the call's own errors: nothing started, nothing written */
     st[0] = KVB_ERR_IO;
     x[0] = NULL;
-    CHECK_EQ(kvb_engine_write_group_async(w, mb, 1, sizeof(mb[0]) - 1, st, x), KVB_ERR_INVALID);
+    CHECK_EQ(
+        kvb_engine_write_group_async(w, mb, 1, offsetof(kvb_write_member_t, strided) - 1, st, x),
+        KVB_ERR_INVALID);
     CHECK_EQ(kvb_engine_write_group_async(w, mb, KVB_WRITE_GROUP_MAX + 1, sizeof(mb[0]), st, x),
              KVB_ERR_INVALID);
     CHECK_EQ(kvb_engine_write_group_async(w, mb, 1, sizeof(mb[0]), NULL, x), KVB_ERR_INVALID);
