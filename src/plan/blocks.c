@@ -151,30 +151,50 @@ static kvb_status_t job_check(const emit_job_t *j, uint64_t per_buf, uint64_t *t
 }
 
 /* Runs of items, buffer by buffer: maximal runs consecutive on both sides,
- * or single items when `single`. Both emitters walk jobs this way. */
+ * or single items when `single`; plain_whole and strided_runs walk jobs so.
+ * The job's fields are copied in so that the compiler keeps them in
+ * registers across the emitters' stores (which could alias the job's
+ * uint64_t fields). */
 typedef struct run_iter {
-    uint32_t b;
-    size_t k;
+    const uint64_t *sb, *db;
+    const int32_t *sp, *dp;
+    uint64_t sitem, ditem, soff, doff;
+    size_t n, k;
+    uint32_t nbuf, b;
     bool single;
 } run_iter_t;
 
-/* Next run: *s_p / *d_p = address of the fragment in its first row, *items_p
- * = its length. False when every buffer is done. j->is.n > 0. */
-static inline bool next_run(const emit_job_t *j, run_iter_t *it, uint64_t *s_p, uint64_t *d_p,
-                            uint64_t *items_p)
+static inline run_iter_t run_begin(const emit_job_t *j, bool single)
 {
-    if (it->k == j->is.n) {
+    return (run_iter_t){.sb = j->sb,
+                        .db = j->db,
+                        .sp = j->is.sp,
+                        .dp = j->is.dp,
+                        .sitem = j->c->src_item,
+                        .ditem = j->c->dst_item,
+                        .soff = j->soff,
+                        .doff = j->doff,
+                        .n = j->is.n,
+                        .nbuf = j->nbuf,
+                        .single = single};
+}
+
+/* Next run: *s_p / *d_p = address of the fragment in its first row, *items_p
+ * = its length. False when every buffer is done. n > 0. */
+static inline bool next_run(run_iter_t *it, uint64_t *s_p, uint64_t *d_p, uint64_t *items_p)
+{
+    if (it->k == it->n) {
         it->k = 0;
         it->b++;
     }
-    if (it->b == j->nbuf)
+    if (it->b == it->nbuf)
         return false;
-    const int32_t *sp = j->is.sp, *dp = j->is.dp;
+    const int32_t *sp = it->sp, *dp = it->dp;
     size_t k = it->k, e = k + 1;
-    while (!it->single && e < j->is.n && sp[e] == sp[e - 1] + 1 && dp[e] == dp[e - 1] + 1)
+    while (!it->single && e < it->n && sp[e] == sp[e - 1] + 1 && dp[e] == dp[e - 1] + 1)
         e++;
-    *s_p = j->sb[it->b] + j->soff + (uint64_t)sp[k] * j->c->src_item;
-    *d_p = j->db[it->b] + j->doff + (uint64_t)dp[k] * j->c->dst_item;
+    *s_p = it->sb[it->b] + it->soff + (uint64_t)sp[k] * it->sitem;
+    *d_p = it->db[it->b] + it->doff + (uint64_t)dp[k] * it->ditem;
     *items_p = e - k;
     it->k = e;
     return true;
@@ -188,10 +208,10 @@ static inline bool next_run(const emit_job_t *j, run_iter_t *it, uint64_t *s_p, 
 static void plain_whole(kvb_plan_blocks_t *out, size_t floor, const emit_job_t *j)
 {
     kvb_block_t *o = out->blocks + out->count;
-    run_iter_t it = {0, 0, false};
+    run_iter_t it = run_begin(j, false);
     uint64_t s, d, items;
-    while (next_run(j, &it, &s, &d, &items)) {
-        uint64_t len = items * j->c->src_item;
+    while (next_run(&it, &s, &d, &items)) {
+        uint64_t len = items * it.sitem;
         kvb_block_t *prev = o - out->blocks > (ptrdiff_t)floor ? o - 1 : NULL;
         if (prev != NULL && prev->src + prev->len == s && prev->dst + prev->len == d) {
             prev->len += len;
@@ -202,21 +222,28 @@ static void plain_whole(kvb_plan_blocks_t *out, size_t floor, const emit_job_t *
     out->count = (size_t)(o - out->blocks);
 }
 
-/* Part of a row: one block per row. */
+/* Part of a row: one block per row. The hottest loop (one block per 256
+ * bytes copied at heterogeneous TP), so it is written out rather than built
+ * on run_iter, whose per-item bookkeeping cost it ~30% in plan-bench. */
 static void plain_rows(kvb_plan_blocks_t *out, const emit_job_t *j)
 {
     const kvb__plan_class_t *c = j->c;
     uint64_t srow = c->src_row, drow = c->dst_row, rows = c->rows, bytes = j->bytes;
+    uint64_t sitem = c->src_item, ditem = c->dst_item;
+    const int32_t *sp = j->is.sp, *dp = j->is.dp;
+    size_t n = j->is.n;
     kvb_block_t *o = out->blocks + out->count;
-    run_iter_t it = {0, 0, true};
-    uint64_t s, d, items;
-    while (next_run(j, &it, &s, &d, &items)) {
-        for (uint64_t r = 0; r < rows; r++) {
-            o[r].src = s + r * srow;
-            o[r].dst = d + r * drow;
-            o[r].len = bytes;
+    for (uint32_t b = 0; b < j->nbuf; b++) {
+        uint64_t sb = j->sb[b] + j->soff, db = j->db[b] + j->doff;
+        for (size_t k = 0; k < n; k++) {
+            uint64_t s = sb + (uint64_t)sp[k] * sitem, d = db + (uint64_t)dp[k] * ditem;
+            for (uint64_t r = 0; r < rows; r++) {
+                o[r].src = s + r * srow;
+                o[r].dst = d + r * drow;
+                o[r].len = bytes;
+            }
+            o += rows;
         }
-        o += rows;
     }
     out->count = (size_t)(o - out->blocks);
 }
@@ -265,18 +292,17 @@ static void put_strided(kvb_strided_block_t **o_p, const kvb_strided_block_t *lo
  * item. Whole rows on both sides are one contiguous span: a plain block. */
 static void strided_runs(kvb_plan_strided_t *out, size_t floor, const emit_job_t *j)
 {
-    const kvb__plan_class_t *c = j->c;
-    uint64_t rows = c->rows;
+    uint64_t rows = j->c->rows, srow = j->c->src_row, drow = j->c->dst_row, bytes = j->bytes;
     bool whole = job_whole(j);
     kvb_strided_block_t *o = out->blocks + out->count;
-    run_iter_t it = {0, 0, !job_packed(j)};
+    run_iter_t it = run_begin(j, !job_packed(j));
     uint64_t s, d, items;
-    while (next_run(j, &it, &s, &d, &items)) {
-        uint64_t n = items * rows, len = n * j->bytes;
+    while (next_run(&it, &s, &d, &items)) {
+        uint64_t n = items * rows, len = n * bytes;
         if (whole)
             put_strided(&o, out->blocks + floor, (kvb_strided_block_t){s, d, len, len, len, 1});
         else
-            *o++ = (kvb_strided_block_t){s, d, j->bytes, c->src_row, c->dst_row, n};
+            *o++ = (kvb_strided_block_t){s, d, bytes, srow, drow, n};
     }
     out->count = (size_t)(o - out->blocks);
 }
