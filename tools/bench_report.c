@@ -138,9 +138,10 @@ static void fake_bases(uint64_t *kv, int n, uint64_t origin)
 }
 
 /* Blocks of one request for every (prefill rank, decode rank) pair of one
- * PP stage; false on a planner error. */
+ * PP stage, as the connector plans them (strided blocks); false on a
+ * planner error. */
 static bool plan_stage(const bench_opts_t *o, int pp, const int32_t *src, const int32_t *dst,
-                       uint32_t n, kvb_plan_blocks_t *out, double *secs)
+                       uint32_t n, kvb_plan_strided_t *out, double *secs)
 {
     kvb_plan_model_t pm;
     kvb_plan_layout_t pl, dl;
@@ -164,8 +165,8 @@ static bool plan_stage(const bench_opts_t *o, int pp, const int32_t *src, const 
         for (uint32_t s = 0; ok && s < rt.num_sources; s++) {
             out->count = 0;
             if (!rt.sources[s].dummy)
-                ok = kvb_plan_blocks(plan, rt.sources[s].prefill_rank, (uint32_t)d, &sb, &db, &ch,
-                                     out) == KVB_OK;
+                ok = kvb_plan_strided_blocks(plan, rt.sources[s].prefill_rank, (uint32_t)d, &sb,
+                                             &db, &ch, out) == KVB_OK;
         }
     }
     *secs += kvb_tool_now() - t0;
@@ -178,10 +179,10 @@ static double plan_us(const bench_opts_t *o)
     uint32_t n = (uint32_t)bench_pages_per_request(o);
     uint32_t *perm = malloc((size_t)n * 4 * sizeof(uint32_t));
     int32_t *src = malloc((size_t)n * sizeof(int32_t)), *dst = malloc((size_t)n * sizeof(int32_t));
-    kvb_plan_blocks_t out;
+    kvb_plan_strided_t out;
     double secs = 0;
     bool ok = perm && src && dst && o->m.layers <= 1024;
-    kvb_plan_blocks_init(&out);
+    kvb_plan_strided_init(&out);
     for (int s = 0; ok && s < PLAN_SAMPLES; s++) {
         kvb_eb_permute(perm, (size_t)n * 4, (uint64_t)s + 1);
         for (uint32_t i = 0; i < n; i++) {
@@ -193,7 +194,7 @@ static double plan_us(const bench_opts_t *o)
     }
     if (!ok && perm && src && dst)
         fprintf(stderr, "kvbridge: bench: planner: %s\n", kvb_plan_last_error());
-    kvb_plan_blocks_free(&out);
+    kvb_plan_strided_free(&out);
     free(perm);
     free(src);
     free(dst);
