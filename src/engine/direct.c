@@ -197,85 +197,81 @@ static void store_fence(void)
  * Every direct-lane submission is a group: a lone write is a group of one;
  * kvb_engine_write_group_async queues several writes as one. A member's
  * bytes are runs (kvb__run_t: rows of len bytes at a stride; a contiguous
- * block is one row). The copy threads take a group's bytes in zip order:
- * row r of run i of member 0, of member 1, ..., then row r + 1, and after
- * the last row of run i (in any member) run i + 1 (a member whose run i has
- * fewer rows, or that has fewer runs, drops out there; a row longer than a
- * unit's budget is split). Members that read the same source rows in the
- * same order (one prefill page split between decode ranks: member k gets
- * the k-th slice of every row) thereby read the source once, sequentially:
- * reading a 1 KiB half of each 2 KiB row costs as much memory traffic as
- * the whole row, so one write per half copies at half speed
- * (bench/results/hotpath.md). */
+ * block is one row), and its rows are numbered through its runs in order.
+ * The copy threads take a group's bytes in zip order: row r of member 0,
+ * row r of member 1, ..., then row r + 1 (a member with fewer rows drops
+ * out; a row longer than a unit's budget is split). Members that read the
+ * same source rows in the same order (one prefill page split between
+ * decode ranks: member k gets the k-th slice of every row) thereby read
+ * the source once, sequentially: reading a 1 KiB half of each 2 KiB row
+ * costs as much memory traffic as the whole row, so one write per half
+ * copies at half speed (bench/results/hotpath.md). Rows, not runs, are
+ * zipped because members' runs need not line up: each decode rank's pages
+ * are its own, so where one member's pages happen to be consecutive (one
+ * run of 32 rows) another's are not (two runs of 16). */
 
 _Static_assert(KVB_WRITE_GROUP_MAX <= 64, "a group's members are bits of a uint64_t");
 
 typedef struct zpos {
-    size_t run, row, k; /* run, row in it, member */
-    uint64_t off;       /* bytes of that row before this position */
-    uint64_t rows;      /* the most rows of any member's run `run` */
+    uint64_t row; /* row of each member */
+    size_t k;     /* member */
+    uint64_t off; /* bytes of that row before this position */
 } zpos_t;
+
+/* Where a member's row is: its run and the row in that run. */
+typedef struct mcur {
+    size_t run;
+    uint64_t row;
+} mcur_t;
 
 struct kvb__dgroup {
     struct kvb__dgroup *next; /* the copy queue (dmu) */
-    size_t n, runs;           /* members; the most runs of any */
+    size_t n;                 /* members */
+    uint64_t rows;            /* the most rows of any member */
     bool cuda;                /* its one member is a CUDA transfer */
     zpos_t cur;               /* dmu: the next byte to claim */
     /* dmu: members not yet published (bit k). A published member may be
      * freed by its caller at once: nothing reads it after. At 0 the group
      * is freed. */
     uint64_t live;
+    mcur_t mc[KVB_WRITE_GROUP_MAX]; /* dmu: member k's row cur.row (or next) */
     struct kvb_xfer *m[];
 };
 
 /* A unit: the stretch [from, to) of its group's zip order, copied for the
- * members in mask (queued when it was claimed; each counted busy). */
+ * members in mask (queued when it was claimed; each counted busy), whose
+ * rows at from are at[k]. */
 typedef struct unit {
     kvb__dgroup_t *g;
     zpos_t from, to;
     uint64_t mask;
     size_t pieces; /* rows it touches (a CUDA unit's batch size) */
+    mcur_t at[KVB_WRITE_GROUP_MAX];
 } unit_t;
 
 static bool zpos_before(const zpos_t *a, const zpos_t *b)
 {
-    if (a->run != b->run)
-        return a->run < b->run;
     if (a->row != b->row)
         return a->row < b->row;
     return a->k != b->k ? a->k < b->k : a->off < b->off;
 }
 
-/* The most rows of run i of the members in mask (0 past all their runs).
- * Only members that cannot be freed meanwhile may be read: the live ones
- * under dmu, a unit's own (counted busy) without it. Members left out have
- * nothing to claim or copy there, so skipping their extra rows skips
- * nothing. */
-static uint64_t rows_of(const kvb__dgroup_t *g, size_t i, uint64_t mask)
-{
-    uint64_t rows = 0;
-    for (size_t k = 0; k < g->n; k++)
-        if ((mask >> k & 1) && i < g->m[k]->nruns && g->m[k]->runs[i].count > rows)
-            rows = g->m[k]->runs[i].count;
-    return rows;
-}
-
-static void zpos_next(const kvb__dgroup_t *g, zpos_t *p, uint64_t mask)
+static void zpos_next(const kvb__dgroup_t *g, zpos_t *p)
 {
     p->off = 0;
-    if (++p->k < g->n)
-        return;
-    p->k = 0;
-    if (++p->row < p->rows)
-        return;
-    p->row = 0;
-    p->rows = rows_of(g, ++p->run, mask);
+    if (++p->k == g->n) {
+        p->k = 0;
+        p->row++;
+    }
 }
 
-/* Member x's row at p, or NULL when x has none there. */
-static const kvb__run_t *run_at(const struct kvb_xfer *x, const zpos_t *p)
+/* Past the row c names in x's runs (x must not be freed meanwhile). */
+static void mcur_next(const struct kvb_xfer *x, mcur_t *c)
 {
-    return p->run < x->nruns && p->row < x->runs[p->run].count ? &x->runs[p->run] : NULL;
+    if (++c->row == x->runs[c->run].count) {
+        c->run++;
+        c->row = 0;
+    }
 }
 
 /* Bytes a unit takes: CUDA groups have one member (kvb__direct_submit). */
@@ -285,7 +281,8 @@ static uint64_t unit_bytes(const kvb__dgroup_t *g)
 }
 
 /* Claim g's next unit (dmu held): up to a unit's bytes of its queued
- * members, from the cursor on, which moves past them. */
+ * members, from the cursor on, which moves past them. Only live, queued
+ * members' cursors move (the others are never claimed again). */
 static void claim_unit(kvb__dgroup_t *g, unit_t *u)
 {
     uint64_t budget = unit_bytes(g);
@@ -293,20 +290,22 @@ static void claim_unit(kvb__dgroup_t *g, unit_t *u)
     u->from = g->cur;
     u->mask = 0;
     u->pieces = 0;
-    while (g->cur.run < g->runs && budget > 0) {
-        const struct kvb_xfer *x = g->m[g->cur.k];
-        const kvb__run_t *r = (g->live >> g->cur.k & 1) && x->queued ? run_at(x, &g->cur) : NULL;
-        if (r != NULL) {
-            uint64_t left = r->len - g->cur.off;
-            u->mask |= 1ull << g->cur.k;
+    memcpy(u->at, g->mc, g->n * sizeof(g->mc[0]));
+    while (g->cur.row < g->rows && budget > 0) {
+        size_t k = g->cur.k;
+        const struct kvb_xfer *x = g->m[k];
+        if ((g->live >> k & 1) && x->queued && g->cur.row < x->nrows) {
+            uint64_t left = x->runs[g->mc[k].run].len - g->cur.off;
+            u->mask |= 1ull << k;
             u->pieces++;
             if (left > budget) {
                 g->cur.off += budget;
                 break;
             }
             budget -= left;
+            mcur_next(x, &g->mc[k]);
         }
-        zpos_next(g, &g->cur, g->live);
+        zpos_next(g, &g->cur);
     }
     u->to = g->cur;
 }
@@ -314,30 +313,17 @@ static void claim_unit(kvb__dgroup_t *g, unit_t *u)
 /* Has g's cursor passed the last byte of member k? */
 static bool member_claimed(const kvb__dgroup_t *g, size_t k)
 {
-    const struct kvb_xfer *x = g->m[k];
-    const zpos_t *c = &g->cur;
-    if (x->nruns == 0 || c->run >= x->nruns)
-        return true;
-    if (c->run < x->nruns - 1)
-        return false;
-    uint64_t last = x->runs[c->run].count - 1;
-    return c->row > last || (c->row == last && c->k > k);
+    uint64_t n = g->m[k]->nrows;
+    return n == 0 || g->cur.row > n - 1 || (g->cur.row == n - 1 && g->cur.k > k);
 }
 
-/* Where member x's row at p is copied to. Every run was checked to lie in
- * its mapped destination segment at submission. */
-static uint8_t *row_dst(const struct kvb_xfer *x, const kvb__run_t *r, const zpos_t *p)
-{
-    const kvb__seg_t *s = &x->conn->segs.v[r->seg];
-    return s->direct + (r->dst + p->row * r->dstride - s->addr) + p->off;
-}
-
-/* Copy u's bytes of the members in admitted (a subset of u->mask). CUDA
- * transfers (a source or destination in device memory, destinations
- * imported over CUDA IPC; always alone in their group) are collected into
- * one batch of driver copies and waited for. */
-static kvb_status_t copy_unit(kvb_engine_h eng, const unit_t *u, uint64_t admitted, char *why,
-                              size_t wl)
+/* Copy u's bytes of the members in admitted (a subset of u->mask: busy,
+ * so their runs stay). CUDA transfers (a source or destination in device
+ * memory, destinations imported over CUDA IPC; always alone in their
+ * group) are collected into one batch of driver copies and waited for.
+ * Every run was checked to lie in its mapped destination segment at
+ * submission. */
+static kvb_status_t copy_unit(kvb_engine_h eng, unit_t *u, uint64_t admitted, char *why, size_t wl)
 {
     const kvb__dgroup_t *g = u->g;
     kvb__cuda_copy_t *v = NULL;
@@ -346,19 +332,23 @@ static kvb_status_t copy_unit(kvb_engine_h eng, const unit_t *u, uint64_t admitt
         snprintf(why, wl, "out of memory");
         return KVB_ERR_NOMEM;
     }
-    for (zpos_t p = u->from; zpos_before(&p, &u->to); zpos_next(g, &p, u->mask)) {
+    for (zpos_t p = u->from; zpos_before(&p, &u->to); zpos_next(g, &p)) {
         const struct kvb_xfer *x = g->m[p.k];
-        const kvb__run_t *r = admitted >> p.k & 1 ? run_at(x, &p) : NULL;
-        if (r == NULL)
+        if (!(admitted >> p.k & 1) || p.row >= x->nrows)
             continue;
-        bool last = p.run == u->to.run && p.row == u->to.row && p.k == u->to.k;
-        uint64_t n = (last ? u->to.off : r->len) - p.off;
-        uint8_t *d = row_dst(x, r, &p);
-        uint64_t src = r->src + p.row * r->sstride + p.off;
+        mcur_t *c = &u->at[p.k];
+        const kvb__run_t *r = &x->runs[c->run];
+        bool last = p.row == u->to.row && p.k == u->to.k;
+        uint64_t end = last ? u->to.off : r->len;
+        const kvb__seg_t *s = &x->conn->segs.v[r->seg];
+        uint8_t *d = s->direct + (r->dst + c->row * r->dstride - s->addr) + p.off;
+        uint64_t src = r->src + c->row * r->sstride + p.off;
         if (v != NULL)
-            v[nv++] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)d, src, n};
+            v[nv++] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)d, src, end - p.off};
         else
-            copy_block(d, (const uint8_t *)(uintptr_t)src, n, eng->stream_copy);
+            copy_block(d, (const uint8_t *)(uintptr_t)src, end - p.off, eng->stream_copy);
+        if (!last)
+            mcur_next(x, c);
     }
     kvb_status_t st = v != NULL ? kvb__cuda_unit(eng, v, nv, why, wl) : KVB_OK;
     free(v);
@@ -430,8 +420,7 @@ static void fence_failure(struct kvb_xfer *x, fence_state_t fs)
  * fence first (the target's revoke waits for units between enter and exit);
  * only the admitted ones are copied, and all of them exit after the store
  * fence. fs[k]: member k's fence answer; returns the copy's status (CUDA). */
-static kvb_status_t run_unit(kvb_engine_h eng, const unit_t *u, fence_state_t *fs, char *why,
-                             size_t wl)
+static kvb_status_t run_unit(kvb_engine_h eng, unit_t *u, fence_state_t *fs, char *why, size_t wl)
 {
     int32_t slot[KVB_WRITE_GROUP_MAX];
     uint64_t admitted = 0;
@@ -567,9 +556,8 @@ bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
         .n = n, .cuda = xs[0]->cuda, .live = n == 64 ? UINT64_MAX : (1ull << n) - 1};
     for (size_t k = 0; k < n; k++) {
         g->m[k] = xs[k];
-        g->runs = xs[k]->nruns > g->runs ? xs[k]->nruns : g->runs;
+        g->rows = xs[k]->nrows > g->rows ? xs[k]->nrows : g->rows;
     }
-    g->cur.rows = rows_of(g, 0, g->live);
     pthread_mutex_lock(&eng->dmu);
     bool ok = !eng->dstop && start_threads(eng);
     if (ok) {

@@ -116,6 +116,7 @@ struct kvb_xfer {
     size_t blocks_cap;
     kvb__run_t *runs;
     size_t runs_cap, nruns;
+    uint64_t nrows; /* the runs' rows in all */
     size_t n, next; /* blocks and next block to issue */
     size_t off;     /* AM lane: bytes of blocks[next] already sent */
     uint64_t id;

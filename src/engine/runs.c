@@ -123,6 +123,7 @@ kvb_status_t kvb__runs_build(struct kvb_xfer *x, const kvb__wblocks_t *w, const 
         if (b.len == 0)
             continue;
         kvb__run_t r = run_of(&b, dst_seg[i]);
+        x->nrows += r.count; /* rows lie in distinct bytes: no wrap */
         if (m == 0 || !run_extends(&x->runs[m - 1], &r))
             x->runs[m++] = r;
     }
@@ -183,5 +184,6 @@ kvb_status_t kvb__runs_expand(struct kvb_xfer *x)
     kvb__bufpool_put(x->runs, x->runs_cap);
     x->runs = NULL;
     x->runs_cap = x->nruns = 0;
+    x->nrows = 0;
     return KVB_OK;
 }

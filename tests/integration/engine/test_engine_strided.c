@@ -4,6 +4,8 @@
  *    (the head half of every row) lands exactly what the plain per-row
  *    blocks land, on the direct lane (targets from kvb_mem_alloc) and on
  *    the message lane (plain target memory: the rows are expanded);
+ *  - members whose runs do not line up (one block of 48 pages against 48
+ *    blocks of one page): the zip walks rows, both exact;
  *  - pages consecutive on both sides (their strided blocks fold into one
  *    run), rows longer than a copy unit, contiguous rows (stride = len),
  *    count 1, and a stride leaving gaps: exact, and every gap byte
@@ -89,6 +91,50 @@ static void tp2_case(bool shared)
     targets_free(&t[0], &t[1]);
     TEST_PASS(shared ? "TP1->TP2 strided group, direct lane: both halves exact, guards intact"
                      : "TP1->TP2 strided group, message lane: both halves exact, guards intact");
+}
+
+/* Members whose runs do not line up (member 0: 48 pages as one strided
+ * block, their destinations consecutive; member 1: the same pages one block
+ * each, destinations reversed): the zip walks rows, both exact. */
+static void unaligned_case(void)
+{
+    size_t npages = 48, rows = PAGE / ROW;
+    target_t t[2] = {target_new(true, npages * PAGE / 2), target_new(true, npages * PAGE / 2)};
+    kvb_engine_h w = writer();
+    kvb_write_params_t wp[2] = {{KVB_WRITE_PARAM_EPOCH, t[0].epoch},
+                                {KVB_WRITE_PARAM_EPOCH, t[1].epoch}};
+    kvb_strided_block_t one = {
+        (uint64_t)(uintptr_t)g_src, (uint64_t)(uintptr_t)t[0].base, HALF, ROW, HALF, npages * rows};
+    kvb_strided_block_t *each = malloc(npages * sizeof(*each));
+    CHECK(each != NULL);
+    for (size_t p = 0; p < npages; p++)
+        each[p] =
+            (kvb_strided_block_t){(uint64_t)(uintptr_t)(g_src + p * PAGE + HALF),
+                                  (uint64_t)(uintptr_t)(t[1].base + (npages - 1 - p) * (PAGE / 2)),
+                                  HALF,
+                                  ROW,
+                                  HALF,
+                                  rows};
+    kvb_write_member_t mb[2] = {smember(&t[0], &one, 1, &wp[0]),
+                                smember(&t[1], each, npages, &wp[1])};
+    kvb_status_t fin[2];
+    fill_source(0x71);
+    group_run(w, mb, 2, sizeof(mb[0]), fin);
+    CHECK_EQ(fin[0], KVB_OK);
+    CHECK_EQ(fin[1], KVB_OK);
+    for (size_t p = 0; p < npages; p++)
+        for (size_t i = 0; i < rows; i++) {
+            const uint8_t *row = g_src + p * PAGE + i * ROW;
+            CHECK(memcmp(t[0].base + (p * rows + i) * HALF, row, HALF) == 0);
+            CHECK(memcmp(t[1].base + (npages - 1 - p) * (PAGE / 2) + i * HALF, row + HALF, HALF) ==
+                  0);
+        }
+    CHECK(kvb_test_all(t[0].base + t[0].len, GUARD, GUARD_FILL));
+    CHECK(kvb_test_all(t[1].base + t[1].len, GUARD, GUARD_FILL));
+    free(each);
+    kvb_engine_destroy(w);
+    targets_free(&t[0], &t[1]);
+    TEST_PASS("members whose runs do not line up: both exact");
 }
 
 /* Shapes on one target (shared or not), each checked byte by byte: the
@@ -227,6 +273,7 @@ int main(void)
     CHECK((g_src = aligned_alloc(4096, g_src_len)) != NULL);
     tp2_case(true);
     tp2_case(false);
+    unaligned_case();
     shapes_case(true);
     shapes_case(false);
     rules_case();
