@@ -17,6 +17,21 @@ static inline double kvb_test_now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* One splitmix64 step of *state (any seed): test data and choices. */
+static inline uint64_t kvb_test_splitmix(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* A splitmix64 draw in [lo, hi]. */
+static inline uint32_t kvb_test_range(uint64_t *state, uint32_t lo, uint32_t hi)
+{
+    return lo + (uint32_t)(kvb_test_splitmix(state) % (uint64_t)(hi - lo + 1));
+}
+
 /* One xorshift64 step of *state (seed it non-zero): test data and choices. */
 static inline uint64_t kvb_test_xorshift(uint64_t *state)
 {

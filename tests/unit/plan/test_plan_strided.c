@@ -22,16 +22,9 @@
 #include "kvb_test.h"
 
 static uint64_t g_rng;
-static uint64_t rnd(void)
-{
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 static uint32_t rin(uint32_t lo, uint32_t hi) /* [lo, hi] */
 {
-    return lo + (uint32_t)(rnd() % (uint64_t)(hi - lo + 1));
+    return kvb_test_range(&g_rng, lo, hi);
 }
 
 /* Page lists (the source is always consecutive): destination consecutive
