@@ -123,11 +123,15 @@ kvb_status_t kvb__runs_build(struct kvb_xfer *x, const kvb__wblocks_t *w, const 
         if (b.len == 0)
             continue;
         kvb__run_t r = run_of(&b, dst_seg[i]);
-        x->nrows += r.count; /* rows lie in distinct bytes: no wrap */
         if (m == 0 || !run_extends(&x->runs[m - 1], &r))
             x->runs[m++] = r;
     }
     x->nruns = m;
+    /* After merging: contiguous single rows fold into one row. Rows lie in
+     * distinct destination bytes, so the sum does not wrap. */
+    x->nrows = 0;
+    for (size_t i = 0; i < m; i++)
+        x->nrows += x->runs[i].count;
     return KVB_OK;
 }
 

@@ -4,6 +4,8 @@
  *    (the head half of every row) lands exactly what the plain per-row
  *    blocks land, on the direct lane (targets from kvb_mem_alloc) and on
  *    the message lane (plain target memory: the rows are expanded);
+ *  - plain blocks folded into one run: that run copied, no stale run of an
+ *    earlier write walked;
  *  - members whose runs do not line up (one block of 48 pages against 48
  *    blocks of one page): the zip walks rows, both exact;
  *  - pages consecutive on both sides (their strided blocks fold into one
@@ -135,6 +137,39 @@ static void unaligned_case(void)
     kvb_engine_destroy(w);
     targets_free(&t[0], &t[1]);
     TEST_PASS("members whose runs do not line up: both exact");
+}
+
+/* Plain blocks that fold into one run count as its rows only: a write of
+ * 64 contiguous blocks (one run of one row) after a write of 64 scattered
+ * ones (whose run array the next write gets back from the engine's array
+ * cache) copies its run and nothing else. Before the fix the row count was
+ * taken before folding, and the copy threads walked the previous write's
+ * stale runs: region A below was written again. */
+static void folded_case(void)
+{
+    target_t t = target_new(true, 2 * MiB);
+    kvb_engine_h w = writer();
+    kvb_block_t b[64];
+    const char *sid = sid_of(&t);
+    for (int round = 0; round < 4; round++) {
+        fill_source(0x80 + (uint64_t)round);
+        for (size_t i = 0; i < 64; i++) /* region A: 64 scattered 1 KiB rows */
+            b[i] = (kvb_block_t){(uint64_t)(uintptr_t)(g_src + i * 4 * KiB),
+                                 (uint64_t)(uintptr_t)(t.base + i * 8 * KiB), KiB};
+        CHECK_EQ(kvb_engine_write(w, sid, b, 64, 30), KVB_OK);
+        memset(t.base, GUARD_FILL, t.len);
+        fill_source(0x90 + (uint64_t)round);
+        for (size_t i = 0; i < 64; i++) /* region B: 64 contiguous 4 KiB blocks */
+            b[i] = (kvb_block_t){(uint64_t)(uintptr_t)(g_src + MiB + i * 4 * KiB),
+                                 (uint64_t)(uintptr_t)(t.base + MiB + i * 4 * KiB), 4 * KiB};
+        CHECK_EQ(kvb_engine_write(w, sid, b, 64, 30), KVB_OK);
+        CHECK(memcmp(t.base + MiB, g_src + MiB, 256 * KiB) == 0);
+        CHECK(kvb_test_all(t.base, MiB, GUARD_FILL));
+        CHECK(kvb_test_all(t.base + MiB + 256 * KiB, MiB - 256 * KiB, GUARD_FILL));
+    }
+    kvb_engine_destroy(w);
+    kvb_test_end_free(&t.end);
+    TEST_PASS("blocks folded into one run: that run copied, nothing else (no stale runs)");
 }
 
 /* Shapes on one target (shared or not), each checked byte by byte: the
@@ -274,6 +309,7 @@ int main(void)
     tp2_case(true);
     tp2_case(false);
     unaligned_case();
+    folded_case();
     shapes_case(true);
     shapes_case(false);
     rules_case();
