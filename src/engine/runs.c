@@ -127,8 +127,9 @@ kvb_status_t kvb__runs_build(struct kvb_xfer *x, const kvb__wblocks_t *w, const 
             x->runs[m++] = r;
     }
     x->nruns = m;
-    /* After merging: contiguous single rows fold into one row. Rows lie in
-     * distinct destination bytes, so the sum does not wrap. */
+    /* Counted after folding (contiguous single rows become one row): the
+     * zip walks exactly these. Each run's rows lie in one registered
+     * segment, so the sum stays far from wrapping. */
     x->nrows = 0;
     for (size_t i = 0; i < m; i++)
         x->nrows += x->runs[i].count;
