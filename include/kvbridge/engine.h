@@ -376,8 +376,10 @@ typedef struct kvb_write_member {
     const kvb_write_params_t *params; /* KVB_WRITE_MEMBER_PARAMS (else none) */
     /* KVB_WRITE_MEMBER_STRIDED: the member's blocks as strided blocks
      * instead (blocks must then be NULL and count 0; KVB_ERR_INVALID
-     * otherwise). Zipped per row: row r of strided block i of every member,
-     * then row r + 1. */
+     * otherwise). On the direct lane a member's rows are numbered through
+     * its strided blocks in order and zipped with the other members' rows
+     * as plain blocks are (row r of every member, then row r + 1), so
+     * members whose blocks cover different page runs still line up. */
     const kvb_strided_block_t *strided;
     size_t strided_count;
 } kvb_write_member_t;

@@ -293,7 +293,9 @@ typedef struct kvb_plan_strided {
     int fixed;
 } kvb_plan_strided_t;
 
+/* Zero *out: an empty, planner-grown array. Cannot fail. */
 KVB_API void kvb_plan_strided_init(kvb_plan_strided_t *out);
+/* Free a planner-grown array (no-op for fixed ones) and zero the struct. */
 KVB_API void kvb_plan_strided_free(kvb_plan_strided_t *out);
 KVB_API kvb_status_t kvb_plan_strided_blocks(kvb_plan_h plan, uint32_t prefill_rank,
                                              uint32_t decode_rank, const kvb_plan_buffers_t *src,

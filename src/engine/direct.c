@@ -6,6 +6,7 @@
  * is admitted against the target's shared fence page, and counted there
  * while it is copied, so a revoke waits for it (fence.c). */
 #include "engine/engine_int.h"
+#include "engine/copy_stream.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -152,31 +153,11 @@ bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, uint64_t epoch, 
 
 /* ---- copy threads ---- */
 
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) static void copy_stream(uint8_t *d, const uint8_t *s, size_t n)
-{
-    size_t head = (32 - ((uintptr_t)d & 31)) & 31;
-    memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    for (; n >= 128; n -= 128, d += 128, s += 128) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)s);
-        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
-        __m256i e = _mm256_loadu_si256((const __m256i *)(s + 64));
-        __m256i f = _mm256_loadu_si256((const __m256i *)(s + 96));
-        _mm256_stream_si256((__m256i *)d, a);
-        _mm256_stream_si256((__m256i *)(d + 32), b);
-        _mm256_stream_si256((__m256i *)(d + 64), e);
-        _mm256_stream_si256((__m256i *)(d + 96), f);
-    }
-    memcpy(d, s, n);
-}
-#endif
-
 static void copy_block(uint8_t *d, const uint8_t *s, size_t n, bool stream)
 {
 #if defined(__x86_64__)
     if (stream && n >= STREAM_MIN) {
-        copy_stream(d, s, n);
+        kvb__copy_stream(d, s, n);
         return;
     }
 #endif
