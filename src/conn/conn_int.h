@@ -111,7 +111,8 @@ typedef struct kvb__src {
     uint32_t tp_rank, pp_rank;
     uint32_t required_dst_info_num;
     int dummy;
-    uint64_t epoch; /* our writer grant to this source (0: dummy) */
+    uint64_t epoch; /* our writer grant for this room to this source (0: none delivered:
+                       dummy, no "kvbridge" key, TokenSpeed, grant table full) */
     int dialect;    /* KVB__DIALECT_* of its bootstrap server's answer: what we speak to it */
     int kvbridge;   /* its look-up answer said "kvbridge": it gets our extension frames */
 } kvb__src_t;
@@ -137,6 +138,8 @@ typedef struct kvb__room {
     int inflight;      /* chunks queued or being written */
     int last_done;     /* the last chunk settled (Success once inflight is 0) */
     int fail_notified; /* Failed status sent to the destinations */
+    int unsettled;     /* a write never ended (review 2, 10): no Failed / ABORT_ACK is sent,
+                          each says no write of the room can land */
     int success_due;   /* Success reached, status not sent yet */
     int submitting;    /* a worker is issuing writes for it (abort waits) */
     int dsts_frozen;   /* a chunk was queued: dsts and their arrays are fixed */
@@ -160,10 +163,10 @@ typedef struct kvb__room {
     uint64_t wire_bytes;             /* what it counts against the wire-room byte cap */
     struct kvb__wpeer *wpeer;        /* wire: the peer that named it first */
     struct kvb__room *wprev, *wnext; /* wire: that peer's rooms, oldest first */
-    int fence_open;                  /* abort/failure sent; waiting for terminal statuses */
-    double t_fence;                  /* when the fence opened */
-    int lost;                        /* its prefill instance was declared lost (grants revoked) */
-    int unsafe;                      /* reported Failed while a source may still write its pages */
+    int fence_open;                  /* abort sent to the sources that had not answered */
+    int lost;                        /* its prefill instance was declared lost */
+    int unsafe;   /* reported Failed past the quarantine bound while a source may still write */
+    int reported; /* poll() said Failed: the fence closed or its bound passed */
 } kvb__room_t;
 
 /* A peer that named rooms no sender has yet (prefill; rooms.c). */
@@ -249,9 +252,7 @@ typedef struct kvb__route { /* resolved (dp, tp, pp) → endpoint, kv args sent 
     int32_t dp, tp, pp;
     char ip[KVB_IP_MAX];
     uint16_t port;
-    uint64_t epoch; /* writer grant of this resolution (revoked when the route is forgotten) */
-    int unsafe;     /* forgotten, and its writes may still land */
-    int kvbridge;   /* the look-up answer said "kvbridge" (kvb__src_t.kvbridge) */
+    int kvbridge; /* the look-up answer said "kvbridge" (kvb__src_t.kvbridge) */
     struct kvb__route *next;
 } kvb__route_t;
 

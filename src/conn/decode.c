@@ -41,21 +41,13 @@ static kvb__addr_t *addr_get(struct kvb_manager *m, const char *addr)
     return a;
 }
 
-/* Forget a's routes (m->mu held). Their writer grants are revoked here
- * (no wait) and, when grants_p is given, returned for the caller to wait on
- * outside the lock: once a route is forgotten, nothing issued under its grant
- * may land, and no later route reuses that grant. */
-static void addr_forget(struct kvb_manager *m, kvb__addr_t *a, kvb__route_t **grants_p)
+/* Forget a's routes (m->mu held): the next receiver resolves and registers
+ * again. Writer grants are per room (kvb_receiver_init), not per route. */
+static void addr_forget(kvb__addr_t *a)
 {
     for (kvb__route_t *r = a->routes, *next; r != NULL; r = next) {
         next = r->next;
-        kvb_engine_revoke_writer(m->engine, kvb__endpoint_tag(r->ip, r->port), r->epoch, 0);
-        if (grants_p != NULL) {
-            r->next = *grants_p;
-            *grants_p = r;
-        } else {
-            free(r);
-        }
+        free(r);
     }
     a->routes = NULL;
     kvb_plan_destroy(a->plan);
@@ -314,7 +306,6 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     if (r != NULL) {
         snprintf(out->ip, sizeof(out->ip), "%s", r->ip);
         out->port = r->port;
-        out->epoch = r->epoch;
         out->kvbridge = r->kvbridge;
     }
     pthread_mutex_unlock(&m->mu);
@@ -333,37 +324,29 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
                  m->args.engine_rank, dp, pp, detail);
         return st;
     }
-    /* A fresh grant per resolution: writes of rooms from an earlier one
-     * (fenced when that route was forgotten) stay refused. */
-    uint32_t tag = kvb__endpoint_tag(ra.rank_ip, ra.rank_port);
-    uint64_t epoch = 0;
     out->kvbridge = rx.kvbridge > 0;
-    st = kvb_engine_grant_writer(m->engine, tag, &epoch);
-    if (st == KVB_OK)
-        st = send_registration(m, ra.rank_ip, ra.rank_port, out);
+    st = send_registration(m, ra.rank_ip, ra.rank_port, out);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why), "KV args not delivered to prefill %s:%u", ra.rank_ip,
                  ra.rank_port);
-        if (epoch != 0)
-            kvb_engine_revoke_writer(m->engine, tag, epoch, 0);
         return st;
     }
     snprintf(out->ip, sizeof(out->ip), "%s", ra.rank_ip);
     out->port = ra.rank_port;
-    out->epoch = epoch;
     pthread_mutex_lock(&m->mu);
-    kvb__route_t *had = route_find(a, dp, tp, pp);
-    if (had != NULL) /* resolved meanwhile by another receiver: one grant per route */
-        out->epoch = had->epoch;
-    else if (a->have_info && (r = calloc(1, sizeof(*r))) != NULL) {
-        *r = (kvb__route_t){dp, tp, pp, "", ra.rank_port, epoch, 0, out->kvbridge, a->routes};
+    if (a->have_info && route_find(a, dp, tp, pp) == NULL && (r = calloc(1, sizeof(*r))) != NULL) {
+        *r = (kvb__route_t){dp, tp, pp, "", ra.rank_port, out->kvbridge, a->routes};
         snprintf(r->ip, sizeof(r->ip), "%s", ra.rank_ip);
         a->routes = r;
+        if (!out->kvbridge) /* once per route: every room from it runs so */
+            KVB_LOGW("manager %s: prefill %s:%u (bootstrap %s) did not register as kvbridge: no "
+                     "writer grant reaches it, so a failed room from it is held until it "
+                     "confirms (status or abort ack) or KVBRIDGE_ABORT_ACK_TIMEOUT passes; a "
+                     "kvbridge prefill behind another bootstrap server runs unfenced this way "
+                     "(use kvbridge's bootstrap server)",
+                     m->endpoint, ra.rank_ip, ra.rank_port, a->addr);
     }
     pthread_mutex_unlock(&m->mu);
-    /* A grant no route holds would never be revoked: drop it now. */
-    if (out->epoch != epoch || r == NULL)
-        kvb_engine_revoke_writer(m->engine, tag, epoch, 0);
     return KVB_OK;
 }
 
@@ -634,6 +617,17 @@ static uint32_t src_key(uint32_t tp, uint32_t pp)
     return tp * 1000003u + pp;
 }
 
+/* Has source s of r answered for the room (a terminal status, or an abort
+ * ack with our generation: record_response)? */
+static bool src_answered(const kvb__room_t *r, const kvb__src_t *s)
+{
+    uint32_t key = src_key(s->tp_rank, s->pp_rank);
+    for (size_t k = 0; k < r->n_responded; k++)
+        if (r->responded[k] == key)
+            return true;
+    return false;
+}
+
 /* m->mu held: the room failed after init; ask every real source that has
  * not answered to stop, and hold the terminal report until they confirm.
  * The abort's generation: a fresh one per room fence, so an ACK left over
@@ -645,15 +639,10 @@ static uint64_t open_fence(struct kvb_manager *m, kvb__room_t *r, kvb__src_t **t
     if (r->fence_open || r->t_init == 0 || r->lost)
         return 0;
     r->fence_open = 1;
-    r->t_fence = kvb__now_s(); /* the abort-confirmation bound runs from here */
     r->abort_gen = ++m->abort_gen_last;
     *todo = calloc(r->n_src + 1, sizeof(**todo));
     for (size_t i = 0; *todo != NULL && i < r->n_src; i++) {
-        uint32_t key = src_key(r->srcs[i].tp_rank, r->srcs[i].pp_rank);
-        bool answered = false;
-        for (size_t k = 0; k < r->n_responded; k++)
-            answered |= r->responded[k] == key;
-        if (!r->srcs[i].dummy && !answered)
+        if (!r->srcs[i].dummy && !src_answered(r, &r->srcs[i]))
             (*todo)[(*n_todo)++] = r->srcs[i];
     }
     return r->abort_gen;
@@ -667,27 +656,25 @@ static void send_aborts(struct kvb_manager *m, uint64_t room, uint64_t gen, kvb_
     free(todo);
 }
 
-/* Pages every KV buffer of this rank holds: an index at or past it would
- * land past the end of the smallest buffer (in the next buffer when they
- * are adjacent slices of one allocation). */
-static uint64_t kv_pool_pages(const struct kvb_manager *m)
+/* Items every buffer of a kind holds (lens[i] / items[i] at its smallest):
+ * an index at or past it would land past the end of the smallest buffer
+ * (in the next buffer when they are adjacent slices of one allocation). */
+static uint64_t pool_items(const uint64_t *lens, const uint64_t *items, uint64_t item, uint32_t n)
 {
     uint64_t pool = UINT64_MAX;
-    for (uint32_t i = 0; i < m->args.num_kv; i++)
-        if (m->kv_lens[i] / m->args.kv_item_len < pool)
-            pool = m->kv_lens[i] / m->args.kv_item_len;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t len = items != NULL ? items[i] : item;
+        if (len > 0 && lens[i] / len < pool)
+            pool = lens[i] / len;
+    }
     return pool == UINT64_MAX ? 0 : pool;
 }
 
-/* Every destination page the prefill will write (page mask 1, or no mask)
- * must lie in this rank's pool; otherwise the room fails with why and
- * nothing is sent. */
-static bool pages_in_pool(struct kvb_manager *m, uint64_t room, const int32_t *idx, size_t n,
-                          const kvb_receiver_init_t *ex)
+/* Fail the room (nothing sent) when an index the prefill will write (mask
+ * 1, or no mask) lies outside this rank's pool of what. */
+static bool in_pool(struct kvb_manager *m, uint64_t room, const char *kind, const char *what,
+                    const int32_t *idx, size_t n, const uint8_t *mask, uint64_t pool)
 {
-    const uint8_t *mask =
-        ex != NULL && (ex->field_mask & KVB_RECV_INIT_MASK) ? ex->page_mask : NULL;
-    uint64_t pool = kv_pool_pages(m);
     for (size_t i = 0; i < n; i++) {
         if ((mask != NULL && !mask[i]) || (idx[i] >= 0 && (uint64_t)idx[i] < pool))
             continue;
@@ -695,16 +682,34 @@ static bool pages_in_pool(struct kvb_manager *m, uint64_t room, const int32_t *i
         kvb__room_t *r = kvb__room_find(m, room);
         if (r != NULL)
             kvb__room_fail(r,
-                           "room %llu: destination page index %d (entry %zu) is outside this "
-                           "decode rank's KV pool of %llu pages; nothing was sent",
-                           (unsigned long long)room, (int)idx[i], i, (unsigned long long)pool);
+                           "room %llu: destination %s index %d (entry %zu) is outside this "
+                           "decode rank's %s pool of %llu %ss; nothing was sent",
+                           (unsigned long long)room, what, (int)idx[i], i, kind,
+                           (unsigned long long)pool, what);
         pthread_mutex_unlock(&m->mu);
-        KVB_LOGW("manager %s: room %llu: destination page index %d (entry %zu) outside the KV "
-                 "pool of %llu pages",
-                 m->endpoint, (unsigned long long)room, (int)idx[i], i, (unsigned long long)pool);
+        KVB_LOGW("manager %s: room %llu: destination %s index %d (entry %zu) outside the pool of "
+                 "%llu",
+                 m->endpoint, (unsigned long long)room, what, (int)idx[i], i,
+                 (unsigned long long)pool);
         return false;
     }
     return true;
+}
+
+/* Every KV page and state slot the prefill will write must lie in this
+ * rank's pools; otherwise the room fails and nothing is sent. */
+static bool indices_in_pools(struct kvb_manager *m, uint64_t room, const int32_t *idx, size_t n,
+                             const kvb_receiver_init_t *ex)
+{
+    const uint8_t *mask =
+        ex != NULL && (ex->field_mask & KVB_RECV_INIT_MASK) ? ex->page_mask : NULL;
+    if (!in_pool(m, room, "KV", "page", idx, n, mask,
+                 pool_items(m->kv_lens, NULL, m->args.kv_item_len, m->args.num_kv)))
+        return false;
+    if (ex == NULL || !(ex->field_mask & KVB_RECV_INIT_STATE) || ex->state_indices == NULL)
+        return true;
+    return in_pool(m, room, "state", "state", ex->state_indices, ex->num_state_indices, NULL,
+                   pool_items(m->state_lens, m->state_items, 0, m->args.num_state));
 }
 
 /* What the transfer info to real source s cannot say, into why (empty:
@@ -767,6 +772,51 @@ static bool init_fits_sources(struct kvb_manager *m, uint64_t room, size_t count
     return why[0] == '\0';
 }
 
+/* Revoke the writer grants of srcs, without waiting: from here on their
+ * writes are refused. KVB_OK when nothing admitted under them is still
+ * landing (each call looks again). */
+static kvb_status_t revoke_grants(struct kvb_manager *m, const kvb__src_t *srcs, size_t n)
+{
+    kvb_status_t st = KVB_OK;
+    for (size_t i = 0; i < n; i++)
+        if (srcs[i].epoch != 0 &&
+            kvb_engine_revoke_writer(m->engine, kvb__endpoint_tag(srcs[i].ip, srcs[i].port),
+                                     srcs[i].epoch, 0) != KVB_OK)
+            st = KVB_ERR_INPROGRESS;
+    return st;
+}
+
+/* A writer grant for the room to every source one can reach (a kvbridge
+ * prefill speaking an SGLang dialect: the transfer info's epoch=), stored
+ * in the room before its transfer info leaves, so that the room's failure
+ * can revoke and drain exactly its writes. Sources a grant cannot reach
+ * (no "kvbridge" key in their look-up, TokenSpeed's dialect, a full grant
+ * table) keep epoch 0: the room is fenced by their answers (writes_ended). */
+static void grant_sources(struct kvb_manager *m, uint64_t room, kvb__src_t *srcs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvb__src_t *s = &srcs[i];
+        if (s->dummy || !s->kvbridge || s->dialect == KVB__DIALECT_TS || s->epoch != 0)
+            continue;
+        if (kvb_engine_grant_writer(m->engine, kvb__endpoint_tag(s->ip, s->port), &s->epoch) !=
+            KVB_OK) {
+            s->epoch = 0;
+            KVB_LOGW("manager %s: room %llu: no writer grant for prefill %s:%u (%s): the room's "
+                     "pages are fenced by that prefill's answers only",
+                     m->endpoint, (unsigned long long)room, s->ip, s->port,
+                     kvb_engine_last_error(m->engine));
+        }
+    }
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, room);
+    bool kept = r != NULL && r->n_src == n;
+    for (size_t i = 0; kept && i < n; i++)
+        r->srcs[i].epoch = srcs[i].epoch;
+    pthread_mutex_unlock(&m->mu);
+    if (!kept) /* destroyed meanwhile: nothing may land for it */
+        revoke_grants(m, srcs, n);
+}
+
 kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t count,
                                int64_t aux_index, const kvb_receiver_init_t *extra)
 {
@@ -785,7 +835,7 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
                                 m->args.num_aux);
         aux_index = 0; /* no aux buffers here: the prefill plans no aux into us */
     }
-    if (!pages_in_pool(m, rc->room, indices, count, extra) ||
+    if (!indices_in_pools(m, rc->room, indices, count, extra) ||
         !init_fits_sources(m, rc->room, count, extra))
         return KVB_ERR_INVALID;
     pthread_mutex_lock(&m->mu);
@@ -796,9 +846,10 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
             memcpy(srcs, r->srcs, r->n_src * sizeof(*srcs));
             n = r->n_src;
         }
-        r->t_init = kvb__now_s();
+        r->t_init = kvb__now_s(); /* from here a source may write: the fence holds the room */
     }
     pthread_mutex_unlock(&m->mu);
+    grant_sources(m, rc->room, srcs, n);
     kvb_status_t st = KVB_OK;
     for (size_t i = 0; i < n && st == KVB_OK; i++)
         st = send_transfer(m, &srcs[i], rc->room, indices, count, aux_index, extra);
@@ -813,26 +864,45 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
     return KVB_OK;
 }
 
-static bool sources_confirmed(const kvb__room_t *r)
+/* The abort fence's one rule (m->mu held): can nothing more of failed room
+ * r land in its pages? Before its transfer info went out nothing could.
+ * After: a source we gave the room's writer grant once that grant is
+ * revoked (here, without waiting: its later writes are refused) and
+ * drained (kvb_engine_revoke_writer: no write admitted under it is still
+ * being placed or copied), whatever the source said or did not say; a
+ * source no grant reached once it answered, which a prefill does only when
+ * the room's writes have settled. A dummy source writes nothing. */
+static bool writes_ended(struct kvb_manager *m, kvb__room_t *r)
 {
-    return r->n_responded >= r->required_responses;
+    if (r->t_init == 0)
+        return true;
+    bool ended = revoke_grants(m, r->srcs, r->n_src) == KVB_OK;
+    for (size_t k = 0; ended && k < r->n_src; k++)
+        ended = r->srcs[k].dummy || r->srcs[k].epoch != 0 || src_answered(r, &r->srcs[k]);
+    return ended;
 }
 
-/* May a failed room be reported terminal? Once its sources confirmed that
- * nothing is in flight, or its grants were revoked (lost). A source that
- * does not confirm within abort_ack_timeout_s (a stopped prefill rank
- * behind a healthy bootstrap server) ends the wait too, but the room is
- * then reported with its pages unsafe (m->mu held). */
+/* May failed room r be reported terminal (m->mu held)? Once nothing more
+ * of it can land. Until then poll() says Transferring, so a framework that
+ * frees a request's pages on Failed (SGLang's and TokenSpeed's schedulers)
+ * cannot reuse them while a write may still land; bounded: past
+ * KVBRIDGE_ABORT_ACK_TIMEOUT after the failure (a source stopped mid-write
+ * and never resumed) it is reported, with the quarantine note in its
+ * reason, and kvb_receiver_pages_safe() keeps saying 0 until the writes
+ * end. */
 static bool fence_done(struct kvb_manager *m, kvb__room_t *r)
 {
-    if (!r->fence_open || r->lost || sources_confirmed(r))
+    if (writes_ended(m, r))
         return true;
-    if (kvb__now_s() - r->t_fence < m->abort_ack_timeout_s)
+    if (kvb__now_s() - r->t_terminal < m->abort_ack_timeout_s)
         return false;
     if (!r->unsafe) {
         r->unsafe = 1;
-        kvb__room_note(r, " (no source confirmed the abort within the abort-ack time-out)");
+        kvb__room_note(r, " (its writes had not ended within the abort-ack time-out)");
         kvb__room_note(r, UNSAFE_NOTE);
+        KVB_LOGE("manager %s: room %llu reported Failed with its pages quarantined: a source may "
+                 "still write them",
+                 m->endpoint, (unsigned long long)r->id);
     }
     return true;
 }
@@ -842,21 +912,7 @@ static bool pages_safe(struct kvb_manager *m, kvb__room_t *r)
 {
     if (r->status == KVB_POLL_SUCCESS)
         return true;
-    if (r->status != KVB_POLL_FAILED || !fence_done(m, r))
-        return false;
-    if (!r->fence_open && r->t_init > 0 && !r->lost)
-        return false; /* failed, sources not yet told: kvb_receiver_poll opens the fence */
-    if (!r->unsafe)
-        return true;
-    if (!r->lost) /* waiting for the sources' confirmations */
-        return sources_confirmed(r) ? (r->unsafe = 0, true) : false;
-    for (size_t k = 0; k < r->n_src; k++)
-        if (r->srcs[k].epoch != 0 &&
-            kvb_engine_revoke_writer(m->engine, kvb__endpoint_tag(r->srcs[k].ip, r->srcs[k].port),
-                                     r->srcs[k].epoch, 0) != KVB_OK)
-            return false;
-    r->unsafe = 0;
-    return true;
+    return r->status == KVB_POLL_FAILED && writes_ended(m, r);
 }
 
 int kvb_receiver_pages_safe(kvb_receiver_h rc)
@@ -912,6 +968,9 @@ kvb_poll_t kvb_receiver_poll(kvb_receiver_h rc)
         status = r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
         if (status == KVB_POLL_FAILED && !fence_done(m, r))
             status = KVB_POLL_TRANSFERRING; /* not terminal until the fence closes */
+        r->reported = status == KVB_POLL_FAILED;
+        if (status == KVB_POLL_SUCCESS) /* every source acknowledged its writes: drop them */
+            revoke_grants(m, r->srcs, r->n_src);
     }
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
@@ -958,6 +1017,8 @@ void kvb_receiver_destroy(kvb_receiver_h rc)
     if (live)
         kvb_receiver_abort(rc);
     pthread_mutex_lock(&m->mu);
+    if ((r = kvb__room_find(m, rc->room)) != NULL) /* the room's writes are refused from here */
+        revoke_grants(m, r->srcs, r->n_src);
     kvb__room_remove(m, rc->room);
     pthread_mutex_unlock(&m->mu);
     free(rc);
@@ -966,13 +1027,14 @@ void kvb_receiver_destroy(kvb_receiver_h rc)
 /* ---- control messages ---- */
 
 /* Is key (src_key of a prefill rank) one of r's sources? A room not yet
- * resolved has none listed: nothing to check against. */
+ * resolved has none: no prefill has its transfer info, so a status for it
+ * is not a source's (one Success would otherwise end it for good). */
 static bool is_source(const kvb__room_t *r, uint32_t key)
 {
     for (size_t i = 0; i < r->n_src; i++)
         if (src_key(r->srcs[i].tp_rank, r->srcs[i].pp_rank) == key)
             return true;
-    return r->n_src == 0;
+    return false;
 }
 
 /* m->mu held. Record that prefill rank (seed 001: tp * pp_size + pp; 2026:
@@ -1093,11 +1155,12 @@ static void on_abort_ack(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         return;
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, a.room);
-    if (r != NULL && r->fence_open && a.has_generation && a.generation != r->abort_gen)
+    bool asked = r != NULL && (r->fence_open || r->lost); /* we sent it an abort */
+    if (asked && a.has_generation && a.generation != r->abort_gen)
         KVB_LOGD("manager %s: room %llu: abort ack for generation %llu, ours is %llu: ignored",
                  m->endpoint, (unsigned long long)a.room, (unsigned long long)a.generation,
                  (unsigned long long)r->abort_gen);
-    else if (r != NULL && r->fence_open)
+    else if (asked)
         record_response(m, r, a.rank, "abort ack");
     pthread_mutex_unlock(&m->mu);
 }
@@ -1121,58 +1184,30 @@ void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t
 
 /* ---- heartbeats ---- */
 
-/* Revoke the grants of forgotten routes and wait (bounded, in all) for the
- * writes admitted under them; a route whose writes may still land is marked
- * unsafe. */
-static void drain_grants(struct kvb_manager *m, kvb__route_t *gone)
-{
-    double deadline = kvb__now_s() + m->fence_wait_s;
-    for (kvb__route_t *rt = gone; rt != NULL; rt = rt->next) {
-        double left = deadline - kvb__now_s();
-        rt->unsafe = kvb_engine_revoke_writer(m->engine, kvb__endpoint_tag(rt->ip, rt->port),
-                                              rt->epoch, left > 0 ? left : 0) != KVB_OK;
-    }
-}
-
-/* The route of list that granted s, or NULL. */
-static const kvb__route_t *granted_by(const kvb__src_t *s, const kvb__route_t *list)
-{
-    for (; list != NULL; list = list->next)
-        if (s->epoch == list->epoch && s->port == list->port && strcmp(s->ip, list->ip) == 0)
-            return list;
-    return NULL;
-}
-
 typedef struct lost_abort {
     uint64_t room, gen;
     kvb__src_t src;
 } lost_abort_t;
 
-/* m->mu held: fail a's rooms whose sources were granted by the forgotten
- * routes (or that have none yet), and list best-effort aborts to their real
- * sources (ZeroMQ delivers them when the prefill is reachable again). */
-static size_t fail_lost_rooms(struct kvb_manager *m, kvb__addr_t *a, const kvb__route_t *gone,
-                              lost_abort_t **ab_p, size_t *n_ab)
+/* m->mu held: fail a's rooms that are not over, revoke their writer grants
+ * (no wait), and list best-effort aborts to their real sources (ZeroMQ
+ * delivers them when the prefill is reachable again): the abort stops a
+ * resumed prefill's queued work, and its ack confirms a source no grant
+ * reached. */
+static size_t fail_lost_rooms(struct kvb_manager *m, kvb__addr_t *a, lost_abort_t **ab_p,
+                              size_t *n_ab)
 {
     size_t affected = 0, cap = 0;
     for (size_t i = 0; i < m->n_buckets; i++)
         for (kvb__room_t *r = m->buckets[i]; r != NULL; r = r->next) {
-            bool mine = r->n_src == 0, unsafe = false;
-            for (size_t k = 0; k < r->n_src; k++) {
-                const kvb__route_t *rt = granted_by(&r->srcs[k], gone);
-                mine |= rt != NULL;
-                unsafe |= rt != NULL && rt->unsafe;
-            }
-            if (r->bootstrap_addr == NULL || strcmp(r->bootstrap_addr, a->addr) != 0 || !mine ||
-                r->status == KVB_POLL_SUCCESS || r->lost)
+            if (r->bootstrap_addr == NULL || strcmp(r->bootstrap_addr, a->addr) != 0 ||
+                r->status == KVB_POLL_SUCCESS || r->status == KVB_POLL_FAILED || r->lost)
                 continue;
             kvb__room_fail(r, "Losing connection with prefill instance (bootstrap_addr: %s)",
                            a->addr);
-            if (unsafe)
-                kvb__room_note(r, UNSAFE_NOTE);
             r->lost = 1;
-            r->unsafe = unsafe;
             r->abort_gen = ++m->abort_gen_last;
+            revoke_grants(m, r->srcs, r->n_src);
             affected++;
             for (size_t k = 0; r->t_init > 0 && k < r->n_src; k++) {
                 if (r->srcs[k].dummy)
@@ -1190,34 +1225,44 @@ static size_t fail_lost_rooms(struct kvb_manager *m, kvb__addr_t *a, const kvb__
     return affected;
 }
 
+/* Lost rooms of a whose writes have not ended (m->mu held). */
+static size_t lost_unsafe(struct kvb_manager *m, kvb__addr_t *a)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < m->n_buckets; i++)
+        for (kvb__room_t *r = m->buckets[i]; r != NULL; r = r->next)
+            n += r->lost && r->bootstrap_addr != NULL && strcmp(r->bootstrap_addr, a->addr) == 0 &&
+                 r->status == KVB_POLL_FAILED && !writes_ended(m, r);
+    return n;
+}
+
+/* The prefill instance behind a stopped answering: its rooms fail, their
+ * grants are revoked, and the thread waits (KVBRIDGE_FENCE_WAIT) for what
+ * those grants admitted, so that a rank that was only stalled (SIGSTOP, a
+ * long pause) is usually drained when the framework next polls. A room
+ * whose writes have not ended is held by poll() (fence_done). Later rooms
+ * resolve the instance again and get grants of their own. */
 static void node_failure(struct kvb_manager *m, kvb__addr_t *a)
 {
-    kvb__route_t *gone = NULL;
     lost_abort_t *ab = NULL;
-    size_t n_ab = 0;
-    /* Revoke the instance's grants and wait for what they admitted before
-     * reporting its rooms over: a rank that was only stalled (SIGSTOP, a
-     * long pause) must not land writes in pages we hand back. Never lifted:
-     * a later route to it gets a new grant (resolve_one). */
+    size_t n_ab = 0, unsafe = 0;
     pthread_mutex_lock(&m->mu);
-    addr_forget(m, a, &gone);
-    pthread_mutex_unlock(&m->mu);
-    drain_grants(m, gone);
-    pthread_mutex_lock(&m->mu);
-    size_t affected = fail_lost_rooms(m, a, gone, &ab, &n_ab);
+    addr_forget(a);
+    size_t affected = fail_lost_rooms(m, a, &ab, &n_ab);
     pthread_mutex_unlock(&m->mu);
     for (size_t i = 0; i < n_ab; i++)
         send_abort(m, &ab[i].src, ab[i].room, ab[i].gen);
     free(ab);
-    bool unsafe = false;
-    for (kvb__route_t *rt = gone, *next; rt != NULL; rt = next) {
-        next = rt->next;
-        unsafe |= rt->unsafe;
-        free(rt);
-    }
+    double deadline = kvb__now_s() + m->fence_wait_s;
+    do {
+        pthread_mutex_lock(&m->mu);
+        unsafe = lost_unsafe(m, a);
+        pthread_mutex_unlock(&m->mu);
+    } while (unsafe > 0 && kvb__now_s() < deadline && usleep(2000) == 0);
     KVB_LOGE("Losing connection with prefill instance (bootstrap_addr: %s), %zu requests "
              "affected%s",
-             a->addr, affected, unsafe ? " (writes still in flight: their pages are unsafe)" : "");
+             a->addr, affected,
+             unsafe ? " (writes of some still in flight: poll() holds them until they end)" : "");
 }
 
 static void heartbeat_round(struct kvb_manager *m)
@@ -1281,7 +1326,7 @@ void kvb__decode_free(struct kvb_manager *m)
 {
     for (kvb__addr_t *a = m->addrs, *next; a != NULL; a = next) {
         next = a->next;
-        addr_forget(m, a, NULL);
+        addr_forget(a);
         kvb_bootstrap_client_destroy(a->client);
         kvb_bootstrap_client_destroy(a->hb);
         pthread_mutex_destroy(&a->client_mu);

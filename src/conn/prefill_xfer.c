@@ -24,6 +24,7 @@ typedef struct job {
     uint64_t epoch; /* the decode's grant, stamped on every write */
     kvb_xfer_h x, xa;
     int aux_inline; /* the engine refused the aux write: send it inline */
+    int unsettled;  /* a write did not end even after its session was closed */
     kvb_status_t st;
     char why[512];
 } job_t;
@@ -52,6 +53,8 @@ static size_t notes_due(struct kvb_manager *m, kvb__room_t *r, note_t **out, int
     size_t n = 0;
     int failed = r->status == KVB_POLL_FAILED;
     if (r->inflight > 0 || r->submitting || (failed ? r->fail_notified : !r->success_due))
+        return 0;
+    if (failed && r->unsettled) /* a Failed or ABORT_ACK would say nothing more lands */
         return 0;
     if (!failed && r->status != KVB_POLL_SUCCESS)
         return 0;
@@ -507,10 +510,13 @@ static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
              * included, so this wait ends at once; it is bounded anyway: a
              * worker that never returns stalls every room of its queue. */
             kvb_engine_close_session(m->engine, j->reg->session);
-            if (kvb_xfer_wait(x, m->transfer_timeout_s) == KVB_ERR_TIMEOUT)
+            if (kvb_xfer_wait(x, m->transfer_timeout_s) == KVB_ERR_TIMEOUT) {
                 KVB_LOGE("manager %s: a write to %s did not end after its session was "
-                         "closed; the room is failed without it",
+                         "closed; the room is failed without telling the decode (its "
+                         "fence holds the pages)",
                          m->endpoint, j->reg->session);
+                j->unsettled = 1;
+            }
         }
         snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.0f s",
                  j->reg->session, m->transfer_timeout_s);
@@ -586,6 +592,8 @@ static void work_finish(struct kvb_manager *m, work_t *w)
     kvb__room_t *r = kvb__room_find(m, w->c->room);
     record_failures(m, r, w);
     if (r != NULL) {
+        for (size_t i = 0; i < w->n_jobs; i++)
+            r->unsettled |= w->jobs[i].unsettled;
         untrack_xfers(r, w);
         r->inflight--;
         r->last_done |= w->c->is_last;

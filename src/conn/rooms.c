@@ -283,8 +283,9 @@ void kvb__room_take_reason(kvb__room_t *r, char *buf, size_t len)
 
 /* Is r, a room with a handle, due for a poll that no message will prompt: a
  * time-out passed (kvb__sender_status: Bootstrapping;
- * kvb__receiver_status: WaitingForInput; the decode's abort-ack wait in
- * fence_done), or a failed room whose revoke pages_safe retries? */
+ * kvb__receiver_status: WaitingForInput), or a failed room poll() holds
+ * until its writes end or its quarantine bound passes (decode.c fence_done:
+ * each poll looks again)? */
 static bool room_due(const struct kvb_manager *m, const kvb__room_t *r, double now)
 {
     if (!r->has_handle)
@@ -295,14 +296,7 @@ static bool room_due(const struct kvb_manager *m, const kvb__room_t *r, double n
                    : false;
     if (r->status == KVB_POLL_WAITING_FOR_INPUT && r->t_init > 0)
         return now - r->t_init >= m->p.waiting_timeout_s;
-    if (r->status != KVB_POLL_FAILED)
-        return false;
-    if (r->unsafe && r->lost)
-        return true; /* its lost prefill's grants are being revoked: each poll looks again */
-    /* fence_done's wait for the sources to confirm the abort (its time-out
-     * marks the room unsafe, after which no poll is due for it) */
-    return r->fence_open && !r->lost && !r->unsafe && r->n_responded < r->required_responses &&
-           now - r->t_fence >= m->abort_ack_timeout_s;
+    return r->status == KVB_POLL_FAILED && !r->reported;
 }
 
 /* Once a second (m->mu held): free rooms nobody holds a handle on once

@@ -113,6 +113,15 @@ def expected_kv_args(h, ext):
     return frames
 
 
+def abort_frames(p, h, room):
+    """The 2026 ABORT the decode sends for room; returns its generation."""
+    host, port = h.info["ctl"].rsplit(":", 1)
+    frames = recv_frames(p.pull)
+    assert frames[:4] == [b"ABORT", dec(room), host.encode(), port.encode()], frames
+    assert len(frames) == 5 and re.fullmatch(rb"[1-9][0-9]*", frames[4]), frames
+    return int(frames[4])
+
+
 def check_transfer(frames, h, room, pages, aux, prefix, ext, required=1):
     host, port = h.info["ctl"].rsplit(":", 1)
     fixed = [
@@ -151,29 +160,18 @@ def test_tp1_success_and_abort(env):
     assert poll(h, room, 5) == (4, 1, "")
 
     # Abort: ABORT to the source with a generation (frame 4, SGLang 0.5.23;
-    # the spec's prefill reads frames 0-3); the room is not reported Failed
-    # until the source confirms no write can land (a 3-frame ACK, or a
-    # 4-frame one echoing the generation). A 2-frame ACK (SGLang's default,
-    # sent at once) confirms nothing.
+    # the spec's prefill reads frames 0-3). The source holds the room's
+    # writer grant (epoch=): the decode revokes it, and once nothing
+    # admitted under it is still landing (here: nothing was written) the
+    # room is Failed with its pages safe, whatever the source says.
     room, pages = 7002, [30, 31]
     h.cmd(f"recv {room} 4 0 2 30 31")
     assert h.line("recv", room) == "2"
-    check_transfer(recv_frames(p.pull), h, room, pages, 4, 0, True)  # KV-args sent once
+    epoch2 = check_transfer(recv_frames(p.pull), h, room, pages, 4, 0, True)  # KV-args once
+    assert epoch2 > epoch  # a grant per room
     h.cmd(f"abort {room}")
     assert h.line("aborted", room) == ""
-    host, port = h.info["ctl"].rsplit(":", 1)
-    frames = recv_frames(p.pull)
-    assert frames[:4] == [b"ABORT", dec(room), host.encode(), port.encode()], frames
-    assert len(frames) == 5 and re.fullmatch(rb"[1-9][0-9]*", frames[4]), frames
-    gen = int(frames[4])
-    assert poll(h, room, 0.3)[:2] == (3, 0)  # Transferring: the fence is open
-    push.send_multipart([b"ABORT_ACK", dec(room)])
-    assert poll(h, room, 0.3)[:2] == (3, 0)
-    push.send_multipart([b"ABORT_ACK", dec(room), b"5"])  # rank 5 is no source: ignored
-    assert poll(h, room, 0.3)[:2] == (3, 0)
-    push.send_multipart([b"ABORT_ACK", dec(room), b"0", dec(gen + 7)])  # another generation
-    assert poll(h, room, 0.3)[:2] == (3, 0)
-    push.send_multipart([b"ABORT_ACK", dec(room), b"0", dec(gen)])
+    abort_frames(p, h, room)
     status, safe, reason = poll(h, room, 5)
     assert (status, safe) == (0, 1)
     assert reason == "Aborted by AbortReq.", reason
@@ -214,6 +212,30 @@ def test_bare_2026_frames_without_extensions(env):
     assert check_transfer(recv_frames(p.pull), h, room, [5, 6, 7], 1, 0, False) is None
     push.send_multipart([dec(room), b"4", b"0"])
     assert poll(h, room, 5) == (4, 1, "")
+
+    # Abort of a room whose source got no writer grant (no "kvbridge" in its
+    # look-up): poll() holds it (Transferring, pages unsafe) until the
+    # source confirms no write can land: a 3-frame ACK, or a 4-frame one
+    # echoing the generation. A 2-frame ACK (SGLang's default, sent at once)
+    # confirms nothing.
+    room = 7102
+    h.cmd(f"recv {room} 4 0 2 30 31")
+    assert h.line("recv", room) == "2"
+    assert check_transfer(recv_frames(p.pull), h, room, [30, 31], 4, 0, False) is None
+    h.cmd(f"abort {room}")
+    assert h.line("aborted", room) == ""
+    gen = abort_frames(p, h, room)
+    assert poll(h, room, 0.3)[:2] == (3, 0)  # Transferring: the fence is open
+    push.send_multipart([b"ABORT_ACK", dec(room)])
+    assert poll(h, room, 0.3)[:2] == (3, 0)
+    push.send_multipart([b"ABORT_ACK", dec(room), b"5"])  # rank 5 is no source: ignored
+    assert poll(h, room, 0.3)[:2] == (3, 0)
+    push.send_multipart([b"ABORT_ACK", dec(room), b"0", dec(gen + 7)])  # another generation
+    assert poll(h, room, 0.3)[:2] == (3, 0)
+    push.send_multipart([b"ABORT_ACK", dec(room), b"0", dec(gen)])
+    status, safe, reason = poll(h, room, 5)
+    assert (status, safe) == (0, 1)
+    assert reason == "Aborted by AbortReq.", reason
 
 
 def test_tp2_prefill_to_tp1_decode(env):
