@@ -302,6 +302,14 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         j->st = KVB_ERR_STATE;
         snprintf(j->why, sizeof(j->why), "decode %s sent a transfer info but never its KV args",
                  d->session);
+    } else if (d->dialect != KVB__DIALECT_TS && j->reg->dialect == KVB__DIALECT_TS) {
+        /* re-sent as TokenSpeed KV args after an SGLang transfer info: no
+         * plan (TokenSpeed rooms bring theirs), no plan_error */
+        j->st = KVB_ERR_INVALID;
+        snprintf(j->why, sizeof(j->why),
+                 "decode %s re-sent its KV args in the TokenSpeed dialect after its SGLang "
+                 "transfer info; nothing written",
+                 d->session);
     } else if (d->dialect != KVB__DIALECT_TS && j->reg->plan == NULL) {
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why), "%s", j->reg->plan_error);
