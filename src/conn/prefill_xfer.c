@@ -815,6 +815,8 @@ kvb_status_t kvb__prefill_start(struct kvb_manager *m)
     m->transfer_timeout_s = kvb__env_double("KVBRIDGE_TRANSFER_TIMEOUT", NULL, 60, 0.1, 1e9);
     m->session_backoff_s = kvb__env_double("KVBRIDGE_SESSION_BACKOFF", NULL, 5, 0, 1e9);
     m->max_regs = (size_t)kvb__env_int("KVBRIDGE_MAX_REGISTRATIONS", NULL, 4096, 1, 1000000);
+    m->reg_grace_ms =
+        (uint64_t)(kvb__env_double("KVBRIDGE_REGISTRATION_GRACE", NULL, 60, 0, 86400) * 1000);
     /* Caps on what unauthenticated peers can make this rank hold
      * (docs/security.md, kvb_manager_limits). */
     m->max_reg_bytes = (uint64_t)kvb__env_int("KVBRIDGE_MAX_REGISTRATION_BYTES", NULL, 1 << 20, 64,
