@@ -1028,16 +1028,18 @@ static bool record_response(struct kvb_manager *m, kvb__room_t *r, int32_t rank,
     return true;
 }
 
-/* A prefill rank failed room r (m->mu held). It may have lost our KV args
- * (its registration table evicted or refused them, or a peer replaced them)
- * and no dialect's status says why: the next receiver through a route of
- * r's sources sends them again (an idempotent replacement there), instead
- * of every later room failing until a heartbeat forgets the route. */
+/* A prefill rank failed room r (m->mu held). A kvbridge prefill may have
+ * lost our KV args (its registration table, KVBRIDGE_MAX_REGISTRATIONS,
+ * evicted or refused them, or a peer replaced them) and no dialect's status
+ * says why: the next receiver through a route of r's sources sends them
+ * again (an idempotent replacement there), instead of every later room
+ * failing until a heartbeat forgets the route. SGLang's and TokenSpeed's
+ * prefills keep every registration: they get them once, as they expect. */
 static void route_resend_mark(struct kvb_manager *m, const kvb__room_t *r)
 {
     kvb__addr_t *a = r->bootstrap_addr ? addr_get(m, r->bootstrap_addr) : NULL;
     for (kvb__route_t *rt = a != NULL ? a->routes : NULL; rt != NULL; rt = rt->next)
-        for (size_t i = 0; i < r->n_src; i++)
+        for (size_t i = 0; rt->kvbridge && i < r->n_src; i++)
             if (!r->srcs[i].dummy && r->srcs[i].port == rt->port &&
                 strcmp(r->srcs[i].ip, rt->ip) == 0)
                 rt->resend = 1;
