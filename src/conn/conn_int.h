@@ -201,7 +201,8 @@ typedef struct kvb__reg {
     uint64_t bytes;   /* its pointer arrays (KVBRIDGE_MAX_REGISTRATION[S]_BYTES) */
     int failed;       /* a write to it failed */
     double failed_at;
-    uint64_t registered_ms, used_ms; /* monotonic ms; used_ms 0: no room yet */
+    uint64_t registered_ms, used_ms; /* monotonic ms; used_ms: last transfer info or chunk
+                                        naming it, 0: none yet */
     int refs;
     struct kvb__reg *next;
 } kvb__reg_t;
@@ -254,6 +255,7 @@ typedef struct kvb__route { /* resolved (dp, tp, pp) → endpoint, kv args sent 
     uint16_t port;
     int kvbridge; /* the look-up answer said "kvbridge" (kvb__src_t.kvbridge) */
     struct kvb__route *next;
+    int resend; /* a room through it failed: the next receiver sends the KV args again */
 } kvb__route_t;
 
 struct kvb_manager {
@@ -307,6 +309,7 @@ struct kvb_manager {
     pthread_rwlock_t reg_mu;
     kvb__reg_t *regs; /* at most max_regs (KVBRIDGE_MAX_REGISTRATIONS) */
     size_t n_regs, max_regs;
+    uint64_t reg_grace_ms; /* KVBRIDGE_REGISTRATION_GRACE: a new one is kept this long */
     uint64_t regs_evicted, regs_refused;
     uint64_t regs_impostor; /* replacements refused: another CURVE key */
     uint64_t reg_bytes, max_reg_bytes, max_regs_bytes, regs_too_big; /* pointer arrays */

@@ -295,20 +295,39 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     return st;
 }
 
+/* KV args again to a cached route's prefill rank, asked by a failed room
+ * (route_resend_mark); a failed send is asked again of the next receiver. */
+static void route_resend(struct kvb_manager *m, kvb__addr_t *a, int32_t dp, int32_t tp, int32_t pp,
+                         const kvb__src_t *out)
+{
+    if (send_registration(m, out->ip, out->port, out) == KVB_OK)
+        return;
+    pthread_mutex_lock(&m->mu);
+    kvb__route_t *r = route_find(a, dp, tp, pp);
+    if (r != NULL)
+        r->resend = 1;
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* Resolve (dp, tp, pp) to the prefill rank's control endpoint, register our
- * KV args there once. */
+ * KV args there once (again after a room through it failed: resend). */
 static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t dp, int32_t tp,
                                 int32_t pp, kvb__src_t *out, resolve_t *rs)
 {
     kvb_bootstrap_rank_addr_t ra;
     pthread_mutex_lock(&m->mu);
     kvb__route_t *r = route_find(a, dp, tp, pp);
+    int resend = 0;
     if (r != NULL) {
         snprintf(out->ip, sizeof(out->ip), "%s", r->ip);
         out->port = r->port;
         out->kvbridge = r->kvbridge;
+        resend = r->resend;
+        r->resend = 0;
     }
     pthread_mutex_unlock(&m->mu);
+    if (resend)
+        route_resend(m, a, dp, tp, pp, out);
     if (r != NULL)
         return KVB_OK;
     kvb_bootstrap_rank_ext_t rx = {KVB_BOOTSTRAP_RANK_KVBRIDGE, 0};
@@ -335,7 +354,7 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     out->port = ra.rank_port;
     pthread_mutex_lock(&m->mu);
     if (a->have_info && route_find(a, dp, tp, pp) == NULL && (r = calloc(1, sizeof(*r))) != NULL) {
-        *r = (kvb__route_t){dp, tp, pp, "", ra.rank_port, out->kvbridge, a->routes};
+        *r = (kvb__route_t){dp, tp, pp, "", ra.rank_port, out->kvbridge, a->routes, 0};
         snprintf(r->ip, sizeof(r->ip), "%s", ra.rank_ip);
         a->routes = r;
         if (!out->kvbridge) /* once per route: every room from it runs so */
@@ -1071,6 +1090,23 @@ static bool record_response(struct kvb_manager *m, kvb__room_t *r, int32_t rank,
     return true;
 }
 
+/* A prefill rank failed room r (m->mu held). A kvbridge prefill may have
+ * lost our KV args (its registration table, KVBRIDGE_MAX_REGISTRATIONS,
+ * evicted or refused them, or a peer replaced them) and no dialect's status
+ * says why: the next receiver through a route of r's sources sends them
+ * again (an idempotent replacement there), instead of every later room
+ * failing until a heartbeat forgets the route. SGLang's and TokenSpeed's
+ * prefills keep every registration: they get them once, as they expect. */
+static void route_resend_mark(struct kvb_manager *m, const kvb__room_t *r)
+{
+    kvb__addr_t *a = r->bootstrap_addr ? addr_get(m, r->bootstrap_addr) : NULL;
+    for (kvb__route_t *rt = a != NULL ? a->routes : NULL; rt != NULL; rt = rt->next)
+        for (size_t i = 0; rt->kvbridge && i < r->n_src; i++)
+            if (!r->srcs[i].dummy && r->srcs[i].port == rt->port &&
+                strcmp(r->srcs[i].ip, rt->ip) == 0)
+                rt->resend = 1;
+}
+
 static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     kvb__status_msg_t s;
@@ -1093,6 +1129,7 @@ static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         if (s.status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses)
             kvb__room_set_status(r, KVB_POLL_SUCCESS);
         if (s.status == KVB_POLL_FAILED) {
+            route_resend_mark(m, r);
             kvb__room_fail(r, FAIL_FROM_PREFILL);
             gen = open_fence(m, r, &todo, &n_todo);
         }

@@ -56,13 +56,38 @@ kvb__reg_t *kvb__reg_get(struct kvb_manager *m, const char *session)
     return g;
 }
 
-/* A registration to drop so a new one fits (reg_mu held for writing), in
- * this order: one whose decode failed; the oldest no room ever used (a
- * flood of bogus sessions displaces only its own kind); the longest idle
- * past the room TTL. NULL: every entry is in use, refuse the newcomer. */
-static kvb__reg_t **reg_victim(struct kvb_manager *m)
+/* A transfer info names the session: its registration is in use for the
+ * room TTL from now (the longest a room waits), as when a chunk is planned. */
+static void reg_touch(struct kvb_manager *m, const char *session)
 {
-    kvb__reg_t **best[3] = {NULL, NULL, NULL};
+    pthread_rwlock_rdlock(&m->reg_mu);
+    for (kvb__reg_t *g = m->regs; g != NULL; g = g->next)
+        if (strcmp(g->session, session) == 0) {
+            __atomic_store_n(&g->used_ms, now_ms(), __ATOMIC_RELAXED);
+            break;
+        }
+    pthread_rwlock_unlock(&m->reg_mu);
+}
+
+/* Both came from the same claimed peer: CURVE key and control endpoint. */
+static bool reg_same_peer(const kvb__reg_t *a, const kvb__reg_t *b)
+{
+    return a->port == b->port && strcmp(a->ip, b->ip) == 0 && strcmp(a->peer_id, b->peer_id) == 0;
+}
+
+/* A registration to drop so the newcomer nc fits (reg_mu held for
+ * writing), in this order: one whose decode failed; the oldest of nc's own
+ * claimed peer that no transfer info named yet (a peer's flood displaces
+ * its own); the oldest no transfer info named within
+ * KVBRIDGE_REGISTRATION_GRACE of its arrival (a decode registers when it
+ * resolves its route, and its first transfer info may come much later: a
+ * newer bogus session must not displace it meanwhile); the longest idle
+ * past the room TTL. In use, never dropped: a job holds it, or a transfer
+ * info or chunk named it within the room TTL (the longest a room waits).
+ * NULL: refuse the newcomer. */
+static kvb__reg_t **reg_victim(struct kvb_manager *m, const kvb__reg_t *nc)
+{
+    kvb__reg_t **best[4] = {NULL, NULL, NULL, NULL};
     uint64_t now = now_ms(), ttl = (uint64_t)(m->p.room_ttl_s * 1000);
     for (kvb__reg_t **pp = &m->regs; *pp != NULL; pp = &(*pp)->next) {
         kvb__reg_t *g = *pp;
@@ -71,13 +96,17 @@ static kvb__reg_t **reg_victim(struct kvb_manager *m)
             continue; /* a room's job holds it */
         if (__atomic_load_n(&g->failed, __ATOMIC_ACQUIRE))
             return pp;
-        if (used == 0 && (best[1] == NULL || g->registered_ms < (*best[1])->registered_ms))
+        if (used == 0 && reg_same_peer(g, nc) &&
+            (best[1] == NULL || g->registered_ms < (*best[1])->registered_ms))
             best[1] = pp;
-        if (used != 0 && now - used > ttl &&
-            (best[2] == NULL || used < __atomic_load_n(&(*best[2])->used_ms, __ATOMIC_RELAXED)))
+        if (used == 0 && now - g->registered_ms > m->reg_grace_ms &&
+            (best[2] == NULL || g->registered_ms < (*best[2])->registered_ms))
             best[2] = pp;
+        if (used != 0 && now - used > ttl &&
+            (best[3] == NULL || used < __atomic_load_n(&(*best[3])->used_ms, __ATOMIC_RELAXED)))
+            best[3] = pp;
     }
-    return best[1] != NULL ? best[1] : best[2];
+    return best[1] != NULL ? best[1] : best[2] != NULL ? best[2] : best[3];
 }
 
 typedef enum reg_ins { REG_OK = 0, REG_FULL, REG_IMPOSTOR, REG_TOO_BIG } reg_ins_t;
@@ -97,7 +126,7 @@ static kvb__reg_t *reg_unlink(struct kvb_manager *m, kvb__reg_t **pp)
 static bool reg_make_room(struct kvb_manager *m, const kvb__reg_t *g)
 {
     while (m->n_regs >= m->max_regs || m->reg_bytes + g->bytes > m->max_regs_bytes) {
-        kvb__reg_t **pp = reg_victim(m);
+        kvb__reg_t **pp = reg_victim(m, g);
         if (pp == NULL)
             return false;
         m->regs_evicted++;
@@ -120,8 +149,10 @@ static reg_ins_t reg_insert(struct kvb_manager *m, kvb__reg_t *g, kvb__reg_t **o
         m->regs_impostor++;
         return REG_IMPOSTOR; /* another CURVE identity: never redirect its rooms */
     }
-    if (*pp != NULL)
+    if (*pp != NULL) { /* a re-registration: in use as the record it replaces */
         *old_p = reg_unlink(m, pp);
+        g->used_ms = __atomic_load_n(&(*old_p)->used_ms, __ATOMIC_RELAXED);
+    }
     if (!reg_make_room(m, g)) {
         bool bytes = m->reg_bytes + g->bytes > m->max_regs_bytes;
         if (bytes)
@@ -344,6 +375,7 @@ static void reg_install(struct kvb_manager *m, reg_in_t *in)
     kvb__reg_t *old;
     pthread_rwlock_wrlock(&m->reg_mu);
     reg_ins_t ins = reg_insert(m, g, &old);
+    uint64_t refused = m->regs_refused;
     pthread_rwlock_unlock(&m->reg_mu);
     kvb__reg_put(old);
     if (ins == REG_IMPOSTOR)
@@ -354,10 +386,10 @@ static void reg_install(struct kvb_manager *m, reg_in_t *in)
         KVB_LOGW("manager %s: KV args of %s refused: registrations would hold more than %llu "
                  "bytes of pointers (KVBRIDGE_MAX_REGISTRATIONS_BYTES)",
                  m->endpoint, g->session, (unsigned long long)m->max_regs_bytes);
-    if (ins == REG_FULL)
-        KVB_LOGW("manager %s: KV args of %s refused: %zu registrations in use "
-                 "(KVBRIDGE_MAX_REGISTRATIONS)",
-                 m->endpoint, g->session, m->max_regs);
+    if (ins == REG_FULL && (refused & (refused - 1)) == 0) /* logged at powers of two */
+        KVB_LOGW("manager %s: KV args of %s refused: %zu registrations in use or new "
+                 "(KVBRIDGE_MAX_REGISTRATIONS, KVBRIDGE_REGISTRATION_GRACE); %llu refused so far",
+                 m->endpoint, g->session, m->max_regs, (unsigned long long)refused);
     if (ins != REG_OK) {
         kvb__reg_put(g);
         return;
@@ -727,6 +759,7 @@ static void on_transfer(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
         dst_free(&d);
         return;
     }
+    reg_touch(m, d.session);
     pthread_mutex_lock(&m->mu);
     char peer[KVB_IP_MAX + 48];
     wire_peer(m, &x, peer, sizeof(peer));
@@ -773,6 +806,7 @@ void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, i
     char peer[KVB_IP_MAX + 48];
     char session[KVB_SID_MAX];
     snprintf(session, sizeof(session), "%s", d->session);
+    reg_touch(m, session);
     pthread_mutex_lock(&m->mu);
     wire_peer26(m, ip, ip_len, port, peer, sizeof(peer));
     kvb__room_t *r = kvb__room_wire_admit(m, room, dst_bytes(d), peer);

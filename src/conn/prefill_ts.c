@@ -723,6 +723,33 @@ static bool regions_ok(ts_job_t *j, char *why, size_t wl)
     return true;
 }
 
+/* The registration planned with (the session's current one) has the
+ * pointers this plan indexes: xfer_refusal checked the one current when the
+ * transfer info came, and the decode (or any peer claiming its session) may
+ * have re-sent its KV args since. */
+static bool reg_fits(struct kvb_manager *m, const kvb__reg_t *g, const kvb__dst_t *d, char *why,
+                     size_t wl)
+{
+    if (g->dialect != KVB__DIALECT_TS)
+        snprintf(why, wl,
+                 "decode %s re-sent its KV args in another dialect after its TokenSpeed transfer "
+                 "info; nothing written",
+                 d->session);
+    else if (g->n_kv != m->args.num_kv)
+        snprintf(why, wl,
+                 "decode %s re-sent its KV args with %zu KV buffers after its transfer info, this "
+                 "prefill has %u; nothing written",
+                 d->session, g->n_kv, m->args.num_kv);
+    else if (d->n_state > 0 && g->n_state != m->args.num_state)
+        snprintf(why, wl,
+                 "decode %s re-sent its KV args with %zu state buffers after its transfer info, "
+                 "this prefill has %u; nothing written",
+                 d->session, g->n_state, m->args.num_state);
+    else
+        return true;
+    return false;
+}
+
 void kvb__ts_job_plan(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
                       const kvb__chunk_t *c, kvb_plan_strided_t *out, kvb_status_t *st_p, char *why,
                       size_t wl)
@@ -743,7 +770,7 @@ void kvb__ts_job_plan(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
                  d->n_pages);
         return;
     }
-    if (!regions_ok(&j, why, wl))
+    if (!reg_fits(m, g, d, why, wl) || !regions_ok(&j, why, wl))
         return;
     for (size_t i = 0; i < c->n; i++) {
         uint64_t gi = c->first + i;

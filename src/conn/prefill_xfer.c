@@ -305,6 +305,14 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         j->st = KVB_ERR_STATE;
         snprintf(j->why, sizeof(j->why), "decode %s sent a transfer info but never its KV args",
                  d->session);
+    } else if (d->dialect != KVB__DIALECT_TS && j->reg->dialect == KVB__DIALECT_TS) {
+        /* re-sent as TokenSpeed KV args after an SGLang transfer info: no
+         * plan (TokenSpeed rooms bring theirs), no plan_error */
+        j->st = KVB_ERR_INVALID;
+        snprintf(j->why, sizeof(j->why),
+                 "decode %s re-sent its KV args in the TokenSpeed dialect after its SGLang "
+                 "transfer info; nothing written",
+                 d->session);
     } else if (d->dialect != KVB__DIALECT_TS && j->reg->plan == NULL) {
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why), "%s", j->reg->plan_error);
@@ -815,6 +823,8 @@ kvb_status_t kvb__prefill_start(struct kvb_manager *m)
     m->transfer_timeout_s = kvb__env_double("KVBRIDGE_TRANSFER_TIMEOUT", NULL, 60, 0.1, 1e9);
     m->session_backoff_s = kvb__env_double("KVBRIDGE_SESSION_BACKOFF", NULL, 5, 0, 1e9);
     m->max_regs = (size_t)kvb__env_int("KVBRIDGE_MAX_REGISTRATIONS", NULL, 4096, 1, 1000000);
+    m->reg_grace_ms =
+        (uint64_t)(kvb__env_double("KVBRIDGE_REGISTRATION_GRACE", NULL, 60, 0, 86400) * 1000);
     /* Caps on what unauthenticated peers can make this rank hold
      * (docs/security.md, kvb_manager_limits). */
     m->max_reg_bytes = (uint64_t)kvb__env_int("KVBRIDGE_MAX_REGISTRATION_BYTES", NULL, 1 << 20, 64,

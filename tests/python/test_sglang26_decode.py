@@ -193,6 +193,10 @@ def test_tp1_success_and_abort(env):
     room = 7004
     h.cmd(f"recv {room} 6 0 1 41")
     assert h.line("recv", room) == "2"
+    # After a Failed, a kvbridge prefill (this one says "kvbridge") gets the
+    # KV args again with the next receiver: it may have dropped them
+    # (review 2.6).
+    assert recv_frames(p.pull) == expected_kv_args(h, True)
     check_transfer(recv_frames(p.pull), h, room, [41], 6, 0, True)
     push.send_multipart([dec(room), b"4", b"0"])
     assert poll(h, room, 5) == (4, 1, "")
