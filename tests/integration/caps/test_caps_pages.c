@@ -103,6 +103,38 @@ static void test_prefill_side(kvbh_pair_t *p)
 }
 
 /* argv[1] "decode" or "prefill": that half only (to see each fail alone). */
+/* Review 2, finding 8: destination state slots are checked at init too,
+ * against the smallest state buffer (KVBH_STATE_ITEMS items of a geometry
+ * with state). */
+static void test_decode_state(void)
+{
+    kvbh_geom_t gs = G;
+    gs.state_bytes = 32;
+    kvbh_pair_t p;
+    kvb_receiver_h rc;
+    char why[512];
+    const int32_t dst[2] = {1, 2}, ok_state[1] = {KVBH_STATE_ITEMS - 1},
+                  bad_state[2] = {0, KVBH_STATE_ITEMS};
+    CHECK_EQ(kvbh_pair_start(&p, &gs, KVBH_MEM_PACKED, NULL, NULL), KVB_OK);
+    kvb_receiver_init_t ex = {.field_mask = KVB_RECV_INIT_STATE};
+    ex.state_indices = bad_state;
+    ex.num_state_indices = 2;
+    CHECK_EQ(kvb_receiver_create(p.dec.mgr, p.boot.addr, 5, -1, &rc), KVB_OK);
+    CHECK_EQ(kvb_receiver_init(rc, dst, 2, AUX, &ex), KVB_ERR_INVALID);
+    CHECK_EQ(kvb_receiver_poll(rc), KVB_POLL_FAILED);
+    kvb_receiver_failure(rc, why, sizeof(why));
+    CHECK_STR_CONTAINS(why, "destination state index 64 (entry 1) is outside this decode rank's "
+                            "state pool of 64 states");
+    kvb_receiver_destroy(rc);
+    ex.state_indices = ok_state; /* the last slot is in */
+    ex.num_state_indices = 1;
+    CHECK_EQ(kvb_receiver_create(p.dec.mgr, p.boot.addr, 6, -1, &rc), KVB_OK);
+    CHECK_EQ(kvb_receiver_init(rc, dst, 2, AUX, &ex), KVB_OK);
+    kvb_receiver_destroy(rc);
+    kvbh_pair_stop(&p);
+    TEST_PASS("decode refuses an out-of-range state slot at init");
+}
+
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : "";
@@ -116,6 +148,8 @@ int main(int argc, char **argv)
         test_decode_side(&p);
     if (strcmp(only, "decode") != 0)
         test_prefill_side(&p);
+    if (strcmp(only, "prefill") != 0)
+        test_decode_state();
     /* still served */
     CHECK_EQ(kvbh_run_room_pages(&p.pre, &p.dec, p.boot.addr, 4, src, good2, 2, AUX), 0);
     CHECK(kvbh_canaries_ok(&p.dec, "decode")); /* nothing before or after its buffers */

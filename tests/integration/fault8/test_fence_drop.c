@@ -13,6 +13,7 @@
  *
  * Before per-room grants the decode took the Failed status as "nothing in
  * flight" and reported the pages safe while messages still landed. Cases:
+ * "direct" (decode pool from kvb_mem_alloc: the prefill's copy threads),
  * "shm" (the message lane over shared memory), "tcp". One process: a
  * bootstrap server, a prefill rank and a decode rank (tests/harness). */
 #include "harness/kvb_cluster.h"
@@ -72,7 +73,8 @@ static void test_drop(const char *lane)
     if (strcmp(lane, "tcp") == 0)
         setenv("KVBRIDGE_TRANSPORT", "tcp", 1);
     setenv("KVBRIDGE_ABORT_ACK_TIMEOUT", "3.0", 1);
-    CHECK_EQ(kvbh_pair_start(&pr, &G, KVBH_MEM_MALLOC, NULL, NULL), KVB_OK);
+    int mem = strcmp(lane, "direct") == 0 ? KVBH_MEM_SHARED : KVBH_MEM_MALLOC;
+    CHECK_EQ(kvbh_pair_start(&pr, &G, mem, NULL, NULL), KVB_OK);
     for (int i = 0; i < NP; i++) {
         src[i] = NP - 1 - i;
         dst[i] = i;
@@ -139,7 +141,7 @@ static void test_drop(const char *lane)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || (strcmp(argv[1], "shm") && strcmp(argv[1], "tcp")))
+    if (argc < 2 || (strcmp(argv[1], "direct") && strcmp(argv[1], "shm") && strcmp(argv[1], "tcp")))
         return 2;
     test_drop(argv[1]);
     return 0;
