@@ -227,6 +227,7 @@ typedef struct kvb__grant {
     uint32_t am_busy; /* message-lane receives admitted, bytes not yet placed */
     uint64_t epoch;
     int32_t slot; /* its slot in the shared fence page, or -1 (none: no direct lane) */
+    int corrupt;  /* its slot's busy count was seen corrupt (logged once; never drains) */
 } kvb__grant_t;
 
 struct kvb_engine {
@@ -381,6 +382,8 @@ fence_state_t kvb__fence_check(const kvb__conn_t *c, uint32_t tag, uint64_t epoc
  * kvb__fence_exit after the copy and its store fence. */
 fence_state_t kvb__fence_enter(const kvb__conn_t *c, uint32_t tag, uint64_t epoch, int32_t *slot_p);
 void kvb__fence_exit(const kvb__conn_t *c, int32_t slot);
+/* Tests: the raw busy count of fence slot k of our page (0 without one). */
+uint32_t kvb__fence_busy_raw(kvb_engine_h eng, int32_t k);
 
 /* runs.c: a write's blocks, checked and coalesced on the caller's thread */
 /* Check every block of w against our registrations (source) and c's
