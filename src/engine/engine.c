@@ -461,23 +461,6 @@ static long notify_victim(kvb_engine_h eng, bool authed)
     return -1;
 }
 
-/* Is there room for a newcomer (below the cap, or one to displace)? If not,
- * count and log the refusal (the first, then every power of two). seg_mu
- * held. */
-static bool notify_room(kvb_engine_h eng, bool authed)
-{
-    if (eng->n_notify < eng->max_notify || notify_victim(eng, authed) >= 0)
-        return true;
-    uint64_t k = ++eng->notify_refused;
-    if ((k & (k - 1)) == 0)
-        KVB_LOGW("engine %s: new control connection refused: %zu held "
-                 "(KVBRIDGE_MAX_CONTROL_CONNS) and none may be closed for it (each wrote, may be "
-                 "writing, proved this host%s) (%llu refused so far)",
-                 eng->sid, eng->max_notify, authed ? "" : " or proved the engine secret",
-                 (unsigned long long)k);
-    return false;
-}
-
 /* Remove entry i keeping the order (seg_mu held); the fd is the caller's. */
 /* Take control connection i off the list (seg_mu held); its message-lane
  * token goes with it. Returns its fd for the caller to close. */
@@ -517,17 +500,39 @@ static bool notify_evict(kvb_engine_h eng, bool authed)
     return true;
 }
 
+/* A place under the cap for a newcomer that proved what authed says: a
+ * free one, or one made by closing a connection it may displace; taken
+ * (notify_pending) until the newcomer is listed or fails, so handshakes
+ * served at once never take the cap past its size. None: count and log the
+ * refusal (the first, then every power of two). seg_mu held. */
+static bool notify_room(kvb_engine_h eng, bool authed)
+{
+    if (eng->n_notify + eng->notify_pending < eng->max_notify || notify_evict(eng, authed)) {
+        eng->notify_pending++;
+        return true;
+    }
+    uint64_t k = ++eng->notify_refused;
+    if ((k & (k - 1)) == 0)
+        KVB_LOGW("engine %s: new control connection refused: %zu held "
+                 "(KVBRIDGE_MAX_CONTROL_CONNS) and none may be closed for it (each wrote, may be "
+                 "writing, proved this host%s) (%llu refused so far)",
+                 eng->sid, eng->max_notify, authed ? "" : " or proved the engine secret",
+                 (unsigned long long)k);
+    return false;
+}
+
 /* What a handshake proved, for the cap. */
 typedef struct hs_proved {
     bool authed, local;
+    bool placed; /* it holds a place under the cap (notify_pending) */
     uint64_t admitted_at;
 } hs_proved_t;
 
 static void add_notify_fd(kvb_engine_h eng, int fd, uint64_t gen_sent, const hs_proved_t *pr)
 {
     pthread_mutex_lock(&eng->seg_mu);
-    bool ok = eng->n_notify < eng->max_notify ||
-              (notify_room(eng, pr->authed) && notify_evict(eng, pr->authed));
+    bool ok = true; /* its place was taken by notify_room before its reply */
+    eng->notify_pending--;
     if (ok && eng->n_notify == eng->cap_notify) {
         size_t cap = eng->cap_notify ? eng->cap_notify * 2 : 8;
         kvb__notify_t *v = realloc(eng->notify, cap * sizeof(*v));
@@ -766,9 +771,9 @@ static kvb_status_t serve_handshake(kvb_engine_h eng, int fd, uint64_t *gen_p, h
         /* The cap: refused before any reply (the writer writes as soon as
          * it has one), logged by notify_room. */
         pthread_mutex_lock(&eng->seg_mu);
-        *pr = (hs_proved_t){eng->secret != NULL, local,
+        *pr = (hs_proved_t){eng->secret != NULL, local, false,
                             __atomic_load_n(&eng->am_admitted, __ATOMIC_SEQ_CST)};
-        bool room = notify_room(eng, pr->authed);
+        bool room = pr->placed = notify_room(eng, pr->authed);
         pthread_mutex_unlock(&eng->seg_mu);
         if (!room) {
             free(req);
@@ -818,6 +823,7 @@ static void *hs_main(void *arg)
         add_notify_fd(eng, fd, gen, &pr);
     } else {
         pthread_mutex_lock(&eng->seg_mu);
+        eng->notify_pending -= pr.placed;
         kvb__am_token_drop_locked(eng, fd);
         pthread_mutex_unlock(&eng->seg_mu);
         close(fd);

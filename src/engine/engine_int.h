@@ -264,7 +264,8 @@ struct kvb_engine {
     size_t n_dead, cap_dead;
     uint64_t notify_evicted, notify_misbehaved; /* seg_mu */
     uint64_t notify_refused;                    /* seg_mu: newcomers refused at the cap */
-    uint64_t am_admitted; /* atomic: message-lane writes admitted so far (amtarget.c) */
+    size_t notify_pending; /* seg_mu: handshakes given a place under the cap, not yet listed */
+    uint64_t am_admitted;  /* atomic: message-lane writes admitted so far (amtarget.c) */
     uint64_t direct_refused,
         direct_unpopulated;                     /* atomic: peer files not mapped / not prefaulted */
     uint64_t direct_slack, direct_populate_max; /* KVBRIDGE_DIRECT_MAP_SLACK / _POPULATE_MAX */
