@@ -274,11 +274,13 @@ enum kvb_engine_limits_field {
 typedef struct kvb_engine_limits {
     uint64_t field_mask;
     /* Listener: writers' control connections held now (at most
-     * KVBRIDGE_MAX_CONTROL_CONNS, default 1024; at the cap the oldest
-     * connection of the peer host holding the most is closed, and its
-     * writer re-handshakes), closed to make room, closed because the peer
-     * sent bytes (writers send none after the handshake), and connections
-     * refused because KVB_HS_MAX_ACTIVE handshakes were in progress. */
+     * KVBRIDGE_MAX_CONTROL_CONNS, default 1024; at the cap a newcomer
+     * displaces the oldest connection that never wrote, proved no more than
+     * it and is not same-host proven, else the newcomer is refused;
+     * docs/security.md), closed to make room, closed because the peer sent
+     * bytes (writers send none after the handshake), and connections
+     * refused: KVB_HS_MAX_ACTIVE handshakes in progress, or at the cap with
+     * none that may be closed. */
     uint64_t control_conns, control_conns_evicted, control_conns_misbehaved;
     uint64_t handshakes_refused;
     /* Writer: sessions (peers written to) held now (at most

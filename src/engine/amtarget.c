@@ -247,6 +247,9 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
                  "write not authenticated (engine secret token missing or wrong)");
         return UCS_OK;
     }
+    /* A write came (from a connection the control-connection cap cannot
+     * tell without a token): connections older than it may have sent it. */
+    __atomic_fetch_add(&eng->am_admitted, 1, __ATOMIC_SEQ_CST);
     if (!kvb__am_parse_write_header(h, hlen, length, &nd, &np)) {
         KVB_LOGW("engine %s: refused a write: %s", eng->sid, why);
         send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_BOUNDS, why);
@@ -333,15 +336,24 @@ static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void
 
 /* Is tok the token of one of our live authenticated control connections?
  * Tokens are per connection: one seen on the wire or taken from another
- * writer's handshake stops working when that connection closes. */
+ * writer's handshake stops working when that connection closes. The first
+ * write under a token marks its connection as one that wrote: the cap never
+ * closes it (engine.c). */
 static bool token_live(kvb_engine_h eng, const uint8_t *tok)
 {
-    bool live = false;
+    long hit = -1;
     pthread_mutex_lock(&eng->seg_mu);
     for (size_t i = 0; i < eng->n_am_toks; i++)
-        live |= kvb__ct_equal(tok, eng->am_toks[i].tok, KVB_HS_TOKEN_LEN);
+        if (kvb__ct_equal(tok, eng->am_toks[i].tok, KVB_HS_TOKEN_LEN))
+            hit = (long)i;
+    if (hit >= 0 && !eng->am_toks[hit].used) {
+        eng->am_toks[hit].used = true;
+        for (size_t i = 0; i < eng->n_notify; i++)
+            if (eng->notify[i].fd == eng->am_toks[hit].fd)
+                eng->notify[i].used = true;
+    }
     pthread_mutex_unlock(&eng->seg_mu);
-    return live;
+    return hit >= 0;
 }
 
 /* Token first, then the write header. One 16-byte compare per live

@@ -432,22 +432,33 @@ static void peer_host(int fd, uint8_t host[16])
     }
 }
 
-/* At the cap: the oldest connection of the peer host that holds the most
- * (a flood from one host displaces its own connections first, not the one
- * connection each genuine writer keeps). O(n^2) only at the cap. */
-static size_t notify_victim(kvb_engine_h eng)
+/* The cap keeps connections by what they proved, not by their address
+ * (review 2, finding 4). May a newcomer (authed: it proved the engine
+ * secret) displace connection n? Never one that proved more than the
+ * newcomer (secret), never one that wrote or may be writing: its writes
+ * carried its token (secret), or, without a secret, where writes cannot be
+ * told apart, any write came after its reply (admitted: eng->am_admitted
+ * now); never one that proved it runs on this host (the direct lane's
+ * writes are not seen here at all). seg_mu held. */
+static bool notify_evictable(const kvb__notify_t *n, bool authed, uint64_t admitted)
 {
-    size_t best = 0, best_n = 0;
-    for (size_t i = 0; i < eng->n_notify; i++) {
-        size_t n = 0;
-        for (size_t k = 0; k < eng->n_notify; k++)
-            n += memcmp(eng->notify[i].host, eng->notify[k].host, 16) == 0;
-        if (n > best_n) {
-            best = i;
-            best_n = n;
-        }
-    }
-    return best;
+    if (n->authed && !authed)
+        return false;
+    if (n->used || n->local)
+        return false;
+    return n->authed || n->admitted_at == admitted;
+}
+
+/* At the cap: the oldest connection a newcomer may displace (idle, never
+ * wrote, proved no more than the newcomer), or -1: none, the newcomer is
+ * refused. One pass. seg_mu held. */
+static long notify_victim(kvb_engine_h eng, bool authed)
+{
+    uint64_t admitted = __atomic_load_n(&eng->am_admitted, __ATOMIC_SEQ_CST);
+    for (size_t i = 0; i < eng->n_notify; i++)
+        if (notify_evictable(&eng->notify[i], authed, admitted))
+            return (long)i;
+    return -1;
 }
 
 /* Remove entry i keeping the order (seg_mu held); the fd is the caller's. */
@@ -465,8 +476,11 @@ static int notify_remove(kvb_engine_h eng, size_t i)
 /* Evict one connection to make room (seg_mu held): shut down now (its
  * writer sees the peer gone and re-handshakes), closed by the listener,
  * which may be polling it. */
-static bool notify_evict(kvb_engine_h eng)
+static bool notify_evict(kvb_engine_h eng, bool authed)
 {
+    long victim = notify_victim(eng, authed);
+    if (victim < 0)
+        return false;
     if (eng->n_dead == eng->cap_dead) {
         size_t cap = eng->cap_dead ? eng->cap_dead * 2 : 8;
         int *v = realloc(eng->dead_fds, cap * sizeof(*v));
@@ -475,21 +489,50 @@ static bool notify_evict(kvb_engine_h eng)
         eng->dead_fds = v;
         eng->cap_dead = cap;
     }
-    int fd = notify_remove(eng, notify_victim(eng));
+    int fd = notify_remove(eng, (size_t)victim);
     shutdown(fd, SHUT_RDWR);
     eng->dead_fds[eng->n_dead++] = fd;
     uint64_t k = ++eng->notify_evicted;
     if ((k & (k - 1)) == 0)
-        KVB_LOGW("engine %s: %zu control connections (KVBRIDGE_MAX_CONTROL_CONNS): oldest of the "
-                 "busiest peer host closed (%llu so far)",
+        KVB_LOGW("engine %s: %zu control connections (KVBRIDGE_MAX_CONTROL_CONNS): the oldest that "
+                 "never wrote closed for a newcomer (%llu so far)",
                  eng->sid, eng->max_notify, (unsigned long long)k);
     return true;
 }
 
-static void add_notify_fd(kvb_engine_h eng, int fd, uint64_t gen_sent)
+/* A place under the cap for a newcomer that proved what authed says: a
+ * free one, or one made by closing a connection it may displace; taken
+ * (notify_pending) until the newcomer is listed or fails, so handshakes
+ * served at once never take the cap past its size. None: count and log the
+ * refusal (the first, then every power of two). seg_mu held. */
+static bool notify_room(kvb_engine_h eng, bool authed)
+{
+    if (eng->n_notify + eng->notify_pending < eng->max_notify || notify_evict(eng, authed)) {
+        eng->notify_pending++;
+        return true;
+    }
+    uint64_t k = ++eng->notify_refused;
+    if ((k & (k - 1)) == 0)
+        KVB_LOGW("engine %s: new control connection refused: %zu held "
+                 "(KVBRIDGE_MAX_CONTROL_CONNS) and none may be closed for it (each wrote, may be "
+                 "writing, proved this host%s) (%llu refused so far)",
+                 eng->sid, eng->max_notify, authed ? "" : " or proved the engine secret",
+                 (unsigned long long)k);
+    return false;
+}
+
+/* What a handshake proved, for the cap. */
+typedef struct hs_proved {
+    bool authed, local;
+    bool placed; /* it holds a place under the cap (notify_pending) */
+    uint64_t admitted_at;
+} hs_proved_t;
+
+static void add_notify_fd(kvb_engine_h eng, int fd, uint64_t gen_sent, const hs_proved_t *pr)
 {
     pthread_mutex_lock(&eng->seg_mu);
-    bool ok = eng->n_notify < eng->max_notify || notify_evict(eng);
+    bool ok = true; /* its place was taken by notify_room before its reply */
+    eng->notify_pending--;
     if (ok && eng->n_notify == eng->cap_notify) {
         size_t cap = eng->cap_notify ? eng->cap_notify * 2 : 8;
         kvb__notify_t *v = realloc(eng->notify, cap * sizeof(*v));
@@ -505,9 +548,13 @@ static void add_notify_fd(kvb_engine_h eng, int fd, uint64_t gen_sent)
         close(fd);
         return;
     }
-    eng->notify[eng->n_notify].fd = fd;
-    peer_host(fd, eng->notify[eng->n_notify].host);
-    eng->n_notify++;
+    kvb__notify_t *n = &eng->notify[eng->n_notify++];
+    *n = (kvb__notify_t){
+        .fd = fd, .authed = pr->authed, .local = pr->local, .admitted_at = pr->admitted_at};
+    peer_host(fd, n->host);
+    for (size_t i = 0; i < eng->n_am_toks; i++) /* it may have written already */
+        if (eng->am_toks[i].fd == fd)
+            n->used = eng->am_toks[i].used;
     if (eng->generation != gen_sent) {
         uint8_t msg[KVB_HS_NOTICE_LEN];
         kvb__hs_notice_encode(eng->generation, msg);
@@ -655,6 +702,7 @@ static kvb_status_t token_add(kvb_engine_h eng, int fd, const uint8_t tok[KVB_HS
     }
     if (st == KVB_OK) {
         eng->am_toks[eng->n_am_toks].fd = fd;
+        eng->am_toks[eng->n_am_toks].used = false;
         memcpy(eng->am_toks[eng->n_am_toks++].tok, tok, KVB_HS_TOKEN_LEN);
     }
     pthread_mutex_unlock(&eng->seg_mu);
@@ -701,7 +749,7 @@ static kvb_status_t seal_reply(kvb_engine_h eng, int fd, const hs_auth_t *a, con
 /* Answer one writer's handshake on fd; *gen_p: the generation its reply
  * described. Not KVB_OK: refused (logged), the caller closes fd (and drops
  * a token registered for it). */
-static kvb_status_t serve_handshake(kvb_engine_h eng, int fd, uint64_t *gen_p)
+static kvb_status_t serve_handshake(kvb_engine_h eng, int fd, uint64_t *gen_p, hs_proved_t *pr)
 {
     uint64_t deadline = kvb__now_ns() + 2000000000ull;
     uint8_t *req = NULL, *rep = NULL;
@@ -719,8 +767,21 @@ static kvb_status_t serve_handshake(kvb_engine_h eng, int fd, uint64_t *gen_p)
         st = challenge(eng, fd, deadline, sid, sid_len, &a, why, sizeof(why));
     if (st == KVB_OK)
         st = local_check(eng, fd, deadline, &local, why, sizeof(why));
-    if (st == KVB_OK)
+    if (st == KVB_OK) {
+        /* The cap: refused before any reply (the writer writes as soon as
+         * it has one), logged by notify_room. */
+        pthread_mutex_lock(&eng->seg_mu);
+        *pr = (hs_proved_t){eng->secret != NULL, local, false,
+                            __atomic_load_n(&eng->am_admitted, __ATOMIC_SEQ_CST)};
+        bool room = pr->placed = notify_room(eng, pr->authed);
+        pthread_mutex_unlock(&eng->seg_mu);
+        if (!room) {
+            free(req);
+            explicit_bzero(&a, sizeof(a));
+            return KVB_ERR_PEER;
+        }
         st = build_reply(eng, local, caps, &rep, &rep_len, gen_p);
+    }
     if (st == KVB_OK && eng->secret != NULL)
         st = seal_reply(eng, fd, &a, sid, sid_len, &rep, &rep_len);
     if (st == KVB_OK)
@@ -745,8 +806,9 @@ static void *hs_main(void *arg)
     kvb_engine_h eng = j->eng;
     int fd = j->fd;
     uint64_t gen = 0;
+    hs_proved_t pr = {0};
     free(j);
-    kvb_status_t st = serve_handshake(eng, fd, &gen);
+    kvb_status_t st = serve_handshake(eng, fd, &gen, &pr);
     /* The fd leaves its slot before it is closed or handed on (hs_drain must
      * not shut down its number once reused); the count drops last (the
      * engine outlives this thread's last use of it). */
@@ -758,9 +820,10 @@ static void *hs_main(void *arg)
         }
     pthread_mutex_unlock(&eng->hs_mu);
     if (st == KVB_OK) {
-        add_notify_fd(eng, fd, gen);
+        add_notify_fd(eng, fd, gen, &pr);
     } else {
         pthread_mutex_lock(&eng->seg_mu);
+        eng->notify_pending -= pr.placed;
         kvb__am_token_drop_locked(eng, fd);
         pthread_mutex_unlock(&eng->seg_mu);
         close(fd);
@@ -1328,9 +1391,10 @@ void kvb_engine_limits(kvb_engine_h eng, kvb_engine_limits_t *l)
         l->control_conns = eng->n_notify;
         l->control_conns_evicted = eng->notify_evicted;
         l->control_conns_misbehaved = eng->notify_misbehaved;
+        l->handshakes_refused = eng->notify_refused;
         pthread_mutex_unlock(&eng->seg_mu);
         pthread_mutex_lock(&eng->hs_mu);
-        l->handshakes_refused = eng->hs_refused;
+        l->handshakes_refused += eng->hs_refused;
         pthread_mutex_unlock(&eng->hs_mu);
     }
     if (f & KVB_ENGINE_LIMITS_SESSIONS) {

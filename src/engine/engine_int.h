@@ -29,7 +29,12 @@ typedef struct kvb__session kvb__session_t;
 
 typedef struct kvb__notify { /* a writer's control connection (listener side) */
     int fd;
-    uint8_t host[16]; /* peer address (IPv4-mapped for v4): the eviction policy */
+    uint8_t host[16];     /* peer address (IPv4-mapped for v4): for log lines */
+    bool authed;          /* it proved the engine secret */
+    bool local;           /* it proved it runs on this host: may write by the direct lane,
+                           * which the target does not see */
+    bool used;            /* a write carried its token (engine secret): it wrote */
+    uint64_t admitted_at; /* eng->am_admitted before its reply went out */
 } kvb__notify_t;
 
 /* One incarnation of a connection to a peer: its endpoint, the segment table
@@ -227,6 +232,7 @@ typedef struct kvb__grant {
     uint32_t am_busy; /* message-lane receives admitted, bytes not yet placed */
     uint64_t epoch;
     int32_t slot; /* its slot in the shared fence page, or -1 (none: no direct lane) */
+    int corrupt;  /* its slot's busy count was seen corrupt (logged once; never drains) */
 } kvb__grant_t;
 
 struct kvb_engine {
@@ -257,6 +263,9 @@ struct kvb_engine {
     int *dead_fds; /* evicted (shut down), closed by the listener (seg_mu) */
     size_t n_dead, cap_dead;
     uint64_t notify_evicted, notify_misbehaved; /* seg_mu */
+    uint64_t notify_refused;                    /* seg_mu: newcomers refused at the cap */
+    size_t notify_pending; /* seg_mu: handshakes given a place under the cap, not yet listed */
+    uint64_t am_admitted;  /* atomic: message-lane writes admitted so far (amtarget.c) */
     uint64_t direct_refused,
         direct_unpopulated;                     /* atomic: peer files not mapped / not prefaulted */
     uint64_t direct_slack, direct_populate_max; /* KVBRIDGE_DIRECT_MAP_SLACK / _POPULATE_MAX */
@@ -268,6 +277,7 @@ struct kvb_engine {
      * connection (seg_mu); dropped when its connection closes */
     struct kvb__am_tok {
         int fd;
+        bool used; /* a write carried it (its control connection wrote) */
         uint8_t tok[KVB_HS_TOKEN_LEN];
     } * am_toks;
     size_t n_am_toks, cap_am_toks;
@@ -381,6 +391,8 @@ fence_state_t kvb__fence_check(const kvb__conn_t *c, uint32_t tag, uint64_t epoc
  * kvb__fence_exit after the copy and its store fence. */
 fence_state_t kvb__fence_enter(const kvb__conn_t *c, uint32_t tag, uint64_t epoch, int32_t *slot_p);
 void kvb__fence_exit(const kvb__conn_t *c, int32_t slot);
+/* Tests: the raw busy count of fence slot k of our page (0 without one). */
+uint32_t kvb__fence_busy_raw(kvb_engine_h eng, int32_t k);
 
 /* runs.c: a write's blocks, checked and coalesced on the caller's thread */
 /* Check every block of w against our registrations (source) and c's

@@ -19,6 +19,8 @@
  * then reads the state, both sequentially consistent, so one of them sees
  * the other). A slot is freed only when its busy count is zero, and epochs
  * are never reused, so a writer holding a stale slot index sees a mismatch.
+ * Only writers change the busy count (raise, and lower what they raised);
+ * the target never overwrites it (slot_drained).
  *
  * Epoch 0 is the legacy, tag-only fence (kvb_engine_fence_writer): a list of
  * refused tags, also published in the page (seqlock). */
@@ -184,25 +186,50 @@ kvb_status_t kvb_engine_grant_writer(kvb_engine_h eng, uint32_t tag, uint64_t *e
     }
     if (st == KVB_OK) {
         uint64_t e = ++eng->last_epoch;
-        eng->grants[eng->n_grants++] = (kvb__grant_t){tag, 1, 0, e, slot_take(eng, tag, e)};
+        eng->grants[eng->n_grants++] = (kvb__grant_t){tag, 1, 0, e, slot_take(eng, tag, e), 0};
         *epoch_p = e;
     }
     pthread_mutex_unlock(&eng->seg_mu);
     return st;
 }
 
-/* Direct-lane units of slot k still being copied; a writer process that no
- * longer exists copies nothing (its mapping went with it). seg_mu held. */
-static uint32_t slot_busy(kvb_engine_h eng, int32_t k)
+/* A busy count this high is no count of units in flight: a counted change
+ * was lost (a writer decremented past zero). */
+#define BUSY_CORRUPT 0x80000000u
+
+/* Has g's slot drained: no direct-lane unit of it between a writer's check
+ * and its store fence? seg_mu held, g revoked (its slot no longer LIVE).
+ * The busy count is the writers': the target never stores it blindly, so
+ * no counted change is lost. A writer that raised it just now against a
+ * revoked or reused slot sees the state change and lowers it again itself,
+ * so a slot freed while such a stale raise is pending stays balanced. The
+ * one reset: the last writer process that raised it no longer exists (its
+ * mapping went with it, it copies nothing), and then only the value read,
+ * by compare-and-swap, so a raise in between keeps the slot busy. A count
+ * at or above 2^31 is corrupt: unsafe, never drained (logged once). */
+static bool slot_drained(kvb_engine_h eng, kvb__grant_t *g)
 {
     fence_page_t *f = (fence_page_t *)eng->fence_base;
-    if (f == NULL || k < 0)
-        return 0;
-    uint32_t busy = __atomic_load_n(&f->slots[k].busy, __ATOMIC_SEQ_CST);
-    int32_t pid = __atomic_load_n(&f->slots[k].pid, __ATOMIC_RELAXED);
-    if (busy > 0 && pid > 0 && pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH)
-        return 0;
-    return busy;
+    if (f == NULL || g->slot < 0)
+        return true;
+    fence_slot_t *s = &f->slots[g->slot];
+    uint32_t busy = __atomic_load_n(&s->busy, __ATOMIC_SEQ_CST);
+    if (busy == 0)
+        return true;
+    if (busy >= BUSY_CORRUPT) {
+        if (!g->corrupt)
+            KVB_LOGE("engine %s: fence slot %d of writer %08x epoch %llu has a corrupt busy count "
+                     "(%u): a counted enter or exit was lost; the grant is kept revoked and "
+                     "never reported drained",
+                     eng->sid, (int)g->slot, (unsigned)g->tag, (unsigned long long)g->epoch, busy);
+        g->corrupt = 1;
+        return false;
+    }
+    int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_RELAXED);
+    if (pid > 0 && pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH)
+        return __atomic_compare_exchange_n(&s->busy, &busy, 0, false, __ATOMIC_SEQ_CST,
+                                           __ATOMIC_SEQ_CST);
+    return false;
 }
 
 /* Revoke g (if live) and drop it once nothing of it is in flight. Returns
@@ -215,12 +242,10 @@ static bool revoke_step(kvb_engine_h eng, kvb__grant_t *g)
         if (f != NULL && g->slot >= 0)
             __atomic_store_n(&f->slots[g->slot].state, SLOT_REVOKED, __ATOMIC_SEQ_CST);
     }
-    if (g->am_busy > 0 || slot_busy(eng, g->slot) > 0)
+    if (g->am_busy > 0 || !slot_drained(eng, g))
         return false;
-    if (f != NULL && g->slot >= 0) {
-        __atomic_store_n(&f->slots[g->slot].busy, 0, __ATOMIC_RELAXED);
+    if (f != NULL && g->slot >= 0)
         __atomic_store_n(&f->slots[g->slot].state, SLOT_FREE, __ATOMIC_SEQ_CST);
-    }
     *g = eng->grants[--eng->n_grants];
     return true;
 }
@@ -360,4 +385,12 @@ void kvb__fence_exit(const kvb__conn_t *c, int32_t slot)
     fence_page_t *f = (fence_page_t *)c->fence;
     if (slot >= 0)
         __atomic_fetch_sub(&f->slots[slot].busy, 1, __ATOMIC_RELEASE);
+}
+
+uint32_t kvb__fence_busy_raw(kvb_engine_h eng, int32_t k)
+{
+    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    if (f == NULL || k < 0 || k >= FENCE_SLOTS)
+        return 0;
+    return __atomic_load_n(&f->slots[k].busy, __ATOMIC_SEQ_CST);
 }

@@ -4,6 +4,9 @@
  *   - control connections: handshakes from 127.0.0.2 held open
  *     (KVBRIDGE_MAX_CONTROL_CONNS); the genuine writer on 127.0.0.1 keeps
  *     its connection; a peer that sends bytes is closed;
+ *   - the same from 127.0.0.1 (the genuine writer's own address) while its
+ *     256 MiB write is in flight: the write ends KVB_OK, newcomers past the
+ *     cap are refused, and a new writer connects once the flood closes;
  *   - sessions to many peers (KVBRIDGE_MAX_SESSIONS): idle ones are freed;
  *   - a peer file far larger than the segments advertised in it is not
  *     mapped (KVBRIDGE_DIRECT_MAP_SLACK), and one past the prefault budget
@@ -12,6 +15,7 @@
 #include <arpa/inet.h>
 #include <kvbridge/engine.h>
 #include <netinet/in.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +31,19 @@
 #define SESS_CAP 4
 #define SESS_FLOOD 40
 #define BIG (64u * MiB)
+#define EVICT_CAP 4
+#define EVICT_FLOOD 6
+#define EVICT_BIG (256u * MiB)
 
 static uint8_t g_src[1 << 16];
+
+static bool kvb_test_all_v(const uint8_t *p, size_t n, uint8_t v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v)
+            return false;
+    return true;
+}
 
 static kvb_engine_limits_t limits(kvb_engine_h e)
 {
@@ -58,28 +73,40 @@ static kvb_status_t write_check(kvb_engine_h w, kvb_engine_h t, uint8_t *dst, si
     return st;
 }
 
-/* A handshake from 127.0.0.2, socket left open (the listener keeps it). */
-static int raw_handshake(uint16_t port)
+/* A raw handshake (from 127.0.0.2 when bind_local, else unbound: 127.0.0.1,
+ * the genuine writers' own address), socket left open (the listener keeps
+ * it). -1 when the target closed it without a reply (refused at the cap). */
+static int raw_handshake_from(uint16_t port, bool bind_local)
 {
     struct sockaddr_in src = {.sin_family = AF_INET}, dst = {.sin_family = AF_INET};
     uint8_t *req = NULL, *rep = NULL;
     size_t req_len, rep_len;
     char why[256];
-    uint64_t deadline = (uint64_t)(kvb_test_now_s() * 1e9) + 5000000000ull;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     inet_pton(AF_INET, "127.0.0.2", &src.sin_addr);
     inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
     dst.sin_port = htons(port);
-    CHECK_EQ(bind(fd, (struct sockaddr *)&src, sizeof(src)), 0);
+    if (bind_local)
+        CHECK_EQ(bind(fd, (struct sockaddr *)&src, sizeof(src)), 0);
     CHECK_EQ(connect(fd, (struct sockaddr *)&dst, sizeof(dst)), 0);
     CHECK_EQ(kvb__hs_request_encode("127.0.0.2:9", 0, &req, &req_len), KVB_OK);
     CHECK_EQ(write(fd, req, req_len), (ssize_t)req_len);
-    (void)deadline;
-    CHECK_EQ(
-        kvb__sock_read_msg(fd, NULL, 1 << 20, (uint64_t)0 - 1, &rep, &rep_len, why, sizeof(why)),
-        KVB_OK);
+    uint64_t deadline = (uint64_t)(kvb_test_now_s() * 1e9) + 5000000000ull;
+    kvb_status_t st =
+        kvb__sock_read_msg(fd, NULL, 1 << 20, deadline, &rep, &rep_len, why, sizeof(why));
     free(req);
     free(rep);
+    if (st != KVB_OK) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int raw_handshake(uint16_t port)
+{
+    int fd = raw_handshake_from(port, true);
+    CHECK(fd >= 0);
     return fd;
 }
 
@@ -125,6 +152,107 @@ static void test_control_conns(void)
     kvb_engine_destroy(t);
     free(dst);
     TEST_PASS("control connections capped; genuine writer kept; byte-sender closed");
+}
+
+/* Review 2, finding 4: handshakes from the genuine writer's own address
+ * (127.0.0.1) while its large write is in flight, with a cap of 4. The old
+ * policy closed the oldest connection of the busiest address, the writer's,
+ * and its write failed "peer closed its control connection". Now a
+ * connection that wrote (or, without a secret, any that existed when a
+ * write came) is never closed for a newcomer: the write ends KVB_OK, every
+ * byte right; newcomers past the cap are refused. A new genuine writer is
+ * refused too while the cap is held by connections that may have written
+ * (no secret: nothing tells a flooder from a writer), and connects once
+ * they close. */
+static void test_control_in_flight(void)
+{
+    char v[32];
+    snprintf(v, sizeof(v), "%d", EVICT_CAP);
+    setenv("KVBRIDGE_MAX_CONTROL_CONNS", v, 1);
+    kvb_engine_h t = make_engine(), w = make_engine(), w2 = make_engine();
+    snprintf(v, sizeof(v), "%d", CONN_CAP);
+    setenv("KVBRIDGE_MAX_CONTROL_CONNS", v, 1);
+    uint8_t *src = malloc(EVICT_BIG), *dst = calloc(1, EVICT_BIG);
+    int fds[EVICT_FLOOD];
+    CHECK(src != NULL && dst != NULL);
+    for (size_t i = 0; i < EVICT_BIG; i++)
+        src[i] = (uint8_t)(i * 131 + 7 + (i >> 20));
+    CHECK_EQ(kvb_engine_register(t, dst, EVICT_BIG, KVB_MEM_HOST), KVB_OK);
+    CHECK_EQ(kvb_engine_register(w, src, EVICT_BIG, KVB_MEM_HOST), KVB_OK);
+    CHECK_EQ(kvb_engine_register(w2, g_src, sizeof(g_src), KVB_MEM_HOST), KVB_OK);
+    const char *sid = kvb_engine_session_id(t);
+    /* warm-up (the last 4 KiB; dst[0] stays 0 until the big write lands) */
+    kvb_block_t warm = {(uint64_t)(uintptr_t)(src + EVICT_BIG - 4096),
+                        (uint64_t)(uintptr_t)(dst + EVICT_BIG - 4096), 4096};
+    CHECK_EQ(kvb_engine_write(w, sid, &warm, 1, 10), KVB_OK);
+
+    kvb_block_t big = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)dst, EVICT_BIG};
+    kvb_xfer_h x;
+    double t0 = kvb_test_now_s();
+    CHECK_EQ(kvb_engine_write_async(w, sid, &big, 1, &x), KVB_OK);
+    while (__atomic_load_n(&dst[0], __ATOMIC_ACQUIRE) != src[0] && kvb_test_now_s() < t0 + 10)
+        ;
+    double t_first = kvb_test_now_s();
+    CHECK_EQ(dst[0], src[0]);
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < EVICT_FLOOD; i++) {
+        fds[i] = raw_handshake_from(port_of(t), false);
+        fds[i] >= 0 ? accepted++ : refused++;
+    }
+    double t_flood = kvb_test_now_s();
+    kvb_status_t during = kvb_xfer_test(x);
+    kvb_status_t st = kvb_xfer_wait(x, 60);
+    double t_done = kvb_test_now_s();
+    kvb_engine_limits_t l = limits(t);
+    fprintf(stderr,
+            "in-flight flood: %u MiB write; first byte in T at +%.1f ms, %d handshakes from "
+            "127.0.0.1 done at +%.1f ms (%d answered, %d refused), write %s then, ended %s at "
+            "+%.1f ms (%s); T holds %llu, evicted %llu, refused %llu\n",
+            EVICT_BIG / MiB, (t_first - t0) * 1e3, EVICT_FLOOD, (t_flood - t0) * 1e3, accepted,
+            refused, during == KVB_ERR_INPROGRESS ? "still in flight" : "already over",
+            kvb_status_string(st), (t_done - t0) * 1e3, st == KVB_OK ? "ok" : kvb_xfer_error(x),
+            (unsigned long long)l.control_conns, (unsigned long long)l.control_conns_evicted,
+            (unsigned long long)l.handshakes_refused);
+    CHECK_EQ(during, KVB_ERR_INPROGRESS); /* the flood happened while it was in flight */
+    CHECK_EQ(st, KVB_OK);
+    CHECK(memcmp(dst, src, EVICT_BIG) == 0);
+    kvb_xfer_free(x);
+    CHECK(l.control_conns <= EVICT_CAP);
+    CHECK(refused >= EVICT_FLOOD + 1 - EVICT_CAP - (int)l.control_conns_evicted);
+    /* The genuine writer kept its connection. */
+    CHECK_EQ(kvb_engine_write(w, sid, &warm, 1, 10), KVB_OK);
+    CHECK_EQ(limits(w).sessions, 1);
+
+    /* A new writer while the cap is held by connections that existed when
+     * writes came: refused at the handshake, with a reason, nothing evicted. */
+    uint64_t evicted = limits(t).control_conns_evicted, ref0 = limits(t).handshakes_refused;
+    kvb_block_t b2 = {(uint64_t)(uintptr_t)g_src, (uint64_t)(uintptr_t)dst, 4096};
+    memset(g_src, 0x3c, 4096);
+    st = kvb_engine_write(w2, sid, &b2, 1, 5);
+    fprintf(stderr, "new writer at the cap: %s (%s)\n", kvb_status_string(st),
+            kvb_engine_last_error(w2));
+    CHECK(st != KVB_OK);
+    CHECK_EQ(limits(t).control_conns_evicted, evicted);
+    CHECK(limits(t).handshakes_refused > ref0);
+    CHECK_EQ(kvb_engine_write(w, sid, &warm, 1, 10), KVB_OK);
+    /* The flood connections close: the new writer connects. */
+    for (int i = 0; i < EVICT_FLOOD; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    double end = kvb_test_now_s() + 5;
+    while (limits(t).control_conns > 1 && kvb_test_now_s() < end)
+        usleep(2000);
+    CHECK_EQ(limits(t).control_conns, 1);
+    CHECK_EQ(kvb_engine_write(w2, sid, &b2, 1, 10), KVB_OK);
+    CHECK(kvb_test_all_v(dst, 4096, 0x3c));
+    CHECK_EQ(kvb_engine_write(w, sid, &warm, 1, 10), KVB_OK);
+    kvb_engine_destroy(w2);
+    kvb_engine_destroy(w);
+    kvb_engine_destroy(t);
+    free(src);
+    free(dst);
+    TEST_PASS("flood from the writer's own address during its write: write kept, newcomers "
+              "refused until the flood closes");
 }
 
 static void test_sessions(void)
@@ -212,7 +340,7 @@ static void test_direct_file(void)
     TEST_PASS("peer file capped against its segments; no prefault past the budget");
 }
 
-/* argv[1] "control", "sessions" or "direct": that part only. */
+/* argv[1] "control", "inflight", "sessions" or "direct": that part only. */
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -226,6 +354,8 @@ int main(int argc, char **argv)
     setenv("KVBRIDGE_DIRECT_POPULATE_MAX", v, 1);
     if (only == NULL || strcmp(only, "control") == 0)
         test_control_conns();
+    if (only == NULL || strcmp(only, "inflight") == 0)
+        test_control_in_flight();
     if (only == NULL || strcmp(only, "sessions") == 0)
         test_sessions();
     if (only == NULL || strcmp(only, "direct") == 0)
