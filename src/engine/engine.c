@@ -80,6 +80,22 @@ static void tcp_segments(ucp_config_t *cfg)
     }
 }
 
+/* UCX probes an endpoint's peer every KEEPALIVE_INTERVAL (20 s by
+ * default). Until it does, a target does not learn that a writer that went
+ * away (its control connection dropped, its endpoint closed) will never send
+ * the data of a rendezvous it announced: that receive stays counted by the
+ * writer's grant, so a decode holds the room (the abort fence) that long.
+ * Probing at the peer time-out bounds the hold by it (test_fence_drop_tcp:
+ * 20 s -> 1-2 s); UCX_KEEPALIVE_INTERVAL in the environment still wins. */
+static void keepalive(ucp_config_t *cfg, double peer_timeout_s)
+{
+    char v[32];
+    snprintf(v, sizeof(v), "%.0fms", peer_timeout_s * 1000);
+    if (getenv("UCX_KEEPALIVE_INTERVAL") == NULL &&
+        ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", v) != UCS_OK)
+        KVB_LOGD("UCX does not know KEEPALIVE_INTERVAL; left at its default");
+}
+
 static kvb_status_t ucx_init(kvb_engine_h eng)
 {
     ucp_config_t *cfg;
@@ -94,6 +110,7 @@ static kvb_status_t ucx_init(kvb_engine_h eng)
         ucp_config_modify(cfg, "TLS", "sm,self");
     if (eng->params.transport != KVB_TRANSPORT_SHM && getenv("UCX_TLS") == NULL)
         tcp_segments(cfg);
+    keepalive(cfg, eng->params.peer_timeout_s);
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     p.mt_workers_shared = 1;
