@@ -244,7 +244,9 @@ static int64_t first_token(struct kvb_manager *m, uint64_t room, int32_t **cands
         memcpy(&v, (const uint8_t *)(uintptr_t)m->aux_ptrs[0] + m->aux_items[0] * (uint64_t)aux, 4);
         token = v;
     }
-    return token;
+    /* Not a token id (an aux slot that holds none): "none", not a status
+     * that fails to encode, is never sent and leaves the decode waiting. */
+    return token < -1 ? -1 : token;
 }
 
 static kvb_status_t send_raw(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,

@@ -370,7 +370,7 @@ uint64_t kvbh_verify(const kvbh_rank_t *r, uint64_t room, const int32_t *dst, in
             for (uint64_t k = 0; k < r->item_len; k++)
                 bad += p[k] != kvbh_pat(room, b, (uint64_t)i, k);
         }
-    for (uint64_t k = 0; k < KVBH_AUX_ITEM; k++)
+    for (uint64_t k = 0; aux_index >= 0 && k < KVBH_AUX_ITEM; k++)
         bad += r->aux[(uint64_t)aux_index * KVBH_AUX_ITEM + k] != kvbh_pat(room, 100, 0, k);
     return bad;
 }

@@ -107,7 +107,8 @@ bool kvbh_canaries_ok(const kvbh_rank_t *r, const char *who);
 uint8_t kvbh_pat(uint64_t room, int buf, uint64_t page, uint64_t k);
 /* Request page i at src[i] in every KV buffer, and aux item aux_index. */
 void kvbh_fill(kvbh_rank_t *r, uint64_t room, const int32_t *src, int n, int aux_index);
-/* Wrong bytes of room on a decode rank (pages dst[0..n), aux item). */
+/* Wrong bytes of room on a decode rank (pages dst[0..n), aux item aux_index
+ * when >= 0). */
 uint64_t kvbh_verify(const kvbh_rank_t *r, uint64_t room, const int32_t *dst, int n, int aux_index);
 /* A guard: byte value v over pages dst[0..n) of every KV buffer (and aux
  * item aux_index when >= 0); kvbh_guard_bad counts bytes that differ. */

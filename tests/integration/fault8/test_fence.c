@@ -16,6 +16,7 @@
  * the refilled pages (the issue measured 336-608 MiB on every lane).
  * Built on the cluster harness (tests/harness); its own child (fprefill)
  * is this executable run with --child. */
+#include "../bootstrap/boot_test_util.h"
 #include "harness/kvb_cluster.h"
 #include "kvb_test.h"
 
@@ -43,6 +44,11 @@ _Static_assert(NR + NN <= KVBH_AUX_ITEMS, "one aux item per room");
  * "kvbridge" key (a kvbridge prefill behind SGLang's bootstrap server), so
  * no writer grant reaches it and its writes carry epoch 0. */
 static int g_nokey;
+/* "-ts" cases: the route is registered in TokenSpeed's shape (PUT /route of
+ * PROTOCOL-TOKENSPEED.md 3.1), so the decode speaks TokenSpeed's dialect to
+ * the kvbridge prefill: no grant (the dialect has no field for it), no
+ * abort message; its statuses are the fence. */
+static int g_ts;
 
 static int32_t dst_page(uint64_t room, int i)
 {
@@ -156,6 +162,39 @@ static void reregister(const char *boot, const char *ep, const kvb_bootstrap_par
     kvb_bootstrap_client_destroy(c);
 }
 
+static void json_lens(char *out, size_t cap, const kvb_bootstrap_lens_t *l)
+{
+    size_t n = (size_t)snprintf(out, cap, "[");
+    for (size_t i = 0; i < l->count && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%s%llu", i ? "," : "",
+                              (unsigned long long)l->values[i]);
+    if (n < cap)
+        snprintf(out + n, cap - n, "]");
+}
+
+/* The same route in TokenSpeed's shape (it marks the ranks as TokenSpeed's
+ * on kvbridge's server: docs/tokenspeed-fields.md). */
+static void reregister_ts(const char *boot, const char *ep, const kvb_bootstrap_parallel_info_t *pi)
+{
+    char url[256], body[4096], items[1536], units[1536];
+    const char *colon = strrchr(ep, ':');
+    http_resp_t r;
+    CHECK(colon != NULL);
+    json_lens(items, sizeof(items), &pi->kv_item_lens);
+    json_lens(units, sizeof(units), &pi->kv_unit_lens);
+    snprintf(url, sizeof(url), "http://%s/route", boot);
+    snprintf(body, sizeof(body),
+             "{\"role\":\"Prefill\",\"world_size\":1,\"dp_size\":1,\"rank_ip\":\"%.*s\","
+             "\"rank_port\":%s,\"engine_rank\":0,\"enable_mla_l1_5_cache\":false,"
+             "\"kv_item_lens\":%s,\"kv_unit_lens\":%s}",
+             (int)(colon - ep), ep, colon + 1, items, units);
+    http_req("PUT", url, body, strlen(body), NULL, &r);
+    if (r.code != 200)
+        fprintf(stderr, "TokenSpeed PUT /route: %ld %s\n", r.code, r.body);
+    CHECK_EQ(r.code, 200);
+    http_resp_free(&r);
+}
+
 static void parallel_info(const char *boot, kvb_bootstrap_parallel_info_t *pi)
 {
     kvb_bootstrap_client_params_t cp = {0};
@@ -232,10 +271,13 @@ static void start_scene(kvbh_boot_t *bs, kvbh_child_t *ch, char *boot, char *ep,
     CHECK_EQ(kvbh_child_spawn(ch, args), 0);
     expect(ch, "prefill ", line, sizeof(line), 20);
     CHECK_EQ(sscanf(line, "prefill %127s", ep), 1);
-    if (g_nokey) { /* the same route, without the key (its refresh is off) */
+    if (g_nokey || g_ts) { /* the same route, without the key (its refresh is off) */
         kvb_bootstrap_parallel_info_t pi;
         parallel_info(boot, &pi);
-        reregister(boot, ep, &pi);
+        if (g_ts)
+            reregister_ts(boot, ep, &pi);
+        else
+            reregister(boot, ep, &pi);
         kvb_bootstrap_parallel_info_free(&pi);
     }
     CHECK_EQ(kvbh_rank_start(d, &G, KVB_MODE_DECODE, NULL, mem, k), KVB_OK);
@@ -324,7 +366,10 @@ static void test_fence(const char *lane)
     /* The bootstrap server comes back on the same port; the decode resolves
      * the same prefill again for new rooms (a new route, a new grant). */
     CHECK_EQ(kvbh_boot_restart(&bs), 0);
-    reregister(boot, ep, &pi);
+    if (g_ts)
+        reregister_ts(boot, ep, &pi);
+    else
+        reregister(boot, ep, &pi);
     receivers(&d, boot, RN, NN, rn);
     /* Queued while stopped, run once resumed: the old rooms' second halves
      * first, then the new rooms. */
@@ -354,7 +399,10 @@ static void test_fence(const char *lane)
         for (int i = 0; i < NP; i++)
             dst[i] = dst_page(RN + (uint64_t)j, i);
         CHECK_EQ(kvbh_wait_receiver(rn[j], 20), KVB_POLL_SUCCESS);
-        CHECK_EQ(kvbh_verify(&d, RN + (uint64_t)j, dst, NP, aux_of(RN + (uint64_t)j)), (uint64_t)0);
+        /* TokenSpeed's dialect carries no aux bytes (its first token rides
+         * in the status): the KV pages only */
+        int aux = g_ts ? -1 : aux_of(RN + (uint64_t)j);
+        CHECK_EQ(kvbh_verify(&d, RN + (uint64_t)j, dst, NP, aux), (uint64_t)0);
         kvb_receiver_destroy(rn[j]);
     }
     if (strcmp(lane, "direct") == 0) {
@@ -381,7 +429,7 @@ static void test_fence(const char *lane)
     fprintf(stderr, "fence[%s]: %llu guard bytes overwritten in %d refilled rooms\n", lane,
             (unsigned long long)broken, NR);
     CHECK_EQ(broken, (uint64_t)0);
-    if (!g_nokey)
+    if (!g_nokey && !g_ts)
         CHECK_EQ(ok_old, 0); /* their writes were refused: never Success */
     CHECK_EQ(ok_new, NN);
     CHECK(kvbh_canaries_ok(&d, "decode"));
@@ -495,7 +543,8 @@ int main(int argc, char **argv)
         (strcmp(lane, "direct") && strcmp(lane, "shm") && strcmp(lane, "tcp")))
         return 2;
     g_nokey = strstr(argv[1], "-nokey") != NULL;
-    if (g_nokey) /* the prefill must not put its key back */
+    g_ts = strstr(argv[1], "-ts") != NULL;
+    if (g_nokey || g_ts) /* the prefill must not put its own route back */
         setenv("KVBRIDGE_BOOTSTRAP_REFRESH", "0", 1);
     test_fence(lane);
     return 0;
