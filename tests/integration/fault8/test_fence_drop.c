@@ -16,6 +16,7 @@
  * "direct" (decode pool from kvb_mem_alloc: the prefill's copy threads),
  * "shm" (the message lane over shared memory), "tcp". One process: a
  * bootstrap server, a prefill rank and a decode rank (tests/harness). */
+#include "engine/handshake.h"
 #include "harness/kvb_cluster.h"
 #include "kvb_test.h"
 
@@ -26,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 /* 16 KiB per page and buffer, 8 buffers: 128 KiB a page, 32 MiB a room. */
 static const kvbh_geom_t G = {4, 8, 128, 16, 1024, 0, 0};
@@ -63,7 +65,62 @@ static int drop_accepted(uint16_t port)
     return n;
 }
 
-static void test_drop(const char *lane)
+/* A raw, unauthenticated handshake to 127.0.0.1:port from the writers' own
+ * address, left open; -1 when the target closed it without a reply. */
+static int raw_handshake(uint16_t port)
+{
+    struct sockaddr_in dst = {.sin_family = AF_INET};
+    uint8_t *req = NULL, *rep = NULL;
+    size_t req_len, rep_len;
+    char why[256];
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    dst.sin_port = htons(port);
+    CHECK_EQ(connect(fd, (struct sockaddr *)&dst, sizeof(dst)), 0);
+    CHECK_EQ(kvb__hs_request_encode("127.0.0.1:9", 0, &req, &req_len), KVB_OK);
+    CHECK_EQ(write(fd, req, req_len), (ssize_t)req_len);
+    uint64_t deadline = (uint64_t)(kvbh_now() * 1e9) + 5000000000ull;
+    kvb_status_t st =
+        kvb__sock_read_msg(fd, NULL, 1 << 20, deadline, &rep, &rep_len, why, sizeof(why));
+    free(req);
+    free(rep);
+    if (st != KVB_OK) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Review 2, finding 4 end to end: with KVBRIDGE_MAX_CONTROL_CONNS=4 on the
+ * decode's engine, FLOOD unauthenticated handshakes from 127.0.0.1 (the
+ * prefill's own address) while the room is in flight must not evict the
+ * prefill's connection: the room ends Success, every byte verified. */
+#define FLOOD 6
+static void flood_during(kvbh_pair_t *pr, kvb_receiver_h rc, const int32_t *dst, double t0,
+                         const char *lane)
+{
+    const char *sid = kvb_engine_session_id(pr->dec.eng), *colon = strrchr(sid, ':');
+    int fds[FLOOD], accepted = 0;
+    double t_flood = kvbh_now();
+    for (int i = 0; i < FLOOD; i++)
+        accepted += (fds[i] = raw_handshake((uint16_t)atoi(colon + 1))) >= 0;
+    double t_flooded = kvbh_now();
+    kvb_poll_t p = kvbh_wait_receiver(rc, 20);
+    double t_end = kvbh_now();
+    uint64_t bad = kvbh_verify(&pr->dec, ROOM, dst, NP, -1);
+    fprintf(stderr,
+            "flood[%s]: first byte at %.3f s, %d handshakes from 127.0.0.1 in %.3f s (%d "
+            "answered), room %s %.3f s after the flood began, %llu wrong bytes\n",
+            lane, t_flood - t0, FLOOD, t_flooded - t_flood, accepted, kvb_poll_string(p),
+            t_end - t_flood, (unsigned long long)bad);
+    for (int i = 0; i < FLOOD; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    CHECK_EQ(p, KVB_POLL_SUCCESS);
+    CHECK_EQ(bad, (uint64_t)0);
+}
+
+static void test_drop(const char *lane, int flood)
 {
     kvbh_pair_t pr;
     kvb_receiver_h rc;
@@ -93,6 +150,10 @@ static void test_drop(const char *lane)
     double t0 = kvbh_now();
     while (*(volatile const uint8_t *)probe != want && kvbh_now() < t0 + 10)
         ;
+    if (flood) {
+        flood_during(&pr, rc, dst, t0, lane);
+        goto done;
+    }
     double t_drop = kvbh_now();
     const char *sid = kvb_engine_session_id(pr.dec.eng), *colon = strrchr(sid, ':');
     CHECK(colon != NULL);
@@ -132,17 +193,22 @@ static void test_drop(const char *lane)
                 (double)landed / (1 << 20), (unsigned long long)bad, why);
         CHECK_EQ(bad, (uint64_t)0);
     }
+done:
     kvb_sender_destroy(s);
     kvb_receiver_destroy(rc);
     CHECK(kvbh_canaries_ok(&pr.dec, "decode"));
     kvbh_pair_stop(&pr);
-    TEST_PASS("control connection dropped mid-transfer: nothing landed after Failed");
+    TEST_PASS(flood ? "handshake flood at the cap mid-transfer: the writer kept its connection"
+                    : "control connection dropped mid-transfer: nothing landed after Failed");
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 2 || (strcmp(argv[1], "direct") && strcmp(argv[1], "shm") && strcmp(argv[1], "tcp")))
         return 2;
-    test_drop(argv[1]);
+    int flood = argc > 2 && strcmp(argv[2], "flood") == 0;
+    if (flood)
+        setenv("KVBRIDGE_MAX_CONTROL_CONNS", "4", 1);
+    test_drop(argv[1], flood);
     return 0;
 }
