@@ -149,3 +149,43 @@ def test_cp2_prefill_status_ranks(decode):
     push.send_multipart([dec(room), b"4", b"2"])  # tp 1 cp 0
     assert poll(h, room, 5) == (4, 1, "")
     push.close()
+
+
+def test_status_during_resolution_is_ignored(decode):
+    # Review 2, finding 9: while a receiver is still resolving its room (here
+    # the decode waits for the prefill's POST /register_dp_rank), the room
+    # has no sources yet; a status naming it is no source's and must not end
+    # it (one Success would otherwise mark it Success for good, with no byte
+    # written). Once resolved the room waits for its transfer as usual.
+    import threading
+    import time
+
+    h, pull = decode
+    boot = h.info["boot"]
+    (p0, port0), (p1, port1) = pull(), pull()
+    register(boot, port0, dp_rank=0, dp_size=2)
+    register(boot, port1, dp_rank=1, dp_size=2)
+    room = 8010
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(f"tcp://{h.info['ctl']}")
+
+    def late():
+        time.sleep(0.4)  # the decode is asking /query_dp_ranks by now
+        push.send_multipart([dec(room), b"4", b"0"])  # Success, "from rank 0"
+        time.sleep(0.4)
+        r = requests.post(f"http://{boot}/register_dp_rank",
+                          json={"bootstrap_room": room, "dp_rank": 1}, timeout=5)
+        assert r.status_code == 200
+
+    t = threading.Thread(target=late)
+    t.start()
+    h.cmd(f"recv {room} 1 0 2 5 6")
+    status = h.line("recv", room)
+    t.join()
+    push.close()
+    assert status == "2", status  # WaitingForInput, not Success
+    assert recv_frames(p1)[0] == b"None"  # KV-args
+    assert recv_frames(p1)[0] == dec(room)  # its transfer info
+    assert poll(h, room, 0.3)[:2] == (2, 0)
