@@ -409,15 +409,16 @@ KVB_API kvb_status_t kvb_receiver_init(kvb_receiver_h receiver, const int32_t *i
                                        size_t count, int64_t aux_index,
                                        const kvb_receiver_init_t *extra);
 
-/* Current status; checks the waiting time-out. A failed room is reported
- * Failed once every source confirmed that no write of it is in flight, or
- * its sources were declared lost (their writer grants revoked, never
- * lifted), or KVBRIDGE_ABORT_ACK_TIMEOUT (30 s) passed without the
- * confirmation. Where a lost source's admitted writes did not end within
- * KVBRIDGE_FENCE_WAIT (1 s), or the confirmation never came (a stopped
- * prefill), writes may still land: the failure reason says so and
- * kvb_receiver_pages_safe() says when the pages may be reused
- * (docs/engine.md, "The writer fence"). */
+/* Current status; checks the waiting time-out. A failed room (any cause:
+ * Failed status, abort, time-out, prefill lost) is reported Failed only
+ * once nothing more of it can land in its pages: every source that got the
+ * room's writer grant has it revoked and drained, every other source (no
+ * "kvbridge" key, TokenSpeed) confirmed (terminal status or abort ack).
+ * Until then it reads Transferring, so a framework that reuses pages on
+ * Failed is safe without asking. Bounded: KVBRIDGE_ABORT_ACK_TIMEOUT (30 s)
+ * after the failure it is reported Failed anyway, its reason then says the
+ * pages are NOT safe to reuse, and kvb_receiver_pages_safe() says when they
+ * are (docs/engine.md, "The writer fence"). */
 KVB_API kvb_poll_t kvb_receiver_poll(kvb_receiver_h receiver);
 
 /* kvb_receiver_poll of receivers[0..count) into polls_p[0..count), one lock
@@ -445,10 +446,9 @@ KVB_API int kvb_receiver_first_token(kvb_receiver_h receiver, int64_t *token_p, 
                                      size_t cap, size_t *n_p);
 
 /* 1 when nothing can land in the room's pages any more: Success, or Failed
- * with every source quiescent (it confirmed the abort, or its revoked grant
- * has no write left in flight); 0 while the room runs, while a source may
- * still write (re-checked on each call), or before kvb_receiver_poll
- * reported the failure (the poll tells the sources to stop). Call before
+ * with every source quiescent (its revoked grant has no write left in
+ * flight, or, without a grant, it confirmed); 0 while the room runs or a
+ * source may still write (re-checked on each call). Call before
  * kvb_receiver_destroy. Any thread. */
 KVB_API int kvb_receiver_pages_safe(kvb_receiver_h receiver);
 

@@ -691,9 +691,10 @@ class KVReceiver(_Room):
     def pages_safe(self):
         """True when nothing can land in this room's pages any more (Success,
         or Failed with every source quiescent); False while it runs or while
-        a source that was declared lost or did not confirm an abort may still
-        write them (re-checked on each call; docs/engine.md, "The writer
-        fence"). Ask before clear()."""
+        a source may still write them (re-checked on each call). poll()
+        already holds a failed room as Transferring until then, up to
+        KVBRIDGE_ABORT_ACK_TIMEOUT (docs/engine.md, "The writer fence").
+        Ask before clear()."""
         return bool(self._call(lambda h: L.lib().kvb_receiver_pages_safe(h)))
 
     def first_token(self):
