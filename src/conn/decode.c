@@ -961,6 +961,8 @@ int kvb__receiver_status(struct kvb_manager *m, kvb_receiver_h rc)
     if (r == NULL)
         return KVB_POLL_FAILED;
     check_waiting(m, r);
+    if (r->status == KVB_POLL_SUCCESS) /* every source acknowledged its writes: drop them */
+        revoke_grants(m, r->srcs, r->n_src);
     return r->status < 0 ? KVB_POLL_BOOTSTRAPPING : r->status;
 }
 
