@@ -3,6 +3,7 @@
 #   bin/kvbridge                              the CLI (runtime)
 #   <libdir>/libkvbridge.so.<version>, .so.0  shared library, SONAME libkvbridge.so.0 (runtime)
 #   <libdir>/libkvbridge.so, libkvbridge.a    link-time name, static library (development)
+#   <libdir>/libkvbridge_ts_mooncake.so       TokenSpeed's ts_mooncake_* C ABI v1 (runtime)
 #   include/kvbridge/*.h                      public headers (development)
 #   <libdir>/pkgconfig/kvbridge.pc            pkg-config (development)
 #   <libdir>/cmake/kvbridge/                  find_package(kvbridge): kvbridge::kvbridge,
@@ -21,6 +22,9 @@ install(TARGETS kvbridge kvbridge_static EXPORT kvbridgeTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT development
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# TokenSpeed's C ABI: <libdir>/libkvbridge_ts_mooncake.so, header
+# include/kvbridge/ts_mooncake.h (with the others).
+install(TARGETS kvbridge_ts_mooncake LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime)
 install(TARGETS kvbridge_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/kvbridge DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
   COMPONENT development FILES_MATCHING PATTERN "*.h")

@@ -226,6 +226,48 @@ typedef struct kvb_strided_block {
 KVB_API kvb_status_t kvb_engine_write(kvb_engine_h engine, const char *session_id,
                                       const kvb_block_t *blocks, size_t count, double timeout_s);
 
+/* ---- Pages x fields grids ----
+ * The batch shape of Mooncake's batch_transfer_sync_write_pages and of
+ * TokenSpeed's ts_mooncake_write_pages: num_pages page pairs and num_fields
+ * rows of KVB_PAGE_FIELD_COLS int64 values each, fields[5 f + 0..4] =
+ * (src_base, src_stride, dst_base, dst_stride, length). Span (f, i) copies
+ * length_f bytes from local src_base_f + src_pages[i] * src_stride_f to the
+ * peer's dst_base_f + dst_pages[i] * dst_stride_f. Bases are read as
+ * unsigned 64-bit addresses. Rules (else KVB_ERR_INVALID): pages >= 0; per
+ * row length > 0 and strides >= 0; no span's first or last byte passes
+ * 2^64 - 1; num_pages * num_fields fits a size_t; arrays not NULL. An empty
+ * grid (num_pages * num_fields == 0) passes before any check. */
+#define KVB_PAGE_FIELD_COLS 5
+
+/* Check a grid, moving nothing: KVB_OK or KVB_ERR_INVALID, then *why_p (when
+ * not NULL) is a static text naming the broken rule. O(num_pages +
+ * num_fields). Thread-safe; needs no engine. */
+KVB_API kvb_status_t kvb_pages_check(const int64_t *src_pages, const int64_t *dst_pages,
+                                     size_t num_pages, const int64_t *fields, size_t num_fields,
+                                     const char **why_p);
+
+/* Write a grid to session_id and wait. The spans are taken field-major (all
+ * pages of row 0, then of row 1, ...) in batches of at most max_batch_size
+ * spans (0: one batch). A batch is converted, in this call, into strided
+ * blocks (a run of pages whose indices step evenly on both sides, without
+ * overlapping destination rows, becomes one kvb_strided_block_t; any other
+ * span a block of one row) and written as one transfer, which gets
+ * timeout_s plus 1 ns per byte it moves (timeout_s <= 0: no bound); the next
+ * batch starts once it completed. Returns KVB_OK when every batch did. An
+ * empty grid: KVB_OK before any check. A grid breaking the rules:
+ * KVB_ERR_INVALID before anything is sent, kvb_pages_check's text in
+ * kvb_engine_last_error. Otherwise the first failing batch's status, with
+ * kvb_engine_write's errors and settle guarantees (KVB_ERR_BOUNDS: nothing
+ * of that batch written; a strided block must lie in one registration per
+ * side, so a run of pages crossing from one registration into another
+ * fails KVB_ERR_BOUNDS); later batches are not started, earlier ones stay
+ * written. Arrays are not retained. Thread-safe as kvb_engine_write. */
+KVB_API kvb_status_t kvb_engine_write_pages(kvb_engine_h engine, const char *session_id,
+                                            const int64_t *src_pages, const int64_t *dst_pages,
+                                            size_t num_pages, const int64_t *fields,
+                                            size_t num_fields, size_t max_batch_size,
+                                            double timeout_s);
+
 /* Asynchronous form: validates and queues the batch, returns a handle in
  * *xfer_p. The blocks array is copied. Session set-up as kvb_engine_write's,
  * bounded by the connect time-out (waiting for another thread's handshake:

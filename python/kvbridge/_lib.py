@@ -295,6 +295,10 @@ _PROTOTYPES = {
                               ctypes.c_double]),
     "kvb_engine_write_async": (_S, [_P, ctypes.c_char_p, ctypes.POINTER(Block), ctypes.c_size_t,
                                     ctypes.POINTER(_P)]),
+    "kvb_pages_check": (_S, [_P, _P, ctypes.c_size_t, _P, ctypes.c_size_t,
+                             ctypes.POINTER(ctypes.c_char_p)]),
+    "kvb_engine_write_pages": (_S, [_P, ctypes.c_char_p, _P, _P, ctypes.c_size_t, _P,
+                                    ctypes.c_size_t, ctypes.c_size_t, ctypes.c_double]),
     "kvb_xfer_test": (_S, [_P]),
     "kvb_xfer_wait": (_S, [_P, ctypes.c_double]),
     "kvb_xfer_cancel": (_S, [_P]),
@@ -704,6 +708,134 @@ def index_array(obj, name, allow_none=False):
         return arr, n
     vals = int_list(obj, name, 0, 0x7FFFFFFF)
     return (ctypes.c_int32 * max(len(vals), 1))(*vals), len(vals)
+
+
+_INT8_FORMATS = {"q", "Q", "l", "L"}
+
+
+class I64Array:
+    """An 8-byte integer array as C reads it: .addr (its data, not copied
+    when the caller's object is contiguous numpy or a buffer), .rows, .cols
+    (None for 1-D), .unsigned, .array (a numpy view, or None without numpy).
+    Holds the object alive while referenced."""
+    __slots__ = ("keep", "addr", "rows", "cols", "unsigned", "array")
+
+
+def i64_array(obj, name, cols=None):
+    """obj (a numpy array, any buffer-protocol object, or a sequence of ints /
+    of rows) as an I64Array: 1-D when cols is None, else C-contiguous
+    [rows, cols]. Numpy arrays and buffers are read in place (their data
+    pointer), never copied into lists; a sequence is converted once, in C.
+    ValueError (Mooncake's texts) for another item size or dtype, shape,
+    layout or byte order, or sequence values outside the int64/uint64
+    range."""
+    if isinstance(obj, (str, bytes, bytearray)) or isinstance(obj, (bool, int, float)):
+        raise ValueError(f"{name} must be an array of 8-byte integers, "
+                         f"not {type(obj).__name__}")
+    np = _numpy()
+    shape_err = (f"{name} must be a one-dimensional array" if cols is None
+                 else f"{name} must be a [rows, {cols}] array")
+    layout_err = f"{name} must be contiguous" if cols is None else f"{name} must be C-contiguous"
+    item_err = f"{name} must hold 8-byte integers (uint64/int64)"
+    mv = None
+    if np is None or not isinstance(obj, np.ndarray):
+        try:
+            mv = memoryview(obj)
+        except TypeError:
+            mv = None
+    if np is not None:
+        if isinstance(obj, np.ndarray):
+            a = obj
+        elif mv is not None:
+            fmt = mv.format.lstrip("@=")
+            if mv.itemsize != 8 or fmt not in _INT8_FORMATS:
+                raise ValueError(f"{item_err}, got format {mv.format!r}")
+            a = np.asarray(mv)
+        else:
+            try:
+                a = np.asarray(obj)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{name}: {e}") from None
+            if a.size == 0 and a.dtype.kind == "f":  # [] → float64 in numpy
+                a = a.astype(np.int64)
+            if a.dtype.kind in "iu" and a.dtype.itemsize < 8:
+                a = a.astype(np.int64)
+        if a.dtype.kind not in "iu" or a.dtype.itemsize != 8:
+            raise ValueError(f"{item_err}, got {a.dtype}")
+        if not a.dtype.isnative:
+            raise ValueError(f"{name}: non-native byte order")
+        if (cols is None and a.ndim != 1) or (cols is not None and (a.ndim != 2 or
+                                                                    a.shape[1] != cols)):
+            raise ValueError(f"{shape_err}, got shape {a.shape}")
+        if not a.flags.c_contiguous:
+            raise ValueError(layout_err)
+        r = I64Array()
+        r.keep, r.array, r.addr = a, a, a.ctypes.data
+        r.rows, r.cols, r.unsigned = int(a.shape[0]), cols, a.dtype.kind == "u"
+        return r
+    # Without numpy: a buffer (read in place when writable, else copied
+    # once) or a sequence (converted by ctypes, in C).
+    r = I64Array()
+    r.cols, r.array = cols, None
+    if mv is not None:
+        fmt = mv.format.lstrip("@=")
+        if mv.itemsize != 8 or fmt not in _INT8_FORMATS:
+            raise ValueError(f"{item_err}, got format {mv.format!r}")
+        if (cols is None and mv.ndim != 1) or (cols is not None and (
+                mv.ndim != 2 or mv.shape[1] != cols)):
+            raise ValueError(f"{shape_err}, got shape {mv.shape}")
+        if not mv.c_contiguous:
+            raise ValueError(layout_err)
+        n = mv.nbytes // 8
+        if mv.readonly:
+            buf = (ctypes.c_int64 * max(n, 1)).from_buffer_copy(mv.tobytes() or bytes(8))
+        else:
+            buf = (ctypes.c_int64 * max(n, 1)).from_buffer(mv.cast("B")) if n else \
+                (ctypes.c_int64 * 1)()
+        r.keep, r.addr = (mv, buf), ctypes.addressof(buf)
+        r.rows, r.unsigned = int(mv.shape[0]) if mv.ndim else 0, fmt in ("Q", "L")
+        return r
+    try:
+        rows = list(obj)
+    except TypeError:
+        raise ValueError(f"{name} must be an array of 8-byte integers, "
+                         f"not {type(obj).__name__}") from None
+    if cols is not None:
+        flat = []
+        for row in rows:
+            row = list(row)
+            if len(row) != cols:
+                raise ValueError(f"{shape_err}, got a row of {len(row)}")
+            flat.extend(row)
+    else:
+        flat = rows
+    if flat and (min(flat) < -(1 << 63) or max(flat) > U64_MAX):
+        raise ValueError(f"{name}: values must fit 8-byte integers")
+    buf = (ctypes.c_int64 * max(len(flat), 1))()
+    buf[:len(flat)] = [v - (1 << 64) if v >= (1 << 63) else v for v in flat] \
+        if flat and max(flat) >= (1 << 63) else flat
+    r.keep, r.addr, r.rows, r.unsigned = buf, ctypes.addressof(buf), len(rows), False
+    return r
+
+
+def pages_grid(src_pages, dst_pages, fields):
+    """The arguments of a pages x fields write (kvb_engine_write_pages) as
+    I64Arrays (src, dst, fields), checked as Mooncake's
+    batch_transfer_sync_write_pages checks them: ValueError on shape, type
+    or layout; on values (negative pages, a row without a positive length or
+    with a negative stride, an overflowing address) unless the grid is empty
+    (N x F == 0, which moves nothing)."""
+    sp = i64_array(src_pages, "src_pages")
+    dp = i64_array(dst_pages, "dst_pages")
+    fl = i64_array(fields, "fields", cols=5)
+    if sp.rows != dp.rows:
+        raise ValueError("src_pages and dst_pages must have the same length")
+    if sp.rows and fl.rows:
+        why = ctypes.c_char_p()
+        if lib().kvb_pages_check(sp.addr, dp.addr, sp.rows, fl.addr, fl.rows,
+                                 ctypes.byref(why)) != KVB_OK:
+            raise ValueError(text(why.value))
+    return sp, dp, fl
 
 
 def _little():

@@ -219,6 +219,29 @@ class TransferEngine(L.Closeable):
         with self._guard:
             return int(L.lib().kvb_engine_write(self._h, sid, arr, n, t))
 
+    def write_pages(self, session_id, src_pages, dst_pages, fields, max_batch_size=0,
+                    timeout=None):
+        """Write a pages x fields grid (kvb_engine_write_pages): fields rows
+        (src_base, src_stride, dst_base, dst_stride, length); span (f, i)
+        copies length bytes from src_base + src_pages[i] * src_stride to the
+        peer's dst_base + dst_pages[i] * dst_stride. Field-major batches of
+        at most max_batch_size spans (0: one), each one transfer of strided
+        blocks waited for (timeout seconds each, plus 1 ns per byte; None:
+        no bound). Arrays: numpy int64/uint64 (read in place), buffers or
+        sequences. ValueError for a bad grid (nothing sent). Returns 0, or
+        the first failing batch's negative kvb_status_t (as
+        batch_transfer_sync; the text is in `last_error`)."""
+        session_id = L.as_str(session_id, "session_id")
+        mbs = L.as_int(max_batch_size, "max_batch_size", 0, L.U64_MAX)
+        t = 0.0 if timeout is None else L.as_float(timeout, "timeout", 0.0)
+        sp, dp, fl = L.pages_grid(src_pages, dst_pages, fields)
+        if sp.rows == 0 or fl.rows == 0:
+            return 0
+        with self._guard:
+            return int(L.lib().kvb_engine_write_pages(self._h, session_id.encode(), sp.addr,
+                                                      dp.addr, sp.rows, fl.addr, fl.rows, mbs,
+                                                      t))
+
     def batch_transfer_async(self, session_id, src_ptrs, dst_ptrs, lengths):
         """Queue the batch; returns a TransferHandle (wait/test/cancel).
         Errors known before any byte moves raise KVBridgeError."""

@@ -402,6 +402,10 @@ uint32_t kvb__fence_busy_raw(kvb_engine_h eng, int32_t k);
  * peer may have registered more). The engine's error set. */
 kvb_status_t kvb__wblocks_check(kvb_engine_h eng, kvb__conn_t *c, const kvb__wblocks_t *w,
                                 long *dst_seg, bool *retry_p);
+/* xfer.c: kvb_engine_write of w (plain or strided), with its time-out and
+ * settle rules; the engine's error set. */
+kvb_status_t kvb__write_sync(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w,
+                             double timeout_s);
 /* x->runs from checked w (x->blocks, x->n for plain w on the UCX lanes:
  * kvb__xfer_blocks). KVB_ERR_NOMEM. */
 kvb_status_t kvb__runs_build(struct kvb_xfer *x, const kvb__wblocks_t *w, const long *dst_seg);

@@ -156,22 +156,21 @@ static kvb_status_t submit_one(kvb_engine_h eng, struct kvb_xfer *x)
     return submit_ucx(eng, x);
 }
 
-/* kvb_engine_write_async with a deadline (monotonic ns) for the session
- * set-up: our handshake or waiting for another thread's. */
-static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
-                                size_t count, const kvb_write_params_t *params, uint64_t deadline,
-                                kvb_xfer_h *xfer_p)
+/* kvb_engine_write_async of w with a deadline (monotonic ns) for the
+ * session set-up: our handshake or waiting for another thread's. */
+static kvb_status_t write_start_w(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w,
+                                  const kvb_write_params_t *params, uint64_t deadline,
+                                  kvb_xfer_h *xfer_p)
 {
-    if (eng == NULL || sid == NULL || xfer_p == NULL || (blocks == NULL && count > 0))
+    if (eng == NULL || sid == NULL || xfer_p == NULL)
         return KVB_ERR_INVALID;
-    kvb__wblocks_t w = {.plain = blocks, .n = count};
-    kvb_status_t st = check_args(eng, sid, &w);
+    kvb_status_t st = check_args(eng, sid, w);
     if (st != KVB_OK)
         return st;
     struct kvb_xfer *x = xfer_new(eng, params);
     if (x == NULL)
         return KVB_ERR_NOMEM;
-    st = prepare(eng, sid, &w, deadline, x);
+    st = prepare(eng, sid, w, deadline, x);
     if (st == KVB_OK)
         st = submit_one(eng, x);
     else
@@ -182,6 +181,16 @@ static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_blo
     }
     *xfer_p = x;
     return KVB_OK;
+}
+
+static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                                size_t count, const kvb_write_params_t *params, uint64_t deadline,
+                                kvb_xfer_h *xfer_p)
+{
+    if (blocks == NULL && count > 0)
+        return KVB_ERR_INVALID;
+    kvb__wblocks_t w = {.plain = blocks, .n = count};
+    return write_start_w(eng, sid, &w, params, deadline, xfer_p);
 }
 
 /* Without a caller's time-out a session set-up gets twice the connect
@@ -368,15 +377,12 @@ void kvb_xfer_free(kvb_xfer_h x)
     kvb__xfer_release(x);
 }
 
-kvb_status_t kvb_engine_write(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
-                              size_t count, double timeout_s)
+kvb_status_t kvb__write_sync(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w,
+                             double timeout_s)
 {
     kvb_xfer_h x;
-    if (eng == NULL)
-        return KVB_ERR_INVALID;
     uint64_t start = kvb__now_ns();
-    kvb_status_t st =
-        write_start(eng, sid, blocks, count, NULL, setup_deadline(eng, timeout_s), &x);
+    kvb_status_t st = write_start_w(eng, sid, w, NULL, setup_deadline(eng, timeout_s), &x);
     if (st != KVB_OK)
         return st;
     /* The session set-up counts against timeout_s. */
@@ -396,13 +402,22 @@ kvb_status_t kvb_engine_write(kvb_engine_h eng, const char *sid, const kvb_block
         kvb__err_set(&eng->err, KVB_ERR_TIMEOUT,
                      "session %s: write of %zu blocks timed out "
                      "after %.3f s",
-                     sid, count, timeout_s);
+                     sid, w->n, timeout_s);
         st = KVB_ERR_TIMEOUT;
     } else if (st != KVB_OK) {
         kvb__err_set(&eng->err, st, "%s", x->err);
     }
     kvb_xfer_free(x);
     return st;
+}
+
+kvb_status_t kvb_engine_write(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                              size_t count, double timeout_s)
+{
+    if (eng == NULL || (blocks == NULL && count > 0))
+        return KVB_ERR_INVALID;
+    kvb__wblocks_t w = {.plain = blocks, .n = count};
+    return kvb__write_sync(eng, sid, &w, timeout_s);
 }
 
 void kvb_engine_set_writer_tag(kvb_engine_h eng, uint32_t tag)

@@ -40,11 +40,12 @@ step "cmake --install $BUILD --prefix $P"
 timeout 120 "$CMAKE" --install "$BUILD" --prefix "$P" >"$T/install.log" || { cat "$T/install.log"; fail "cmake --install"; }
 LIBDIR=$P/$LIBDIR_REL
 for f in bin/kvbridge include/kvbridge/kvbridge.h include/kvbridge/common.h include/kvbridge/engine.h \
-    include/kvbridge/conn.h include/kvbridge/bootstrap.h include/kvbridge/plan.h; do
+    include/kvbridge/conn.h include/kvbridge/bootstrap.h include/kvbridge/plan.h \
+    include/kvbridge/ts_mooncake.h; do
     [ -f "$P/$f" ] || fail "not installed: $f"
 done
 for f in "libkvbridge.so.$VERSION" libkvbridge.so.0 libkvbridge.so libkvbridge.a \
-    pkgconfig/kvbridge.pc cmake/kvbridge/kvbridgeConfig.cmake \
+    libkvbridge_ts_mooncake.so pkgconfig/kvbridge.pc cmake/kvbridge/kvbridgeConfig.cmake \
     cmake/kvbridge/kvbridgeConfigVersion.cmake cmake/kvbridge/kvbridgeTargets.cmake; do
     [ -e "$LIBDIR/$f" ] || fail "not installed: $LIBDIR/$f"
 done
@@ -54,6 +55,40 @@ soname=$(readelf -d "$LIBDIR/libkvbridge.so.$VERSION" | sed -n 's/.*(SONAME).*\[
 if grep -rqs -- "$SRC" "$LIBDIR/pkgconfig" "$LIBDIR/cmake"; then fail "installed metadata names the source tree $SRC"; fi
 out=$("$P/bin/kvbridge" --version) || fail "installed CLI: --version failed"
 [ "$out" = "kvbridge $VERSION" ] || fail "installed CLI prints '$out'"
+
+# TokenSpeed's C ABI: needs the shared library, found next to itself.
+readelf -d "$LIBDIR/libkvbridge_ts_mooncake.so" | grep -q 'NEEDED.*\[libkvbridge.so.0\]' ||
+    fail "libkvbridge_ts_mooncake.so does not need libkvbridge.so.0"
+readelf -d "$LIBDIR/libkvbridge_ts_mooncake.so" | grep -Eq '(RUNPATH|RPATH).*\[\$ORIGIN\]' ||
+    fail "libkvbridge_ts_mooncake.so has no \$ORIGIN run path"
+for s in ts_mooncake_abi_version ts_mooncake_create ts_mooncake_destroy ts_mooncake_rpc_port \
+    ts_mooncake_register ts_mooncake_unregister ts_mooncake_write ts_mooncake_write_pages; do
+    readelf --dyn-syms -W "$LIBDIR/libkvbridge_ts_mooncake.so" | grep -q " $s\$" ||
+        fail "libkvbridge_ts_mooncake.so does not export $s"
+done
+cat >"$T/ts_consumer.c" <<'TSEOF'
+#include <kvbridge/ts_mooncake.h>
+#include <stdio.h>
+int main(void)
+{
+    if (ts_mooncake_abi_version() != TS_MOONCAKE_ABI_VERSION)
+        return 1;
+    if (ts_mooncake_create("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != NULL)
+        return 2;
+    ts_mooncake_engine_t *e = ts_mooncake_create("127.0.0.1", "P2PHANDSHAKE", "rdma", "");
+    if (e == NULL || ts_mooncake_rpc_port(e) <= 0)
+        return 3;
+    static char buf[4096];
+    if (ts_mooncake_register(e, buf, sizeof(buf)) != 0 || ts_mooncake_unregister(e, buf) != 0)
+        return 4;
+    ts_mooncake_destroy(e);
+    puts("ts_mooncake consumer: ok");
+    return 0;
+}
+TSEOF
+timeout 60 "$CC" -std=c11 -Wall -Wextra -Werror -I"$P/include" -o "$T/ts_consumer" "$T/ts_consumer.c" \
+    -L"$LIBDIR" -lkvbridge_ts_mooncake -Wl,-rpath,"$LIBDIR" || fail "build of the ts_mooncake consumer"
+timeout 30 "$T/ts_consumer" 2>"$T/ts_consumer.log" || { cat "$T/ts_consumer.log"; fail "ts_mooncake consumer run"; }
 
 # ---- 2. pkg-config, shared library
 step "pkg-config consumer"

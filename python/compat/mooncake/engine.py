@@ -12,9 +12,15 @@ remote addresses are raw virtual addresses inside memory the peer
 registered. A write that returns 0 (or whose batch reports done) has every
 byte in the target's memory.
 
+Mooncake 0.3.14's surface: batch_transfer_sync_write_pages (one C call:
+kvb_engine_write_pages turns the page grid into strided blocks), the
+*_write_arrays calls (numpy arrays read in place), nic_hint on every
+transfer call and register_memory(..., remote_accessible) are accepted.
+
 Differences, all explicit (docs/python.md, "Mooncake drop-in"):
-- kvbridge's engine only writes: the READ opcode and the *_read calls raise
-  NotImplementedError; so do notifications (transfer_sync/batch_transfer_sync
+- kvbridge's engine only writes: the READ opcode and the *_read calls
+  (*_read_arrays, *_read_pages included) raise NotImplementedError; so do
+  the scatter calls with drain tickets, SharedSegment.create, notifications (transfer_sync/batch_transfer_sync
   with a notify, get_notifies), the Mooncake Store hooks (get_engine,
   get_engine_ptr), remote segment queries (get_first_buffer_address) and the
   CUDA-stream calls (*_on_cuda; SUPPORT_CUDA is False).
@@ -59,8 +65,9 @@ from kvbridge import _lib as L  # noqa: E402  (the C prototypes and statuses)
 
 __all__ = [
     "InnerTransferEngine", "Read", "SUPPORT_CUDA", "SUPPORT_EFA", "SUPPORT_HIP",
-    "SUPPORT_INTRA_NVLINK", "SUPPORT_MNNVL", "SUPPORT_MUSA", "TransferEngine",
-    "TransferNotify", "TransferOpcode", "Write",
+    "SUPPORT_INTRA_NVLINK", "SUPPORT_MNNVL", "SUPPORT_MULTI_PROTOCOL", "SUPPORT_MUSA",
+    "ScatterTransferCompletionStatus", "ScatterTransferTicket", "SharedSegment",
+    "TransferEngine", "TransferNotify", "TransferOpcode", "Write",
 ]
 
 log = logging.getLogger("mooncake.engine")
@@ -71,6 +78,7 @@ SUPPORT_HIP = False
 SUPPORT_MNNVL = False
 SUPPORT_MUSA = False
 SUPPORT_INTRA_NVLINK = False
+SUPPORT_MULTI_PROTOCOL = False  # 0.3.14: one engine, one protocol (kvbridge picks the lane)
 
 P2PHANDSHAKE = "P2PHANDSHAKE"
 
@@ -132,11 +140,49 @@ def _not_provided(name):
     return stub
 
 
-# Module names Mooncake's PD paths never use (RPC helpers, shared segments).
+# Module names Mooncake's PD paths never use (RPC helpers).
 for _n in ("RpcInterface", "CoroRPCInterface", "ReceivedData", "ReceivedTensor",
-           "create_rpc_client", "create_rpc_server", "SharedSegment"):
+           "create_rpc_client", "create_rpc_server"):
     globals()[_n] = _not_provided(_n)
 del _n
+
+
+class ScatterTransferCompletionStatus(IntEnum):
+    """0.3.14's scatter outcome names (the values are not in Mooncake's stub;
+    these are kvbridge's). No call of this drop-in returns one yet: see
+    TransferEngine.submit_scatter_write."""
+    COMPLETED = 0
+    FAILED_DRAINED = 1
+    COMPLETION_UNKNOWN = 2
+
+
+class ScatterTransferTicket:
+    """0.3.14's scatter ticket. Not provided: the scatter calls raise
+    NotImplementedError, so there is never a ticket to hold."""
+
+    def __init__(self, *a, **k):
+        raise TypeError("mooncake.engine.ScatterTransferTicket: No constructor defined!")
+
+
+class SharedSegment:
+    """0.3.14's cross-process shared segment (not used by PD paths).
+    supported() answers False; create() raises NotImplementedError. Same-host
+    writers already fill kvbridge's shared memory directly
+    (allocate_managed_buffer, kvbridge.SharedMemory)."""
+
+    def __init__(self, *a, **k):
+        raise TypeError("mooncake.engine.SharedSegment: No constructor defined!")
+
+    @staticmethod
+    def supported(mmap=True, host_register=False):
+        return False
+
+    @staticmethod
+    def create(*a, **k):
+        raise NotImplementedError(
+            "mooncake.engine.SharedSegment.create is not provided by kvbridge's "
+            "mooncake.engine drop-in: its two-phase blob exchange has no kvbridge "
+            "counterpart yet (use allocate_managed_buffer for same-host shared memory)")
 
 
 # ------------------------------------------------------------------ helpers
@@ -242,6 +288,42 @@ def _blocks(buffers, peer_addresses, lengths):
         _u64_column(dst, "peer_buffer_addresses", flat, 1, n)
         _u64_column(lens, "lengths", flat, 2, n)
     total = int(lens.sum()) if hasattr(lens, "sum") else sum(lens)
+    return ctypes.cast(flat, ctypes.POINTER(L.Block)), n, total
+
+
+def _array_blocks(buffers, peer_addresses, lengths):
+    """As _blocks, for the *_arrays calls: three 1-D contiguous arrays of
+    8-byte integers (numpy or any buffer), read in place (no lists).
+    ValueError (Mooncake's texts) for anything else, different lengths or
+    negative values."""
+    cols = [L.i64_array(v, n) for v, n in ((buffers, "buffers"),
+                                            (peer_addresses, "peer_buffer_addresses"),
+                                            (lengths, "lengths"))]
+    n = cols[0].rows
+    if cols[1].rows != n or cols[2].rows != n:
+        raise ValueError("buffers, peer_buffer_addresses and lengths must have the same length")
+    flat = (ctypes.c_uint64 * max(3 * n, 3))()
+    if n == 0:
+        return ctypes.cast(flat, ctypes.POINTER(L.Block)), 0, 0
+    np = L._numpy()
+    total = 0
+    if np is not None:
+        out = np.ctypeslib.as_array(flat).reshape(-1, 3)
+        for k, (c, name) in enumerate(zip(cols, ("buffers", "peer_buffer_addresses",
+                                                 "lengths"))):
+            a = c.array
+            if not c.unsigned and int(a.min()) < 0:
+                raise ValueError(f"{name} must not contain negative values")
+            out[:n, k] = a.view(np.uint64)
+        total = int(out[:n, 2].sum(dtype=np.float64))
+    else:
+        for k, (c, name) in enumerate(zip(cols, ("buffers", "peer_buffer_addresses",
+                                                 "lengths"))):
+            vals = (ctypes.c_int64 * n).from_address(c.addr)
+            if not c.unsigned and min(vals) < 0:
+                raise ValueError(f"{name} must not contain negative values")
+            flat[k::3] = (ctypes.c_uint64 * n).from_address(c.addr)
+        total = sum(flat[2::3])
     return ctypes.cast(flat, ctypes.POINTER(L.Block)), n, total
 
 
@@ -434,9 +516,16 @@ class TransferEngine:
         return int(eng.get_session_id().rsplit(":", 1)[1])
 
     # ---------------------------------------------------------- memory
-    def register_memory(self, buffer_addr, capacity, location="*"):
+    def register_memory(self, buffer_addr, capacity, location="*", remote_accessible=True):
         """0, or Mooncake's code: -1 invalid (zero length), -7 overlapping a
-        registered region, -303 device memory."""
+        registered region, -303 device memory. remote_accessible (0.3.14)
+        is accepted and changes nothing: kvbridge has no local-only
+        registration, every region is both a source and a destination peers
+        may write (a write source registered with False is still in the
+        table peers see)."""
+        if not isinstance(remote_accessible, (bool, int)):
+            raise TypeError("remote_accessible: expected bool, not "
+                            f"{type(remote_accessible).__name__}")
         buffer_addr = _addr(buffer_addr, "buffer_addr")
         capacity = _addr(capacity, "capacity")
         mem = self._mem_type(location, buffer_addr)
@@ -517,38 +606,42 @@ class TransferEngine:
 
     # ---------------------------------------------------------- sync writes
     def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length,
-                            transport_hint=""):
+                            transport_hint="", nic_hint=""):
         """Write length bytes from local buffer to peer_buffer_address of the
         engine at target_hostname ("ip:port"); 0 once they are in its memory,
         else -1 (bounds, unreachable or dead peer, MC_TRANSFER_TIMEOUT)."""
         return self._sync("transfer_sync_write", target_hostname, [buffer],
-                          [peer_buffer_address], [length], transport_hint)
+                          [peer_buffer_address], [length], transport_hint, nic_hint)
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses,
-                                  lengths, transport_hint=""):
+                                  lengths, transport_hint="", nic_hint=""):
         """Write every block; 0 once all bytes are in the peer's memory, -1
         otherwise (also for lists of different lengths). The hot path."""
         return self._sync("batch_transfer_sync_write", target_hostname, buffers,
-                          peer_buffer_addresses, lengths, transport_hint)
+                          peer_buffer_addresses, lengths, transport_hint, nic_hint)
 
     def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode,
-                      notify=None, transport_hint=""):
+                      notify=None, transport_hint="", nic_hint=""):
         self._opcode("transfer_sync", opcode)
         self._no_notify("transfer_sync", notify)
         return self._sync("transfer_sync", target_hostname, [buffer], [peer_buffer_address],
-                          [length], transport_hint)
+                          [length], transport_hint, nic_hint)
 
     def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths,
-                            opcode, notify=None, transport_hint=""):
+                            opcode, notify=None, transport_hint="", nic_hint=""):
         self._opcode("batch_transfer_sync", opcode)
         self._no_notify("batch_transfer_sync", notify)
         return self._sync("batch_transfer_sync", target_hostname, buffers,
-                          peer_buffer_addresses, lengths, transport_hint)
+                          peer_buffer_addresses, lengths, transport_hint, nic_hint)
 
-    def _sync(self, what, target, buffers, peers, lengths, hint):
+    def _sync(self, what, target, buffers, peers, lengths, hint, nic_hint, arrays=False):
         _check_str(target, "target_hostname")
         _check_str(hint, "transport_hint")  # honoured by Mooncake's TENT only
-        blocks, n, total = _blocks(buffers, peers, lengths)
+        _check_str(nic_hint, "nic_hint")  # UCX picks the devices (UCX_NET_DEVICES)
+        if arrays:
+            blocks, n, total = _array_blocks(buffers, peers, lengths)
+        else:
+            blocks, n, total = _blocks(buffers, peers, lengths)
         eng = self._engine(what)
         if eng is None:
             return -1
@@ -568,30 +661,91 @@ class TransferEngine:
                         L.text(L.lib().kvb_engine_last_error(eng._h)) or L.status_string(st))
         return -1
 
+    def batch_transfer_sync_write_arrays(self, target_hostname, buffers, peer_buffer_addresses,
+                                         lengths, transport_hint="", nic_hint=""):
+        """(0.3.14) batch_transfer_sync_write with three 1-D contiguous arrays
+        of 8-byte integers (numpy uint64/int64, any buffer; read in place,
+        never turned into lists). ValueError for another shape, layout or
+        item size, different lengths or negative values; then 0 / -1 as
+        batch_transfer_sync_write."""
+        return self._sync("batch_transfer_sync_write_arrays", target_hostname, buffers,
+                          peer_buffer_addresses, lengths, transport_hint, nic_hint,
+                          arrays=True)
+
+    def batch_transfer_sync_write_pages(self, target_hostname, src_pages, dst_pages, fields,
+                                       max_batch_size=0, transport_hint="", nic_hint=""):
+        """(0.3.14, TokenSpeed) Write a pages x fields grid and wait: fields is
+        a C-contiguous [F, 5] array of 8-byte integers, rows (src_base,
+        src_stride, dst_base, dst_stride, length); span (f, i) copies length
+        bytes from local src_base + src_pages[i] * src_stride to the peer's
+        dst_base + dst_pages[i] * dst_stride. One C call
+        (kvb_engine_write_pages): the grid becomes strided blocks there,
+        field-major, in batches of at most max_batch_size spans (0: one
+        batch), each waited for (MC_TRANSFER_TIMEOUT + 1 ns per byte).
+        ValueError for bad arguments (shape, item size, layout, different
+        page counts, negative pages, a row without a positive length or
+        with a negative stride, an overflowing address), nothing sent; an
+        empty grid (N x F == 0) returns 0 once the shapes are right. Then 0
+        once every byte is in the peer's memory, -1 otherwise (the first
+        failing batch; later ones are not sent)."""
+        what = "batch_transfer_sync_write_pages"
+        _check_str(target_hostname, "target_hostname")
+        _check_str(transport_hint, "transport_hint")
+        _check_str(nic_hint, "nic_hint")
+        try:
+            mbs = operator.index(max_batch_size)
+        except TypeError:
+            raise TypeError(f"{what}: max_batch_size must be an int") from None
+        if mbs < 0 or mbs > L.U64_MAX:
+            raise ValueError(f"{what}: max_batch_size must be >= 0, got {mbs}")
+        try:
+            sp, dp, fl = L.pages_grid(src_pages, dst_pages, fields)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+        if sp.rows == 0 or fl.rows == 0:
+            return 0
+        eng = self._engine(what)
+        if eng is None:
+            return -1
+        with eng._guard:
+            st = L.lib().kvb_engine_write_pages(eng._h, target_hostname.encode(), sp.addr,
+                                                dp.addr, sp.rows, fl.addr, fl.rows, mbs,
+                                                self._timeout_s)
+            if st == L.KVB_OK:
+                return 0
+            log.warning("mooncake.engine (kvbridge): %s to %s (%d pages x %d fields) failed: %s",
+                        what, target_hostname, sp.rows, fl.rows,
+                        L.text(L.lib().kvb_engine_last_error(eng._h)) or L.status_string(st))
+        return -1
+
     # ---------------------------------------------------------- async writes
     def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses,
-                                   lengths, transport_hint=""):
+                                   lengths, transport_hint="", nic_hint=""):
         """Queue the batch; its id (≥ 1), or 0 when it could not be queued
         (bounds, unreachable peer, lists of different lengths)."""
         return self._submit("batch_transfer_async_write", target_hostname, buffers,
-                            peer_buffer_addresses, lengths, transport_hint)
+                            peer_buffer_addresses, lengths, transport_hint, nic_hint)
 
     def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths,
-                             opcode, transport_hint=""):
+                             opcode, transport_hint="", nic_hint=""):
         self._opcode("batch_transfer_async", opcode)
         return self._submit("batch_transfer_async", target_hostname, buffers,
-                            peer_buffer_addresses, lengths, transport_hint)
+                            peer_buffer_addresses, lengths, transport_hint, nic_hint)
 
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
-                              transport_hint=""):
+                              transport_hint="", nic_hint=""):
         """One block, asynchronously: batch id or 0; poll transfer_check_status."""
         return self._submit("transfer_submit_write", target_hostname, [buffer],
-                            [peer_buffer_address], [length], transport_hint)
+                            [peer_buffer_address], [length], transport_hint, nic_hint)
 
-    def _submit(self, what, target, buffers, peers, lengths, hint):
+    def _submit(self, what, target, buffers, peers, lengths, hint, nic_hint, arrays=False):
         _check_str(target, "target_hostname")
         _check_str(hint, "transport_hint")
-        blocks, n, total = _blocks(buffers, peers, lengths)
+        _check_str(nic_hint, "nic_hint")
+        if arrays:
+            blocks, n, total = _array_blocks(buffers, peers, lengths)
+        else:
+            blocks, n, total = _blocks(buffers, peers, lengths)
         eng = self._engine(what)
         if eng is None:
             return 0
@@ -615,6 +769,15 @@ class TransferEngine:
             bid = next(self._ids)
             self._batches[bid] = _Batch(x.value, deadline)
         return bid
+
+    def batch_transfer_async_write_arrays(self, target_hostname, buffers,
+                                          peer_buffer_addresses, lengths, transport_hint="",
+                                          nic_hint=""):
+        """(0.3.14) batch_transfer_async_write with arrays (as
+        batch_transfer_sync_write_arrays): batch id, or 0."""
+        return self._submit("batch_transfer_async_write_arrays", target_hostname, buffers,
+                            peer_buffer_addresses, lengths, transport_hint, nic_hint,
+                            arrays=True)
 
     def transfer_check_status(self, batch_id):
         """1 done (id freed), 0 in progress, -1 failed or unknown id (freed),
@@ -810,6 +973,34 @@ class TransferEngine:
 
     def batch_transfer_async_read(self, *a, **k):
         self._not_implemented("batch_transfer_async_read", "kvbridge's engine only writes")
+
+    def batch_transfer_sync_read_arrays(self, *a, **k):
+        self._not_implemented("batch_transfer_sync_read_arrays", "kvbridge's engine only writes")
+
+    def batch_transfer_async_read_arrays(self, *a, **k):
+        self._not_implemented("batch_transfer_async_read_arrays",
+                              "kvbridge's engine only writes")
+
+    def batch_transfer_sync_read_pages(self, *a, **k):
+        self._not_implemented("batch_transfer_sync_read_pages", "kvbridge's engine only writes")
+
+    def _no_scatter(self, method):
+        self._not_implemented(method, "scatter transfers with drain tickets are not provided: "
+                                      "kvbridge does not yet map a ticket's COMPLETED / "
+                                      "FAILED_DRAINED / COMPLETION_UNKNOWN onto its completion "
+                                      "and fence state (use batch_transfer_sync_write)")
+
+    def submit_scatter_write(self, *a, **k):
+        self._no_scatter("submit_scatter_write")
+
+    def submit_scatter_read(self, *a, **k):
+        self._no_scatter("submit_scatter_read")
+
+    def scatter_transfer_sync_write_with_ticket(self, *a, **k):
+        self._no_scatter("scatter_transfer_sync_write_with_ticket")
+
+    def scatter_transfer_sync_read_with_ticket(self, *a, **k):
+        self._no_scatter("scatter_transfer_sync_read_with_ticket")
 
     def get_notifies(self):
         self._not_implemented("get_notifies", "notifications are not supported")
