@@ -526,7 +526,7 @@ static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
                 j->unsettled = 1;
             }
         }
-        snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.0f s",
+        snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.1f s",
                  j->reg->session, m->transfer_timeout_s);
     } else if (st != KVB_OK && st != KVB_ERR_CANCELED) {
         snprintf(j->why, sizeof(j->why), "%s", kvb_xfer_error(x));

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/mman.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -313,6 +314,9 @@ static kvb_status_t copy_unit(kvb_engine_h eng, unit_t *u, uint64_t admitted, ch
         snprintf(why, wl, "out of memory");
         return KVB_ERR_NOMEM;
     }
+    int stall_ms = __atomic_exchange_n(&kvb__test_hooks.direct_stall_ms, 0, __ATOMIC_RELAXED);
+    if (stall_ms > 0) /* tests only: a copy that does not end for a while */
+        usleep((useconds_t)stall_ms * 1000);
     for (zpos_t p = u->from; zpos_before(&p, &u->to); zpos_next(g, &p)) {
         const struct kvb_xfer *x = g->m[p.k];
         if (!(admitted >> p.k & 1) || p.row >= x->nrows)

@@ -340,6 +340,8 @@ typedef struct kvb__test_hooks {
     int fail_rkey_unpack;   /* establishing a conn treats every remote key as unusable */
     int am_send_status;     /* message-lane sends complete with this UCX status */
     int target_drop_writes; /* write messages are dropped unanswered (a stalled peer) */
+    int direct_stall_ms;    /* the next direct-lane unit stalls this long inside the fence, after
+                               its check (a stuck copy thread or device); taken by one unit */
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 /* Atomic (relaxed): a test sets a hook while engine threads run. */
