@@ -658,8 +658,11 @@ def canon(dialect, kind, fr, ctx):
 
 
 def shape_key(dialect, kind, fr):
-    """Messages of one shape (frame count, which frames empty) get one file."""
-    return (kind, len(fr), tuple(bool(f) for f in fr))
+    """Messages of one shape get one file: frame count, which frames are
+    empty, the length of each binary frame (MHA's 4 KV pointers vs MLA's 2),
+    and a status' value (Success vs Failed)."""
+    shape = tuple(len(f) if frame_text(f).startswith("x:") else bool(f) for f in fr)
+    return (kind, len(fr), shape, fr[1] if kind == "status" else None)
 
 
 UNREADABLE = []  # messages of a recording corpus.py could not read: a wire change
@@ -672,20 +675,23 @@ def import_recordings(rec_dir, outdir=HERE):
     code sent, recorded_accepted_<kind>_<n>.json for what it read (kvbridge's
     bytes; the case passing is the release accepting them). Stale recorded_*
     files of a dialect that has recordings are removed first."""
-    seen, by_dialect = set(), {}
-    for path in sorted(glob.glob(os.path.join(rec_dir, "[!h]*.jsonl"))):
-        for line in open(path):
-            r = json.loads(line)
-            d, way = r["dialect"], r.get("dir")
-            fr = [bytes.fromhex(h) for h in r["frames"]]
-            kind = classify(d, fr)
-            if kind == "staging" or (d, kind) not in DECODERS:
-                continue
-            key = (d, way) + shape_key(d, kind, fr)
-            if key in seen:
-                continue
-            seen.add(key)
-            by_dialect.setdefault(d, []).append((way, kind, fr, r))
+    seen, by_dialect, recs = set(), {}, []
+    for path in glob.glob(os.path.join(rec_dir, "[!h]*.jsonl")):
+        recs += [(json.loads(line), i) for i, line in enumerate(open(path))]
+    # the first message of a shape in (case, role, order) order: the same
+    # file for the same cases, whatever the process ids
+    recs.sort(key=lambda x: (x[0].get("case", ""), x[0].get("role", ""), x[1]))
+    for r, _ in recs:
+        d, way = r["dialect"], r.get("dir")
+        fr = [bytes.fromhex(h) for h in r["frames"]]
+        kind = classify(d, fr)
+        if kind == "staging" or (d, kind) not in DECODERS:
+            continue
+        key = (d, way) + shape_key(d, kind, fr)
+        if key in seen:
+            continue
+        seen.add(key)
+        by_dialect.setdefault(d, []).append((way, kind, fr, r))
     for d, msgs in by_dialect.items():
         for old in glob.glob(os.path.join(outdir, d, "recorded_*.json")):
             os.remove(old)
@@ -717,30 +723,31 @@ def import_bootstrap(rec_dir, outdir=HERE):
              ("sglang2025", "parallel_info"): "bootstrap_parallel_info",
              ("sglang2026", "parallel_info"): "bootstrap_parallel_info_2026",
              ("tokenspeed_seed004", "parallel_info"): "bootstrap_parallel_info_ts"}
-    done = set()
-    for path in sorted(glob.glob(os.path.join(rec_dir, "http-*.jsonl"))):
-        for line in open(path):
-            r = json.loads(line)
-            d, what = r["dialect"], r["what"]
-            if what.endswith("_received") or (d, what) in done:  # kvbridge's answers
-                continue
-            done.add((d, what))
-            kind = kinds.get(what) or kinds[(d, what)]
-            body = r["body"]
-            if what == "put":  # canonical port, as for the frames
-                o = json.loads(body)
-                o["rank_port"] = 17001
-                body = json.dumps(o)
-            elif what == "rank_addr":
-                o = json.loads(body)
-                o["rank_port"] = 17001
-                body = json.dumps(o)
-            write(d, f"recorded_{kind}", {
-                "corpus": 1, "dialect": d, "kind": kind, "case": r.get("case", "run"),
-                "direction": "prefill->bootstrap" if what == "put" else "bootstrap->decode",
-                "provenance": f"recorded-from-release {r['release']}",
-                "note": f"{r.get('by', '')}; rank_port canonicalised by corpus.py",
-                "body": body}, outdir)
+    done, recs = set(), []
+    for path in glob.glob(os.path.join(rec_dir, "http-*.jsonl")):
+        recs += [(json.loads(line), i) for i, line in enumerate(open(path))]
+    recs.sort(key=lambda x: (x[0].get("case", ""), x[0].get("role", ""), x[1]))
+    for r, _ in recs:
+        d, what = r["dialect"], r["what"]
+        if what.endswith("_received") or (d, what) in done:  # kvbridge's answers
+            continue
+        done.add((d, what))
+        kind = kinds.get(what) or kinds[(d, what)]
+        body = r["body"]
+        if what == "put":  # canonical port, as for the frames
+            o = json.loads(body)
+            o["rank_port"] = 17001
+            body = json.dumps(o)
+        elif what == "rank_addr":
+            o = json.loads(body)
+            o["rank_port"] = 17001
+            body = json.dumps(o)
+        write(d, f"recorded_{kind}", {
+            "corpus": 1, "dialect": d, "kind": kind, "case": r.get("case", "run"),
+            "direction": "prefill->bootstrap" if what == "put" else "bootstrap->decode",
+            "provenance": f"recorded-from-release {r['release']}",
+            "note": f"{r.get('by', '')}; rank_port canonicalised by corpus.py",
+            "body": body}, outdir)
 
 
 # ---------------------------------------------------------------- check
