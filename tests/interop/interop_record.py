@@ -19,7 +19,8 @@ _lock = threading.Lock()
 
 
 def _ctx():
-    return {"dialect": os.environ["KVB_RECORD_DIALECT"], "release": os.environ["KVB_RECORD_RELEASE"],
+    return {"dialect": os.environ["KVB_RECORD_DIALECT"],
+            "release": os.environ["KVB_RECORD_RELEASE"],
             "case": os.path.splitext(os.path.basename(os.environ.get("INTEROP_LOG", "run")))[0],
             "role": os.environ.get("KVB_RECORD_ROLE", "?")}
 
