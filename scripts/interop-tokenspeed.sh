@@ -14,8 +14,17 @@
 # tests/interop/tokenspeed_common.py (docs/testing.md).
 #   TOKENSPEED_SRC  a git clone of lightseekorg/tokenspeed holding that
 #                   commit (default: cloned into BUILD/tokenspeed-git)
-# Usage: scripts/interop-tokenspeed.sh [BUILD_DIR]   (make build first)
+# --record: also record what TokenSpeed's code sends and reads
+# (tests/interop/interop_record.py) into BUILD/interop-record-ts/ and refresh
+# tests/conformance/tokenspeed_seed004/ from it (docs/testing.md,
+# "Conformance corpus").
+# Usage: scripts/interop-tokenspeed.sh [--record] [BUILD_DIR]   (make build first)
 set -euo pipefail
+RECORD=0
+if [ "${1:-}" = "--record" ]; then
+    RECORD=1
+    shift
+fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(cd "${1:-$ROOT/build}" && pwd)
 COMMIT=e41aa8b1609a9412d7ed26aa56d910828607950f
@@ -53,6 +62,12 @@ export PYTHONPATH=$TREE/python:$ROOT/python/compat:$ROOT/python:$ROOT/tests/inte
 export TOKENSPEED_HOST_IP=127.0.0.1 # where TokenSpeed's prefill PUTs (its get_ip())
 export TOKENSPEED_DISAGGREGATION_HEARTBEAT_INTERVAL=2 TOKENSPEED_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=1
 export TOKENSPEED_DISAGGREGATION_WAITING_TIMEOUT=3
+if [ "$RECORD" = 1 ]; then
+    export KVB_RECORD_DIR=$BUILD/interop-record-ts KVB_RECORD_DIALECT=tokenspeed_seed004
+    export KVB_RECORD_RELEASE="tokenspeed@${COMMIT:0:12}"
+    rm -rf "$KVB_RECORD_DIR"
+    mkdir -p "$KVB_RECORD_DIR"
+fi
 echo "== TokenSpeed $COMMIT receiver (seed 004) <- kvbridge C prefill, TokenSpeed prefill -> kvbridge C decode (drop-in engine)"
 rc=0
 for c in tp1 tp2 mla mla_tp2 prefix killed rank_killed pf_tp1 pf_prefix pf_tp2; do
@@ -66,4 +81,10 @@ for c in tp1 tp2 mla mla_tp2 prefix killed rank_killed pf_tp1 pf_prefix pf_tp2; 
         rc=1
     fi
 done
+if [ "$RECORD" = 1 ]; then
+    echo "== recorded: $KVB_RECORD_DIR -> tests/conformance (corpus.py import)"
+    KVB_CONFORMANCE_READER=$BUILD/tests/conformance/test_conformance \
+        /usr/bin/python3 "$ROOT/tests/conformance/corpus.py" import "$KVB_RECORD_DIR" || rc=1
+    "$BUILD/tests/conformance/test_conformance" "$ROOT/tests/conformance" || rc=1
+fi
 exit $rc

@@ -12,8 +12,20 @@
 # What is stubbed: tests/interop/sglang_stubs.py, sglang_old.py (docs/testing.md, "Interop
 # suite"). Then runs scripts/mooncake-diff.sh (drop-in vs Mooncake's real
 # module). Logs: BUILD/interop/*.log, BUILD/interop-0.5.2/*.log.
-# Usage: scripts/interop.sh [BUILD_DIR]   (libkvbridge.so must be built)
+# --record: also record every ZeroMQ message and bootstrap body SGLang's own
+# code sends and reads (tests/interop/interop_record.py) into
+# BUILD/interop-record/, and refresh the golden files of
+# tests/conformance/sglang2026/ and sglang2025/ from them
+# (tests/conformance/corpus.py import; `git diff tests/conformance` then shows
+# what the release changed). Skips mooncake-diff. docs/testing.md,
+# "Conformance corpus".
+# Usage: scripts/interop.sh [--record] [BUILD_DIR]   (libkvbridge.so must be built)
 set -euo pipefail
+RECORD=0
+if [ "${1:-}" = "--record" ]; then
+    RECORD=1
+    shift
+fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(cd "${1:-$ROOT/build}" && pwd)
 if [ ! -f "$BUILD/libkvbridge.so" ]; then
@@ -34,23 +46,44 @@ venv() {
     fi
 }
 
-# run VENV MODE OUT: the cases of sglang_pd.py MODE (run / run-0.5.2).
+# run VENV MODE OUT [DIALECT RELEASE]: the cases of sglang_pd.py MODE (run /
+# run-0.5.2); with --record, recorded as DIALECT / RELEASE.
+REC=$BUILD/interop-record
 run() {
     rm -rf "$3"
     mkdir -p "$3"
-    PYTHONPATH=$ROOT/python/compat:$ROOT/python KVBRIDGE_LIB=$BUILD/libkvbridge.so \
-        SGLANG_HOST_IP=127.0.0.1 PYTHONWARNINGS=ignore \
+    local rec=()
+    if [ "$RECORD" = 1 ]; then
+        rec=(KVB_RECORD_DIR="$REC" KVB_RECORD_DIALECT="$4" KVB_RECORD_RELEASE="$5")
+    fi
+    env "${rec[@]}" PYTHONPATH="$ROOT/python/compat:$ROOT/python" \
+        KVBRIDGE_LIB="$BUILD/libkvbridge.so" SGLANG_HOST_IP=127.0.0.1 PYTHONWARNINGS=ignore \
         timeout 900 "$1/bin/python" "$ROOT/tests/interop/sglang_pd.py" "$2" "$3"
 }
+if [ "$RECORD" = 1 ]; then
+    if [ ! -x "$BUILD/tests/conformance/test_conformance" ]; then
+        echo "interop --record: $BUILD/tests/conformance/test_conformance missing: build first" >&2
+        exit 2
+    fi
+    rm -rf "$REC"
+    mkdir -p "$REC"
+fi
 
 REQS=$ROOT/tests/interop
 venv "$BUILD/interop-venv" sglang==0.5.23 "$REQS/requirements-sglang.txt"
 venv "$BUILD/interop-venv-0.5.2" sglang==0.5.2rc2 "$REQS/requirements-sglang-0.5.2.txt"
 rc=0
 echo "== SGLang 0.5.23 Mooncake connector <-> kvbridge (drop-in engine), 2026 dialect"
-run "$BUILD/interop-venv" run "$BUILD/interop" || rc=1
+run "$BUILD/interop-venv" run "$BUILD/interop" sglang2026 sglang==0.5.23 || rc=1
 echo "== SGLang 0.5.2rc2 Mooncake connector <-> kvbridge (drop-in engine), seed-001 dialect"
-run "$BUILD/interop-venv-0.5.2" run-0.5.2 "$BUILD/interop-0.5.2" || rc=1
+run "$BUILD/interop-venv-0.5.2" run-0.5.2 "$BUILD/interop-0.5.2" sglang2025 sglang==0.5.2rc2 || rc=1
+if [ "$RECORD" = 1 ]; then
+    echo "== recorded: $REC -> tests/conformance (corpus.py import)"
+    KVB_CONFORMANCE_READER=$BUILD/tests/conformance/test_conformance \
+        /usr/bin/python3 "$ROOT/tests/conformance/corpus.py" import "$REC" || rc=1
+    "$BUILD/tests/conformance/test_conformance" "$ROOT/tests/conformance" || rc=1
+    exit $rc
+fi
 echo "== mooncake.engine: drop-in vs Mooncake's real module (scripts/mooncake-diff.sh)"
 bash "$ROOT/scripts/mooncake-diff.sh" "$BUILD" || rc=1
 exit $rc

@@ -445,6 +445,16 @@ def run_tp2(boot_kind, prefill_kind, decode_kind, room, env):
         stop_all(procs)
 
 
+def record_server(addr, case):
+    """--record: the release's own bootstrap server's answers (registered
+    by its own prefill), asked by the driver."""
+    if os.environ.get("KVB_RECORD_DIR"):
+        sys.path.insert(0, HERE)
+        import interop_record
+
+        interop_record.query_server(addr, os.environ.get("INTEROP_SGLANG") != "0.5.2rc2", case)
+
+
 def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
     env = dict(env, INTEROP_MLA="1" if name.startswith("mla_") else "0")
     if name.startswith("tp2_"):
@@ -464,6 +474,8 @@ def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
         pre = Proc(["prefill", prefill_kind, addr, str(room)], env)
         procs.append(pre)
         assert pre.line() == "ready"
+        if boot_kind == "sglang" and prefill_kind == "sglang":
+            record_server(addr, name)
         dec = Proc(["decode", decode_kind, addr, str(room)], env)
         procs.append(dec)
         assert dec.line() == "sent"
@@ -570,6 +582,12 @@ def main(argv):
     if role == "run-0.5.2":
         os.environ["INTEROP_SGLANG"] = "0.5.2rc2"
         return driver(argv[1], argv[2] if len(argv) > 2 else None, CASES_OLD)
+    if role in ("boot", "prefill", "decode") and argv[1] == "sglang":
+        # --record (scripts/interop.sh): what SGLang's own code sends and reads
+        sys.path.insert(0, HERE)
+        import interop_record
+
+        interop_record.install(role)
     if role == "boot":
         role_boot(argv[1])
     elif role == "prefill":

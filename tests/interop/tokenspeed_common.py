@@ -126,6 +126,11 @@ def main(run_case):
     threads never end)."""
     logging.basicConfig(level=os.environ.get("TS_LOGLEVEL", "WARNING"))
     install()
+    # --record (scripts/interop-tokenspeed.sh): what TokenSpeed's code sends
+    # and reads; no-op without KVB_RECORD_DIR
+    import interop_record
+
+    interop_record.install(sys.argv[1])
     try:
         run_case(sys.argv[1])
     except BaseException:
