@@ -463,7 +463,13 @@ kvb_status_t kvb__ts_send_registration(struct kvb_manager *m, const char *ip, ui
 kvb_status_t kvb__ts_send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
                                    const int32_t *idx, size_t n, int64_t aux,
                                    const kvb_receiver_init_t *ex);
-bool kvb__ts_decode_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
+typedef enum kvb__ts_status {
+    KVB__TS_NOT_TS,  /* not a TokenSpeed status: another dialect's message */
+    KVB__TS_HANDLED, /* one, with nothing for the room (malformed: logged; progress) */
+    KVB__TS_STATUS,  /* one: *out holds its Success or Failed */
+} kvb__ts_status_t;
+kvb__ts_status_t kvb__ts_decode_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
+                                       kvb__status_msg_t *out);
 
 /* decode.c */
 kvb_status_t kvb__decode_start(struct kvb_manager *m);
@@ -477,7 +483,8 @@ void kvb__decode_free(struct kvb_manager *m);
  * response that can close a failed room's fence): wake kvb_manager_event_fd
  * waiters. */
 void kvb__room_changed(kvb__room_t *r);
-/* m->mu held: take r off the kvb_manager_changed list (rooms.c, when freed). */
+/* m->mu held: take r off the kvb_manager_changed list (when freed). Both in
+ * rooms.c. */
 void kvb__room_unchange(struct kvb_manager *m, kvb__room_t *r);
 
 /* Polling pieces shared by kvb_*_poll and kvb_*_poll_many (poll_many.c).

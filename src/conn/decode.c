@@ -1109,28 +1109,24 @@ static void route_resend_mark(struct kvb_manager *m, const kvb__room_t *r)
                 rt->resend = 1;
 }
 
-static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+/* A terminal status of any dialect, decoded: record it as that source's
+ * answer; a Failed one fails the room and opens its fence. */
+static void status_in(struct kvb_manager *m, const kvb__status_msg_t *s)
 {
-    kvb__status_msg_t s;
-    kvb__frames_err_t e;
     kvb__src_t *todo = NULL;
     size_t n_todo = 0;
     uint64_t gen = 0;
-    if (kvb__frames_decode_status(f, n, &e, &s) != KVB_OK) {
-        kvb__conn_bad_message(m, KVB__MSG_STATUS, &e);
-        return;
-    }
     KVB_TSAN_ACQUIRE(); /* a status follows the placement of the room's bytes */
     KVB_LOGD("manager %s: room %llu: status %d from prefill rank %d", m->endpoint,
-             (unsigned long long)s.room, s.status, s.prefill_rank);
+             (unsigned long long)s->room, s->status, s->prefill_rank);
     pthread_mutex_lock(&m->mu);
-    kvb__room_t *r = kvb__room_find(m, s.room);
-    if (r != NULL && (s.status == KVB_POLL_SUCCESS || s.status == KVB_POLL_FAILED) &&
-        record_response(m, r, s.prefill_rank,
-                        s.status == KVB_POLL_SUCCESS ? "Success" : "Failed")) {
-        if (s.status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses)
+    kvb__room_t *r = kvb__room_find(m, s->room);
+    if (r != NULL && (s->status == KVB_POLL_SUCCESS || s->status == KVB_POLL_FAILED) &&
+        record_response(m, r, s->prefill_rank,
+                        s->status == KVB_POLL_SUCCESS ? "Success" : "Failed")) {
+        if (s->status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses)
             kvb__room_set_status(r, KVB_POLL_SUCCESS);
-        if (s.status == KVB_POLL_FAILED) {
+        if (s->status == KVB_POLL_FAILED) {
             route_resend_mark(m, r);
             kvb__room_fail(r, FAIL_FROM_PREFILL);
             gen = open_fence(m, r, &todo, &n_todo);
@@ -1138,7 +1134,18 @@ static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
     }
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
-        send_aborts(m, s.room, gen, todo, n_todo);
+        send_aborts(m, s->room, gen, todo, n_todo);
+}
+
+static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+{
+    kvb__status_msg_t s;
+    kvb__frames_err_t e;
+    if (kvb__frames_decode_status(f, n, &e, &s) != KVB_OK) {
+        kvb__conn_bad_message(m, KVB__MSG_STATUS, &e);
+        return;
+    }
+    status_in(m, &s);
 }
 
 static void on_aux(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
@@ -1206,8 +1213,12 @@ static void on_abort_ack(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 
 void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
-    if (kvb__ts_decode_message(m, f, n))
-        return; /* a TokenSpeed prefill's 5-frame status (decode_ts.c) */
+    kvb__status_msg_t s;
+    kvb__ts_status_t ts = kvb__ts_decode_status(m, f, n, &s); /* decode_ts.c */
+    if (ts == KVB__TS_STATUS)
+        status_in(m, &s);
+    if (ts != KVB__TS_NOT_TS)
+        return;
     kvb__msg_kind_t kind = kvb__frames_classify(f, n);
     if (kind == KVB__MSG_STATUS)
         on_status(m, f, n);

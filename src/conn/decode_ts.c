@@ -170,23 +170,26 @@ kvb_status_t kvb__ts_send_transfer(struct kvb_manager *m, const kvb__src_t *s, u
     return st;
 }
 
-/* A 5-frame status from a TokenSpeed prefill, handed on as the 3-frame
- * status kvbridge's decode reads: 5 (Success) as 4, 0 (Failed) as 0; the
- * WaitingForInput and the other progress values change nothing here. */
-bool kvb__ts_decode_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+/* A 5-frame status from a TokenSpeed prefill, read into the status kvbridge's
+ * decode acts on: 5 (Success) as Success, 0 (Failed) as Failed; the
+ * WaitingForInput and the other progress values change nothing here. The
+ * first token and candidates of a Success are kept for
+ * kvb_receiver_first_token(). */
+kvb__ts_status_t kvb__ts_decode_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
+                                       kvb__status_msg_t *out)
 {
     kvb__statusts_msg_t s;
     kvb__frames_err_t e;
     if (n != KVB__STATUSTS_FRAMES || f[0].len == 0 || f[0].data[0] < '0' || f[0].data[0] > '9')
-        return false;
+        return KVB__TS_NOT_TS;
     if (kvb__frames_decode_status_ts(f, n, &e, &s) != KVB_OK) {
         kvb__conn_bad_message(m, KVB__MSG_STATUS, &e);
-        return true;
+        return KVB__TS_HANDLED;
     }
     if (s.status != KVB__TS_SUCCESS && s.status != KVB__TS_FAILED)
-        return true;
+        return KVB__TS_HANDLED;
     /* The first non -1 token and the first candidates seen (TokenSpeed's
-     * setdefault), for kvb_receiver_first_token(). */
+     * setdefault). */
     if (s.status == KVB__TS_SUCCESS && s.first_token != -1 && s.candidates.count <= 4096) {
         int32_t *c = malloc((s.candidates.count + 1) * sizeof(int32_t));
         for (size_t i = 0; c != NULL && i < s.candidates.count; i++)
@@ -195,13 +198,8 @@ bool kvb__ts_decode_message(struct kvb_manager *m, const kvb__frame_t *f, size_t
             kvb__ts_output_set(m, s.room, s.first_token, c, s.candidates.count, true);
         free(c);
     }
-    char room[24], rank[16];
-    int rl = snprintf(room, sizeof(room), "%llu", (unsigned long long)s.room);
-    int kl = snprintf(rank, sizeof(rank), "%d", (int)s.sender);
-    const char *value = s.status == KVB__TS_SUCCESS ? "4" : "0";
-    kvb__frame_t g[3] = {{(const uint8_t *)room, (size_t)rl},
-                         {(const uint8_t *)value, 1},
-                         {(const uint8_t *)rank, (size_t)kl}};
-    kvb__decode_on_message(m, g, 3);
-    return true;
+    out->room = s.room;
+    out->status = s.status == KVB__TS_SUCCESS ? KVB_POLL_SUCCESS : KVB_POLL_FAILED;
+    out->prefill_rank = s.sender;
+    return KVB__TS_STATUS;
 }

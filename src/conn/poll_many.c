@@ -3,68 +3,10 @@
  * rank with 10k rooms in flight polled each under the manager-wide mutex,
  * and from Python each poll also paid a ctypes call). Same answers and side
  * effects as polling each handle in turn with kvb_*_poll.
- *
- * kvb_manager_changed: which rooms to poll at all. Polling every active
- * room on each wake made a rank's cost per wake O(rooms in flight); the
- * changed list makes it O(rooms that changed). */
+ * Which rooms to poll at all: kvb_manager_changed (rooms.c). */
 #include "conn/conn_int.h"
 
 #include <kvbridge/conn.h>
-
-#include <unistd.h>
-
-void kvb__room_changed(kvb__room_t *r)
-{
-    struct kvb_manager *m = r->mgr;
-    uint64_t one = 1;
-    if (m == NULL)
-        return;
-    if (!r->changed) { /* at most once in the list: appended at its first change */
-        r->changed = 1;
-        r->cnext = NULL;
-        r->cprev = m->chg_tail;
-        if (m->chg_tail != NULL)
-            m->chg_tail->cnext = r;
-        else
-            m->chg_head = r;
-        m->chg_tail = r;
-    }
-    /* Non-blocking; a full counter (2^64 - 2 unread) is still readable. */
-    if (m->ev_on && write(m->ev_fd, &one, sizeof(one)) < 0)
-        return;
-}
-
-void kvb__room_unchange(struct kvb_manager *m, kvb__room_t *r)
-{
-    if (!r->changed)
-        return;
-    if (r->cprev != NULL)
-        r->cprev->cnext = r->cnext;
-    else
-        m->chg_head = r->cnext;
-    if (r->cnext != NULL)
-        r->cnext->cprev = r->cprev;
-    else
-        m->chg_tail = r->cprev;
-    r->cprev = r->cnext = NULL;
-    r->changed = 0;
-}
-
-kvb_status_t kvb_manager_changed(kvb_manager_h m, uint64_t *rooms, size_t cap, size_t *n_p)
-{
-    if (m == NULL || n_p == NULL || (cap > 0 && rooms == NULL))
-        return KVB_ERR_INVALID;
-    size_t n = 0;
-    pthread_mutex_lock(&m->mu);
-    while (n < cap && m->chg_head != NULL) {
-        kvb__room_t *r = m->chg_head;
-        rooms[n++] = r->id;
-        kvb__room_unchange(m, r);
-    }
-    pthread_mutex_unlock(&m->mu);
-    *n_p = n;
-    return KVB_OK;
-}
 
 static bool args_ok(const void *const *h, size_t count, const void *out)
 {
