@@ -24,6 +24,7 @@
 
 #include "engine/handshake.h"
 #include "kvb_test.h"
+#include "kvb_test_raw_hs.h"
 
 #define MiB (1u << 20)
 #define CONN_CAP 16
@@ -73,39 +74,9 @@ static kvb_status_t write_check(kvb_engine_h w, kvb_engine_h t, uint8_t *dst, si
     return st;
 }
 
-/* A raw handshake (from 127.0.0.2 when bind_local, else unbound: 127.0.0.1,
- * the genuine writers' own address), socket left open (the listener keeps
- * it). -1 when the target closed it without a reply (refused at the cap). */
-static int raw_handshake_from(uint16_t port, bool bind_local)
-{
-    struct sockaddr_in src = {.sin_family = AF_INET}, dst = {.sin_family = AF_INET};
-    uint8_t *req = NULL, *rep = NULL;
-    size_t req_len, rep_len;
-    char why[256];
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    inet_pton(AF_INET, "127.0.0.2", &src.sin_addr);
-    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-    dst.sin_port = htons(port);
-    if (bind_local)
-        CHECK_EQ(bind(fd, (struct sockaddr *)&src, sizeof(src)), 0);
-    CHECK_EQ(connect(fd, (struct sockaddr *)&dst, sizeof(dst)), 0);
-    CHECK_EQ(kvb__hs_request_encode("127.0.0.2:9", 0, &req, &req_len), KVB_OK);
-    CHECK_EQ(write(fd, req, req_len), (ssize_t)req_len);
-    uint64_t deadline = (uint64_t)(kvb_test_now_s() * 1e9) + 5000000000ull;
-    kvb_status_t st =
-        kvb__sock_read_msg(fd, NULL, 1 << 20, deadline, &rep, &rep_len, why, sizeof(why));
-    free(req);
-    free(rep);
-    if (st != KVB_OK) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 static int raw_handshake(uint16_t port)
 {
-    int fd = raw_handshake_from(port, true);
+    int fd = kvb_test_raw_handshake(port, true);
     CHECK(fd >= 0);
     return fd;
 }
@@ -196,7 +167,7 @@ static void test_control_in_flight(void)
     CHECK_EQ(dst[0], src[0]);
     int accepted = 0, refused = 0;
     for (int i = 0; i < EVICT_FLOOD; i++) {
-        fds[i] = raw_handshake_from(port_of(t), false);
+        fds[i] = kvb_test_raw_handshake(port_of(t), false);
         fds[i] >= 0 ? accepted++ : refused++;
     }
     double t_flood = kvb_test_now_s();

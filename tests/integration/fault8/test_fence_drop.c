@@ -16,9 +16,9 @@
  * "direct" (decode pool from kvb_mem_alloc: the prefill's copy threads),
  * "shm" (the message lane over shared memory), "tcp". One process: a
  * bootstrap server, a prefill rank and a decode rank (tests/harness). */
-#include "engine/handshake.h"
 #include "harness/kvb_cluster.h"
 #include "kvb_test.h"
+#include "kvb_test_raw_hs.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -65,32 +65,6 @@ static int drop_accepted(uint16_t port)
     return n;
 }
 
-/* A raw, unauthenticated handshake to 127.0.0.1:port from the writers' own
- * address, left open; -1 when the target closed it without a reply. */
-static int raw_handshake(uint16_t port)
-{
-    struct sockaddr_in dst = {.sin_family = AF_INET};
-    uint8_t *req = NULL, *rep = NULL;
-    size_t req_len, rep_len;
-    char why[256];
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-    dst.sin_port = htons(port);
-    CHECK_EQ(connect(fd, (struct sockaddr *)&dst, sizeof(dst)), 0);
-    CHECK_EQ(kvb__hs_request_encode("127.0.0.1:9", 0, &req, &req_len), KVB_OK);
-    CHECK_EQ(write(fd, req, req_len), (ssize_t)req_len);
-    uint64_t deadline = (uint64_t)(kvbh_now() * 1e9) + 5000000000ull;
-    kvb_status_t st =
-        kvb__sock_read_msg(fd, NULL, 1 << 20, deadline, &rep, &rep_len, why, sizeof(why));
-    free(req);
-    free(rep);
-    if (st != KVB_OK) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 /* Review 2, finding 4 end to end: with KVBRIDGE_MAX_CONTROL_CONNS=4 on the
  * decode's engine, FLOOD unauthenticated handshakes from 127.0.0.1 (the
  * prefill's own address) while the room is in flight must not evict the
@@ -103,7 +77,7 @@ static void flood_during(kvbh_pair_t *pr, kvb_receiver_h rc, const int32_t *dst,
     int fds[FLOOD], accepted = 0;
     double t_flood = kvbh_now();
     for (int i = 0; i < FLOOD; i++)
-        accepted += (fds[i] = raw_handshake((uint16_t)atoi(colon + 1))) >= 0;
+        accepted += (fds[i] = kvb_test_raw_handshake((uint16_t)atoi(colon + 1), false)) >= 0;
     double t_flooded = kvbh_now();
     kvb_poll_t p = kvbh_wait_receiver(rc, 20);
     double t_end = kvbh_now();
