@@ -477,14 +477,12 @@ void kvb__decode_stop(struct kvb_manager *m);
 void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
 void kvb__decode_free(struct kvb_manager *m);
 
-/* manager.c */
-/* A bootstrap client for addr carrying the manager's token (if any). */
+/* rooms.c */
 /* m->mu held: a room's poll answer may have changed (status, or a source's
  * response that can close a failed room's fence): wake kvb_manager_event_fd
  * waiters. */
 void kvb__room_changed(kvb__room_t *r);
-/* m->mu held: take r off the kvb_manager_changed list (when freed). Both in
- * rooms.c. */
+/* m->mu held: take r off the kvb_manager_changed list (when freed). */
 void kvb__room_unchange(struct kvb_manager *m, kvb__room_t *r);
 
 /* Polling pieces shared by kvb_*_poll and kvb_*_poll_many (poll_many.c).
@@ -505,10 +503,15 @@ static inline void kvb__count_boot(struct kvb_manager *m, kvb_status_t st)
     if (st != KVB_OK)
         __atomic_add_fetch(&m->boot_failed, 1, __ATOMIC_RELAXED);
 }
+/* common.c: shared by the role files. */
+/* A bootstrap client for addr carrying the manager's token (if any). */
 kvb_status_t kvb__bootstrap_client(struct kvb_manager *m, const char *addr,
                                    kvb_bootstrap_client_h *client_p);
+/* Count a malformed control message of kind (logged once per kind); the
+ * room it names (e->has_room) fails with e->reason. Takes m->mu. */
 void kvb__conn_bad_message(struct kvb_manager *m, int kind, const kvb__frames_err_t *e);
-/* Send a status (room, value, rank) to ip:port. */
+/* prefill_xfer.c: send a status (room, value, rank) to ip:port, in the
+ * dialect that endpoint speaks. */
 kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
                               int status, int32_t rank);
 /* Writer tag of the prefill rank whose control endpoint is ip:port (the

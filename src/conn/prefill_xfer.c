@@ -91,6 +91,22 @@ static size_t notes_due(struct kvb_manager *m, kvb__room_t *r, note_t **out, int
     return n;
 }
 
+kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
+                              int status, int32_t rank)
+{
+    kvb__frames_buf_t b;
+    kvb__frames_err_t e;
+    kvb__status_msg_t s = {room, status, rank};
+    if (m->mode == KVB_MODE_PREFILL && kvb__ts_endpoint(m, ip, port))
+        return kvb__ts_send_status(m, ip, port, room, status); /* never 3 frames to it */
+    kvb__frames_buf_init(&b);
+    kvb_status_t st = kvb__frames_encode_status(&s, &e, &b);
+    if (st == KVB_OK)
+        st = kvb__zsend(&m->zc, ip, port, &b);
+    kvb__frames_buf_free(&b);
+    return st;
+}
+
 static void send_notes(struct kvb_manager *m, uint64_t room, note_t *notes, size_t n, int status)
 {
     KVB_LOGD("manager %s: room %llu ends %s; telling %zu decode rank(s)", m->endpoint,
