@@ -73,6 +73,11 @@ int kvbh_main_init(int argc, char **argv)
     }
     g_self = argv[0];
     signal(SIGPIPE, SIG_IGN);
+    /* UCX logs to stdout unless told otherwise (read when its library
+     * loads, so for the children): there the children answer the test, and
+     * an endpoint error once took the place of a reply (test_fault8_netcut
+     * in CI, 2026-12-02). */
+    setenv("UCX_LOG_FILE", "/dev/stderr", 0);
     snprintf(pid, sizeof(pid), "%ld", (long)getpid());
     setenv("KVBH_PARENT", pid, 1);
     return 0;
