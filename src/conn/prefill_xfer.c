@@ -308,6 +308,15 @@ static bool dst_pages_fit(const kvb__reg_t *g, const kvb__dst_t *d, char *why, s
     return true;
 }
 
+/* When reg's decode last failed a write (record_failures may store it again
+ * meanwhile: a worker reads it without m->mu). */
+static double reg_failed_at(kvb__reg_t *reg)
+{
+    double t;
+    __atomic_load(&reg->failed_at, &t, __ATOMIC_RELAXED);
+    return t;
+}
+
 static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const kvb__chunk_t *c)
 {
     uint64_t shift = 0;
@@ -333,7 +342,7 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why), "%s", j->reg->plan_error);
     } else if (__atomic_load_n(&j->reg->failed, __ATOMIC_ACQUIRE) &&
-               kvb__now_s() - j->reg->failed_at < m->session_backoff_s) {
+               kvb__now_s() - reg_failed_at(j->reg) < m->session_backoff_s) {
         j->st = KVB_ERR_PEER;
         snprintf(j->why, sizeof(j->why),
                  "Decode instance could be dead, remote session %s is not alive", d->session);
@@ -586,7 +595,9 @@ static void record_failures(struct kvb_manager *m, kvb__room_t *r, work_t *w)
             continue;
         m->transfers_failed++;
         if (j->reg != NULL && (j->st == KVB_ERR_PEER || j->st == KVB_ERR_TIMEOUT)) {
-            j->reg->failed_at = kvb__now_s();
+            double now = kvb__now_s();
+            /* atomic: a worker planning another chunk to it reads it unlocked */
+            __atomic_store(&j->reg->failed_at, &now, __ATOMIC_RELAXED);
             __atomic_store_n(&j->reg->failed, 1, __ATOMIC_RELEASE);
         }
         if (r != NULL)
