@@ -464,6 +464,22 @@ int kvbh_wait_sender_ready(kvb_sender_h s, double timeout_s)
     return -1;
 }
 
+kvb_status_t kvbh_pair_room(kvbh_pair_t *p, uint64_t room, const int32_t *src, const int32_t *dst,
+                            int n, kvb_receiver_h *rc_p, kvb_sender_h *s_p)
+{
+    kvb_status_t st;
+    *rc_p = NULL;
+    *s_p = NULL;
+    kvbh_fill(&p->pre, room, src, n, -1);
+    if ((st = kvb_receiver_create(p->dec.mgr, p->boot.addr, room, -1, rc_p)) != KVB_OK ||
+        (st = kvb_receiver_init(*rc_p, dst, (size_t)n, 0, NULL)) != KVB_OK ||
+        (st = kvb_sender_create(p->pre.mgr, p->boot.addr, room, s_p)) != KVB_OK)
+        return st;
+    if (kvbh_wait_sender_ready(*s_p, 10) != 0)
+        return KVB_ERR_TIMEOUT;
+    return kvb_sender_init(*s_p, (uint64_t)n, 0);
+}
+
 int kvbh_wait_receivers_fail(kvb_receiver_h *rc, int n, double t0, double timeout_s, int *other_p,
                              double *t_last_p)
 {

@@ -177,6 +177,13 @@ typedef struct kvbh_pair {
 kvb_status_t kvbh_pair_start(kvbh_pair_t *p, const kvbh_geom_t *g, int mem, const kvbh_knobs_t *pre,
                              const kvbh_knobs_t *dec);
 void kvbh_pair_stop(kvbh_pair_t *p); /* safe on a zeroed or failed pair */
+/* One room of n pages between a pair, ready to send: the prefill's pages
+ * src filled with room's pattern, a receiver initialised on dst (aux slot
+ * 0) and a sender initialised and ready; the caller sends, then destroys
+ * both. The failing call's status (a sender not ready within 10 s:
+ * KVB_ERR_TIMEOUT). */
+kvb_status_t kvbh_pair_room(kvbh_pair_t *p, uint64_t room, const int32_t *src, const int32_t *dst,
+                            int n, kvb_receiver_h *rc_p, kvb_sender_h *s_p);
 
 /* ---- a raw ZeroMQ peer: frames as any peer on the network could send them ---- */
 

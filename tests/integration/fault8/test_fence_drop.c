@@ -110,12 +110,7 @@ static void test_drop(const char *lane, int flood)
         src[i] = NP - 1 - i;
         dst[i] = i;
     }
-    kvbh_fill(&pr.pre, ROOM, src, NP, -1);
-    CHECK_EQ(kvb_receiver_create(pr.dec.mgr, pr.boot.addr, ROOM, -1, &rc), KVB_OK);
-    CHECK_EQ(kvb_receiver_init(rc, dst, NP, 0, NULL), KVB_OK);
-    CHECK_EQ(kvb_sender_create(pr.pre.mgr, pr.boot.addr, ROOM, &s), KVB_OK);
-    CHECK_EQ(kvbh_wait_sender_ready(s, 10), 0);
-    kvb_sender_init(s, NP, 0);
+    CHECK_EQ(kvbh_pair_room(&pr, ROOM, src, dst, NP, &rc, &s), KVB_OK);
     kvb_sender_send(s, src, NP);
     /* The fault window: the first page's bytes have landed, the rest is
      * being sent (32 MiB at a few GB/s: tens of ms). */

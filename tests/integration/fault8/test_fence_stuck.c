@@ -40,12 +40,7 @@ int main(void)
         src[i] = i;
         dst[i] = 100 + i;
     }
-    kvbh_fill(&pr.pre, ROOM, src, NP, -1);
-    CHECK_EQ(kvb_receiver_create(pr.dec.mgr, pr.boot.addr, ROOM, -1, &rc), KVB_OK);
-    CHECK_EQ(kvb_receiver_init(rc, dst, NP, 0, NULL), KVB_OK);
-    CHECK_EQ(kvb_sender_create(pr.pre.mgr, pr.boot.addr, ROOM, &s), KVB_OK);
-    CHECK_EQ(kvbh_wait_sender_ready(s, 10), 0);
-    kvb_sender_init(s, NP, 0);
+    CHECK_EQ(kvbh_pair_room(&pr, ROOM, src, dst, NP, &rc, &s), KVB_OK);
     KVB__HOOK_SET(direct_stall_ms, STALL_MS);
     double t0 = kvbh_now();
     kvb_sender_send(s, src, NP);

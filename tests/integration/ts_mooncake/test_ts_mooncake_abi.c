@@ -9,17 +9,11 @@
  * written; unregister; destroy. */
 #include <kvbridge/ts_mooncake.h>
 
+#include "kvb_test.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);                  \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 #define SRC_LEN (1u << 20)
 #define DST_LEN (1u << 20)
