@@ -9,7 +9,9 @@
 2. No dialect knowledge outside src/dialect/: the patterns below (dialect
    constants, frame layouts, wire JSON keys) appear only there.
 
-Usage: check-structure.py BUILD_DIR [--report]   (--report: never fail)
+Usage: check-structure.py BUILD_DIR [--report] [--allow-circle PREFIX]...
+  --report: print, never fail; --allow-circle: a circle all of whose files
+  start with PREFIX is printed but does not fail (a restructure under way)
 """
 import os
 import re
@@ -26,7 +28,9 @@ def objects(build):
         for f in files:
             if f.endswith(".c.o"):
                 p = os.path.join(d, f)
-                out[os.path.relpath(p, base)[:-2]] = p  # "conn/decode.c"
+                rel = os.path.relpath(p, base)[:-2]  # "conn/decode.c"
+                if os.path.exists(os.path.join(ROOT, "src", rel)):  # not a moved file's stale object
+                    out[rel] = p
     return out
 
 
@@ -111,12 +115,20 @@ def circles(edges):
 # Dialect knowledge: names that belong to one dialect's module. A pattern
 # found in a file outside src/dialect/ is a violation.
 DIALECT_PATTERNS = [
-    r"KVB__DIALECT_",
-    r"KVB__TS_",
-    r"KVB__F26_",
-    r"KVB__FTS_",
-    r"\"kvbridge-ext/1\"",
+    r"KVB__DIALECT_",  # the old dialect constants
+    r"KVB__TS_",  # TokenSpeed's values and kinds
+    r"KVB__MSG_",  # SGLang's message kinds
+    r"KVB__WIRE_",  # SGLang's status values
+    r"KVB__KIND_",  # message kind names
+    r"\bKVB__(REG|XFER|STATUS)(26|TS)_",  # frame counts
+    r"kvb__frames_(en|de)code_(?!peer)",  # a dialect's message codec
+    r"kvb__frames_classify",
+    r"kvb__lol_",  # SGLang 2026's list-of-lists
 ]
+# Not listed: kvbridge's own extension framing ("kvbridge-ext/1" and its
+# key=value frames, proto/frames.h), which rides on several dialects; the
+# bootstrap route table (proto/bootstrap_json.c, bootstrap/client.c) still
+# calls each dialect's JSON shapes by name (docs/architecture.md).
 DIALECT_HOME = "src/dialect/"
 
 
@@ -140,13 +152,15 @@ def main():
         print(__doc__)
         return 2
     report = "--report" in sys.argv
+    allowed = [sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--allow-circle"]
     objs = objects(sys.argv[1])
     if not objs:
         print("check-structure: no objects under", sys.argv[1])
         return 2
     bad = circles(graph(objs))
+    tolerated = [c for c in bad if any(all(f.startswith(p) for f in c[0]) for p in allowed)]
     for comp, back in bad:
-        print("circle:", " ".join(comp))
+        print("circle (allowed for now):" if (comp, back) in tolerated else "circle:", " ".join(comp))
         for e in back:
             print("   ", e)
     leaks = dialect_leaks()
@@ -154,7 +168,8 @@ def main():
         print("dialect knowledge outside", DIALECT_HOME + ":", l)
     print(f"check-structure: {len(objs)} files, {len(bad)} circle(s), "
           f"{len(leaks)} dialect leak(s)")
-    return 0 if report or (not bad and not leaks) else 1
+    failing = len(bad) - len(tolerated)
+    return 0 if report or (not failing and not leaks) else 1
 
 
 if __name__ == "__main__":

@@ -5,15 +5,35 @@
  * import circle through the manager). */
 #include "conn/conn_int.h"
 
+#include <stdlib.h>
 #include <string.h>
 
-void kvb__conn_bad_message(struct kvb_manager *m, int kind, const kvb__frames_err_t *e)
+void kvb__copy_str(char *dst, size_t cap, const char *s, size_t n)
 {
-    int first;
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, s, n);
+    dst[n] = '\0';
+}
+
+uint64_t *kvb__copy_u64_view(kvb__u64_view_t v)
+{
+    uint64_t *a = malloc((v.count ? v.count : 1) * sizeof(*a));
+    for (size_t i = 0; a != NULL && i < v.count; i++)
+        a[i] = kvb__u64_at(v, i);
+    return a;
+}
+
+void kvb__conn_bad_message(struct kvb_manager *m, const char *kind, const kvb__frames_err_t *e)
+{
+    bool first = true;
+    size_t i = 0;
     pthread_mutex_lock(&m->mu);
     m->bad_messages++;
-    first = !(m->bad_kinds_logged & (1ull << (kind & 63)));
-    m->bad_kinds_logged |= 1ull << (kind & 63);
+    for (; i < 64 && m->bad_kinds_logged[i] != NULL && first; i++)
+        first = strcmp(m->bad_kinds_logged[i], kind) != 0;
+    if (first && i < 64)
+        m->bad_kinds_logged[i] = kind;
     if (e != NULL && e->has_room) {
         kvb__room_t *r = kvb__room_find(m, e->room);
         if (r != NULL)
@@ -24,8 +44,7 @@ void kvb__conn_bad_message(struct kvb_manager *m, int kind, const kvb__frames_er
     if (first)
         KVB_LOGW("control %s: dropped a malformed %s message: %s (further ones of this kind "
                  "are counted, not logged)",
-                 m->endpoint, kvb__frames_kind_name((kvb__msg_kind_t)kind),
-                 e != NULL ? e->reason : "unrecognised frames");
+                 m->endpoint, kind, e != NULL ? e->reason : "unrecognised frames");
 }
 
 uint32_t kvb__endpoint_tag(const char *ip, uint16_t port)

@@ -12,7 +12,8 @@
 
 #include "core/core.h"
 #include "proto/frames.h"
-#include "proto/frames26.h"
+
+struct kvb__dialect; /* dialect/dialect.h: the connector sees dialects only through it */
 
 #define KVB_IP_MAX 256
 #define KVB_SID_MAX 300
@@ -81,6 +82,28 @@ kvb_status_t kvb__zbind_pull(void *zctx, const char *host, const kvb__zcurve_t *
 /* "tcp://ip:port", brackets around IPv6. */
 void kvb__zendpoint(const char *ip, uint16_t port, char *out, size_t len);
 
+/* ---- the connector's own messages (every dialect decodes into these) ---- */
+typedef struct kvb__status_in { /* a room's status from a prefill rank */
+    uint64_t room;
+    int32_t status; /* KVB_POLL_*: only Success and Failed change anything */
+    int32_t prefill_rank;
+} kvb__status_in_t;
+
+typedef struct kvb__aux_in { /* inline aux data, checked against our aux buffers */
+    uint64_t room;
+    int32_t buffer_index, aux_index;
+    const uint8_t *payload;
+    size_t payload_len;
+} kvb__aux_in_t;
+
+typedef struct kvb__ack_in { /* a prefill rank's answer to our abort */
+    uint64_t room;
+    bool has_rank; /* without: sent at once, it confirms nothing */
+    int32_t rank;
+    bool has_generation; /* must then be our abort's */
+    uint64_t generation;
+} kvb__ack_in_t;
+
 /* ---- rooms ---- */
 
 /* One destination of a prefill room (a decode rank's transfer info). */
@@ -96,12 +119,12 @@ typedef struct kvb__dst {
     uint8_t *mask; /* n_pages entries or NULL */
     int32_t *state_idx;
     size_t n_state;
-    uint64_t epoch; /* the decode's writer grant for this room (0: none sent) */
-    int dialect;    /* KVB__DIALECT_* of the transfer info */
+    uint64_t epoch;                     /* the decode's writer grant for this room (0: none sent) */
+    const struct kvb__dialect *dialect; /* of the transfer info (dialect/dialect.h) */
     /* 2026: pages cover only the suffix after the decode's prefix of
      * skip_pages pages (prefix_tokens / page_size). */
     uint64_t skip_pages;
-    struct kvb__ts_plan *ts_plan; /* TokenSpeed: the decode's plan (frames 12-13), or NULL */
+    void *plan; /* a decode-planning dialect's plan (dialect->plan_free), or NULL */
 } kvb__dst_t;
 
 /* A source of a decode room. */
@@ -113,8 +136,8 @@ typedef struct kvb__src {
     int dummy;
     uint64_t epoch; /* our writer grant for this room to this source (0: none delivered:
                        dummy, no "kvbridge" key, TokenSpeed, grant table full) */
-    int dialect;    /* KVB__DIALECT_* of its bootstrap server's answer: what we speak to it */
-    int kvbridge;   /* its look-up answer said "kvbridge": it gets our extension frames */
+    const struct kvb__dialect *dialect; /* of its bootstrap server's answer: what we speak */
+    int kvbridge; /* its look-up answer said "kvbridge": it gets our extension frames */
 } kvb__src_t;
 
 typedef struct kvb__room {
@@ -147,7 +170,8 @@ typedef struct kvb__room {
     size_t n_xfers, cap_xfers;
     char abort_ip[KVB_IP_MAX]; /* decode that asked for the abort (ack target) */
     uint16_t abort_port;
-    int abort_ack26;    /* the abort came as a 2026 ABORT: answer ABORT_ACK, not a status */
+    const struct kvb__dialect *abort_via; /* the abort came as this dialect's abort message:
+                                             its send_abort_ack answers, not a status */
     int abort_has_gen;  /* that ABORT carried SGLang 0.5.23's generation: the ACK echoes it */
     uint64_t abort_gen; /* prefill: that generation; decode: the one our ABORT carried (an
                            ACK with another is a late one for an earlier use of the room id) */
@@ -191,21 +215,41 @@ typedef struct kvb__reg {
     size_t n_state;
     int32_t tp_rank, tp_size;
     int64_t item_len;
-    int dialect;      /* KVB__DIALECT_* its KV args came in */
-    char peer_id[41]; /* CURVE key it came with ("" without CURVE): a replacement
-                         needs the same */
-    int has_kv_pool;  /* it sent "kv_lens=": its destination pages are checked */
-    uint64_t kv_pool; /* pages in each of its KV buffers (the smallest) */
-    kvb_plan_h plan;  /* NULL when plan_error is set */
-    char *plan_error; /* why this decode cannot be served */
-    uint64_t bytes;   /* its pointer arrays (KVBRIDGE_MAX_REGISTRATION[S]_BYTES) */
-    int failed;       /* a write to it failed */
+    const struct kvb__dialect *dialect; /* its KV args came in */
+    char peer_id[41];                   /* CURVE key it came with ("" without CURVE): a replacement
+                                           needs the same */
+    int has_kv_pool;                    /* it sent "kv_lens=": its destination pages are checked */
+    uint64_t kv_pool;                   /* pages in each of its KV buffers (the smallest) */
+    kvb_plan_h plan;                    /* NULL when plan_error is set */
+    char *plan_error;                   /* why this decode cannot be served */
+    uint64_t bytes; /* its pointer arrays (KVBRIDGE_MAX_REGISTRATION[S]_BYTES) */
+    int failed;     /* a write to it failed */
     double failed_at;
     uint64_t registered_ms, used_ms; /* monotonic ms; used_ms: last transfer info or chunk
                                         naming it, 0: none yet */
     int refs;
     struct kvb__reg *next;
 } kvb__reg_t;
+
+/* regs.c: the registration table (reg_mu taken inside). */
+typedef enum kvb__reg_ins {
+    KVB__REG_OK = 0,
+    KVB__REG_FULL,     /* count cap, only registrations in use left */
+    KVB__REG_IMPOSTOR, /* the session is registered with another CURVE key */
+    KVB__REG_TOO_BIG   /* byte cap, only registrations in use left */
+} kvb__reg_ins_t;
+/* The session's registration with a reference (release with kvb__reg_put),
+ * marked in use now; NULL when none. */
+kvb__reg_t *kvb__reg_get(struct kvb_manager *m, const char *session);
+void kvb__reg_put(kvb__reg_t *g); /* NULL-safe; frees at the last reference */
+/* A transfer info names the session: in use for the room TTL from now. */
+void kvb__reg_touch(struct kvb_manager *m, const char *session);
+/* Put g in the table (caller holds reg_mu for writing), replacing the
+ * session's earlier record, which only the same CURVE identity may do;
+ * *old_p: what to release after unlocking. */
+kvb__reg_ins_t kvb__reg_insert(struct kvb_manager *m, kvb__reg_t *g, kvb__reg_t **old_p);
+/* Monotonic milliseconds, never 0. */
+uint64_t kvb__now_ms(void);
 
 /* ---- prefill: chunks and queues ---- */
 typedef struct kvb__chunk {
@@ -238,7 +282,8 @@ typedef struct kvb__addr {
     pthread_mutex_t client_mu;
     int have_info;
     kvb_bootstrap_parallel_info_t info;
-    int dialect;     /* KVB__DIALECT_* the server answered in: the ZeroMQ dialect to its ranks */
+    const struct kvb__dialect *dialect; /* the server answered in: the ZeroMQ dialect to its
+                                           ranks */
     int32_t cp_size; /* the prefill's attention CP size (seed 001: 1): its status ranks are
                         tp*(pp*cp) + pp*cp + cp; only CP rank 0 sends (spec 7.7) */
     int follow_room; /* 2026 follow_bootstrap_room (seed 001: 1): DP group = room % dp_size;
@@ -297,7 +342,7 @@ struct kvb_manager {
     kvb__wpeer_t *wpeers; /* peers holding wire rooms (mu) */
     size_t max_wire_rooms;
     uint64_t max_wire_room_bytes;
-    uint64_t bad_kinds_logged; /* bit per message kind already logged */
+    const char *bad_kinds_logged[64]; /* message kinds already logged (mu) */
 
     pthread_cond_t room_cv;
 
@@ -322,7 +367,8 @@ struct kvb_manager {
     pthread_t ref_thr; /* periodic re-registration (prefill_ctl.c) */
     int ref_started;
 
-    struct kvb__ts *ts; /* prefill: TokenSpeed peers and first tokens (prefill_ts.c) */
+    struct kvb__outputs *outputs;     /* rooms' first tokens (outputs.c) */
+    struct kvb__endpoints *endpoints; /* prefill: decode endpoints' dialects (endpoints.c) */
 
     /* decode */
     kvb__addr_t *addrs;
@@ -346,37 +392,6 @@ struct kvb_receiver {
     uint64_t room;
     int concluded;
 };
-
-/* ---- SGLang dialects (wire26.c) ---- */
-#define KVB__DIALECT_2025 2025 /* seed 001 (PROTOCOL.md) */
-#define KVB__DIALECT_2026 2026 /* PROTOCOL-SGLANG-2026.md */
-#define KVB__DIALECT_TS 4      /* TokenSpeed, seed 004 (PROTOCOL-TOKENSPEED.md; prefill_ts.c) */
-/* The ZeroMQ dialect a decode speaks to a prefill instance is the one its
- * bootstrap server answered in (PROTOCOL-SGLANG-2026.md 11.1: "speak on
- * ZeroMQ the dialect of the server that answered"): the manager's
- * sglang_dialect (KVBRIDGE_SGLANG_DIALECT, default 2026) unless a seed-001
- * server made the bootstrap client fall back to 2025 (kvb__addr_t.dialect,
- * kvb__src_t.dialect). Prefill ranks answer each peer in the dialect it
- * used. */
-/* kvbridge's extension frames (kv_lens=, epoch=, page_mask=, prefix_len=,
- * state_idx=, abort=1; after the "kvbridge-ext/1" marker) go only to a
- * prefill rank whose bootstrap look-up answer said "kvbridge"
- * (kvb__src_t.kvbridge): SGLang's and TokenSpeed's prefills get their
- * dialect's frames and nothing else. Without them no writer grant travels
- * (writes carry epoch 0: the fence is what that prefill offers, its
- * ABORT/ACK or statuses) and a seed-001 prefill gets no abort at all. */
-/* ABORT_ACK (room, rank) to ip:port: always the 3-frame form, sent only
- * once no write of the room can land. */
-kvb_status_t kvb__send_abort_ack(struct kvb_manager *m, const char *ip, uint16_t port,
-                                 uint64_t room, int32_t rank, const uint64_t *gen);
-/* ABORT (room, our ip, our port, gen) to a 2026 prefill rank. gen (>= 1)
- * is SGLang 0.5.23's frame 4: that prefill's deferred mode ACKs only an
- * ABORT with one, echoing it; the spec's commit reads frames 0-3 only. */
-kvb_status_t kvb__send_abort26(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
-                               uint64_t gen);
-/* Log once per kind and count a message kvbridge does not support (the
- * 2026 staging messages): it fails no room and is otherwise ignored. */
-void kvb__conn_unsupported(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
 
 /* rooms.c (mgr->mu held by the caller for every function here) */
 kvb__room_t *kvb__room_find(struct kvb_manager *m, uint64_t id);
@@ -405,71 +420,65 @@ kvb_status_t kvb__prefill_start(struct kvb_manager *m);
 void kvb__prefill_stop(struct kvb_manager *m);
 void kvb__prefill_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
 void kvb__prefill_free(struct kvb_manager *m);
-/* prefill_ctl.c: re-register with the bootstrap server every
+/* prefill_notify.c. m->mu held: fail the room, wait until no worker is
+ * issuing writes for it, cancel the writes in flight. */
+void kvb__prefill_abort_room(struct kvb_manager *m, kvb__room_t *r, const char *reason);
+/* Send whatever terminal status of room is due (never under m->mu). */
+void kvb__prefill_notify(struct kvb_manager *m, uint64_t room);
+typedef struct kvb__note { /* one decode endpoint to tell */
+    char ip[KVB_IP_MAX];
+    uint16_t port;
+    const struct kvb__dialect *ack; /* the decode asked for the abort in this dialect:
+                                       its ABORT_ACK instead of the status */
+    int has_gen;                    /* its ABORT's generation (SGLang 0.5.23): echoed in the ACK */
+    uint64_t gen;
+} kvb__note_t;
+/* m->mu held: the endpoints to tell about the room's end (0: nothing due);
+ * *status_p the value to send. */
+size_t kvb__notes_due(struct kvb_manager *m, kvb__room_t *r, kvb__note_t **out, int *status_p);
+/* Send them (never under m->mu) and free notes. */
+void kvb__send_notes(struct kvb_manager *m, uint64_t room, kvb__note_t *notes, size_t n,
+                     int status);
+/* prefill_boot.c: register this rank with the bootstrap server (PUT /route). */
+kvb_status_t kvb__prefill_register(struct kvb_manager *m);
+/* prefill_boot.c: re-register with the bootstrap server every
  * p.bootstrap_refresh_s on a thread of its own (nothing when 0); stop joins it
  * within the PUT's time-out (min(1 s, interval)) once m->stop is set. */
 kvb_status_t kvb__prefill_refresh_start(struct kvb_manager *m);
 void kvb__prefill_refresh_stop(struct kvb_manager *m);
 
-/* prefill_ctl.c, for the TokenSpeed dialect (prefill_ts.c) */
-/* Store a decode's KV args (pointers copied; state moved) under its session:
- * no decode-side planner (each TokenSpeed room brings its plan). */
-void kvb__prefill_reg_install(struct kvb_manager *m, const char *ip, size_t ip_len, const char *sid,
-                              size_t sid_len, uint16_t port, kvb__u64_view_t kv, uint64_t *state,
-                              size_t n_state, int dialect);
-/* Put destination d (moved) into its room as a transfer info of the decode at
- * ip:port does; why non-empty fails the room with it; the decode is told at
- * once when the room failed. */
+/* prefill_ctl.c: put destination d (moved) into its room as a transfer
+ * info of the decode at d->ip:d->port does; why non-empty fails the room
+ * with it; the decode is told at once when the room failed. */
 void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, int32_t required,
-                          const char *why, const char *ip, size_t ip_len, uint16_t port);
+                          const char *why);
 
-/* prefill_ts.c: TokenSpeed decodes (seed 004) on the prefill's port */
-/* Handle a TokenSpeed KV-args or transfer info (true), else false: the
- * message is another dialect's. Control thread. */
-bool kvb__ts_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
-/* Is ip:port a TokenSpeed decode's control endpoint? Then every status to it
- * goes out as kvb__ts_send_status. Any thread. */
-bool kvb__ts_endpoint(struct kvb_manager *m, const char *ip, uint16_t port);
-/* The TokenSpeed buffer_kind (kvb__ts_kind_t) of this rank's KV buffer b:
- * target K of layers 0..L-1, target V, then the draft model's K and V
- * (params draft_layers; spec 8.5: the draft pool's buffers are appended).
- * MLA: target latents, then draft latents (both "_k"). */
-int kvb__ts_buffer_kind(const struct kvb_manager *m, uint64_t b);
-/* The 5-frame status (status: KVB_POLL_FAILED or _SUCCESS, or the
- * KVB__TS_WAITING_FOR_INPUT arming value when ts_raw) with the room's first
- * token and candidates on Success. */
-kvb_status_t kvb__ts_send_status(struct kvb_manager *m, const char *ip, uint16_t port,
-                                 uint64_t room, int status);
-/* The blocks of chunk c for TokenSpeed destination d (decode g): its plan,
- * validated against both sides before any write. *st_p / why on error. */
-void kvb__ts_job_plan(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
-                      const kvb__chunk_t *c, kvb_plan_strided_t *out, kvb_status_t *st_p, char *why,
-                      size_t wl);
-/* A room's first token and candidates (prefill: the sender's; decode: from
- * a TokenSpeed prefill's Success). first_wins: keep what is there (the
- * decode keeps the first non -1 token seen, as TokenSpeed's does). Bounded
- * table (rooms map onto 4096 slots; a later room takes a slot). Any thread. */
-kvb_status_t kvb__ts_output_set(struct kvb_manager *m, uint64_t room, int64_t token,
-                                const int32_t *cands, size_t n, bool first_wins);
-/* A sender's aux slot (first-token fallback), from kvb_sender_init. */
-void kvb__ts_note_aux(struct kvb_manager *m, uint64_t room, int64_t aux_index);
-void kvb__ts_plan_destroy(struct kvb__ts_plan *plan); /* NULL-safe */
-void kvb__ts_free(struct kvb_manager *m);
+/* outputs.c: a room's first token and candidates (prefill: the sender's;
+ * decode: from a Success that carried them). first_wins: keep what is there
+ * (a decode keeps the first non -1 token seen). Bounded table. Any thread. */
+#define KVB__MAX_CANDIDATES 4096
+kvb_status_t kvb__output_set(struct kvb_manager *m, uint64_t room, int64_t token,
+                             const int32_t *cands, size_t n, bool first_wins);
+/* A sender's aux slot (first-token fallback), from kvb_sender_init: kept
+ * only once kvb__outputs_enable ran (a dialect that carries outputs spoke). */
+void kvb__output_note_aux(struct kvb_manager *m, uint64_t room, int64_t aux_index);
+void kvb__outputs_enable(struct kvb_manager *m);
+/* The room's first token: the sender's, else aux buffer 0's first int32 at
+ * the sender's aux slot (SGLang's output_ids), else -1. Candidates copied
+ * into *cands_p (caller frees). */
+int64_t kvb__output_first_token(struct kvb_manager *m, uint64_t room, int32_t **cands_p,
+                                size_t *n_p);
+void kvb__outputs_free(struct kvb_manager *m);
 
-/* decode_ts.c: kvbridge's decode facing a TokenSpeed prefill (its bootstrap
- * server answered in TokenSpeed's shape): 8-frame KV-args, 12-frame transfer
- * info, 5-frame statuses read (true: the message was one). */
-kvb_status_t kvb__ts_send_registration(struct kvb_manager *m, const char *ip, uint16_t port);
-kvb_status_t kvb__ts_send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
-                                   const int32_t *idx, size_t n, int64_t aux,
-                                   const kvb_receiver_init_t *ex);
-typedef enum kvb__ts_status {
-    KVB__TS_NOT_TS,  /* not a TokenSpeed status: another dialect's message */
-    KVB__TS_HANDLED, /* one, with nothing for the room (malformed: logged; progress) */
-    KVB__TS_STATUS,  /* one: *out holds its Success or Failed */
-} kvb__ts_status_t;
-kvb__ts_status_t kvb__ts_decode_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
-                                       kvb__status_msg_t *out);
+/* endpoints.c: the dialect a decode endpoint spoke, when not the default. */
+void kvb__endpoint_note(struct kvb_manager *m, const char *ip, size_t ip_len, uint16_t port,
+                        const struct kvb__dialect *dialect);
+/* NULL: never said (the default dialect's statuses). */
+const struct kvb__dialect *kvb__endpoint_dialect(struct kvb_manager *m, const char *ip,
+                                                 uint16_t port);
+void kvb__endpoints_free(struct kvb_manager *m);
+/* rooms.c: free a destination's arrays and plan. */
+void kvb__dst_free(kvb__dst_t *d);
 
 /* decode.c */
 kvb_status_t kvb__decode_start(struct kvb_manager *m);
@@ -507,10 +516,15 @@ static inline void kvb__count_boot(struct kvb_manager *m, kvb_status_t st)
 /* A bootstrap client for addr carrying the manager's token (if any). */
 kvb_status_t kvb__bootstrap_client(struct kvb_manager *m, const char *addr,
                                    kvb_bootstrap_client_h *client_p);
-/* Count a malformed control message of kind (logged once per kind); the
- * room it names (e->has_room) fails with e->reason. Takes m->mu. */
-void kvb__conn_bad_message(struct kvb_manager *m, int kind, const kvb__frames_err_t *e);
-/* prefill_xfer.c: send a status (room, value, rank) to ip:port, in the
+/* Copy n bytes of s into dst (cap bytes, NUL-terminated, truncated). */
+void kvb__copy_str(char *dst, size_t cap, const char *s, size_t n);
+/* A malloc'ed copy of v (NULL: no memory). */
+uint64_t *kvb__copy_u64_view(kvb__u64_view_t v);
+/* Count a malformed control message of kind (its name, a static string;
+ * logged once per kind); the room it names (e->has_room) fails with
+ * e->reason. Takes m->mu. */
+void kvb__conn_bad_message(struct kvb_manager *m, const char *kind, const kvb__frames_err_t *e);
+/* prefill_notify.c: send a status (room, value, rank) to ip:port, in the
  * dialect that endpoint speaks. */
 kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
                               int status, int32_t rank);

@@ -1,7 +1,7 @@
 /* Decode side: receivers, route resolution through the bootstrap server
  * (cached per address), KV-args registration, statuses and inline aux from
  * the prefill ranks, heartbeats, and the abort fence. */
-#include "conn/conn_int.h"
+#include "dialect/dialect.h"
 #include "engine/cuda_drv.h"
 
 #include <stdio.h>
@@ -170,9 +170,7 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     pthread_mutex_lock(&m->mu);
     if (!a->have_info) {
         a->info = info;
-        a->dialect = ext.dialect == KVB_BOOTSTRAP_DIALECT_2026         ? KVB__DIALECT_2026
-                     : ext.dialect == KVB_BOOTSTRAP_DIALECT_TOKENSPEED ? KVB__DIALECT_TS
-                                                                       : KVB__DIALECT_2025;
+        a->dialect = kvb__dialect_for_boot(ext.dialect);
         a->follow_room = ext.follow_bootstrap_room;
         a->cp_size = ext.attn_cp_size > 0 ? ext.attn_cp_size : 1;
         a->plan = plan;
@@ -186,113 +184,11 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     return KVB_OK;
 }
 
-/* The "kv_lens=" registration extension: this rank's KV buffer lengths
- * (packed u64, kv_args order), so the prefill can refuse destination pages
- * past the end of a buffer before writing anything. *f points into *buf_p. */
-static kvb_status_t kv_lens_ext(const struct kvb_manager *m, uint8_t **buf_p, kvb__frame_t *f)
-{
-    static const char key[] = "kv_lens=";
-    size_t n = sizeof(key) - 1 + (size_t)m->args.num_kv * 8;
-    uint8_t *buf = malloc(n);
-    if (buf == NULL)
-        return KVB_ERR_NOMEM;
-    memcpy(buf, key, sizeof(key) - 1);
-    memcpy(buf + sizeof(key) - 1, m->kv_lens, (size_t)m->args.num_kv * 8);
-    *f = (kvb__frame_t){buf, n};
-    *buf_p = buf;
-    return KVB_OK;
-}
-
-/* 2026 KV-args (18 frames): state buffers as one component, no layer ids,
- * no staging ring (kvbridge never stages), DCP 1/0; then, when lens is
- * given (a kvbridge prefill), the marker and kv_lens=. */
-static kvb_status_t send_registration26(struct kvb_manager *m, const char *ip, uint16_t port,
-                                        const kvb__frame_t *lens)
-{
-    kvb__frames_buf_t b;
-    kvb__frames_err_t e;
-    kvb__reg26_msg_t r = {0};
-    uint8_t *sp = NULL, *sl = NULL;
-    uint32_t *items = calloc(m->args.num_state + 1, sizeof(*items));
-    kvb_status_t st = items == NULL ? KVB_ERR_NOMEM : KVB_OK;
-    for (uint32_t i = 0; st == KVB_OK && i < m->args.num_state; i++) {
-        if (m->state_items[i] > UINT32_MAX)
-            st = KVB_ERR_INVALID; /* frame 10 carries u32 item lengths */
-        items[i] = (uint32_t)m->state_items[i];
-    }
-    if (st == KVB_OK && m->args.num_state > 0)
-        st = kvb__lol_pack_one(m->state_ptrs, m->args.num_state, 8, &sp, &r.state_ptrs);
-    if (st == KVB_OK && m->args.num_state > 0)
-        st = kvb__lol_pack_one(items, m->args.num_state, 4, &sl, &r.state_item_lens);
-    const char *sid = kvb_engine_session_id(m->engine);
-    r.ip = m->host;
-    r.ip_len = strlen(m->host);
-    r.port = m->port;
-    r.session_id = sid;
-    r.session_id_len = strlen(sid);
-    r.kv_ptrs = kvb__u64_view_of(m->kv_ptrs, m->args.num_kv);
-    r.aux_ptrs = kvb__u64_view_of(m->aux_ptrs, m->args.num_aux);
-    r.dst_tp_rank = m->p.attn_tp_rank;
-    r.dst_attn_tp_size = m->p.attn_tp_size;
-    r.dst_kv_item_len = (int64_t)m->args.kv_item_len;
-    r.dcp_size = 1;
-    r.ext = lens;
-    r.n_ext = lens != NULL ? 1 : 0;
-    kvb__frames_buf_init(&b);
-    if (st == KVB_OK)
-        st = kvb__frames_encode_registration26(&r, &e, &b);
-    if (st == KVB_OK)
-        st = kvb__zsend(&m->zc, ip, port, &b);
-    kvb__frames_buf_free(&b);
-    free(items);
-    free(sp);
-    free(sl);
-    return st;
-}
-
-/* KV-args in the source's dialect; kvbridge's kv_lens= (after the marker)
- * only to a kvbridge prefill. */
+/* KV args in the source's dialect (extensions only to a kvbridge prefill). */
 static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uint16_t port,
                                       const kvb__src_t *s)
 {
-    kvb__frames_buf_t b;
-    kvb__frames_err_t e;
-    kvb__reg_msg_t r = {0};
-    kvb__frame_t lens;
-    uint8_t *lens_buf = NULL;
-    if (s->dialect == KVB__DIALECT_TS)
-        return kvb__ts_send_registration(m, ip, port);
-    if (kv_lens_ext(m, &lens_buf, &lens) != KVB_OK)
-        return KVB_ERR_NOMEM;
-    if (s->dialect == KVB__DIALECT_2026) {
-        kvb_status_t st = send_registration26(m, ip, port, s->kvbridge ? &lens : NULL);
-        free(lens_buf);
-        return st;
-    }
-    r.ext = s->kvbridge ? &lens : NULL;
-    r.n_ext = s->kvbridge ? 1 : 0;
-    const char *sid = kvb_engine_session_id(m->engine);
-    r.ip = m->host;
-    r.ip_len = strlen(m->host);
-    r.port = m->port;
-    r.session_id = sid;
-    r.session_id_len = strlen(sid);
-    r.kv_ptrs = kvb__u64_view_of(m->kv_ptrs, m->args.num_kv);
-    r.aux_ptrs = kvb__u64_view_of(m->aux_ptrs, m->args.num_aux);
-    r.dst_tp_rank = m->p.attn_tp_rank;
-    r.dst_attn_tp_size = m->p.attn_tp_size;
-    r.dst_kv_item_len = (int64_t)m->args.kv_item_len;
-    if (m->args.num_state > 0) {
-        r.has_state_ptrs = true;
-        r.state_ptrs = kvb__u64_view_of(m->state_ptrs, m->args.num_state);
-    }
-    kvb__frames_buf_init(&b);
-    kvb_status_t st = kvb__frames_encode_registration(&r, &e, &b);
-    if (st == KVB_OK)
-        st = kvb__zsend(&m->zc, ip, port, &b);
-    kvb__frames_buf_free(&b);
-    free(lens_buf);
-    return st;
+    return s->dialect->send_registration(m, ip, port, s->kvbridge != 0);
 }
 
 /* KV args again to a cached route's prefill rank, asked by a failed room
@@ -411,7 +307,8 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
         return st;
     pthread_mutex_lock(&m->mu);
     int32_t pp = a->info.pp_size, dp = a->info.dp_size;
-    int dialect = a->dialect, follow = a->follow_room;
+    const kvb__dialect_t *dialect = a->dialect;
+    int follow = a->follow_room;
     st = a->have_info ? kvb_plan_route(a->plan, (uint32_t)m->p.attn_tp_rank, &rs->route)
                       : KVB_ERR_STATE;
     pthread_mutex_unlock(&m->mu);
@@ -491,144 +388,21 @@ kvb_status_t kvb_receiver_create(kvb_manager_h m, const char *bootstrap_addr, ui
 
 /* ---- init and abort messages ---- */
 
-/* 2026 transfer info (10 frames): the pages after the prefix only, the
- * prefix in tokens (frame 8), one state index list; then, to a kvbridge
- * prefill, the marker, epoch= and page_mask=. The caller checked what has
- * no 2026 form (init_fits_sources). */
-static kvb_status_t send_transfer26(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
-                                    const int32_t *idx, size_t n, int64_t aux,
-                                    const kvb_receiver_init_t *ex)
-{
-    kvb__frames_buf_t b;
-    kvb__frames_err_t e;
-    kvb__xfer26_msg_t x = {0};
-    uint8_t *lol = NULL;
-    const char *sid = kvb_engine_session_id(m->engine);
-    uint64_t prefix = ex != NULL && (ex->field_mask & KVB_RECV_INIT_PREFIX) ? ex->prefix_tokens : 0;
-    uint64_t skip = prefix / (m->args.page_size ? m->args.page_size : 1);
-    kvb_status_t st = KVB_OK;
-    x.room = room;
-    x.ip = m->host;
-    x.ip_len = strlen(m->host);
-    x.port = m->port;
-    x.session_id = sid;
-    x.session_id_len = strlen(sid);
-    x.is_dummy = s->dummy;
-    x.aux_index = s->dummy ? -1 : (int32_t)aux;
-    x.pages =
-        s->dummy || skip >= n ? kvb__i32_view_of(NULL, 0) : kvb__i32_view_of(idx + skip, n - skip);
-    x.required_dst_info_num = (int32_t)s->required_dst_info_num;
-    x.has_prefix_len = true;
-    x.prefix_len = (int64_t)prefix;
-    x.has_epoch = !s->dummy && s->epoch != 0 && s->kvbridge;
-    x.epoch = s->epoch;
-    if (!s->dummy && s->kvbridge && ex != NULL && (ex->field_mask & KVB_RECV_INIT_MASK) &&
-        ex->page_mask != NULL && x.pages.count > 0) {
-        x.has_page_mask = true; /* the suffix's bytes, aligned with frame 4 */
-        x.page_mask = ex->page_mask + skip;
-    }
-    if (!s->dummy && ex != NULL && (ex->field_mask & KVB_RECV_INIT_STATE) &&
-        ex->num_state_indices > 0 && ex->state_indices != NULL)
-        st = kvb__lol_pack_one(ex->state_indices, ex->num_state_indices, 4, &lol, &x.state_idx);
-    kvb__frames_buf_init(&b);
-    if (st == KVB_OK)
-        st = kvb__frames_encode_transfer26(&x, &e, &b);
-    if (st != KVB_OK)
-        KVB_LOGW("manager %s: transfer info for room %llu not encodable: %s", m->endpoint,
-                 (unsigned long long)room, e.reason);
-    else
-        st = kvb__zsend(&m->zc, s->ip, s->port, &b);
-    kvb__frames_buf_free(&b);
-    free(lol);
-    return st;
-}
-
-/* Frames 0-6 of a seed-001 transfer info from us to s (a dummy when dummy). */
-static void xfer_head(struct kvb_manager *m, const kvb__src_t *s, uint64_t room, bool dummy,
-                      kvb__xfer_msg_t *x)
-{
-    const char *sid = kvb_engine_session_id(m->engine);
-    memset(x, 0, sizeof(*x));
-    x->room = room;
-    x->ip = m->host;
-    x->ip_len = strlen(m->host);
-    x->port = m->port;
-    x->session_id = sid;
-    x->session_id_len = strlen(sid);
-    x->is_dummy = dummy;
-    x->aux_index = -1;
-    x->required_dst_info_num = (int32_t)s->required_dst_info_num;
-}
-
-static kvb_status_t send_xfer_msg(struct kvb_manager *m, const kvb__src_t *s,
-                                  const kvb__xfer_msg_t *x)
-{
-    kvb__frames_buf_t b;
-    kvb__frames_err_t e;
-    kvb__frames_buf_init(&b);
-    kvb_status_t st = kvb__frames_encode_transfer(x, &e, &b);
-    if (st != KVB_OK)
-        KVB_LOGW("manager %s: transfer info for room %llu not encodable: %s", m->endpoint,
-                 (unsigned long long)x->room, e.reason);
-    else
-        st = kvb__zsend(&m->zc, s->ip, s->port, &b);
-    kvb__frames_buf_free(&b);
-    return st;
-}
-
-/* Transfer info in the source's dialect. Seed 001: 7 frames, then, to a
- * kvbridge prefill, the marker and epoch=, page_mask=, prefix_len=,
- * state_idx= (a plain seed-001 prefill gets the 7 frames: the caller
- * checked what they cannot say, init_fits_sources). */
+/* Transfer info in the source's dialect. */
 static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
                                   const int32_t *idx, size_t n, int64_t aux,
                                   const kvb_receiver_init_t *ex)
 {
-    if (s->dialect == KVB__DIALECT_2026)
-        return send_transfer26(m, s, room, idx, n, aux, ex);
-    if (s->dialect == KVB__DIALECT_TS)
-        return kvb__ts_send_transfer(m, s, room, idx, n, aux, ex);
-    kvb__xfer_msg_t x;
-    bool ext = !s->dummy && s->kvbridge && ex != NULL;
-    xfer_head(m, s, room, s->dummy, &x);
-    x.pages = s->dummy ? kvb__i32_view_of(NULL, 0) : kvb__i32_view_of(idx, n);
-    x.aux_index = s->dummy ? -1 : (int32_t)aux;
-    x.has_epoch = !s->dummy && s->kvbridge && s->epoch != 0;
-    x.epoch = s->epoch;
-    if (ext && (ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask) {
-        x.has_page_mask = true;
-        x.page_mask = ex->page_mask;
-    }
-    if (ext && (ex->field_mask & KVB_RECV_INIT_PREFIX)) {
-        x.has_prefix_len = true;
-        x.prefix_len = (int64_t)ex->prefix_tokens;
-    }
-    if (ext && (ex->field_mask & KVB_RECV_INIT_STATE) && ex->num_state_indices > 0 &&
-        ex->state_indices != NULL) {
-        x.has_state_idx = true;
-        x.state_idx = kvb__i32_view_of(ex->state_indices, ex->num_state_indices);
-    }
-    return send_xfer_msg(m, s, &x);
+    return s->dialect->send_transfer(m, s, room, idx, n, aux, ex);
 }
 
-/* Ask source s to stop writing the room: a 2026 ABORT carrying gen (SGLang
- * 0.5.23's generation; the spec's prefill reads frames 0-3 only), or, to a
- * kvbridge prefill speaking seed 001, a dummy transfer info with abort=1.
- * Seed 001 has no abort: a plain seed-001 prefill is told nothing (its
- * status, or the abort-ack time-out, then closes the fence). */
+/* Ask source s to stop writing the room, if its dialect has a way (gen:
+ * our abort's generation). Where none, its status, or the abort-ack
+ * time-out, then closes the fence. */
 static kvb_status_t send_abort(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
                                uint64_t gen)
 {
-    if (s->dialect == KVB__DIALECT_2026)
-        return kvb__send_abort26(m, s->ip, s->port, room, gen);
-    if (!s->kvbridge || s->dialect == KVB__DIALECT_TS) /* TokenSpeed has no abort message */
-        return KVB_OK;
-    kvb__xfer_msg_t x;
-    kvb__frame_t ext = {(const uint8_t *)"abort=1", 7};
-    xfer_head(m, s, room, true, &x);
-    x.ext = &ext;
-    x.n_ext = 1;
-    return send_xfer_msg(m, s, &x);
+    return s->dialect->send_abort(m, s, room, gen);
 }
 
 static uint32_t src_key(uint32_t tp, uint32_t pp)
@@ -731,47 +505,6 @@ static bool indices_in_pools(struct kvb_manager *m, uint64_t room, const int32_t
                    pool_items(m->state_lens, m->state_items, 0, m->args.num_state));
 }
 
-/* What the transfer info to real source s cannot say, into why (empty:
- * nothing). The 2026 frames carry the prefix as a token count (whole pages)
- * and the suffix pages; seed 001's carry pages only. Page masks (both
- * dialects) and, in seed 001, prefixes and state indices travel as kvbridge
- * extensions, which only a kvbridge prefill gets. */
-static void no_form(const struct kvb_manager *m, const kvb__src_t *s, size_t count,
-                    const kvb_receiver_init_t *ex, char *why, size_t len)
-{
-    uint32_t page = m->args.page_size ? m->args.page_size : 1;
-    bool holes = false, v26 = s->dialect == KVB__DIALECT_2026;
-    size_t hole = 0;
-    const char *name = v26 ? "SGLang's 2026" : "seed 001's";
-    if ((ex->field_mask & KVB_RECV_INIT_MASK) && ex->page_mask != NULL)
-        for (hole = 0; hole < count && !holes; hole++)
-            holes = !ex->page_mask[hole];
-    bool prefix = (ex->field_mask & KVB_RECV_INIT_PREFIX) && ex->prefix_tokens > 0;
-    bool state = (ex->field_mask & KVB_RECV_INIT_STATE) && ex->num_state_indices > 0;
-    bool ts = s->dialect == KVB__DIALECT_TS; /* prefix and state slots: frames 7, 11 */
-    why[0] = '\0';
-    if (ts && holes)
-        snprintf(why, len,
-                 "a page mask with holes (entry %zu is 0) has no form in TokenSpeed's transfer "
-                 "info; use prefix_tokens",
-                 hole - 1);
-    else if ((v26 || ts) && prefix &&
-             (ex->prefix_tokens % page != 0 || ex->prefix_tokens / page > count))
-        snprintf(why, len,
-                 "prefix of %llu tokens is not a whole number of pages (page size %u) within the "
-                 "%zu pages given",
-                 (unsigned long long)ex->prefix_tokens, page, count);
-    else if (!ts && !s->kvbridge && (holes || (!v26 && (prefix || state))))
-        snprintf(why, len,
-                 "%s%s has no form in %s transfer info without kvbridge extensions, and prefill "
-                 "%.64s:%u did not register as kvbridge%s",
-                 holes    ? "a page mask with holes"
-                 : prefix ? "a decode prefix"
-                          : "state indices",
-                 holes ? "" : " (kvbridge's extension)", name, s->ip, s->port,
-                 v26 ? "; use prefix_tokens" : "");
-}
-
 /* Fail the room (nothing sent) when its transfer info cannot say what ex
  * asks of one of its sources. */
 static bool init_fits_sources(struct kvb_manager *m, uint64_t room, size_t count,
@@ -784,7 +517,7 @@ static bool init_fits_sources(struct kvb_manager *m, uint64_t room, size_t count
     kvb__room_t *r = kvb__room_find(m, room);
     for (size_t i = 0; r != NULL && i < r->n_src && why[0] == '\0'; i++)
         if (!r->srcs[i].dummy)
-            no_form(m, &r->srcs[i], count, ex, why, sizeof(why));
+            r->srcs[i].dialect->transfer_form(m, &r->srcs[i], count, ex, why, sizeof(why));
     if (why[0] != '\0')
         kvb__room_fail(r, "room %llu: %s; nothing was sent", (unsigned long long)room, why);
     pthread_mutex_unlock(&m->mu);
@@ -815,7 +548,7 @@ static void grant_sources(struct kvb_manager *m, uint64_t room, kvb__src_t *srcs
 {
     for (size_t i = 0; i < n; i++) {
         kvb__src_t *s = &srcs[i];
-        if (s->dummy || !s->kvbridge || s->dialect == KVB__DIALECT_TS || s->epoch != 0)
+        if (s->dummy || !s->kvbridge || !s->dialect->t.extensions || s->epoch != 0)
             continue;
         if (kvb_engine_grant_writer(m->engine, kvb__endpoint_tag(s->ip, s->port), &s->epoch) !=
             KVB_OK) {
@@ -1111,7 +844,7 @@ static void route_resend_mark(struct kvb_manager *m, const kvb__room_t *r)
 
 /* A terminal status of any dialect, decoded: record it as that source's
  * answer; a Failed one fails the room and opens its fence. */
-static void status_in(struct kvb_manager *m, const kvb__status_msg_t *s)
+static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
 {
     kvb__src_t *todo = NULL;
     size_t n_todo = 0;
@@ -1137,37 +870,19 @@ static void status_in(struct kvb_manager *m, const kvb__status_msg_t *s)
         send_aborts(m, s->room, gen, todo, n_todo);
 }
 
-static void on_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+static void on_status(struct kvb_manager *m, const kvb__dialect_t *d, const kvb__frame_t *f,
+                      size_t n)
 {
-    kvb__status_msg_t s;
-    kvb__frames_err_t e;
-    if (kvb__frames_decode_status(f, n, &e, &s) != KVB_OK) {
-        kvb__conn_bad_message(m, KVB__MSG_STATUS, &e);
-        return;
-    }
-    status_in(m, &s);
+    kvb__status_in_t s;
+    if (d->decode_status(m, f, n, &s) == KVB_OK)
+        status_in(m, &s);
 }
 
-static void on_aux(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+static void on_aux(struct kvb_manager *m, const kvb__dialect_t *d, const kvb__frame_t *f, size_t n)
 {
-    kvb__aux_msg_t a;
-    kvb__frames_err_t e;
-    uint64_t *items = calloc(m->args.num_aux + 1, sizeof(*items));
-    kvb_status_t st = items == NULL ? KVB_ERR_NOMEM : kvb__frames_decode_aux(f, n, &e, &a);
-    for (uint32_t i = 0; st == KVB_OK && i < m->args.num_aux; i++)
-        items[i] = m->aux_lens[i] / m->aux_items[i];
-    if (st == KVB_OK)
-        st = kvb__frames_check_aux(&a, m->args.num_aux, m->aux_items, items, &e);
-    free(items);
-    if (st != KVB_OK) {
-        if (st == KVB_ERR_PROTO && !e.has_room &&
-            kvb__frames_decode_aux(f, n, NULL, &a) == KVB_OK) {
-            e.has_room = true;
-            e.room = a.room;
-        }
-        kvb__conn_bad_message(m, KVB__MSG_AUX, &e);
-        return;
-    }
+    kvb__aux_in_t a;
+    if (d->decode_aux(m, f, n, &a) != KVB_OK)
+        return; /* checked against our aux buffers; a bad one fails its room */
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, a.room);
     if (r != NULL && r->status != KVB_POLL_FAILED) /* aux may be device memory */
@@ -1186,14 +901,12 @@ static void on_aux(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
  * the room id, ignored as SGLang's decode does. The 2-frame form is sent at
  * once, writes or not: it confirms nothing and is ignored (the fence then
  * waits for a status or KVBRIDGE_ABORT_ACK_TIMEOUT). */
-static void on_abort_ack(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+static void on_abort_ack(struct kvb_manager *m, const kvb__dialect_t *d, const kvb__frame_t *f,
+                         size_t n)
 {
-    kvb__abort_ack_msg_t a;
-    kvb__frames_err_t e;
-    if (kvb__frames_decode_abort_ack(f, n, &e, &a) != KVB_OK) {
-        kvb__conn_bad_message(m, KVB__MSG_ABORT_ACK, &e);
+    kvb__ack_in_t a;
+    if (d->decode_abort_ack(m, f, n, &a) != KVB_OK)
         return;
-    }
     KVB_LOGD("manager %s: room %llu: abort ack%s from prefill rank %d", m->endpoint,
              (unsigned long long)a.room, a.has_rank ? "" : " (2 frames, not a drain)",
              a.has_rank ? (int)a.rank : -1);
@@ -1213,23 +926,18 @@ static void on_abort_ack(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 
 void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
-    kvb__status_msg_t s;
-    kvb__ts_status_t ts = kvb__ts_decode_status(m, f, n, &s); /* decode_ts.c */
-    if (ts == KVB__TS_STATUS)
-        status_in(m, &s);
-    if (ts != KVB__TS_NOT_TS)
-        return;
-    kvb__msg_kind_t kind = kvb__frames_classify(f, n);
-    if (kind == KVB__MSG_STATUS)
-        on_status(m, f, n);
-    else if (kind == KVB__MSG_AUX)
-        on_aux(m, f, n);
-    else if (kind == KVB__MSG_ABORT_ACK)
-        on_abort_ack(m, f, n);
-    else if (kind == KVB__MSG_STAGING)
-        kvb__conn_unsupported(m, f, n);
+    kvb__dmsg_t kind;
+    const kvb__dialect_t *d = kvb__dialect_classify(m, f, n, &kind);
+    if (kind == KVB__DMSG_STATUS)
+        on_status(m, d, f, n);
+    else if (kind == KVB__DMSG_AUX)
+        on_aux(m, d, f, n);
+    else if (kind == KVB__DMSG_ABORT_ACK)
+        on_abort_ack(m, d, f, n);
+    else if (kind == KVB__DMSG_UNSUPPORTED)
+        d->unsupported(m, f, n);
     else
-        kvb__conn_bad_message(m, kind, NULL);
+        kvb__dialect_unexpected(m, f, n);
 }
 
 /* ---- heartbeats ---- */

@@ -15,13 +15,6 @@
 
 static __thread char g_create_err[KVB_ERRMSG_MAX];
 
-const char *kvb_poll_string(kvb_poll_t poll)
-{
-    static const char *names[] = {"Failed", "Bootstrapping", "WaitingForInput", "Transferring",
-                                  "Success"};
-    return (unsigned)poll < 5 ? names[poll] : "Unknown";
-}
-
 static kvb_status_t create_error(kvb_status_t st, const char *fmt, const char *a)
 {
     snprintf(g_create_err, sizeof(g_create_err), fmt, a);
@@ -270,7 +263,7 @@ static void *control_main(void *arg)
             too_many_frames(&msgs[0], &e);
             for (int i = 0; i < MAX_FRAMES; i++)
                 zmq_msg_close(&msgs[i]);
-            kvb__conn_bad_message(m, KVB__MSG_UNKNOWN, &e);
+            kvb__conn_bad_message(m, "unknown", &e);
         } else if (n > 0) {
             for (int i = 0; i < n; i++)
                 f[i] = (kvb__frame_t){zmq_msg_data(&msgs[i]), zmq_msg_size(&msgs[i])};
@@ -297,7 +290,8 @@ static void manager_free(struct kvb_manager *m)
 {
     if (m->ev_on)
         close(m->ev_fd);
-    kvb__ts_free(m); /* TokenSpeed first tokens, endpoints (either mode) */
+    kvb__outputs_free(m); /* first tokens (either mode) */
+    kvb__endpoints_free(m);
     if (m->pull != NULL)
         zmq_close(m->pull);
     kvb__zcache_free(&m->zc);

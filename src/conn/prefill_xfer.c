@@ -2,20 +2,17 @@
  * each chunk for every destination (planner), writes it through the engine
  * (async, one chunk planned while the previous is in flight), and reports
  * the room's outcome to the decode ranks once its writes have settled. */
-#include "conn/conn_int.h"
+#include "dialect/dialect.h"
 #include "engine/cuda_drv.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-kvb__reg_t *kvb__reg_get(struct kvb_manager *m, const char *session);
-void kvb__reg_put(kvb__reg_t *g);
-kvb_status_t kvb__prefill_register(struct kvb_manager *m);
-
 /* What a worker does for one chunk: one job per real destination. */
 typedef struct job {
     kvb__reg_t *reg;
+    const kvb__dialect_t *dialect; /* the destination's */
     char ip[KVB_IP_MAX];
     uint16_t port;
     kvb_plan_strided_t kv; /* strided blocks: one per buffer and page run */
@@ -35,120 +32,6 @@ typedef struct work {
     size_t n_jobs;
     int skip; /* room gone, failed or aborted before any write */
 } work_t;
-
-/* ---- notifications (never under m->mu: ZeroMQ sends) ---- */
-
-typedef struct note {
-    char ip[KVB_IP_MAX];
-    uint16_t port;
-    int ack;     /* a 2026 decode asked for the abort: ABORT_ACK instead of the status */
-    int has_gen; /* its ABORT's generation (SGLang 0.5.23): echoed in the ACK */
-    uint64_t gen;
-} note_t;
-
-/* Collect, under m->mu, the decode endpoints to tell about the room's end.
- * Returns the count (0 when nothing is due); *status_p the value to send. */
-static size_t notes_due(struct kvb_manager *m, kvb__room_t *r, note_t **out, int *status_p)
-{
-    size_t n = 0;
-    int failed = r->status == KVB_POLL_FAILED;
-    if (r->inflight > 0 || r->submitting || (failed ? r->fail_notified : !r->success_due))
-        return 0;
-    if (failed && r->unsettled) /* a Failed or ABORT_ACK would say nothing more lands */
-        return 0;
-    if (!failed && r->status != KVB_POLL_SUCCESS)
-        return 0;
-    *out = calloc(r->n_dst + 1, sizeof(note_t));
-    if (*out == NULL)
-        return 0;
-    for (size_t i = 0; i < r->n_dst; i++)
-        if (!r->dsts[i].dummy) {
-            snprintf((*out)[n].ip, KVB_IP_MAX, "%s", r->dsts[i].ip);
-            (*out)[n++].port = r->dsts[i].port;
-        }
-    if (failed && r->abort_port != 0) {
-        bool known = false;
-        for (size_t i = 0; i < n; i++)
-            if ((*out)[i].port == r->abort_port && strcmp((*out)[i].ip, r->abort_ip) == 0) {
-                known = true;
-                (*out)[i].ack = r->abort_ack26;
-                (*out)[i].has_gen = r->abort_has_gen;
-                (*out)[i].gen = r->abort_gen;
-            }
-        if (!known) {
-            snprintf((*out)[n].ip, KVB_IP_MAX, "%s", r->abort_ip);
-            (*out)[n].ack = r->abort_ack26;
-            (*out)[n].has_gen = r->abort_has_gen;
-            (*out)[n].gen = r->abort_gen;
-            (*out)[n++].port = r->abort_port;
-        }
-    }
-    if (failed)
-        r->fail_notified = 1;
-    else
-        r->success_due = 0;
-    *status_p = failed ? KVB_POLL_FAILED : KVB_POLL_SUCCESS;
-    return n;
-}
-
-kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
-                              int status, int32_t rank)
-{
-    kvb__frames_buf_t b;
-    kvb__frames_err_t e;
-    kvb__status_msg_t s = {room, status, rank};
-    if (m->mode == KVB_MODE_PREFILL && kvb__ts_endpoint(m, ip, port))
-        return kvb__ts_send_status(m, ip, port, room, status); /* never 3 frames to it */
-    kvb__frames_buf_init(&b);
-    kvb_status_t st = kvb__frames_encode_status(&s, &e, &b);
-    if (st == KVB_OK)
-        st = kvb__zsend(&m->zc, ip, port, &b);
-    kvb__frames_buf_free(&b);
-    return st;
-}
-
-static void send_notes(struct kvb_manager *m, uint64_t room, note_t *notes, size_t n, int status)
-{
-    KVB_LOGD("manager %s: room %llu ends %s; telling %zu decode rank(s)", m->endpoint,
-             (unsigned long long)room, kvb_poll_string((kvb_poll_t)status), n);
-    for (size_t i = 0; i < n; i++)
-        if ((notes[i].ack
-                 ? kvb__send_abort_ack(m, notes[i].ip, notes[i].port, room, m->prefill_rank,
-                                       notes[i].has_gen ? &notes[i].gen : NULL)
-                 : kvb__send_status(m, notes[i].ip, notes[i].port, room, status,
-                                    m->prefill_rank)) != KVB_OK)
-            KVB_LOGW("manager %s: status of room %llu to %s:%u not sent", m->endpoint,
-                     (unsigned long long)room, notes[i].ip, notes[i].port);
-    free(notes);
-}
-
-/* Send whatever terminal status of room is due. */
-void kvb__prefill_notify(struct kvb_manager *m, uint64_t room)
-{
-    note_t *notes = NULL;
-    int status = 0;
-    size_t n = 0;
-    pthread_mutex_lock(&m->mu);
-    kvb__room_t *r = kvb__room_find(m, room);
-    if (r != NULL)
-        n = notes_due(m, r, &notes, &status);
-    pthread_mutex_unlock(&m->mu);
-    if (n > 0 || notes != NULL)
-        send_notes(m, room, notes, n, status);
-}
-
-/* m->mu held. Fail the room, wait until no worker is issuing writes for it,
- * and cancel the writes in flight: after this returns no new block of the
- * room is issued. */
-void kvb__prefill_abort_room(struct kvb_manager *m, kvb__room_t *r, const char *reason)
-{
-    kvb__room_fail(r, "%s", reason);
-    r->aborted = 1;
-    while (r->submitting)
-        pthread_cond_wait(&m->room_cv, &m->mu);
-    for (size_t i = 0; i < r->n_xfers; i++)
-        kvb_xfer_cancel(r->xfers[i]);
-}
 
 /* ---- queues ---- */
 
@@ -222,7 +105,7 @@ static bool page_wanted(const kvb__dst_t *d, uint64_t g, uint64_t shift)
     return g >= shift && (d->mask == NULL || d->mask[g - shift]);
 }
 
-/* Request pages a 2026 destination skips: its pages cover only the suffix
+/* Request pages a suffix-pages destination (dialect trait) skips: its pages cover only the suffix
  * after its prefix. A sender with the suffix only (SGLang's prefill sends
  * from the decode's prefix on) maps page for page; a sender with the whole
  * request skips the prefix pages. Any other count cannot be mapped. */
@@ -230,7 +113,7 @@ static bool dst_shift(const kvb__dst_t *d, const kvb__chunk_t *c, uint64_t *shif
                       size_t wl)
 {
     *shift_p = 0;
-    if (d->dialect != KVB__DIALECT_2026 || d->skip_pages == 0 || c->total == d->n_pages)
+    if (!d->dialect->t.suffix_pages || d->skip_pages == 0 || c->total == d->n_pages)
         return true;
     if (c->total == d->n_pages + d->skip_pages) {
         *shift_p = d->skip_pages;
@@ -251,7 +134,7 @@ static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t 
     size_t i = 0;
     ch.field_mask = KVB_PLAN_CHUNK_PREFIX;
     /* 2026: the pages already exclude the prefix (shift maps them). */
-    ch.prefix_tokens = d->dialect == KVB__DIALECT_2026 ? 0 : (uint64_t)d->prefix_tokens;
+    ch.prefix_tokens = d->dialect->t.suffix_pages ? 0 : (uint64_t)d->prefix_tokens;
     /* Pages the decode already holds (page mask 0, below the shift) are
      * skipped: plan each run of wanted pages on its own. */
     while (i < c->n) {
@@ -325,20 +208,21 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
     j->port = d->port;
     j->dst_aux_index = d->aux_index;
     j->epoch = d->epoch;
+    j->dialect = d->dialect;
     j->reg = kvb__reg_get(m, d->session);
     if (j->reg == NULL) {
         j->st = KVB_ERR_STATE;
         snprintf(j->why, sizeof(j->why), "decode %s sent a transfer info but never its KV args",
                  d->session);
-    } else if (d->dialect != KVB__DIALECT_TS && j->reg->dialect == KVB__DIALECT_TS) {
-        /* re-sent as TokenSpeed KV args after an SGLang transfer info: no
-         * plan (TokenSpeed rooms bring theirs), no plan_error */
+    } else if (!d->dialect->t.decode_plans && j->reg->dialect->t.decode_plans) {
+        /* re-sent in a decode-planning dialect after a transfer info that
+         * needs kvbridge's planner: no plan, no plan_error */
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why),
-                 "decode %s re-sent its KV args in the TokenSpeed dialect after its SGLang "
-                 "transfer info; nothing written",
-                 d->session);
-    } else if (d->dialect != KVB__DIALECT_TS && j->reg->plan == NULL) {
+                 "decode %s re-sent its KV args in the %s dialect after its %s transfer info; "
+                 "nothing written",
+                 d->session, j->reg->dialect->t.family, d->dialect->t.family);
+    } else if (!d->dialect->t.decode_plans && j->reg->plan == NULL) {
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why), "%s", j->reg->plan_error);
     } else if (__atomic_load_n(&j->reg->failed, __ATOMIC_ACQUIRE) &&
@@ -346,8 +230,8 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         j->st = KVB_ERR_PEER;
         snprintf(j->why, sizeof(j->why),
                  "Decode instance could be dead, remote session %s is not alive", d->session);
-    } else if (d->dialect == KVB__DIALECT_TS) {
-        kvb__ts_job_plan(m, j->reg, d, c, &j->kv, &j->st, j->why, sizeof(j->why));
+    } else if (d->dialect->t.decode_plans) {
+        d->dialect->plan_job(m, j->reg, d, c, &j->kv, &j->st, j->why, sizeof(j->why));
     } else if (!dst_pages_fit(j->reg, d, j->why, sizeof(j->why))) {
         j->st = KVB_ERR_INVALID;
     } else if (!dst_shift(d, c, &shift, j->why, sizeof(j->why))) {
@@ -565,23 +449,18 @@ static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
 static void send_aux_inline(struct kvb_manager *m, job_t *j, const kvb__chunk_t *c)
 {
     for (uint32_t b = 0; b < m->args.num_aux && b < j->reg->n_aux; b++) {
-        kvb__frames_buf_t buf;
-        kvb__frames_err_t e;
         /* a copy: the aux buffer may be device memory */
         uint8_t *item = malloc(m->aux_items[b] ? m->aux_items[b] : 1);
-        kvb__aux_msg_t a = {c->room, (int32_t)b, j->dst_aux_index, item, m->aux_items[b]};
-        kvb__frames_buf_init(&buf);
-        if (item == NULL ||
+        kvb__aux_in_t a = {c->room, (int32_t)b, j->dst_aux_index, item, m->aux_items[b]};
+        if (item == NULL || j->dialect->send_aux == NULL ||
             kvb__mem_copy(item,
                           (const void *)(uintptr_t)(m->aux_ptrs[b] +
                                                     m->aux_items[b] * (uint64_t)c->aux_index),
                           m->aux_items[b]) != KVB_OK ||
-            kvb__frames_encode_aux(&a, &e, &buf) != KVB_OK ||
-            kvb__zsend(&m->zc, j->ip, j->port, &buf) != KVB_OK) {
+            j->dialect->send_aux(m, j->ip, j->port, &a) != KVB_OK) {
             j->st = KVB_ERR_PEER;
             snprintf(j->why, sizeof(j->why), "inline aux to %s:%u not sent", j->ip, j->port);
         }
-        kvb__frames_buf_free(&buf);
         free(item);
     }
 }
@@ -620,7 +499,7 @@ static void work_finish(struct kvb_manager *m, work_t *w)
             w->c->is_last && m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0)
             send_aux_inline(m, j, w->c);
     }
-    note_t *notes = NULL;
+    kvb__note_t *notes = NULL;
     size_t n_notes = 0;
     int note_status = 0;
     pthread_mutex_lock(&m->mu);
@@ -641,7 +520,7 @@ static void work_finish(struct kvb_manager *m, work_t *w)
         /* Collected in the same critical section that published the outcome:
          * a sender destroyed right after its poll saw Success must not lose
          * the decode's status. */
-        n_notes = notes_due(m, r, &notes, &note_status);
+        n_notes = kvb__notes_due(m, r, &notes, &note_status);
     }
     pthread_mutex_unlock(&m->mu);
     for (size_t i = 0; i < w->n_jobs; i++) {
@@ -653,7 +532,7 @@ static void work_finish(struct kvb_manager *m, work_t *w)
     }
     free(w->jobs);
     if (n_notes > 0 || notes != NULL)
-        send_notes(m, w->c->room, notes, n_notes, note_status);
+        kvb__send_notes(m, w->c->room, notes, n_notes, note_status);
     chunk_free(w->c);
 }
 
@@ -958,7 +837,7 @@ kvb_status_t kvb_sender_init(kvb_sender_h s, uint64_t num_kv_indices, int64_t au
                             s->mgr->args.num_aux);
     s->num_kv = num_kv_indices;
     s->aux_index = aux_index;
-    kvb__ts_note_aux(s->mgr, s->room, aux_index);
+    kvb__output_note_aux(s->mgr, s->room, aux_index);
     s->initialized = 1;
     return KVB_OK;
 }

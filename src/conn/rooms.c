@@ -1,11 +1,18 @@
 /* Room table: chained hash map of room id → state, guarded by mgr->mu. */
-#include "conn/conn_int.h"
+#include "dialect/dialect.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+const char *kvb_poll_string(kvb_poll_t poll)
+{
+    static const char *names[] = {"Failed", "Bootstrapping", "WaitingForInput", "Transferring",
+                                  "Success"};
+    return (unsigned)poll < 5 ? names[poll] : "Unknown";
+}
 
 static size_t bucket_of(const struct kvb_manager *m, uint64_t id)
 {
@@ -64,15 +71,20 @@ kvb__room_t *kvb__room_get(struct kvb_manager *m, uint64_t id)
     return r;
 }
 
+void kvb__dst_free(kvb__dst_t *d)
+{
+    free(d->pages);
+    free(d->mask);
+    free(d->state_idx);
+    if (d->plan != NULL)
+        d->dialect->plan_free(d->plan);
+}
+
 static void room_free(kvb__room_t *r)
 {
     kvb__room_unchange(r->mgr, r);
-    for (size_t i = 0; i < r->n_dst; i++) {
-        free(r->dsts[i].pages);
-        free(r->dsts[i].mask);
-        free(r->dsts[i].state_idx);
-        kvb__ts_plan_destroy(r->dsts[i].ts_plan);
-    }
+    for (size_t i = 0; i < r->n_dst; i++)
+        kvb__dst_free(&r->dsts[i]);
     free(r->dsts);
     free(r->xfers);
     free(r->srcs);

@@ -87,7 +87,7 @@ typedef struct kvb__boot_reg {
 kvb_status_t kvb__boot_reg_parse(const char *body, size_t len, kvb__boot_reg_t *reg_p, char *reason,
                                  size_t reason_len);
 
-/* TokenSpeed's body (bootstrap_json_ts.c): world_size and engine_rank
+/* TokenSpeed's body (dialect/tokenspeed_seed/boot_json.c): world_size and engine_rank
  * present, attn_tp_size absent; then role, world_size, dp_size,
  * engine_rank and enable_mla_l1_5_cache are required and fill r's seed-001
  * fields (rank_ip, rank_port and the layout keys as for the others). */
@@ -104,9 +104,9 @@ kvb_status_t kvb__boot_parallel_info_parse_ts(const char *body, size_t len,
                                               size_t reason_len);
 /* Does a parallel-info answer name TokenSpeed ranks: TokenSpeed's own shape
  * (prefill_tp_size without prefill_attn_tp_size) or kvbridge's server's
- * "kvbridge_peer_dialect": "tokenspeed"? (bootstrap_json_ts.c) */
+ * "kvbridge_peer_dialect": "tokenspeed"? (dialect/tokenspeed_seed/boot_json.c) */
 bool kvb__boot_answer_is_ts(const char *body, size_t len);
-/* The layout keys of an answer into info (bootstrap_json.c). */
+/* The layout keys of an answer into info (boot_json_util.c). */
 bool kvb__boot_info_layout_parse(json_t *root, kvb_bootstrap_parallel_info_t *info, bool *nomem,
                                  char *reason, size_t reason_len);
 
@@ -236,12 +236,17 @@ kvb_status_t kvb__boot_dp_answer_parse(const char *body, size_t len, const uint6
                                        size_t n, int32_t *dp_ranks, char *reason,
                                        size_t reason_len);
 
-/* Shared helpers (bootstrap_json.c). */
+/* Shared helpers (boot_json_util.c). */
 json_t *kvb__boot_load_object(const char *body, size_t len, const char *what, char *reason,
                               size_t reason_len);
 bool kvb__boot_get_int(json_t *obj, const char *key, int64_t min, int64_t max, int64_t *out,
                        char *reason, size_t reason_len);
 bool kvb__boot_valid_flag(json_t *v, const char *key, bool *out, char *reason, size_t reason_len);
+/* A list of lengths: array of at most KVB__BOOT_MAX_LENS integers >= 1. */
+bool kvb__boot_valid_lens(json_t *v, const char *key, char *reason, size_t reason_len);
+/* The layout's length-list keys (kv item, kv unit, state item, state unit). */
+#define KVB__BOOT_N_LENS 4
+extern const char *const kvb__boot_lens_keys[KVB__BOOT_N_LENS];
 /* An integer or a decimal string (SGLang's int()) in [min, max]. */
 bool kvb__boot_get_intish(json_t *v, const char *key, int64_t min, int64_t max, int64_t *out,
                           char *reason, size_t reason_len);

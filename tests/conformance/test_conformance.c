@@ -26,8 +26,8 @@
 #include "bootstrap/boot_table.h"
 #include "kvb_test.h"
 #include "proto/bootstrap_proto.h"
-#include "proto/frames26.h"
-#include "proto/frames_ts.h"
+#include "dialect/sglang2026/frames.h"
+#include "dialect/tokenspeed_seed/frames.h"
 
 #include <dirent.h>
 #include <jansson.h>

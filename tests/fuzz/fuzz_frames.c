@@ -8,7 +8,7 @@
  * Properties: no crash or sanitizer report on any input; a rejection has a
  * non-empty one-line reason; an accepted message is classified as its kind
  * and re-encodes to exactly the input frames (the codec is canonical). */
-#include "proto/frames.h"
+#include "dialect/sglang2025/frames.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,7 +11,7 @@
  * its kind, re-encodes, decodes again, and re-encodes to the same bytes
  * (the encoder is canonical: it always writes all 18 / 10 frames); abort and
  * abort ack re-encode to exactly the input. */
-#include "proto/frames26.h"
+#include "dialect/sglang2026/frames.h"
 
 #include <stdio.h>
 #include <stdlib.h>

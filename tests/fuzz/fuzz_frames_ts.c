@@ -1,4 +1,4 @@
-/* Fuzz harness for TokenSpeed's control frames and plan (src/proto/frames_ts.c).
+/* Fuzz harness for TokenSpeed's control frames and plan (src/dialect/tokenspeed_seed/frames.c).
  *
  * Input: one selector byte, then frames, each a 2-byte little-endian length
  * followed by that many bytes (the last frame takes what is left when the
@@ -10,7 +10,7 @@
  * decodes again with the same fields and re-encodes to the same bytes; a
  * status re-encodes to exactly the input; an accepted plan is within the
  * caps, encodes to JSON that parses back to identical fragments. */
-#include "proto/frames_ts.h"
+#include "dialect/tokenspeed_seed/frames.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
 #ifndef KVB_FUZZ_FRAMES_UTIL_H
 #define KVB_FUZZ_FRAMES_UTIL_H
 
-#include "proto/frames.h"
+#include "dialect/sglang2025/frames.h"
 
 #include <stdio.h>
 #include <stdlib.h>

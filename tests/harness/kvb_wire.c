@@ -8,7 +8,7 @@
 #include <string.h>
 #include <zmq.h>
 
-#include "proto/frames.h"
+#include "dialect/sglang2025/frames.h"
 
 int kvbh_push_open(kvbh_push_t *p, const char *endpoint, const char *const *keys)
 {

@@ -15,7 +15,7 @@
 #include "conn/conn_int.h"
 #include "harness/kvb_cluster.h"
 #include "kvb_test.h"
-#include "proto/frames.h"
+#include "dialect/sglang2025/frames.h"
 
 #define WIRE_CAP 50
 #define WIRE_FLOOD 400

@@ -9,7 +9,7 @@
 
 #include "harness/kvb_cluster.h"
 #include "kvb_test.h"
-#include "proto/frames.h"
+#include "dialect/sglang2025/frames.h"
 
 /* Packed: the victim's layer 1 and aux buffer follow layer 0 directly, so
  * the impostor's shifted pointers are registered memory. */

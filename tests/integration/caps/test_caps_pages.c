@@ -9,7 +9,7 @@
 
 #include "harness/kvb_cluster.h"
 #include "kvb_test.h"
-#include "proto/frames.h"
+#include "dialect/sglang2025/frames.h"
 
 #define POOL 8    /* pages per KV buffer */
 #define AUX 4     /* the rooms' aux item (items 0-3 lie right after layer 1's pool) */

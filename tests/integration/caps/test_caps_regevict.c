@@ -15,7 +15,7 @@
 
 #include "harness/kvb_cluster.h"
 #include "kvb_test.h"
-#include "proto/frames.h"
+#include "dialect/sglang2025/frames.h"
 
 #define FLOOD 8
 

@@ -7,7 +7,7 @@
  * genuine transfer still ends Success with every byte verified. */
 #include "harness/kvb_cluster.h"
 #include "kvb_test.h"
-#include "proto/frames.h"
+#include "dialect/sglang2025/frames.h"
 
 static const kvbh_geom_t G = {2, 2, 32, 4, 64, 0, 0};
 

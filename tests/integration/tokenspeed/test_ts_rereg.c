@@ -18,7 +18,7 @@
 
 #include "harness/kvb_cluster.h"
 #include "kvb_test.h"
-#include "proto/frames_ts.h"
+#include "dialect/tokenspeed_seed/frames.h"
 
 static const kvbh_geom_t G = {
     .layers = 2, .heads = 2, .head_bytes = 64, .page = 4, .pool_pages = 32, .mla = 0};

@@ -3,7 +3,7 @@
  * seed 001 sends: str(x).encode("ascii"), struct.pack(f"{n}Q", ...) (native,
  * little-endian here), np.int32 .tobytes(), struct.pack(">I", len). */
 #include "kvb_test.h"
-#include "proto/frames.h"
+#include "dialect/sglang2025/frames.h"
 
 #include <stdint.h>
 

@@ -5,7 +5,7 @@
  * defaults for absent frames, how the two dialects are told apart, and every
  * rejection with its reason. */
 #include "kvb_test.h"
-#include "proto/frames26.h"
+#include "dialect/sglang2026/frames.h"
 
 #include <stdint.h>
 #include <stdlib.h>

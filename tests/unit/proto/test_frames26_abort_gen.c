@@ -5,7 +5,7 @@
  * received; ignoring it"). Found by make check-interop: kvbridge refused the
  * 5-frame ABORT ("abort: expected 4 frames, got 5"). */
 #include "kvb_test.h"
-#include "proto/frames26.h"
+#include "dialect/sglang2026/frames.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -7,7 +7,7 @@
  * kvbridge-ext/1 marker wherever the dialect frames end (17 for a kvbridge
  * decode, 19 for 0.5.23's layout); malformed 18/19 are refused. */
 #include "kvb_test.h"
-#include "proto/frames26.h"
+#include "dialect/sglang2026/frames.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -1,12 +1,12 @@
 /* Decode side, TokenSpeed's dialect (seed 004, PROTOCOL-TOKENSPEED.md 10,
  * "kvbridge decode <-> TokenSpeed prefill"): a decode whose bootstrap server
- * answered in TokenSpeed's shape (kvb__addr_t.dialect = KVB__DIALECT_TS)
+ * answered in TokenSpeed's shape (kvb__addr_t.dialect is this one)
  * sends its ranks the 8-frame KV-args and 12-frame transfer infos (int64
  * pages past the prefix; with another TP size, 14 frames: a plan computed by
  * kvbridge's planner, see plan_json) and reads their 5-frame statuses. Nothing else goes to a
- * TokenSpeed prefill: its control thread dies on anything else (there is no abort message). */
-#include "conn/conn_int.h"
-#include "proto/frames_ts.h"
+ * TokenSpeed prefill: its control thread dies on anything else (there is no abort message).
+ * Below prefill.c, which holds the dialect's table. */
+#include "dialect/tokenspeed_seed/tokenspeed_seed.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +24,10 @@ static kvb_status_t send(struct kvb_manager *m, const char *ip, uint16_t port, k
     return st;
 }
 
-kvb_status_t kvb__ts_send_registration(struct kvb_manager *m, const char *ip, uint16_t port)
+kvb_status_t kvb__ts_send_registration(struct kvb_manager *m, const char *ip, uint16_t port,
+                                       bool kvbridge)
 {
+    (void)kvbridge; /* no extension frames on this wire */
     kvb__frames_buf_t b;
     kvb__frames_err_t e = {0};
     const char *sid = kvb_engine_session_id(m->engine);
@@ -39,6 +41,17 @@ kvb_status_t kvb__ts_send_registration(struct kvb_manager *m, const char *ip, ui
                           0};
     kvb__frames_buf_init(&b);
     return send(m, ip, port, &b, kvb__frames_encode_registration_ts(&r, &e, &b), &e);
+}
+
+/* The TokenSpeed buffer_kind of this rank's KV buffer b (tokenspeed_seed.h). */
+int kvb__ts_buffer_kind(const struct kvb_manager *m, uint64_t b)
+{
+    uint64_t L = kvb__target_layers(m), D = m->p.draft_layers;
+    if (m->p.is_mla)
+        return b < L ? KVB__TS_TARGET_K : KVB__TS_DRAFT_K;
+    if (b < 2 * L)
+        return b < L ? KVB__TS_TARGET_K : KVB__TS_TARGET_V;
+    return b < 2 * L + D ? KVB__TS_DRAFT_K : KVB__TS_DRAFT_V;
 }
 
 /* Fake buffer bases for planning one page: buffer b at (b + 1) << 40, so a
@@ -175,31 +188,56 @@ kvb_status_t kvb__ts_send_transfer(struct kvb_manager *m, const kvb__src_t *s, u
  * WaitingForInput and the other progress values change nothing here. The
  * first token and candidates of a Success are kept for
  * kvb_receiver_first_token(). */
-kvb__ts_status_t kvb__ts_decode_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
-                                       kvb__status_msg_t *out)
+kvb_status_t kvb__ts_decode_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
+                                   kvb__status_in_t *out)
 {
     kvb__statusts_msg_t s;
     kvb__frames_err_t e;
-    if (n != KVB__STATUSTS_FRAMES || f[0].len == 0 || f[0].data[0] < '0' || f[0].data[0] > '9')
-        return KVB__TS_NOT_TS;
     if (kvb__frames_decode_status_ts(f, n, &e, &s) != KVB_OK) {
-        kvb__conn_bad_message(m, KVB__MSG_STATUS, &e);
-        return KVB__TS_HANDLED;
+        kvb__conn_bad_message(m, "status", &e);
+        return KVB_ERR_PROTO;
     }
-    if (s.status != KVB__TS_SUCCESS && s.status != KVB__TS_FAILED)
-        return KVB__TS_HANDLED;
+    out->room = s.room;
+    out->prefill_rank = s.sender;
+    out->status = s.status == KVB__TS_SUCCESS  ? KVB_POLL_SUCCESS
+                  : s.status == KVB__TS_FAILED ? KVB_POLL_FAILED
+                                               : KVB_POLL_TRANSFERRING; /* progress: no change */
     /* The first non -1 token and the first candidates seen (TokenSpeed's
      * setdefault). */
-    if (s.status == KVB__TS_SUCCESS && s.first_token != -1 && s.candidates.count <= 4096) {
+    if (s.status == KVB__TS_SUCCESS && s.first_token != -1 &&
+        s.candidates.count <= KVB__MAX_CANDIDATES) {
         int32_t *c = malloc((s.candidates.count + 1) * sizeof(int32_t));
         for (size_t i = 0; c != NULL && i < s.candidates.count; i++)
             c[i] = kvb__i32_at(s.candidates, i);
         if (c != NULL)
-            kvb__ts_output_set(m, s.room, s.first_token, c, s.candidates.count, true);
+            kvb__output_set(m, s.room, s.first_token, c, s.candidates.count, true);
         free(c);
     }
-    out->room = s.room;
-    out->status = s.status == KVB__TS_SUCCESS ? KVB_POLL_SUCCESS : KVB_POLL_FAILED;
-    out->prefill_rank = s.sender;
-    return KVB__TS_STATUS;
+    return KVB_OK;
+}
+
+/* No abort message in this dialect: nothing is ever sent but KV args and
+ * transfer infos (its control thread dies on anything else); a failed
+ * room's fence waits for its status. */
+kvb_status_t kvb__ts_send_abort(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
+                                uint64_t gen)
+{
+    (void)m, (void)s, (void)room, (void)gen;
+    return KVB_OK;
+}
+
+/* Pages past a whole-page prefix (frame 7) and state slots (frame 11); no
+ * page mask with holes. */
+void kvb__ts_transfer_form(const struct kvb_manager *m, const kvb__src_t *s, size_t count,
+                           const kvb_receiver_init_t *ex, char *why, size_t len)
+{
+    size_t hole = 0;
+    (void)s;
+    if (kvb__dialect_mask_hole(count, ex, &hole))
+        snprintf(why, len,
+                 "a page mask with holes (entry %zu is 0) has no form in TokenSpeed's transfer "
+                 "info; use prefix_tokens",
+                 hole);
+    else
+        kvb__dialect_prefix_form(m, count, ex, why, len);
 }

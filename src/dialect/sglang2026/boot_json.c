@@ -8,43 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-bool kvb__boot_valid_word(const char *s, size_t len)
-{
-    if (s == NULL || len == 0 || len > KVB__BOOT_WORD_MAX)
-        return false;
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  c == '_' || c == '.' || c == ':' || c == '+' || c == '-';
-        if (!ok)
-            return false;
-    }
-    return true;
-}
-
-bool kvb__boot_get_intish(json_t *v, const char *key, int64_t min, int64_t max, int64_t *out,
-                          char *reason, size_t reason_len)
-{
-    int64_t x;
-    if (json_is_string(v)) {
-        if (!kvb__parse_i64(json_string_value(v), json_string_length(v), min, max, &x))
-            goto bad;
-    } else if (json_is_integer(v)) {
-        x = json_integer_value(v);
-        if (x < min || x > max)
-            goto bad;
-    } else {
-        goto bad;
-    }
-    *out = x;
-    return true;
-bad:
-    kvb__boot_reason(reason, reason_len, "\"%s\" must be an integer in [%lld, %lld]", key,
-                     (long long)min, (long long)max);
-    return false;
-}
-
-/* A word-valued key: absent or null → *out NULL (an error when required). */
 static bool get_word(json_t *root, const char *key, bool required, char **out, bool *nomem,
                      char *reason, size_t reason_len)
 {

@@ -8,77 +8,14 @@
  * (3) once a transfer info is accepted, then Success (5) or Failed (0).
  * Nothing else is ever sent to a TokenSpeed decode: its control thread dies
  * on anything else. Field by field: docs/tokenspeed-fields.md. */
-#include "conn/conn_int.h"
+#include "dialect/tokenspeed_seed/tokenspeed_seed.h"
 #include "engine/peer_region.h"
-#include "proto/frames_ts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-kvb__reg_t *kvb__reg_get(struct kvb_manager *m, const char *session);
-void kvb__reg_put(kvb__reg_t *g);
-
-#define TS_ENDPOINTS 1024 /* TokenSpeed decode endpoints remembered (FIFO) */
-#define TS_OUTPUTS 4096   /* rooms' first tokens (direct-mapped by room) */
-#define TS_MAX_CANDS 4096
 #define TS_MAX_BLOCKS (1u << 22) /* blocks one chunk may plan for one decode */
-
-typedef struct ts_output {
-    uint64_t room;
-    int used, has_token;
-    int64_t token, aux_index;
-    int32_t *cands;
-    size_t n_cands;
-} ts_output_t;
-
-struct kvb__ts {
-    pthread_mutex_t mu;
-    struct {
-        char ip[KVB_IP_MAX];
-        uint16_t port;
-    } ep[TS_ENDPOINTS];
-    size_t n_ep, next_ep;
-    ts_output_t out[TS_OUTPUTS];
-};
-
-/* The manager's TokenSpeed state, made on first use (any thread). */
-static struct kvb__ts *ts_get(struct kvb_manager *m, bool create)
-{
-    struct kvb__ts *t = __atomic_load_n(&m->ts, __ATOMIC_ACQUIRE);
-    if (t != NULL || !create)
-        return t;
-    t = calloc(1, sizeof(*t));
-    if (t == NULL)
-        return NULL;
-    pthread_mutex_init(&t->mu, NULL);
-    struct kvb__ts *expected = NULL;
-    if (!__atomic_compare_exchange_n(&m->ts, &expected, t, false, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE)) {
-        pthread_mutex_destroy(&t->mu);
-        free(t);
-        return expected;
-    }
-    return t;
-}
-
-void kvb__ts_free(struct kvb_manager *m)
-{
-    struct kvb__ts *t = m->ts;
-    if (t == NULL)
-        return;
-    for (size_t i = 0; i < TS_OUTPUTS; i++)
-        free(t->out[i].cands);
-    pthread_mutex_destroy(&t->mu);
-    free(t);
-    m->ts = NULL;
-}
-
-void kvb__ts_plan_destroy(struct kvb__ts_plan *plan)
-{
-    kvb__ts_plan_free(plan);
-    free(plan);
-}
 
 static void copy_n(char *dst, size_t cap, const char *s, size_t n)
 {
@@ -87,167 +24,19 @@ static void copy_n(char *dst, size_t cap, const char *s, size_t n)
     dst[n] = '\0';
 }
 
-/* ---- TokenSpeed endpoints: where only 5-frame statuses may go ---- */
+void kvb__ts_plan_destroy(void *plan)
+{
+    kvb__ts_plan_free(plan);
+    free(plan);
+}
 
 static void remember_endpoint(struct kvb_manager *m, const char *ip, size_t ip_len, uint16_t port)
 {
-    struct kvb__ts *t = ts_get(m, true);
-    char host[KVB_IP_MAX];
-    if (t == NULL)
-        return;
-    copy_n(host, sizeof(host), ip, ip_len);
-    pthread_mutex_lock(&t->mu);
-    bool known = false;
-    for (size_t i = 0; i < t->n_ep && !known; i++)
-        known = t->ep[i].port == port && strcmp(t->ep[i].ip, host) == 0;
-    if (!known) {
-        size_t k = t->n_ep < TS_ENDPOINTS ? t->n_ep++ : t->next_ep++ % TS_ENDPOINTS;
-        snprintf(t->ep[k].ip, sizeof(t->ep[k].ip), "%s", host);
-        t->ep[k].port = port;
-    }
-    pthread_mutex_unlock(&t->mu);
+    kvb__outputs_enable(m); /* its statuses carry first tokens */
+    kvb__endpoint_note(m, ip, ip_len, port, &kvb__dialect_tokenspeed_seed);
 }
 
-/* The endpoints of recent TokenSpeed messages, and of every TokenSpeed
- * registration held (those outlast a flood of forged messages that would
- * push a real decode out of the FIFO). */
-bool kvb__ts_endpoint(struct kvb_manager *m, const char *ip, uint16_t port)
-{
-    struct kvb__ts *t = ts_get(m, false);
-    bool known = false;
-    if (t == NULL)
-        return false; /* no TokenSpeed message ever came: the SGLang paths pay nothing */
-    pthread_mutex_lock(&t->mu);
-    for (size_t i = 0; i < t->n_ep && !known; i++)
-        known = t->ep[i].port == port && strcmp(t->ep[i].ip, ip) == 0;
-    pthread_mutex_unlock(&t->mu);
-    pthread_rwlock_rdlock(&m->reg_mu);
-    for (const kvb__reg_t *g = m->regs; g != NULL && !known; g = g->next)
-        known = g->dialect == KVB__DIALECT_TS && g->port == port && strcmp(g->ip, ip) == 0;
-    pthread_rwlock_unlock(&m->reg_mu);
-    return known;
-}
-
-/* ---- first tokens ---- */
-
-static ts_output_t *output_slot(struct kvb__ts *t, uint64_t room, bool claim)
-{
-    ts_output_t *o = &t->out[room % TS_OUTPUTS];
-    if (o->used && o->room == room)
-        return o;
-    if (!claim)
-        return NULL;
-    free(o->cands); /* another room's: a later one wins the slot */
-    memset(o, 0, sizeof(*o));
-    o->used = 1;
-    o->room = room;
-    o->aux_index = -1;
-    return o;
-}
-
-void kvb__ts_note_aux(struct kvb_manager *m, uint64_t room, int64_t aux_index)
-{
-    struct kvb__ts *t = ts_get(m, false);
-    if (t == NULL)
-        return; /* no TokenSpeed decode ever spoke to this rank */
-    pthread_mutex_lock(&t->mu);
-    output_slot(t, room, true)->aux_index = aux_index;
-    pthread_mutex_unlock(&t->mu);
-}
-
-kvb_status_t kvb__ts_output_set(struct kvb_manager *m, uint64_t room, int64_t token,
-                                const int32_t *cands, size_t count, bool first_wins)
-{
-    struct kvb__ts *t = ts_get(m, true);
-    int32_t *copy = malloc((count ? count : 1) * sizeof(*copy));
-    if (t == NULL || copy == NULL) {
-        free(copy);
-        return KVB_ERR_NOMEM;
-    }
-    if (count > 0)
-        memcpy(copy, cands, count * sizeof(*copy));
-    pthread_mutex_lock(&t->mu);
-    ts_output_t *o = output_slot(t, room, true);
-    if (first_wins && o->has_token) {
-        free(copy);
-    } else {
-        free(o->cands);
-        o->has_token = 1;
-        o->token = token;
-        o->cands = copy;
-        o->n_cands = count;
-    }
-    pthread_mutex_unlock(&t->mu);
-    return KVB_OK;
-}
-
-kvb_status_t kvb_sender_set_first_token(kvb_sender_h s, int64_t token, const int32_t *cands,
-                                        size_t count)
-{
-    if (s == NULL || (cands == NULL && count > 0) || count > TS_MAX_CANDS || token < -1)
-        return KVB_ERR_INVALID;
-    return kvb__ts_output_set(s->mgr, s->room, token, cands, count, false);
-}
-
-int kvb_receiver_first_token(kvb_receiver_h rc, int64_t *token_p, int32_t *cands, size_t cap,
-                             size_t *n_p)
-{
-    int32_t *c = NULL;
-    size_t n = 0;
-    if (rc == NULL || token_p == NULL || (cands == NULL && cap > 0))
-        return 0;
-    struct kvb__ts *t = ts_get(rc->mgr, false);
-    if (t == NULL)
-        return 0;
-    pthread_mutex_lock(&t->mu);
-    ts_output_t *o = output_slot(t, rc->room, false);
-    bool known = o != NULL && o->has_token;
-    if (known) {
-        *token_p = o->token;
-        n = o->n_cands;
-        c = o->cands;
-        memcpy(cands, c, (n < cap ? n : cap) * sizeof(int32_t));
-    }
-    pthread_mutex_unlock(&t->mu);
-    if (known && n_p != NULL)
-        *n_p = n;
-    return known ? 1 : 0;
-}
-
-/* The room's first token: the sender's, else aux buffer 0's first int32 at
- * the sender's aux slot (SGLang's output_ids), else -1. Candidates copied
- * into *cands_p (caller frees). */
-static int64_t first_token(struct kvb_manager *m, uint64_t room, int32_t **cands_p, size_t *n_p)
-{
-    struct kvb__ts *t = ts_get(m, false);
-    int64_t token = -1, aux = -1;
-    *cands_p = NULL;
-    *n_p = 0;
-    if (t == NULL)
-        return -1;
-    pthread_mutex_lock(&t->mu);
-    ts_output_t *o = output_slot(t, room, false);
-    if (o != NULL && o->has_token) {
-        token = o->token;
-        *cands_p = o->n_cands ? malloc(o->n_cands * sizeof(int32_t)) : NULL;
-        if (*cands_p != NULL) {
-            memcpy(*cands_p, o->cands, o->n_cands * sizeof(int32_t));
-            *n_p = o->n_cands;
-        }
-    } else if (o != NULL) {
-        aux = o->aux_index;
-    }
-    pthread_mutex_unlock(&t->mu);
-    if (aux >= 0 && m->args.num_aux > 0 && m->aux_items[0] >= 4 &&
-        (uint64_t)aux < m->aux_lens[0] / m->aux_items[0]) {
-        int32_t v;
-        memcpy(&v, (const uint8_t *)(uintptr_t)m->aux_ptrs[0] + m->aux_items[0] * (uint64_t)aux, 4);
-        token = v;
-    }
-    /* Not a token id (an aux slot that holds none): "none", not a status
-     * that fails to encode, is never sent and leaves the decode waiting. */
-    return token < -1 ? -1 : token;
-}
+/* ---- statuses: 5 frames, TokenSpeed's values, the first token ---- */
 
 static kvb_status_t send_raw(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
                              int value, int64_t token, const int32_t *cands, size_t n)
@@ -264,14 +53,18 @@ static kvb_status_t send_raw(struct kvb_manager *m, const char *ip, uint16_t por
     return st;
 }
 
+/* A prefill only ever reports the end: Failed, or Success with the room's
+ * first token and candidates (rank: TokenSpeed's sender is the TP rank
+ * inside the DP group, send_raw's). */
 kvb_status_t kvb__ts_send_status(struct kvb_manager *m, const char *ip, uint16_t port,
-                                 uint64_t room, int status)
+                                 uint64_t room, int status, int32_t rank)
 {
+    (void)rank;
     int32_t *cands = NULL;
     size_t n = 0;
-    if (status != KVB_POLL_SUCCESS) /* a prefill only ever reports the end */
+    if (status != KVB_POLL_SUCCESS)
         return send_raw(m, ip, port, room, KVB__TS_FAILED, -1, NULL, 0);
-    int64_t token = first_token(m, room, &cands, &n);
+    int64_t token = kvb__output_first_token(m, room, &cands, &n);
     kvb_status_t st = send_raw(m, ip, port, room, KVB__TS_SUCCESS, token, cands, n);
     free(cands);
     return st;
@@ -279,37 +72,37 @@ kvb_status_t kvb__ts_send_status(struct kvb_manager *m, const char *ip, uint16_t
 
 /* ---- KV-args ---- */
 
-static void on_reg_ts(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+/* Kept for the life of the process (or until evicted): TokenSpeed sends
+ * them once per prefill rank, not per room (spec 3.3). No item length or TP
+ * rank: each room brings its plan. */
+kvb_status_t kvb__ts_decode_registration(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
+                                         kvb__reg_in_t *in)
 {
     kvb__regts_msg_t x;
     kvb__frames_err_t e;
+    memset(in, 0, sizeof(*in));
     if (kvb__frames_decode_registration_ts(f, n, &e, &x) != KVB_OK) {
-        kvb__conn_bad_message(m, KVB__MSG_REGISTRATION, &e);
-        return;
+        kvb__conn_bad_message(m, "registration", &e);
+        return KVB_ERR_PROTO;
     }
     remember_endpoint(m, x.ip, x.ip_len, x.port);
-    uint64_t *state = malloc((x.state_ptrs.count ? x.state_ptrs.count : 1) * sizeof(uint64_t));
-    if (state == NULL)
-        return;
-    for (size_t i = 0; i < x.state_ptrs.count; i++)
-        state[i] = kvb__u64_at(x.state_ptrs, i);
-    /* Kept for the life of the process (or until evicted): TokenSpeed sends
-     * them once per prefill rank, not per room (spec 3.3). */
-    kvb__prefill_reg_install(m, x.ip, x.ip_len, x.session_id, x.session_id_len, x.port, x.kv_ptrs,
-                             state, x.state_ptrs.count, KVB__DIALECT_TS);
+    in->state = kvb__copy_u64_view(x.state_ptrs);
+    if (in->state == NULL)
+        return KVB_ERR_NOMEM;
+    in->n_state = x.state_ptrs.count;
+    in->ip = x.ip;
+    in->ip_len = x.ip_len;
+    in->session = x.session_id;
+    in->session_len = x.session_id_len;
+    in->port = x.port;
+    in->kv = x.kv_ptrs;
+    in->tp_size = 1;
+    in->item_len = 1;
+    in->dialect = &kvb__dialect_tokenspeed_seed;
+    return KVB_OK;
 }
 
 /* ---- transfer info: checks against this prefill (spec 7.7 rules 1-16) ---- */
-
-int kvb__ts_buffer_kind(const struct kvb_manager *m, uint64_t b)
-{
-    uint64_t L = kvb__target_layers(m), D = m->p.draft_layers;
-    if (m->p.is_mla)
-        return b < L ? KVB__TS_TARGET_K : KVB__TS_DRAFT_K;
-    if (b < 2 * L)
-        return b < L ? KVB__TS_TARGET_K : KVB__TS_TARGET_V;
-    return b < 2 * L + D ? KVB__TS_DRAFT_K : KVB__TS_DRAFT_V;
-}
 
 /* Rules 9-12 and 16 for one fragment; P = page size. */
 static bool frag_ok(struct kvb_manager *m, const kvb__ts_frag_t *f, size_t i, char *why, size_t wl)
@@ -492,7 +285,7 @@ static kvb_status_t dst_of(const kvb__xferts_msg_t *x, kvb__dst_t *d, uint64_t p
     d->port = x->port;
     d->dummy = x->is_dummy;
     d->aux_index = -1;
-    d->dialect = KVB__DIALECT_TS;
+    d->dialect = &kvb__dialect_tokenspeed_seed;
     d->prefix_tokens = x->prefix_len;
     d->skip_pages = (uint64_t)x->prefix_len / page;
     d->n_pages = x->pages.count;
@@ -509,67 +302,74 @@ static kvb_status_t dst_of(const kvb__xferts_msg_t *x, kvb__dst_t *d, uint64_t p
     return KVB_OK;
 }
 
-static void free_dst(kvb__dst_t *d)
+/* A malformed transfer info that names its room and decode still gives a
+ * destination: the room fails with the reason and the decode hears Failed. */
+static kvb_status_t take_malformed(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
+                                   const kvb__frames_err_t *e, kvb__xfer_in_t *out)
 {
-    free(d->pages);
-    free(d->state_idx);
-    kvb__ts_plan_destroy(d->ts_plan);
+    kvb__xferts_msg_t x;
+    uint16_t port;
+    uint64_t page = m->args.page_size ? m->args.page_size : 1;
+    kvb__conn_bad_message(m, "transfer info", e);
+    if (!e->has_room || kvb__frames_decode_peer(f, n, "", true, NULL, &x.room, &port) != KVB_OK)
+        return KVB_ERR_PROTO; /* no room or nowhere to tell */
+    memset(&x, 0, sizeof(x));
+    x.room = e->room;
+    x.ip = (const char *)f[1].data;
+    x.ip_len = f[1].len;
+    x.port = port;
+    x.session_id = (const char *)f[3].data;
+    x.session_id_len = f[3].len;
+    x.required_dst_info_num = 1;
+    remember_endpoint(m, x.ip, x.ip_len, port);
+    out->room = x.room;
+    out->required = 1;
+    snprintf(out->why, sizeof(out->why), "%s", e->reason);
+    if (dst_of(&x, &out->d, page) != KVB_OK) {
+        kvb__dst_free(&out->d);
+        memset(&out->d, 0, sizeof(out->d));
+    }
+    return KVB_ERR_PROTO;
 }
 
-static void on_xfer_ts(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+kvb_status_t kvb__ts_take_transfer(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
+                                   kvb__xfer_in_t *out)
 {
     kvb__xferts_msg_t x;
     kvb__frames_err_t e;
-    kvb__dst_t d;
-    char why[KVB__FRAMES_REASON_MAX + 64];
+    char *why = out->why;
+    const size_t wl = sizeof(out->why);
     uint64_t page = m->args.page_size ? m->args.page_size : 1;
-    if (kvb__frames_decode_transfer_ts(f, n, &e, &x) != KVB_OK) {
-        uint16_t port;
-        kvb__conn_bad_message(m, KVB__MSG_TRANSFER, &e);
-        if (!e.has_room || kvb__frames_decode_peer(f, n, "", true, NULL, &x.room, &port) != KVB_OK)
-            return; /* no room or nowhere to tell */
-        /* The room fails with the reason and the decode hears Failed. */
-        memset(&x, 0, sizeof(x));
-        x.room = e.room;
-        x.ip = (const char *)f[1].data;
-        x.ip_len = f[1].len;
-        x.port = port;
-        x.session_id = (const char *)f[3].data;
-        x.session_id_len = f[3].len;
-        x.required_dst_info_num = 1;
-        remember_endpoint(m, x.ip, x.ip_len, port);
-        if (dst_of(&x, &d, page) == KVB_OK)
-            kvb__prefill_add_dst(m, x.room, &d, 1, e.reason, x.ip, x.ip_len, port);
-        else
-            free_dst(&d);
-        return;
-    }
+    memset(out, 0, sizeof(*out));
+    if (kvb__frames_decode_transfer_ts(f, n, &e, &x) != KVB_OK)
+        return take_malformed(m, f, n, &e, out);
     remember_endpoint(m, x.ip, x.ip_len, x.port);
     char sid[KVB_SID_MAX];
     copy_n(sid, sizeof(sid), x.session_id, x.session_id_len);
     kvb__reg_t *g = kvb__reg_get(m, sid);
-    xfer_refusal(m, &x, g, why, sizeof(why));
+    xfer_refusal(m, &x, g, why, wl);
     kvb__reg_put(g);
     kvb__ts_plan_t *plan = NULL;
-    if (why[0] == '\0' && !plan_from(m, &x, &plan, why, sizeof(why)))
+    if (why[0] == '\0' && !plan_from(m, &x, &plan, why, wl))
         plan = NULL;
     if (why[0] != '\0') { /* a refused room writes nothing: no pages, no plan */
         x.pages.count = 0;
         x.state_idx.count = 0;
     }
-    if (dst_of(&x, &d, page) != KVB_OK) {
-        free_dst(&d);
+    out->room = x.room;
+    out->required = x.required_dst_info_num;
+    if (dst_of(&x, &out->d, page) != KVB_OK) {
         kvb__ts_plan_destroy(plan);
-        return;
+        return KVB_ERR_NOMEM;
     }
-    d.ts_plan = plan;
+    out->d.plan = plan;
     /* WaitingForInput (3) arms the decode's own time-out (spec 6.3): without
      * it a TokenSpeed decode whose prefill rank dies while the bootstrap
      * server lives waits forever. Sent before the room can end, on the same
      * socket, so it always precedes the terminal status. */
     if (why[0] == '\0' && !x.is_dummy && kvb__env_int("KVBRIDGE_TS_WAITING_STATUS", NULL, 1, 0, 1))
-        send_raw(m, d.ip, d.port, x.room, KVB__TS_WAITING_FOR_INPUT, -1, NULL, 0);
-    kvb__prefill_add_dst(m, x.room, &d, x.required_dst_info_num, why, x.ip, x.ip_len, x.port);
+        send_raw(m, out->d.ip, out->d.port, x.room, KVB__TS_WAITING_FOR_INPUT, -1, NULL, 0);
+    return KVB_OK;
 }
 
 /* ---- dispatch ---- */
@@ -579,38 +379,42 @@ static bool frame_eq(const kvb__frame_t *f, const char *lit)
     return f->len == strlen(lit) && memcmp(f->data, lit, f->len) == 0;
 }
 
-bool kvb__ts_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
+/* Told apart from both SGLang dialects on one port (spec 11.4): 8-frame
+ * KV args with frame 5 empty, 12/14-frame transfer infos whose frame 7 is a
+ * decimal, no kvbridge marker; a session that registered in another
+ * dialect keeps it. Statuses: exactly 5 frames, frame 0 a room. */
+kvb__dmsg_t kvb__ts_classify(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
+    bool room = n > 0 && f[0].len > 0 && f[0].data[0] >= '0' && f[0].data[0] <= '9';
+    if (n == KVB__STATUSTS_FRAMES && room)
+        return KVB__DMSG_STATUS;
     if (n == 0)
-        return false;
+        return KVB__DMSG_NONE;
     for (size_t i = 0; i < n; i++)
         if (frame_eq(&f[i], KVB__EXT_MARKER))
-            return false; /* kvbridge's own message (its extensions follow a marker) */
+            return KVB__DMSG_NONE; /* kvbridge's own message (its extensions follow a marker) */
     if (frame_eq(&f[0], "None")) {
         /* 8 frames with frame 5 empty; CachePD's 8 carry JSON there (unsupported) */
         if (n != KVB__REGTS_FRAMES || f[5].len != 0)
-            return false;
-        on_reg_ts(m, f, n);
-        return true;
+            return KVB__DMSG_NONE;
+        return KVB__DMSG_REGISTRATION;
     }
-    if (f[0].len == 0 || f[0].data[0] < '0' || f[0].data[0] > '9' ||
-        (n != KVB__XFERTS_FRAMES && n != KVB__XFERTS_PLAN))
-        return false;
+    if (!room || (n != KVB__XFERTS_FRAMES && n != KVB__XFERTS_PLAN))
+        return KVB__DMSG_NONE;
     /* Frame 7 is a decimal (or empty in a dummy) here, a kvbridge key=value
      * extension in an older kvbridge's seed-001 message. */
     if (f[7].len > 0 && f[7].data[0] >= 'a' && f[7].data[0] <= 'z')
-        return false;
+        return KVB__DMSG_NONE;
     /* Decided per session: a session that registered in another dialect
      * keeps it (spec 11.4); an unknown one goes by the count. */
     char sid[KVB_SID_MAX];
     copy_n(sid, sizeof(sid), (const char *)f[3].data, f[3].len);
     kvb__reg_t *g = kvb__reg_get(m, sid);
-    bool other = g != NULL && g->dialect != KVB__DIALECT_TS;
+    bool other = g != NULL && g->dialect != &kvb__dialect_tokenspeed_seed;
     kvb__reg_put(g);
     if (other)
-        return false;
-    on_xfer_ts(m, f, n);
-    return true;
+        return KVB__DMSG_NONE;
+    return KVB__DMSG_TRANSFER;
 }
 
 /* ---- the data path: a chunk's blocks for one TokenSpeed decode ---- */
@@ -665,7 +469,7 @@ static bool frag_blocks(ts_job_t *j, const kvb__ts_frag_t *f, uint64_t sp, uint6
 
 static bool page_blocks(ts_job_t *j, uint64_t sp, uint64_t dp)
 {
-    const kvb__ts_plan_t *p = j->d->ts_plan;
+    const kvb__ts_plan_t *p = j->d->plan;
     for (uint32_t b = 0; p == NULL && b < j->m->args.num_kv; b++)
         if (!push(j, j->m->kv_ptrs[b] + sp * j->item, j->g->kv_ptrs[b] + dp * j->item, j->item))
             return false;
@@ -690,7 +494,7 @@ static bool regions_ok(ts_job_t *j, char *why, size_t wl)
         return true;
     for (uint32_t b = 0; b < j->m->args.num_kv; b++) {
         uint64_t stride = j->item, base = 0, len = 0;
-        const kvb__ts_plan_t *p = j->d->ts_plan;
+        const kvb__ts_plan_t *p = j->d->plan;
         bool written = p == NULL;
         for (size_t i = 0; p != NULL && i < p->n; i++)
             if (p->frags[i].buffer_index == b) {
@@ -732,7 +536,7 @@ static bool regions_ok(ts_job_t *j, char *why, size_t wl)
 static bool reg_fits(struct kvb_manager *m, const kvb__reg_t *g, const kvb__dst_t *d, char *why,
                      size_t wl)
 {
-    if (g->dialect != KVB__DIALECT_TS)
+    if (g->dialect != &kvb__dialect_tokenspeed_seed)
         snprintf(why, wl,
                  "decode %s re-sent its KV args in another dialect after its TokenSpeed transfer "
                  "info; nothing written",
@@ -804,3 +608,24 @@ void kvb__ts_job_plan(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
     }
     *st_p = KVB_OK;
 }
+
+const kvb__dialect_t kvb__dialect_tokenspeed_seed = {
+    .t = {.name = "TokenSpeed seed 004",
+          .family = "TokenSpeed",
+          .decode_plans = true,
+          .extensions = false,
+          .suffix_pages = true,
+          .own_status = true},
+    .boot_dialect = KVB_BOOTSTRAP_DIALECT_TOKENSPEED,
+    .classify = kvb__ts_classify,
+    .decode_registration = kvb__ts_decode_registration,
+    .take_transfer = kvb__ts_take_transfer,
+    .send_status = kvb__ts_send_status,
+    .plan_job = kvb__ts_job_plan,
+    .plan_free = kvb__ts_plan_destroy,
+    .send_registration = kvb__ts_send_registration,
+    .send_transfer = kvb__ts_send_transfer,
+    .send_abort = kvb__ts_send_abort,
+    .transfer_form = kvb__ts_transfer_form,
+    .decode_status = kvb__ts_decode_status,
+};

@@ -1,6 +1,6 @@
-/* Control-channel frame codec, TokenSpeed's dialect; see frames_ts.h,
+/* Control-channel frame codec, TokenSpeed's dialect; see frames.h,
  * PROTOCOL-TOKENSPEED.md sections 4 and 7 and docs/tokenspeed-fields.md. */
-#include "proto/frames_ts.h"
+#include "dialect/tokenspeed_seed/frames.h"
 
 #include "core/core.h"
 

@@ -1,14 +1,20 @@
 /* Control-channel frame codec, SGLang's 2026 dialect (internal): the
  * messages of PROTOCOL-SGLANG-2026.md sections 4-5 that differ from seed 001
  * (18-frame KV-args, 10-frame transfer info, ABORT, ABORT_ACK), next to the
- * seed-001 codec of frames.h. Status (3 frames) and AUX_DATA (6 frames) are
- * the same in both dialects: use frames.h for them. Same rules as frames.h:
+ * seed-001 codec (dialect/sglang2025/frames.h). Status (3 frames) and
+ * AUX_DATA (6 frames) are the same in both dialects: use that one for them. Same rules as frames.h:
  * pure functions, no allocation while decoding, views into the input frames,
  * every byte hostile. docs/protocol-frames.md, "The 2026 dialect". */
-#ifndef KVB_PROTO_FRAMES26_H
-#define KVB_PROTO_FRAMES26_H
+#ifndef KVB_DIALECT_SGLANG2026_FRAMES_H
+#define KVB_DIALECT_SGLANG2026_FRAMES_H
 
-#include "proto/frames.h"
+#include "dialect/sglang2025/frames.h"
+
+/* Message kinds, as reasons and logs name them. */
+#define KVB__KIND_REG26 "registration (2026)"
+#define KVB__KIND_XFER26 "transfer info (2026)"
+#define KVB__KIND_ABORT "abort"
+#define KVB__KIND_ACK "abort ack"
 
 /* Frame counts SGLang sends; the 2026 prefill parser accepts from 10 / 8. */
 #define KVB__REG26_FRAMES 18

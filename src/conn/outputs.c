@@ -1,0 +1,179 @@
+/* A room's outputs that travel with its status in the dialects that carry
+ * them (TokenSpeed: the first token and speculative candidates): set by the
+ * prefill's sender, read back into the status by its dialect; on the decode,
+ * stored from a Success and read by kvb_receiver_first_token. A bounded
+ * table: rooms map onto KVB__OUTPUTS slots and a later room takes a slot.
+ * Made on first use, so a manager that never meets such a dialect pays
+ * nothing. Any thread. */
+#include "conn/conn_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KVB__OUTPUTS 4096 /* rooms' first tokens (direct-mapped by room) */
+
+typedef struct output {
+    uint64_t room;
+    int used, has_token;
+    int64_t token, aux_index;
+    int32_t *cands;
+    size_t n_cands;
+} output_t;
+
+struct kvb__outputs {
+    pthread_mutex_t mu;
+    output_t out[KVB__OUTPUTS];
+};
+
+static struct kvb__outputs *outputs_get(struct kvb_manager *m, bool create)
+{
+    struct kvb__outputs *t = __atomic_load_n(&m->outputs, __ATOMIC_ACQUIRE);
+    if (t != NULL || !create)
+        return t;
+    t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return NULL;
+    pthread_mutex_init(&t->mu, NULL);
+    struct kvb__outputs *expected = NULL;
+    if (!__atomic_compare_exchange_n(&m->outputs, &expected, t, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        pthread_mutex_destroy(&t->mu);
+        free(t);
+        return expected;
+    }
+    return t;
+}
+
+void kvb__outputs_free(struct kvb_manager *m)
+{
+    struct kvb__outputs *t = m->outputs;
+    if (t == NULL)
+        return;
+    for (size_t i = 0; i < KVB__OUTPUTS; i++)
+        free(t->out[i].cands);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+    m->outputs = NULL;
+}
+
+static output_t *output_slot(struct kvb__outputs *t, uint64_t room, bool claim)
+{
+    output_t *o = &t->out[room % KVB__OUTPUTS];
+    if (o->used && o->room == room)
+        return o;
+    if (!claim)
+        return NULL;
+    free(o->cands); /* another room's: a later one wins the slot */
+    memset(o, 0, sizeof(*o));
+    o->used = 1;
+    o->room = room;
+    o->aux_index = -1;
+    return o;
+}
+
+void kvb__output_note_aux(struct kvb_manager *m, uint64_t room, int64_t aux_index)
+{
+    struct kvb__outputs *t = outputs_get(m, false);
+    if (t == NULL)
+        return; /* no dialect that carries outputs ever spoke to this rank */
+    pthread_mutex_lock(&t->mu);
+    output_slot(t, room, true)->aux_index = aux_index;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void kvb__outputs_enable(struct kvb_manager *m)
+{
+    (void)outputs_get(m, true);
+}
+
+kvb_status_t kvb__output_set(struct kvb_manager *m, uint64_t room, int64_t token,
+                             const int32_t *cands, size_t count, bool first_wins)
+{
+    struct kvb__outputs *t = outputs_get(m, true);
+    int32_t *copy = malloc((count ? count : 1) * sizeof(*copy));
+    if (t == NULL || copy == NULL) {
+        free(copy);
+        return KVB_ERR_NOMEM;
+    }
+    if (count > 0)
+        memcpy(copy, cands, count * sizeof(*copy));
+    pthread_mutex_lock(&t->mu);
+    output_t *o = output_slot(t, room, true);
+    if (first_wins && o->has_token) {
+        free(copy);
+    } else {
+        free(o->cands);
+        o->has_token = 1;
+        o->token = token;
+        o->cands = copy;
+        o->n_cands = count;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return KVB_OK;
+}
+
+kvb_status_t kvb_sender_set_first_token(kvb_sender_h s, int64_t token, const int32_t *cands,
+                                        size_t count)
+{
+    if (s == NULL || (cands == NULL && count > 0) || count > KVB__MAX_CANDIDATES || token < -1)
+        return KVB_ERR_INVALID;
+    return kvb__output_set(s->mgr, s->room, token, cands, count, false);
+}
+
+int kvb_receiver_first_token(kvb_receiver_h rc, int64_t *token_p, int32_t *cands, size_t cap,
+                             size_t *n_p)
+{
+    int32_t *c = NULL;
+    size_t n = 0;
+    if (rc == NULL || token_p == NULL || (cands == NULL && cap > 0))
+        return 0;
+    struct kvb__outputs *t = outputs_get(rc->mgr, false);
+    if (t == NULL)
+        return 0;
+    pthread_mutex_lock(&t->mu);
+    output_t *o = output_slot(t, rc->room, false);
+    bool known = o != NULL && o->has_token;
+    if (known) {
+        *token_p = o->token;
+        n = o->n_cands;
+        c = o->cands;
+        memcpy(cands, c, (n < cap ? n : cap) * sizeof(int32_t));
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (known && n_p != NULL)
+        *n_p = n;
+    return known ? 1 : 0;
+}
+
+int64_t kvb__output_first_token(struct kvb_manager *m, uint64_t room, int32_t **cands_p,
+                                size_t *n_p)
+{
+    struct kvb__outputs *t = outputs_get(m, false);
+    int64_t token = -1, aux = -1;
+    *cands_p = NULL;
+    *n_p = 0;
+    if (t == NULL)
+        return -1;
+    pthread_mutex_lock(&t->mu);
+    output_t *o = output_slot(t, room, false);
+    if (o != NULL && o->has_token) {
+        token = o->token;
+        *cands_p = o->n_cands ? malloc(o->n_cands * sizeof(int32_t)) : NULL;
+        if (*cands_p != NULL) {
+            memcpy(*cands_p, o->cands, o->n_cands * sizeof(int32_t));
+            *n_p = o->n_cands;
+        }
+    } else if (o != NULL) {
+        aux = o->aux_index;
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (aux >= 0 && m->args.num_aux > 0 && m->aux_items[0] >= 4 &&
+        (uint64_t)aux < m->aux_lens[0] / m->aux_items[0]) {
+        int32_t v;
+        memcpy(&v, (const uint8_t *)(uintptr_t)m->aux_ptrs[0] + m->aux_items[0] * (uint64_t)aux, 4);
+        token = v;
+    }
+    /* Not a token id (an aux slot that holds none): "none", not a status
+     * that fails to encode, is never sent and leaves the decode waiting. */
+    return token < -1 ? -1 : token;
+}
