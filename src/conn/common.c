@@ -24,6 +24,25 @@ uint64_t *kvb__copy_u64_view(kvb__u64_view_t v)
     return a;
 }
 
+void *kvb__lazy_table(void **slot, size_t size, bool create)
+{
+    void *t = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (t != NULL || !create)
+        return t;
+    t = calloc(1, size);
+    if (t == NULL)
+        return NULL;
+    pthread_mutex_init((pthread_mutex_t *)t, NULL);
+    void *expected = NULL;
+    if (!__atomic_compare_exchange_n(slot, &expected, t, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        pthread_mutex_destroy((pthread_mutex_t *)t);
+        free(t);
+        return expected; /* another thread made it first */
+    }
+    return t;
+}
+
 void kvb__conn_bad_message(struct kvb_manager *m, const char *kind, const kvb__frames_err_t *e)
 {
     bool first = true;

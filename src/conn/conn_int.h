@@ -516,6 +516,10 @@ static inline void kvb__count_boot(struct kvb_manager *m, kvb_status_t st)
 /* A bootstrap client for addr carrying the manager's token (if any). */
 kvb_status_t kvb__bootstrap_client(struct kvb_manager *m, const char *addr,
                                    kvb_bootstrap_client_h *client_p);
+/* A table made on first use (any thread): *slot, or, when create and it is
+ * NULL, a zeroed allocation of size bytes whose first member is a
+ * pthread_mutex_t (initialised here). NULL: not made (or no memory). */
+void *kvb__lazy_table(void **slot, size_t size, bool create);
 /* Copy n bytes of s into dst (cap bytes, NUL-terminated, truncated). */
 void kvb__copy_str(char *dst, size_t cap, const char *s, size_t n);
 /* A malloc'ed copy of v (NULL: no memory). */

@@ -16,7 +16,7 @@
 #define KVB__ENDPOINTS 1024 /* endpoints remembered (FIFO) */
 
 struct kvb__endpoints {
-    pthread_mutex_t mu;
+    pthread_mutex_t mu; /* first: kvb__lazy_table initialises it */
     struct {
         char ip[KVB_IP_MAX];
         uint16_t port;
@@ -27,21 +27,7 @@ struct kvb__endpoints {
 
 static struct kvb__endpoints *endpoints_get(struct kvb_manager *m, bool create)
 {
-    struct kvb__endpoints *t = __atomic_load_n(&m->endpoints, __ATOMIC_ACQUIRE);
-    if (t != NULL || !create)
-        return t;
-    t = calloc(1, sizeof(*t));
-    if (t == NULL)
-        return NULL;
-    pthread_mutex_init(&t->mu, NULL);
-    struct kvb__endpoints *expected = NULL;
-    if (!__atomic_compare_exchange_n(&m->endpoints, &expected, t, false, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE)) {
-        pthread_mutex_destroy(&t->mu);
-        free(t);
-        return expected;
-    }
-    return t;
+    return kvb__lazy_table((void **)&m->endpoints, sizeof(struct kvb__endpoints), create);
 }
 
 void kvb__endpoints_free(struct kvb_manager *m)

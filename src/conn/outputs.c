@@ -21,27 +21,13 @@ typedef struct output {
 } output_t;
 
 struct kvb__outputs {
-    pthread_mutex_t mu;
+    pthread_mutex_t mu; /* first: kvb__lazy_table initialises it */
     output_t out[KVB__OUTPUTS];
 };
 
 static struct kvb__outputs *outputs_get(struct kvb_manager *m, bool create)
 {
-    struct kvb__outputs *t = __atomic_load_n(&m->outputs, __ATOMIC_ACQUIRE);
-    if (t != NULL || !create)
-        return t;
-    t = calloc(1, sizeof(*t));
-    if (t == NULL)
-        return NULL;
-    pthread_mutex_init(&t->mu, NULL);
-    struct kvb__outputs *expected = NULL;
-    if (!__atomic_compare_exchange_n(&m->outputs, &expected, t, false, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE)) {
-        pthread_mutex_destroy(&t->mu);
-        free(t);
-        return expected;
-    }
-    return t;
+    return kvb__lazy_table((void **)&m->outputs, sizeof(struct kvb__outputs), create);
 }
 
 void kvb__outputs_free(struct kvb_manager *m)

@@ -41,47 +41,52 @@ typedef struct ext_out {
 } kvb__fk_ext_out_t;
 
 void kvb__fk_quote(char *buf, size_t cap, const uint8_t *p, size_t len);
-kvb_status_t kvb__fk_vfail(kvb__fk_ctx_t *c, int frame, const char *name, const char *fmt, va_list ap);
+kvb_status_t kvb__fk_vfail(kvb__fk_ctx_t *c, int frame, const char *name, const char *fmt,
+                           va_list ap);
 kvb_status_t kvb__fk_fail(kvb__fk_ctx_t *c, const char *fmt, ...) KVB_PRINTF(2, 3);
-kvb_status_t kvb__fk_fail_frame(kvb__fk_ctx_t *c, size_t frame, const char *name, const char *fmt, ...) KVB_PRINTF(4, 5);
+kvb_status_t kvb__fk_fail_frame(kvb__fk_ctx_t *c, size_t frame, const char *name, const char *fmt,
+                                ...) KVB_PRINTF(4, 5);
 bool kvb__fk_frame_is(const kvb__frame_t *f, const char *lit, size_t lit_len);
 /* The frame is exactly the NUL-terminated literal. */
 bool kvb__fk_tag_is(const kvb__frame_t *f, const char *lit);
 bool kvb__fk_canonical_digits(const uint8_t *p, size_t len);
 bool kvb__fk_parse_room(const kvb__frame_t *f, uint64_t *out_p);
-kvb_status_t kvb__fk_need_room(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx, uint64_t *out_p);
+kvb_status_t kvb__fk_need_room(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx,
+                               uint64_t *out_p);
 kvb_status_t kvb__fk_need_int(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx, const char *name,
-                             int64_t min, int64_t max, int64_t *out_p);
+                              int64_t min, int64_t max, int64_t *out_p);
 kvb_status_t kvb__fk_need_i32(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx, const char *name,
-                             int32_t min, int32_t *out_p);
+                              int32_t min, int32_t *out_p);
 bool kvb__fk_host_char(uint8_t ch, bool allow_colon);
 kvb_status_t kvb__fk_need_ip(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx);
 kvb_status_t kvb__fk_need_session(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx);
-kvb_status_t kvb__fk_need_u64_array(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx, const char *name,
-                                   bool non_empty, kvb__u64_view_t *out_p);
-kvb_status_t kvb__fk_need_i32_array(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx, const char *name,
-                                   kvb__i32_view_t *out_p);
+kvb_status_t kvb__fk_need_u64_array(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx,
+                                    const char *name, bool non_empty, kvb__u64_view_t *out_p);
+kvb_status_t kvb__fk_need_i32_array(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx,
+                                    const char *name, kvb__i32_view_t *out_p);
 bool kvb__fk_split_ext(const kvb__frame_t *f, kvb__fk_ext_kv_t *kv_p);
 int kvb__fk_key_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
 bool kvb__fk_key_is(const kvb__fk_ext_kv_t *kv, const char *lit);
 bool kvb__fk_known_key(const char *const *known, const kvb__fk_ext_kv_t *kv);
-kvb_status_t kvb__fk_check_ext(kvb__fk_ctx_t *c, const kvb__frame_t *frames, size_t first, size_t n);
+kvb_status_t kvb__fk_check_ext(kvb__fk_ctx_t *c, const kvb__frame_t *frames, size_t first,
+                               size_t n);
 bool kvb__fk_is_marker(const kvb__frame_t *f);
-kvb_status_t kvb__fk_split_marker(kvb__fk_ctx_t *c, const kvb__frame_t *frames, size_t n, size_t *nd_p,
-                                 size_t *from_p);
+kvb_status_t kvb__fk_split_marker(kvb__fk_ctx_t *c, const kvb__frame_t *frames, size_t n,
+                                  size_t *nd_p, size_t *from_p);
 kvb_status_t kvb__fk_need_frames(kvb__fk_ctx_t *c, const kvb__frame_t *frames, size_t n, size_t min,
-                                size_t max, size_t *nd_p, size_t *from_p);
+                                 size_t max, size_t *nd_p, size_t *from_p);
 kvb_status_t kvb__fk_need_peer(kvb__fk_ctx_t *c, const kvb__frame_t *frames, uint16_t *port_p);
 kvb_status_t kvb__fk_need_reg_head(kvb__fk_ctx_t *c, const kvb__frame_t *frames, uint16_t *port_p);
 bool kvb__fk_grow(void **p, size_t *cap, size_t need, size_t elem);
 bool kvb__fk_put3(kvb__frames_buf_t *b, const void *a, size_t alen, const void *m, size_t mlen,
-                 const void *z, size_t zlen);
+                  const void *z, size_t zlen);
 bool kvb__fk_put(kvb__frames_buf_t *b, const void *p, size_t len);
 bool kvb__fk_put_u64(kvb__frames_buf_t *b, uint64_t v);
 bool kvb__fk_put_i64(kvb__frames_buf_t *b, int64_t v);
 int kvb__fk_ext_out_cmp(const void *a, const void *b);
-kvb_status_t kvb__fk_put_ext(kvb__frames_buf_t *b, const char *const *known, kvb__fk_ext_out_t *typed,
-                            size_t n_typed, const kvb__frame_t *ext, size_t n_ext);
+kvb_status_t kvb__fk_put_ext(kvb__frames_buf_t *b, const char *const *known,
+                             kvb__fk_ext_out_t *typed, size_t n_typed, const kvb__frame_t *ext,
+                             size_t n_ext);
 kvb__fk_ext_out_t kvb__fk_typed_ext(const char *key, const void *val, size_t len);
 kvb__frame_t *kvb__fk_appended(const kvb__frames_buf_t *b, size_t n0);
 kvb_status_t kvb__fk_rollback(kvb__frames_buf_t *b, size_t n0, size_t len0, kvb_status_t st);

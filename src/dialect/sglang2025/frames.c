@@ -19,7 +19,6 @@
 #define STATUS_FRAMES 3
 #define AUX_FRAMES 6
 
-
 /* ---- classification ---- */
 
 /* Registrations and transfer infos are told apart by their dialect frames
@@ -92,7 +91,8 @@ kvb_status_t kvb__frames_decode_registration(const kvb__frame_t *frames, size_t 
     KVB__FRAMES_TRY(kvb__fk_need_u64_array(&c, &frames[4], 4, "kv_ptrs", true, &m.kv_ptrs));
     KVB__FRAMES_TRY(kvb__fk_need_u64_array(&c, &frames[5], 5, "aux_ptrs", false, &m.aux_ptrs));
     KVB__FRAMES_TRY(kvb__fk_need_i32(&c, &frames[6], 6, "dst_tp_rank", 0, &m.dst_tp_rank));
-    KVB__FRAMES_TRY(kvb__fk_need_i32(&c, &frames[7], 7, "dst_attn_tp_size", 1, &m.dst_attn_tp_size));
+    KVB__FRAMES_TRY(
+        kvb__fk_need_i32(&c, &frames[7], 7, "dst_attn_tp_size", 1, &m.dst_attn_tp_size));
     KVB__FRAMES_TRY(
         kvb__fk_need_int(&c, &frames[8], 8, "dst_kv_item_len", 1, INT64_MAX, &m.dst_kv_item_len));
     for (size_t i = from; i < n; i++) {
@@ -134,8 +134,8 @@ kvb_status_t kvb__frames_decode_transfer(const kvb__frame_t *frames, size_t n,
     if (!m.is_dummy) {
         KVB__FRAMES_TRY(kvb__fk_need_i32_array(&c, &frames[4], 4, "dst page indices", &m.pages));
         if (frames[5].len == 0)
-            return kvb__fk_fail_frame(&c, 5, "aux index", "empty while frame 4 holds %zu page indices",
-                              m.pages.count);
+            return kvb__fk_fail_frame(&c, 5, "aux index",
+                                      "empty while frame 4 holds %zu page indices", m.pages.count);
         KVB__FRAMES_TRY(kvb__fk_need_i32(&c, &frames[5], 5, "aux index", 0, &m.aux_index));
     }
     KVB__FRAMES_TRY(
@@ -148,12 +148,13 @@ kvb_status_t kvb__frames_decode_transfer(const kvb__frame_t *frames, size_t n,
         val.len = kv.val_len;
         if (kvb__fk_key_is(&kv, "page_mask")) {
             if (val.len != m.pages.count)
-                return kvb__fk_fail_frame(&c, i, "extension page_mask", "%zu bytes for %zu page indices",
-                                  val.len, m.pages.count);
+                return kvb__fk_fail_frame(&c, i, "extension page_mask",
+                                          "%zu bytes for %zu page indices", val.len, m.pages.count);
             for (size_t k = 0; k < val.len; k++)
                 if (val.data[k] > 1)
                     return kvb__fk_fail_frame(&c, i, "extension page_mask",
-                                      "byte %zu is 0x%02x, expected 0 or 1", k, val.data[k]);
+                                              "byte %zu is 0x%02x, expected 0 or 1", k,
+                                              val.data[k]);
             m.has_page_mask = true;
             m.page_mask = val.data;
         } else if (kvb__fk_key_is(&kv, "prefix_len")) {
@@ -161,7 +162,8 @@ kvb_status_t kvb__frames_decode_transfer(const kvb__frame_t *frames, size_t n,
                 kvb__fk_need_int(&c, &val, i, "extension prefix_len", 0, INT64_MAX, &m.prefix_len));
             m.has_prefix_len = true;
         } else if (kvb__fk_key_is(&kv, "state_idx")) {
-            KVB__FRAMES_TRY(kvb__fk_need_i32_array(&c, &val, i, "extension state_idx", &m.state_idx));
+            KVB__FRAMES_TRY(
+                kvb__fk_need_i32_array(&c, &val, i, "extension state_idx", &m.state_idx));
             m.has_state_idx = true;
         } else if (kvb__fk_key_is(&kv, "epoch")) {
             int64_t ep;
@@ -191,7 +193,8 @@ kvb_status_t kvb__frames_decode_status(const kvb__frame_t *frames, size_t n, kvb
     if (n != STATUS_FRAMES)
         return kvb__fk_fail(&c, "expected %d frames, got %zu", STATUS_FRAMES, n);
     KVB__FRAMES_TRY(kvb__fk_need_room(&c, &frames[0], 0, &m.room));
-    KVB__FRAMES_TRY(kvb__fk_need_int(&c, &frames[1], 1, "status", KVB__WIRE_FAILED, KVB__WIRE_SUCCESS, &v));
+    KVB__FRAMES_TRY(
+        kvb__fk_need_int(&c, &frames[1], 1, "status", KVB__WIRE_FAILED, KVB__WIRE_SUCCESS, &v));
     m.status = (int32_t)v;
     KVB__FRAMES_TRY(kvb__fk_need_i32(&c, &frames[2], 2, "prefill_rank", 0, &m.prefill_rank));
     *msg_p = m;
@@ -218,12 +221,12 @@ kvb_status_t kvb__frames_decode_aux(const kvb__frame_t *frames, size_t n, kvb__f
     KVB__FRAMES_TRY(kvb__fk_need_i32(&c, &frames[3], 3, "aux index", 0, &m.aux_index));
     if (frames[4].len != 4)
         return kvb__fk_fail_frame(&c, 4, "length", "%zu bytes, expected 4 (big-endian uint32)",
-                          frames[4].len);
+                                  frames[4].len);
     declared = (uint32_t)frames[4].data[0] << 24 | (uint32_t)frames[4].data[1] << 16 |
                (uint32_t)frames[4].data[2] << 8 | (uint32_t)frames[4].data[3];
     if (frames[5].len != declared)
         return kvb__fk_fail_frame(&c, 5, "payload", "%zu bytes, frame 4 declares %u", frames[5].len,
-                          (unsigned)declared);
+                                  (unsigned)declared);
     m.payload = frames[5].data;
     m.payload_len = frames[5].len;
     *msg_p = m;
@@ -256,27 +259,27 @@ kvb_status_t kvb__frames_check_aux(const kvb__aux_msg_t *msg, size_t n_buffers,
     size_t b = (size_t)msg->buffer_index;
     if (msg->buffer_index < 0 || b >= n_buffers)
         return kvb__fk_fail_frame(&c, 2, "buffer index", "%d outside the %zu aux buffers",
-                          (int)msg->buffer_index, n_buffers);
+                                  (int)msg->buffer_index, n_buffers);
     if (msg->aux_index < 0 || (uint64_t)msg->aux_index >= n_items[b])
         return kvb__fk_fail_frame(&c, 3, "aux index", "%d outside the %llu items of aux buffer %zu",
-                          (int)msg->aux_index, (unsigned long long)n_items[b], b);
+                                  (int)msg->aux_index, (unsigned long long)n_items[b], b);
     if ((uint64_t)msg->payload_len != item_lens[b])
         return kvb__fk_fail_frame(&c, 5, "payload", "%zu bytes, aux buffer %zu has items of %llu",
-                          msg->payload_len, b, (unsigned long long)item_lens[b]);
+                                  msg->payload_len, b, (unsigned long long)item_lens[b]);
     return KVB_OK;
 }
 
-#define KVB__FK_VERIFY(b, n0, len0, err, decode, msgtype)                                                  \
+#define KVB__FK_VERIFY(b, n0, len0, err, decode, msgtype)                                          \
     do {                                                                                           \
-        kvb__frame_t *f_ = kvb__fk_appended(b, n0);                                                        \
+        kvb__frame_t *f_ = kvb__fk_appended(b, n0);                                                \
         msgtype tmp_;                                                                              \
         kvb_status_t st_;                                                                          \
         if (f_ == NULL)                                                                            \
-            return kvb__fk_rollback(b, n0, len0, KVB_ERR_NOMEM);                                           \
+            return kvb__fk_rollback(b, n0, len0, KVB_ERR_NOMEM);                                   \
         st_ = decode(f_, (b)->n - (n0), err, &tmp_);                                               \
         free(f_);                                                                                  \
         if (st_ != KVB_OK)                                                                         \
-            return kvb__fk_rollback(b, n0, len0, KVB_ERR_INVALID);                                         \
+            return kvb__fk_rollback(b, n0, len0, KVB_ERR_INVALID);                                 \
     } while (0)
 
 kvb_status_t kvb__frames_encode_registration(const kvb__reg_msg_t *msg, kvb__frames_err_t *err,
@@ -286,7 +289,8 @@ kvb_status_t kvb__frames_encode_registration(const kvb__reg_msg_t *msg, kvb__fra
     kvb__fk_ext_out_t typed[1];
     size_t n_typed = 0;
     kvb_status_t st;
-    if (kvb__fk_bad_view(msg->ip, msg->ip_len) || kvb__fk_bad_view(msg->session_id, msg->session_id_len) ||
+    if (kvb__fk_bad_view(msg->ip, msg->ip_len) ||
+        kvb__fk_bad_view(msg->session_id, msg->session_id_len) ||
         kvb__fk_bad_view(msg->kv_ptrs.data, msg->kv_ptrs.count) ||
         kvb__fk_bad_view(msg->aux_ptrs.data, msg->aux_ptrs.count) ||
         (msg->has_state_ptrs && kvb__fk_bad_view(msg->state_ptrs.data, msg->state_ptrs.count)) ||
@@ -294,12 +298,15 @@ kvb_status_t kvb__frames_encode_registration(const kvb__reg_msg_t *msg, kvb__fra
         msg->aux_ptrs.count > SIZE_MAX / 8 || msg->state_ptrs.count > SIZE_MAX / 8)
         return kvb__fk_caller_error(err, KIND_REG, "NULL array with a non-zero length");
     if (msg->has_state_ptrs)
-        typed[n_typed++] = kvb__fk_typed_ext("state_ptrs", msg->state_ptrs.data, msg->state_ptrs.count * 8);
-    if (!kvb__fk_put(out, KVB__FK_NONE_TAG, sizeof(KVB__FK_NONE_TAG) - 1) || !kvb__fk_put(out, msg->ip, msg->ip_len) ||
-        !kvb__fk_put_u64(out, msg->port) || !kvb__fk_put(out, msg->session_id, msg->session_id_len) ||
+        typed[n_typed++] =
+            kvb__fk_typed_ext("state_ptrs", msg->state_ptrs.data, msg->state_ptrs.count * 8);
+    if (!kvb__fk_put(out, KVB__FK_NONE_TAG, sizeof(KVB__FK_NONE_TAG) - 1) ||
+        !kvb__fk_put(out, msg->ip, msg->ip_len) || !kvb__fk_put_u64(out, msg->port) ||
+        !kvb__fk_put(out, msg->session_id, msg->session_id_len) ||
         !kvb__fk_put(out, msg->kv_ptrs.data, msg->kv_ptrs.count * 8) ||
-        !kvb__fk_put(out, msg->aux_ptrs.data, msg->aux_ptrs.count * 8) || !kvb__fk_put_i64(out, msg->dst_tp_rank) ||
-        !kvb__fk_put_i64(out, msg->dst_attn_tp_size) || !kvb__fk_put_i64(out, msg->dst_kv_item_len))
+        !kvb__fk_put(out, msg->aux_ptrs.data, msg->aux_ptrs.count * 8) ||
+        !kvb__fk_put_i64(out, msg->dst_tp_rank) || !kvb__fk_put_i64(out, msg->dst_attn_tp_size) ||
+        !kvb__fk_put_i64(out, msg->dst_kv_item_len))
         return kvb__fk_rollback(out, n0, len0, KVB_ERR_NOMEM);
     st = kvb__fk_put_ext(out, kvb__fk_reg_known, typed, n_typed, msg->ext, msg->n_ext);
     if (st != KVB_OK)
@@ -317,7 +324,8 @@ kvb_status_t kvb__frames_encode_transfer(const kvb__xfer_msg_t *msg, kvb__frames
     char prefix[24], epoch[24];
     kvb_status_t st;
     bool ok;
-    if (kvb__fk_bad_view(msg->ip, msg->ip_len) || kvb__fk_bad_view(msg->session_id, msg->session_id_len) ||
+    if (kvb__fk_bad_view(msg->ip, msg->ip_len) ||
+        kvb__fk_bad_view(msg->session_id, msg->session_id_len) ||
         kvb__fk_bad_view(msg->pages.data, msg->pages.count) ||
         (msg->has_page_mask && kvb__fk_bad_view(msg->page_mask, msg->pages.count)) ||
         (msg->has_state_idx && kvb__fk_bad_view(msg->state_idx.data, msg->state_idx.count)) ||
@@ -325,7 +333,8 @@ kvb_status_t kvb__frames_encode_transfer(const kvb__xfer_msg_t *msg, kvb__frames
         msg->state_idx.count > SIZE_MAX / 4)
         return kvb__fk_caller_error(err, KIND_XFER, "NULL array with a non-zero length");
     if (msg->is_dummy && msg->pages.count != 0)
-        return kvb__fk_caller_error(err, KIND_XFER, "a dummy transfer info carries no page indices");
+        return kvb__fk_caller_error(err, KIND_XFER,
+                                    "a dummy transfer info carries no page indices");
     /* typed[] in key order; put_ext sorts anyway. */
     if (msg->has_epoch) {
         if (msg->epoch == 0 || msg->epoch > INT64_MAX)
@@ -340,13 +349,15 @@ kvb_status_t kvb__frames_encode_transfer(const kvb__xfer_msg_t *msg, kvb__frames
         typed[n_typed++] = kvb__fk_typed_ext("prefix_len", prefix, (size_t)k);
     }
     if (msg->has_state_idx)
-        typed[n_typed++] = kvb__fk_typed_ext("state_idx", msg->state_idx.data, msg->state_idx.count * 4);
-    ok = kvb__fk_put_u64(out, msg->room) && kvb__fk_put(out, msg->ip, msg->ip_len) && kvb__fk_put_u64(out, msg->port) &&
-         kvb__fk_put(out, msg->session_id, msg->session_id_len);
+        typed[n_typed++] =
+            kvb__fk_typed_ext("state_idx", msg->state_idx.data, msg->state_idx.count * 4);
+    ok = kvb__fk_put_u64(out, msg->room) && kvb__fk_put(out, msg->ip, msg->ip_len) &&
+         kvb__fk_put_u64(out, msg->port) && kvb__fk_put(out, msg->session_id, msg->session_id_len);
     if (ok && msg->is_dummy)
         ok = kvb__fk_put(out, NULL, 0) && kvb__fk_put(out, NULL, 0);
     else if (ok)
-        ok = kvb__fk_put(out, msg->pages.data, msg->pages.count * 4) && kvb__fk_put_i64(out, msg->aux_index);
+        ok = kvb__fk_put(out, msg->pages.data, msg->pages.count * 4) &&
+             kvb__fk_put_i64(out, msg->aux_index);
     ok = ok && kvb__fk_put_i64(out, msg->required_dst_info_num);
     if (!ok)
         return kvb__fk_rollback(out, n0, len0, KVB_ERR_NOMEM);
@@ -361,7 +372,8 @@ kvb_status_t kvb__frames_encode_status(const kvb__status_msg_t *msg, kvb__frames
                                        kvb__frames_buf_t *out)
 {
     size_t n0 = out->n, len0 = out->len;
-    if (!kvb__fk_put_u64(out, msg->room) || !kvb__fk_put_i64(out, msg->status) || !kvb__fk_put_i64(out, msg->prefill_rank))
+    if (!kvb__fk_put_u64(out, msg->room) || !kvb__fk_put_i64(out, msg->status) ||
+        !kvb__fk_put_i64(out, msg->prefill_rank))
         return kvb__fk_rollback(out, n0, len0, KVB_ERR_NOMEM);
     KVB__FK_VERIFY(out, n0, len0, err, kvb__frames_decode_status, kvb__status_msg_t);
     return KVB_OK;
@@ -380,8 +392,9 @@ kvb_status_t kvb__frames_encode_aux(const kvb__aux_msg_t *msg, kvb__frames_err_t
     be[1] = (uint8_t)(msg->payload_len >> 16);
     be[2] = (uint8_t)(msg->payload_len >> 8);
     be[3] = (uint8_t)msg->payload_len;
-    if (!kvb__fk_put(out, KVB__FK_AUX_TAG, sizeof(KVB__FK_AUX_TAG) - 1) || !kvb__fk_put_u64(out, msg->room) ||
-        !kvb__fk_put_i64(out, msg->buffer_index) || !kvb__fk_put_i64(out, msg->aux_index) || !kvb__fk_put(out, be, 4) ||
+    if (!kvb__fk_put(out, KVB__FK_AUX_TAG, sizeof(KVB__FK_AUX_TAG) - 1) ||
+        !kvb__fk_put_u64(out, msg->room) || !kvb__fk_put_i64(out, msg->buffer_index) ||
+        !kvb__fk_put_i64(out, msg->aux_index) || !kvb__fk_put(out, be, 4) ||
         !kvb__fk_put(out, msg->payload, msg->payload_len))
         return kvb__fk_rollback(out, n0, len0, KVB_ERR_NOMEM);
     KVB__FK_VERIFY(out, n0, len0, err, kvb__frames_decode_aux, kvb__aux_msg_t);
@@ -389,4 +402,3 @@ kvb_status_t kvb__frames_encode_aux(const kvb__aux_msg_t *msg, kvb__frames_err_t
 }
 
 /* ==== SGLang's 2026 dialect (frames26.h) ==== */
-

@@ -116,7 +116,6 @@ typedef enum kvb__msg_kind {
     KVB__MSG_STAGING    /* STAGING_REQ/STAGING_RSP/CHUNK_READY/WATERMARK: unsupported */
 } kvb__msg_kind_t;
 
-
 /* Which message a multipart is, from frame 0 and the count of dialect frames
  * (kvb__frames_dialect_count), as the seed's receivers dispatch. Validates nothing else: the
  * decoder does. A side expecting one kind (a decode rank: status or aux) may instead call that

@@ -72,25 +72,26 @@ static kvb_status_t need_lol(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx
         return KVB_OK;
     }
     if (f->len < 4)
-        return kvb__fk_fail_frame(c, idx, name, "%zu bytes, shorter than the 4-byte list count", f->len);
+        return kvb__fk_fail_frame(c, idx, name, "%zu bytes, shorter than the 4-byte list count",
+                                  f->len);
     uint64_t n = le_at(f->data, 4);
     if (n > KVB__LOL_MAX_LISTS)
         return kvb__fk_fail_frame(c, idx, name, "%llu lists, at most %d", (unsigned long long)n,
-                          KVB__LOL_MAX_LISTS);
+                                  KVB__LOL_MAX_LISTS);
     size_t head = 4 + 4 * (size_t)n, sum = 0;
     if (f->len < head)
-        return kvb__fk_fail_frame(c, idx, name, "%zu bytes, %llu lists need a %zu-byte header", f->len,
-                          (unsigned long long)n, head);
+        return kvb__fk_fail_frame(c, idx, name, "%zu bytes, %llu lists need a %zu-byte header",
+                                  f->len, (unsigned long long)n, head);
     for (size_t i = 0; i < n; i++) {
         size_t l = (size_t)le_at(f->data + 4 + 4 * i, 4);
         if (l % elem != 0)
-            return kvb__fk_fail_frame(c, idx, name, "list %zu is %zu bytes, not a multiple of %u", i, l,
-                              elem);
+            return kvb__fk_fail_frame(c, idx, name, "list %zu is %zu bytes, not a multiple of %u",
+                                      i, l, elem);
         sum += l;
     }
     if (sum != f->len - head)
-        return kvb__fk_fail_frame(c, idx, name, "lists declare %zu payload bytes, frame holds %zu", sum,
-                          f->len - head);
+        return kvb__fk_fail_frame(c, idx, name, "lists declare %zu payload bytes, frame holds %zu",
+                                  sum, f->len - head);
     v.n = (uint32_t)n;
     *out_p = v;
     return KVB_OK;
@@ -107,10 +108,11 @@ static kvb_status_t lol_elems(kvb__fk_ctx_t *c, kvb__lol_view_t v, size_t idx, c
         for (size_t k = 0; k < count; k++) {
             uint64_t x = le_at(d + k * v.elem, v.elem);
             if (pointers && x == 0)
-                return kvb__fk_fail_frame(c, idx, name, "list %u entry %zu is a null address", i, k);
+                return kvb__fk_fail_frame(c, idx, name, "list %u entry %zu is a null address", i,
+                                          k);
             if (!pointers && (int32_t)(uint32_t)x < 0)
                 return kvb__fk_fail_frame(c, idx, name, "list %u entry %zu is negative (%d)", i, k,
-                                  (int)(int32_t)(uint32_t)x);
+                                          (int)(int32_t)(uint32_t)x);
         }
     }
     return KVB_OK;
@@ -124,15 +126,16 @@ static kvb_status_t lol_shaped(kvb__fk_ctx_t *c, kvb__lol_view_t v, kvb__lol_vie
     if (v.len == 0)
         return KVB_OK;
     if (v.n != ref.n)
-        return kvb__fk_fail_frame(c, idx, name, "%u lists, frame 6 has %u state components", v.n, ref.n);
+        return kvb__fk_fail_frame(c, idx, name, "%u lists, frame 6 has %u state components", v.n,
+                                  ref.n);
     for (uint32_t i = 0; i < v.n; i++) {
         const uint8_t *d;
         size_t a, b;
         kvb__lol_list(v, i, &d, &a);
         kvb__lol_list(ref, i, &d, &b);
         if (a != b && !(counts_may_be_empty && a == 0))
-            return kvb__fk_fail_frame(c, idx, name, "list %u has %zu entries, component %u has %zu", i, a,
-                              i, b);
+            return kvb__fk_fail_frame(c, idx, name, "list %u has %zu entries, component %u has %zu",
+                                      i, a, i, b);
     }
     return KVB_OK;
 }
@@ -148,7 +151,8 @@ static kvb_status_t opt_int(kvb__fk_ctx_t *c, const kvb__frame_t *frames, size_t
     return kvb__fk_need_int(c, &frames[idx], idx, name, min, max, out_p);
 }
 
-static kvb_status_t reg26_state(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t n, kvb__reg26_msg_t *m)
+static kvb_status_t reg26_state(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t n,
+                                kvb__reg26_msg_t *m)
 {
     static const kvb__frame_t none = {NULL, 0};
     KVB__FRAMES_TRY(need_lol(c, &f[6], 6, "dst_state_data_ptrs", 8, &m->state_ptrs));
@@ -163,19 +167,20 @@ static kvb_status_t reg26_state(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t 
         lol_shaped(c, m->state_dims, m->state_ptrs, 11, "dst_state_dim_per_tensor", true));
     const kvb__frame_t *ids = n > 12 ? &f[12] : &none;
     if (ids->len % 4 != 0)
-        return kvb__fk_fail_frame(c, 12, "dst_kv_layer_ids", "length %zu is not a multiple of 4", ids->len);
+        return kvb__fk_fail_frame(c, 12, "dst_kv_layer_ids", "length %zu is not a multiple of 4",
+                                  ids->len);
     m->kv_layer_ids = (kvb__u32_view_t){ids->data, ids->len / 4};
     if (m->kv_layer_ids.count != 0 && m->kv_layer_ids.count != m->kv_ptrs.count)
         return kvb__fk_fail_frame(c, 12, "dst_kv_layer_ids", "%zu ids for %zu KV buffers",
-                          m->kv_layer_ids.count, m->kv_ptrs.count);
+                                  m->kv_layer_ids.count, m->kv_ptrs.count);
     KVB__FRAMES_TRY(
         need_lol(c, n > 13 ? &f[13] : &none, 13, "dst_state_layer_ids", 4, &m->state_layer_ids));
     return lol_shaped(c, m->state_layer_ids, m->state_ptrs, 13, "dst_state_layer_ids", false);
 }
 
 /* Packed u64 frame of any values (layer ids may be 0). */
-static kvb_status_t need_u64_values(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx, const char *name,
-                                    kvb__u64_view_t *out_p)
+static kvb_status_t need_u64_values(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t idx,
+                                    const char *name, kvb__u64_view_t *out_p)
 {
     if (f->len % 8 != 0)
         return kvb__fk_fail_frame(c, idx, name, "length %zu is not a multiple of 8", f->len);
@@ -187,7 +192,8 @@ static kvb_status_t need_u64_values(kvb__fk_ctx_t *c, const kvb__frame_t *f, siz
  * staging slot layer ids (u64[]; kvbridge never stages: ignored), and frame
  * 19, each KV buffer's item length (u64[], empty or one per frame-4 entry).
  * nd: the dialect frames (before the marker). */
-static kvb_status_t reg26_after17(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t nd, kvb__reg26_msg_t *m)
+static kvb_status_t reg26_after17(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t nd,
+                                  kvb__reg26_msg_t *m)
 {
     if (nd > 18)
         KVB__FRAMES_TRY(
@@ -197,20 +203,22 @@ static kvb_status_t reg26_after17(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_
     KVB__FRAMES_TRY(need_u64_values(c, &f[19], 19, "dst_kv_item_lens", &m->kv_item_lens));
     if (m->kv_item_lens.count != 0 && m->kv_item_lens.count != m->kv_ptrs.count)
         return kvb__fk_fail_frame(c, 19, "dst_kv_item_lens", "%zu lengths for %zu KV buffers",
-                          m->kv_item_lens.count, m->kv_ptrs.count);
+                                  m->kv_item_lens.count, m->kv_ptrs.count);
     for (size_t i = 0; i < m->kv_item_lens.count; i++)
         if (kvb__u64_at(m->kv_item_lens, i) == 0 ||
             kvb__u64_at(m->kv_item_lens, i) > (uint64_t)INT64_MAX)
             return kvb__fk_fail_frame(c, 19, "dst_kv_item_lens", "entry %zu is %llu", i,
-                              (unsigned long long)kvb__u64_at(m->kv_item_lens, i));
+                                      (unsigned long long)kvb__u64_at(m->kv_item_lens, i));
     return KVB_OK;
 }
 
-static kvb_status_t reg26_tail(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t n, kvb__reg26_msg_t *m)
+static kvb_status_t reg26_tail(kvb__fk_ctx_t *c, const kvb__frame_t *f, size_t n,
+                               kvb__reg26_msg_t *m)
 {
     int64_t v;
     if (n > 14 && f[14].len != 0 && f[14].len != 8)
-        return kvb__fk_fail_frame(c, 14, "staging_base_ptr", "%zu bytes, expected 8 or none", f[14].len);
+        return kvb__fk_fail_frame(c, 14, "staging_base_ptr", "%zu bytes, expected 8 or none",
+                                  f[14].len);
     m->has_staging_base = n > 14 && f[14].len == 8;
     m->staging_base = m->has_staging_base ? kvb__u64_at((kvb__u64_view_t){f[14].data, 1}, 0) : 0;
     KVB__FRAMES_TRY(opt_int(c, f, n, 15, "staging_total_size", 0, INT64_MAX, 0, &v));
@@ -234,9 +242,11 @@ kvb_status_t kvb__frames_decode_registration26(const kvb__frame_t *frames, size_
     KVB__FRAMES_TRY(kvb__fk_need_u64_array(&c, &frames[4], 4, "dst_kv_ptrs", false, &m.kv_ptrs));
     KVB__FRAMES_TRY(kvb__fk_need_u64_array(&c, &frames[5], 5, "dst_aux_ptrs", false, &m.aux_ptrs));
     KVB__FRAMES_TRY(kvb__fk_need_i32(&c, &frames[7], 7, "dst_tp_rank", 0, &m.dst_tp_rank));
-    KVB__FRAMES_TRY(kvb__fk_need_i32(&c, &frames[8], 8, "dst_attn_tp_size", 1, &m.dst_attn_tp_size));
-    KVB__FRAMES_TRY(kvb__fk_need_int(&c, &frames[9], 9, "dst_kv_item_len", m.kv_ptrs.count > 0 ? 1 : 0,
-                             m.kv_ptrs.count > 0 ? INT64_MAX : 0, &m.dst_kv_item_len));
+    KVB__FRAMES_TRY(
+        kvb__fk_need_i32(&c, &frames[8], 8, "dst_attn_tp_size", 1, &m.dst_attn_tp_size));
+    KVB__FRAMES_TRY(kvb__fk_need_int(&c, &frames[9], 9, "dst_kv_item_len",
+                                     m.kv_ptrs.count > 0 ? 1 : 0,
+                                     m.kv_ptrs.count > 0 ? INT64_MAX : 0, &m.dst_kv_item_len));
     KVB__FRAMES_TRY(reg26_state(&c, frames, nd, &m));
     KVB__FRAMES_TRY(reg26_tail(&c, frames, nd, &m));
     m.n_fixed = nd;
@@ -253,12 +263,12 @@ kvb_status_t kvb__frames_decode_registration26(const kvb__frame_t *frames, size_
 static kvb_status_t need_mask(kvb__fk_ctx_t *c, const kvb__frame_t *val, size_t i, size_t pages)
 {
     if (val->len != pages)
-        return kvb__fk_fail_frame(c, i, "extension page_mask", "%zu bytes for %zu page indices", val->len,
-                          pages);
+        return kvb__fk_fail_frame(c, i, "extension page_mask", "%zu bytes for %zu page indices",
+                                  val->len, pages);
     for (size_t k = 0; k < val->len; k++)
         if (val->data[k] > 1)
-            return kvb__fk_fail_frame(c, i, "extension page_mask", "byte %zu is 0x%02x, expected 0 or 1", k,
-                              val->data[k]);
+            return kvb__fk_fail_frame(c, i, "extension page_mask",
+                                      "byte %zu is 0x%02x, expected 0 or 1", k, val->data[k]);
     return KVB_OK;
 }
 
@@ -294,14 +304,14 @@ static kvb_status_t xfer26_dst(kvb__fk_ctx_t *c, const kvb__frame_t *f, kvb__xfe
     KVB__FRAMES_TRY(lol_elems(c, m->state_idx, 6, "dst_state_indices", false));
     if (m->is_dummy) {
         if (f[6].len != 0)
-            return kvb__fk_fail_frame(c, 6, "dst_state_indices", "%zu bytes on a dummy transfer info",
-                              f[6].len);
+            return kvb__fk_fail_frame(c, 6, "dst_state_indices",
+                                      "%zu bytes on a dummy transfer info", f[6].len);
         return KVB_OK;
     }
     KVB__FRAMES_TRY(kvb__fk_need_i32_array(c, &f[4], 4, "dst_kv_indices", &m->pages));
     if (f[5].len == 0)
-        return kvb__fk_fail_frame(c, 5, "dst_aux_index", "empty while frame 4 holds %zu page indices",
-                          m->pages.count);
+        return kvb__fk_fail_frame(c, 5, "dst_aux_index",
+                                  "empty while frame 4 holds %zu page indices", m->pages.count);
     return kvb__fk_need_i32(c, &f[5], 5, "dst_aux_index", 0, &m->aux_index);
 }
 
@@ -314,7 +324,8 @@ kvb_status_t kvb__frames_decode_transfer26(const kvb__frame_t *frames, size_t n,
     if (n >= 1)
         c.has_room = kvb__fk_parse_room(&frames[0], &c.room);
     size_t nd, from;
-    KVB__FRAMES_TRY(kvb__fk_need_frames(&c, frames, n, KVB__XFER26_MIN, KVB__XFER26_FRAMES, &nd, &from));
+    KVB__FRAMES_TRY(
+        kvb__fk_need_frames(&c, frames, n, KVB__XFER26_MIN, KVB__XFER26_FRAMES, &nd, &from));
     KVB__FRAMES_TRY(kvb__fk_need_room(&c, &frames[0], 0, &m.room));
     KVB__FRAMES_TRY(kvb__fk_need_peer(&c, frames, &m.port));
     KVB__FRAMES_TRY(xfer26_dst(&c, frames, &m));
@@ -327,8 +338,8 @@ kvb_status_t kvb__frames_decode_transfer26(const kvb__frame_t *frames, size_t n,
         KVB__FRAMES_TRY(
             kvb__fk_need_i32_array(&c, &frames[9], 9, "dst_device_kv_indices", &m.device_pages));
     if (m.is_dummy && m.device_pages.count > 0)
-        return kvb__fk_fail_frame(&c, 9, "dst_device_kv_indices", "%zu entries on a dummy transfer info",
-                          m.device_pages.count);
+        return kvb__fk_fail_frame(&c, 9, "dst_device_kv_indices",
+                                  "%zu entries on a dummy transfer info", m.device_pages.count);
     m.n_fixed = nd;
     KVB__FRAMES_TRY(xfer26_ext(&c, frames, from, n, &m));
     m.ip = (const char *)frames[1].data;
@@ -415,11 +426,13 @@ static bool reg26_fixed(kvb__frames_buf_t *out, const kvb__reg26_msg_t *msg)
 {
     uint8_t base[8];
     memcpy(base, &msg->staging_base, 8);
-    return kvb__fk_put(out, KVB__FK_NONE_TAG, sizeof(KVB__FK_NONE_TAG) - 1) && kvb__fk_put(out, msg->ip, msg->ip_len) &&
-           kvb__fk_put_u64(out, msg->port) && kvb__fk_put(out, msg->session_id, msg->session_id_len) &&
+    return kvb__fk_put(out, KVB__FK_NONE_TAG, sizeof(KVB__FK_NONE_TAG) - 1) &&
+           kvb__fk_put(out, msg->ip, msg->ip_len) && kvb__fk_put_u64(out, msg->port) &&
+           kvb__fk_put(out, msg->session_id, msg->session_id_len) &&
            kvb__fk_put(out, msg->kv_ptrs.data, msg->kv_ptrs.count * 8) &&
-           kvb__fk_put(out, msg->aux_ptrs.data, msg->aux_ptrs.count * 8) && put_lol(out, msg->state_ptrs) &&
-           kvb__fk_put_i64(out, msg->dst_tp_rank) && kvb__fk_put_i64(out, msg->dst_attn_tp_size) &&
+           kvb__fk_put(out, msg->aux_ptrs.data, msg->aux_ptrs.count * 8) &&
+           put_lol(out, msg->state_ptrs) && kvb__fk_put_i64(out, msg->dst_tp_rank) &&
+           kvb__fk_put_i64(out, msg->dst_attn_tp_size) &&
            kvb__fk_put_i64(out, msg->dst_kv_item_len) && put_lol(out, msg->state_item_lens) &&
            put_lol(out, msg->state_dims) &&
            kvb__fk_put(out, msg->kv_layer_ids.data, msg->kv_layer_ids.count * 4) &&
@@ -434,11 +447,12 @@ kvb_status_t kvb__frames_encode_registration26(const kvb__reg26_msg_t *msg, kvb_
                                                kvb__frames_buf_t *out)
 {
     size_t n0 = out->n, len0 = out->len;
-    if (kvb__fk_bad_view(msg->ip, msg->ip_len) || kvb__fk_bad_view(msg->session_id, msg->session_id_len) ||
+    if (kvb__fk_bad_view(msg->ip, msg->ip_len) ||
+        kvb__fk_bad_view(msg->session_id, msg->session_id_len) ||
         kvb__fk_bad_view(msg->kv_ptrs.data, msg->kv_ptrs.count) ||
         kvb__fk_bad_view(msg->aux_ptrs.data, msg->aux_ptrs.count) ||
-        kvb__fk_bad_view(msg->kv_layer_ids.data, msg->kv_layer_ids.count) || bad_lol(msg->state_ptrs) ||
-        bad_lol(msg->state_item_lens) || bad_lol(msg->state_dims) ||
+        kvb__fk_bad_view(msg->kv_layer_ids.data, msg->kv_layer_ids.count) ||
+        bad_lol(msg->state_ptrs) || bad_lol(msg->state_item_lens) || bad_lol(msg->state_dims) ||
         bad_lol(msg->state_layer_ids) || kvb__fk_bad_view(msg->ext, msg->n_ext) ||
         msg->kv_ptrs.count > SIZE_MAX / 8 || msg->aux_ptrs.count > SIZE_MAX / 8 ||
         msg->kv_layer_ids.count > SIZE_MAX / 4)
@@ -460,14 +474,16 @@ kvb_status_t kvb__frames_encode_transfer26(const kvb__xfer26_msg_t *msg, kvb__fr
     kvb__fk_ext_out_t typed[2];
     size_t n_typed = 0;
     static const char *const known[] = {"epoch", "page_mask", NULL};
-    if (kvb__fk_bad_view(msg->ip, msg->ip_len) || kvb__fk_bad_view(msg->session_id, msg->session_id_len) ||
+    if (kvb__fk_bad_view(msg->ip, msg->ip_len) ||
+        kvb__fk_bad_view(msg->session_id, msg->session_id_len) ||
         kvb__fk_bad_view(msg->pages.data, msg->pages.count) || bad_lol(msg->state_idx) ||
         kvb__fk_bad_view(msg->device_pages.data, msg->device_pages.count) ||
         kvb__fk_bad_view(msg->ext, msg->n_ext) || msg->pages.count > SIZE_MAX / 4 ||
         msg->device_pages.count > SIZE_MAX / 4)
         return kvb__fk_caller_error(err, KVB__KIND_XFER26, "NULL array with a non-zero length");
     if (msg->is_dummy && (msg->pages.count != 0 || msg->state_idx.len != 0))
-        return kvb__fk_caller_error(err, KVB__KIND_XFER26, "a dummy transfer info carries no indices");
+        return kvb__fk_caller_error(err, KVB__KIND_XFER26,
+                                    "a dummy transfer info carries no indices");
     if (msg->has_epoch) {
         if (msg->epoch == 0 || msg->epoch > INT64_MAX)
             return kvb__fk_caller_error(err, KVB__KIND_XFER26, "epoch outside 1..2^63-1");
@@ -480,11 +496,13 @@ kvb_status_t kvb__frames_encode_transfer26(const kvb__xfer26_msg_t *msg, kvb__fr
         typed[n_typed++] = kvb__fk_typed_ext("page_mask", msg->page_mask, msg->pages.count);
     }
     bool ok = kvb__fk_put_u64(out, msg->room) && kvb__fk_put(out, msg->ip, msg->ip_len) &&
-              kvb__fk_put_u64(out, msg->port) && kvb__fk_put(out, msg->session_id, msg->session_id_len);
+              kvb__fk_put_u64(out, msg->port) &&
+              kvb__fk_put(out, msg->session_id, msg->session_id_len);
     if (ok && msg->is_dummy)
         ok = kvb__fk_put(out, NULL, 0) && kvb__fk_put(out, NULL, 0);
     else if (ok)
-        ok = kvb__fk_put(out, msg->pages.data, msg->pages.count * 4) && kvb__fk_put_i64(out, msg->aux_index);
+        ok = kvb__fk_put(out, msg->pages.data, msg->pages.count * 4) &&
+             kvb__fk_put_i64(out, msg->aux_index);
     ok = ok && put_lol(out, msg->state_idx) && kvb__fk_put_i64(out, msg->required_dst_info_num) &&
          kvb__fk_put_i64(out, msg->has_prefix_len ? msg->prefix_len : 0) &&
          kvb__fk_put(out, msg->device_pages.data, msg->device_pages.count * 4);
@@ -503,8 +521,9 @@ kvb_status_t kvb__frames_encode_abort(const kvb__abort_msg_t *msg, kvb__frames_e
     size_t n0 = out->n, len0 = out->len;
     if (kvb__fk_bad_view(msg->ip, msg->ip_len))
         return kvb__fk_caller_error(err, KVB__KIND_ABORT, "NULL ip with a non-zero length");
-    if (!kvb__fk_put(out, "ABORT", 5) || !kvb__fk_put_u64(out, msg->room) || !kvb__fk_put(out, msg->ip, msg->ip_len) ||
-        !kvb__fk_put_u64(out, msg->port) || (msg->has_generation && !kvb__fk_put_u64(out, msg->generation)))
+    if (!kvb__fk_put(out, "ABORT", 5) || !kvb__fk_put_u64(out, msg->room) ||
+        !kvb__fk_put(out, msg->ip, msg->ip_len) || !kvb__fk_put_u64(out, msg->port) ||
+        (msg->has_generation && !kvb__fk_put_u64(out, msg->generation)))
         return kvb__fk_rollback(out, n0, len0, KVB_ERR_NOMEM);
     KVB__FK_VERIFY(out, n0, len0, err, kvb__frames_decode_abort, kvb__abort_msg_t);
     return KVB_OK;
@@ -515,7 +534,8 @@ kvb_status_t kvb__frames_encode_abort_ack(const kvb__abort_ack_msg_t *msg, kvb__
 {
     size_t n0 = out->n, len0 = out->len;
     if (msg->has_generation && !msg->has_rank)
-        return kvb__fk_caller_error(err, KVB__KIND_ACK, "a generation needs the rank frame before it");
+        return kvb__fk_caller_error(err, KVB__KIND_ACK,
+                                    "a generation needs the rank frame before it");
     if (!kvb__fk_put(out, "ABORT_ACK", 9) || !kvb__fk_put_u64(out, msg->room) ||
         (msg->has_rank && !kvb__fk_put_i64(out, msg->rank)) ||
         (msg->has_generation && !kvb__fk_put_u64(out, msg->generation)))
@@ -523,4 +543,3 @@ kvb_status_t kvb__frames_encode_abort_ack(const kvb__abort_ack_msg_t *msg, kvb__
     KVB__FK_VERIFY(out, n0, len0, err, kvb__frames_decode_abort_ack, kvb__abort_ack_msg_t);
     return KVB_OK;
 }
-
