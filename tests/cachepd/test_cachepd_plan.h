@@ -255,6 +255,27 @@ static void check_copy(const kvb__cpd_pair_t *pair, const kvb__cpd_contract_t *l
     kvb__cpd_route_free(&r);
 }
 
+/* build_cache_layerwise_block_selection's destination positions per group
+ * for one chunk. */
+static void check_layerwise(const kvb__cpd_contract_t *c, json_t *m, json_t *lw)
+{
+    json_t *pos = json_object_get(lw, "positions");
+    int64_t lo = jint(lw, "chunk_start"), hi = jint(lw, "chunk_end");
+    for (uint32_t s = 0; s < c->nspecs; s++) {
+        uint64_t first, n;
+        json_t *want = json_array_get(pos, s);
+        if (kvb__cpd_layerwise_positions(c, s, jint(m, "prefix_len"), jint(m, "prompt_len"), lo,
+                                         hi, &first, &n) != KVB_OK ||
+            n != json_array_size(want) || (n && first != ju(want, 0)))
+            FAILF("layerwise chunk [%lld, %lld) group %u: positions %llu+%llu", (long long)lo,
+                  (long long)hi, s, (unsigned long long)first, (unsigned long long)n);
+        for (uint64_t k = 0; k < n; k++)
+            if (ju(want, k) != first + k)
+                FAILF("layerwise chunk [%lld, %lld): positions not a run", (long long)lo,
+                      (long long)hi);
+    }
+}
+
 static void build_stages(const kvb__cpd_contract_t *p, json_t *stages, kvb__cpd_stages_t *st)
 {
     size_t s, k;
@@ -300,6 +321,10 @@ static void replay_plan(json_t *root)
     {
         size_t s = (size_t)jint(v, "stage");
         check_copy(&pair, nloc ? &locals[s] : &p, in, v);
+    }
+    json_array_foreach(json_object_get(ex, "layerwise"), i, v)
+    {
+        check_layerwise(&p, json_object_get(in, "dst_manifest"), v);
     }
     /* Out-of-range and incompatible inputs are refused with TokenSpeed's texts. */
     kvb__cpd_route_t r;

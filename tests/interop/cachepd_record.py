@@ -536,6 +536,16 @@ def record_plan(c, wire, locals_, dcontract, stages, names, note):
                                    "src_slab": self.kv_args.kv_data_ptr, "dst_slab": SLAB_D,
                                    "fields": None if fids is None else sorted(fids),
                                    "items": copy_items(items)})
+    layerwise = []
+    g = max(s_.block_granularity for s_ in wire.group_specs)
+    bounds = sorted({c["prefix"], min(c["prefix"] + g, c["prompt"]), c["prompt"]} |
+                    {x for x in range(c["prefix"] + 24, c["prompt"], 24)})
+    for lo, hi in zip(bounds, bounds[1:]):
+        sel = cp.build_cache_layerwise_block_selection(
+            block_table(wire, 5, c["prompt"]), layout=wire, request_row=0,
+            prefix_len=c["prefix"], prompt_len=c["prompt"], chunk_start=lo, chunk_end=hi)
+        layerwise.append({"chunk_start": lo, "chunk_end": hi,
+                          "positions": [list(x.destination_positions) for x in sel.groups]})
     write(f"{c['case']}_plan", {
         "kind": "plan", "case": c["case"], "direction": "both", "provenance": PROV,
         "kvbridge_encodes": False, "note": note,
@@ -545,7 +555,7 @@ def record_plan(c, wire, locals_, dcontract, stages, names, note):
                    "src_manifest": json.loads(src_m.to_wire_bytes()),
                    "dst_manifest": json.loads(dst_m.to_wire_bytes())},
         "expect": {"decode_routes": decode_routes(c["case"], wire, dcontract, stages, ptp, pp, dtp),
-                   "registrations": regs, "copies": copies}})
+                   "registrations": regs, "copies": copies, "layerwise": layerwise}})
     return src_m, dst_m
 
 
@@ -577,7 +587,8 @@ def run_case(c):
             names["locals"].append(n)
     note = (f"spec 7: TokenSpeed's planner for {case}: decode routes (receiver._calc), "
             f"prefill registrations (_prepare_decode_registration), copy lists "
-            f"(_cache_transfer_blocks; 'first_layer' = a layerwise step's field filter)")
+            f"(_cache_transfer_blocks; 'first_layer' = a layerwise step's field filter), "
+            f"layerwise chunk selections (build_cache_layerwise_block_selection)")
     src_m, dst_m = record_plan(c, wire, locals_, dcontract, stages, names, note)
     write(f"{case}_manifest", {
         "kind": "manifest", "case": case, "direction": "decode->prefill", "provenance": PROV,
