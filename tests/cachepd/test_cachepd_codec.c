@@ -34,7 +34,7 @@
 
 static const char *g_file;
 static const char *g_dir;
-static int g_files, g_variants;
+static int g_files, g_variants, g_ordinary;
 
 #define FAILF(...)                                                                                 \
     do {                                                                                           \
@@ -268,6 +268,54 @@ static void contract_variants(const char *body)
     json_decref(root);
 }
 
+/* The golden contracts of ordinary MHA/GQA/MLA cases, rebuilt from
+ * kvbridge-side arguments (kvb__cpd_contract_ordinary): the same bytes as
+ * TokenSpeed's recipe pipeline (the models of tests/interop/cachepd_record.py). */
+static void check_ordinary(const char *name, const char *body)
+{
+    kvb__cpd_ordinary_t m = {.num_layers = 2,
+                             .page_size = 16,
+                             .dtype = KVB__CPD_BFLOAT16,
+                             .tp_size = 1,
+                             .kv_heads = 8,
+                             .head_dim = 128};
+    bool prefill = strstr(name, "_contract_prefill") != NULL;
+    const char *tp = strstr(name, "_tp");
+    if (strcmp(name, "worked_example_contract") == 0)
+        m.num_lcm_blocks = 4095;
+    else if (strstr(name, "_stage") != NULL || strstr(name, "_contract_") == NULL ||
+             (strncmp(name, "mha_", 4) != 0 && strncmp(name, "gqa_", 4) != 0 &&
+              strncmp(name, "mla_", 4) != 0))
+        return; /* a narrowed PP stage, or a model of another recipe */
+    else
+        m.num_lcm_blocks = prefill ? 63 : 47;
+    if (tp != NULL) {
+        unsigned a = 1, b = 1;
+        sscanf(tp, "_tp%u_tp%u", &a, &b);
+        m.tp_size = prefill ? a : b;
+    }
+    if (strncmp(name, "gqa_", 4) == 0) {
+        m.kv_heads = 2;
+        m.head_dim = 64;
+    }
+    if (strncmp(name, "mla_", 4) == 0) {
+        m.mla = true;
+        m.head_dim = 576;
+        m.shard_count = prefill && strstr(name, "_dcp2") ? 2 : 1;
+    }
+    kvb__cpd_contract_t c;
+    kvb__frames_err_t e;
+    char *wire;
+    size_t n;
+    if (kvb__cpd_contract_ordinary(&m, &e, &c) != KVB_OK)
+        FAILF("ordinary contract refused: %s", e.reason);
+    if (kvb__cpd_contract_encode(&c, &wire, &n) != KVB_OK || strcmp(wire, body) != 0)
+        FAILF("kvbridge's ordinary contract differs from TokenSpeed's:\n%s\n%s", body, wire);
+    free(wire);
+    kvb__cpd_contract_free(&c);
+    g_ordinary++;
+}
+
 static void replay_contract(json_t *root)
 {
     const char *body = jstr(root, "body");
@@ -312,6 +360,7 @@ static void replay_contract(json_t *root)
             FAILF("spec 11.1's numbers");
     }
     contract_variants(body);
+    check_ordinary(jstr(root, "case"), body);
     kvb__cpd_contract_free(&c);
 }
 
@@ -848,11 +897,17 @@ int main(int argc, char **argv)
         replay_file(path);
         free(names[i]);
     }
+    if (g_ordinary < 10) {
+        fprintf(stderr, "only %d contracts rebuilt by kvb__cpd_contract_ordinary\n", g_ordinary);
+        return 1;
+    }
     if (g_files < 40) {
         fprintf(stderr, "%s: only %d golden files\n", g_dir, g_files);
         return 1;
     }
-    fprintf(stderr, "ok: %d CachePD golden files, %d malformed variants refused (%.2f s)\n",
-            g_files, g_variants, kvb_test_now_s() - t0);
+    fprintf(stderr,
+            "ok: %d CachePD golden files, %d malformed variants refused, %d contracts rebuilt "
+            "from kvbridge's arguments (%.2f s)\n",
+            g_files, g_variants, g_ordinary, kvb_test_now_s() - t0);
     return 0;
 }

@@ -264,8 +264,8 @@ static void check_layerwise(const kvb__cpd_contract_t *c, json_t *m, json_t *lw)
     for (uint32_t s = 0; s < c->nspecs; s++) {
         uint64_t first, n;
         json_t *want = json_array_get(pos, s);
-        if (kvb__cpd_layerwise_positions(c, s, jint(m, "prefix_len"), jint(m, "prompt_len"), lo,
-                                         hi, &first, &n) != KVB_OK ||
+        if (kvb__cpd_layerwise_positions(c, s, jint(m, "prefix_len"), jint(m, "prompt_len"), lo, hi,
+                                         &first, &n) != KVB_OK ||
             n != json_array_size(want) || (n && first != ju(want, 0)))
             FAILF("layerwise chunk [%lld, %lld) group %u: positions %llu+%llu", (long long)lo,
                   (long long)hi, s, (unsigned long long)first, (unsigned long long)n);

@@ -216,6 +216,32 @@ uint64_t kvb__cpd_page_offset(const kvb__cpd_contract_t *c, uint32_t f, uint64_t
  * 1 + (page_count - 1) x shard_count (spec 5.4). */
 uint64_t kvb__cpd_virtual_blocks(const kvb__cpd_contract_t *c, uint32_t s);
 
+/* A kvbridge rank's own contract, laid out as TokenSpeed 0.1.1's ordinary
+ * recipe lays out MHA/GQA and MLA caches (recipes/ordinary.py, spec 6), so
+ * a TokenSpeed peer of the same model finds it compatible (spec 7.1): one
+ * group "full_attention" (full_suffix, pages of prefix_granularity tokens),
+ * per layer token-major fields `layer.<i>.k`/`.v` of shape [page,
+ * max(kv_heads / tp, 1), head_dim] in planes `unit.<i>.k`/`.v`
+ * partitioned on axis 1 (MHA), or `layer.<i>.latent_kv` [page, 1,
+ * latent_dim] in plane `slot.<i>`, replicated (MLA); one page per parent,
+ * planes back to back in id order. */
+typedef struct kvb__cpd_ordinary {
+    bool mla;
+    uint32_t num_layers;     /* 1..KVB__CPD_MAX_FIELDS / 2 */
+    uint32_t kv_heads;       /* MHA: the model's KV heads */
+    uint32_t head_dim;       /* MHA: per head; MLA: latent + rope width */
+    uint32_t tp_size;        /* this rank's attention TP size */
+    uint32_t page_size;      /* prefix_granularity, tokens per page */
+    kvb__cpd_dtype_t dtype;  /* as stored (fp8 caches travel as uint8) */
+    uint64_t num_lcm_blocks; /* pages, excluding the null page */
+    uint32_t shard_count;    /* MLA DCP; 0 or 1: not sharded */
+} kvb__cpd_ordinary_t;
+
+/* Build it (parsed and validated like a peer's). KVB_ERR_INVALID with the
+ * reason in err for sizes out of range, KVB_ERR_NOMEM. */
+kvb_status_t kvb__cpd_contract_ordinary(const kvb__cpd_ordinary_t *m, kvb__frames_err_t *err,
+                                        kvb__cpd_contract_t *c_p);
+
 /* ================================================================ manifest */
 
 typedef struct kvb__cpd_mgroup {
