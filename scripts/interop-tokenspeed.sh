@@ -13,11 +13,17 @@
 # first token are checked. What is stubbed, and why:
 # tests/interop/tokenspeed_common.py (docs/testing.md).
 #   TOKENSPEED_SRC  a git clone of lightseekorg/tokenspeed holding that
-#                   commit (default: cloned into BUILD/tokenspeed-git)
+#                   commit (default: cloned into BUILD/tokenspeed-git). When
+#                   neither it nor a clone can be had (a machine that cannot
+#                   reach github), the seed-004 cases are SKIPPED with a
+#                   message naming TOKENSPEED_SRC, and the exit status says
+#                   only how what ran went (0 when nothing ran).
 # --record: also record what TokenSpeed's code sends and reads
 # (tests/interop/interop_record.py) into BUILD/interop-record-ts/ and refresh
 # tests/conformance/tokenspeed_seed004/ from it (docs/testing.md,
-# "Conformance corpus").
+# "Conformance corpus"), and refresh tests/conformance/tokenspeed_cachepd/
+# from the PyPI release tokenspeed==0.1.1 (scripts/record-cachepd.sh; needs
+# PyPI, not TOKENSPEED_SRC).
 # Usage: scripts/interop-tokenspeed.sh [--record] [BUILD_DIR]   (make build first)
 set -euo pipefail
 RECORD=0
@@ -37,11 +43,37 @@ for f in "$BUILD/libkvbridge.so" "$HELPER" "$HELPER26"; do
         exit 2
     fi
 done
+rc=0
+if [ "$RECORD" = 1 ]; then
+    echo "== CachePD corpus from tokenspeed==0.1.1 (scripts/record-cachepd.sh)"
+    bash "$ROOT/scripts/record-cachepd.sh" "$BUILD" || rc=1
+fi
+
+# source_ok: TokenSpeed's tree at $COMMIT is reachable as $SRC (TOKENSPEED_SRC,
+# else a clone into BUILD/tokenspeed-git); false, with the reason printed,
+# when it is not (no network to github, a TOKENSPEED_SRC without the commit).
 SRC=${TOKENSPEED_SRC:-$BUILD/tokenspeed-git}
-if ! git -C "$SRC" cat-file -e "$COMMIT^{commit}" 2>/dev/null; then
+source_ok() {
+    git -C "$SRC" cat-file -e "$COMMIT^{commit}" 2>/dev/null && return 0
+    if [ -n "${TOKENSPEED_SRC:-}" ]; then
+        echo "interop-tokenspeed: TOKENSPEED_SRC=$TOKENSPEED_SRC does not hold commit $COMMIT"
+        return 1
+    fi
     rm -rf "$BUILD/tokenspeed-git"
-    git clone -q --filter=blob:none https://github.com/lightseekorg/tokenspeed "$BUILD/tokenspeed-git"
-    SRC=$BUILD/tokenspeed-git
+    if ! GIT_TERMINAL_PROMPT=0 timeout 300 git clone -q --filter=blob:none \
+        https://github.com/lightseekorg/tokenspeed "$BUILD/tokenspeed-git" \
+        >"$BUILD/tokenspeed-clone.log" 2>&1; then
+        echo "interop-tokenspeed: cannot clone lightseekorg/tokenspeed" \
+            "($(tail -n 1 "$BUILD/tokenspeed-clone.log"))"
+        return 1
+    fi
+    git -C "$SRC" cat-file -e "$COMMIT^{commit}" 2>/dev/null
+}
+if ! source_ok; then
+    echo "SKIP: TokenSpeed seed-004 interop (10 cases) and its --record: TokenSpeed's source" \
+        "at $COMMIT is not available here; set TOKENSPEED_SRC to a git clone of" \
+        "lightseekorg/tokenspeed holding that commit to run them"
+    exit $rc
 fi
 TREE=$BUILD/tokenspeed
 rm -rf "$TREE"
@@ -69,7 +101,6 @@ if [ "$RECORD" = 1 ]; then
     mkdir -p "$KVB_RECORD_DIR"
 fi
 echo "== TokenSpeed $COMMIT receiver (seed 004) <- kvbridge C prefill, TokenSpeed prefill -> kvbridge C decode (drop-in engine)"
-rc=0
 for c in tp1 tp2 mla mla_tp2 prefix killed rank_killed pf_tp1 pf_prefix pf_tp2; do
     driver=tokenspeed_receiver.py
     [[ $c == pf_* ]] && driver=tokenspeed_prefill.py
