@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Record the `mooncake.engine` surface of a Mooncake release's type stub
 (`mooncake/engine.pyi`) as JSON: module constants, aliases, functions and
 classes, each method's parameters (name, kind, default, annotation) and
