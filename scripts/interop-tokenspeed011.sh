@@ -17,7 +17,7 @@
 #                            sides Failed with TokenSpeed's reasons, no byte written
 # Every decode byte is compared with an image computed independently of
 # TokenSpeed. What is stubbed and why: tests/interop/tokenspeed011_common.py
-# (docs/testing.md, "Interop suite"). Logs: BUILD/interop-ts011/*.log.
+# (docs/python.md, "Frameworks on it"). Logs: BUILD/interop-ts011/*.log.
 # PyPI unreachable and no venv yet: skipped with a message (exit 0).
 # Usage: scripts/interop-tokenspeed011.sh [BUILD_DIR] [CASE...]   (make build first)
 set -euo pipefail
