@@ -66,7 +66,10 @@ soak: build
 	bash scripts/soak.sh $(BUILD)
 
 # Interop (PyPI, ~6 GB venv under $(BUILD), minutes; not part of check):
-# SGLang's real Mooncake connector <-> kvbridge, and scripts/mooncake-diff.sh.
+# SGLang's real Mooncake connector <-> kvbridge, and scripts/mooncake-diff.sh;
+# TokenSpeed (seed 004 tree) <-> kvbridge; TokenSpeed 0.1.1's own prefill and
+# decode, both on kvbridge's mooncake.engine drop-in.
 check-interop: build
 	bash scripts/interop.sh $(BUILD)
 	bash scripts/interop-tokenspeed.sh $(BUILD)
+	bash scripts/interop-tokenspeed011.sh $(BUILD)

@@ -132,19 +132,45 @@ class InnerTransferEngine:
         raise TypeError("mooncake.engine.InnerTransferEngine: No constructor defined!")
 
 
-def _not_provided(name):
-    def stub(*a, **k):
-        raise NotImplementedError(
-            f"mooncake.engine.{name} is not provided by kvbridge's mooncake.engine drop-in")
-    stub.__name__ = name
-    return stub
+def _rpc_not_provided(name):
+    raise NotImplementedError(
+        f"mooncake.engine.{name} is not provided by kvbridge's mooncake.engine drop-in: "
+        "Mooncake's RPC helpers (coro_rpc) have no kvbridge counterpart; PD paths do not "
+        "use them")
 
 
-# Module names Mooncake's PD paths never use (RPC helpers).
-for _n in ("RpcInterface", "CoroRPCInterface", "ReceivedData", "ReceivedTensor",
-           "create_rpc_client", "create_rpc_server"):
-    globals()[_n] = _not_provided(_n)
-del _n
+class RpcInterface:
+    """Mooncake's RPC helper (0.3.14 stub: RpcInterface, alias
+    CoroRPCInterface). Not provided: constructing one raises
+    NotImplementedError."""
+
+    def __init__(self):
+        _rpc_not_provided("RpcInterface")
+
+
+CoroRPCInterface = RpcInterface
+
+
+class ReceivedData:
+    """What Mooncake's RPC server hands a data callback. Not provided."""
+
+    def __init__(self, *a, **k):
+        _rpc_not_provided("ReceivedData")
+
+
+class ReceivedTensor:
+    """What Mooncake's RPC server hands a tensor callback. Not provided."""
+
+    def __init__(self, *a, **k):
+        _rpc_not_provided("ReceivedTensor")
+
+
+def create_rpc_client(local_rank=0, world_size=1):
+    _rpc_not_provided("create_rpc_client")
+
+
+def create_rpc_server(local_rank=0, world_size=1):
+    _rpc_not_provided("create_rpc_server")
 
 
 class ScatterTransferCompletionStatus(IntEnum):
@@ -158,10 +184,26 @@ class ScatterTransferCompletionStatus(IntEnum):
 
 class ScatterTransferTicket:
     """0.3.14's scatter ticket. Not provided: the scatter calls raise
-    NotImplementedError, so there is never a ticket to hold."""
+    NotImplementedError, so there is never a ticket to hold (its members
+    are declared with 0.3.14's signatures so code that introspects them
+    sees the same surface)."""
 
     def __init__(self, *a, **k):
         raise TypeError("mooncake.engine.ScatterTransferTicket: No constructor defined!")
+
+    @property
+    def status(self):
+        raise NotImplementedError("mooncake.engine.ScatterTransferTicket.status: no ticket "
+                                  "exists (the scatter calls are not provided)")
+
+    @property
+    def drained(self):
+        raise NotImplementedError("mooncake.engine.ScatterTransferTicket.drained: no ticket "
+                                  "exists (the scatter calls are not provided)")
+
+    def drain(self, timeout_ms, /):
+        raise NotImplementedError("mooncake.engine.ScatterTransferTicket.drain: no ticket "
+                                  "exists (the scatter calls are not provided)")
 
 
 class SharedSegment:
@@ -178,11 +220,32 @@ class SharedSegment:
         return False
 
     @staticmethod
-    def create(*a, **k):
+    def create(name, size, world_size, rank_id, owner_rank=0, device_id=0, mmap=True,
+               host_register=False):
         raise NotImplementedError(
             "mooncake.engine.SharedSegment.create is not provided by kvbridge's "
             "mooncake.engine drop-in: its two-phase blob exchange has no kvbridge "
             "counterpart yet (use allocate_managed_buffer for same-host shared memory)")
+
+    # No instance can exist (create raises); 0.3.14's members, for the surface.
+    def _none(self, what):
+        raise NotImplementedError(f"mooncake.engine.SharedSegment.{what}: no segment exists "
+                                  "(SharedSegment.create is not provided)")
+
+    def complete(self, blobs):
+        self._none("complete")
+
+    def ready(self):
+        self._none("ready")
+
+    def base_addr(self):
+        self._none("base_addr")
+
+    def device_addr(self):
+        self._none("device_addr")
+
+    def size(self):
+        self._none("size")
 
 
 # ------------------------------------------------------------------ helpers
@@ -965,24 +1028,33 @@ class TransferEngine:
             self._not_implemented(method, "notifications are not supported (kvbridge's "
                                           "engine has no message channel); send notify=None")
 
-    def transfer_sync_read(self, *a, **k):
-        self._not_implemented("transfer_sync_read", "kvbridge's engine only writes")
+    _NO_READ = ("kvbridge's engine only writes (one-sided reads are a later engine task; "
+                "have the peer write instead)")
 
-    def batch_transfer_sync_read(self, *a, **k):
-        self._not_implemented("batch_transfer_sync_read", "kvbridge's engine only writes")
+    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length,
+                           transport_hint="", nic_hint=""):
+        self._not_implemented("transfer_sync_read", self._NO_READ)
 
-    def batch_transfer_async_read(self, *a, **k):
-        self._not_implemented("batch_transfer_async_read", "kvbridge's engine only writes")
+    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses,
+                                 lengths, transport_hint="", nic_hint=""):
+        self._not_implemented("batch_transfer_sync_read", self._NO_READ)
 
-    def batch_transfer_sync_read_arrays(self, *a, **k):
-        self._not_implemented("batch_transfer_sync_read_arrays", "kvbridge's engine only writes")
+    def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint="", nic_hint=""):
+        self._not_implemented("batch_transfer_async_read", self._NO_READ)
 
-    def batch_transfer_async_read_arrays(self, *a, **k):
-        self._not_implemented("batch_transfer_async_read_arrays",
-                              "kvbridge's engine only writes")
+    def batch_transfer_sync_read_arrays(self, target_hostname, buffers, peer_buffer_addresses,
+                                        lengths, transport_hint="", nic_hint=""):
+        self._not_implemented("batch_transfer_sync_read_arrays", self._NO_READ)
 
-    def batch_transfer_sync_read_pages(self, *a, **k):
-        self._not_implemented("batch_transfer_sync_read_pages", "kvbridge's engine only writes")
+    def batch_transfer_async_read_arrays(self, target_hostname, buffers,
+                                         peer_buffer_addresses, lengths, transport_hint="",
+                                         nic_hint=""):
+        self._not_implemented("batch_transfer_async_read_arrays", self._NO_READ)
+
+    def batch_transfer_sync_read_pages(self, target_hostname, src_pages, dst_pages, fields,
+                                       max_batch_size=0, transport_hint="", nic_hint=""):
+        self._not_implemented("batch_transfer_sync_read_pages", self._NO_READ)
 
     def _no_scatter(self, method):
         self._not_implemented(method, "scatter transfers with drain tickets are not provided: "
@@ -990,16 +1062,26 @@ class TransferEngine:
                                       "FAILED_DRAINED / COMPLETION_UNKNOWN onto its completion "
                                       "and fence state (use batch_transfer_sync_write)")
 
-    def submit_scatter_write(self, *a, **k):
+    def submit_scatter_write(self, endpoint, local_base_addresses, local_capacities,
+                             remote_base_addresses, remote_capacities, local_offsets,
+                             remote_offsets, lengths):
         self._no_scatter("submit_scatter_write")
 
-    def submit_scatter_read(self, *a, **k):
+    def submit_scatter_read(self, endpoint, local_base_addresses, local_capacities,
+                            remote_base_addresses, remote_capacities, local_offsets,
+                            remote_offsets, lengths):
         self._no_scatter("submit_scatter_read")
 
-    def scatter_transfer_sync_write_with_ticket(self, *a, **k):
+    def scatter_transfer_sync_write_with_ticket(self, endpoint, local_base_addresses,
+                                                local_capacities, remote_base_addresses,
+                                                remote_capacities, local_offsets,
+                                                remote_offsets, lengths):
         self._no_scatter("scatter_transfer_sync_write_with_ticket")
 
-    def scatter_transfer_sync_read_with_ticket(self, *a, **k):
+    def scatter_transfer_sync_read_with_ticket(self, endpoint, local_base_addresses,
+                                               local_capacities, remote_base_addresses,
+                                               remote_capacities, local_offsets,
+                                               remote_offsets, lengths):
         self._no_scatter("scatter_transfer_sync_read_with_ticket")
 
     def get_notifies(self):
@@ -1021,14 +1103,18 @@ class TransferEngine:
         self._not_implemented(method, "a CUDA-build call and this build has no CUDA "
                                       "(SUPPORT_CUDA is False)")
 
-    def transfer_write_on_cuda(self, *a, **k):
+    def transfer_write_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                               stream_ptr=0, transport_hint="", nic_hint=""):
         self._no_cuda("transfer_write_on_cuda")
 
-    def transfer_read_on_cuda(self, *a, **k):
+    def transfer_read_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                              stream_ptr=0, transport_hint="", nic_hint=""):
         self._no_cuda("transfer_read_on_cuda")
 
-    def batch_transfer_write_on_cuda(self, *a, **k):
+    def batch_transfer_write_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                     lengths, stream_ptr=0, transport_hint="", nic_hint=""):
         self._no_cuda("batch_transfer_write_on_cuda")
 
-    def batch_transfer_read_on_cuda(self, *a, **k):
+    def batch_transfer_read_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                    lengths, stream_ptr=0, transport_hint="", nic_hint=""):
         self._no_cuda("batch_transfer_read_on_cuda")
