@@ -320,6 +320,25 @@ KVB_API kvb_status_t kvb_sender_init(kvb_sender_h sender, uint64_t num_kv_indice
  * drops chunks (KVB_OK), as the seeds do. */
 KVB_API kvb_status_t kvb_sender_send(kvb_sender_h sender, const int32_t *indices, size_t count);
 
+/* Layerwise send: queue only layers [layer_begin, layer_end) of the next
+ * chunk's pages, as the forward pass produces them, so the transfer runs
+ * behind the compute of the layers after it. Layers are this rank's target
+ * layers, 0 .. L-1 (L = num_kv / 2 for MHA, num_kv for MLA, less
+ * draft_layers; a PP stage counts its own). A chunk's pieces come in order:
+ * the first starts at layer 0, each next one where the last ended, every
+ * piece with the same indices; the piece that ends at L completes the chunk
+ * (it also carries the draft model's layers and, on the request's last
+ * chunk, aux and state) and advances the request as kvb_sender_send does.
+ * kvb_sender_send(s, i, n) is kvb_sender_send_layers(s, i, n, 0, L). The
+ * decode sees nothing but writes until Success, which comes only after the
+ * last piece of the last chunk; every dialect. Errors as kvb_sender_send,
+ * and KVB_ERR_INVALID: a layer range out of order or past L, or other
+ * indices than the chunk's earlier pieces (nothing queued). */
+KVB_API kvb_status_t kvb_sender_send_layers(kvb_sender_h sender, const int32_t *indices,
+                                            size_t count, uint32_t layer_begin, uint32_t layer_end);
+/* L of kvb_sender_send_layers: this rank's target layers (0 for NULL). */
+KVB_API uint32_t kvb_sender_num_layers(kvb_sender_h sender);
+
 /* Hybrid models (Mamba / linear-attention state buffers in kv_args): this
  * request's state slots on the prefill, one per state index the decode
  * passed to kvb_receiver_init; sent with the last chunk (the seeds'

@@ -594,6 +594,37 @@ class KVSender(_Room):
         self._call(f)
         self.curr_idx += n
 
+    def num_layers(self):
+        """This rank's target layers: the range send_layers counts in."""
+        return self._call(lambda h: L.lib().kvb_sender_num_layers(h))
+
+    def send_layers(self, kv_indices, layer_begin, layer_end, state_indices=None):
+        """Layerwise send (kvb_sender_send_layers): queue layers
+        [layer_begin, layer_end) of the next chunk's pages as the forward
+        produces them; the pieces of a chunk start at 0, follow each other and
+        carry the same kv_indices; the piece ending at num_layers() completes
+        the chunk (and, on the last chunk, carries aux and state). The decode
+        sees only writes until Success, after the last piece."""
+        arr, n = L.index_array(kv_indices, "kv_indices")
+        lb = L.as_int(layer_begin, "layer_begin", 0, 0xFFFFFFFF)
+        le = L.as_int(layer_end, "layer_end", 0, 0xFFFFFFFF)
+        sarr, sn = (None, 0) if state_indices is None else \
+            L.index_array(state_indices, "state_indices")
+
+        def f(h):
+            if sarr is not None:
+                st = L.lib().kvb_sender_set_state_indices(h, sarr, sn)
+                if st != L.KVB_OK:
+                    raise self.kv_mgr._error(st, f"KVSender.send_layers (state) of room "
+                                                 f"{self.bootstrap_room}")
+            st = L.lib().kvb_sender_send_layers(h, arr, n, lb, le)
+            if st != L.KVB_OK:
+                raise self.kv_mgr._error(st, f"KVSender.send_layers of room "
+                                             f"{self.bootstrap_room}")
+            return le == L.lib().kvb_sender_num_layers(h)
+        if self._call(f):
+            self.curr_idx += n
+
     def set_first_token(self, token, spec_candidate_ids=None):
         """TokenSpeed decodes: the first output token (and speculative
         candidate token ids) sent in this room's Success status

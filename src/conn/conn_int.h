@@ -258,10 +258,14 @@ typedef struct kvb__chunk {
     size_t n;
     uint64_t first; /* request page index of indices[0] */
     uint64_t total; /* the sender's num_kv_indices */
-    int is_last;
+    int is_last;    /* the request's last pages, all layers: aux, state, then Success */
     int64_t aux_index;
     int32_t *state_idx; /* last chunk: the prefill's state slots, or NULL */
     size_t n_state;
+    /* kvb_sender_send_layers: only this rank's target layers [layer_begin,
+     * layer_end) of these pages (the draft model's with the piece that ends
+     * at the last layer); layer_end 0: every layer */
+    uint32_t layer_begin, layer_end;
     struct kvb__chunk *next;
 } kvb__chunk_t;
 
@@ -385,6 +389,11 @@ struct kvb_sender {
     size_t n_state;
     int initialized;
     int concluded;
+    /* a chunk being sent layer by layer (kvb_sender_send_layers): its
+     * pages and the next layer expected; lw_indices NULL: none open */
+    int32_t *lw_indices;
+    size_t lw_count;
+    uint32_t lw_next;
 };
 
 struct kvb_receiver {

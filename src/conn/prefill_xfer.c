@@ -200,6 +200,53 @@ static double reg_failed_at(kvb__reg_t *reg)
     return t;
 }
 
+/* This rank's target layer of KV buffer b: K then V of layers 0..L-1 (MLA:
+ * one latent per layer), then the draft model's buffers, which count as
+ * layer L (sent with the piece that ends at the last layer). */
+static uint32_t buffer_layer(const struct kvb_manager *m, uint32_t b, uint32_t L)
+{
+    if (m->p.is_mla)
+        return b < L ? b : L;
+    return b < L ? b : b < 2 * L ? b - L : L;
+}
+
+/* The KV buffer holding address a (*hint: the last one found, tried
+ * first: blocks come buffer by buffer); num_kv when none (a state block). */
+static uint32_t buffer_of(const struct kvb_manager *m, uint64_t a, uint32_t *hint)
+{
+    for (uint32_t k = 0; k < m->args.num_kv; k++) {
+        uint32_t b = (*hint + k) % m->args.num_kv;
+        if (a >= m->kv_ptrs[b] && a - m->kv_ptrs[b] < m->kv_lens[b]) {
+            *hint = b;
+            return b;
+        }
+    }
+    return m->args.num_kv;
+}
+
+/* A layerwise piece (kvb_sender_send_layers): keep the chunk's blocks of
+ * layers [layer_begin, layer_end), the draft model's when it ends at the
+ * last layer, and what is not KV (state, only on the last piece). Filtered
+ * after planning, so every dialect's plan (kvbridge's planner, a
+ * decode-computed plan) is cut the same way. */
+static void keep_layers(const struct kvb_manager *m, const kvb__chunk_t *c, kvb_plan_strided_t *kv)
+{
+    uint32_t L = kvb__target_layers(m), hint = 0, lb = c->layer_begin, le = c->layer_end;
+    size_t n = 0;
+    kv->bytes = 0;
+    for (size_t i = 0; i < kv->count; i++) {
+        const kvb_strided_block_t *x = &kv->blocks[i];
+        uint32_t b = buffer_of(m, x->src, &hint);
+        uint32_t layer = b < m->args.num_kv ? buffer_layer(m, b, L) : UINT32_MAX;
+        bool keep = layer == UINT32_MAX || (layer >= lb && layer < le) || (layer == L && le == L);
+        if (!keep)
+            continue;
+        kv->blocks[n++] = *x;
+        kv->bytes += x->len * x->count;
+    }
+    kv->count = n;
+}
+
 static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const kvb__chunk_t *c)
 {
     uint64_t shift = 0;
@@ -252,6 +299,8 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         snprintf(j->why, sizeof(j->why), "planning room %llu for %s: %s",
                  (unsigned long long)c->room, d->session, kvb_plan_last_error());
     }
+    if (j->st == KVB_OK && c->layer_end != 0)
+        keep_layers(m, c, &j->kv);
 }
 
 /* Plan chunk c for every real destination (no lock held while planning;
@@ -854,11 +903,14 @@ static int shard_of(struct kvb_manager *m, const kvb__room_t *r)
     return (int)(sum % (uint64_t)m->n_queues);
 }
 
-kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t count)
+/* Queue a chunk of count pages from s->cur: the whole chunk, or a
+ * layerwise piece of it (layers [lb, le); le 0: all). Only a piece that
+ * completes the chunk advances the request (and may be its last: aux,
+ * state). */
+static kvb_status_t send_chunk(kvb_sender_h s, const int32_t *indices, size_t count, uint32_t lb,
+                               uint32_t le, bool completes)
 {
-    struct kvb_manager *m = s != NULL ? s->mgr : NULL;
-    if (m == NULL || (indices == NULL && count > 0))
-        return KVB_ERR_INVALID;
+    struct kvb_manager *m = s->mgr;
     /* count > num_kv - cur, not cur + count > num_kv: the sum can wrap
      * (cur > num_kv after a re-init with fewer indices). */
     if (!s->initialized || s->cur > s->num_kv || count > s->num_kv - s->cur ||
@@ -877,8 +929,11 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
     c->n = count;
     c->first = s->cur;
     c->total = s->num_kv;
-    s->cur += count;
-    c->is_last = s->cur == s->num_kv;
+    c->layer_begin = lb;
+    c->layer_end = le;
+    uint64_t advance = completes ? count : 0;
+    s->cur += advance;
+    c->is_last = completes && s->cur == s->num_kv;
     c->aux_index = s->aux_index;
     if (c->is_last && s->n_state > 0) { /* the sender's copy moves to the chunk */
         c->state_idx = s->state_idx;
@@ -910,7 +965,7 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
     }
     pthread_mutex_unlock(&m->mu);
     if (st == KVB_ERR_STATE) {
-        s->cur -= count;
+        s->cur -= advance;
         s->state_idx = c->state_idx; /* back to the sender for the retry */
         s->n_state = c->n_state;
         c->state_idx = NULL;
@@ -923,6 +978,71 @@ kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t coun
         return KVB_OK;
     }
     queue_push(&m->queues[q], c);
+    return KVB_OK;
+}
+
+kvb_status_t kvb_sender_send(kvb_sender_h s, const int32_t *indices, size_t count)
+{
+    if (s == NULL || s->mgr == NULL || (indices == NULL && count > 0))
+        return KVB_ERR_INVALID;
+    if (s->lw_indices != NULL)
+        return kvb__err_set(&s->mgr->err, KVB_ERR_STATE,
+                            "room %llu: a chunk is being sent layer by layer (next layer %u)",
+                            (unsigned long long)s->room, s->lw_next);
+    return send_chunk(s, indices, count, 0, 0, true);
+}
+
+uint32_t kvb_sender_num_layers(kvb_sender_h s)
+{
+    return s != NULL && s->mgr != NULL ? kvb__target_layers(s->mgr) : 0;
+}
+
+/* Is this piece the next of the chunk being sent layer by layer? */
+static bool piece_in_order(kvb_sender_h s, const int32_t *indices, size_t count, uint32_t lb)
+{
+    if (s->lw_indices == NULL)
+        return lb == 0;
+    return lb == s->lw_next && count == s->lw_count &&
+           memcmp(indices, s->lw_indices, count * sizeof(int32_t)) == 0;
+}
+
+kvb_status_t kvb_sender_send_layers(kvb_sender_h s, const int32_t *indices, size_t count,
+                                    uint32_t layer_begin, uint32_t layer_end)
+{
+    if (s == NULL || s->mgr == NULL || (indices == NULL && count > 0))
+        return KVB_ERR_INVALID;
+    struct kvb_manager *m = s->mgr;
+    uint32_t L = kvb__target_layers(m);
+    if (layer_begin >= layer_end || layer_end > L ||
+        !piece_in_order(s, indices, count, layer_begin))
+        return kvb__err_set(&m->err, KVB_ERR_INVALID,
+                            "room %llu: layers [%u, %u) are not the next piece of the chunk (%u "
+                            "target layers; a chunk's pieces start at 0, follow each other and "
+                            "carry the same indices; next %u)",
+                            (unsigned long long)s->room, layer_begin, layer_end, L,
+                            s->lw_indices != NULL ? s->lw_next : 0);
+    bool completes = layer_end == L;
+    int32_t *copy = NULL;
+    if (!completes && s->lw_indices == NULL &&
+        (copy = malloc((count ? count : 1) * sizeof(int32_t))) == NULL)
+        return KVB_ERR_NOMEM;
+    bool whole = layer_begin == 0 && completes;
+    kvb_status_t st =
+        send_chunk(s, indices, count, whole ? 0 : layer_begin, whole ? 0 : layer_end, completes);
+    if (st != KVB_OK) {
+        free(copy);
+        return st;
+    }
+    if (copy != NULL) { /* the chunk's first piece */
+        memcpy(copy, indices, count * sizeof(int32_t));
+        s->lw_indices = copy;
+        s->lw_count = count;
+    }
+    s->lw_next = layer_end;
+    if (completes) {
+        free(s->lw_indices);
+        s->lw_indices = NULL;
+    }
     return KVB_OK;
 }
 
@@ -999,6 +1119,7 @@ void kvb_sender_destroy(kvb_sender_h s)
     }
     pthread_mutex_unlock(&m->mu);
     free(s->state_idx);
+    free(s->lw_indices);
     free(s);
 }
 
