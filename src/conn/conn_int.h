@@ -222,6 +222,8 @@ typedef struct kvb__reg {
     uint64_t kv_pool;                   /* pages in each of its KV buffers (the smallest) */
     kvb_plan_h plan;                    /* NULL when plan_error is set */
     char *plan_error;                   /* why this decode cannot be served */
+    void *priv;     /* what its dialect keeps of it (a contract, a route), or NULL: freed by
+                       dialect->reg_free */
     uint64_t bytes; /* its pointer arrays (KVBRIDGE_MAX_REGISTRATION[S]_BYTES) */
     int failed;     /* a write to it failed */
     double failed_at;
@@ -469,6 +471,14 @@ void kvb__outputs_enable(struct kvb_manager *m);
 int64_t kvb__output_first_token(struct kvb_manager *m, uint64_t room, int32_t **cands_p,
                                 size_t *n_p);
 void kvb__outputs_free(struct kvb_manager *m);
+/* What else travels with a first token in some dialects' statuses: the
+ * prefill's prefix-cache hit (cached tokens) and the first token's logprob.
+ * Set either (NULL: leave it); read both (*cached_p 0 when never set; true
+ * when a logprob was set, into *logprob_p). Any thread. */
+kvb_status_t kvb__output_set_extras(struct kvb_manager *m, uint64_t room, const uint64_t *cached,
+                                    const double *logprob);
+bool kvb__output_extras(struct kvb_manager *m, uint64_t room, uint64_t *cached_p,
+                        double *logprob_p);
 
 /* endpoints.c: the dialect a decode endpoint spoke, when not the default. */
 void kvb__endpoint_note(struct kvb_manager *m, const char *ip, size_t ip_len, uint16_t port,
