@@ -368,6 +368,8 @@ struct kvb_manager {
     int is_last_stage;
     pthread_t ref_thr; /* periodic re-registration (prefill_ctl.c) */
     int ref_started;
+    char **boot_puts; /* extra PUT /route bodies (dialect boot_put): owned */
+    size_t n_boot_puts;
 
     struct kvb__outputs *outputs;     /* rooms' first tokens (outputs.c) */
     struct kvb__endpoints *endpoints; /* prefill: decode endpoints' dialects (endpoints.c) */
@@ -441,8 +443,12 @@ size_t kvb__notes_due(struct kvb_manager *m, kvb__room_t *r, kvb__note_t **out, 
 /* Send them (never under m->mu) and free notes. */
 void kvb__send_notes(struct kvb_manager *m, uint64_t room, kvb__note_t *notes, size_t n,
                      int status);
-/* prefill_boot.c: register this rank with the bootstrap server (PUT /route). */
+/* prefill_boot.c: register this rank with the bootstrap server (PUT /route):
+ * kvbridge's body, then m->boot_puts (the shapes other dialects' decodes
+ * read); KVB_OK when the server took any of them (a TokenSpeed server takes
+ * only its own). */
 kvb_status_t kvb__prefill_register(struct kvb_manager *m);
+void kvb__prefill_boot_free(struct kvb_manager *m); /* m->boot_puts */
 /* prefill_boot.c: re-register with the bootstrap server every
  * p.bootstrap_refresh_s on a thread of its own (nothing when 0); stop joins it
  * within the PUT's time-out (min(1 s, interval)) once m->stop is set. */

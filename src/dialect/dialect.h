@@ -129,6 +129,11 @@ typedef struct kvb__dialect {
      * layout contract, its planned route); NULL-safe. NULL where the
      * dialect keeps nothing. */
     void (*reg_free)(void *priv);
+    /* The body of a PUT /route this rank sends besides kvbridge's own, for
+     * a dialect whose decodes read another bootstrap shape (malloc'ed; NULL:
+     * none, or this rank cannot be described in it). NULL where the dialect's
+     * decodes read kvbridge's own registration. */
+    char *(*boot_put)(struct kvb_manager *m);
     /* Aux data inline (when the engine could not write it), NULL where the
      * dialect has none. */
     kvb_status_t (*send_aux)(struct kvb_manager *m, const char *ip, uint16_t port,
@@ -165,6 +170,10 @@ const kvb__dialect_t *kvb__dialect_classify(struct kvb_manager *m, const kvb__fr
                                             kvb__dmsg_t *kind_p);
 /* The dialect a bootstrap server's answer shape selects (decode side). */
 const kvb__dialect_t *kvb__dialect_for_boot(int boot_dialect);
+/* The bodies of the extra PUT /route every dialect asks this prefill rank
+ * to send (dialect->boot_put), malloc'ed array of malloc'ed strings; *n_p
+ * of them (NULL, 0: none). */
+char **kvb__dialect_boot_puts(struct kvb_manager *m, size_t *n_p);
 /* The dialect of statuses to an endpoint that never said (SGLang's 3 frames). */
 const kvb__dialect_t *kvb__dialect_default(void);
 /* Count (and log once per kind) a message nobody on this side handles. */

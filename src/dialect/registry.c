@@ -11,6 +11,8 @@
 #include "dialect/sglang2026/sglang2026.h"
 #include "dialect/tokenspeed_seed/tokenspeed_seed.h"
 
+#include <stdlib.h>
+
 static const kvb__dialect_t *const dialects[] = {
     &kvb__dialect_cachepd,
     &kvb__dialect_tokenspeed_seed,
@@ -39,6 +41,16 @@ const kvb__dialect_t *kvb__dialect_for_boot(int boot_dialect)
         if (dialects[i]->boot_dialect == boot_dialect)
             return dialects[i];
     return &kvb__dialect_sglang2025; /* a seed-001 answer names no dialect */
+}
+
+char **kvb__dialect_boot_puts(struct kvb_manager *m, size_t *n_p)
+{
+    char **v = calloc(N_DIALECTS, sizeof(*v));
+    *n_p = 0;
+    for (size_t i = 0; v != NULL && i < N_DIALECTS; i++)
+        if (dialects[i]->boot_put != NULL && (v[*n_p] = dialects[i]->boot_put(m)) != NULL)
+            (*n_p)++;
+    return v;
 }
 
 const kvb__dialect_t *kvb__dialect_default(void)

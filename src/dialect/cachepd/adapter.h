@@ -30,5 +30,8 @@ kvb_status_t kvb__cpd_own_contract(const struct kvb_manager *m, const kvb__cpd_c
  * Malloc'ed; NULL with the reason in why. */
 uint64_t *kvb__cpd_own_page0(const struct kvb_manager *m, const kvb__cpd_contract_t *own, char *why,
                              size_t wl);
+/* This rank's TokenSpeed PUT /route body (dialect->boot_put), malloc'ed;
+ * NULL when it cannot be described (logged). */
+char *kvb__cpd_own_put(struct kvb_manager *m);
 
 #endif

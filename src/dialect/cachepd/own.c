@@ -161,3 +161,34 @@ uint64_t *kvb__cpd_own_page0(const struct kvb_manager *m, const kvb__cpd_contrac
     }
     return a;
 }
+
+/* TokenSpeed's PUT /route body for this rank (spec 3.1): its full contract
+ * (PP 1: the wire contract is the rank's own), one stage, the global rank
+ * dp x tp + tp_rank, so that a TokenSpeed 0.1.1 decode finds its contract
+ * through kvbridge's bootstrap server or TokenSpeed's. NULL (logged once)
+ * when this rank's cache is not one TokenSpeed's ordinary recipe
+ * describes. */
+char *kvb__cpd_own_put(struct kvb_manager *m)
+{
+    kvb__cpd_put_t p;
+    char why[256], *body = NULL;
+    size_t len;
+    memset(&p, 0, sizeof(p));
+    if (kvb__cpd_own_contract(m, NULL, &p.contract, why, sizeof(why)) != KVB_OK) {
+        KVB_LOGI("manager %s: not registered for TokenSpeed 0.1.1 (CachePD) decodes: %s",
+                 m->endpoint, why);
+        return NULL;
+    }
+    uint32_t tp = (uint32_t)m->p.attn_tp_size, dp = (uint32_t)m->p.attn_dp_size;
+    p.world_size = tp * dp;
+    p.dp_size = dp;
+    p.pp_size = 1;
+    p.engine_rank = (uint32_t)m->p.attn_dp_rank * tp + (uint32_t)m->p.attn_tp_rank;
+    snprintf(p.rank_ip, sizeof(p.rank_ip), "%s", m->host);
+    p.rank_port = m->port;
+    if (kvb__cpd_stages_single(&p.contract, &p.stages) != KVB_OK ||
+        kvb__cpd_put_encode(&p, &body, &len) != KVB_OK)
+        body = NULL;
+    kvb__cpd_put_free(&p);
+    return body;
+}

@@ -474,4 +474,5 @@ const kvb__dialect_t kvb__dialect_cachepd = {
     .send_status = send_status,
     .plan_job = plan_job,
     .reg_free = reg_free,
+    .boot_put = kvb__cpd_own_put,
 };
