@@ -70,3 +70,4 @@ soak: build
 check-interop: build
 	bash scripts/interop.sh $(BUILD)
 	bash scripts/interop-tokenspeed.sh $(BUILD)
+	bash scripts/interop-cachepd.sh $(BUILD)
