@@ -224,6 +224,16 @@ static kvb_status_t decode_registration(struct kvb_manager *m, const kvb__frame_
 
 /* ---- pre-allocation request (spec 4.3) ---- */
 
+/* The ids fit the connector's int32 destination pages (a contract may
+ * claim more pages than that; validated ids are > 0). */
+static bool ids_fit(const kvb__cpd_mgroup_t *g)
+{
+    for (size_t i = 0; i < g->n; i++)
+        if (g->block_ids[i] > INT32_MAX)
+            return false;
+    return g->n <= INT32_MAX;
+}
+
 /* Why kvbridge does not serve this request of registration g (empty: it
  * does). TokenSpeed's checks and texts where it has them. */
 static void request_refusal(const kvb__reg_t *g, const kvb__cpd_req_t *q,
@@ -243,8 +253,11 @@ static void request_refusal(const kvb__reg_t *g, const kvb__cpd_req_t *q,
                  "its registration");
     else if (!q->is_dummy && kvb__cpd_manifest_validate(man, &r->decode, &e) != KVB_OK)
         snprintf(why, wl, "invalid pre-allocation metadata: %s", e.reason);
-    else if (!q->is_dummy && man->groups[0].n > INT32_MAX)
-        snprintf(why, wl, "invalid pre-allocation metadata: %zu blocks", man->groups[0].n);
+    else if (!q->is_dummy && !ids_fit(&man->groups[0]))
+        snprintf(why, wl,
+                 "invalid pre-allocation metadata: block ids past %d (the connector holds "
+                 "destination pages as int32)",
+                 INT32_MAX);
     else
         why[0] = '\0';
 }
