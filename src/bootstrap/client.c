@@ -466,6 +466,9 @@ KVB_API kvb_status_t kvb_bootstrap_client_parallel_info_ext(
         if (st == KVB_OK && ext_p != NULL && (ext_p->field_mask & KVB_BOOTSTRAP_INFO_DIALECT) &&
             kvb__boot_answer_is_ts(c->resp, c->resp_len))
             ext_p->dialect = KVB_BOOTSTRAP_DIALECT_TOKENSPEED;
+        /* Say what the prefill is rather than which key it lacks. */
+        if (st != KVB_OK && kvb__boot_answer_is_cpd(c->resp, c->resp_len))
+            kvb__boot_reason(reason, sizeof(reason), "%s", KVB__BOOT_MSG_CPD_DECODE);
         if (st != KVB_OK)
             kvb__err_set(&c->err, st, "GET %s: bad answer: %s",
                          dialect == KVB_BOOTSTRAP_DIALECT_2026 ? url : old, reason);

@@ -179,15 +179,19 @@ static const char *arg(struct MHD_Connection *c, const char *key)
 /* The 2026 look-ups (PROTOCOL-SGLANG-2026.md 3.2, 3.7): 503 until every rank
  * registered; the parallel info with exactly SGLang's keys; 404 with SGLang's
  * text. While a rank registered without the 2026 keys (it speaks seed 001
- * or TokenSpeed's dialect on ZeroMQ), 400 as its own server answers: a
- * 2026 decode's KV-args would kill such a prefill's control thread. */
+ * or TokenSpeed's dialect on ZeroMQ), or only TokenSpeed 0.1.1 (CachePD)
+ * ranks registered, 400 as their own server answers: a 2026 decode's
+ * KV-args would kill such a prefill's control thread. */
 static enum MHD_Result get_route_2026(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
                                       const kvb__boot_query_t *q)
 {
     char text[192], *json = NULL;
     bool nomem = false, ready, found = false;
     pthread_mutex_lock(&s->mu);
-    bool legacy = kvb__boot_table_legacy(&s->table);
+    /* CachePD ranks alone: TokenSpeed's server's 400 too (a kvbridge decode
+     * then asks in the old style and learns what the prefill speaks) */
+    bool legacy =
+        kvb__boot_table_legacy(&s->table) || (kvb__boot_cpd_active(s->cpd) && s->table.count == 0);
     pthread_mutex_unlock(&s->mu);
     if (legacy)
         return respond_text(s, c, 400, KVB__BOOT_MSG_MISSING);

@@ -127,6 +127,13 @@ char *kvb__boot_cpd_info(const kvb__boot_cpd_t *st, json_t *base, bool *nomem_p)
 /* {"rank_ip", "rank_port"} of (DP group, stage-major rank), NULL if none. */
 json_t *kvb__boot_cpd_rank(const kvb__boot_cpd_t *st, int64_t dp, int64_t rank);
 void kvb__boot_cpd_free(kvb__boot_cpd_t *st); /* NULL-safe */
+/* Client side: a parallel-info answer of CachePD ranks only (cache_layout
+ * and cache_fields_by_stage, none of kvbridge's or SGLang's keys), which a
+ * kvbridge decode cannot use yet: it fails the room saying so. */
+bool kvb__boot_answer_is_cpd(const char *body, size_t len);
+#define KVB__BOOT_MSG_CPD_DECODE                                                                   \
+    "the prefill ranks speak TokenSpeed 0.1.1's CachePD, whose decode side kvbridge does not "     \
+    "speak yet"
 
 /* Client side (bootstrap/client.c): PUT /route with a body a dialect built
  * (its own shape, e.g. a CachePD registration); as

@@ -151,3 +151,13 @@ json_t *kvb__boot_cpd_rank(const kvb__boot_cpd_t *st, int64_t dp, int64_t rank)
         return NULL;
     return json_pack("{s:s, s:I}", "rank_ip", e->ip, "rank_port", (json_int_t)e->port);
 }
+
+bool kvb__boot_answer_is_cpd(const char *body, size_t len)
+{
+    json_t *o = len > 0 && len <= KVB_BOOTSTRAP_MAX_BODY ? json_loadb(body, len, 0, NULL) : NULL;
+    bool cpd = json_is_string(json_object_get(o, "cache_layout")) &&
+               json_is_array(json_object_get(o, "cache_fields_by_stage")) &&
+               json_object_get(o, "prefill_attn_tp_size") == NULL;
+    json_decref(o);
+    return cpd;
+}

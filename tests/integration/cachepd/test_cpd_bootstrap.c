@@ -156,6 +156,31 @@ static void big_contract(void)
     TEST_PASS("a 126-layer CachePD registration through kvbridge's server");
 }
 
+/* A kvbridge decode sent to CachePD prefill ranks (TokenSpeed's PUTs on
+ * kvbridge's server): the room fails saying what the prefill speaks. */
+static void kvbridge_decode(void)
+{
+    const kvbh_geom_t g = {2, 8, 256, 16, 64, 0, 0};
+    json_t *put = corpus("mha_tp1_tp1_bootstrap_put");
+    kvbh_boot_t boot;
+    kvbh_rank_t dec;
+    kvb_receiver_h rc;
+    char why[512] = "";
+    CHECK_EQ(kvbh_boot_start(&boot, 0, NULL), 0);
+    expect(boot.h, "PUT", "/route", json_string_value(json_object_get(put, "body")), 200, "OK");
+    CHECK_EQ(kvbh_rank_start(&dec, &g, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), KVB_OK);
+    CHECK_EQ(kvb_receiver_create(dec.mgr, boot.addr, 5, -1, &rc), KVB_OK);
+    CHECK_EQ(kvbh_wait_receiver(rc, 10), KVB_POLL_FAILED);
+    kvb_receiver_failure(rc, why, sizeof(why));
+    fprintf(stderr, "kvbridge decode: %s\n", why);
+    CHECK_STR_CONTAINS(why, "speak TokenSpeed 0.1.1's CachePD");
+    kvb_receiver_destroy(rc);
+    kvbh_rank_stop(&dec);
+    kvbh_boot_stop(&boot);
+    json_decref(put);
+    TEST_PASS("a kvbridge decode told the prefill speaks CachePD");
+}
+
 static void contract_of(const char *name, kvb__cpd_contract_t *c)
 {
     json_t *j = corpus(name);
@@ -231,6 +256,7 @@ int main(int argc, char **argv)
     refusals();
     big_contract();
     kvbridge_prefill();
+    kvbridge_decode();
     curl_global_cleanup();
     TEST_PASS("CachePD on kvbridge's bootstrap server");
     return 0;
