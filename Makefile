@@ -68,8 +68,10 @@ soak: build
 # Interop (PyPI, ~6 GB venv under $(BUILD), minutes; not part of check):
 # SGLang's real Mooncake connector <-> kvbridge, and scripts/mooncake-diff.sh;
 # TokenSpeed (seed 004 tree) <-> kvbridge; TokenSpeed 0.1.1's own prefill and
-# decode, both on kvbridge's mooncake.engine drop-in.
+# decode, both on kvbridge's mooncake.engine drop-in; TokenSpeed 0.1.1's decode
+# (CachePD) <-> kvbridge's C prefill.
 check-interop: build
 	bash scripts/interop.sh $(BUILD)
 	bash scripts/interop-tokenspeed.sh $(BUILD)
 	bash scripts/interop-tokenspeed011.sh $(BUILD)
+	bash scripts/interop-cachepd.sh $(BUILD)

@@ -124,6 +124,8 @@ DIALECT_PATTERNS = [
     r"kvb__frames_(en|de)code_(?!peer)",  # a dialect's message codec
     r"kvb__frames_classify",
     r"kvb__lol_",  # SGLang 2026's list-of-lists
+    r"\bKVB__CPD_",  # TokenSpeed 0.1.1 CachePD's values, limits and frame counts
+    r"kvb__cpd_",  # CachePD's codec and planner
 ]
 # Not listed: kvbridge's own extension framing ("kvbridge-ext/1" and its
 # key=value frames, proto/frames.h), which rides on several dialects; the

@@ -21,8 +21,10 @@ extern "C" {
 
 /* SGLang's default bootstrap port. */
 #define KVB_BOOTSTRAP_DEFAULT_PORT 8998
-/* Largest request or response body either side accepts (bytes). */
-#define KVB_BOOTSTRAP_MAX_BODY (64 * 1024)
+/* Largest request or response body either side accepts (bytes): room for
+ * TokenSpeed 0.1.1's layout contract (up to 256 KiB, sent as a JSON string
+ * in its PUT and parallel-info bodies). Buffers grow with what arrives. */
+#define KVB_BOOTSTRAP_MAX_BODY (1024 * 1024)
 /* Longest accepted rank_ip (an IP literal or a host name), in bytes. */
 #define KVB_BOOTSTRAP_IP_MAX 255
 /* Longest kv_cache_dtype / load_balance_method string, in bytes. */

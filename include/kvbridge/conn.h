@@ -363,6 +363,16 @@ KVB_API kvb_status_t kvb_sender_set_state_indices(kvb_sender_h sender, const int
 KVB_API kvb_status_t kvb_sender_set_first_token(kvb_sender_h sender, int64_t token,
                                                 const int32_t *candidates, size_t count);
 
+/* TokenSpeed 0.1.1 decodes (CachePD, PROTOCOL-TOKENSPEED-CACHEPD.md 4.4):
+ * what else its Success status carries. cached_tokens: this prefill's
+ * prefix-cache hit for the request, in tokens (the decode resumes from the
+ * larger of its own and this; default 0; at most 2^63 - 1). logprob: the
+ * first token's log-probability, when the request asked for logprobs
+ * (default: none; NaN is refused). Call before the last chunk; other
+ * dialects' decodes never see them. Errors: KVB_ERR_INVALID, KVB_ERR_NOMEM. */
+KVB_API kvb_status_t kvb_sender_set_cached_tokens(kvb_sender_h sender, uint64_t cached_tokens);
+KVB_API kvb_status_t kvb_sender_set_first_logprob(kvb_sender_h sender, double logprob);
+
 /* Current status; checks the bootstrap time-out. */
 KVB_API kvb_poll_t kvb_sender_poll(kvb_sender_h sender);
 

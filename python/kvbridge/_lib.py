@@ -330,6 +330,8 @@ _PROTOTYPES = {
     "kvb_sender_num_layers": (ctypes.c_uint32, [_P]),
     "kvb_sender_set_state_indices": (_S, [_P, c_i32_p, ctypes.c_size_t]),
     "kvb_sender_set_first_token": (_S, [_P, ctypes.c_int64, c_i32_p, ctypes.c_size_t]),
+    "kvb_sender_set_cached_tokens": (_S, [_P, ctypes.c_uint64]),
+    "kvb_sender_set_first_logprob": (_S, [_P, ctypes.c_double]),
     "kvb_sender_poll": (ctypes.c_int, [_P]),
     "kvb_sender_poll_many": (ctypes.c_int, [ctypes.POINTER(_P), ctypes.c_size_t,
                                             ctypes.POINTER(ctypes.c_int)]),

@@ -640,6 +640,30 @@ class KVSender(_Room):
                                              f"{self.bootstrap_room}")
         self._call(f)
 
+    def set_prefill_info(self, cached_tokens=None, logprob=None):
+        """TokenSpeed 0.1.1 (CachePD) decodes: what else this room's Success
+        status carries: this prefill's prefix-cache hit in tokens
+        (kvb_sender_set_cached_tokens) and the first token's logprob
+        (kvb_sender_set_first_logprob). None leaves either unset. Call before
+        the last chunk."""
+        cached = None if cached_tokens is None else \
+            L.as_int(cached_tokens, "cached_tokens", 0, (1 << 63) - 1)
+        lp = None if logprob is None else float(logprob)
+        if lp is not None and lp != lp:
+            raise L.InvalidArgument("logprob must be a number, not NaN")
+
+        def check(st, name):
+            if st != L.KVB_OK:
+                raise self.kv_mgr._error(st, f"KVSender.set_prefill_info ({name}) of room "
+                                             f"{self.bootstrap_room}")
+
+        def f(h):
+            if cached is not None:
+                check(L.lib().kvb_sender_set_cached_tokens(h, cached), "cached_tokens")
+            if lp is not None:
+                check(L.lib().kvb_sender_set_first_logprob(h, lp), "logprob")
+        self._call(f)
+
 
 def _page_mask(mask, n):
     if mask is None:

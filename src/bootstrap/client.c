@@ -27,8 +27,8 @@ struct kvb_bootstrap_client {
     struct curl_slist *get_headers, *put_headers;
     double timeout_s;
     char errbuf[CURL_ERROR_SIZE];
-    char *resp; /* KVB_BOOTSTRAP_MAX_BODY + 1 bytes */
-    size_t resp_len;
+    char *resp; /* resp_cap bytes, grown up to KVB_BOOTSTRAP_MAX_BODY + 1 */
+    size_t resp_len, resp_cap;
     bool resp_overflow;
     long code;       /* HTTP status of the last answer, 0 = none */
     int dialect;     /* configured: 2025 or 2026 */
@@ -83,6 +83,15 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *arg)
     if (c->resp_len + n > KVB_BOOTSTRAP_MAX_BODY) {
         c->resp_overflow = true;
         return 0; /* aborts the transfer with CURLE_WRITE_ERROR */
+    }
+    if (c->resp_len + n + 1 > c->resp_cap) { /* most answers are small: grow on demand */
+        size_t cap = 2 * c->resp_cap > c->resp_len + n + 1 ? 2 * c->resp_cap : c->resp_len + n + 1;
+        cap = cap < KVB_BOOTSTRAP_MAX_BODY + 1 ? cap : KVB_BOOTSTRAP_MAX_BODY + 1;
+        char *p = realloc(c->resp, cap);
+        if (p == NULL)
+            return 0;
+        c->resp = p;
+        c->resp_cap = cap;
     }
     memcpy(c->resp + c->resp_len, data, n);
     c->resp_len += n;
@@ -149,7 +158,8 @@ KVB_API kvb_status_t kvb_bootstrap_client_create(const char *addr,
         kvb_bootstrap_client_destroy(c);
         return KVB_ERR_INVALID;
     }
-    c->resp = malloc(KVB_BOOTSTRAP_MAX_BODY + 1);
+    c->resp_cap = 16 * 1024;
+    c->resp = malloc(c->resp_cap);
     c->curl = curl_easy_init();
     if (c->resp == NULL || c->curl == NULL)
         goto nomem;
@@ -331,6 +341,21 @@ KVB_API kvb_status_t kvb_bootstrap_client_register(kvb_bootstrap_client_h c,
     return st;
 }
 
+kvb_status_t kvb__bootstrap_client_put_route(kvb_bootstrap_client_h c, const char *body,
+                                             double timeout_s)
+{
+    char *url = NULL;
+    if (c == NULL || body == NULL)
+        return KVB_ERR_INVALID;
+    if (asprintf(&url, "%s/route", c->base) < 0)
+        return kvb__err_set(&c->err, KVB_ERR_NOMEM, "PUT %s/route: out of memory", c->base);
+    pthread_mutex_lock(&c->mu);
+    kvb_status_t st = do_request(c, "PUT", url, body, timeout_s, false);
+    pthread_mutex_unlock(&c->mu);
+    free(url);
+    return st;
+}
+
 /* A seed-001 server's answer to a 2026 query (PROTOCOL-SGLANG-2026.md 11.1). */
 static bool old_dialect_refusal(const struct kvb_bootstrap_client *c)
 {
@@ -441,6 +466,9 @@ KVB_API kvb_status_t kvb_bootstrap_client_parallel_info_ext(
         if (st == KVB_OK && ext_p != NULL && (ext_p->field_mask & KVB_BOOTSTRAP_INFO_DIALECT) &&
             kvb__boot_answer_is_ts(c->resp, c->resp_len))
             ext_p->dialect = KVB_BOOTSTRAP_DIALECT_TOKENSPEED;
+        /* Say what the prefill is rather than which key it lacks. */
+        if (st != KVB_OK && kvb__boot_answer_is_cpd(c->resp, c->resp_len))
+            kvb__boot_reason(reason, sizeof(reason), "%s", KVB__BOOT_MSG_CPD_DECODE);
         if (st != KVB_OK)
             kvb__err_set(&c->err, st, "GET %s: bad answer: %s",
                          dialect == KVB_BOOTSTRAP_DIALECT_2026 ? url : old, reason);

@@ -46,6 +46,7 @@ struct kvb_bootstrap_server {
     pthread_mutex_t mu; /* guards table and counters */
     kvb__boot_table_t table;
     kvb__dp_rooms_t dp_rooms; /* POST /register_dp_rank */
+    kvb__boot_cpd_t *cpd;     /* TokenSpeed 0.1.1 (CachePD) ranks, NULL until one registers */
     uint64_t registrations, lookups_info, lookups_rank, errors[N_ERR];
     uint64_t started_ns;
     char *token; /* NULL: no authentication */
@@ -62,8 +63,8 @@ enum body_kind { BODY_PUT_ROUTE, BODY_REGISTER_DP, BODY_QUERY_DP };
 struct req_ctx {
     enum body_kind kind;
     char *buf;
-    size_t len;
-    size_t dropped; /* bytes past the limit, read and discarded */
+    size_t len, cap; /* cap grows up to KVB_BOOTSTRAP_MAX_BODY */
+    size_t dropped;  /* bytes past the limit, read and discarded */
 };
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -178,15 +179,19 @@ static const char *arg(struct MHD_Connection *c, const char *key)
 /* The 2026 look-ups (PROTOCOL-SGLANG-2026.md 3.2, 3.7): 503 until every rank
  * registered; the parallel info with exactly SGLang's keys; 404 with SGLang's
  * text. While a rank registered without the 2026 keys (it speaks seed 001
- * or TokenSpeed's dialect on ZeroMQ), 400 as its own server answers: a
- * 2026 decode's KV-args would kill such a prefill's control thread. */
+ * or TokenSpeed's dialect on ZeroMQ), or only TokenSpeed 0.1.1 (CachePD)
+ * ranks registered, 400 as their own server answers: a 2026 decode's
+ * KV-args would kill such a prefill's control thread. */
 static enum MHD_Result get_route_2026(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
                                       const kvb__boot_query_t *q)
 {
     char text[192], *json = NULL;
     bool nomem = false, ready, found = false;
     pthread_mutex_lock(&s->mu);
-    bool legacy = kvb__boot_table_legacy(&s->table);
+    /* CachePD ranks alone: TokenSpeed's server's 400 too (a kvbridge decode
+     * then asks in the old style and learns what the prefill speaks) */
+    bool legacy =
+        kvb__boot_table_legacy(&s->table) || (kvb__boot_cpd_active(s->cpd) && s->table.count == 0);
     pthread_mutex_unlock(&s->mu);
     if (legacy)
         return respond_text(s, c, 400, KVB__BOOT_MSG_MISSING);
@@ -246,24 +251,26 @@ static enum MHD_Result handle_get_route(struct kvb_bootstrap_server *s, struct M
     pthread_mutex_lock(&s->mu);
     if (q.parallel_info) {
         json_t *o = kvb__boot_table_parallel_info(&s->table, &nomem);
-        if (o != NULL) {
-            found = true;
-            json = json_dumps(o, JSON_COMPACT);
-            json_decref(o);
-            if (json != NULL)
-                s->lookups_info++;
-        }
+        /* A CachePD decode asks the same: with CachePD ranks registered the
+         * answer carries what it reads (PROTOCOL-TOKENSPEED-CACHEPD.md 12.2) */
+        json = kvb__boot_cpd_active(s->cpd) ? kvb__boot_cpd_info(s->cpd, o, &nomem)
+               : o != NULL                  ? json_dumps(o, JSON_COMPACT)
+                                            : NULL;
+        found = json != NULL || o != NULL;
+        json_decref(o);
+        if (json != NULL)
+            s->lookups_info++;
     } else {
         const kvb__boot_entry_t *e =
             kvb__boot_table_find(&s->table, q.dp_group, 0, q.engine_rank, q.pp_rank);
-        if (e != NULL) {
-            json_t *o = kvb__boot_entry_json(e);
-            found = true;
-            json = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
-            json_decref(o);
-            if (json != NULL)
-                s->lookups_rank++;
-        }
+        json_t *o = e != NULL ? kvb__boot_entry_json(e)
+                              : kvb__boot_cpd_rank(s->cpd, q.dp_group, q.engine_rank);
+        found = o != NULL;
+        nomem = e != NULL && o == NULL;
+        json = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+        if (json != NULL)
+            s->lookups_rank++;
     }
     pthread_mutex_unlock(&s->mu);
     if (!found && !nomem)
@@ -271,27 +278,47 @@ static enum MHD_Result handle_get_route(struct kvb_bootstrap_server *s, struct M
     return respond_json(s, c, json);
 }
 
+/* A registration into the table (seed 001, SGLang 2026, TokenSpeed seed 004). */
+static kvb_status_t put_table(struct kvb_bootstrap_server *s, const struct req_ctx *ctx,
+                              char *reason, size_t reason_len)
+{
+    kvb__boot_reg_t reg;
+    kvb_status_t st = kvb__boot_reg_parse(ctx->buf, ctx->len, &reg, reason, reason_len);
+    if (st != KVB_OK)
+        return st;
+    pthread_mutex_lock(&s->mu);
+    st = kvb__boot_table_apply(&s->table, &reg, reason, reason_len);
+    if (st == KVB_OK)
+        s->registrations++;
+    pthread_mutex_unlock(&s->mu);
+    if (st == KVB_OK)
+        KVB_LOGD("bootstrap: registered DP%lld CP%lld TP%lld PP%lld at %s:%lld",
+                 (long long)kvb__boot_reg_dp_group(&reg), (long long)reg.attn_cp_rank,
+                 (long long)reg.attn_tp_rank, (long long)reg.pp_rank, reg.rank_ip,
+                 (long long)reg.rank_port);
+    kvb__boot_reg_clear(&reg);
+    return st;
+}
+
+/* A TokenSpeed 0.1.1 (CachePD) rank: its own state (dialect/cachepd). */
+static kvb_status_t put_cpd(struct kvb_bootstrap_server *s, const struct req_ctx *ctx, char *reason,
+                            size_t reason_len)
+{
+    pthread_mutex_lock(&s->mu);
+    kvb_status_t st = kvb__boot_cpd_put(&s->cpd, ctx->buf, ctx->len, reason, reason_len);
+    if (st == KVB_OK)
+        s->registrations++;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
 static enum MHD_Result handle_put_route(struct kvb_bootstrap_server *s, struct MHD_Connection *c,
                                         const struct req_ctx *ctx)
 {
     char reason[KVB__BOOT_REASON_MAX];
-    kvb__boot_reg_t reg;
-    kvb_status_t st;
-
-    st = kvb__boot_reg_parse(ctx->buf, ctx->len, &reg, reason, sizeof(reason));
-    if (st == KVB_OK) {
-        pthread_mutex_lock(&s->mu);
-        st = kvb__boot_table_apply(&s->table, &reg, reason, sizeof(reason));
-        if (st == KVB_OK)
-            s->registrations++;
-        pthread_mutex_unlock(&s->mu);
-        if (st == KVB_OK)
-            KVB_LOGD("bootstrap: registered DP%lld CP%lld TP%lld PP%lld at %s:%lld",
-                     (long long)kvb__boot_reg_dp_group(&reg), (long long)reg.attn_cp_rank,
-                     (long long)reg.attn_tp_rank, (long long)reg.pp_rank, reg.rank_ip,
-                     (long long)reg.rank_port);
-        kvb__boot_reg_clear(&reg);
-    }
+    kvb_status_t st = kvb__boot_is_cpd_put(ctx->buf, ctx->len)
+                          ? put_cpd(s, ctx, reason, sizeof(reason))
+                          : put_table(s, ctx, reason, sizeof(reason));
     if (st == KVB_OK)
         return respond_text(s, c, 200, "OK");
     if (st == KVB_ERR_NOMEM)
@@ -525,10 +552,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             ctx->dropped += n;
             return ctx->dropped > DISCARD_MAX ? MHD_NO : MHD_YES;
         }
-        if (ctx->buf == NULL) {
-            ctx->buf = malloc(KVB_BOOTSTRAP_MAX_BODY);
-            if (ctx->buf == NULL)
+        if (ctx->len + n > ctx->cap) { /* most bodies are small: grow on demand */
+            size_t cap = ctx->cap ? 2 * ctx->cap : 16 * 1024;
+            cap = cap < ctx->len + n ? ctx->len + n : cap;
+            cap = cap < KVB_BOOTSTRAP_MAX_BODY ? cap : KVB_BOOTSTRAP_MAX_BODY;
+            char *p = realloc(ctx->buf, cap);
+            if (p == NULL)
                 return MHD_NO;
+            ctx->buf = p;
+            ctx->cap = cap;
         }
         memcpy(ctx->buf + ctx->len, upload_data, n);
         ctx->len += n;
@@ -721,6 +753,7 @@ KVB_API void kvb_bootstrap_server_stop(kvb_bootstrap_server_h s)
     /* Closes the listening socket and every connection, joins the threads. */
     MHD_stop_daemon(s->daemon);
     kvb__boot_table_destroy(&s->table);
+    kvb__boot_cpd_free(s->cpd);
     kvb__dp_rooms_destroy(&s->dp_rooms);
     pthread_mutex_destroy(&s->mu);
     free(s->token);
@@ -743,7 +776,8 @@ KVB_API size_t kvb_bootstrap_server_num_ranks(kvb_bootstrap_server_h s)
     if (s == NULL)
         return 0;
     pthread_mutex_lock(&s->mu);
-    n = s->table.count;
+    /* A kvbridge prefill registers in both shapes: a rank is counted once */
+    n = s->table.count > kvb__boot_cpd_count(s->cpd) ? s->table.count : kvb__boot_cpd_count(s->cpd);
     pthread_mutex_unlock(&s->mu);
     return n;
 }

@@ -222,6 +222,8 @@ typedef struct kvb__reg {
     uint64_t kv_pool;                   /* pages in each of its KV buffers (the smallest) */
     kvb_plan_h plan;                    /* NULL when plan_error is set */
     char *plan_error;                   /* why this decode cannot be served */
+    void *priv;     /* what its dialect keeps of it (a contract, a route), or NULL: freed by
+                       dialect->reg_free */
     uint64_t bytes; /* its pointer arrays (KVBRIDGE_MAX_REGISTRATION[S]_BYTES) */
     int failed;     /* a write to it failed */
     double failed_at;
@@ -370,6 +372,8 @@ struct kvb_manager {
     int is_last_stage;
     pthread_t ref_thr; /* periodic re-registration (prefill_ctl.c) */
     int ref_started;
+    char **boot_puts; /* extra PUT /route bodies (dialect boot_put): owned */
+    size_t n_boot_puts;
 
     struct kvb__outputs *outputs;     /* rooms' first tokens (outputs.c) */
     struct kvb__endpoints *endpoints; /* prefill: decode endpoints' dialects (endpoints.c) */
@@ -448,8 +452,12 @@ size_t kvb__notes_due(struct kvb_manager *m, kvb__room_t *r, kvb__note_t **out, 
 /* Send them (never under m->mu) and free notes. */
 void kvb__send_notes(struct kvb_manager *m, uint64_t room, kvb__note_t *notes, size_t n,
                      int status);
-/* prefill_boot.c: register this rank with the bootstrap server (PUT /route). */
+/* prefill_boot.c: register this rank with the bootstrap server (PUT /route):
+ * kvbridge's body, then m->boot_puts (the shapes other dialects' decodes
+ * read); KVB_OK when the server took any of them (a TokenSpeed server takes
+ * only its own). */
 kvb_status_t kvb__prefill_register(struct kvb_manager *m);
+void kvb__prefill_boot_free(struct kvb_manager *m); /* m->boot_puts */
 /* prefill_boot.c: re-register with the bootstrap server every
  * p.bootstrap_refresh_s on a thread of its own (nothing when 0); stop joins it
  * within the PUT's time-out (min(1 s, interval)) once m->stop is set. */
@@ -478,6 +486,14 @@ void kvb__outputs_enable(struct kvb_manager *m);
 int64_t kvb__output_first_token(struct kvb_manager *m, uint64_t room, int32_t **cands_p,
                                 size_t *n_p);
 void kvb__outputs_free(struct kvb_manager *m);
+/* What else travels with a first token in some dialects' statuses: the
+ * prefill's prefix-cache hit (cached tokens) and the first token's logprob.
+ * Set either (NULL: leave it); read both (*cached_p 0 when never set; true
+ * when a logprob was set, into *logprob_p). Any thread. */
+kvb_status_t kvb__output_set_extras(struct kvb_manager *m, uint64_t room, const uint64_t *cached,
+                                    const double *logprob);
+bool kvb__output_extras(struct kvb_manager *m, uint64_t room, uint64_t *cached_p,
+                        double *logprob_p);
 
 /* endpoints.c: the dialect a decode endpoint spoke, when not the default. */
 void kvb__endpoint_note(struct kvb_manager *m, const char *ip, size_t ip_len, uint16_t port,

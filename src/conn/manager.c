@@ -291,6 +291,7 @@ static void manager_free(struct kvb_manager *m)
     if (m->ev_on)
         close(m->ev_fd);
     kvb__outputs_free(m); /* first tokens (either mode) */
+    kvb__prefill_boot_free(m);
     kvb__endpoints_free(m);
     if (m->pull != NULL)
         zmq_close(m->pull);

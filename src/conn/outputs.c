@@ -18,6 +18,9 @@ typedef struct output {
     int64_t token, aux_index;
     int32_t *cands;
     size_t n_cands;
+    uint64_t cached; /* the prefill's prefix-cache hit in tokens (0: none said) */
+    int has_logprob; /* logprob: the first token's, when the request asked for it */
+    double logprob;
 } output_t;
 
 struct kvb__outputs {
@@ -96,6 +99,56 @@ kvb_status_t kvb__output_set(struct kvb_manager *m, uint64_t room, int64_t token
     }
     pthread_mutex_unlock(&t->mu);
     return KVB_OK;
+}
+
+kvb_status_t kvb__output_set_extras(struct kvb_manager *m, uint64_t room, const uint64_t *cached,
+                                    const double *logprob)
+{
+    struct kvb__outputs *t = outputs_get(m, true);
+    if (t == NULL)
+        return KVB_ERR_NOMEM;
+    pthread_mutex_lock(&t->mu);
+    output_t *o = output_slot(t, room, true);
+    if (cached != NULL)
+        o->cached = *cached;
+    if (logprob != NULL) {
+        o->has_logprob = 1;
+        o->logprob = *logprob;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return KVB_OK;
+}
+
+bool kvb__output_extras(struct kvb_manager *m, uint64_t room, uint64_t *cached_p, double *logprob_p)
+{
+    struct kvb__outputs *t = outputs_get(m, false);
+    bool has = false;
+    *cached_p = 0;
+    if (t == NULL)
+        return false;
+    pthread_mutex_lock(&t->mu);
+    output_t *o = output_slot(t, room, false);
+    if (o != NULL) {
+        *cached_p = o->cached;
+        has = o->has_logprob != 0;
+        *logprob_p = o->logprob;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return has;
+}
+
+kvb_status_t kvb_sender_set_cached_tokens(kvb_sender_h s, uint64_t cached_tokens)
+{
+    if (s == NULL || cached_tokens > INT64_MAX)
+        return KVB_ERR_INVALID;
+    return kvb__output_set_extras(s->mgr, s->room, &cached_tokens, NULL);
+}
+
+kvb_status_t kvb_sender_set_first_logprob(kvb_sender_h s, double logprob)
+{
+    if (s == NULL || logprob != logprob) /* NaN: no logprob a decode could use */
+        return KVB_ERR_INVALID;
+    return kvb__output_set_extras(s->mgr, s->room, NULL, &logprob);
 }
 
 kvb_status_t kvb_sender_set_first_token(kvb_sender_h s, int64_t token, const int32_t *cands,

@@ -2,6 +2,7 @@
  * /route), once at the first sender and then every bootstrap_refresh_s on a
  * thread of its own. */
 #include "conn/conn_int.h"
+#include "proto/bootstrap_proto.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,8 +47,40 @@ static void registration(struct kvb_manager *m, kvb_bootstrap_registration_t *re
     reg->kv_unit_lens = (kvb_bootstrap_lens_t){unit, m->args.num_kv};
 }
 
+/* kvbridge's registration, then the dialects' own shapes (m->boot_puts):
+ * KVB_OK when the server took any (kvbridge's server takes all; a
+ * TokenSpeed 0.1.1 server only its own, refusing kvbridge's with a 500).
+ * quiet: a refresh, whose refusals of an extra shape were logged at start. */
+static kvb_status_t register_all(struct kvb_manager *m, kvb_bootstrap_client_h c,
+                                 const kvb_bootstrap_registration_t *reg, double timeout_s,
+                                 bool quiet, char *why, size_t wl)
+{
+    kvb_status_t st = kvb_bootstrap_client_register(c, reg, timeout_s);
+    kvb__count_boot(m, st);
+    snprintf(why, wl, "%s", st == KVB_OK ? "" : kvb_bootstrap_client_last_error(c));
+    for (size_t i = 0; i < m->n_boot_puts; i++) {
+        kvb_status_t x = kvb__bootstrap_client_put_route(c, m->boot_puts[i], timeout_s);
+        kvb__count_boot(m, x);
+        if (x != KVB_OK && !quiet)
+            KVB_LOGI("manager %s: bootstrap server %s refused registration shape %zu: %s",
+                     m->endpoint, m->bootstrap_addr, i + 1, kvb_bootstrap_client_last_error(c));
+        st = x == KVB_OK ? KVB_OK : st;
+    }
+    return st;
+}
+
+void kvb__prefill_boot_free(struct kvb_manager *m)
+{
+    for (size_t i = 0; i < m->n_boot_puts; i++)
+        free(m->boot_puts[i]);
+    free(m->boot_puts);
+    m->boot_puts = NULL;
+    m->n_boot_puts = 0;
+}
+
 kvb_status_t kvb__prefill_register(struct kvb_manager *m)
 {
+    char why[512];
     kvb_bootstrap_client_h c;
     kvb_bootstrap_registration_t reg;
     uint64_t *lens = calloc(2 * (size_t)m->args.num_kv + 2, sizeof(uint64_t));
@@ -58,12 +91,11 @@ kvb_status_t kvb__prefill_register(struct kvb_manager *m)
         return kvb__err_set(&m->err, st, "bootstrap address \"%s\" is invalid", m->bootstrap_addr);
     }
     registration(m, &reg, lens, lens + m->args.num_kv + 1);
-    st = kvb_bootstrap_client_register(c, &reg, 5.0);
-    kvb__count_boot(m, st);
+    st = register_all(m, c, &reg, 5.0, false, why, sizeof(why));
     free(lens);
     if (st != KVB_OK)
         kvb__err_set(&m->err, st, "registration with bootstrap server %s failed: %s",
-                     m->bootstrap_addr, kvb_bootstrap_client_last_error(c));
+                     m->bootstrap_addr, why);
     kvb_bootstrap_client_destroy(c);
     return st;
 }
@@ -85,14 +117,13 @@ typedef struct refresh {
 
 static void refresh_once(struct kvb_manager *m, refresh_t *r)
 {
-    kvb_status_t st = kvb_bootstrap_client_register(r->client, &r->reg, r->timeout_s);
-    kvb__count_boot(m, st);
+    char why[512];
+    kvb_status_t st = register_all(m, r->client, &r->reg, r->timeout_s, true, why, sizeof(why));
     double now = kvb__now_s();
     if (st != KVB_OK && r->down_since == 0) {
         KVB_LOGW("manager %s: re-registration with bootstrap server %s failed: %s (retried "
                  "every %.3g s; logged once per outage)",
-                 m->endpoint, m->bootstrap_addr, kvb_bootstrap_client_last_error(r->client),
-                 m->p.bootstrap_refresh_s);
+                 m->endpoint, m->bootstrap_addr, why, m->p.bootstrap_refresh_s);
         r->down_since = now;
     }
     if (st != KVB_OK) {

@@ -140,6 +140,8 @@ static kvb__reg_t *reg_from_in(struct kvb_manager *m, kvb__reg_in_t *in, uint64_
     g->has_kv_pool = in->has_pool;
     g->kv_pool = in->pool;
     g->dialect = in->dialect;
+    g->priv = in->priv;
+    in->priv = NULL;
     g->refs = 1;
     snprintf(g->peer_id, sizeof(g->peer_id), "%s", m->rx_peer_id);
     if (in->refuse != NULL) {
@@ -153,13 +155,21 @@ static kvb__reg_t *reg_from_in(struct kvb_manager *m, kvb__reg_in_t *in, uint64_
     return g;
 }
 
+/* What a decoded registration still owns. */
+static void reg_in_release(kvb__reg_in_t *in)
+{
+    free(in->state);
+    free(in->refuse);
+    if (in->priv != NULL)
+        in->dialect->reg_free(in->priv);
+}
+
 /* Build the record and put it in the table (in's owned fields consumed). */
 static void reg_install(struct kvb_manager *m, kvb__reg_in_t *in)
 {
     uint64_t bytes = (uint64_t)(in->kv.count + in->aux.count + in->n_state) * 8;
     kvb__reg_t *g = reg_too_big(m, bytes) ? NULL : reg_from_in(m, in, bytes);
-    free(in->state);
-    free(in->refuse);
+    reg_in_release(in);
     if (g == NULL)
         return;
     /* Replace any earlier record of the session: a restarted decode
@@ -198,8 +208,7 @@ static void on_registration(struct kvb_manager *m, const kvb__dialect_t *d, cons
         reg_install(m, &in);
         return;
     }
-    free(in.state);
-    free(in.refuse);
+    reg_in_release(&in);
 }
 
 /* Who named a room (the wire-room caps' fairness): the CURVE key the

@@ -806,6 +806,9 @@ kvb_status_t kvb__prefill_start(struct kvb_manager *m)
             return KVB_ERR_IO;
         }
     }
+    /* The bootstrap shapes other dialects' decodes read (TokenSpeed 0.1.1:
+     * this rank's layout contract), from the dialects themselves. */
+    m->boot_puts = kvb__dialect_boot_puts(m, &m->n_boot_puts);
     st = kvb__prefill_register(m);
     if (st != KVB_OK)
         KVB_LOGE("manager %s: %s", m->endpoint, kvb__err_get(&m->err));

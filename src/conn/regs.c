@@ -4,7 +4,7 @@
  * evicted (reg_victim). Reference-counted: a worker's job holds one while
  * it plans and writes. reg_mu guards the list; refs, used_ms and failed are
  * atomics. */
-#include "conn/conn_int.h"
+#include "dialect/dialect.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +19,8 @@ void kvb__reg_put(kvb__reg_t *g)
     if (g == NULL || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
     kvb_plan_destroy(g->plan);
+    if (g->priv != NULL)
+        g->dialect->reg_free(g->priv);
     free(g->plan_error);
     free(g->kv_ptrs);
     free(g->aux_ptrs);

@@ -37,9 +37,10 @@ typedef enum kvb__dmsg {
 typedef struct kvb__dialect_traits {
     const char *name;   /* in logs: "SGLang seed 001" */
     const char *family; /* in failure reasons: "SGLang", "TokenSpeed" */
-    /* The decode computes the copy plan and sends it with each transfer
-     * info; the prefill executes it (plan_job) instead of kvbridge's planner
-     * on the registration. */
+    /* The dialect plans each chunk (plan_job) instead of kvbridge's planner
+     * on the registration: from the plan the decode sends with each
+     * transfer info (seed 004), or from both sides' layout contracts
+     * (CachePD, whose prefill plans). */
     bool decode_plans;
     /* kvbridge's extension frames (after the "kvbridge-ext/1" marker) may
      * ride on its registration and transfer info to a kvbridge peer: the
@@ -67,6 +68,7 @@ typedef struct kvb__reg_in {
     uint64_t pool;
     const struct kvb__dialect *dialect;
     char *refuse; /* owned: why this decode cannot be served (every room to it fails) */
+    void *priv;   /* owned: the dialect's own record of it (kvb__reg_t.priv, reg_free) */
 } kvb__reg_in_t;
 
 /* A transfer info (or kvbridge's seed-001 abort=1), decoded. */
@@ -122,6 +124,16 @@ typedef struct kvb__dialect {
                      const kvb__chunk_t *c, kvb_plan_strided_t *out, kvb_status_t *st_p, char *why,
                      size_t wl);
     void (*plan_free)(void *plan); /* kvb__dst_t.plan; NULL-safe */
+    /* kvb__reg_t.priv / kvb__reg_in_t.priv: what the dialect keeps with a
+     * registration that the connector's record cannot hold (a decode's
+     * layout contract, its planned route); NULL-safe. NULL where the
+     * dialect keeps nothing. */
+    void (*reg_free)(void *priv);
+    /* The body of a PUT /route this rank sends besides kvbridge's own, for
+     * a dialect whose decodes read another bootstrap shape (malloc'ed; NULL:
+     * none, or this rank cannot be described in it). NULL where the dialect's
+     * decodes read kvbridge's own registration. */
+    char *(*boot_put)(struct kvb_manager *m);
     /* Aux data inline (when the engine could not write it), NULL where the
      * dialect has none. */
     kvb_status_t (*send_aux)(struct kvb_manager *m, const char *ip, uint16_t port,
@@ -158,6 +170,10 @@ const kvb__dialect_t *kvb__dialect_classify(struct kvb_manager *m, const kvb__fr
                                             kvb__dmsg_t *kind_p);
 /* The dialect a bootstrap server's answer shape selects (decode side). */
 const kvb__dialect_t *kvb__dialect_for_boot(int boot_dialect);
+/* The bodies of the extra PUT /route every dialect asks this prefill rank
+ * to send (dialect->boot_put), malloc'ed array of malloc'ed strings; *n_p
+ * of them (NULL, 0: none). */
+char **kvb__dialect_boot_puts(struct kvb_manager *m, size_t *n_p);
 /* The dialect of statuses to an endpoint that never said (SGLang's 3 frames). */
 const kvb__dialect_t *kvb__dialect_default(void);
 /* Count (and log once per kind) a message nobody on this side handles. */

@@ -1,13 +1,20 @@
 /* The dialects kvbridge speaks, in the order a message is offered to them:
- * TokenSpeed's seed 004 first (its shapes are told apart by frame counts
- * and contents that neither SGLang dialect uses, spec 11.4), then SGLang's
- * seed 001 and 2026 (told apart by kvb__frames_classify). Adding a dialect
- * is one line here (docs/architecture.md, "Adding a dialect"). */
+ * TokenSpeed 0.1.1's CachePD first (an 8-frame registration whose frame 5
+ * is a JSON object, a 3-frame request: shapes no other dialect sends to a
+ * prefill, PROTOCOL-TOKENSPEED-CACHEPD.md 12.4), then TokenSpeed's seed 004
+ * (told apart by frame counts and contents that neither SGLang dialect
+ * uses, spec 11.4), then SGLang's seed 001 and 2026 (told apart by
+ * kvb__frames_classify). Adding a dialect is one line here
+ * (docs/architecture.md, "Adding a dialect"). */
+#include "dialect/cachepd/adapter.h"
 #include "dialect/sglang2025/sglang.h"
 #include "dialect/sglang2026/sglang2026.h"
 #include "dialect/tokenspeed_seed/tokenspeed_seed.h"
 
+#include <stdlib.h>
+
 static const kvb__dialect_t *const dialects[] = {
+    &kvb__dialect_cachepd,
     &kvb__dialect_tokenspeed_seed,
     &kvb__dialect_sglang2025,
     &kvb__dialect_sglang2026,
@@ -34,6 +41,16 @@ const kvb__dialect_t *kvb__dialect_for_boot(int boot_dialect)
         if (dialects[i]->boot_dialect == boot_dialect)
             return dialects[i];
     return &kvb__dialect_sglang2025; /* a seed-001 answer names no dialect */
+}
+
+char **kvb__dialect_boot_puts(struct kvb_manager *m, size_t *n_p)
+{
+    char **v = calloc(N_DIALECTS, sizeof(*v));
+    *n_p = 0;
+    for (size_t i = 0; v != NULL && i < N_DIALECTS; i++)
+        if (dialects[i]->boot_put != NULL && (v[*n_p] = dialects[i]->boot_put(m)) != NULL)
+            (*n_p)++;
+    return v;
 }
 
 const kvb__dialect_t *kvb__dialect_default(void)

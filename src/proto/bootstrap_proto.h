@@ -106,6 +106,41 @@ kvb_status_t kvb__boot_parallel_info_parse_ts(const char *body, size_t len,
  * (prefill_tp_size without prefill_attn_tp_size) or kvbridge's server's
  * "kvbridge_peer_dialect": "tokenspeed"? (dialect/tokenspeed_seed/boot_json.c) */
 bool kvb__boot_answer_is_ts(const char *body, size_t len);
+/* TokenSpeed 0.1.1 (CachePD) prefill ranks on kvbridge's server
+ * (dialect/cachepd/boot_server.c; PROTOCOL-TOKENSPEED-CACHEPD.md 3, 12.2):
+ * a PUT body with "cache_layout" is theirs; the state (sizes, canonical
+ * contract, placement, the (DP group, stage-major rank) -> address table)
+ * is made at the first PUT, refused ones change nothing. Not thread-safe
+ * (the server's lock). */
+typedef struct kvb__boot_cpd kvb__boot_cpd_t;
+bool kvb__boot_is_cpd_put(const char *body, size_t len);
+kvb_status_t kvb__boot_cpd_put(kvb__boot_cpd_t **st_p, const char *body, size_t len, char *reason,
+                               size_t reason_len);
+/* A CachePD rank registered: the engine_rank/target_dp_group look-ups are
+ * answered in its shape. */
+bool kvb__boot_cpd_active(const kvb__boot_cpd_t *st);
+size_t kvb__boot_cpd_count(const kvb__boot_cpd_t *st); /* entries */
+/* The parallel info (malloc'ed text): TokenSpeed's own bytes when base is
+ * NULL; else base (the other dialects' answer) with the CachePD keys a
+ * CachePD decode needs. NULL when none registered or no memory (*nomem_p). */
+char *kvb__boot_cpd_info(const kvb__boot_cpd_t *st, json_t *base, bool *nomem_p);
+/* {"rank_ip", "rank_port"} of (DP group, stage-major rank), NULL if none. */
+json_t *kvb__boot_cpd_rank(const kvb__boot_cpd_t *st, int64_t dp, int64_t rank);
+void kvb__boot_cpd_free(kvb__boot_cpd_t *st); /* NULL-safe */
+/* Client side: a parallel-info answer of CachePD ranks only (cache_layout
+ * and cache_fields_by_stage, none of kvbridge's or SGLang's keys), which a
+ * kvbridge decode cannot use yet: it fails the room saying so. */
+bool kvb__boot_answer_is_cpd(const char *body, size_t len);
+#define KVB__BOOT_MSG_CPD_DECODE                                                                   \
+    "the prefill ranks speak TokenSpeed 0.1.1's CachePD, whose decode side kvbridge does not "     \
+    "speak yet"
+
+/* Client side (bootstrap/client.c): PUT /route with a body a dialect built
+ * (its own shape, e.g. a CachePD registration); as
+ * kvb_bootstrap_client_register otherwise. */
+kvb_status_t kvb__bootstrap_client_put_route(kvb_bootstrap_client_h c, const char *body,
+                                             double timeout_s);
+
 /* The layout keys of an answer into info (boot_json_util.c). */
 bool kvb__boot_info_layout_parse(json_t *root, kvb_bootstrap_parallel_info_t *info, bool *nomem,
                                  char *reason, size_t reason_len);

@@ -215,7 +215,8 @@ static void check_copy(const kvb__cpd_pair_t *pair, const kvb__cpd_contract_t *l
                           (uint64_t)jint(cw, "src_slab"),
                           (uint64_t)jint(cw, "dst_slab"),
                           groups,
-                          mask};
+                          mask,
+                          NULL};
     kvb_plan_strided_t out;
     kvb_plan_strided_init(&out);
     if (kvb__cpd_plan_copy(&cp, &e, &out) != KVB_OK)

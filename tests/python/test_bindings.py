@@ -695,6 +695,10 @@ def test_bad_arguments_connector():
             raises(ValueError, s.init, -3)
             raises(ValueError, s.init, 4, aux_index=-1)
             s.init(4, aux_index=0)
+            s.set_prefill_info(cached_tokens=16, logprob=-0.0123)  # TokenSpeed CachePD only
+            raises(ValueError, s.set_prefill_info, cached_tokens=-1)
+            raises(ValueError, s.set_prefill_info, logprob=float("nan"))
+            raises(ValueError, s.set_prefill_info, logprob="x")
             e = raises(RuntimeError, s.send, np.array([1, 2], np.int32))
             assert "not WaitingForInput" in str(e)
             raises(ValueError, s.send, np.array([1.0, 2.0]))

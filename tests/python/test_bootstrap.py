@@ -159,7 +159,7 @@ def test_errors(server):
     assert r.status_code == 400 and "attn_tp_rank" in r.text
     r = requests.put(f"http://{server}/route", data="{not json", timeout=5)
     assert r.status_code == 400
-    r = requests.put(f"http://{server}/route", data=b" " * (64 * 1024 + 1), timeout=5)
+    r = requests.put(f"http://{server}/route", data=b" " * (1024 * 1024 + 1), timeout=5)
     assert r.status_code == 400 and "exceeds" in r.text
     # Nothing was registered by any of that.
     r = requests.get(f"http://{server}/route?engine_rank=-1&target_dp_group=-1", timeout=5)

@@ -580,6 +580,10 @@ typedef struct kvb__cpd_copy {
     uint64_t src_slab, dst_slab;
     const kvb__cpd_copy_group_t *groups; /* one per group spec, in order */
     const bool *field_mask;              /* local fields to send (layerwise step); NULL: all */
+    /* The address of page 0 of each local field, where the prefill's fields
+     * are not in one slab (a kvbridge rank: one buffer per layer's K or V);
+     * NULL: src_slab + the field's page-0 offset. */
+    const uint64_t *src_page0;
 } kvb__cpd_copy_t;
 
 /* Append the copies of one request (or layerwise step) to out as strided

@@ -142,7 +142,10 @@ static bool field_row(const kvb__cpd_copy_t *cp, uint32_t lf, uint32_t df, uint6
     r->src_stride = cp->local->fields[lf].page_stride;
     r->dst_stride = cp->decode->fields[df].page_stride;
     r->len = len;
-    return kvb__add_u64(cp->src_slab, cp->local->fields[lf].page0, &r->src) &&
+    if (cp->src_page0 != NULL)
+        r->src = cp->src_page0[lf];
+    return (cp->src_page0 != NULL ||
+            kvb__add_u64(cp->src_slab, cp->local->fields[lf].page0, &r->src)) &&
            kvb__add_u64(r->src, src_off, &r->src) &&
            kvb__add_u64(cp->dst_slab, cp->decode->fields[df].page0, &r->dst) &&
            kvb__add_u64(r->dst, dst_off, &r->dst);

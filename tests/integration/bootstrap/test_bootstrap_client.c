@@ -256,14 +256,14 @@ static void test_bad_answers(void)
     expect_proto_free(answer("503 Busy", ""), 2, "HTTP 503");
     expect_proto_free(answer("404 Not Found", ""), 2, "HTTP 404");
     expect_proto("this is not http\r\n\r\n", 2, "/health");
-    /* An answer over the 64 KiB limit. */
+    /* An answer over the 1 MiB limit. */
     {
-        size_t n = 100000;
+        size_t n = KVB_BOOTSTRAP_MAX_BODY + 1000;
         char *big = malloc(n + 128);
         int h = snprintf(big, 128, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n", n);
         memset(big + h, 'x', n);
         big[h + n] = '\0';
-        expect_proto(big, 0, "larger than 65536");
+        expect_proto(big, 0, "larger than 1048576");
         free(big);
     }
     TEST_PASS("bad statuses and bodies are KVB_ERR_PROTO naming the URL");

@@ -293,7 +293,7 @@ static void test_put_errors(kvb_bootstrap_server_h s)
         free(p);
         n400++;
     }
-    /* Bodies over 64 KiB: with a Content-Length, and chunked. */
+    /* Bodies over 1 MiB: with a Content-Length, and chunked. */
     {
         size_t big = KVB_BOOTSTRAP_MAX_BODY + 1;
         char *p = malloc(big + 1);
@@ -304,14 +304,14 @@ static void test_put_errors(kvb_bootstrap_server_h s)
         p[big] = '\0';
         http_req("PUT", url("/route"), p, big, NULL, &r);
         CHECK_EQ(r.code, 400);
-        CHECK_STR_CONTAINS(r.body, "exceeds 65536");
+        CHECK_STR_CONTAINS(r.body, "exceeds 1048576");
         http_resp_free(&r);
         http_req("PUT", url("/route"), p, big, "Transfer-Encoding: chunked", &r);
         CHECK_EQ(r.code, 400);
-        CHECK_STR_CONTAINS(r.body, "exceeds 65536");
+        CHECK_STR_CONTAINS(r.body, "exceeds 1048576");
         http_resp_free(&r);
         n400 += 2;
-        /* Exactly 64 KiB of valid JSON is accepted (whitespace padding). */
+        /* Exactly 1 MiB of valid JSON is accepted (whitespace padding). */
         char *seed = seed_payload(2, 0, 1, 0, 2, 0, 2, 0, "10.1.2.3", 20000);
         size_t sl = strlen(seed);
         memset(p, ' ', KVB_BOOTSTRAP_MAX_BODY);

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# TokenSpeed 0.1.1's own CachePD decode connector (PyPI, unmodified, on
+# kvbridge's mooncake.engine drop-in) against kvbridge's C prefill ranks (run
+# by `make check-interop`; NOT part of `make check`: it needs PyPI once).
+# The venv is BUILD/ts011-venv with tests/interop/requirements-tokenspeed011.txt
+# (pinned, --no-deps; shared with scripts/interop-tokenspeed011.sh). Cases
+# (tests/interop/cachepd_kvbridge_prefill.py; the C side is
+# tests/integration/cachepd/cpd_helper.c), each with kvbridge's C bootstrap
+# server and again (*_tsboot) with TokenSpeed's own, where the kvbridge
+# ranks register in CachePD's PUT shape:
+#   mha_tp1       MHA TP1 -> TP1 (whole-copy route), prefixes of 0 and 2 pages
+#   mha_tp2       MHA TP2 -> TP1 (head fragments, 16 rows per page)
+#   mha_tp1_tp2   MHA TP1 -> TP2 (one prefill rank, two decode ranks)
+#   mla_tp2       MLA TP2 -> TP1 (prefill rank 1 a dummy: it says nothing)
+# Every decode arena byte is compared with an image computed independently
+# of both sides' planners; the first token, candidates, cached tokens and
+# logprob the TokenSpeed decode read are checked. Logs: BUILD/interop-cachepd/.
+# PyPI unreachable and no venv yet: skipped with a message (exit 0).
+# Usage: scripts/interop-cachepd.sh [BUILD_DIR] [CASE...]   (make build first)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=$(cd "${1:-$ROOT/build}" && pwd)
+shift || true
+CASES=("$@")
+if [ ${#CASES[@]} -eq 0 ]; then
+    CASES=(mha_tp1 mha_tp2 mha_tp1_tp2 mla_tp2 mha_tp1_tsboot mha_tp2_tsboot mla_tp2_tsboot)
+fi
+HELPER=$BUILD/tests/integration/cachepd/cpd_helper
+if [ ! -f "$BUILD/libkvbridge.so" ] || [ ! -x "$HELPER" ]; then
+    echo "interop-cachepd: $BUILD/libkvbridge.so or cpd_helper missing: build first" >&2
+    exit 2
+fi
+VENV=$BUILD/ts011-venv
+REQS=$ROOT/tests/interop/requirements-tokenspeed011.txt
+want=$(cat "$REQS")
+if [ ! -f "$VENV/.interop-stamp" ] || [ "$(cat "$VENV/.interop-stamp")" != "$want" ]; then
+    if ! timeout 20 /usr/bin/python3 -c \
+        'import urllib.request; urllib.request.urlopen("https://pypi.org/simple/tokenspeed/", timeout=15)' \
+        >/dev/null 2>&1; then
+        echo "interop-cachepd: SKIPPED: PyPI (pypi.org) is unreachable and $VENV is not set up"
+        exit 0
+    fi
+    rm -rf "$VENV"
+    /usr/bin/python3 -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$REQS"
+    printf '%s' "$want" >"$VENV/.interop-stamp"
+fi
+OUT=$BUILD/interop-cachepd
+rm -rf "$OUT"
+mkdir -p "$OUT"
+export KVBRIDGE_LIB=$BUILD/libkvbridge.so
+export PYTHONPATH=$ROOT/python/compat:$ROOT/python:$ROOT/tests/interop
+export TOKENSPEED_HOST_IP=127.0.0.1
+echo "== TokenSpeed 0.1.1 decode (on kvbridge's mooncake.engine drop-in) <- kvbridge C prefill"
+rc=0
+for c in "${CASES[@]}"; do
+    if timeout 180 "$VENV/bin/python" "$ROOT/tests/interop/cachepd_kvbridge_prefill.py" \
+        "$HELPER" "$c" >"$OUT/$c.log" 2>&1; then
+        tail -n 1 "$OUT/$c.log"
+    else
+        echo "FAIL $c (log: $OUT/$c.log)"
+        tail -n 15 "$OUT/$c.log"
+        rc=1
+    fi
+done
+exit $rc

@@ -1,0 +1,194 @@
+/* A kvbridge rank's own CachePD layout (adapter.h). kvbridge keeps one
+ * buffer per layer's K and V (or latent), pages of kv_item_len bytes,
+ * token-major; TokenSpeed's ordinary recipe describes the same bytes as one
+ * plane per buffer with one page per parent, so the contract is
+ * kvb__cpd_contract_ordinary's and each plane maps onto one kvbridge
+ * buffer, shifted by TokenSpeed's null page. */
+#include "dialect/cachepd/adapter.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The element type kv_cache_dtype names (SGLang's and TokenSpeed's
+ * spellings); false for "auto" and unknown names. fp8 caches travel as
+ * uint8 (TokenSpeed's ordinary recipe stores them so). */
+static bool dtype_named(const char *s, kvb__cpd_dtype_t *dt)
+{
+    static const struct {
+        const char *name;
+        kvb__cpd_dtype_t dt;
+    } names[] = {{"bfloat16", KVB__CPD_BFLOAT16}, {"bf16", KVB__CPD_BFLOAT16},
+                 {"float16", KVB__CPD_FLOAT16},   {"fp16", KVB__CPD_FLOAT16},
+                 {"half", KVB__CPD_FLOAT16},      {"float32", KVB__CPD_FLOAT32},
+                 {"fp32", KVB__CPD_FLOAT32},      {"uint8", KVB__CPD_UINT8}};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcmp(s, names[i].name) == 0) {
+            *dt = names[i].dt;
+            return true;
+        }
+    if (strncmp(s, "fp8", 3) == 0 || strncmp(s, "float8", 6) == 0) {
+        *dt = KVB__CPD_UINT8;
+        return true;
+    }
+    return false;
+}
+
+/* The first K (or latent) field of a peer's contract: its dtype and, for
+ * MHA, the model's KV head count (the partition's global extent). */
+static const kvb__cpd_field_t *hint_field(const kvb__cpd_contract_t *h, bool mla)
+{
+    int32_t f = h == NULL ? -1 : kvb__cpd_field_index(h, mla ? "layer.0.latent_kv" : "layer.0.k");
+    return f < 0 ? NULL : &h->fields[f];
+}
+
+static bool own_dtype(const struct kvb_manager *m, const kvb__cpd_field_t *hf, kvb__cpd_dtype_t *dt)
+{
+    if (dtype_named(m->kv_dtype, dt))
+        return true; /* said by the framework: a peer that differs is refused by the peer check */
+    *dt = hf != NULL ? hf->dtype : KVB__CPD_BFLOAT16;
+    return false;
+}
+
+/* Why this rank's cache is not one TokenSpeed's ordinary recipe describes
+ * (false), else true. */
+static bool describable(const struct kvb_manager *m, char *why, size_t wl)
+{
+    if (m->p.pp_size > 1)
+        snprintf(why, wl, "this prefill is PP stage %d of %d: kvbridge serves CachePD from PP 1",
+                 m->p.pp_rank, m->p.pp_size);
+    else if (m->p.draft_layers > 0)
+        snprintf(why, wl, "kvbridge does not describe draft layers (%u) in a CachePD contract",
+                 m->p.draft_layers);
+    else if (m->args.num_state > 0)
+        snprintf(why, wl, "kvbridge does not describe state buffers (%u) in a CachePD contract",
+                 m->args.num_state);
+    else if (m->args.num_kv == 0 || (!m->p.is_mla && m->args.num_kv % 2 != 0))
+        snprintf(why, wl, "%u KV buffers are not K and V per layer", m->args.num_kv);
+    else if (m->args.kv_item_len == 0 || m->args.page_size == 0)
+        snprintf(why, wl, "KV item length and page size must be set");
+    else
+        return true;
+    return false;
+}
+
+/* Pages each KV buffer holds (the smallest buffer's). */
+static uint64_t own_pool(const struct kvb_manager *m)
+{
+    uint64_t pool = UINT64_MAX;
+    for (uint32_t b = 0; b < m->args.num_kv; b++) {
+        uint64_t n = m->kv_lens[b] / m->args.kv_item_len;
+        pool = n < pool ? n : pool;
+    }
+    return pool;
+}
+
+kvb_status_t kvb__cpd_own_contract(const struct kvb_manager *m, const kvb__cpd_contract_t *hint,
+                                   kvb__cpd_contract_t *c_p, char *why, size_t wl)
+{
+    bool mla = m->p.is_mla != 0;
+    uint32_t tp = (uint32_t)m->p.attn_tp_size, local = mla ? 1 : m->args.kv_head_num;
+    if (!describable(m, why, wl))
+        return KVB_ERR_INVALID;
+    const kvb__cpd_field_t *hf = hint_field(hint, mla);
+    kvb__cpd_dtype_t dt;
+    bool named = own_dtype(m, hf, &dt);
+    uint64_t P = m->args.page_size, eb = kvb__cpd_dtype_bytes(dt), item = m->args.kv_item_len;
+    uint64_t row = P * (local ? local : 1) * eb;
+    if (local == 0 || item % row != 0) {
+        snprintf(why, wl,
+                 "this rank's KV item of %llu bytes is not %llu tokens x %u heads x a head of %s "
+                 "(%s)",
+                 (unsigned long long)item, (unsigned long long)P, local, kvb__cpd_dtype_name(dt),
+                 named ? "kv_cache_dtype" : "the decode's dtype");
+        return KVB_ERR_INVALID;
+    }
+    /* Under GQA replication (kv heads < TP) kv_head_num x TP overstates the
+     * model's heads; a peer's global extent that gives our local count wins. */
+    uint32_t heads = local * tp;
+    if (!mla && hf != NULL && hf->partition >= 0) {
+        uint64_t g = hint->parts[hf->partition].global_extent;
+        uint64_t per = g / tp ? g / tp : 1;
+        if (g >= 1 && g <= UINT32_MAX && per == local)
+            heads = (uint32_t)g;
+    }
+    kvb__cpd_ordinary_t o = {mla,   mla ? m->args.num_kv : m->args.num_kv / 2,
+                             heads, (uint32_t)(item / row),
+                             tp,    m->args.page_size,
+                             dt,    own_pool(m),
+                             0};
+    kvb__frames_err_t e;
+    kvb_status_t st = kvb__cpd_contract_ordinary(&o, &e, c_p);
+    if (st == KVB_ERR_INVALID)
+        snprintf(why, wl, "%s", e.reason);
+    return st;
+}
+
+/* KV buffer of a field id "layer.<i>.k" / ".v" / ".latent_kv"; -1 if none. */
+static int64_t field_buffer(const struct kvb_manager *m, const char *id)
+{
+    unsigned layer;
+    int used = 0;
+    uint32_t L = m->p.is_mla ? m->args.num_kv : m->args.num_kv / 2;
+    if (sscanf(id, "layer.%u.%n", &layer, &used) != 1 || used == 0 || layer >= L)
+        return -1;
+    const char *kind = id + used;
+    if (m->p.is_mla)
+        return strcmp(kind, "latent_kv") == 0 ? (int64_t)layer : -1;
+    if (strcmp(kind, "k") == 0)
+        return (int64_t)layer;
+    return strcmp(kind, "v") == 0 ? (int64_t)L + layer : -1;
+}
+
+uint64_t *kvb__cpd_own_page0(const struct kvb_manager *m, const kvb__cpd_contract_t *own, char *why,
+                             size_t wl)
+{
+    uint64_t *a = calloc(own->nfields ? own->nfields : 1, sizeof(*a));
+    uint64_t item = m->args.kv_item_len;
+    if (a == NULL) {
+        snprintf(why, wl, "out of memory");
+        return NULL;
+    }
+    for (uint32_t f = 0; f < own->nfields; f++) {
+        int64_t b = field_buffer(m, own->fields[f].field_id);
+        if (b < 0 || own->fields[f].page_stride != item || m->kv_ptrs[b] < item) {
+            snprintf(why, wl, "field %s of this rank's contract is no KV buffer of it",
+                     own->fields[f].field_id);
+            free(a);
+            return NULL;
+        }
+        a[f] = m->kv_ptrs[b] - item; /* TokenSpeed's page 0 is the null page */
+    }
+    return a;
+}
+
+/* TokenSpeed's PUT /route body for this rank (spec 3.1): its full contract
+ * (PP 1: the wire contract is the rank's own), one stage, the global rank
+ * dp x tp + tp_rank, so that a TokenSpeed 0.1.1 decode finds its contract
+ * through kvbridge's bootstrap server or TokenSpeed's. NULL (logged once)
+ * when this rank's cache is not one TokenSpeed's ordinary recipe
+ * describes. */
+char *kvb__cpd_own_put(struct kvb_manager *m)
+{
+    kvb__cpd_put_t p;
+    char why[256], *body = NULL;
+    size_t len;
+    memset(&p, 0, sizeof(p));
+    if (kvb__cpd_own_contract(m, NULL, &p.contract, why, sizeof(why)) != KVB_OK) {
+        KVB_LOGI("manager %s: not registered for TokenSpeed 0.1.1 (CachePD) decodes: %s",
+                 m->endpoint, why);
+        return NULL;
+    }
+    uint32_t tp = (uint32_t)m->p.attn_tp_size, dp = (uint32_t)m->p.attn_dp_size;
+    p.world_size = tp * dp;
+    p.dp_size = dp;
+    p.pp_size = 1;
+    p.engine_rank = (uint32_t)m->p.attn_dp_rank * tp + (uint32_t)m->p.attn_tp_rank;
+    snprintf(p.rank_ip, sizeof(p.rank_ip), "%s", m->host);
+    p.rank_port = m->port;
+    if (kvb__cpd_stages_single(&p.contract, &p.stages) != KVB_OK ||
+        kvb__cpd_put_encode(&p, &body, &len) != KVB_OK)
+        body = NULL;
+    kvb__cpd_put_free(&p);
+    return body;
+}
