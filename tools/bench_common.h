@@ -8,7 +8,8 @@
  * and drives them over their stdin/stdout with one-line messages:
  *   child  → "ready <text>" | "error <text>"
  *   prefill: "fill <room> <pages> <aux>" → "filled <room>"
- *            "send <room>"               → "sent <room> <t_first>" | "fail <room> <why>"
+ *            "send <room>"               → "sent <room> <t_first> <t_compute_end>" |
+ *                                          "fail <room> <why>"
  *            "hold <room>"               → "held <room>" (sender in WaitingForInput;
  *                                          a later "send" sends it) | "fail <room> <why>"
  *   decode:  "recv <room> <pages> <aux> [sweep|hold]" → "inited <room> <t_init>", then
@@ -18,7 +19,12 @@
  * ("sweep": a warm-up room; the decode takes the next pages of its sweep
  * over the pool instead of random ones. "hold" (also on "fill"): a --hold
  * room, kept in the rank's hold slots, without the bench's own time-out
- * while held.)
+ * while held. Under --layerwise every room is sent "hold" first and "send"
+ * once all ranks of its group held it, so they compute rooms in one order.)
+ * ("sent": t_compute_end is when the rank's simulated forward pass of the
+ * room ended, its last piece queued (--layerwise), else t_first; a driver
+ * that reads one number still works, and one that reads two takes a
+ * missing second as t_first.)
  * Times are CLOCK_MONOTONIC seconds (comparable between processes of one
  * host). Children die with the driver (PR_SET_PDEATHSIG) and on EOF. */
 #ifndef KVB_BENCH_COMMON_H
@@ -87,6 +93,10 @@ typedef struct bench_opts {
     long long hold;
     bool cuda;       /* --memory cuda: pools in device memory (bench_cuda.c) */
     int cuda_device; /* --device N */
+    /* --layerwise MS: the prefill ranks simulate each chunk's forward pass,
+     * MS milliseconds per layer, and send layer by layer or after the
+     * chunk's last layer (bench_room_layerwise); < 0 = off */
+    double layerwise_ms;
 } bench_opts_t;
 
 /* What one rank holds. */
@@ -125,6 +135,10 @@ int bench_abort_side(const bench_opts_t *o, uint64_t room);
 uint64_t bench_abort_after(const bench_opts_t *o, uint64_t room, uint64_t chunks);
 /* Pages per sender_send of room (--chunk, or random with --random-chunks). */
 uint64_t bench_chunk_pages(const bench_opts_t *o, uint64_t room, uint64_t pages);
+/* --layerwise: room sends each layer as its compute ends (true) or the
+ * whole chunk after its last layer (false). Rooms alternate within each DP
+ * group, so both modes run side by side in one run. */
+bool bench_room_layerwise(const bench_opts_t *o, uint64_t room);
 
 /* ---- pattern and pools (bench_data.c) ---- */
 
@@ -243,7 +257,14 @@ typedef struct bench_report {
      * the children's VmRSS (KiB) before and after they were set up */
     long long held_verified, held_failed;
     double rss_prehold_kib, rss_held_kib;
+    /* --layerwise, timed requests, per mode (BENCH_LW_*): exposed transfer
+     * time (decode Success minus the latest end of the prefill ranks'
+     * compute) in exposed[m].lat_ms, and latency from the forward's start
+     * to Success in lw_lat[m].lat_ms */
+    bench_phase_t exposed[2], lw_lat[2];
 } bench_report_t;
+
+enum { BENCH_LW_FINAL, BENCH_LW_LAYERWISE };
 
 /* kvb_manager_traffic fields as one "traffic" answer of a rank lists them. */
 enum {

@@ -22,7 +22,7 @@
 
 #define READY_TIMEOUT_S 180.0
 #define MAX_PROCS 80
-#define MAX_ARGS 64
+#define MAX_ARGS 72
 
 enum { K_BOOT, K_PRE, K_DEC };
 enum { Q_NEW, Q_FILLED, Q_FLIGHT, Q_DONE };
@@ -41,6 +41,7 @@ typedef struct req {
     int dp, state, pend_fill, pend_init, pend_dec, pend_pre, pend_verify;
     int pend_hold; /* --hold: prefill ranks of its group not yet "held" */
     double t_first, t_init, t_succ, deadline;
+    double t_end; /* the latest end of its prefill ranks' compute (--layerwise) */
     bool failed, sent_to_prefill, aborted;
     bool held, released; /* a --hold room; sent after the timed waves */
     char why[200];
@@ -174,6 +175,10 @@ static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int p
     }
     if (o->random_chunks)
         arg(a, "--random-chunks");
+    if (o->layerwise_ms >= 0) {
+        arg(a, "--layerwise");
+        arg(a, "%.17g", o->layerwise_ms);
+    }
     arg(a, "--ranks-per-process");
     arg(a, "%d", nranks);
 }
@@ -296,7 +301,19 @@ static void maybe_send(drv_t *d, req_t *q)
     if (q->pend_init > 0)
         return;
     q->sent_to_prefill = true;
-    to_group(d, q, q->held && !q->released ? "hold %" PRIu64 : "send %" PRIu64, q->room);
+    bool hold = (q->held && !q->released) || (d->o->layerwise_ms >= 0 && !q->held);
+    to_group(d, q, hold ? "hold %" PRIu64 : "send %" PRIu64, q->room);
+}
+
+/* --layerwise: once every prefill rank of its group holds the room's sender
+ * in WaitingForInput, start its forward on all of them with one "send"
+ * each: the ranks get the rooms in one order and compute them in it, as
+ * TP ranks run one forward together (SGLang's agree on a request's poll
+ * before it). Their own readiness order would differ from rank to rank. */
+static void lockstep_send(drv_t *d, req_t *q)
+{
+    if (d->o->layerwise_ms >= 0 && !q->held && q->pend_hold == 0 && !q->failed)
+        to_group(d, q, "send %" PRIu64, q->room);
 }
 
 static void on_fail(drv_t *d, req_t *q, const proc_t *p, const char *why)
@@ -377,10 +394,14 @@ static void on_line(drv_t *d, proc_t *p, const char *line)
         q->t_succ = t > q->t_succ ? t : q->t_succ;
         q->pend_dec -= q->pend_dec > 0;
     } else if (strcmp(verb, "sent") == 0 && q->state == Q_FLIGHT && sscanf(rest, "%lf", &t)) {
+        double te = t; /* a rank without the compute end: none, t_first */
+        sscanf(rest, "%*f %lf", &te);
         q->t_first = q->t_first == 0 || t < q->t_first ? t : q->t_first;
+        q->t_end = te > q->t_end ? te : q->t_end;
         q->pend_pre -= q->pend_pre > 0;
     } else if (strcmp(verb, "held") == 0 && q->state == Q_FLIGHT) {
         q->pend_hold -= q->pend_hold > 0;
+        lockstep_send(d, q);
     } else if (strcmp(verb, "fail") == 0) {
         on_fail(d, q, p, rest);
     } else if (strcmp(verb, "verified") == 0 && sscanf(rest, "%lld", &bad) == 1) {
@@ -519,6 +540,20 @@ static void dispatch(drv_t *d, req_t *q)
     maybe_send(d, q);
 }
 
+/* --layerwise, a timed request that ended Success: its exposed transfer time
+ * (Success after the last prefill rank's compute ended: the transfer the
+ * compute did not hide) and its latency (forward start to Success) under
+ * its mode. */
+static void layerwise_figures(drv_t *d, const req_t *q, double ms)
+{
+    if (d->o->layerwise_ms < 0 || !d->has_pre || !d->has_dec)
+        return;
+    int m = bench_room_layerwise(d->o, q->room) ? BENCH_LW_LAYERWISE : BENCH_LW_FINAL;
+    bench_phase_t *e = &d->rep.exposed[m], *l = &d->rep.lw_lat[m];
+    e->lat_ms[e->nlat++] = (q->t_succ - q->t_end) * 1e3;
+    l->lat_ms[l->nlat++] = ms;
+}
+
 static void finish(drv_t *d, req_t *q, double now)
 {
     if (q->state != Q_FLIGHT)
@@ -549,6 +584,7 @@ static void finish(drv_t *d, req_t *q, double now)
     if (!is_warm(d, q)) {
         d->rep.steady.lat_ms[d->rep.steady.nlat++] = ms;
         d->rep.steady.bytes += bench_request_bytes(d->o);
+        layerwise_figures(d, q, ms);
     }
 }
 
@@ -797,6 +833,12 @@ static bool setup(drv_t *d, const bench_opts_t *o)
     d->reqs = calloc((size_t)d->nreqs, sizeof(req_t));
     d->rep.steady.lat_ms = calloc((size_t)o->requests, sizeof(double));
     d->rep.cold.lat_ms = calloc((size_t)d->cold_end + 1, sizeof(double));
+    for (int m = 0; m < 2; m++) { /* --layerwise figures, per mode */
+        d->rep.exposed[m].lat_ms = calloc((size_t)o->requests, sizeof(double));
+        d->rep.lw_lat[m].lat_ms = calloc((size_t)o->requests, sizeof(double));
+        if (d->rep.exposed[m].lat_ms == NULL || d->rep.lw_lat[m].lat_ms == NULL)
+            return false;
+    }
     d->room_base = (uint64_t)o->seed * 10000000ull + 1;
     if (d->wave <= 0 || d->reqs == NULL || d->rep.steady.lat_ms == NULL ||
         d->rep.cold.lat_ms == NULL)
@@ -849,6 +891,10 @@ out:
         free(d->reqs);
         free(d->rep.steady.lat_ms);
         free(d->rep.cold.lat_ms);
+        for (int m = 0; m < 2; m++) {
+            free(d->rep.exposed[m].lat_ms);
+            free(d->rep.lw_lat[m].lat_ms);
+        }
     }
     free(d);
     return rc;

@@ -53,6 +53,11 @@ static void usage(FILE *out)
             "                        first pass is reported as the cold figures; 0 = the\n"
             "                        timed requests start cold)\n"
             "  --seed S              rooms, page choice and pattern seed (default 1)\n"
+            "  --layerwise MS        simulate the prefill's forward pass, MS milliseconds per\n"
+            "                        layer of each chunk (a float >= 0): half of the rooms\n"
+            "                        send each layer as it ends, half the whole chunk after\n"
+            "                        its last layer; reports the transfer time left exposed\n"
+            "                        after the compute, per mode, and the share layerwise hides\n"
             "output:\n"
             "  --json FILE           also write the report as one JSON object\n"
             "  --no-progress         no progress output on stderr\n"
@@ -82,6 +87,7 @@ static void defaults(bench_opts_t *o, overrides_t *v)
     o->progress = true;
     o->host = "127.0.0.1";
     o->timeout_s = 120;
+    o->layerwise_ms = -1;
 }
 
 const char *bench_transport_name(kvb_transport_t t)
@@ -134,6 +140,20 @@ static bool parse_rate(const char *v, double *rate_p)
         return false;
     }
     *rate_p = x;
+    return true;
+}
+
+/* --layerwise MS: at most 10 s a layer (a typo, not a model). */
+static bool parse_layer_ms(const char *v, double *ms_p)
+{
+    char *end = NULL;
+    double x = v != NULL ? strtod(v, &end) : -1;
+    if (v == NULL || end == v || *end != '\0' || !(x >= 0 && x <= 10000)) {
+        fprintf(stderr, "kvbridge: --layerwise: '%s' is not milliseconds in [0, 10000]\n",
+                v ? v : "");
+        return false;
+    }
+    *ms_p = x;
     return true;
 }
 
@@ -247,6 +267,8 @@ static int parse_one(bench_opts_t *o, overrides_t *w, int argc, char **argv, int
         return parse_role(v, o) ? 0 : 2;
     if (strcmp(a, "--abort-rate") == 0)
         return parse_rate(v, &o->abort_rate) ? 0 : 2;
+    if (strcmp(a, "--layerwise") == 0)
+        return parse_layer_ms(v, &o->layerwise_ms) ? 0 : 2;
     if (strcmp(a, "--bootstrap") == 0) {
         if (!parse_text(a, v, sizeof(o->bootstrap) - 1))
             return 2;
@@ -336,6 +358,11 @@ static bool check(bench_opts_t *o)
     }
     if (o->hold > 0 && !o->child && (!o->scale || o->abort_rate > 0)) {
         fprintf(stderr, "kvbridge: --hold is for --scale runs (without --abort-rate)\n");
+        return false;
+    }
+    /* exposed time compares the two sides' clock stamps: one host only */
+    if (o->layerwise_ms >= 0 && (side || o->role == BENCH_ROLE_BOOTSTRAP)) {
+        fprintf(stderr, "kvbridge: --layerwise needs both sides on this host (no --role)\n");
         return false;
     }
     if (o->conc > o->requests)
@@ -465,6 +492,14 @@ int bench_abort_side(const bench_opts_t *o, uint64_t room)
 uint64_t bench_abort_after(const bench_opts_t *o, uint64_t room, uint64_t chunks)
 {
     return chunks > 0 ? room_hash(o, room, 3) % chunks : 0;
+}
+
+/* room / dp counts a DP group's rooms (room r goes to group r % dp): every
+ * group alternates, rather than one group sending layerwise and the other
+ * final. */
+bool bench_room_layerwise(const bench_opts_t *o, uint64_t room)
+{
+    return (room / (uint64_t)(o->dp > 0 ? o->dp : 1)) % 2 == 0;
 }
 
 uint64_t bench_chunk_pages(const bench_opts_t *o, uint64_t room, uint64_t pages)

@@ -20,8 +20,21 @@
 #include "tools.h"
 
 /* R_HOLDING: a --hold sender until it is WaitingForInput; R_HELD: then,
- * until the driver's "send" (not polled: it has nothing to do) */
-enum { R_FREE, R_FILLED, R_BOOT, R_SENDING, R_RECV, R_DONE_OK, R_DONE_FAIL, R_HOLDING, R_HELD };
+ * until the driver's "send" (not polled: it has nothing to do). R_COMPUTE:
+ * --layerwise, queued for or in its simulated forward pass (not polled:
+ * nothing can conclude before its last piece; checked after it). */
+enum {
+    R_FREE,
+    R_FILLED,
+    R_BOOT,
+    R_SENDING,
+    R_RECV,
+    R_DONE_OK,
+    R_DONE_FAIL,
+    R_HOLDING,
+    R_HELD,
+    R_COMPUTE
+};
 
 typedef struct rroom {
     uint64_t id;
@@ -34,6 +47,11 @@ typedef struct rroom {
     kvb_sender_h snd;
     kvb_receiver_h rcv;
     double deadline, t_first;
+    /* --layerwise: when it was queued for the compute, when its compute
+     * ended (its last piece queued), the next of its steps (one step: one
+     * layer, or a final room's whole chunk) */
+    double t_ready, t_end;
+    uint64_t step;
 } rroom_t;
 
 typedef struct linebuf {
@@ -60,6 +78,13 @@ typedef struct rank {
     rroom_t **fresh;
     size_t nfresh;
     uint64_t *chg;
+    /* --layerwise: rooms waiting for the simulated compute, a FIFO ring;
+     * one forward pass at a time, as one GPU runs them. An entry whose room
+     * was released meanwhile (id or state changed) is skipped. */
+    rroom_t **cq;
+    uint64_t *cq_id;
+    size_t cq_cap, cq_head, cq_len;
+    double cq_free; /* when the last forward pass ended */
 } rank_t;
 
 /* How a rank polls its active rooms (KVBRIDGE_BENCH_POLL, to compare in one
@@ -342,8 +367,13 @@ static bool rank_start(rank_t *r)
     r->polls = calloc(r->nrooms, sizeof(*r->polls));
     r->fresh = calloc(r->nrooms, sizeof(*r->fresh));
     r->chg = calloc(CHG_CAP, sizeof(*r->chg));
+    /* twice the rooms: entries of released rooms linger until they reach
+     * the head */
+    r->cq_cap = o->layerwise_ms >= 0 && r->prefill ? 2 * r->nrooms : 0;
+    r->cq = calloc(r->cq_cap + 1, sizeof(*r->cq));
+    r->cq_id = calloc(r->cq_cap + 1, sizeof(*r->cq_id));
     if (r->rooms == NULL || r->act == NULL || r->handles == NULL || r->polls == NULL ||
-        r->fresh == NULL || r->chg == NULL ||
+        r->fresh == NULL || r->chg == NULL || r->cq == NULL || r->cq_id == NULL ||
         !bench_pool_init(&r->pool, &g, (uint64_t)o->pool_pages, (uint64_t)(o->wave + o->hold),
                          (uint64_t)o->seed * 7919 + (r->prefill ? 0 : 1) + (uint64_t)o->dp_rank)) {
         bench_say("error cannot allocate a KV pool of %lld pages", o->pool_pages);
@@ -538,8 +568,9 @@ static void cmd_drop(rank_t *r, uint64_t id)
     rroom_t *rm = room_slot(r, id);
     if (rm->state == R_FREE || rm->id != id)
         return;
-    if (rm->snd != NULL && (rm->state == R_BOOT || rm->state == R_SENDING ||
-                            rm->state == R_HOLDING || rm->state == R_HELD))
+    if (rm->snd != NULL &&
+        (rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_HOLDING ||
+         rm->state == R_HELD || rm->state == R_COMPUTE))
         kvb_sender_abort(rm->snd);
     room_release(r, rm);
 }
@@ -593,15 +624,43 @@ static bool handle(rank_t *r, const char *line)
     return true;
 }
 
+/* A room's chunks: pages per send, how many, and how many are sent before
+ * an --abort-rate abort. */
+typedef struct chunking {
+    uint64_t per, chunks, stop;
+} chunking_t;
+
+static chunking_t chunking_of(const rank_t *r, const rroom_t *rm)
+{
+    chunking_t k;
+    k.per = bench_chunk_pages(r->o, rm->id, rm->n);
+    k.chunks = (rm->n + k.per - 1) / k.per;
+    k.stop = aborts_here(r, rm->id) ? bench_abort_after(r->o, rm->id, k.chunks) : k.chunks;
+    return k;
+}
+
+/* Every chunk (or the planned abort) queued: the room waits for Success. */
+static void chunks_queued(rroom_t *rm, const chunking_t *k)
+{
+    if (k->stop < k->chunks)
+        kvb_sender_abort(rm->snd); /* its poll must end Failed */
+    rm->state = R_SENDING;
+}
+
+static void compute_queue(rank_t *r, rroom_t *rm);
+
 static void send_chunks(rank_t *r, rroom_t *rm)
 {
-    uint64_t per = bench_chunk_pages(r->o, rm->id, rm->n), chunks = (rm->n + per - 1) / per;
-    uint64_t stop = aborts_here(r, rm->id) ? bench_abort_after(r->o, rm->id, chunks) : chunks;
+    chunking_t k = chunking_of(r, rm);
     char why[160];
     kvb_sender_init(rm->snd, rm->n, rm->aux);
-    rm->t_first = kvb_tool_now();
-    for (uint64_t c = 0, cur = 0; c < stop && cur < rm->n; c++, cur += per) {
-        uint64_t len = rm->n - cur < per ? rm->n - cur : per;
+    if (r->o->layerwise_ms >= 0) {
+        compute_queue(r, rm);
+        return;
+    }
+    rm->t_first = rm->t_end = kvb_tool_now();
+    for (uint64_t c = 0, cur = 0; c < k.stop && cur < rm->n; c++, cur += k.per) {
+        uint64_t len = rm->n - cur < k.per ? rm->n - cur : k.per;
         kvb_status_t st = kvb_sender_send(rm->snd, rm->pages + cur, (size_t)len);
         if (st != KVB_OK) {
             snprintf(why, sizeof(why), "sender_send: %s", kvb_status_string(st));
@@ -609,9 +668,122 @@ static void send_chunks(rank_t *r, rroom_t *rm)
             return;
         }
     }
-    if (stop < chunks)
-        kvb_sender_abort(rm->snd); /* its poll must end Failed */
-    rm->state = R_SENDING;
+    chunks_queued(rm, &k);
+}
+
+/* ------------------------------------------------- --layerwise compute */
+
+/* A room's forward pass is a run of steps: one per layer of each chunk for
+ * a layerwise room, one per chunk (all its layers) for a final one. Each
+ * step's compute is its layers x --layerwise ms; its send follows it. */
+static uint32_t room_layers(const rroom_t *rm)
+{
+    uint32_t L = kvb_sender_num_layers(rm->snd);
+    return L > 0 ? L : 1;
+}
+
+static uint64_t steps_per_chunk(const rank_t *r, const rroom_t *rm)
+{
+    return bench_room_layerwise(r->o, rm->id) ? room_layers(rm) : 1;
+}
+
+/* When step s's compute ends: counted from the forward's start, so a late
+ * wake-up delays one send, not every one after it. */
+static double step_due(const rank_t *r, const rroom_t *rm, uint64_t s)
+{
+    double layers = bench_room_layerwise(r->o, rm->id) ? 1.0 : (double)room_layers(rm);
+    return rm->t_first + (double)(s + 1) * layers * r->o->layerwise_ms / 1e3;
+}
+
+static void compute_queue(rank_t *r, rroom_t *rm)
+{
+    rm->state = R_COMPUTE;
+    rm->t_ready = kvb_tool_now();
+    rm->t_first = 0; /* set when its forward starts */
+    rm->step = 0;
+    if (r->cq_len == r->cq_cap) {
+        room_fail(r, rm, "--layerwise compute queue full");
+        return;
+    }
+    size_t i = (r->cq_head + r->cq_len++) % r->cq_cap;
+    r->cq[i] = rm;
+    r->cq_id[i] = rm->id;
+}
+
+static void compute_pop(rank_t *r)
+{
+    r->cq_head = (r->cq_head + 1) % r->cq_cap;
+    r->cq_len--;
+}
+
+/* The room in its forward pass now, started if it was waiting (when it
+ * became ready, or when the previous forward ended if later); NULL when
+ * none. Entries of rooms released meanwhile are dropped. */
+static rroom_t *compute_head(rank_t *r)
+{
+    while (r->cq_len > 0) {
+        rroom_t *rm = r->cq[r->cq_head];
+        if (rm->state == R_COMPUTE && rm->id == r->cq_id[r->cq_head]) {
+            if (rm->t_first == 0)
+                rm->t_first = rm->t_ready > r->cq_free ? rm->t_ready : r->cq_free;
+            return rm;
+        }
+        compute_pop(r);
+    }
+    return NULL;
+}
+
+/* Send step rm->step: a one-layer piece, or a final room's whole chunk.
+ * false: the send failed (room released). */
+static bool compute_step(rank_t *r, rroom_t *rm, const chunking_t *k)
+{
+    uint64_t spc = steps_per_chunk(r, rm), cur = rm->step / spc * k->per;
+    uint64_t len = rm->n - cur < k->per ? rm->n - cur : k->per;
+    uint32_t l = (uint32_t)(rm->step % spc);
+    bool lw = bench_room_layerwise(r->o, rm->id);
+    kvb_status_t st = lw ? kvb_sender_send_layers(rm->snd, rm->pages + cur, (size_t)len, l, l + 1)
+                         : kvb_sender_send(rm->snd, rm->pages + cur, (size_t)len);
+    char why[200];
+    rm->step++;
+    if (st == KVB_OK)
+        return true;
+    snprintf(why, sizeof(why), "%s: %s", lw ? "sender_send_layers" : "sender_send",
+             kvb_status_string(st));
+    room_fail(r, rm, why);
+    return false;
+}
+
+/* Its last piece queued at now: the forward ended; the room is polled
+ * again, with the bench's time-out counted from here. */
+static void compute_done(rank_t *r, rroom_t *rm, const chunking_t *k, double now)
+{
+    rm->t_end = now;
+    rm->deadline = now + r->o->timeout_s;
+    r->cq_free = now;
+    compute_pop(r);
+    chunks_queued(rm, k);
+    note_fresh(r, rm);
+}
+
+/* Send every step whose compute has ended; seconds until the next one
+ * ends, -1 when no room is computing. */
+static double compute_run(rank_t *r)
+{
+    rroom_t *rm;
+    while ((rm = compute_head(r)) != NULL) {
+        chunking_t k = chunking_of(r, rm);
+        uint64_t steps = k.stop * steps_per_chunk(r, rm);
+        double now = kvb_tool_now();
+        if (rm->step < steps && now < step_due(r, rm, rm->step))
+            return step_due(r, rm, rm->step) - now;
+        if (rm->step < steps && !compute_step(r, rm, &k)) {
+            r->cq_free = now; /* released: the next room's forward may start */
+            continue;
+        }
+        if (rm->step >= steps)
+            compute_done(r, rm, &k, now);
+    }
+    return -1;
 }
 
 static void failure_of(rroom_t *rm, kvb_poll_t p, bool timed_out, char *why, size_t cap)
@@ -638,7 +810,7 @@ static void step_room(rank_t *r, rroom_t *rm, double now, kvb_poll_t p)
                (p == KVB_POLL_WAITING_FOR_INPUT || p == KVB_POLL_TRANSFERRING)) {
         send_chunks(r, rm);
     } else if (p == KVB_POLL_SUCCESS && rm->state == R_SENDING) {
-        bench_say("sent %" PRIu64 " %.9f", rm->id, rm->t_first);
+        bench_say("sent %" PRIu64 " %.9f %.9f", rm->id, rm->t_first, rm->t_end);
         /* The sender lives until the driver's "drop" at the end of the wave:
          * destroying it right at Success can lose the decode's Success status
          * (library race, see docs/bench.md); KVBRIDGE_BENCH_EARLY_DESTROY=1
@@ -765,6 +937,36 @@ static void rank_stop(rank_t *r)
     free(r->polls);
     free(r->fresh);
     free(r->chg);
+    free(r->cq);
+    free(r->cq_id);
+}
+
+/* A wait of ns nanoseconds, cut to end when the next --layerwise step's
+ * compute does (wait_s; < 0: none). */
+static long cap_ns(long ns, double wait_s)
+{
+    if (wait_s < 0)
+        return ns;
+    long w = (long)(wait_s * 1e9) + 1;
+    return w < ns ? w : ns;
+}
+
+/* --layerwise: every hosted rank's due steps sent; seconds until the next
+ * one is due (0: a room just ended its forward and is to be polled now, as
+ * the rooms a command touched are), -1 when none computes. */
+static double computes_run(rank_t *r, int n)
+{
+    double wait = -1;
+    if (n == 0 || r[0].o->layerwise_ms < 0)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        double w = compute_run(&r[i]);
+        if (w >= 0 && (wait < 0 || w < wait))
+            wait = w;
+        if (r[i].nfresh > 0)
+            wait = 0;
+    }
+    return wait;
 }
 
 /* One rank process hosts o->rpp ranks (at least 1): TP ranks tp_rank ..
@@ -780,6 +982,8 @@ int bench_run_rank(const bench_opts_t *o)
     char line[512];
     bool busy = false, run = true, ok = r != NULL && oc != NULL;
     child_setup(o);
+    if (o->layerwise_ms >= 0) /* the default 50 us slack is 25% of a 0.2 ms layer */
+        prctl(PR_SET_TIMERSLACK, 1000UL);
     if (o->pool_pages <= 0 || o->wave <= 0 || o->bootstrap[0] == '\0') {
         bench_say("error rank processes are started by `kvbridge bench`");
         free(r);
@@ -798,16 +1002,17 @@ int bench_run_rank(const bench_opts_t *o)
     for (int i = 0; ok && i < n && waits_on_events(); i++)
         if (efd == NULL || kvb_manager_event_fd(r[i].mgr, &efd[i]) != KVB_OK)
             ok = false;
-    double next_full = 0;
+    double next_full = 0, cwait = -1;
     while (ok && run && !g_stop && !lb.eof) {
         double now = kvb_tool_now();
         if (poll_mode() == POLL_CHANGED) /* sleep at most until the next full pass */
-            wait_input_or_event(&lb, efd, n,
-                                now >= next_full ? 0 : (long)((next_full - now) * 1e9) + 1);
+            wait_input_or_event(
+                &lb, efd, n,
+                cap_ns(now >= next_full ? 0 : (long)((next_full - now) * 1e9) + 1, cwait));
         else if (poll_mode() == POLL_EVENT)
-            wait_input_or_event(&lb, efd, n, busy ? 100000000L : 200000000L);
+            wait_input_or_event(&lb, efd, n, cap_ns(busy ? 100000000L : 200000000L, cwait));
         else
-            read_input(&lb, busy ? 50000L : 200000000L);
+            read_input(&lb, cap_ns(busy ? 50000L : 200000000L, cwait));
         while (run && next_line(&lb, line, sizeof(line)))
             for (int i = 0; i < n && run; i++)
                 run = handle(&r[i], line);
@@ -820,6 +1025,7 @@ int bench_run_rank(const bench_opts_t *o)
                 busy |= step_all(&r[i]);
             else
                 step_changed(&r[i]);
+        cwait = computes_run(r, n);
     }
     for (int i = 0; r != NULL && i < n; i++)
         if (r[i].o != NULL)

@@ -348,6 +348,36 @@ static void print_scale(const bench_opts_t *o, const bench_report_t *r)
                "held", o->hold, r->held_verified, r->held_failed, held_bytes_per_room(o, r));
 }
 
+/* --layerwise: the share of the final mode's exposed transfer time that
+ * layerwise sends hide, at percentile p; 0 without figures. */
+static double hidden_share(const bench_report_t *r, double p)
+{
+    double fin = pct(&r->exposed[BENCH_LW_FINAL], p), lw = pct(&r->exposed[BENCH_LW_LAYERWISE], p);
+    return fin > 0 && r->exposed[BENCH_LW_LAYERWISE].nlat > 0 ? 1 - lw / fin : 0;
+}
+
+static void print_layerwise(const bench_opts_t *o, const bench_report_t *r)
+{
+    static const char *names[2] = {"final", "layerwise"};
+    int L = o->m.layers / o->ppp;
+    printf("  %-22s %.3g ms per layer x %d layers per chunk, one forward at a time per prefill "
+           "rank (the throughput above includes it)\n",
+           "layerwise compute", o->layerwise_ms, L);
+    printf("  %-22s %lld layerwise (each layer sent as its compute ends), %lld final (each "
+           "chunk sent after its last layer), alternating\n",
+           "layerwise rooms", r->exposed[BENCH_LW_LAYERWISE].nlat, r->exposed[BENCH_LW_FINAL].nlat);
+    for (int m = BENCH_LW_LAYERWISE; m >= BENCH_LW_FINAL; m--) {
+        char key[32];
+        snprintf(key, sizeof(key), "exposed ms, %s", names[m]);
+        printf("  %-22s p50 %.2f  p99 %.2f  (decode Success - end of the prefill's compute; "
+               "forward start -> Success: p50 %.2f)\n",
+               key, pct(&r->exposed[m], 50), pct(&r->exposed[m], 99), pct(&r->lw_lat[m], 50));
+    }
+    printf("  %-22s %.1f%% of the final mode's exposed time at p50, %.1f%% at p99 "
+           "(1 - layerwise / final)\n",
+           "hidden by layerwise", 100 * hidden_share(r, 50), 100 * hidden_share(r, 99));
+}
+
 static void print_table(const bench_opts_t *o, const bench_report_t *r)
 {
     double g = rate(&r->steady);
@@ -385,6 +415,8 @@ static void print_table(const bench_opts_t *o, const bench_report_t *r)
         printf("  %-22s %lld requests, %lld verified, %lld aborted, %lld failed\n", "warm-up",
                r->warm_requests, r->warm_verified, r->warm_aborted, r->warm_failed);
     printf("  %-22s %.1f us per request\n", "planner", r->plan_us);
+    if (o->layerwise_ms >= 0)
+        print_layerwise(o, r);
     if (o->scale)
         print_scale(o, r);
     for (int i = 0; i < r->nres; i++)
@@ -418,6 +450,22 @@ static void json_res(FILE *f, const bench_report_t *r, const char *key, bool rss
         fprintf(f, ": [%ld, %ld]", v[0], v[1]);
     }
     fprintf(f, "}, ");
+}
+
+/* "layerwise": {...}, (--layerwise) */
+static void json_layerwise(FILE *f, const bench_opts_t *o, const bench_report_t *r)
+{
+    static const char *names[2] = {"final", "layerwise"};
+    fprintf(f, "\"layerwise\": {\"ms_per_layer\": %.6g, \"layers\": %d, ", o->layerwise_ms,
+            o->m.layers / o->ppp);
+    for (int m = BENCH_LW_LAYERWISE; m >= BENCH_LW_FINAL; m--)
+        fprintf(f,
+                "\"rooms_%s\": %lld, \"exposed_ms_%s\": {\"p50\": %.4f, \"p99\": %.4f}, "
+                "\"latency_ms_%s\": {\"p50\": %.4f, \"p99\": %.4f}, ",
+                names[m], r->exposed[m].nlat, names[m], pct(&r->exposed[m], 50),
+                pct(&r->exposed[m], 99), names[m], pct(&r->lw_lat[m], 50), pct(&r->lw_lat[m], 99));
+    fprintf(f, "\"hidden_share_p50\": %.4f, \"hidden_share_p99\": %.4f}, ", hidden_share(r, 50),
+            hidden_share(r, 99));
 }
 
 static bool write_json(const bench_opts_t *o, const bench_report_t *r)
@@ -474,6 +522,8 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
                 scale_traffic(o, r).boot_per_rank_s, r->hb_total, r->run_wall_s, bench_poll_name(),
                 o->hold, r->held_verified, r->held_failed, held_bytes_per_room(o, r),
                 bench_ranks_per_proc(o));
+    if (o->layerwise_ms >= 0)
+        json_layerwise(f, o, r);
     if (r->nres > 0) {
         json_res(f, r, "rss_kib", true);
         json_res(f, r, "fds", false);

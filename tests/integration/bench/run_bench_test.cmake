@@ -1,6 +1,7 @@
 # Runs `kvbridge bench ARGS --json JSON` and checks its exit status and report.
 #   -DKVB=<kvbridge> -DARGS="<options>" -DJSON=<file> [-DEXPECT_FAIL=1]
 #   [-DEXPECT1=<regex>] [-DEXPECT2=<regex>] [-DEXPECT3=<regex>]  (matched on the JSON)
+#   [-DEXPECT_OUT=<regex>]  (matched on the table, stdout)
 #   [-DWARMUP=N]  also check the warm-up and cold-pass fields (check_cold.cmake)
 separate_arguments(args UNIX_COMMAND "${ARGS}")
 file(REMOVE "${JSON}")
@@ -23,6 +24,9 @@ foreach(v EXPECT1 EXPECT2 EXPECT3)
     message(FATAL_ERROR "report does not match '${${v}}': ${j}")
   endif()
 endforeach()
+if(DEFINED EXPECT_OUT AND NOT out MATCHES "${EXPECT_OUT}")
+  message(FATAL_ERROR "table does not match '${EXPECT_OUT}'")
+endif()
 if(DEFINED WARMUP)
   include(${CMAKE_CURRENT_LIST_DIR}/check_cold.cmake)
 endif()
