@@ -18,7 +18,8 @@ static uint64_t bad_in(const kvbh_rank_t *r, uint64_t room, int b, const int32_t
     uint64_t bad = 0;
     for (int i = 0; i < n; i++)
         for (uint64_t k = 0; k < r->item_len; k++)
-            bad += r->kv[b][(uint64_t)dst[i] * r->item_len + k] != kvbh_pat(room, b, (uint64_t)i, k);
+            bad +=
+                r->kv[b][(uint64_t)dst[i] * r->item_len + k] != kvbh_pat(room, b, (uint64_t)i, k);
     return bad;
 }
 
