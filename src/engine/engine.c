@@ -391,7 +391,7 @@ static kvb_status_t reply_shared(kvb_engine_h eng, kvb__hs_reply_t *r)
     for (size_t i = 0; i < eng->segs.n; i++)
         if (eng->segs.v[i].shared)
             r->shm[r->nshm++] = (kvb__hs_shm_t){(uint32_t)i, eng->segs.v[i].ref};
-    r->shm[r->nshm++] = (kvb__hs_shm_t){KVB_HS_SHM_FENCE, eng->fence_ref};
+    r->shm[r->nshm++] = (kvb__hs_shm_t){KVB_HS_SHM_FENCE, eng->fence.ref};
     r->pid = (uint32_t)getpid();
     return KVB_OK;
 }
@@ -1241,10 +1241,7 @@ static void engine_free(kvb_engine_h eng)
     if (eng->am_toks != NULL)
         explicit_bzero(eng->am_toks, eng->cap_am_toks * sizeof(*eng->am_toks));
     free(eng->am_toks);
-    free(eng->fenced);
-    free(eng->grants);
-    if (eng->fence_base != NULL)
-        kvb__shm_destroy(eng->fence_base, &eng->fence_ref);
+    kvb__fence_free(eng);
     if (eng->waddr != NULL)
         ucp_worker_release_address(eng->worker, eng->waddr);
     if (eng->worker)
@@ -1318,11 +1315,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     if (getrandom(&eng->epoch, sizeof(eng->epoch), 0) != sizeof(eng->epoch))
         eng->epoch = kvb__now_ns() ^ (uint64_t)getpid() << 32;
     read_host_id(eng);
-    /* Grants start at the wall clock in ns: a restarted target never grants
-     * an epoch a writer may still hold from its previous incarnation. */
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    eng->last_epoch = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    kvb__fence_init(eng);
     /* The caller's string need not outlive create: keep our own copy. */
     eng->params.secret = NULL;
     if (params_secret(params) != NULL) {

@@ -10,6 +10,7 @@
 
 #include "core/core.h"
 #include "engine/cuda_drv.h"
+#include "engine/fence.h"
 #include "engine/handshake.h"
 #include "engine/segtab.h"
 
@@ -224,17 +225,6 @@ typedef struct kvb__cmd {
 
 #define KVB_HS_MAX_ACTIVE 32 /* concurrent handshakes; more wait in the backlog */
 
-/* A writer grant (fence.c): writes stamped (tag, epoch) are admitted while
- * live; once revoked it stays until nothing admitted under it is in flight. */
-typedef struct kvb__grant {
-    uint32_t tag;
-    int live;
-    uint32_t am_busy; /* message-lane receives admitted, bytes not yet placed */
-    uint64_t epoch;
-    int32_t slot; /* its slot in the shared fence page, or -1 (none: no direct lane) */
-    int corrupt;  /* its slot's busy count was seen corrupt (logged once; never drains) */
-} kvb__grant_t;
-
 struct kvb_engine {
     kvb_engine_params_t params;
     char sid[KVB_HS_MAX_SID + 1];
@@ -247,11 +237,7 @@ struct kvb_engine {
     char host_id[64];
     char *secret;        /* engine secret (copy) or NULL: auth off */
     uint32_t writer_tag; /* atomic: stamped on our message-lane writes */
-    uint32_t *fenced;    /* legacy: writer tags refused, epoch 0 (seg_mu) */
-    size_t n_fenced, cap_fenced;
-    kvb__grant_t *grants; /* writer grants, live or draining (seg_mu; fence.c) */
-    size_t n_grants, cap_grants;
-    uint64_t last_epoch; /* the newest epoch granted (seg_mu) */
+    kvb__fence_t fence;  /* writer grants, the legacy tag list, our fence page (fence.h) */
 
     /* local registrations */
     pthread_mutex_t seg_mu;
@@ -314,7 +300,7 @@ struct kvb_engine {
     ucp_address_t *waddr;          /* this worker's address, fetched once */
     size_t waddr_len;
 
-    /* direct lane: writer copy threads (dmu) and the fence page peers read */
+    /* direct lane: writer copy threads (dmu) */
     pthread_mutex_t dmu;
     pthread_cond_t dcv;
     struct kvb__dgroup *dq_head, *dq_tail; /* groups with units left (round robin) */
@@ -324,8 +310,6 @@ struct kvb_engine {
     bool stream_copy;       /* AVX2 streaming stores available */
     struct kvb__warm *warm; /* background warmer of new mappings (warm.c), NULL when off */
     int warm_pct;           /* KVBRIDGE_DIRECT_WARM_CPU: % of one core it may use; 0 = off */
-    uint8_t *fence_base;    /* our fence page (seg_mu), created with the first shared segment */
-    kvb__shm_ref_t fence_ref;
 
     kvb__jobs_t jobs; /* device-copy worker (jobs.c) */
 
@@ -378,23 +362,6 @@ void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
 /* engine.c: forget the token of control connection fd (seg_mu held) */
 void kvb__am_token_drop_locked(kvb_engine_h eng, int fd);
-
-/* fence.c: the writer fence (target and writer side) */
-kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng); /* seg_mu held */
-void kvb__fence_page_sync(kvb_engine_h eng);           /* seg_mu held */
-/* Message lane, progress thread: NULL when a write of (tag, epoch) is
- * admitted (then counted until kvb__fence_done), else why it is refused. */
-const char *kvb__fence_admit(kvb_engine_h eng, uint32_t tag, uint64_t epoch);
-void kvb__fence_done(kvb_engine_h eng, uint32_t tag, uint64_t epoch);
-typedef enum fence_state { FENCE_NO = 0, FENCE_YES, FENCE_UNKNOWN } fence_state_t;
-/* Direct lane, writer: is (tag, epoch) fenced by the peer's fence page? */
-fence_state_t kvb__fence_check(const kvb__conn_t *c, uint32_t tag, uint64_t epoch);
-/* Before a unit: FENCE_NO admits it and *slot_p must be passed to
- * kvb__fence_exit after the copy and its store fence. */
-fence_state_t kvb__fence_enter(const kvb__conn_t *c, uint32_t tag, uint64_t epoch, int32_t *slot_p);
-void kvb__fence_exit(const kvb__conn_t *c, int32_t slot);
-/* Tests: the raw busy count of fence slot k of our page (0 without one). */
-uint32_t kvb__fence_busy_raw(kvb_engine_h eng, int32_t k);
 
 /* runs.c: a write's blocks, checked and coalesced on the caller's thread */
 /* Check every block of w against our registrations (source) and c's
