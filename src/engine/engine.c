@@ -20,8 +20,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-kvb__test_hooks_t kvb__test_hooks;
-
 #define EP_TAG_UCX 0
 #define EP_TAG_EVFD 1
 
@@ -980,29 +978,6 @@ static void *listen_main(void *arg)
 
 /* ---- progress thread ---- */
 
-kvb_status_t kvb__engine_submit(kvb_engine_h eng, kvb__cmd_t *cmd, bool wait)
-{
-    uint64_t one = 1;
-    cmd->next = NULL;
-    cmd->done = 0;
-    pthread_mutex_lock(&eng->cmd_mu);
-    if (__atomic_load_n(&eng->stop, __ATOMIC_ACQUIRE)) {
-        pthread_mutex_unlock(&eng->cmd_mu);
-        return KVB_ERR_CANCELED;
-    }
-    if (eng->cmd_tail)
-        eng->cmd_tail->next = cmd;
-    else
-        eng->cmd_head = cmd;
-    eng->cmd_tail = cmd;
-    if (write(eng->evfd, &one, sizeof(one)) < 0)
-        KVB_LOGD("eventfd write: %s", strerror(errno));
-    while (wait && !cmd->done)
-        pthread_cond_wait(&eng->cmd_cv, &eng->cmd_mu);
-    pthread_mutex_unlock(&eng->cmd_mu);
-    return KVB_OK;
-}
-
 static void conn_unlink(kvb_engine_h eng, kvb__conn_t *c)
 {
     kvb__conn_t **pp = &eng->conns;
@@ -1195,24 +1170,6 @@ static kvb_status_t fds_init(kvb_engine_h eng)
     ev.data.u64 = EP_TAG_UCX;
     epoll_ctl(eng->epfd, EPOLL_CTL_ADD, eng->ucx_efd, &ev);
     return KVB_OK;
-}
-
-void kvb__op_track(kvb_engine_h eng, kvb__op_t *op)
-{
-    op->next = eng->ops.next;
-    op->prev = &eng->ops;
-    eng->ops.next->prev = op;
-    eng->ops.next = op;
-}
-
-void kvb__op_untrack(kvb_engine_h eng, kvb__op_t *op)
-{
-    (void)eng;
-    if (op->next == NULL)
-        return;
-    op->prev->next = op->next;
-    op->next->prev = op->prev;
-    op->next = op->prev = NULL;
 }
 
 /* After ucp_worker_destroy: no callback can run any more. */

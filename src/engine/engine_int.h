@@ -176,6 +176,8 @@ typedef struct kvb__op {
     void (*release)(struct kvb__op *op);
 } kvb__op_t;
 
+/* cmdq.c: list op (its release runs after the worker is destroyed if it
+ * is still listed then); untrack: off the list (no-op when not on it). */
 void kvb__op_track(kvb_engine_h eng, kvb__op_t *op);
 void kvb__op_untrack(kvb_engine_h eng, kvb__op_t *op);
 
@@ -318,8 +320,8 @@ struct kvb_engine {
     int stop_pipe[2];
 };
 
-/* Fault injection for tests only (tests/integration/sec2); all zero in
- * production, nothing sets them but a test. Read on the progress thread. */
+/* Fault injection for tests only (tests/integration/sec2; hooks.c); all
+ * zero in production, nothing sets them but a test. */
 typedef struct kvb__test_hooks {
     int fail_rkey_unpack;   /* establishing a conn treats every remote key as unusable */
     int am_send_status;     /* message-lane sends complete with this UCX status */
@@ -332,7 +334,8 @@ extern kvb__test_hooks_t kvb__test_hooks;
 #define KVB__HOOK(name) __atomic_load_n(&kvb__test_hooks.name, __ATOMIC_RELAXED)
 #define KVB__HOOK_SET(name, v) __atomic_store_n(&kvb__test_hooks.name, (v), __ATOMIC_RELAXED)
 
-/* engine.c */
+/* cmdq.c: queue cmd for the progress thread (wait: until it ran);
+ * KVB_ERR_CANCELED when the engine is stopping. Any thread. */
 kvb_status_t kvb__engine_submit(kvb_engine_h eng, kvb__cmd_t *cmd, bool wait);
 void kvb__conn_put(kvb__conn_t *c); /* drop a reference (any thread) */
 void kvb__conn_get(kvb__conn_t *c);

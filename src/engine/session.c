@@ -16,31 +16,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-void kvb__conn_get(kvb__conn_t *c)
-{
-    __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
-}
-
-void kvb__conn_put(kvb__conn_t *c)
-{
-    kvb_engine_h eng;
-    if (c == NULL || __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
-        return;
-    /* Last reference: its UCX objects belong to the progress thread. */
-    eng = c->eng_backref;
-    if (eng == NULL) { /* orphaned by kvb_engine_destroy: nothing left but it */
-        free(c);
-        return;
-    }
-    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
-    if (cmd == NULL)
-        return;
-    cmd->kind = CMD_RETIRE;
-    cmd->conn = c;
-    if (kvb__engine_submit(eng, cmd, false) != KVB_OK)
-        free(cmd); /* engine stopping: it releases every conn itself */
-}
-
 static void session_destroy(kvb__session_t *s)
 {
     pthread_mutex_destroy(&s->mu);
