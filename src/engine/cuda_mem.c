@@ -413,17 +413,17 @@ void kvb__cuda_detach(kvb__conn_t *c)
 
 /* ---- transfers ---- */
 
-bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
-                        const kvb__wblocks_t *w)
+void kvb__mem_kinds(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
+                    const kvb__wblocks_t *w, kvb__mem_kind_t *src_p, kvb__mem_kind_t *dst_p)
 {
-    bool any = false;
+    bool src = false, dst = false;
     long last = -1;
     size_t n = w->n;
     if (c->cuda != NULL)
-        for (size_t i = 0; i < n && !any; i++)
-            any = dst_seg[i] >= 0 && c->segs.v[dst_seg[i]].cuda != NULL;
+        for (size_t i = 0; i < n && !dst; i++)
+            dst = dst_seg[i] >= 0 && c->segs.v[dst_seg[i]].cuda != NULL;
     pthread_mutex_lock(&eng->seg_mu);
-    for (size_t i = 0; i < n && !any && eng->n_cuda_segs > 0; i++) {
+    for (size_t i = 0; i < n && !src && eng->n_cuda_segs > 0; i++) {
         /* a strided block's rows share its first row's segment (checked) */
         kvb_strided_block_t b = kvb__wb_at(w, i);
         if (b.len == 0)
@@ -431,10 +431,11 @@ bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_
         if (last < 0 || b.src < eng->segs.v[last].addr ||
             b.src - eng->segs.v[last].addr >= eng->segs.v[last].len)
             last = kvb__segtab_find(&eng->segs, b.src, b.len);
-        any = last >= 0 && eng->segs.v[last].cuda != NULL;
+        src = last >= 0 && eng->segs.v[last].cuda != NULL;
     }
     pthread_mutex_unlock(&eng->seg_mu);
-    return any;
+    *src_p = src ? KVB__MEM_CUDA : KVB__MEM_HOST;
+    *dst_p = dst ? KVB__MEM_CUDA : KVB__MEM_HOST;
 }
 
 /* x's blocks whose source is device memory, and their bytes (seg_mu held). */
@@ -679,3 +680,69 @@ uint64_t kvb__cuda_stage_msg_max(void)
     return (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGE_MSG_MAX", NULL,
                                   (int64_t)STAGE_MSG_MAX_DEFAULT, 1 << 20, INT64_MAX);
 }
+
+/* ---- the lanes: CUDA IPC/VMM (same host), CUDA staging (anywhere) ---- */
+
+static kvb_status_t ipc_advertise(kvb_engine_h eng, kvb__hs_reply_t *r, bool local, uint32_t caps)
+{
+    return kvb__cuda_reply(eng, r, local, caps);
+}
+
+/* Import where the direct lane mapped the peer's fence page (same host,
+ * proven): the page fences these units too. */
+static void ipc_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r)
+{
+    kvb__cuda_attach(eng, c, r, c->fence != NULL);
+}
+
+static bool ipc_usable(kvb_engine_h eng, const kvb__conn_t *c, const struct kvb_xfer *x,
+                       const long *dst_seg, const kvb__wblocks_t *w)
+{
+    return eng->params.copy_threads > 0 && kvb__direct_usable(eng, c, x->epoch, dst_seg, w);
+}
+
+/* Alone in its group: a unit is one batch of driver copies. */
+static kvb_status_t ipc_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
+{
+    return kvb__direct_submit(eng, xs, n) ? KVB_OK : KVB__LANE_REFUSED;
+}
+
+const kvb__lane_t kvb__lane_cuda_ipc = {
+    .name = "cuda-ipc",
+    .pairs = KVB__PAIRS_DEVICE,
+    .caps = KVB__LANE_RUNS,
+    .fence = KVB__LANE_FENCE_PAGE,
+    .fini = kvb__fdsrv_stop, /* its thread reads the segments */
+    .advertise = ipc_advertise,
+    .request_caps = kvb__cuda_caps,
+    .attach_prepare = kvb__cuda_conn_alloc,
+    .attach = ipc_attach,
+    .detach = kvb__cuda_detach,
+    .usable = ipc_usable,
+    .submit = ipc_submit,
+};
+
+/* Stage x's device sources through a pinned ring (the device-copy worker
+ * copies them, chunk by chunk) and send it on the message lane; the target
+ * stages device destinations itself. */
+static kvb_status_t stage_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
+{
+    struct kvb_xfer *x = xs[0];
+    kvb_status_t st = kvb__cuda_stage_sources(eng, x);
+    if (st == KVB_OK)
+        st = kvb__xfer_queue(eng, xs, n);
+    if (st != KVB_OK) {
+        kvb__cuda_stage_abandon(x); /* drops the plan's reference */
+        return st;
+    }
+    kvb__cuda_stage_start(eng, x); /* staged sources: the copies begin */
+    return KVB_OK;
+}
+
+const kvb__lane_t kvb__lane_cuda_stage = {
+    .name = "cuda-staging",
+    .pairs = KVB__PAIRS_DEVICE,
+    .fence = KVB__LANE_FENCE_TARGET,
+    .submit = stage_submit,
+    .progress = kvb__am_issue,
+};

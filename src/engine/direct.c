@@ -25,6 +25,34 @@
 #define DIRECT_MAX_FILES 4096 /* shared files one connection maps */
 #define STREAM_MIN 512        /* blocks this long are copied with streaming stores */
 
+/* ---- target side: what the handshake offers a same-host writer ---- */
+
+/* The segments that live in shared files, then the fence page (seg_mu
+ * held). None when nothing is shared or the fence page cannot be made. */
+static kvb_status_t reply_shared(kvb_engine_h eng, kvb__hs_reply_t *r)
+{
+    size_t n = eng->n_cuda_segs; /* imported over CUDA IPC: fenced by the page too */
+    for (size_t i = 0; i < eng->segs.n; i++)
+        n += eng->segs.v[i].shared;
+    if (n == 0 || kvb__fence_page_ensure(eng) != KVB_OK)
+        return KVB_OK;
+    r->shm = calloc(n + 1, sizeof(*r->shm)); /* n: at least the shared ones */
+    if (r->shm == NULL)
+        return KVB_ERR_NOMEM;
+    for (size_t i = 0; i < eng->segs.n; i++)
+        if (eng->segs.v[i].shared)
+            r->shm[r->nshm++] = (kvb__hs_shm_t){(uint32_t)i, eng->segs.v[i].ref};
+    r->shm[r->nshm++] = (kvb__hs_shm_t){KVB_HS_SHM_FENCE, eng->fence.ref};
+    r->pid = (uint32_t)getpid();
+    return KVB_OK;
+}
+
+static kvb_status_t direct_advertise(kvb_engine_h eng, kvb__hs_reply_t *r, bool local,
+                                     uint32_t caps)
+{
+    return local ? reply_shared(eng, r) : KVB_OK;
+}
+
 /* ---- writer side: mappings ---- */
 
 /* The largest file the peer may ask us to map for entry e: the end of the
@@ -569,3 +597,58 @@ void kvb__direct_stop(kvb_engine_h eng)
     eng->dthr = NULL;
     eng->n_dthr = 0;
 }
+
+/* ---- the lane ---- */
+
+static kvb_status_t direct_init(kvb_engine_h eng)
+{
+    eng->direct_slack =
+        (uint64_t)kvb__env_int("KVBRIDGE_DIRECT_MAP_SLACK", NULL, 64 << 20, 0, (int64_t)1 << 50);
+    eng->direct_populate_max = (uint64_t)kvb__env_int("KVBRIDGE_DIRECT_POPULATE_MAX", NULL,
+                                                      (int64_t)4 << 30, 0, (int64_t)1 << 50);
+    kvb__warm_init(eng);
+    return KVB_OK;
+}
+
+/* Mapping (and pre-faulting) the peer's files: a writer on the peer's host
+ * (proven), on the auto transport, with copy threads. */
+static void direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r)
+{
+    if (c->local && eng->params.transport == KVB_TRANSPORT_AUTO && eng->params.copy_threads > 0)
+        kvb__direct_attach(eng, c, r);
+}
+
+static bool direct_usable(kvb_engine_h eng, const kvb__conn_t *c, const struct kvb_xfer *x,
+                          const long *dst_seg, const kvb__wblocks_t *w)
+{
+    return eng->params.copy_threads > 0 && kvb__direct_usable(eng, c, x->epoch, dst_seg, w);
+}
+
+static kvb_status_t direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
+{
+    return kvb__direct_submit(eng, xs, n) ? KVB_OK : KVB__LANE_REFUSED;
+}
+
+static void direct_stats(kvb_engine_h eng, kvb_engine_limits_t *l)
+{
+    if (l->field_mask & KVB_ENGINE_LIMITS_DIRECT) {
+        l->direct_files_refused = __atomic_load_n(&eng->direct_refused, __ATOMIC_RELAXED);
+        l->direct_files_unpopulated = __atomic_load_n(&eng->direct_unpopulated, __ATOMIC_RELAXED);
+    }
+}
+
+const kvb__lane_t kvb__lane_direct = {
+    .name = "direct",
+    .pairs = KVB__PAIR(KVB__MEM_HOST, KVB__MEM_HOST),
+    .caps = KVB__LANE_RUNS | KVB__LANE_GROUPS,
+    .fence = KVB__LANE_FENCE_PAGE,
+    .init = direct_init,
+    .stop = kvb__direct_stop,
+    .fini = kvb__warm_stop, /* a failed create: kvb__direct_stop did not run */
+    .advertise = direct_advertise,
+    .attach = direct_attach,
+    .detach = kvb__direct_detach,
+    .usable = direct_usable,
+    .submit = direct_submit,
+    .stats = direct_stats,
+};

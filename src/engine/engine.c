@@ -129,7 +129,7 @@ static kvb_status_t ucx_init(kvb_engine_h eng)
         return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_worker_get_address failed");
     if (ucp_worker_get_efd(eng->worker, &eng->ucx_efd) != UCS_OK)
         return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_worker_get_efd failed");
-    return kvb__am_register_handlers(eng);
+    return kvb__lanes_init(eng);
 }
 
 static void format_sid(kvb_engine_h eng, const struct sockaddr_storage *ss)
@@ -374,26 +374,6 @@ kvb_status_t kvb_engine_unregister(kvb_engine_h eng, void *addr)
 
 /* ---- handshake listener ---- */
 
-/* The segments that live in shared files, then the fence page (seg_mu
- * held). None when nothing is shared or the fence page cannot be made. */
-static kvb_status_t reply_shared(kvb_engine_h eng, kvb__hs_reply_t *r)
-{
-    size_t n = eng->n_cuda_segs; /* imported over CUDA IPC: fenced by the page too */
-    for (size_t i = 0; i < eng->segs.n; i++)
-        n += eng->segs.v[i].shared;
-    if (n == 0 || kvb__fence_page_ensure(eng) != KVB_OK)
-        return KVB_OK;
-    r->shm = calloc(n + 1, sizeof(*r->shm)); /* n: at least the shared ones */
-    if (r->shm == NULL)
-        return KVB_ERR_NOMEM;
-    for (size_t i = 0; i < eng->segs.n; i++)
-        if (eng->segs.v[i].shared)
-            r->shm[r->nshm++] = (kvb__hs_shm_t){(uint32_t)i, eng->segs.v[i].ref};
-    r->shm[r->nshm++] = (kvb__hs_shm_t){KVB_HS_SHM_FENCE, eng->fence.ref};
-    r->pid = (uint32_t)getpid();
-    return KVB_OK;
-}
-
 /* local: the writer proved it runs on this host; only then the reply names
  * our shared files (pid, descriptors, nonces). caps: what the writer's
  * request says it understands (KVB_HS_CAP_*). */
@@ -418,10 +398,8 @@ static kvb_status_t build_reply(kvb_engine_h eng, bool local, uint32_t caps, uin
         r.segs[i].rkey = eng->segs.v[i].rkey_buf;
         r.segs[i].rkey_len = (uint32_t)eng->segs.v[i].rkey_len;
     }
-    if (st == KVB_OK && local)
-        st = reply_shared(eng, &r);
     if (st == KVB_OK)
-        st = kvb__cuda_reply(eng, &r, local, caps);
+        st = kvb__lanes_advertise(eng, &r, local, caps);
     if (st == KVB_OK)
         st = kvb__hs_reply_encode(&r, buf_p, len_p);
     pthread_mutex_unlock(&eng->seg_mu);
@@ -1184,7 +1162,7 @@ static void ops_release_all(kvb_engine_h eng)
 
 static void engine_free(kvb_engine_h eng)
 {
-    kvb__warm_stop(eng); /* no-op after kvb__direct_stop */
+    kvb__lanes_fini(eng); /* what the lanes keep (their threads are gone: kvb__lanes_stop) */
     kvb__sessions_free(eng);
     for (size_t i = 0; i < eng->segs.n; i++)
         unmap_seg(eng, &eng->segs.v[i]);
@@ -1249,12 +1227,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     /* Every writer that completes a handshake keeps a socket here: cap them
      * (docs/security.md) well below the usual descriptor limit. */
     eng->max_notify = (size_t)kvb__env_int("KVBRIDGE_MAX_CONTROL_CONNS", NULL, 1024, 1, 1000000);
-    eng->direct_slack =
-        (uint64_t)kvb__env_int("KVBRIDGE_DIRECT_MAP_SLACK", NULL, 64 << 20, 0, (int64_t)1 << 50);
-    eng->direct_populate_max = (uint64_t)kvb__env_int("KVBRIDGE_DIRECT_POPULATE_MAX", NULL,
-                                                      (int64_t)4 << 30, 0, (int64_t)1 << 50);
     eng->max_sessions = (size_t)kvb__env_int("KVBRIDGE_MAX_SESSIONS", NULL, 4096, 1, 10000000);
-    kvb__warm_init(eng);
     kvb__err_init(&eng->err);
     pthread_mutex_init(&eng->seg_mu, NULL);
     kvb__cond_init_mono(&eng->seg_cv);
@@ -1321,8 +1294,8 @@ void kvb_engine_destroy(kvb_engine_h eng)
     uint64_t one = 1;
     if (eng == NULL)
         return;
-    kvb__direct_stop(eng); /* before the progress thread: transfers release conns */
-    kvb__jobs_stop(eng);   /* likewise; copies arriving later run inline */
+    kvb__lanes_stop(eng); /* before the progress thread: transfers release conns */
+    kvb__jobs_stop(eng);  /* likewise; copies arriving later run inline */
     pthread_mutex_lock(&eng->cmd_mu);
     __atomic_store_n(&eng->stop, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&eng->cmd_mu);
@@ -1331,7 +1304,6 @@ void kvb_engine_destroy(kvb_engine_h eng)
     pthread_join(eng->progress_thr, NULL);
     pthread_join(eng->listen_thr, NULL);
     hs_drain(eng);
-    kvb__fdsrv_stop(eng); /* its thread reads the segments */
     engine_free(eng);
 }
 
@@ -1371,8 +1343,5 @@ void kvb_engine_limits(kvb_engine_h eng, kvb_engine_limits_t *l)
         l->sessions_refused = eng->sessions_refused;
         pthread_mutex_unlock(&eng->sess_mu);
     }
-    if (f & KVB_ENGINE_LIMITS_DIRECT) {
-        l->direct_files_refused = __atomic_load_n(&eng->direct_refused, __ATOMIC_RELAXED);
-        l->direct_files_unpopulated = __atomic_load_n(&eng->direct_unpopulated, __ATOMIC_RELAXED);
-    }
+    kvb__lanes_stats(eng, l);
 }

@@ -12,6 +12,7 @@
 #include "engine/cuda_drv.h"
 #include "engine/fence.h"
 #include "engine/handshake.h"
+#include "engine/lane.h"
 #include "engine/segtab.h"
 
 #define KVB_AM_WRITE 11      /* writer → target: descriptors in header, bytes as data */
@@ -136,10 +137,11 @@ struct kvb_xfer {
      * send that fails takes its own out (then no ack comes) */
     uint32_t am_win[KVB__AM_WINDOW];
     size_t msgs_sent, msgs_acked;
-    int failed;    /* progress thread: error seen, waiting for inflight */
-    int abandoned; /* progress thread: connection lost, outstanding ops ignored */
-    int direct;    /* direct lane: copied by the engine's copy threads */
-    int cuda;      /* a source or destination is CUDA device memory (cuda_mem.c) */
+    int failed;                   /* progress thread: error seen, waiting for inflight */
+    int abandoned;                /* progress thread: connection lost, outstanding ops ignored */
+    const kvb__lane_t *lane;      /* the lane that moves it (lane.h) */
+    const kvb__lane_t *lane_next; /* where it goes if that lane refuses it, or NULL */
+    int cuda;                     /* a source or destination is CUDA device memory (cuda_mem.c) */
     /* message lane: device sources staged through this ring (pinned,
      * stage_len bytes), or NULL; staged[i]: block i's src is an offset in
      * the stream of staged bytes, found at stage + offset % stage_len */
@@ -495,10 +497,11 @@ bool kvb__fdsrv_fetch(int c, const uint8_t ticket[KVB_HS_TICKET_LEN], const uint
  * when the driver loads with the VMM entry points and KVBRIDGE_CUDA_VMM is
  * not 0. */
 uint32_t kvb__cuda_caps(void);
-/* Does a block of the batch touch device memory (dst_seg: the peer's
- * segment of each block, -1 for empty ones)? */
-bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
-                        const kvb__wblocks_t *w);
+/* The memory kind of each side of the batch: CUDA when a block's source
+ * (destination) there is device memory (dst_seg: the peer's segment of each
+ * block, -1 for empty ones). */
+void kvb__mem_kinds(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
+                    const kvb__wblocks_t *w, kvb__mem_kind_t *src_p, kvb__mem_kind_t *dst_p);
 /* Message lane, writer (before x is submitted): mark x's device sources
  * staged through a bounded pinned ring (x->stage, x->staged) and plan their
  * staging (x->stage_ready 0: nothing may be sent yet). Once x is submitted,
@@ -532,6 +535,10 @@ bool kvb__xfer_progress_all(kvb_engine_h eng); /* true when something issued */
 void kvb__xfer_fail_conn(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__xfer_cancel_all(kvb_engine_h eng);
 kvb_status_t kvb__am_register_handlers(kvb_engine_h eng);
+/* The UCX lanes' submit (lane.h): hand each write to the progress thread. */
+kvb_status_t kvb__xfer_queue(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n);
+/* The message lane's progress op: send what x's window allows. */
+void kvb__am_issue(kvb_engine_h eng, struct kvb_xfer *x);
 /* amtarget.c: the target's write handlers (called by the above) */
 kvb_status_t kvb__am_target_register(kvb_engine_h eng);
 void kvb__xfer_release(struct kvb_xfer *x);

@@ -305,7 +305,7 @@ static kvb_status_t exchange(kvb_engine_h eng, int fd, uint64_t deadline, hs_out
 {
     uint8_t *req = NULL;
     size_t req_len;
-    kvb_status_t st = kvb__hs_request_encode(eng->sid, kvb__cuda_caps(), &req, &req_len);
+    kvb_status_t st = kvb__hs_request_encode(eng->sid, kvb__lanes_request_caps(), &req, &req_len);
     if (st == KVB_OK)
         st = kvb__sock_write_all(fd, req, req_len, deadline);
     free(req);
@@ -356,7 +356,7 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
         if (cmd.conn != NULL)
             cmd.conn->am_auth = o.authed;
         if (st == KVB_OK)
-            st = kvb__cuda_conn_alloc(cmd.conn, &reply);
+            st = kvb__lanes_attach_prepare(cmd.conn, &reply);
         if (st != KVB_OK)
             kvb__hs_reply_free(&reply);
     }
@@ -375,17 +375,12 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
             snprintf(why, sizeof(why), "%s", cmd.why);
         else
             fd = -1; /* owned by the conn now */
-        /* Mapping (and pre-faulting) the peer's files takes a while for big
-         * pools: on this caller's thread, not the progress thread. The conn
-         * is not published yet, so no transfer reads what this sets. */
-        if (st == KVB_OK && cmd.conn->local && eng->params.transport == KVB_TRANSPORT_AUTO &&
-            eng->params.copy_threads > 0)
-            kvb__direct_attach(eng, cmd.conn, &reply);
-        /* Device segments: marked always (never written as host memory),
-         * imported over CUDA IPC where the direct lane's fence page is
-         * mapped (same host, proven). */
+        /* Each lane maps or imports what the reply offers (mapping and
+         * pre-faulting the peer's files takes a while for big pools: on
+         * this caller's thread, not the progress thread). The conn is not
+         * published yet, so no transfer reads what this sets. */
         if (st == KVB_OK)
-            kvb__cuda_attach(eng, cmd.conn, &reply, cmd.conn->fence != NULL);
+            kvb__lanes_attach(eng, cmd.conn, &reply);
         kvb__hs_reply_free(&reply);
     }
     free(o.msg);
@@ -393,7 +388,7 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
         close(fd);
     if (st != KVB_OK) {
         if (cmd.conn != NULL && (cmd.result != KVB_OK || !cmd.done)) {
-            kvb__cuda_detach(cmd.conn);
+            kvb__lanes_detach(cmd.conn);
             kvb__session_put(eng, cmd.conn->sess);
             free(cmd.conn);
         }
@@ -655,8 +650,7 @@ void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c)
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c)
 {
     kvb__conn_close_ep(eng, c);
-    kvb__direct_detach(c);
-    kvb__cuda_detach(c);
+    kvb__lanes_detach(c);
     for (size_t i = 0; i < c->segs.n; i++)
         if (c->segs.v[i].handle != NULL)
             ucp_rkey_destroy((ucp_rkey_h)c->segs.v[i].handle);

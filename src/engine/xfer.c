@@ -44,16 +44,34 @@ void kvb__xfer_release(struct kvb_xfer *x)
 
 /* ---- caller side ---- */
 
-/* x's blocks in the form of its lane. The direct lane walks runs; the UCX
- * lanes plain blocks (strided ones expanded). */
+/* x's blocks in the form of its lane: runs (KVB__LANE_RUNS: the direct
+ * lanes), else plain blocks (strided ones expanded). */
 static kvb_status_t build_blocks(struct kvb_xfer *x, const kvb__wblocks_t *w, const long *seg)
 {
-    if (!x->direct && w->strided == NULL)
+    bool runs = x->lane->caps & KVB__LANE_RUNS;
+    if (!runs && w->strided == NULL)
         return kvb__xfer_blocks(x, w->plain, seg, w->n);
     kvb_status_t st = kvb__runs_build(x, w, seg);
-    if (st == KVB_OK && !x->direct)
+    if (st == KVB_OK && !runs)
         st = kvb__runs_expand(x);
     return st;
+}
+
+/* The lane for x (lanes.c): by the memory kinds of its two sides, then
+ * what each lane says of x's connection and blocks. */
+static kvb_status_t choose_lane(kvb_engine_h eng, struct kvb_xfer *x, const long *seg,
+                                const kvb__wblocks_t *w)
+{
+    kvb__mem_kind_t src, dst;
+    kvb__mem_kinds(eng, x->conn, seg, w, &src, &dst);
+    x->cuda = src == KVB__MEM_CUDA || dst == KVB__MEM_CUDA;
+    kvb__lanes_choose(eng, x, src, dst, seg, w);
+    if (x->lane == NULL)
+        return kvb__err_set(&eng->err, KVB_ERR_UNSUPPORTED,
+                            "session %s: no lane moves %s memory into %s memory",
+                            x->conn->sess->sid, src == KVB__MEM_CUDA ? "device" : "host",
+                            dst == KVB__MEM_CUDA ? "device" : "host");
+    return KVB_OK;
 }
 
 static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w,
@@ -77,9 +95,7 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb__wblock
             st = kvb__wblocks_check(eng, x->conn, w, seg, &retry);
     }
     if (st == KVB_OK)
-        x->cuda = kvb__cuda_involved(eng, x->conn, seg, w);
-    if (st == KVB_OK && eng->params.copy_threads > 0)
-        x->direct = kvb__direct_usable(eng, x->conn, x->epoch, seg, w);
+        st = choose_lane(eng, x, seg, w);
     if (st == KVB_OK)
         st = build_blocks(x, w, seg);
     kvb__bufpool_put(seg, seg_cap);
@@ -117,43 +133,35 @@ static kvb_status_t check_args(kvb_engine_h eng, const char *sid, const kvb__wbl
 /* x never reached a lane: only the caller's reference is left. */
 static void xfer_unsubmitted(struct kvb_xfer *x)
 {
-    kvb__cuda_stage_abandon(x); /* drops the plan's reference */
     x->refs = 1;
 }
 
-/* Hand prepared x to the progress thread (message or put lane). On failure
- * x is unsubmitted (the caller's reference left). */
-static kvb_status_t submit_ucx(kvb_engine_h eng, struct kvb_xfer *x)
+/* x refused by its lane: on to its fallback, in the form that one walks
+ * (a direct lane's runs become plain blocks for the UCX lanes). None left:
+ * KVB_ERR_CANCELED (every lane that refuses does so while stopping). */
+static kvb_status_t to_fallback(struct kvb_xfer *x)
 {
-    kvb__cmd_t *cmd = NULL;
-    kvb_status_t st = KVB_OK;
-    x->direct = 0;
-    if (x->runs != NULL) /* prepared for the direct lane, which refused it */
-        st = kvb__runs_expand(x);
-    if (st == KVB_OK && x->cuda) /* the message lane reads host memory only */
-        st = kvb__cuda_stage_sources(eng, x);
-    if (st == KVB_OK && (cmd = calloc(1, sizeof(*cmd))) == NULL)
-        st = KVB_ERR_NOMEM;
-    if (st == KVB_OK) {
-        cmd->kind = CMD_XFER;
-        cmd->xfer = x;
-        st = kvb__engine_submit(eng, cmd, false);
-    }
-    if (st != KVB_OK) {
-        free(cmd);
-        xfer_unsubmitted(x);
-        return st;
-    }
-    kvb__cuda_stage_start(eng, x); /* staged sources: the copies begin */
+    x->lane = x->lane_next;
+    x->lane_next = NULL;
+    if (x->lane == NULL)
+        return KVB_ERR_CANCELED;
+    if (x->runs != NULL && !(x->lane->caps & KVB__LANE_RUNS))
+        return kvb__runs_expand(x);
     return KVB_OK;
 }
 
-/* Prepared x on its lane: the direct lane alone (a group of one), else UCX. */
-static kvb_status_t submit_one(kvb_engine_h eng, struct kvb_xfer *x)
+/* Prepared x on its lane (a group of one), or on its fallback where a lane
+ * refuses it (refused: its lane already did). On failure x is unsubmitted
+ * (the caller's reference left). */
+static kvb_status_t submit_one(kvb_engine_h eng, struct kvb_xfer *x, bool refused)
 {
-    if (x->direct && kvb__direct_submit(eng, &x, 1))
-        return KVB_OK;
-    return submit_ucx(eng, x);
+    kvb_status_t st = refused ? KVB__LANE_REFUSED : x->lane->submit(eng, &x, 1);
+    while (st == KVB__LANE_REFUSED)
+        if ((st = to_fallback(x)) == KVB_OK)
+            st = x->lane->submit(eng, &x, 1);
+    if (st != KVB_OK)
+        xfer_unsubmitted(x);
+    return st;
 }
 
 /* kvb_engine_write_async of w with a deadline (monotonic ns) for the
@@ -172,7 +180,7 @@ static kvb_status_t write_start_w(kvb_engine_h eng, const char *sid, const kvb__
         return KVB_ERR_NOMEM;
     st = prepare(eng, sid, w, deadline, x);
     if (st == KVB_OK)
-        st = submit_one(eng, x);
+        st = submit_one(eng, x, false);
     else
         xfer_unsubmitted(x);
     if (st != KVB_OK) {
@@ -266,8 +274,9 @@ static kvb_status_t member_blocks(kvb_engine_h eng, const kvb_write_member_t *mb
     return KVB_OK;
 }
 
-/* Start member mb: on the direct lane (host memory) it is only prepared and
- * added to zip[*nz_p] for the group's one submission; any other lane now. */
+/* Start member mb: on a lane that takes groups (the direct lane) it is only
+ * prepared and added to zip[*nz_p] for the group's one submission; on any
+ * other lane now. */
 static kvb_status_t member_start(kvb_engine_h eng, const kvb_write_member_t *mb, bool fits,
                                  struct kvb_xfer **zip, size_t *nz_p, kvb_xfer_h *xfer_p)
 {
@@ -282,12 +291,12 @@ static kvb_status_t member_start(kvb_engine_h eng, const kvb_write_member_t *mb,
         st = check_args(eng, mb->session_id, &w);
     if (st == KVB_OK)
         st = prepare(eng, mb->session_id, &w, setup_deadline(eng, 0), x);
-    if (st == KVB_OK && x->direct && !x->cuda) {
+    if (st == KVB_OK && (x->lane->caps & KVB__LANE_GROUPS)) {
         zip[(*nz_p)++] = x;
         return KVB_OK;
     }
     if (st == KVB_OK)
-        st = submit_one(eng, x);
+        st = submit_one(eng, x, false);
     else
         xfer_unsubmitted(x);
     if (st != KVB_OK)
@@ -316,12 +325,25 @@ kvb_status_t kvb_engine_write_group_async(kvb_engine_h eng, const kvb_write_memb
         if (nz > nz0)
             at[nz0] = i;
     }
-    /* One hold of the copy queue for them all; refused (engine stopping):
-     * each takes the UCX lanes, as a single write would. */
-    if (nz > 0 && !kvb__direct_submit(eng, zip, nz))
-        for (size_t k = 0; k < nz; k++)
-            if ((statuses_p[at[k]] = submit_ucx(eng, zip[k])) != KVB_OK)
-                member_failed(eng, zip[k], statuses_p[at[k]]);
+    /* One submission per lane for its members (the direct lane: one hold of
+     * the copy queue for them all); refused (engine stopping): each takes
+     * its fallback, as a single write would. */
+    for (size_t k0 = 0; k0 < nz; k0++) {
+        struct kvb_xfer *g[KVB_WRITE_GROUP_MAX];
+        size_t ng = 0, gi[KVB_WRITE_GROUP_MAX];
+        const kvb__lane_t *lane = zip[k0] != NULL ? zip[k0]->lane : NULL;
+        for (size_t k = k0; lane != NULL && k < nz; k++)
+            if (zip[k] != NULL && zip[k]->lane == lane) {
+                gi[ng] = at[k];
+                g[ng++] = zip[k];
+                zip[k] = NULL;
+            }
+        if (ng == 0 || lane->submit(eng, g, ng) == KVB_OK)
+            continue;
+        for (size_t k = 0; k < ng; k++)
+            if ((statuses_p[gi[k]] = submit_one(eng, g[k], true)) != KVB_OK)
+                member_failed(eng, g[k], statuses_p[gi[k]]);
+    }
     for (size_t i = 0; i < count && first == KVB_OK; i++)
         first = statuses_p[i];
     return first;
@@ -734,7 +756,7 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     return m;
 }
 
-static void issue_am(kvb_engine_h eng, struct kvb_xfer *x)
+void kvb__am_issue(kvb_engine_h eng, struct kvb_xfer *x)
 {
     while (x->next < x->n && x->inflight < AM_WINDOW && !x->failed && !x->abandoned &&
            x->pos < __atomic_load_n(&x->stage_ready, __ATOMIC_ACQUIRE)) {
@@ -810,12 +832,7 @@ static bool progress_one(kvb_engine_h eng, struct kvb_xfer *x)
     /* UCX may report the peer lost inside a send, which finishes x and
      * drops the engine's reference: hold one across the issue. */
     __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
-    if (x->conn->lane == LANE_PUT && !x->cuda) { /* device memory has no remote key */
-        if (x->inflight == 0)
-            issue_put(eng, x);
-    } else {
-        issue_am(eng, x);
-    }
+    x->lane->progress(eng, x);
     bool moved = x->next != before;
     kvb__xfer_release(x);
     return moved;
@@ -928,3 +945,54 @@ kvb_status_t kvb__am_register_handlers(kvb_engine_h eng)
         return kvb__err_set(&eng->err, KVB_ERR_IO, "cannot set the ack message handler");
     return KVB_OK;
 }
+
+/* ---- the UCX lanes ---- */
+
+kvb_status_t kvb__xfer_queue(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
+        kvb_status_t st = cmd == NULL ? KVB_ERR_NOMEM : KVB_OK;
+        if (st == KVB_OK) {
+            cmd->kind = CMD_XFER;
+            cmd->xfer = xs[i];
+            st = kvb__engine_submit(eng, cmd, false);
+        }
+        if (st != KVB_OK) {
+            free(cmd);
+            return st;
+        }
+    }
+    return KVB_OK;
+}
+
+/* Connections set up for puts (--transport shm, KVBRIDGE_LANE=put). */
+static bool put_usable(kvb_engine_h eng, const kvb__conn_t *c, const struct kvb_xfer *x,
+                       const long *dst_seg, const kvb__wblocks_t *w)
+{
+    return c->lane == LANE_PUT;
+}
+
+static void put_progress(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    if (x->inflight == 0)
+        issue_put(eng, x);
+}
+
+const kvb__lane_t kvb__lane_put = {
+    .name = "put",
+    .pairs = KVB__PAIR(KVB__MEM_HOST, KVB__MEM_HOST), /* device memory has no remote key */
+    .fence = KVB__LANE_FENCE_NONE,
+    .usable = put_usable,
+    .submit = kvb__xfer_queue,
+    .progress = put_progress,
+};
+
+const kvb__lane_t kvb__lane_msg = {
+    .name = "message",
+    .pairs = KVB__PAIR(KVB__MEM_HOST, KVB__MEM_HOST),
+    .fence = KVB__LANE_FENCE_TARGET,
+    .init = kvb__am_register_handlers,
+    .submit = kvb__xfer_queue,
+    .progress = kvb__am_issue,
+};
