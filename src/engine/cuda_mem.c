@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define STAGE_MSG_MAX_DEFAULT (256ull << 20)
 #define STAGE_CHUNK_DEFAULT (8ull << 20) /* bytes staged per step (writer) */
 #define STAGE_RING_DEFAULT (64ull << 20) /* pinned bytes one transfer stages through */
 
@@ -675,12 +674,6 @@ kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t 
     return kvb__cuda_copy_batch(d < 0 ? 0 : d, v, n, why, wl);
 }
 
-uint64_t kvb__cuda_stage_msg_max(void)
-{
-    return (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGE_MSG_MAX", NULL,
-                                  (int64_t)STAGE_MSG_MAX_DEFAULT, 1 << 20, INT64_MAX);
-}
-
 /* ---- the lanes: CUDA IPC/VMM (same host), CUDA staging (anywhere) ---- */
 
 static kvb_status_t ipc_advertise(kvb_engine_h eng, kvb__hs_reply_t *r, bool local, uint32_t caps)
@@ -722,6 +715,8 @@ const kvb__lane_t kvb__lane_cuda_ipc = {
     .submit = ipc_submit,
 };
 
+extern const kvb__lane_t kvb__lane_msg;
+
 /* Stage x's device sources through a pinned ring (the device-copy worker
  * copies them, chunk by chunk) and send it on the message lane; the target
  * stages device destinations itself. */
@@ -730,7 +725,7 @@ static kvb_status_t stage_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, s
     struct kvb_xfer *x = xs[0];
     kvb_status_t st = kvb__cuda_stage_sources(eng, x);
     if (st == KVB_OK)
-        st = kvb__xfer_queue(eng, xs, n);
+        st = kvb__lane_msg.submit(eng, xs, n);
     if (st != KVB_OK) {
         kvb__cuda_stage_abandon(x); /* drops the plan's reference */
         return st;
@@ -739,10 +734,16 @@ static kvb_status_t stage_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, s
     return KVB_OK;
 }
 
+/* Sent as the message lane sends, as far as it is staged. */
+static void stage_progress(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    kvb__lane_msg.progress(eng, x);
+}
+
 const kvb__lane_t kvb__lane_cuda_stage = {
     .name = "cuda-staging",
     .pairs = KVB__PAIRS_DEVICE,
     .fence = KVB__LANE_FENCE_TARGET,
     .submit = stage_submit,
-    .progress = kvb__am_issue,
+    .progress = stage_progress,
 };

@@ -15,10 +15,6 @@
 #include "engine/lane.h"
 #include "engine/segtab.h"
 
-#define KVB_AM_WRITE 11      /* writer → target: descriptors in header, bytes as data */
-#define KVB_AM_ACK 12        /* target → writer: placed (or refused) */
-#define KVB_AM_WRITE_AUTH 13 /* as KVB_AM_WRITE, the peer's token (engine secret) first */
-
 typedef enum lane { LANE_PUT = 0, LANE_AM = 1 } lane_t;
 
 typedef struct kvb__conn kvb__conn_t;
@@ -255,7 +251,7 @@ struct kvb_engine {
     uint64_t notify_evicted, notify_misbehaved; /* seg_mu */
     uint64_t notify_refused;                    /* seg_mu: newcomers refused at the cap */
     size_t notify_pending; /* seg_mu: handshakes given a place under the cap, not yet listed */
-    uint64_t am_admitted;  /* atomic: message-lane writes admitted so far (amtarget.c) */
+    uint64_t am_admitted;  /* atomic: message-lane writes admitted so far (lane/msg/target.c) */
     uint64_t direct_refused,
         direct_unpopulated;                     /* atomic: peer files not mapped / not prefaulted */
     uint64_t direct_slack, direct_populate_max; /* KVBRIDGE_DIRECT_MAP_SLACK / _POPULATE_MAX */
@@ -516,9 +512,6 @@ void kvb__cuda_stage_abandon(struct kvb_xfer *x);
 /* Direct lane unit of a CUDA transfer: copies v[0..n) and waits for them. */
 kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t n, char *why,
                             size_t wl);
-/* Message lane, target: the most bytes one message into device memory may
- * carry (staged), KVBRIDGE_CUDA_STAGE_MSG_MAX. */
-uint64_t kvb__cuda_stage_msg_max(void);
 /* warm.c: warming a peer's newly mapped files off the copy threads' path */
 int kvb__warm_cpu_pct(void);           /* KVBRIDGE_DIRECT_WARM_CPU (default 50) */
 void kvb__warm_init(kvb_engine_h eng); /* at engine creation (no memory: warmer off) */
@@ -527,20 +520,24 @@ void kvb__warm_add(kvb_engine_h eng, kvb__conn_t *c, uint8_t *base, uint64_t siz
 void kvb__warm_stop(kvb_engine_h eng);      /* joins the thread, drops the jobs */
 uint64_t kvb__warm_pages(kvb_engine_h eng); /* pages warmed so far */
 
-/* xfer.c */
+/* complete.c: a write's end, and the progress thread's list of writes */
+/* Drop a reference to x (any thread); the last frees it. */
+void kvb__xfer_release(struct kvb_xfer *x);
 /* Set x's final status, wake its waiters and drop the engine's reference. */
 void kvb__xfer_publish(struct kvb_xfer *x, kvb_status_t st);
-void kvb__xfer_start(kvb_engine_h eng, struct kvb_xfer *x);
-bool kvb__xfer_progress_all(kvb_engine_h eng); /* true when something issued */
-void kvb__xfer_fail_conn(kvb_engine_h eng, kvb__conn_t *c, const char *why);
-void kvb__xfer_cancel_all(kvb_engine_h eng);
-kvb_status_t kvb__am_register_handlers(kvb_engine_h eng);
+/* Progress thread: x failed with st and a reason (fmt with a and b); the
+ * first failure counts. x ends once nothing of it is in flight. */
+void kvb__xfer_fail(struct kvb_xfer *x, kvb_status_t st, const char *fmt, const char *a,
+                    const char *b);
 /* The UCX lanes' submit (lane.h): hand each write to the progress thread. */
 kvb_status_t kvb__xfer_queue(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n);
-/* The message lane's progress op: send what x's window allows. */
-void kvb__am_issue(kvb_engine_h eng, struct kvb_xfer *x);
-/* amtarget.c: the target's write handlers (called by the above) */
-kvb_status_t kvb__am_target_register(kvb_engine_h eng);
-void kvb__xfer_release(struct kvb_xfer *x);
+/* Progress thread: list x (CMD_XFER); give each listed write's lane a turn
+ * (true when something was issued); fail c's writes; end every write. */
+void kvb__xfer_start(kvb_engine_h eng, struct kvb_xfer *x);
+bool kvb__xfer_progress_all(kvb_engine_h eng);
+void kvb__xfer_fail_conn(kvb_engine_h eng, kvb__conn_t *c, const char *why);
+void kvb__xfer_cancel_all(kvb_engine_h eng);
+/* Progress thread: the listed write of id, or NULL. */
+struct kvb_xfer *kvb__xfer_find(kvb_engine_h eng, uint64_t id);
 
 #endif
