@@ -667,14 +667,9 @@ void kvb__cuda_stage_abandon(struct kvb_xfer *x)
     x->stage_job = NULL;
 }
 
-kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t n, char *why,
-                            size_t wl)
-{
-    int d = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
-    return kvb__cuda_copy_batch(d < 0 ? 0 : d, v, n, why, wl);
-}
-
 /* ---- the lanes: CUDA IPC/VMM (same host), CUDA staging (anywhere) ---- */
+
+extern const kvb__lane_t kvb__lane_direct;
 
 static kvb_status_t ipc_advertise(kvb_engine_h eng, kvb__hs_reply_t *r, bool local, uint32_t caps)
 {
@@ -688,16 +683,19 @@ static void ipc_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *
     kvb__cuda_attach(eng, c, r, c->fence != NULL);
 }
 
+/* Where the direct lane may write (every destination mapped or imported,
+ * the grant not fenced): the same copy threads, which copy a CUDA write's
+ * units through the driver. */
 static bool ipc_usable(kvb_engine_h eng, const kvb__conn_t *c, const struct kvb_xfer *x,
                        const long *dst_seg, const kvb__wblocks_t *w)
 {
-    return eng->params.copy_threads > 0 && kvb__direct_usable(eng, c, x->epoch, dst_seg, w);
+    return kvb__lane_direct.usable(eng, c, x, dst_seg, w);
 }
 
 /* Alone in its group: a unit is one batch of driver copies. */
 static kvb_status_t ipc_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
 {
-    return kvb__direct_submit(eng, xs, n) ? KVB_OK : KVB__LANE_REFUSED;
+    return kvb__lane_direct.submit(eng, xs, n);
 }
 
 const kvb__lane_t kvb__lane_cuda_ipc = {

@@ -1197,8 +1197,6 @@ static void engine_free(kvb_engine_h eng)
     pthread_cond_destroy(&eng->cmd_cv);
     pthread_mutex_destroy(&eng->hs_mu);
     pthread_cond_destroy(&eng->hs_cv);
-    pthread_mutex_destroy(&eng->dmu);
-    pthread_cond_destroy(&eng->dcv);
     kvb__err_destroy(&eng->err);
     if (eng->secret != NULL) {
         explicit_bzero(eng->secret, strlen(eng->secret));
@@ -1236,8 +1234,6 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     pthread_cond_init(&eng->cmd_cv, NULL);
     pthread_mutex_init(&eng->hs_mu, NULL);
     pthread_cond_init(&eng->hs_cv, NULL);
-    pthread_mutex_init(&eng->dmu, NULL);
-    pthread_cond_init(&eng->dcv, NULL);
     for (int i = 0; i < KVB_HS_MAX_ACTIVE; i++)
         eng->hs_fds[i] = -1;
     eng->listen_fd = eng->evfd = eng->epfd = eng->stop_pipe[0] = eng->stop_pipe[1] = -1;

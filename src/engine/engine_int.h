@@ -19,10 +19,6 @@ typedef enum lane { LANE_PUT = 0, LANE_AM = 1 } lane_t;
 
 typedef struct kvb__conn kvb__conn_t;
 
-typedef struct kvb__map { /* a peer's shared file mapped here (direct lane) */
-    uint8_t *base;
-    uint64_t size, dev, ino;
-} kvb__map_t;
 typedef struct kvb__session kvb__session_t;
 
 typedef struct kvb__notify { /* a writer's control connection (listener side) */
@@ -55,10 +51,8 @@ struct kvb__conn {
     int am_auth;   /* the peer challenged us: token in every message */
     uint8_t am_token[KVB_HS_TOKEN_LEN]; /* its write-message token */
     uint8_t rx[KVB_HS_NOTICE_LEN];      /* partial notice from the control connection */
-    kvb__map_t *maps;                   /* direct lane: the peer's files mapped here */
-    size_t nmaps, cap_maps;
-    uint64_t populated; /* direct lane: bytes of maps prefaulted (KVBRIDGE_DIRECT_POPULATE_MAX) */
-    uint8_t *fence;     /* direct lane: the peer's fence page (busy counts written), or NULL */
+    struct kvb__direct_conn *direct; /* the direct lane's: the peer's files mapped here, or NULL */
+    uint8_t *fence; /* same host: the peer's fence page mapped (direct lane), or NULL (fence.h) */
     struct kvb__cuda_conn *cuda; /* the peer's device-memory segments (cuda_mem.c), or NULL */
     size_t rxlen;
     kvb__conn_t *next_all;
@@ -82,8 +76,7 @@ struct kvb__session {
     kvb__session_t *next;
 };
 
-#define KVB__AM_WINDOW 8                  /* unacknowledged messages per transfer */
-typedef struct kvb__dgroup kvb__dgroup_t; /* direct lane: writes queued together (direct.c) */
+#define KVB__AM_WINDOW 8 /* unacknowledged messages per transfer */
 
 /* A write's blocks as the caller gave them: plain or strided (runs.c). */
 typedef struct kvb__wblocks {
@@ -252,11 +245,8 @@ struct kvb_engine {
     uint64_t notify_refused;                    /* seg_mu: newcomers refused at the cap */
     size_t notify_pending; /* seg_mu: handshakes given a place under the cap, not yet listed */
     uint64_t am_admitted;  /* atomic: message-lane writes admitted so far (lane/msg/target.c) */
-    uint64_t direct_refused,
-        direct_unpopulated;                     /* atomic: peer files not mapped / not prefaulted */
-    uint64_t direct_slack, direct_populate_max; /* KVBRIDGE_DIRECT_MAP_SLACK / _POPULATE_MAX */
-    size_t n_cuda_segs;                         /* local registrations in device memory (seg_mu) */
-    int cuda_device; /* atomic: the device our copies run in (first CUDA registration), -1 */
+    size_t n_cuda_segs;    /* local registrations in device memory (seg_mu) */
+    int cuda_device;       /* atomic: the device our copies run in (first CUDA registration), -1 */
     struct kvb__fdsrv *fdsrv; /* VMM descriptors for same-host writers (seg_mu; cuda_fdsrv.c) */
     bool fdsrv_failed;        /* seg_mu: it could not start (not tried again) */
     /* secret set: the message-lane token of each authenticated control
@@ -300,18 +290,8 @@ struct kvb_engine {
     ucp_address_t *waddr;          /* this worker's address, fetched once */
     size_t waddr_len;
 
-    /* direct lane: writer copy threads (dmu) */
-    pthread_mutex_t dmu;
-    pthread_cond_t dcv;
-    struct kvb__dgroup *dq_head, *dq_tail; /* groups with units left (round robin) */
-    pthread_t *dthr;
-    size_t n_dthr;
-    int dstop;
-    bool stream_copy;       /* AVX2 streaming stores available */
-    struct kvb__warm *warm; /* background warmer of new mappings (warm.c), NULL when off */
-    int warm_pct;           /* KVBRIDGE_DIRECT_WARM_CPU: % of one core it may use; 0 = off */
-
-    kvb__jobs_t jobs; /* device-copy worker (jobs.c) */
+    struct kvb__direct *direct; /* the direct lane's copy threads and warmer (lane/direct/) */
+    kvb__jobs_t jobs;           /* device-copy worker (jobs.c) */
 
     pthread_t progress_thr, listen_thr;
     int stop; /* atomic */
@@ -386,20 +366,6 @@ kvb_status_t kvb__runs_expand(struct kvb_xfer *x);
  * in one destination segment merged). KVB_ERR_NOMEM. */
 kvb_status_t kvb__xfer_blocks(struct kvb_xfer *x, const kvb_block_t *b, const long *dst_seg,
                               size_t n);
-
-/* direct.c */
-void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r);
-void kvb__direct_detach(kvb__conn_t *c);
-/* Every block's destination mapped and our tag not fenced? */
-bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, uint64_t epoch, const long *dst_seg,
-                        const kvb__wblocks_t *w);
-/* Queue xs[0..n) (n <= KVB_WRITE_GROUP_MAX, each prepared for the direct
- * lane (runs), none CUDA unless n is 1) as one group under one dmu hold:
- * the copy threads take its units in zip order (row r of run i of every
- * member, then row r + 1, then run i + 1). false: nothing queued (engine
- * stopping, no copy thread, no memory): use UCX. */
-bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n);
-void kvb__direct_stop(kvb_engine_h eng);
 
 /* cuda_mem.c: CUDA device memory on every lane (docs/engine.md) */
 typedef struct kvb__cuda_seg {
@@ -509,16 +475,6 @@ void kvb__mem_kinds(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
 kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x);
 void kvb__cuda_stage_start(kvb_engine_h eng, struct kvb_xfer *x);
 void kvb__cuda_stage_abandon(struct kvb_xfer *x);
-/* Direct lane unit of a CUDA transfer: copies v[0..n) and waits for them. */
-kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t n, char *why,
-                            size_t wl);
-/* warm.c: warming a peer's newly mapped files off the copy threads' path */
-int kvb__warm_cpu_pct(void);           /* KVBRIDGE_DIRECT_WARM_CPU (default 50) */
-void kvb__warm_init(kvb_engine_h eng); /* at engine creation (no memory: warmer off) */
-/* Queue [base, base + size) of c's mappings (takes a reference to c). */
-void kvb__warm_add(kvb_engine_h eng, kvb__conn_t *c, uint8_t *base, uint64_t size);
-void kvb__warm_stop(kvb_engine_h eng);      /* joins the thread, drops the jobs */
-uint64_t kvb__warm_pages(kvb_engine_h eng); /* pages warmed so far */
 
 /* complete.c: a write's end, and the progress thread's list of writes */
 /* Drop a reference to x (any thread); the last frees it. */
