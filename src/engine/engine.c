@@ -210,7 +210,7 @@ static kvb_status_t map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, k
     if (r->addr == NULL || r->length == 0 || (uintptr_t)r->addr + r->length < (uintptr_t)r->addr)
         return kvb__err_set(&eng->err, KVB_ERR_INVALID, "region %p+%zu is empty or wraps", r->addr,
                             r->length);
-    /* Device memory is moved by the driver (cuda_mem.c), never by UCX. */
+    /* Device memory is moved by the driver (mem_cuda.c), never by UCX. */
     kvb_status_t st = kvb__cuda_map_region(eng, r, seg, &cuda);
     if (st != KVB_OK || cuda)
         return st;
@@ -398,6 +398,8 @@ static kvb_status_t build_reply(kvb_engine_h eng, bool local, uint32_t caps, uin
         r.segs[i].rkey = eng->segs.v[i].rkey_buf;
         r.segs[i].rkey_len = (uint32_t)eng->segs.v[i].rkey_len;
     }
+    if (st == KVB_OK)
+        st = kvb__cuda_table(eng, &r);
     if (st == KVB_OK)
         st = kvb__lanes_advertise(eng, &r, local, caps);
     if (st == KVB_OK)

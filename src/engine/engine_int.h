@@ -53,7 +53,8 @@ struct kvb__conn {
     uint8_t rx[KVB_HS_NOTICE_LEN];      /* partial notice from the control connection */
     struct kvb__direct_conn *direct; /* the direct lane's: the peer's files mapped here, or NULL */
     uint8_t *fence; /* same host: the peer's fence page mapped (direct lane), or NULL (fence.h) */
-    struct kvb__cuda_conn *cuda; /* the peer's device-memory segments (cuda_mem.c), or NULL */
+    struct kvb__cuda_conn *cuda; /* the peer's device-memory segments (mem_cuda.c), or NULL */
+    struct kvb__cuda_ipc_conn *cuda_ipc; /* the CUDA IPC lane's imports (lane/cuda_ipc/), or NULL */
     size_t rxlen;
     kvb__conn_t *next_all;
 };
@@ -247,7 +248,7 @@ struct kvb_engine {
     uint64_t am_admitted;  /* atomic: message-lane writes admitted so far (lane/msg/target.c) */
     size_t n_cuda_segs;    /* local registrations in device memory (seg_mu) */
     int cuda_device;       /* atomic: the device our copies run in (first CUDA registration), -1 */
-    struct kvb__fdsrv *fdsrv; /* VMM descriptors for same-host writers (seg_mu; cuda_fdsrv.c) */
+    struct kvb__fdsrv *fdsrv; /* VMM descriptors for same-host writers (seg_mu; lane/cuda_ipc/) */
     bool fdsrv_failed;        /* seg_mu: it could not start (not tried again) */
     /* secret set: the message-lane token of each authenticated control
      * connection (seg_mu); dropped when its connection closes */
@@ -367,7 +368,9 @@ kvb_status_t kvb__runs_expand(struct kvb_xfer *x);
 kvb_status_t kvb__xfer_blocks(struct kvb_xfer *x, const kvb_block_t *b, const long *dst_seg,
                               size_t n);
 
-/* cuda_mem.c: CUDA device memory on every lane (docs/engine.md) */
+/* mem_cuda.c: CUDA device memory as a memory kind (docs/engine.md). A
+ * registration's device record; ipc, vmm*, handle: the CUDA IPC lane's
+ * export (lane/cuda_ipc/). */
 typedef struct kvb__cuda_seg {
     int device;          /* local: ordinal here; remote: the peer's (informational) */
     bool ipc;            /* local: handle exports the allocation (legacy IPC) */
@@ -384,16 +387,20 @@ typedef struct kvb__cuda_seg {
 kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__seg_t *seg,
                                   bool *cuda_p);
 void kvb__cuda_unmap_seg(kvb_engine_h eng, kvb__seg_t *seg); /* seg_mu held */
-/* seg_mu held: the reply's device-memory table (handles only for local;
- * VMM parts only for a writer whose caps have KVB_HS_CAP_VMM_PARTS). */
-kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local, uint32_t caps);
+/* seg_mu held: the reply's device-memory table, which segments are device
+ * memory (the lanes add what their writers need: lane.h `advertise`). */
+kvb_status_t kvb__cuda_table(kvb_engine_h eng, kvb__hs_reply_t *r);
 /* Writer, before the handshake's conn is established: room for the peer's
- * device-memory table (KVB_ERR_NOMEM). */
+ * device-memory table (KVB_ERR_NOMEM). Before the lanes attach: mark the
+ * peer's device segments (s->cuda). Freed with the conn. */
 kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r);
-/* Writer, before the conn is published: mark the peer's device segments;
- * import: open their IPC handles (same host, fence page mapped). */
-void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r, bool import);
-void kvb__cuda_detach(kvb__conn_t *c);
+void kvb__cuda_mark(kvb__conn_t *c, const kvb__hs_reply_t *r);
+void kvb__cuda_conn_free(kvb__conn_t *c);
+/* The memory kind of each side of the batch: CUDA when a block's source
+ * (destination) there is device memory (dst_seg: the peer's segment of each
+ * block, -1 for empty ones). */
+void kvb__mem_kinds(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
+                    const kvb__wblocks_t *w, kvb__mem_kind_t *src_p, kvb__mem_kind_t *dst_p);
 /* jobs.c (see kvb__job_t) */
 void kvb__jobs_init(kvb__jobs_t *q);
 /* Queue j; false when it cannot run there (the engine is stopping, a
@@ -409,72 +416,6 @@ void kvb__jobs_kick(kvb_engine_h eng);
 /* Before the progress thread stops: join the worker, drop every job left. */
 void kvb__jobs_stop(kvb_engine_h eng);
 void kvb__jobs_free(kvb__jobs_t *q);
-
-/* cuda_vmm.c: VMM allocations on the same-host lane. Target, at
- * registration of [.., end) whose first byte lies in the mapping [base,
- * +size) on dev: export the VMM allocations mapped back to back from base
- * up to end as file descriptors into cs (vmm, vmm_n, vmm_fds, vmm_sizes,
- * vmm_size). 1 exported; 0 not VMM memory (or a driver without VMM) and end
- * within the mapping; -1 VMM but an export refused (why; writers stage it);
- * -2 the region cannot be registered (why: past its allocation, mixed
- * cuMemAlloc and VMM memory, too many allocations). */
-int kvb__cuda_vmm_export(int dev, uint64_t base, uint64_t size, uint64_t end, kvb__cuda_seg_t *cs,
-                         char *why, size_t wl);
-void kvb__cuda_vmm_unexport(kvb__cuda_seg_t *cs);
-/* Writer: a peer's VMM allocations mapped here back to back (size 0: none). */
-typedef struct kvb__cuda_vmm_map {
-    kvb_CUdeviceptr va; /* the reservation, size bytes */
-    uint64_t size;
-    bool reserved;
-    uint32_t parts, n; /* allocations; mapped so far */
-    uint64_t *sizes;   /* each one's size */
-} kvb__cuda_vmm_map_t;
-/* Writer: fetch listener pid's descriptors of entry e's parts (rep's parts
- * table), import and map them on dev; the segment (seg_len bytes at
- * e->alloc_off) must lie inside. false: nothing mapped (why). */
-bool kvb__cuda_vmm_import(int dev, uint32_t pid, const kvb__hs_reply_t *rep,
-                          const kvb__hs_cuda_t *e, uint64_t seg_len, kvb__cuda_vmm_map_t *m,
-                          char *why, size_t wl);
-void kvb__cuda_vmm_unmap(kvb__cuda_vmm_map_t *m);
-/* cuda_fdsrv.c: the target's VMM descriptors passed to same-host writers
- * over an abstract Unix socket (SCM_RIGHTS), without ptrace rights. */
-#define KVB_FDSRV_MAX_FDS 64 /* descriptors per request */
-typedef struct kvb__fdsrv kvb__fdsrv_t;
-/* seg_mu held (registration of a VMM region): start the server once
- * (KVBRIDGE_CUDA_FD_SOCKET=0: never). */
-void kvb__fdsrv_ensure(kvb_engine_h eng);
-/* seg_mu held (a reply naming VMM parts): the socket's name and a fresh
- * ticket for it; false (both zeroed) without a server. */
-bool kvb__fdsrv_ticket(kvb_engine_h eng, uint8_t name[KVB_HS_FDSOCK_LEN],
-                       uint8_t ticket[KVB_HS_TICKET_LEN]);
-/* Engine destroy, before the segments go: stop the server. */
-void kvb__fdsrv_stop(kvb_engine_h eng);
-/* Writer: connect to the target's socket (-1: why), then fetch n (<=
- * KVB_FDSRV_MAX_FDS) of its descriptors under ticket into out (each ours to
- * close); false: none received (why). */
-int kvb__fdsrv_connect(const uint8_t name[KVB_HS_FDSOCK_LEN], char *why, size_t wl);
-bool kvb__fdsrv_fetch(int c, const uint8_t ticket[KVB_HS_TICKET_LEN], const uint32_t *fdn,
-                      uint32_t n, int *out, char *why, size_t wl);
-/* The caps a writer's handshake request announces (KVB_HS_CAP_*): VMM parts
- * when the driver loads with the VMM entry points and KVBRIDGE_CUDA_VMM is
- * not 0. */
-uint32_t kvb__cuda_caps(void);
-/* The memory kind of each side of the batch: CUDA when a block's source
- * (destination) there is device memory (dst_seg: the peer's segment of each
- * block, -1 for empty ones). */
-void kvb__mem_kinds(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
-                    const kvb__wblocks_t *w, kvb__mem_kind_t *src_p, kvb__mem_kind_t *dst_p);
-/* Message lane, writer (before x is submitted): mark x's device sources
- * staged through a bounded pinned ring (x->stage, x->staged) and plan their
- * staging (x->stage_ready 0: nothing may be sent yet). Once x is submitted,
- * kvb__cuda_stage_start hands the copies to the device-copy worker (chunk by
- * chunk, each once its ring slot is free: x->stage_free; x->stage_ready
- * tells the progress thread how far; no worker: on this thread, as far as
- * the ring allows); a transfer never submitted drops the plan with
- * kvb__cuda_stage_abandon. */
-kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x);
-void kvb__cuda_stage_start(kvb_engine_h eng, struct kvb_xfer *x);
-void kvb__cuda_stage_abandon(struct kvb_xfer *x);
 
 /* complete.c: a write's end, and the progress thread's list of writes */
 /* Drop a reference to x (any thread); the last frees it. */

@@ -356,6 +356,8 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
         if (cmd.conn != NULL)
             cmd.conn->am_auth = o.authed;
         if (st == KVB_OK)
+            st = kvb__cuda_conn_alloc(cmd.conn, &reply);
+        if (st == KVB_OK)
             st = kvb__lanes_attach_prepare(cmd.conn, &reply);
         if (st != KVB_OK)
             kvb__hs_reply_free(&reply);
@@ -379,8 +381,10 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
          * pre-faulting the peer's files takes a while for big pools: on
          * this caller's thread, not the progress thread). The conn is not
          * published yet, so no transfer reads what this sets. */
-        if (st == KVB_OK)
+        if (st == KVB_OK) {
+            kvb__cuda_mark(cmd.conn, &reply); /* never written as host memory */
             kvb__lanes_attach(eng, cmd.conn, &reply);
+        }
         kvb__hs_reply_free(&reply);
     }
     free(o.msg);
@@ -389,6 +393,7 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
     if (st != KVB_OK) {
         if (cmd.conn != NULL && (cmd.result != KVB_OK || !cmd.done)) {
             kvb__lanes_detach(cmd.conn);
+            kvb__cuda_conn_free(cmd.conn);
             kvb__session_put(eng, cmd.conn->sess);
             free(cmd.conn);
         }
@@ -525,7 +530,7 @@ static kvb_status_t unpack_rkeys(kvb__conn_t *c, const kvb__hs_reply_t *r, char 
             us = UCS_ERR_UNREACHABLE;
         }
         /* Device memory comes without a remote key: the put lane never
-         * writes it (the transfer takes the message lane, cuda_mem.c). */
+         * writes it (the transfer takes another lane, mem_cuda.c). */
         if (us != UCS_OK && c->lane == LANE_PUT && r->segs[i].rkey_len > 0) {
             snprintf(why, wl, "remote key %u unusable: %s", i, ucs_status_string(us));
             return KVB_ERR_PEER;
@@ -651,6 +656,7 @@ void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c)
 {
     kvb__conn_close_ep(eng, c);
     kvb__lanes_detach(c);
+    kvb__cuda_conn_free(c);
     for (size_t i = 0; i < c->segs.n; i++)
         if (c->segs.v[i].handle != NULL)
             ucp_rkey_destroy((ucp_rkey_h)c->segs.v[i].handle);

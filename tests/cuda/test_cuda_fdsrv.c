@@ -6,7 +6,7 @@
  * (any other of its files), a malformed message and a request after the
  * region is unregistered get nothing; no descriptor is left open here. */
 #include "cuda/cuda_test.h"
-#include "engine/engine_int.h"
+#include "engine/lane/cuda_ipc/cuda_ipc.h"
 #include "kvb_test_engine.h"
 
 #include <dirent.h>

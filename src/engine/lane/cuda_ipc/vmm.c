@@ -17,7 +17,7 @@
  * with one offset, as in the target) and makes the range readable and
  * writable on its device; the direct lane then copies device to device into
  * it. Anything refused: the segment is staged through host memory. */
-#include "engine/engine_int.h"
+#include "engine/lane/cuda_ipc/cuda_ipc.h"
 
 #include <errno.h>
 #include <fcntl.h>
