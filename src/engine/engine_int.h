@@ -342,8 +342,15 @@ void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
-/* engine.c: forget the token of control connection fd (seg_mu held) */
+/* listener.c: the listener thread; at destroy (after it was joined), cut
+ * the handshakes still in progress and wait for their threads; forget the
+ * token of control connection fd (seg_mu held). */
+void *kvb__listen_main(void *arg);
+void kvb__hs_drain(kvb_engine_h eng);
 void kvb__am_token_drop_locked(kvb_engine_h eng, int fd);
+/* register.c: release a registration's mapping (seg_mu held, or the
+ * engine being freed). */
+void kvb__seg_unmap(kvb_engine_h eng, kvb__seg_t *seg);
 
 /* runs.c: a write's blocks, checked and coalesced on the caller's thread */
 /* Check every block of w against our registrations (source) and c's
