@@ -1,7 +1,11 @@
-/* Internal structures of the transfer engine. One engine owns one UCX
- * context and worker; only the engine's progress thread calls UCX on the
- * worker (ep creation, rkey unpack, put, AM, flush), so the worker runs in
- * single-thread mode. Caller threads validate, queue commands and wait. */
+/* Internal structures of the transfer engine: its objects (engine,
+ * session, connection, write), the core's prototypes and those of the
+ * primitives the lanes call (docs/architecture.md, "The engine: core and
+ * lanes"; the lane interface: lane.h; the fence: fence.h). One engine owns
+ * one UCX context and worker; only the engine's progress thread calls UCX
+ * on the worker (ep creation, rkey unpack, put, AM, flush), so the worker
+ * runs in single-thread mode. Caller threads validate, queue commands and
+ * wait. */
 #ifndef KVB_ENGINE_INT_H
 #define KVB_ENGINE_INT_H
 
@@ -15,6 +19,8 @@
 #include "engine/lane.h"
 #include "engine/segtab.h"
 
+/* What a connection's UCX endpoint was set up for (session.c): one-sided
+ * puts (--transport shm, KVBRIDGE_LANE=put) or messages. */
 typedef enum lane { LANE_PUT = 0, LANE_AM = 1 } lane_t;
 
 typedef struct kvb__conn kvb__conn_t;
@@ -104,59 +110,67 @@ typedef struct kvb__run {
     long seg;
 } kvb__run_t;
 
+/* A write (kvb_xfer_h). The core's part first, then what each lane keeps
+ * of it (read by that lane only; the staging marks also by complete.c's
+ * progress loop, which frees ring space as messages are acknowledged). */
 struct kvb_xfer {
+    /* core: its peer, its lane, how it ends */
     kvb_engine_h eng;
     kvb__conn_t *conn;
-    /* UCX lanes: the blocks, coalesced (bufpool.h; capacity in bytes for
-     * kvb__bufpool_put). The direct lane: runs instead (blocks NULL). */
+    const kvb__lane_t *lane;      /* the lane that moves it (lane.h) */
+    const kvb__lane_t *lane_next; /* where it goes if that lane refuses it, or NULL */
+    int cuda;                     /* a source or destination is CUDA device memory (mem_cuda.c) */
+    uint64_t epoch;               /* writer grant stamped on every write (0: tag-only fence) */
+    int refs;                     /* atomic: caller + engine */
+    int status;                   /* atomic: KVB_ERR_INPROGRESS until final */
+    int cancel;                   /* atomic */
+    kvb_status_t fail_status;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char err[KVB_ERRMSG_MAX];
+    /* its blocks in its lane's form (runs.c; capacities in bytes for
+     * kvb__bufpool_put): plain blocks, coalesced, for the UCX lanes; runs
+     * (KVB__LANE_RUNS: the direct lanes) instead (blocks NULL) */
     kvb_block_t *blocks;
     size_t blocks_cap;
+    size_t n; /* blocks */
     kvb__run_t *runs;
     size_t runs_cap, nruns;
     uint64_t nrows; /* the runs' rows in all */
-    size_t n, next; /* blocks and next block to issue */
-    size_t off;     /* AM lane: bytes of blocks[next] already sent */
+    /* UCX lanes (message, put, staging), progress thread: complete.c's list */
     uint64_t id;
-    uint64_t epoch;  /* writer grant stamped on every write (0: tag-only fence) */
-    int refs;        /* atomic: caller + engine */
-    int status;      /* atomic: KVB_ERR_INPROGRESS until final */
-    int cancel;      /* atomic */
-    size_t inflight; /* progress thread: flushes or unacked messages */
+    size_t next;     /* next block to issue */
+    size_t off;      /* message lane: bytes of blocks[next] already sent */
+    size_t inflight; /* flushes or unacked messages */
+    int failed;      /* error seen, waiting for inflight */
+    int abandoned;   /* connection lost, outstanding ops ignored */
+    struct kvb_xfer *next_active;
     /* message lane: sequence numbers (low half of the message id) of the
      * messages in flight; an ack counts only when it names one of them, a
      * send that fails takes its own out (then no ack comes) */
     uint32_t am_win[KVB__AM_WINDOW];
+    uint64_t am_pos[KVB__AM_WINDOW]; /* first byte of each message of am_win */
     size_t msgs_sent, msgs_acked;
-    int failed;                   /* progress thread: error seen, waiting for inflight */
-    int abandoned;                /* progress thread: connection lost, outstanding ops ignored */
-    const kvb__lane_t *lane;      /* the lane that moves it (lane.h) */
-    const kvb__lane_t *lane_next; /* where it goes if that lane refuses it, or NULL */
-    int cuda;                     /* a source or destination is CUDA device memory (cuda_mem.c) */
-    /* message lane: device sources staged through this ring (pinned,
+    uint64_t pos; /* bytes issued so far */
+    /* CUDA staging lane: device sources staged through this ring (pinned,
      * stage_len bytes), or NULL; staged[i]: block i's src is an offset in
      * the stream of staged bytes, found at stage + offset % stage_len */
     void *stage;
     size_t stage_len;
     bool *staged;
-    /* message lane, staged: bytes of blocks (in order) whose sources are
-     * readable (atomic; UINT64_MAX all), set by the device-copy worker;
-     * its failure (atomic status, then the reason, written before it) */
+    /* staged: bytes of blocks (in order) whose sources are readable
+     * (atomic; UINT64_MAX all), set by the device-copy worker; its failure
+     * (atomic status, then the reason, written before it) */
     uint64_t stage_ready;
     /* staged: bytes of blocks (in order) whose messages were acknowledged,
      * so their ring space may be reused (atomic; progress thread) */
     uint64_t stage_free;
-    uint64_t am_pos[KVB__AM_WINDOW]; /* first byte of each message of am_win */
-    void *stage_job;                 /* caller, until kvb__cuda_stage_start: the staging job */
+    void *stage_job; /* caller, until the lane starts it: the staging job */
     int stage_status;
     char stage_why[340];
-    uint64_t pos; /* message lane (progress thread): bytes issued so far */
-    int queued;   /* direct lane (dmu): pieces left to claim (its group's cursor) */
-    size_t busy;  /* direct lane (dmu): units being copied that include it */
-    kvb_status_t fail_status;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    char err[KVB_ERRMSG_MAX];
-    struct kvb_xfer *next_active;
+    /* direct lanes (their copy queue's dmu) */
+    int queued;  /* pieces left to claim (its group's cursor) */
+    size_t busy; /* units being copied that include it */
 };
 
 /* A UCX request we own resources for (a message, a flush). UCX does not

@@ -1,4 +1,4 @@
-/* The target's descriptor socket (cuda_fdsrv.c: VMM descriptors passed over
+/* The target's descriptor socket (src/engine/lane/cuda_ipc/fdsrv.c: VMM descriptors passed over
  * an abstract Unix socket with SCM_RIGHTS, no ptrace rights needed), against
  * the driver-API test double, in one process: a request with the ticket a
  * handshake reply carries gets duplicates of the exported descriptors (the

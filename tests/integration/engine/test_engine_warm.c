@@ -1,4 +1,4 @@
-/* The direct lane's background warmer (src/engine/warm.c) and huge pages for
+/* The direct lane's background warmer (src/engine/lane/direct/warm.c) and huge pages for
  * kvb_mem_alloc (src/engine/hugepage.c). Two engines in this process on
  * 127.0.0.1. Checked: the warmer walks the whole mapping without changing a
  * byte while writes land in it, never fills a page the owner has not

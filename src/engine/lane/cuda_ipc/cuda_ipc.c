@@ -16,7 +16,7 @@
 
 /* Make the allocation(s) holding r (the first one [base, +size))
  * importable by same-host writers: VMM allocations as file descriptors
- * (cuda_vmm.c), cuMemAlloc memory as a legacy IPC handle. Refused: writers
+ * (vmm.c), cuMemAlloc memory as a legacy IPC handle. Refused: writers
  * stage it. KVB_ERR_INVALID (why) when r cannot be registered at all. */
 static kvb_status_t export_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r,
                                   kvb__cuda_seg_t *cs, uint64_t base, uint64_t size, char *why,

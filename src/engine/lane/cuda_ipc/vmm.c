@@ -11,7 +11,7 @@
  * the handshake names the descriptors and sizes (the parts table) to a
  * writer that announced it maps them. A writer on the same host (the
  * same-host proof passed, the fence page mapped) gets a duplicate of each
- * over the target's descriptor socket (cuda_fdsrv.c: SCM_RIGHTS, no ptrace
+ * over the target's descriptor socket (fdsrv.c: SCM_RIGHTS, no ptrace
  * rights needed; else pidfd_getfd or /proc/<pid>/fd), imports it, reserves one range for
  * all of them, maps them back to back (so the segment's addresses translate
  * with one offset, as in the target) and makes the range readable and

@@ -63,7 +63,7 @@ static void send_ack(kvb_engine_h eng, ucp_ep_h ep, uint64_t xfer_id, uint64_t m
     p.cb.send = ack_sent_cb;
     p.user_data = h;
     /* REPLY: the writer learns which of its endpoints the ack came over and
-     * accepts it only from the transfer's own connection (xfer.c). */
+     * accepts it only from the transfer's own connection (msg.c). */
     p.flags = UCP_AM_SEND_FLAG_REPLY;
     void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, h, 28 + rl, NULL, 0, &p);
     if (!UCS_PTR_IS_PTR(r))
@@ -348,7 +348,7 @@ static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void
  * Tokens are per connection: one seen on the wire or taken from another
  * writer's handshake stops working when that connection closes. The first
  * write under a token marks its connection as one that wrote: the cap never
- * closes it (engine.c). */
+ * closes it (listener.c). */
 static bool token_live(kvb_engine_h eng, const uint8_t *tok)
 {
     long hit = -1;
