@@ -6,8 +6,10 @@
  * (registrations, sessions, the handshake, lane choice, completion) calls a
  * lane only through this record; a lane calls only the primitives below the
  * core (engine_int.h's cmdq.c, complete.c and runs.c parts, fence.h,
- * jobs.c, segtab.h, shmem.h, cuda_drv.h), never the core's own files, so
- * the engine's files call each other without a circle
+ * jobs.c, segtab.h, shmem.h, cuda_drv.h) and other lanes' records (the
+ * CUDA IPC lane rides on the direct lane's copy threads, the CUDA staging
+ * lane on the message lane's sends), never the core's own files, so the
+ * engine's files call each other without a circle
  * (scripts/check-structure.py).
  *
  * Lane choice, per write, on the caller's thread, after its blocks were
