@@ -1,7 +1,11 @@
-/* Internal structures of the transfer engine. One engine owns one UCX
- * context and worker; only the engine's progress thread calls UCX on the
- * worker (ep creation, rkey unpack, put, AM, flush), so the worker runs in
- * single-thread mode. Caller threads validate, queue commands and wait. */
+/* Internal structures of the transfer engine: its objects (engine,
+ * session, connection, write), the core's prototypes and those of the
+ * primitives the lanes call (docs/architecture.md, "The engine: core and
+ * lanes"; the lane interface: lane.h; the fence: fence.h). One engine owns
+ * one UCX context and worker; only the engine's progress thread calls UCX
+ * on the worker (ep creation, rkey unpack, put, AM, flush), so the worker
+ * runs in single-thread mode. Caller threads validate, queue commands and
+ * wait. */
 #ifndef KVB_ENGINE_INT_H
 #define KVB_ENGINE_INT_H
 
@@ -10,21 +14,17 @@
 
 #include "core/core.h"
 #include "engine/cuda_drv.h"
+#include "engine/fence.h"
 #include "engine/handshake.h"
+#include "engine/lane.h"
 #include "engine/segtab.h"
 
-#define KVB_AM_WRITE 11      /* writer → target: descriptors in header, bytes as data */
-#define KVB_AM_ACK 12        /* target → writer: placed (or refused) */
-#define KVB_AM_WRITE_AUTH 13 /* as KVB_AM_WRITE, the peer's token (engine secret) first */
-
+/* What a connection's UCX endpoint was set up for (session.c): one-sided
+ * puts (--transport shm, KVBRIDGE_LANE=put) or messages. */
 typedef enum lane { LANE_PUT = 0, LANE_AM = 1 } lane_t;
 
 typedef struct kvb__conn kvb__conn_t;
 
-typedef struct kvb__map { /* a peer's shared file mapped here (direct lane) */
-    uint8_t *base;
-    uint64_t size, dev, ino;
-} kvb__map_t;
 typedef struct kvb__session kvb__session_t;
 
 typedef struct kvb__notify { /* a writer's control connection (listener side) */
@@ -57,11 +57,10 @@ struct kvb__conn {
     int am_auth;   /* the peer challenged us: token in every message */
     uint8_t am_token[KVB_HS_TOKEN_LEN]; /* its write-message token */
     uint8_t rx[KVB_HS_NOTICE_LEN];      /* partial notice from the control connection */
-    kvb__map_t *maps;                   /* direct lane: the peer's files mapped here */
-    size_t nmaps, cap_maps;
-    uint64_t populated; /* direct lane: bytes of maps prefaulted (KVBRIDGE_DIRECT_POPULATE_MAX) */
-    uint8_t *fence;     /* direct lane: the peer's fence page (busy counts written), or NULL */
-    struct kvb__cuda_conn *cuda; /* the peer's device-memory segments (cuda_mem.c), or NULL */
+    struct kvb__direct_conn *direct; /* the direct lane's: the peer's files mapped here, or NULL */
+    uint8_t *fence; /* same host: the peer's fence page mapped (direct lane), or NULL (fence.h) */
+    struct kvb__cuda_conn *cuda; /* the peer's device-memory segments (mem_cuda.c), or NULL */
+    struct kvb__cuda_ipc_conn *cuda_ipc; /* the CUDA IPC lane's imports (lane/cuda_ipc/), or NULL */
     size_t rxlen;
     kvb__conn_t *next_all;
 };
@@ -84,8 +83,7 @@ struct kvb__session {
     kvb__session_t *next;
 };
 
-#define KVB__AM_WINDOW 8                  /* unacknowledged messages per transfer */
-typedef struct kvb__dgroup kvb__dgroup_t; /* direct lane: writes queued together (direct.c) */
+#define KVB__AM_WINDOW 8 /* unacknowledged messages per transfer */
 
 /* A write's blocks as the caller gave them: plain or strided (runs.c). */
 typedef struct kvb__wblocks {
@@ -112,58 +110,67 @@ typedef struct kvb__run {
     long seg;
 } kvb__run_t;
 
+/* A write (kvb_xfer_h). The core's part first, then what each lane keeps
+ * of it (read by that lane only; the staging marks also by complete.c's
+ * progress loop, which frees ring space as messages are acknowledged). */
 struct kvb_xfer {
+    /* core: its peer, its lane, how it ends */
     kvb_engine_h eng;
     kvb__conn_t *conn;
-    /* UCX lanes: the blocks, coalesced (bufpool.h; capacity in bytes for
-     * kvb__bufpool_put). The direct lane: runs instead (blocks NULL). */
+    const kvb__lane_t *lane;      /* the lane that moves it (lane.h) */
+    const kvb__lane_t *lane_next; /* where it goes if that lane refuses it, or NULL */
+    int cuda;                     /* a source or destination is CUDA device memory (mem_cuda.c) */
+    uint64_t epoch;               /* writer grant stamped on every write (0: tag-only fence) */
+    int refs;                     /* atomic: caller + engine */
+    int status;                   /* atomic: KVB_ERR_INPROGRESS until final */
+    int cancel;                   /* atomic */
+    kvb_status_t fail_status;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char err[KVB_ERRMSG_MAX];
+    /* its blocks in its lane's form (runs.c; capacities in bytes for
+     * kvb__bufpool_put): plain blocks, coalesced, for the UCX lanes; runs
+     * (KVB__LANE_RUNS: the direct lanes) instead (blocks NULL) */
     kvb_block_t *blocks;
     size_t blocks_cap;
+    size_t n; /* blocks */
     kvb__run_t *runs;
     size_t runs_cap, nruns;
     uint64_t nrows; /* the runs' rows in all */
-    size_t n, next; /* blocks and next block to issue */
-    size_t off;     /* AM lane: bytes of blocks[next] already sent */
+    /* UCX lanes (message, put, staging), progress thread: complete.c's list */
     uint64_t id;
-    uint64_t epoch;  /* writer grant stamped on every write (0: tag-only fence) */
-    int refs;        /* atomic: caller + engine */
-    int status;      /* atomic: KVB_ERR_INPROGRESS until final */
-    int cancel;      /* atomic */
-    size_t inflight; /* progress thread: flushes or unacked messages */
+    size_t next;     /* next block to issue */
+    size_t off;      /* message lane: bytes of blocks[next] already sent */
+    size_t inflight; /* flushes or unacked messages */
+    int failed;      /* error seen, waiting for inflight */
+    int abandoned;   /* connection lost, outstanding ops ignored */
+    struct kvb_xfer *next_active;
     /* message lane: sequence numbers (low half of the message id) of the
      * messages in flight; an ack counts only when it names one of them, a
      * send that fails takes its own out (then no ack comes) */
     uint32_t am_win[KVB__AM_WINDOW];
+    uint64_t am_pos[KVB__AM_WINDOW]; /* first byte of each message of am_win */
     size_t msgs_sent, msgs_acked;
-    int failed;    /* progress thread: error seen, waiting for inflight */
-    int abandoned; /* progress thread: connection lost, outstanding ops ignored */
-    int direct;    /* direct lane: copied by the engine's copy threads */
-    int cuda;      /* a source or destination is CUDA device memory (cuda_mem.c) */
-    /* message lane: device sources staged through this ring (pinned,
+    uint64_t pos; /* bytes issued so far */
+    /* CUDA staging lane: device sources staged through this ring (pinned,
      * stage_len bytes), or NULL; staged[i]: block i's src is an offset in
      * the stream of staged bytes, found at stage + offset % stage_len */
     void *stage;
     size_t stage_len;
     bool *staged;
-    /* message lane, staged: bytes of blocks (in order) whose sources are
-     * readable (atomic; UINT64_MAX all), set by the device-copy worker;
-     * its failure (atomic status, then the reason, written before it) */
+    /* staged: bytes of blocks (in order) whose sources are readable
+     * (atomic; UINT64_MAX all), set by the device-copy worker; its failure
+     * (atomic status, then the reason, written before it) */
     uint64_t stage_ready;
     /* staged: bytes of blocks (in order) whose messages were acknowledged,
      * so their ring space may be reused (atomic; progress thread) */
     uint64_t stage_free;
-    uint64_t am_pos[KVB__AM_WINDOW]; /* first byte of each message of am_win */
-    void *stage_job;                 /* caller, until kvb__cuda_stage_start: the staging job */
+    void *stage_job; /* caller, until the lane starts it: the staging job */
     int stage_status;
     char stage_why[340];
-    uint64_t pos; /* message lane (progress thread): bytes issued so far */
-    int queued;   /* direct lane (dmu): pieces left to claim (its group's cursor) */
-    size_t busy;  /* direct lane (dmu): units being copied that include it */
-    kvb_status_t fail_status;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    char err[KVB_ERRMSG_MAX];
-    struct kvb_xfer *next_active;
+    /* direct lanes (their copy queue's dmu) */
+    int queued;  /* pieces left to claim (its group's cursor) */
+    size_t busy; /* units being copied that include it */
 };
 
 /* A UCX request we own resources for (a message, a flush). UCX does not
@@ -175,6 +182,8 @@ typedef struct kvb__op {
     void (*release)(struct kvb__op *op);
 } kvb__op_t;
 
+/* cmdq.c: list op (its release runs after the worker is destroyed if it
+ * is still listed then); untrack: off the list (no-op when not on it). */
 void kvb__op_track(kvb_engine_h eng, kvb__op_t *op);
 void kvb__op_untrack(kvb_engine_h eng, kvb__op_t *op);
 
@@ -224,17 +233,6 @@ typedef struct kvb__cmd {
 
 #define KVB_HS_MAX_ACTIVE 32 /* concurrent handshakes; more wait in the backlog */
 
-/* A writer grant (fence.c): writes stamped (tag, epoch) are admitted while
- * live; once revoked it stays until nothing admitted under it is in flight. */
-typedef struct kvb__grant {
-    uint32_t tag;
-    int live;
-    uint32_t am_busy; /* message-lane receives admitted, bytes not yet placed */
-    uint64_t epoch;
-    int32_t slot; /* its slot in the shared fence page, or -1 (none: no direct lane) */
-    int corrupt;  /* its slot's busy count was seen corrupt (logged once; never drains) */
-} kvb__grant_t;
-
 struct kvb_engine {
     kvb_engine_params_t params;
     char sid[KVB_HS_MAX_SID + 1];
@@ -247,11 +245,7 @@ struct kvb_engine {
     char host_id[64];
     char *secret;        /* engine secret (copy) or NULL: auth off */
     uint32_t writer_tag; /* atomic: stamped on our message-lane writes */
-    uint32_t *fenced;    /* legacy: writer tags refused, epoch 0 (seg_mu) */
-    size_t n_fenced, cap_fenced;
-    kvb__grant_t *grants; /* writer grants, live or draining (seg_mu; fence.c) */
-    size_t n_grants, cap_grants;
-    uint64_t last_epoch; /* the newest epoch granted (seg_mu) */
+    kvb__fence_t fence;  /* writer grants, the legacy tag list, our fence page (fence.h) */
 
     /* local registrations */
     pthread_mutex_t seg_mu;
@@ -265,13 +259,10 @@ struct kvb_engine {
     uint64_t notify_evicted, notify_misbehaved; /* seg_mu */
     uint64_t notify_refused;                    /* seg_mu: newcomers refused at the cap */
     size_t notify_pending; /* seg_mu: handshakes given a place under the cap, not yet listed */
-    uint64_t am_admitted;  /* atomic: message-lane writes admitted so far (amtarget.c) */
-    uint64_t direct_refused,
-        direct_unpopulated;                     /* atomic: peer files not mapped / not prefaulted */
-    uint64_t direct_slack, direct_populate_max; /* KVBRIDGE_DIRECT_MAP_SLACK / _POPULATE_MAX */
-    size_t n_cuda_segs;                         /* local registrations in device memory (seg_mu) */
-    int cuda_device; /* atomic: the device our copies run in (first CUDA registration), -1 */
-    struct kvb__fdsrv *fdsrv; /* VMM descriptors for same-host writers (seg_mu; cuda_fdsrv.c) */
+    uint64_t am_admitted;  /* atomic: message-lane writes admitted so far (lane/msg/target.c) */
+    size_t n_cuda_segs;    /* local registrations in device memory (seg_mu) */
+    int cuda_device;       /* atomic: the device our copies run in (first CUDA registration), -1 */
+    struct kvb__fdsrv *fdsrv; /* VMM descriptors for same-host writers (seg_mu; lane/cuda_ipc/) */
     bool fdsrv_failed;        /* seg_mu: it could not start (not tried again) */
     /* secret set: the message-lane token of each authenticated control
      * connection (seg_mu); dropped when its connection closes */
@@ -314,28 +305,16 @@ struct kvb_engine {
     ucp_address_t *waddr;          /* this worker's address, fetched once */
     size_t waddr_len;
 
-    /* direct lane: writer copy threads (dmu) and the fence page peers read */
-    pthread_mutex_t dmu;
-    pthread_cond_t dcv;
-    struct kvb__dgroup *dq_head, *dq_tail; /* groups with units left (round robin) */
-    pthread_t *dthr;
-    size_t n_dthr;
-    int dstop;
-    bool stream_copy;       /* AVX2 streaming stores available */
-    struct kvb__warm *warm; /* background warmer of new mappings (warm.c), NULL when off */
-    int warm_pct;           /* KVBRIDGE_DIRECT_WARM_CPU: % of one core it may use; 0 = off */
-    uint8_t *fence_base;    /* our fence page (seg_mu), created with the first shared segment */
-    kvb__shm_ref_t fence_ref;
-
-    kvb__jobs_t jobs; /* device-copy worker (jobs.c) */
+    struct kvb__direct *direct; /* the direct lane's copy threads and warmer (lane/direct/) */
+    kvb__jobs_t jobs;           /* device-copy worker (jobs.c) */
 
     pthread_t progress_thr, listen_thr;
     int stop; /* atomic */
     int stop_pipe[2];
 };
 
-/* Fault injection for tests only (tests/integration/sec2); all zero in
- * production, nothing sets them but a test. Read on the progress thread. */
+/* Fault injection for tests only (tests/integration/sec2; hooks.c); all
+ * zero in production, nothing sets them but a test. */
 typedef struct kvb__test_hooks {
     int fail_rkey_unpack;   /* establishing a conn treats every remote key as unusable */
     int am_send_status;     /* message-lane sends complete with this UCX status */
@@ -348,7 +327,8 @@ extern kvb__test_hooks_t kvb__test_hooks;
 #define KVB__HOOK(name) __atomic_load_n(&kvb__test_hooks.name, __ATOMIC_RELAXED)
 #define KVB__HOOK_SET(name, v) __atomic_store_n(&kvb__test_hooks.name, (v), __ATOMIC_RELAXED)
 
-/* engine.c */
+/* cmdq.c: queue cmd for the progress thread (wait: until it ran);
+ * KVB_ERR_CANCELED when the engine is stopping. Any thread. */
 kvb_status_t kvb__engine_submit(kvb_engine_h eng, kvb__cmd_t *cmd, bool wait);
 void kvb__conn_put(kvb__conn_t *c); /* drop a reference (any thread) */
 void kvb__conn_get(kvb__conn_t *c);
@@ -376,25 +356,15 @@ void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
-/* engine.c: forget the token of control connection fd (seg_mu held) */
+/* listener.c: the listener thread; at destroy (after it was joined), cut
+ * the handshakes still in progress and wait for their threads; forget the
+ * token of control connection fd (seg_mu held). */
+void *kvb__listen_main(void *arg);
+void kvb__hs_drain(kvb_engine_h eng);
 void kvb__am_token_drop_locked(kvb_engine_h eng, int fd);
-
-/* fence.c: the writer fence (target and writer side) */
-kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng); /* seg_mu held */
-void kvb__fence_page_sync(kvb_engine_h eng);           /* seg_mu held */
-/* Message lane, progress thread: NULL when a write of (tag, epoch) is
- * admitted (then counted until kvb__fence_done), else why it is refused. */
-const char *kvb__fence_admit(kvb_engine_h eng, uint32_t tag, uint64_t epoch);
-void kvb__fence_done(kvb_engine_h eng, uint32_t tag, uint64_t epoch);
-typedef enum fence_state { FENCE_NO = 0, FENCE_YES, FENCE_UNKNOWN } fence_state_t;
-/* Direct lane, writer: is (tag, epoch) fenced by the peer's fence page? */
-fence_state_t kvb__fence_check(const kvb__conn_t *c, uint32_t tag, uint64_t epoch);
-/* Before a unit: FENCE_NO admits it and *slot_p must be passed to
- * kvb__fence_exit after the copy and its store fence. */
-fence_state_t kvb__fence_enter(const kvb__conn_t *c, uint32_t tag, uint64_t epoch, int32_t *slot_p);
-void kvb__fence_exit(const kvb__conn_t *c, int32_t slot);
-/* Tests: the raw busy count of fence slot k of our page (0 without one). */
-uint32_t kvb__fence_busy_raw(kvb_engine_h eng, int32_t k);
+/* register.c: release a registration's mapping (seg_mu held, or the
+ * engine being freed). */
+void kvb__seg_unmap(kvb_engine_h eng, kvb__seg_t *seg);
 
 /* runs.c: a write's blocks, checked and coalesced on the caller's thread */
 /* Check every block of w against our registrations (source) and c's
@@ -419,21 +389,9 @@ kvb_status_t kvb__runs_expand(struct kvb_xfer *x);
 kvb_status_t kvb__xfer_blocks(struct kvb_xfer *x, const kvb_block_t *b, const long *dst_seg,
                               size_t n);
 
-/* direct.c */
-void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r);
-void kvb__direct_detach(kvb__conn_t *c);
-/* Every block's destination mapped and our tag not fenced? */
-bool kvb__direct_usable(kvb_engine_h eng, const kvb__conn_t *c, uint64_t epoch, const long *dst_seg,
-                        const kvb__wblocks_t *w);
-/* Queue xs[0..n) (n <= KVB_WRITE_GROUP_MAX, each prepared for the direct
- * lane (runs), none CUDA unless n is 1) as one group under one dmu hold:
- * the copy threads take its units in zip order (row r of run i of every
- * member, then row r + 1, then run i + 1). false: nothing queued (engine
- * stopping, no copy thread, no memory): use UCX. */
-bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n);
-void kvb__direct_stop(kvb_engine_h eng);
-
-/* cuda_mem.c: CUDA device memory on every lane (docs/engine.md) */
+/* mem_cuda.c: CUDA device memory as a memory kind (docs/engine.md). A
+ * registration's device record; ipc, vmm*, handle: the CUDA IPC lane's
+ * export (lane/cuda_ipc/). */
 typedef struct kvb__cuda_seg {
     int device;          /* local: ordinal here; remote: the peer's (informational) */
     bool ipc;            /* local: handle exports the allocation (legacy IPC) */
@@ -450,16 +408,20 @@ typedef struct kvb__cuda_seg {
 kvb_status_t kvb__cuda_map_region(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb__seg_t *seg,
                                   bool *cuda_p);
 void kvb__cuda_unmap_seg(kvb_engine_h eng, kvb__seg_t *seg); /* seg_mu held */
-/* seg_mu held: the reply's device-memory table (handles only for local;
- * VMM parts only for a writer whose caps have KVB_HS_CAP_VMM_PARTS). */
-kvb_status_t kvb__cuda_reply(kvb_engine_h eng, kvb__hs_reply_t *r, bool local, uint32_t caps);
+/* seg_mu held: the reply's device-memory table, which segments are device
+ * memory (the lanes add what their writers need: lane.h `advertise`). */
+kvb_status_t kvb__cuda_table(kvb_engine_h eng, kvb__hs_reply_t *r);
 /* Writer, before the handshake's conn is established: room for the peer's
- * device-memory table (KVB_ERR_NOMEM). */
+ * device-memory table (KVB_ERR_NOMEM). Before the lanes attach: mark the
+ * peer's device segments (s->cuda). Freed with the conn. */
 kvb_status_t kvb__cuda_conn_alloc(kvb__conn_t *c, const kvb__hs_reply_t *r);
-/* Writer, before the conn is published: mark the peer's device segments;
- * import: open their IPC handles (same host, fence page mapped). */
-void kvb__cuda_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r, bool import);
-void kvb__cuda_detach(kvb__conn_t *c);
+void kvb__cuda_mark(kvb__conn_t *c, const kvb__hs_reply_t *r);
+void kvb__cuda_conn_free(kvb__conn_t *c);
+/* The memory kind of each side of the batch: CUDA when a block's source
+ * (destination) there is device memory (dst_seg: the peer's segment of each
+ * block, -1 for empty ones). */
+void kvb__mem_kinds(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
+                    const kvb__wblocks_t *w, kvb__mem_kind_t *src_p, kvb__mem_kind_t *dst_p);
 /* jobs.c (see kvb__job_t) */
 void kvb__jobs_init(kvb__jobs_t *q);
 /* Queue j; false when it cannot run there (the engine is stopping, a
@@ -476,94 +438,24 @@ void kvb__jobs_kick(kvb_engine_h eng);
 void kvb__jobs_stop(kvb_engine_h eng);
 void kvb__jobs_free(kvb__jobs_t *q);
 
-/* cuda_vmm.c: VMM allocations on the same-host lane. Target, at
- * registration of [.., end) whose first byte lies in the mapping [base,
- * +size) on dev: export the VMM allocations mapped back to back from base
- * up to end as file descriptors into cs (vmm, vmm_n, vmm_fds, vmm_sizes,
- * vmm_size). 1 exported; 0 not VMM memory (or a driver without VMM) and end
- * within the mapping; -1 VMM but an export refused (why; writers stage it);
- * -2 the region cannot be registered (why: past its allocation, mixed
- * cuMemAlloc and VMM memory, too many allocations). */
-int kvb__cuda_vmm_export(int dev, uint64_t base, uint64_t size, uint64_t end, kvb__cuda_seg_t *cs,
-                         char *why, size_t wl);
-void kvb__cuda_vmm_unexport(kvb__cuda_seg_t *cs);
-/* Writer: a peer's VMM allocations mapped here back to back (size 0: none). */
-typedef struct kvb__cuda_vmm_map {
-    kvb_CUdeviceptr va; /* the reservation, size bytes */
-    uint64_t size;
-    bool reserved;
-    uint32_t parts, n; /* allocations; mapped so far */
-    uint64_t *sizes;   /* each one's size */
-} kvb__cuda_vmm_map_t;
-/* Writer: fetch listener pid's descriptors of entry e's parts (rep's parts
- * table), import and map them on dev; the segment (seg_len bytes at
- * e->alloc_off) must lie inside. false: nothing mapped (why). */
-bool kvb__cuda_vmm_import(int dev, uint32_t pid, const kvb__hs_reply_t *rep,
-                          const kvb__hs_cuda_t *e, uint64_t seg_len, kvb__cuda_vmm_map_t *m,
-                          char *why, size_t wl);
-void kvb__cuda_vmm_unmap(kvb__cuda_vmm_map_t *m);
-/* cuda_fdsrv.c: the target's VMM descriptors passed to same-host writers
- * over an abstract Unix socket (SCM_RIGHTS), without ptrace rights. */
-#define KVB_FDSRV_MAX_FDS 64 /* descriptors per request */
-typedef struct kvb__fdsrv kvb__fdsrv_t;
-/* seg_mu held (registration of a VMM region): start the server once
- * (KVBRIDGE_CUDA_FD_SOCKET=0: never). */
-void kvb__fdsrv_ensure(kvb_engine_h eng);
-/* seg_mu held (a reply naming VMM parts): the socket's name and a fresh
- * ticket for it; false (both zeroed) without a server. */
-bool kvb__fdsrv_ticket(kvb_engine_h eng, uint8_t name[KVB_HS_FDSOCK_LEN],
-                       uint8_t ticket[KVB_HS_TICKET_LEN]);
-/* Engine destroy, before the segments go: stop the server. */
-void kvb__fdsrv_stop(kvb_engine_h eng);
-/* Writer: connect to the target's socket (-1: why), then fetch n (<=
- * KVB_FDSRV_MAX_FDS) of its descriptors under ticket into out (each ours to
- * close); false: none received (why). */
-int kvb__fdsrv_connect(const uint8_t name[KVB_HS_FDSOCK_LEN], char *why, size_t wl);
-bool kvb__fdsrv_fetch(int c, const uint8_t ticket[KVB_HS_TICKET_LEN], const uint32_t *fdn,
-                      uint32_t n, int *out, char *why, size_t wl);
-/* The caps a writer's handshake request announces (KVB_HS_CAP_*): VMM parts
- * when the driver loads with the VMM entry points and KVBRIDGE_CUDA_VMM is
- * not 0. */
-uint32_t kvb__cuda_caps(void);
-/* Does a block of the batch touch device memory (dst_seg: the peer's
- * segment of each block, -1 for empty ones)? */
-bool kvb__cuda_involved(kvb_engine_h eng, const kvb__conn_t *c, const long *dst_seg,
-                        const kvb__wblocks_t *w);
-/* Message lane, writer (before x is submitted): mark x's device sources
- * staged through a bounded pinned ring (x->stage, x->staged) and plan their
- * staging (x->stage_ready 0: nothing may be sent yet). Once x is submitted,
- * kvb__cuda_stage_start hands the copies to the device-copy worker (chunk by
- * chunk, each once its ring slot is free: x->stage_free; x->stage_ready
- * tells the progress thread how far; no worker: on this thread, as far as
- * the ring allows); a transfer never submitted drops the plan with
- * kvb__cuda_stage_abandon. */
-kvb_status_t kvb__cuda_stage_sources(kvb_engine_h eng, struct kvb_xfer *x);
-void kvb__cuda_stage_start(kvb_engine_h eng, struct kvb_xfer *x);
-void kvb__cuda_stage_abandon(struct kvb_xfer *x);
-/* Direct lane unit of a CUDA transfer: copies v[0..n) and waits for them. */
-kvb_status_t kvb__cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t n, char *why,
-                            size_t wl);
-/* Message lane, target: the most bytes one message into device memory may
- * carry (staged), KVBRIDGE_CUDA_STAGE_MSG_MAX. */
-uint64_t kvb__cuda_stage_msg_max(void);
-/* warm.c: warming a peer's newly mapped files off the copy threads' path */
-int kvb__warm_cpu_pct(void);           /* KVBRIDGE_DIRECT_WARM_CPU (default 50) */
-void kvb__warm_init(kvb_engine_h eng); /* at engine creation (no memory: warmer off) */
-/* Queue [base, base + size) of c's mappings (takes a reference to c). */
-void kvb__warm_add(kvb_engine_h eng, kvb__conn_t *c, uint8_t *base, uint64_t size);
-void kvb__warm_stop(kvb_engine_h eng);      /* joins the thread, drops the jobs */
-uint64_t kvb__warm_pages(kvb_engine_h eng); /* pages warmed so far */
-
-/* xfer.c */
+/* complete.c: a write's end, and the progress thread's list of writes */
+/* Drop a reference to x (any thread); the last frees it. */
+void kvb__xfer_release(struct kvb_xfer *x);
 /* Set x's final status, wake its waiters and drop the engine's reference. */
 void kvb__xfer_publish(struct kvb_xfer *x, kvb_status_t st);
+/* Progress thread: x failed with st and a reason (fmt with a and b); the
+ * first failure counts. x ends once nothing of it is in flight. */
+void kvb__xfer_fail(struct kvb_xfer *x, kvb_status_t st, const char *fmt, const char *a,
+                    const char *b);
+/* The UCX lanes' submit (lane.h): hand each write to the progress thread. */
+kvb_status_t kvb__xfer_queue(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n);
+/* Progress thread: list x (CMD_XFER); give each listed write's lane a turn
+ * (true when something was issued); fail c's writes; end every write. */
 void kvb__xfer_start(kvb_engine_h eng, struct kvb_xfer *x);
-bool kvb__xfer_progress_all(kvb_engine_h eng); /* true when something issued */
+bool kvb__xfer_progress_all(kvb_engine_h eng);
 void kvb__xfer_fail_conn(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__xfer_cancel_all(kvb_engine_h eng);
-kvb_status_t kvb__am_register_handlers(kvb_engine_h eng);
-/* amtarget.c: the target's write handlers (called by the above) */
-kvb_status_t kvb__am_target_register(kvb_engine_h eng);
-void kvb__xfer_release(struct kvb_xfer *x);
+/* Progress thread: the listed write of id, or NULL. */
+struct kvb_xfer *kvb__xfer_find(kvb_engine_h eng, uint64_t id);
 
 #endif

@@ -23,7 +23,10 @@
  * the target never overwrites it (slot_drained).
  *
  * Epoch 0 is the legacy, tag-only fence (kvb_engine_fence_writer): a list of
- * refused tags, also published in the page (seqlock). */
+ * refused tags, also published in the page (seqlock). The rule in short, the
+ * state and the primitives: fence.h. */
+#include "engine/fence.h"
+
 #include "engine/engine_int.h"
 
 #include <errno.h>
@@ -32,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define FENCE_TAGS 1020 /* legacy fenced tags the page lists */
@@ -61,38 +65,55 @@ typedef struct fence_page {
 
 _Static_assert(sizeof(fence_page_t) == KVB_HS_FENCE_FILE - KVB_SHM_TRAILER, "fence page size");
 
+void kvb__fence_init(kvb_engine_h eng)
+{
+    /* Grants start at the wall clock in ns: a restarted target never grants
+     * an epoch a writer may still hold from its previous incarnation. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    eng->fence.last_epoch = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+}
+
+void kvb__fence_free(kvb_engine_h eng)
+{
+    free(eng->fence.fenced);
+    free(eng->fence.grants);
+    if (eng->fence.base != NULL)
+        kvb__shm_destroy(eng->fence.base, &eng->fence.ref);
+}
+
 /* ---- target side ---- */
 
 /* seg_mu held. */
 void kvb__fence_page_sync(kvb_engine_h eng)
 {
-    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    fence_page_t *f = (fence_page_t *)eng->fence.base;
     if (f == NULL)
         return;
     uint32_t s = __atomic_load_n(&f->seq, __ATOMIC_RELAXED);
-    size_t n = eng->n_fenced < FENCE_TAGS ? eng->n_fenced : FENCE_TAGS;
+    size_t n = eng->fence.n_fenced < FENCE_TAGS ? eng->fence.n_fenced : FENCE_TAGS;
     /* Seqlock: odd while rewriting. Release stores keep every data store
      * after the odd sequence number for a reader that sees it. */
     __atomic_store_n(&f->seq, s + 1, __ATOMIC_RELAXED);
     for (size_t i = 0; i < n; i++)
-        __atomic_store_n(&f->tags[i], eng->fenced[i], __ATOMIC_RELEASE);
+        __atomic_store_n(&f->tags[i], eng->fence.fenced[i], __ATOMIC_RELEASE);
     __atomic_store_n(&f->count, (uint32_t)n, __ATOMIC_RELEASE);
-    __atomic_store_n(&f->overflow, eng->n_fenced > FENCE_TAGS, __ATOMIC_RELEASE);
+    __atomic_store_n(&f->overflow, eng->fence.n_fenced > FENCE_TAGS, __ATOMIC_RELEASE);
     __atomic_store_n(&f->seq, s + 2, __ATOMIC_RELEASE);
 }
 
 /* seg_mu held. Grants made before the page existed get their slots now. */
 kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng)
 {
-    if (eng->fence_base != NULL)
+    if (eng->fence.base != NULL)
         return KVB_OK;
-    kvb_status_t st = kvb__shm_create(sizeof(fence_page_t), &eng->fence_base, &eng->fence_ref);
+    kvb_status_t st = kvb__shm_create(sizeof(fence_page_t), &eng->fence.base, &eng->fence.ref);
     if (st != KVB_OK)
         return st;
     kvb__fence_page_sync(eng);
-    fence_page_t *f = (fence_page_t *)eng->fence_base;
-    for (size_t i = 0, k = 0; i < eng->n_grants && k < FENCE_SLOTS; i++) {
-        kvb__grant_t *g = &eng->grants[i];
+    fence_page_t *f = (fence_page_t *)eng->fence.base;
+    for (size_t i = 0, k = 0; i < eng->fence.n_grants && k < FENCE_SLOTS; i++) {
+        kvb__grant_t *g = &eng->fence.grants[i];
         if (!g->live)
             continue;
         f->slots[k] = (fence_slot_t){g->epoch, g->tag, SLOT_LIVE, 0, 0, 0};
@@ -104,21 +125,21 @@ kvb_status_t kvb__fence_page_ensure(kvb_engine_h eng)
 static void legacy_set(kvb_engine_h eng, uint32_t tag, int fenced)
 {
     size_t i = 0;
-    while (i < eng->n_fenced && eng->fenced[i] != tag)
+    while (i < eng->fence.n_fenced && eng->fence.fenced[i] != tag)
         i++;
-    if (!fenced && i < eng->n_fenced) {
-        eng->fenced[i] = eng->fenced[--eng->n_fenced];
-    } else if (fenced && i == eng->n_fenced) {
-        if (eng->n_fenced == eng->cap_fenced) {
-            size_t cap = eng->cap_fenced ? eng->cap_fenced * 2 : 8;
-            uint32_t *v = realloc(eng->fenced, cap * sizeof(*v));
+    if (!fenced && i < eng->fence.n_fenced) {
+        eng->fence.fenced[i] = eng->fence.fenced[--eng->fence.n_fenced];
+    } else if (fenced && i == eng->fence.n_fenced) {
+        if (eng->fence.n_fenced == eng->fence.cap_fenced) {
+            size_t cap = eng->fence.cap_fenced ? eng->fence.cap_fenced * 2 : 8;
+            uint32_t *v = realloc(eng->fence.fenced, cap * sizeof(*v));
             if (v != NULL) {
-                eng->fenced = v;
-                eng->cap_fenced = cap;
+                eng->fence.fenced = v;
+                eng->fence.cap_fenced = cap;
             }
         }
-        if (eng->n_fenced < eng->cap_fenced)
-            eng->fenced[eng->n_fenced++] = tag;
+        if (eng->fence.n_fenced < eng->fence.cap_fenced)
+            eng->fence.fenced[eng->fence.n_fenced++] = tag;
     }
 }
 
@@ -134,15 +155,15 @@ void kvb_engine_fence_writer(kvb_engine_h eng, uint32_t tag, int fenced)
 
 static kvb__grant_t *grant_find(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
 {
-    for (size_t i = 0; i < eng->n_grants; i++)
-        if (eng->grants[i].epoch == epoch && eng->grants[i].tag == tag)
-            return &eng->grants[i];
+    for (size_t i = 0; i < eng->fence.n_grants; i++)
+        if (eng->fence.grants[i].epoch == epoch && eng->fence.grants[i].tag == tag)
+            return &eng->fence.grants[i];
     return NULL;
 }
 
 static int32_t slot_take(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
 {
-    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    fence_page_t *f = (fence_page_t *)eng->fence.base;
     for (int32_t k = 0; f != NULL && k < FENCE_SLOTS; k++) {
         fence_slot_t *s = &f->slots[k];
         if (__atomic_load_n(&s->state, __ATOMIC_SEQ_CST) != SLOT_FREE)
@@ -161,9 +182,9 @@ static bool revoke_step(kvb_engine_h eng, kvb__grant_t *g);
  * again, e.g. a manager destroyed meanwhile). seg_mu held. */
 static void sweep_drained(kvb_engine_h eng)
 {
-    for (size_t i = eng->n_grants; i-- > 0;)
-        if (!eng->grants[i].live)
-            revoke_step(eng, &eng->grants[i]);
+    for (size_t i = eng->fence.n_grants; i-- > 0;)
+        if (!eng->fence.grants[i].live)
+            revoke_step(eng, &eng->fence.grants[i]);
 }
 
 kvb_status_t kvb_engine_grant_writer(kvb_engine_h eng, uint32_t tag, uint64_t *epoch_p)
@@ -173,20 +194,21 @@ kvb_status_t kvb_engine_grant_writer(kvb_engine_h eng, uint32_t tag, uint64_t *e
         return KVB_ERR_INVALID;
     pthread_mutex_lock(&eng->seg_mu);
     sweep_drained(eng);
-    if (eng->n_grants == MAX_GRANTS) {
+    if (eng->fence.n_grants == MAX_GRANTS) {
         st = kvb__err_set(&eng->err, KVB_ERR_NOMEM,
                           "%d writer grants live or draining: revoke some first", MAX_GRANTS);
-    } else if (eng->n_grants == eng->cap_grants) {
-        size_t cap = eng->cap_grants ? eng->cap_grants * 2 : 16;
-        kvb__grant_t *v = realloc(eng->grants, cap * sizeof(*v));
+    } else if (eng->fence.n_grants == eng->fence.cap_grants) {
+        size_t cap = eng->fence.cap_grants ? eng->fence.cap_grants * 2 : 16;
+        kvb__grant_t *v = realloc(eng->fence.grants, cap * sizeof(*v));
         if (v == NULL)
             st = KVB_ERR_NOMEM;
         else
-            eng->grants = v, eng->cap_grants = cap;
+            eng->fence.grants = v, eng->fence.cap_grants = cap;
     }
     if (st == KVB_OK) {
-        uint64_t e = ++eng->last_epoch;
-        eng->grants[eng->n_grants++] = (kvb__grant_t){tag, 1, 0, e, slot_take(eng, tag, e), 0};
+        uint64_t e = ++eng->fence.last_epoch;
+        eng->fence.grants[eng->fence.n_grants++] =
+            (kvb__grant_t){tag, 1, 0, e, slot_take(eng, tag, e), 0};
         *epoch_p = e;
     }
     pthread_mutex_unlock(&eng->seg_mu);
@@ -209,7 +231,7 @@ kvb_status_t kvb_engine_grant_writer(kvb_engine_h eng, uint32_t tag, uint64_t *e
  * at or above 2^31 is corrupt: unsafe, never drained (logged once). */
 static bool slot_drained(kvb_engine_h eng, kvb__grant_t *g)
 {
-    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    fence_page_t *f = (fence_page_t *)eng->fence.base;
     if (f == NULL || g->slot < 0)
         return true;
     fence_slot_t *s = &f->slots[g->slot];
@@ -236,7 +258,7 @@ static bool slot_drained(kvb_engine_h eng, kvb__grant_t *g)
  * true when it is gone (quiescent). seg_mu held. */
 static bool revoke_step(kvb_engine_h eng, kvb__grant_t *g)
 {
-    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    fence_page_t *f = (fence_page_t *)eng->fence.base;
     if (g->live) {
         g->live = 0;
         if (f != NULL && g->slot >= 0)
@@ -246,7 +268,7 @@ static bool revoke_step(kvb_engine_h eng, kvb__grant_t *g)
         return false;
     if (f != NULL && g->slot >= 0)
         __atomic_store_n(&f->slots[g->slot].state, SLOT_FREE, __ATOMIC_SEQ_CST);
-    *g = eng->grants[--eng->n_grants];
+    *g = eng->fence.grants[--eng->fence.n_grants];
     return true;
 }
 
@@ -277,8 +299,8 @@ const char *kvb__fence_admit(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
         return NULL;
     pthread_mutex_lock(&eng->seg_mu);
     if (epoch == 0) {
-        for (size_t i = 0; i < eng->n_fenced && why == NULL; i++)
-            if (eng->fenced[i] == tag)
+        for (size_t i = 0; i < eng->fence.n_fenced && why == NULL; i++)
+            if (eng->fence.fenced[i] == tag)
                 why = "writer fenced: the destination declared this writer lost";
     } else {
         kvb__grant_t *g = grant_find(eng, tag, epoch);
@@ -389,7 +411,7 @@ void kvb__fence_exit(const kvb__conn_t *c, int32_t slot)
 
 uint32_t kvb__fence_busy_raw(kvb_engine_h eng, int32_t k)
 {
-    fence_page_t *f = (fence_page_t *)eng->fence_base;
+    fence_page_t *f = (fence_page_t *)eng->fence.base;
     if (f == NULL || k < 0 || k >= FENCE_SLOTS)
         return 0;
     return __atomic_load_n(&f->slots[k].busy, __ATOMIC_SEQ_CST);

@@ -379,7 +379,7 @@ static bool decode_parts(rbuf_t *rb, kvb__hs_reply_t *r, uint32_t claimed, char 
 
 /* The optional device-memory table: entries sorted by segment, known flags,
  * zero padding. The offset is checked by the writer against the allocation
- * it imports (cuda_mem.c). */
+ * it imports (lane/cuda_ipc/). */
 static bool decode_cuda(rbuf_t *rb, kvb__hs_reply_t *r, char *why, size_t whylen)
 {
     int64_t prev = -1;

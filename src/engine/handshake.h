@@ -25,7 +25,7 @@
  *          sent to same-host writers only.)
  *          [u32 nparts fdsock[32] ticket[32] { u32 fd u32 zero u64 size }*]
  *          (present when an entry has bit 2: the listener's descriptor socket
- *          (cuda_fdsrv.c: an abstract Unix socket name "kvbridge-fd-...",
+ *          (lane/cuda_ipc/fdsrv.c: an abstract Unix socket name "kvbridge-fd-...",
  *          NUL-padded; all zero: none, fetch with pidfd_getfd) and a ticket
  *          for it; the VMM allocations, the listener's descriptors of their
  *          shareable handles, each entry's parts in order, entries in order) A writer that does not
@@ -127,7 +127,7 @@ typedef struct kvb__hs_vmm_part {
     uint64_t size;
 } kvb__hs_vmm_part_t;
 
-/* A segment in CUDA device memory (cuda_mem.c). */
+/* A segment in CUDA device memory (mem_cuda.c; lane/cuda_ipc/). */
 typedef struct kvb__hs_cuda {
     uint32_t seg;
     int32_t device; /* the listener's ordinal (informational: ordinals are per process) */

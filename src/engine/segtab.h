@@ -22,7 +22,7 @@ typedef struct kvb__seg {
     kvb__shm_ref_t ref;
     uint8_t *direct;            /* remote: where addr is mapped here (direct lane, or a CUDA IPC
                                    import), or NULL */
-    struct kvb__cuda_seg *cuda; /* CUDA device memory (cuda_mem.c), or NULL: host */
+    struct kvb__cuda_seg *cuda; /* CUDA device memory (mem_cuda.c), or NULL: host */
 } kvb__seg_t;
 
 typedef struct kvb__segtab {

@@ -16,31 +16,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-void kvb__conn_get(kvb__conn_t *c)
-{
-    __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
-}
-
-void kvb__conn_put(kvb__conn_t *c)
-{
-    kvb_engine_h eng;
-    if (c == NULL || __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
-        return;
-    /* Last reference: its UCX objects belong to the progress thread. */
-    eng = c->eng_backref;
-    if (eng == NULL) { /* orphaned by kvb_engine_destroy: nothing left but it */
-        free(c);
-        return;
-    }
-    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
-    if (cmd == NULL)
-        return;
-    cmd->kind = CMD_RETIRE;
-    cmd->conn = c;
-    if (kvb__engine_submit(eng, cmd, false) != KVB_OK)
-        free(cmd); /* engine stopping: it releases every conn itself */
-}
-
 static void session_destroy(kvb__session_t *s)
 {
     pthread_mutex_destroy(&s->mu);
@@ -330,7 +305,7 @@ static kvb_status_t exchange(kvb_engine_h eng, int fd, uint64_t deadline, hs_out
 {
     uint8_t *req = NULL;
     size_t req_len;
-    kvb_status_t st = kvb__hs_request_encode(eng->sid, kvb__cuda_caps(), &req, &req_len);
+    kvb_status_t st = kvb__hs_request_encode(eng->sid, kvb__lanes_request_caps(), &req, &req_len);
     if (st == KVB_OK)
         st = kvb__sock_write_all(fd, req, req_len, deadline);
     free(req);
@@ -382,6 +357,8 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
             cmd.conn->am_auth = o.authed;
         if (st == KVB_OK)
             st = kvb__cuda_conn_alloc(cmd.conn, &reply);
+        if (st == KVB_OK)
+            st = kvb__lanes_attach_prepare(cmd.conn, &reply);
         if (st != KVB_OK)
             kvb__hs_reply_free(&reply);
     }
@@ -400,17 +377,14 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
             snprintf(why, sizeof(why), "%s", cmd.why);
         else
             fd = -1; /* owned by the conn now */
-        /* Mapping (and pre-faulting) the peer's files takes a while for big
-         * pools: on this caller's thread, not the progress thread. The conn
-         * is not published yet, so no transfer reads what this sets. */
-        if (st == KVB_OK && cmd.conn->local && eng->params.transport == KVB_TRANSPORT_AUTO &&
-            eng->params.copy_threads > 0)
-            kvb__direct_attach(eng, cmd.conn, &reply);
-        /* Device segments: marked always (never written as host memory),
-         * imported over CUDA IPC where the direct lane's fence page is
-         * mapped (same host, proven). */
-        if (st == KVB_OK)
-            kvb__cuda_attach(eng, cmd.conn, &reply, cmd.conn->fence != NULL);
+        /* Each lane maps or imports what the reply offers (mapping and
+         * pre-faulting the peer's files takes a while for big pools: on
+         * this caller's thread, not the progress thread). The conn is not
+         * published yet, so no transfer reads what this sets. */
+        if (st == KVB_OK) {
+            kvb__cuda_mark(cmd.conn, &reply); /* never written as host memory */
+            kvb__lanes_attach(eng, cmd.conn, &reply);
+        }
         kvb__hs_reply_free(&reply);
     }
     free(o.msg);
@@ -418,7 +392,8 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
         close(fd);
     if (st != KVB_OK) {
         if (cmd.conn != NULL && (cmd.result != KVB_OK || !cmd.done)) {
-            kvb__cuda_detach(cmd.conn);
+            kvb__lanes_detach(cmd.conn);
+            kvb__cuda_conn_free(cmd.conn);
             kvb__session_put(eng, cmd.conn->sess);
             free(cmd.conn);
         }
@@ -555,7 +530,7 @@ static kvb_status_t unpack_rkeys(kvb__conn_t *c, const kvb__hs_reply_t *r, char 
             us = UCS_ERR_UNREACHABLE;
         }
         /* Device memory comes without a remote key: the put lane never
-         * writes it (the transfer takes the message lane, cuda_mem.c). */
+         * writes it (the transfer takes another lane, mem_cuda.c). */
         if (us != UCS_OK && c->lane == LANE_PUT && r->segs[i].rkey_len > 0) {
             snprintf(why, wl, "remote key %u unusable: %s", i, ucs_status_string(us));
             return KVB_ERR_PEER;
@@ -680,8 +655,8 @@ void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c)
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c)
 {
     kvb__conn_close_ep(eng, c);
-    kvb__direct_detach(c);
-    kvb__cuda_detach(c);
+    kvb__lanes_detach(c);
+    kvb__cuda_conn_free(c);
     for (size_t i = 0; i < c->segs.n; i++)
         if (c->segs.v[i].handle != NULL)
             ucp_rkey_destroy((ucp_rkey_h)c->segs.v[i].handle);

@@ -1,4 +1,4 @@
-/* The target's descriptor socket (cuda_fdsrv.c: VMM descriptors passed over
+/* The target's descriptor socket (src/engine/lane/cuda_ipc/fdsrv.c: VMM descriptors passed over
  * an abstract Unix socket with SCM_RIGHTS, no ptrace rights needed), against
  * the driver-API test double, in one process: a request with the ticket a
  * handshake reply carries gets duplicates of the exported descriptors (the
@@ -6,7 +6,7 @@
  * (any other of its files), a malformed message and a request after the
  * region is unregistered get nothing; no descriptor is left open here. */
 #include "cuda/cuda_test.h"
-#include "engine/engine_int.h"
+#include "engine/lane/cuda_ipc/cuda_ipc.h"
 #include "kvb_test_engine.h"
 
 #include <dirent.h>

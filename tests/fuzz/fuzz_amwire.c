@@ -22,7 +22,7 @@
  *  - an accepted ack has hlen == 28 + reason length, the reason inside the
  *    input, and re-encodes to exactly the input bytes. */
 #include "fuzz_assert.h"
-#include "engine/amwire.h"
+#include "engine/lane/msg/amwire.h"
 #include "engine/segtab.h"
 
 #include <stdio.h>

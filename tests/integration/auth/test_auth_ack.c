@@ -5,7 +5,7 @@
  * UCX workers behind a minimal handshake listener, so the test decides when
  * and what they acknowledge. */
 #include "core/core.h"
-#include "engine/amwire.h"
+#include "engine/lane/msg/amwire.h"
 #include "engine/engine_int.h"
 #include "engine/handshake.h"
 #include "kvb_test.h"

@@ -1,4 +1,4 @@
-/* The direct lane's background warmer (src/engine/warm.c) and huge pages for
+/* The direct lane's background warmer (src/engine/lane/direct/warm.c) and huge pages for
  * kvb_mem_alloc (src/engine/hugepage.c). Two engines in this process on
  * 127.0.0.1. Checked: the warmer walks the whole mapping without changing a
  * byte while writes land in it, never fills a page the owner has not
@@ -7,7 +7,7 @@
  * wait is bounded. */
 #include "kvb_test.h"
 
-#include "engine/engine_int.h"
+#include "engine/lane/direct/direct.h"
 #include "engine/shmem.h"
 
 #include <kvbridge/engine.h>
@@ -153,7 +153,7 @@ static void test_warm_off(void)
     setenv("KVBRIDGE_DIRECT_WARM_CPU", "0", 1);
     pair_t p;
     pair_open(&p, TGT_BYTES);
-    CHECK(p.w->warm == NULL);
+    CHECK(p.w->direct->warm == NULL);
     usleep(100 * 1000);
     CHECK_EQ(kvb__warm_pages(p.w), 0);
     pair_close(&p);

@@ -72,9 +72,9 @@ static int32_t slot_of(kvb_engine_h eng, uint64_t epoch)
 {
     int32_t k = -1;
     pthread_mutex_lock(&eng->seg_mu);
-    for (size_t i = 0; i < eng->n_grants; i++)
-        if (eng->grants[i].epoch == epoch)
-            k = eng->grants[i].slot;
+    for (size_t i = 0; i < eng->fence.n_grants; i++)
+        if (eng->fence.grants[i].epoch == epoch)
+            k = eng->fence.grants[i].slot;
     pthread_mutex_unlock(&eng->seg_mu);
     return k;
 }
@@ -85,7 +85,7 @@ int main(void)
     pthread_mutex_lock(&eng->seg_mu);
     CHECK_EQ(kvb__fence_page_ensure(eng), KVB_OK);
     pthread_mutex_unlock(&eng->seg_mu);
-    g_conn.fence = eng->fence_base;
+    g_conn.fence = eng->fence.base;
     CHECK(g_conn.fence != NULL);
 
     pthread_t th[WRITERS];

@@ -24,6 +24,11 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The UCX active-message ids of the message lane. */
+#define KVB_AM_WRITE 11      /* writer → target: descriptors in header, bytes as data */
+#define KVB_AM_ACK 12        /* target → writer: placed (or refused) */
+#define KVB_AM_WRITE_AUTH 13 /* as KVB_AM_WRITE, the peer's token (engine secret) first */
+
 #define AM_HDR_FIXED 40
 #define AM_DESC 32
 #define AM_ACK_FIXED 28
@@ -55,7 +60,7 @@ typedef struct kvb__am_desc {
  * field and the sum of the piece lengths (no overflow) equal to length. On
  * success *nd_p = nd and *pieces_p = the number of pieces; on failure nothing
  * is written. Destination ranges are not checked here (that needs the
- * registrations: am_validate in xfer.c, over kvb__am_desc_span). */
+ * registrations: am_validate in target.c, over kvb__am_desc_span). */
 bool kvb__am_parse_write_header(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p,
                                 uint32_t *pieces_p);
 

@@ -5,8 +5,8 @@
  * every block was checked against them) and still fences writers: each unit
  * is admitted against the target's shared fence page, and counted there
  * while it is copied, so a revoke waits for it (fence.c). */
-#include "engine/engine_int.h"
-#include "engine/copy_stream.h"
+#include "engine/lane/direct/direct.h"
+#include "engine/lane/direct/copy_stream.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -25,6 +25,34 @@
 #define DIRECT_MAX_FILES 4096 /* shared files one connection maps */
 #define STREAM_MIN 512        /* blocks this long are copied with streaming stores */
 
+/* ---- target side: what the handshake offers a same-host writer ---- */
+
+/* The segments that live in shared files, then the fence page (seg_mu
+ * held). None when nothing is shared or the fence page cannot be made. */
+static kvb_status_t reply_shared(kvb_engine_h eng, kvb__hs_reply_t *r)
+{
+    size_t n = eng->n_cuda_segs; /* imported over CUDA IPC: fenced by the page too */
+    for (size_t i = 0; i < eng->segs.n; i++)
+        n += eng->segs.v[i].shared;
+    if (n == 0 || kvb__fence_page_ensure(eng) != KVB_OK)
+        return KVB_OK;
+    r->shm = calloc(n + 1, sizeof(*r->shm)); /* n: at least the shared ones */
+    if (r->shm == NULL)
+        return KVB_ERR_NOMEM;
+    for (size_t i = 0; i < eng->segs.n; i++)
+        if (eng->segs.v[i].shared)
+            r->shm[r->nshm++] = (kvb__hs_shm_t){(uint32_t)i, eng->segs.v[i].ref};
+    r->shm[r->nshm++] = (kvb__hs_shm_t){KVB_HS_SHM_FENCE, eng->fence.ref};
+    r->pid = (uint32_t)getpid();
+    return KVB_OK;
+}
+
+static kvb_status_t direct_advertise(kvb_engine_h eng, kvb__hs_reply_t *r, bool local,
+                                     uint32_t caps)
+{
+    return local ? reply_shared(eng, r) : KVB_OK;
+}
+
 /* ---- writer side: mappings ---- */
 
 /* The largest file the peer may ask us to map for entry e: the end of the
@@ -42,29 +70,29 @@ static uint64_t file_cap(kvb_engine_h eng, const kvb__hs_reply_t *r, const kvb__
         end = x > end ? x : end;
     }
     end = (end + KVB_SHM_TRAILER - 1) / KVB_SHM_TRAILER * KVB_SHM_TRAILER;
-    return end + KVB_SHM_TRAILER + eng->direct_slack;
+    return end + KVB_SHM_TRAILER + eng->direct->slack;
 }
 
 static uint8_t *map_file(kvb_engine_h eng, kvb__conn_t *c, uint32_t pid, const kvb__shm_ref_t *ref,
                          uint64_t max_size, char *why, size_t wl)
 {
-    for (size_t i = 0; i < c->nmaps; i++)
-        if (c->maps[i].dev == ref->dev && c->maps[i].ino == ref->ino)
-            return c->maps[i].size == ref->file_size ? c->maps[i].base : NULL;
-    if (c->nmaps == DIRECT_MAX_FILES) {
+    for (size_t i = 0; i < c->direct->nmaps; i++)
+        if (c->direct->maps[i].dev == ref->dev && c->direct->maps[i].ino == ref->ino)
+            return c->direct->maps[i].size == ref->file_size ? c->direct->maps[i].base : NULL;
+    if (c->direct->nmaps == DIRECT_MAX_FILES) {
         snprintf(why, wl, "more than %d shared files", DIRECT_MAX_FILES);
         return NULL;
     }
-    if (c->nmaps == c->cap_maps) {
-        size_t cap = c->cap_maps ? c->cap_maps * 2 : 8;
-        void *v = realloc(c->maps, cap * sizeof(*c->maps));
+    if (c->direct->nmaps == c->direct->cap_maps) {
+        size_t cap = c->direct->cap_maps ? c->direct->cap_maps * 2 : 8;
+        void *v = realloc(c->direct->maps, cap * sizeof(*c->direct->maps));
         if (v == NULL)
             return NULL;
-        c->maps = v;
-        c->cap_maps = cap;
+        c->direct->maps = v;
+        c->direct->cap_maps = cap;
     }
     if (ref->file_size > max_size) {
-        __atomic_add_fetch(&eng->direct_refused, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&eng->direct->refused, 1, __ATOMIC_RELAXED);
         snprintf(why, wl, "file of %llu bytes for %llu advertised (KVBRIDGE_DIRECT_MAP_SLACK)",
                  (unsigned long long)ref->file_size, (unsigned long long)max_size);
         return NULL;
@@ -72,13 +100,14 @@ static uint8_t *map_file(kvb_engine_h eng, kvb__conn_t *c, uint32_t pid, const k
     /* Prefault only while this connection's total stays bounded: populate
      * allocates every page of a sparse file. With the background warmer on,
      * not here at all: it warms the allocated pages after the attach. */
-    bool populate = eng->warm == NULL && c->populated + ref->file_size <= eng->direct_populate_max;
+    bool populate = eng->direct->warm == NULL &&
+                    c->direct->populated + ref->file_size <= eng->direct->populate_max;
     if (!populate) /* past the budget, or left to the warmer */
-        __atomic_add_fetch(&eng->direct_unpopulated, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&eng->direct->unpopulated, 1, __ATOMIC_RELAXED);
     uint8_t *m = kvb__shm_map_peer((int32_t)pid, ref, true, populate, why, wl);
     if (m != NULL) {
-        c->maps[c->nmaps++] = (kvb__map_t){m, ref->file_size, ref->dev, ref->ino};
-        c->populated += populate ? ref->file_size : 0;
+        c->direct->maps[c->direct->nmaps++] = (kvb__map_t){m, ref->file_size, ref->dev, ref->ino};
+        c->direct->populated += populate ? ref->file_size : 0;
     }
     return m;
 }
@@ -92,6 +121,11 @@ void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t 
      * be fenced). Only device memory: the page alone. */
     if (r->nshm < 1 || r->shm[r->nshm - 1].seg != KVB_HS_SHM_FENCE)
         return;
+    c->direct = calloc(1, sizeof(*c->direct));
+    if (c->direct == NULL) {
+        KVB_LOGI("engine %s: session %s: no direct lane (out of memory)", eng->sid, c->sess->sid);
+        return;
+    }
     /* Writable: a unit in progress is counted in its grant's slot (fence.c). */
     const kvb__shm_ref_t *fref = &r->shm[r->nshm - 1].ref;
     snprintf(why, sizeof(why), "advertised with %llu bytes, not %u",
@@ -117,23 +151,24 @@ void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t 
         c->segs.v[k].direct = m + e->ref.file_off;
         mapped++;
     }
-    for (size_t i = 0; i < c->nmaps; i++) {
-        bytes += c->maps[i].size;
-        kvb__warm_add(eng, c, c->maps[i].base, c->maps[i].size);
+    for (size_t i = 0; i < c->direct->nmaps; i++) {
+        bytes += c->direct->maps[i].size;
+        kvb__warm_add(eng, c, c->direct->maps[i].base, c->direct->maps[i].size);
     }
     KVB_LOGI("engine %s: session %s: direct lane for %u of %zu segments (%zu files, %.1f MiB "
              "mapped in %.1f ms)",
-             eng->sid, c->sess->sid, mapped, c->segs.n, c->nmaps, (double)bytes / (1 << 20),
+             eng->sid, c->sess->sid, mapped, c->segs.n, c->direct->nmaps, (double)bytes / (1 << 20),
              (double)(kvb__now_ns() - t0) / 1e6);
 }
 
 void kvb__direct_detach(kvb__conn_t *c)
 {
-    for (size_t i = 0; i < c->nmaps; i++)
-        munmap(c->maps[i].base, c->maps[i].size);
-    free(c->maps);
-    c->maps = NULL;
-    c->nmaps = c->cap_maps = 0;
+    for (size_t i = 0; c->direct != NULL && i < c->direct->nmaps; i++)
+        munmap(c->direct->maps[i].base, c->direct->maps[i].size);
+    if (c->direct != NULL)
+        free(c->direct->maps);
+    free(c->direct);
+    c->direct = NULL;
     if (c->fence != NULL)
         munmap((void *)c->fence, KVB_HS_FENCE_FILE);
     c->fence = NULL;
@@ -173,6 +208,14 @@ static void store_fence(void)
 #if defined(__x86_64__)
     _mm_sfence();
 #endif
+}
+
+/* A CUDA unit: copies v[0..n) (one batch of driver copies) and waits for them. */
+static kvb_status_t cuda_unit(kvb_engine_h eng, const kvb__cuda_copy_t *v, size_t n, char *why,
+                              size_t wl)
+{
+    int d = __atomic_load_n(&eng->cuda_device, __ATOMIC_RELAXED);
+    return kvb__cuda_copy_batch(d < 0 ? 0 : d, v, n, why, wl);
 }
 
 /* ---- groups and units ----
@@ -331,11 +374,11 @@ static kvb_status_t copy_unit(kvb_engine_h eng, unit_t *u, uint64_t admitted, ch
         if (v != NULL)
             v[nv++] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)d, src, end - p.off};
         else
-            copy_block(d, (const uint8_t *)(uintptr_t)src, end - p.off, eng->stream_copy);
+            copy_block(d, (const uint8_t *)(uintptr_t)src, end - p.off, eng->direct->stream_copy);
         if (!last)
             mcur_next(x, c);
     }
-    kvb_status_t st = v != NULL ? kvb__cuda_unit(eng, v, nv, why, wl) : KVB_OK;
+    kvb_status_t st = v != NULL ? cuda_unit(eng, v, nv, why, wl) : KVB_OK;
     free(v);
     store_fence();
     return st;
@@ -345,19 +388,19 @@ static kvb_status_t copy_unit(kvb_engine_h eng, unit_t *u, uint64_t admitted, ch
 static void dq_push(kvb_engine_h eng, kvb__dgroup_t *g)
 {
     g->next = NULL;
-    if (eng->dq_tail != NULL)
-        eng->dq_tail->next = g;
+    if (eng->direct->dq_tail != NULL)
+        eng->direct->dq_tail->next = g;
     else
-        eng->dq_head = g;
-    eng->dq_tail = g;
+        eng->direct->dq_head = g;
+    eng->direct->dq_tail = g;
 }
 
 static void dq_pop(kvb_engine_h eng)
 {
-    kvb__dgroup_t *g = eng->dq_head;
-    eng->dq_head = g->next;
-    if (eng->dq_head == NULL)
-        eng->dq_tail = NULL;
+    kvb__dgroup_t *g = eng->direct->dq_head;
+    eng->direct->dq_head = g->next;
+    if (eng->direct->dq_head == NULL)
+        eng->direct->dq_tail = NULL;
     g->next = NULL;
 }
 
@@ -375,7 +418,7 @@ static void set_failure(struct kvb_xfer *x, kvb_status_t st, const char *why)
 /* Mark x failed when it must stop issuing (dmu held). */
 static void check_stop(kvb_engine_h eng, struct kvb_xfer *x)
 {
-    if (eng->dstop)
+    if (eng->direct->dstop)
         set_failure(x, KVB_ERR_CANCELED, "engine stopping");
     else if (__atomic_load_n(&x->conn->dead, __ATOMIC_ACQUIRE))
         set_failure(x, KVB_ERR_PEER, x->conn->why);
@@ -442,12 +485,12 @@ static void publish_done(kvb__dgroup_t *g, kvb_engine_h eng)
     if (nd == 0)
         return;
     bool last = g->live == 0;
-    pthread_mutex_unlock(&eng->dmu);
+    pthread_mutex_unlock(&eng->direct->dmu);
     for (size_t i = 0; i < nd; i++)
         kvb__xfer_publish(done[i], done[i]->failed ? done[i]->fail_status : KVB_OK);
     if (last)
         free(g);
-    pthread_mutex_lock(&eng->dmu);
+    pthread_mutex_lock(&eng->direct->dmu);
 }
 
 /* One pass of a copy thread with dmu held; false when it should sleep. The
@@ -457,7 +500,7 @@ static void publish_done(kvb__dgroup_t *g, kvb_engine_h eng)
  * round instead of only when its group reaches the head. */
 static bool copy_step(kvb_engine_h eng)
 {
-    kvb__dgroup_t *g = eng->dq_head;
+    kvb__dgroup_t *g = eng->direct->dq_head;
     unit_t u;
     bool more = false;
     if (g == NULL)
@@ -487,9 +530,9 @@ static bool copy_step(kvb_engine_h eng)
     if (u.mask != 0) {
         fence_state_t fs[KVB_WRITE_GROUP_MAX];
         char why[300];
-        pthread_mutex_unlock(&eng->dmu);
+        pthread_mutex_unlock(&eng->direct->dmu);
         kvb_status_t st = run_unit(eng, &u, fs, why, sizeof(why));
-        pthread_mutex_lock(&eng->dmu);
+        pthread_mutex_lock(&eng->direct->dmu);
         for (size_t k = 0; k < g->n; k++) {
             if (!(u.mask >> k & 1))
                 continue;
@@ -506,11 +549,11 @@ static bool copy_step(kvb_engine_h eng)
 static void *copy_main(void *arg)
 {
     kvb_engine_h eng = arg;
-    pthread_mutex_lock(&eng->dmu);
-    while (!(eng->dstop && eng->dq_head == NULL))
-        if (!copy_step(eng) && !eng->dstop)
-            pthread_cond_wait(&eng->dcv, &eng->dmu);
-    pthread_mutex_unlock(&eng->dmu);
+    pthread_mutex_lock(&eng->direct->dmu);
+    while (!(eng->direct->dstop && eng->direct->dq_head == NULL))
+        if (!copy_step(eng) && !eng->direct->dstop)
+            pthread_cond_wait(&eng->direct->dcv, &eng->direct->dmu);
+    pthread_mutex_unlock(&eng->direct->dmu);
     return NULL;
 }
 
@@ -518,16 +561,16 @@ static void *copy_main(void *arg)
 static bool start_threads(kvb_engine_h eng)
 {
     size_t n = eng->params.copy_threads;
-    if (eng->n_dthr > 0)
+    if (eng->direct->n_dthr > 0)
         return true;
 #if defined(__x86_64__)
-    eng->stream_copy = __builtin_cpu_supports("avx2");
+    eng->direct->stream_copy = __builtin_cpu_supports("avx2");
 #endif
-    eng->dthr = calloc(n, sizeof(*eng->dthr));
-    for (size_t i = 0; eng->dthr != NULL && i < n; i++)
-        if (pthread_create(&eng->dthr[eng->n_dthr], NULL, copy_main, eng) == 0)
-            eng->n_dthr++;
-    return eng->n_dthr > 0;
+    eng->direct->dthr = calloc(n, sizeof(*eng->direct->dthr));
+    for (size_t i = 0; eng->direct->dthr != NULL && i < n; i++)
+        if (pthread_create(&eng->direct->dthr[eng->direct->n_dthr], NULL, copy_main, eng) == 0)
+            eng->direct->n_dthr++;
+    return eng->direct->n_dthr > 0;
 }
 
 bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
@@ -543,29 +586,102 @@ bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
         g->m[k] = xs[k];
         g->rows = xs[k]->nrows > g->rows ? xs[k]->nrows : g->rows;
     }
-    pthread_mutex_lock(&eng->dmu);
-    bool ok = !eng->dstop && start_threads(eng);
+    pthread_mutex_lock(&eng->direct->dmu);
+    bool ok = !eng->direct->dstop && start_threads(eng);
     if (ok) {
         for (size_t k = 0; k < n; k++)
             xs[k]->queued = 1;
         dq_push(eng, g);
-        pthread_cond_broadcast(&eng->dcv);
+        pthread_cond_broadcast(&eng->direct->dcv);
     }
-    pthread_mutex_unlock(&eng->dmu);
+    pthread_mutex_unlock(&eng->direct->dmu);
     if (!ok)
         free(g);
     return ok;
 }
+
 void kvb__direct_stop(kvb_engine_h eng)
 {
     kvb__warm_stop(eng);
-    pthread_mutex_lock(&eng->dmu);
-    eng->dstop = 1;
-    pthread_cond_broadcast(&eng->dcv);
-    pthread_mutex_unlock(&eng->dmu);
-    for (size_t i = 0; i < eng->n_dthr; i++)
-        pthread_join(eng->dthr[i], NULL);
-    free(eng->dthr);
-    eng->dthr = NULL;
-    eng->n_dthr = 0;
+    pthread_mutex_lock(&eng->direct->dmu);
+    eng->direct->dstop = 1;
+    pthread_cond_broadcast(&eng->direct->dcv);
+    pthread_mutex_unlock(&eng->direct->dmu);
+    for (size_t i = 0; i < eng->direct->n_dthr; i++)
+        pthread_join(eng->direct->dthr[i], NULL);
+    free(eng->direct->dthr);
+    eng->direct->dthr = NULL;
+    eng->direct->n_dthr = 0;
 }
+
+/* ---- the lane ---- */
+
+static kvb_status_t direct_init(kvb_engine_h eng)
+{
+    eng->direct = calloc(1, sizeof(*eng->direct));
+    if (eng->direct == NULL)
+        return kvb__err_set(&eng->err, KVB_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&eng->direct->dmu, NULL);
+    pthread_cond_init(&eng->direct->dcv, NULL);
+    eng->direct->slack =
+        (uint64_t)kvb__env_int("KVBRIDGE_DIRECT_MAP_SLACK", NULL, 64 << 20, 0, (int64_t)1 << 50);
+    eng->direct->populate_max = (uint64_t)kvb__env_int("KVBRIDGE_DIRECT_POPULATE_MAX", NULL,
+                                                       (int64_t)4 << 30, 0, (int64_t)1 << 50);
+    kvb__warm_init(eng);
+    return KVB_OK;
+}
+
+/* The engine is freed (its copy threads stopped, or never started). */
+static void direct_fini(kvb_engine_h eng)
+{
+    if (eng->direct == NULL)
+        return;
+    kvb__warm_stop(eng); /* no-op after kvb__direct_stop */
+    pthread_mutex_destroy(&eng->direct->dmu);
+    pthread_cond_destroy(&eng->direct->dcv);
+    free(eng->direct);
+    eng->direct = NULL;
+}
+
+/* Mapping (and pre-faulting) the peer's files: a writer on the peer's host
+ * (proven), on the auto transport, with copy threads. */
+static void direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *r)
+{
+    if (c->local && eng->params.transport == KVB_TRANSPORT_AUTO && eng->params.copy_threads > 0)
+        kvb__direct_attach(eng, c, r);
+}
+
+static bool direct_usable(kvb_engine_h eng, const kvb__conn_t *c, const struct kvb_xfer *x,
+                          const long *dst_seg, const kvb__wblocks_t *w)
+{
+    return eng->params.copy_threads > 0 && kvb__direct_usable(eng, c, x->epoch, dst_seg, w);
+}
+
+static kvb_status_t direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
+{
+    return kvb__direct_submit(eng, xs, n) ? KVB_OK : KVB__LANE_REFUSED;
+}
+
+static void direct_stats(kvb_engine_h eng, kvb_engine_limits_t *l)
+{
+    if (l->field_mask & KVB_ENGINE_LIMITS_DIRECT) {
+        l->direct_files_refused = __atomic_load_n(&eng->direct->refused, __ATOMIC_RELAXED);
+        l->direct_files_unpopulated = __atomic_load_n(&eng->direct->unpopulated, __ATOMIC_RELAXED);
+    }
+}
+
+const kvb__lane_t kvb__lane_direct = {
+    .name = "direct",
+    .pairs = KVB__PAIR(KVB__MEM_HOST, KVB__MEM_HOST),
+    .caps = KVB__LANE_RUNS | KVB__LANE_GROUPS,
+    .fence = KVB__LANE_FENCE_PAGE,
+    .init = direct_init,
+    .stop = kvb__direct_stop,
+    .fini = direct_fini,
+    .advertise = direct_advertise,
+    .attach = direct_attach,
+    .detach = kvb__direct_detach,
+    .usable = direct_usable,
+    .submit = direct_submit,
+    .stats = direct_stats,
+};

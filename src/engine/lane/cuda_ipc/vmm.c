@@ -11,13 +11,13 @@
  * the handshake names the descriptors and sizes (the parts table) to a
  * writer that announced it maps them. A writer on the same host (the
  * same-host proof passed, the fence page mapped) gets a duplicate of each
- * over the target's descriptor socket (cuda_fdsrv.c: SCM_RIGHTS, no ptrace
+ * over the target's descriptor socket (fdsrv.c: SCM_RIGHTS, no ptrace
  * rights needed; else pidfd_getfd or /proc/<pid>/fd), imports it, reserves one range for
  * all of them, maps them back to back (so the segment's addresses translate
  * with one offset, as in the target) and makes the range readable and
  * writable on its device; the direct lane then copies device to device into
  * it. Anything refused: the segment is staged through host memory. */
-#include "engine/engine_int.h"
+#include "engine/lane/cuda_ipc/cuda_ipc.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -7,11 +7,14 @@
  * device-copy worker (jobs.c), not here: a slow device copy must not hold up other writes; its
  * acknowledgement goes once the copy is done. */
 #include "engine/engine_int.h"
-#include "engine/amwire.h"
+#include "engine/lane/msg/amwire.h"
+#include "engine/lane/msg/msg.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define STAGE_MSG_MAX_DEFAULT (256ull << 20)
 
 typedef struct am_recv {
     kvb__job_t job; /* first: a staged message's copy to the device (jobs.c) */
@@ -60,7 +63,7 @@ static void send_ack(kvb_engine_h eng, ucp_ep_h ep, uint64_t xfer_id, uint64_t m
     p.cb.send = ack_sent_cb;
     p.user_data = h;
     /* REPLY: the writer learns which of its endpoints the ack came over and
-     * accepts it only from the transfer's own connection (xfer.c). */
+     * accepts it only from the transfer's own connection (msg.c). */
     p.flags = UCP_AM_SEND_FLAG_REPLY;
     void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, h, 28 + rl, NULL, 0, &p);
     if (!UCS_PTR_IS_PTR(r))
@@ -213,11 +216,18 @@ static void scatter(const ucp_dt_iov_t *iov, uint32_t n, const uint8_t *data)
     }
 }
 
+/* The most bytes one message into device memory may carry (staged). */
+static uint64_t stage_msg_max(void)
+{
+    return (uint64_t)kvb__env_int("KVBRIDGE_CUDA_STAGE_MSG_MAX", NULL,
+                                  (int64_t)STAGE_MSG_MAX_DEFAULT, 1 << 20, INT64_MAX);
+}
+
 /* A message into device memory is received into pinned host memory first:
  * at most KVBRIDGE_CUDA_STAGE_MSG_MAX bytes (the peer chooses the size). */
 static bool stage_alloc(am_recv_t *rc, size_t length, char *why, size_t wl)
 {
-    if (length > kvb__cuda_stage_msg_max()) {
+    if (length > stage_msg_max()) {
         snprintf(why, wl,
                  "a message of %zu bytes into device memory exceeds KVBRIDGE_CUDA_STAGE_MSG_MAX",
                  length);
@@ -338,7 +348,7 @@ static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void
  * Tokens are per connection: one seen on the wire or taken from another
  * writer's handshake stops working when that connection closes. The first
  * write under a token marks its connection as one that wrote: the cap never
- * closes it (engine.c). */
+ * closes it (listener.c). */
 static bool token_live(kvb_engine_h eng, const uint8_t *tok)
 {
     long hit = -1;

@@ -1,6 +1,6 @@
 /* Message-lane header parsing: every length and count from the wire is
  * checked against the received sizes before any use. */
-#include "engine/amwire.h"
+#include "engine/lane/msg/amwire.h"
 
 #include <string.h>
 

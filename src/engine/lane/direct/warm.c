@@ -18,7 +18,7 @@
  * mapping is pre-faulted synchronously as before, up to
  * KVBRIDGE_DIRECT_POPULATE_MAX). A job ends early when its connection dies,
  * goes stale or is referenced by nothing but the warmer. */
-#include "engine/engine_int.h"
+#include "engine/lane/direct/direct.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -110,13 +110,13 @@ static void warm_step(kvb_engine_h eng, struct kvb__warm *w, warm_job_t *j, unsi
     uint64_t pages = warm_range(w, j->base + j->done, len / WARM_PAGE * WARM_PAGE, vec);
     j->done += len;
     __atomic_add_fetch(&w->pages, pages, __ATOMIC_RELAXED);
-    pause_for((double)(kvb__now_ns() - t0) / 1e9, eng->warm_pct);
+    pause_for((double)(kvb__now_ns() - t0) / 1e9, eng->direct->warm_pct);
 }
 
 static void *warm_main(void *arg)
 {
     kvb_engine_h eng = arg;
-    struct kvb__warm *w = eng->warm;
+    struct kvb__warm *w = eng->direct->warm;
     unsigned char *vec = malloc(WARM_CHUNK / WARM_PAGE);
     pthread_mutex_lock(&w->mu);
     while (!w->stop) {
@@ -150,7 +150,7 @@ static void *warm_main(void *arg)
 
 void kvb__warm_add(kvb_engine_h eng, kvb__conn_t *c, uint8_t *base, uint64_t size)
 {
-    struct kvb__warm *w = eng->warm;
+    struct kvb__warm *w = eng->direct->warm;
     warm_job_t *j = calloc(1, sizeof(*j));
     if (w == NULL || j == NULL) {
         free(j);
@@ -178,19 +178,19 @@ void kvb__warm_add(kvb_engine_h eng, kvb__conn_t *c, uint8_t *base, uint64_t siz
 
 void kvb__warm_init(kvb_engine_h eng)
 {
-    eng->warm_pct = kvb__warm_cpu_pct();
-    struct kvb__warm *w = eng->warm_pct > 0 ? calloc(1, sizeof(*w)) : NULL;
+    eng->direct->warm_pct = kvb__warm_cpu_pct();
+    struct kvb__warm *w = eng->direct->warm_pct > 0 ? calloc(1, sizeof(*w)) : NULL;
     if (w == NULL)
         return; /* off (or no memory): attach pre-faults synchronously */
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->populate_ok = true;
-    eng->warm = w;
+    eng->direct->warm = w;
 }
 
 void kvb__warm_stop(kvb_engine_h eng)
 {
-    struct kvb__warm *w = eng->warm;
+    struct kvb__warm *w = eng->direct->warm;
     if (w == NULL)
         return;
     pthread_mutex_lock(&w->mu);
@@ -207,10 +207,11 @@ void kvb__warm_stop(kvb_engine_h eng)
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);
-    eng->warm = NULL;
+    eng->direct->warm = NULL;
 }
 
 uint64_t kvb__warm_pages(kvb_engine_h eng)
 {
-    return eng->warm != NULL ? __atomic_load_n(&eng->warm->pages, __ATOMIC_RELAXED) : 0;
+    return eng->direct->warm != NULL ? __atomic_load_n(&eng->direct->warm->pages, __ATOMIC_RELAXED)
+                                     : 0;
 }

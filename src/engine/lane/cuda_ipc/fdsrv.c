@@ -14,7 +14,7 @@
  * request  "KVBFQ001" ticket[32] u32 n u32 fd[n]       (1 <= n <= 64)
  * answer   "KVBFA001" u32 status(0 granted, 1 refused) u32 n
  *          (granted: the n descriptors ride along as SCM_RIGHTS, in order) */
-#include "engine/engine_int.h"
+#include "engine/lane/cuda_ipc/cuda_ipc.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,0 +1,181 @@
+/* A write's completion, and the progress thread's list of the writes the
+ * UCX lanes issue there: what the lanes call below the core. A write ends
+ * once (kvb__xfer_publish: its status, its waiters woken, the engine's
+ * reference dropped); the progress thread starts each queued write
+ * (CMD_XFER), lets its lane issue more (lane.h, `progress`), fails it with
+ * its connection and finishes it once nothing of it is in flight. */
+#include "engine/engine_int.h"
+#include "engine/bufpool.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kvb__xfer_release(struct kvb_xfer *x)
+{
+    if (__atomic_sub_fetch(&x->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    kvb__conn_put(x->conn);
+    if (x->stage != NULL)
+        kvb__cuda_stage_put(x->stage, x->stage_len);
+    free(x->staged);
+    kvb__bufpool_put(x->blocks, x->blocks_cap);
+    kvb__bufpool_put(x->runs, x->runs_cap);
+    pthread_mutex_destroy(&x->mu);
+    pthread_cond_destroy(&x->cv);
+    free(x);
+}
+
+void kvb__xfer_publish(struct kvb_xfer *x, kvb_status_t st)
+{
+    pthread_mutex_lock(&x->mu);
+    if (st != KVB_OK && x->err[0] == '\0')
+        snprintf(x->err, sizeof(x->err), "%s", kvb_status_string(st));
+    __atomic_store_n(&x->status, (int)st, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+    kvb__xfer_release(x);
+}
+
+void kvb__xfer_fail(struct kvb_xfer *x, kvb_status_t st, const char *fmt, const char *a,
+                    const char *b)
+{
+    if (x->failed)
+        return;
+    x->failed = 1;
+    x->fail_status = st;
+    pthread_mutex_lock(&x->mu);
+    snprintf(x->err, sizeof(x->err), fmt, a, b);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st)
+{
+    KVB_LOGD("engine %s: transfer %llu ends %s (%zu/%zu blocks issued, %zu messages sent, %zu "
+             "acknowledged, %zu in flight)",
+             eng->sid, (unsigned long long)x->id, kvb_status_string(st), x->next, x->n,
+             x->msgs_sent, x->msgs_acked, x->inflight);
+    struct kvb_xfer **pp = &eng->active;
+    while (*pp != NULL && *pp != x)
+        pp = &(*pp)->next_active;
+    if (*pp == x)
+        *pp = x->next_active;
+    x->abandoned = 1; /* callbacks of ops still outstanding leave it alone */
+    kvb__xfer_publish(x, st);
+}
+
+void kvb__xfer_start(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    x->id = ++eng->next_xfer_id;
+    x->next_active = eng->active;
+    eng->active = x;
+    if (__atomic_load_n(&x->conn->dead, __ATOMIC_ACQUIRE)) {
+        kvb__xfer_fail(x, KVB_ERR_PEER, "session %s: %s", x->conn->sess->sid, x->conn->why);
+        x->abandoned = 1;
+    }
+}
+
+kvb_status_t kvb__xfer_queue(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
+        kvb_status_t st = cmd == NULL ? KVB_ERR_NOMEM : KVB_OK;
+        if (st == KVB_OK) {
+            cmd->kind = CMD_XFER;
+            cmd->xfer = xs[i];
+            st = kvb__engine_submit(eng, cmd, false);
+        }
+        if (st != KVB_OK) {
+            free(cmd);
+            return st;
+        }
+    }
+    return KVB_OK;
+}
+
+/* Staged: the ring space of acknowledged messages may be reused (the
+ * device-copy worker waits for it). */
+static void stage_release(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    uint64_t lo = x->pos;
+    for (size_t i = 0; i < x->inflight; i++)
+        lo = x->am_pos[i] < lo ? x->am_pos[i] : lo;
+    if (lo > __atomic_load_n(&x->stage_free, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&x->stage_free, lo, __ATOMIC_RELEASE);
+        kvb__jobs_kick(eng);
+    }
+}
+
+static bool progress_one(kvb_engine_h eng, struct kvb_xfer *x)
+{
+    if (x->stage != NULL)
+        stage_release(eng, x);
+    if (__atomic_load_n(&x->stage_status, __ATOMIC_ACQUIRE) != KVB_OK)
+        kvb__xfer_fail(x, (kvb_status_t)x->stage_status, "session %s: %s", x->conn->sess->sid,
+                       x->stage_why);
+    bool stop = x->failed || __atomic_load_n(&x->cancel, __ATOMIC_ACQUIRE);
+    if (x->abandoned || ((stop || x->next == x->n) && x->inflight == 0)) {
+        kvb_status_t st = x->failed ? x->fail_status : stop ? KVB_ERR_CANCELED : KVB_OK;
+        if (st == KVB_ERR_CANCELED)
+            snprintf(x->err, sizeof(x->err), "canceled");
+        finish(eng, x, st);
+        return true;
+    }
+    if (stop || x->next == x->n)
+        return false;
+    size_t before = x->next;
+    /* UCX may report the peer lost inside a send, which finishes x and
+     * drops the engine's reference: hold one across the issue. */
+    __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
+    x->lane->progress(eng, x);
+    bool moved = x->next != before;
+    kvb__xfer_release(x);
+    return moved;
+}
+
+bool kvb__xfer_progress_all(kvb_engine_h eng)
+{
+    bool busy = false;
+    struct kvb_xfer *x = eng->active, *next;
+    for (; x != NULL; x = next) {
+        uint64_t failures = eng->conn_failures;
+        next = x->next_active;
+        busy |= progress_one(eng, x);
+        if (eng->conn_failures != failures)
+            return true; /* a conn failed inside UCX and finished transfers: next
+                            may be gone; the next pass starts over */
+    }
+    return busy;
+}
+
+void kvb__xfer_fail_conn(kvb_engine_h eng, kvb__conn_t *c, const char *why)
+{
+    struct kvb_xfer *x = eng->active, *next;
+    for (; x != NULL; x = next) {
+        next = x->next_active;
+        if (x->conn != c)
+            continue;
+        x->failed = 0;
+        kvb__xfer_fail(x, KVB_ERR_PEER, "session %s: %s", c->sess->sid, why);
+        x->abandoned = 1;
+        finish(eng, x, KVB_ERR_PEER);
+    }
+}
+
+void kvb__xfer_cancel_all(kvb_engine_h eng)
+{
+    while (eng->active != NULL) {
+        struct kvb_xfer *x = eng->active;
+        x->abandoned = 1;
+        snprintf(x->err, sizeof(x->err), "engine destroyed");
+        finish(eng, x, KVB_ERR_CANCELED);
+    }
+}
+
+struct kvb_xfer *kvb__xfer_find(kvb_engine_h eng, uint64_t id)
+{
+    for (struct kvb_xfer *x = eng->active; x != NULL; x = x->next_active)
+        if (x->id == id)
+            return x;
+    return NULL;
+}
