@@ -269,19 +269,6 @@ kvb_status_t kvb__frames_check_aux(const kvb__aux_msg_t *msg, size_t n_buffers,
     return KVB_OK;
 }
 
-#define KVB__FK_VERIFY(b, n0, len0, err, decode, msgtype)                                          \
-    do {                                                                                           \
-        kvb__frame_t *f_ = kvb__fk_appended(b, n0);                                                \
-        msgtype tmp_;                                                                              \
-        kvb_status_t st_;                                                                          \
-        if (f_ == NULL)                                                                            \
-            return kvb__fk_rollback(b, n0, len0, KVB_ERR_NOMEM);                                   \
-        st_ = decode(f_, (b)->n - (n0), err, &tmp_);                                               \
-        free(f_);                                                                                  \
-        if (st_ != KVB_OK)                                                                         \
-            return kvb__fk_rollback(b, n0, len0, KVB_ERR_INVALID);                                 \
-    } while (0)
-
 kvb_status_t kvb__frames_encode_registration(const kvb__reg_msg_t *msg, kvb__frames_err_t *err,
                                              kvb__frames_buf_t *out)
 {
