@@ -148,7 +148,7 @@ static kvb__reg_t *reg_from_in(struct kvb_manager *m, kvb__reg_in_t *in, uint64_
         g->plan_error = in->refuse; /* every room to it fails with this reason */
         in->refuse = NULL;
         KVB_LOGW("manager %s: %s", m->endpoint, g->plan_error);
-    } else if (!in->dialect->t.decode_plans) {
+    } else if (!in->dialect->t.plans_chunks) {
         reg_build_plan(m, g); /* else each room brings its plan */
     }
     g->registered_ms = kvb__now_ms();

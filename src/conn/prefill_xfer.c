@@ -261,7 +261,7 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         j->st = KVB_ERR_STATE;
         snprintf(j->why, sizeof(j->why), "decode %s sent a transfer info but never its KV args",
                  d->session);
-    } else if (!d->dialect->t.decode_plans && j->reg->dialect->t.decode_plans) {
+    } else if (!d->dialect->t.plans_chunks && j->reg->dialect->t.plans_chunks) {
         /* re-sent in a decode-planning dialect after a transfer info that
          * needs kvbridge's planner: no plan, no plan_error */
         j->st = KVB_ERR_INVALID;
@@ -269,7 +269,7 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
                  "decode %s re-sent its KV args in the %s dialect after its %s transfer info; "
                  "nothing written",
                  d->session, j->reg->dialect->t.family, d->dialect->t.family);
-    } else if (!d->dialect->t.decode_plans && j->reg->plan == NULL) {
+    } else if (!d->dialect->t.plans_chunks && j->reg->plan == NULL) {
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why), "%s", j->reg->plan_error);
     } else if (__atomic_load_n(&j->reg->failed, __ATOMIC_ACQUIRE) &&
@@ -277,7 +277,7 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         j->st = KVB_ERR_PEER;
         snprintf(j->why, sizeof(j->why),
                  "Decode instance could be dead, remote session %s is not alive", d->session);
-    } else if (d->dialect->t.decode_plans) {
+    } else if (d->dialect->t.plans_chunks) {
         d->dialect->plan_job(m, j->reg, d, c, &j->kv, &j->st, j->why, sizeof(j->why));
     } else if (!dst_pages_fit(j->reg, d, j->why, sizeof(j->why))) {
         j->st = KVB_ERR_INVALID;

@@ -41,7 +41,7 @@ typedef struct kvb__dialect_traits {
      * on the registration: from the plan the decode sends with each
      * transfer info (seed 004), or from both sides' layout contracts
      * (CachePD, whose prefill plans). */
-    bool decode_plans;
+    bool plans_chunks;
     /* kvbridge's extension frames (after the "kvbridge-ext/1" marker) may
      * ride on its registration and transfer info to a kvbridge peer: the
      * writer grant travels only where this is true. */
@@ -118,7 +118,7 @@ typedef struct kvb__dialect {
     /* The answer to its abort once nothing of the room can land (gen: echo). */
     kvb_status_t (*send_abort_ack)(struct kvb_manager *m, const char *ip, uint16_t port,
                                    uint64_t room, int32_t rank, const uint64_t *gen);
-    /* decode_plans: the blocks of chunk c for destination d (registration
+    /* plans_chunks: the blocks of chunk c for destination d (registration
      * g), validated against both sides before any write; *st_p / why. */
     void (*plan_job)(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
                      const kvb__chunk_t *c, kvb_plan_strided_t *out, kvb_status_t *st_p, char *why,

@@ -476,7 +476,7 @@ static kvb__dmsg_t classify(struct kvb_manager *m, const kvb__frame_t *f, size_t
 const kvb__dialect_t kvb__dialect_cachepd = {
     .t = {.name = "TokenSpeed 0.1.1 CachePD",
           .family = "TokenSpeed",
-          .decode_plans = true, /* planned here from both contracts (plan_job) */
+          .plans_chunks = true, /* planned here from both contracts (plan_job) */
           .extensions = false,
           .suffix_pages = true,
           .own_status = true},

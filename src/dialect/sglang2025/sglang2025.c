@@ -387,7 +387,7 @@ static void transfer_form(const struct kvb_manager *m, const kvb__src_t *s, size
 const kvb__dialect_t kvb__dialect_sglang2025 = {
     .t = {.name = "SGLang seed 001",
           .family = "SGLang",
-          .decode_plans = false,
+          .plans_chunks = false,
           .extensions = true,
           .suffix_pages = false,
           .own_status = false},

@@ -417,7 +417,7 @@ static kvb_status_t decode_abort_ack(struct kvb_manager *m, const kvb__frame_t *
 const kvb__dialect_t kvb__dialect_sglang2026 = {
     .t = {.name = "SGLang 2026",
           .family = "SGLang",
-          .decode_plans = false,
+          .plans_chunks = false,
           .extensions = true,
           .suffix_pages = true,
           .own_status = false},

@@ -612,7 +612,7 @@ void kvb__ts_job_plan(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
 const kvb__dialect_t kvb__dialect_tokenspeed_seed = {
     .t = {.name = "TokenSpeed seed 004",
           .family = "TokenSpeed",
-          .decode_plans = true,
+          .plans_chunks = true,
           .extensions = false,
           .suffix_pages = true,
           .own_status = true},
