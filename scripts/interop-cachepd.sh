@@ -32,19 +32,9 @@ if [ ! -f "$BUILD/libkvbridge.so" ] || [ ! -x "$HELPER" ]; then
 fi
 VENV=$BUILD/ts011-venv
 REQS=$ROOT/tests/interop/requirements-tokenspeed011.txt
-want=$(cat "$REQS")
-if [ ! -f "$VENV/.interop-stamp" ] || [ "$(cat "$VENV/.interop-stamp")" != "$want" ]; then
-    if ! timeout 20 /usr/bin/python3 -c \
-        'import urllib.request; urllib.request.urlopen("https://pypi.org/simple/tokenspeed/", timeout=15)' \
-        >/dev/null 2>&1; then
-        echo "interop-cachepd: SKIPPED: PyPI (pypi.org) is unreachable and $VENV is not set up"
-        exit 0
-    fi
-    rm -rf "$VENV"
-    /usr/bin/python3 -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$REQS"
-    printf '%s' "$want" >"$VENV/.interop-stamp"
-fi
+# shellcheck source=scripts/ts011-venv.sh
+. "$ROOT/scripts/ts011-venv.sh"
+ts011_venv interop-cachepd "$VENV" "$REQS" || exit 0
 OUT=$BUILD/interop-cachepd
 rm -rf "$OUT"
 mkdir -p "$OUT"

@@ -45,74 +45,9 @@ TIMEOUT = float(os.environ.get("KVB_CPD_TIMEOUT", "60"))
 
 # ------------------------------------------------------------------ stubs
 
-class _Env:
-    def __init__(self, name, default, kind):
-        self.name, self.default, self.kind = name, default, kind
-
-    def get(self):
-        v = os.environ.get(self.name)
-        if v is None:
-            return self.default
-        if self.kind is bool:
-            return v.lower() in ("1", "true", "yes", "y", "on")
-        try:
-            return self.kind(v)
-        except ValueError:
-            return self.default
-
-    def is_set(self):
-        return self.name in os.environ
-
-    def get_set_value_or(self, or_value):
-        return self.get() if self.is_set() else or_value
-
-
-ENVS = {  # 0.1.1's utils/env.py: name -> (default, type)
-    "TOKENSPEED_DISAGGREGATION_FAILED_SESSION_TTL": (30, int),
-    "TOKENSPEED_DISAGGREGATION_HEARTBEAT_INTERVAL": (5.0, float),
-    "TOKENSPEED_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": (2, int),
-    "TOKENSPEED_DISAGGREGATION_QUEUE_SIZE": (4, int),
-    "TOKENSPEED_DISAGGREGATION_THREAD_POOL_SIZE": (-1, int),
-    "TOKENSPEED_DISAGGREGATION_BOOTSTRAP_TIMEOUT": (120, int),
-    "TOKENSPEED_DISAGGREGATION_WAITING_TIMEOUT": (300, int),
-    "TOKENSPEED_PD_LAYERWISE_DEBUG": (False, bool),
-    "TOKENSPEED_PD_PREFILL_METADATA_TIMEOUT": (5.0, float),
-    "TOKENSPEED_HOST_IP": ("", str),
-    "TOKENSPEED_CI_SMALL_KV_SIZE": (-1, int),
-}
-
-
-def install():
-    def mod(name, **attrs):
-        m = types.ModuleType(name)
-        m.__dict__.update(attrs)
-        sys.modules[name] = m
-        return m
-
-    import tokenspeed.runtime  # noqa: F401  (the real namespace packages)
-
-    ts_root = os.path.dirname(list(sys.modules["tokenspeed.runtime"].__path__)[0])
-
-    def get_colorful_logger(name):
-        log = logging.getLogger(name)
-        log.warning_once = log.warning
-        log.info_once = log.info
-        return log
-
-    torch = mod("torch")
-    torch.distributed = mod("torch.distributed")
-    torch.cuda = mod("torch.cuda", is_available=lambda: False)
-    mod("tokenspeed_kernel")
-    mod("tokenspeed_kernel.platform",
-        current_platform=lambda: types.SimpleNamespace(is_nvidia=False))
-    mod("tokenspeed.runtime.layers.logits_processor", LogitsProcessorOutput=object)
-    utils = mod("tokenspeed.runtime.utils", get_colorful_logger=get_colorful_logger)
-    utils.__path__ = [os.path.join(ts_root, "runtime", "utils")]  # network.py stays real
-    mod("tokenspeed.runtime.utils.common", get_colorful_logger=get_colorful_logger)
-    envs = types.SimpleNamespace(**{k: _Env(k, d, t) for k, (d, t) in ENVS.items()})
-    mod("tokenspeed.runtime.utils.env", envs=envs)
-    mod("tokenspeed.runtime.metrics")
-    mod("tokenspeed.runtime.metrics.collector", KVTransferMetrics=object)
+# What cannot run here (torch, GPU kernels, TokenSpeed's env module) is
+# stubbed exactly as for TokenSpeed on the drop-in: tokenspeed011_common.
+from tokenspeed011_common import install  # noqa: E402
 
 
 # ------------------------------------------------------------------ model
