@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <time.h>
 
 /* Monotonic clock in seconds. */
@@ -39,6 +40,29 @@ static inline uint64_t kvb_test_xorshift(uint64_t *state)
     *state ^= *state >> 7;
     *state ^= *state << 17;
     return *state;
+}
+
+static inline int kvb_test_cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The names of dir's *.json files (a golden corpus), sorted, each
+ * malloc'ed (the caller frees), at most cap of them; their count, or -1
+ * when dir cannot be opened. */
+static inline int kvb_test_json_files(const char *dir, char **names, size_t cap)
+{
+    DIR *dp = opendir(dir);
+    struct dirent *de;
+    size_t n = 0;
+    if (dp == NULL)
+        return -1;
+    while ((de = readdir(dp)) != NULL && n < cap)
+        if (strlen(de->d_name) > 5 && strcmp(de->d_name + strlen(de->d_name) - 5, ".json") == 0)
+            names[n++] = strdup(de->d_name);
+    closedir(dp);
+    qsort(names, n, sizeof(names[0]), kvb_test_cmp_str);
+    return (int)n;
 }
 
 #define CHECK(cond)                                                                                \

@@ -26,7 +26,6 @@
 #include "dialect/cachepd/cachepd.h"
 #include "kvb_test.h"
 
-#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -830,11 +829,6 @@ static void replay_rank_addr(json_t *root)
 
 /* ------------------------------------------------------------------ main */
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 static void replay_file(const char *path)
 {
     json_error_t je;
@@ -878,20 +872,13 @@ int main(int argc, char **argv)
     }
     double t0 = kvb_test_now_s();
     g_dir = argv[1];
-    DIR *dp = opendir(g_dir);
-    if (dp == NULL) {
+    char *names[1024];
+    int n = kvb_test_json_files(g_dir, names, 1024);
+    if (n < 0) {
         fprintf(stderr, "%s: missing\n", g_dir);
         return 1;
     }
-    char *names[1024];
-    size_t n = 0;
-    struct dirent *de;
-    while ((de = readdir(dp)) != NULL && n < 1024)
-        if (strlen(de->d_name) > 5 && strcmp(de->d_name + strlen(de->d_name) - 5, ".json") == 0)
-            names[n++] = strdup(de->d_name);
-    closedir(dp);
-    qsort(names, n, sizeof(names[0]), cmp_str);
-    for (size_t i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) {
         char path[4096];
         snprintf(path, sizeof(path), "%s/%s", g_dir, names[i]);
         replay_file(path);

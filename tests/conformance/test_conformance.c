@@ -29,7 +29,6 @@
 #include "dialect/sglang2026/frames.h"
 #include "dialect/tokenspeed_seed/frames.h"
 
-#include <dirent.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -1010,11 +1009,6 @@ static void replay_bootstrap(const char *kind, json_t *root)
 
 /* ------------------------------------------------------------------ driver */
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 static void replay_file(const char *path, const char *dialect)
 {
     json_error_t je;
@@ -1050,21 +1044,14 @@ static int replay_all(const char *dir)
     for (size_t di = 0; di < 3; di++) {
         char path[4096];
         snprintf(path, sizeof(path), "%s/%s", dir, dialects[di]);
-        DIR *dp = opendir(path);
-        if (dp == NULL) {
+        char *names[1024];
+        int n = kvb_test_json_files(path, names, 1024);
+        if (n < 0) {
             fprintf(stderr, "%s: missing\n", path);
             return 1;
         }
-        char *names[1024];
-        size_t n = 0;
-        struct dirent *de;
-        while ((de = readdir(dp)) != NULL && n < 1024)
-            if (strlen(de->d_name) > 5 && strcmp(de->d_name + strlen(de->d_name) - 5, ".json") == 0)
-                names[n++] = strdup(de->d_name);
-        closedir(dp);
-        qsort(names, n, sizeof(names[0]), cmp_str);
         int before = g_files;
-        for (size_t i = 0; i < n; i++) {
+        for (int i = 0; i < n; i++) {
             char f[8192];
             snprintf(f, sizeof(f), "%s/%s", path, names[i]);
             replay_file(f, dialects[di]);
