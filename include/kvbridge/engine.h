@@ -139,7 +139,8 @@ KVB_API kvb_status_t kvb_engine_register_batch(kvb_engine_h engine, const kvb_me
 /* A region with the fields that came later; only those named in field_mask
  * are read (the others: defaults). */
 enum kvb_mem_region_field {
-    KVB_MEM_REGION_FIELD_DEVICE = 1u << 0, /* device (default: any) */
+    KVB_MEM_REGION_FIELD_DEVICE = 1u << 0,     /* device (default: any) */
+    KVB_MEM_REGION_FIELD_LOCAL_ONLY = 1u << 1, /* local_only (default: 0) */
 };
 
 typedef struct kvb_mem_region_ex {
@@ -149,6 +150,14 @@ typedef struct kvb_mem_region_ex {
     kvb_mem_type_t mem_type; /* HOST, CUDA or AUTO */
     int device;              /* CUDA: the ordinal the caller expects the memory on
                                 (in this process); another one → KVB_ERR_INVALID */
+    /* Nonzero: a region only this engine uses, as the source of its own
+     * writes (Mooncake's register_memory(..., remote_accessible=False)).
+     * Peers never see it: it is not in the table the handshake sends (no
+     * remote key, no shared mapping), so no peer can write into it or read
+     * from it. Host memory only (device memory → KVB_ERR_INVALID). It must
+     * not overlap any registration either way (KVB_ERR_OVERLAP);
+     * kvb_engine_unregister removes it as any other. */
+    int local_only;
 } kvb_mem_region_ex_t;
 
 /* As kvb_engine_register_batch. region_size: sizeof(kvb_mem_region_ex_t) as
@@ -292,6 +301,17 @@ KVB_API kvb_status_t kvb_xfer_cancel(kvb_xfer_h xfer);
 /* Detailed reason of a failed transfer ("" while running or on success).
  * Valid until kvb_xfer_free. */
 KVB_API const char *kvb_xfer_error(kvb_xfer_h xfer);
+
+/* Whether nothing of the transfer can still move: 1 once it is final and
+ * every byte it issued was either placed or is proven never to be (the
+ * peer acknowledged each message, a cancel settled, the direct lane's own
+ * copy threads are done with it); 0 while it runs, and for a transfer
+ * that failed with operations still in flight to a peer that stopped
+ * answering (its connection was failed: bytes the peer already received
+ * may still be placed if it resumes, docs/engine.md "Drained"). A
+ * successful transfer is drained. Mooncake 0.3.14's scatter tickets map
+ * onto it (FAILED_DRAINED vs COMPLETION_UNKNOWN). */
+KVB_API int kvb_xfer_drained(kvb_xfer_h xfer);
 
 /* Release the handle. A running transfer is cancelled first (no wait). */
 KVB_API void kvb_xfer_free(kvb_xfer_h xfer);

@@ -109,6 +109,16 @@ class MemRegion(ctypes.Structure):
     _fields_ = [("addr", ctypes.c_void_p), ("length", ctypes.c_size_t), ("mem_type", ctypes.c_int)]
 
 
+class MemRegionEx(ctypes.Structure):
+    """kvb_mem_region_ex_t (engine.h)."""
+    _fields_ = [("field_mask", ctypes.c_uint64), ("addr", ctypes.c_void_p),
+                ("length", ctypes.c_size_t), ("mem_type", ctypes.c_int), ("device", ctypes.c_int),
+                ("local_only", ctypes.c_int)]
+
+
+MEM_REGION_FIELD_DEVICE = 1 << 0
+MEM_REGION_FIELD_LOCAL_ONLY = 1 << 1
+
 MEM_HOST, MEM_CUDA, MEM_AUTO = 0, 1, 2
 MEM_TYPES = {"host": MEM_HOST, "cuda": MEM_CUDA, "auto": MEM_AUTO}
 
@@ -287,6 +297,9 @@ _PROTOTYPES = {
     "kvb_engine_last_error": (ctypes.c_char_p, [_P]),
     "kvb_engine_register": (_S, [_P, _P, ctypes.c_size_t, ctypes.c_int]),
     "kvb_engine_register_batch": (_S, [_P, ctypes.POINTER(MemRegion), ctypes.c_size_t]),
+    "kvb_engine_register_ex": (_S, [_P, ctypes.POINTER(MemRegionEx), ctypes.c_size_t,
+                                    ctypes.c_size_t]),
+    "kvb_engine_close_session": (_S, [_P, ctypes.c_char_p]),
     "kvb_mem_query": (_S, [_P, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]),
     "kvb_cuda_available": (ctypes.c_int, [ctypes.POINTER(ctypes.c_char_p)]),
     "kvb_engine_unregister": (_S, [_P, _P]),
@@ -303,6 +316,7 @@ _PROTOTYPES = {
     "kvb_xfer_wait": (_S, [_P, ctypes.c_double]),
     "kvb_xfer_cancel": (_S, [_P]),
     "kvb_xfer_error": (ctypes.c_char_p, [_P]),
+    "kvb_xfer_drained": (ctypes.c_int, [_P]),
     "kvb_xfer_free": (None, [_P]),
     "kvb_engine_session_direct": (ctypes.c_int, [_P, ctypes.c_char_p]),
     "kvb_mem_alloc": (_S, [ctypes.c_size_t, ctypes.POINTER(_P)]),

@@ -60,6 +60,9 @@ static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st)
         pp = &(*pp)->next_active;
     if (*pp == x)
         *pp = x->next_active;
+    /* Ops still in flight are given up: what they carried may yet land
+     * (a stopped peer resumes), so the transfer is not provably drained. */
+    x->unsettled = x->inflight > 0;
     x->abandoned = 1; /* callbacks of ops still outstanding leave it alone */
     kvb__xfer_publish(x, st);
 }

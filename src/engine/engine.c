@@ -405,6 +405,7 @@ static void engine_free(kvb_engine_h eng)
     for (size_t i = 0; i < eng->segs.n; i++)
         kvb__seg_unmap(eng, &eng->segs.v[i]);
     kvb__segtab_free(&eng->segs);
+    kvb__segtab_free(&eng->local_segs);
     for (size_t i = 0; i < eng->n_notify; i++)
         close(eng->notify[i].fd);
     free(eng->notify);

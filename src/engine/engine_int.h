@@ -144,6 +144,7 @@ struct kvb_xfer {
     size_t inflight; /* flushes or unacked messages */
     int failed;      /* error seen, waiting for inflight */
     int abandoned;   /* connection lost, outstanding ops ignored */
+    int unsettled;   /* ended with ops in flight abandoned (kvb_xfer_drained) */
     struct kvb_xfer *next_active;
     /* message lane: sequence numbers (low half of the message id) of the
      * messages in flight; an ack counts only when it names one of them, a
@@ -251,6 +252,10 @@ struct kvb_engine {
     pthread_mutex_t seg_mu;
     pthread_cond_t seg_cv;
     kvb__segtab_t segs; /* handle = ucp_mem_h */
+    /* Regions registered with KVB_MEM_REGION_FIELD_LOCAL_ONLY: sources of
+     * this engine's own transfers only, never in a peer's view (no remote
+     * key, not in the handshake). Same seg_mu; never overlaps segs. */
+    kvb__segtab_t local_segs;
     uint64_t generation;
     kvb__notify_t *notify; /* accepted control connections, oldest first (seg_mu) */
     size_t n_notify, cap_notify, max_notify; /* max: KVBRIDGE_MAX_CONTROL_CONNS */

@@ -72,7 +72,12 @@ void kvb__seg_unmap(kvb_engine_h eng, kvb__seg_t *seg)
 static kvb_status_t unregister_locked(kvb_engine_h eng, void *addr)
 {
     long i = kvb__segtab_find_start(&eng->segs, (uint64_t)(uintptr_t)addr);
+    long lo = kvb__segtab_find_start(&eng->local_segs, (uint64_t)(uintptr_t)addr);
     kvb__seg_t seg;
+    if (lo >= 0) { /* no peer ever saw it: nothing to wait for */
+        kvb__segtab_remove(&eng->local_segs, (size_t)lo, NULL);
+        return KVB_OK;
+    }
     if (i < 0)
         return kvb__err_set(&eng->err, KVB_ERR_NOT_FOUND,
                             "unregister: no registered region starts at %p", addr);
@@ -104,13 +109,70 @@ static kvb_mem_region_ex_t region_at(const void *regions, size_t i, size_t size,
     kvb_mem_region_ex_t r = {0};
     if (legacy) {
         const kvb_mem_region_t *o = (const kvb_mem_region_t *)regions + i;
-        r = (kvb_mem_region_ex_t){0, o->addr, o->length, o->mem_type, -1};
+        r = (kvb_mem_region_ex_t){0, o->addr, o->length, o->mem_type, -1, 0};
     } else {
         memcpy(&r, (const uint8_t *)regions + i * size, size < sizeof(r) ? size : sizeof(r));
         if (size < offsetof(kvb_mem_region_ex_t, device) + sizeof(int))
             r.field_mask &= ~(uint64_t)KVB_MEM_REGION_FIELD_DEVICE;
+        if (size < offsetof(kvb_mem_region_ex_t, local_only) + sizeof(int))
+            r.field_mask &= ~(uint64_t)KVB_MEM_REGION_FIELD_LOCAL_ONLY;
     }
     return r;
+}
+
+static bool is_local_only(const kvb_mem_region_ex_t *r)
+{
+    return (r->field_mask & KVB_MEM_REGION_FIELD_LOCAL_ONLY) && r->local_only;
+}
+
+/* A local-only region (seg_mu held): no UCX mapping, no remote key, no
+ * shared file, so nothing a peer could be handed; only its bounds, for the
+ * source checks of this engine's own writes. */
+static kvb_status_t register_local_only(kvb_engine_h eng, const kvb_mem_region_ex_t *r)
+{
+    uint64_t a = (uint64_t)(uintptr_t)r->addr;
+    kvb_mem_type_t t = KVB_MEM_HOST;
+    int dev;
+    if (r->addr == NULL || r->length == 0 || a + r->length < a)
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "region %p+%zu is empty or wraps", r->addr,
+                            r->length);
+    if (r->mem_type == KVB_MEM_CUDA ||
+        (r->mem_type == KVB_MEM_AUTO && kvb_mem_query(r->addr, &t, &dev) == KVB_OK &&
+         t == KVB_MEM_CUDA))
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                            "register %p+%zu: a local-only region must be host memory", r->addr,
+                            r->length);
+    if (kvb__segtab_overlaps(&eng->segs, a, r->length))
+        return kvb__err_set(&eng->err, KVB_ERR_OVERLAP,
+                            "register %p+%zu: overlaps a registered "
+                            "region",
+                            r->addr, r->length);
+    kvb__seg_t seg = {.addr = a, .len = r->length};
+    kvb_status_t st = kvb__segtab_insert(&eng->local_segs, &seg);
+    if (st != KVB_OK)
+        kvb__err_set(&eng->err, st, "register %p+%zu: %s", r->addr, r->length,
+                     st == KVB_ERR_OVERLAP ? "overlaps a registered region"
+                                           : kvb_status_string(st));
+    return st;
+}
+
+/* A region peers see: mapped for UCX, then in the table the handshake sends. */
+static kvb_status_t register_shared(kvb_engine_h eng, const kvb_mem_region_ex_t *r)
+{
+    kvb__seg_t seg;
+    kvb_status_t st = map_region(eng, r, &seg);
+    if (st != KVB_OK)
+        return st;
+    st = kvb__segtab_overlaps(&eng->local_segs, seg.addr, seg.len)
+             ? KVB_ERR_OVERLAP
+             : kvb__segtab_insert(&eng->segs, &seg);
+    if (st != KVB_OK) {
+        kvb__seg_unmap(eng, &seg);
+        kvb__err_set(&eng->err, st, "register %p+%zu: %s", r->addr, r->length,
+                     st == KVB_ERR_OVERLAP ? "overlaps a registered region"
+                                           : kvb_status_string(st));
+    }
+    return st;
 }
 
 static kvb_status_t register_regions(kvb_engine_h eng, const void *regions, size_t count,
@@ -125,19 +187,10 @@ static kvb_status_t register_regions(kvb_engine_h eng, const void *regions, size
                             "register: region_size %zu is shorter than a region", size);
     pthread_mutex_lock(&eng->seg_mu);
     for (; done < count; done++) {
-        kvb__seg_t seg;
         kvb_mem_region_ex_t r = region_at(regions, done, size, legacy);
-        st = map_region(eng, &r, &seg);
+        st = is_local_only(&r) ? register_local_only(eng, &r) : register_shared(eng, &r);
         if (st != KVB_OK)
             break;
-        st = kvb__segtab_insert(&eng->segs, &seg);
-        if (st != KVB_OK) {
-            kvb__seg_unmap(eng, &seg);
-            kvb__err_set(&eng->err, st, "register %p+%zu: %s", r.addr, r.length,
-                         st == KVB_ERR_OVERLAP ? "overlaps a registered region"
-                                               : kvb_status_string(st));
-            break;
-        }
     }
     if (st != KVB_OK)
         while (done-- > 0)

@@ -61,7 +61,8 @@ kvb_status_t kvb__wblocks_check(kvb_engine_h eng, kvb__conn_t *c, const kvb__wbl
             continue;
         if (w->strided != NULL && (st = check_shape(eng, &b, i, &sspan, &dspan)) != KVB_OK)
             break;
-        if (seg_of(&eng->segs, &src_last, b.src, sspan) < 0)
+        if (seg_of(&eng->segs, &src_last, b.src, sspan) < 0 &&
+            kvb__segtab_find(&eng->local_segs, b.src, sspan) < 0)
             st = kvb__err_set(&eng->err, KVB_ERR_BOUNDS,
                               "block %zu: local source [0x%llx, +%llu) is not inside a "
                               "registered region",

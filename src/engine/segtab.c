@@ -32,6 +32,17 @@ long kvb__segtab_find(const kvb__segtab_t *t, uint64_t addr, uint64_t len)
     return (long)(i - 1);
 }
 
+bool kvb__segtab_overlaps(const kvb__segtab_t *t, uint64_t addr, uint64_t len)
+{
+    uint64_t end;
+    if (len == 0 || __builtin_add_overflow(addr, len, &end))
+        return false;
+    size_t i = upper_bound(t, addr);
+    if (i > 0 && addr - t->v[i - 1].addr < t->v[i - 1].len)
+        return true;
+    return i < t->n && t->v[i].addr < end;
+}
+
 long kvb__segtab_find_start(const kvb__segtab_t *t, uint64_t addr)
 {
     size_t i = upper_bound(t, addr);

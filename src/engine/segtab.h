@@ -39,6 +39,9 @@ long kvb__segtab_find(const kvb__segtab_t *t, uint64_t addr, uint64_t len);
  * KVB_ERR_INVALID for len 0 or a wrapping range, KVB_ERR_NOMEM. */
 kvb_status_t kvb__segtab_insert(kvb__segtab_t *t, const kvb__seg_t *seg);
 
+/* Does [addr, addr+len) overlap an entry? (len 0 or wrapping: false.) */
+bool kvb__segtab_overlaps(const kvb__segtab_t *t, uint64_t addr, uint64_t len);
+
 /* Index of the entry starting exactly at addr, or -1. */
 long kvb__segtab_find_start(const kvb__segtab_t *t, uint64_t addr);
 

@@ -360,6 +360,13 @@ const char *kvb_xfer_error(kvb_xfer_h x)
     return x->err;
 }
 
+int kvb_xfer_drained(kvb_xfer_h x)
+{
+    if (x == NULL || __atomic_load_n(&x->status, __ATOMIC_ACQUIRE) == KVB_ERR_INPROGRESS)
+        return 0;
+    return !x->unsettled; /* written before the status was published */
+}
+
 void kvb_xfer_free(kvb_xfer_h x)
 {
     if (x == NULL)

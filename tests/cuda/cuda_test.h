@@ -236,8 +236,8 @@ static inline void tgt_main(kvb_transport_t tr, size_t len, int in, int out)
     ct_htod(a, zero, len + 8192 + (1u << 20));
     free(zero);
     kvb_mem_region_ex_t r[2] = {
-        {KVB_MEM_REGION_FIELD_DEVICE, a + 4096, len, KVB_MEM_CUDA, ct_device(1)},
-        {0, a + len + 8192, 1u << 20, KVB_MEM_AUTO, 0},
+        {KVB_MEM_REGION_FIELD_DEVICE, a + 4096, len, KVB_MEM_CUDA, ct_device(1), 0},
+        {0, a + len + 8192, 1u << 20, KVB_MEM_AUTO, 0, 0},
     };
     CHECK_EQ(kvb_engine_register_ex(e, r, 2, sizeof(r[0])), KVB_OK);
     uint8_t *host = calloc(1, TGT_HOST_LEN);

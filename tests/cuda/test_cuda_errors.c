@@ -26,18 +26,18 @@ static void registrations(kvb_engine_h e, uint8_t *dev, uint8_t *host)
     const char *why = NULL;
     CHECK_EQ(kvb_cuda_available(&why), 1);
     CHECK_EQ(strcmp(why, ""), 0);
-    kvb_mem_region_ex_t r = {0, host, N, KVB_MEM_CUDA, 0};
+    kvb_mem_region_ex_t r = {0, host, N, KVB_MEM_CUDA, 0, 0};
     expect_reg(e, &r, sizeof(r), KVB_ERR_INVALID, "not CUDA device memory");
-    r = (kvb_mem_region_ex_t){0, dev + 4096, N, KVB_MEM_CUDA, 0};
+    r = (kvb_mem_region_ex_t){0, dev + 4096, N, KVB_MEM_CUDA, 0, 0};
     expect_reg(e, &r, sizeof(r), KVB_ERR_INVALID, "extends past its CUDA allocation");
-    r = (kvb_mem_region_ex_t){KVB_MEM_REGION_FIELD_DEVICE, dev, N, KVB_MEM_CUDA, 1};
+    r = (kvb_mem_region_ex_t){KVB_MEM_REGION_FIELD_DEVICE, dev, N, KVB_MEM_CUDA, 1, 0};
     expect_reg(e, &r, sizeof(r), KVB_ERR_INVALID, "on CUDA device 0, not 1");
-    r = (kvb_mem_region_ex_t){0, dev, N, (kvb_mem_type_t)7, 0};
+    r = (kvb_mem_region_ex_t){0, dev, N, (kvb_mem_type_t)7, 0, 0};
     expect_reg(e, &r, sizeof(r), KVB_ERR_INVALID, "unknown memory type");
     /* a struct too short to hold mem_type */
     expect_reg(e, &r, offsetof(kvb_mem_region_ex_t, mem_type), KVB_ERR_INVALID, "region_size");
     /* an older caller's struct ending before device: that field is not read */
-    r = (kvb_mem_region_ex_t){KVB_MEM_REGION_FIELD_DEVICE, dev, N, KVB_MEM_AUTO, 1};
+    r = (kvb_mem_region_ex_t){KVB_MEM_REGION_FIELD_DEVICE, dev, N, KVB_MEM_AUTO, 1, 0};
     expect_reg(e, &r, offsetof(kvb_mem_region_ex_t, device), KVB_OK, NULL);
     kvb_mem_region_t o = {dev + 100, 10, KVB_MEM_HOST};
     CHECK_EQ(kvb_engine_register_batch(e, &o, 1), KVB_ERR_OVERLAP);
@@ -50,7 +50,7 @@ static void registrations(kvb_engine_h e, uint8_t *dev, uint8_t *host)
     CHECK(mt == KVB_MEM_HOST && d == -1);
     CHECK_EQ(kvb_mem_query(NULL, &mt, &d), KVB_ERR_INVALID);
     setenv("KVB_CUDA_DOUBLE_FAIL", "attr", 1);
-    r = (kvb_mem_region_ex_t){0, dev, N, KVB_MEM_AUTO, 0};
+    r = (kvb_mem_region_ex_t){0, dev, N, KVB_MEM_AUTO, 0, 0};
     expect_reg(e, &r, sizeof(r), KVB_ERR_IO, "cuPointerGetAttribute");
     unsetenv("KVB_CUDA_DOUBLE_FAIL");
     TEST_PASS("registrations refused with their reason");
@@ -221,7 +221,7 @@ static void vmm_parts(kvb_engine_h t)
     uint8_t *va = cuda_test_alloc_vmm(0, 4u << 20);
     unsetenv("KVB_CUDA_TEST_VMM_PART");
     bool dbl = ct_stats(&s0);
-    kvb_mem_region_ex_t r = {0, va + (1u << 20), 5u << 20, KVB_MEM_AUTO, 0};
+    kvb_mem_region_ex_t r = {0, va + (1u << 20), 5u << 20, KVB_MEM_AUTO, 0, 0};
     expect_reg(t, &r, sizeof(r), KVB_ERR_INVALID, "extends past its CUDA allocation");
     r.length = 3u << 20;
     expect_reg(t, &r, sizeof(r), KVB_OK, NULL);

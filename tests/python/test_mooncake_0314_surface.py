@@ -59,10 +59,8 @@ NOT_IMPLEMENTED = {
     "batch_transfer_sync_read_arrays": "only writes",
     "batch_transfer_async_read_arrays": "only writes",
     "batch_transfer_sync_read_pages": "only writes",
-    "submit_scatter_write": "drain tickets",
-    "submit_scatter_read": "drain tickets",
-    "scatter_transfer_sync_write_with_ticket": "drain tickets",
-    "scatter_transfer_sync_read_with_ticket": "drain tickets",
+    "submit_scatter_read": "only writes",
+    "scatter_transfer_sync_read_with_ticket": "only writes",
     "transfer_write_on_cuda": "no CUDA",
     "transfer_read_on_cuda": "no CUDA",
     "batch_transfer_write_on_cuda": "no CUDA",
@@ -559,6 +557,35 @@ def test_helpers(pair):
     assert TransferEngine().send_probe(pair.sid) == -1  # before initialize
 
 
+@covers("submit_scatter_write", "scatter_transfer_sync_write_with_ticket")
+def test_scatter_writes(pair):
+    """Tickets of both forms: COMPLETED and drained with exact bytes; a
+    malformed call raises (nothing written); a fragment past what the peer
+    registered gives FAILED_DRAINED, nothing written
+    (tests/python/test_mooncake_scatter.py covers the stopped peer)."""
+    w, sid, s, d = pair.w, pair.sid, pair.s, pair.d
+    S = me.ScatterTransferCompletionStatus
+    pair.fresh()
+    t = w.submit_scatter_write(sid, [s + 100, s + 9000], [4096, 4096], [d + 950000, d + 960000],
+                               [8192, 4096], [[0, 50], [7]], [[10, 5000], [0]], [[20, 30], [4000]])
+    assert t.drain(10000) == S.COMPLETED and t.drained
+    pair.wrote([(100, 950010, 20), (150, 955000, 30), (9007, 960000, 4000)])
+    t = w.scatter_transfer_sync_write_with_ticket(sid, [s], [64], [d + 970000], [64], [[0]],
+                                                  [[0]], [[64]])
+    assert t.status == S.COMPLETED and t.drained
+    pair.wrote([(0, 970000, 64)])
+    pair.refused(lambda: w.submit_scatter_write(sid, [s], [64], [d], [64], [[0]], [[60]],
+                                                [[8]]),
+                 (ValueError, "invalid scatter transfer fragment"))
+    pair.refused(lambda: w.scatter_transfer_sync_write_with_ticket(sid, [s], [64], [d], [64],
+                                                                   [[0]], [[0]]),
+                 TypeError)
+    pair.fresh()
+    t = w.submit_scatter_write(sid, [s], [64], [d + OOB], [64], [[0]], [[0]], [[16]])
+    assert t.status == S.FAILED_DRAINED and t.drained and "peer registered" in t.error
+    pair.unchanged()
+
+
 def _not_implemented_calls(pair):
     s, d, sid = pair.s, pair.d, pair.sid
     a = np.array([s], np.uint64)
@@ -574,9 +601,7 @@ def _not_implemented_calls(pair):
         "batch_transfer_sync_read_arrays": (sid, a, b, n),
         "batch_transfer_async_read_arrays": (sid, a, b, n),
         "batch_transfer_sync_read_pages": (sid,) + pages,
-        "submit_scatter_write": scatter,
         "submit_scatter_read": scatter,
-        "scatter_transfer_sync_write_with_ticket": scatter,
         "scatter_transfer_sync_read_with_ticket": scatter,
         "transfer_write_on_cuda": (sid, s, d, 8, 0),
         "transfer_read_on_cuda": (sid, s, d, 8),

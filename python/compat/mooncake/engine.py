@@ -15,12 +15,15 @@ byte in the target's memory.
 Mooncake 0.3.14's surface: batch_transfer_sync_write_pages (one C call:
 kvb_engine_write_pages turns the page grid into strided blocks), the
 *_write_arrays calls (numpy arrays read in place), nic_hint on every
-transfer call and register_memory(..., remote_accessible) are accepted.
+transfer call is accepted; register_memory(..., remote_accessible=False)
+registers a local-only region peers never see; the scatter writes return
+drain tickets whose status says what kvbridge's engine can prove
+(_scatter.py).
 
 Differences, all explicit (docs/python.md, "Mooncake drop-in"):
 - kvbridge's engine only writes: the READ opcode and the *_read calls
-  (*_read_arrays, *_read_pages included) raise NotImplementedError; so do
-  the scatter calls with drain tickets, SharedSegment.create, notifications (transfer_sync/batch_transfer_sync
+  (*_read_arrays, *_read_pages, scatter reads included) raise
+  NotImplementedError; so do SharedSegment.create, notifications (transfer_sync/batch_transfer_sync
   with a notify, get_notifies), the Mooncake Store hooks (get_engine,
   get_engine_ptr), remote segment queries (get_first_buffer_address) and the
   CUDA-stream calls (*_on_cuda; SUPPORT_CUDA is False).
@@ -42,6 +45,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from enum import IntEnum
 
 
@@ -62,6 +66,7 @@ def _import_kvbridge():
 
 kvbridge = _import_kvbridge()
 from kvbridge import _lib as L  # noqa: E402  (the C prototypes and statuses)
+from . import _scatter  # noqa: E402
 
 __all__ = [
     "InnerTransferEngine", "Read", "SUPPORT_CUDA", "SUPPORT_EFA", "SUPPORT_HIP",
@@ -173,37 +178,9 @@ def create_rpc_server(local_rank=0, world_size=1):
     _rpc_not_provided("create_rpc_server")
 
 
-class ScatterTransferCompletionStatus(IntEnum):
-    """0.3.14's scatter outcome names (the values are not in Mooncake's stub;
-    these are kvbridge's). No call of this drop-in returns one yet: see
-    TransferEngine.submit_scatter_write."""
-    COMPLETED = 0
-    FAILED_DRAINED = 1
-    COMPLETION_UNKNOWN = 2
-
-
-class ScatterTransferTicket:
-    """0.3.14's scatter ticket. Not provided: the scatter calls raise
-    NotImplementedError, so there is never a ticket to hold (its members
-    are declared with 0.3.14's signatures so code that introspects them
-    sees the same surface)."""
-
-    def __init__(self, *a, **k):
-        raise TypeError("mooncake.engine.ScatterTransferTicket: No constructor defined!")
-
-    @property
-    def status(self):
-        raise NotImplementedError("mooncake.engine.ScatterTransferTicket.status: no ticket "
-                                  "exists (the scatter calls are not provided)")
-
-    @property
-    def drained(self):
-        raise NotImplementedError("mooncake.engine.ScatterTransferTicket.drained: no ticket "
-                                  "exists (the scatter calls are not provided)")
-
-    def drain(self, timeout_ms, /):
-        raise NotImplementedError("mooncake.engine.ScatterTransferTicket.drain: no ticket "
-                                  "exists (the scatter calls are not provided)")
+# Scatter transfers with drain tickets (0.3.14): python/compat/mooncake/_scatter.py.
+ScatterTransferCompletionStatus = _scatter.ScatterTransferCompletionStatus
+ScatterTransferTicket = _scatter.ScatterTransferTicket
 
 
 class SharedSegment:
@@ -463,6 +440,7 @@ class TransferEngine:
         self._batches = {}  # batch id → _Batch
         self._ids = itertools.count(1)
         self._managed = {}  # managed buffer address → kvbridge.SharedMemory
+        self._tickets = weakref.WeakSet()  # scatter tickets, released before the engine
 
     TransferOpcode = TransferOpcode
 
@@ -546,9 +524,12 @@ class TransferEngine:
         with self._lock:
             batches, self._batches = list(self._batches.values()), {}
             managed, self._managed = list(self._managed.values()), {}
+            tickets, self._tickets = list(self._tickets), weakref.WeakSet()
             eng, self._eng = self._eng, None
         for b in batches:
             self._free_xfer(b.xfer)
+        for t in tickets:
+            t._release()
         if eng is not None:
             for m in managed:
                 try:
@@ -580,12 +561,12 @@ class TransferEngine:
 
     # ---------------------------------------------------------- memory
     def register_memory(self, buffer_addr, capacity, location="*", remote_accessible=True):
-        """0, or Mooncake's code: -1 invalid (zero length), -7 overlapping a
-        registered region, -303 device memory. remote_accessible (0.3.14)
-        is accepted and changes nothing: kvbridge has no local-only
-        registration, every region is both a source and a destination peers
-        may write (a write source registered with False is still in the
-        table peers see)."""
+        """0, or Mooncake's code: -1 invalid (zero length; device memory
+        with remote_accessible=False), -7 overlapping a registered region,
+        -303 device memory. remote_accessible=False (0.3.14): a local-only
+        region (kvb_mem_region_ex_t.local_only): a source of this engine's
+        transfers that peers never see (not in the table the handshake
+        sends), so no peer can write into it or read from it."""
         if not isinstance(remote_accessible, (bool, int)):
             raise TypeError("remote_accessible: expected bool, not "
                             f"{type(remote_accessible).__name__}")
@@ -596,7 +577,12 @@ class TransferEngine:
         if eng is None:
             return -1
         with eng._guard:
-            st = L.lib().kvb_engine_register(eng._h, buffer_addr, capacity, mem)
+            if remote_accessible:
+                st = L.lib().kvb_engine_register(eng._h, buffer_addr, capacity, mem)
+            else:
+                r = L.MemRegionEx(L.MEM_REGION_FIELD_LOCAL_ONLY, buffer_addr, capacity, mem, -1, 1)
+                st = L.lib().kvb_engine_register_ex(eng._h, ctypes.byref(r), 1,
+                                                    ctypes.sizeof(r))
         return self._mem_result(eng, st, f"register_memory({buffer_addr:#x}, {capacity})")
 
     def unregister_memory(self, buffer_addr):
@@ -1056,33 +1042,60 @@ class TransferEngine:
                                        max_batch_size=0, transport_hint="", nic_hint=""):
         self._not_implemented("batch_transfer_sync_read_pages", self._NO_READ)
 
-    def _no_scatter(self, method):
-        self._not_implemented(method, "scatter transfers with drain tickets are not provided: "
-                                      "kvbridge does not yet map a ticket's COMPLETED / "
-                                      "FAILED_DRAINED / COMPLETION_UNKNOWN onto its completion "
-                                      "and fence state (use batch_transfer_sync_write)")
+    # ---------------------------------------------------------- scatter (0.3.14)
+    def _scatter(self, what, read, endpoint, args, sync):
+        eng = self._eng
+        if eng is None:
+            raise RuntimeError(f"mooncake.engine (kvbridge): {what} before initialize()")
+        t = _scatter.run(eng, read, endpoint, args, self._timeout_s, sync)
+        with self._lock:
+            self._tickets.add(t)
+        return t
 
     def submit_scatter_write(self, endpoint, local_base_addresses, local_capacities,
                              remote_base_addresses, remote_capacities, local_offsets,
                              remote_offsets, lengths):
-        self._no_scatter("submit_scatter_write")
+        """(0.3.14) Start writing the fragments (range r's fragment j: lengths[r][j]
+        bytes from local_base_addresses[r] + local_offsets[r][j] to
+        remote_base_addresses[r] + remote_offsets[r][j], offsets bounded by
+        the capacities) as one kvbridge transfer; returns its
+        ScatterTransferTicket at once (_scatter.py says what each status
+        proves). ValueError / TypeError for a malformed call, nothing sent;
+        a fragment outside the registrations or an unreachable peer gives a
+        FAILED_DRAINED ticket (nothing was sent)."""
+        return self._scatter("submit_scatter_write", False, endpoint,
+                             (local_base_addresses, local_capacities, remote_base_addresses,
+                              remote_capacities, local_offsets, remote_offsets, lengths), False)
 
     def submit_scatter_read(self, endpoint, local_base_addresses, local_capacities,
                             remote_base_addresses, remote_capacities, local_offsets,
                             remote_offsets, lengths):
-        self._no_scatter("submit_scatter_read")
+        """(0.3.14) As submit_scatter_write, reading remote → local."""
+        self._no_scatter_read("submit_scatter_read")
 
     def scatter_transfer_sync_write_with_ticket(self, endpoint, local_base_addresses,
                                                 local_capacities, remote_base_addresses,
                                                 remote_capacities, local_offsets,
                                                 remote_offsets, lengths):
-        self._no_scatter("scatter_transfer_sync_write_with_ticket")
+        """(0.3.14) submit_scatter_write, then wait until it ends or passes its
+        deadline (MC_TRANSFER_TIMEOUT + 1 ns per byte); past it the
+        operation is cancelled and given 5 s to settle, and a peer that does
+        not settle is declared lost (its session closed, as
+        batch_transfer_sync_write does): the ticket then says
+        COMPLETION_UNKNOWN when bytes were in flight. Returns the ticket."""
+        return self._scatter("scatter_transfer_sync_write_with_ticket", False, endpoint,
+                             (local_base_addresses, local_capacities, remote_base_addresses,
+                              remote_capacities, local_offsets, remote_offsets, lengths), True)
 
     def scatter_transfer_sync_read_with_ticket(self, endpoint, local_base_addresses,
                                                local_capacities, remote_base_addresses,
                                                remote_capacities, local_offsets,
                                                remote_offsets, lengths):
-        self._no_scatter("scatter_transfer_sync_read_with_ticket")
+        """(0.3.14) As scatter_transfer_sync_write_with_ticket, reading."""
+        self._no_scatter_read("scatter_transfer_sync_read_with_ticket")
+
+    def _no_scatter_read(self, method):
+        self._not_implemented(method, self._NO_READ)
 
     def get_notifies(self):
         self._not_implemented("get_notifies", "notifications are not supported")

@@ -1,0 +1,182 @@
+"""Mooncake 0.3.14's scatter transfers with drain tickets on kvbridge's
+drop-in (python/compat/mooncake/_scatter.py), and remote_accessible=False.
+
+- Fragments of several ranges land byte for byte (submit + drain, and the
+  sync form); the ticket says COMPLETED and drained.
+- Malformed calls raise ValueError / TypeError with Mooncake's texts and
+  write nothing.
+- A fragment outside what the peer registered: a FAILED_DRAINED ticket
+  (nothing was sent), drained, with the reason.
+- A stopped peer (SIGSTOP, tcp lane, so bytes wait for its acknowledgement):
+  a running ticket is COMPLETION_UNKNOWN and not drained; the sync form
+  returns after its deadline, the cancel's settle bound and the session's
+  close, still COMPLETION_UNKNOWN and not drained (bytes were in flight and
+  may land when the peer resumes); drain() cannot prove more.
+- A region registered with remote_accessible=False is a source only: a
+  peer's write into it fails and leaves it untouched.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from test_mooncake_compat import HOST, Target, writer  # noqa: E402
+import mooncake.engine as me  # noqa: E402
+from mooncake.engine import TransferEngine  # noqa: E402
+
+S = me.ScatterTransferCompletionStatus
+N = 1 << 20
+
+
+def engine():
+    e = TransferEngine()
+    assert e.initialize(HOST, "P2PHANDSHAKE", "rdma", "") == 0
+    return e
+
+
+@pytest.fixture
+def pair():
+    w, t = engine(), engine()
+    src = np.random.default_rng(21).integers(0, 256, N, dtype=np.uint8)
+    dst = np.zeros(N, np.uint8)
+    assert w.register_memory(src.ctypes.data, N) == 0
+    assert t.register_memory(dst.ctypes.data, N) == 0
+    try:
+        yield w, t, f"{HOST}:{t.get_rpc_port()}", src, dst
+    finally:
+        w.close()
+        t.close()
+
+
+def _args(src, dst):
+    """Two ranges, three and two fragments, and the image they make."""
+    s, d = src.ctypes.data, dst.ctypes.data
+    ranges = [(s, 65536, d + 4096, 65536, [0, 100, 5000], [7, 300, 60000], [50, 4000, 1]),
+              (s + 200000, 4096, d + 500000, 8192, [0, 2048], [8000, 0], [192, 2048])]
+    img = np.zeros(N, np.uint8)
+    for lb, lc, rb, rc, lo, ro, ln in ranges:
+        for a, b, n in zip(lo, ro, ln):
+            img[rb - d + b:rb - d + b + n] = src[lb - s + a:lb - s + a + n]
+    cols = list(zip(*ranges))
+    return [list(c) for c in cols[:4]] + [list(c) for c in cols[4:]], img
+
+
+def test_scatter_write_lands(pair):
+    w, t, sid, src, dst = pair
+    args, img = _args(src, dst)
+    tk = w.submit_scatter_write(sid, *args)
+    assert isinstance(tk, me.ScatterTransferTicket)
+    assert tk.drain(10000) == S.COMPLETED
+    assert tk.status == S.COMPLETED and tk.drained is True and tk.error == ""
+    assert np.array_equal(dst, img)
+    dst[:] = 0
+    tk = w.scatter_transfer_sync_write_with_ticket(sid, *args)
+    assert tk.status == S.COMPLETED and tk.drained
+    assert np.array_equal(dst, img)
+    with pytest.raises(TypeError):
+        me.ScatterTransferTicket()
+
+
+def test_scatter_bad_arguments(pair):
+    w, t, sid, src, dst = pair
+    s, d = src.ctypes.data, dst.ctypes.data
+    good = [[s], [4096], [d], [4096], [[0]], [[0]], [[8]]]
+    cases = [
+        ([[s, s], [4096], [d], [4096], [[0]], [[0]], [[8]]], "range arrays have different"),
+        ([[s], [4096], [d], [4096], [[0, 1]], [[0]], [[8]]],
+         "fragment arrays have different sizes at range 0"),
+        ([[2**64 - 10], [4096], [d], [4096], [[0]], [[0]], [[8]]],
+         "local allocation range overflows the address space at range 0"),
+        ([[s], [4096], [d], [4096], [[4090]], [[0]], [[8]]], "invalid scatter transfer fragment"),
+        ([[s], [4096], [d], [4096], [[0]], [[4095]], [[8]]], "invalid scatter transfer fragment"),
+        ([[s], [4096], [d], [4096], [[0]], [[0]], [[0]]], "invalid scatter transfer fragment"),
+        ([[s], [4096], [d], [4096], [[]], [[]], [[]]], "scatter transfer is empty"),
+    ]
+    for args, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            w.submit_scatter_write(sid, *args)
+    with pytest.raises(TypeError):
+        w.submit_scatter_write(sid, [-1], *good[1:])
+    with pytest.raises(TypeError):
+        w.submit_scatter_write(sid, "abc", *good[1:])
+    with pytest.raises(TypeError):
+        w.submit_scatter_write(5, *good)
+    tk = w.submit_scatter_write(sid, *good)
+    with pytest.raises(ValueError):
+        tk.drain(-1)
+    with pytest.raises(TypeError):
+        tk.drain("1")
+    assert tk.drain(10000) == S.COMPLETED
+    assert np.array_equal(dst[:8], src[:8]) and not dst[8:].any()
+
+
+def test_scatter_outside_registration(pair):
+    w, t, sid, src, dst = pair
+    d = dst.ctypes.data
+    tk = w.submit_scatter_write(sid, [src.ctypes.data], [N], [d], [2 * N], [[0]], [[N - 8]],
+                                [[16]])
+    assert tk.status == S.FAILED_DRAINED and tk.drained is True
+    assert "not inside a region the peer registered" in tk.error
+    assert not dst.any()
+
+
+def test_remote_accessible_false(pair):
+    w, t, sid, src, dst = pair
+    private = np.full(8192, 0x33, np.uint8)
+    assert t.register_memory(private.ctypes.data, 8192, "cpu:0", False) == 0
+    assert w.transfer_sync_write(sid, src.ctypes.data, private.ctypes.data, 4096) == -1
+    assert (private == 0x33).all()
+    tk = w.submit_scatter_write(sid, [src.ctypes.data], [N], [private.ctypes.data], [8192],
+                                [[0]], [[0]], [[64]])
+    assert tk.status == S.FAILED_DRAINED and (private == 0x33).all()
+    # a source for its own engine's writes
+    assert t.transfer_sync_write(f"{HOST}:{w.get_rpc_port()}", private.ctypes.data,
+                                 src.ctypes.data, 4096) == 0
+    assert (src[:4096] == 0x33).all()
+    assert t.unregister_memory(private.ctypes.data) == 0
+
+
+def test_scatter_stopped_peer(monkeypatch):
+    monkeypatch.setenv("MC_TRANSFER_TIMEOUT", "1")  # raised to the minimum, 5 s
+    t = Target("tcp")
+    eng, src = writer("tcp")
+    try:
+        a0 = t.addrs[0]
+        one = ([src.ctypes.data], [1 << 20], [a0], [1 << 20], [[0]], [[0]], [[4096]])
+        assert eng.scatter_transfer_sync_write_with_ticket(t.sid, *one).status == S.COMPLETED
+        big = ([src.ctypes.data], [4 << 20], [a0], [1 << 20], [[0]], [[0]], [[1 << 20]])
+        os.kill(t.p.pid, signal.SIGSTOP)
+        t_stop = time.monotonic()
+        running = eng.submit_scatter_write(t.sid, *big)
+        assert running.drain(300) == S.COMPLETION_UNKNOWN and running.drained is False
+        t0 = time.monotonic()
+        tk = eng.scatter_transfer_sync_write_with_ticket(t.sid, *big)
+        took = time.monotonic() - t0
+        print(f"stopped peer: SIGSTOP at 0, sync scatter from {t0 - t_stop:.3f} s returned "
+              f"{tk.status.name} after {took:.3f} s: {tk.error}")
+        assert tk.status == S.COMPLETION_UNKNOWN and tk.drained is False
+        assert "session closed" in tk.error
+        assert 5 <= took < 5 + 2 * 5 + 3
+        assert tk.drain(100) == S.COMPLETION_UNKNOWN
+        # the session's close failed the earlier one too, bytes in flight
+        assert running.drain(5000) == S.COMPLETION_UNKNOWN and running.drained is False
+    finally:
+        os.kill(t.p.pid, signal.SIGCONT)
+        eng.close()
+        t.close()
+
+
+def test_close_releases_tickets(pair):
+    w, t, sid, src, dst = pair
+    args, _ = _args(src, dst)
+    tk = w.submit_scatter_write(sid, *args)
+    w.close()
+    assert tk.status in (S.COMPLETED, S.FAILED_DRAINED, S.COMPLETION_UNKNOWN)
+    assert tk.drain(0) == tk.status
