@@ -111,6 +111,33 @@ KVB_API kvb_status_t kvb_mem_alloc(size_t length, void **addr_p);
  * KVB_ERR_NOT_FOUND for an address kvb_mem_alloc did not return. */
 KVB_API kvb_status_t kvb_mem_free(void *addr);
 
+/* ---- One kvb_mem_alloc allocation mapped by several processes ----
+ * (Mooncake 0.3.14's SharedSegment.) The owner exports an allocation into a
+ * blob of KVB_MEM_EXPORT_LEN bytes (its pid, descriptor, file identity and
+ * the file's random nonce); another process of this host run by the same
+ * user (or with ptrace read rights) imports the blob and gets the same
+ * memory mapped read-write at its own address. The importer opens the file
+ * through /proc/<pid>/fd/<fd> and maps it only when device, inode, size,
+ * seals and nonce all match the blob, so a forged or stale blob maps
+ * nothing. The owner may free its allocation while importers map it: the
+ * file lives until the last mapping goes. */
+#define KVB_MEM_EXPORT_LEN 64
+
+/* addr: the start of a live kvb_mem_alloc allocation (KVB_ERR_NOT_FOUND
+ * otherwise). Writes the blob. Thread-safe. */
+KVB_API kvb_status_t kvb_mem_export(const void *addr, uint8_t blob[KVB_MEM_EXPORT_LEN]);
+/* Map the allocation a blob names: *addr_p its first byte, *length_p its
+ * usable bytes (the owner's length rounded up to pages). Errors:
+ * KVB_ERR_INVALID (NULL arguments, not a blob of this version),
+ * KVB_ERR_NOT_FOUND (the owner or its file is gone, the file is not the
+ * one the blob names, or its sizes are impossible; the reason is logged),
+ * KVB_ERR_NOMEM. Thread-safe. */
+KVB_API kvb_status_t kvb_mem_import(const uint8_t blob[KVB_MEM_EXPORT_LEN], void **addr_p,
+                                    size_t *length_p);
+/* Unmap an import (unregister it from engines first). KVB_ERR_NOT_FOUND for
+ * an address kvb_mem_import did not return. */
+KVB_API kvb_status_t kvb_mem_unimport(void *addr);
+
 /* Does the current connection to session_id write directly into mapped
  * memory (1), through UCX (0), or is there none yet (KVB_ERR_NOT_FOUND; also
  * for a NULL argument)? Thread-safe; the answer can change with the next

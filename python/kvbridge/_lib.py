@@ -120,6 +120,7 @@ MEM_REGION_FIELD_DEVICE = 1 << 0
 MEM_REGION_FIELD_LOCAL_ONLY = 1 << 1
 
 MEM_HOST, MEM_CUDA, MEM_AUTO = 0, 1, 2
+MEM_EXPORT_LEN = 64  # KVB_MEM_EXPORT_LEN
 MEM_TYPES = {"host": MEM_HOST, "cuda": MEM_CUDA, "auto": MEM_AUTO}
 
 
@@ -321,6 +322,9 @@ _PROTOTYPES = {
     "kvb_engine_session_direct": (ctypes.c_int, [_P, ctypes.c_char_p]),
     "kvb_mem_alloc": (_S, [ctypes.c_size_t, ctypes.POINTER(_P)]),
     "kvb_mem_free": (_S, [_P]),
+    "kvb_mem_export": (_S, [_P, ctypes.c_char_p]),
+    "kvb_mem_import": (_S, [ctypes.c_char_p, ctypes.POINTER(_P), ctypes.POINTER(ctypes.c_size_t)]),
+    "kvb_mem_unimport": (_S, [_P]),
     # bootstrap server
     "kvb_bootstrap_server_start": (_S, [ctypes.POINTER(BootstrapServerParams), ctypes.POINTER(_P)]),
     "kvb_bootstrap_server_stop": (None, [_P]),

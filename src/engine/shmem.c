@@ -86,6 +86,19 @@ void kvb__shm_destroy(uint8_t *base, const kvb__shm_ref_t *ref)
     close(ref->fd);
 }
 
+bool kvb__shm_find_base(const void *base, kvb__shm_ref_t *ref_p)
+{
+    bool found = false;
+    pthread_mutex_lock(&g_mu);
+    for (alloc_t *a = g_allocs; a != NULL && !found; a = a->next)
+        if (a->base == base) {
+            *ref_p = a->ref;
+            found = true;
+        }
+    pthread_mutex_unlock(&g_mu);
+    return found;
+}
+
 bool kvb__shm_lookup(uint64_t addr, uint64_t len, kvb__shm_ref_t *ref_p)
 {
     bool found = false;

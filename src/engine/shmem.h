@@ -48,6 +48,10 @@ kvb_status_t kvb__shm_create_ex(size_t payload, kvb__huge_t huge, uint8_t **base
                                 kvb__shm_ref_t *ref_p);
 void kvb__shm_destroy(uint8_t *base, const kvb__shm_ref_t *ref);
 
+/* The kvb_mem_alloc allocation starting exactly at base: *ref_p (file_off
+ * 0). */
+bool kvb__shm_find_base(const void *base, kvb__shm_ref_t *ref_p);
+
 /* Is [addr, addr+len) inside one kvb_mem_alloc allocation? Then *ref_p
  * names it, with file_off set to the range's offset. */
 bool kvb__shm_lookup(uint64_t addr, uint64_t len, kvb__shm_ref_t *ref_p);

@@ -23,7 +23,7 @@ drain tickets whose status says what kvbridge's engine can prove
 Differences, all explicit (docs/python.md, "Mooncake drop-in"):
 - kvbridge's engine only writes: the READ opcode and the *_read calls
   (*_read_arrays, *_read_pages, scatter reads included) raise
-  NotImplementedError; so do SharedSegment.create, notifications (transfer_sync/batch_transfer_sync
+  NotImplementedError; so do notifications (transfer_sync/batch_transfer_sync
   with a notify, get_notifies), the Mooncake Store hooks (get_engine,
   get_engine_ptr), remote segment queries (get_first_buffer_address) and the
   CUDA-stream calls (*_on_cuda; SUPPORT_CUDA is False).
@@ -66,7 +66,7 @@ def _import_kvbridge():
 
 kvbridge = _import_kvbridge()
 from kvbridge import _lib as L  # noqa: E402  (the C prototypes and statuses)
-from . import _scatter  # noqa: E402
+from . import _scatter, _segment  # noqa: E402
 
 __all__ = [
     "InnerTransferEngine", "Read", "SUPPORT_CUDA", "SUPPORT_EFA", "SUPPORT_HIP",
@@ -183,46 +183,8 @@ ScatterTransferCompletionStatus = _scatter.ScatterTransferCompletionStatus
 ScatterTransferTicket = _scatter.ScatterTransferTicket
 
 
-class SharedSegment:
-    """0.3.14's cross-process shared segment (not used by PD paths).
-    supported() answers False; create() raises NotImplementedError. Same-host
-    writers already fill kvbridge's shared memory directly
-    (allocate_managed_buffer, kvbridge.SharedMemory)."""
-
-    def __init__(self, *a, **k):
-        raise TypeError("mooncake.engine.SharedSegment: No constructor defined!")
-
-    @staticmethod
-    def supported(mmap=True, host_register=False):
-        return False
-
-    @staticmethod
-    def create(name, size, world_size, rank_id, owner_rank=0, device_id=0, mmap=True,
-               host_register=False):
-        raise NotImplementedError(
-            "mooncake.engine.SharedSegment.create is not provided by kvbridge's "
-            "mooncake.engine drop-in: its two-phase blob exchange has no kvbridge "
-            "counterpart yet (use allocate_managed_buffer for same-host shared memory)")
-
-    # No instance can exist (create raises); 0.3.14's members, for the surface.
-    def _none(self, what):
-        raise NotImplementedError(f"mooncake.engine.SharedSegment.{what}: no segment exists "
-                                  "(SharedSegment.create is not provided)")
-
-    def complete(self, blobs):
-        self._none("complete")
-
-    def ready(self):
-        self._none("ready")
-
-    def base_addr(self):
-        self._none("base_addr")
-
-    def device_addr(self):
-        self._none("device_addr")
-
-    def size(self):
-        self._none("size")
+# SharedSegment (0.3.14): python/compat/mooncake/_segment.py.
+SharedSegment = _segment.SharedSegment
 
 
 # ------------------------------------------------------------------ helpers
