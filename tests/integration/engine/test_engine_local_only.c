@@ -91,7 +91,7 @@ static kvb_xfer_h start(kvb_engine_h w, const test_peer_t *p, const uint8_t *src
 
 static void drained(const char *self)
 {
-    test_peer_t p;
+    test_peer_t p = {0};
     CHECK_EQ(test_peer_start(&p, self, "tcp", 0, PEER_BYTES, 0), 0);
     kvb_engine_h w = kvb_test_engine(KVB_TRANSPORT_TCP, 0);
     size_t len = PEER_BYTES / 2;
