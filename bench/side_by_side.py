@@ -51,9 +51,9 @@ Implementations (impl, lanes):
   mc13      (opt-in) Mooncake 0.3.13.post1, mooncake-transfer-engine-non-cuda,
             protocol tcp, as the earlier side-by-side runs.
   tsmc      (opt-in) TokenSpeed's fork tokenspeed-mooncake 0.3.13.post20261027
-            (CUDA 13 wheel, the same stand-in), protocol tcp; its
-            allocate_managed_buffer returns 0 without a driver, so its
-            buffers are numpy arrays given to register_memory.
+            (CUDA 13 wheel, the same stand-in), protocol tcp with
+            MC_FORCE_TCP=1 (otherwise its NVLink transport, installed next
+            to tcp, refuses every registration without a driver).
   nixl      (opt-in) NIXL's Python agent with the UCX backend (same-host:
             shared memory / CMA; tcp: UCX_TLS=tcp).
   memcpy    yardstick: numpy gather-scatter of the same blocks, one thread
@@ -142,11 +142,6 @@ def mc_engine(impl, lane):
 
 def mc_buffer(impl, e, n):
     """(address, numpy view, keepalive) of n bytes the engine can move."""
-    if impl == "tsmc":  # its managed buffers need the NVLink allocator (a driver)
-        arr = np.zeros(n, np.uint8)
-        if e.register_memory(arr.ctypes.data, n) != 0:
-            raise RuntimeError("register_memory failed")
-        return arr.ctypes.data, arr, arr
     addr = e.allocate_managed_buffer(n)
     if addr == 0:
         raise RuntimeError("allocate_managed_buffer returned 0")
@@ -603,6 +598,13 @@ def impl_env(impl):
     if impl == "kvbridge":
         env["PYTHONPATH"] = compat
     standin = {"mc14": env.get("SBS_LD_MC14"), "tsmc": env.get("SBS_LD_TSMC")}.get(impl)
+    if impl == "tsmc":
+        # Its "tcp" engine also installs the NVLink transport, which refuses
+        # every registration (managed buffers included) without a driver:
+        # MC_FORCE_TCP=1 (Mooncake's own switch) leaves the TCP transport
+        # alone; without it the NVLink transport's refusal is where the
+        # stand-in sees a call (cuMemGetAddressRange_v2).
+        env["MC_FORCE_TCP"] = "1"
     if standin:
         env["LD_LIBRARY_PATH"] = standin + (":" + env["LD_LIBRARY_PATH"]
                                             if env.get("LD_LIBRARY_PATH") else "")
