@@ -135,7 +135,8 @@ def mc_engine(impl, lane):
     if origin["drop_in"] != (impl == "kvbridge"):
         raise RuntimeError(f"{impl} loaded the wrong mooncake.engine: {origin}")
     e = TransferEngine()
-    if e.initialize(HOST, "P2PHANDSHAKE", "tcp" if lane == "tcp" else "rdma", "") != 0:
+    proto = {"tcp": "tcp", "shm": "shm"}.get(lane, "rdma")
+    if e.initialize(HOST, "P2PHANDSHAKE", proto, "") != 0:
         raise RuntimeError("initialize failed")
     return e
 
@@ -777,8 +778,15 @@ def table(path):
                   f"`batch_transfer_sync_{op}` with the same spans (B)\n")
             print("Cell: median µs per call over rounds (p10–p90 of the last round), GB/s; "
                   "B÷A = plain batch time over pages time, within each round.\n")
-            print("| case | impl lane | pages call | plain batch, same spans | B÷A | verified |")
-            print("|---|---|---|---|---|---|")
+            print("Last column: Mooncake 0.3.14's time ÷ this implementation's, the same call "
+                  "(pages / plain batch), per round then median: above 1 = faster than "
+                  "Mooncake 0.3.14.\n")
+            print("| case | impl lane | pages call | plain batch, same spans | B÷A | verified "
+                  "| mc14 time ÷ this (pages; batch) |")
+            print("|---|---|---|---|---|---|---|")
+
+            def case_of(r, name):
+                return next((c.get(op, {}) for c in r.get("cases", []) if c["case"] == name), {})
             for name in names:
                 for impl, lane in pcols:
                     cs = [c.get(op, {}) for r in prow if r["impl"] == impl and r["lane"] == lane
@@ -787,16 +795,16 @@ def table(path):
                             and r["lane"] == lane and "error" in r]
                     if not cs:
                         print(f"| {name} | {col_name(impl, lane)} | – | – | – | "
-                              f"{(errs or ['no data'])[0][:120]} |")
+                              f"{(errs or ['no data'])[0][:120]} | |")
                         continue
                     if any("na" in c for c in cs):
                         print(f"| {name} | {col_name(impl, lane)} | n/a (NotImplementedError) "
-                              f"| | | |")
+                              f"| | | | |")
                         continue
                     good = [c for c in cs if "pages" in c]
                     if not good:
                         err = next((c.get("error") for c in cs if "error" in c), "?")
-                        print(f"| {name} | {col_name(impl, lane)} | – | – | – | {err[:160]} |")
+                        print(f"| {name} | {col_name(impl, lane)} | – | – | – | {err[:160]} | |")
                         continue
                     nb = next(c2["bytes"] for r in prow for c2 in r.get("cases", [])
                               if c2["case"] == name)
@@ -809,9 +817,22 @@ def table(path):
                     ba = med([c["batch_over_pages"] for c in good])
                     ver = all(c.get("pages_verified") and c.get("batch_verified") for c in good)
                     fails = len(cs) - len(good)
+                    vs = []
+                    for k in ("pages", "batch"):
+                        rats = []
+                        for rnd in range(rounds):
+                            mine = [case_of(r, name) for r in prow if r["impl"] == impl and
+                                    r["lane"] == lane and r.get("round", 0) == rnd]
+                            ref = [case_of(r, name) for r in prow if r["impl"] == "mc14" and
+                                   r["lane"] == "tcp" and r.get("round", 0) == rnd]
+                            if mine and ref and k in mine[0] and k in ref[0]:
+                                rats.append(ref[0][k]["med_us"] / mine[0][k]["med_us"])
+                        m = med(rats)
+                        vs.append(f"{m:.2f}x" if m else "–")
+                    vs_cell = "" if (impl, lane) == ("mc14", "tcp") else "; ".join(vs)
                     print(f"| {name} | {col_name(impl, lane)} | {cell[0]} | {cell[1]} | "
                           f"{ba:.2f}x | {'yes' if ver else '**NO**'}"
-                          f"{f' ({fails} rounds failed)' if fails else ''} |")
+                          f"{f' ({fails} rounds failed)' if fails else ''} | {vs_cell} |")
             print()
     # the stand-in: calls seen per implementation, setup and timed passes apart
     sl = [r for r in rows if r["impl"] in ("mc14", "tsmc")]
