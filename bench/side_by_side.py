@@ -84,6 +84,7 @@ MOONCAKE_LIKE = ("mc14", "mc13", "tsmc", "kvbridge")
 LABEL = {"mc14": "mooncake 0.3.14", "mc13": "mooncake 0.3.13.post1",
          "tsmc": "tokenspeed-mooncake", "kvbridge": "kvbridge", "nixl": "nixl",
          "mooncake": "mooncake"}
+YARDSTICKS = ("memcpy", "memcpy-mt", "tcp-raw")
 PAGES_BYTES = 64 << 20
 CASES = [  # name, pages, fields, bytes per span, page pattern (bench/pages_vs_batch.py)
     ("64p x 8f x 16KiB, runs", 64, 8, 16 << 10, "runs"),
@@ -659,7 +660,7 @@ def run(out, ws, sizes, reps, rounds, ops, pages_rounds, only):
                     keep(row, rnd)
         if pages_rounds:
             for impl, lane in order:
-                if impl == "nixl":
+                if impl in ("nixl", "mc13"):  # no pages call (0.3.13 has none)
                     continue
                 row = child(impl, lane, ["pages", impl, lane, str(pages_rounds)])
                 row.setdefault("op", "pages")
@@ -707,7 +708,8 @@ def table(path):
 
     def by(impl, lane, op, bs, rnd=None):
         return [r for r in rows if r["impl"] == impl and r.get("lane") == lane
-                and r.get("op", "write") == op and r.get("block") == bs
+                and r.get("op", "copy" if impl in YARDSTICKS else "write") == op
+                and r.get("block") == bs
                 and (rnd is None or r.get("round", 0) == rnd)]
 
     def gb(impl, lane, op, bs, rnd=None, key="gbps"):
@@ -751,7 +753,8 @@ def table(path):
                 if g is None:
                     cells.append("–")
                     continue
-                base = tcp if lane == "tcp" else gb("memcpy-mt", "-", "copy", bs)
+                base = tcp if lane == "tcp" else (gb("memcpy-mt", "-", "copy", bs)
+                                                  or gb("memcpy", "-", "copy", bs))  # old JSON
                 cold = gb(impl, lane, op, bs, key="cold_gbps")
                 st = [v for r in rs for v in (r.get("standin_timed") or {}).values() if v]
                 flag = " **stand-in called**" if st else ""

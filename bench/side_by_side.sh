@@ -33,6 +33,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(cd "${1:-$ROOT/build}" && pwd)
 shift || true
 [ -f "$BUILD/libkvbridge.so" ] || { echo "side_by_side: no $BUILD/libkvbridge.so" >&2; exit 2; }
+# shellcheck disable=SC2206 # SBS_PIP_ARGS: several words on purpose
 PIP=(-m pip install -q --disable-pip-version-check ${SBS_PIP_ARGS:-})
 CC=${CC:-cc}
 
