@@ -45,6 +45,12 @@ typedef enum kvb_bootstrap_dialect {
      * shape (PROTOCOL-TOKENSPEED.md 11.3); its ranks speak TokenSpeed's
      * ZeroMQ dialect. Not a client setting. */
     KVB_BOOTSTRAP_DIALECT_TOKENSPEED = 4,
+    /* Only as an answer's dialect: TokenSpeed 0.1.1 "CachePD" prefill ranks
+     * (PROTOCOL-TOKENSPEED-CACHEPD.md 3.2; cache_layout and
+     * cache_fields_by_stage, no other dialect's keys). The info then holds
+     * the intra-stage TP, DP and PP sizes; the layout contract is read by
+     * kvbridge's decode. Not a client setting. */
+    KVB_BOOTSTRAP_DIALECT_CACHEPD = 5,
 } kvb_bootstrap_dialect_t;
 
 /* ------------------------------------------------------------------ server */

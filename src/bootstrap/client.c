@@ -466,9 +466,16 @@ KVB_API kvb_status_t kvb_bootstrap_client_parallel_info_ext(
         if (st == KVB_OK && ext_p != NULL && (ext_p->field_mask & KVB_BOOTSTRAP_INFO_DIALECT) &&
             kvb__boot_answer_is_ts(c->resp, c->resp_len))
             ext_p->dialect = KVB_BOOTSTRAP_DIALECT_TOKENSPEED;
-        /* Say what the prefill is rather than which key it lacks. */
-        if (st != KVB_OK && kvb__boot_answer_is_cpd(c->resp, c->resp_len))
-            kvb__boot_reason(reason, sizeof(reason), "%s", KVB__BOOT_MSG_CPD_DECODE);
+        /* TokenSpeed 0.1.1 (CachePD) ranks: their own answer shape, whose
+         * layout contract the decode reads (kvb__bootstrap_client_answer). */
+        if (st != KVB_OK && kvb__boot_answer_is_cpd(c->resp, c->resp_len)) {
+            st = kvb__boot_parallel_info_parse_cpd(c->resp, c->resp_len, info_p, reason,
+                                                   sizeof(reason));
+            if (st == KVB_OK)
+                kvb__boot_info_ext_default(ext_p);
+            if (st == KVB_OK && ext_p != NULL && (ext_p->field_mask & KVB_BOOTSTRAP_INFO_DIALECT))
+                ext_p->dialect = KVB_BOOTSTRAP_DIALECT_CACHEPD;
+        }
         if (st != KVB_OK)
             kvb__err_set(&c->err, st, "GET %s: bad answer: %s",
                          dialect == KVB_BOOTSTRAP_DIALECT_2026 ? url : old, reason);
@@ -477,6 +484,21 @@ KVB_API kvb_status_t kvb_bootstrap_client_parallel_info_ext(
     free(url);
     free(old);
     return st;
+}
+
+char *kvb__bootstrap_client_answer(kvb_bootstrap_client_h c, size_t *len_p)
+{
+    char *copy = NULL;
+    *len_p = 0;
+    if (c == NULL)
+        return NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->resp != NULL && (copy = malloc(c->resp_len + 1)) != NULL) {
+        memcpy(copy, c->resp, c->resp_len + 1);
+        *len_p = c->resp_len;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return copy;
 }
 
 KVB_API kvb_status_t kvb_bootstrap_client_parallel_info(kvb_bootstrap_client_h c, double timeout_s,
