@@ -129,6 +129,11 @@ typedef struct kvb__dialect {
                      const kvb__chunk_t *c, kvb_plan_strided_t *out, kvb_status_t *st_p, char *why,
                      size_t wl);
     void (*plan_free)(void *plan); /* kvb__dst_t.plan; NULL-safe */
+    /* Once a room has as many destinations as its route expects: why they
+     * cannot be served together (why empty: they can), e.g. CachePD's exact
+     * decode-rank set (TokenSpeed's step 9). NULL where the count is
+     * enough. */
+    void (*check_fanout)(const kvb__dst_t *dsts, size_t n, char *why, size_t wl);
     /* kvb__reg_t.priv / kvb__reg_in_t.priv: what the dialect keeps with a
      * registration that the connector's record cannot hold (a decode's
      * layout contract, its planned route); NULL-safe. NULL where the

@@ -240,6 +240,65 @@ static void request_refusal(const kvb__reg_t *g, const kvb__cpd_req_t *q,
         why[0] = '\0';
 }
 
+/* What a room's fan-out check needs of each destination (kvb__dst_t.plan):
+ * its registration's decode TP size and rank and expected decode ranks. */
+typedef struct cpd_fan {
+    uint32_t dtp, drank, nexpected;
+    uint16_t expected[]; /* ascending */
+} cpd_fan_t;
+
+static cpd_fan_t *fan_of(const cpd_reg_t *r)
+{
+    cpd_fan_t *f = malloc(sizeof(*f) + (r->route.nexpected + 1) * sizeof(uint16_t));
+    if (f == NULL)
+        return NULL;
+    f->dtp = r->dtp;
+    f->drank = r->drank;
+    f->nexpected = r->route.nexpected;
+    memcpy(f->expected, r->route.expected, r->route.nexpected * sizeof(uint16_t));
+    return f;
+}
+
+static bool fan_expects(const cpd_fan_t *f, uint32_t rank)
+{
+    for (uint32_t i = 0; i < f->nexpected; i++)
+        if (f->expected[i] == rank)
+            return true;
+    return false;
+}
+
+/* TokenSpeed's _validate_cache_room_fanout: one decode TP size and one
+ * expected set among the room's registrations, and their decode ranks
+ * exactly that set (the count is the connector's). A refused request has no
+ * record: it fails the room by itself. */
+static void check_fanout(const kvb__dst_t *dsts, size_t n, char *why, size_t wl)
+{
+    const cpd_fan_t *f0 = n > 0 && dsts[0].dialect == &kvb__dialect_cachepd ? dsts[0].plan : NULL;
+    bool consistent = f0 != NULL, covered = true;
+    for (size_t i = 0; f0 != NULL && i < n; i++) {
+        const cpd_fan_t *f = dsts[i].dialect == &kvb__dialect_cachepd ? dsts[i].plan : NULL;
+        if (f == NULL)
+            return;
+        consistent = consistent && f->dtp == f0->dtp && f->nexpected == f0->nexpected &&
+                     memcmp(f->expected, f0->expected, f->nexpected * sizeof(uint16_t)) == 0;
+        covered = covered && fan_expects(f0, f->drank);
+    }
+    for (uint32_t k = 0; consistent && covered && k < f0->nexpected; k++) {
+        bool seen = false;
+        for (size_t i = 0; i < n && !seen; i++)
+            seen = ((const cpd_fan_t *)dsts[i].plan)->drank == f0->expected[k];
+        covered = seen;
+    }
+    if (f0 != NULL && !consistent)
+        snprintf(why, wl,
+                 "invalid pre-allocation metadata: Cache-transfer room has inconsistent TP "
+                 "metadata");
+    else if (f0 != NULL && (!covered || n != f0->nexpected))
+        snprintf(why, wl,
+                 "invalid pre-allocation metadata: Cache-transfer room destination ranks "
+                 "disagree with the typed route plan");
+}
+
 /* The destination of a request: the registration's endpoint, the
  * manifest's block ids (one group: this rank's contract has one, and the
  * peer check made the decode's the same), refused ones with none. */
@@ -261,7 +320,8 @@ static kvb_status_t dst_of(const kvb__reg_t *g, const kvb__cpd_manifest_t *man, 
     }
     d->n_pages = n;
     d->pages = malloc((n ? n : 1) * sizeof(int32_t));
-    if (d->pages == NULL)
+    bool served = r != NULL && (man != NULL || dummy); /* a refused one: no fan-out record */
+    if (d->pages == NULL || (served && (d->plan = fan_of(r)) == NULL))
         return KVB_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) /* 0 < id < the decode's page count: validated */
         d->pages[i] = (int32_t)man->groups[0].block_ids[i];
@@ -477,6 +537,8 @@ const kvb__dialect_t kvb__dialect_cachepd = {
     .take_transfer = take_transfer,
     .send_status = send_status,
     .plan_job = plan_job,
+    .plan_free = free, /* a destination's cpd_fan_t */
+    .check_fanout = check_fanout,
     .reg_free = reg_free,
     .boot_put = kvb__cpd_own_put,
     .addr_info = kvb__cpd_addr_info,
