@@ -439,6 +439,11 @@ void kvb__prefill_free(struct kvb_manager *m);
 void kvb__prefill_abort_room(struct kvb_manager *m, kvb__room_t *r, const char *reason);
 /* Send whatever terminal status of room is due (never under m->mu). */
 void kvb__prefill_notify(struct kvb_manager *m, uint64_t room);
+/* Abort (kvb__prefill_abort_room) every room not over that holds a
+ * destination of decode session sid, and tell each its decodes once
+ * nothing of it is in flight: a refused registration of a dialect with
+ * refusal_ends_rooms (TokenSpeed 0.1.1's CachePD). Not under m->mu. */
+void kvb__prefill_fail_session(struct kvb_manager *m, const char *sid, const char *reason);
 typedef struct kvb__note { /* one decode endpoint to tell */
     char ip[KVB_IP_MAX];
     uint16_t port;

@@ -200,11 +200,24 @@ static void reg_install(struct kvb_manager *m, kvb__reg_in_t *in)
              g->dialect->t.name);
 }
 
+/* A registration refused by a dialect whose refusal ends the session's
+ * rooms in flight (refusal_ends_rooms): they fail with its reason. */
+static void refusal_ends_rooms(struct kvb_manager *m, const kvb__dialect_t *d,
+                               const kvb__reg_in_t *in)
+{
+    char sid[KVB_SID_MAX];
+    if (in->refuse == NULL || !d->t.refusal_ends_rooms || in->session_len >= KVB_SID_MAX)
+        return; /* a session kvbridge cannot name holds no room */
+    kvb__copy_str(sid, sizeof(sid), in->session, in->session_len);
+    kvb__prefill_fail_session(m, sid, in->refuse);
+}
+
 static void on_registration(struct kvb_manager *m, const kvb__dialect_t *d, const kvb__frame_t *f,
                             size_t n)
 {
     kvb__reg_in_t in;
     if (d->decode_registration(m, f, n, &in) == KVB_OK) {
+        refusal_ends_rooms(m, d, &in);
         reg_install(m, &in);
         return;
     }

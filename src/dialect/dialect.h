@@ -57,6 +57,10 @@ typedef struct kvb__dialect_traits {
      * PP rank 0, and its statuses name them so; else one source per TP rank
      * and PP stage, statuses tp x pp_size + pp. */
     bool stage_major;
+    /* Prefill side: a refused registration (kvb__reg_in_t.refuse) also fails
+     * the rooms that already hold the session's requests (TokenSpeed 0.1.1
+     * aborts them); else only the session's later rooms fail. */
+    bool refusal_ends_rooms;
 } kvb__dialect_traits_t;
 
 /* A decode's KV args, decoded (the prefill's registration table keeps them). */

@@ -106,6 +106,9 @@ static void reg_header(struct kvb_manager *m, const kvb__cpd_reg_t *x, kvb__reg_
     kvb__endpoint_note(m, in->ip, in->ip_len, in->port, &kvb__dialect_cachepd);
 }
 
+/* A refused registration: kept as a refusal, so the session's later
+ * requests are answered Failed; the connector fails the rooms already
+ * holding its requests (trait refusal_ends_rooms). */
 static void refuse(kvb__reg_in_t *in, const char *why)
 {
     char buf[1024], show[256]; /* the session as the peer wrote it, escaped and cut */
@@ -530,7 +533,8 @@ const kvb__dialect_t kvb__dialect_cachepd = {
           .extensions = false,
           .suffix_pages = true,
           .own_status = true,
-          .stage_major = true},
+          .stage_major = true,
+          .refusal_ends_rooms = true},
     .boot_dialect = KVB_BOOTSTRAP_DIALECT_CACHEPD,
     .classify = classify,
     .decode_registration = decode_registration,

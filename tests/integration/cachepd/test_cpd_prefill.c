@@ -561,6 +561,9 @@ static void run_refusals(void)
     char bad[4096], *p;
     const char *sid_c = "10.9.9.9:1", *sid_z = "10.9.9.9:2", *sid_u = "10.9.9.9:3";
     uint64_t zero = 0, other;
+    kvb_sender_h held;
+    char why[1024] = "";
+    status_t st;
     start(&s, "mha_tp1_tp1", 1, 1);
     send_reg(&s, 0, 0, NULL, NULL);
     good_room(&s, 1);
@@ -595,9 +598,21 @@ static void run_refusals(void)
     CHECK(bad_count(s.pre[0].mgr) > before);
 
     /* the session re-registers with another slab: refused (TokenSpeed's
-     * conflict rule), then with its own again: served */
+     * conflict rule); room 10, which already holds its request, fails with
+     * it (TokenSpeed aborts it) and the decode hears Failed; a later room
+     * fails too; then with its own slab again: served */
+    CHECK_EQ(kvb_sender_create(s.pre[0].mgr, s.boot.addr, 10, &held), KVB_OK);
+    send_req(&s, 0, 10, s.dec[0].sid, s.manifest);
+    CHECK_EQ(kvbh_wait_sender_ready(held, 10), 0);
     other = (uint64_t)(uintptr_t)s.dec[0].slab + 4096;
     send_reg(&s, 0, 0, NULL, &other);
+    CHECK_EQ(kvbh_wait_sender(held, 10), KVB_POLL_FAILED);
+    kvb_sender_failure(held, why, sizeof(why));
+    kvb_sender_destroy(held);
+    fprintf(stderr, "room 10: %s\n", why);
+    CHECK_STR_CONTAINS(why, "conflicting registration");
+    CHECK_EQ(recv_status(&s.dec[0], &st, 5), 0);
+    check_status(&st, 10, false, 0);
     refused_room(&s, 8, s.dec[0].sid, s.manifest, "conflicting registration", true);
     send_reg(&s, 0, 0, NULL, NULL);
     good_room(&s, 9);
