@@ -124,30 +124,62 @@ static kvb_status_t kvbridge_plan(struct kvb_manager *m, const kvb__addr_t *a,
     return KVB_OK;
 }
 
-/* The dialect's own record of the instance, from the answer's text (its
- * routes come from what kvbridge's structs do not hold: a layout contract). */
-static kvb_status_t dialect_info(struct kvb_manager *m, kvb__addr_t *a, const kvb__dialect_t *d,
+/* The dialect's own record of the instance, from the answer's text body
+ * (its routes come from what kvbridge's structs do not hold: a layout
+ * contract). */
+static kvb_status_t dialect_info(struct kvb_manager *m, const kvb__addr_t *a,
+                                 const kvb__dialect_t *d, const char *body, size_t len,
                                  void **priv_p, resolve_t *rs)
 {
     char why[sizeof(rs->why) - 64];
-    size_t len = 0;
-    pthread_mutex_lock(&a->client_mu);
-    char *body = kvb__bootstrap_client_answer(a->client, &len);
-    pthread_mutex_unlock(&a->client_mu);
     why[0] = '\0';
     kvb_status_t st =
         body != NULL ? d->addr_info(m, body, len, priv_p, why, sizeof(why)) : KVB_ERR_NOMEM;
-    free(body);
     if (st != KVB_OK)
         snprintf(rs->why, sizeof(rs->why), "prefill at %s cannot serve this decode rank: %s",
                  a->addr, why[0] ? why : kvb_status_string(st));
     return st;
 }
 
+/* What of the answer's extras this decode cannot follow (rs->why). */
+static kvb_status_t ext_refusal(const struct kvb_manager *m, const kvb__addr_t *a,
+                                const kvb_bootstrap_parallel_info_ext_t *ext, resolve_t *rs)
+{
+    if (ext->page_size > 0 && (uint32_t)ext->page_size != m->args.page_size) {
+        /* SGLang's decode raises "Page size mismatch" here; kvbridge fails
+         * the room and asks again for the next one. */
+        snprintf(rs->why, sizeof(rs->why),
+                 "Page size mismatch: prefill at %s has page_size %d, this decode %u", a->addr,
+                 (int)ext->page_size, m->args.page_size);
+        return KVB_ERR_INVALID;
+    }
+    if (ext->kv_cache_dtype[0] != '\0' && m->kv_dtype[0] != '\0' &&
+        strcmp(ext->kv_cache_dtype, m->kv_dtype) != 0) {
+        /* SGLang's decode: "KV cache dtype mismatch" (fatal there); unknown
+         * on either side: no check. */
+        snprintf(rs->why, sizeof(rs->why),
+                 "KV cache dtype mismatch: prefill at %s has kv_cache_dtype %s, this decode %s",
+                 a->addr, ext->kv_cache_dtype, m->kv_dtype);
+        return KVB_ERR_INVALID;
+    }
+    if (ext->enable_dsa_cache_layer_split && ext->attn_cp_size > 1) {
+        /* Each CP rank then holds a layer subset (spec 7.7): the decode
+         * would have to pull from every CP rank and pair layers by id. */
+        snprintf(rs->why, sizeof(rs->why),
+                 "prefill at %s splits its DSA cache layers across %d CP ranks "
+                 "(enable_dsa_cache_layer_split); kvbridge pulls every layer from CP rank 0",
+                 a->addr, (int)ext->attn_cp_size);
+        return KVB_ERR_INVALID;
+    }
+    return KVB_OK;
+}
+
 static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t *rs)
 {
     kvb_bootstrap_parallel_info_t info;
     kvb_plan_h plan = NULL;
+    char *body = NULL;
+    size_t len = 0;
     pthread_mutex_lock(&m->mu);
     int have = a->have_info;
     pthread_mutex_unlock(&m->mu);
@@ -162,6 +194,9 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     kvb__count_boot(m, st);
     /* The HTTP detail, read under the lock (thread-local copy). */
     const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
+    const kvb__dialect_t *d = st == KVB_OK ? kvb__dialect_for_boot(ext.dialect) : NULL;
+    if (d != NULL && d->addr_info != NULL) /* this answer's text, before another call */
+        body = kvb__bootstrap_client_answer(a->client, &len);
     pthread_mutex_unlock(&a->client_mu);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why),
@@ -169,39 +204,12 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
                  detail);
         return st;
     }
-    if (ext.page_size > 0 && (uint32_t)ext.page_size != m->args.page_size) {
-        /* SGLang's decode raises "Page size mismatch" here; kvbridge fails
-         * the room and asks again for the next one. */
-        snprintf(rs->why, sizeof(rs->why),
-                 "Page size mismatch: prefill at %s has page_size %d, this decode %u", a->addr,
-                 (int)ext.page_size, m->args.page_size);
-        kvb_bootstrap_parallel_info_free(&info);
-        return KVB_ERR_INVALID;
-    }
-    if (ext.kv_cache_dtype[0] != '\0' && m->kv_dtype[0] != '\0' &&
-        strcmp(ext.kv_cache_dtype, m->kv_dtype) != 0) {
-        /* SGLang's decode: "KV cache dtype mismatch" (fatal there); unknown
-         * on either side: no check. */
-        snprintf(rs->why, sizeof(rs->why),
-                 "KV cache dtype mismatch: prefill at %s has kv_cache_dtype %s, this decode %s",
-                 a->addr, ext.kv_cache_dtype, m->kv_dtype);
-        kvb_bootstrap_parallel_info_free(&info);
-        return KVB_ERR_INVALID;
-    }
-    if (ext.enable_dsa_cache_layer_split && ext.attn_cp_size > 1) {
-        /* Each CP rank then holds a layer subset (spec 7.7): the decode
-         * would have to pull from every CP rank and pair layers by id. */
-        snprintf(rs->why, sizeof(rs->why),
-                 "prefill at %s splits its DSA cache layers across %d CP ranks "
-                 "(enable_dsa_cache_layer_split); kvbridge pulls every layer from CP rank 0",
-                 a->addr, (int)ext.attn_cp_size);
-        kvb_bootstrap_parallel_info_free(&info);
-        return KVB_ERR_INVALID;
-    }
-    const kvb__dialect_t *d = kvb__dialect_for_boot(ext.dialect);
     void *priv = NULL;
-    st = d->addr_info != NULL ? dialect_info(m, a, d, &priv, rs)
-                              : kvbridge_plan(m, a, &info, &plan, rs);
+    st = ext_refusal(m, a, &ext, rs);
+    if (st == KVB_OK)
+        st = d->addr_info != NULL ? dialect_info(m, a, d, body, len, &priv, rs)
+                                  : kvbridge_plan(m, a, &info, &plan, rs);
+    free(body);
     if (st != KVB_OK) {
         kvb_bootstrap_parallel_info_free(&info);
         return st;
