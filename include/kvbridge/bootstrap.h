@@ -239,9 +239,9 @@ enum kvb_bootstrap_info_ext_field {
  * answer gives the defaults shown. */
 typedef struct kvb_bootstrap_parallel_info_ext {
     uint64_t field_mask;
-    int dialect;          /* 2025, 2026 or 4 (TokenSpeed): the style the server answered */
-    int32_t attn_cp_size; /* 1 */
-    int32_t page_size;    /* -1 = unknown (null) */
+    int dialect; /* 2025, 2026, 4 (TokenSpeed) or 5 (CachePD): the style the server answered */
+    int32_t attn_cp_size;                            /* 1 */
+    int32_t page_size;                               /* -1 = unknown (null) */
     char kv_cache_dtype[KVB_BOOTSTRAP_WORD_MAX + 1]; /* "" = unknown (null) */
     int follow_bootstrap_room;                       /* 1: DP group = room % dp_size; 0: ask
                                                         kvb_bootstrap_client_query_dp_ranks() */
