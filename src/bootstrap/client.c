@@ -556,6 +556,32 @@ KVB_API kvb_status_t kvb_bootstrap_client_lookup_ext(kvb_bootstrap_client_h c, i
     return st;
 }
 
+kvb_status_t kvb__bootstrap_client_lookup_rank(kvb_bootstrap_client_h c, int32_t dp_group,
+                                               int32_t rank, double timeout_s,
+                                               kvb_bootstrap_rank_addr_t *addr_p)
+{
+    char reason[KVB__BOOT_REASON_MAX], *url = NULL;
+    if (c == NULL || addr_p == NULL || dp_group < 0 || rank < 0)
+        return KVB_ERR_INVALID;
+    if (asprintf(&url, "%s/route?engine_rank=%d&target_dp_group=%d", c->base, (int)rank,
+                 (int)dp_group) < 0)
+        return kvb__err_set(&c->err, KVB_ERR_NOMEM, "GET %s/route: out of memory", c->base);
+    pthread_mutex_lock(&c->mu);
+    kvb_status_t st = do_request(c, "GET", url, NULL, timeout_s, true);
+    if (st == KVB_OK) {
+        kvb_bootstrap_rank_addr_t a;
+        int kvbridge = 0;
+        st = kvb__boot_rank_addr_parse(c->resp, c->resp_len, &a, &kvbridge, reason, sizeof(reason));
+        if (st == KVB_OK)
+            *addr_p = a;
+        else
+            kvb__err_set(&c->err, st, "GET %s: bad answer: %s", url, reason);
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(url);
+    return st;
+}
+
 KVB_API kvb_status_t kvb_bootstrap_client_lookup_cp(kvb_bootstrap_client_h c, int32_t dp_group,
                                                     int32_t cp_rank, int32_t tp_rank,
                                                     int32_t pp_rank, double timeout_s,

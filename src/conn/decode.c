@@ -281,7 +281,11 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
         return KVB_OK;
     kvb_bootstrap_rank_ext_t rx = {KVB_BOOTSTRAP_RANK_KVBRIDGE, 0};
     pthread_mutex_lock(&a->client_mu);
-    kvb_status_t st = kvb_bootstrap_client_lookup_ext(a->client, dp, 0, tp, pp, 5.0, &ra, &rx);
+    /* stage-major ranks are asked as their dialect asks: no PP rank */
+    kvb_status_t st =
+        out->dialect->t.stage_major
+            ? kvb__bootstrap_client_lookup_rank(a->client, dp, tp, 5.0, &ra)
+            : kvb_bootstrap_client_lookup_ext(a->client, dp, 0, tp, pp, 5.0, &ra, &rx);
     kvb__count_boot(m, st);
     const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
     pthread_mutex_unlock(&a->client_mu);

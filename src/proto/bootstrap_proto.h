@@ -140,6 +140,12 @@ kvb_status_t kvb__boot_parallel_info_parse_cpd(const char *body, size_t len,
 /* Client side (bootstrap/client.c): PUT /route with a body a dialect built
  * (its own shape, e.g. a CachePD registration); as
  * kvb_bootstrap_client_register otherwise. */
+/* Client side: the address of rank `rank` of DP group dp_group asked as
+ * TokenSpeed's decode asks it (engine_rank and target_dp_group only: a
+ * stage-major rank, no PP rank); errors as kvb_bootstrap_client_lookup. */
+kvb_status_t kvb__bootstrap_client_lookup_rank(kvb_bootstrap_client_h c, int32_t dp_group,
+                                               int32_t rank, double timeout_s,
+                                               kvb_bootstrap_rank_addr_t *addr_p);
 /* Client side: a copy (malloc'ed, NUL-terminated, *len_p bytes) of the last
  * answer's body, for a dialect that reads more of it than the public structs
  * hold (CachePD's layout contract); NULL when none or no memory. */

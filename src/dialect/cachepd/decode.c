@@ -69,7 +69,11 @@ static kvb_status_t plan_targets(const struct kvb_manager *m, cpd_addr_t *a,
         snprintf(why, wl, "out of memory");
         return KVB_ERR_NOMEM;
     }
-    return a->nsources > 0 ? KVB_OK : KVB_ERR_INVALID;
+    if (a->nsources == 0) {
+        snprintf(why, wl, "no prefill rank sends decode rank %d anything", m->p.attn_tp_rank);
+        return KVB_ERR_INVALID;
+    }
+    return KVB_OK;
 }
 
 /* The prefill's answer, this rank's contract against it (the prefill's
