@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# TokenSpeed 0.1.1's own CachePD decode connector (PyPI, unmodified, on
-# kvbridge's mooncake.engine drop-in) against kvbridge's C prefill ranks (run
+# TokenSpeed 0.1.1's own CachePD connector (PyPI, unmodified, on kvbridge's
+# mooncake.engine drop-in) against kvbridge's C ranks, both directions (run
 # by `make check-interop`; NOT part of `make check`: it needs PyPI once).
+# Its decode against kvbridge's C prefill ranks:
 # The venv is BUILD/ts011-venv with tests/interop/requirements-tokenspeed011.txt
 # (pinned, --no-deps; shared with scripts/interop-tokenspeed011.sh). Cases
 # (tests/interop/cachepd_kvbridge_prefill.py; the C side is
@@ -14,7 +15,23 @@
 #   mla_tp2       MLA TP2 -> TP1 (prefill rank 1 a dummy: it says nothing)
 # Every decode arena byte is compared with an image computed independently
 # of both sides' planners; the first token, candidates, cached tokens and
-# logprob the TokenSpeed decode read are checked. Logs: BUILD/interop-cachepd/.
+# logprob the TokenSpeed decode read are checked.
+# Its prefill (tokenspeed011_pd.py --prefill) against kvbridge's C decode
+# ranks (tests/interop/cachepd_kvbridge_decode.py; the C side is
+# tests/integration/cachepd/cpd_decode_helper.c), d_* with kvbridge's
+# bootstrap server, d_*_tsboot with TokenSpeed's:
+#   d_tp1         MHA TP1 -> TP1, a room with a 2-page decode prefix
+#   d_tp2         MHA TP2 -> TP1
+#   d_tp1_tp2     MHA TP1 -> TP2
+#   d_mla_tp2     MLA TP2 -> TP1 (prefill rank 1 a dummy)
+#   d_tp1_layerwise  TokenSpeed's layerwise sends
+#   kill_prefill  kill -9 of TokenSpeed's prefill after a room's first write
+#                 landed: kvbridge's decode reports Failed with a reason in 15 s
+#   kill_decode   kill -9 of kvbridge's decode after the first write landed:
+#                 what TokenSpeed's prefill reports (recorded; not Success)
+# Every decode KV byte is compared with an image computed independently;
+# the first token, cached tokens and logprob kvbridge's receivers read are
+# checked. Logs: BUILD/interop-cachepd/.
 # PyPI unreachable and no venv yet: skipped with a message (exit 0).
 # Usage: scripts/interop-cachepd.sh [BUILD_DIR] [CASE...]   (make build first)
 set -euo pipefail
@@ -23,11 +40,15 @@ BUILD=$(cd "${1:-$ROOT/build}" && pwd)
 shift || true
 CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
-    CASES=(mha_tp1 mha_tp2 mha_tp1_tp2 mla_tp2 mha_tp1_tsboot mha_tp2_tsboot mla_tp2_tsboot)
+    CASES=(mha_tp1 mha_tp2 mha_tp1_tp2 mla_tp2 mha_tp1_tsboot mha_tp2_tsboot mla_tp2_tsboot
+        d_tp1 d_tp2 d_tp1_tp2 d_mla_tp2 d_tp1_layerwise d_tp1_tsboot d_tp2_tsboot
+        d_tp1_tp2_tsboot d_mla_tp2_tsboot d_tp1_layerwise_tsboot kill_prefill kill_decode)
 fi
 HELPER=$BUILD/tests/integration/cachepd/cpd_helper
-if [ ! -f "$BUILD/libkvbridge.so" ] || [ ! -x "$HELPER" ]; then
-    echo "interop-cachepd: $BUILD/libkvbridge.so or cpd_helper missing: build first" >&2
+DHELPER=$BUILD/tests/integration/cachepd/cpd_decode_helper
+if [ ! -f "$BUILD/libkvbridge.so" ] || [ ! -x "$HELPER" ] || [ ! -x "$DHELPER" ]; then
+    echo "interop-cachepd: $BUILD/libkvbridge.so, cpd_helper or cpd_decode_helper missing:" \
+        "build first" >&2
     exit 2
 fi
 VENV=$BUILD/ts011-venv
@@ -41,12 +62,15 @@ mkdir -p "$OUT"
 export KVBRIDGE_LIB=$BUILD/libkvbridge.so
 export PYTHONPATH=$ROOT/python/compat:$ROOT/python:$ROOT/tests/interop
 export TOKENSPEED_HOST_IP=127.0.0.1
-echo "== TokenSpeed 0.1.1 decode (on kvbridge's mooncake.engine drop-in) <- kvbridge C prefill"
+echo "== TokenSpeed 0.1.1 (on kvbridge's mooncake.engine drop-in) <-> kvbridge C ranks"
 rc=0
 for c in "${CASES[@]}"; do
-    if timeout 180 "$VENV/bin/python" "$ROOT/tests/interop/cachepd_kvbridge_prefill.py" \
-        "$HELPER" "$c" >"$OUT/$c.log" 2>&1; then
-        tail -n 1 "$OUT/$c.log"
+    case $c in
+    d_* | kill_*) drv=cachepd_kvbridge_decode.py h=$DHELPER ;;
+    *) drv=cachepd_kvbridge_prefill.py h=$HELPER ;;
+    esac
+    if timeout 180 "$VENV/bin/python" "$ROOT/tests/interop/$drv" "$h" "$c" >"$OUT/$c.log" 2>&1; then
+        grep "^PASS" "$OUT/$c.log" | tail -n 1 # its processes may log after it
     else
         echo "FAIL $c (log: $OUT/$c.log)"
         tail -n 15 "$OUT/$c.log"

@@ -45,6 +45,12 @@ typedef enum kvb_bootstrap_dialect {
      * shape (PROTOCOL-TOKENSPEED.md 11.3); its ranks speak TokenSpeed's
      * ZeroMQ dialect. Not a client setting. */
     KVB_BOOTSTRAP_DIALECT_TOKENSPEED = 4,
+    /* Only as an answer's dialect: TokenSpeed 0.1.1 "CachePD" prefill ranks
+     * (PROTOCOL-TOKENSPEED-CACHEPD.md 3.2; cache_layout and
+     * cache_fields_by_stage, no other dialect's keys). The info then holds
+     * the intra-stage TP, DP and PP sizes; the layout contract is read by
+     * kvbridge's decode. Not a client setting. */
+    KVB_BOOTSTRAP_DIALECT_CACHEPD = 5,
 } kvb_bootstrap_dialect_t;
 
 /* ------------------------------------------------------------------ server */
@@ -233,9 +239,9 @@ enum kvb_bootstrap_info_ext_field {
  * answer gives the defaults shown. */
 typedef struct kvb_bootstrap_parallel_info_ext {
     uint64_t field_mask;
-    int dialect;          /* 2025, 2026 or 4 (TokenSpeed): the style the server answered */
-    int32_t attn_cp_size; /* 1 */
-    int32_t page_size;    /* -1 = unknown (null) */
+    int dialect; /* 2025, 2026, 4 (TokenSpeed) or 5 (CachePD): the style the server answered */
+    int32_t attn_cp_size;                            /* 1 */
+    int32_t page_size;                               /* -1 = unknown (null) */
     char kv_cache_dtype[KVB_BOOTSTRAP_WORD_MAX + 1]; /* "" = unknown (null) */
     int follow_bootstrap_room;                       /* 1: DP group = room % dp_size; 0: ask
                                                         kvb_bootstrap_client_query_dp_ranks() */

@@ -414,6 +414,7 @@ enum kvb_receiver_init_field {
     KVB_RECV_INIT_STATE = 1u << 0,  /* state_indices, num_state_indices */
     KVB_RECV_INIT_PREFIX = 1u << 1, /* prefix_tokens */
     KVB_RECV_INIT_MASK = 1u << 2,   /* page_mask */
+    KVB_RECV_INIT_PROMPT = 1u << 3, /* prompt_tokens */
 };
 
 /* Extras of init (kvbridge extensions, sent as trailing frames). */
@@ -423,6 +424,13 @@ typedef struct kvb_receiver_init {
     size_t num_state_indices;
     uint64_t prefix_tokens;   /* tokens already on the decode (multiple of page) */
     const uint8_t *page_mask; /* one byte per index: 1 = needs data */
+    /* The request's prompt length in tokens, which a TokenSpeed 0.1.1
+     * (CachePD) prefill needs exactly in the block manifest (its prefill
+     * raises on a shorter one and sends a last partial page only when the
+     * prompt ends there). Without it: count x page_size. Must lie in
+     * ((count - 1) x page_size, count x page_size] and above prefix_tokens;
+     * other dialects do not carry it. */
+    uint64_t prompt_tokens;
 } kvb_receiver_init_t;
 
 /* Send the pre-allocation (destination page indices, aux index) to every
@@ -473,6 +481,17 @@ KVB_API void kvb_receiver_failure(kvb_receiver_h receiver, char *buf, size_t len
  * were; 0 otherwise (another dialect, or not arrived yet). Any thread. */
 KVB_API int kvb_receiver_first_token(kvb_receiver_h receiver, int64_t *token_p, int32_t *cands,
                                      size_t cap, size_t *n_p);
+
+/* TokenSpeed 0.1.1 prefills (CachePD, PROTOCOL-TOKENSPEED-CACHEPD.md 4.4),
+ * the twins of kvb_sender_set_cached_tokens / kvb_sender_set_first_logprob:
+ * what the room's Success statuses carried besides the first token. The
+ * prefill's prefix-cache hit in tokens (the largest among the room's
+ * sources, as TokenSpeed's decode keeps it) and the first token's
+ * logprob (the first seen; absent when the request asked for none). 1 when
+ * known (*cached_p / *logprob_p), 0 otherwise (another dialect, none said,
+ * not arrived yet). Any thread. */
+KVB_API int kvb_receiver_cached_tokens(kvb_receiver_h receiver, uint64_t *cached_p);
+KVB_API int kvb_receiver_first_logprob(kvb_receiver_h receiver, double *logprob_p);
 
 /* 1 when nothing can land in the room's pages any more: Success, or Failed
  * with every source quiescent (its revoked grant has no write left in

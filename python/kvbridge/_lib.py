@@ -249,6 +249,7 @@ MANAGER_TRAFFIC_ALL = (1 << 3) - 1
 RECV_INIT_STATE = 1 << 0
 RECV_INIT_PREFIX = 1 << 1
 RECV_INIT_MASK = 1 << 2
+RECV_INIT_PROMPT = 1 << 3
 
 
 class ReceiverInit(ctypes.Structure):
@@ -258,6 +259,7 @@ class ReceiverInit(ctypes.Structure):
         ("num_state_indices", ctypes.c_size_t),
         ("prefix_tokens", ctypes.c_uint64),
         ("page_mask", ctypes.POINTER(ctypes.c_uint8)),
+        ("prompt_tokens", ctypes.c_uint64),
     ]
 
 
@@ -371,6 +373,8 @@ _PROTOTYPES = {
     "kvb_receiver_pages_safe": (ctypes.c_int, [_P]),
     "kvb_receiver_first_token": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int64), c_i32_p,
                                                 ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "kvb_receiver_cached_tokens": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64)]),
+    "kvb_receiver_first_logprob": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_double)]),
     "kvb_receiver_destroy": (None, [_P]),
 }
 

@@ -708,13 +708,15 @@ class KVReceiver(_Room):
             self._created(h.value)
 
     def init(self, kv_indices, aux_index=None, state_indices=None, prefix_tokens=0,
-             page_mask=None):
+             page_mask=None, prompt_tokens=None):
         """Send the pre-allocated decode page indices (and aux slot) to the
         sources; status → WaitingForInput. aux_index may be left out only
         when the manager has no aux buffers (KVBridgeError otherwise, and
         nothing is sent). kvbridge extras: state_indices,
         prefix_tokens (tokens already on the decode, a page multiple),
-        page_mask (one bool per index: False = page already present)."""
+        page_mask (one bool per index: False = page already present),
+        prompt_tokens (the prompt's exact length, which a TokenSpeed 0.1.1
+        CachePD prefill needs; default: every page full)."""
         arr, n = L.index_array(kv_indices, "kv_indices")
         aux = -1 if aux_index is None else L.as_int(aux_index, "aux_index", 0, 0x7FFFFFFF)
         ex = L.ReceiverInit()
@@ -734,6 +736,9 @@ class KVReceiver(_Room):
             keep.append(m)
             ex.page_mask = ctypes.cast(m, ctypes.POINTER(ctypes.c_uint8))
             ex.field_mask |= L.RECV_INIT_MASK
+        if prompt_tokens is not None:
+            ex.prompt_tokens = L.as_int(prompt_tokens, "prompt_tokens", 1, L.U64_MAX)
+            ex.field_mask |= L.RECV_INIT_PROMPT
 
         def f(h):
             st = L.lib().kvb_receiver_init(h, arr, n, aux,
@@ -761,6 +766,20 @@ class KVReceiver(_Room):
         known = self._call(lambda h: L.lib().kvb_receiver_first_token(
             h, ctypes.byref(tok), cands, 4096, ctypes.byref(n)))
         return (tok.value, list(cands[: n.value])) if known else None
+
+    def prefill_info(self):
+        """(cached_tokens, logprob) a TokenSpeed 0.1.1 (CachePD) prefill's
+        Success carried, the twin of KVSender.set_prefill_info: its prefix-cache
+        hit in tokens (the largest among the room's sources) and the first
+        token's logprob (None when not sent); None before a Success said
+        either (or from another dialect)."""
+        cached = ctypes.c_uint64(0)
+        lp = ctypes.c_double(0)
+        has_c = self._call(lambda h: L.lib().kvb_receiver_cached_tokens(h, ctypes.byref(cached)))
+        has_l = self._call(lambda h: L.lib().kvb_receiver_first_logprob(h, ctypes.byref(lp)))
+        if not has_c and not has_l:
+            return None
+        return (cached.value, lp.value if has_l else None)
 
 
 def poll_many(rooms):

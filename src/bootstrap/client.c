@@ -466,9 +466,16 @@ KVB_API kvb_status_t kvb_bootstrap_client_parallel_info_ext(
         if (st == KVB_OK && ext_p != NULL && (ext_p->field_mask & KVB_BOOTSTRAP_INFO_DIALECT) &&
             kvb__boot_answer_is_ts(c->resp, c->resp_len))
             ext_p->dialect = KVB_BOOTSTRAP_DIALECT_TOKENSPEED;
-        /* Say what the prefill is rather than which key it lacks. */
-        if (st != KVB_OK && kvb__boot_answer_is_cpd(c->resp, c->resp_len))
-            kvb__boot_reason(reason, sizeof(reason), "%s", KVB__BOOT_MSG_CPD_DECODE);
+        /* TokenSpeed 0.1.1 (CachePD) ranks: their own answer shape, whose
+         * layout contract the decode reads (kvb__bootstrap_client_answer). */
+        if (st != KVB_OK && kvb__boot_answer_is_cpd(c->resp, c->resp_len)) {
+            st = kvb__boot_parallel_info_parse_cpd(c->resp, c->resp_len, info_p, reason,
+                                                   sizeof(reason));
+            if (st == KVB_OK)
+                kvb__boot_info_ext_default(ext_p);
+            if (st == KVB_OK && ext_p != NULL && (ext_p->field_mask & KVB_BOOTSTRAP_INFO_DIALECT))
+                ext_p->dialect = KVB_BOOTSTRAP_DIALECT_CACHEPD;
+        }
         if (st != KVB_OK)
             kvb__err_set(&c->err, st, "GET %s: bad answer: %s",
                          dialect == KVB_BOOTSTRAP_DIALECT_2026 ? url : old, reason);
@@ -477,6 +484,21 @@ KVB_API kvb_status_t kvb_bootstrap_client_parallel_info_ext(
     free(url);
     free(old);
     return st;
+}
+
+char *kvb__bootstrap_client_answer(kvb_bootstrap_client_h c, size_t *len_p)
+{
+    char *copy = NULL;
+    *len_p = 0;
+    if (c == NULL)
+        return NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->resp != NULL && (copy = malloc(c->resp_len + 1)) != NULL) {
+        memcpy(copy, c->resp, c->resp_len + 1);
+        *len_p = c->resp_len;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return copy;
 }
 
 KVB_API kvb_status_t kvb_bootstrap_client_parallel_info(kvb_bootstrap_client_h c, double timeout_s,
@@ -531,6 +553,32 @@ KVB_API kvb_status_t kvb_bootstrap_client_lookup_ext(kvb_bootstrap_client_h c, i
     pthread_mutex_unlock(&c->mu);
     free(url);
     free(old);
+    return st;
+}
+
+kvb_status_t kvb__bootstrap_client_lookup_rank(kvb_bootstrap_client_h c, int32_t dp_group,
+                                               int32_t rank, double timeout_s,
+                                               kvb_bootstrap_rank_addr_t *addr_p)
+{
+    char reason[KVB__BOOT_REASON_MAX], *url = NULL;
+    if (c == NULL || addr_p == NULL || dp_group < 0 || rank < 0)
+        return KVB_ERR_INVALID;
+    if (asprintf(&url, "%s/route?engine_rank=%d&target_dp_group=%d", c->base, (int)rank,
+                 (int)dp_group) < 0)
+        return kvb__err_set(&c->err, KVB_ERR_NOMEM, "GET %s/route: out of memory", c->base);
+    pthread_mutex_lock(&c->mu);
+    kvb_status_t st = do_request(c, "GET", url, NULL, timeout_s, true);
+    if (st == KVB_OK) {
+        kvb_bootstrap_rank_addr_t a;
+        int kvbridge = 0;
+        st = kvb__boot_rank_addr_parse(c->resp, c->resp_len, &a, &kvbridge, reason, sizeof(reason));
+        if (st == KVB_OK)
+            *addr_p = a;
+        else
+            kvb__err_set(&c->err, st, "GET %s: bad answer: %s", url, reason);
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(url);
     return st;
 }
 

@@ -295,6 +295,7 @@ typedef struct kvb__addr {
     int follow_room; /* 2026 follow_bootstrap_room (seed 001: 1): DP group = room % dp_size;
                         else the group the prefill registered for the room (/query_dp_ranks) */
     kvb_plan_h plan; /* prefill rank 0 layout × this decode rank */
+    void *priv;      /* the dialect's own record of the instance (dialect addr_info), or NULL */
     int failures;
     struct kvb__route *routes;
     struct kvb__addr *next;
@@ -438,6 +439,11 @@ void kvb__prefill_free(struct kvb_manager *m);
 void kvb__prefill_abort_room(struct kvb_manager *m, kvb__room_t *r, const char *reason);
 /* Send whatever terminal status of room is due (never under m->mu). */
 void kvb__prefill_notify(struct kvb_manager *m, uint64_t room);
+/* Abort (kvb__prefill_abort_room) every room not over that holds a
+ * destination of decode session sid, and tell each its decodes once
+ * nothing of it is in flight: a refused registration of a dialect with
+ * refusal_ends_rooms (TokenSpeed 0.1.1's CachePD). Not under m->mu. */
+void kvb__prefill_fail_session(struct kvb_manager *m, const char *sid, const char *reason);
 typedef struct kvb__note { /* one decode endpoint to tell */
     char ip[KVB_IP_MAX];
     uint16_t port;
@@ -488,10 +494,12 @@ int64_t kvb__output_first_token(struct kvb_manager *m, uint64_t room, int32_t **
 void kvb__outputs_free(struct kvb_manager *m);
 /* What else travels with a first token in some dialects' statuses: the
  * prefill's prefix-cache hit (cached tokens) and the first token's logprob.
- * Set either (NULL: leave it); read both (*cached_p 0 when never set; true
+ * Set either (NULL: leave it); merge (a decode gathering its sources'
+ * statuses): keep the larger cached count and the first logprob, as
+ * TokenSpeed's decode does. Read both (*cached_p 0 when never set; true
  * when a logprob was set, into *logprob_p). Any thread. */
 kvb_status_t kvb__output_set_extras(struct kvb_manager *m, uint64_t room, const uint64_t *cached,
-                                    const double *logprob);
+                                    const double *logprob, bool merge);
 bool kvb__output_extras(struct kvb_manager *m, uint64_t room, uint64_t *cached_p,
                         double *logprob_p);
 

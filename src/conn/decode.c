@@ -3,6 +3,7 @@
  * the prefill ranks, heartbeats, and the abort fence. */
 #include "dialect/dialect.h"
 #include "engine/cuda_drv.h"
+#include "proto/bootstrap_proto.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,9 @@ static void addr_forget(kvb__addr_t *a)
     a->routes = NULL;
     kvb_plan_destroy(a->plan);
     a->plan = NULL;
+    if (a->priv != NULL)
+        a->dialect->addr_free(a->priv);
+    a->priv = NULL;
     if (a->have_info)
         kvb_bootstrap_parallel_info_free(&a->info);
     a->have_info = 0;
@@ -99,11 +103,83 @@ typedef struct resolve {
     char why[512];
 } resolve_t;
 
+/* kvbridge's planner for the instance a's answer (info) describes. */
+static kvb_status_t kvbridge_plan(struct kvb_manager *m, const kvb__addr_t *a,
+                                  const kvb_bootstrap_parallel_info_t *info, kvb_plan_h *plan_p,
+                                  resolve_t *rs)
+{
+    kvb_plan_layout_t pre, dec;
+    prefill_layout(m, info, &pre);
+    kvb__layout_self(m, &dec);
+    /* Routes follow the KV geometry; state pairs up rank by rank (the prefill
+     * checks its TP size against ours). */
+    pre.field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_STATE;
+    dec.field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_STATE;
+    pre.num_state = dec.num_state = 0;
+    if (kvb_plan_create(&pre, &dec, plan_p) != KVB_OK) {
+        snprintf(rs->why, sizeof(rs->why), "prefill at %s cannot serve this decode rank: %s",
+                 a->addr, kvb_plan_last_error());
+        return KVB_ERR_INVALID;
+    }
+    return KVB_OK;
+}
+
+/* The dialect's own record of the instance, from the answer's text body
+ * (its routes come from what kvbridge's structs do not hold: a layout
+ * contract). */
+static kvb_status_t dialect_info(struct kvb_manager *m, const kvb__addr_t *a,
+                                 const kvb__dialect_t *d, const char *body, size_t len,
+                                 void **priv_p, resolve_t *rs)
+{
+    char why[sizeof(rs->why) - 64];
+    why[0] = '\0';
+    kvb_status_t st =
+        body != NULL ? d->addr_info(m, body, len, priv_p, why, sizeof(why)) : KVB_ERR_NOMEM;
+    if (st != KVB_OK)
+        snprintf(rs->why, sizeof(rs->why), "prefill at %s cannot serve this decode rank: %s",
+                 a->addr, why[0] ? why : kvb_status_string(st));
+    return st;
+}
+
+/* What of the answer's extras this decode cannot follow (rs->why). */
+static kvb_status_t ext_refusal(const struct kvb_manager *m, const kvb__addr_t *a,
+                                const kvb_bootstrap_parallel_info_ext_t *ext, resolve_t *rs)
+{
+    if (ext->page_size > 0 && (uint32_t)ext->page_size != m->args.page_size) {
+        /* SGLang's decode raises "Page size mismatch" here; kvbridge fails
+         * the room and asks again for the next one. */
+        snprintf(rs->why, sizeof(rs->why),
+                 "Page size mismatch: prefill at %s has page_size %d, this decode %u", a->addr,
+                 (int)ext->page_size, m->args.page_size);
+        return KVB_ERR_INVALID;
+    }
+    if (ext->kv_cache_dtype[0] != '\0' && m->kv_dtype[0] != '\0' &&
+        strcmp(ext->kv_cache_dtype, m->kv_dtype) != 0) {
+        /* SGLang's decode: "KV cache dtype mismatch" (fatal there); unknown
+         * on either side: no check. */
+        snprintf(rs->why, sizeof(rs->why),
+                 "KV cache dtype mismatch: prefill at %s has kv_cache_dtype %s, this decode %s",
+                 a->addr, ext->kv_cache_dtype, m->kv_dtype);
+        return KVB_ERR_INVALID;
+    }
+    if (ext->enable_dsa_cache_layer_split && ext->attn_cp_size > 1) {
+        /* Each CP rank then holds a layer subset (spec 7.7): the decode
+         * would have to pull from every CP rank and pair layers by id. */
+        snprintf(rs->why, sizeof(rs->why),
+                 "prefill at %s splits its DSA cache layers across %d CP ranks "
+                 "(enable_dsa_cache_layer_split); kvbridge pulls every layer from CP rank 0",
+                 a->addr, (int)ext->attn_cp_size);
+        return KVB_ERR_INVALID;
+    }
+    return KVB_OK;
+}
+
 static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t *rs)
 {
     kvb_bootstrap_parallel_info_t info;
-    kvb_plan_layout_t pre, dec;
     kvb_plan_h plan = NULL;
+    char *body = NULL;
+    size_t len = 0;
     pthread_mutex_lock(&m->mu);
     int have = a->have_info;
     pthread_mutex_unlock(&m->mu);
@@ -118,6 +194,9 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     kvb__count_boot(m, st);
     /* The HTTP detail, read under the lock (thread-local copy). */
     const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
+    const kvb__dialect_t *d = st == KVB_OK ? kvb__dialect_for_boot(ext.dialect) : NULL;
+    if (d != NULL && d->addr_info != NULL) /* this answer's text, before another call */
+        body = kvb__bootstrap_client_answer(a->client, &len);
     pthread_mutex_unlock(&a->client_mu);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why),
@@ -125,70 +204,44 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
                  detail);
         return st;
     }
-    if (ext.page_size > 0 && (uint32_t)ext.page_size != m->args.page_size) {
-        /* SGLang's decode raises "Page size mismatch" here; kvbridge fails
-         * the room and asks again for the next one. */
-        snprintf(rs->why, sizeof(rs->why),
-                 "Page size mismatch: prefill at %s has page_size %d, this decode %u", a->addr,
-                 (int)ext.page_size, m->args.page_size);
+    void *priv = NULL;
+    st = ext_refusal(m, a, &ext, rs);
+    if (st == KVB_OK)
+        st = d->addr_info != NULL ? dialect_info(m, a, d, body, len, &priv, rs)
+                                  : kvbridge_plan(m, a, &info, &plan, rs);
+    free(body);
+    if (st != KVB_OK) {
         kvb_bootstrap_parallel_info_free(&info);
-        return KVB_ERR_INVALID;
-    }
-    if (ext.kv_cache_dtype[0] != '\0' && m->kv_dtype[0] != '\0' &&
-        strcmp(ext.kv_cache_dtype, m->kv_dtype) != 0) {
-        /* SGLang's decode: "KV cache dtype mismatch" (fatal there); unknown
-         * on either side: no check. */
-        snprintf(rs->why, sizeof(rs->why),
-                 "KV cache dtype mismatch: prefill at %s has kv_cache_dtype %s, this decode %s",
-                 a->addr, ext.kv_cache_dtype, m->kv_dtype);
-        kvb_bootstrap_parallel_info_free(&info);
-        return KVB_ERR_INVALID;
-    }
-    if (ext.enable_dsa_cache_layer_split && ext.attn_cp_size > 1) {
-        /* Each CP rank then holds a layer subset (spec 7.7): the decode
-         * would have to pull from every CP rank and pair layers by id. */
-        snprintf(rs->why, sizeof(rs->why),
-                 "prefill at %s splits its DSA cache layers across %d CP ranks "
-                 "(enable_dsa_cache_layer_split); kvbridge pulls every layer from CP rank 0",
-                 a->addr, (int)ext.attn_cp_size);
-        kvb_bootstrap_parallel_info_free(&info);
-        return KVB_ERR_INVALID;
-    }
-    prefill_layout(m, &info, &pre);
-    kvb__layout_self(m, &dec);
-    /* Routes follow the KV geometry; state pairs up rank by rank (the prefill
-     * checks its TP size against ours). */
-    pre.field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_STATE;
-    dec.field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_STATE;
-    pre.num_state = dec.num_state = 0;
-    if (kvb_plan_create(&pre, &dec, &plan) != KVB_OK) {
-        snprintf(rs->why, sizeof(rs->why), "prefill at %s cannot serve this decode rank: %s",
-                 a->addr, kvb_plan_last_error());
-        kvb_bootstrap_parallel_info_free(&info);
-        return KVB_ERR_INVALID;
+        return st;
     }
     pthread_mutex_lock(&m->mu);
     if (!a->have_info) {
         a->info = info;
-        a->dialect = kvb__dialect_for_boot(ext.dialect);
+        a->dialect = d;
         a->follow_room = ext.follow_bootstrap_room;
         a->cp_size = ext.attn_cp_size > 0 ? ext.attn_cp_size : 1;
         a->plan = plan;
+        a->priv = priv;
         a->have_info = 1;
         a->failures = 0;
     } else {
         kvb_bootstrap_parallel_info_free(&info);
         kvb_plan_destroy(plan);
+        if (priv != NULL)
+            d->addr_free(priv);
     }
     pthread_mutex_unlock(&m->mu);
     return KVB_OK;
 }
 
 /* KV args in the source's dialect (extensions only to a kvbridge prefill). */
-static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uint16_t port,
-                                      const kvb__src_t *s)
+static kvb_status_t send_registration(struct kvb_manager *m, kvb__addr_t *a, const char *ip,
+                                      uint16_t port, const kvb__src_t *s)
 {
-    return s->dialect->send_registration(m, ip, port, s->kvbridge != 0);
+    pthread_mutex_lock(&m->mu);
+    const void *priv = a->priv;
+    pthread_mutex_unlock(&m->mu);
+    return s->dialect->send_registration(m, ip, port, s->kvbridge != 0, priv);
 }
 
 /* KV args again to a cached route's prefill rank, asked by a failed room
@@ -196,7 +249,7 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
 static void route_resend(struct kvb_manager *m, kvb__addr_t *a, int32_t dp, int32_t tp, int32_t pp,
                          const kvb__src_t *out)
 {
-    if (send_registration(m, out->ip, out->port, out) == KVB_OK)
+    if (send_registration(m, a, out->ip, out->port, out) == KVB_OK)
         return;
     pthread_mutex_lock(&m->mu);
     kvb__route_t *r = route_find(a, dp, tp, pp);
@@ -228,7 +281,11 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
         return KVB_OK;
     kvb_bootstrap_rank_ext_t rx = {KVB_BOOTSTRAP_RANK_KVBRIDGE, 0};
     pthread_mutex_lock(&a->client_mu);
-    kvb_status_t st = kvb_bootstrap_client_lookup_ext(a->client, dp, 0, tp, pp, 5.0, &ra, &rx);
+    /* stage-major ranks are asked as their dialect asks: no PP rank */
+    kvb_status_t st =
+        out->dialect->t.stage_major
+            ? kvb__bootstrap_client_lookup_rank(a->client, dp, tp, 5.0, &ra)
+            : kvb_bootstrap_client_lookup_ext(a->client, dp, 0, tp, pp, 5.0, &ra, &rx);
     kvb__count_boot(m, st);
     const char *detail = st != KVB_OK ? kvb_bootstrap_client_last_error(a->client) : "";
     pthread_mutex_unlock(&a->client_mu);
@@ -240,7 +297,7 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
         return st;
     }
     out->kvbridge = rx.kvbridge > 0;
-    st = send_registration(m, ra.rank_ip, ra.rank_port, out);
+    st = send_registration(m, a, ra.rank_ip, ra.rank_port, out);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why), "KV args not delivered to prefill %s:%u", ra.rank_ip,
                  ra.rank_port);
@@ -306,11 +363,14 @@ static kvb_status_t resolve(struct kvb_manager *m, kvb__addr_t *a, uint64_t room
     if (st != KVB_OK)
         return st;
     pthread_mutex_lock(&m->mu);
-    int32_t pp = a->info.pp_size, dp = a->info.dp_size;
     const kvb__dialect_t *dialect = a->dialect;
+    /* stage-major sources name every stage: one look-up each */
+    int32_t pp = a->have_info && dialect->t.stage_major ? 1 : a->info.pp_size;
+    int32_t dp = a->info.dp_size;
     int follow = a->follow_room;
-    st = a->have_info ? kvb_plan_route(a->plan, (uint32_t)m->p.attn_tp_rank, &rs->route)
-                      : KVB_ERR_STATE;
+    st = !a->have_info         ? KVB_ERR_STATE
+         : dialect->addr_route ? dialect->addr_route(m, a->priv, &rs->route)
+                               : kvb_plan_route(a->plan, (uint32_t)m->p.attn_tp_rank, &rs->route);
     pthread_mutex_unlock(&m->mu);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why), "no route from prefill %s: %s", a->addr,
@@ -510,9 +570,10 @@ static bool indices_in_pools(struct kvb_manager *m, uint64_t room, const int32_t
 static bool init_fits_sources(struct kvb_manager *m, uint64_t room, size_t count,
                               const kvb_receiver_init_t *ex)
 {
+    static const kvb_receiver_init_t none; /* no extras: a dialect may still need some */
     char why[320] = "";
     if (ex == NULL)
-        return true;
+        ex = &none;
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, room);
     for (size_t i = 0; r != NULL && i < r->n_src && why[0] == '\0'; i++)
@@ -782,11 +843,14 @@ void kvb_receiver_destroy(kvb_receiver_h rc)
 
 /* Is key (src_key of a prefill rank) one of r's sources? A room not yet
  * resolved has none: no prefill has its transfer info, so a status for it
- * is not a source's (one Success would otherwise end it for good). */
-static bool is_source(const kvb__room_t *r, uint32_t key)
+ * is not a source's (one Success would otherwise end it for good). Where
+ * a dummy never answers (stage-major dialects: TokenSpeed's planned
+ * targets), it is none either. */
+static bool is_source(const kvb__room_t *r, uint32_t key, bool dummies)
 {
     for (size_t i = 0; i < r->n_src; i++)
-        if (src_key(r->srcs[i].tp_rank, r->srcs[i].pp_rank) == key)
+        if (src_key(r->srcs[i].tp_rank, r->srcs[i].pp_rank) == key &&
+            (dummies || !r->srcs[i].dummy))
             return true;
     return false;
 }
@@ -801,13 +865,14 @@ static bool record_response(struct kvb_manager *m, kvb__room_t *r, int32_t rank,
 {
     int32_t pp_size = 1, cp_size = 1;
     kvb__addr_t *a = r->bootstrap_addr ? addr_get(m, r->bootstrap_addr) : NULL;
-    if (a != NULL && a->have_info && a->info.pp_size > 0)
+    bool stage_major = a != NULL && a->have_info && a->dialect->t.stage_major;
+    if (a != NULL && a->have_info && a->info.pp_size > 0 && !stage_major)
         pp_size = a->info.pp_size;
     if (a != NULL && a->have_info && a->cp_size > 1)
         cp_size = a->cp_size;
     int32_t base = rank / cp_size;
     uint32_t key = src_key((uint32_t)(base / pp_size), (uint32_t)(base % pp_size));
-    if (rank % cp_size != 0 || !is_source(r, key)) {
+    if (rank % cp_size != 0 || !is_source(r, key, !stage_major)) {
         KVB_LOGW("manager %s: room %llu: %s from prefill rank %d, which is not one of its "
                  "sources: ignored",
                  m->endpoint, (unsigned long long)r->id, what, (int)rank);

@@ -19,6 +19,7 @@ typedef struct output {
     int32_t *cands;
     size_t n_cands;
     uint64_t cached; /* the prefill's prefix-cache hit in tokens (0: none said) */
+    int has_cached;  /* a decode: a Success said it */
     int has_logprob; /* logprob: the first token's, when the request asked for it */
     double logprob;
 } output_t;
@@ -102,16 +103,18 @@ kvb_status_t kvb__output_set(struct kvb_manager *m, uint64_t room, int64_t token
 }
 
 kvb_status_t kvb__output_set_extras(struct kvb_manager *m, uint64_t room, const uint64_t *cached,
-                                    const double *logprob)
+                                    const double *logprob, bool merge)
 {
     struct kvb__outputs *t = outputs_get(m, true);
     if (t == NULL)
         return KVB_ERR_NOMEM;
     pthread_mutex_lock(&t->mu);
     output_t *o = output_slot(t, room, true);
-    if (cached != NULL)
+    if (cached != NULL && (!merge || !o->has_cached || *cached > o->cached)) {
         o->cached = *cached;
-    if (logprob != NULL) {
+        o->has_cached = 1;
+    }
+    if (logprob != NULL && (!merge || !o->has_logprob)) {
         o->has_logprob = 1;
         o->logprob = *logprob;
     }
@@ -141,14 +144,14 @@ kvb_status_t kvb_sender_set_cached_tokens(kvb_sender_h s, uint64_t cached_tokens
 {
     if (s == NULL || cached_tokens > INT64_MAX)
         return KVB_ERR_INVALID;
-    return kvb__output_set_extras(s->mgr, s->room, &cached_tokens, NULL);
+    return kvb__output_set_extras(s->mgr, s->room, &cached_tokens, NULL, false);
 }
 
 kvb_status_t kvb_sender_set_first_logprob(kvb_sender_h s, double logprob)
 {
     if (s == NULL || logprob != logprob) /* NaN: no logprob a decode could use */
         return KVB_ERR_INVALID;
-    return kvb__output_set_extras(s->mgr, s->room, NULL, &logprob);
+    return kvb__output_set_extras(s->mgr, s->room, NULL, &logprob, false);
 }
 
 kvb_status_t kvb_sender_set_first_token(kvb_sender_h s, int64_t token, const int32_t *cands,
@@ -182,6 +185,38 @@ int kvb_receiver_first_token(kvb_receiver_h rc, int64_t *token_p, int32_t *cands
     if (known && n_p != NULL)
         *n_p = n;
     return known ? 1 : 0;
+}
+
+/* One of a decode room's extras (kvb__output_set_extras with merge), under
+ * the table's lock: 1 when a Success said it. */
+static int receiver_extra(kvb_receiver_h rc, uint64_t *cached_p, double *logprob_p)
+{
+    struct kvb__outputs *t = rc != NULL ? outputs_get(rc->mgr, false) : NULL;
+    int known = 0;
+    if (t == NULL)
+        return 0;
+    pthread_mutex_lock(&t->mu);
+    output_t *o = output_slot(t, rc->room, false);
+    if (o != NULL && cached_p != NULL && o->has_cached) {
+        *cached_p = o->cached;
+        known = 1;
+    }
+    if (o != NULL && logprob_p != NULL && o->has_logprob) {
+        *logprob_p = o->logprob;
+        known = 1;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return known;
+}
+
+int kvb_receiver_cached_tokens(kvb_receiver_h rc, uint64_t *cached_p)
+{
+    return cached_p != NULL ? receiver_extra(rc, cached_p, NULL) : 0;
+}
+
+int kvb_receiver_first_logprob(kvb_receiver_h rc, double *logprob_p)
+{
+    return logprob_p != NULL ? receiver_extra(rc, NULL, logprob_p) : 0;
 }
 
 int64_t kvb__output_first_token(struct kvb_manager *m, uint64_t room, int32_t **cands_p,

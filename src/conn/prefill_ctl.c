@@ -200,11 +200,24 @@ static void reg_install(struct kvb_manager *m, kvb__reg_in_t *in)
              g->dialect->t.name);
 }
 
+/* A registration refused by a dialect whose refusal ends the session's
+ * rooms in flight (refusal_ends_rooms): they fail with its reason. */
+static void refusal_ends_rooms(struct kvb_manager *m, const kvb__dialect_t *d,
+                               const kvb__reg_in_t *in)
+{
+    char sid[KVB_SID_MAX];
+    if (in->refuse == NULL || !d->t.refusal_ends_rooms || in->session_len >= KVB_SID_MAX)
+        return; /* a session kvbridge cannot name holds no room */
+    kvb__copy_str(sid, sizeof(sid), in->session, in->session_len);
+    kvb__prefill_fail_session(m, sid, in->refuse);
+}
+
 static void on_registration(struct kvb_manager *m, const kvb__dialect_t *d, const kvb__frame_t *f,
                             size_t n)
 {
     kvb__reg_in_t in;
     if (d->decode_registration(m, f, n, &in) == KVB_OK) {
+        refusal_ends_rooms(m, d, &in);
         reg_install(m, &in);
         return;
     }
@@ -261,9 +274,24 @@ static void room_put_dst(struct kvb_manager *m, kvb__room_t *r, kvb__dst_t *d)
     }
 }
 
+/* m->mu held: room r has all its destinations; where their dialect checks
+ * them together, a set it cannot serve fails the room (every destination
+ * hears Failed). */
+static void check_fanout(kvb__room_t *r, const kvb__dialect_t *dialect)
+{
+    char why[KVB__FRAMES_REASON_MAX];
+    if (dialect == NULL || dialect->check_fanout == NULL || r->status == KVB_POLL_FAILED)
+        return;
+    why[0] = '\0';
+    dialect->check_fanout(r->dsts, r->n_dst, why, sizeof(why));
+    if (why[0] != '\0')
+        kvb__room_fail(r, "room %llu: %s", (unsigned long long)r->id, why);
+}
+
 void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, int32_t required,
                           const char *why)
 {
+    const kvb__dialect_t *dialect = d->dialect;
     char peer[KVB_IP_MAX + 48];
     char session[KVB_SID_MAX], host[KVB_IP_MAX];
     uint16_t port = d->port;
@@ -284,6 +312,8 @@ void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, i
         if (why[0] != '\0')
             kvb__room_fail(r, "room %llu from decode %s: %s", (unsigned long long)room, session,
                            why);
+        if (r->n_dst >= (size_t)r->required_dst)
+            check_fanout(r, dialect);
         if (r->n_dst >= (size_t)r->required_dst)
             kvb__room_set_status(r, KVB_POLL_WAITING_FOR_INPUT);
         tell = r->status == KVB_POLL_FAILED;

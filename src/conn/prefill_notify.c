@@ -95,6 +95,39 @@ void kvb__prefill_notify(struct kvb_manager *m, uint64_t room)
         kvb__send_notes(m, room, notes, n, status);
 }
 
+static bool holds_session(const kvb__room_t *r, const char *sid)
+{
+    for (size_t i = 0; i < r->n_dst; i++)
+        if (strcmp(r->dsts[i].session, sid) == 0)
+            return true;
+    return false;
+}
+
+void kvb__prefill_fail_session(struct kvb_manager *m, const char *sid, const char *reason)
+{
+    uint64_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    pthread_mutex_lock(&m->mu);
+    for (size_t i = 0; i < m->n_buckets; i++)
+        for (kvb__room_t *r = m->buckets[i]; r != NULL; r = r->next) {
+            if (r->status == KVB_POLL_SUCCESS || r->status == KVB_POLL_FAILED ||
+                !holds_session(r, sid))
+                continue;
+            kvb__prefill_abort_room(m, r, reason);
+            if (n == cap) {
+                uint64_t *v = realloc(ids, (cap = cap ? 2 * cap : 8) * sizeof(*v));
+                if (v == NULL)
+                    continue; /* failed all the same; told when a sender polls it */
+                ids = v;
+            }
+            ids[n++] = r->id;
+        }
+    pthread_mutex_unlock(&m->mu);
+    for (size_t i = 0; i < n; i++)
+        kvb__prefill_notify(m, ids[i]);
+    free(ids);
+}
+
 /* m->mu held. Fail the room, wait until no worker is issuing writes for it,
  * and cancel the writes in flight: after this returns no new block of the
  * room is issued. */

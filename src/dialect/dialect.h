@@ -52,6 +52,15 @@ typedef struct kvb__dialect_traits {
     /* Its statuses are not SGLang's 3 frames: the endpoints that spoke it
      * are remembered (conn/endpoints.c) and every status to them is its. */
     bool own_status;
+    /* Decode side: its routes name prefill ranks stage-major (stage x TP +
+     * TP rank, every stage in one list: CachePD), each looked up once with
+     * PP rank 0, and its statuses name them so; else one source per TP rank
+     * and PP stage, statuses tp x pp_size + pp. */
+    bool stage_major;
+    /* Prefill side: a refused registration (kvb__reg_in_t.refuse) also fails
+     * the rooms that already hold the session's requests (TokenSpeed 0.1.1
+     * aborts them); else only the session's later rooms fail. */
+    bool refusal_ends_rooms;
 } kvb__dialect_traits_t;
 
 /* A decode's KV args, decoded (the prefill's registration table keeps them). */
@@ -124,6 +133,11 @@ typedef struct kvb__dialect {
                      const kvb__chunk_t *c, kvb_plan_strided_t *out, kvb_status_t *st_p, char *why,
                      size_t wl);
     void (*plan_free)(void *plan); /* kvb__dst_t.plan; NULL-safe */
+    /* Once a room has as many destinations as its route expects: why they
+     * cannot be served together (why empty: they can), e.g. CachePD's exact
+     * decode-rank set (TokenSpeed's step 9). NULL where the count is
+     * enough. */
+    void (*check_fanout)(const kvb__dst_t *dsts, size_t n, char *why, size_t wl);
     /* kvb__reg_t.priv / kvb__reg_in_t.priv: what the dialect keeps with a
      * registration that the connector's record cannot hold (a decode's
      * layout contract, its planned route); NULL-safe. NULL where the
@@ -140,9 +154,21 @@ typedef struct kvb__dialect {
                              const kvb__aux_in_t *a);
 
     /* ---- decode side ---- */
-    /* Our KV args to prefill rank ip:port (kvbridge: it is a kvbridge peer). */
+    /* A dialect whose decode plans its own routes from what the bootstrap
+     * answer describes (CachePD: the prefill's layout contract; NULL where
+     * kvbridge's planner routes from the answer's geometry): addr_info reads
+     * the parallel-info answer's text into the dialect's record of that
+     * prefill instance (kvb__addr_t.priv, freed by addr_free), or why this
+     * decode rank cannot be served; addr_route gives this rank's route in it
+     * (sources and dummies; the array points into the record). */
+    kvb_status_t (*addr_info)(struct kvb_manager *m, const char *body, size_t len, void **priv_p,
+                              char *why, size_t wl);
+    kvb_status_t (*addr_route)(struct kvb_manager *m, const void *priv, kvb_plan_route_t *route);
+    void (*addr_free)(void *priv);
+    /* Our KV args to prefill rank ip:port (kvbridge: it is a kvbridge peer;
+     * priv: the record of addr_info, NULL without one). */
     kvb_status_t (*send_registration)(struct kvb_manager *m, const char *ip, uint16_t port,
-                                      bool kvbridge);
+                                      bool kvbridge, const void *priv);
     kvb_status_t (*send_transfer)(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
                                   const int32_t *idx, size_t n, int64_t aux,
                                   const kvb_receiver_init_t *ex);
@@ -186,5 +212,18 @@ void kvb__dialect_prefix_form(const struct kvb_manager *m, size_t count,
                               const kvb_receiver_init_t *ex, char *why, size_t len);
 /* The first 0 entry of ex's page mask within count pages (true, *hole_p). */
 bool kvb__dialect_mask_hole(size_t count, const kvb_receiver_init_t *ex, size_t *hole_p);
+/* A status whose value is success, failed or progress (changing nothing)
+ * into the connector's (decode_status). */
+void kvb__dialect_status_in(kvb__status_in_t *out, uint64_t room, int32_t rank, int32_t value,
+                            int32_t success, int32_t failed);
+/* send_abort of a dialect that has no abort message (TokenSpeed's): sends
+ * nothing; a failed room's fence waits for each source's status. */
+kvb_status_t kvb__dialect_no_abort(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
+                                   uint64_t gen);
+/* A decode's Success that carried a first token (other than -1) and its
+ * candidates: kept for kvb_receiver_first_token, the first seen winning
+ * (TokenSpeed's setdefault). */
+void kvb__dialect_keep_first_token(struct kvb_manager *m, uint64_t room, int64_t token,
+                                   kvb__i32_view_t cands);
 
 #endif

@@ -128,16 +128,28 @@ char *kvb__boot_cpd_info(const kvb__boot_cpd_t *st, json_t *base, bool *nomem_p)
 json_t *kvb__boot_cpd_rank(const kvb__boot_cpd_t *st, int64_t dp, int64_t rank);
 void kvb__boot_cpd_free(kvb__boot_cpd_t *st); /* NULL-safe */
 /* Client side: a parallel-info answer of CachePD ranks only (cache_layout
- * and cache_fields_by_stage, none of kvbridge's or SGLang's keys), which a
- * kvbridge decode cannot use yet: it fails the room saying so. */
+ * and cache_fields_by_stage, none of kvbridge's or SGLang's keys): read by
+ * the dialect's parser into info (attention TP = the intra-stage TP, DP,
+ * PP); the decode reads the contract from the answer's text
+ * (kvb__bootstrap_client_answer). */
 bool kvb__boot_answer_is_cpd(const char *body, size_t len);
-#define KVB__BOOT_MSG_CPD_DECODE                                                                   \
-    "the prefill ranks speak TokenSpeed 0.1.1's CachePD, whose decode side kvbridge does not "     \
-    "speak yet"
+kvb_status_t kvb__boot_parallel_info_parse_cpd(const char *body, size_t len,
+                                               kvb_bootstrap_parallel_info_t *info_p, char *reason,
+                                               size_t reason_len);
 
 /* Client side (bootstrap/client.c): PUT /route with a body a dialect built
  * (its own shape, e.g. a CachePD registration); as
  * kvb_bootstrap_client_register otherwise. */
+/* Client side: the address of rank `rank` of DP group dp_group asked as
+ * TokenSpeed's decode asks it (engine_rank and target_dp_group only: a
+ * stage-major rank, no PP rank); errors as kvb_bootstrap_client_lookup. */
+kvb_status_t kvb__bootstrap_client_lookup_rank(kvb_bootstrap_client_h c, int32_t dp_group,
+                                               int32_t rank, double timeout_s,
+                                               kvb_bootstrap_rank_addr_t *addr_p);
+/* Client side: a copy (malloc'ed, NUL-terminated, *len_p bytes) of the last
+ * answer's body, for a dialect that reads more of it than the public structs
+ * hold (CachePD's layout contract); NULL when none or no memory. */
+char *kvb__bootstrap_client_answer(kvb_bootstrap_client_h c, size_t *len_p);
 kvb_status_t kvb__bootstrap_client_put_route(kvb_bootstrap_client_h c, const char *body,
                                              double timeout_s);
 

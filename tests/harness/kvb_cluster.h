@@ -271,6 +271,8 @@ typedef struct kvbh_cluster {
     int ptp, ppp, pdp, dtp;
     kvbh_rank_t *pre; /* [dp][tp][pp] */
     kvbh_rank_t *dec; /* [tp] */
+    int no_aux;       /* set by the caller: the decodes' dialect carries no aux data (CachePD: the
+                         first token rides the status), so aux items are not verified */
 } kvbh_cluster_t;
 
 typedef struct kvbh_cluster_cfg {

@@ -154,7 +154,7 @@ static uint64_t verify_decode(const kvbh_cluster_t *c, const kvbh_rank_t *r, uin
                                                    r->first_head + lh, b);
                     }
             }
-    for (int b = 0; b < KVBH_AUX_ITEM; b++)
+    for (int b = 0; aux_index >= 0 && b < KVBH_AUX_ITEM; b++)
         bad += r->aux[aux_index * KVBH_AUX_ITEM + b] != pattern(room, 255, 2, 0, 0, b);
     return bad;
 }
@@ -272,7 +272,7 @@ static int finish_room(kvbh_cluster_t *c, room_state_t *rs, const kvbh_room_opts
             continue;
         }
         uint64_t bad = verify_decode(c, &c->dec[t], rs->id, rs->dst, rs->n, o->prefix_pages,
-                                     rs->mask, rs->aux);
+                                     rs->mask, c->no_aux ? -1 : rs->aux);
         for (int k = 0; k < o->state; k++)
             bad += verify_state(c, &c->dec[t], rs->id, k, rs->dst_st[k]);
         if (bad != 0) {

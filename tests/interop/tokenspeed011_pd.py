@@ -156,8 +156,13 @@ def prefill_main(name):
     m = case.model
     from tokenspeed.runtime.utils.network import get_free_port
 
-    port = get_free_port()  # the server needs a real port (it keeps the number)
-    server = MooncakeKVBootstrapServer(port)  # noqa: F841  (serves until exit)
+    # KVB_TS011_BOOT_PORT: register with a bootstrap server already running
+    # on that port (kvbridge's, for cachepd_kvbridge_decode.py); else its own
+    boot_port = os.environ.get("KVB_TS011_BOOT_PORT")
+    port = int(boot_port) if boot_port else get_free_port()
+    server = None if boot_port else MooncakeKVBootstrapServer(port)  # noqa: F841  (until exit)
+    layer_s = float(os.environ.get("KVB_TS011_LAYER_S", "0.002"))  # a layer's compute
+    prefill_info = os.environ.get("KVB_TS011_PREFILL_INFO") == "1"  # status frames 5-6
     contract = m.contract(case.ptp, case.p_blocks)
     plan = contract.plan
     ranks = []
@@ -225,12 +230,15 @@ def prefill_main(name):
                 for r, (mgr, arena, counter) in enumerate(ranks):
                     produce(arena, r, room, layer, slots)
                     if counter is not None:
-                        time.sleep(0.002)  # a layer's compute
+                        time.sleep(layer_s)
                         counter.record_cache()
             begin = ce
         for r, (mgr, arena, counter) in enumerate(ranks):  # _cache_decode
             s = senders[room.room, r]
             dests = [i for i in infos[r] if not i.is_dummy]
+            if prefill_info:  # the cached prefix and the first token's logprob
+                mgr.record_cached_tokens(room.room, room.prefix_len + 7)
+                mgr.record_bootstrap_logprob(room.room, -0.25)
             if case.layerwise and dests:
                 mgr.set_prefill_metadata(room.room, room.token, None)
             elif not dests:

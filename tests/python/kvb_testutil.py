@@ -2,6 +2,8 @@
 nothing here). Import it after the test has put python/ on sys.path."""
 import time
 
+import numpy as np
+
 import kvbridge as kb
 
 
@@ -14,3 +16,19 @@ def poll_until(obj, timeout, states=(kb.KVPoll.Success, kb.KVPoll.Failed)):
         time.sleep(0.002)
         st = obj.poll()
     return st
+
+
+def small_kv_args(fill, page=4, item=64, pool=8):
+    """KVArgs of one rank with one layer's K and V (one KV head; pool pages
+    of item bytes each, filled with a pattern when fill, else zeros) and one
+    aux buffer: (args, buffers), the buffers (aux last) to keep alive."""
+    kv = [np.zeros((pool, item), np.uint8) for _ in range(2)]
+    if fill:
+        for b, buf in enumerate(kv):
+            buf[:] = (np.arange(pool * item, dtype=np.uint32).reshape(pool, item) * 7 + b) % 251
+    aux = np.zeros((4, 64), np.uint8)
+    args = kb.KVArgs(kv_data_ptrs=[b.ctypes.data for b in kv], kv_data_lens=[b.nbytes for b in kv],
+                     kv_item_lens=[item] * 2, aux_data_ptrs=[aux.ctypes.data],
+                     aux_data_lens=[aux.nbytes], aux_item_lens=[64], page_size=page,
+                     kv_head_num=1, engine_rank=0)
+    return args, kv + [aux]

@@ -715,13 +715,17 @@ def test_bad_arguments_connector():
             raises(ValueError, rc.init, [1, 2], page_mask=[1])
             raises(ValueError, rc.init, [1, 2], prefix_tokens=-4)
             raises(ValueError, rc.init, b"\x01\x00\x00\x00")
-            rc.init(np.array([4, 5, 6, 7], np.int64), aux_index=2)  # int64 converted
+            raises(ValueError, rc.init, [1, 2], prompt_tokens=0)
+            assert rc.prefill_info() is None  # nothing said yet
+            # prompt_tokens is CachePD's (a 2026 prefill here): carried, not sent
+            rc.init(np.array([4, 5, 6, 7], np.int64), aux_index=2, prompt_tokens=60)
             assert poll_until(s, 10, (kb.KVPoll.WaitingForInput,)) == kb.KVPoll.WaitingForInput
             e = raises(RuntimeError, s.send, np.arange(5, dtype=np.int32))
             assert "past num_kv_indices" in str(e)
             s.send(np.arange(4, dtype=np.int32))
             assert poll_until(rc, 10) == kb.KVPoll.Success
             assert poll_until(s, 10) == kb.KVPoll.Success
+            assert rc.prefill_info() is None  # SGLang's statuses carry neither
             rc.clear()
             rc.clear()
             raises(RuntimeError, rc.abort, match="cleared")

@@ -17,23 +17,14 @@ if PYDIR not in sys.path:
     sys.path.insert(0, PYDIR)
 
 import kvbridge as kb  # noqa: E402
-from kvb_testutil import poll_until  # noqa: E402
+from kvb_testutil import poll_until, small_kv_args  # noqa: E402
 
 PAGE, ITEM, POOL = 4, 4 * 16, 8
 PAGES = [1, 3, 6]
 
 
 def kv_args(fill):
-    kv = [np.full((POOL, ITEM), fill, np.uint8) for _ in range(2)]
-    if fill:
-        for b, buf in enumerate(kv):
-            buf[:] = (np.arange(POOL * ITEM, dtype=np.uint32).reshape(POOL, ITEM) * 7 + b) % 251
-    aux = np.zeros((4, 64), np.uint8)
-    args = kb.KVArgs(kv_data_ptrs=[b.ctypes.data for b in kv], kv_data_lens=[b.nbytes for b in kv],
-                     kv_item_lens=[ITEM] * 2, aux_data_ptrs=[aux.ctypes.data],
-                     aux_data_lens=[aux.nbytes], aux_item_lens=[64], page_size=PAGE,
-                     kv_head_num=1, engine_rank=0)
-    return args, kv + [aux]  # aux last: kept alive with the KV buffers
+    return small_kv_args(fill, PAGE, ITEM, POOL)
 
 
 def run_room(prefill_dtype, decode_dtype, room):

@@ -3,7 +3,8 @@
  * (cachepd.h) know nothing of the connector; these files put them on it:
  * own.c (this kvbridge rank's layout contract and where its fields live),
  * prefill.c (a TokenSpeed decode's registration and requests, the plan of
- * each chunk, statuses, the table). Field by field:
+ * each chunk, statuses, the table), decode.c (a TokenSpeed prefill's
+ * route, registration, requests and statuses). Field by field:
  * docs/tokenspeed-cachepd-fields.md. */
 #ifndef KVB_DIALECT_CACHEPD_ADAPTER_H
 #define KVB_DIALECT_CACHEPD_ADAPTER_H
@@ -33,5 +34,36 @@ uint64_t *kvb__cpd_own_page0(const struct kvb_manager *m, const kvb__cpd_contrac
 /* This rank's TokenSpeed PUT /route body (dialect->boot_put), malloc'ed;
  * NULL when it cannot be described (logged). */
 char *kvb__cpd_own_put(struct kvb_manager *m);
+/* This rank's contract (kvb__cpd_own_contract, hint the prefill's) as one
+ * slab at *slab_p, although kvbridge's KV buffers are separate allocations:
+ * each plane where its buffer is (TokenSpeed's page 0, the null page, one
+ * page before the buffer), at its offset from the lowest, and the arena
+ * widened to hold them all (resident_block_bytes: a peer never compares
+ * it, and TokenSpeed sizes only its own memory by it), so that the
+ * contract stays one kvbridge's strict parser takes. A decode registers
+ * it (frames 4-5). */
+kvb_status_t kvb__cpd_own_slab(const struct kvb_manager *m, const kvb__cpd_contract_t *hint,
+                               kvb__cpd_contract_t *c_p, uint64_t *slab_p, char *why, size_t wl);
+
+/* send.c: msg, encoded with status st (its reason in e), to ip:port, or
+ * the reason logged (what names the message); msg freed either way. */
+kvb_status_t kvb__cpd_send_encoded(struct kvb_manager *m, const char *ip, uint16_t port,
+                                   kvb_status_t st, kvb__cpd_msg_t *msg, const kvb__frames_err_t *e,
+                                   const char *what);
+
+/* decode.c: the decode side's operations (dialect.h), in the table. */
+kvb_status_t kvb__cpd_addr_info(struct kvb_manager *m, const char *body, size_t len, void **priv_p,
+                                char *why, size_t wl);
+kvb_status_t kvb__cpd_addr_route(struct kvb_manager *m, const void *priv, kvb_plan_route_t *route);
+void kvb__cpd_addr_free(void *priv);
+kvb_status_t kvb__cpd_send_registration(struct kvb_manager *m, const char *ip, uint16_t port,
+                                        bool kvbridge, const void *priv);
+kvb_status_t kvb__cpd_send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
+                                    const int32_t *idx, size_t n, int64_t aux,
+                                    const kvb_receiver_init_t *ex);
+void kvb__cpd_transfer_form(const struct kvb_manager *m, const kvb__src_t *s, size_t count,
+                            const kvb_receiver_init_t *ex, char *why, size_t len);
+kvb_status_t kvb__cpd_status_in(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
+                                kvb__status_in_t *out);
 
 #endif

@@ -2,7 +2,8 @@
  * ranks (spec 3, 12.2; proto/bootstrap_proto.h): their PUT /route bodies
  * (told apart by "cache_layout"), TokenSpeed's cross-rank checks, the table
  * (DP group, stage-major rank) -> address, and the answers a CachePD decode
- * reads. Called by the route table (bootstrap/server.c) under its lock. */
+ * reads. Called by the route table (bootstrap/server.c) under its lock;
+ * the last two functions by the client (bootstrap/client.c). */
 #include "dialect/cachepd/cpd_int.h"
 #include "proto/bootstrap_proto.h"
 
@@ -160,4 +161,24 @@ bool kvb__boot_answer_is_cpd(const char *body, size_t len)
                json_object_get(o, "prefill_attn_tp_size") == NULL;
     json_decref(o);
     return cpd;
+}
+
+kvb_status_t kvb__boot_parallel_info_parse_cpd(const char *body, size_t len,
+                                               kvb_bootstrap_parallel_info_t *info_p, char *reason,
+                                               size_t reason_len)
+{
+    kvb__cpd_pinfo_t pi;
+    kvb__frames_err_t e;
+    kvb_status_t st = kvb__cpd_pinfo_parse(body, len, &e, &pi);
+    if (st != KVB_OK) {
+        kvb__boot_reason(reason, reason_len, "%s",
+                         st == KVB_ERR_PROTO ? e.reason : kvb_status_string(st));
+        return st;
+    }
+    memset(info_p, 0, sizeof(*info_p));
+    info_p->attn_tp_size = (int32_t)pi.tp_size;
+    info_p->dp_size = (int32_t)pi.dp_size;
+    info_p->pp_size = (int32_t)pi.pp_size;
+    kvb__cpd_pinfo_free(&pi);
+    return KVB_OK;
 }

@@ -366,6 +366,10 @@ kvb_status_t kvb__cpd_decode_registration_header(const kvb__frame_t *f, size_t n
  * port; validates nothing else. */
 bool kvb__cpd_is_registration(const kvb__frame_t *f, size_t n);
 bool kvb__cpd_is_request(const kvb__frame_t *f, size_t n);
+/* A status a decode claims on its port: 6 or 7 frames (TokenSpeed 0.1.1
+ * always sends 7; the 5-frame form is seed 004's shape there), frame 0 a
+ * room. */
+bool kvb__cpd_is_status(const kvb__frame_t *f, size_t n);
 
 /* An encoded multipart message: frame i is data[start(i) .. ends[i]).
  * Zero it (or kvb__cpd_msg_init) before first use; reset between messages;

@@ -251,6 +251,13 @@ bool kvb__cpd_is_request(const kvb__frame_t *f, size_t n)
     return n == KVB__CPD_REQ_FRAMES && kvb__cpd_canon_uint(f[0].data, f[0].len, 0, ROOM_MAX, &room);
 }
 
+bool kvb__cpd_is_status(const kvb__frame_t *f, size_t n)
+{
+    uint64_t room;
+    return n > KVB__CPD_STATUS_MIN_FRAMES && n <= KVB__CPD_STATUS_FRAMES &&
+           kvb__cpd_canon_uint(f[0].data, f[0].len, 0, ROOM_MAX, &room);
+}
+
 kvb_status_t kvb__cpd_encode_request(const kvb__cpd_req_t *msg, kvb__frames_err_t *err,
                                      kvb__cpd_msg_t *out)
 {

@@ -192,3 +192,66 @@ char *kvb__cpd_own_put(struct kvb_manager *m)
     kvb__cpd_put_free(&p);
     return body;
 }
+
+/* Where plane i's page 0 is: one page before its KV buffer (0: none). */
+static uint64_t plane_base(const struct kvb_manager *m, const kvb__cpd_contract_t *c, uint32_t i)
+{
+    for (uint32_t f = 0; f < c->nfields; f++) {
+        int64_t b = c->fields[f].plane == i ? field_buffer(m, c->fields[f].field_id) : -1;
+        if (b >= 0 && m->kv_ptrs[b] >= m->args.kv_item_len)
+            return m->kv_ptrs[b] - m->args.kv_item_len;
+    }
+    return 0;
+}
+
+/* Each plane at its buffer's offset from the lowest; the arena per parent
+ * widened (resident_block_bytes) when the planes reach past the recipe's. */
+static bool place_planes(const struct kvb_manager *m, kvb__cpd_contract_t *c, uint64_t *slab_p,
+                         char *why, size_t wl)
+{
+    uint64_t slab = UINT64_MAX, span = 0, parents = c->num_lcm_blocks + 1, end;
+    uint64_t *base = calloc(c->nplanes + 1, sizeof(*base));
+    for (uint32_t i = 0; base != NULL && i < c->nplanes; i++) {
+        if ((base[i] = plane_base(m, c, i)) == 0) {
+            snprintf(why, wl, "plane %s of this rank's contract is no KV buffer of it",
+                     c->planes[i].plane_id);
+            free(base);
+            return false;
+        }
+        slab = base[i] < slab ? base[i] : slab;
+    }
+    for (uint32_t i = 0; base != NULL && i < c->nplanes; i++) {
+        c->planes[i].arena_offset = base[i] - slab;
+        end = c->planes[i].arena_offset + parents * c->planes[i].bytes_per_lcm;
+        span = end > span ? end : span; /* no overflow: the planes are this process's memory */
+    }
+    free(base);
+    if (base == NULL) {
+        snprintf(why, wl, "out of memory");
+        return false;
+    }
+    if (span > parents * c->lcm_block_bytes)
+        c->resident_block_bytes = (int64_t)((span + parents - 1) / parents);
+    *slab_p = slab;
+    return true;
+}
+
+kvb_status_t kvb__cpd_own_slab(const struct kvb_manager *m, const kvb__cpd_contract_t *hint,
+                               kvb__cpd_contract_t *c_p, uint64_t *slab_p, char *why, size_t wl)
+{
+    kvb__cpd_contract_t own;
+    kvb__frames_err_t e;
+    char *json = NULL;
+    size_t len = 0;
+    kvb_status_t st = kvb__cpd_own_contract(m, hint, &own, why, wl);
+    if (st != KVB_OK)
+        return st;
+    st = place_planes(m, &own, slab_p, why, wl) ? kvb__cpd_contract_encode(&own, &json, &len)
+                                                : KVB_ERR_INVALID;
+    kvb__cpd_contract_free(&own);
+    if (st == KVB_OK &&
+        (st = kvb__cpd_contract_parse((const uint8_t *)json, len, &e, c_p)) != KVB_OK)
+        snprintf(why, wl, "%s", e.reason); /* re-checked as a peer's: every page in its plane */
+    free(json);
+    return st;
+}

@@ -56,23 +56,6 @@ static uint32_t stage_major_rank(const struct kvb_manager *m)
 
 /* ---- statuses: 7 frames, Success 5 / Failed 0, only at the end ---- */
 
-static kvb_status_t send_msg(struct kvb_manager *m, const char *ip, uint16_t port,
-                             const kvb__cpd_msg_t *msg)
-{
-    kvb__frames_buf_t b;
-    kvb_status_t st = KVB_OK;
-    kvb__frames_buf_init(&b);
-    for (size_t i = 0; i < msg->n && st == KVB_OK; i++) {
-        kvb__frame_t f = kvb__cpd_msg_frame(msg, i);
-        if (!kvb__fk_put(&b, f.data, f.len))
-            st = KVB_ERR_NOMEM;
-    }
-    if (st == KVB_OK)
-        st = kvb__zsend(&m->zc, ip, port, &b);
-    kvb__frames_buf_free(&b);
-    return st;
-}
-
 /* Failed carries no token (-1) but still the cached tokens, as TokenSpeed's
  * sync_status_to_decode_endpoint does (spec 4.4). */
 static kvb_status_t send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
@@ -98,13 +81,8 @@ static kvb_status_t send_status(struct kvb_manager *m, const char *ip, uint16_t 
     kvb__cpd_msg_t msg;
     kvb__frames_err_t e;
     kvb__cpd_msg_init(&msg);
-    kvb_status_t st = kvb__cpd_encode_status(&s, &e, &msg);
-    if (st == KVB_OK)
-        st = send_msg(m, ip, port, &msg);
-    else
-        KVB_LOGW("manager %s: CachePD status of room %llu not encoded: %s", m->endpoint,
-                 (unsigned long long)room, e.reason);
-    kvb__cpd_msg_free(&msg);
+    kvb_status_t st = kvb__cpd_send_encoded(m, ip, port, kvb__cpd_encode_status(&s, &e, &msg), &msg,
+                                            &e, "status");
     free(cands);
     return st;
 }
@@ -128,6 +106,9 @@ static void reg_header(struct kvb_manager *m, const kvb__cpd_reg_t *x, kvb__reg_
     kvb__endpoint_note(m, in->ip, in->ip_len, in->port, &kvb__dialect_cachepd);
 }
 
+/* A refused registration: kept as a refusal, so the session's later
+ * requests are answered Failed; the connector fails the rooms already
+ * holding its requests (trait refusal_ends_rooms). */
 static void refuse(kvb__reg_in_t *in, const char *why)
 {
     char buf[1024], show[256]; /* the session as the peer wrote it, escaped and cut */
@@ -262,6 +243,65 @@ static void request_refusal(const kvb__reg_t *g, const kvb__cpd_req_t *q,
         why[0] = '\0';
 }
 
+/* What a room's fan-out check needs of each destination (kvb__dst_t.plan):
+ * its registration's decode TP size and rank and expected decode ranks. */
+typedef struct cpd_fan {
+    uint32_t dtp, drank, nexpected;
+    uint16_t expected[]; /* ascending */
+} cpd_fan_t;
+
+static cpd_fan_t *fan_of(const cpd_reg_t *r)
+{
+    cpd_fan_t *f = malloc(sizeof(*f) + (r->route.nexpected + 1) * sizeof(uint16_t));
+    if (f == NULL)
+        return NULL;
+    f->dtp = r->dtp;
+    f->drank = r->drank;
+    f->nexpected = r->route.nexpected;
+    memcpy(f->expected, r->route.expected, r->route.nexpected * sizeof(uint16_t));
+    return f;
+}
+
+static bool fan_expects(const cpd_fan_t *f, uint32_t rank)
+{
+    for (uint32_t i = 0; i < f->nexpected; i++)
+        if (f->expected[i] == rank)
+            return true;
+    return false;
+}
+
+/* TokenSpeed's _validate_cache_room_fanout: one decode TP size and one
+ * expected set among the room's registrations, and their decode ranks
+ * exactly that set (the count is the connector's). A refused request has no
+ * record: it fails the room by itself. */
+static void check_fanout(const kvb__dst_t *dsts, size_t n, char *why, size_t wl)
+{
+    const cpd_fan_t *f0 = n > 0 && dsts[0].dialect == &kvb__dialect_cachepd ? dsts[0].plan : NULL;
+    bool consistent = f0 != NULL, covered = true;
+    for (size_t i = 0; f0 != NULL && i < n; i++) {
+        const cpd_fan_t *f = dsts[i].dialect == &kvb__dialect_cachepd ? dsts[i].plan : NULL;
+        if (f == NULL)
+            return;
+        consistent = consistent && f->dtp == f0->dtp && f->nexpected == f0->nexpected &&
+                     memcmp(f->expected, f0->expected, f->nexpected * sizeof(uint16_t)) == 0;
+        covered = covered && fan_expects(f0, f->drank);
+    }
+    for (uint32_t k = 0; consistent && covered && k < f0->nexpected; k++) {
+        bool seen = false;
+        for (size_t i = 0; i < n && !seen; i++)
+            seen = ((const cpd_fan_t *)dsts[i].plan)->drank == f0->expected[k];
+        covered = seen;
+    }
+    if (f0 != NULL && !consistent)
+        snprintf(why, wl,
+                 "invalid pre-allocation metadata: Cache-transfer room has inconsistent TP "
+                 "metadata");
+    else if (f0 != NULL && (!covered || n != f0->nexpected))
+        snprintf(why, wl,
+                 "invalid pre-allocation metadata: Cache-transfer room destination ranks "
+                 "disagree with the typed route plan");
+}
+
 /* The destination of a request: the registration's endpoint, the
  * manifest's block ids (one group: this rank's contract has one, and the
  * peer check made the decode's the same), refused ones with none. */
@@ -283,7 +323,8 @@ static kvb_status_t dst_of(const kvb__reg_t *g, const kvb__cpd_manifest_t *man, 
     }
     d->n_pages = n;
     d->pages = malloc((n ? n : 1) * sizeof(int32_t));
-    if (d->pages == NULL)
+    bool served = r != NULL && (man != NULL || dummy); /* a refused one: no fan-out record */
+    if (d->pages == NULL || (served && (d->plan = fan_of(r)) == NULL))
         return KVB_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) /* 0 < id < the decode's page count: validated */
         d->pages[i] = (int32_t)man->groups[0].block_ids[i];
@@ -371,27 +412,38 @@ static kvb_status_t take_transfer(struct kvb_manager *m, const kvb__frame_t *f, 
 
 /* ---- the data path: one chunk's blocks for one decode ---- */
 
-/* The decode's slab, as its contract sizes it, lies in a region it
- * registered with the engine: no write of a checked page leaves it. */
+/* Every page a chunk may write of each plane of the decode's (pages 1..,
+ * page 0 being the null page) lies in one region that decode registered
+ * with the engine: no write of a checked page leaves it. Plane by plane: a
+ * kvbridge decode's planes are separate buffers (kvb__cpd_own_slab). */
+static bool plane_ok(struct kvb_manager *m, const kvb__dst_t *d, const cpd_reg_t *r, uint32_t i,
+                     char *why, size_t wl)
+{
+    const kvb__cpd_plane_t *p = &r->decode.planes[i];
+    uint64_t base = 0, len = 0, lo = 0, hi = 0;
+    uint64_t bytes = r->decode.num_lcm_blocks * p->bytes_per_lcm; /* parents 1..: no overflow, the
+                                                                     contract's checks */
+    bool sums = kvb__add_u64(r->slab, p->arena_offset + p->bytes_per_lcm, &lo) &&
+                kvb__add_u64(lo, bytes, &hi);
+    kvb_status_t st = sums ? kvb__engine_peer_region(m->engine, d->session, lo,
+                                                     m->transfer_timeout_s, &base, &len)
+                           : KVB_ERR_BOUNDS;
+    if (st == KVB_OK && hi <= base + len)
+        return true;
+    snprintf(why, wl,
+             "decode %s: plane %s of its contract ([0x%llx, 0x%llx) past slab 0x%llx) is not "
+             "in one region it registered (%s)",
+             d->session, p->plane_id, (unsigned long long)lo, (unsigned long long)hi,
+             (unsigned long long)r->slab, st == KVB_OK ? "it ends past it" : kvb_status_string(st));
+    return false;
+}
+
 static bool slab_ok(struct kvb_manager *m, const kvb__dst_t *d, const cpd_reg_t *r, char *why,
                     size_t wl)
 {
-    uint64_t base = 0, len = 0, end;
-    kvb_status_t st =
-        kvb__engine_peer_region(m->engine, d->session, r->slab, m->transfer_timeout_s, &base, &len);
-    if (st != KVB_OK) {
-        snprintf(why, wl, "decode %s: slab 0x%llx is not in a region it registered (%s)",
-                 d->session, (unsigned long long)r->slab, kvb_status_string(st));
-        return false;
-    }
-    if (!kvb__add_u64(r->slab, r->decode.arena_bytes, &end) || end > base + len) {
-        snprintf(why, wl,
-                 "decode %s: its contract's arena of %llu bytes at 0x%llx ends past the region "
-                 "it registered ([0x%llx, +%llu))",
-                 d->session, (unsigned long long)r->decode.arena_bytes, (unsigned long long)r->slab,
-                 (unsigned long long)base, (unsigned long long)len);
-        return false;
-    }
+    for (uint32_t i = 0; i < r->decode.nplanes; i++)
+        if (!plane_ok(m, d, r, i, why, wl))
+            return false;
     return true;
 }
 
@@ -463,11 +515,12 @@ static void plan_job(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
 /* Told apart from the other dialects on one port (spec 12.4): an 8-frame
  * registration whose frame 4 is one pointer and frame 5 a JSON object
  * (seed 004's frame 5 is empty), a 3-frame request (no other dialect sends
- * 3 frames to a prefill). Statuses are the decode side's (not served yet). */
+ * 3 frames to a prefill). On a decode: 6- and 7-frame statuses (seed 004's
+ * have 5). */
 static kvb__dmsg_t classify(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
-    if (m->mode != KVB_MODE_PREFILL)
-        return KVB__DMSG_NONE;
+    if (m->mode != KVB_MODE_PREFILL) /* a 7-frame seed-001 transfer info reaches prefills only */
+        return kvb__cpd_is_status(f, n) ? KVB__DMSG_STATUS : KVB__DMSG_NONE;
     if (kvb__cpd_is_registration(f, n))
         return KVB__DMSG_REGISTRATION;
     return kvb__cpd_is_request(f, n) ? KVB__DMSG_TRANSFER : KVB__DMSG_NONE;
@@ -479,13 +532,25 @@ const kvb__dialect_t kvb__dialect_cachepd = {
           .plans_chunks = true, /* planned here from both contracts (plan_job) */
           .extensions = false,
           .suffix_pages = true,
-          .own_status = true},
-    .boot_dialect = -1, /* the decode side is not served yet */
+          .own_status = true,
+          .stage_major = true,
+          .refusal_ends_rooms = true},
+    .boot_dialect = KVB_BOOTSTRAP_DIALECT_CACHEPD,
     .classify = classify,
     .decode_registration = decode_registration,
     .take_transfer = take_transfer,
     .send_status = send_status,
     .plan_job = plan_job,
+    .plan_free = free, /* a destination's cpd_fan_t */
+    .check_fanout = check_fanout,
     .reg_free = reg_free,
     .boot_put = kvb__cpd_own_put,
+    .addr_info = kvb__cpd_addr_info,
+    .addr_route = kvb__cpd_addr_route,
+    .addr_free = kvb__cpd_addr_free,
+    .send_registration = kvb__cpd_send_registration,
+    .send_transfer = kvb__cpd_send_transfer,
+    .send_abort = kvb__dialect_no_abort, /* CachePD has none */
+    .transfer_form = kvb__cpd_transfer_form,
+    .decode_status = kvb__cpd_status_in,
 };

@@ -260,8 +260,9 @@ static kvb_status_t take_transfer(struct kvb_manager *m, const kvb__frame_t *f, 
 /* ---- decode side ---- */
 
 static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uint16_t port,
-                                      bool kvbridge)
+                                      bool kvbridge, const void *priv)
 {
+    (void)priv; /* routed by kvbridge's planner: no record of its own */
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__reg_msg_t r = {0};

@@ -282,8 +282,9 @@ static kvb_status_t send_abort_ack(struct kvb_manager *m, const char *ip, uint16
  * (kvbridge never stages), DCP 1/0; then, to a kvbridge prefill, the marker
  * and kv_lens=. */
 static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uint16_t port,
-                                      bool kvbridge)
+                                      bool kvbridge, const void *priv)
 {
+    (void)priv; /* routed by kvbridge's planner: no record of its own */
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__reg26_msg_t r = {0};

@@ -25,9 +25,9 @@ static kvb_status_t send(struct kvb_manager *m, const char *ip, uint16_t port, k
 }
 
 kvb_status_t kvb__ts_send_registration(struct kvb_manager *m, const char *ip, uint16_t port,
-                                       bool kvbridge)
+                                       bool kvbridge, const void *priv)
 {
-    (void)kvbridge; /* no extension frames on this wire */
+    (void)kvbridge, (void)priv; /* no extension frames on this wire */
     kvb__frames_buf_t b;
     kvb__frames_err_t e = {0};
     const char *sid = kvb_engine_session_id(m->engine);
@@ -197,32 +197,9 @@ kvb_status_t kvb__ts_decode_status(struct kvb_manager *m, const kvb__frame_t *f,
         kvb__conn_bad_message(m, "status", &e);
         return KVB_ERR_PROTO;
     }
-    out->room = s.room;
-    out->prefill_rank = s.sender;
-    out->status = s.status == KVB__TS_SUCCESS  ? KVB_POLL_SUCCESS
-                  : s.status == KVB__TS_FAILED ? KVB_POLL_FAILED
-                                               : KVB_POLL_TRANSFERRING; /* progress: no change */
-    /* The first non -1 token and the first candidates seen (TokenSpeed's
-     * setdefault). */
-    if (s.status == KVB__TS_SUCCESS && s.first_token != -1 &&
-        s.candidates.count <= KVB__MAX_CANDIDATES) {
-        int32_t *c = malloc((s.candidates.count + 1) * sizeof(int32_t));
-        for (size_t i = 0; c != NULL && i < s.candidates.count; i++)
-            c[i] = kvb__i32_at(s.candidates, i);
-        if (c != NULL)
-            kvb__output_set(m, s.room, s.first_token, c, s.candidates.count, true);
-        free(c);
-    }
-    return KVB_OK;
-}
-
-/* No abort message in this dialect: nothing is ever sent but KV args and
- * transfer infos (its control thread dies on anything else); a failed
- * room's fence waits for its status. */
-kvb_status_t kvb__ts_send_abort(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
-                                uint64_t gen)
-{
-    (void)m, (void)s, (void)room, (void)gen;
+    kvb__dialect_status_in(out, s.room, s.sender, s.status, KVB__TS_SUCCESS, KVB__TS_FAILED);
+    if (s.status == KVB__TS_SUCCESS)
+        kvb__dialect_keep_first_token(m, s.room, s.first_token, s.candidates);
     return KVB_OK;
 }
 

@@ -625,7 +625,8 @@ const kvb__dialect_t kvb__dialect_tokenspeed_seed = {
     .plan_free = kvb__ts_plan_destroy,
     .send_registration = kvb__ts_send_registration,
     .send_transfer = kvb__ts_send_transfer,
-    .send_abort = kvb__ts_send_abort,
+    .send_abort = kvb__dialect_no_abort, /* nothing but KV args and transfer infos: its control
+                                             thread dies on anything else */
     .transfer_form = kvb__ts_transfer_form,
     .decode_status = kvb__ts_decode_status,
 };

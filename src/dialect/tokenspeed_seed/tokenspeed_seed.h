@@ -29,14 +29,12 @@ void kvb__ts_plan_destroy(void *plan); /* NULL-safe */
  * MLA: target latents, then draft latents (both "_k"). */
 int kvb__ts_buffer_kind(const struct kvb_manager *m, uint64_t b);
 kvb_status_t kvb__ts_send_registration(struct kvb_manager *m, const char *ip, uint16_t port,
-                                       bool kvbridge);
+                                       bool kvbridge, const void *priv);
 kvb_status_t kvb__ts_send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
                                    const int32_t *idx, size_t n, int64_t aux,
                                    const kvb_receiver_init_t *ex);
 kvb_status_t kvb__ts_decode_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
                                    kvb__status_in_t *out);
-kvb_status_t kvb__ts_send_abort(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
-                                uint64_t gen);
 void kvb__ts_transfer_form(const struct kvb_manager *m, const kvb__src_t *s, size_t count,
                            const kvb_receiver_init_t *ex, char *why, size_t len);
 

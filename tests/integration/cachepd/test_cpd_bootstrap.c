@@ -157,10 +157,12 @@ static void big_contract(void)
 }
 
 /* A kvbridge decode sent to CachePD prefill ranks (TokenSpeed's PUTs on
- * kvbridge's server): the room fails saying what the prefill speaks. */
+ * kvbridge's server) with pages of 32 tokens against the prefill's 16: it
+ * reads the prefill's contract and the room fails with TokenSpeed's
+ * peer-check reason, before anything is sent. */
 static void kvbridge_decode(void)
 {
-    const kvbh_geom_t g = {2, 8, 256, 16, 64, 0, 0};
+    const kvbh_geom_t g = {2, 8, 256, 32, 64, 0, 0};
     json_t *put = corpus("mha_tp1_tp1_bootstrap_put");
     kvbh_boot_t boot;
     kvbh_rank_t dec;
@@ -173,12 +175,12 @@ static void kvbridge_decode(void)
     CHECK_EQ(kvbh_wait_receiver(rc, 10), KVB_POLL_FAILED);
     kvb_receiver_failure(rc, why, sizeof(why));
     fprintf(stderr, "kvbridge decode: %s\n", why);
-    CHECK_STR_CONTAINS(why, "speak TokenSpeed 0.1.1's CachePD");
+    CHECK_STR_CONTAINS(why, "Cache P/D contract mismatch: prefix_granularity");
     kvb_receiver_destroy(rc);
     kvbh_rank_stop(&dec);
     kvbh_boot_stop(&boot);
     json_decref(put);
-    TEST_PASS("a kvbridge decode told the prefill speaks CachePD");
+    TEST_PASS("a kvbridge decode refused by the CachePD peer check, with its reason");
 }
 
 static void contract_of(const char *name, kvb__cpd_contract_t *c)

@@ -15,7 +15,8 @@
  * bytes; nothing from a dummy rank). Then the refusals: a malformed
  * manifest, a block id past the decode's pages, a registration with an
  * incompatible contract, one whose slab is 0, a request from an unknown
- * session: each room Failed on the prefill with the reason, a Failed status
+ * session, two sessions registered as the same decode rank of a TP1 -> TP2
+ * room: each room Failed on the prefill with the reason, a Failed status
  * (room, 0, rank, -1, empty, cached, empty) to the decode where TokenSpeed
  * has someone to tell, and the rank keeps serving.
  *
@@ -560,6 +561,9 @@ static void run_refusals(void)
     char bad[4096], *p;
     const char *sid_c = "10.9.9.9:1", *sid_z = "10.9.9.9:2", *sid_u = "10.9.9.9:3";
     uint64_t zero = 0, other;
+    kvb_sender_h held;
+    char why[1024] = "";
+    status_t st;
     start(&s, "mha_tp1_tp1", 1, 1);
     send_reg(&s, 0, 0, NULL, NULL);
     good_room(&s, 1);
@@ -594,14 +598,58 @@ static void run_refusals(void)
     CHECK(bad_count(s.pre[0].mgr) > before);
 
     /* the session re-registers with another slab: refused (TokenSpeed's
-     * conflict rule), then with its own again: served */
+     * conflict rule); room 10, which already holds its request, fails with
+     * it (TokenSpeed aborts it) and the decode hears Failed; a later room
+     * fails too; then with its own slab again: served */
+    CHECK_EQ(kvb_sender_create(s.pre[0].mgr, s.boot.addr, 10, &held), KVB_OK);
+    send_req(&s, 0, 10, s.dec[0].sid, s.manifest);
+    CHECK_EQ(kvbh_wait_sender_ready(held, 10), 0);
     other = (uint64_t)(uintptr_t)s.dec[0].slab + 4096;
     send_reg(&s, 0, 0, NULL, &other);
+    CHECK_EQ(kvbh_wait_sender(held, 10), KVB_POLL_FAILED);
+    kvb_sender_failure(held, why, sizeof(why));
+    kvb_sender_destroy(held);
+    fprintf(stderr, "room 10: %s\n", why);
+    CHECK_STR_CONTAINS(why, "conflicting registration");
+    CHECK_EQ(recv_status(&s.dec[0], &st, 5), 0);
+    check_status(&st, 10, false, 0);
     refused_room(&s, 8, s.dec[0].sid, s.manifest, "conflicting registration", true);
     send_reg(&s, 0, 0, NULL, NULL);
     good_room(&s, 9);
     stop(&s);
     TEST_PASS("CachePD refusals: Failed with the reason, the rank keeps serving");
+}
+
+/* Two decode sessions that both registered as decode rank 0 of 2 (TP1 ->
+ * TP2): the room's requests reach the expected count but not the expected
+ * ranks {0, 1}. The room fails with TokenSpeed's step-9 reason and both
+ * decodes hear Failed (before the check, the room waited for its chunks). */
+static void run_fanout(void)
+{
+    scene_t s;
+    kvb_sender_h snd;
+    char why[1024] = "";
+    status_t st;
+    start(&s, "mha_tp1_tp2", 1, 2);
+    send_reg(&s, 0, 0, NULL, NULL);
+    msg_t keep = s.reg[1];
+    s.reg[1] = s.reg[0]; /* decode rank 0's frames 6-7, rank 1's process */
+    send_reg(&s, 1, 0, NULL, NULL);
+    s.reg[1] = keep;
+    CHECK_EQ(kvb_sender_create(s.pre[0].mgr, s.boot.addr, 50, &snd), KVB_OK);
+    send_req(&s, 0, 50, s.dec[0].sid, s.manifest);
+    send_req(&s, 0, 50, s.dec[1].sid, s.manifest);
+    CHECK_EQ(kvbh_wait_sender(snd, 10), KVB_POLL_FAILED);
+    kvb_sender_failure(snd, why, sizeof(why));
+    kvb_sender_destroy(snd);
+    fprintf(stderr, "room 50: %s\n", why);
+    CHECK_STR_CONTAINS(why, "destination ranks disagree with the typed route plan");
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ(recv_status(&s.dec[k], &st, 5), 0);
+        check_status(&st, 50, false, 0);
+    }
+    stop(&s);
+    TEST_PASS("CachePD fan-out: a room's decode ranks must be the route's exactly");
 }
 
 int main(int argc, char **argv)
@@ -616,6 +664,7 @@ int main(int argc, char **argv)
     run_case("mla_tp2_tp1", 2, 1); /* replicated latent: rank 1 is a dummy */
     run_case("mla_tp4_tp2", 4, 2);
     run_refusals();
+    run_fanout();
     TEST_PASS("CachePD decode frames replayed against kvbridge prefill ranks");
     return 0;
 }

@@ -188,7 +188,7 @@ static void decode_recv(kvbh_rank_t *d, const char *addr, recv_slot_t *r, int *n
     kvb_receiver_h rc;
     if (kvb_receiver_create(d->mgr, addr, room, -1, &rc) != KVB_OK)
         return;
-    kvb_receiver_init_t ex = {KVB_RECV_INIT_PREFIX, NULL, 0, prefix, NULL};
+    kvb_receiver_init_t ex = {.field_mask = KVB_RECV_INIT_PREFIX, .prefix_tokens = prefix};
     kvb_receiver_init(rc, dst, (size_t)n, aux, prefix > 0 ? &ex : NULL);
     r[*nr].room = room;
     r[(*nr)++].rc = rc;

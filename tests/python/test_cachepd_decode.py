@@ -1,0 +1,81 @@
+"""A kvbridge decode (Python KVManager) speaking TokenSpeed 0.1.1's CachePD to
+a kvbridge prefill: the prefill registers with one bootstrap server, and a
+second server holds only what a TokenSpeed 0.1.1 prefill would PUT there
+(its CachePD body, rebuilt from the first server's answers), so the decode
+reads the prefill's layout contract and speaks CachePD. Checked: the bytes
+land; KVReceiver.init(prompt_tokens=) travels in the manifest (a prompt
+that does not fill the pages is refused before anything is sent); the
+receiver reads what KVSender.set_first_token / set_prefill_info sent
+(first_token(), prefill_info())."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import requests
+
+PYDIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
+if PYDIR not in sys.path:
+    sys.path.insert(0, PYDIR)
+
+import kvbridge as kb  # noqa: E402
+from kvb_testutil import poll_until, small_kv_args  # noqa: E402
+
+PAGE, ITEM, POOL = 4, 4 * 16, 8  # 1 layer, 1 KV head of 8 bfloat16
+PAGES = [1, 3, 6]
+
+
+def kv_args(fill):
+    return small_kv_args(fill, PAGE, ITEM, POOL)
+
+
+def cachepd_only(src, dst):
+    """PUT to server dst the CachePD body of the prefill registered at src."""
+    get = lambda **q: requests.get(f"http://{src}/route", params=q, timeout=5).json()  # noqa
+    info = get(engine_rank=-1, target_dp_group=-1)
+    rank = get(engine_rank=0, target_dp_group=0)
+    body = {"role": "Prefill", "world_size": 1, "dp_size": 1, "pp_size": 1,
+            "rank_ip": rank["rank_ip"], "rank_port": rank["rank_port"], "engine_rank": 0,
+            "cache_layout": info["cache_layout"],
+            "cache_fields_by_stage": info["cache_fields_by_stage"]}
+    r = requests.put(f"http://{dst}/route", data=json.dumps(body), timeout=5,
+                     headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
+def test_cachepd_decode_reads_bytes_token_and_prefill_info():
+    pa, pkv = kv_args(True)
+    da, dkv = kv_args(False)
+    with kb.KVBootstrapServer("127.0.0.1", 0) as a, kb.KVBootstrapServer("127.0.0.1", 0) as b:
+        eng = kb.TransferEngine("127.0.0.1", 0)
+        try:
+            pm = kb.KVManager(pa, "prefill", a.address, engine=eng)
+            dm = kb.KVManager(da, "decode", engine=eng)
+            cachepd_only(a.address, b.address)
+            # a prompt that does not fill the 3 pages: refused, nothing sent
+            bad = kb.KVReceiver(dm, b.address, 40)
+            try:
+                bad.init(PAGES, aux_index=0, prompt_tokens=2 * PAGE)
+            except kb.KVBridgeError:
+                pass
+            assert poll_until(bad, 5) == kb.KVPoll.Failed
+            assert "exact prompt length" in bad.failure_reason()
+            rc = kb.KVReceiver(dm, b.address, 41)
+            rc.init(PAGES, aux_index=0, prompt_tokens=3 * PAGE - 1)
+            s = kb.KVSender(pm, a.address, 41)
+            assert poll_until(s, 10, (kb.KVPoll.WaitingForInput,)) == kb.KVPoll.WaitingForInput
+            s.set_first_token(777, [5, 6])
+            s.set_prefill_info(cached_tokens=12, logprob=-0.5)
+            s.init(len(PAGES), aux_index=0)
+            s.send(PAGES)
+            assert poll_until(rc, 10) == kb.KVPoll.Success
+            assert poll_until(s, 10) == kb.KVPoll.Success
+            assert rc.first_token() == (777, [5, 6])
+            assert rc.prefill_info() == (12, -0.5)
+            for d, p in zip(dkv[:2], pkv[:2]):
+                assert np.array_equal(d[PAGES], p[PAGES])
+                others = [i for i in range(POOL) if i not in PAGES]
+                assert not d[others].any()  # nothing else written
+        finally:
+            eng.close()
