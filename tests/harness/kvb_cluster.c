@@ -361,15 +361,22 @@ void kvbh_fill(kvbh_rank_t *r, uint64_t room, const int32_t *src, int n, int aux
     fill_item(r->aux + (uint64_t)aux_index * KVBH_AUX_ITEM, KVBH_AUX_ITEM, room, 100, 0);
 }
 
+uint64_t kvbh_verify_buf(const kvbh_rank_t *r, uint64_t room, int b, const int32_t *dst, int n)
+{
+    uint64_t bad = 0;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = r->kv[b] + (uint64_t)dst[i] * r->item_len;
+        for (uint64_t k = 0; k < r->item_len; k++)
+            bad += p[k] != kvbh_pat(room, b, (uint64_t)i, k);
+    }
+    return bad;
+}
+
 uint64_t kvbh_verify(const kvbh_rank_t *r, uint64_t room, const int32_t *dst, int n, int aux_index)
 {
     uint64_t bad = 0;
     for (int b = 0; b < r->n_kv; b++)
-        for (int i = 0; i < n; i++) {
-            const uint8_t *p = r->kv[b] + (uint64_t)dst[i] * r->item_len;
-            for (uint64_t k = 0; k < r->item_len; k++)
-                bad += p[k] != kvbh_pat(room, b, (uint64_t)i, k);
-        }
+        bad += kvbh_verify_buf(r, room, b, dst, n);
     for (uint64_t k = 0; aux_index >= 0 && k < KVBH_AUX_ITEM; k++)
         bad += r->aux[(uint64_t)aux_index * KVBH_AUX_ITEM + k] != kvbh_pat(room, 100, 0, k);
     return bad;
@@ -384,15 +391,22 @@ void kvbh_guard_fill(kvbh_rank_t *r, const int32_t *dst, int n, int aux_index, u
         memset(r->aux + (uint64_t)aux_index * KVBH_AUX_ITEM, v, KVBH_AUX_ITEM);
 }
 
+uint64_t kvbh_guard_bad_buf(const kvbh_rank_t *r, int b, const int32_t *dst, int n, uint8_t v)
+{
+    uint64_t bad = 0;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = r->kv[b] + (uint64_t)dst[i] * r->item_len;
+        for (uint64_t k = 0; k < r->item_len; k++)
+            bad += p[k] != v;
+    }
+    return bad;
+}
+
 uint64_t kvbh_guard_bad(const kvbh_rank_t *r, const int32_t *dst, int n, int aux_index, uint8_t v)
 {
     uint64_t bad = 0;
     for (int b = 0; b < r->n_kv; b++)
-        for (int i = 0; i < n; i++) {
-            const uint8_t *p = r->kv[b] + (uint64_t)dst[i] * r->item_len;
-            for (uint64_t k = 0; k < r->item_len; k++)
-                bad += p[k] != v;
-        }
+        bad += kvbh_guard_bad_buf(r, b, dst, n, v);
     for (uint64_t k = 0; aux_index >= 0 && k < KVBH_AUX_ITEM; k++)
         bad += r->aux[(uint64_t)aux_index * KVBH_AUX_ITEM + k] != v;
     return bad;

@@ -110,10 +110,13 @@ void kvbh_fill(kvbh_rank_t *r, uint64_t room, const int32_t *src, int n, int aux
 /* Wrong bytes of room on a decode rank (pages dst[0..n), aux item aux_index
  * when >= 0). */
 uint64_t kvbh_verify(const kvbh_rank_t *r, uint64_t room, const int32_t *dst, int n, int aux_index);
+/* The same for KV buffer b alone. */
+uint64_t kvbh_verify_buf(const kvbh_rank_t *r, uint64_t room, int b, const int32_t *dst, int n);
 /* A guard: byte value v over pages dst[0..n) of every KV buffer (and aux
  * item aux_index when >= 0); kvbh_guard_bad counts bytes that differ. */
 void kvbh_guard_fill(kvbh_rank_t *r, const int32_t *dst, int n, int aux_index, uint8_t v);
 uint64_t kvbh_guard_bad(const kvbh_rank_t *r, const int32_t *dst, int n, int aux_index, uint8_t v);
+uint64_t kvbh_guard_bad_buf(const kvbh_rank_t *r, int b, const int32_t *dst, int n, uint8_t v);
 /* Default page layout of a room: pool_pages / 16 slots of 16 pages side by
  * side, room r in slot r % slots (so rooms of consecutive ids do not share
  * pages); the prefill's source pages run backwards, the decode's forwards. */

@@ -141,6 +141,55 @@ static void status_fields(void)
     TEST_PASS("status fields: first token, candidates, largest cached count, logprob");
 }
 
+/* ---- layerwise ---- */
+
+/* kvb_sender_send_layers from a kvbridge prefill speaking CachePD: after
+ * the piece of layer 0 settled, only layer 0's K and V pages on the decode
+ * hold the room's bytes (every other buffer keeps its guard) and the room
+ * is not Success; after the last piece every byte is exact. */
+static void layerwise(void)
+{
+    const uint64_t room = 91;
+    const uint8_t guard = 0x5A;
+    kvbh_cluster_t c;
+    kvbh_boot_t b;
+    kvb_receiver_h rc;
+    kvb_sender_h s;
+    int32_t src[3], dst[3];
+    cluster(&c, &b, &MHA, 1, 1);
+    kvbh_rank_t *p = kvbh_cluster_prefill(&c, 0, 0, 0), *d = &c.dec[0];
+    kvbh_room_pages(&c.g, room, 3, src, dst);
+    kvbh_fill(p, room, src, 3, -1);
+    kvbh_guard_fill(d, dst, 3, -1, guard);
+    CHECK_EQ(kvb_receiver_create(d->mgr, c.boot_addr, room, -1, &rc), KVB_OK);
+    CHECK_EQ(kvb_receiver_init(rc, dst, 3, 0, NULL), KVB_OK);
+    CHECK_EQ(kvb_sender_create(p->mgr, c.boot_addr, room, &s), KVB_OK);
+    CHECK_EQ(kvbh_wait_sender_ready(s, 10), 0);
+    CHECK_EQ(kvb_sender_init(s, 3, 0), KVB_OK);
+    uint32_t L = kvb_sender_num_layers(s);
+    CHECK_EQ(L, (uint32_t)MHA.layers);
+    CHECK_EQ(kvb_sender_send_layers(s, src, 3, 0, 1), KVB_OK);
+    int k = 0, v = MHA.layers; /* layer 0's K and V buffers */
+    double t0 = kvbh_now();
+    while (kvbh_now() - t0 < 10 &&
+           (kvbh_verify_buf(d, room, k, dst, 3) != 0 || kvbh_verify_buf(d, room, v, dst, 3) != 0))
+        kvbh_sleep(0.002);
+    fprintf(stderr, "layerwise: layer 0 placed %.3f s after its piece\n", kvbh_now() - t0);
+    for (int i = 0; i < d->n_kv; i++)
+        CHECK_EQ(i == k || i == v ? kvbh_verify_buf(d, room, i, dst, 3)
+                                  : kvbh_guard_bad_buf(d, i, dst, 3, guard),
+                 0);
+    CHECK(kvb_receiver_poll(rc) != KVB_POLL_SUCCESS);
+    CHECK_EQ(kvb_sender_send_layers(s, src, 3, 1, L), KVB_OK);
+    CHECK_EQ(kvbh_wait_receiver(rc, 10), KVB_POLL_SUCCESS);
+    CHECK_EQ(kvbh_wait_sender(s, 10), KVB_POLL_SUCCESS);
+    CHECK_EQ(kvbh_verify(d, room, dst, 3, -1), 0);
+    kvb_sender_destroy(s);
+    kvb_receiver_destroy(rc);
+    stop(&c, &b);
+    TEST_PASS("layerwise: layer 0 alone after its piece, no Success before the last");
+}
+
 /* ---- refusals ---- */
 
 /* A receiver for room whose init is refused before anything is sent: the
@@ -256,6 +305,8 @@ int main(int argc, char **argv)
     CHECK_EQ(failures, 0);
     if (only == NULL || strstr("status fields", only) != NULL)
         status_fields();
+    if (only == NULL || strstr("layerwise", only) != NULL)
+        layerwise();
     if (only == NULL || strstr("refusals", only) != NULL)
         refusals();
     return 0;

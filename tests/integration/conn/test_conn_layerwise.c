@@ -12,27 +12,6 @@
 
 #define GUARD 0x5A
 
-/* Bytes of buffer b at the decode pages dst that differ from the room's. */
-static uint64_t bad_in(const kvbh_rank_t *r, uint64_t room, int b, const int32_t *dst, int n)
-{
-    uint64_t bad = 0;
-    for (int i = 0; i < n; i++)
-        for (uint64_t k = 0; k < r->item_len; k++)
-            bad +=
-                r->kv[b][(uint64_t)dst[i] * r->item_len + k] != kvbh_pat(room, b, (uint64_t)i, k);
-    return bad;
-}
-
-/* Bytes of buffer b at the pages dst that are not the guard any more. */
-static uint64_t touched(const kvbh_rank_t *r, int b, const int32_t *dst, int n)
-{
-    uint64_t t = 0;
-    for (int i = 0; i < n; i++)
-        for (uint64_t k = 0; k < r->item_len; k++)
-            t += r->kv[b][(uint64_t)dst[i] * r->item_len + k] != GUARD;
-    return t;
-}
-
 /* Is buffer b one of layer 0's (its K and V; MLA: its latent)? */
 static bool layer0(const kvbh_geom_t *g, int b)
 {
@@ -54,11 +33,13 @@ static int run_case(const char *name, const kvbh_geom_t *g, int draft, uint64_t 
     CHECK_EQ(L, (uint32_t)g->layers);
     CHECK_EQ(kvb_sender_send_layers(s, src, (size_t)n, 0, 1), KVB_OK);
     double t0 = kvbh_now();
-    while (kvbh_now() - t0 < 10 && (bad_in(&p.dec, room, 0, dst, n) != 0 ||
-                                    (!g->mla && bad_in(&p.dec, room, g->layers, dst, n) != 0)))
+    while (kvbh_now() - t0 < 10 &&
+           (kvbh_verify_buf(&p.dec, room, 0, dst, n) != 0 ||
+            (!g->mla && kvbh_verify_buf(&p.dec, room, g->layers, dst, n) != 0)))
         kvbh_sleep(0.002);
     for (int b = 0; b < p.dec.n_kv; b++) {
-        uint64_t x = layer0(g, b) ? bad_in(&p.dec, room, b, dst, n) : touched(&p.dec, b, dst, n);
+        uint64_t x = layer0(g, b) ? kvbh_verify_buf(&p.dec, room, b, dst, n)
+                                  : kvbh_guard_bad_buf(&p.dec, b, dst, n, GUARD);
         if (x != 0) {
             fprintf(stderr, "%s: buffer %d after the piece [0, 1): %llu bytes %s\n", name, b,
                     (unsigned long long)x, layer0(g, b) ? "wrong" : "written early");
