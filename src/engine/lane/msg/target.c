@@ -5,16 +5,22 @@
  * or a rendezvous receive straight into the destination IOV); then one acknowledgement carries the
  * status. A message into device memory is received into pinned host memory and copied in by the
  * device-copy worker (jobs.c), not here: a slow device copy must not hold up other writes; its
- * acknowledgement goes once the copy is done. */
+ * acknowledgement goes once the copy is done. A read request (amwire.h) is
+ * admitted the same way (token, grant, every descriptor inside one host
+ * registration, pinned) and answered with the bytes straight out of the
+ * registrations; at most AM_READS_MAX answers are in flight, each at most
+ * AM_READ_MAX bytes, so a reader cannot make this side hold more. */
 #include "engine/engine_int.h"
 #include "engine/lane/msg/amwire.h"
 #include "engine/lane/msg/msg.h"
+#include "engine/lane/msg/read.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define STAGE_MSG_MAX_DEFAULT (256ull << 20)
+#define AM_READS_MAX 256 /* read answers being sent at once (the rest refused) */
 
 typedef struct am_recv {
     kvb__job_t job; /* first: a staged message's copy to the device (jobs.c) */
@@ -39,6 +45,21 @@ static void ack_sent_cb(void *req, ucs_status_t status, void *user)
     ucp_request_free(req);
 }
 
+/* An ack header into h (room for AM_ACK_FIXED + rl bytes). */
+static void put_ack(uint8_t *h, uint64_t xfer_id, uint64_t msg_id, kvb_status_t st,
+                    const char *reason, size_t rl)
+{
+    uint32_t magic = AM_MAGIC_ACK, rl32 = (uint32_t)rl;
+    int32_t s32 = st;
+    memcpy(h, &magic, 4);
+    memcpy(h + 4, &s32, 4);
+    kvb__am_put_u64(h + 8, xfer_id);
+    kvb__am_put_u64(h + 16, msg_id);
+    memcpy(h + 24, &rl32, 4);
+    if (rl > 0)
+        memcpy(h + AM_ACK_FIXED, reason, rl);
+}
+
 static void send_ack(kvb_engine_h eng, ucp_ep_h ep, uint64_t xfer_id, uint64_t msg_id,
                      kvb_status_t st, const char *reason)
 {
@@ -48,15 +69,7 @@ static void send_ack(kvb_engine_h eng, ucp_ep_h ep, uint64_t xfer_id, uint64_t m
     uint8_t *h = malloc(28 + rl);
     if (h == NULL)
         return;
-    uint32_t magic = AM_MAGIC_ACK, rl32 = (uint32_t)rl;
-    int32_t s32 = st;
-    memcpy(h, &magic, 4);
-    memcpy(h + 4, &s32, 4);
-    kvb__am_put_u64(h + 8, xfer_id);
-    kvb__am_put_u64(h + 16, msg_id);
-    memcpy(h + 24, &rl32, 4);
-    if (rl > 0)
-        memcpy(h + 28, reason, rl);
+    put_ack(h, xfer_id, msg_id, st, reason, rl);
     ucp_request_param_t p = {0};
     p.op_attr_mask =
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -208,14 +221,6 @@ static void am_recv_cb(void *req, ucs_status_t status, size_t length, void *user
     ucp_request_free(req);
 }
 
-static void scatter(const ucp_dt_iov_t *iov, uint32_t n, const uint8_t *data)
-{
-    for (uint32_t i = 0; i < n; i++) {
-        memcpy(iov[i].buffer, data, iov[i].length);
-        data += iov[i].length;
-    }
-}
-
 /* The most bytes one message into device memory may carry (staged). */
 static uint64_t stage_msg_max(void)
 {
@@ -241,6 +246,133 @@ static bool stage_alloc(am_recv_t *rc, size_t length, char *why, size_t wl)
     return rc->stage != NULL;
 }
 
+/* ---- read requests ---- */
+
+typedef struct read_ans { /* an answer being sent: its ranges stay pinned */
+    kvb__op_t op;         /* first: the send is the op */
+    kvb_engine_h eng;
+    uint64_t *pinned;
+    size_t npinned;
+    uint64_t msg_id, epoch; /* the grant admitted (counted until sent) */
+    ucp_dt_iov_t *iov;
+    uint8_t hdr[AM_ACK_FIXED];
+} read_ans_t;
+
+static void ans_free(read_ans_t *a)
+{
+    free(a->pinned);
+    free(a->iov);
+    free(a);
+}
+
+static void ans_release(kvb__op_t *op) /* the engine is freed: memory only */
+{
+    ans_free((read_ans_t *)op);
+}
+
+/* The answer left (or failed: the reader's read fails with its connection
+ * or its time-out): the ranges and the grant's count are released. */
+static void ans_done(read_ans_t *a)
+{
+    unpin(a->eng, a->pinned, a->npinned);
+    kvb__fence_done(a->eng, (uint32_t)(a->msg_id >> 32), a->epoch);
+    a->eng->am_reads--;
+    ans_free(a);
+}
+
+static void ans_sent_cb(void *req, ucs_status_t status, void *user)
+{
+    read_ans_t *a = user;
+    kvb__op_untrack(a->eng, &a->op);
+    ans_done(a);
+    ucp_request_free(req);
+}
+
+/* Send a's header and the np pieces of a->iov to ep. */
+static void ans_send(read_ans_t *a, ucp_ep_h ep, uint32_t np)
+{
+    ucp_request_param_t p = {0};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = ans_sent_cb;
+    p.user_data = a;
+    p.flags = UCP_AM_SEND_FLAG_REPLY; /* the reader checks the endpoint (msg.c) */
+    p.datatype = np == 1 ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
+    a->op.release = ans_release;
+    a->eng->am_reads++;
+    void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED,
+                              np == 1 ? a->iov[0].buffer : (void *)a->iov,
+                              np == 1 ? a->iov[0].length : np, &p);
+    if (UCS_PTR_IS_PTR(r))
+        kvb__op_track(a->eng, &a->op);
+    else
+        ans_done(a);
+}
+
+/* Admit a read request (parsed: nd descriptors, np pieces) and answer it:
+ * refused (with why) unless its grant is live and every range lies in one
+ * host registration; at most AM_READS_MAX answers in flight. */
+static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint32_t np,
+                                  read_ans_t **a_p, char *why, size_t wl)
+{
+    uint64_t mid = kvb__am_u64(h + 16), epoch = kvb__am_u64(h + 32);
+    int device = -1;
+    if (eng->am_reads >= AM_READS_MAX) {
+        snprintf(why, wl, "%d reads in flight at the target: try again", AM_READS_MAX);
+        return KVB_ERR_PEER;
+    }
+    const char *fenced = kvb__fence_admit(eng, (uint32_t)(mid >> 32), epoch);
+    if (fenced != NULL) {
+        snprintf(why, wl, "%s", fenced);
+        return KVB_ERR_FENCED;
+    }
+    read_ans_t *a = calloc(1, sizeof(*a));
+    kvb_status_t st = KVB_ERR_NOMEM;
+    snprintf(why, wl, "out of memory");
+    if (a != NULL && (a->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
+        (a->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL)
+        st = am_validate(eng, h, nd, a->pinned, a->iov, &device, why, wl);
+    if (st == KVB_OK && device >= 0) { /* device memory is read by no lane */
+        unpin(eng, a->pinned, nd);
+        snprintf(why, wl, "a read of device memory (not served)");
+        st = KVB_ERR_BOUNDS;
+    }
+    if (st != KVB_OK) {
+        kvb__fence_done(eng, (uint32_t)(mid >> 32), epoch);
+        if (a != NULL)
+            ans_free(a);
+        return st;
+    }
+    a->eng = eng;
+    a->npinned = nd;
+    a->msg_id = mid;
+    a->epoch = epoch;
+    *a_p = a;
+    return KVB_OK;
+}
+
+/* A read request from ep (authorized; magic "KVBR"): the bytes, or a
+ * refusal with its reason. */
+static void am_read(kvb_engine_h eng, const uint8_t *h, size_t hlen, size_t length, ucp_ep_h ep,
+                    uint64_t xid, uint64_t mid)
+{
+    char why[200] = "malformed read request";
+    uint32_t nd = 0, np = 0;
+    uint64_t total = 0;
+    read_ans_t *a = NULL;
+    kvb_status_t st = KVB_ERR_BOUNDS;
+    if (kvb__am_parse_read_header(h, hlen, length, &nd, &np, &total))
+        st = am_read_admit(eng, h, nd, np, &a, why, sizeof(why));
+    if (st != KVB_OK) {
+        KVB_LOGW("engine %s: refused a read from writer %08x: %s", eng->sid, (unsigned)(mid >> 32),
+                 why);
+        send_ack(eng, ep, xid, mid, st, why);
+        return;
+    }
+    put_ack(a->hdr, xid, mid, KVB_OK, NULL, 0);
+    ans_send(a, ep, np);
+}
+
 /* authorized: false when the engine has a secret and the message did not
  * carry its token; refused before any descriptor is looked at. */
 static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, void *data,
@@ -260,6 +392,13 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     /* A write came (from a connection the control-connection cap cannot
      * tell without a token): connections older than it may have sent it. */
     __atomic_fetch_add(&eng->am_admitted, 1, __ATOMIC_SEQ_CST);
+    uint32_t magic = 0;
+    if (hlen >= 4)
+        memcpy(&magic, h, 4);
+    if (magic == AM_MAGIC_READ) {
+        am_read(eng, h, hlen, length, param->reply_ep, xid, mid);
+        return UCS_OK;
+    }
     if (!kvb__am_parse_write_header(h, hlen, length, &nd, &np)) {
         KVB_LOGW("engine %s: refused a write: %s", eng->sid, why);
         send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_BOUNDS, why);
@@ -309,7 +448,7 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
         if (rc->stage != NULL)
             memcpy(rc->stage, data, length); /* pinned: the driver copies it in */
         else
-            scatter(rc->iov, np, data);
+            kvb__am_scatter(rc->iov, np, data);
         am_recv_done(rc, UCS_OK);
         return UCS_OK;
     }
