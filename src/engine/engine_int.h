@@ -346,6 +346,8 @@ typedef struct kvb__test_hooks {
     int target_drop_writes; /* write messages are dropped unanswered (a stalled peer) */
     int direct_stall_ms;    /* the next direct-lane unit stalls this long inside the fence, after
                                its check (a stuck copy thread or device); taken by one unit */
+    int skip_remote_check;  /* a transfer's remote ranges are not checked here (a stale or hostile
+                               peer: the target's own check answers); message lane only */
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 /* Atomic (relaxed): a test sets a hook while engine threads run. */

@@ -8,6 +8,7 @@
  * also read from a target process killed mid-read (KVB_ERR_PEER within
  * the peer time-out, timings logged) and check that a cancelled read's
  * late answers never land after its end. */
+#include "engine/engine_int.h"
 #include "kvb_test.h"
 #include "kvb_test_engine.h"
 #include "peer.h"
@@ -267,6 +268,53 @@ static void test_cancel_settle(void)
     TEST_PASS("cancelled reads: nothing lands after the end");
 }
 
+/* The target's own check: a read the reader did not check (the hook
+ * stands for a stale table or a hostile reader) of a range outside the
+ * target's registration is refused there, KVB_ERR_BOUNDS with its reason,
+ * nothing placed; the target keeps serving. */
+static void test_target_bounds(void)
+{
+    kvb_block_t b[2] = {{raddr(0), laddr(0), 4096}, {raddr(TGT - 10), laddr(8192), 20}};
+    kvb_xfer_h x;
+    reset_local();
+    KVB__HOOK_SET(skip_remote_check, 1);
+    CHECK_EQ(kvb_engine_read_async(g_r.eng, g_sid, &b[1], 1, &x), KVB_OK);
+    KVB__HOOK_SET(skip_remote_check, 0);
+    CHECK_EQ(kvb_xfer_wait(x, 10), KVB_ERR_BOUNDS);
+    CHECK_STR_CONTAINS(kvb_xfer_error(x), "peer refused the read");
+    CHECK_STR_CONTAINS(kvb_xfer_error(x), "not inside a registered region");
+    kvb_xfer_free(x);
+    CHECK(kvb_test_all(g_r.buf, LOC, UNTOUCHED));
+    CHECK_EQ(kvb_engine_read(g_r.eng, g_sid, b, 1, 10), KVB_OK);
+    CHECK(same(0, 0, 4096));
+    TEST_PASS("target refuses a read outside its registrations: KVB_ERR_BOUNDS, keeps serving");
+}
+
+/* A target that never answers (its messages dropped): the sync read
+ * returns KVB_ERR_TIMEOUT within its bound plus the settle bound (two peer
+ * time-outs), nothing lands after; the next read works (new connection). */
+static void test_stalled(void)
+{
+    double took;
+    reset_local();
+    KVB__HOOK_SET(target_drop_writes, 1);
+    double t0 = kvb_test_now_s();
+    kvb_block_t b = {raddr(0), laddr(0), MiB};
+    kvb_status_t st = kvb_engine_read(g_r.eng, g_sid, &b, 1, 0.5);
+    took = kvb_test_now_s() - t0;
+    KVB__HOOK_SET(target_drop_writes, 0);
+    fprintf(stderr, "stalled target: %s after %.3f s (%s)\n", kvb_status_string(st), took,
+            kvb_engine_last_error(g_r.eng));
+    CHECK_EQ(st, KVB_ERR_TIMEOUT);
+    CHECK(took >= 0.49 && took < 0.5 + 2 * 2.0 + 1.0);
+    CHECK_STR_CONTAINS(kvb_engine_last_error(g_r.eng), "read of 1 blocks timed out");
+    usleep(100000);
+    CHECK(kvb_test_all(g_r.buf, LOC, UNTOUCHED));
+    CHECK_EQ(read1(0, 0, MiB), KVB_OK);
+    CHECK(same(0, 0, MiB));
+    TEST_PASS("stalled target: sync read times out within its bound, then reads again");
+}
+
 /* A target process killed while a large read is in flight: the read ends
  * KVB_ERR_PEER within the peer time-out (2 s) plus a margin. */
 static void test_kill(const char *self)
@@ -333,8 +381,11 @@ int main(int argc, char **argv)
     test_group_strided();
     test_pages();
     test_cancel_settle();
-    if (!direct)
+    if (!direct) {
+        test_target_bounds();
+        test_stalled();
         test_kill(self);
+    }
     kvb_test_end_free(&g_r);
     kvb_test_end_free(&g_t);
     fprintf(stderr, "ok: reads on lane %s\n", g_mode);
