@@ -96,10 +96,12 @@ static void unpin(kvb_engine_h eng, const uint64_t *pinned, size_t n)
 }
 
 /* Validate every descriptor's span against the local registrations and pin
- * the segments; fills iov with the destination pieces (as many as the
- * parser counted). */
+ * the segments; fills iov with the pieces (as many as the parser counted).
+ * what: the ranges' role in the error text ("destination" of a write,
+ * "source" of a read). */
 static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint64_t *pinned,
-                                ucp_dt_iov_t *iov, int *device_p, char *why, size_t wl)
+                                ucp_dt_iov_t *iov, int *device_p, const char *what, char *why,
+                                size_t wl)
 {
     kvb_status_t st = KVB_OK;
     uint32_t i;
@@ -111,9 +113,8 @@ static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd,
         kvb__am_write_desc(h, i, &d);
         long s = kvb__am_desc_span(&d, &span) ? kvb__segtab_find(&eng->segs, d.dst, span) : -1;
         if (s < 0) {
-            snprintf(why, wl,
-                     "destination [0x%llx, +%llu) (%u piece(s)) is not inside a registered region",
-                     (unsigned long long)d.dst, (unsigned long long)span, d.count);
+            snprintf(why, wl, "%s [0x%llx, +%llu) (%u piece(s)) is not inside a registered region",
+                     what, (unsigned long long)d.dst, (unsigned long long)span, d.count);
             st = KVB_ERR_BOUNDS;
             break;
         }
@@ -331,7 +332,7 @@ static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t n
     snprintf(why, wl, "out of memory");
     if (a != NULL && (a->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
         (a->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL)
-        st = am_validate(eng, h, nd, a->pinned, a->iov, &device, why, wl);
+        st = am_validate(eng, h, nd, a->pinned, a->iov, &device, "source", why, wl);
     if (st == KVB_OK && device >= 0) { /* device memory is read by no lane */
         unpin(eng, a->pinned, nd);
         snprintf(why, wl, "a read of device memory (not served)");
@@ -418,7 +419,8 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     int device = -1;
     bool ok = rc != NULL && (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
               (rc->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL &&
-              am_validate(eng, h, nd, rc->pinned, rc->iov, &device, why, sizeof(why)) == KVB_OK;
+              am_validate(eng, h, nd, rc->pinned, rc->iov, &device, "destination", why,
+                          sizeof(why)) == KVB_OK;
     if (rc != NULL)
         rc->device = device;
     if (ok && rc->device >= 0 && !stage_alloc(rc, length, why, sizeof(why))) {
