@@ -373,9 +373,11 @@ static kvb_status_t copy_unit(kvb_engine_h eng, unit_t *u, uint64_t admitted, ch
         const kvb__seg_t *s = &x->conn->segs.v[r->seg];
         uint8_t *d = s->direct + (r->dst + c->row * r->dstride - s->addr) + p.off;
         uint64_t src = r->src + c->row * r->sstride + p.off;
-        if (v != NULL) /* CUDA: writes only (the CUDA IPC lane does not read) */
+        if (v != NULL && x->read) /* runs name the local side src: the bytes go there */
+            v[nv++] = (kvb__cuda_copy_t){src, (uint64_t)(uintptr_t)d, end - p.off};
+        else if (v != NULL)
             v[nv++] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)d, src, end - p.off};
-        else if (x->read) /* runs name the local side src: the bytes go there */
+        else if (x->read)
             copy_block((uint8_t *)(uintptr_t)src, d, end - p.off, eng->direct->stream_copy);
         else
             copy_block(d, (const uint8_t *)(uintptr_t)src, end - p.off, eng->direct->stream_copy);
