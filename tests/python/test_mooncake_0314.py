@@ -16,7 +16,7 @@
   check; a span outside the target's memory returns -1, nothing written;
 - nic_hint / transport_hint keywords on every transfer call,
   register_memory(..., remote_accessible);
-- what stays out (reads, scatter tickets, SharedSegment.create) raises
+- what stays out (scatter tickets, SharedSegment.create) raises
   NotImplementedError naming the method.
 """
 
@@ -349,11 +349,6 @@ def test_0314_surface_left_out():
     with pytest.raises(NotImplementedError, match="SharedSegment.create"):
         me.SharedSegment.create("x", 4096, 1, 0)
     e = TransferEngine()
-    for name in ("batch_transfer_sync_read_pages", "batch_transfer_sync_read_arrays",
-                 "batch_transfer_async_read_arrays", "transfer_sync_read",
-                 "batch_transfer_sync_read", "batch_transfer_async_read"):
-        with pytest.raises(NotImplementedError, match=f"{name}:.*only writes"):
-            getattr(e, name)("x:1", [1], [1], [1])
     for name in ("submit_scatter_write", "submit_scatter_read",
                  "scatter_transfer_sync_write_with_ticket",
                  "scatter_transfer_sync_read_with_ticket"):
