@@ -8,8 +8,10 @@
  * and only while the read still runs and still waits for that request
  * (its slot stays in the window until then, so a cancelled read ends only
  * after it). The buffer is bounded by what we asked for (at most
- * AM_READ_MAX per request, AM_WINDOW requests per read). */
+ * AM_READ_MAX per request, AM_WINDOW requests per read) and comes from the
+ * buffer pool: a fresh mmap'd buffer per answer costs its page faults. */
 #include "engine/lane/msg/read.h"
+#include "engine/bufpool.h"
 #include "engine/lane/msg/amwire.h"
 
 #include <stdlib.h>
@@ -23,6 +25,7 @@ typedef struct read_rx {
     ucp_dt_iov_t *iov; /* its pieces, taken from the slot */
     size_t niov;
     uint8_t *buf;
+    size_t cap; /* buf's capacity (kvb__bufpool_put) */
 } read_rx_t;
 
 long kvb__am_win_find(const struct kvb_xfer *x, uint32_t seq)
@@ -63,7 +66,7 @@ void kvb__am_scatter(const ucp_dt_iov_t *iov, size_t n, const uint8_t *data)
 static void rx_free(read_rx_t *rx)
 {
     free(rx->iov);
-    free(rx->buf);
+    kvb__bufpool_put(rx->buf, rx->cap);
     free(rx);
 }
 
@@ -101,15 +104,16 @@ static void rx_cb(void *req, ucs_status_t status, size_t length, void *user)
 static void rx_start(kvb_engine_h eng, struct kvb_xfer *x, size_t i, void *data, size_t length)
 {
     read_rx_t *rx = calloc(1, sizeof(*rx));
-    uint8_t *buf = malloc(length);
+    size_t cap = 0;
+    uint8_t *buf = kvb__bufpool_get(length, &cap);
     if (rx == NULL || buf == NULL) {
         free(rx);
-        free(buf);
+        kvb__bufpool_put(buf, cap);
         kvb__xfer_fail(x, KVB_ERR_NOMEM, "%s%s", "out of memory receiving a read's bytes", "");
         kvb__am_win_drop(x, i);
         return;
     }
-    *rx = (read_rx_t){.eng = eng, .xid = x->id, .seq = x->am_win[i], .buf = buf};
+    *rx = (read_rx_t){.eng = eng, .xid = x->id, .seq = x->am_win[i], .buf = buf, .cap = cap};
     rx->op.release = rx_release;
     rx->iov = x->am_iov[i]; /* the slot now waits for rx (its pieces NULL) */
     rx->niov = x->am_niov[i];

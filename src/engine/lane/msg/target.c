@@ -278,6 +278,7 @@ static void ans_done(read_ans_t *a)
     unpin(a->eng, a->pinned, a->npinned);
     kvb__fence_done(a->eng, (uint32_t)(a->msg_id >> 32), a->epoch);
     a->eng->am_reads--;
+    a->eng->am_pending--;
     ans_free(a);
 }
 
@@ -301,6 +302,7 @@ static void ans_send(read_ans_t *a, ucp_ep_h ep, uint32_t np)
     p.datatype = np == 1 ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
     a->op.release = ans_release;
     a->eng->am_reads++;
+    a->eng->am_pending++; /* the progress thread keeps driving it (engine.c) */
     void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED,
                               np == 1 ? a->iov[0].buffer : (void *)a->iov,
                               np == 1 ? a->iov[0].length : np, &p);
