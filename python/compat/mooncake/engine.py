@@ -592,8 +592,8 @@ class TransferEngine:
         registered region, -303 device memory. remote_accessible (0.3.14)
         is accepted and changes nothing: kvbridge has no local-only
         registration, every region is both a source and a destination peers
-        may write (a write source registered with False is still in the
-        table peers see)."""
+        may write or read (a write source registered with False is still in
+        the table peers see)."""
         if not isinstance(remote_accessible, (bool, int)):
             raise TypeError("remote_accessible: expected bool, not "
                             f"{type(remote_accessible).__name__}")
