@@ -316,6 +316,38 @@ static void test_stalled(void)
     TEST_PASS("stalled target: sync read times out within its bound, then reads again");
 }
 
+static kvb_engine_h secret_engine(kvb_transport_t tr, const char *secret)
+{
+    kvb_engine_params_t p = {0};
+    kvb_engine_h e;
+    p.field_mask =
+        KVB_ENGINE_PARAM_TRANSPORT | KVB_ENGINE_PARAM_COPY_THREADS | KVB_ENGINE_PARAM_SECRET;
+    p.transport = tr;
+    p.secret = secret;
+    CHECK_EQ(kvb_engine_create(&p, &e), KVB_OK);
+    return e;
+}
+
+/* An engine secret: read requests carry the connection's token; a reader
+ * with another secret gets KVB_ERR_AUTH and reads nothing. */
+static void test_secret(kvb_transport_t tr)
+{
+    kvb_test_end_t t = kvb_test_end(secret_engine(tr, "s3cret"), MiB, 0x3c, false);
+    kvb_test_end_t ok = kvb_test_end(secret_engine(tr, "s3cret"), MiB, 0, false);
+    kvb_test_end_t bad = kvb_test_end(secret_engine(tr, "other"), MiB, 0, false);
+    const char *sid = kvb_engine_session_id(t.eng);
+    kvb_block_t b = {(uint64_t)(uintptr_t)t.buf + 5, (uint64_t)(uintptr_t)ok.buf, MiB - 5};
+    CHECK_EQ(kvb_engine_read(ok.eng, sid, &b, 1, 10), KVB_OK);
+    CHECK(kvb_test_all(ok.buf, MiB - 5, 0x3c) && kvb_test_all(ok.buf + MiB - 5, 5, 0));
+    b.dst = (uint64_t)(uintptr_t)bad.buf;
+    CHECK_EQ(kvb_engine_read(bad.eng, sid, &b, 1, 10), KVB_ERR_AUTH);
+    CHECK(kvb_test_all(bad.buf, MiB, 0));
+    kvb_test_end_free(&bad);
+    kvb_test_end_free(&ok);
+    kvb_test_end_free(&t);
+    TEST_PASS("engine secret: reads with it exact, with another KVB_ERR_AUTH and nothing read");
+}
+
 /* A target process killed while a large read is in flight: the read ends
  * KVB_ERR_PEER within the peer time-out (2 s) plus a margin. */
 static void test_kill(const char *self)
@@ -389,6 +421,7 @@ int main(int argc, char **argv)
         test_fence();
         test_target_bounds();
         test_stalled();
+        test_secret(tr);
     }
     if (!direct)
         test_kill(self);
