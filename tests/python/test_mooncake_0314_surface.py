@@ -261,27 +261,27 @@ class Pair:
 
     def read_refused(self, call, expect):
         """As refused, for reads: the local src is unchanged too."""
-        self.src[:] = self.rng.integers(0, 256, SIZE, dtype=np.uint8)
+        self.fresh()
         before = self.src.copy()
-        if isinstance(expect, int):
-            assert call() == expect
-        else:
-            cls, pat = expect if isinstance(expect, tuple) else (expect, None)
-            with pytest.raises(cls, match=pat):
-                call()
+        self._outcome(call, expect)
         assert np.array_equal(self.src, before)
         self.unchanged()
 
-    def refused(self, call, expect):
+    @staticmethod
+    def _outcome(call, expect):
         """call() raises expect (an exception class, or (class, pattern)) or
-        returns expect (a return code); dst unchanged either way."""
-        self.fresh()
+        returns expect (a return code)."""
         if isinstance(expect, int):
             assert call() == expect
         else:
             cls, pat = expect if isinstance(expect, tuple) else (expect, None)
             with pytest.raises(cls, match=pat):
                 call()
+
+    def refused(self, call, expect):
+        """_outcome(call, expect); dst unchanged either way."""
+        self.fresh()
+        self._outcome(call, expect)
         self.unchanged()
 
     def close(self):
