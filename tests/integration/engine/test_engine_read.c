@@ -184,6 +184,40 @@ static void test_fence(void)
               "read");
 }
 
+/* Direct lane: a read unit stalled inside the target's fence (hook
+ * direct_stall_ms) holds the revoke (KVB_ERR_INPROGRESS, bounded) until it
+ * ends; the read admitted before the revoke completes exact; after the
+ * revoke drained the grant reads nothing. */
+static void test_fence_stalled_unit(void)
+{
+    uint64_t e;
+    kvb_xfer_h x;
+    kvb_engine_set_writer_tag(g_r.eng, TAG);
+    CHECK_EQ(kvb_engine_grant_writer(g_t.eng, TAG, &e), KVB_OK);
+    reset_local();
+    KVB__HOOK_SET(direct_stall_ms, 600);
+    kvb_block_t b = {raddr(0), laddr(0), 512 * 1024};
+    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, e};
+    double t0 = kvb_test_now_s();
+    CHECK_EQ(kvb_engine_read_async_ex(g_r.eng, g_sid, &b, 1, &wp, &x), KVB_OK);
+    usleep(150000); /* the unit is in its stall, inside the fence */
+    CHECK_EQ(kvb_engine_revoke_writer(g_t.eng, TAG, e, 0.1), KVB_ERR_INPROGRESS);
+    CHECK_EQ(kvb_engine_revoke_writer(g_t.eng, TAG, e, 5.0), KVB_OK);
+    double t_drained = kvb_test_now_s() - t0;
+    CHECK_EQ(kvb_xfer_wait(x, 5), KVB_OK); /* admitted before the revoke */
+    kvb_xfer_free(x);
+    fprintf(stderr, "stalled read unit: revoke drained after %.3f s (stall 0.6 s)\n", t_drained);
+    CHECK(t_drained >= 0.55 && t_drained < 3.0);
+    CHECK(same(0, 0, 512 * 1024));
+    reset_local();
+    CHECK_EQ(read_epoch(e, &x), KVB_ERR_FENCED);
+    kvb_xfer_free(x);
+    CHECK(kvb_test_all(g_r.buf, LOC, UNTOUCHED));
+    kvb_engine_set_writer_tag(g_r.eng, 0);
+    TEST_PASS("direct lane: a stalled read unit holds the revoke until it ends, then nothing is "
+              "read");
+}
+
 /* A group with a read member (strided: 100-byte rows every 256 bytes of
  * the target into rows every 128 here) and a write member. */
 static void test_group_strided(void)
@@ -412,8 +446,10 @@ int main(int argc, char **argv)
     test_many();
     test_async();
     test_bounds();
-    if (direct)
+    if (direct) {
         test_fence();
+        test_fence_stalled_unit();
+    }
     test_group_strided();
     test_pages();
     test_cancel_settle();
