@@ -26,6 +26,11 @@ typedef struct read_rx {
     size_t niov;
     uint8_t *buf;
     size_t cap; /* buf's capacity (kvb__bufpool_put) */
+    /* inside ucp_am_recv_data_nbx: UCX may complete the receive from within
+     * it (an endpoint being failed purges its requests) and still return
+     * the request; the callback then only records the end */
+    bool starting, ended;
+    ucs_status_t status;
 } read_rx_t;
 
 long kvb__am_win_find(const struct kvb_xfer *x, uint32_t seq)
@@ -96,7 +101,12 @@ static void rx_cb(void *req, ucs_status_t status, size_t length, void *user)
 {
     read_rx_t *rx = user;
     kvb__op_untrack(rx->eng, &rx->op);
-    rx_done(rx, status);
+    if (rx->starting) {
+        rx->ended = true;
+        rx->status = status;
+    } else {
+        rx_done(rx, status);
+    }
     ucp_request_free(req);
 }
 
@@ -124,8 +134,12 @@ static void rx_start(kvb_engine_h eng, struct kvb_xfer *x, size_t i, void *data,
     p.cb.recv_am = rx_cb;
     p.user_data = rx;
     p.datatype = ucp_dt_make_contig(1);
+    rx->starting = true;
     void *r = ucp_am_recv_data_nbx(eng->worker, data, rx->buf, length, &p);
-    if (UCS_PTR_IS_PTR(r))
+    rx->starting = false;
+    if (rx->ended) /* completed from within the call (its request freed) */
+        rx_done(rx, rx->status);
+    else if (UCS_PTR_IS_PTR(r))
         kvb__op_track(eng, &rx->op);
     else
         rx_done(rx, UCS_PTR_STATUS(r));

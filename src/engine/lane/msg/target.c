@@ -257,6 +257,8 @@ typedef struct read_ans { /* an answer being sent: its ranges stay pinned */
     uint64_t msg_id, epoch; /* the grant admitted (counted until sent) */
     ucp_dt_iov_t *iov;
     uint8_t hdr[AM_ACK_FIXED];
+    bool starting, ended; /* as the reader's receive (read.c): a send that
+                             ends from within ucp_am_send_nbx */
 } read_ans_t;
 
 static void ans_free(read_ans_t *a)
@@ -286,7 +288,10 @@ static void ans_sent_cb(void *req, ucs_status_t status, void *user)
 {
     read_ans_t *a = user;
     kvb__op_untrack(a->eng, &a->op);
-    ans_done(a);
+    if (a->starting)
+        a->ended = true;
+    else
+        ans_done(a);
     ucp_request_free(req);
 }
 
@@ -303,10 +308,12 @@ static void ans_send(read_ans_t *a, ucp_ep_h ep, uint32_t np)
     a->op.release = ans_release;
     a->eng->am_reads++;
     a->eng->am_pending++; /* the progress thread keeps driving it (engine.c) */
+    a->starting = true;
     void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED,
                               np == 1 ? a->iov[0].buffer : (void *)a->iov,
                               np == 1 ? a->iov[0].length : np, &p);
-    if (UCS_PTR_IS_PTR(r))
+    a->starting = false;
+    if (UCS_PTR_IS_PTR(r) && !a->ended)
         kvb__op_track(a->eng, &a->op);
     else
         ans_done(a);
