@@ -1,5 +1,6 @@
 /* kvbridge transfer engine: one-sided batched writes from this process's
- * registered memory into memory a peer process registered, over UCX.
+ * registered memory into memory a peer process registered, and one-sided
+ * reads the other way ("One-sided reads" below), over UCX.
  *
  * Thread safety: an engine is thread-safe. Several threads may register,
  * write (sync or async) and query at once, to one or several sessions.
@@ -124,11 +125,10 @@ typedef struct kvb_mem_region {
 } kvb_mem_region_t;
 
 /* Register [addr, addr+length) as a source and as a destination peers may
- * write. A range overlapping a registered one → KVB_ERR_OVERLAP; zero length
- * or NULL → KVB_ERR_INVALID. Peers see the new table on their next write.
- * KVB_MEM_CUDA: the range must lie inside one device allocation
- * (KVB_ERR_INVALID otherwise, also for host memory); KVB_ERR_UNSUPPORTED
- * without a CUDA driver. */
+ * write, and as memory peers may read (one-sided reads). A range overlapping a registered one →
+ * KVB_ERR_OVERLAP; zero length or NULL → KVB_ERR_INVALID. Peers see the new table on their next
+ * write. KVB_MEM_CUDA: the range must lie inside one device allocation (KVB_ERR_INVALID otherwise,
+ * also for host memory); KVB_ERR_UNSUPPORTED without a CUDA driver. */
 KVB_API kvb_status_t kvb_engine_register(kvb_engine_h engine, void *addr, size_t length,
                                          kvb_mem_type_t mem_type);
 
