@@ -122,7 +122,16 @@ static void test_async(void)
     CHECK_EQ(strcmp(kvb_xfer_error(x), ""), 0);
     kvb_xfer_free(x);
     CHECK(same(0, 100, 4 * MiB));
-    TEST_PASS("async read: exact");
+    /* nothing to read: done at once; bad arguments refused */
+    CHECK_EQ(kvb_engine_read(g_r.eng, g_sid, NULL, 0, 10), KVB_OK);
+    CHECK_EQ(kvb_engine_read_async(g_r.eng, g_sid, NULL, 0, &x), KVB_OK);
+    CHECK_EQ(kvb_xfer_wait(x, 10), KVB_OK);
+    kvb_xfer_free(x);
+    CHECK_EQ(kvb_engine_read(g_r.eng, g_sid, NULL, 1, 10), KVB_ERR_INVALID);
+    CHECK_EQ(kvb_engine_read(g_r.eng, NULL, &b, 1, 10), KVB_ERR_INVALID);
+    CHECK_EQ(kvb_engine_read_async(g_r.eng, g_sid, &b, 1, NULL), KVB_ERR_INVALID);
+    CHECK_EQ(kvb_engine_read(NULL, g_sid, &b, 1, 10), KVB_ERR_INVALID);
+    TEST_PASS("async read: exact; empty reads done, bad arguments KVB_ERR_INVALID");
 }
 
 /* Outside either side's registrations: KVB_ERR_BOUNDS naming the side,
