@@ -314,7 +314,8 @@ struct kvb_engine {
     kvb__conn_t *conns;     /* every live conn */
     size_t am_pending;      /* incoming receives in progress, and read answers being sent:
                                the loop keeps progressing UCX while any (engine.c) */
-    size_t am_reads;        /* read answers being sent (lane/msg/target.c's cap) */
+    size_t am_reads;        /* read answers being sent (lane/msg/target.c's caps) */
+    size_t am_read_bytes;   /* and their bytes */
     int dead_conns;         /* a conn died since the last sweep */
     uint64_t conn_failures; /* conns failed so far */
     kvb__op_t ops;          /* outstanding ops (list head) */

@@ -7,10 +7,12 @@
  * device-copy worker (jobs.c), not here: a slow device copy must not hold up other writes; its
  * acknowledgement goes once the copy is done. A read request (amwire.h) is
  * admitted the same way (token, grant, every descriptor inside one host
- * registration, pinned) and answered with the bytes straight out of the
- * registrations; at most AM_READS_MAX answers are in flight, each at most
- * AM_READ_MAX bytes, so a reader cannot make this side hold more. */
+ * registration, pinned while its bytes are gathered into a copy) and
+ * answered with the copy; at most AM_READS_MAX answers and
+ * AM_READ_BYTES_MAX bytes are in flight, each at most AM_READ_MAX bytes,
+ * so a reader cannot make this side hold more. */
 #include "engine/engine_int.h"
+#include "engine/bufpool.h"
 #include "engine/lane/msg/amwire.h"
 #include "engine/lane/msg/msg.h"
 #include "engine/lane/msg/read.h"
@@ -20,7 +22,8 @@
 #include <string.h>
 
 #define STAGE_MSG_MAX_DEFAULT (256ull << 20)
-#define AM_READS_MAX 256 /* read answers being sent at once (the rest refused) */
+#define AM_READS_MAX 256                 /* read answers being sent at once (the rest refused) */
+#define AM_READ_BYTES_MAX (256ull << 20) /* and their bytes (each a gathered copy) */
 
 typedef struct am_recv {
     kvb__job_t job; /* first: a staged message's copy to the device (jobs.c) */
@@ -247,15 +250,19 @@ static bool stage_alloc(am_recv_t *rc, size_t length, char *why, size_t wl)
     return rc->stage != NULL;
 }
 
-/* ---- read requests ---- */
+/* ---- read requests ----
+ * An answer is sent from a copy: the pieces are gathered into a buffer of
+ * the engine when the request is admitted, and the ranges' pins and the
+ * grant's count are released right after. A reader that never takes the
+ * answer (a dead same-host process: UCX's shared-memory transports have no
+ * peer-failure mode, the send never ends) then holds only that buffer, not
+ * the target's memory (unregister) nor its grant (a revoke drains). */
 
-typedef struct read_ans { /* an answer being sent: its ranges stay pinned */
+typedef struct read_ans { /* an answer being sent */
     kvb__op_t op;         /* first: the send is the op */
     kvb_engine_h eng;
-    uint64_t *pinned;
-    size_t npinned;
-    uint64_t msg_id, epoch; /* the grant admitted (counted until sent) */
-    ucp_dt_iov_t *iov;
+    uint8_t *buf; /* the bytes, gathered (kvb__bufpool) */
+    size_t len, cap;
     uint8_t hdr[AM_ACK_FIXED];
     bool starting, ended; /* as the reader's receive (read.c): a send that
                              ends from within ucp_am_send_nbx */
@@ -263,8 +270,7 @@ typedef struct read_ans { /* an answer being sent: its ranges stay pinned */
 
 static void ans_free(read_ans_t *a)
 {
-    free(a->pinned);
-    free(a->iov);
+    kvb__bufpool_put(a->buf, a->cap);
     free(a);
 }
 
@@ -274,12 +280,11 @@ static void ans_release(kvb__op_t *op) /* the engine is freed: memory only */
 }
 
 /* The answer left (or failed: the reader's read fails with its connection
- * or its time-out): the ranges and the grant's count are released. */
+ * or its time-out). */
 static void ans_done(read_ans_t *a)
 {
-    unpin(a->eng, a->pinned, a->npinned);
-    kvb__fence_done(a->eng, (uint32_t)(a->msg_id >> 32), a->epoch);
     a->eng->am_reads--;
+    a->eng->am_read_bytes -= a->len;
     a->eng->am_pending--;
     ans_free(a);
 }
@@ -295,8 +300,8 @@ static void ans_sent_cb(void *req, ucs_status_t status, void *user)
     ucp_request_free(req);
 }
 
-/* Send a's header and the np pieces of a->iov to ep. */
-static void ans_send(read_ans_t *a, ucp_ep_h ep, uint32_t np)
+/* Send a's header and bytes to ep. */
+static void ans_send(read_ans_t *a, ucp_ep_h ep)
 {
     ucp_request_param_t p = {0};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -304,14 +309,13 @@ static void ans_send(read_ans_t *a, ucp_ep_h ep, uint32_t np)
     p.cb.send = ans_sent_cb;
     p.user_data = a;
     p.flags = UCP_AM_SEND_FLAG_REPLY; /* the reader checks the endpoint (msg.c) */
-    p.datatype = np == 1 ? ucp_dt_make_contig(1) : UCP_DATATYPE_IOV;
+    p.datatype = ucp_dt_make_contig(1);
     a->op.release = ans_release;
     a->eng->am_reads++;
+    a->eng->am_read_bytes += a->len;
     a->eng->am_pending++; /* the progress thread keeps driving it (engine.c) */
     a->starting = true;
-    void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED,
-                              np == 1 ? a->iov[0].buffer : (void *)a->iov,
-                              np == 1 ? a->iov[0].length : np, &p);
+    void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED, a->buf, a->len, &p);
     a->starting = false;
     if (UCS_PTR_IS_PTR(r) && !a->ended)
         kvb__op_track(a->eng, &a->op);
@@ -319,16 +323,47 @@ static void ans_send(read_ans_t *a, ucp_ep_h ep, uint32_t np)
         ans_done(a);
 }
 
-/* Admit a read request (parsed: nd descriptors, np pieces) and answer it:
- * refused (with why) unless its grant is live and every range lies in one
- * host registration; at most AM_READS_MAX answers in flight. */
+/* The request's ranges checked (every one inside one host registration,
+ * pinned meanwhile) and gathered into a->buf (total bytes). */
+static kvb_status_t ans_gather(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint32_t np,
+                               read_ans_t *a, char *why, size_t wl)
+{
+    uint64_t *pinned = malloc(nd * sizeof(*pinned));
+    ucp_dt_iov_t *iov = malloc(np * sizeof(*iov));
+    int device = -1;
+    kvb_status_t st = KVB_ERR_NOMEM;
+    snprintf(why, wl, "out of memory");
+    if (pinned != NULL && iov != NULL && a->buf != NULL)
+        st = am_validate(eng, h, nd, pinned, iov, &device, "source", why, wl);
+    if (st != KVB_OK) { /* nothing left pinned */
+        free(pinned);
+        free(iov);
+        return st;
+    }
+    if (device >= 0) { /* device memory is read by no lane */
+        snprintf(why, wl, "a read of device memory (not served)");
+        st = KVB_ERR_BOUNDS;
+    }
+    uint8_t *p = a->buf;
+    for (uint32_t i = 0; st == KVB_OK && i < np; p += iov[i].length, i++)
+        memcpy(p, iov[i].buffer, iov[i].length);
+    unpin(eng, pinned, nd);
+    free(pinned);
+    free(iov);
+    return st;
+}
+
+/* Admit a read request (parsed: nd descriptors, np pieces, total bytes):
+ * refused (with why) past the caps on answers in flight, unless its grant
+ * is live (counted while its bytes are gathered), or with a range outside
+ * one host registration; else *a_p holds its bytes. */
 static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint32_t np,
-                                  read_ans_t **a_p, char *why, size_t wl)
+                                  uint64_t total, read_ans_t **a_p, char *why, size_t wl)
 {
     uint64_t mid = kvb__am_u64(h + 16), epoch = kvb__am_u64(h + 32);
-    int device = -1;
-    if (eng->am_reads >= AM_READS_MAX) {
-        snprintf(why, wl, "%d reads in flight at the target: try again", AM_READS_MAX);
+    if (eng->am_reads >= AM_READS_MAX || eng->am_read_bytes + total > AM_READ_BYTES_MAX) {
+        snprintf(why, wl, "%zu reads (%zu bytes) in flight at the target: try again", eng->am_reads,
+                 eng->am_read_bytes);
         return KVB_ERR_PEER;
     }
     const char *fenced = kvb__fence_admit(eng, (uint32_t)(mid >> 32), epoch);
@@ -338,27 +373,18 @@ static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t n
     }
     read_ans_t *a = calloc(1, sizeof(*a));
     kvb_status_t st = KVB_ERR_NOMEM;
-    snprintf(why, wl, "out of memory");
-    if (a != NULL && (a->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
-        (a->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL)
-        st = am_validate(eng, h, nd, a->pinned, a->iov, &device, "source", why, wl);
-    if (st == KVB_OK && device >= 0) { /* device memory is read by no lane */
-        unpin(eng, a->pinned, nd);
-        snprintf(why, wl, "a read of device memory (not served)");
-        st = KVB_ERR_BOUNDS;
+    if (a != NULL) {
+        a->buf = kvb__bufpool_get(total, &a->cap);
+        a->len = total;
+        a->eng = eng;
+        st = ans_gather(eng, h, nd, np, a, why, wl);
     }
-    if (st != KVB_OK) {
-        kvb__fence_done(eng, (uint32_t)(mid >> 32), epoch);
-        if (a != NULL)
-            ans_free(a);
-        return st;
-    }
-    a->eng = eng;
-    a->npinned = nd;
-    a->msg_id = mid;
-    a->epoch = epoch;
-    *a_p = a;
-    return KVB_OK;
+    kvb__fence_done(eng, (uint32_t)(mid >> 32), epoch); /* nothing more is read */
+    if (st != KVB_OK && a != NULL)
+        ans_free(a);
+    else if (st == KVB_OK)
+        *a_p = a;
+    return st;
 }
 
 /* A read request from ep (authorized; magic "KVBR"): the bytes, or a
@@ -372,7 +398,7 @@ static void am_read(kvb_engine_h eng, const uint8_t *h, size_t hlen, size_t leng
     read_ans_t *a = NULL;
     kvb_status_t st = KVB_ERR_BOUNDS;
     if (kvb__am_parse_read_header(h, hlen, length, &nd, &np, &total))
-        st = am_read_admit(eng, h, nd, np, &a, why, sizeof(why));
+        st = am_read_admit(eng, h, nd, np, total, &a, why, sizeof(why));
     if (st != KVB_OK) {
         KVB_LOGW("engine %s: refused a read from writer %08x: %s", eng->sid, (unsigned)(mid >> 32),
                  why);
@@ -380,7 +406,7 @@ static void am_read(kvb_engine_h eng, const uint8_t *h, size_t hlen, size_t leng
         return;
     }
     put_ack(a->hdr, xid, mid, KVB_OK, NULL, 0);
-    ans_send(a, ep, np);
+    ans_send(a, ep);
 }
 
 /* authorized: false when the engine has a secret and the message did not
