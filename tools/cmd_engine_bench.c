@@ -1,10 +1,14 @@
 /* `kvbridge engine-bench`: transfer-engine throughput against memcpy of the
  * same blocks and (tcp lane) a raw TCP stream of the same bytes, every
- * destination byte verified. `kvbridge engine-target` is its target process,
- * driven over stdin/stdout with a line protocol:
+ * destination byte verified; --op read measures one-sided reads of the
+ * target's memory instead (kvb_engine_read: the same blocks the other way,
+ * every byte read compared with the target's pattern). `kvbridge
+ * engine-target` is its target process, driven over stdin/stdout with a
+ * line protocol:
  *   target → "ready <session> <dst_base_hex> <bytes> <tcp_sink_port>" | "error <text>"
  *   "sum <off> <len>" → "sum <hex>"   checksum of the target's [off, off+len)
  *   "tcp <len>"       → "tcp ok"       after one raw TCP stream into its buffer
+ *   "fill <seed>"     → "fill ok"      its buffer filled with kvb_eb_fill(seed)
  *   "quit"            → exits
  * The target dies with the writer (PR_SET_PDEATHSIG) and is reaped on every
  * exit path of the writer. */
@@ -47,12 +51,14 @@ typedef struct eb_opts {
     size_t ws;
     long long reps;
     bool verbose;
+    bool read; /* --op read: kvb_engine_read of the target's memory */
     const char *json;
     const char *host;
 } eb_opts_t;
 
 typedef struct eb_row {
     eb_lane_t lane;
+    bool read;
     size_t block_size, bytes;
     double seconds, gbps, memcpy_gbps, tcp_gbps, ratio;
     /* a fresh target per row: open_ms = the first one-block write (handshake,
@@ -100,6 +106,8 @@ static void usage(FILE *out)
             "                                (default 4096,32768,262144,4194304)\n"
             "  --reps N                      timed repetitions per size, median kept "
             "(default 3)\n"
+            "  --op write|read               what is timed: writes into the target (default) or\n"
+            "                                one-sided reads of its memory (kvb_engine_read)\n"
             "  --verbose                     print every repetition's time on stderr\n"
             "  --json FILE                   also write the results as a JSON array\n"
             "  --host ADDR                   loopback address to use (default 127.0.0.1)\n"
@@ -223,6 +231,14 @@ static int parse_one(eb_opts_t *o, int argc, char **argv, int *i)
         return parse_sizes(o, v) ? 0 : 2;
     if (strcmp(a, "--reps") == 0)
         return kvb_tool_parse_int("--reps", v, 1, 100, &o->reps) ? 0 : 2;
+    if (strcmp(a, "--op") == 0 && v != NULL && (!strcmp(v, "read") || !strcmp(v, "write"))) {
+        o->read = strcmp(v, "read") == 0;
+        return 0;
+    }
+    if (strcmp(a, "--op") == 0) {
+        fprintf(stderr, "kvbridge: --op needs write or read\n");
+        return 2;
+    }
     if (strcmp(a, "--json") == 0 || strcmp(a, "--host") == 0) {
         if (v == NULL || v[0] == '\0' || strlen(v) > 100) {
             fprintf(stderr, "kvbridge: %s needs a value (at most 100 characters)\n", a);
@@ -253,15 +269,18 @@ static uint64_t pattern_seed(size_t si, long long rep)
     return (uint64_t)si * 1000 + (uint64_t)rep + 1;
 }
 
-/* Blocks of size bs: sources sequential, destinations a seeded permutation of
- * the slots of the destination working set. Returns the block count. */
+/* Blocks of size bs: local side sequential (c->src), the target's side a
+ * seeded permutation of the slots of its working set; reads name them the
+ * other way (src = the target's). Returns the block count. */
 static size_t build_blocks(eb_ctx_t *c, size_t bs, uint64_t dst_base)
 {
     size_t n = c->o->ws / bs;
     kvb_eb_permute(c->perm, n, 0x6b76627269646765ull ^ bs);
     for (size_t i = 0; i < n; i++) {
-        c->blocks[i].src = (uint64_t)(uintptr_t)(c->src + i * bs);
-        c->blocks[i].dst = dst_base + (uint64_t)c->perm[i] * bs;
+        uint64_t local = (uint64_t)(uintptr_t)(c->src + i * bs);
+        uint64_t remote = dst_base + (uint64_t)c->perm[i] * bs;
+        c->blocks[i].src = c->o->read ? remote : local;
+        c->blocks[i].dst = c->o->read ? local : remote;
         c->blocks[i].len = bs;
     }
     return n;
@@ -408,17 +427,37 @@ static kvb_engine_h engine_open(const eb_opts_t *o, eb_lane_t lane, void *buf, c
     return e;
 }
 
-static bool write_all(kvb_engine_h e, const char *sid, const kvb_block_t *b, size_t n, char *err,
-                      size_t cap)
+/* Every block written (read: read) in batches of at most EB_BATCH_MAX. */
+static bool write_all(kvb_engine_h e, const char *sid, const kvb_block_t *b, size_t n, bool read,
+                      char *err, size_t cap)
 {
     for (size_t off = 0; off < n; off += EB_BATCH_MAX) {
         size_t cnt = n - off < EB_BATCH_MAX ? n - off : EB_BATCH_MAX;
-        kvb_status_t st = kvb_engine_write(e, sid, b + off, cnt, EB_WRITE_TIMEOUT_S);
+        kvb_status_t st = read ? kvb_engine_read(e, sid, b + off, cnt, EB_WRITE_TIMEOUT_S)
+                               : kvb_engine_write(e, sid, b + off, cnt, EB_WRITE_TIMEOUT_S);
         if (st != KVB_OK) {
-            snprintf(err, cap, "kvb_engine_write: %s: %s", kvb_status_string(st),
-                     kvb_engine_last_error(e));
+            snprintf(err, cap, "kvb_engine_%s: %s: %s", read ? "read" : "write",
+                     kvb_status_string(st), kvb_engine_last_error(e));
             return false;
         }
+    }
+    return true;
+}
+
+/* The bytes of a pass with this seed: a write's in our source, a read's in
+ * the target's memory (filled by the target, untimed). */
+static bool pass_fill(eb_ctx_t *c, eb_target_t *t, size_t bytes, uint64_t seed, eb_row_t *row)
+{
+    char line[128];
+    if (!c->o->read) {
+        kvb_eb_fill(c->src, bytes, seed);
+        return true;
+    }
+    if (!kvb_eb_send(&t->ch, "fill %" PRIu64, seed) ||
+        !kvb_eb_recv(&t->ch, line, sizeof(line), EB_REPLY_TIMEOUT_S) ||
+        strcmp(line, "fill ok") != 0) {
+        snprintf(row->error, sizeof(row->error), "target fill: %s", line);
+        return false;
     }
     return true;
 }
@@ -430,11 +469,12 @@ static bool time_writes(eb_ctx_t *c, kvb_engine_h e, eb_target_t *t, size_t si, 
     size_t n = build_blocks(c, bs, t->dst_base);
     double tm[100];
     for (long long r = 0; r < c->o->reps; r++) {
-        /* A fresh pattern each repetition: a repetition that writes nothing
+        /* A fresh pattern each repetition: a repetition that moves nothing
          * leaves the previous pattern, and verification catches it. */
-        kvb_eb_fill(c->src, n * bs, pattern_seed(si, r));
+        if (!pass_fill(c, t, c->o->read ? c->o->ws : n * bs, pattern_seed(si, r), row))
+            return false;
         double t0 = kvb_tool_now();
-        if (!write_all(e, t->session, c->blocks, n, row->error, sizeof(row->error)))
+        if (!write_all(e, t->session, c->blocks, n, c->o->read, row->error, sizeof(row->error)))
             return false;
         tm[r] = kvb_tool_now() - t0;
         if (c->o->verbose)
@@ -485,6 +525,23 @@ static void locate_bad(const eb_ctx_t *c, eb_target_t *t, size_t n, size_t bs, e
     free(inv);
 }
 
+/* A read pass of the last repetition's pattern: block i here is slot
+ * perm[i] of the target's memory, which c->local now holds as the target
+ * does. */
+static bool verify_read(eb_ctx_t *c, size_t si, size_t bs, eb_row_t *row)
+{
+    size_t n = c->o->ws / bs;
+    kvb_eb_fill(c->local, c->o->ws, pattern_seed(si, c->o->reps - 1));
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(c->src + i * bs, c->local + (size_t)c->perm[i] * bs, bs) != 0) {
+            snprintf(row->error, sizeof(row->error),
+                     "read block %zu (target offset %zu, %zu bytes) differs from the target's", i,
+                     (size_t)c->perm[i] * bs, bs);
+            return false;
+        }
+    return true;
+}
+
 static bool verify(eb_ctx_t *c, eb_target_t *t, size_t bs, eb_row_t *row)
 {
     size_t n = c->o->ws / bs;
@@ -530,9 +587,10 @@ static bool time_cold(eb_ctx_t *c, kvb_engine_h e, eb_target_t *t, size_t si, eb
 {
     size_t bs = c->o->sizes[si];
     size_t n = build_blocks(c, bs, t->dst_base);
-    kvb_eb_fill(c->src, n * bs, pattern_seed(si, 1000));
+    if (!pass_fill(c, t, c->o->read ? c->o->ws : n * bs, pattern_seed(si, 1000), row))
+        return false;
     double t0 = kvb_tool_now();
-    if (!write_all(e, t->session, c->blocks, n, row->error, sizeof(row->error)))
+    if (!write_all(e, t->session, c->blocks, n, c->o->read, row->error, sizeof(row->error)))
         return false;
     row->cold_seconds = kvb_tool_now() - t0;
     row->cold_gbps = gbps(n * bs, row->cold_seconds);
@@ -541,8 +599,10 @@ static bool time_cold(eb_ctx_t *c, kvb_engine_h e, eb_target_t *t, size_t si, eb
 
 static void run_size(eb_ctx_t *c, kvb_engine_h e, eb_target_t *t, size_t si, eb_row_t *row)
 {
-    if (!time_cold(c, e, t, si, row) || !time_writes(c, e, t, si, row) ||
-        !verify(c, t, row->block_size, row))
+    if (!time_cold(c, e, t, si, row) || !time_writes(c, e, t, si, row))
+        return;
+    if (c->o->read ? !verify_read(c, si, row->block_size, row)
+                   : !verify(c, t, row->block_size, row))
         return;
     row->verified = true;
     if (row->lane == EB_TCP)
@@ -565,8 +625,8 @@ static void print_header(const eb_opts_t *o)
 {
     char ws[32];
     fmt_size(o->ws, ws, sizeof(ws));
-    printf("engine-bench: working set %s, %lld repetitions (median), host %s, GB = 1e9 B\n\n", ws,
-           o->reps, o->host);
+    printf("engine-bench: %s, working set %s, %lld repetitions (median), host %s, GB = 1e9 B\n\n",
+           o->read ? "one-sided reads" : "writes", ws, o->reps, o->host);
     printf("%-9s %8s %9s %12s %9s %7s %9s %8s %s\n", "transport", "block", "GB/s", "memcpy GB/s",
            "tcp GB/s", "ratio", "cold GB/s", "open ms", "verified");
     fflush(stdout);
@@ -604,8 +664,8 @@ static void json_str(FILE *f, const char *s)
 
 static void json_row(FILE *f, const eb_row_t *r, bool last)
 {
-    fprintf(f, "  {\"transport\": \"%s\", \"block_size\": %zu, \"bytes\": %zu, ",
-            lane_name(r->lane), r->block_size, r->bytes);
+    fprintf(f, "  {\"transport\": \"%s\", \"op\": \"%s\", \"block_size\": %zu, \"bytes\": %zu, ",
+            lane_name(r->lane), r->read ? "read" : "write", r->block_size, r->bytes);
     fprintf(f, "\"seconds\": %.6f, \"gbps\": %.4f, \"memcpy_gbps\": %.4f, ", r->seconds, r->gbps,
             r->memcpy_gbps);
     if (r->lane == EB_TCP)
@@ -656,6 +716,7 @@ static eb_row_t *new_row(eb_ctx_t *c, eb_lane_t lane, size_t si)
     eb_row_t *row = &c->rows[c->nrows++];
     memset(row, 0, sizeof(*row));
     row->lane = lane;
+    row->read = c->o->read;
     row->block_size = c->o->sizes[si];
     row->bytes = c->o->ws / row->block_size * row->block_size;
     return row;
@@ -666,8 +727,10 @@ static eb_row_t *new_row(eb_ctx_t *c, eb_lane_t lane, size_t si)
 static bool open_session(eb_ctx_t *c, kvb_engine_h e, const eb_target_t *t, eb_row_t *row)
 {
     kvb_block_t b = {(uint64_t)(uintptr_t)c->src, t->dst_base, EB_MIN_BLOCK};
+    if (c->o->read)
+        b = (kvb_block_t){t->dst_base, (uint64_t)(uintptr_t)c->src, EB_MIN_BLOCK};
     double t0 = kvb_tool_now();
-    bool ok = write_all(e, t->session, &b, 1, row->error, sizeof(row->error));
+    bool ok = write_all(e, t->session, &b, 1, c->o->read, row->error, sizeof(row->error));
     row->open_ms = (kvb_tool_now() - t0) * 1e3;
     /* The other lanes' targets hold plain memory: never direct. */
     if (ok && (kvb_engine_session_direct(e, t->session) == 1) != (row->lane == EB_DIRECT)) {
@@ -868,6 +931,17 @@ static void tgt_tcp(eb_tgt_t *t, const char *line)
     fprintf(t->out, kvb_eb_sink_one(t->lfd, t->buf, len) ? "tcp ok\n" : "tcp failed\n");
 }
 
+static void tgt_fill(eb_tgt_t *t, const char *line)
+{
+    unsigned long long seed;
+    if (sscanf(line, "fill %llu", &seed) != 1) {
+        fprintf(t->out, "error bad fill request\n");
+        return;
+    }
+    kvb_eb_fill(t->buf, (size_t)t->bytes, seed);
+    fprintf(t->out, "fill ok\n");
+}
+
 static void tgt_loop(eb_tgt_t *t)
 {
     char line[256];
@@ -879,6 +953,8 @@ static void tgt_loop(eb_tgt_t *t)
             tgt_sum(t, line);
         else if (strncmp(line, "tcp ", 4) == 0)
             tgt_tcp(t, line);
+        else if (strncmp(line, "fill ", 5) == 0)
+            tgt_fill(t, line);
         else
             fprintf(t->out, "error unknown request\n");
         fflush(t->out);

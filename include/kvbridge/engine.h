@@ -1,5 +1,6 @@
 /* kvbridge transfer engine: one-sided batched writes from this process's
- * registered memory into memory a peer process registered, over UCX.
+ * registered memory into memory a peer process registered, and one-sided
+ * reads the other way ("One-sided reads" below), over UCX.
  *
  * Thread safety: an engine is thread-safe. Several threads may register,
  * write (sync or async) and query at once, to one or several sessions.
@@ -151,11 +152,10 @@ typedef struct kvb_mem_region {
 } kvb_mem_region_t;
 
 /* Register [addr, addr+length) as a source and as a destination peers may
- * write. A range overlapping a registered one → KVB_ERR_OVERLAP; zero length
- * or NULL → KVB_ERR_INVALID. Peers see the new table on their next write.
- * KVB_MEM_CUDA: the range must lie inside one device allocation
- * (KVB_ERR_INVALID otherwise, also for host memory); KVB_ERR_UNSUPPORTED
- * without a CUDA driver. */
+ * write, and as memory peers may read (one-sided reads). A range overlapping a registered one →
+ * KVB_ERR_OVERLAP; zero length or NULL → KVB_ERR_INVALID. Peers see the new table on their next
+ * write. KVB_MEM_CUDA: the range must lie inside one device allocation (KVB_ERR_INVALID otherwise,
+ * also for host memory); KVB_ERR_UNSUPPORTED without a CUDA driver. */
 KVB_API kvb_status_t kvb_engine_register(kvb_engine_h engine, void *addr, size_t length,
                                          kvb_mem_type_t mem_type);
 
@@ -455,8 +455,12 @@ KVB_API kvb_status_t kvb_engine_write_async_ex(kvb_engine_h engine, const char *
 #define KVB_WRITE_GROUP_MAX 64 /* members per group */
 
 enum {
-    KVB_WRITE_MEMBER_PARAMS = 1u << 0, /* params */
-    KVB_WRITE_MEMBER_STRIDED = 1u << 1 /* strided, strided_count */
+    KVB_WRITE_MEMBER_PARAMS = 1u << 0,  /* params */
+    KVB_WRITE_MEMBER_STRIDED = 1u << 1, /* strided, strided_count */
+    /* The member is a one-sided read (see "One-sided reads" below): each
+     * block's src is the peer's address, dst ours (strided blocks too: the
+     * src fields name the peer's side). No new field. */
+    KVB_WRITE_MEMBER_READ = 1u << 2
 };
 
 typedef struct kvb_write_member {
@@ -494,6 +498,59 @@ KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
                                                   const kvb_write_member_t *members, size_t count,
                                                   size_t member_size, kvb_status_t *statuses_p,
                                                   kvb_xfer_h *xfers_p);
+
+/* ---- One-sided reads ----
+ * A read copies bytes out of memory a peer registered into memory this
+ * engine registered, with no call on the peer's side: the mirror of a
+ * write. Its blocks are kvb_block_t with the names following the bytes:
+ * src = the REMOTE address (inside one registration of the peer), dst =
+ * the LOCAL address (inside one local registration), len bytes. Reads share
+ * the writes' handles (kvb_xfer_test/wait/cancel/error/free), session
+ * set-up, time-outs and settle guarantees, with "source" and "destination"
+ * read the other way round; differences:
+ * - Bounds: KVB_ERR_BOUNDS before anything moves when a block's remote range
+ *   is not inside one peer registration or its local range not inside one
+ *   local registration; nothing is written into local memory then.
+ * - Settling: once a read's final status is reported (kvb_xfer_test/wait,
+ *   kvb_engine_read's return), not one more byte of it lands in local
+ *   memory, whatever the peer does later (late replies are dropped).
+ *   Bytes a failed or cancelled read had already placed stay placed.
+ * - Fence: a read is stamped with the writer tag and the transfer's epoch
+ *   (kvb_write_params_t) exactly as a write, and the target admits it only
+ *   under a live grant (KVB_ERR_FENCED "... fenced ..." otherwise, nothing
+ *   read): a revoked grant can neither write nor read any more.
+ * - Lanes: host memory on both sides only. The direct lane (same host, the
+ *   peer's memory from kvb_mem_alloc: the copy threads copy out of the
+ *   mapping) and the message lane (the target answers a read request with
+ *   the bytes; also transport TCP), and the put lane (UCX get) where
+ *   connections are set up for puts. Device memory on either side:
+ *   KVB_ERR_UNSUPPORTED naming the memory kinds. docs/engine.md "Reads". */
+
+/* Synchronous read from session_id; KVB_OK when every byte is in local
+ * memory. Errors and time-out as kvb_engine_write. */
+KVB_API kvb_status_t kvb_engine_read(kvb_engine_h engine, const char *session_id,
+                                     const kvb_block_t *blocks, size_t count, double timeout_s);
+
+/* Asynchronous forms, as kvb_engine_write_async(_ex): params' epoch is the
+ * target's grant the read is made under (NULL: none). */
+KVB_API kvb_status_t kvb_engine_read_async(kvb_engine_h engine, const char *session_id,
+                                           const kvb_block_t *blocks, size_t count,
+                                           kvb_xfer_h *xfer_p);
+KVB_API kvb_status_t kvb_engine_read_async_ex(kvb_engine_h engine, const char *session_id,
+                                              const kvb_block_t *blocks, size_t count,
+                                              const kvb_write_params_t *params, kvb_xfer_h *xfer_p);
+
+/* Read a pages x fields grid: kvb_engine_write_pages with the bytes going
+ * the other way. The grid keeps its columns' meaning of "src" = this
+ * engine's side and "dst" = the peer's (Mooncake's local buffer / peer
+ * buffer): span (f, i) copies length_f bytes from the peer's dst_base_f +
+ * dst_pages[i] * dst_stride_f into local src_base_f + src_pages[i] *
+ * src_stride_f. Same rules, batching, time-out and errors. */
+KVB_API kvb_status_t kvb_engine_read_pages(kvb_engine_h engine, const char *session_id,
+                                           const int64_t *src_pages, const int64_t *dst_pages,
+                                           size_t num_pages, const int64_t *fields,
+                                           size_t num_fields, size_t max_batch_size,
+                                           double timeout_s);
 
 #ifdef __cplusplus
 }

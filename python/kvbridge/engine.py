@@ -52,7 +52,8 @@ def _blocks(src_ptrs, dst_ptrs, lengths):
 
 class TransferEngine(L.Closeable):
     """One kvbridge engine: registered memory and one-sided batched writes into
-    memory peers registered.
+    memory peers registered, and one-sided reads out of it (the *_read
+    methods).
 
     TransferEngine(host="127.0.0.1", port=0, transport="auto") listens on
     host:port (0 = ephemeral). transport: "auto", "tcp" or "shm".
@@ -213,11 +214,38 @@ class TransferEngine(L.Closeable):
         kvb_status_t (-3 bounds, -6 time-out, -7 peer, ...) as the seeds'
         engine returns a negative code; the text is in `last_error`.
         timeout: seconds (None = no bound beyond the engine's peer time-out)."""
+        return self._sync(session_id, src_ptrs, dst_ptrs, lengths, timeout, False)
+
+    def transfer_sync_read(self, session_id, local_ptr, remote_ptr, length, timeout=None):
+        """One block; see batch_transfer_sync_read."""
+        return self.batch_transfer_sync_read(session_id, [local_ptr], [remote_ptr], [length],
+                                             timeout)
+
+    def batch_transfer_sync_read(self, session_id, local_ptrs, remote_ptrs, lengths,
+                                 timeout=None):
+        """One-sided read (kvb_engine_read): copy every block from remote_ptrs[i]
+        (inside memory the peer session_id registered) into local_ptrs[i]
+        (inside memory registered here) and wait. Returns 0 or the negative
+        kvb_status_t, as batch_transfer_sync (-3: a range outside a
+        registration, nothing read; -15: the target revoked the grant)."""
+        return self._sync(session_id, remote_ptrs, local_ptrs, lengths, timeout, True)
+
+    def _sync(self, session_id, src_ptrs, dst_ptrs, lengths, timeout, read):
         sid = L.as_str(session_id, "session_id").encode()
         arr, n = _blocks(src_ptrs, dst_ptrs, lengths)
         t = 0.0 if timeout is None else L.as_float(timeout, "timeout", 0.0)
+        fn = L.lib().kvb_engine_read if read else L.lib().kvb_engine_write
         with self._guard:
-            return int(L.lib().kvb_engine_write(self._h, sid, arr, n, t))
+            return int(fn(self._h, sid, arr, n, t))
+
+    def read_pages(self, session_id, src_pages, dst_pages, fields, max_batch_size=0,
+                   timeout=None):
+        """Read a pages x fields grid (kvb_engine_read_pages): as write_pages
+        with the bytes going the other way, src columns still ours: span (f,
+        i) copies length bytes from the peer's dst_base + dst_pages[i] *
+        dst_stride into src_base + src_pages[i] * src_stride here."""
+        return self._pages(session_id, src_pages, dst_pages, fields, max_batch_size, timeout,
+                           True)
 
     def write_pages(self, session_id, src_pages, dst_pages, fields, max_batch_size=0,
                     timeout=None):
@@ -231,27 +259,41 @@ class TransferEngine(L.Closeable):
         sequences. ValueError for a bad grid (nothing sent). Returns 0, or
         the first failing batch's negative kvb_status_t (as
         batch_transfer_sync; the text is in `last_error`)."""
+        return self._pages(session_id, src_pages, dst_pages, fields, max_batch_size, timeout,
+                           False)
+
+    def _pages(self, session_id, src_pages, dst_pages, fields, max_batch_size, timeout, read):
         session_id = L.as_str(session_id, "session_id")
         mbs = L.as_int(max_batch_size, "max_batch_size", 0, L.U64_MAX)
         t = 0.0 if timeout is None else L.as_float(timeout, "timeout", 0.0)
         sp, dp, fl = L.pages_grid(src_pages, dst_pages, fields)
         if sp.rows == 0 or fl.rows == 0:
             return 0
+        fn = L.lib().kvb_engine_read_pages if read else L.lib().kvb_engine_write_pages
         with self._guard:
-            return int(L.lib().kvb_engine_write_pages(self._h, session_id.encode(), sp.addr,
-                                                      dp.addr, sp.rows, fl.addr, fl.rows, mbs,
-                                                      t))
+            return int(fn(self._h, session_id.encode(), sp.addr, dp.addr, sp.rows, fl.addr,
+                          fl.rows, mbs, t))
 
     def batch_transfer_async(self, session_id, src_ptrs, dst_ptrs, lengths):
         """Queue the batch; returns a TransferHandle (wait/test/cancel).
         Errors known before any byte moves raise KVBridgeError."""
+        return self._async(session_id, src_ptrs, dst_ptrs, lengths, False)
+
+    def batch_transfer_async_read(self, session_id, local_ptrs, remote_ptrs, lengths):
+        """Queue a one-sided read (as batch_transfer_sync_read); returns a
+        TransferHandle. Once it reports an end, no byte of it lands any more."""
+        return self._async(session_id, remote_ptrs, local_ptrs, lengths, True)
+
+    def _async(self, session_id, src_ptrs, dst_ptrs, lengths, read):
         sid = L.as_str(session_id, "session_id").encode()
         arr, n = _blocks(src_ptrs, dst_ptrs, lengths)
+        fn = L.lib().kvb_engine_read_async if read else L.lib().kvb_engine_write_async
+        what = "batch_transfer_async_read from" if read else "batch_transfer_async to"
         with self._guard:
             x = ctypes.c_void_p()
-            st = L.lib().kvb_engine_write_async(self._h, sid, arr, n, ctypes.byref(x))
+            st = fn(self._h, sid, arr, n, ctypes.byref(x))
             if st != L.KVB_OK:
-                raise self._error(st, f"batch_transfer_async to {session_id}")
+                raise self._error(st, f"{what} {session_id}")
             return TransferHandle(self, x.value, n)
 
 

@@ -19,6 +19,8 @@ void kvb__xfer_release(struct kvb_xfer *x)
     if (x->stage != NULL)
         kvb__cuda_stage_put(x->stage, x->stage_len);
     free(x->staged);
+    for (size_t i = 0; i < KVB__AM_WINDOW; i++) /* reads: requests never answered */
+        free(x->am_iov[i]);
     kvb__bufpool_put(x->blocks, x->blocks_cap);
     kvb__bufpool_put(x->runs, x->runs_cap);
     pthread_mutex_destroy(&x->mu);

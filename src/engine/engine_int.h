@@ -85,20 +85,35 @@ struct kvb__session {
 
 #define KVB__AM_WINDOW 8 /* unacknowledged messages per transfer */
 
-/* A write's blocks as the caller gave them: plain or strided (runs.c). */
+/* A transfer's blocks as the caller gave them: plain or strided (runs.c).
+ * The caller names them after the bytes (src → dst): a write's src is
+ * local, a read's src remote (engine.h, "One-sided reads"). */
 typedef struct kvb__wblocks {
     const kvb_strided_block_t *strided; /* or, when NULL, */
     const kvb_block_t *plain;
     size_t n;
+    bool read; /* a one-sided read: src is the peer's side */
 } kvb__wblocks_t;
 
-/* Block i of w as a strided block (a plain one: count 1). */
-static inline kvb_strided_block_t kvb__wb_at(const kvb__wblocks_t *w, size_t i)
+/* Block i of w as the caller gave it, as a strided block (plain: count 1). */
+static inline kvb_strided_block_t kvb__wb_raw(const kvb__wblocks_t *w, size_t i)
 {
     if (w->strided != NULL)
         return w->strided[i];
     const kvb_block_t *b = &w->plain[i];
     return (kvb_strided_block_t){b->src, b->dst, b->len, b->len, b->len, 1};
+}
+
+/* Block i of w in the engine's form, where a block's `src` is always the
+ * LOCAL side and `dst` the REMOTE one (so checks, coalescing and lane
+ * choice serve reads and writes alike; x->read says which way the bytes
+ * go): a read's block swapped. */
+static inline kvb_strided_block_t kvb__wb_at(const kvb__wblocks_t *w, size_t i)
+{
+    kvb_strided_block_t b = kvb__wb_raw(w, i);
+    if (w->read)
+        b = (kvb_strided_block_t){b.dst, b.src, b.len, b.dst_stride, b.src_stride, b.count};
+    return b;
 }
 
 /* The direct lane's form of a write: strided blocks, checked, with their
@@ -110,12 +125,16 @@ typedef struct kvb__run {
     long seg;
 } kvb__run_t;
 
-/* A write (kvb_xfer_h). The core's part first, then what each lane keeps
- * of it (read by that lane only; the staging marks also by complete.c's
- * progress loop, which frees ring space as messages are acknowledged). */
+/* A transfer (kvb_xfer_h): a write, or a one-sided read (read set). The
+ * core's part first, then what each lane keeps of it (read by that lane
+ * only; the staging marks also by complete.c's progress loop, which frees
+ * ring space as messages are acknowledged). Its blocks and runs are in the
+ * engine's form: `src` the local side, `dst` the remote one, whichever way
+ * the bytes go (kvb__wb_at). */
 struct kvb_xfer {
     /* core: its peer, its lane, how it ends */
     kvb_engine_h eng;
+    bool read; /* bytes go from the peer's dst into our src */
     kvb__conn_t *conn;
     const kvb__lane_t *lane;      /* the lane that moves it (lane.h) */
     const kvb__lane_t *lane_next; /* where it goes if that lane refuses it, or NULL */
@@ -151,6 +170,11 @@ struct kvb_xfer {
      * send that fails takes its own out (then no ack comes) */
     uint32_t am_win[KVB__AM_WINDOW];
     uint64_t am_pos[KVB__AM_WINDOW]; /* first byte of each message of am_win */
+    /* message lane, reads: where each request of am_win's replies land
+     * (our pieces, owned; freed by the reply or with x) and their bytes */
+    ucp_dt_iov_t *am_iov[KVB__AM_WINDOW];
+    size_t am_niov[KVB__AM_WINDOW];
+    uint64_t am_len[KVB__AM_WINDOW];
     size_t msgs_sent, msgs_acked;
     uint64_t pos; /* bytes issued so far */
     /* CUDA staging lane: device sources staged through this ring (pinned,
@@ -293,7 +317,10 @@ struct kvb_engine {
     /* progress thread only */
     struct kvb_xfer *active;
     kvb__conn_t *conns;     /* every live conn */
-    size_t am_pending;      /* incoming receives in progress */
+    size_t am_pending;      /* incoming receives in progress, and read answers being sent:
+                               the loop keeps progressing UCX while any (engine.c) */
+    size_t am_reads;        /* read answers being sent (lane/msg/target.c's caps) */
+    size_t am_read_bytes;   /* and their bytes */
     int dead_conns;         /* a conn died since the last sweep */
     uint64_t conn_failures; /* conns failed so far */
     kvb__op_t ops;          /* outstanding ops (list head) */
@@ -326,6 +353,8 @@ typedef struct kvb__test_hooks {
     int target_drop_writes; /* write messages are dropped unanswered (a stalled peer) */
     int direct_stall_ms;    /* the next direct-lane unit stalls this long inside the fence, after
                                its check (a stuck copy thread or device); taken by one unit */
+    int skip_remote_check;  /* a transfer's remote ranges are not checked here (a stale or hostile
+                               peer: the target's own check answers); message lane only */
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 /* Atomic (relaxed): a test sets a hook while engine threads run. */
@@ -379,10 +408,10 @@ void kvb__seg_unmap(kvb_engine_h eng, kvb__seg_t *seg);
  * peer may have registered more). The engine's error set. */
 kvb_status_t kvb__wblocks_check(kvb_engine_h eng, kvb__conn_t *c, const kvb__wblocks_t *w,
                                 long *dst_seg, bool *retry_p);
-/* xfer.c: kvb_engine_write of w (plain or strided), with its time-out and
- * settle rules; the engine's error set. */
-kvb_status_t kvb__write_sync(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w,
-                             double timeout_s);
+/* xfer.c: kvb_engine_write (kvb_engine_read when w->read) of w (plain or
+ * strided), with its time-out and settle rules; the engine's error set. */
+kvb_status_t kvb__xfer_sync(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w,
+                            double timeout_s);
 /* x->runs from checked w (x->blocks, x->n for plain w on the UCX lanes:
  * kvb__xfer_blocks). KVB_ERR_NOMEM. */
 kvb_status_t kvb__runs_build(struct kvb_xfer *x, const kvb__wblocks_t *w, const long *dst_seg);

@@ -18,7 +18,9 @@
  * says yes takes it; the next such lane is kept as its fallback, for a
  * lane that refuses the write at submission (KVB__LANE_REFUSED: the copy
  * threads are stopping). A write's kind on a side is CUDA when any of its
- * blocks is device memory there, else HOST. Every op may be NULL where the
+ * blocks is device memory there, else HOST. A read (x->read) is chosen the
+ * same way among the lanes whose `read` is set, its pair taken in the
+ * bytes' direction (the peer's kind, ours). Every op may be NULL where the
  * lane has nothing to do. */
 #ifndef KVB_ENGINE_LANE_H
 #define KVB_ENGINE_LANE_H
@@ -117,7 +119,9 @@ typedef struct kvb__lane {
      * and publishes it once (kvb__xfer_publish); KVB__LANE_REFUSED, nothing
      * taken; an error, x not queued (n is 1). */
     kvb_status_t (*submit)(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n);
-    /* One-sided reads of a peer's memory into ours, as submit: none yet. */
+    /* One-sided reads of a peer's memory into ours (x->read), as submit;
+     * NULL: the lane does not read (lane choice passes it over for reads).
+     * A read's pair is (the peer's kind, ours): the bytes' direction. */
     kvb_status_t (*read)(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n);
     /* Progress thread, for a write this lane submitted there (complete.c's
      * list): issue what x's window allows now. */

@@ -110,7 +110,7 @@ void kvb__lanes_choose(kvb_engine_h eng, struct kvb_xfer *x, kvb__mem_kind_t src
 {
     x->lane = x->lane_next = NULL;
     for (const kvb__lane_t *const *l = kvb__lanes; *l != NULL; l++) {
-        if (!((*l)->pairs & KVB__PAIR(src, dst)) ||
+        if (!((*l)->pairs & KVB__PAIR(src, dst)) || (x->read && (*l)->read == NULL) ||
             ((*l)->usable != NULL && !(*l)->usable(eng, x->conn, x, dst_seg, w)))
             continue;
         if (x->lane != NULL) {

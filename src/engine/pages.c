@@ -1,7 +1,9 @@
-/* Pages x fields grids (kvb_engine_write_pages): Mooncake's
- * batch_transfer_sync_write_pages and TokenSpeed's ts_mooncake_write_pages
- * turned into strided blocks here, one transfer per batch, so no caller
- * expands the grid span by span. */
+/* Pages x fields grids (kvb_engine_write_pages, kvb_engine_read_pages):
+ * Mooncake's batch_transfer_sync_write_pages / _read_pages and TokenSpeed's
+ * ts_mooncake_write_pages turned into strided blocks here, one transfer per
+ * batch, so no caller expands the grid span by span. A grid's "src"
+ * columns are always this engine's side; a read moves the bytes from the
+ * "dst" (peer) side into them. */
 #include "engine/engine_int.h"
 
 #include <stdlib.h>
@@ -58,11 +60,22 @@ bad:
     return KVB_ERR_INVALID;
 }
 
+/* One strided block of count rows from local (ls, lstride) and remote
+ * (rs, rstride), named the bytes' way (engine.h): a read's src is remote. */
+static kvb_strided_block_t span_block(bool read, uint64_t ls, uint64_t lstride, uint64_t rs,
+                                      uint64_t rstride, uint64_t len, uint64_t count)
+{
+    if (read)
+        return (kvb_strided_block_t){rs, ls, len, rstride, lstride, count};
+    return (kvb_strided_block_t){ls, rs, len, lstride, rstride, count};
+}
+
 /* Spans [k0, k1) of a checked grid (field-major: span k is field k / n,
  * page k % n) as strided blocks into out (room for k1 - k0); their number,
- * and their bytes in *bytes_p. */
+ * and their bytes in *bytes_p. read: the bytes go from the peer's side (dst
+ * columns) into ours. */
 static size_t to_strided(const int64_t *sp, const int64_t *dp, size_t n, const int64_t *fields,
-                         size_t k0, size_t k1, kvb_strided_block_t *out, double *bytes_p)
+                         size_t k0, size_t k1, bool read, kvb_strided_block_t *out, double *bytes_p)
 {
     size_t m = 0;
     double bytes = 0;
@@ -79,8 +92,11 @@ static size_t to_strided(const int64_t *sp, const int64_t *dp, size_t n, const i
                 si = sp[j] - sp[i];
                 di = dp[j] - dp[i];
                 /* One descriptor when both sides step forward evenly and
-                 * destination rows do not overlap (the strided rules). */
-                if (si >= 0 && di > 0 && (uint64_t)di * ds >= len) {
+                 * the rows the bytes go to do not overlap (the strided
+                 * rules): the peer's for a write, ours for a read. */
+                int64_t to = read ? si : di, from = read ? di : si;
+                uint64_t to_stride = read ? ss : ds;
+                if (from >= 0 && to > 0 && (uint64_t)to * to_stride >= len) {
                     while (j + 1 < end && sp[j + 1] - sp[j] == si && dp[j + 1] - dp[j] == di)
                         j++;
                     j++;
@@ -89,14 +105,9 @@ static size_t to_strided(const int64_t *sp, const int64_t *dp, size_t n, const i
                 }
             }
             uint64_t count = j - i;
-            out[m++] = (kvb_strided_block_t){
-                .src = sb + (uint64_t)sp[i] * ss,
-                .dst = db + (uint64_t)dp[i] * ds,
-                .len = len,
-                .src_stride = count > 1 ? (uint64_t)si * ss : len,
-                .dst_stride = count > 1 ? (uint64_t)di * ds : len,
-                .count = count,
-            };
+            out[m++] = span_block(read, sb + (uint64_t)sp[i] * ss,
+                                  count > 1 ? (uint64_t)si * ss : len, db + (uint64_t)dp[i] * ds,
+                                  count > 1 ? (uint64_t)di * ds : len, len, count);
             bytes += (double)len * (double)count;
             i = j;
         }
@@ -105,34 +116,53 @@ static size_t to_strided(const int64_t *sp, const int64_t *dp, size_t n, const i
     return m;
 }
 
-kvb_status_t kvb_engine_write_pages(kvb_engine_h eng, const char *sid, const int64_t *src_pages,
-                                    const int64_t *dst_pages, size_t num_pages,
-                                    const int64_t *fields, size_t num_fields, size_t max_batch_size,
-                                    double timeout_s)
+/* kvb_engine_write_pages, or kvb_engine_read_pages when read. */
+static kvb_status_t pages_xfer(kvb_engine_h eng, const char *sid, const int64_t *src_pages,
+                               const int64_t *dst_pages, size_t num_pages, const int64_t *fields,
+                               size_t num_fields, size_t max_batch_size, double timeout_s,
+                               bool read)
 {
-    const char *why = NULL;
+    const char *why = NULL, *what = read ? "read_pages" : "write_pages";
     if (eng == NULL)
         return KVB_ERR_INVALID;
     if (num_pages == 0 || num_fields == 0)
         return KVB_OK;
     if (kvb_pages_check(src_pages, dst_pages, num_pages, fields, num_fields, &why) != KVB_OK)
-        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write_pages to %s: %s",
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "%s %s %s: %s", what, read ? "from" : "to",
                             sid != NULL ? sid : "(null)", why);
     if (sid == NULL)
-        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write_pages without a session");
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "%s without a session", what);
     size_t total = num_pages * num_fields; /* checked above */
     size_t per = max_batch_size == 0 || max_batch_size > total ? total : max_batch_size;
     kvb_strided_block_t *out = malloc(per * sizeof(*out));
     if (out == NULL)
-        return kvb__err_set(&eng->err, KVB_ERR_NOMEM, "write_pages: %zu spans per batch", per);
+        return kvb__err_set(&eng->err, KVB_ERR_NOMEM, "%s: %zu spans per batch", what, per);
     kvb_status_t st = KVB_OK;
     for (size_t k0 = 0; k0 < total && st == KVB_OK; k0 += per) {
         size_t k1 = total - k0 < per ? total : k0 + per;
         double bytes;
-        kvb__wblocks_t w = {.strided = out};
-        w.n = to_strided(src_pages, dst_pages, num_pages, fields, k0, k1, out, &bytes);
-        st = kvb__write_sync(eng, sid, &w, timeout_s > 0 ? timeout_s + bytes * 1e-9 : 0);
+        kvb__wblocks_t w = {.strided = out, .read = read};
+        w.n = to_strided(src_pages, dst_pages, num_pages, fields, k0, k1, read, out, &bytes);
+        st = kvb__xfer_sync(eng, sid, &w, timeout_s > 0 ? timeout_s + bytes * 1e-9 : 0);
     }
     free(out);
     return st;
+}
+
+kvb_status_t kvb_engine_write_pages(kvb_engine_h eng, const char *sid, const int64_t *src_pages,
+                                    const int64_t *dst_pages, size_t num_pages,
+                                    const int64_t *fields, size_t num_fields, size_t max_batch_size,
+                                    double timeout_s)
+{
+    return pages_xfer(eng, sid, src_pages, dst_pages, num_pages, fields, num_fields, max_batch_size,
+                      timeout_s, false);
+}
+
+kvb_status_t kvb_engine_read_pages(kvb_engine_h eng, const char *sid, const int64_t *src_pages,
+                                   const int64_t *dst_pages, size_t num_pages,
+                                   const int64_t *fields, size_t num_fields, size_t max_batch_size,
+                                   double timeout_s)
+{
+    return pages_xfer(eng, sid, src_pages, dst_pages, num_pages, fields, num_fields, max_batch_size,
+                      timeout_s, true);
 }

@@ -1,7 +1,10 @@
-/* Writes, on the caller's thread: the API (kvb_engine_write*, groups,
- * kvb_xfer_*), the checks and coalescing (runs.c), the lane choice and the
- * submission to the chosen lane (lanes.c; a lane that refuses passes the
- * write to its fallback). Completion: complete.c. */
+/* Writes and one-sided reads, on the caller's thread: the API
+ * (kvb_engine_write*, kvb_engine_read*, groups, kvb_xfer_*), the checks and
+ * coalescing (runs.c), the lane choice and the submission to the chosen
+ * lane (lanes.c; a lane that refuses passes the transfer to its fallback).
+ * A read is a transfer with x->read set, its blocks in the engine's form
+ * (local side in src, kvb__wb_at): everything here serves both; only the
+ * lane op called differs. Completion: complete.c. */
 #include "engine/engine_int.h"
 #include "engine/bufpool.h"
 
@@ -14,11 +17,12 @@
 /* ---- caller side ---- */
 
 /* x's blocks in the form of its lane: runs (KVB__LANE_RUNS: the direct
- * lanes), else plain blocks (strided ones expanded). */
+ * lanes), else plain blocks (strided ones expanded; a read's through runs,
+ * which take the engine's form, kvb__wb_at). */
 static kvb_status_t build_blocks(struct kvb_xfer *x, const kvb__wblocks_t *w, const long *seg)
 {
     bool runs = x->lane->caps & KVB__LANE_RUNS;
-    if (!runs && w->strided == NULL)
+    if (!runs && w->strided == NULL && !w->read)
         return kvb__xfer_blocks(x, w->plain, seg, w->n);
     kvb_status_t st = kvb__runs_build(x, w, seg);
     if (st == KVB_OK && !runs)
@@ -31,15 +35,19 @@ static kvb_status_t build_blocks(struct kvb_xfer *x, const kvb__wblocks_t *w, co
 static kvb_status_t choose_lane(kvb_engine_h eng, struct kvb_xfer *x, const long *seg,
                                 const kvb__wblocks_t *w)
 {
-    kvb__mem_kind_t src, dst;
-    kvb__mem_kinds(eng, x->conn, seg, w, &src, &dst);
-    x->cuda = src == KVB__MEM_CUDA || dst == KVB__MEM_CUDA;
+    kvb__mem_kind_t local, remote;
+    kvb__mem_kinds(eng, x->conn, seg, w, &local, &remote);
+    x->cuda = local == KVB__MEM_CUDA || remote == KVB__MEM_CUDA;
+    /* The pair goes the bytes' way: a read's source is the peer's. */
+    kvb__mem_kind_t src = x->read ? remote : local, dst = x->read ? local : remote;
     kvb__lanes_choose(eng, x, src, dst, seg, w);
     if (x->lane == NULL)
-        return kvb__err_set(&eng->err, KVB_ERR_UNSUPPORTED,
-                            "session %s: no lane moves %s memory into %s memory",
-                            x->conn->sess->sid, src == KVB__MEM_CUDA ? "device" : "host",
-                            dst == KVB__MEM_CUDA ? "device" : "host");
+        return kvb__err_set(&eng->err, KVB_ERR_UNSUPPORTED, "session %s: no lane %s %s memory %s",
+                            x->conn->sess->sid, x->read ? "reads the peer's" : "writes local",
+                            src == KVB__MEM_CUDA ? "device" : "host",
+                            dst == KVB__MEM_CUDA ? "into local device memory"
+                            : x->read            ? "into local host memory"
+                                                 : "into the peer's host memory");
     return KVB_OK;
 }
 
@@ -49,6 +57,7 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb__wblock
     size_t seg_cap = 0;
     long *seg = kvb__bufpool_get((w->n ? w->n : 1) * sizeof(*seg), &seg_cap);
     bool retry = false;
+    x->read = w->read;
     kvb_status_t st = seg == NULL ? KVB_ERR_NOMEM : KVB_OK;
     if (st == KVB_OK)
         st = kvb__session_acquire_by(eng, sid, false, deadline, &x->conn);
@@ -89,14 +98,29 @@ static struct kvb_xfer *xfer_new(kvb_engine_h eng, const kvb_write_params_t *par
     return x;
 }
 
-/* The caller's arguments of one write, checked (the engine's error set). */
+static const char *op_name(bool read)
+{
+    return read ? "read" : "write";
+}
+
+/* The caller's arguments of one transfer, checked (the engine's error set). */
 static kvb_status_t check_args(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w)
 {
     if (sid == NULL || (w->plain == NULL && w->strided == NULL && w->n > 0))
-        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write without a session or blocks");
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "%s without a session or blocks",
+                            op_name(w->read));
     if (w->n > SIZE_MAX / sizeof(kvb__run_t)) /* the copies below would wrap */
-        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "write of %zu blocks: too many", w->n);
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "%s of %zu blocks: too many",
+                            op_name(w->read), w->n);
     return KVB_OK;
+}
+
+/* The op of x's lane that takes it: reads go to `read`, writes to
+ * `submit` (lane choice saw to it that the one needed is set). */
+static kvb_status_t (*lane_op(const struct kvb_xfer *x))(kvb_engine_h, struct kvb_xfer *const *,
+                                                         size_t)
+{
+    return x->read ? x->lane->read : x->lane->submit;
 }
 
 /* x never reached a lane: only the caller's reference is left. */
@@ -124,10 +148,10 @@ static kvb_status_t to_fallback(struct kvb_xfer *x)
  * (the caller's reference left). */
 static kvb_status_t submit_one(kvb_engine_h eng, struct kvb_xfer *x, bool refused)
 {
-    kvb_status_t st = refused ? KVB__LANE_REFUSED : x->lane->submit(eng, &x, 1);
+    kvb_status_t st = refused ? KVB__LANE_REFUSED : lane_op(x)(eng, &x, 1);
     while (st == KVB__LANE_REFUSED)
         if ((st = to_fallback(x)) == KVB_OK)
-            st = x->lane->submit(eng, &x, 1);
+            st = lane_op(x)(eng, &x, 1);
     if (st != KVB_OK)
         xfer_unsubmitted(x);
     return st;
@@ -161,12 +185,12 @@ static kvb_status_t write_start_w(kvb_engine_h eng, const char *sid, const kvb__
 }
 
 static kvb_status_t write_start(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
-                                size_t count, const kvb_write_params_t *params, uint64_t deadline,
-                                kvb_xfer_h *xfer_p)
+                                size_t count, bool read, const kvb_write_params_t *params,
+                                uint64_t deadline, kvb_xfer_h *xfer_p)
 {
     if (blocks == NULL && count > 0)
         return KVB_ERR_INVALID;
-    kvb__wblocks_t w = {.plain = blocks, .n = count};
+    kvb__wblocks_t w = {.plain = blocks, .n = count, .read = read};
     return write_start_w(eng, sid, &w, params, deadline, xfer_p);
 }
 
@@ -195,7 +219,22 @@ kvb_status_t kvb_engine_write_async_ex(kvb_engine_h eng, const char *sid, const 
 {
     if (eng == NULL)
         return KVB_ERR_INVALID;
-    return write_start(eng, sid, blocks, count, params, setup_deadline(eng, 0), xfer_p);
+    return write_start(eng, sid, blocks, count, false, params, setup_deadline(eng, 0), xfer_p);
+}
+
+kvb_status_t kvb_engine_read_async(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                                   size_t count, kvb_xfer_h *xfer_p)
+{
+    return kvb_engine_read_async_ex(eng, sid, blocks, count, NULL, xfer_p);
+}
+
+kvb_status_t kvb_engine_read_async_ex(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                                      size_t count, const kvb_write_params_t *params,
+                                      kvb_xfer_h *xfer_p)
+{
+    if (eng == NULL)
+        return KVB_ERR_INVALID;
+    return write_start(eng, sid, blocks, count, true, params, setup_deadline(eng, 0), xfer_p);
 }
 
 /* ---- groups (kvb_engine_write_group_async) ---- */
@@ -229,7 +268,8 @@ static bool member_read(kvb_write_member_t *mb, const kvb_write_member_t *member
 static kvb_status_t member_blocks(kvb_engine_h eng, const kvb_write_member_t *mb, bool fits,
                                   kvb__wblocks_t *w)
 {
-    *w = (kvb__wblocks_t){.plain = mb->blocks, .n = mb->count};
+    bool read = mb->field_mask & KVB_WRITE_MEMBER_READ;
+    *w = (kvb__wblocks_t){.plain = mb->blocks, .n = mb->count, .read = read};
     if (!fits)
         return kvb__err_set(&eng->err, KVB_ERR_INVALID,
                             "write member sets KVB_WRITE_MEMBER_STRIDED but member_size does "
@@ -239,7 +279,7 @@ static kvb_status_t member_blocks(kvb_engine_h eng, const kvb_write_member_t *mb
     if (mb->blocks != NULL || mb->count != 0)
         return kvb__err_set(&eng->err, KVB_ERR_INVALID,
                             "write member with both plain and strided blocks");
-    *w = (kvb__wblocks_t){.strided = mb->strided, .n = mb->strided_count};
+    *w = (kvb__wblocks_t){.strided = mb->strided, .n = mb->strided_count, .read = read};
     return KVB_OK;
 }
 
@@ -294,20 +334,22 @@ kvb_status_t kvb_engine_write_group_async(kvb_engine_h eng, const kvb_write_memb
         if (nz > nz0)
             at[nz0] = i;
     }
-    /* One submission per lane for its members (the direct lane: one hold of
-     * the copy queue for them all); refused (engine stopping): each takes
-     * its fallback, as a single write would. */
+    /* One submission per lane op for its members (the direct lane: one hold
+     * of the copy queue for them all, reads and writes alike); refused
+     * (engine stopping): each takes its fallback, as a single transfer
+     * would. */
     for (size_t k0 = 0; k0 < nz; k0++) {
         struct kvb_xfer *g[KVB_WRITE_GROUP_MAX];
         size_t ng = 0, gi[KVB_WRITE_GROUP_MAX];
-        const kvb__lane_t *lane = zip[k0] != NULL ? zip[k0]->lane : NULL;
-        for (size_t k = k0; lane != NULL && k < nz; k++)
-            if (zip[k] != NULL && zip[k]->lane == lane) {
+        kvb_status_t (*op)(kvb_engine_h, struct kvb_xfer *const *, size_t) =
+            zip[k0] != NULL ? lane_op(zip[k0]) : NULL;
+        for (size_t k = k0; op != NULL && k < nz; k++)
+            if (zip[k] != NULL && lane_op(zip[k]) == op) {
                 gi[ng] = at[k];
                 g[ng++] = zip[k];
                 zip[k] = NULL;
             }
-        if (ng == 0 || lane->submit(eng, g, ng) == KVB_OK)
+        if (ng == 0 || op(eng, g, ng) == KVB_OK)
             continue;
         for (size_t k = 0; k < ng; k++)
             if ((statuses_p[gi[k]] = submit_one(eng, g[k], true)) != KVB_OK)
@@ -375,8 +417,8 @@ void kvb_xfer_free(kvb_xfer_h x)
     kvb__xfer_release(x);
 }
 
-kvb_status_t kvb__write_sync(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w,
-                             double timeout_s)
+kvb_status_t kvb__xfer_sync(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w,
+                            double timeout_s)
 {
     kvb_xfer_h x;
     uint64_t start = kvb__now_ns();
@@ -393,14 +435,15 @@ kvb_status_t kvb__write_sync(kvb_engine_h eng, const char *sid, const kvb__wbloc
          * source) and the transfer fails, within the same bound. */
         kvb_xfer_cancel(x);
         if (kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT) {
-            kvb__conn_kill(eng, x->conn, "a timed-out write did not settle");
+            kvb__conn_kill(eng, x->conn,
+                           w->read ? "a timed-out read did not settle"
+                                   : "a timed-out write did not settle");
             if (kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT)
                 KVB_LOGE("session %s: transfer did not end after its conn was failed", sid);
         }
         kvb__err_set(&eng->err, KVB_ERR_TIMEOUT,
-                     "session %s: write of %zu blocks timed out "
-                     "after %.3f s",
-                     sid, w->n, timeout_s);
+                     "session %s: %s of %zu blocks timed out after %.3f s", sid, op_name(w->read),
+                     w->n, timeout_s);
         st = KVB_ERR_TIMEOUT;
     } else if (st != KVB_OK) {
         kvb__err_set(&eng->err, st, "%s", x->err);
@@ -415,7 +458,16 @@ kvb_status_t kvb_engine_write(kvb_engine_h eng, const char *sid, const kvb_block
     if (eng == NULL || (blocks == NULL && count > 0))
         return KVB_ERR_INVALID;
     kvb__wblocks_t w = {.plain = blocks, .n = count};
-    return kvb__write_sync(eng, sid, &w, timeout_s);
+    return kvb__xfer_sync(eng, sid, &w, timeout_s);
+}
+
+kvb_status_t kvb_engine_read(kvb_engine_h eng, const char *sid, const kvb_block_t *blocks,
+                             size_t count, double timeout_s)
+{
+    if (eng == NULL || (blocks == NULL && count > 0))
+        return KVB_ERR_INVALID;
+    kvb__wblocks_t w = {.plain = blocks, .n = count, .read = true};
+    return kvb__xfer_sync(eng, sid, &w, timeout_s);
 }
 
 void kvb_engine_set_writer_tag(kvb_engine_h eng, uint32_t tag)

@@ -100,6 +100,30 @@ int main(int argc, char **argv)
     pattern(want, LEN, 1);
     tgt_expect(&t, t.dev_addr, want, LEN, "device to device");
 
+    /* one-sided reads of the target's device memory: the device lane reads
+     * it back into host and device memory here; the staging lanes do not
+     * read (KVB_ERR_UNSUPPORTED naming the memory kinds) */
+    memset(sh, 0, LEN);
+    kvb_block_t rb = {t.dev_addr + 1, (uint64_t)(uintptr_t)sh + 3, LEN - 7};
+    kvb_status_t rst = kvb_engine_read(w, t.sid, &rb, 1, 10.0);
+    fprintf(stderr, "read of device memory: %s (%s)\n", kvb_status_string(rst),
+            kvb_engine_last_error(w));
+    if (ipc) {
+        CHECK_EQ(rst, KVB_OK);
+        CHECK(memcmp(sh + 3, want + 1, LEN - 7) == 0 && sh[2] == 0 && sh[LEN - 4] == 0);
+        rb = (kvb_block_t){t.dev_addr, (uint64_t)(uintptr_t)sd, LEN};
+        cuda_test_fill(sd, LEN, 9);
+        CHECK_EQ(kvb_engine_read(w, t.sid, &rb, 1, 10.0), KVB_OK);
+        ct_dtoh(sh, sd, LEN);
+        CHECK(memcmp(sh, want, LEN) == 0);
+        cuda_test_fill(sd, LEN, 1);
+    } else {
+        CHECK_EQ(rst, KVB_ERR_UNSUPPORTED);
+        CHECK_STR_CONTAINS(kvb_engine_last_error(w), "no lane reads the peer's device memory");
+        CHECK(kvb_test_all(sh, LEN, 0));
+    }
+    pattern(sh, LEN, 2);
+
     /* host -> device, the second region of the same allocation */
     b = (kvb_block_t){(uint64_t)(uintptr_t)sh + 4096, t.dev2_addr, t.dev2_len};
     CHECK_EQ(kvb_engine_write(w, t.sid, &b, 1, 10.0), KVB_OK);

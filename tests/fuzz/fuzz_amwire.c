@@ -5,6 +5,8 @@
  * Input: one selector byte, then the header bytes. Selector % 3:
  *  0 write header, payload length = the header's own total field (so valid
  *    headers are reachable), perturbed by selector / 3 when selector >= 96;
+ *    the same bytes as a read request, payload length 0 (perturbed the
+ *    same way: any payload refuses it);
  *  1 ack header;
  *  2 write header, payload length = the first 8 header bytes read as u64.
  *
@@ -19,6 +21,10 @@
  *    table wholly contains its span (checked against a brute-force oracle, with
  *    segments placed at the ends of the address space), and scattering an
  *    accepted message into guard-framed buffers never touches a guard byte;
+ *  - an accepted read request has no payload, a total of 1..AM_READ_MAX
+ *    bytes equal to its pieces' sum, the write header's shape otherwise,
+ *    re-encodes to exactly the input bytes, and its ranges pass the same
+ *    destination check;
  *  - an accepted ack has hlen == 28 + reason length, the reason inside the
  *    input, and re-encodes to exactly the input bytes. */
 #include "fuzz_assert.h"
@@ -67,11 +73,11 @@ static unsigned __int128 oracle_span(const kvb__am_desc_t *d)
     return (unsigned __int128)d->stride * (d->count - 1) + d->len;
 }
 
-static void reencode(const uint8_t *h, size_t hlen, uint32_t nd, size_t length)
+/* Re-encode an accepted header of magic whose pieces add up to length. */
+static void reencode(const uint8_t *h, size_t hlen, uint32_t nd, uint32_t magic, size_t length)
 {
     uint8_t *re = calloc(1, hlen);
     FUZZ_ASSERT(re != NULL);
-    uint32_t magic = AM_MAGIC_WRITE;
     uint64_t xid = get_u64(h + 8), mid = get_u64(h + 16), total = length, epoch = get_u64(h + 32);
     memcpy(re, &magic, 4);
     memcpy(re + 4, &nd, 4);
@@ -178,9 +184,28 @@ static void check_write(const uint8_t *h, size_t hlen, size_t length)
     uint32_t magic;
     memcpy(&magic, h, 4);
     FUZZ_ASSERT(magic == AM_MAGIC_WRITE && get_u64(h + 24) == length);
-    reencode(h, hlen, nd, length);
+    reencode(h, hlen, nd, AM_MAGIC_WRITE, length);
     if (check_dests(h, nd) && length <= MAX_PAYLOAD)
         check_place(h, nd, length);
+}
+
+static void check_read(const uint8_t *h, size_t hlen, size_t length)
+{
+    uint32_t nd = 0xdeadbeefu, np = 0xdeadbeefu;
+    uint64_t total = 0xdeadbeefu;
+    if (!kvb__am_parse_read_header(h, hlen, length, &nd, &np, &total)) {
+        FUZZ_ASSERT(nd == 0xdeadbeefu && np == 0xdeadbeefu && total == 0xdeadbeefu);
+        return;
+    }
+    FUZZ_ASSERT(length == 0 && total >= 1 && total <= AM_READ_MAX && get_u64(h + 24) == total);
+    FUZZ_ASSERT(nd >= 1 && hlen == AM_HDR_FIXED + (size_t)nd * AM_DESC && np >= nd &&
+                np <= AM_MAX_PIECES);
+    uint32_t magic;
+    memcpy(&magic, h, 4);
+    FUZZ_ASSERT(magic == AM_MAGIC_READ);
+    reencode(h, hlen, nd, AM_MAGIC_READ, total);
+    if (check_dests(h, nd) && total <= MAX_PAYLOAD)
+        check_place(h, nd, total); /* the answer's pieces, gathered the same way */
 }
 
 static void check_ack(const uint8_t *h, size_t hlen)
@@ -226,6 +251,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (sel >= 96)
             length += sel / 3;
         check_write(h, hlen, length);
+        check_read(h, hlen, sel >= 96 ? sel / 3 : 0);
         break;
     }
     case 1:

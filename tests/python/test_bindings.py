@@ -834,6 +834,53 @@ def test_shared_memory_direct_lane():
         raises(RuntimeError, pool.array)
 
 
+def test_one_sided_reads():
+    """batch_transfer_sync_read / transfer_sync_read / batch_transfer_async_read
+    / read_pages (kvb_engine_read*) out of a SharedMemory pool (direct lane)
+    and a plain one (message lane, copy_threads=0): exact bytes, the rest of
+    the local buffer untouched; out-of-bounds reads return -3 with nothing
+    read."""
+    import numpy as np
+    n = 1 << 20
+    rng = np.random.default_rng(11)
+    with kb.TransferEngine("127.0.0.1", 0) as target, \
+            kb.TransferEngine("127.0.0.1", 0) as direct, \
+            kb.TransferEngine("127.0.0.1", 0, copy_threads=0) as ucx:
+        pool = kb.SharedMemory(n)
+        remote = pool.array()
+        remote[:] = rng.integers(0, 256, n, dtype=np.uint8)
+        target.register(pool.ptr, n)
+        sid = target.session_id
+        for eng, want in ((direct, True), (ucx, False)):
+            loc = np.zeros(n, np.uint8)
+            eng.register(loc.ctypes.data, n)
+            k = 4096
+            offs = list(range(0, n // 2, k))
+            assert eng.batch_transfer_sync_read(sid, [loc.ctypes.data + o for o in offs],
+                                                [pool.ptr + n - k - o for o in offs],
+                                                [k] * len(offs)) == 0
+            assert eng.session_direct(sid) is want
+            got = loc[:n // 2].reshape(-1, k)[::-1].reshape(-1)
+            assert np.array_equal(got, remote[n // 2:]) and not loc[n // 2:].any()
+            assert eng.transfer_sync_read(sid, loc.ctypes.data + n - 10, pool.ptr + 3, 7) == 0
+            assert np.array_equal(loc[n - 10:n - 3], remote[3:10]) and not loc[n - 3:].any()
+            h = eng.batch_transfer_async_read(sid, [loc.ctypes.data + n // 2], [pool.ptr], [100])
+            assert h.wait(10) == 0
+            h.close()
+            assert np.array_equal(loc[n // 2:n // 2 + 100], remote[:100])
+            fields = [[loc.ctypes.data, 512, pool.ptr, 1024, 200]]
+            assert eng.read_pages(sid, [0, 1], [5, 2], fields) == 0
+            assert np.array_equal(loc[0:200], remote[5120:5320])
+            assert np.array_equal(loc[512:712], remote[2048:2248])
+            before = loc.copy()
+            assert eng.transfer_sync_read(sid, loc.ctypes.data, pool.ptr + n - 8, 16) == -3
+            assert "source" in eng.last_error
+            assert np.array_equal(loc, before)
+            eng.unregister(loc.ctypes.data)
+        target.unregister(pool.ptr)
+        pool.close()
+
+
 def test_state_indices_round_trip():
     """Hybrid model: two state buffers per rank; the prefill's state slots
     (KVSender.send(..., state_indices=)) land in the decode's

@@ -16,8 +16,9 @@
   check; a span outside the target's memory returns -1, nothing written;
 - nic_hint / transport_hint keywords on every transfer call,
   register_memory(..., remote_accessible);
-- what stays out (reads, scatter reads) raises
-  NotImplementedError naming the method.
+- what this file leaves to others: reads (test_mooncake_0314_surface.py),
+  scatter tickets (test_mooncake_scatter.py), SharedSegment
+  (test_mooncake_segment.py).
 """
 
 import array
@@ -339,19 +340,10 @@ def test_hints_on_every_transfer_call(pair):
     assert w.unregister_memory(extra.ctypes.data) == 0
 
 
-def test_0314_surface_left_out():
+def test_0314_module_names():
     assert me.SUPPORT_MULTI_PROTOCOL is False
     S = me.ScatterTransferCompletionStatus
     assert {m.name for m in S} == {"COMPLETED", "FAILED_DRAINED", "COMPLETION_UNKNOWN"}
     with pytest.raises(TypeError):
         me.ScatterTransferTicket()
     assert me.SharedSegment.supported() is True  # tests/python/test_mooncake_segment.py
-    e = TransferEngine()
-    for name in ("batch_transfer_sync_read_pages", "batch_transfer_sync_read_arrays",
-                 "batch_transfer_async_read_arrays", "transfer_sync_read",
-                 "batch_transfer_sync_read", "batch_transfer_async_read"):
-        with pytest.raises(NotImplementedError, match=f"{name}:.*only writes"):
-            getattr(e, name)("x:1", [1], [1], [1])
-    for name in ("submit_scatter_read", "scatter_transfer_sync_read_with_ticket"):
-        with pytest.raises(NotImplementedError, match=f"{name}:.*only writes"):
-            getattr(e, name)("x:1", [1], [1], [1], [1], [[0]], [[0]], [[1]])

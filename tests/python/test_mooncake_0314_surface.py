@@ -53,14 +53,6 @@ SIZE = 1 << 20
 
 # method -> what its NotImplementedError must say (besides the method name)
 NOT_IMPLEMENTED = {
-    "transfer_sync_read": "only writes",
-    "batch_transfer_sync_read": "only writes",
-    "batch_transfer_async_read": "only writes",
-    "batch_transfer_sync_read_arrays": "only writes",
-    "batch_transfer_async_read_arrays": "only writes",
-    "batch_transfer_sync_read_pages": "only writes",
-    "submit_scatter_read": "only writes",
-    "scatter_transfer_sync_read_with_ticket": "only writes",
     "transfer_write_on_cuda": "no CUDA",
     "transfer_read_on_cuda": "no CUDA",
     "batch_transfer_write_on_cuda": "no CUDA",
@@ -72,9 +64,8 @@ NOT_IMPLEMENTED = {
 }
 # supported, but a documented part raises NotImplementedError
 PARTIAL = {
-    "transfer_sync": "TransferOpcode.Read; a notify",
-    "batch_transfer_sync": "TransferOpcode.Read; a notify",
-    "batch_transfer_async": "TransferOpcode.Read",
+    "transfer_sync": "a notify",
+    "batch_transfer_sync": "a notify",
 }
 # kvbridge's own additions to TransferEngine (docs/python.md)
 KVBRIDGE_EXTRAS = {"close", "batch_transfer_poll", "batch_transfer_free"}
@@ -254,16 +245,40 @@ class Pair:
     def unchanged(self):
         assert np.array_equal(self.dst, self.img)
 
-    def refused(self, call, expect):
-        """call() raises expect (an exception class, or (class, pattern)) or
-        returns expect (a return code); dst unchanged either way."""
+    def read(self, spans):
+        """spans (src offset, dst offset, length) were read: the local src
+        holds the target's bytes there, the bytes around them are 0 (the
+        caller zeroed src first), and the target is unchanged."""
+        want = np.zeros(SIZE, np.uint8)
+        for so, do, n in spans:
+            want[so:so + n] = self.dst[do:do + n]
+        assert np.array_equal(self.src, want)
+        self.unchanged()
+        self.bytes_checked += sum(n for _, _, n in spans)
+
+    def read_refused(self, call, expect):
+        """As refused, for reads: the local src is unchanged too."""
         self.fresh()
+        before = self.src.copy()
+        self._outcome(call, expect)
+        assert np.array_equal(self.src, before)
+        self.unchanged()
+
+    @staticmethod
+    def _outcome(call, expect):
+        """call() raises expect (an exception class, or (class, pattern)) or
+        returns expect (a return code)."""
         if isinstance(expect, int):
             assert call() == expect
         else:
             cls, pat = expect if isinstance(expect, tuple) else (expect, None)
             with pytest.raises(cls, match=pat):
                 call()
+
+    def refused(self, call, expect):
+        """_outcome(call, expect); dst unchanged either way."""
+        self.fresh()
+        self._outcome(call, expect)
         self.unchanged()
 
     def close(self):
@@ -464,6 +479,96 @@ def test_pages(pair):
     assert wp(sid, spa[:0], dpa[:0], f) == 0  # an empty grid
 
 
+@covers("transfer_sync_read", "batch_transfer_sync_read", "batch_transfer_async_read")
+def test_reads(pair):
+    """One-sided reads: the target's bytes into w's registered src, exact,
+    neighbours untouched; bad calls change neither side."""
+    w, sid, s, d = pair.w, pair.sid, pair.s, pair.d
+    pair.src[:] = 0
+    assert w.transfer_sync_read(sid, s + 100, d + 4096, 3000) == 0
+    assert w.transfer_sync_read(sid, s + 4000, d, 1, transport_hint="", nic_hint="") == 0
+    pair.read([(100, 4096, 3000), (4000, 0, 1)])
+    so = np.arange(0, 200) * 4096 + 7
+    do = (np.arange(0, 200)[::-1] * 4096) + 100
+    n = np.full(200, 3000)
+    pair.src[:] = 0
+    assert w.batch_transfer_sync_read(sid, (s + so).tolist(), (d + do).tolist(), n.tolist()) == 0
+    pair.read(list(zip(so.tolist(), do.tolist(), n.tolist())))
+    pair.src[:] = 0
+    b1 = w.batch_transfer_async_read(sid, [s, s + 8192], [d + 20000, d + 30000], [5000, 77])
+    b2 = w.batch_transfer_async_read(sid, [s + 100000], [d + 1], [10], "", "")
+    assert b1 > 0 and b2 > 0 and w.get_batch_transfer_status([b1, b2]) == 0
+    pair.read([(0, 20000, 5000), (8192, 30000, 77), (100000, 1, 10)])
+    assert w.batch_transfer_sync_read(sid, [], [], []) == 0
+    rr = pair.read_refused
+    rr(lambda: w.transfer_sync_read(sid, s, d + OOB, 16), -1)  # the peer's side
+    rr(lambda: w.transfer_sync_read(sid, s + OOB, d, 16), -1)  # ours
+    rr(lambda: w.transfer_sync_read(f"{HOST}:1", s, d, 16), -1)
+    rr(lambda: w.batch_transfer_sync_read(sid, [s, s], [d], [8, 8]), -1)
+    rr(lambda: w.batch_transfer_sync_read(sid, [s, s + 64], [d, d + OOB], [8, 16]), -1)
+    rr(lambda: w.batch_transfer_async_read(sid, [s], [d + OOB], [16]), 0)
+    rr(lambda: w.batch_transfer_async_read(sid, [s, s], [d], [8]), 0)
+    rr(lambda: w.batch_transfer_sync_read(sid, [s], [d], [1.5]), TypeError)
+    rr(lambda: w.transfer_sync_read(sid, s, d, 16, nic_hint=None), TypeError)
+
+
+@covers("batch_transfer_sync_read_arrays", "batch_transfer_async_read_arrays")
+def test_read_arrays(pair):
+    w, sid, s, d = pair.w, pair.sid, pair.s, pair.d
+    so = np.arange(50, dtype=np.uint64) * 1000 + 3
+    do = np.arange(50, dtype=np.uint64)[::-1].copy() * 1000 + 70000
+    n = np.full(50, 999, np.uint64)
+    pair.src[:] = 0
+    assert w.batch_transfer_sync_read_arrays(sid, so + np.uint64(s), do + np.uint64(d), n) == 0
+    pair.read(list(zip(so.tolist(), do.tolist(), n.tolist())))
+    pair.src[:] = 0
+    bid = w.batch_transfer_async_read_arrays(sid, (so + np.uint64(s)).astype(np.int64),
+                                             (do + np.uint64(d)).astype(np.int64),
+                                             n.astype(np.int64), "", "mlx5_0")
+    assert bid > 0 and w.get_batch_transfer_status([bid]) == 0
+    pair.read(list(zip(so.tolist(), do.tolist(), n.tolist())))
+    a, b, ln = (so + np.uint64(s))[:10], (do + np.uint64(d))[:10], n[:10]
+    for call, code in ((w.batch_transfer_sync_read_arrays, -1),
+                       (w.batch_transfer_async_read_arrays, 0)):
+        pair.read_refused(lambda: call(sid, a, b[:9], ln), (ValueError, "same length"))
+        pair.read_refused(lambda: call(sid, a.astype(np.uint32), b, ln), (ValueError, "8-byte"))
+        neg = b.astype(np.int64)
+        neg[3] = -1
+        pair.read_refused(lambda: call(sid, a, neg, ln), (ValueError, "negative"))
+        oob = b.copy()
+        oob[-1] = np.uint64(d + OOB)
+        pair.read_refused(lambda: call(sid, a, oob, ln), code)
+
+
+@covers("batch_transfer_sync_read_pages")
+def test_read_pages(pair):
+    """src columns local, dst columns the peer's: span (f, i) reads the
+    peer's dst_base + dst_pages[i] * dst_stride into src_base + src_pages[i]
+    * src_stride."""
+    w, sid = pair.w, pair.sid
+    rows = [(0, 4096, 200000, 4096, 4096), (1 << 19, 1024, 600000, 2048, 1000)]
+    sp, dp = [0, 1, 2, 9, 5], [3, 4, 5, 0, 40]
+    f = _grid(pair, rows)
+    pair.src[:] = 0
+    assert w.batch_transfer_sync_read_pages(sid, np.array(sp, np.int64),
+                                            np.array(dp, np.int64), f, 4096) == 0
+    pair.read(_apply_grid(sp, dp, rows))
+    pair.src[:] = 0
+    assert w.batch_transfer_sync_read_pages(sid, sp, dp, f.tolist(), max_batch_size=3,
+                                            transport_hint="", nic_hint="") == 0
+    pair.read(_apply_grid(sp, dp, rows))
+    spa, dpa = np.array(sp, np.int64), np.array(dp, np.int64)
+    rp = w.batch_transfer_sync_read_pages
+    pair.read_refused(lambda: rp(sid, spa[:-1], dpa, f), (ValueError, "same length"))
+    g = f.copy()
+    g[1, 4] = 0
+    pair.read_refused(lambda: rp(sid, spa, dpa, g), (ValueError, "positive length"))
+    far = dpa.copy()
+    far[-1] = 400  # page 400 of the 4096-stride row lies past the peer's dst
+    pair.read_refused(lambda: rp(sid, spa, far, f), -1)
+    assert rp(sid, spa[:0], dpa[:0], f) == 0  # an empty grid
+
+
 @covers("transfer_sync", "batch_transfer_sync", "batch_transfer_async")
 def test_opcode_calls(pair):
     w, sid, s, d = pair.w, pair.sid, pair.s, pair.d
@@ -473,10 +578,18 @@ def test_opcode_calls(pair):
                                  transport_hint="", nic_hint="")
     assert bid > 0 and w.get_batch_transfer_status([bid]) == 0
     pair.wrote([(11, 700000, 100), (12, 700200, 100), (13, 700400, 100)])
-    read = (NotImplementedError, "only writes")
-    pair.refused(lambda: w.transfer_sync(sid, s, d, 8, TransferOpcode.Read), read)
-    pair.refused(lambda: w.batch_transfer_sync(sid, [s], [d], [8], me.Read), read)
-    pair.refused(lambda: w.batch_transfer_async(sid, [s], [d], [8], me.Read), read)
+    # READ: one-sided reads of the peer's memory into the local buffer
+    pair.src[:] = 0
+    assert w.transfer_sync(sid, s + 50, d + 700000, 100, TransferOpcode.Read) == 0
+    assert w.batch_transfer_sync(sid, [s + 300], [d + 700200], [100], me.Read, None) == 0
+    bid = w.batch_transfer_async(sid, [s + 600], [d + 700400], [100], me.Read)
+    assert bid > 0 and w.get_batch_transfer_status([bid]) == 0
+    pair.read([(50, 700000, 100), (300, 700200, 100), (600, 700400, 100)])
+    pair.read_refused(lambda: w.transfer_sync(sid, s, d + OOB, 16, me.Read), -1)
+    pair.read_refused(lambda: w.batch_transfer_async(sid, [s], [d + OOB], [16], me.Read), 0)
+    pair.read_refused(lambda: w.batch_transfer_sync(sid, [s], [d], [8], me.Read,
+                                                    TransferNotify("n", "m")),
+                      (NotImplementedError, "notifications"))
     note = (NotImplementedError, "notifications")
     pair.refused(lambda: w.transfer_sync(sid, s, d, 8, me.Write, TransferNotify("n", "m")),
                  note)
@@ -587,23 +700,34 @@ def test_scatter_writes(pair):
     pair.unchanged()
 
 
+@covers("submit_scatter_read", "scatter_transfer_sync_read_with_ticket")
+def test_scatter_reads(pair):
+    """Scatter reads: the target's fragments into w's registered src, exact,
+    COMPLETED and drained; a fragment past what the peer registered:
+    FAILED_DRAINED, nothing read; malformed calls raise, nothing read."""
+    w, sid, s, d = pair.w, pair.sid, pair.s, pair.d
+    S = me.ScatterTransferCompletionStatus
+    pair.src[:] = 0
+    t = w.submit_scatter_read(sid, [s + 100, s + 9000], [4096, 4096], [d + 4096, d + 500000],
+                              [8192, 4096], [[0, 50], [7]], [[10, 5000], [0]],
+                              [[20, 30], [4000]])
+    assert t.drain(10000) == S.COMPLETED and t.drained
+    t = w.scatter_transfer_sync_read_with_ticket(sid, [s + 20000], [64], [d + 70000], [64],
+                                                 [[0]], [[0]], [[64]])
+    assert t.status == S.COMPLETED and t.drained
+    pair.read([(100, 4106, 20), (150, 9096, 30), (9007, 500000, 4000), (20000, 70000, 64)])
+    rr = pair.read_refused
+    rr(lambda: w.submit_scatter_read(sid, [s], [64], [d + OOB], [64], [[0]], [[0]],
+                                     [[16]]).status, S.FAILED_DRAINED)
+    rr(lambda: w.submit_scatter_read(sid, [s], [64], [d], [64], [[60]], [[0]], [[8]]),
+       (ValueError, "invalid scatter transfer fragment"))
+    rr(lambda: w.scatter_transfer_sync_read_with_ticket(sid, [s], [64], [d], [64], [[0]],
+                                                        [[0]]), TypeError)
+
+
 def _not_implemented_calls(pair):
     s, d, sid = pair.s, pair.d, pair.sid
-    a = np.array([s], np.uint64)
-    b = np.array([d], np.uint64)
-    n = np.array([8], np.uint64)
-    pages = (np.array([0], np.int64), np.array([0], np.int64),
-             np.array([[s, 8, d, 8, 8]], np.int64))
-    scatter = (sid, [s], [4096], [d], [4096], [[0]], [[0]], [[8]])
     return {
-        "transfer_sync_read": (sid, s, d, 8),
-        "batch_transfer_sync_read": (sid, [s], [d], [8]),
-        "batch_transfer_async_read": (sid, [s], [d], [8]),
-        "batch_transfer_sync_read_arrays": (sid, a, b, n),
-        "batch_transfer_async_read_arrays": (sid, a, b, n),
-        "batch_transfer_sync_read_pages": (sid,) + pages,
-        "submit_scatter_read": scatter,
-        "scatter_transfer_sync_read_with_ticket": scatter,
         "transfer_write_on_cuda": (sid, s, d, 8, 0),
         "transfer_read_on_cuda": (sid, s, d, 8),
         "batch_transfer_write_on_cuda": (sid, [s], [d], [8], 0, "", ""),
@@ -678,9 +802,26 @@ def test_writes_into_another_process():
         far = dp.copy()
         far[0] = 64  # page 64 of the 8192 stride passes the 1 MiB buffer
         assert w.batch_transfer_sync_write_pages(tgt.sid, sp, far, f, 2) == -1
-        with pytest.raises(NotImplementedError, match="transfer_sync_read"):
-            w.transfer_sync_read(tgt.sid, s, t0, 8)
         assert tgt.digests() == want
+        # one-sided reads of the target process's memory, byte-exact
+        got = np.zeros(1 << 20, np.uint8)
+        assert w.register_memory(got.ctypes.data, got.nbytes) == 0
+        g = got.ctypes.data
+        assert w.transfer_sync_read(tgt.sid, g + 5, t0 + 10, 70000) == 0
+        assert w.batch_transfer_sync_read(tgt.sid, [g + 100000, g + 200000], [t1, t1 + 1000],
+                                          [300, 300]) == 0
+        assert w.batch_transfer_sync_read_pages(tgt.sid, sp, dp,
+                                                np.array([[g + 300000, 4096,
+                                                           t0 + (512 << 10), 8192, 4000]],
+                                                         np.int64), 2) == 0
+        assert np.array_equal(got[5:70005], img[0][10:70010])
+        assert np.array_equal(got[100000:100300], img[1][0:300])
+        assert np.array_equal(got[200000:200300], img[1][1000:1300])
+        for a, b in zip(sp.tolist(), dp.tolist()):
+            o = (512 << 10) + b * 8192
+            assert np.array_equal(got[300000 + a * 4096:300000 + a * 4096 + 4000],
+                                  img[0][o:o + 4000])
+        assert w.transfer_sync_read(tgt.sid, g, t0 + SIZES[0] - 8, 16) == -1
     finally:
         w.close()
         tgt.close()

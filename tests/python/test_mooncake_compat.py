@@ -380,15 +380,10 @@ def test_not_implemented():
     assert e.initialize(HOST, "P2PHANDSHAKE", "rdma", "") == 0
     try:
         calls = {
-            "transfer_sync_read": lambda: e.transfer_sync_read("x:1", 1, 1, 1),
-            "batch_transfer_sync_read": lambda: e.batch_transfer_sync_read("x:1", [1], [1], [1]),
-            "batch_transfer_async_read": lambda: e.batch_transfer_async_read("x:1", [1], [1],
-                                                                             [1]),
-            "transfer_sync": lambda: e.transfer_sync("x:1", 1, 1, 1, TransferOpcode.Read),
+            "transfer_sync": lambda: e.transfer_sync("x:1", 1, 1, 1, TransferOpcode.Read,
+                                                     TransferNotify("n", "m")),
             "batch_transfer_sync": lambda: e.batch_transfer_sync(
                 "x:1", [1], [1], [1], TransferOpcode.Write, TransferNotify("n", "m")),
-            "batch_transfer_async": lambda: e.batch_transfer_async("x:1", [1], [1], [1],
-                                                                   me.Read),
             "get_notifies": e.get_notifies,
             "get_first_buffer_address": lambda: e.get_first_buffer_address("x:1"),
             "get_engine": e.get_engine,

@@ -10,25 +10,29 @@ all done (0) or one failed or passed its deadline (-1), transfer_check_status
 the session id "ip:port" built from initialize()'s host and get_rpc_port();
 remote addresses are raw virtual addresses inside memory the peer
 registered. A write that returns 0 (or whose batch reports done) has every
-byte in the target's memory.
+byte in the target's memory; a read (the *_read calls, the READ opcode:
+kvbridge's one-sided reads, kvb_engine_read*) that does has every byte in
+the local buffers, and once a read's batch reports an end (done or failed)
+no byte of it lands any more.
 
-Mooncake 0.3.14's surface: batch_transfer_sync_write_pages (one C call:
-kvb_engine_write_pages turns the page grid into strided blocks), the
-*_write_arrays calls (numpy arrays read in place), nic_hint on every
-transfer call is accepted; register_memory(..., remote_accessible=False)
-registers a local-only region peers never see; the scatter writes return
-drain tickets whose status says what kvbridge's engine can prove
-(_scatter.py).
+Mooncake 0.3.14's surface: batch_transfer_sync_write_pages and
+batch_transfer_sync_read_pages (one C call each: kvb_engine_write_pages /
+kvb_engine_read_pages turn the page grid into strided blocks; a read's
+src_* columns stay local and dst_* remote, the bytes going dst -> src), the
+*_arrays calls (numpy arrays read in place), nic_hint on every transfer
+call is accepted; register_memory(..., remote_accessible=False) registers
+a local-only region peers never see; the scatter calls return drain
+tickets whose status says what kvbridge's engine can prove (_scatter.py);
+SharedSegment on kvb_mem_alloc memory (_segment.py).
 
 Differences, all explicit (docs/python.md, "Mooncake drop-in"):
-- kvbridge's engine only writes: the READ opcode and the *_read calls
-  (*_read_arrays, *_read_pages, scatter reads included) raise
-  NotImplementedError; so do notifications (transfer_sync/batch_transfer_sync
+- Raise NotImplementedError: notifications (transfer_sync/batch_transfer_sync
   with a notify, get_notifies), the Mooncake Store hooks (get_engine,
   get_engine_ptr), remote segment queries (get_first_buffer_address) and the
   CUDA-stream calls (*_on_cuda; SUPPORT_CUDA is False).
-- Only host memory: the source of a write must lie inside memory registered
-  with this engine, the destination inside memory the peer registered.
+- Only host memory: a write's source (a read's destination) must lie inside
+  memory registered with this engine, the other side inside memory the peer
+  registered.
 - Only the P2PHANDSHAKE metadata mode; other metadata servers and device
   fabrics (nvlink, hip, musa, ascend, xgmi) make initialize() return -1.
 """
@@ -274,10 +278,12 @@ def _as_list(v, name):
                         f"not {type(v).__name__}") from None
 
 
-def _blocks(buffers, peer_addresses, lengths):
+def _blocks(buffers, peer_addresses, lengths, read=False):
     """kvb_block_t array of the three lists (built in one go), its count and
     total bytes; None for the count when the lists differ in length.
-    TypeError for values that are not unsigned integers (as pybind11 does)."""
+    TypeError for values that are not unsigned integers (as pybind11 does).
+    read: the peer's addresses are the blocks' src (kvb_engine_read)."""
+    local, remote = (1, 0) if read else (0, 1)
     src = _as_list(buffers, "buffers")
     dst = _as_list(peer_addresses, "peer_buffer_addresses")
     lens = _as_list(lengths, "lengths")
@@ -286,18 +292,19 @@ def _blocks(buffers, peer_addresses, lengths):
         return None, None, 0
     flat = (ctypes.c_uint64 * max(3 * n, 3))()
     if n:
-        _u64_column(src, "buffers", flat, 0, n)
-        _u64_column(dst, "peer_buffer_addresses", flat, 1, n)
+        _u64_column(src, "buffers", flat, local, n)
+        _u64_column(dst, "peer_buffer_addresses", flat, remote, n)
         _u64_column(lens, "lengths", flat, 2, n)
     total = int(lens.sum()) if hasattr(lens, "sum") else sum(lens)
     return ctypes.cast(flat, ctypes.POINTER(L.Block)), n, total
 
 
-def _array_blocks(buffers, peer_addresses, lengths):
+def _array_blocks(buffers, peer_addresses, lengths, read=False):
     """As _blocks, for the *_arrays calls: three 1-D contiguous arrays of
     8-byte integers (numpy or any buffer), read in place (no lists).
     ValueError (Mooncake's texts) for anything else, different lengths or
     negative values."""
+    at = (1, 0, 2) if read else (0, 1, 2)  # the block column of each array
     cols = [L.i64_array(v, n) for v, n in ((buffers, "buffers"),
                                             (peer_addresses, "peer_buffer_addresses"),
                                             (lengths, "lengths"))]
@@ -316,7 +323,7 @@ def _array_blocks(buffers, peer_addresses, lengths):
             a = c.array
             if not c.unsigned and int(a.min()) < 0:
                 raise ValueError(f"{name} must not contain negative values")
-            out[:n, k] = a.view(np.uint64)
+            out[:n, at[k]] = a.view(np.uint64)
         total = int(out[:n, 2].sum(dtype=np.float64))
     else:
         for k, (c, name) in enumerate(zip(cols, ("buffers", "peer_buffer_addresses",
@@ -324,7 +331,7 @@ def _array_blocks(buffers, peer_addresses, lengths):
             vals = (ctypes.c_int64 * n).from_address(c.addr)
             if not c.unsigned and min(vals) < 0:
                 raise ValueError(f"{name} must not contain negative values")
-            flat[k::3] = (ctypes.c_uint64 * n).from_address(c.addr)
+            flat[at[k]::3] = (ctypes.c_uint64 * n).from_address(c.addr)
         total = sum(flat[2::3])
     return ctypes.cast(flat, ctypes.POINTER(L.Block)), n, total
 
@@ -633,26 +640,52 @@ class TransferEngine:
 
     def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode,
                       notify=None, transport_hint="", nic_hint=""):
-        self._opcode("transfer_sync", opcode)
+        read = self._opcode("transfer_sync", opcode)
         self._no_notify("transfer_sync", notify)
         return self._sync("transfer_sync", target_hostname, [buffer], [peer_buffer_address],
-                          [length], transport_hint, nic_hint)
+                          [length], transport_hint, nic_hint, read=read)
 
     def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                             opcode, notify=None, transport_hint="", nic_hint=""):
-        self._opcode("batch_transfer_sync", opcode)
+        read = self._opcode("batch_transfer_sync", opcode)
         self._no_notify("batch_transfer_sync", notify)
         return self._sync("batch_transfer_sync", target_hostname, buffers,
-                          peer_buffer_addresses, lengths, transport_hint, nic_hint)
+                          peer_buffer_addresses, lengths, transport_hint, nic_hint, read=read)
 
-    def _sync(self, what, target, buffers, peers, lengths, hint, nic_hint, arrays=False):
+    # ---------------------------------------------------------- sync reads
+    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length,
+                           transport_hint="", nic_hint=""):
+        """Read length bytes from peer_buffer_address of the engine at
+        target_hostname into local buffer (a one-sided read: nothing runs on
+        the peer's side); 0 once they are here, else -1 (bounds, a revoked
+        grant, unreachable or dead peer, MC_TRANSFER_TIMEOUT)."""
+        return self._sync("transfer_sync_read", target_hostname, [buffer],
+                          [peer_buffer_address], [length], transport_hint, nic_hint, read=True)
+
+    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses,
+                                 lengths, transport_hint="", nic_hint=""):
+        """Read every block (peer_buffer_addresses[i] -> buffers[i]); 0 once
+        all bytes are here, -1 otherwise."""
+        return self._sync("batch_transfer_sync_read", target_hostname, buffers,
+                          peer_buffer_addresses, lengths, transport_hint, nic_hint, read=True)
+
+    def batch_transfer_sync_read_arrays(self, target_hostname, buffers, peer_buffer_addresses,
+                                        lengths, transport_hint="", nic_hint=""):
+        """(0.3.14) batch_transfer_sync_read with arrays (as
+        batch_transfer_sync_write_arrays)."""
+        return self._sync("batch_transfer_sync_read_arrays", target_hostname, buffers,
+                          peer_buffer_addresses, lengths, transport_hint, nic_hint,
+                          arrays=True, read=True)
+
+    def _sync(self, what, target, buffers, peers, lengths, hint, nic_hint, arrays=False,
+              read=False):
         _check_str(target, "target_hostname")
         _check_str(hint, "transport_hint")  # honoured by Mooncake's TENT only
         _check_str(nic_hint, "nic_hint")  # UCX picks the devices (UCX_NET_DEVICES)
         if arrays:
-            blocks, n, total = _array_blocks(buffers, peers, lengths)
+            blocks, n, total = _array_blocks(buffers, peers, lengths, read)
         else:
-            blocks, n, total = _blocks(buffers, peers, lengths)
+            blocks, n, total = _blocks(buffers, peers, lengths, read)
         eng = self._engine(what)
         if eng is None:
             return -1
@@ -663,11 +696,12 @@ class TransferEngine:
         if n == 0:
             return 0
         timeout = self._timeout_s + total * 1e-9  # Mooncake: timeout + 1 ns per byte
+        fn = L.lib().kvb_engine_read if read else L.lib().kvb_engine_write
         with eng._guard:
-            st = L.lib().kvb_engine_write(eng._h, target.encode(), blocks, n, timeout)
+            st = fn(eng._h, target.encode(), blocks, n, timeout)
             if st == L.KVB_OK:
                 return 0
-            log.warning("mooncake.engine (kvbridge): %s to %s (%d blocks, %d bytes) failed: %s",
+            log.warning("mooncake.engine (kvbridge): %s with %s (%d blocks, %d bytes) failed: %s",
                         what, target, n, total,
                         L.text(L.lib().kvb_engine_last_error(eng._h)) or L.status_string(st))
         return -1
@@ -699,7 +733,22 @@ class TransferEngine:
         empty grid (N x F == 0) returns 0 once the shapes are right. Then 0
         once every byte is in the peer's memory, -1 otherwise (the first
         failing batch; later ones are not sent)."""
-        what = "batch_transfer_sync_write_pages"
+        return self._pages("batch_transfer_sync_write_pages", target_hostname, src_pages,
+                           dst_pages, fields, max_batch_size, transport_hint, nic_hint, False)
+
+    def batch_transfer_sync_read_pages(self, target_hostname, src_pages, dst_pages, fields,
+                                      max_batch_size=0, transport_hint="", nic_hint=""):
+        """(0.3.14) Read a pages x fields grid and wait: as
+        batch_transfer_sync_write_pages with the bytes going the other way
+        (kvb_engine_read_pages): the src_* columns and src_pages stay local,
+        dst_* remote; span (f, i) copies length bytes from the peer's
+        dst_base + dst_pages[i] * dst_stride into local src_base +
+        src_pages[i] * src_stride. Same errors and return codes."""
+        return self._pages("batch_transfer_sync_read_pages", target_hostname, src_pages,
+                           dst_pages, fields, max_batch_size, transport_hint, nic_hint, True)
+
+    def _pages(self, what, target_hostname, src_pages, dst_pages, fields, max_batch_size,
+               transport_hint, nic_hint, read):
         _check_str(target_hostname, "target_hostname")
         _check_str(transport_hint, "transport_hint")
         _check_str(nic_hint, "nic_hint")
@@ -718,13 +767,13 @@ class TransferEngine:
         eng = self._engine(what)
         if eng is None:
             return -1
+        fn = L.lib().kvb_engine_read_pages if read else L.lib().kvb_engine_write_pages
         with eng._guard:
-            st = L.lib().kvb_engine_write_pages(eng._h, target_hostname.encode(), sp.addr,
-                                                dp.addr, sp.rows, fl.addr, fl.rows, mbs,
-                                                self._timeout_s)
+            st = fn(eng._h, target_hostname.encode(), sp.addr, dp.addr, sp.rows, fl.addr,
+                    fl.rows, mbs, self._timeout_s)
             if st == L.KVB_OK:
                 return 0
-            log.warning("mooncake.engine (kvbridge): %s to %s (%d pages x %d fields) failed: %s",
+            log.warning("mooncake.engine (kvbridge): %s with %s (%d pages x %d fields) failed: %s",
                         what, target_hostname, sp.rows, fl.rows,
                         L.text(L.lib().kvb_engine_last_error(eng._h)) or L.status_string(st))
         return -1
@@ -739,9 +788,25 @@ class TransferEngine:
 
     def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                              opcode, transport_hint="", nic_hint=""):
-        self._opcode("batch_transfer_async", opcode)
+        read = self._opcode("batch_transfer_async", opcode)
         return self._submit("batch_transfer_async", target_hostname, buffers,
-                            peer_buffer_addresses, lengths, transport_hint, nic_hint)
+                            peer_buffer_addresses, lengths, transport_hint, nic_hint, read=read)
+
+    def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint="", nic_hint=""):
+        """Queue a one-sided read (peer_buffer_addresses[i] -> buffers[i]);
+        its id (>= 1), or 0 when it could not be queued. Once its status
+        reports an end, no byte of it lands any more."""
+        return self._submit("batch_transfer_async_read", target_hostname, buffers,
+                            peer_buffer_addresses, lengths, transport_hint, nic_hint, read=True)
+
+    def batch_transfer_async_read_arrays(self, target_hostname, buffers,
+                                         peer_buffer_addresses, lengths, transport_hint="",
+                                         nic_hint=""):
+        """(0.3.14) batch_transfer_async_read with arrays: batch id, or 0."""
+        return self._submit("batch_transfer_async_read_arrays", target_hostname, buffers,
+                            peer_buffer_addresses, lengths, transport_hint, nic_hint,
+                            arrays=True, read=True)
 
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
                               transport_hint="", nic_hint=""):
@@ -749,14 +814,15 @@ class TransferEngine:
         return self._submit("transfer_submit_write", target_hostname, [buffer],
                             [peer_buffer_address], [length], transport_hint, nic_hint)
 
-    def _submit(self, what, target, buffers, peers, lengths, hint, nic_hint, arrays=False):
+    def _submit(self, what, target, buffers, peers, lengths, hint, nic_hint, arrays=False,
+                read=False):
         _check_str(target, "target_hostname")
         _check_str(hint, "transport_hint")
         _check_str(nic_hint, "nic_hint")
         if arrays:
-            blocks, n, total = _array_blocks(buffers, peers, lengths)
+            blocks, n, total = _array_blocks(buffers, peers, lengths, read)
         else:
-            blocks, n, total = _blocks(buffers, peers, lengths)
+            blocks, n, total = _blocks(buffers, peers, lengths, read)
         eng = self._engine(what)
         if eng is None:
             return 0
@@ -768,10 +834,10 @@ class TransferEngine:
         x = ctypes.c_void_p()
         with eng._guard:
             # An empty batch still gets a handle: kvbridge completes it at once.
-            st = L.lib().kvb_engine_write_async(eng._h, target.encode(), blocks, n,
-                                                ctypes.byref(x))
+            fn = L.lib().kvb_engine_read_async if read else L.lib().kvb_engine_write_async
+            st = fn(eng._h, target.encode(), blocks, n, ctypes.byref(x))
             if st != L.KVB_OK:
-                log.warning("mooncake.engine (kvbridge): %s to %s (%d blocks) failed: %s",
+                log.warning("mooncake.engine (kvbridge): %s with %s (%d blocks) failed: %s",
                             what, target, n,
                             L.text(L.lib().kvb_engine_last_error(eng._h)) or
                             L.status_string(st))
@@ -960,49 +1026,21 @@ class TransferEngine:
         raise NotImplementedError(f"mooncake.engine.TransferEngine.{method}: {why} "
                                   f"(kvbridge's mooncake.engine drop-in)")
 
-    def _opcode(self, method, opcode):
+    @staticmethod
+    def _opcode(method, opcode):
+        """True for READ (a one-sided read), False for WRITE."""
         try:
             op = int(opcode)
         except (TypeError, ValueError):
             raise TypeError(f"{method}: opcode must be a TransferOpcode") from None
-        if op == TransferOpcode.Read:
-            self._not_implemented(method, "READ is not supported; kvbridge's engine only "
-                                          "writes (let the peer write instead)")
-        if op != TransferOpcode.Write:
+        if op not in (TransferOpcode.Read, TransferOpcode.Write):
             raise ValueError(f"{method}: unknown opcode {opcode!r}")
+        return op == TransferOpcode.Read
 
     def _no_notify(self, method, notify):
         if notify is not None:
             self._not_implemented(method, "notifications are not supported (kvbridge's "
                                           "engine has no message channel); send notify=None")
-
-    _NO_READ = ("kvbridge's engine only writes (one-sided reads are a later engine task; "
-                "have the peer write instead)")
-
-    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length,
-                           transport_hint="", nic_hint=""):
-        self._not_implemented("transfer_sync_read", self._NO_READ)
-
-    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses,
-                                 lengths, transport_hint="", nic_hint=""):
-        self._not_implemented("batch_transfer_sync_read", self._NO_READ)
-
-    def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses,
-                                  lengths, transport_hint="", nic_hint=""):
-        self._not_implemented("batch_transfer_async_read", self._NO_READ)
-
-    def batch_transfer_sync_read_arrays(self, target_hostname, buffers, peer_buffer_addresses,
-                                        lengths, transport_hint="", nic_hint=""):
-        self._not_implemented("batch_transfer_sync_read_arrays", self._NO_READ)
-
-    def batch_transfer_async_read_arrays(self, target_hostname, buffers,
-                                         peer_buffer_addresses, lengths, transport_hint="",
-                                         nic_hint=""):
-        self._not_implemented("batch_transfer_async_read_arrays", self._NO_READ)
-
-    def batch_transfer_sync_read_pages(self, target_hostname, src_pages, dst_pages, fields,
-                                       max_batch_size=0, transport_hint="", nic_hint=""):
-        self._not_implemented("batch_transfer_sync_read_pages", self._NO_READ)
 
     # ---------------------------------------------------------- scatter (0.3.14)
     def _scatter(self, what, read, endpoint, args, sync):
@@ -1032,8 +1070,12 @@ class TransferEngine:
     def submit_scatter_read(self, endpoint, local_base_addresses, local_capacities,
                             remote_base_addresses, remote_capacities, local_offsets,
                             remote_offsets, lengths):
-        """(0.3.14) As submit_scatter_write, reading remote → local."""
-        self._no_scatter_read("submit_scatter_read")
+        """(0.3.14) As submit_scatter_write, reading: lengths[r][j] bytes from
+        the peer's remote_base_addresses[r] + remote_offsets[r][j] into
+        local_base_addresses[r] + local_offsets[r][j] (kvb_engine_read)."""
+        return self._scatter("submit_scatter_read", True, endpoint,
+                             (local_base_addresses, local_capacities, remote_base_addresses,
+                              remote_capacities, local_offsets, remote_offsets, lengths), False)
 
     def scatter_transfer_sync_write_with_ticket(self, endpoint, local_base_addresses,
                                                 local_capacities, remote_base_addresses,
@@ -1053,11 +1095,11 @@ class TransferEngine:
                                                local_capacities, remote_base_addresses,
                                                remote_capacities, local_offsets,
                                                remote_offsets, lengths):
-        """(0.3.14) As scatter_transfer_sync_write_with_ticket, reading."""
-        self._no_scatter_read("scatter_transfer_sync_read_with_ticket")
-
-    def _no_scatter_read(self, method):
-        self._not_implemented(method, self._NO_READ)
+        """(0.3.14) As scatter_transfer_sync_write_with_ticket, reading (as
+        submit_scatter_read)."""
+        return self._scatter("scatter_transfer_sync_read_with_ticket", True, endpoint,
+                             (local_base_addresses, local_capacities, remote_base_addresses,
+                              remote_capacities, local_offsets, remote_offsets, lengths), True)
 
     def get_notifies(self):
         self._not_implemented("get_notifies", "notifications are not supported")

@@ -316,7 +316,9 @@ static bool ipc_usable(kvb_engine_h eng, const kvb__conn_t *c, const struct kvb_
     return kvb__lane_direct.usable(eng, c, x, dst_seg, w);
 }
 
-/* Alone in its group: a unit is one batch of driver copies. */
+/* Alone in its group: a unit is one batch of driver copies. Reads too:
+ * out of the peer's imported device memory (or its mapped host memory into
+ * device memory here). */
 static kvb_status_t ipc_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
 {
     return kvb__lane_direct.submit(eng, xs, n);
@@ -337,4 +339,5 @@ const kvb__lane_t kvb__lane_cuda_ipc = {
     .detach = ipc_detach,
     .usable = ipc_usable,
     .submit = ipc_submit,
+    .read = ipc_submit, /* the copy threads copy a read's units the other way */
 };

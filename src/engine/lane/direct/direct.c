@@ -1,6 +1,8 @@
 /* Direct lane: on one host, when the target's memory lives in kvb_mem_alloc
  * files, the writer maps those files and its copy threads write the blocks
  * straight into them: one copy, done by the writer, no work on the target.
+ * One-sided reads take the same path the other way: the copy threads copy
+ * out of the mapping into local memory, admitted by the same fence.
  * The target still bounds every write (only advertised segments are mapped,
  * every block was checked against them) and still fences writers: each unit
  * is admitted against the target's shared fence page, and counted there
@@ -371,8 +373,12 @@ static kvb_status_t copy_unit(kvb_engine_h eng, unit_t *u, uint64_t admitted, ch
         const kvb__seg_t *s = &x->conn->segs.v[r->seg];
         uint8_t *d = s->direct + (r->dst + c->row * r->dstride - s->addr) + p.off;
         uint64_t src = r->src + c->row * r->sstride + p.off;
-        if (v != NULL)
+        if (v != NULL && x->read) /* runs name the local side src: the bytes go there */
+            v[nv++] = (kvb__cuda_copy_t){src, (uint64_t)(uintptr_t)d, end - p.off};
+        else if (v != NULL)
             v[nv++] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)d, src, end - p.off};
+        else if (x->read)
+            copy_block((uint8_t *)(uintptr_t)src, d, end - p.off, eng->direct->stream_copy);
         else
             copy_block(d, (const uint8_t *)(uintptr_t)src, end - p.off, eng->direct->stream_copy);
         if (!last)
@@ -683,5 +689,6 @@ const kvb__lane_t kvb__lane_direct = {
     .detach = kvb__direct_detach,
     .usable = direct_usable,
     .submit = direct_submit,
+    .read = direct_submit, /* copy_unit copies a read's units the other way */
     .stats = direct_stats,
 };

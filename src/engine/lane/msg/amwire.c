@@ -59,8 +59,10 @@ static bool desc_ok(const uint8_t *h, uint32_t i, uint64_t *total, uint32_t *pie
     return true;
 }
 
-bool kvb__am_parse_write_header(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p,
-                                uint32_t *pieces_p)
+/* A header of magic whose descriptors' bytes add up to want (the total
+ * field too). */
+static bool parse_header(const uint8_t *h, size_t hlen, uint32_t want_magic, uint64_t want,
+                         uint32_t *nd_p, uint32_t *pieces_p)
 {
     uint32_t magic, nd, pieces = 0;
     uint64_t total = 0;
@@ -68,16 +70,35 @@ bool kvb__am_parse_write_header(const uint8_t *h, size_t hlen, size_t length, ui
         return false;
     memcpy(&magic, h, 4);
     memcpy(&nd, h + 4, 4);
-    if (magic != AM_MAGIC_WRITE || nd == 0 || (hlen - AM_HDR_FIXED) / AM_DESC != nd ||
-        (hlen - AM_HDR_FIXED) % AM_DESC != 0 || kvb__am_u64(h + 24) != length)
+    if (magic != want_magic || nd == 0 || (hlen - AM_HDR_FIXED) / AM_DESC != nd ||
+        (hlen - AM_HDR_FIXED) % AM_DESC != 0 || kvb__am_u64(h + 24) != want)
         return false;
     for (uint32_t i = 0; i < nd; i++)
         if (!desc_ok(h, i, &total, &pieces))
             return false;
-    if (total != length)
+    if (total != want)
         return false;
     *nd_p = nd;
     *pieces_p = pieces;
+    return true;
+}
+
+bool kvb__am_parse_write_header(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p,
+                                uint32_t *pieces_p)
+{
+    return parse_header(h, hlen, AM_MAGIC_WRITE, length, nd_p, pieces_p);
+}
+
+bool kvb__am_parse_read_header(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p,
+                               uint32_t *pieces_p, uint64_t *total_p)
+{
+    if (h == NULL || hlen < AM_HDR_FIXED || length != 0)
+        return false;
+    uint64_t total = kvb__am_u64(h + 24);
+    if (total == 0 || total > AM_READ_MAX ||
+        !parse_header(h, hlen, AM_MAGIC_READ, total, nd_p, pieces_p))
+        return false;
+    *total_p = total;
     return true;
 }
 

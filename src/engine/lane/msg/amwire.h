@@ -15,7 +15,12 @@
  * The payload is the pieces' bytes in order.
  * Ack header (target → writer):
  *   u32 magic "KVBA" | i32 status | u64 xfer id | u64 msg id | u32 rl |
- *   rl bytes of reason */
+ *   rl bytes of reason
+ * Read request (reader → target, on the write message ids, so it passes the
+ * same token check): the write header with magic "KVBR", no payload, total
+ * = the bytes asked for (at most AM_READ_MAX), the descriptors naming the
+ * target's ranges. Answer: an ack; with status 0 its payload is exactly
+ * total bytes, the pieces' bytes in order (else a refusal's reason). */
 #ifndef KVB_ENGINE_AMWIRE_H
 #define KVB_ENGINE_AMWIRE_H
 
@@ -35,6 +40,8 @@
 #define AM_MAX_PIECES 4096u        /* pieces (IOV entries) one message may name */
 #define AM_MAGIC_WRITE 0x5742564bu /* "KVBW" (with the epoch; "KVBV" had none) */
 #define AM_MAGIC_ACK 0x4142564bu   /* "KVBA" */
+#define AM_MAGIC_READ 0x5242564bu  /* "KVBR" */
+#define AM_READ_MAX (16ull << 20)  /* bytes one read request may ask for */
 
 static inline uint64_t kvb__am_u64(const uint8_t *p)
 {
@@ -63,6 +70,12 @@ typedef struct kvb__am_desc {
  * registrations: am_validate in target.c, over kvb__am_desc_span). */
 bool kvb__am_parse_write_header(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p,
                                 uint32_t *pieces_p);
+
+/* Check a read request of hlen bytes with a payload of length bytes: as a
+ * write header, but magic "KVBR", no payload (length 0) and a total of
+ * 1..AM_READ_MAX bytes, which *total_p gets. */
+bool kvb__am_parse_read_header(const uint8_t *h, size_t hlen, size_t length, uint32_t *nd_p,
+                               uint32_t *pieces_p, uint64_t *total_p);
 
 /* Descriptor i (< nd of an accepted header). */
 void kvb__am_write_desc(const uint8_t *h, uint32_t i, kvb__am_desc_t *d);

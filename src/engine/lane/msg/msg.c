@@ -3,10 +3,16 @@
  * header (amwire.h), the bytes as an IOV payload, at most AM_WINDOW
  * unacknowledged per write; the target (target.c) validates every range,
  * places the bytes and acknowledges. Sources staged by the CUDA staging
- * lane are read from its ring as far as they are staged (x->stage_ready). */
+ * lane are read from its ring as far as they are staged (x->stage_ready).
+ * A one-sided read is built the same way into read requests (the
+ * descriptors name the target's ranges, no payload; our pieces kept in the
+ * window slot) and the target's answer carries the bytes, which are placed
+ * here on the progress thread, and only while the read is still running
+ * (read.c): nothing lands after its end is published. */
 #include "engine/engine_int.h"
 #include "engine/lane/msg/amwire.h"
 #include "engine/lane/msg/msg.h"
+#include "engine/lane/msg/read.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,13 +48,10 @@ static void am_msg_release(kvb__op_t *op)
  * already, or the ack of a message whose send failed). */
 static bool win_take(struct kvb_xfer *x, uint32_t seq)
 {
-    for (size_t i = 0; i < x->inflight && i < AM_WINDOW; i++)
-        if (x->am_win[i] == seq) {
-            x->am_win[i] = x->am_win[--x->inflight];
-            x->am_pos[i] = x->am_pos[x->inflight];
-            return true;
-        }
-    return false;
+    long i = kvb__am_win_find(x, seq);
+    if (i >= 0)
+        kvb__am_win_drop(x, (size_t)i);
+    return i >= 0;
 }
 
 /* A message's send completed (inline, by callback, or with an immediate
@@ -166,6 +169,8 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
     size_t max_desc = (eng->max_am_header - pre - AM_HDR_FIXED) / AM_DESC;
     uint64_t chunk = eng->params.am_chunk_bytes;
+    if (x->read && chunk > AM_READ_MAX) /* what a target answers at most */
+        chunk = AM_READ_MAX;
     if (max_desc > AM_MAX_PIECES) /* every descriptor names at least one piece */
         max_desc = AM_MAX_PIECES;
     am_msg_t *m = am_alloc(x, max_desc);
@@ -197,7 +202,7 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
         }
     }
     uint8_t *h = m->hdr + pre;
-    uint32_t magic = AM_MAGIC_WRITE, nd = (uint32_t)f.k;
+    uint32_t magic = x->read ? AM_MAGIC_READ : AM_MAGIC_WRITE, nd = (uint32_t)f.k;
     memcpy(h, &magic, 4);
     memcpy(h + 4, &nd, 4);
     kvb__am_put_u64(h + 8, x->id);
@@ -245,6 +250,13 @@ static void am_issue(kvb_engine_h eng, struct kvb_xfer *x)
         x->am_win[x->inflight++] = m->seq;
         void *buf = contig ? m->iov[0].buffer : (void *)m->iov;
         size_t cnt = contig ? m->iov[0].length : niov;
+        if (x->read) { /* a request: our pieces wait in the slot for the answer */
+            kvb__am_read_slot(x, x->inflight - 1, m->iov, niov, bytes);
+            m->iov = NULL;
+            p.datatype = ucp_dt_make_contig(1);
+            buf = NULL;
+            cnt = 0;
+        }
         size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
         void *r = ucp_am_send_nbx(x->conn->ep, pre > 0 ? KVB_AM_WRITE_AUTH : KVB_AM_WRITE, m->hdr,
                                   pre + AM_HDR_FIXED + m->ndesc * AM_DESC, buf, cnt, &p);
@@ -273,18 +285,12 @@ static void ack_ignored(kvb_engine_h eng, uint64_t xid, uint64_t mid, const stru
                  (unsigned long long)n);
 }
 
-static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *data, size_t length,
-                              const ucp_am_recv_param_t *param)
+/* An ack (or a refused read) of x: its message out of the window, a
+ * refusal failing x. */
+static ucs_status_t ack_one(kvb_engine_h eng, struct kvb_xfer *x, uint64_t xid, uint64_t mid,
+                            int32_t st, const uint8_t *why, uint32_t rl)
 {
-    kvb_engine_h eng = arg;
-    const uint8_t *why;
-    uint32_t rl;
-    int32_t st;
-    uint64_t xid, mid;
-    if (!kvb__am_parse_ack(header, hlen, &st, &xid, &mid, &why, &rl))
-        return UCS_OK;
-    struct kvb_xfer *x = kvb__xfer_find(eng, xid);
-    if (x == NULL || x->abandoned || !ack_from_conn(x, param) || !win_take(x, (uint32_t)mid)) {
+    if (!win_take(x, (uint32_t)mid)) {
         ack_ignored(eng, xid, mid, x); /* not a message of ours in flight */
         return UCS_OK;
     }
@@ -297,9 +303,32 @@ static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *
                        st == KVB_ERR_BOUNDS || st == KVB_ERR_AUTH || st == KVB_ERR_FENCED
                            ? (kvb_status_t)st
                            : KVB_ERR_PEER,
-                       "session %s: peer refused the write: %s", x->conn->sess->sid, reason);
+                       x->read ? "session %s: peer refused the read: %s"
+                               : "session %s: peer refused the write: %s",
+                       x->conn->sess->sid, reason);
     }
     return UCS_OK;
+}
+
+static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen, void *data, size_t length,
+                              const ucp_am_recv_param_t *param)
+{
+    kvb_engine_h eng = arg;
+    const uint8_t *why;
+    uint32_t rl;
+    int32_t st;
+    uint64_t xid, mid;
+    if (!kvb__am_parse_ack(header, hlen, &st, &xid, &mid, &why, &rl))
+        return UCS_OK;
+    struct kvb_xfer *x = kvb__xfer_find(eng, xid);
+    if (x == NULL || x->abandoned || !ack_from_conn(x, param)) {
+        ack_ignored(eng, xid, mid, x); /* not a transfer of ours in flight */
+        return UCS_OK;
+    }
+    /* A read's answer: its bytes placed (or their receive started) first. */
+    if (x->read && st == KVB_OK)
+        return kvb__am_read_answer(eng, x, (uint32_t)mid, data, length, param);
+    return ack_one(eng, x, xid, mid, st, why, rl);
 }
 
 static kvb_status_t msg_init(kvb_engine_h eng)
@@ -323,5 +352,6 @@ const kvb__lane_t kvb__lane_msg = {
     .fence = KVB__LANE_FENCE_TARGET,
     .init = msg_init,
     .submit = kvb__xfer_queue,
+    .read = kvb__xfer_queue, /* am_issue sends a read's requests instead */
     .progress = am_issue,
 };

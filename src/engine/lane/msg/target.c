@@ -5,16 +5,25 @@
  * or a rendezvous receive straight into the destination IOV); then one acknowledgement carries the
  * status. A message into device memory is received into pinned host memory and copied in by the
  * device-copy worker (jobs.c), not here: a slow device copy must not hold up other writes; its
- * acknowledgement goes once the copy is done. */
+ * acknowledgement goes once the copy is done. A read request (amwire.h) is
+ * admitted the same way (token, grant, every descriptor inside one host
+ * registration, pinned while its bytes are gathered into a copy) and
+ * answered with the copy; at most AM_READS_MAX answers and
+ * AM_READ_BYTES_MAX bytes are in flight, each at most AM_READ_MAX bytes,
+ * so a reader cannot make this side hold more. */
 #include "engine/engine_int.h"
+#include "engine/bufpool.h"
 #include "engine/lane/msg/amwire.h"
 #include "engine/lane/msg/msg.h"
+#include "engine/lane/msg/read.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define STAGE_MSG_MAX_DEFAULT (256ull << 20)
+#define AM_READS_MAX 256                 /* read answers being sent at once (the rest refused) */
+#define AM_READ_BYTES_MAX (256ull << 20) /* and their bytes (each a gathered copy) */
 
 typedef struct am_recv {
     kvb__job_t job; /* first: a staged message's copy to the device (jobs.c) */
@@ -39,6 +48,21 @@ static void ack_sent_cb(void *req, ucs_status_t status, void *user)
     ucp_request_free(req);
 }
 
+/* An ack header into h (room for AM_ACK_FIXED + rl bytes). */
+static void put_ack(uint8_t *h, uint64_t xfer_id, uint64_t msg_id, kvb_status_t st,
+                    const char *reason, size_t rl)
+{
+    uint32_t magic = AM_MAGIC_ACK, rl32 = (uint32_t)rl;
+    int32_t s32 = st;
+    memcpy(h, &magic, 4);
+    memcpy(h + 4, &s32, 4);
+    kvb__am_put_u64(h + 8, xfer_id);
+    kvb__am_put_u64(h + 16, msg_id);
+    memcpy(h + 24, &rl32, 4);
+    if (rl > 0)
+        memcpy(h + AM_ACK_FIXED, reason, rl);
+}
+
 static void send_ack(kvb_engine_h eng, ucp_ep_h ep, uint64_t xfer_id, uint64_t msg_id,
                      kvb_status_t st, const char *reason)
 {
@@ -48,15 +72,7 @@ static void send_ack(kvb_engine_h eng, ucp_ep_h ep, uint64_t xfer_id, uint64_t m
     uint8_t *h = malloc(28 + rl);
     if (h == NULL)
         return;
-    uint32_t magic = AM_MAGIC_ACK, rl32 = (uint32_t)rl;
-    int32_t s32 = st;
-    memcpy(h, &magic, 4);
-    memcpy(h + 4, &s32, 4);
-    kvb__am_put_u64(h + 8, xfer_id);
-    kvb__am_put_u64(h + 16, msg_id);
-    memcpy(h + 24, &rl32, 4);
-    if (rl > 0)
-        memcpy(h + 28, reason, rl);
+    put_ack(h, xfer_id, msg_id, st, reason, rl);
     ucp_request_param_t p = {0};
     p.op_attr_mask =
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -83,10 +99,12 @@ static void unpin(kvb_engine_h eng, const uint64_t *pinned, size_t n)
 }
 
 /* Validate every descriptor's span against the local registrations and pin
- * the segments; fills iov with the destination pieces (as many as the
- * parser counted). */
+ * the segments; fills iov with the pieces (as many as the parser counted).
+ * what: the ranges' role in the error text ("destination" of a write,
+ * "source" of a read). */
 static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint64_t *pinned,
-                                ucp_dt_iov_t *iov, int *device_p, char *why, size_t wl)
+                                ucp_dt_iov_t *iov, int *device_p, const char *what, char *why,
+                                size_t wl)
 {
     kvb_status_t st = KVB_OK;
     uint32_t i;
@@ -98,9 +116,8 @@ static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd,
         kvb__am_write_desc(h, i, &d);
         long s = kvb__am_desc_span(&d, &span) ? kvb__segtab_find(&eng->segs, d.dst, span) : -1;
         if (s < 0) {
-            snprintf(why, wl,
-                     "destination [0x%llx, +%llu) (%u piece(s)) is not inside a registered region",
-                     (unsigned long long)d.dst, (unsigned long long)span, d.count);
+            snprintf(why, wl, "%s [0x%llx, +%llu) (%u piece(s)) is not inside a registered region",
+                     what, (unsigned long long)d.dst, (unsigned long long)span, d.count);
             st = KVB_ERR_BOUNDS;
             break;
         }
@@ -208,14 +225,6 @@ static void am_recv_cb(void *req, ucs_status_t status, size_t length, void *user
     ucp_request_free(req);
 }
 
-static void scatter(const ucp_dt_iov_t *iov, uint32_t n, const uint8_t *data)
-{
-    for (uint32_t i = 0; i < n; i++) {
-        memcpy(iov[i].buffer, data, iov[i].length);
-        data += iov[i].length;
-    }
-}
-
 /* The most bytes one message into device memory may carry (staged). */
 static uint64_t stage_msg_max(void)
 {
@@ -241,6 +250,165 @@ static bool stage_alloc(am_recv_t *rc, size_t length, char *why, size_t wl)
     return rc->stage != NULL;
 }
 
+/* ---- read requests ----
+ * An answer is sent from a copy: the pieces are gathered into a buffer of
+ * the engine when the request is admitted, and the ranges' pins and the
+ * grant's count are released right after. A reader that never takes the
+ * answer (a dead same-host process: UCX's shared-memory transports have no
+ * peer-failure mode, the send never ends) then holds only that buffer, not
+ * the target's memory (unregister) nor its grant (a revoke drains). */
+
+typedef struct read_ans { /* an answer being sent */
+    kvb__op_t op;         /* first: the send is the op */
+    kvb_engine_h eng;
+    uint8_t *buf; /* the bytes, gathered (kvb__bufpool) */
+    size_t len, cap;
+    uint8_t hdr[AM_ACK_FIXED];
+    bool starting, ended; /* as the reader's receive (read.c): a send that
+                             ends from within ucp_am_send_nbx */
+} read_ans_t;
+
+static void ans_free(read_ans_t *a)
+{
+    kvb__bufpool_put(a->buf, a->cap);
+    free(a);
+}
+
+static void ans_release(kvb__op_t *op) /* the engine is freed: memory only */
+{
+    ans_free((read_ans_t *)op);
+}
+
+/* The answer left (or failed: the reader's read fails with its connection
+ * or its time-out). */
+static void ans_done(read_ans_t *a)
+{
+    a->eng->am_reads--;
+    a->eng->am_read_bytes -= a->len;
+    a->eng->am_pending--;
+    ans_free(a);
+}
+
+static void ans_sent_cb(void *req, ucs_status_t status, void *user)
+{
+    read_ans_t *a = user;
+    kvb__op_untrack(a->eng, &a->op);
+    if (a->starting)
+        a->ended = true;
+    else
+        ans_done(a);
+    ucp_request_free(req);
+}
+
+/* Send a's header and bytes to ep. */
+static void ans_send(read_ans_t *a, ucp_ep_h ep)
+{
+    ucp_request_param_t p = {0};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = ans_sent_cb;
+    p.user_data = a;
+    p.flags = UCP_AM_SEND_FLAG_REPLY; /* the reader checks the endpoint (msg.c) */
+    p.datatype = ucp_dt_make_contig(1);
+    a->op.release = ans_release;
+    a->eng->am_reads++;
+    a->eng->am_read_bytes += a->len;
+    a->eng->am_pending++; /* the progress thread keeps driving it (engine.c) */
+    a->starting = true;
+    void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED, a->buf, a->len, &p);
+    a->starting = false;
+    if (UCS_PTR_IS_PTR(r) && !a->ended)
+        kvb__op_track(a->eng, &a->op);
+    else
+        ans_done(a);
+}
+
+/* The request's ranges checked (every one inside one host registration,
+ * pinned meanwhile) and gathered into a->buf (total bytes). */
+static kvb_status_t ans_gather(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint32_t np,
+                               read_ans_t *a, char *why, size_t wl)
+{
+    uint64_t *pinned = malloc(nd * sizeof(*pinned));
+    ucp_dt_iov_t *iov = malloc(np * sizeof(*iov));
+    int device = -1;
+    kvb_status_t st = KVB_ERR_NOMEM;
+    snprintf(why, wl, "out of memory");
+    if (pinned != NULL && iov != NULL && a->buf != NULL)
+        st = am_validate(eng, h, nd, pinned, iov, &device, "source", why, wl);
+    if (st != KVB_OK) { /* nothing left pinned */
+        free(pinned);
+        free(iov);
+        return st;
+    }
+    if (device >= 0) { /* device memory is read by no lane */
+        snprintf(why, wl, "a read of device memory (not served)");
+        st = KVB_ERR_BOUNDS;
+    }
+    uint8_t *p = a->buf;
+    for (uint32_t i = 0; st == KVB_OK && i < np; p += iov[i].length, i++)
+        memcpy(p, iov[i].buffer, iov[i].length);
+    unpin(eng, pinned, nd);
+    free(pinned);
+    free(iov);
+    return st;
+}
+
+/* Admit a read request (parsed: nd descriptors, np pieces, total bytes):
+ * refused (with why) past the caps on answers in flight, unless its grant
+ * is live (counted while its bytes are gathered), or with a range outside
+ * one host registration; else *a_p holds its bytes. */
+static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint32_t np,
+                                  uint64_t total, read_ans_t **a_p, char *why, size_t wl)
+{
+    uint64_t mid = kvb__am_u64(h + 16), epoch = kvb__am_u64(h + 32);
+    if (eng->am_reads >= AM_READS_MAX || eng->am_read_bytes + total > AM_READ_BYTES_MAX) {
+        snprintf(why, wl, "%zu reads (%zu bytes) in flight at the target: try again", eng->am_reads,
+                 eng->am_read_bytes);
+        return KVB_ERR_PEER;
+    }
+    const char *fenced = kvb__fence_admit(eng, (uint32_t)(mid >> 32), epoch);
+    if (fenced != NULL) {
+        snprintf(why, wl, "%s", fenced);
+        return KVB_ERR_FENCED;
+    }
+    read_ans_t *a = calloc(1, sizeof(*a));
+    kvb_status_t st = KVB_ERR_NOMEM;
+    if (a != NULL) {
+        a->buf = kvb__bufpool_get(total, &a->cap);
+        a->len = total;
+        a->eng = eng;
+        st = ans_gather(eng, h, nd, np, a, why, wl);
+    }
+    kvb__fence_done(eng, (uint32_t)(mid >> 32), epoch); /* nothing more is read */
+    if (st != KVB_OK && a != NULL)
+        ans_free(a);
+    else if (st == KVB_OK)
+        *a_p = a;
+    return st;
+}
+
+/* A read request from ep (authorized; magic "KVBR"): the bytes, or a
+ * refusal with its reason. */
+static void am_read(kvb_engine_h eng, const uint8_t *h, size_t hlen, size_t length, ucp_ep_h ep,
+                    uint64_t xid, uint64_t mid)
+{
+    char why[200] = "malformed read request";
+    uint32_t nd = 0, np = 0;
+    uint64_t total = 0;
+    read_ans_t *a = NULL;
+    kvb_status_t st = KVB_ERR_BOUNDS;
+    if (kvb__am_parse_read_header(h, hlen, length, &nd, &np, &total))
+        st = am_read_admit(eng, h, nd, np, total, &a, why, sizeof(why));
+    if (st != KVB_OK) {
+        KVB_LOGW("engine %s: refused a read from writer %08x: %s", eng->sid, (unsigned)(mid >> 32),
+                 why);
+        send_ack(eng, ep, xid, mid, st, why);
+        return;
+    }
+    put_ack(a->hdr, xid, mid, KVB_OK, NULL, 0);
+    ans_send(a, ep);
+}
+
 /* authorized: false when the engine has a secret and the message did not
  * carry its token; refused before any descriptor is looked at. */
 static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, void *data,
@@ -260,6 +428,13 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     /* A write came (from a connection the control-connection cap cannot
      * tell without a token): connections older than it may have sent it. */
     __atomic_fetch_add(&eng->am_admitted, 1, __ATOMIC_SEQ_CST);
+    uint32_t magic = 0;
+    if (hlen >= 4)
+        memcpy(&magic, h, 4);
+    if (magic == AM_MAGIC_READ) {
+        am_read(eng, h, hlen, length, param->reply_ep, xid, mid);
+        return UCS_OK;
+    }
     if (!kvb__am_parse_write_header(h, hlen, length, &nd, &np)) {
         KVB_LOGW("engine %s: refused a write: %s", eng->sid, why);
         send_ack(eng, param->reply_ep, xid, mid, KVB_ERR_BOUNDS, why);
@@ -279,7 +454,8 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     int device = -1;
     bool ok = rc != NULL && (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
               (rc->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL &&
-              am_validate(eng, h, nd, rc->pinned, rc->iov, &device, why, sizeof(why)) == KVB_OK;
+              am_validate(eng, h, nd, rc->pinned, rc->iov, &device, "destination", why,
+                          sizeof(why)) == KVB_OK;
     if (rc != NULL)
         rc->device = device;
     if (ok && rc->device >= 0 && !stage_alloc(rc, length, why, sizeof(why))) {
@@ -309,7 +485,7 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
         if (rc->stage != NULL)
             memcpy(rc->stage, data, length); /* pinned: the driver copies it in */
         else
-            scatter(rc->iov, np, data);
+            kvb__am_scatter(rc->iov, np, data);
         am_recv_done(rc, UCS_OK);
         return UCS_OK;
     }

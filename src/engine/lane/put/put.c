@@ -3,7 +3,8 @@
  * whose completion is remote completion. For connections set up for puts
  * (--transport shm, KVBRIDGE_LANE=put: the lane RDMA hosts want); host
  * memory only (device memory has no remote key); the target cannot fence
- * it (fence.h). */
+ * it (fence.h). One-sided reads are the same walk with ucp_get_nbx (the
+ * flush completes them too), equally unfenced. */
 #include "engine/engine_int.h"
 
 #include <stdlib.h>
@@ -28,8 +29,9 @@ static void flush_cb(void *req, ucs_status_t status, void *user)
     if (!x->abandoned) {
         x->inflight--;
         if (status != UCS_OK)
-            kvb__xfer_fail(x, KVB_ERR_PEER, "session %s: write failed: %s", x->conn->sess->sid,
-                           ucs_status_string(status));
+            kvb__xfer_fail(x, KVB_ERR_PEER,
+                           x->read ? "session %s: read failed: %s" : "session %s: write failed: %s",
+                           x->conn->sess->sid, ucs_status_string(status));
     }
     kvb__op_untrack(x->eng, &f->op);
     flush_op_release(&f->op);
@@ -44,11 +46,14 @@ static void issue_put(kvb_engine_h eng, struct kvb_xfer *x)
     for (; x->next < end && !x->abandoned; x->next++) {
         const kvb_block_t *b = &x->blocks[x->next];
         long s = kvb__segtab_find(&c->segs, b->dst, b->len);
-        void *r = ucp_put_nbx(c->ep, (void *)(uintptr_t)b->src, b->len, b->dst,
-                              (ucp_rkey_h)c->segs.v[s].handle, &p);
+        ucp_rkey_h rkey = (ucp_rkey_h)c->segs.v[s].handle;
+        void *local = (void *)(uintptr_t)b->src; /* the engine's form: src is ours */
+        void *r = x->read ? ucp_get_nbx(c->ep, local, b->len, b->dst, rkey, &p)
+                          : ucp_put_nbx(c->ep, local, b->len, b->dst, rkey, &p);
         if (UCS_PTR_IS_ERR(r)) {
-            kvb__xfer_fail(x, KVB_ERR_PEER, "session %s: put failed: %s", c->sess->sid,
-                           ucs_status_string(UCS_PTR_STATUS(r)));
+            kvb__xfer_fail(x, KVB_ERR_PEER,
+                           x->read ? "session %s: get failed: %s" : "session %s: put failed: %s",
+                           c->sess->sid, ucs_status_string(UCS_PTR_STATUS(r)));
             break;
         }
         if (r != NULL)
@@ -98,5 +103,6 @@ const kvb__lane_t kvb__lane_put = {
     .fence = KVB__LANE_FENCE_NONE,
     .usable = put_usable,
     .submit = kvb__xfer_queue,
+    .read = kvb__xfer_queue, /* issue_put gets a read's blocks */
     .progress = put_progress,
 };
