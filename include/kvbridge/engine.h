@@ -46,6 +46,7 @@ enum kvb_engine_param_field {
     KVB_ENGINE_PARAM_AM_CHUNK = 1u << 5,
     KVB_ENGINE_PARAM_SECRET = 1u << 6,
     KVB_ENGINE_PARAM_COPY_THREADS = 1u << 7,
+    KVB_ENGINE_PARAM_SERVE_READS = 1u << 8,
 };
 
 /* Creation parameters; only the fields named in field_mask are read, the
@@ -74,6 +75,15 @@ typedef struct kvb_engine_params {
     unsigned copy_threads;     /* direct lane (see kvb_mem_alloc): this engine's
                                   writer threads, 2; 0 = lane off
                                   [KVBRIDGE_COPY_THREADS] */
+    int serve_reads;           /* answer peers' one-sided read requests (message
+                                  lane), 1 [KVBRIDGE_SERVE_READS=0|1]; 0: each
+                                  is refused with KVB_ERR_UNSUPPORTED ("serves
+                                  no reads"), nothing gathered. PD connectors
+                                  never read: an engine that only receives KV
+                                  can turn it off. Same-host peers that map
+                                  the memory (direct lane, same user) and the
+                                  put lane's remote keys are not asked
+                                  (docs/security.md). */
 } kvb_engine_params_t;
 
 /* Create an engine listening on host:port. NULL params = all defaults.

@@ -90,6 +90,7 @@ class EngineParams(ctypes.Structure):
         ("am_chunk_bytes", ctypes.c_size_t),
         ("secret", ctypes.c_char_p),
         ("copy_threads", ctypes.c_uint),
+        ("serve_reads", ctypes.c_int),
     ]
 
 
@@ -101,6 +102,7 @@ ENGINE_PARAM_PEER_TIMEOUT = 1 << 4
 ENGINE_PARAM_AM_CHUNK = 1 << 5
 ENGINE_PARAM_SECRET = 1 << 6
 ENGINE_PARAM_COPY_THREADS = 1 << 7
+ENGINE_PARAM_SERVE_READS = 1 << 8
 
 TRANSPORTS = {"auto": 0, "tcp": 1, "shm": 2}
 

@@ -301,7 +301,8 @@ class KVManager(L.Closeable):
         p.kv_args = ctypes.pointer(cargs)
         self.kv_args = args
         if engine is None:
-            engine = TransferEngine(host, 0, transport)
+            # Its own engine only carries PD's writes: it answers no reads.
+            engine = TransferEngine(host, 0, transport, serve_reads=False)
             self._owns_engine = True
         elif not isinstance(engine, TransferEngine):
             raise InvalidArgument(f"engine must be a TransferEngine, not {type(engine).__name__}")

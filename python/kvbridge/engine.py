@@ -61,7 +61,7 @@ class TransferEngine(L.Closeable):
     closes the managers using this engine, then frees it."""
 
     def __init__(self, host="127.0.0.1", port=0, transport="auto", *, connect_timeout=None,
-                 peer_timeout=None, copy_threads=None):
+                 peer_timeout=None, copy_threads=None, serve_reads=None):
         host = L.as_str(host, "host")
         port = L.as_int(port, "port", 0, 65535)
         transport = L.as_str(transport, "transport")
@@ -83,6 +83,9 @@ class TransferEngine(L.Closeable):
         if copy_threads is not None:  # direct lane writers; 0 = lane off
             p.copy_threads = L.as_int(copy_threads, "copy_threads", 0, 64)
             p.field_mask |= L.ENGINE_PARAM_COPY_THREADS
+        if serve_reads is not None:  # answer peers' read requests (default: yes)
+            p.serve_reads = 1 if serve_reads else 0
+            p.field_mask |= L.ENGINE_PARAM_SERVE_READS
         self._guard = L.Guard("TransferEngine")
         self._h = None
         self._users = weakref.WeakSet()  # managers built on this engine

@@ -41,6 +41,7 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
         (size_t)kvb__env_int("KVBRIDGE_AM_CHUNK", NULL, 4 << 20, 4096, (int64_t)1 << 30);
     out->secret = kvb__env_get("KVBRIDGE_ENGINE_SECRET", NULL);
     out->copy_threads = (unsigned)kvb__env_int("KVBRIDGE_COPY_THREADS", NULL, 2, 0, 64);
+    out->serve_reads = (int)kvb__env_int("KVBRIDGE_SERVE_READS", NULL, 1, 0, 1);
     if (in == NULL)
         return;
     if (in->field_mask & KVB_ENGINE_PARAM_HOST && in->host != NULL)
@@ -59,6 +60,8 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
         out->secret = in->secret;
     if (in->field_mask & KVB_ENGINE_PARAM_COPY_THREADS)
         out->copy_threads = in->copy_threads < 64 ? in->copy_threads : 64;
+    if (in->field_mask & KVB_ENGINE_PARAM_SERVE_READS)
+        out->serve_reads = in->serve_reads != 0;
 }
 
 /* UCX's TCP transport moves data in segments of 8 KiB by default (one

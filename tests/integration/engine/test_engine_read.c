@@ -392,6 +392,48 @@ static void test_secret(kvb_transport_t tr)
     TEST_PASS("engine secret: reads with it exact, with another KVB_ERR_AUTH and nothing read");
 }
 
+/* A target created with serve_reads = 0 refuses every read request
+ * (KVB_ERR_UNSUPPORTED, the reason named, nothing read) and still takes
+ * writes; a local-only region of a serving target is not readable either. */
+static void test_serve_reads_off(kvb_transport_t tr)
+{
+    kvb_engine_params_t p = {0};
+    kvb_engine_h e;
+    p.field_mask = KVB_ENGINE_PARAM_TRANSPORT | KVB_ENGINE_PARAM_SERVE_READS;
+    p.transport = tr;
+    p.serve_reads = 0;
+    CHECK_EQ(kvb_engine_create(&p, &e), KVB_OK);
+    kvb_test_end_t t = kvb_test_end(e, MiB, 0x3c, false);
+    kvb_test_end_t r = kvb_test_end(kvb_test_engine(tr, 0), MiB, 0, false);
+    const char *sid = kvb_engine_session_id(t.eng);
+    kvb_block_t b = {(uint64_t)(uintptr_t)t.buf, (uint64_t)(uintptr_t)r.buf, MiB};
+    CHECK_EQ(kvb_engine_read(r.eng, sid, &b, 1, 10), KVB_ERR_UNSUPPORTED);
+    CHECK(strstr(kvb_engine_last_error(r.eng), "serves no reads") != NULL);
+    CHECK(kvb_test_all(r.buf, MiB, 0));
+    kvb_block_t w = {(uint64_t)(uintptr_t)r.buf, (uint64_t)(uintptr_t)t.buf, 4096};
+    CHECK_EQ(kvb_engine_write(r.eng, sid, &w, 1, 10), KVB_OK);
+    CHECK(kvb_test_all(t.buf, 4096, 0));
+
+    uint8_t *priv = malloc(4096);
+    CHECK(priv != NULL);
+    memset(priv, 0x77, 4096);
+    kvb_mem_region_ex_t lo = {.field_mask = KVB_MEM_REGION_FIELD_LOCAL_ONLY,
+                              .addr = priv,
+                              .length = 4096,
+                              .mem_type = KVB_MEM_HOST,
+                              .local_only = 1};
+    CHECK_EQ(kvb_engine_register_ex(g_t.eng, &lo, 1, sizeof(lo)), KVB_OK);
+    b = (kvb_block_t){(uint64_t)(uintptr_t)priv, (uint64_t)(uintptr_t)r.buf, 4096};
+    CHECK_EQ(kvb_engine_read(r.eng, g_sid, &b, 1, 10), KVB_ERR_BOUNDS);
+    CHECK(kvb_test_all(r.buf, 4096, 0));
+    CHECK_EQ(kvb_engine_unregister(g_t.eng, priv), KVB_OK);
+    free(priv);
+    kvb_test_end_free(&r);
+    kvb_test_end_free(&t);
+    TEST_PASS("serve_reads off: reads refused with the reason, writes still taken; a local-only "
+              "region is not readable");
+}
+
 /* A target process killed while a large read is in flight: the read ends
  * KVB_ERR_PEER within the peer time-out (2 s) plus a margin. */
 static void test_kill(const char *self)
@@ -543,6 +585,7 @@ int main(int argc, char **argv)
         test_target_bounds();
         test_stalled();
         test_secret(tr);
+        test_serve_reads_off(tr);
     }
     if (!direct)
         test_kill(self);

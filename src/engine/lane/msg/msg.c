@@ -300,7 +300,8 @@ static ucs_status_t ack_one(kvb_engine_h eng, struct kvb_xfer *x, uint64_t xid, 
         memcpy(reason, why, rl < 400 ? rl : 400);
         reason[rl < 400 ? rl : 400] = '\0';
         kvb__xfer_fail(x,
-                       st == KVB_ERR_BOUNDS || st == KVB_ERR_AUTH || st == KVB_ERR_FENCED
+                       st == KVB_ERR_BOUNDS || st == KVB_ERR_AUTH || st == KVB_ERR_FENCED ||
+                               st == KVB_ERR_UNSUPPORTED /* a target serving no reads */
                            ? (kvb_status_t)st
                            : KVB_ERR_PEER,
                        x->read ? "session %s: peer refused the read: %s"

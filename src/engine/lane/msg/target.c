@@ -361,6 +361,10 @@ static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t n
                                   uint64_t total, read_ans_t **a_p, char *why, size_t wl)
 {
     uint64_t mid = kvb__am_u64(h + 16), epoch = kvb__am_u64(h + 32);
+    if (!eng->params.serve_reads) {
+        snprintf(why, wl, "this engine serves no reads (KVBRIDGE_SERVE_READS=0)");
+        return KVB_ERR_UNSUPPORTED;
+    }
     if (eng->am_reads >= AM_READS_MAX || eng->am_read_bytes + total > AM_READ_BYTES_MAX) {
         snprintf(why, wl, "%zu reads (%zu bytes) in flight at the target: try again", eng->am_reads,
                  eng->am_read_bytes);
