@@ -28,6 +28,12 @@ typedef struct am_msg {
     uint32_t seq; /* low half of the message id */
     uint8_t *hdr;
     ucp_dt_iov_t *iov;
+    /* inside ucp_am_send_nbx: UCX may complete the send from within it (an
+     * endpoint being failed purges its requests) and still return the
+     * request; the callback then only records the end (read.c does the
+     * same for its receives) */
+    bool starting, ended;
+    ucs_status_t status;
 } am_msg_t;
 
 static void am_msg_free(am_msg_t *m)
@@ -75,7 +81,13 @@ static void am_send_done(am_msg_t *m, ucs_status_t status)
 
 static void am_send_cb(void *req, ucs_status_t status, void *user)
 {
-    am_send_done(user, status);
+    am_msg_t *m = user;
+    if (m->starting) {
+        m->ended = true;
+        m->status = status;
+    } else {
+        am_send_done(m, status);
+    }
     ucp_request_free(req);
 }
 
@@ -258,9 +270,13 @@ static void am_issue(kvb_engine_h eng, struct kvb_xfer *x)
             cnt = 0;
         }
         size_t pre = x->conn->am_auth ? KVB_HS_TOKEN_LEN : 0;
+        m->starting = true;
         void *r = ucp_am_send_nbx(x->conn->ep, pre > 0 ? KVB_AM_WRITE_AUTH : KVB_AM_WRITE, m->hdr,
                                   pre + AM_HDR_FIXED + m->ndesc * AM_DESC, buf, cnt, &p);
-        if (UCS_PTR_IS_ERR(r) || r == NULL)
+        m->starting = false;
+        if (m->ended) /* completed from within the call (its request freed) */
+            am_send_done(m, m->status);
+        else if (UCS_PTR_IS_ERR(r) || r == NULL)
             am_send_done(m, UCS_PTR_STATUS(r));
         else
             kvb__op_track(eng, &m->op);

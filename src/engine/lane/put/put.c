@@ -14,6 +14,11 @@
 typedef struct flush_op {
     kvb__op_t op;
     struct kvb_xfer *x;
+    /* inside ucp_ep_flush_nbx: UCX may complete it from within the call (an
+     * endpoint being failed purges its requests) and still return the
+     * request; the callback then only records the end */
+    bool starting, ended;
+    ucs_status_t status;
 } flush_op_t;
 
 static void flush_op_release(kvb__op_t *op)
@@ -22,9 +27,8 @@ static void flush_op_release(kvb__op_t *op)
     free(op);
 }
 
-static void flush_cb(void *req, ucs_status_t status, void *user)
+static void flush_done(flush_op_t *f, ucs_status_t status)
 {
-    flush_op_t *f = user;
     struct kvb_xfer *x = f->x;
     if (!x->abandoned) {
         x->inflight--;
@@ -35,6 +39,17 @@ static void flush_cb(void *req, ucs_status_t status, void *user)
     }
     kvb__op_untrack(x->eng, &f->op);
     flush_op_release(&f->op);
+}
+
+static void flush_cb(void *req, ucs_status_t status, void *user)
+{
+    flush_op_t *f = user;
+    if (f->starting) {
+        f->ended = true;
+        f->status = status;
+    } else {
+        flush_done(f, status);
+    }
     ucp_request_free(req);
 }
 
@@ -72,10 +87,15 @@ static void issue_put(kvb_engine_h eng, struct kvb_xfer *x)
     p.cb.send = flush_cb;
     p.user_data = f;
     __atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
+    f->starting = true;
     void *r = ucp_ep_flush_nbx(c->ep, &p);
+    f->starting = false;
     if (UCS_PTR_IS_PTR(r)) {
         x->inflight++;
-        kvb__op_track(eng, &f->op);
+        if (f->ended) /* completed from within the call (its request freed) */
+            flush_done(f, f->status);
+        else
+            kvb__op_track(eng, &f->op);
         return;
     }
     if (UCS_PTR_IS_ERR(r))
