@@ -193,6 +193,10 @@ struct kvb_xfer {
     void *stage_job; /* caller, until the lane starts it: the staging job */
     int stage_status;
     char stage_why[340];
+    /* CUDA staging lane, reads: a local destination is device memory (this
+     * ordinal, else -1), so the message lane places the answers with the
+     * driver (read.c) */
+    int read_device;
     /* direct lanes (their copy queue's dmu) */
     int queued;  /* pieces left to claim (its group's cursor) */
     size_t busy; /* units being copied that include it */

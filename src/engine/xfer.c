@@ -93,6 +93,7 @@ static struct kvb_xfer *xfer_new(kvb_engine_h eng, const kvb_write_params_t *par
     x->refs = 2;
     x->status = KVB_ERR_INPROGRESS;
     x->stage_ready = UINT64_MAX; /* no staging: every source readable */
+    x->read_device = -1;         /* answers placed by memcpy */
     if (params != NULL && (params->field_mask & KVB_WRITE_PARAM_EPOCH))
         x->epoch = params->epoch;
     return x;

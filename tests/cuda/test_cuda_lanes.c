@@ -23,7 +23,10 @@
  * Every write is verified byte for byte by reading the target's device
  * memory back in the target; head slices (1 KiB every 2 KiB) go in few
  * batched copies; a revoked grant fences the device lane; a block past a
- * region is refused with nothing written. */
+ * region is refused with nothing written. One-sided reads of the target's
+ * device and host memory into device and host memory here, byte-exact on
+ * every lane (staged ones included), refused out of bounds and under a
+ * revoked grant with nothing read. */
 #include "cuda/cuda_test.h"
 #include "kvb_test_engine.h"
 
@@ -36,19 +39,95 @@ static void pattern(uint8_t *h, size_t n, uint64_t seed)
         h[i] = cuda_test_byte(seed, i);
 }
 
-static kvb_status_t write_epoch(kvb_engine_h w, const char *sid, const kvb_block_t *b, size_t n,
-                                uint64_t epoch)
+/* A write (or a read) of b[0..n) under a writer grant. */
+static kvb_status_t xfer_epoch(kvb_engine_h w, const char *sid, const kvb_block_t *b, size_t n,
+                               uint64_t epoch, bool read)
 {
     kvb_write_params_t p = {KVB_WRITE_PARAM_EPOCH, epoch};
     kvb_xfer_h x;
-    kvb_status_t st = kvb_engine_write_async_ex(w, sid, b, n, &p, &x);
+    kvb_status_t st = read ? kvb_engine_read_async_ex(w, sid, b, n, &p, &x)
+                           : kvb_engine_write_async_ex(w, sid, b, n, &p, &x);
     if (st != KVB_OK)
         return st;
     st = kvb_xfer_wait(x, 10.0);
-    fprintf(stderr, "write under epoch %llu: %s (%s)\n", (unsigned long long)epoch,
-            kvb_status_string(st), kvb_xfer_error(x));
+    fprintf(stderr, "%s under epoch %llu: %s (%s)\n", read ? "read" : "write",
+            (unsigned long long)epoch, kvb_status_string(st), kvb_xfer_error(x));
     kvb_xfer_free(x);
     return st;
+}
+
+/* Is the device memory dev[0..n) exactly want? */
+static bool dev_is(const uint8_t *dev, const uint8_t *want, size_t n)
+{
+    uint8_t *got = malloc(n);
+    CHECK(got != NULL);
+    ct_dtoh(got, dev, n);
+    bool same = memcmp(got, want, n) == 0;
+    free(got);
+    return same;
+}
+
+/* One-sided reads of the target's memory; want: its device region. Every
+ * lane reads every kind (the staging lanes: the target gathers device
+ * sources with the driver into pinned memory; answers for device memory
+ * here are received into pinned memory and copied in by the driver):
+ * device to host at odd offsets, device to device (one 4 MiB answer,
+ * rendezvous), host to device, and small pieces of both kinds of the
+ * target's memory into device memory (eager answers) in one read. sd, sh:
+ * local device and host buffers of LEN bytes, left as seeds 1 and 2. */
+static void reads(kvb_engine_h w, const tgt_t *t, uint8_t *sd, uint8_t *sh, const uint8_t *want)
+{
+    uint8_t *exp = malloc(LEN), *hp = sh; /* registered: a write's source */
+    CHECK(exp != NULL);
+    memset(sh, 0, LEN);
+    kvb_block_t rb = {t->dev_addr + 1, (uint64_t)(uintptr_t)sh + 3, LEN - 7};
+    CHECK_EQ(kvb_engine_read(w, t->sid, &rb, 1, 10.0), KVB_OK);
+    CHECK(memcmp(sh + 3, want + 1, LEN - 7) == 0 && sh[2] == 0 && sh[LEN - 4] == 0);
+
+    rb = (kvb_block_t){t->dev_addr, (uint64_t)(uintptr_t)sd, LEN};
+    cuda_test_fill(sd, LEN, 9);
+    CHECK_EQ(kvb_engine_read(w, t->sid, &rb, 1, 10.0), KVB_OK);
+    CHECK(dev_is(sd, want, LEN));
+
+    /* the target's host region: written first (seed 5), then read */
+    pattern(hp, TGT_HOST_LEN, 5);
+    kvb_block_t b = {(uint64_t)(uintptr_t)hp, t->host_addr, TGT_HOST_LEN};
+    CHECK_EQ(kvb_engine_write(w, t->sid, &b, 1, 10.0), KVB_OK);
+    cuda_test_fill(sd, LEN, 9);
+    pattern(exp, LEN, 9);
+    rb = (kvb_block_t){t->host_addr + 5, (uint64_t)(uintptr_t)sd + 4097, TGT_HOST_LEN - 10};
+    CHECK_EQ(kvb_engine_read(w, t->sid, &rb, 1, 10.0), KVB_OK);
+    memcpy(exp + 4097, hp + 5, TGT_HOST_LEN - 10);
+    CHECK(dev_is(sd, exp, LEN));
+
+    kvb_block_t small[2] = {{t->dev_addr + 100, (uint64_t)(uintptr_t)sd + 7, 64},
+                            {t->host_addr + 10, (uint64_t)(uintptr_t)sd + 200, 30}};
+    CHECK_EQ(kvb_engine_read(w, t->sid, small, 2, 10.0), KVB_OK);
+    memcpy(exp + 7, want + 100, 64);
+    memcpy(exp + 200, hp + 10, 30);
+    CHECK(dev_is(sd, exp, LEN));
+    cuda_test_fill(sd, LEN, 1);
+    pattern(sh, LEN, 2); /* last: hp is sh */
+    free(exp);
+}
+
+/* Reads refused with nothing read into device memory: one block past the
+ * target's region (bounds, the whole batch), and under grant ep revoked
+ * (fenced). sd: LEN bytes of local device memory. */
+static void reads_refused(kvb_engine_h w, const tgt_t *t, uint8_t *sd, uint64_t ep)
+{
+    uint8_t *exp = malloc(LEN);
+    CHECK(exp != NULL);
+    cuda_test_fill(sd, LEN, 6);
+    pattern(exp, LEN, 6);
+    kvb_block_t bad[2] = {{t->dev_addr, (uint64_t)(uintptr_t)sd, 4096},
+                          {t->dev_addr + LEN - 100, (uint64_t)(uintptr_t)sd + 8192, 200}};
+    CHECK_EQ(kvb_engine_read(w, t->sid, bad, 2, 10.0), KVB_ERR_BOUNDS);
+    CHECK_STR_CONTAINS(kvb_engine_last_error(w), "not inside a region the peer registered");
+    CHECK_EQ(xfer_epoch(w, t->sid, bad, 1, ep, true), KVB_ERR_FENCED);
+    CHECK(dev_is(sd, exp, LEN));
+    cuda_test_fill(sd, LEN, 1);
+    free(exp);
 }
 
 int main(int argc, char **argv)
@@ -100,29 +179,7 @@ int main(int argc, char **argv)
     pattern(want, LEN, 1);
     tgt_expect(&t, t.dev_addr, want, LEN, "device to device");
 
-    /* one-sided reads of the target's device memory: the device lane reads
-     * it back into host and device memory here; the staging lanes do not
-     * read (KVB_ERR_UNSUPPORTED naming the memory kinds) */
-    memset(sh, 0, LEN);
-    kvb_block_t rb = {t.dev_addr + 1, (uint64_t)(uintptr_t)sh + 3, LEN - 7};
-    kvb_status_t rst = kvb_engine_read(w, t.sid, &rb, 1, 10.0);
-    fprintf(stderr, "read of device memory: %s (%s)\n", kvb_status_string(rst),
-            kvb_engine_last_error(w));
-    if (ipc) {
-        CHECK_EQ(rst, KVB_OK);
-        CHECK(memcmp(sh + 3, want + 1, LEN - 7) == 0 && sh[2] == 0 && sh[LEN - 4] == 0);
-        rb = (kvb_block_t){t.dev_addr, (uint64_t)(uintptr_t)sd, LEN};
-        cuda_test_fill(sd, LEN, 9);
-        CHECK_EQ(kvb_engine_read(w, t.sid, &rb, 1, 10.0), KVB_OK);
-        ct_dtoh(sh, sd, LEN);
-        CHECK(memcmp(sh, want, LEN) == 0);
-        cuda_test_fill(sd, LEN, 1);
-    } else {
-        CHECK_EQ(rst, KVB_ERR_UNSUPPORTED);
-        CHECK_STR_CONTAINS(kvb_engine_last_error(w), "no lane reads the peer's device memory");
-        CHECK(kvb_test_all(sh, LEN, 0));
-    }
-    pattern(sh, LEN, 2);
+    reads(w, &t, sd, sh, want);
 
     /* host -> device, the second region of the same allocation */
     b = (kvb_block_t){(uint64_t)(uintptr_t)sh + 4096, t.dev2_addr, t.dev2_len};
@@ -172,13 +229,20 @@ int main(int argc, char **argv)
     uint64_t ep = tgt_grant(&t, 7);
     pattern(sh, LEN, 3);
     b = (kvb_block_t){(uint64_t)(uintptr_t)sh, t.dev_addr, LEN};
-    CHECK_EQ(write_epoch(w, t.sid, &b, 1, ep), KVB_OK);
+    CHECK_EQ(xfer_epoch(w, t.sid, &b, 1, ep, false), KVB_OK);
     tgt_expect(&t, t.dev_addr, sh, LEN, "written under a live grant");
     memcpy(want, sh, LEN);
+    /* and read back under it into device memory */
+    kvb_block_t rb = {t.dev_addr, (uint64_t)(uintptr_t)sd, LEN};
+    cuda_test_fill(sd, LEN, 8);
+    CHECK_EQ(xfer_epoch(w, t.sid, &rb, 1, ep, true), KVB_OK);
+    CHECK(dev_is(sd, want, LEN));
+    cuda_test_fill(sd, LEN, 1);
     CHECK_EQ(tgt_revoke(&t, 7, ep), KVB_OK);
     pattern(sh, LEN, 4);
-    CHECK_EQ(write_epoch(w, t.sid, &b, 1, ep), KVB_ERR_FENCED);
+    CHECK_EQ(xfer_epoch(w, t.sid, &b, 1, ep, false), KVB_ERR_FENCED);
     tgt_expect(&t, t.dev_addr, want, LEN, "nothing lands under a revoked grant");
+    reads_refused(w, &t, sd, ep);
 
     /* bounds: one block past the region's end fails the whole batch */
     kvb_block_t bad[2] = {{(uint64_t)(uintptr_t)sd, t.dev_addr, 4096},

@@ -3,7 +3,11 @@
  * the driver refused) travels on the message lane. Its device sources are
  * staged here through a bounded pinned ring by the device-copy worker
  * (jobs.c); the target receives a message into device memory in pinned
- * memory and copies it in itself (lane/msg/target.c). */
+ * memory and copies it in itself (lane/msg/target.c). A one-sided read
+ * travels on the message lane's read requests: the target gathers device
+ * sources with the driver (target.c), and answers for local device
+ * destinations are received into pinned memory and copied in by the
+ * driver (lane/msg/read.c) once this lane has marked the read so. */
 #include "engine/engine_int.h"
 
 #include <stdio.h>
@@ -15,13 +19,20 @@
 
 extern const kvb__lane_t kvb__lane_msg;
 
+/* The device memory holding block i's local side (its src), or NULL: host
+ * memory (seg_mu held). */
+static const struct kvb__cuda_seg *local_cuda(kvb_engine_h eng, const struct kvb_xfer *x, size_t i)
+{
+    long s = kvb__segtab_find(&eng->segs, x->blocks[i].src, x->blocks[i].len);
+    return s >= 0 ? eng->segs.v[s].cuda : NULL;
+}
+
 /* x's blocks whose source is device memory, and their bytes (seg_mu held). */
 static uint64_t device_sources(kvb_engine_h eng, const struct kvb_xfer *x, bool *dev)
 {
     uint64_t total = 0;
     for (size_t i = 0; i < x->n; i++) {
-        long s = kvb__segtab_find(&eng->segs, x->blocks[i].src, x->blocks[i].len);
-        dev[i] = s >= 0 && eng->segs.v[s].cuda != NULL;
+        dev[i] = local_cuda(eng, x, i) != NULL;
         total += dev[i] ? x->blocks[i].len : 0;
     }
     return total;
@@ -262,6 +273,21 @@ static kvb_status_t stage_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, s
     return KVB_OK;
 }
 
+/* A read of the peer's memory with device memory on either side: the
+ * message lane's read, its answers placed with the driver when a local
+ * destination (a read's src, the engine's form) is device memory. */
+static kvb_status_t stage_read(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
+{
+    struct kvb_xfer *x = xs[0];
+    pthread_mutex_lock(&eng->seg_mu);
+    for (size_t i = 0; i < x->n && x->read_device < 0; i++) {
+        const struct kvb__cuda_seg *cs = local_cuda(eng, x, i);
+        x->read_device = cs != NULL ? cs->device : -1;
+    }
+    pthread_mutex_unlock(&eng->seg_mu);
+    return kvb__lane_msg.read(eng, xs, n);
+}
+
 /* Sent as the message lane sends, as far as it is staged. */
 static void stage_progress(kvb_engine_h eng, struct kvb_xfer *x)
 {
@@ -273,5 +299,6 @@ const kvb__lane_t kvb__lane_cuda_stage = {
     .pairs = KVB__PAIRS_DEVICE,
     .fence = KVB__LANE_FENCE_TARGET,
     .submit = stage_submit,
+    .read = stage_read,
     .progress = stage_progress,
 };

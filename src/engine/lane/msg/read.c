@@ -9,11 +9,16 @@
  * (its slot stays in the window until then, so a cancelled read ends only
  * after it). The buffer is bounded by what we asked for (at most
  * AM_READ_MAX per request, AM_WINDOW requests per read) and comes from the
- * buffer pool: a fresh mmap'd buffer per answer costs its page faults. */
+ * buffer pool: a fresh mmap'd buffer per answer costs its page faults.
+ * A read the CUDA staging lane submitted (x->read_device: a local
+ * destination is device memory) is received into pinned host memory
+ * instead and placed with the driver, synchronously, so its bytes are in
+ * before the request leaves the window as any other read's. */
 #include "engine/lane/msg/read.h"
 #include "engine/bufpool.h"
 #include "engine/lane/msg/amwire.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,7 +30,8 @@ typedef struct read_rx {
     ucp_dt_iov_t *iov; /* its pieces, taken from the slot */
     size_t niov;
     uint8_t *buf;
-    size_t cap; /* buf's capacity (kvb__bufpool_put) */
+    size_t cap;  /* buf's capacity (kvb__bufpool_put) */
+    bool pinned; /* buf is pinned staging memory (kvb__cuda_stage_put) */
     /* inside ucp_am_recv_data_nbx: UCX may complete the receive from within
      * it (an endpoint being failed purges its requests) and still return
      * the request; the callback then only records the end */
@@ -68,10 +74,48 @@ void kvb__am_scatter(const ucp_dt_iov_t *iov, size_t n, const uint8_t *data)
     }
 }
 
+kvb_status_t kvb__am_cuda_copy(int device, const ucp_dt_iov_t *iov, size_t n, void *data, bool in,
+                               char *why, size_t wl)
+{
+    kvb__cuda_copy_t *v = malloc((n ? n : 1) * sizeof(*v));
+    if (v == NULL) {
+        snprintf(why, wl, "out of memory");
+        return KVB_ERR_NOMEM;
+    }
+    uint64_t host = (uint64_t)(uintptr_t)data;
+    for (size_t i = 0; i < n; host += iov[i].length, i++) {
+        uint64_t piece = (uint64_t)(uintptr_t)iov[i].buffer;
+        v[i] = in ? (kvb__cuda_copy_t){piece, host, iov[i].length}
+                  : (kvb__cuda_copy_t){host, piece, iov[i].length};
+    }
+    kvb_status_t st = kvb__cuda_copy_batch(device, v, n, why, wl);
+    free(v);
+    return st;
+}
+
+/* An answer's bytes into x's pieces iov[0..n): memcpy, or the driver when a
+ * destination is device memory; a failed copy fails x. */
+static void place(struct kvb_xfer *x, const ucp_dt_iov_t *iov, size_t n, const void *data)
+{
+    char why[300];
+    if (x->read_device < 0) {
+        kvb__am_scatter(iov, n, data);
+        return;
+    }
+    kvb_status_t st =
+        kvb__am_cuda_copy(x->read_device, iov, n, (void *)data, true, why, sizeof(why));
+    if (st != KVB_OK)
+        kvb__xfer_fail(x, st, "session %s: placing a read's bytes into device memory: %s",
+                       x->conn->sess->sid, why);
+}
+
 static void rx_free(read_rx_t *rx)
 {
     free(rx->iov);
-    kvb__bufpool_put(rx->buf, rx->cap);
+    if (rx->pinned)
+        kvb__cuda_stage_put(rx->buf, rx->cap);
+    else
+        kvb__bufpool_put(rx->buf, rx->cap);
     free(rx);
 }
 
@@ -88,7 +132,7 @@ static void rx_done(read_rx_t *rx, ucs_status_t status)
     long i = x != NULL && !x->abandoned ? kvb__am_win_find(x, rx->seq) : -1;
     if (i >= 0 && x->am_iov[i] == NULL) {
         if (status == UCS_OK)
-            kvb__am_scatter(rx->iov, rx->niov, rx->buf);
+            place(x, rx->iov, rx->niov, rx->buf);
         else
             kvb__xfer_fail(x, KVB_ERR_PEER, "session %s: receiving a read's bytes failed: %s",
                            x->conn->sess->sid, ucs_status_string(status));
@@ -110,20 +154,29 @@ static void rx_cb(void *req, ucs_status_t status, size_t length, void *user)
     ucp_request_free(req);
 }
 
+/* A buffer of ours for rx's length bytes: pinned when they go on into
+ * device memory (the driver copies from it). */
+static bool rx_buf(read_rx_t *rx, const struct kvb_xfer *x, size_t length)
+{
+    rx->pinned = x->read_device >= 0;
+    rx->cap = length;
+    rx->buf = rx->pinned ? kvb__cuda_stage_get(length) : kvb__bufpool_get(length, &rx->cap);
+    return rx->buf != NULL;
+}
+
 /* Start receiving the rendezvous answer of slot i into a buffer of ours. */
 static void rx_start(kvb_engine_h eng, struct kvb_xfer *x, size_t i, void *data, size_t length)
 {
     read_rx_t *rx = calloc(1, sizeof(*rx));
-    size_t cap = 0;
-    uint8_t *buf = kvb__bufpool_get(length, &cap);
-    if (rx == NULL || buf == NULL) {
+    if (rx == NULL || !rx_buf(rx, x, length)) {
         free(rx);
-        kvb__bufpool_put(buf, cap);
         kvb__xfer_fail(x, KVB_ERR_NOMEM, "%s%s", "out of memory receiving a read's bytes", "");
         kvb__am_win_drop(x, i);
         return;
     }
-    *rx = (read_rx_t){.eng = eng, .xid = x->id, .seq = x->am_win[i], .buf = buf, .cap = cap};
+    rx->eng = eng;
+    rx->xid = x->id;
+    rx->seq = x->am_win[i];
     rx->op.release = rx_release;
     rx->iov = x->am_iov[i]; /* the slot now waits for rx (its pieces NULL) */
     rx->niov = x->am_niov[i];
@@ -161,7 +214,7 @@ ucs_status_t kvb__am_read_answer(kvb_engine_h eng, struct kvb_xfer *x, uint32_t 
     } else if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         rx_start(eng, x, (size_t)i, data, length);
     } else {
-        kvb__am_scatter(x->am_iov[i], x->am_niov[i], data);
+        place(x, x->am_iov[i], x->am_niov[i], data);
         kvb__am_win_drop(x, (size_t)i);
     }
     return UCS_OK;

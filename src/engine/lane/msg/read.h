@@ -20,5 +20,10 @@ ucs_status_t kvb__am_read_answer(kvb_engine_h eng, struct kvb_xfer *x, uint32_t 
                                  size_t length, const ucp_am_recv_param_t *param);
 /* Copy data into the pieces iov[0..n), in order. */
 void kvb__am_scatter(const ucp_dt_iov_t *iov, size_t n, const uint8_t *data);
+/* The same with the driver (pieces in device memory), in device's context:
+ * data (host, contiguous) into the pieces (in), or the pieces gathered into
+ * data. Waited for. KVB_OK, KVB_ERR_NOMEM or KVB_ERR_IO (why). */
+kvb_status_t kvb__am_cuda_copy(int device, const ucp_dt_iov_t *iov, size_t n, void *data, bool in,
+                               char *why, size_t wl);
 
 #endif

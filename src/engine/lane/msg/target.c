@@ -6,11 +6,15 @@
  * status. A message into device memory is received into pinned host memory and copied in by the
  * device-copy worker (jobs.c), not here: a slow device copy must not hold up other writes; its
  * acknowledgement goes once the copy is done. A read request (amwire.h) is
- * admitted the same way (token, grant, every descriptor inside one host
+ * admitted the same way (token, grant, every descriptor inside one
  * registration, pinned while its bytes are gathered into a copy) and
  * answered with the copy; at most AM_READS_MAX answers and
  * AM_READ_BYTES_MAX bytes are in flight, each at most AM_READ_MAX bytes,
- * so a reader cannot make this side hold more. */
+ * so a reader cannot make this side hold more. A request touching device
+ * memory is gathered by the driver into pinned host memory (at most
+ * KVBRIDGE_CUDA_STAGE_MSG_MAX bytes, as a staged write), on this thread:
+ * the copy is at most AM_READ_MAX bytes, and waiting for it keeps the
+ * grant's count and the pins exactly as long as the bytes are read. */
 #include "engine/engine_int.h"
 #include "engine/bufpool.h"
 #include "engine/lane/msg/amwire.h"
@@ -139,21 +143,9 @@ static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd,
 /* Device destinations: copy the staged payload in (host to device, one
  * batch, waited for) before the segments are unpinned and the ack says
  * placed. */
-static kvb_status_t stage_in(am_recv_t *rc, const uint8_t *data, char *why, size_t wl)
+static kvb_status_t stage_in(am_recv_t *rc, char *why, size_t wl)
 {
-    kvb__cuda_copy_t *v = malloc(rc->np * sizeof(*v));
-    if (v == NULL) {
-        snprintf(why, wl, "out of memory");
-        return KVB_ERR_NOMEM;
-    }
-    for (uint32_t i = 0; i < rc->np; i++) {
-        v[i] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)rc->iov[i].buffer, (uint64_t)(uintptr_t)data,
-                                  rc->iov[i].length};
-        data += rc->iov[i].length;
-    }
-    kvb_status_t st = kvb__cuda_copy_batch(rc->device, v, rc->np, why, wl);
-    free(v);
-    return st;
+    return kvb__am_cuda_copy(rc->device, rc->iov, rc->np, rc->stage, true, why, wl);
 }
 
 /* The bytes are placed (st: KVB_OK) or not: release the segments and the
@@ -176,7 +168,7 @@ static void am_recv_finish(am_recv_t *rc, kvb_status_t st, const char *why)
 static int copy_run(kvb__job_t *j) /* device-copy worker */
 {
     am_recv_t *rc = (am_recv_t *)j;
-    rc->copied = stage_in(rc, rc->stage, rc->why, sizeof(rc->why));
+    rc->copied = stage_in(rc, rc->why, sizeof(rc->why));
     return KVB__JOB_DONE;
 }
 
@@ -212,7 +204,7 @@ static void am_recv_done(am_recv_t *rc, ucs_status_t status)
             rc->eng->am_pending++; /* until copy_done */
             return;
         }
-        st = stage_in(rc, rc->stage, why, sizeof(why)); /* the queue is full: here */
+        st = stage_in(rc, why, sizeof(why)); /* the queue is full: here */
     }
     am_recv_finish(rc, st, why);
 }
@@ -232,22 +224,21 @@ static uint64_t stage_msg_max(void)
                                   (int64_t)STAGE_MSG_MAX_DEFAULT, 1 << 20, INT64_MAX);
 }
 
-/* A message into device memory is received into pinned host memory first:
- * at most KVBRIDGE_CUDA_STAGE_MSG_MAX bytes (the peer chooses the size). */
-static bool stage_alloc(am_recv_t *rc, size_t length, char *why, size_t wl)
+/* Bytes on their way into device memory (a write's message) or out of it
+ * (a read's answer) pass through pinned host memory: at most
+ * KVBRIDGE_CUDA_STAGE_MSG_MAX bytes (the peer chooses the size). what:
+ * "a write into", "a read of". NULL (why) when refused. */
+static void *stage_alloc(size_t length, const char *what, char *why, size_t wl)
 {
     if (length > stage_msg_max()) {
-        snprintf(why, wl,
-                 "a message of %zu bytes into device memory exceeds KVBRIDGE_CUDA_STAGE_MSG_MAX",
+        snprintf(why, wl, "%s device memory of %zu bytes exceeds KVBRIDGE_CUDA_STAGE_MSG_MAX", what,
                  length);
-        return false;
+        return NULL;
     }
-    rc->stage = kvb__cuda_stage_get(length ? length : 1);
-    rc->stage_len = length ? length : 1;
-    if (rc->stage == NULL)
-        snprintf(why, wl, "no %zu bytes of pinned memory to stage a write into device memory",
-                 length);
-    return rc->stage != NULL;
+    void *p = kvb__cuda_stage_get(length ? length : 1);
+    if (p == NULL)
+        snprintf(why, wl, "no %zu bytes of pinned memory to stage %s device memory", length, what);
+    return p;
 }
 
 /* ---- read requests ----
@@ -261,8 +252,9 @@ static bool stage_alloc(am_recv_t *rc, size_t length, char *why, size_t wl)
 typedef struct read_ans { /* an answer being sent */
     kvb__op_t op;         /* first: the send is the op */
     kvb_engine_h eng;
-    uint8_t *buf; /* the bytes, gathered (kvb__bufpool) */
+    uint8_t *buf; /* the bytes, gathered (kvb__bufpool, or pinned: device) */
     size_t len, cap;
+    bool pinned; /* buf from kvb__cuda_stage_get (gathered by the driver) */
     uint8_t hdr[AM_ACK_FIXED];
     bool starting, ended; /* as the reader's receive (read.c): a send that
                              ends from within ucp_am_send_nbx */
@@ -270,7 +262,10 @@ typedef struct read_ans { /* an answer being sent */
 
 static void ans_free(read_ans_t *a)
 {
-    kvb__bufpool_put(a->buf, a->cap);
+    if (a->pinned)
+        kvb__cuda_stage_put(a->buf, a->cap);
+    else
+        kvb__bufpool_put(a->buf, a->cap);
     free(a);
 }
 
@@ -323,8 +318,33 @@ static void ans_send(read_ans_t *a, ucp_ep_h ep)
         ans_done(a);
 }
 
-/* The request's ranges checked (every one inside one host registration,
- * pinned meanwhile) and gathered into a->buf (total bytes). */
+/* The validated pieces iov[0..np) (a->len bytes) copied into a buffer for
+ * the answer: memcpy from host memory; with the driver, through pinned
+ * memory, when a piece is device memory (device: its ordinal). */
+static kvb_status_t ans_copy(read_ans_t *a, const ucp_dt_iov_t *iov, uint32_t np, int device,
+                             char *why, size_t wl)
+{
+    if (device >= 0) {
+        a->pinned = true;
+        a->cap = a->len;
+        a->buf = stage_alloc(a->len, "a read of", why, wl);
+        if (a->buf == NULL)
+            return KVB_ERR_NOMEM;
+        return kvb__am_cuda_copy(device, iov, np, a->buf, false, why, wl);
+    }
+    a->buf = kvb__bufpool_get(a->len, &a->cap);
+    if (a->buf == NULL) {
+        snprintf(why, wl, "out of memory");
+        return KVB_ERR_NOMEM;
+    }
+    uint8_t *p = a->buf;
+    for (uint32_t i = 0; i < np; p += iov[i].length, i++)
+        memcpy(p, iov[i].buffer, iov[i].length);
+    return KVB_OK;
+}
+
+/* The request's ranges checked (every one inside one registration, pinned
+ * meanwhile) and gathered into a->buf (a->len bytes). */
 static kvb_status_t ans_gather(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint32_t np,
                                read_ans_t *a, char *why, size_t wl)
 {
@@ -333,20 +353,14 @@ static kvb_status_t ans_gather(kvb_engine_h eng, const uint8_t *h, uint32_t nd, 
     int device = -1;
     kvb_status_t st = KVB_ERR_NOMEM;
     snprintf(why, wl, "out of memory");
-    if (pinned != NULL && iov != NULL && a->buf != NULL)
+    if (pinned != NULL && iov != NULL)
         st = am_validate(eng, h, nd, pinned, iov, &device, "source", why, wl);
     if (st != KVB_OK) { /* nothing left pinned */
         free(pinned);
         free(iov);
         return st;
     }
-    if (device >= 0) { /* device memory is read by no lane */
-        snprintf(why, wl, "a read of device memory (not served)");
-        st = KVB_ERR_BOUNDS;
-    }
-    uint8_t *p = a->buf;
-    for (uint32_t i = 0; st == KVB_OK && i < np; p += iov[i].length, i++)
-        memcpy(p, iov[i].buffer, iov[i].length);
+    st = ans_copy(a, iov, np, device, why, wl);
     unpin(eng, pinned, nd);
     free(pinned);
     free(iov);
@@ -378,7 +392,6 @@ static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t n
     read_ans_t *a = calloc(1, sizeof(*a));
     kvb_status_t st = KVB_ERR_NOMEM;
     if (a != NULL) {
-        a->buf = kvb__bufpool_get(total, &a->cap);
         a->len = total;
         a->eng = eng;
         st = ans_gather(eng, h, nd, np, a, why, wl);
@@ -462,7 +475,8 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
                           sizeof(why)) == KVB_OK;
     if (rc != NULL)
         rc->device = device;
-    if (ok && rc->device >= 0 && !stage_alloc(rc, length, why, sizeof(why))) {
+    if (ok && rc->device >= 0 &&
+        (rc->stage = stage_alloc(length, "a write into", why, sizeof(why))) == NULL) {
         unpin(eng, rc->pinned, nd);
         st = KVB_ERR_NOMEM;
         ok = false;
@@ -485,6 +499,7 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     rc->epoch = epoch;
     rc->npinned = nd;
     rc->np = np;
+    rc->stage_len = length ? length : 1;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
         if (rc->stage != NULL)
             memcpy(rc->stage, data, length); /* pinned: the driver copies it in */
