@@ -19,7 +19,11 @@
  *              writer maps them back to back, blocks straddle the seams;
  *   vmm_old_writer  as vmm, this writer announcing no VMM support
  *              (KVBRIDGE_CUDA_VMM=0, as a writer before it): the target
- *              sends it no VMM entries, so it stages.
+ *              sends it no VMM entries, so it stages;
+ *   stage_msg_max  tcp, the target staging at most 1 MiB per message
+ *              (KVBRIDGE_CUDA_STAGE_MSG_MAX): reads and writes of device
+ *              memory past it refused (stage_msg_max() below), nothing
+ *              else.
  * Every write is verified byte for byte by reading the target's device
  * memory back in the target; head slices (1 KiB every 2 KiB) go in few
  * batched copies; a revoked grant fences the device lane; a block past a
@@ -130,13 +134,47 @@ static void reads_refused(kvb_engine_h w, const tgt_t *t, uint8_t *sd, uint64_t 
     free(exp);
 }
 
+/* stage_msg_max: the target stages at most 1 MiB per message
+ * (KVBRIDGE_CUDA_STAGE_MSG_MAX, both processes), this reader asks 2 MiB per
+ * request (KVBRIDGE_AM_CHUNK, this process): a 1 MiB read of device memory
+ * is exact, a 2 MiB one refused by the target with nothing read, as a
+ * 2 MiB message into device memory is. */
+static void stage_msg_max(kvb_engine_h w, const tgt_t *t, uint8_t *sd, uint8_t *sh)
+{
+    uint8_t *exp = malloc(LEN);
+    CHECK(exp != NULL);
+    pattern(sh, LEN, 3);
+    kvb_block_t b = {(uint64_t)(uintptr_t)sh, t->dev_addr, 1u << 20};
+    CHECK_EQ(kvb_engine_write(w, t->sid, &b, 1, 10.0), KVB_OK);
+    cuda_test_fill(sd, LEN, 4);
+    pattern(exp, LEN, 4);
+    kvb_block_t rb = {t->dev_addr, (uint64_t)(uintptr_t)sd, 1u << 20};
+    CHECK_EQ(kvb_engine_read(w, t->sid, &rb, 1, 10.0), KVB_OK);
+    memcpy(exp, sh, 1u << 20);
+    CHECK(dev_is(sd, exp, LEN));
+    cuda_test_fill(sd, LEN, 4);
+    pattern(exp, LEN, 4);
+    rb.len = 2u << 20;
+    CHECK_EQ(kvb_engine_read(w, t->sid, &rb, 1, 10.0), KVB_ERR_PEER);
+    CHECK_STR_CONTAINS(kvb_engine_last_error(w), "a read of device memory of 2097152 bytes "
+                                                 "exceeds KVBRIDGE_CUDA_STAGE_MSG_MAX");
+    CHECK(dev_is(sd, exp, LEN));
+    b.len = 2u << 20;
+    CHECK_EQ(kvb_engine_write(w, t->sid, &b, 1, 10.0), KVB_ERR_PEER);
+    CHECK_STR_CONTAINS(kvb_engine_last_error(w), "a write into device memory of 2097152 bytes "
+                                                 "exceeds KVBRIDGE_CUDA_STAGE_MSG_MAX");
+    free(exp);
+}
+
 int main(int argc, char **argv)
 {
     const char *lane = argc > 1 ? argv[1] : "ipc";
     bool vmm = strncmp(lane, "vmm", 3) == 0;
     bool parts = strcmp(lane, "vmm_parts") == 0;
     bool ipc = strcmp(lane, "ipc") == 0 || strcmp(lane, "vmm") == 0 || parts; /* the device lane */
-    kvb_transport_t tr = strcmp(lane, "stage_tcp") == 0 ? KVB_TRANSPORT_TCP : KVB_TRANSPORT_AUTO;
+    kvb_transport_t tr = strcmp(lane, "stage_tcp") == 0 || strcmp(lane, "stage_msg_max") == 0
+                             ? KVB_TRANSPORT_TCP
+                             : KVB_TRANSPORT_AUTO;
     if (vmm)
         setenv("KVB_CUDA_TEST_VMM", "1", 1);
     if (parts)
@@ -144,6 +182,8 @@ int main(int argc, char **argv)
     tgt_t t = tgt_start(tr, LEN); /* first: fork before any thread */
     if (strcmp(lane, "vmm_old_writer") == 0)
         setenv("KVBRIDGE_CUDA_VMM", "0", 1); /* this process only */
+    if (strcmp(lane, "stage_msg_max") == 0)
+        setenv("KVBRIDGE_AM_CHUNK", "2097152", 1); /* this process only */
 
     kvb_engine_h w = kvb_test_engine(tr, 2);
     uint8_t *sd = vmm ? cuda_test_alloc_vmm(0, LEN) : cuda_test_alloc(0, LEN);
@@ -159,6 +199,16 @@ int main(int argc, char **argv)
     CHECK(mt == KVB_MEM_HOST && dev == -1);
     CHECK_EQ(kvb_engine_register(w, sd, LEN, KVB_MEM_AUTO), KVB_OK);
     CHECK_EQ(kvb_engine_register(w, sh, LEN, KVB_MEM_AUTO), KVB_OK);
+    if (strcmp(lane, "stage_msg_max") == 0) {
+        stage_msg_max(w, &t, sd, sh);
+        kvb_engine_destroy(w);
+        tgt_stop(&t);
+        ct_free(sd);
+        free(sh);
+        free(want);
+        TEST_PASS(lane);
+        return 0;
+    }
 
     /* device -> device, the whole first region */
     kvb_block_t b = {(uint64_t)(uintptr_t)sd, t.dev_addr, LEN};
