@@ -3,7 +3,8 @@
  * past its allocation, the wrong device, a driver that fails; the region
  * array's stride; AUTO detection both ways; IPC refused within one process
  * (as the driver does) falls back to staging, bytes verified; a copy that
- * fails fails the write with the driver's reason; a region across several
+ * fails fails the write, and a staged read on either side, with the
+ * driver's reason; a region across several
  * VMM allocations mapped back to back registers, one running past the last
  * is refused. */
 #include "cuda/cuda_test.h"
@@ -136,6 +137,31 @@ static void across_allocations(kvb_engine_h w, kvb_engine_h t, uint8_t *dev, uin
     TEST_PASS("rows through four allocations copied one by one");
 }
 
+/* The staging lane's reads with every copy failing (KVB_CUDA_DOUBLE_FAIL
+ * =copy, set): t's device memory dev into host memory here (the target's
+ * gather fails: KVB_ERR_PEER with its reason, the host buffer untouched),
+ * and t's host memory into device memory src here (this side's copy in
+ * fails: KVB_ERR_IO; the caller checks src once copies work again). */
+static void failed_reads(kvb_engine_h w, kvb_engine_h t, uint8_t *dev, uint8_t *src, uint8_t *host)
+{
+    const char *sid = kvb_engine_session_id(t);
+    uint8_t *th = calloc(1, 4096);
+    CHECK(th != NULL);
+    CHECK_EQ(kvb_engine_register(t, th, 4096, KVB_MEM_HOST), KVB_OK);
+    memset(host, 0x5a, N);
+    kvb_block_t rb = {(uint64_t)(uintptr_t)dev, (uint64_t)(uintptr_t)host, 4096};
+    CHECK_EQ(kvb_engine_read(w, sid, &rb, 1, 10.0), KVB_ERR_PEER);
+    CHECK_STR_CONTAINS(kvb_engine_last_error(w), "peer refused the read");
+    CHECK_STR_CONTAINS(kvb_engine_last_error(w), "CUDA copy");
+    CHECK(kvb_test_all(host, N, 0x5a));
+    rb = (kvb_block_t){(uint64_t)(uintptr_t)th, (uint64_t)(uintptr_t)src, 4096};
+    CHECK_EQ(kvb_engine_read(w, sid, &rb, 1, 10.0), KVB_ERR_IO);
+    CHECK_STR_CONTAINS(kvb_engine_last_error(w), "placing a read's bytes into device memory");
+    fprintf(stderr, "read copy failed: %s\n", kvb_engine_last_error(w));
+    CHECK_EQ(kvb_engine_unregister(t, th), KVB_OK);
+    free(th);
+}
+
 /* Two engines of this process: the driver refuses a process's own IPC
  * handles, so device memory is staged; then a failing copy fails the write. */
 static void in_process(kvb_engine_h t, uint8_t *dev, uint8_t *host)
@@ -159,6 +185,7 @@ static void in_process(kvb_engine_h t, uint8_t *dev, uint8_t *host)
     scattered(w, t, src, dev, back);
     across_allocations(w, t, dev, back);
 
+    ct_dtoh(want, src, N); /* as src is now */
     setenv("KVB_CUDA_DOUBLE_FAIL", "copy", 1);
     CHECK_EQ(kvb_engine_write(w, kvb_engine_session_id(t), &b, 1, 10.0), KVB_ERR_IO);
     CHECK_STR_CONTAINS(kvb_engine_last_error(w), "staging device sources");
@@ -172,8 +199,11 @@ static void in_process(kvb_engine_h t, uint8_t *dev, uint8_t *host)
     CHECK_STR_CONTAINS(kvb_xfer_error(x), "CUDA copy");
     fprintf(stderr, "target copy failed: %s\n", kvb_xfer_error(x));
     kvb_xfer_free(x);
+    failed_reads(w, t, dev, src, host);
     unsetenv("KVB_CUDA_DOUBLE_FAIL");
-    TEST_PASS("failed copies fail the write with the driver's reason");
+    ct_dtoh(back, src, N); /* the failed read left src as it was */
+    CHECK(memcmp(back, want, N) == 0);
+    TEST_PASS("failed copies fail the write and the read with the driver's reason");
     kvb_engine_destroy(w);
     ct_free(src);
     free(back);
