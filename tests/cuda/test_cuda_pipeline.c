@@ -14,6 +14,11 @@
  *              device messages are still to be copied in (the target's
  *              progress thread does not wait for device copies), both
  *              verified.
+ *   read_unstalled  the same with a one-sided read of the target's device
+ *              memory (8 requests, each a slow gather at the target) in
+ *              place of the device write: the small write completes while
+ *              the read is still in progress (the target gathers on its
+ *              device-copy worker), every byte of both verified.
  * Orderings are asserted, never speeds. */
 #include "cuda/cuda_test.h"
 #include "kvb_test_engine.h"
@@ -91,21 +96,42 @@ static void overlap(const tgt_t *t, kvb_engine_h w)
     free(want);
 }
 
+typedef struct beside {
+    kvb_xfer_h slow, small;
+    double t0, th;       /* start; the small write's end, since t0 */
+    kvb_status_t during; /* the slow transfer's state then */
+} beside_t;
+
+/* The slow transfer b (a write, or a read) started, then 50 ms later (its
+ * messages reach the target first) a write of small (SMALL bytes, host) to
+ * the target's host region, waited for. */
+static beside_t small_beside(const tgt_t *t, kvb_engine_h w, const kvb_block_t *b, bool read,
+                             const uint8_t *small)
+{
+    beside_t r;
+    kvb_block_t bh = {(uint64_t)(uintptr_t)small, t->host_addr, SMALL};
+    r.t0 = kvb_test_now_s();
+    CHECK_EQ(read ? kvb_engine_read_async(w, t->sid, b, 1, &r.slow)
+                  : kvb_engine_write_async(w, t->sid, b, 1, &r.slow),
+             KVB_OK);
+    sleep_ms(50);
+    CHECK_EQ(kvb_engine_write_async(w, t->sid, &bh, 1, &r.small), KVB_OK);
+    CHECK_EQ(kvb_xfer_wait(r.small, 30.0), KVB_OK);
+    r.th = kvb_test_now_s() - r.t0;
+    r.during = kvb_xfer_test(r.slow);
+    return r;
+}
+
 static void unstalled(const tgt_t *t, kvb_engine_h w)
 {
     uint8_t *big = pattern(LEN / 2, 6), *small = pattern(SMALL, 7);
     CHECK_EQ(kvb_engine_register(w, big, LEN / 2, KVB_MEM_HOST), KVB_OK);
     CHECK_EQ(kvb_engine_register(w, small, SMALL, KVB_MEM_HOST), KVB_OK);
     kvb_block_t bd = {(uint64_t)(uintptr_t)big, t->dev_addr, LEN / 2};
-    kvb_block_t bh = {(uint64_t)(uintptr_t)small, t->host_addr, SMALL};
-    kvb_xfer_h xd, xh;
-    double t0 = kvb_test_now_s();
-    CHECK_EQ(kvb_engine_write_async(w, t->sid, &bd, 1, &xd), KVB_OK);
-    sleep_ms(50); /* its messages reach the target first */
-    CHECK_EQ(kvb_engine_write_async(w, t->sid, &bh, 1, &xh), KVB_OK);
-    CHECK_EQ(kvb_xfer_wait(xh, 30.0), KVB_OK);
-    double th = kvb_test_now_s() - t0;
-    kvb_status_t during = kvb_xfer_test(xd);
+    beside_t r = small_beside(t, w, &bd, false, small);
+    kvb_xfer_h xd = r.slow, xh = r.small;
+    double t0 = r.t0, th = r.th;
+    kvb_status_t during = r.during;
     /* the device write's messages (1 MiB each) copied in by then */
     uint8_t *got = tgt_read(t, t->dev_addr, LEN / 2);
     unsigned in = 0;
@@ -131,6 +157,40 @@ static void unstalled(const tgt_t *t, kvb_engine_h w)
     free(small);
 }
 
+static void read_unstalled(const tgt_t *t, kvb_engine_h w)
+{
+    uint8_t *want = pattern(LEN / 2, 6), *small = pattern(SMALL, 7), *back = calloc(1, LEN / 2);
+    CHECK(back != NULL);
+    CHECK_EQ(kvb_engine_register(w, want, LEN / 2, KVB_MEM_HOST), KVB_OK);
+    CHECK_EQ(kvb_engine_register(w, small, SMALL, KVB_MEM_HOST), KVB_OK);
+    CHECK_EQ(kvb_engine_register(w, back, LEN / 2, KVB_MEM_HOST), KVB_OK);
+    kvb_block_t b = {(uint64_t)(uintptr_t)want, t->dev_addr, LEN / 2};
+    CHECK_EQ(kvb_engine_write(w, t->sid, &b, 1, 30.0), KVB_OK);
+    kvb_block_t rb = {t->dev_addr, (uint64_t)(uintptr_t)back, LEN / 2};
+    beside_t r = small_beside(t, w, &rb, true, small);
+    kvb_xfer_h xr = r.slow, xh = r.small;
+    double t0 = r.t0, th = r.th;
+    kvb_status_t during = r.during;
+    CHECK_EQ(kvb_xfer_wait(xr, 30.0), KVB_OK);
+    double tr = kvb_test_now_s() - t0;
+    fprintf(stderr,
+            "host write done after %.3f s, the read still %s then; read done after %.3f s\n", th,
+            kvb_status_string(during), tr);
+    /* The write's message came after the 8 requests, yet it was placed while
+     * more than 2 of their gathers (250 ms each, one at a time) were still
+     * to run; with the gathers on the target's progress thread it waits
+     * behind all 8 and ends with the read (measured: 2.004 s, 2.018 s). */
+    CHECK_EQ(during, KVB_ERR_INPROGRESS);
+    CHECK(tr - th > 0.5);
+    CHECK(memcmp(back, want, LEN / 2) == 0);
+    tgt_expect(t, t->host_addr, small, SMALL, "host write beside slow device gathers");
+    kvb_xfer_free(xh);
+    kvb_xfer_free(xr);
+    free(want);
+    free(small);
+    free(back);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "overlap";
@@ -138,6 +198,8 @@ int main(int argc, char **argv)
     kvb_engine_h w = kvb_test_engine(KVB_TRANSPORT_TCP, 1);
     if (strcmp(mode, "overlap") == 0)
         overlap(&t, w);
+    else if (strcmp(mode, "read_unstalled") == 0)
+        read_unstalled(&t, w);
     else
         unstalled(&t, w);
     kvb_engine_destroy(w);

@@ -12,9 +12,10 @@
  * AM_READ_BYTES_MAX bytes are in flight, each at most AM_READ_MAX bytes,
  * so a reader cannot make this side hold more. A request touching device
  * memory is gathered by the driver into pinned host memory (at most
- * KVBRIDGE_CUDA_STAGE_MSG_MAX bytes, as a staged write), on this thread:
- * the copy is at most AM_READ_MAX bytes, and waiting for it keeps the
- * grant's count and the pins exactly as long as the bytes are read. */
+ * KVBRIDGE_CUDA_STAGE_MSG_MAX bytes, as a staged write) on the device-copy
+ * worker, as a staged write is placed: counted against the caps from its
+ * admission, its segments pinned and its grant counted until gathered,
+ * answered then. */
 #include "engine/engine_int.h"
 #include "engine/bufpool.h"
 #include "engine/lane/msg/amwire.h"
@@ -29,8 +30,26 @@
 #define AM_READS_MAX 256                 /* read answers being sent at once (the rest refused) */
 #define AM_READ_BYTES_MAX (256ull << 20) /* and their bytes (each a gathered copy) */
 
+typedef struct read_ans { /* a read's answer (see "read requests" below) */
+    kvb__op_t op;         /* first: the send is the op */
+    kvb_engine_h eng;
+    uint8_t *buf; /* the bytes, gathered (kvb__bufpool, or pinned: device) */
+    size_t len, cap;
+    bool pinned; /* buf from kvb__cuda_stage_get (gathered by the driver) */
+    uint8_t hdr[AM_ACK_FIXED];
+    bool starting, ended; /* as the reader's receive (read.c): a send that
+                             ends from within ucp_am_send_nbx */
+} read_ans_t;
+
+static void ans_answer(read_ans_t *a, ucp_ep_h ep, uint64_t xid, uint64_t mid, kvb_status_t st,
+                       const char *why);
+static void ans_free(read_ans_t *a);
+
+/* A write's message being placed, or a read request touching device memory
+ * being gathered (ans set): the staged copy runs on the device-copy worker
+ * with the segments pinned and the grant counted. */
 typedef struct am_recv {
-    kvb__job_t job; /* first: a staged message's copy to the device (jobs.c) */
+    kvb__job_t job; /* first: the staged copy to or from the device (jobs.c) */
     kvb_engine_h eng;
     ucp_ep_h reply_ep;
     uint64_t xfer_id, msg_id;
@@ -44,6 +63,7 @@ typedef struct am_recv {
     size_t stage_len;
     kvb_status_t copied; /* the worker's copy: status and reason */
     char why[300];
+    read_ans_t *ans; /* a read: its answer, gathered into ans->buf (pinned) */
 } am_recv_t;
 
 static void ack_sent_cb(void *req, ucs_status_t status, void *user)
@@ -140,24 +160,30 @@ static kvb_status_t am_validate(kvb_engine_h eng, const uint8_t *h, uint32_t nd,
     return st;
 }
 
-/* Device destinations: copy the staged payload in (host to device, one
- * batch, waited for) before the segments are unpinned and the ack says
- * placed. */
-static kvb_status_t stage_in(am_recv_t *rc, char *why, size_t wl)
+/* The staged copy (one batch, waited for, before the segments are unpinned
+ * and the peer answered): a write's payload into its device destinations,
+ * or a read's sources gathered into its answer's pinned buffer. */
+static kvb_status_t stage_copy(am_recv_t *rc, char *why, size_t wl)
 {
-    return kvb__am_cuda_copy(rc->device, rc->iov, rc->np, rc->stage, true, why, wl);
+    return rc->ans != NULL
+               ? kvb__am_cuda_copy(rc->device, rc->iov, rc->np, rc->ans->buf, false, why, wl)
+               : kvb__am_cuda_copy(rc->device, rc->iov, rc->np, rc->stage, true, why, wl);
 }
 
-/* The bytes are placed (st: KVB_OK) or not: release the segments and the
- * fence count, answer the writer. */
+/* The bytes are placed or gathered (st: KVB_OK) or not: release the
+ * segments and the fence count, answer the peer. */
 static void am_recv_finish(am_recv_t *rc, kvb_status_t st, const char *why)
 {
     if (st != KVB_OK)
-        KVB_LOGW("engine %s: write not placed: %s", rc->eng->sid, why);
+        KVB_LOGW("engine %s: %s: %s", rc->eng->sid,
+                 rc->ans != NULL ? "read not gathered" : "write not placed", why);
     KVB_TSAN_RELEASE(); /* the bytes are placed; the acknowledgement follows */
     unpin(rc->eng, rc->pinned, rc->npinned);
     kvb__fence_done(rc->eng, (uint32_t)(rc->msg_id >> 32), rc->epoch);
-    send_ack(rc->eng, rc->reply_ep, rc->xfer_id, rc->msg_id, st, st == KVB_OK ? NULL : why);
+    if (rc->ans != NULL)
+        ans_answer(rc->ans, rc->reply_ep, rc->xfer_id, rc->msg_id, st, why);
+    else
+        send_ack(rc->eng, rc->reply_ep, rc->xfer_id, rc->msg_id, st, st == KVB_OK ? NULL : why);
     if (rc->stage != NULL)
         kvb__cuda_stage_put(rc->stage, rc->stage_len);
     free(rc->pinned);
@@ -168,7 +194,7 @@ static void am_recv_finish(am_recv_t *rc, kvb_status_t st, const char *why)
 static int copy_run(kvb__job_t *j) /* device-copy worker */
 {
     am_recv_t *rc = (am_recv_t *)j;
-    rc->copied = stage_in(rc, rc->why, sizeof(rc->why));
+    rc->copied = stage_copy(rc, rc->why, sizeof(rc->why));
     return KVB__JOB_DONE;
 }
 
@@ -179,7 +205,7 @@ static void copy_done(kvb_engine_h eng, kvb__job_t *j) /* progress thread */
     am_recv_finish(rc, rc->copied, rc->why);
 }
 
-/* The engine stops: nobody to answer (the writer's transfer fails with its
+/* The engine stops: nobody to answer (the peer's transfer fails with its
  * connection); the segments and the fence count are released. */
 static void copy_drop(kvb_engine_h eng, kvb__job_t *j)
 {
@@ -187,6 +213,8 @@ static void copy_drop(kvb_engine_h eng, kvb__job_t *j)
     unpin(eng, rc->pinned, rc->npinned);
     kvb__fence_done(eng, (uint32_t)(rc->msg_id >> 32), rc->epoch);
     kvb__cuda_stage_put(rc->stage, rc->stage_len);
+    if (rc->ans != NULL) /* memory only: the engine's counters go with it */
+        ans_free(rc->ans);
     free(rc->pinned);
     free(rc->iov);
     free(rc);
@@ -198,13 +226,13 @@ static void am_recv_done(am_recv_t *rc, ucs_status_t status)
     kvb_status_t st = status == UCS_OK ? KVB_OK : KVB_ERR_IO;
     if (status != UCS_OK) {
         snprintf(why, sizeof(why), "%s", ucs_status_string(status));
-    } else if (rc->stage != NULL) {
+    } else if (rc->stage != NULL || rc->ans != NULL) {
         rc->job = (kvb__job_t){NULL, copy_run, copy_done, copy_drop, true};
         if (kvb__jobs_push(rc->eng, &rc->job)) {
             rc->eng->am_pending++; /* until copy_done */
             return;
         }
-        st = stage_in(rc, why, sizeof(why)); /* the queue is full: here */
+        st = stage_copy(rc, why, sizeof(why)); /* the queue is full: here */
     }
     am_recv_finish(rc, st, why);
 }
@@ -248,17 +276,6 @@ static void *stage_alloc(size_t length, const char *what, char *why, size_t wl)
  * answer (a dead same-host process: UCX's shared-memory transports have no
  * peer-failure mode, the send never ends) then holds only that buffer, not
  * the target's memory (unregister) nor its grant (a revoke drains). */
-
-typedef struct read_ans { /* an answer being sent */
-    kvb__op_t op;         /* first: the send is the op */
-    kvb_engine_h eng;
-    uint8_t *buf; /* the bytes, gathered (kvb__bufpool, or pinned: device) */
-    size_t len, cap;
-    bool pinned; /* buf from kvb__cuda_stage_get (gathered by the driver) */
-    uint8_t hdr[AM_ACK_FIXED];
-    bool starting, ended; /* as the reader's receive (read.c): a send that
-                             ends from within ucp_am_send_nbx */
-} read_ans_t;
 
 static void ans_free(read_ans_t *a)
 {
@@ -306,8 +323,6 @@ static void ans_send(read_ans_t *a, ucp_ep_h ep)
     p.flags = UCP_AM_SEND_FLAG_REPLY; /* the reader checks the endpoint (msg.c) */
     p.datatype = ucp_dt_make_contig(1);
     a->op.release = ans_release;
-    a->eng->am_reads++;
-    a->eng->am_read_bytes += a->len;
     a->eng->am_pending++; /* the progress thread keeps driving it (engine.c) */
     a->starting = true;
     void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED, a->buf, a->len, &p);
@@ -318,20 +333,28 @@ static void ans_send(read_ans_t *a, ucp_ep_h ep)
         ans_done(a);
 }
 
-/* The validated pieces iov[0..np) (a->len bytes) copied into a buffer for
- * the answer: memcpy from host memory; with the driver, through pinned
- * memory, when a piece is device memory (device: its ordinal). */
-static kvb_status_t ans_copy(read_ans_t *a, const ucp_dt_iov_t *iov, uint32_t np, int device,
-                             char *why, size_t wl)
+/* Answer a read request: its bytes (st KVB_OK), or a refusal with why (a
+ * freed, no longer counted against the caps). */
+static void ans_answer(read_ans_t *a, ucp_ep_h ep, uint64_t xid, uint64_t mid, kvb_status_t st,
+                       const char *why)
 {
-    if (device >= 0) {
-        a->pinned = true;
-        a->cap = a->len;
-        a->buf = stage_alloc(a->len, "a read of", why, wl);
-        if (a->buf == NULL)
-            return KVB_ERR_NOMEM;
-        return kvb__am_cuda_copy(device, iov, np, a->buf, false, why, wl);
+    kvb_engine_h eng = a->eng;
+    if (st == KVB_OK) {
+        put_ack(a->hdr, xid, mid, KVB_OK, NULL, 0);
+        ans_send(a, ep);
+        return;
     }
+    eng->am_reads--;
+    eng->am_read_bytes -= a->len;
+    ans_free(a);
+    send_ack(eng, ep, xid, mid, st, why);
+}
+
+/* Host sources: the validated pieces iov[0..np) (a->len bytes) copied into
+ * a buffer for the answer now. */
+static kvb_status_t ans_copy(read_ans_t *a, const ucp_dt_iov_t *iov, uint32_t np, char *why,
+                             size_t wl)
+{
     a->buf = kvb__bufpool_get(a->len, &a->cap);
     if (a->buf == NULL) {
         snprintf(why, wl, "out of memory");
@@ -343,10 +366,46 @@ static kvb_status_t ans_copy(read_ans_t *a, const ucp_dt_iov_t *iov, uint32_t np
     return KVB_OK;
 }
 
+/* A source in device memory: the pieces are gathered by the device-copy
+ * worker into pinned memory (a's buffer), not here: a slow device copy must
+ * not hold up other transfers. *rc_p: that job, which keeps pinned and iov
+ * (the segments pinned, the grant counted) until am_recv_finish answers. */
+static kvb_status_t gather_job(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint32_t np,
+                               uint64_t *pinned, ucp_dt_iov_t *iov, int device, read_ans_t *a,
+                               am_recv_t **rc_p, char *why, size_t wl)
+{
+    am_recv_t *rc = calloc(1, sizeof(*rc));
+    a->pinned = true;
+    a->cap = a->len;
+    a->buf = rc != NULL ? stage_alloc(a->len, "a read of", why, wl) : NULL;
+    if (a->buf == NULL) {
+        if (rc == NULL)
+            snprintf(why, wl, "out of memory");
+        free(rc);
+        unpin(eng, pinned, nd);
+        free(pinned);
+        free(iov);
+        return KVB_ERR_NOMEM;
+    }
+    *rc = (am_recv_t){.eng = eng,
+                      .xfer_id = kvb__am_u64(h + 8),
+                      .msg_id = kvb__am_u64(h + 16),
+                      .epoch = kvb__am_u64(h + 32),
+                      .pinned = pinned,
+                      .npinned = nd,
+                      .iov = iov,
+                      .np = np,
+                      .device = device,
+                      .ans = a};
+    *rc_p = rc;
+    return KVB_OK;
+}
+
 /* The request's ranges checked (every one inside one registration, pinned
- * meanwhile) and gathered into a->buf (a->len bytes). */
+ * meanwhile) and gathered into a->buf (a->len bytes): now from host
+ * memory, by a job (*rc_p) when one is device memory. */
 static kvb_status_t ans_gather(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint32_t np,
-                               read_ans_t *a, char *why, size_t wl)
+                               read_ans_t *a, am_recv_t **rc_p, char *why, size_t wl)
 {
     uint64_t *pinned = malloc(nd * sizeof(*pinned));
     ucp_dt_iov_t *iov = malloc(np * sizeof(*iov));
@@ -360,7 +419,9 @@ static kvb_status_t ans_gather(kvb_engine_h eng, const uint8_t *h, uint32_t nd, 
         free(iov);
         return st;
     }
-    st = ans_copy(a, iov, np, device, why, wl);
+    if (device >= 0)
+        return gather_job(eng, h, nd, np, pinned, iov, device, a, rc_p, why, wl);
+    st = ans_copy(a, iov, np, why, wl);
     unpin(eng, pinned, nd);
     free(pinned);
     free(iov);
@@ -370,9 +431,11 @@ static kvb_status_t ans_gather(kvb_engine_h eng, const uint8_t *h, uint32_t nd, 
 /* Admit a read request (parsed: nd descriptors, np pieces, total bytes):
  * refused (with why) past the caps on answers in flight, unless its grant
  * is live (counted while its bytes are gathered), or with a range outside
- * one host registration; else *a_p holds its bytes. */
+ * one registration; else *a_p holds its bytes, or will once the job *rc_p
+ * gathered them, and counts against the caps until answered. */
 static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint32_t np,
-                                  uint64_t total, read_ans_t **a_p, char *why, size_t wl)
+                                  uint64_t total, read_ans_t **a_p, am_recv_t **rc_p, char *why,
+                                  size_t wl)
 {
     uint64_t mid = kvb__am_u64(h + 16), epoch = kvb__am_u64(h + 32);
     if (!eng->params.serve_reads) {
@@ -391,21 +454,27 @@ static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t n
     }
     read_ans_t *a = calloc(1, sizeof(*a));
     kvb_status_t st = KVB_ERR_NOMEM;
+    snprintf(why, wl, "out of memory");
     if (a != NULL) {
         a->len = total;
         a->eng = eng;
-        st = ans_gather(eng, h, nd, np, a, why, wl);
+        st = ans_gather(eng, h, nd, np, a, rc_p, why, wl);
     }
-    kvb__fence_done(eng, (uint32_t)(mid >> 32), epoch); /* nothing more is read */
-    if (st != KVB_OK && a != NULL)
-        ans_free(a);
-    else if (st == KVB_OK)
-        *a_p = a;
-    return st;
+    if (*rc_p == NULL) /* nothing more is read (a job: once gathered) */
+        kvb__fence_done(eng, (uint32_t)(mid >> 32), epoch);
+    if (st != KVB_OK) {
+        if (a != NULL)
+            ans_free(a);
+        return st;
+    }
+    eng->am_reads++; /* until the answer left, or the job's refusal (ans_answer) */
+    eng->am_read_bytes += total;
+    *a_p = a;
+    return KVB_OK;
 }
 
 /* A read request from ep (authorized; magic "KVBR"): the bytes, or a
- * refusal with its reason. */
+ * refusal with its reason (a job's: once it gathered them). */
 static void am_read(kvb_engine_h eng, const uint8_t *h, size_t hlen, size_t length, ucp_ep_h ep,
                     uint64_t xid, uint64_t mid)
 {
@@ -413,17 +482,20 @@ static void am_read(kvb_engine_h eng, const uint8_t *h, size_t hlen, size_t leng
     uint32_t nd = 0, np = 0;
     uint64_t total = 0;
     read_ans_t *a = NULL;
+    am_recv_t *rc = NULL;
     kvb_status_t st = KVB_ERR_BOUNDS;
     if (kvb__am_parse_read_header(h, hlen, length, &nd, &np, &total))
-        st = am_read_admit(eng, h, nd, np, total, &a, why, sizeof(why));
+        st = am_read_admit(eng, h, nd, np, total, &a, &rc, why, sizeof(why));
     if (st != KVB_OK) {
         KVB_LOGW("engine %s: refused a read from writer %08x: %s", eng->sid, (unsigned)(mid >> 32),
                  why);
         send_ack(eng, ep, xid, mid, st, why);
-        return;
+    } else if (rc != NULL) {
+        rc->reply_ep = ep;
+        am_recv_done(rc, UCS_OK); /* to the worker (or here, its queue full) */
+    } else {
+        ans_answer(a, ep, xid, mid, KVB_OK, NULL);
     }
-    put_ack(a->hdr, xid, mid, KVB_OK, NULL, 0);
-    ans_send(a, ep);
 }
 
 /* authorized: false when the engine has a secret and the message did not
