@@ -63,8 +63,9 @@ static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st)
     if (*pp == x)
         *pp = x->next_active;
     /* Ops still in flight are given up: what they carried may yet land
-     * (a stopped peer resumes), so the transfer is not provably drained. */
-    x->unsettled = x->inflight > 0;
+     * (a stopped peer resumes), so the transfer is not provably drained;
+     * unless it is a read its lane gates (its answers are dropped now). */
+    x->unsettled = x->inflight > 0 && !(x->read && (x->lane->caps & KVB__LANE_READ_GATED));
     x->abandoned = 1; /* callbacks of ops still outstanding leave it alone */
     kvb__xfer_publish(x, st);
 }

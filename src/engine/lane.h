@@ -53,8 +53,12 @@ typedef enum kvb__mem_kind {
 
 /* What a lane can do (kvb__lane_t.caps). */
 enum {
-    KVB__LANE_RUNS = 1u << 0,  /* walks a write as strided runs (x->runs), not plain blocks */
-    KVB__LANE_GROUPS = 1u << 1 /* submit takes a write group's members as one group */
+    KVB__LANE_RUNS = 1u << 0,   /* walks a write as strided runs (x->runs), not plain blocks */
+    KVB__LANE_GROUPS = 1u << 1, /* submit takes a write group's members as one group */
+    /* a read's bytes are placed by this engine, and only while the read
+     * runs: once it is final nothing of it lands, whatever was in flight
+     * (kvb_xfer_drained) */
+    KVB__LANE_READ_GATED = 1u << 2
 };
 
 /* How a target fences a lane's writes (fence.h). */

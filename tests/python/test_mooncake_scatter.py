@@ -11,7 +11,9 @@ drop-in (python/compat/mooncake/_scatter.py), and remote_accessible=False.
   a running ticket is COMPLETION_UNKNOWN and not drained; the sync form
   returns after its deadline, the cancel's settle bound and the session's
   close, still COMPLETION_UNKNOWN and not drained (bytes were in flight and
-  may land when the peer resumes); drain() cannot prove more.
+  may land when the peer resumes); drain() cannot prove more; a scatter
+  read given up the same way is FAILED_DRAINED (its answers are placed only
+  while it runs).
 - A region registered with remote_accessible=False is a source only: a
   peer's write into it fails and leaves it untouched.
 """
@@ -155,6 +157,10 @@ def test_scatter_stopped_peer(monkeypatch):
         os.kill(t.p.pid, signal.SIGSTOP)
         t_stop = time.monotonic()
         running = eng.submit_scatter_write(t.sid, *big)
+        rd = ([src.ctypes.data + (2 << 20)], [1 << 20], [a0], [1 << 20], [[0]], [[0]],
+              [[1 << 20]])
+        reading = eng.submit_scatter_read(t.sid, *rd)
+        assert reading.status == S.COMPLETION_UNKNOWN and reading.drained is False
         assert running.drain(300) == S.COMPLETION_UNKNOWN and running.drained is False
         t0 = time.monotonic()
         tk = eng.scatter_transfer_sync_write_with_ticket(t.sid, *big)
@@ -167,6 +173,9 @@ def test_scatter_stopped_peer(monkeypatch):
         assert tk.drain(100) == S.COMPLETION_UNKNOWN
         # the session's close failed the earlier one too, bytes in flight
         assert running.drain(5000) == S.COMPLETION_UNKNOWN and running.drained is False
+        # a read on the same connection, given up the same way, is drained:
+        # its answers land only while it runs
+        assert reading.status == S.FAILED_DRAINED and reading.drained is True, reading.error
     finally:
         os.kill(t.p.pid, signal.SIGCONT)
         eng.close()

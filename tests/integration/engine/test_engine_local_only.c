@@ -9,7 +9,8 @@
  *    is drained (its messages were acknowledged or never sent); a write to
  *    a SIGSTOPped peer whose session is then closed ends KVB_ERR_PEER with
  *    messages still unacknowledged: not drained (those bytes may yet land
- *    when the peer resumes), and the timings show the stop covered it. */
+ *    when the peer resumes), and the timings show the stop covered it; a
+ *    read given up the same way is drained (its answers are dropped). */
 #include "kvb_test.h"
 #include "kvb_test_engine.h"
 #include "peer.h"
@@ -117,28 +118,39 @@ static void drained(const char *self)
     CHECK_EQ(kvb_xfer_drained(x), 1);
     kvb_xfer_free(x);
 
-    /* Peer stopped: the message window fills and stays unacknowledged. */
+    /* Peer stopped: the message window fills and stays unacknowledged; a
+     * read on the same connection waits for answers that do not come. */
     CHECK_EQ(kill(p.pid, SIGSTOP), 0);
     double t0 = kvb_test_now_s();
     x = start(w, &p, src, len);
+    kvb_xfer_h y;
+    kvb_block_t rb = {p.remote_base, (uint64_t)(uintptr_t)src, len};
+    CHECK_EQ(kvb_engine_read_async(w, p.sid, &rb, 1, &y), KVB_OK);
     CHECK_EQ(kvb_xfer_wait(x, 0.5), KVB_ERR_TIMEOUT);
-    CHECK_EQ(kvb_xfer_drained(x), 0); /* still running */
+    CHECK_EQ(kvb_xfer_wait(y, 0.01), KVB_ERR_TIMEOUT);
+    CHECK(kvb_xfer_drained(x) == 0 && kvb_xfer_drained(y) == 0); /* still running */
     CHECK_EQ(kvb_engine_close_session(w, p.sid), KVB_OK);
     st = kvb_xfer_wait(x, 10);
+    kvb_status_t rst = kvb_xfer_wait(y, 10);
     double t1 = kvb_test_now_s();
     fprintf(stderr,
-            "stopped peer: SIGSTOP at 0, write started 0, session closed at %.3f s, "
-            "write ended %s at %.3f s (%s), drained %d\n",
-            0.5, kvb_status_string(st), t1 - t0, kvb_xfer_error(x), kvb_xfer_drained(x));
+            "stopped peer: SIGSTOP at 0, write and read started 0, session closed at "
+            "%.3f s, write ended %s, read ended %s at %.3f s (%s), drained %d / %d\n",
+            0.5, kvb_status_string(st), kvb_status_string(rst), t1 - t0, kvb_xfer_error(x),
+            kvb_xfer_drained(x), kvb_xfer_drained(y));
     CHECK_EQ(st, KVB_ERR_PEER);
-    CHECK_EQ(kvb_xfer_drained(x), 0);
+    CHECK_EQ(rst, KVB_ERR_PEER);
+    CHECK_EQ(kvb_xfer_drained(x), 0); /* its messages may be placed when the peer resumes */
+    CHECK_EQ(kvb_xfer_drained(y), 1); /* its answers are dropped: nothing lands here */
     kvb_xfer_free(x);
+    kvb_xfer_free(y);
     CHECK_EQ(kill(p.pid, SIGCONT), 0);
 
     kvb_engine_destroy(w);
     test_peer_stop(&p);
     free(src);
-    TEST_PASS("drained: success and settled cancel yes, abandoned messages to a stopped peer no");
+    TEST_PASS("drained: success and settled cancel yes, abandoned messages to a stopped peer no, "
+              "an abandoned read yes");
 }
 
 int main(int argc, char **argv)

@@ -297,6 +297,7 @@ static void stage_progress(kvb_engine_h eng, struct kvb_xfer *x)
 const kvb__lane_t kvb__lane_cuda_stage = {
     .name = "cuda-staging",
     .pairs = KVB__PAIRS_DEVICE,
+    .caps = KVB__LANE_READ_GATED, /* its reads are the message lane's */
     .fence = KVB__LANE_FENCE_TARGET,
     .submit = stage_submit,
     .read = stage_read,

@@ -366,6 +366,7 @@ static kvb_status_t msg_init(kvb_engine_h eng)
 const kvb__lane_t kvb__lane_msg = {
     .name = "message",
     .pairs = KVB__PAIR(KVB__MEM_HOST, KVB__MEM_HOST),
+    .caps = KVB__LANE_READ_GATED,
     .fence = KVB__LANE_FENCE_TARGET,
     .init = msg_init,
     .submit = kvb__xfer_queue,
