@@ -67,21 +67,8 @@ CASES = [
 ]
 
 
-def grid(src_ptr, dst_ptr, pages, fields, span, pattern, rng):
-    """fields rows and page arrays: field f owns a region of 2 * pages page
-    slots on each side; page stride = span rounded up to 4 KiB / 256 B."""
-    stride = span if span >= 4096 else 256
-    region = 2 * pages * stride
-    if pattern == "runs":  # 4 runs of consecutive pages on both sides
-        sp = np.concatenate([np.arange(k * pages // 4, (k + 1) * pages // 4) + k * 3
-                             for k in range(4)])
-        dp = sp + pages // 2
-    else:
-        sp = rng.choice(2 * pages, pages, replace=False)
-        dp = rng.choice(2 * pages, pages, replace=False)
-    f = np.array([[src_ptr + k * region, stride, dst_ptr + k * region, stride, span]
-                  for k in range(fields)], dtype=np.int64)
-    return sp.astype(np.int64), dp.astype(np.int64), f, fields * region
+# The page grids: the same as the side-by-side bench's (one definition).
+from side_by_side import grid  # noqa: E402
 
 
 def main():

@@ -411,7 +411,7 @@ def run_row(impl, lane, op, ws, bs, reps):
 def grid(src_ptr, dst_ptr, pages, fields, span, pattern, rng):
     """fields rows and page arrays: field f owns a region of 2 * pages page
     slots on each side; page stride = span rounded up to 4 KiB / 256 B
-    (bench/pages_vs_batch.py)."""
+    (also bench/pages_vs_batch.py's)."""
     stride = span if span >= 4096 else 256
     region = 2 * pages * stride
     if pattern == "runs":  # 4 runs of consecutive pages on both sides
