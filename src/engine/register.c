@@ -125,9 +125,18 @@ static bool is_local_only(const kvb_mem_region_ex_t *r)
     return (r->field_mask & KVB_MEM_REGION_FIELD_LOCAL_ONLY) && r->local_only;
 }
 
+/* A region refused with st: the engine's error names it. */
+static kvb_status_t reg_refused(kvb_engine_h eng, const kvb_mem_region_ex_t *r, kvb_status_t st)
+{
+    return kvb__err_set(&eng->err, st, "register %p+%zu: %s", r->addr, r->length,
+                        st == KVB_ERR_OVERLAP ? "overlaps a registered region"
+                                              : kvb_status_string(st));
+}
+
 /* A local-only region (seg_mu held): no UCX mapping, no remote key, no
  * shared file, so nothing a peer could be handed; only its bounds, for the
- * source checks of this engine's own writes. */
+ * local-side checks of this engine's own transfers (a write's source, a
+ * read's destination). */
 static kvb_status_t register_local_only(kvb_engine_h eng, const kvb_mem_region_ex_t *r)
 {
     uint64_t a = (uint64_t)(uintptr_t)r->addr;
@@ -142,18 +151,11 @@ static kvb_status_t register_local_only(kvb_engine_h eng, const kvb_mem_region_e
         return kvb__err_set(&eng->err, KVB_ERR_INVALID,
                             "register %p+%zu: a local-only region must be host memory", r->addr,
                             r->length);
-    if (kvb__segtab_overlaps(&eng->segs, a, r->length))
-        return kvb__err_set(&eng->err, KVB_ERR_OVERLAP,
-                            "register %p+%zu: overlaps a registered "
-                            "region",
-                            r->addr, r->length);
     kvb__seg_t seg = {.addr = a, .len = r->length};
-    kvb_status_t st = kvb__segtab_insert(&eng->local_segs, &seg);
-    if (st != KVB_OK)
-        kvb__err_set(&eng->err, st, "register %p+%zu: %s", r->addr, r->length,
-                     st == KVB_ERR_OVERLAP ? "overlaps a registered region"
-                                           : kvb_status_string(st));
-    return st;
+    kvb_status_t st = kvb__segtab_overlaps(&eng->segs, a, r->length)
+                          ? KVB_ERR_OVERLAP
+                          : kvb__segtab_insert(&eng->local_segs, &seg);
+    return st == KVB_OK ? st : reg_refused(eng, r, st);
 }
 
 /* A region peers see: mapped for UCX, then in the table the handshake sends. */
@@ -168,9 +170,7 @@ static kvb_status_t register_shared(kvb_engine_h eng, const kvb_mem_region_ex_t 
              : kvb__segtab_insert(&eng->segs, &seg);
     if (st != KVB_OK) {
         kvb__seg_unmap(eng, &seg);
-        kvb__err_set(&eng->err, st, "register %p+%zu: %s", r->addr, r->length,
-                     st == KVB_ERR_OVERLAP ? "overlaps a registered region"
-                                           : kvb_status_string(st));
+        reg_refused(eng, r, st);
     }
     return st;
 }
