@@ -491,6 +491,11 @@ void kvb__outputs_enable(struct kvb_manager *m);
  * into *cands_p (caller frees). */
 int64_t kvb__output_first_token(struct kvb_manager *m, uint64_t room, int32_t **cands_p,
                                 size_t *n_p);
+/* Copy the room's aux-slot first token into its record (when the sender
+ * set none), before its Success is published: once a sender's poll says
+ * Success the framework may reuse the aux slot, while the statuses that
+ * carry the token are sent after (prefill_xfer.c). */
+void kvb__output_latch(struct kvb_manager *m, uint64_t room);
 void kvb__outputs_free(struct kvb_manager *m);
 /* What else travels with a first token in some dialects' statuses: the
  * prefill's prefix-cache hit (cached tokens) and the first token's logprob.

@@ -219,6 +219,33 @@ int kvb_receiver_first_logprob(kvb_receiver_h rc, double *logprob_p)
     return logprob_p != NULL ? receiver_extra(rc, NULL, logprob_p) : 0;
 }
 
+/* aux buffer 0's first int32 at slot aux (SGLang's output_ids), or -2 when
+ * there is no such slot. */
+static int64_t aux_token(const struct kvb_manager *m, int64_t aux)
+{
+    int32_t v;
+    if (aux < 0 || m->args.num_aux == 0 || m->aux_items[0] < 4 ||
+        (uint64_t)aux >= m->aux_lens[0] / m->aux_items[0])
+        return -2;
+    memcpy(&v, (const uint8_t *)(uintptr_t)m->aux_ptrs[0] + m->aux_items[0] * (uint64_t)aux, 4);
+    return v;
+}
+
+void kvb__output_latch(struct kvb_manager *m, uint64_t room)
+{
+    struct kvb__outputs *t = outputs_get(m, false);
+    if (t == NULL)
+        return;
+    pthread_mutex_lock(&t->mu);
+    output_t *o = output_slot(t, room, false);
+    int64_t v = o != NULL && !o->has_token ? aux_token(m, o->aux_index) : -2;
+    if (v != -2) {
+        o->token = v;
+        o->has_token = 1;
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
 int64_t kvb__output_first_token(struct kvb_manager *m, uint64_t room, int32_t **cands_p,
                                 size_t *n_p)
 {
@@ -241,12 +268,8 @@ int64_t kvb__output_first_token(struct kvb_manager *m, uint64_t room, int32_t **
         aux = o->aux_index;
     }
     pthread_mutex_unlock(&t->mu);
-    if (aux >= 0 && m->args.num_aux > 0 && m->aux_items[0] >= 4 &&
-        (uint64_t)aux < m->aux_lens[0] / m->aux_items[0]) {
-        int32_t v;
-        memcpy(&v, (const uint8_t *)(uintptr_t)m->aux_ptrs[0] + m->aux_items[0] * (uint64_t)aux, 4);
-        token = v;
-    }
+    if (aux_token(m, aux) != -2) /* not latched (kvb__output_latch): read now */
+        token = aux_token(m, aux);
     /* Not a token id (an aux slot that holds none): "none", not a status
      * that fails to encode, is never sent and leaves the decode waiting. */
     return token < -1 ? -1 : token;

@@ -563,6 +563,7 @@ static void work_finish(struct kvb_manager *m, work_t *w)
         /* Success once the last chunk and every earlier one settled (an
          * earlier one may have been set aside and settle later). */
         if (r->last_done && r->inflight == 0 && r->status != KVB_POLL_FAILED) {
+            kvb__output_latch(m, w->c->room); /* the statuses read it after Success */
             kvb__room_set_status(r, KVB_POLL_SUCCESS);
             r->success_due = 1; /* notes_due sends it and clears it */
         }
