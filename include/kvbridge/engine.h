@@ -531,12 +531,17 @@ KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
  *   (kvb_write_params_t) exactly as a write, and the target admits it only
  *   under a live grant (KVB_ERR_FENCED "... fenced ..." otherwise, nothing
  *   read): a revoked grant can neither write nor read any more.
- * - Lanes: host memory on both sides only. The direct lane (same host, the
- *   peer's memory from kvb_mem_alloc: the copy threads copy out of the
- *   mapping) and the message lane (the target answers a read request with
- *   the bytes; also transport TCP), and the put lane (UCX get) where
- *   connections are set up for puts. Device memory on either side:
- *   KVB_ERR_UNSUPPORTED naming the memory kinds. docs/engine.md "Reads". */
+ * - Lanes: the direct lane (same host, the peer's memory from
+ *   kvb_mem_alloc: the copy threads copy out of the mapping), the message
+ *   lane (the target answers a read request with the bytes; also transport
+ *   TCP), the put lane (UCX get) where connections are set up for puts; with
+ *   device memory on either side the CUDA IPC lane (same host) or else the
+ *   CUDA staging lane (the target gathers device bytes with the driver, the
+ *   reader copies answers into device memory; KVBRIDGE_CUDA_STAGE_MSG_MAX
+ *   bounds one answer).
+ * - Refusals by the target: KVB_ERR_UNSUPPORTED ("serves no reads") from an
+ *   engine created with serve_reads = 0; a local-only region is in no
+ *   peer's view (KVB_ERR_BOUNDS). docs/engine.md "One-sided reads". */
 
 /* Synchronous read from session_id; KVB_OK when every byte is in local
  * memory. Errors and time-out as kvb_engine_write. */
