@@ -13,6 +13,10 @@
 #   tp1_tp2, tp1_tp2_pack    TP1 -> TP2 (pack fallback; pack on the host:
 #                            scratch registered / unregistered on the drop-in)
 #   mla, mla_tp2             MLA, TP1 -> TP1 layerwise, TP2 -> TP1 (a dummy rank)
+#   hybrid, hybrid_tp2,      the CachePD golden's hybrid model (3 linear-attention
+#   hybrid_tp2_layerwise     state groups + full attention, page 128): TP1 / TP2
+#                            -> TP1, final and layerwise; K/V pages and every
+#                            state group's latest snapshot
 #   write_refused            the decode's memory is gone: every write -1, both
 #                            sides Failed with TokenSpeed's reasons, no byte written
 # Every decode byte is compared with an image computed independently of
@@ -26,7 +30,8 @@ BUILD=$(cd "${1:-$ROOT/build}" && pwd)
 shift || true
 CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
-    CASES=(tp1 tp1_layerwise tp2 tp2_layerwise tp1_tp2 tp1_tp2_pack mla mla_tp2 write_refused)
+    CASES=(tp1 tp1_layerwise tp2 tp2_layerwise tp1_tp2 tp1_tp2_pack mla mla_tp2 hybrid hybrid_tp2
+        hybrid_tp2_layerwise write_refused)
 fi
 if [ ! -f "$BUILD/libkvbridge.so" ]; then
     echo "interop-tokenspeed011: $BUILD/libkvbridge.so missing: build first (make build)" >&2

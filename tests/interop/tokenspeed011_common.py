@@ -30,7 +30,9 @@ besides TokenSpeed itself.
   and one class the executor would provide: HostStepCounter, StepCounter
   (pd/utils.py:364) with host integers instead of its CUDA tensors (the
   forward records a step after each layer it produced).
-- the model geometry (MHA and MLA), built by TokenSpeed's own
+- the model geometry (MHA and MLA; and HybridModel, the CachePD golden's
+  hybrid model with state groups, built by TokenSpeed's recipe pipeline and
+  build_cache_transfer_schema), built by TokenSpeed's own
   spec.group / plan.pack / CacheLayout.bind / CacheTransferContract, with
   the field declarations of the ordinary recipe
   (recipes/ordinary.py:_mha_layer_fields, _mla_layer_fields) and the
@@ -39,7 +41,9 @@ besides TokenSpeed itself.
 - the KV content: a seeded global image per (room, slot, field), the
   prefill ranks' head slices of it, and the decode's expected arena
   computed independently of TokenSpeed's planner (own page-offset
-  arithmetic, own head split).
+  arithmetic, own head split); hybrid: a seeded global image per (room,
+  state field) and each rank's rows of it (own split of the partition's
+  parts).
 """
 
 import hashlib
@@ -261,9 +265,126 @@ class Model:
                                      transfer_schema=schema)
 
 
+    def kv_fields(self):
+        """The history fields (every field of these models)."""
+        return self.field_ids()
+
+    def state_fields(self):
+        return []
+
+
+class HybridModel:
+    """The CachePD golden's hybrid model (tests/interop/cachepd_record.py
+    MODELS["hybrid"], Qwen3.5's gated delta net shape at toy sizes): layer
+    types linear_attention x 3 + full_attention, group ids from TokenSpeed's
+    split_recurrent_state_groups (linear_attention_0..2: family state,
+    latest_snapshot, one group per state position; full_attention), prefix
+    granularity (page) 128. Fields as the golden's gdn_fields declares them
+    (qwen35.py's, written out: the recipe needs torch and a model config):
+    layer.3.k / layer.3.v [128, 2 KV heads // tp, 32] bfloat16; per linear
+    layer l, layer.l.ssm [4 value heads // tp, 16, 16] float32 and
+    layer.l.conv [128 // tp, 3] bfloat16 (conv dim 2 x 2 x 16 + 4 x 16, kernel
+    4, page stride not exact). The transfer schema is TokenSpeed's
+    build_cache_transfer_schema over a model config carrying the linear
+    attention's sizes: K/V split on axis 1 over the 2 KV heads, ssm on axis 0
+    over the 4 value heads, conv on axis 0 in parts 32, 32, 64, each split by
+    TP (spec 7.3)."""
+
+    kind = "hybrid"
+    LAYER_TYPES = ("linear_attention",) * 3 + ("full_attention",)
+
+    def __init__(self):
+        self.layers, self.pg, self.heads, self.head_dim = 4, 128, 2, 32
+        self.dtype, self.elt = "bfloat16", 2
+        self.kh, self.vh, self.kd, self.vd, self.kernel = 2, 4, 16, 16, 4
+        self.conv_dim = 2 * self.kh * self.kd + self.vh * self.vd
+
+    def kv_layers(self):
+        return [l for l, t in enumerate(self.LAYER_TYPES) if t == "full_attention"]
+
+    def kv_fields(self):
+        """kvbridge's KV buffer order: K of the full-attention layers, then V."""
+        return ([f"layer.{l}.k" for l in self.kv_layers()] +
+                [f"layer.{l}.v" for l in self.kv_layers()])
+
+    def state_fields(self):
+        """kvbridge's state buffer order: (layer, field name) ascending."""
+        return [f"layer.{l}.{n}" for l, t in enumerate(self.LAYER_TYPES)
+                if t == "linear_attention" for n in ("conv", "ssm")]
+
+    def field_ids(self):
+        """Every field, in the order of TokenSpeed's plan (what a prefill
+        rank publishes as its stage's fields)."""
+        return [f.field_id for f in self.contract(1, 1).plan.fields]
+
+    def split(self):
+        return True  # K/V heads split by TP
+
+    def row_shape(self, tp):
+        return max(self.heads // tp, 1), self.head_dim * self.elt
+
+    def state_geometry(self, field_id):
+        """(global rows on the partition axis 0, bytes per row, parts)."""
+        if field_id.endswith(".conv"):
+            kw = self.kh * self.kd
+            return self.conv_dim, (self.kernel - 1) * 2, (kw, kw, self.vh * self.vd)
+        return self.vh, self.vd * self.kd * 4, (self.vh,)
+
+    def state_rows(self, field_id, tp, rank):
+        """The global rows rank `rank` of TP size tp holds, in its local
+        order (spec 7.3: each part split evenly, the parts' slices side by
+        side), computed here from the geometry, not TokenSpeed's planner."""
+        rows, off = [], 0
+        for extent in self.state_geometry(field_id)[2]:
+            e = extent // tp
+            rows += range(off + rank * e, off + (rank + 1) * e)
+            off += extent
+        return np.asarray(rows)
+
+    def contract(self, tp, num_lcm_blocks):
+        """TokenSpeed's recipe pipeline for TP size tp, as cachepd_record.py
+        runs it for the golden (spec.group, plan.pack with TokenSpeed's own
+        packing, alignment 256, padding 1.0, bind, build_cache_transfer_schema)."""
+        from tokenspeed.runtime.layers.attention.kv_cache.recipes import plan as P
+        from tokenspeed.runtime.layers.attention.kv_cache.recipes import spec as S
+        from tokenspeed.runtime.layers.attention.kv_cache.recipes.transfer import (
+            build_cache_transfer_schema)
+        from tokenspeed.runtime.pd.cache_protocol import CacheTransferContract
+
+        pg, kh, vh, kd, vd = self.pg, self.kh, self.vh, self.kd, self.vd
+
+        def fields_for_layer(layer, gid, occ):
+            if gid.startswith("linear_attention"):
+                return (P.CacheFieldSpec(f"layer.{layer}.ssm", f"unit.{occ}.a",
+                                         (vh // tp, vd, kd), "float32"),
+                        P.CacheFieldSpec(f"layer.{layer}.conv", f"unit.{occ}.b",
+                                         (self.conv_dim // tp, self.kernel - 1), "bfloat16",
+                                         exact_page_stride=False))
+            shape = (pg, max(self.heads // tp, 1), self.head_dim)
+            return (P.CacheFieldSpec(f"layer.{layer}.k", f"unit.{occ}.a", shape, self.dtype),
+                    P.CacheFieldSpec(f"layer.{layer}.v", f"unit.{occ}.b", shape, self.dtype))
+
+        groups = S.group(layer_types=self.LAYER_TYPES,
+                         group_ids=S.split_recurrent_state_groups(self.LAYER_TYPES),
+                         sliding_window_tokens=None, prefix_granularity=pg,
+                         fields_for_layer=fields_for_layer, pd_disaggregation_enabled=True)
+        layout = P.pack(groups, prefix_granularity=pg, cache_blocks_per_lcm_block=None,
+                        alignment=256, max_padding_fraction=1.0)
+        plan = layout.bind(num_lcm_blocks)
+        cfg = types.SimpleNamespace(
+            num_key_value_heads=self.heads, num_attention_layers=self.layers,
+            hf_text_config=types.SimpleNamespace(
+                linear_num_key_heads=kh, linear_num_value_heads=vh,
+                linear_key_head_dim=kd, linear_value_head_dim=vd))
+        return CacheTransferContract(plan=plan, group_specs=tuple(s for s, _ in groups),
+                                     transfer_schema=build_cache_transfer_schema(
+                                         plan, model_config=cfg))
+
+
 MODELS = {
     "mha": lambda: Model("mha", layers=4, heads=8, head_dim=64),
     "mla": lambda: Model("mla", layers=3, latent=576),
+    "hybrid": HybridModel,
 }
 
 
@@ -274,6 +395,10 @@ def page_offset(plan_json, field_id, page):
     pl = next(x for x in plan_json["planes"] if x["plane_id"] == f["plane_id"])
     return (pl["arena_offset_bytes"] + pl["bytes_per_lcm_block"] - f["page_stride_bytes"]
             + page * f["page_stride_bytes"] + f["field_offset_bytes"])
+
+
+def group_of(plan_json, field_id):
+    return next(x["group_id"] for x in plan_json["fields"] if x["field_id"] == field_id)
 
 
 def _rng(*key):
@@ -287,6 +412,18 @@ def global_page(model, room, slot, field_id):
     parts, width = model.row_shape(1)
     return _rng("page", room, slot, field_id).integers(
         0, 256, (model.pg, parts, width), dtype=np.uint8)
+
+
+def global_state(model, room, field_id):
+    """The whole model's bytes of one state field's latest snapshot: [global
+    rows, bytes per row] uint8 (rows on the partition axis, row-major)."""
+    rows, width, _ = model.state_geometry(field_id)
+    return _rng("state", room, field_id).integers(0, 256, (rows, width), dtype=np.uint8)
+
+
+def state_slice(model, state, field_id, tp, rank):
+    """A rank's part of a global state field, in its local row order."""
+    return state[model.state_rows(field_id, tp, rank)]
 
 
 def rank_slice(model, page, tp, rank):
@@ -305,13 +442,45 @@ def fill_noise(arena, *key):
 
 class Room:
     """One request: prompt and prefix lengths, the prefill's and the
-    decode's block table rows (distinct pages), the first token."""
+    decode's block table rows (distinct pages), the first token. Hybrid:
+    p_state / d_state, per state group one block per logical slot in the
+    prefill's / decode's TokenSpeed arena (the latest snapshot, slot
+    (prompt_len - 1) // page, is the one moved), and kvb_slot, the state slot
+    of a kvbridge decode (TokenSpeed block kvb_slot + 1 of every state group)."""
 
-    def __init__(self, room, prompt_len, prefix_len, p_row, d_row, chunks):
+    def __init__(self, room, prompt_len, prefix_len, p_row, d_row, chunks, p_state=None,
+                 d_state=None, kvb_slot=None):
         self.room, self.prompt_len, self.prefix_len = room, prompt_len, prefix_len
         self.p_row, self.d_row = p_row, d_row
         self.chunks = chunks  # prefill chunk boundaries (layerwise)
         self.token = 1000 + room % 1000
+        self.p_state, self.d_state, self.kvb_slot = p_state or {}, d_state or {}, kvb_slot
+
+    def snapshot_slot(self, pg):
+        return (self.prompt_len - 1) // pg
+
+
+class BlockAlloc:
+    """Block ids of a TokenSpeed arena laid out by contract, drawn at random
+    so that no two groups' blocks share bytes: block v of a group packed K
+    per LCM parent lives in parent 1 + (v - 1) // K (spec 6), and the hybrid
+    model's state groups share their planes with each other and with the
+    history group, so each group takes whole parents of its own."""
+
+    def __init__(self, contract, rng):
+        import json
+
+        plan = json.loads(contract.to_wire_bytes())["plan"]
+        self.k = {g["group_id"]: g["cache_blocks_per_lcm_block"] for g in plan["groups"]}
+        self.parents = [int(x) for x in rng.permutation(np.arange(1, plan["num_lcm_blocks"] + 1))]
+        self.rng, self.free = rng, {g: [] for g in self.k}
+
+    def take(self, group):
+        if not self.free[group]:
+            k, parent = self.k[group], self.parents.pop()
+            self.free[group] = [int(x) for x in
+                                self.rng.permutation(np.arange(k)) + (parent - 1) * k + 1]
+        return self.free[group].pop()
 
 
 class Case:
@@ -320,17 +489,44 @@ class Case:
         self.name, self.model, self.ptp, self.dtp = name, MODELS[model](), ptp, dtp
         self.host_pack, self.fail = host_pack, fail
         self.layerwise, self.p_blocks, self.d_blocks = layerwise, p_blocks, d_blocks
+        self._specs = rooms
+        if not self.model.state_fields():
+            self.rooms = self._rooms()
+        # else on first use (__getattr__): the allocation needs TokenSpeed's
+        # contracts, and nothing of TokenSpeed is imported before install()
+
+    def __getattr__(self, name):
+        if name != "rooms" or "_specs" not in self.__dict__:
+            raise AttributeError(name)
+        self.rooms = self._rooms()
+        return self.rooms
+
+    def _rooms(self):
         pg = self.model.pg
-        rng = _rng("rooms", name)
-        self.rooms = []
-        p_free = list(rng.permutation(np.arange(1, p_blocks + 1)))
-        d_free = list(rng.permutation(np.arange(1, d_blocks + 1)))
-        for k, (prompt, prefix, chunks) in enumerate(rooms):
+        rng = _rng("rooms", self.name)
+        rooms = []
+        hybrid = bool(self.model.state_fields())
+        if hybrid:
+            p_alloc = BlockAlloc(self.model.contract(self.ptp, self.p_blocks), rng)
+            d_alloc = BlockAlloc(self.model.contract(self.dtp, self.d_blocks), rng)
+            states = [g for g in p_alloc.k if g != "full_attention"]
+        else:
+            p_free = list(rng.permutation(np.arange(1, self.p_blocks + 1)))
+            d_free = list(rng.permutation(np.arange(1, self.d_blocks + 1)))
+        for k, (prompt, prefix, chunks) in enumerate(self._specs):
             slots = -(-prompt // pg)
-            p_row = [int(p_free.pop()) for _ in range(slots)]
-            d_row = [int(d_free.pop()) for _ in range(slots)]
-            self.rooms.append(Room(4242 + 17 * k, prompt, prefix * pg, p_row, d_row,
-                                   chunks))
+            if not hybrid:
+                p_row = [int(p_free.pop()) for _ in range(slots)]
+                d_row = [int(d_free.pop()) for _ in range(slots)]
+                rooms.append(Room(4242 + 17 * k, prompt, prefix * pg, p_row, d_row, chunks))
+                continue
+            p_row = [p_alloc.take("full_attention") for _ in range(slots)]
+            d_row = [d_alloc.take("full_attention") for _ in range(slots)]
+            p_state = {g: [p_alloc.take(g) for _ in range(slots)] for g in states}
+            d_state = {g: [d_alloc.take(g) for _ in range(slots)] for g in states}
+            rooms.append(Room(4242 + 17 * k, prompt, prefix * pg, p_row, d_row, chunks,
+                              p_state, d_state, kvb_slot=5 + 7 * k))
+        return rooms
 
 
 def _r(prompt, prefix_pages=0, chunks=None):
@@ -363,6 +559,18 @@ CASES = {
     # rank sends and the other is a dummy (rendezvous only)
     "mla": lambda: Case("mla", "mla", 1, 1, True, [_r(40, 0, [16, 40]), _r(70, 2)]),
     "mla_tp2": lambda: Case("mla_tp2", "mla", 2, 1, False, [_r(40), _r(19)]),
+    # the hybrid model with a state group (the CachePD golden's hybrid_tp2_tp1):
+    # K/V pages of the full-attention layer from the prompt's suffix, and each
+    # state group's latest snapshot (one block per group, every field split
+    # by TP, conv in three parts). Prompts of 300 (3 pages, snapshot slot 2),
+    # 130 with a 1-page prefix (1 page, slot 1) and 128 (1 page, slot 0)
+    "hybrid": lambda: Case("hybrid", "hybrid", 1, 1, False,
+                           [_r(300), _r(130, 1), _r(128)], p_blocks=40, d_blocks=60),
+    "hybrid_tp2": lambda: Case("hybrid_tp2", "hybrid", 2, 1, False,
+                               [_r(300), _r(130, 1), _r(128)], p_blocks=40, d_blocks=60),
+    "hybrid_tp2_layerwise": lambda: Case("hybrid_tp2_layerwise", "hybrid", 2, 1, True,
+                                         [_r(300, 0, [128, 256, 300]), _r(130, 1)],
+                                         p_blocks=40, d_blocks=60),
     # the decode unregisters its arena before the prefill writes: the
     # drop-in refuses every write (-1), TokenSpeed fails the rooms on both
     # sides with its reasons, and not one decode byte changes

@@ -26,7 +26,9 @@ token (set_prefill_metadata / send(bootstrap_token=...)).
 Checked on the decode side: every room Success, the first token, and every
 byte of every decode arena equal to the image computed independently
 (initial noise, with the room's pages replaced by the rank's slice of the
-model's pages; prefix pages and everything else unchanged). The last line
+model's pages; prefix pages and everything else unchanged; hybrid: and each
+state group's block at the prompt's latest snapshot slot holding the rank's
+rows of the room's state, the group's other blocks unchanged). The last line
 says what ran: rooms, bytes transferred, arena bytes compared, and the
 engine calls TokenSpeed made (counted on the drop-in's class).
 """
@@ -48,12 +50,15 @@ TIMEOUT = float(os.environ.get("KVB_TS011_TIMEOUT", "60"))
 
 
 class Op:
-    """The forward op's block_tables_arrays() for one request row."""
+    """The forward op's block_tables_arrays() for one request row (hybrid:
+    and one row per state group)."""
 
-    def __init__(self, row, width):
+    def __init__(self, row, width, states=None):
         t = np.zeros((1, max(width, len(row))), np.int32)
         t[0, :len(row)] = row
         self.tables = {"full_attention": t}
+        for group, srow in (states or {}).items():
+            self.tables[group] = np.array([srow], np.int32)
 
     def block_tables_arrays(self):
         return self.tables
@@ -185,19 +190,26 @@ def prefill_main(name):
     print("ready", port, flush=True)
     assert sys.stdin.readline().strip() == "go"
 
-    def produce(arena, r, room, layer, slots):
-        """The forward wrote layer `layer` of these slots of the room."""
+    def produce(arena, r, room, layer, slots, last):
+        """The forward wrote layer `layer` of these slots of the room (and,
+        on the last chunk, the layer's state: the prompt's latest snapshot)."""
         for slot in slots:
-            for fid in m.field_ids():
+            for fid in m.kv_fields():
                 if not fid.startswith(f"layer.{layer}."):
                     continue
                 data = C.rank_slice(m, C.global_page(m, room.room, slot, fid), case.ptp, r)
                 off = C.page_offset(plan_json, fid, room.p_row[slot])
                 arena[off:off + data.size] = data.reshape(-1)
+        for fid in m.state_fields() if last else ():
+            if fid.startswith(f"layer.{layer}."):
+                data = C.state_slice(m, C.global_state(m, room.room, fid), fid, case.ptp, r)
+                block = room.p_state[C.group_of(plan_json, fid)][room.snapshot_slot(pg)]
+                off = C.page_offset(plan_json, fid, block)
+                arena[off:off + data.size] = data.reshape(-1)
 
     pg = m.pg
     for room in case.rooms:
-        op = Op(room.p_row, len(room.p_row))
+        op = Op(room.p_row, len(room.p_row), room.p_state)
         for r, (mgr, _, _) in enumerate(ranks):
             wait_for(lambda: mgr.check_status(room.room) in (TransferPoll.Bootstrapped,
                                                             TransferPoll.Failed),
@@ -228,7 +240,7 @@ def prefill_main(name):
                                          cache_block_selection=sel)
             for layer in range(m.layers):  # the forward, layer by layer
                 for r, (mgr, arena, counter) in enumerate(ranks):
-                    produce(arena, r, room, layer, slots)
+                    produce(arena, r, room, layer, slots, is_last)
                     if counter is not None:
                         time.sleep(layer_s)
                         counter.record_cache()
@@ -295,10 +307,10 @@ def decode_main(name):
             mgr = MooncakeKVManagerDecode(manager_args(case, case.dtp, q, 0),
                                           kv_args(case, contract, arena, q, False))
             ranks.append((mgr, arena, expect))
-        moved = 0
+        moved = state_moved = 0
         receivers = {}
         for room in case.rooms:
-            op = Op(room.d_row, len(room.d_row))
+            op = Op(room.d_row, len(room.d_row), room.d_state)
             for q, (mgr, arena, expect) in enumerate(ranks):
                 rcv = MooncakeKVReceiver(mgr, f"{C.HOST}:{port}", room.room)
                 assert rcv.poll() == TransferPoll.Bootstrapped, rcv.poll()
@@ -308,17 +320,23 @@ def decode_main(name):
                 rcv.prefill(block_manifest=man)
                 receivers[room.room, q] = rcv
                 for slot in range(room.prefix_len // m.pg, len(room.d_row)):
-                    for fid in m.field_ids():
+                    for fid in m.kv_fields():
                         data = C.rank_slice(m, C.global_page(m, room.room, slot, fid),
                                             case.dtp, q)
                         off = C.page_offset(plan_json, fid, room.d_row[slot])
                         expect[off:off + data.size] = data.reshape(-1)
                         moved += data.size
+                for fid in m.state_fields():  # the latest snapshot of each state group
+                    data = C.state_slice(m, C.global_state(m, room.room, fid), fid, case.dtp, q)
+                    block = room.d_state[C.group_of(plan_json, fid)][room.snapshot_slot(m.pg)]
+                    off = C.page_offset(plan_json, fid, block)
+                    expect[off:off + data.size] = data.reshape(-1)
+                    state_moved += data.size
         if case.fail:  # the destination is gone before the prefill writes
             for mgr, arena, expect in ranks:
                 mgr.engine.deregister(arena.ctypes.data)
                 expect[:] = arena
-            moved = 0
+            moved = state_moved = 0
         child.stdin.write("go\n")
         child.stdin.flush()
         for (rid, q), rcv in receivers.items():
@@ -367,7 +385,8 @@ def decode_main(name):
         print(f"PASS {name}: prefill TP{case.ptp} -> decode TP{case.dtp} "
               f"({m.kind.upper()}, {m.layers} layers, "
               f"{'layerwise' if case.layerwise else 'final'}), {len(case.rooms)} rooms "
-              f"{outcome}, {moved} KV bytes moved, "
+              f"{outcome}, {moved} KV bytes"
+              f"{f' and {state_moved} state bytes' if m.state_fields() else ''} moved, "
               f"{compared} decode arena bytes compared (all equal); prefill "
               f"{pstats[6:]}; decode {fmt_stats(stats)}")
     finally:
