@@ -54,17 +54,39 @@ static void note(int i)
 }
 
 /* every generic entry point: count, refuse; its arguments are never touched */
-#define S(n) API int n(void) { note(I_##n); return NO_DEVICE; }
+#define S(n)                                                                                       \
+    API int n(void)                                                                                \
+    {                                                                                              \
+        note(I_##n);                                                                               \
+        return NO_DEVICE;                                                                          \
+    }
 /* cuGetErrorName / cuGetErrorString (CUresult, const char **) */
-#define E(n) API int n(int e, const char **s) { (void)e; note(I_##n); \
-    if (s) { *s = "no CUDA driver (kvbridge bench libcuda stand-in)"; } return 0; }
+#define E(n)                                                                                       \
+    API int n(int e, const char **s)                                                               \
+    {                                                                                              \
+        (void)e;                                                                                   \
+        note(I_##n);                                                                               \
+        if (s) {                                                                                   \
+            *s = "no CUDA driver (kvbridge bench libcuda stand-in)";                               \
+        }                                                                                          \
+        return 0;                                                                                  \
+    }
 #include "standin_syms.h"
 #undef S
 #undef E
 
-API unsigned long kvb_standin_calls(void) { return atomic_load(&g_calls); }
-API int kvb_standin_nsyms(void) { return NSYMS; }
-API const char *kvb_standin_name(int i) { return i >= 0 && i < NSYMS ? g_names[i] : NULL; }
+API unsigned long kvb_standin_calls(void)
+{
+    return atomic_load(&g_calls);
+}
+API int kvb_standin_nsyms(void)
+{
+    return NSYMS;
+}
+API const char *kvb_standin_name(int i)
+{
+    return i >= 0 && i < NSYMS ? g_names[i] : NULL;
+}
 API unsigned long kvb_standin_count(int i)
 {
     return i >= 0 && i < NSYMS ? atomic_load(&g_by[i]) : 0;

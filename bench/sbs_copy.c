@@ -34,9 +34,8 @@ static double now(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-__attribute__((visibility("default"))) double sbs_copy(uint8_t *dst, const uint8_t *src,
-                                                       const int64_t *perm, size_t n, size_t bs,
-                                                       int threads)
+__attribute__((visibility("default"))) double
+sbs_copy(uint8_t *dst, const uint8_t *src, const int64_t *perm, size_t n, size_t bs, int threads)
 {
     enum { MAXT = 256 };
     if (threads < 1)
@@ -48,8 +47,13 @@ __attribute__((visibility("default"))) double sbs_copy(uint8_t *dst, const uint8
     pthread_barrier_t go;
     pthread_barrier_init(&go, NULL, (unsigned)threads + 1);
     for (int t = 0; t < threads; t++) {
-        parts[t] = (part_t){dst, src, perm, bs, n * (size_t)t / (size_t)threads,
-                            n * (size_t)(t + 1) / (size_t)threads, &go};
+        parts[t] = (part_t){dst,
+                            src,
+                            perm,
+                            bs,
+                            n * (size_t)t / (size_t)threads,
+                            n * (size_t)(t + 1) / (size_t)threads,
+                            &go};
         pthread_create(&th[t], NULL, run, &parts[t]);
     }
     double t0 = now();

@@ -79,7 +79,8 @@ enum kvb_manager_param_field {
     /* A high bit: other parameters may claim 10.. meanwhile. */
     KVB_MANAGER_PARAM_SGLANG_DIALECT = 1u << 16,
     KVB_MANAGER_PARAM_KV_CACHE_DTYPE = 1u << 18,
-    KVB_MANAGER_PARAM_DRAFT_LAYERS = 1u << 20, /* draft_layers */
+    KVB_MANAGER_PARAM_DRAFT_LAYERS = 1u << 20,     /* draft_layers */
+    KVB_MANAGER_PARAM_CACHEPD_CONTRACT = 1u << 21, /* cachepd_contract */
 };
 
 /* Manager creation. Always read: mode, kv_args, engine, the parallel info
@@ -157,6 +158,22 @@ typedef struct kvb_manager_params {
                                             A prefill pairs them with the decode's draft
                                             layers and fails a room whose decode holds
                                             another number; needs pp_size 1. 0 = none */
+    const char *cachepd_contract;        /* TokenSpeed 0.1.1 (CachePD) peers: the JSON text
+                                            of a TokenSpeed CacheTransferContract of this
+                                            model at any TP (as TokenSpeed's recipes build
+                                            it), up to 256 KiB. kvbridge keeps its groups,
+                                            specs, field ids, dtypes, global shapes and
+                                            partitions and lays its fields over kv_args:
+                                            the history group's K of each layer in layer
+                                            order, then V (MLA: latent_kv), one page per
+                                            item; the state groups' fields in (layer, name)
+                                            order onto the state buffers, one slot per
+                                            item (docs/tokenspeed-cachepd-fields.md). Needed
+                                            for a hybrid model (state buffers); without it
+                                            kvbridge describes a plain MHA/MLA cache as
+                                            TokenSpeed's ordinary recipe does. Checked at
+                                            creation (KVB_ERR_INVALID with the reason).
+                                            NULL or "" = none */
 } kvb_manager_params_t;
 
 /* Create a manager: registers the KV/aux/state buffers with the engine,

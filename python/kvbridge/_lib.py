@@ -165,6 +165,7 @@ MANAGER_PARAM_BOOTSTRAP_REFRESH = 1 << 9
 MANAGER_PARAM_SGLANG_DIALECT = 1 << 16
 MANAGER_PARAM_KV_CACHE_DTYPE = 1 << 18
 MANAGER_PARAM_DRAFT_LAYERS = 1 << 20
+MANAGER_PARAM_CACHEPD_CONTRACT = 1 << 21
 
 
 class ManagerParams(ctypes.Structure):
@@ -199,6 +200,7 @@ class ManagerParams(ctypes.Structure):
         ("sglang_dialect", ctypes.c_int),
         ("kv_cache_dtype", ctypes.c_char_p),
         ("draft_layers", ctypes.c_uint32),
+        ("cachepd_contract", ctypes.c_char_p),
     ]
 
 

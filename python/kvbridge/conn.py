@@ -215,7 +215,7 @@ class KVManager(L.Closeable):
                  transfer_queues=None, room_ttl=None, bootstrap_refresh=None,
                  bootstrap_token=None, curve_secret_key=None, curve_client_secret_key=None,
                  curve_allowed_clients=None, sglang_dialect=None, kv_cache_dtype=None,
-                 draft_layers=None):
+                 draft_layers=None, cachepd_contract=None):
         self._guard = L.Guard("KVManager")
         self._guard.closed = True  # until created
         self._h = None
@@ -292,6 +292,16 @@ class KVManager(L.Closeable):
         if draft_layers is not None:  # speculative decoding: docs/python.md
             p.draft_layers = L.as_int(draft_layers, "draft_layers", 0, 0xFFFF)
             p.field_mask |= L.MANAGER_PARAM_DRAFT_LAYERS
+        if cachepd_contract is not None:  # TokenSpeed's contract of the model: docs/python.md
+            if isinstance(cachepd_contract, (bytes, bytearray)):
+                cachepd_contract = bytes(cachepd_contract).decode("latin-1")
+            text = L.as_str(cachepd_contract, "cachepd_contract")
+            if not text.isascii():
+                raise InvalidArgument("cachepd_contract must be ASCII JSON text (as "
+                                      "TokenSpeed's to_wire_bytes writes it)")
+            self._cpd_b = text.encode("ascii")
+            p.cachepd_contract = self._cpd_b
+            p.field_mask |= L.MANAGER_PARAM_CACHEPD_CONTRACT
         self._auth_b = _auth_params(p, bootstrap_token, curve_secret_key,
                                     curve_client_secret_key, curve_allowed_clients)
         cargs, self._keep = _args_struct(args, self.is_mla, p.pp_rank, p.pp_size)

@@ -17,6 +17,8 @@ struct kvb__dialect; /* dialect/dialect.h: the connector sees dialects only thro
 
 #define KVB_IP_MAX 256
 #define KVB_SID_MAX 300
+/* Longest params cachepd_contract (a peer's contract has the same cap). */
+#define KVB_MANAGER_CONTRACT_MAX (256 << 10)
 
 /* ---- ZeroMQ helpers (zsock.c) ---- */
 typedef struct kvb__zpush {
@@ -328,6 +330,7 @@ struct kvb_manager {
     kvb__zcurve_t curve;
     char *bootstrap_token; /* NULL: the client's default (KVBRIDGE_BOOTSTRAP_TOKEN) */
     char kv_dtype[KVB_BOOTSTRAP_WORD_MAX + 1]; /* kv_cache_dtype; "" = unknown */
+    char *cachepd_contract; /* params cachepd_contract (NUL-terminated copy), or NULL */
     pthread_t ctl_thr, hb_thr;
     int stop;
     /* kvb_manager_traffic counters: relaxed atomics bumped where the

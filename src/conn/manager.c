@@ -1,6 +1,7 @@
 /* KV manager: parameters and knobs, buffer registration, the control socket
  * and its thread, shared helpers of the prefill and decode sides. */
 #include "conn/conn_int.h"
+#include "dialect/dialect.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -154,6 +155,23 @@ static kvb_status_t set_kv_dtype(struct kvb_manager *m, const kvb_manager_params
     return KVB_OK;
 }
 
+/* A TokenSpeed contract the framework gave (params cachepd_contract), kept
+ * as text and checked by the dialects (kvb__dialect_check_manager) once the
+ * KV args are copied; bounded as a peer's contract is. */
+static kvb_status_t set_cachepd_contract(struct kvb_manager *m, const kvb_manager_params_t *p)
+{
+    const char *v =
+        (p->field_mask & KVB_MANAGER_PARAM_CACHEPD_CONTRACT) ? p->cachepd_contract : NULL;
+    if (v == NULL || v[0] == '\0')
+        return KVB_OK;
+    size_t n = strnlen(v, KVB_MANAGER_CONTRACT_MAX + 1);
+    if (n > KVB_MANAGER_CONTRACT_MAX)
+        return create_error(KVB_ERR_INVALID, "cachepd_contract is longer than 256 KiB%s", "");
+    if ((m->cachepd_contract = strdup(v)) == NULL)
+        return create_error(KVB_ERR_NOMEM, "out of memory%s", "");
+    return KVB_OK;
+}
+
 static uint64_t *dup_u64(const uint64_t *a, size_t n)
 {
     uint64_t *c = malloc((n ? n : 1) * sizeof(*c));
@@ -300,6 +318,7 @@ static void manager_free(struct kvb_manager *m)
     if (m->zctx != NULL)
         zmq_ctx_term(m->zctx);
     free(m->bootstrap_token);
+    free(m->cachepd_contract);
     kvb__rooms_free(m);
     free(m->kv_ptrs);
     free(m->kv_lens);
@@ -346,9 +365,11 @@ static kvb_status_t manager_init(struct kvb_manager *m, const kvb_manager_params
     if (p->field_mask & KVB_MANAGER_PARAM_BOOTSTRAP_TOKEN && p->bootstrap_token != NULL &&
         (m->bootstrap_token = strdup(p->bootstrap_token)) == NULL)
         return create_error(KVB_ERR_NOMEM, "out of memory%s", "");
-    if ((st = set_kv_dtype(m, p)) != KVB_OK)
+    if ((st = set_kv_dtype(m, p)) != KVB_OK || (st = set_cachepd_contract(m, p)) != KVB_OK)
         return st;
-    char why[200] = "";
+    char why[512] = "";
+    if ((st = kvb__dialect_check_manager(m, why, sizeof(why))) != KVB_OK)
+        return create_error(st, "%s", why);
     bool curve = p->field_mask & KVB_MANAGER_PARAM_CURVE;
     st = kvb__zcurve_init(&m->curve, curve ? p->curve_secret_key : NULL,
                           curve ? p->curve_client_secret_key : NULL,

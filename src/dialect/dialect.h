@@ -148,6 +148,10 @@ typedef struct kvb__dialect {
      * none, or this rank cannot be described in it). NULL where the dialect's
      * decodes read kvbridge's own registration. */
     char *(*boot_put)(struct kvb_manager *m);
+    /* At manager creation: why this manager's parameters cannot serve the
+     * dialect's peers as given (a malformed description of its cache), or
+     * KVB_OK. NULL where the dialect reads no parameter of its own. */
+    kvb_status_t (*check_manager)(const struct kvb_manager *m, char *why, size_t wl);
     /* Aux data inline (when the engine could not write it), NULL where the
      * dialect has none. */
     kvb_status_t (*send_aux)(struct kvb_manager *m, const char *ip, uint16_t port,
@@ -200,6 +204,8 @@ const kvb__dialect_t *kvb__dialect_for_boot(int boot_dialect);
  * to send (dialect->boot_put), malloc'ed array of malloc'ed strings; *n_p
  * of them (NULL, 0: none). */
 char **kvb__dialect_boot_puts(struct kvb_manager *m, size_t *n_p);
+/* Every dialect's check_manager, the first refusal winning (why). */
+kvb_status_t kvb__dialect_check_manager(const struct kvb_manager *m, char *why, size_t wl);
 /* The dialect of statuses to an endpoint that never said (SGLang's 3 frames). */
 const kvb__dialect_t *kvb__dialect_default(void);
 /* Count (and log once per kind) a message nobody on this side handles. */

@@ -53,6 +53,17 @@ char **kvb__dialect_boot_puts(struct kvb_manager *m, size_t *n_p)
     return v;
 }
 
+kvb_status_t kvb__dialect_check_manager(const struct kvb_manager *m, char *why, size_t wl)
+{
+    for (size_t i = 0; i < N_DIALECTS; i++) {
+        kvb_status_t st =
+            dialects[i]->check_manager != NULL ? dialects[i]->check_manager(m, why, wl) : KVB_OK;
+        if (st != KVB_OK)
+            return st;
+    }
+    return KVB_OK;
+}
+
 const kvb__dialect_t *kvb__dialect_default(void)
 {
     return &kvb__dialect_sglang2025;

@@ -233,6 +233,10 @@ static void knobs_apply(kvb_manager_params_t *mp, const kvbh_knobs_t *k)
         mp->field_mask |= KVB_MANAGER_PARAM_HOST;
         mp->host = k->host;
     }
+    if (k->cachepd_contract != NULL) {
+        mp->field_mask |= KVB_MANAGER_PARAM_CACHEPD_CONTRACT;
+        mp->cachepd_contract = k->cachepd_contract;
+    }
 }
 
 static kvb_status_t manager_start(kvbh_rank_t *r, const kvbh_place_t *p, kvb_mode_t mode,

@@ -55,8 +55,10 @@ typedef struct kvbh_knobs {
     const char *curve_sk, *curve_client_sk, *curve_allowed;
     const char *host;                  /* the manager's control address */
     const kvb_engine_params_t *engine; /* secret, transport, host, time-outs */
-    int draft; /* draft-model layers appended after the target's (same heads;
-                  params draft_layers): K target, V target, K draft, V draft */
+    int draft;                    /* draft-model layers appended after the target's (same heads;
+                                     params draft_layers): K target, V target, K draft, V draft */
+    const char *cachepd_contract; /* params cachepd_contract (TokenSpeed's contract of the
+                                     model), NULL none */
 } kvbh_knobs_t;
 
 typedef struct kvbh_rank {

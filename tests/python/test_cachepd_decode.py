@@ -79,3 +79,45 @@ def test_cachepd_decode_reads_bytes_token_and_prefill_info():
                 assert not d[others].any()  # nothing else written
         finally:
             eng.close()
+
+
+def test_cachepd_contract_twin_checked_at_creation():
+    """KVManager(cachepd_contract=): the prefill's own CachePD contract (the
+    one its bootstrap PUT carries) given back as the framework's description
+    is accepted; one naming state fields this rank has no buffers for, or
+    text that is no contract, fails creation with the C side's reason."""
+    pa, _ = kv_args(True)
+    with kb.KVBootstrapServer("127.0.0.1", 0) as a:
+        eng = kb.TransferEngine("127.0.0.1", 0)
+        try:
+            pm = kb.KVManager(pa, "prefill", a.address, engine=eng)
+            info = requests.get(f"http://{a.address}/route",
+                                params=dict(engine_rank=-1, target_dp_group=-1), timeout=5).json()
+            own = info["cache_layout"]
+            c = json.loads(own)
+            da, _ = kv_args(False)
+            dm = kb.KVManager(da, "decode", engine=eng, cachepd_contract=own)
+            dm.close()
+            spec = dict(c["group_specs"][0], group_id="linear_attention_0", family="state",
+                        transfer_policy="latest_snapshot", rows_per_page=None,
+                        entry_stride_tokens=None, checkpoint_granularity=PAGE)
+            c["group_specs"].append(spec)
+            c["plan"]["groups"].append(dict(c["plan"]["groups"][0], group_id="linear_attention_0"))
+            c["plan"]["fields"].append(dict(c["plan"]["fields"][0], group_id="linear_attention_0",
+                                            field_id="layer.0.ssm"))
+            da, _ = kv_args(False)
+            try:
+                kb.KVManager(da, "decode", engine=eng, cachepd_contract=json.dumps(c))
+                raise AssertionError("a contract with a state field was accepted")
+            except kb.KVBridgeError as e:
+                assert "names 1 state fields; kv_args has 0 state buffers" in str(e), str(e)
+            for bad, err in (("{}", kb.KVBridgeError), ("{\"plan\": \"\u00e9\"}", kb.InvalidArgument)):
+                da, _ = kv_args(False)
+                try:
+                    kb.KVManager(da, "decode", engine=eng, cachepd_contract=bad)
+                    raise AssertionError(f"{bad!r} was accepted")
+                except err as e:
+                    assert "cachepd_contract" in str(e), str(e)
+            pm.close()
+        finally:
+            eng.close()

@@ -15,19 +15,24 @@
 extern const kvb__dialect_t kvb__dialect_cachepd;
 
 /* own.c */
-/* This rank's contract as TokenSpeed's ordinary recipe writes it
+/* This rank's contract: the framework's (params cachepd_contract) laid over
+ * kvbridge's buffers (template.c), else TokenSpeed's ordinary recipe
  * (kvb__cpd_contract_ordinary) from its KV args. What the args do not say
  * (the element type when kv_cache_dtype is "auto" or unset, the model's KV
  * head count under GQA replication) comes from hint, a peer's contract of
  * the same model, when it agrees with this rank's item length; else
  * bfloat16 and kv_head_num x TP. KVB_ERR_INVALID with the reason in why
  * when this rank's cache cannot be described (PP, draft layers, state
- * buffers, an item length that is no page x heads x head_dim). */
+ * buffers without cachepd_contract, an item length that is no page x
+ * heads x head_dim). */
 kvb_status_t kvb__cpd_own_contract(const struct kvb_manager *m, const kvb__cpd_contract_t *hint,
                                    kvb__cpd_contract_t *c_p, char *why, size_t wl);
+/* dialect->check_manager: a cachepd_contract this rank cannot lay over its
+ * buffers (KVB_ERR_INVALID, why). */
+kvb_status_t kvb__cpd_check_manager(const struct kvb_manager *m, char *why, size_t wl);
 /* The address of page 0 of each field of own (kvb__cpd_copy_t.src_page0):
- * TokenSpeed page t of layer i's K (V, latent) is kvbridge page t - 1 of
- * KV buffer i (layers + i, i), page 0 being TokenSpeed's null page.
+ * TokenSpeed page t of a field is item t - 1 of its buffer
+ * (kvb__cpd_field_home), page 0 being TokenSpeed's null page.
  * Malloc'ed; NULL with the reason in why. */
 uint64_t *kvb__cpd_own_page0(const struct kvb_manager *m, const kvb__cpd_contract_t *own, char *why,
                              size_t wl);
@@ -44,6 +49,36 @@ char *kvb__cpd_own_put(struct kvb_manager *m);
  * it (frames 4-5). */
 kvb_status_t kvb__cpd_own_slab(const struct kvb_manager *m, const kvb__cpd_contract_t *hint,
                                kvb__cpd_contract_t *c_p, uint64_t *slab_p, char *why, size_t wl);
+
+/* home.c */
+/* "layer.<n>.<name>": n and name (spec 5.2); false for another form. */
+bool kvb__cpd_field_name(const char *id, uint32_t *layer_p, const char **name_p);
+/* The kvbridge buffer of field f of this rank's contract c: its address
+ * and item bytes. History fields: K of each layer in layer order, then V
+ * (MLA: latent_kv), kv_args' KV buffers in order; state fields in (layer,
+ * name) order: the state buffers. False for a field no buffer holds. */
+bool kvb__cpd_field_home(const struct kvb_manager *m, const kvb__cpd_contract_t *c, uint32_t f,
+                         uint64_t *ptr_p, uint64_t *item_p);
+/* Items every KV buffer holds (the smallest's), slots every state buffer
+ * holds; 0 without buffers. */
+uint64_t kvb__cpd_kv_pool(const struct kvb_manager *m);
+uint64_t kvb__cpd_state_pool(const struct kvb_manager *m);
+
+/* template.c */
+/* params cachepd_contract, parsed and validated as a peer's would be
+ * (KVB_ERR_INVALID, why "cachepd_contract: ..."). */
+kvb_status_t kvb__cpd_template_parse(const struct kvb_manager *m, kvb__cpd_contract_t *t, char *why,
+                                     size_t wl);
+/* This rank's contract from it: its groups, specs, field ids, dtypes and
+ * partitions; rank-local shapes at this rank's attention TP; one plane per
+ * field over its buffer (kvb__cpd_field_home), one page per parent, each
+ * group as many pages as its buffers hold. Refused (KVB_ERR_INVALID,
+ * why) unless it has one full-history full_suffix group of page_size
+ * pages whose fields are kv_args' KV buffers, state groups (latest
+ * snapshot) whose fields are its state buffers, nothing sharded, and each
+ * field's payload at this TP is its buffer's item. */
+kvb_status_t kvb__cpd_template_contract(const struct kvb_manager *m, kvb__cpd_contract_t *c_p,
+                                        char *why, size_t wl);
 
 /* send.c: msg, encoded with status st (its reason in e), to ip:port, or
  * the reason logged (what names the message); msg freed either way. */

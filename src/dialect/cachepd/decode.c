@@ -162,22 +162,61 @@ static uint64_t prefix_of(const kvb_receiver_init_t *ex)
     return ex != NULL && (ex->field_mask & KVB_RECV_INIT_PREFIX) ? ex->prefix_tokens : 0;
 }
 
-/* The block manifest of this rank's pages past the prefix (text in *json_p). */
+/* This rank's groups in manifest order, and which is its history group:
+ * the ordinary recipe's one "full_attention", else the framework's
+ * contract's (parsed again per request: its groups are all a manifest
+ * needs, and nothing of it is kept per manager). */
+typedef struct own_groups {
+    kvb__cpd_contract_t t; /* the template, or empty */
+    uint32_t n, history;
+} own_groups_t;
+
+static kvb_status_t own_groups(const struct kvb_manager *m, own_groups_t *o, char *why, size_t wl)
+{
+    memset(o, 0, sizeof(*o));
+    o->n = 1;
+    if (m->cachepd_contract == NULL)
+        return KVB_OK;
+    kvb_status_t st = kvb__cpd_template_parse(m, &o->t, why, wl);
+    o->n = o->t.nspecs;
+    for (uint32_t s = 0; st == KVB_OK && s < o->n; s++)
+        if (o->t.specs[s].family == KVB__CPD_HISTORY)
+            o->history = s;
+    return st;
+}
+
+/* The block manifest (text in *json_p): this rank's pages past the prefix
+ * in the history group, its one state slot in each state group (TokenSpeed
+ * ids: kvbridge item i is block i + 1, block 0 being the null page). */
 static kvb_status_t manifest_of(const struct kvb_manager *m, const int32_t *idx, size_t n,
                                 const kvb_receiver_init_t *ex, char **json_p, size_t *len_p)
 {
     uint64_t prefix = prefix_of(ex), skip = prefix / m->args.page_size;
     size_t nb = skip < n ? n - (size_t)skip : 0;
-    int64_t *ids = malloc((nb ? nb : 1) * sizeof(*ids));
-    if (ids == NULL)
-        return KVB_ERR_NOMEM;
-    for (size_t i = 0; i < nb; i++)
+    char why[256];
+    own_groups_t o;
+    kvb_status_t st = own_groups(m, &o, why, sizeof(why));
+    int64_t *ids = malloc((nb + o.n) * sizeof(*ids));
+    kvb__cpd_mgroup_t *g = calloc(o.n, sizeof(*g));
+    if (st == KVB_OK && (ids == NULL || g == NULL))
+        st = KVB_ERR_NOMEM;
+    for (size_t i = 0; st == KVB_OK && i < nb; i++)
         ids[i] = (int64_t)idx[skip + i] + 1; /* block 0 is TokenSpeed's null page */
-    /* kvb__cpd_contract_ordinary's one group */
-    kvb__cpd_mgroup_t g = {(char *)"full_attention", nb, ids};
-    kvb__cpd_manifest_t man = {1, &g, (int64_t)prefix, (int64_t)prompt_of(m, n, ex)};
-    kvb_status_t st = kvb__cpd_manifest_encode(&man, json_p, len_p);
+    for (uint32_t s = 0; st == KVB_OK && s < o.n; s++) {
+        bool hist = s == o.history;
+        g[s].group_id =
+            m->cachepd_contract == NULL ? (char *)"full_attention" : o.t.specs[s].group_id;
+        g[s].n = hist ? nb : 1;
+        g[s].block_ids = hist ? ids : ids + nb + s;
+        if (!hist) /* transfer_form made sure there is one */
+            ids[nb + s] = (int64_t)ex->state_indices[0] + 1;
+    }
+    kvb__cpd_manifest_t man = {o.n, g, (int64_t)prefix, (int64_t)prompt_of(m, n, ex)};
+    if (st == KVB_OK)
+        st = kvb__cpd_manifest_encode(&man, json_p, len_p);
+    kvb__cpd_contract_free(&o.t);
     free(ids);
+    free(g);
     return st;
 }
 
@@ -221,6 +260,16 @@ void kvb__cpd_transfer_form(const struct kvb_manager *m, const kvb__src_t *s, si
         return;
     }
     kvb__dialect_prefix_form(m, count, ex, why, len);
+    if (why[0] == '\0' && m->args.num_state > 0 && (ex->field_mask & KVB_RECV_INIT_STATE) &&
+        ex->num_state_indices != 1)
+        snprintf(why, len,
+                 "%zu state indices: a CachePD manifest names one state slot per request "
+                 "(one per state group)",
+                 ex->num_state_indices);
+    else if (why[0] == '\0' && m->args.num_state > 0 && !(ex->field_mask & KVB_RECV_INIT_STATE))
+        snprintf(why, len,
+                 "no state index: a CachePD prefill of a hybrid model writes the "
+                 "request's state slot (state_indices)");
     if (why[0] == '\0' && (prompt <= prefix || prompt > (uint64_t)count * page ||
                            prompt <= (uint64_t)(count ? count - 1 : 0) * page))
         snprintf(why, len,

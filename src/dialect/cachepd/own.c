@@ -50,7 +50,7 @@ static bool own_dtype(const struct kvb_manager *m, const kvb__cpd_field_t *hf, k
     return false;
 }
 
-/* Why this rank's cache is not one TokenSpeed's ordinary recipe describes
+/* Why this rank's cache cannot be described in a CachePD contract
  * (false), else true. */
 static bool describable(const struct kvb_manager *m, char *why, size_t wl)
 {
@@ -60,8 +60,11 @@ static bool describable(const struct kvb_manager *m, char *why, size_t wl)
     else if (m->p.draft_layers > 0)
         snprintf(why, wl, "kvbridge does not describe draft layers (%u) in a CachePD contract",
                  m->p.draft_layers);
-    else if (m->args.num_state > 0)
-        snprintf(why, wl, "kvbridge does not describe state buffers (%u) in a CachePD contract",
+    else if (m->args.num_state > 0 && m->cachepd_contract == NULL)
+        snprintf(why, wl,
+                 "%u state buffers: a hybrid model's CachePD contract names its layers, which "
+                 "kv_args cannot; give TokenSpeed's contract of the model (params "
+                 "cachepd_contract)",
                  m->args.num_state);
     else if (m->args.num_kv == 0 || (!m->p.is_mla && m->args.num_kv % 2 != 0))
         snprintf(why, wl, "%u KV buffers are not K and V per layer", m->args.num_kv);
@@ -72,17 +75,6 @@ static bool describable(const struct kvb_manager *m, char *why, size_t wl)
     return false;
 }
 
-/* Pages each KV buffer holds (the smallest buffer's). */
-static uint64_t own_pool(const struct kvb_manager *m)
-{
-    uint64_t pool = UINT64_MAX;
-    for (uint32_t b = 0; b < m->args.num_kv; b++) {
-        uint64_t n = m->kv_lens[b] / m->args.kv_item_len;
-        pool = n < pool ? n : pool;
-    }
-    return pool;
-}
-
 kvb_status_t kvb__cpd_own_contract(const struct kvb_manager *m, const kvb__cpd_contract_t *hint,
                                    kvb__cpd_contract_t *c_p, char *why, size_t wl)
 {
@@ -90,6 +82,8 @@ kvb_status_t kvb__cpd_own_contract(const struct kvb_manager *m, const kvb__cpd_c
     uint32_t tp = (uint32_t)m->p.attn_tp_size, local = mla ? 1 : m->args.kv_head_num;
     if (!describable(m, why, wl))
         return KVB_ERR_INVALID;
+    if (m->cachepd_contract != NULL)
+        return kvb__cpd_template_contract(m, c_p, why, wl);
     const kvb__cpd_field_t *hf = hint_field(hint, mla);
     kvb__cpd_dtype_t dt;
     bool named = own_dtype(m, hf, &dt);
@@ -115,7 +109,7 @@ kvb_status_t kvb__cpd_own_contract(const struct kvb_manager *m, const kvb__cpd_c
     kvb__cpd_ordinary_t o = {mla,   mla ? m->args.num_kv : m->args.num_kv / 2,
                              heads, (uint32_t)(item / row),
                              tp,    m->args.page_size,
-                             dt,    own_pool(m),
+                             dt,    kvb__cpd_kv_pool(m),
                              0};
     kvb__frames_err_t e;
     kvb_status_t st = kvb__cpd_contract_ordinary(&o, &e, c_p);
@@ -124,40 +118,33 @@ kvb_status_t kvb__cpd_own_contract(const struct kvb_manager *m, const kvb__cpd_c
     return st;
 }
 
-/* KV buffer of a field id "layer.<i>.k" / ".v" / ".latent_kv"; -1 if none. */
-static int64_t field_buffer(const struct kvb_manager *m, const char *id)
+kvb_status_t kvb__cpd_check_manager(const struct kvb_manager *m, char *why, size_t wl)
 {
-    unsigned layer;
-    int used = 0;
-    uint32_t L = m->p.is_mla ? m->args.num_kv : m->args.num_kv / 2;
-    if (sscanf(id, "layer.%u.%n", &layer, &used) != 1 || used == 0 || layer >= L)
-        return -1;
-    const char *kind = id + used;
-    if (m->p.is_mla)
-        return strcmp(kind, "latent_kv") == 0 ? (int64_t)layer : -1;
-    if (strcmp(kind, "k") == 0)
-        return (int64_t)layer;
-    return strcmp(kind, "v") == 0 ? (int64_t)L + layer : -1;
+    kvb__cpd_contract_t c;
+    memset(&c, 0, sizeof(c));
+    kvb_status_t st =
+        m->cachepd_contract != NULL ? kvb__cpd_template_contract(m, &c, why, wl) : KVB_OK;
+    kvb__cpd_contract_free(&c);
+    return st;
 }
 
 uint64_t *kvb__cpd_own_page0(const struct kvb_manager *m, const kvb__cpd_contract_t *own, char *why,
                              size_t wl)
 {
-    uint64_t *a = calloc(own->nfields ? own->nfields : 1, sizeof(*a));
-    uint64_t item = m->args.kv_item_len;
+    uint64_t *a = calloc(own->nfields ? own->nfields : 1, sizeof(*a)), ptr, item;
     if (a == NULL) {
         snprintf(why, wl, "out of memory");
         return NULL;
     }
     for (uint32_t f = 0; f < own->nfields; f++) {
-        int64_t b = field_buffer(m, own->fields[f].field_id);
-        if (b < 0 || own->fields[f].page_stride != item || m->kv_ptrs[b] < item) {
-            snprintf(why, wl, "field %s of this rank's contract is no KV buffer of it",
+        if (!kvb__cpd_field_home(m, own, f, &ptr, &item) || own->fields[f].page_stride != item ||
+            ptr < item) {
+            snprintf(why, wl, "field %s of this rank's contract is no buffer of it",
                      own->fields[f].field_id);
             free(a);
             return NULL;
         }
-        a[f] = m->kv_ptrs[b] - item; /* TokenSpeed's page 0 is the null page */
+        a[f] = ptr - item; /* TokenSpeed's page 0 is the null page */
     }
     return a;
 }
@@ -193,14 +180,13 @@ char *kvb__cpd_own_put(struct kvb_manager *m)
     return body;
 }
 
-/* Where plane i's page 0 is: one page before its KV buffer (0: none). */
+/* Where plane i's page 0 is: one item before its buffer (0: none). */
 static uint64_t plane_base(const struct kvb_manager *m, const kvb__cpd_contract_t *c, uint32_t i)
 {
-    for (uint32_t f = 0; f < c->nfields; f++) {
-        int64_t b = c->fields[f].plane == i ? field_buffer(m, c->fields[f].field_id) : -1;
-        if (b >= 0 && m->kv_ptrs[b] >= m->args.kv_item_len)
-            return m->kv_ptrs[b] - m->args.kv_item_len;
-    }
+    uint64_t ptr, item;
+    for (uint32_t f = 0; f < c->nfields; f++)
+        if (c->fields[f].plane == i && kvb__cpd_field_home(m, c, f, &ptr, &item) && ptr >= item)
+            return ptr - item;
     return 0;
 }
 

@@ -205,14 +205,29 @@ static kvb_status_t decode_registration(struct kvb_manager *m, const kvb__frame_
 
 /* ---- pre-allocation request (spec 4.3) ---- */
 
-/* The ids fit the connector's int32 destination pages (a contract may
- * claim more pages than that; validated ids are > 0). */
-static bool ids_fit(const kvb__cpd_mgroup_t *g)
+/* The ids fit the connector's int32 destination pages and state slots (a
+ * contract may claim more pages than that; validated ids are > 0). */
+static bool ids_fit(const kvb__cpd_manifest_t *man)
 {
-    for (size_t i = 0; i < g->n; i++)
-        if (g->block_ids[i] > INT32_MAX)
+    for (uint32_t g = 0; g < man->ngroups; g++) {
+        if (man->groups[g].n > INT32_MAX)
             return false;
-    return g->n <= INT32_MAX;
+        for (size_t i = 0; i < man->groups[g].n; i++)
+            if (man->groups[g].block_ids[i] > INT32_MAX)
+                return false;
+    }
+    return true;
+}
+
+/* The history group of this rank's contract (kvb__cpd_template_contract
+ * and the ordinary recipe make exactly one); the peer check made the
+ * decode's groups the same, in the same order. */
+static uint32_t history_spec(const kvb__cpd_contract_t *own)
+{
+    for (uint32_t s = 0; s < own->nspecs; s++)
+        if (own->specs[s].family == KVB__CPD_HISTORY)
+            return s;
+    return 0;
 }
 
 /* Why kvbridge does not serve this request of registration g (empty: it
@@ -234,7 +249,7 @@ static void request_refusal(const kvb__reg_t *g, const kvb__cpd_req_t *q,
                  "its registration");
     else if (!q->is_dummy && kvb__cpd_manifest_validate(man, &r->decode, &e) != KVB_OK)
         snprintf(why, wl, "invalid pre-allocation metadata: %s", e.reason);
-    else if (!q->is_dummy && !ids_fit(&man->groups[0]))
+    else if (!q->is_dummy && !ids_fit(man))
         snprintf(why, wl,
                  "invalid pre-allocation metadata: block ids past %d (the connector holds "
                  "destination pages as int32)",
@@ -302,9 +317,31 @@ static void check_fanout(const kvb__dst_t *dsts, size_t n, char *why, size_t wl)
                  "disagree with the typed route plan");
 }
 
-/* The destination of a request: the registration's endpoint, the
- * manifest's block ids (one group: this rank's contract has one, and the
- * peer check made the decode's the same), refused ones with none. */
+/* A manifest into the destination: the history group's block ids as its
+ * pages, each state group's one block (latest_snapshot) as its state
+ * slots, in group order. */
+static kvb_status_t dst_ids(const cpd_reg_t *r, const kvb__cpd_manifest_t *man, kvb__dst_t *d)
+{
+    uint32_t h = history_spec(&r->own), ns = 0;
+    const kvb__cpd_mgroup_t *hg = &man->groups[h];
+    d->prefix_tokens = man->prefix_len;
+    d->skip_pages = (uint64_t)man->prefix_len / r->own.specs[h].granularity;
+    d->n_pages = hg->n;
+    d->pages = malloc((hg->n ? hg->n : 1) * sizeof(int32_t));
+    d->state_idx = malloc((r->own.nspecs ? r->own.nspecs : 1) * sizeof(int32_t));
+    if (d->pages == NULL || d->state_idx == NULL)
+        return KVB_ERR_NOMEM;
+    for (size_t i = 0; i < hg->n; i++) /* 0 < id < the decode's page count: validated */
+        d->pages[i] = (int32_t)hg->block_ids[i];
+    for (uint32_t s = 0; s < r->own.nspecs; s++)
+        if (s != h && man->groups[s].n == 1)
+            d->state_idx[ns++] = (int32_t)man->groups[s].block_ids[0];
+    d->n_state = ns;
+    return KVB_OK;
+}
+
+/* The destination of a request: the registration's endpoint and the
+ * manifest's block ids (dst_ids); refused ones with none. */
 static kvb_status_t dst_of(const kvb__reg_t *g, const kvb__cpd_manifest_t *man, bool dummy,
                            kvb__dst_t *d)
 {
@@ -316,19 +353,15 @@ static kvb_status_t dst_of(const kvb__reg_t *g, const kvb__cpd_manifest_t *man, 
     d->dummy = dummy;
     d->aux_index = -1; /* the first token travels in the status, not in aux */
     d->dialect = &kvb__dialect_cachepd;
-    size_t n = man != NULL && man->ngroups > 0 ? man->groups[0].n : 0;
-    if (man != NULL && r != NULL) {
-        d->prefix_tokens = man->prefix_len;
-        d->skip_pages = (uint64_t)man->prefix_len / r->own.prefix_granularity;
-    }
-    d->n_pages = n;
-    d->pages = malloc((n ? n : 1) * sizeof(int32_t));
     bool served = r != NULL && (man != NULL || dummy); /* a refused one: no fan-out record */
-    if (d->pages == NULL || (served && (d->plan = fan_of(r)) == NULL))
+    if (served && (d->plan = fan_of(r)) == NULL)
         return KVB_ERR_NOMEM;
-    for (size_t i = 0; i < n; i++) /* 0 < id < the decode's page count: validated */
-        d->pages[i] = (int32_t)man->groups[0].block_ids[i];
-    return KVB_OK;
+    /* a dummy's manifest is empty; a served one has the decode's groups, which
+     * the peer check made this rank's */
+    if (man != NULL && r != NULL && man->ngroups == r->own.nspecs && man->ngroups > 0)
+        return dst_ids(r, man, d);
+    d->pages = malloc(sizeof(int32_t));
+    return d->pages == NULL ? KVB_ERR_NOMEM : KVB_OK;
 }
 
 /* The CachePD registration of the request's session (frame 1), or NULL
@@ -412,28 +445,30 @@ static kvb_status_t take_transfer(struct kvb_manager *m, const kvb__frame_t *f, 
 
 /* ---- the data path: one chunk's blocks for one decode ---- */
 
-/* Every page a chunk may write of each plane of the decode's (pages 1..,
- * page 0 being the null page) lies in one region that decode registered
- * with the engine: no write of a checked page leaves it. Plane by plane: a
- * kvbridge decode's planes are separate buffers (kvb__cpd_own_slab). */
-static bool plane_ok(struct kvb_manager *m, const kvb__dst_t *d, const cpd_reg_t *r, uint32_t i,
+/* Every page a chunk may write of each field of the decode's (pages
+ * 1..page_count - 1, page 0 being the null page) lies in one region that
+ * decode registered with the engine: no write of a checked page leaves it.
+ * Field by field: a kvbridge decode's planes are separate buffers, and a
+ * plane may span more than its buffer (kvb__cpd_template_contract). */
+static bool field_ok(struct kvb_manager *m, const kvb__dst_t *d, const cpd_reg_t *r, uint32_t i,
                      char *why, size_t wl)
 {
-    const kvb__cpd_plane_t *p = &r->decode.planes[i];
-    uint64_t base = 0, len = 0, lo = 0, hi = 0;
-    uint64_t bytes = r->decode.num_lcm_blocks * p->bytes_per_lcm; /* parents 1..: no overflow, the
-                                                                     contract's checks */
-    bool sums = kvb__add_u64(r->slab, p->arena_offset + p->bytes_per_lcm, &lo) &&
-                kvb__add_u64(lo, bytes, &hi);
+    const kvb__cpd_field_t *f = &r->decode.fields[i];
+    uint64_t pages = r->decode.groups[f->group].page_count, base = 0, len = 0, lo = 0, hi = 0;
+    if (pages <= 1)
+        return true;
+    /* no overflow past the slab offsets: the contract's checks keep pages in the arena */
+    bool sums = kvb__add_u64(r->slab, f->page0 + f->page_stride, &lo) &&
+                kvb__add_u64(lo, (pages - 2) * f->page_stride + f->payload, &hi);
     kvb_status_t st = sums ? kvb__engine_peer_region(m->engine, d->session, lo,
                                                      m->transfer_timeout_s, &base, &len)
                            : KVB_ERR_BOUNDS;
     if (st == KVB_OK && hi <= base + len)
         return true;
     snprintf(why, wl,
-             "decode %s: plane %s of its contract ([0x%llx, 0x%llx) past slab 0x%llx) is not "
+             "decode %s: field %s of its contract ([0x%llx, 0x%llx) past slab 0x%llx) is not "
              "in one region it registered (%s)",
-             d->session, p->plane_id, (unsigned long long)lo, (unsigned long long)hi,
+             d->session, f->field_id, (unsigned long long)lo, (unsigned long long)hi,
              (unsigned long long)r->slab, st == KVB_OK ? "it ends past it" : kvb_status_string(st));
     return false;
 }
@@ -441,8 +476,8 @@ static bool plane_ok(struct kvb_manager *m, const kvb__dst_t *d, const cpd_reg_t
 static bool slab_ok(struct kvb_manager *m, const kvb__dst_t *d, const cpd_reg_t *r, char *why,
                     size_t wl)
 {
-    for (uint32_t i = 0; i < r->decode.nplanes; i++)
-        if (!plane_ok(m, d, r, i, why, wl))
+    for (uint32_t i = 0; i < r->decode.nfields; i++)
+        if (!field_ok(m, d, r, i, why, wl))
             return false;
     return true;
 }
@@ -450,10 +485,10 @@ static bool slab_ok(struct kvb_manager *m, const kvb__dst_t *d, const cpd_reg_t 
 /* Request pages of the chunk -> block id pairs (TokenSpeed ids: this
  * rank's page p is id p + 1). The sender may hold the whole prompt (the
  * decode's prefix skipped) or only the pages the manifest asks for. */
-static bool chunk_pairs(const kvb__dst_t *d, const kvb__chunk_t *c, const cpd_reg_t *r,
-                        int64_t *src, int64_t *dst, size_t *n_p, char *why, size_t wl)
+static bool chunk_pairs(const kvb__dst_t *d, const kvb__chunk_t *c, uint64_t pool, int64_t *src,
+                        int64_t *dst, size_t *n_p, char *why, size_t wl)
 {
-    uint64_t shift = 0, pool = r->own.num_lcm_blocks;
+    uint64_t shift = 0;
     *n_p = 0;
     if (c->total == d->n_pages + d->skip_pages && d->skip_pages > 0)
         shift = d->skip_pages;
@@ -480,6 +515,48 @@ static bool chunk_pairs(const kvb__dst_t *d, const kvb__chunk_t *c, const cpd_re
     return true;
 }
 
+/* The state groups' pairs (last chunk only): this rank's one state slot
+ * (block slot + 1) to each group's block of the decode's manifest. */
+static bool state_pairs(struct kvb_manager *m, const kvb__dst_t *d, const kvb__chunk_t *c,
+                        int64_t *src, int64_t *dst, char *why, size_t wl)
+{
+    if (d->n_state == 0 || !c->is_last)
+        return true;
+    if (c->n_state != 1 || c->state_idx[0] < 0 ||
+        (uint64_t)c->state_idx[0] >= kvb__cpd_state_pool(m)) {
+        snprintf(why, wl,
+                 "room %llu: a CachePD decode takes one state slot per request, within this "
+                 "prefill's %llu; the sender gave %zu (kvb_sender_set_state_indices)",
+                 (unsigned long long)c->room, (unsigned long long)kvb__cpd_state_pool(m),
+                 c->n_state);
+        return false;
+    }
+    for (size_t i = 0; i < d->n_state; i++) {
+        src[i] = (int64_t)c->state_idx[0] + 1;
+        dst[i] = d->state_idx[i];
+    }
+    return true;
+}
+
+/* One copy group per spec, in order: the history group's page pairs, each
+ * state group's slot pair (ids[] holds the pairs: src first, dst after). */
+static void fill_groups(const cpd_reg_t *r, const kvb__dst_t *d, const kvb__chunk_t *c,
+                        const int64_t *ids, size_t npages, size_t cap, kvb__cpd_copy_group_t *grp)
+{
+    uint32_t h = history_spec(&r->own);
+    size_t k = 0;
+    bool state = c->is_last && d->n_state > 0;
+    for (uint32_t s = 0; s < r->own.nspecs; s++) {
+        if (s == h)
+            grp[s] = (kvb__cpd_copy_group_t){ids, ids + cap, npages};
+        else if (state && k < d->n_state) {
+            grp[s] = (kvb__cpd_copy_group_t){ids + npages + k, ids + cap + npages + k, 1};
+            k++;
+        } else
+            grp[s] = (kvb__cpd_copy_group_t){NULL, NULL, 0};
+    }
+}
+
 static void plan_job(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
                      const kvb__chunk_t *c, kvb_plan_strided_t *out, kvb_status_t *st_p, char *why,
                      size_t wl)
@@ -491,23 +568,24 @@ static void plan_job(struct kvb_manager *m, kvb__reg_t *g, const kvb__dst_t *d,
                  g->plan_error != NULL ? g->plan_error : "no route to it now");
         return;
     }
-    int64_t *src = malloc((c->n ? c->n : 1) * sizeof(int64_t));
-    int64_t *dst = malloc((c->n ? c->n : 1) * sizeof(int64_t));
-    size_t n = 0;
+    size_t cap = c->n + d->n_state, n = 0; /* src ids, then dst ids, each cap long */
+    int64_t *ids = malloc((cap ? 2 * cap : 1) * sizeof(int64_t));
+    kvb__cpd_copy_group_t *grp = calloc(r->own.nspecs ? r->own.nspecs : 1, sizeof(*grp));
     kvb__frames_err_t e;
-    if (src == NULL || dst == NULL)
+    if (ids == NULL || grp == NULL)
         snprintf(why, wl, "out of memory");
-    else if (chunk_pairs(d, c, r, src, dst, &n, why, wl) && slab_ok(m, d, r, why, wl)) {
-        kvb__cpd_copy_group_t grp = {src, dst, n};
+    else if (chunk_pairs(d, c, kvb__cpd_kv_pool(m), ids, ids + cap, &n, why, wl) &&
+             state_pairs(m, d, c, ids + n, ids + cap + n, why, wl) && slab_ok(m, d, r, why, wl)) {
+        fill_groups(r, d, c, ids, n, cap, grp);
         kvb__cpd_copy_t cp = {
-            &r->route.sources[0], &r->own, &r->own, &r->decode, 0, r->slab, &grp, NULL, r->page0};
+            &r->route.sources[0], &r->own, &r->own, &r->decode, 0, r->slab, grp, NULL, r->page0};
         *st_p = kvb__cpd_plan_copy(&cp, &e, out);
         if (*st_p != KVB_OK)
             snprintf(why, wl, "room %llu: %s", (unsigned long long)c->room,
                      *st_p == KVB_ERR_PROTO ? e.reason : kvb_status_string(*st_p));
     }
-    free(src);
-    free(dst);
+    free(ids);
+    free(grp);
 }
 
 /* ---- dispatch ---- */
@@ -545,6 +623,7 @@ const kvb__dialect_t kvb__dialect_cachepd = {
     .check_fanout = check_fanout,
     .reg_free = reg_free,
     .boot_put = kvb__cpd_own_put,
+    .check_manager = kvb__cpd_check_manager,
     .addr_info = kvb__cpd_addr_info,
     .addr_route = kvb__cpd_addr_route,
     .addr_free = kvb__cpd_addr_free,

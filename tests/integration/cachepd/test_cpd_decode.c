@@ -50,11 +50,19 @@ static void cpd_server(kvbh_cluster_t *c, kvbh_boot_t *b)
     c->no_aux = 1; /* CachePD carries no aux data */
 }
 
-static void cluster(kvbh_cluster_t *c, kvbh_boot_t *b, const kvbh_geom_t *g, int ptp, int dtp)
+/* contract: params cachepd_contract of every rank, or NULL. */
+static void cluster_with(kvbh_cluster_t *c, kvbh_boot_t *b, const kvbh_geom_t *g, int ptp, int dtp,
+                         const char *contract)
 {
     kvbh_cluster_cfg_t cfg = {.g = *g, .ptp = ptp, .ppp = 1, .pdp = 1, .dtp = dtp};
+    cfg.pre.cachepd_contract = cfg.dec.cachepd_contract = contract;
     CHECK_EQ(kvbh_cluster_start(c, &cfg), KVB_OK);
     cpd_server(c, b);
+}
+
+static void cluster(kvbh_cluster_t *c, kvbh_boot_t *b, const kvbh_geom_t *g, int ptp, int dtp)
+{
+    cluster_with(c, b, g, ptp, dtp, NULL);
 }
 
 static void stop(kvbh_cluster_t *c, kvbh_boot_t *b)
@@ -66,18 +74,80 @@ static void stop(kvbh_cluster_t *c, kvbh_boot_t *b)
 static const kvbh_geom_t MHA = {2, 4, 64, 4, 128, 0, 0}; /* bf16 heads of 32 */
 static const kvbh_geom_t MLA = {3, 1, 96, 4, 128, 1, 0};
 
+/* A hybrid model as its framework would describe it to kvbridge (params
+ * cachepd_contract; TokenSpeed's contract at TP 1, plan of one parent):
+ * full-attention layers 1 and 3 (K/V [page 4, 4 heads, 32] bfloat16, the
+ * harness's 2 layers), linear-attention layer 0's state in group
+ * linear_attention_0, listed first as TokenSpeed lists state groups:
+ * conv [64, 2] bfloat16 split by TP in parts (16, 16, 32), ssm [4, 16]
+ * float32 split on axis 0; at TP 1 256 bytes each, at TP 2 128 (the
+ * harness's state buffers 0 and 1, in (layer, name) order). */
+static const char HYBRID[] =
+    "{\"plan\":{\"prefix_granularity\":4,\"lcm_block_bytes\":4608,\"num_lcm_blocks\":1,"
+    "\"groups\":[{\"group_id\":\"full_attention\",\"cache_blocks_per_lcm_block\":1,"
+    "\"page_count\":2},{\"group_id\":\"linear_attention_0\",\"cache_blocks_per_lcm_block\":1,"
+    "\"page_count\":2}],\"planes\":["
+    "{\"plane_id\":\"p0\",\"bytes_per_lcm_block\":1024,\"arena_offset_bytes\":0},"
+    "{\"plane_id\":\"p1\",\"bytes_per_lcm_block\":1024,\"arena_offset_bytes\":2048},"
+    "{\"plane_id\":\"p2\",\"bytes_per_lcm_block\":1024,\"arena_offset_bytes\":4096},"
+    "{\"plane_id\":\"p3\",\"bytes_per_lcm_block\":1024,\"arena_offset_bytes\":6144},"
+    "{\"plane_id\":\"p4\",\"bytes_per_lcm_block\":256,\"arena_offset_bytes\":8192},"
+    "{\"plane_id\":\"p5\",\"bytes_per_lcm_block\":256,\"arena_offset_bytes\":8704}],"
+    "\"fields\":["
+    "{\"group_id\":\"full_attention\",\"field_id\":\"layer.1.k\",\"plane_id\":\"p0\","
+    "\"shape\":[4,4,32],\"dtype\":\"bfloat16\",\"field_offset_bytes\":0,\"page_stride_bytes\":1024}"
+    ","
+    "{\"group_id\":\"full_attention\",\"field_id\":\"layer.1.v\",\"plane_id\":\"p1\","
+    "\"shape\":[4,4,32],\"dtype\":\"bfloat16\",\"field_offset_bytes\":0,\"page_stride_bytes\":1024}"
+    ","
+    "{\"group_id\":\"full_attention\",\"field_id\":\"layer.3.k\",\"plane_id\":\"p2\","
+    "\"shape\":[4,4,32],\"dtype\":\"bfloat16\",\"field_offset_bytes\":0,\"page_stride_bytes\":1024}"
+    ","
+    "{\"group_id\":\"full_attention\",\"field_id\":\"layer.3.v\",\"plane_id\":\"p3\","
+    "\"shape\":[4,4,32],\"dtype\":\"bfloat16\",\"field_offset_bytes\":0,\"page_stride_bytes\":1024}"
+    ","
+    "{\"group_id\":\"linear_attention_0\",\"field_id\":\"layer.0.ssm\",\"plane_id\":\"p4\","
+    "\"shape\":[4,16],\"dtype\":\"float32\",\"field_offset_bytes\":0,\"page_stride_bytes\":256},"
+    "{\"group_id\":\"linear_attention_0\",\"field_id\":\"layer.0.conv\",\"plane_id\":\"p5\","
+    "\"shape\":[64,2],\"dtype\":\"bfloat16\",\"field_offset_bytes\":0,\"page_stride_bytes\":256}],"
+    "\"resident_block_bytes\":null},\"group_specs\":["
+    "{\"group_id\":\"linear_attention_0\",\"retention\":\"full_history\",\"rows_per_page\":null,"
+    "\"entry_stride_tokens\":null,\"sliding_window_tokens\":null,\"replayable\":false,"
+    "\"family\":\"state\",\"transfer_policy\":\"latest_snapshot\",\"checkpoint_granularity\":4,"
+    "\"shard_count\":1},"
+    "{\"group_id\":\"full_attention\",\"retention\":\"full_history\",\"rows_per_page\":4,"
+    "\"entry_stride_tokens\":1,\"sliding_window_tokens\":null,\"replayable\":false,"
+    "\"family\":\"history\",\"transfer_policy\":\"full_suffix\",\"checkpoint_granularity\":null,"
+    "\"shard_count\":1}],\"transfer_schema\":{\"fields\":["
+    "{\"field_id\":\"layer.1.k\",\"partition\":{\"axis\":1,\"global_extent\":4,\"global_parts\":[]}"
+    "},"
+    "{\"field_id\":\"layer.1.v\",\"partition\":{\"axis\":1,\"global_extent\":4,\"global_parts\":[]}"
+    "},"
+    "{\"field_id\":\"layer.3.k\",\"partition\":{\"axis\":1,\"global_extent\":4,\"global_parts\":[]}"
+    "},"
+    "{\"field_id\":\"layer.3.v\",\"partition\":{\"axis\":1,\"global_extent\":4,\"global_parts\":[]}"
+    "},"
+    "{\"field_id\":\"layer.0.ssm\",\"partition\":{\"axis\":0,\"global_extent\":4,\"global_parts\":["
+    "]}},"
+    "{\"field_id\":\"layer.0.conv\",\"partition\":{\"axis\":0,\"global_extent\":64,"
+    "\"global_parts\":[16,16,32]}}]}}";
+static const kvbh_geom_t HYB1 = {2, 4, 64, 4, 128, 0, 256}; /* state items at TP 1 */
+static const kvbh_geom_t HYB2 = {2, 4, 64, 4, 128, 0, 128}; /* ... at TP 2 */
+
 typedef struct tcase {
     const char *name;
     const kvbh_geom_t *g;
     int ptp, dtp, prefix_pages;
+    const char *contract; /* params cachepd_contract (then one state slot a room) */
 } tcase_t;
 
 static int run_case(const tcase_t *t, uint64_t first)
 {
     kvbh_cluster_t c;
     kvbh_boot_t b;
-    kvbh_room_opts_t o = {.chunks = 3, .prefix_pages = t->prefix_pages, .dp_rank = -1};
-    cluster(&c, &b, t->g, t->ptp, t->dtp);
+    kvbh_room_opts_t o = {
+        .chunks = 3, .prefix_pages = t->prefix_pages, .dp_rank = -1, .state = t->contract != NULL};
+    cluster_with(&c, &b, t->g, t->ptp, t->dtp, t->contract);
     int f = kvbh_run_rooms(&c, 4, first, &o);
     stop(&c, &b);
     fprintf(stderr, "%s: %s\n", f == 0 ? "ok" : "FAILED", t->name);
@@ -289,12 +359,69 @@ static void refusals(void)
     TEST_PASS("refusals fail their rooms with the reason; the ranks keep serving");
 }
 
+/* A hybrid rank without the framework's contract cannot describe its
+ * state: its rooms fail saying what to give. */
+static void hybrid_no_contract(kvbh_cluster_t *c, uint64_t room)
+{
+    kvbh_rank_t d;
+    kvb_receiver_h rc;
+    char why[512] = "";
+    CHECK_EQ(kvbh_rank_start(&d, &c->g, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), KVB_OK);
+    CHECK_EQ(kvb_receiver_create(d.mgr, c->boot_addr, room, -1, &rc), KVB_OK);
+    CHECK_EQ(kvbh_wait_receiver(rc, 5), KVB_POLL_FAILED);
+    kvb_receiver_failure(rc, why, sizeof(why));
+    fprintf(stderr, "room %llu: %s\n", (unsigned long long)room, why);
+    CHECK_STR_CONTAINS(why, "params cachepd_contract");
+    kvb_receiver_destroy(rc);
+    kvbh_rank_stop(&d);
+}
+
+/* A contract that does not fit the rank's buffers: manager creation fails
+ * with the reason. */
+static void hybrid_bad_contract(const kvbh_geom_t *g, const char *contract, const char *want)
+{
+    kvbh_rank_t d;
+    kvbh_knobs_t k = {.cachepd_contract = contract};
+    CHECK_EQ(kvbh_rank_start(&d, g, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, &k), KVB_ERR_INVALID);
+    fprintf(stderr, "refused: %s\n", kvb_manager_last_error(NULL));
+    CHECK_STR_CONTAINS(kvb_manager_last_error(NULL), want);
+}
+
+static void hybrid_refusals(void)
+{
+    kvbh_cluster_t c;
+    kvbh_boot_t b;
+    kvbh_geom_t wide = HYB1;
+    kvb_receiver_init_t two = {.field_mask = KVB_RECV_INIT_STATE,
+                               .state_indices = (const int32_t[]){3, 4},
+                               .num_state_indices = 2};
+    kvb_receiver_init_t none = {.field_mask = KVB_RECV_INIT_PROMPT, .prompt_tokens = 12};
+    wide.state_bytes = 512;
+    cluster_with(&c, &b, &HYB1, 1, 1, HYBRID);
+    refused_init(&c, 300, 3, &two, "one state slot per request");
+    refused_init(&c, 301, 3, &none, "no state index");
+    hybrid_no_contract(&c, 302);
+    kvbh_room_opts_t o = {.chunks = 2, .dp_rank = -1, .state = 1};
+    CHECK_EQ(kvbh_run_rooms(&c, 1, 303, &o), 0); /* still serving */
+    stop(&c, &b);
+    hybrid_bad_contract(&wide, HYBRID, "its kvbridge buffer's item is 512");
+    hybrid_bad_contract(&MHA, HYBRID, "names 2 state fields; kv_args has 0 state buffers");
+    hybrid_bad_contract(&HYB1, "{\"plan\":1}", "cachepd_contract: ");
+    TEST_PASS("hybrid refusals: state slots, no contract, a contract that does not fit");
+}
+
 int main(int argc, char **argv)
 {
     static const tcase_t cases[] = {
-        {"MHA TP1->TP1", &MHA, 1, 1, 0}, {"MHA TP2->TP1", &MHA, 2, 1, 0},
-        {"MHA TP1->TP2", &MHA, 1, 2, 0}, {"MHA TP2->TP2", &MHA, 2, 2, 0},
-        {"MLA TP2->TP1", &MLA, 2, 1, 0}, {"MHA prefix 2 pages", &MHA, 1, 1, 2},
+        {"MHA TP1->TP1", &MHA, 1, 1, 0, NULL},
+        {"MHA TP2->TP1", &MHA, 2, 1, 0, NULL},
+        {"MHA TP1->TP2", &MHA, 1, 2, 0, NULL},
+        {"MHA TP2->TP2", &MHA, 2, 2, 0, NULL},
+        {"MLA TP2->TP1", &MLA, 2, 1, 0, NULL},
+        {"MHA prefix 2 pages", &MHA, 1, 1, 2, NULL},
+        {"hybrid TP1->TP1", &HYB1, 1, 1, 0, HYBRID},
+        {"hybrid TP2->TP2", &HYB2, 2, 2, 0, HYBRID},
+        {"hybrid prefix 1 page", &HYB1, 1, 1, 1, HYBRID},
     };
     const char *only = argc > 1 ? argv[1] : NULL;
     int failures = 0;
@@ -309,5 +436,7 @@ int main(int argc, char **argv)
         layerwise();
     if (only == NULL || strstr("refusals", only) != NULL)
         refusals();
+    if (only == NULL || strstr("hybrid refusals", only) != NULL)
+        hybrid_refusals();
     return 0;
 }
