@@ -43,7 +43,9 @@ static void heads_of(const kvbh_geom_t *g, int tp, int tp_size, int *local, int 
     }
 }
 
-static void shape(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, int draft)
+/* k: the state buffers' knobs (n_state, state_items), or NULL. */
+static void shape(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, int draft,
+                  const kvbh_knobs_t *k)
 {
     if (p == NULL)
         p = &SINGLE;
@@ -60,11 +62,21 @@ static void shape(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, i
     r->draft = draft;
     r->n_kv = (g->mla ? 1 : 2) * (r->n_layers + draft);
     r->buf_len = r->item_len * g->pool_pages;
+    r->n_state = 0;
+    if (k != NULL && k->n_state > 0) {
+        r->n_state = k->n_state < KVBH_MAX_STATE ? k->n_state : KVBH_MAX_STATE; /* refused */
+        for (int i = 0; i < r->n_state; i++)
+            r->state_item[i] = k->state_items[i];
+    } else if (g->state_bytes > 0) {
+        r->n_state = KVBH_STATE_BUFS;
+        for (int i = 0; i < r->n_state; i++)
+            r->state_item[i] = (uint64_t)g->state_bytes;
+    }
 }
 
-static size_t state_len(const kvbh_geom_t *g)
+static size_t state_len(const kvbh_rank_t *r, int i)
 {
-    return (size_t)KVBH_STATE_ITEMS * (size_t)(g->state_bytes > 0 ? g->state_bytes : 0);
+    return (size_t)KVBH_STATE_ITEMS * (size_t)r->state_item[i];
 }
 
 /* Canary bytes after each buffer (a packed arena has one after the last). */
@@ -73,25 +85,26 @@ static size_t gap(bool packed)
     return packed ? 0 : KVBH_CANARY;
 }
 
-static size_t arena_len_of(const kvbh_geom_t *g, const kvbh_place_t *p, bool packed, int draft)
+static size_t arena_len_of(const kvbh_geom_t *g, const kvbh_place_t *p, bool packed, int draft,
+                           const kvbh_knobs_t *k)
 {
     kvbh_rank_t r;
-    shape(&r, g, p, draft);
+    shape(&r, g, p, draft, k);
     size_t len = KVBH_CANARY + (size_t)r.n_kv * ((size_t)r.buf_len + gap(packed)) +
                  KVBH_AUX_ITEM * KVBH_AUX_ITEMS + gap(packed);
-    if (g->state_bytes > 0)
-        len += KVBH_STATE_BUFS * (state_len(g) + gap(packed));
+    for (int i = 0; i < r.n_state; i++)
+        len += state_len(&r, i) + gap(packed);
     return len + (packed ? KVBH_CANARY : 0);
 }
 
 size_t kvbh_arena_len(const kvbh_geom_t *g, const kvbh_place_t *p)
 {
-    return arena_len_of(g, p, false, 0);
+    return arena_len_of(g, p, false, 0, NULL);
 }
 
 size_t kvbh_arena_len_draft(const kvbh_geom_t *g, const kvbh_place_t *p, int draft)
 {
-    return arena_len_of(g, p, false, draft);
+    return arena_len_of(g, p, false, draft, NULL);
 }
 
 /* Place n bytes at *off (zeroed when fill), a canary gap of gap_len after it. */
@@ -105,31 +118,31 @@ static uint8_t *carve(uint8_t *arena, size_t *off, size_t n, int fill, size_t ga
 }
 
 static void layout_of(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, uint8_t *arena,
-                      int fill, bool packed, int draft)
+                      int fill, bool packed, int draft, const kvbh_knobs_t *k)
 {
     size_t off = KVBH_CANARY;
-    shape(r, g, p, draft);
+    shape(r, g, p, draft, k);
     r->arena = arena;
-    r->arena_len = arena_len_of(g, p, packed, draft);
+    r->arena_len = arena_len_of(g, p, packed, draft, k);
     if (fill)
         memset(arena, KVBH_CANARY_BYTE, r->arena_len);
     for (int i = 0; i < r->n_kv; i++)
         r->kv[i] = carve(arena, &off, r->buf_len, fill, gap(packed));
     r->aux = carve(arena, &off, KVBH_AUX_ITEM * KVBH_AUX_ITEMS, fill, gap(packed));
-    for (int i = 0; g->state_bytes > 0 && i < KVBH_STATE_BUFS; i++)
-        r->state[i] = carve(arena, &off, state_len(g), fill, gap(packed));
+    for (int i = 0; i < r->n_state; i++)
+        r->state[i] = carve(arena, &off, state_len(r, i), fill, gap(packed));
 }
 
 void kvbh_layout(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, uint8_t *arena,
                  int fill)
 {
-    layout_of(r, g, p, arena, fill, false, 0);
+    layout_of(r, g, p, arena, fill, false, 0, NULL);
 }
 
 void kvbh_layout_draft(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh_place_t *p, uint8_t *arena,
                        int fill, int draft)
 {
-    layout_of(r, g, p, arena, fill, false, draft);
+    layout_of(r, g, p, arena, fill, false, draft, NULL);
 }
 
 /* ---- memory ---- */
@@ -163,7 +176,7 @@ static void arena_put(int mem, uint8_t *a, size_t len)
 typedef struct args_buf {
     uint64_t ptrs[KVBH_MAX_KV], lens[KVBH_MAX_KV];
     uint64_t aux_ptr, aux_len, aux_item;
-    uint64_t st_ptr[KVBH_STATE_BUFS], st_len[KVBH_STATE_BUFS], st_item[KVBH_STATE_BUFS];
+    uint64_t st_ptr[KVBH_MAX_STATE], st_len[KVBH_MAX_STATE], st_item[KVBH_MAX_STATE];
 } args_buf_t;
 
 static void kv_args(const kvbh_rank_t *r, args_buf_t *b, kvb_kv_args_t *a)
@@ -184,16 +197,16 @@ static void kv_args(const kvbh_rank_t *r, args_buf_t *b, kvb_kv_args_t *a)
     a->aux_data_lens = &b->aux_len;
     a->aux_item_lens = &b->aux_item;
     a->num_aux = 1;
-    for (int i = 0; r->g.state_bytes > 0 && i < KVBH_STATE_BUFS; i++) {
+    for (int i = 0; i < r->n_state; i++) {
         b->st_ptr[i] = (uint64_t)(uintptr_t)r->state[i];
-        b->st_len[i] = state_len(&r->g);
-        b->st_item[i] = (uint64_t)r->g.state_bytes;
+        b->st_len[i] = state_len(r, i);
+        b->st_item[i] = r->state_item[i];
     }
-    if (r->g.state_bytes > 0) {
+    if (r->n_state > 0) {
         a->state_data_ptrs = b->st_ptr;
         a->state_data_lens = b->st_len;
         a->state_item_lens = b->st_item;
-        a->num_state = KVBH_STATE_BUFS;
+        a->num_state = (uint32_t)r->n_state;
     }
     a->page_size = (uint32_t)r->g.page;
     a->kv_head_num = (uint32_t)r->local_heads;
@@ -279,15 +292,19 @@ kvb_status_t kvbh_rank_start_at(kvbh_rank_t *r, const kvbh_geom_t *g, const kvbh
 {
     kvb_engine_params_t ep = {0};
     int draft = k != NULL ? k->draft : 0;
-    size_t len = arena_len_of(g, p, mem == KVBH_MEM_PACKED, draft);
+    memset(r, 0, sizeof(*r));
+    if (k != NULL && k->n_state > KVBH_MAX_STATE) {
+        fprintf(stderr, "knobs n_state %d: at most %d state buffers\n", k->n_state, KVBH_MAX_STATE);
+        return KVB_ERR_INVALID;
+    }
+    size_t len = arena_len_of(g, p, mem == KVBH_MEM_PACKED, draft, k);
     uint8_t *arena = arena_get(mem, len);
     kvb_status_t st;
-    memset(r, 0, sizeof(*r));
     if (arena == NULL) {
         fprintf(stderr, "rank arena of %zu bytes: no memory\n", len);
         return KVB_ERR_NOMEM;
     }
-    layout_of(r, g, p, arena, 1, mem == KVBH_MEM_PACKED, draft);
+    layout_of(r, g, p, arena, 1, mem == KVBH_MEM_PACKED, draft, k);
     r->mem = mem;
     st = kvb_engine_create(k != NULL && k->engine != NULL ? k->engine : &ep, &r->eng);
     if (st != KVB_OK)
@@ -334,9 +351,8 @@ bool kvbh_canaries_ok(const kvbh_rank_t *r, const char *who)
     for (int i = 0; i < r->n_kv; i++)
         ok &= canary_range(r->kv[i] + r->buf_len, KVBH_CANARY, who, "after a KV buffer");
     ok &= canary_range(r->aux + KVBH_AUX_ITEM * KVBH_AUX_ITEMS, KVBH_CANARY, who, "after aux");
-    for (int i = 0; r->g.state_bytes > 0 && i < KVBH_STATE_BUFS; i++)
-        ok &=
-            canary_range(r->state[i] + state_len(&r->g), KVBH_CANARY, who, "after a state buffer");
+    for (int i = 0; i < r->n_state; i++)
+        ok &= canary_range(r->state[i] + state_len(r, i), KVBH_CANARY, who, "after a state buffer");
     return ok;
 }
 

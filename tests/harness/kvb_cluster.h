@@ -19,6 +19,7 @@
 #define KVBH_AUX_ITEM 64      /* bytes of one aux item */
 #define KVBH_AUX_ITEMS 32     /* aux items per rank */
 #define KVBH_STATE_BUFS 2     /* state buffers of a rank with state_bytes > 0 */
+#define KVBH_MAX_STATE 8      /* state buffers of a rank with knobs n_state */
 #define KVBH_STATE_ITEMS 64   /* items per state buffer */
 #define KVBH_MAX_KV 16        /* KV buffers per rank */
 #define KVBH_MEM_MALLOC (-1)  /* arena source: malloc */
@@ -59,6 +60,11 @@ typedef struct kvbh_knobs {
                                      params draft_layers): K target, V target, K draft, V draft */
     const char *cachepd_contract; /* params cachepd_contract (TokenSpeed's contract of the
                                      model), NULL none */
+    int n_state;                  /* > 0: n_state (<= KVBH_MAX_STATE) state buffers, buffer i of
+                                     KVBH_STATE_ITEMS items of state_items[i] bytes, instead of
+                                     the geometry's (state_bytes); kvbh_rank_start_at only:
+                                     kvbh_arena_len and kvbh_layout know the geometry's alone */
+    const uint64_t *state_items;
 } kvbh_knobs_t;
 
 typedef struct kvbh_rank {
@@ -74,7 +80,9 @@ typedef struct kvbh_rank {
     uint64_t item_len, buf_len;
     uint8_t *kv[KVBH_MAX_KV];
     uint8_t *aux;
-    uint8_t *state[KVBH_STATE_BUFS];
+    int n_state; /* state buffers, KVBH_STATE_ITEMS items of state_item[i] bytes each */
+    uint64_t state_item[KVBH_MAX_STATE];
+    uint8_t *state[KVBH_MAX_STATE];
 } kvbh_rank_t;
 
 /* Bytes of the arena of a rank of g at place p (same in every process). */
