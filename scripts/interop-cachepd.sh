@@ -13,9 +13,18 @@
 #   mha_tp2       MHA TP2 -> TP1 (head fragments, 16 rows per page)
 #   mha_tp1_tp2   MHA TP1 -> TP2 (one prefill rank, two decode ranks)
 #   mla_tp2       MLA TP2 -> TP1 (prefill rank 1 a dummy: it says nothing)
-# Every decode arena byte is compared with an image computed independently
-# of both sides' planners; the first token, candidates, cached tokens and
-# logprob the TokenSpeed decode read are checked.
+#   hybrid_tp2    the CachePD golden's hybrid model (3 linear-attention layers,
+#                 one state group each, + 1 full-attention layer; page 128;
+#                 tests/interop/tokenspeed011_common.py HybridModel) TP2 -> TP1:
+#                 K/V pages and every state group's latest snapshot (conv in
+#                 three parts and ssm split by TP), kvbridge's ranks given
+#                 TokenSpeed's contract of the model at TP 1 (params
+#                 cachepd_contract); rooms of 3 pages, 1 page past a 1-page
+#                 prefix, 1 page
+#   hybrid        the same TP1 -> TP1
+# Every decode arena byte (KV and state) is compared with an image computed
+# independently of both sides' planners; the first token, candidates, cached
+# tokens and logprob the TokenSpeed decode read are checked.
 # Its prefill (tokenspeed011_pd.py --prefill) against kvbridge's C decode
 # ranks (tests/interop/cachepd_kvbridge_decode.py; the C side is
 # tests/integration/cachepd/cpd_decode_helper.c), d_* with kvbridge's
@@ -25,12 +34,17 @@
 #   d_tp1_tp2     MHA TP1 -> TP2
 #   d_mla_tp2     MLA TP2 -> TP1 (prefill rank 1 a dummy)
 #   d_tp1_layerwise  TokenSpeed's layerwise sends
+#   d_hybrid_tp2  the hybrid model TP2 -> TP1 (as hybrid_tp2; kvbridge's decode
+#                 given TokenSpeed's contract and one state slot per room)
+#   d_hybrid      the same TP1 -> TP1
+#   d_hybrid_tp2_layerwise  the same TP2 -> TP1, TokenSpeed's layerwise sends
 #   kill_prefill  kill -9 of TokenSpeed's prefill after a room's first write
 #                 landed: kvbridge's decode reports Failed with a reason in 15 s
 #   kill_decode   kill -9 of kvbridge's decode after the first write landed:
 #                 what TokenSpeed's prefill reports (recorded; not Success)
-# Every decode KV byte is compared with an image computed independently;
-# the first token, cached tokens and logprob kvbridge's receivers read are
+# Every decode KV and state byte is compared with an image computed
+# independently, and the canary gaps after kvbridge's decode buffers; the
+# first token, cached tokens and logprob kvbridge's receivers read are
 # checked. Logs: BUILD/interop-cachepd/.
 # PyPI unreachable and no venv yet: skipped with a message (exit 0).
 # Usage: scripts/interop-cachepd.sh [BUILD_DIR] [CASE...]   (make build first)
@@ -40,9 +54,11 @@ BUILD=$(cd "${1:-$ROOT/build}" && pwd)
 shift || true
 CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
-    CASES=(mha_tp1 mha_tp2 mha_tp1_tp2 mla_tp2 mha_tp1_tsboot mha_tp2_tsboot mla_tp2_tsboot
-        d_tp1 d_tp2 d_tp1_tp2 d_mla_tp2 d_tp1_layerwise d_tp1_tsboot d_tp2_tsboot
-        d_tp1_tp2_tsboot d_mla_tp2_tsboot d_tp1_layerwise_tsboot kill_prefill kill_decode)
+    CASES=(mha_tp1 mha_tp2 mha_tp1_tp2 mla_tp2 hybrid_tp2 hybrid mha_tp1_tsboot mha_tp2_tsboot
+        mla_tp2_tsboot hybrid_tp2_tsboot hybrid_tsboot
+        d_tp1 d_tp2 d_tp1_tp2 d_mla_tp2 d_tp1_layerwise d_hybrid_tp2 d_hybrid
+        d_hybrid_tp2_layerwise d_tp1_tsboot d_tp2_tsboot d_tp1_tp2_tsboot d_mla_tp2_tsboot
+        d_tp1_layerwise_tsboot d_hybrid_tp2_tsboot d_hybrid_tsboot kill_prefill kill_decode)
 fi
 HELPER=$BUILD/tests/integration/cachepd/cpd_helper
 DHELPER=$BUILD/tests/integration/cachepd/cpd_decode_helper

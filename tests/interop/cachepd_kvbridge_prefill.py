@@ -5,9 +5,11 @@ on kvbridge's `mooncake.engine` drop-in) against kvbridge's C prefill ranks
     python cachepd_kvbridge_prefill.py HELPER CASE
 
 CASE: mha_tp1, mha_tp2 (TP2 -> TP1), mha_tp1_tp2 (TP1 -> TP2), mla_tp2 (one
-prefill rank a dummy), each with kvbridge's C bootstrap server; *_tsboot
-the same with TokenSpeed's own bootstrap server (MooncakeKVBootstrapServer,
-in this process): the kvbridge ranks then register in CachePD's PUT shape.
+prefill rank a dummy), hybrid_tp2 (TP2 -> TP1) and hybrid (TP1 -> TP1) of
+the hybrid model with state groups (tokenspeed011_common.HybridModel, the
+CachePD golden's), each with kvbridge's C bootstrap server; *_tsboot the
+same with TokenSpeed's own bootstrap server (MooncakeKVBootstrapServer, in
+this process): the kvbridge ranks then register in CachePD's PUT shape.
 
 This process is the decode: per decode rank TokenSpeed's
 MooncakeKVManagerDecode over an arena laid out by TokenSpeed's own contract
@@ -19,6 +21,12 @@ candidates, cached tokens and logprob TokenSpeed's decode read from
 kvbridge's statuses, and every byte of every decode arena: the manifest's
 pages hold the room's pattern (kvbh_pat, reimplemented below) at this
 rank's heads; the prefix pages and everything else keep their noise.
+Hybrid: the kvbridge ranks are given TokenSpeed's contract of the model (at
+TP 1, written by this process from TokenSpeed's builders) and send a state
+slot; the decode's state block of each state group at the prompt's latest
+snapshot slot holds this rank's rows of the room's state pattern (every
+byte of the six state fields), the state blocks of the other slots keep
+their noise.
 
 Stubbed (only what needs a GPU stack): torch, tokenspeed_kernel.platform,
 the GPU logits layer, runtime.utils' star imports, utils.env (the PD
@@ -37,6 +45,8 @@ import time
 import types
 
 import numpy as np
+
+import tokenspeed011_common as C
 
 HOST = "127.0.0.1"
 PG = 16
@@ -62,6 +72,7 @@ class Model:
         self.heads = 8 if kind == "mha" else 1
         self.head_bytes = 128 if kind == "mha" else 1152
         self.width = 64 if kind == "mha" else 576
+        self.pg = PG
 
     def field_ids(self):
         names = ("k", "v") if self.kind == "mha" else ("latent_kv",)
@@ -136,6 +147,25 @@ def page_bytes(model, room, fid, page, tp, rank):
     return pat(room, model.buffer(fid), page, glob.reshape(-1))
 
 
+def hybrid_page(m, room, fid, page, tp, rank):
+    """The same for the hybrid model's K/V (kvbridge buffer = position in
+    m.kv_fields(): K of the full-attention layers, then V)."""
+    hd, hb = max(m.heads // tp, 1), m.head_dim * m.elt
+    t, h, x = np.meshgrid(np.arange(m.pg), np.arange(hd), np.arange(hb), indexing="ij")
+    glob = (t * m.heads + rank * hd + h) * hb + x
+    return pat(room, m.kv_fields().index(fid), page, glob.reshape(-1))
+
+
+def hybrid_state(m, room, fid, tp, rank):
+    """What rank `rank` of TP size tp holds of state field fid (cpd_helper:
+    byte o of the global row-major payload of state buffer j is
+    kvbh_pat(room, 32 + j, 0, o)), in its local row order."""
+    _, width, _ = m.state_geometry(fid)
+    rows = m.state_rows(fid, tp, rank)
+    glob = rows[:, None] * width + np.arange(width)[None, :]
+    return pat(room, 32 + m.state_fields().index(fid), 0, glob.reshape(-1))
+
+
 def noise(n, *key):
     h = hashlib.sha256(repr(key).encode()).digest()
     return np.random.default_rng(int.from_bytes(h[:8], "little")).integers(
@@ -149,8 +179,13 @@ CASES = {  # name: (model, prefill TP, decode TP)
     "mha_tp2": ("mha", 2, 1),
     "mha_tp1_tp2": ("mha", 1, 2),
     "mla_tp2": ("mla", 2, 1),
+    "hybrid": ("hybrid", 1, 1),
+    "hybrid_tp2": ("hybrid", 2, 1),
 }
 ROOMS = [(4242, 40, 0), (4259, 75, 2), (4276, 16, 0)]  # room, prompt, prefix pages
+# page 128: 3 pages (latest snapshot slot 2), 1 page past a 1-page prefix
+# (slot 1), 1 page (slot 0)
+HYBRID_ROOMS = [(4242, 300, 0), (4259, 130, 1), (4276, 128, 0)]
 D_BLOCKS = 96
 
 
@@ -174,8 +209,10 @@ def manager_args(tp, rank, port):
         app_key="k", metrics_reporters="")
 
 
-def start_helper(helper, model, ptp, tsboot):
+def start_helper(helper, model, ptp, tsboot, contract_file=None):
     argv = [helper, str(ptp), model.kind]
+    if contract_file:
+        argv.append(f"contract={contract_file}")
     server = None
     if tsboot:
         from tokenspeed.runtime.pd.mooncake.conn import MooncakeKVBootstrapServer
@@ -204,8 +241,16 @@ def run(helper, name):
 
     tsboot = name.endswith("_tsboot")
     kind, ptp, dtp = CASES[name[:-7] if tsboot else name]
-    model = Model(kind)
-    proc, boot, server = start_helper(helper, model, ptp, tsboot)  # noqa: F841
+    hybrid = kind == "hybrid"
+    model = C.HybridModel() if hybrid else Model(kind)
+    pg = model.pg
+    contract_file = None
+    if hybrid:  # TokenSpeed's contract of the model (TP 1) for the kvbridge ranks
+        contract_file = os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                     f"cpd-{name}-{os.getpid()}.json")
+        with open(contract_file, "wb") as f:
+            f.write(model.contract(1, D_BLOCKS).to_wire_bytes())
+    proc, boot, server = start_helper(helper, model, ptp, tsboot, contract_file)  # noqa: F841
     try:
         contract = model.contract(dtp, D_BLOCKS)
         plan_json = json.loads(contract.to_wire_bytes())["plan"]
@@ -216,27 +261,45 @@ def run(helper, name):
                         cache_layout=contract, cache_fields_by_stage=(tuple(model.field_ids()),))
             mgr = MooncakeKVManagerDecode(manager_args(dtp, q, 0), kv)
             ranks.append((mgr, arena, arena.copy()))
-        moved = 0
-        for k, (room, prompt, prefix) in enumerate(ROOMS):
-            slots = -(-prompt // PG)
-            d_row = [1 + ((7 * k + 5 * s) % (D_BLOCKS - 1)) for s in range(slots)]
-            op = types.SimpleNamespace(block_tables_arrays=lambda r=d_row: {
-                "full_attention": np.array([r], np.int32)})
+        if hybrid:  # the decode's blocks: no two groups' blocks share bytes
+            alloc = C.BlockAlloc(contract, C._rng("decode blocks", name))
+            states = [g for g in alloc.k if g != "full_attention"]
+        moved = state_moved = 0
+        for k, (room, prompt, prefix) in enumerate(HYBRID_ROOMS if hybrid else ROOMS):
+            slots = -(-prompt // pg)
+            if hybrid:
+                d_row = [alloc.take("full_attention") for _ in range(slots)]
+                d_state = {g: [alloc.take(g) for _ in range(slots)] for g in states}
+            else:
+                d_row = [1 + ((7 * k + 5 * s) % (D_BLOCKS - 1)) for s in range(slots)]
+                d_state = {}
+            tables = {"full_attention": np.array([d_row], np.int32)}
+            tables.update({g: np.array([r], np.int32) for g, r in d_state.items()})
+            op = types.SimpleNamespace(block_tables_arrays=lambda t=tables: t)
             rcvs = []
             for q, (mgr, arena, expect) in enumerate(ranks):
                 rcv = MooncakeKVReceiver(mgr, boot, room)
                 assert rcv.poll() == TransferPoll.Bootstrapped, (room, q, rcv.poll())
                 man = build_cache_block_manifest(op, layout=contract, request_row=0,
-                                                 prefix_len=prefix * PG, prompt_len=prompt)
+                                                 prefix_len=prefix * pg, prompt_len=prompt)
                 rcv.prefill(block_manifest=man)
                 rcvs.append(rcv)
                 for slot in range(prefix, slots):
-                    for fid in model.field_ids():
-                        data = page_bytes(model, room, fid, slot, dtp, q)
+                    for fid in model.kv_fields() if hybrid else model.field_ids():
+                        data = (hybrid_page(model, room, fid, slot, dtp, q) if hybrid
+                                else page_bytes(model, room, fid, slot, dtp, q))
                         off = page_offset(plan_json, fid, d_row[slot])
                         expect[off:off + data.size] = data
                         moved += data.size
-            proc.stdin.write(f"send {room} {slots} {1000 + room % 1000} {prefix * PG}\n")
+                for fid in model.state_fields() if hybrid else ():
+                    data = hybrid_state(model, room, fid, dtp, q)
+                    block = d_state[C.group_of(plan_json, fid)][(prompt - 1) // pg]
+                    off = page_offset(plan_json, fid, block)
+                    expect[off:off + data.size] = data
+                    state_moved += data.size
+            # the prefill's state slot (hybrid): 3, 4, 5 for the rooms in turn
+            proc.stdin.write(f"send {room} {slots} {1000 + room % 1000} {prefix * pg}"
+                             f"{f' {3 + k}' if hybrid else ''}\n")
             proc.stdin.flush()
             for i in range(ptp):
                 f = proc.stdout.readline().split(None, 4)
@@ -252,7 +315,7 @@ def run(helper, name):
                 tok, cands, cached, lp = ranks[q][0].pop_prefill_metadata(room)
                 want = 1000 + room % 1000
                 assert (tok, list(cands), cached, lp) == (want, [want + 1, want + 2],
-                                                          prefix * PG, -0.5), \
+                                                          prefix * pg, -0.5), \
                     (room, q, tok, cands, cached, lp)
         compared = 0
         for q, (mgr, arena, expect) in enumerate(ranks):
@@ -261,10 +324,12 @@ def run(helper, name):
                 raise AssertionError(f"decode rank {q}: {bad.size} bytes differ, first at "
                                      f"{bad[0]} of {arena.size}")
             compared += arena.size
+        state = f" and {state_moved} state bytes (6 fields' latest snapshots)" if hybrid else ""
         print(f"PASS {name}: kvbridge C prefill TP{ptp} -> TokenSpeed 0.1.1 decode TP{dtp} "
               f"({kind.upper()}, {model.layers} layers), bootstrap "
-              f"{'TokenSpeed' if tsboot else 'kvbridge'}'s, {len(ROOMS)} rooms Success with "
-              f"token, candidates, cached tokens, logprob; {moved} KV bytes moved, "
+              f"{'TokenSpeed' if tsboot else 'kvbridge'}'s, "
+              f"{len(HYBRID_ROOMS if hybrid else ROOMS)} rooms Success with "
+              f"token, candidates, cached tokens, logprob; {moved} KV bytes{state} moved, "
               f"{compared} decode arena bytes compared (all equal)")
     finally:
         proc.stdin.close()
@@ -272,6 +337,8 @@ def run(helper, name):
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if contract_file:
+            os.unlink(contract_file)
 
 
 def main():
