@@ -32,7 +32,7 @@ kvb_status_t kvb__cpd_own_contract(const struct kvb_manager *m, const kvb__cpd_c
 kvb_status_t kvb__cpd_check_manager(const struct kvb_manager *m, char *why, size_t wl);
 /* The address of page 0 of each field of own (kvb__cpd_copy_t.src_page0):
  * TokenSpeed page t of a field is item t - 1 of its buffer
- * (kvb__cpd_field_home), page 0 being TokenSpeed's null page.
+ * (kvb__cpd_field_homes), page 0 being TokenSpeed's null page.
  * Malloc'ed; NULL with the reason in why. */
 uint64_t *kvb__cpd_own_page0(const struct kvb_manager *m, const kvb__cpd_contract_t *own, char *why,
                              size_t wl);
@@ -53,12 +53,14 @@ kvb_status_t kvb__cpd_own_slab(const struct kvb_manager *m, const kvb__cpd_contr
 /* home.c */
 /* "layer.<n>.<name>": n and name (spec 5.2); false for another form. */
 bool kvb__cpd_field_name(const char *id, uint32_t *layer_p, const char **name_p);
-/* The kvbridge buffer of field f of this rank's contract c: its address
- * and item bytes. History fields: K of each layer in layer order, then V
- * (MLA: latent_kv), kv_args' KV buffers in order; state fields in (layer,
- * name) order: the state buffers. False for a field no buffer holds. */
-bool kvb__cpd_field_home(const struct kvb_manager *m, const kvb__cpd_contract_t *c, uint32_t f,
-                         uint64_t *ptr_p, uint64_t *item_p);
+/* The kvbridge buffer of each field of this rank's contract c: its
+ * address (ptr[f]) and item bytes (item[f]), arrays of c->nfields.
+ * History fields: K of each layer in layer order, then V (MLA: latent_kv),
+ * kv_args' KV buffers in order; state fields in (layer, name) order: the
+ * state buffers. -1 when every field has one; else the first field no
+ * buffer holds (-2: out of memory). */
+int64_t kvb__cpd_field_homes(const struct kvb_manager *m, const kvb__cpd_contract_t *c,
+                             uint64_t *ptr, uint64_t *item);
 /* Items every KV buffer holds (the smallest's), slots every state buffer
  * holds; 0 without buffers. */
 uint64_t kvb__cpd_kv_pool(const struct kvb_manager *m);
@@ -71,7 +73,7 @@ kvb_status_t kvb__cpd_template_parse(const struct kvb_manager *m, kvb__cpd_contr
                                      size_t wl);
 /* This rank's contract from it: its groups, specs, field ids, dtypes and
  * partitions; rank-local shapes at this rank's attention TP; one plane per
- * field over its buffer (kvb__cpd_field_home), one page per parent, each
+ * field over its buffer (kvb__cpd_field_homes), one page per parent, each
  * group as many pages as its buffers hold. Refused (KVB_ERR_INVALID,
  * why) unless it has one full-history full_suffix group of page_size
  * pages whose fields are kv_args' KV buffers, state groups (latest

@@ -208,7 +208,11 @@ static kvb_status_t manifest_of(const struct kvb_manager *m, const int32_t *idx,
             m->cachepd_contract == NULL ? (char *)"full_attention" : o.t.specs[s].group_id;
         g[s].n = hist ? nb : 1;
         g[s].block_ids = hist ? ids : ids + nb + s;
-        if (!hist) /* transfer_form made sure there is one */
+        if (hist)
+            continue;
+        if (ex == NULL || !(ex->field_mask & KVB_RECV_INIT_STATE) || ex->num_state_indices != 1)
+            st = KVB_ERR_INVALID; /* transfer_form refused it before: never reached */
+        else
             ids[nb + s] = (int64_t)ex->state_indices[0] + 1;
     }
     kvb__cpd_manifest_t man = {o.n, g, (int64_t)prefix, (int64_t)prompt_of(m, n, ex)};

@@ -131,22 +131,25 @@ kvb_status_t kvb__cpd_check_manager(const struct kvb_manager *m, char *why, size
 uint64_t *kvb__cpd_own_page0(const struct kvb_manager *m, const kvb__cpd_contract_t *own, char *why,
                              size_t wl)
 {
-    uint64_t *a = calloc(own->nfields ? own->nfields : 1, sizeof(*a)), ptr, item;
-    if (a == NULL) {
+    size_t n = own->nfields ? own->nfields : 1;
+    uint64_t *a = calloc(n, sizeof(*a)), *item = calloc(n, sizeof(*item));
+    int64_t bad = a != NULL && item != NULL ? kvb__cpd_field_homes(m, own, a, item) : -2;
+    for (uint32_t f = 0; bad == -1 && f < own->nfields; f++) {
+        if (own->fields[f].page_stride != item[f] || a[f] < item[f])
+            bad = f;
+        else
+            a[f] -= item[f]; /* TokenSpeed's page 0 is the null page */
+    }
+    free(item);
+    if (bad == -1)
+        return a;
+    if (bad == -2)
         snprintf(why, wl, "out of memory");
-        return NULL;
-    }
-    for (uint32_t f = 0; f < own->nfields; f++) {
-        if (!kvb__cpd_field_home(m, own, f, &ptr, &item) || own->fields[f].page_stride != item ||
-            ptr < item) {
-            snprintf(why, wl, "field %s of this rank's contract is no buffer of it",
-                     own->fields[f].field_id);
-            free(a);
-            return NULL;
-        }
-        a[f] = ptr - item; /* TokenSpeed's page 0 is the null page */
-    }
-    return a;
+    else
+        snprintf(why, wl, "field %s of this rank's contract is no buffer of it",
+                 own->fields[bad].field_id);
+    free(a);
+    return NULL;
 }
 
 /* TokenSpeed's PUT /route body for this rank (spec 3.1): its full contract
@@ -180,42 +183,34 @@ char *kvb__cpd_own_put(struct kvb_manager *m)
     return body;
 }
 
-/* Where plane i's page 0 is: one item before its buffer (0: none). */
-static uint64_t plane_base(const struct kvb_manager *m, const kvb__cpd_contract_t *c, uint32_t i)
-{
-    uint64_t ptr, item;
-    for (uint32_t f = 0; f < c->nfields; f++)
-        if (c->fields[f].plane == i && kvb__cpd_field_home(m, c, f, &ptr, &item) && ptr >= item)
-            return ptr - item;
-    return 0;
-}
-
 /* Each plane at its buffer's offset from the lowest; the arena per parent
  * widened (resident_block_bytes) when the planes reach past the recipe's. */
 static bool place_planes(const struct kvb_manager *m, kvb__cpd_contract_t *c, uint64_t *slab_p,
                          char *why, size_t wl)
 {
     uint64_t slab = UINT64_MAX, span = 0, parents = c->num_lcm_blocks + 1, end;
-    uint64_t *base = calloc(c->nplanes + 1, sizeof(*base));
-    for (uint32_t i = 0; base != NULL && i < c->nplanes; i++) {
-        if ((base[i] = plane_base(m, c, i)) == 0) {
-            snprintf(why, wl, "plane %s of this rank's contract is no KV buffer of it",
+    uint64_t *base = calloc(c->nplanes + 1, sizeof(*base)); /* plane -> its page 0 */
+    uint64_t *page0 = kvb__cpd_own_page0(m, c, why, wl);    /* field -> its page 0 */
+    bool ok = base != NULL && page0 != NULL;
+    if (base == NULL)
+        snprintf(why, wl, "out of memory");
+    for (uint32_t f = 0; ok && f < c->nfields; f++)
+        base[c->fields[f].plane] = page0[f]; /* one item before its buffer */
+    for (uint32_t i = 0; ok && i < c->nplanes; i++) {
+        if ((ok = base[i] != 0) == false)
+            snprintf(why, wl, "plane %s of this rank's contract is no buffer of it",
                      c->planes[i].plane_id);
-            free(base);
-            return false;
-        }
         slab = base[i] < slab ? base[i] : slab;
     }
-    for (uint32_t i = 0; base != NULL && i < c->nplanes; i++) {
+    for (uint32_t i = 0; ok && i < c->nplanes; i++) {
         c->planes[i].arena_offset = base[i] - slab;
         end = c->planes[i].arena_offset + parents * c->planes[i].bytes_per_lcm;
         span = end > span ? end : span; /* no overflow: the planes are this process's memory */
     }
     free(base);
-    if (base == NULL) {
-        snprintf(why, wl, "out of memory");
+    free(page0);
+    if (!ok)
         return false;
-    }
     if (span > parents * c->lcm_block_bytes)
         c->resident_block_bytes = (int64_t)((span + parents - 1) / parents);
     *slab_p = slab;

@@ -70,6 +70,10 @@ static bool groups_ok(const struct kvb_manager *m, const kvb__cpd_contract_t *t,
     for (uint32_t s = 0; s < t->nspecs; s++) {
         if (!spec_ok(m, &t->specs[s], why, wl))
             return false;
+        if (t->specs[s].nfields == 0) { /* a manifest would name blocks of nothing */
+            snprintf(why, wl, "cachepd_contract: group '%s' has no fields", t->specs[s].group_id);
+            return false;
+        }
         hist += t->specs[s].family == KVB__CPD_HISTORY;
     }
     for (uint32_t f = 0; f < t->nfields; f++) {
@@ -139,20 +143,20 @@ static uint64_t pool_of(const struct kvb_manager *m)
     return kv > st ? kv : st;
 }
 
-/* Field f's plane: its kvbridge buffer, one item per page; its payload at
- * this rank's shape must be that item. */
+/* Field f's plane: its kvbridge buffer (item bytes a page); its payload
+ * at this rank's shape must be that item. */
 static bool place_field(const struct kvb_manager *m, kvb__cpd_contract_t *t, uint32_t f,
-                        uint64_t *off_p, char *why, size_t wl)
+                        uint64_t item, uint64_t *off_p, char *why, size_t wl)
 {
     kvb__cpd_field_t *fd = &t->fields[f];
-    uint64_t ptr, item, payload = kvb__cpd_dtype_bytes(fd->dtype), span;
+    uint64_t payload = kvb__cpd_dtype_bytes(fd->dtype), span;
     bool sized = true;
     for (uint32_t d = 0; d < fd->ndim; d++)
         sized = sized && kvb__mul_u64(payload, fd->shape[d], &payload);
-    if (!kvb__cpd_field_home(m, t, f, &ptr, &item) || !sized || payload != item) {
+    if (!sized || payload != item) {
         snprintf(why, wl,
-                 "cachepd_contract: field '%s' holds %llu bytes a page at attention TP %d; "
-                 "its kvbridge buffer's item is %llu",
+                 "cachepd_contract: field '%s' holds %llu bytes a page at attention TP %d; its "
+                 "kvbridge buffer's item is %llu",
                  fd->field_id, (unsigned long long)(sized ? payload : 0), m->p.attn_tp_size,
                  (unsigned long long)item);
         return false;
@@ -176,38 +180,56 @@ static bool place_field(const struct kvb_manager *m, kvb__cpd_contract_t *t, uin
     return true;
 }
 
+/* Every field's buffer (its item bytes into item[]), or why not. */
+static bool homes(const struct kvb_manager *m, const kvb__cpd_contract_t *t, uint64_t *item,
+                  char *why, size_t wl)
+{
+    uint64_t *ptr = calloc(t->nfields ? t->nfields : 1, sizeof(*ptr));
+    int64_t bad = ptr != NULL ? kvb__cpd_field_homes(m, t, ptr, item) : -2;
+    free(ptr);
+    if (bad == -2)
+        snprintf(why, wl, "out of memory");
+    else if (bad >= 0)
+        snprintf(why, wl, "cachepd_contract: field '%s' is held by no buffer of kv_args",
+                 t->fields[bad].field_id);
+    return bad == -1;
+}
+
 /* This rank's geometry in t: planes, strides, page counts. */
 static bool rebind(const struct kvb_manager *m, kvb__cpd_contract_t *t, char *why, size_t wl)
 {
     uint64_t pool = pool_of(m), off = 0, lcm = 0;
-    if (pool == 0 || pool >= (1ull << 31)) {
-        snprintf(why, wl, "a pool of %llu pages cannot be described", (unsigned long long)pool);
-        return false;
-    }
-    for (uint32_t i = 0; i < t->nplanes; i++)
-        free(t->planes[i].plane_id);
-    free(t->planes);
-    t->nplanes = 0;
-    if ((t->planes = calloc(t->nfields, sizeof(*t->planes))) == NULL) {
+    uint64_t *item = calloc(t->nfields ? t->nfields : 1, sizeof(*item));
+    bool ok = item != NULL && homes(m, t, item, why, wl);
+    if (item == NULL)
         snprintf(why, wl, "out of memory");
-        return false;
+    else if (ok && (pool == 0 || pool >= (1ull << 31))) {
+        snprintf(why, wl, "a pool of %llu pages cannot be described", (unsigned long long)pool);
+        ok = false;
     }
-    t->nplanes = t->nfields;
-    t->num_lcm_blocks = pool;
-    t->resident_block_bytes = -1;
-    for (uint32_t f = 0; f < t->nfields; f++) {
-        if (!place_field(m, t, f, &off, why, wl))
-            return false;
-        lcm += t->planes[f].bytes_per_lcm; /* no overflow: off summed more */
+    for (uint32_t i = 0; ok && i < t->nplanes; i++)
+        free(t->planes[i].plane_id);
+    if (ok) {
+        free(t->planes);
+        t->nplanes = 0;
+        ok = (t->planes = calloc(t->nfields, sizeof(*t->planes))) != NULL;
+        t->nplanes = ok ? t->nfields : 0;
+        t->num_lcm_blocks = pool;
+        t->resident_block_bytes = -1;
     }
-    for (uint32_t s = 0; s < t->nspecs; s++) { /* each group only its buffers' items */
+    for (uint32_t f = 0; ok && f < t->nfields; f++) {
+        ok = place_field(m, t, f, item[f], &off, why, wl);
+        lcm += item[f]; /* no overflow: off summed more */
+    }
+    for (uint32_t s = 0; ok && s < t->nspecs; s++) { /* each group only its buffers' items */
         bool state = t->specs[s].family == KVB__CPD_STATE;
         t->groups[t->specs[s].group].blocks_per_lcm = 1;
         t->groups[t->specs[s].group].page_count =
             (state ? kvb__cpd_state_pool(m) : kvb__cpd_kv_pool(m)) + 1;
     }
     t->lcm_block_bytes = lcm;
-    return true;
+    free(item);
+    return ok;
 }
 
 kvb_status_t kvb__cpd_template_contract(const struct kvb_manager *m, kvb__cpd_contract_t *c_p,

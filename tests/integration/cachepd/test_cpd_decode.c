@@ -317,22 +317,29 @@ static void prefill_refusal(kvbh_cluster_t *c, uint64_t room)
     kvb_receiver_destroy(rc);
 }
 
-/* A decode rank with pages of 8 tokens against the prefill's 4. */
-static void contract_refusal(kvbh_cluster_t *c, uint64_t room)
+/* A decode rank of geometry g (no cachepd_contract) whose room is refused
+ * by the route planning: Failed within 5 s with want in the reason. */
+static void decode_refused(kvbh_cluster_t *c, const kvbh_geom_t *g, uint64_t room, const char *want)
 {
-    kvbh_geom_t g = c->g;
     kvbh_rank_t d;
     kvb_receiver_h rc;
     char why[512] = "";
-    g.page = 8;
-    CHECK_EQ(kvbh_rank_start(&d, &g, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), KVB_OK);
+    CHECK_EQ(kvbh_rank_start(&d, g, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), KVB_OK);
     CHECK_EQ(kvb_receiver_create(d.mgr, c->boot_addr, room, -1, &rc), KVB_OK);
     CHECK_EQ(kvbh_wait_receiver(rc, 5), KVB_POLL_FAILED);
     kvb_receiver_failure(rc, why, sizeof(why));
     fprintf(stderr, "room %llu: %s\n", (unsigned long long)room, why);
-    CHECK_STR_CONTAINS(why, "Cache P/D contract mismatch: prefix_granularity");
+    CHECK_STR_CONTAINS(why, want);
     kvb_receiver_destroy(rc);
     kvbh_rank_stop(&d);
+}
+
+/* A decode rank with pages of 8 tokens against the prefill's 4. */
+static void contract_refusal(kvbh_cluster_t *c, uint64_t room)
+{
+    kvbh_geom_t g = c->g;
+    g.page = 8;
+    decode_refused(c, &g, room, "Cache P/D contract mismatch: prefix_granularity");
 }
 
 static void refusals(void)
@@ -359,23 +366,6 @@ static void refusals(void)
     TEST_PASS("refusals fail their rooms with the reason; the ranks keep serving");
 }
 
-/* A hybrid rank without the framework's contract cannot describe its
- * state: its rooms fail saying what to give. */
-static void hybrid_no_contract(kvbh_cluster_t *c, uint64_t room)
-{
-    kvbh_rank_t d;
-    kvb_receiver_h rc;
-    char why[512] = "";
-    CHECK_EQ(kvbh_rank_start(&d, &c->g, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), KVB_OK);
-    CHECK_EQ(kvb_receiver_create(d.mgr, c->boot_addr, room, -1, &rc), KVB_OK);
-    CHECK_EQ(kvbh_wait_receiver(rc, 5), KVB_POLL_FAILED);
-    kvb_receiver_failure(rc, why, sizeof(why));
-    fprintf(stderr, "room %llu: %s\n", (unsigned long long)room, why);
-    CHECK_STR_CONTAINS(why, "params cachepd_contract");
-    kvb_receiver_destroy(rc);
-    kvbh_rank_stop(&d);
-}
-
 /* A contract that does not fit the rank's buffers: manager creation fails
  * with the reason. */
 static void hybrid_bad_contract(const kvbh_geom_t *g, const char *contract, const char *want)
@@ -400,7 +390,8 @@ static void hybrid_refusals(void)
     cluster_with(&c, &b, &HYB1, 1, 1, HYBRID);
     refused_init(&c, 300, 3, &two, "one state slot per request");
     refused_init(&c, 301, 3, &none, "no state index");
-    hybrid_no_contract(&c, 302);
+    /* without the framework's contract a hybrid rank cannot describe its state */
+    decode_refused(&c, &c.g, 302, "params cachepd_contract");
     kvbh_room_opts_t o = {.chunks = 2, .dp_rank = -1, .state = 1};
     CHECK_EQ(kvbh_run_rooms(&c, 1, 303, &o), 0); /* still serving */
     stop(&c, &b);
