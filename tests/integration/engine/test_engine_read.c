@@ -541,6 +541,11 @@ static bool stopped_read(const char *self, bool unended)
 
 static void test_stopped_rx(const char *self)
 {
+    const char *direct = getenv("KVBRIDGE_READ_DIRECT");
+    if (direct != NULL && strcmp(direct, "0") == 0) { /* no straight receives to catch */
+        TEST_PASS("connection failed mid-answer: skipped (KVBRIDGE_READ_DIRECT=0)");
+        return;
+    }
     for (int unended = 0; unended < 2; unended++) {
         int tries = 0;
         while (!stopped_read(self, unended != 0))
