@@ -347,8 +347,11 @@ KVB_API const char *kvb_xfer_error(kvb_xfer_h xfer);
  * answering (its connection was failed: bytes the peer already received
  * may still be placed if it resumes, docs/engine.md "Drained"). A
  * successful transfer is drained; so is a final read on the message and
- * staging lanes (their answers are placed only while the read runs), not
- * one of the put lane's abandoned gets. Mooncake 0.3.14's scatter tickets map
+ * staging lanes (their answers are placed only while the read runs; one
+ * whose connection failed while an answer was being received straight
+ * into its memory ends once UCX ended that receive, and is reported 0 if
+ * UCX did not within the peer time-out), not one of the put lane's
+ * abandoned gets. Mooncake 0.3.14's scatter tickets map
  * onto it (FAILED_DRAINED vs COMPLETION_UNKNOWN). */
 KVB_API int kvb_xfer_drained(kvb_xfer_h xfer);
 

@@ -51,7 +51,10 @@ void kvb__xfer_fail(struct kvb_xfer *x, kvb_status_t st, const char *fmt, const 
     pthread_mutex_unlock(&x->mu);
 }
 
-static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st)
+/* rx_stopped: the worker is never progressed again, so a read's answers
+ * still being received into its pieces cannot write any more (UCX writes
+ * them only inside ucp_worker_progress: lane/msg/read.c). */
+static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st, bool rx_stopped)
 {
     KVB_LOGD("engine %s: transfer %llu ends %s (%zu/%zu blocks issued, %zu messages sent, %zu "
              "acknowledged, %zu in flight)",
@@ -64,8 +67,11 @@ static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st)
         *pp = x->next_active;
     /* Ops still in flight are given up: what they carried may yet land
      * (a stopped peer resumes), so the transfer is not provably drained;
-     * unless it is a read its lane gates (its answers are dropped now). */
-    x->unsettled = x->inflight > 0 && !(x->read && (x->lane->caps & KVB__LANE_READ_GATED));
+     * unless it is a read its lane gates (its answers are dropped now), and
+     * none of its answers is still being received into its pieces (a read
+     * waited for them, rx_waiting, up to the peer time-out). */
+    x->unsettled = (x->inflight > 0 && !(x->read && (x->lane->caps & KVB__LANE_READ_GATED))) ||
+                   (x->am_rx > 0 && !rx_stopped);
     x->abandoned = 1; /* callbacks of ops still outstanding leave it alone */
     kvb__xfer_publish(x, st);
 }
@@ -112,6 +118,17 @@ static void stage_release(kvb_engine_h eng, struct kvb_xfer *x)
     }
 }
 
+/* x was abandoned while answers were still being received into its pieces
+ * (read.c): it ends once UCX ended those receives (closing its
+ * connection's endpoint, close_dead_eps, purges them; from then on none
+ * writes), or, should UCX not end them, after the peer time-out, not
+ * drained. */
+static bool rx_waiting(kvb_engine_h eng, const struct kvb_xfer *x)
+{
+    return x->abandoned && x->am_rx > 0 &&
+           kvb__now_ns() - x->abandoned_ns < (uint64_t)(eng->params.peer_timeout_s * 1e9);
+}
+
 static bool progress_one(kvb_engine_h eng, struct kvb_xfer *x)
 {
     if (x->stage != NULL)
@@ -120,11 +137,13 @@ static bool progress_one(kvb_engine_h eng, struct kvb_xfer *x)
         kvb__xfer_fail(x, (kvb_status_t)x->stage_status, "session %s: %s", x->conn->sess->sid,
                        x->stage_why);
     bool stop = x->failed || __atomic_load_n(&x->cancel, __ATOMIC_ACQUIRE);
+    if (rx_waiting(eng, x))
+        return false;
     if (x->abandoned || ((stop || x->next == x->n) && x->inflight == 0)) {
         kvb_status_t st = x->failed ? x->fail_status : stop ? KVB_ERR_CANCELED : KVB_OK;
         if (st == KVB_ERR_CANCELED)
             snprintf(x->err, sizeof(x->err), "canceled");
-        finish(eng, x, st);
+        finish(eng, x, st, false);
         return true;
     }
     if (stop || x->next == x->n)
@@ -164,17 +183,23 @@ void kvb__xfer_fail_conn(kvb_engine_h eng, kvb__conn_t *c, const char *why)
         x->failed = 0;
         kvb__xfer_fail(x, KVB_ERR_PEER, "session %s: %s", c->sess->sid, why);
         x->abandoned = 1;
-        finish(eng, x, KVB_ERR_PEER);
+        x->abandoned_ns = kvb__now_ns();
+        if (x->am_rx == 0)
+            finish(eng, x, KVB_ERR_PEER, false);
+        else /* progress_one ends it (rx_waiting) */
+            __atomic_fetch_add(&kvb__test_hooks.read_rx_waited, 1, __ATOMIC_RELAXED);
     }
 }
 
-void kvb__xfer_cancel_all(kvb_engine_h eng)
+void kvb__xfer_cancel_all(kvb_engine_h eng, bool last)
 {
-    while (eng->active != NULL) {
-        struct kvb_xfer *x = eng->active;
+    struct kvb_xfer *x = eng->active, *next;
+    for (; x != NULL; x = next) {
+        next = x->next_active;
         x->abandoned = 1;
         snprintf(x->err, sizeof(x->err), "engine destroyed");
-        finish(eng, x, KVB_ERR_CANCELED);
+        if (last || x->am_rx == 0)
+            finish(eng, x, KVB_ERR_CANCELED, last);
     }
 }
 

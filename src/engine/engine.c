@@ -371,9 +371,13 @@ static void *progress_main(void *arg)
         if (ucp_worker_arm(eng->worker) == UCS_OK)
             handle_events(eng, 100);
     }
-    run_commands(eng);         /* transfers queued before the stop start... */
-    kvb__xfer_cancel_all(eng); /* ...and end CANCELED with the others */
+    run_commands(eng);                /* transfers queued before the stop start... */
+    kvb__xfer_cancel_all(eng, false); /* ...and end CANCELED with the others */
     conns_release_all(eng);
+    /* Reads still receiving into their pieces end last: nothing progresses
+     * the worker after this (ucp_worker_destroy progresses no transport),
+     * so nothing of them lands any more. */
+    kvb__xfer_cancel_all(eng, true);
     return NULL;
 }
 

@@ -164,6 +164,11 @@ struct kvb_xfer {
     int failed;      /* error seen, waiting for inflight */
     int abandoned;   /* connection lost, outstanding ops ignored */
     int unsettled;   /* ended with ops in flight abandoned (kvb_xfer_drained) */
+    /* message lane, reads: rendezvous answers being received straight into
+     * our pieces (read.c), and when x was abandoned (its connection failed):
+     * such a read ends only once they ended or the peer time-out passed */
+    size_t am_rx;
+    uint64_t abandoned_ns;
     struct kvb_xfer *next_active;
     /* message lane: sequence numbers (low half of the message id) of the
      * messages in flight; an ack counts only when it names one of them, a
@@ -270,6 +275,7 @@ struct kvb_engine {
     ucp_worker_h worker;
     int ucx_efd, evfd, epfd, listen_fd;
     size_t max_am_header;
+    bool read_direct; /* message-lane reads receive answers into the caller's pieces (read.c) */
     uint64_t epoch;
     char host_id[64];
     char *secret;        /* engine secret (copy) or NULL: auth off */
@@ -359,6 +365,10 @@ typedef struct kvb__test_hooks {
                                its check (a stuck copy thread or device); taken by one unit */
     int skip_remote_check;  /* a transfer's remote ranges are not checked here (a stale or hostile
                                peer: the target's own check answers); message lane only */
+    int read_rx_unended;    /* a read's straight receives' ends are not counted (UCX never ending
+                               them): an abandoned read waits the peer time-out (read.c) */
+    int read_rx_waited;     /* set by the engine, read by tests (atomic add): reads abandoned with
+                               answers being received into their pieces (complete.c) */
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 /* Atomic (relaxed): a test sets a hook while engine threads run. */
@@ -492,7 +502,10 @@ kvb_status_t kvb__xfer_queue(kvb_engine_h eng, struct kvb_xfer *const *xs, size_
 void kvb__xfer_start(kvb_engine_h eng, struct kvb_xfer *x);
 bool kvb__xfer_progress_all(kvb_engine_h eng);
 void kvb__xfer_fail_conn(kvb_engine_h eng, kvb__conn_t *c, const char *why);
-void kvb__xfer_cancel_all(kvb_engine_h eng);
+/* The engine stops: end every transfer CANCELED, except (last false) a
+ * read whose answers are still being received into its pieces (read.c);
+ * last: the worker is never progressed again, those end too (drained). */
+void kvb__xfer_cancel_all(kvb_engine_h eng, bool last);
 /* Progress thread: the listed write of id, or NULL. */
 struct kvb_xfer *kvb__xfer_find(kvb_engine_h eng, uint64_t id);
 

@@ -57,7 +57,9 @@ enum {
     KVB__LANE_GROUPS = 1u << 1, /* submit takes a write group's members as one group */
     /* a read's bytes are placed by this engine, and only while the read
      * runs: once it is final nothing of it lands, whatever was in flight
-     * (kvb_xfer_drained) */
+     * (kvb_xfer_drained), except receives straight into its pieces still
+     * in flight (x->am_rx, lane/msg/read.c): complete.c waits for them,
+     * and reports the read not drained when it gave up waiting */
     KVB__LANE_READ_GATED = 1u << 2
 };
 

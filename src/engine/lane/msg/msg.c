@@ -7,8 +7,9 @@
  * A one-sided read is built the same way into read requests (the
  * descriptors name the target's ranges, no payload; our pieces kept in the
  * window slot) and the target's answer carries the bytes, which are placed
- * here on the progress thread, and only while the read is still running
- * (read.c): nothing lands after its end is published. */
+ * here on the progress thread, or received straight into our pieces, only
+ * while the read is still running (read.c): nothing lands after its end is
+ * published, unless the read reports itself not drained. */
 #include "engine/engine_int.h"
 #include "engine/lane/msg/amwire.h"
 #include "engine/lane/msg/msg.h"
@@ -354,6 +355,7 @@ static kvb_status_t msg_init(kvb_engine_h eng)
     p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                    UCP_AM_HANDLER_PARAM_FIELD_ARG;
     p.arg = eng;
+    kvb__am_read_direct_init(eng);
     if (kvb__am_target_register(eng) != KVB_OK)
         return kvb__err_set(&eng->err, KVB_ERR_IO, "cannot set the write message handlers");
     p.id = KVB_AM_ACK;

@@ -1,13 +1,36 @@
 /* The message lane's one-sided reads, reader side. A read request's local
  * pieces wait in its window slot (x->am_iov); the target's answer carries
- * exactly the bytes asked for. An eager answer is placed in the callback. A
- * rendezvous answer is received into a buffer of ours, not into the
- * caller's memory: UCX may still complete a receive after the read failed
- * or its connection was closed, and once the read's end is published no
- * byte of it may land; so the bytes are copied in when the receive ends,
- * and only while the read still runs and still waits for that request
- * (its slot stays in the window until then, so a cancelled read ends only
- * after it). The buffer is bounded by what we asked for (at most
+ * exactly the bytes asked for. An eager answer is placed in the callback.
+ * The rule: no byte of a read lands after its end is published, unless
+ * the read reports itself not drained (kvb_xfer_drained).
+ *
+ * A rendezvous answer over a connection with peer-failure handling (not
+ * same-host) is received straight into the caller's pieces (an IOV
+ * receive). While the read runs this is safe as before: the slot waits for
+ * the receive (its pieces NULL) and the read does not end before the slot
+ * leaves the window (a cancelled or failed read waits for it). A read
+ * abandoned with such receives in flight (its connection failed, or the
+ * engine stops) counts them (x->am_rx) and does not end before they did:
+ * complete.c. Why that is enough, in UCX 1.13's default protocols: an IOV
+ * receive makes the receiver's RTR carry no address, so the target sends
+ * the bytes as RNDV_DATA active messages (rndv.c ucp_rndv_rtr_handler: no
+ * put without an address; ucp_rndv_receive: no get into a non-contiguous
+ * buffer), written by ucp_rndv_data_handler, on our progress thread inside
+ * ucp_worker_progress, into the request its RTR request's id names; that id
+ * leaves the worker's request map before the receive completes (the last
+ * fragment) or when closing or failing the endpoint purges the request
+ * (ucp_ep_req_purge: the id released, then the receive completed with an
+ * error), and a fragment whose id is gone is dropped. The ids are indirect
+ * on endpoints with peer-failure handling (UCX_PROTO_INDIRECT_ID=auto), so
+ * a late fragment is looked up, not dereferenced. So once a receive's
+ * callback ran, no byte of it lands. Hence the conditions of
+ * kvb__am_read_direct_init: neither UCX_PROTO_ENABLE=y (other protocols)
+ * nor UCX_PROTO_INDIRECT_ID=off; KVBRIDGE_READ_DIRECT=0 turns it off.
+ *
+ * Else (a same-host connection: no peer-failure mode, no purge; or those
+ * knobs) the answer is received into a buffer of ours and copied in when
+ * the receive ends, only while the read still runs and still waits for
+ * that request. The buffer is bounded by what we asked for (at most
  * AM_READ_MAX per request, AM_WINDOW requests per read) and comes from the
  * buffer pool: a fresh mmap'd buffer per answer costs its page faults.
  * A read the CUDA staging lane submitted (x->read_device: a local
@@ -21,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 typedef struct read_rx {
     kvb__op_t op; /* first: the receive is the op */
@@ -29,6 +53,7 @@ typedef struct read_rx {
     uint32_t seq;
     ucp_dt_iov_t *iov; /* its pieces, taken from the slot */
     size_t niov;
+    bool direct; /* received straight into iov (counted in x->am_rx), buf NULL */
     uint8_t *buf;
     size_t cap;  /* buf's capacity (kvb__bufpool_put) */
     bool pinned; /* buf is pinned staging memory (kvb__cuda_stage_put) */
@@ -38,6 +63,29 @@ typedef struct read_rx {
     bool starting, ended;
     ucs_status_t status;
 } read_rx_t;
+
+/* A UCX boolean knob in the environment, as UCX reads it (y/yes/on/1). */
+static bool ucx_env_is(const char *name, bool yes)
+{
+    const char *v = getenv(name);
+    if (v == NULL)
+        return false;
+    bool on = strcasecmp(v, "y") == 0 || strcasecmp(v, "yes") == 0 || strcasecmp(v, "on") == 0 ||
+              strcmp(v, "1") == 0;
+    bool off = strcasecmp(v, "n") == 0 || strcasecmp(v, "no") == 0 || strcasecmp(v, "off") == 0 ||
+               strcmp(v, "0") == 0;
+    return yes ? on : off;
+}
+
+void kvb__am_read_direct_init(kvb_engine_h eng)
+{
+    eng->read_direct = kvb__env_int("KVBRIDGE_READ_DIRECT", NULL, 1, 0, 1) == 1 &&
+                       !ucx_env_is("UCX_PROTO_ENABLE", true) &&
+                       !ucx_env_is("UCX_PROTO_INDIRECT_ID", false);
+    KVB_LOGD("message-lane reads receive %s",
+             eng->read_direct ? "straight into the caller's memory (peer-failure endpoints)"
+                              : "through a buffer of the engine");
+}
 
 long kvb__am_win_find(const struct kvb_xfer *x, uint32_t seq)
 {
@@ -114,7 +162,7 @@ static void rx_free(read_rx_t *rx)
     free(rx->iov);
     if (rx->pinned)
         kvb__cuda_stage_put(rx->buf, rx->cap);
-    else
+    else if (!rx->direct)
         kvb__bufpool_put(rx->buf, rx->cap);
     free(rx);
 }
@@ -124,16 +172,20 @@ static void rx_release(kvb__op_t *op)
     rx_free((read_rx_t *)op);
 }
 
-/* The receive of rx ended: its bytes go in only if its read still runs and
- * waits for it (else the read is final: drop them). */
+/* The receive of rx ended: its bytes go in (or, received straight in,
+ * count) only if its read still runs and waits for it (else the read is
+ * final: drop them). A read abandoned while it received straight in is
+ * still listed until its receives ended (complete.c): one less. */
 static void rx_done(read_rx_t *rx, ucs_status_t status)
 {
     struct kvb_xfer *x = kvb__xfer_find(rx->eng, rx->xid);
+    if (x != NULL && rx->direct && !KVB__HOOK(read_rx_unended))
+        x->am_rx--;
     long i = x != NULL && !x->abandoned ? kvb__am_win_find(x, rx->seq) : -1;
     if (i >= 0 && x->am_iov[i] == NULL) {
-        if (status == UCS_OK)
+        if (status == UCS_OK && !rx->direct)
             place(x, rx->iov, rx->niov, rx->buf);
-        else
+        else if (status != UCS_OK)
             kvb__xfer_fail(x, KVB_ERR_PEER, "session %s: receiving a read's bytes failed: %s",
                            x->conn->sess->sid, ucs_status_string(status));
         kvb__am_win_drop(x, (size_t)i);
@@ -164,11 +216,30 @@ static bool rx_buf(read_rx_t *rx, const struct kvb_xfer *x, size_t length)
     return rx->buf != NULL;
 }
 
-/* Start receiving the rendezvous answer of slot i into a buffer of ours. */
+/* Is the answer for x received straight into its pieces? (the header) */
+static bool rx_direct(kvb_engine_h eng, const struct kvb_xfer *x)
+{
+    return eng->read_direct && x->read_device < 0 && !x->conn->local;
+}
+
+/* The receive's parameters: straight into rx's pieces, always as an IOV
+ * (even one piece: a contiguous receive would let UCX choose a put or get
+ * into it, the header's argument then fails), or into rx's buffer. */
+static void *rx_target(read_rx_t *rx, size_t length, ucp_request_param_t *p, size_t *count)
+{
+    p->datatype = rx->direct ? UCP_DATATYPE_IOV : ucp_dt_make_contig(1);
+    *count = rx->direct ? rx->niov : length;
+    return rx->direct ? (void *)rx->iov : rx->buf;
+}
+
+/* Start receiving the rendezvous answer of slot i: into x's pieces, or a
+ * buffer of ours (the header). */
 static void rx_start(kvb_engine_h eng, struct kvb_xfer *x, size_t i, void *data, size_t length)
 {
     read_rx_t *rx = calloc(1, sizeof(*rx));
-    if (rx == NULL || !rx_buf(rx, x, length)) {
+    if (rx != NULL)
+        rx->direct = rx_direct(eng, x);
+    if (rx == NULL || (!rx->direct && !rx_buf(rx, x, length))) {
         free(rx);
         kvb__xfer_fail(x, KVB_ERR_NOMEM, "%s%s", "out of memory receiving a read's bytes", "");
         kvb__am_win_drop(x, i);
@@ -186,9 +257,12 @@ static void rx_start(kvb_engine_h eng, struct kvb_xfer *x, size_t i, void *data,
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
     p.cb.recv_am = rx_cb;
     p.user_data = rx;
-    p.datatype = ucp_dt_make_contig(1);
+    size_t count;
+    void *into = rx_target(rx, length, &p, &count);
+    if (rx->direct)
+        x->am_rx++; /* until rx_done, which may run inside the call */
     rx->starting = true;
-    void *r = ucp_am_recv_data_nbx(eng->worker, data, rx->buf, length, &p);
+    void *r = ucp_am_recv_data_nbx(eng->worker, data, into, count, &p);
     rx->starting = false;
     if (rx->ended) /* completed from within the call (its request freed) */
         rx_done(rx, rx->status);

@@ -6,6 +6,9 @@
 
 #include "engine/engine_int.h"
 
+/* eng->read_direct from KVBRIDGE_READ_DIRECT and the UCX knobs the
+ * straight receive relies on (read.c's header). */
+void kvb__am_read_direct_init(kvb_engine_h eng);
 /* The slot of message seq in x's window, or -1. */
 long kvb__am_win_find(const struct kvb_xfer *x, uint32_t seq);
 /* Take slot i out of x's window (a read's pieces kept there freed). */
