@@ -24,8 +24,9 @@
  * on endpoints with peer-failure handling (UCX_PROTO_INDIRECT_ID=auto), so
  * a late fragment is looked up, not dereferenced. So once a receive's
  * callback ran, no byte of it lands. Hence the conditions of
- * kvb__am_read_direct_init: neither UCX_PROTO_ENABLE=y (other protocols)
- * nor UCX_PROTO_INDIRECT_ID=off; KVBRIDGE_READ_DIRECT=0 turns it off.
+ * kvb__am_read_direct_init: UCX 1.13 (the release this was read in),
+ * neither UCX_PROTO_ENABLE=y (other protocols) nor
+ * UCX_PROTO_INDIRECT_ID=off; KVBRIDGE_READ_DIRECT=0 turns it off.
  *
  * Else (a same-host connection: no peer-failure mode, no purge; or those
  * knobs) the answer is received into a buffer of ours and copied in when
@@ -77,10 +78,21 @@ static bool ucx_env_is(const char *name, bool yes)
     return yes ? on : off;
 }
 
+/* The UCX the argument of the header was checked against (1.13: Debian
+ * 12's; its default protocols). Another release may route a rendezvous
+ * another way (1.16 made UCX_PROTO_ENABLE=y the default), so its reads go
+ * through the buffer until someone checks it. */
+static bool ucx_checked(void)
+{
+    unsigned major = 0, minor = 0, release = 0;
+    ucp_get_version(&major, &minor, &release);
+    return major == 1 && minor == 13;
+}
+
 void kvb__am_read_direct_init(kvb_engine_h eng)
 {
     eng->read_direct = kvb__env_int("KVBRIDGE_READ_DIRECT", NULL, 1, 0, 1) == 1 &&
-                       !ucx_env_is("UCX_PROTO_ENABLE", true) &&
+                       ucx_checked() && !ucx_env_is("UCX_PROTO_ENABLE", true) &&
                        !ucx_env_is("UCX_PROTO_INDIRECT_ID", false);
     KVB_LOGD("message-lane reads receive %s",
              eng->read_direct ? "straight into the caller's memory (peer-failure endpoints)"
