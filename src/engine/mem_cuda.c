@@ -131,10 +131,9 @@ void kvb__cuda_mark(kvb__conn_t *c, const kvb__hs_reply_t *r)
         return;
     for (uint32_t i = 0; i < r->ncuda; i++) {
         const kvb__hs_cuda_t *e = &r->cuda[i];
-        long k = kvb__segtab_find_start(&c->segs, r->segs[e->seg].addr);
-        if (k < 0)
+        kvb__seg_t *s = kvb__conn_reply_seg(c, r, e->seg);
+        if (s == NULL)
             continue; /* cannot be: the conn's table is the reply's */
-        kvb__seg_t *s = &c->segs.v[k];
         cc->n = i + 1;
         cc->segs[i].device = e->device;
         s->cuda = &cc->segs[i];

@@ -284,10 +284,9 @@ static void ipc_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *
     uint32_t imported = 0, vmms = 0;
     for (uint32_t i = 0; i < r->ncuda; i++) {
         const kvb__hs_cuda_t *e = &r->cuda[i];
-        long k = kvb__segtab_find_start(&c->segs, r->segs[e->seg].addr);
-        if (k < 0)
+        kvb__seg_t *s = kvb__conn_reply_seg(c, r, e->seg);
+        if (s == NULL)
             continue; /* cannot be: the conn's table is the reply's */
-        kvb__seg_t *s = &c->segs.v[k];
         cc->n = i + 1;
         s->direct = NULL; /* never written as host memory */
         if (import && kvb__cuda() != NULL && (e->flags & KVB_HS_CUDA_IPC)) {

@@ -142,15 +142,16 @@ void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t 
     }
     for (uint32_t i = 0; i + 1 < r->nshm; i++) {
         const kvb__hs_shm_t *e = &r->shm[i];
-        long k = kvb__segtab_find_start(&c->segs, r->segs[e->seg].addr);
-        uint8_t *m =
-            k < 0 ? NULL : map_file(eng, c, r->pid, &e->ref, file_cap(eng, r, e), why, sizeof(why));
+        kvb__seg_t *s = kvb__conn_reply_seg(c, r, e->seg);
+        uint8_t *m = s == NULL
+                         ? NULL
+                         : map_file(eng, c, r->pid, &e->ref, file_cap(eng, r, e), why, sizeof(why));
         if (m == NULL) {
             KVB_LOGD("engine %s: session %s segment %u not mapped: %s", eng->sid, c->sess->sid,
                      e->seg, why);
             continue;
         }
-        c->segs.v[k].direct = m + e->ref.file_off;
+        s->direct = m + e->ref.file_off;
         mapped++;
     }
     for (size_t i = 0; i < c->direct->nmaps; i++) {
