@@ -91,8 +91,8 @@ static bool ucx_checked(void)
 
 void kvb__am_read_direct_init(kvb_engine_h eng)
 {
-    eng->read_direct = kvb__env_int("KVBRIDGE_READ_DIRECT", NULL, 1, 0, 1) == 1 &&
-                       ucx_checked() && !ucx_env_is("UCX_PROTO_ENABLE", true) &&
+    eng->read_direct = kvb__env_int("KVBRIDGE_READ_DIRECT", NULL, 1, 0, 1) == 1 && ucx_checked() &&
+                       !ucx_env_is("UCX_PROTO_ENABLE", true) &&
                        !ucx_env_is("UCX_PROTO_INDIRECT_ID", false);
     KVB_LOGD("message-lane reads receive %s",
              eng->read_direct ? "straight into the caller's memory (peer-failure endpoints)"
