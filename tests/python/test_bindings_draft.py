@@ -6,14 +6,9 @@ fails with the prefill's reason and nothing written; bad values are refused
 at creation."""
 
 import os
-import sys
 
 import numpy as np
 import pytest
-
-PYDIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
-if PYDIR not in sys.path:
-    sys.path.insert(0, PYDIR)
 
 import kvbridge as kb  # noqa: E402
 from kvb_testutil import poll_until  # noqa: E402

@@ -9,15 +9,9 @@ receiver reads what KVSender.set_first_token / set_prefill_info sent
 (first_token(), prefill_info())."""
 
 import json
-import os
-import sys
 
 import numpy as np
 import requests
-
-PYDIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
-if PYDIR not in sys.path:
-    sys.path.insert(0, PYDIR)
 
 import kvbridge as kb  # noqa: E402
 from kvb_testutil import poll_until, small_kv_args  # noqa: E402

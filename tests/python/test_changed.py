@@ -2,16 +2,9 @@
 whose poll answer may have changed since last asked, each once, oldest
 first; nothing when nothing changed; a freed room never listed."""
 
-import os
-import sys
 import time
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYDIR = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
-if PYDIR not in sys.path:
-    sys.path.insert(0, PYDIR)
 
 import kvbridge as kb  # noqa: E402
 

@@ -13,16 +13,10 @@ does) that records every request.
 
 import http.server
 import json
-import os
-import sys
 import threading
 import time
 
 import numpy as np
-
-PYDIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
-if PYDIR not in sys.path:
-    sys.path.insert(0, PYDIR)
 
 import kvbridge as kb  # noqa: E402
 

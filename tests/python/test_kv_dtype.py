@@ -5,16 +5,10 @@ server; a decode given another one fails the room with SGLang's words
 nothing lands in its pages; the same dtype, or an unknown one on either side,
 moves the bytes."""
 
-import os
-import sys
 
 import numpy as np
 import pytest
 import requests
-
-PYDIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
-if PYDIR not in sys.path:
-    sys.path.insert(0, PYDIR)
 
 import kvbridge as kb  # noqa: E402
 from kvb_testutil import poll_until, small_kv_args  # noqa: E402

@@ -4,15 +4,9 @@ senders or receivers in one call, with the same answers as poll()."""
 
 import contextlib
 import os
-import sys
 import time
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYDIR = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
-if PYDIR not in sys.path:
-    sys.path.insert(0, PYDIR)
 
 import kvbridge as kb  # noqa: E402
 
