@@ -396,10 +396,6 @@ void kvb__sessions_free(kvb_engine_h eng);
 void kvb__session_put(kvb_engine_h eng, kvb__session_t *s);
 /* Progress thread: create ep and unpack rkeys for a handshake reply. */
 void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd);
-/* c's segment for segment seg of its handshake reply r (the table was
- * built from r, so every one has it), or NULL. A lane attaching what r
- * says of some segments (mapped files, device memory) finds them so. */
-kvb__seg_t *kvb__conn_reply_seg(kvb__conn_t *c, const kvb__hs_reply_t *r, uint32_t seg);
 void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);

@@ -51,6 +51,12 @@ long kvb__segtab_find_start(const kvb__segtab_t *t, uint64_t addr)
     return (long)(i - 1);
 }
 
+kvb__seg_t *kvb__segtab_at(kvb__segtab_t *t, uint64_t addr)
+{
+    long k = kvb__segtab_find_start(t, addr);
+    return k < 0 ? NULL : &t->v[k];
+}
+
 kvb_status_t kvb__segtab_insert(kvb__segtab_t *t, const kvb__seg_t *seg)
 {
     uint64_t end;

@@ -44,6 +44,9 @@ bool kvb__segtab_overlaps(const kvb__segtab_t *t, uint64_t addr, uint64_t len);
 
 /* Index of the entry starting exactly at addr, or -1. */
 long kvb__segtab_find_start(const kvb__segtab_t *t, uint64_t addr);
+/* The entry starting exactly at addr, or NULL (a lane attaching what a
+ * handshake reply says of some segments finds the conn's entry so). */
+kvb__seg_t *kvb__segtab_at(kvb__segtab_t *t, uint64_t addr);
 
 /* Remove entry idx (0 <= idx < n), copying it to *seg_p when not NULL. */
 void kvb__segtab_remove(kvb__segtab_t *t, size_t idx, kvb__seg_t *seg_p);

@@ -546,12 +546,6 @@ static kvb_status_t unpack_rkeys(kvb__conn_t *c, const kvb__hs_reply_t *r, char 
     return KVB_OK;
 }
 
-kvb__seg_t *kvb__conn_reply_seg(kvb__conn_t *c, const kvb__hs_reply_t *r, uint32_t seg)
-{
-    long k = seg < r->nseg ? kvb__segtab_find_start(&c->segs, r->segs[seg].addr) : -1;
-    return k < 0 ? NULL : &c->segs.v[k];
-}
-
 void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd)
 {
     kvb__conn_t *c = cmd->conn;

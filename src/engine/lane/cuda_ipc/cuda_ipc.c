@@ -284,7 +284,7 @@ static void ipc_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t *
     uint32_t imported = 0, vmms = 0;
     for (uint32_t i = 0; i < r->ncuda; i++) {
         const kvb__hs_cuda_t *e = &r->cuda[i];
-        kvb__seg_t *s = kvb__conn_reply_seg(c, r, e->seg);
+        kvb__seg_t *s = kvb__segtab_at(&c->segs, r->segs[e->seg].addr);
         if (s == NULL)
             continue; /* cannot be: the conn's table is the reply's */
         cc->n = i + 1;

@@ -142,7 +142,7 @@ void kvb__direct_attach(kvb_engine_h eng, kvb__conn_t *c, const kvb__hs_reply_t 
     }
     for (uint32_t i = 0; i + 1 < r->nshm; i++) {
         const kvb__hs_shm_t *e = &r->shm[i];
-        kvb__seg_t *s = kvb__conn_reply_seg(c, r, e->seg);
+        kvb__seg_t *s = kvb__segtab_at(&c->segs, r->segs[e->seg].addr);
         uint8_t *m = s == NULL
                          ? NULL
                          : map_file(eng, c, r->pid, &e->ref, file_cap(eng, r, e), why, sizeof(why));
