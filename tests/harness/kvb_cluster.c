@@ -23,6 +23,24 @@ void kvbh_sleep(double s)
         ;
 }
 
+char *kvbh_read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+    if (f != NULL && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 &&
+        fseek(f, 0, SEEK_SET) == 0 && (buf = calloc(1, (size_t)n + 1)) != NULL &&
+        fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    if (f != NULL)
+        fclose(f);
+    if (buf == NULL)
+        fprintf(stderr, "cannot read %s\n", path);
+    return buf;
+}
+
 /* ---- placement and layout ---- */
 
 static const kvbh_place_t SINGLE = {0, 1, 0, 1, 0, 1};

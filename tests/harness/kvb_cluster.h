@@ -32,6 +32,9 @@
 
 double kvbh_now(void); /* CLOCK_MONOTONIC seconds */
 void kvbh_sleep(double s);
+/* The whole file at path, NUL-terminated, malloc'ed (caller frees); NULL,
+ * said on stderr, when it cannot be read. */
+char *kvbh_read_file(const char *path);
 
 /* ---- ranks ---- */
 

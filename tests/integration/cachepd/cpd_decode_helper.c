@@ -74,24 +74,6 @@ static void noise(kvbh_rank_t *r)
                 r->state[j][s * r->state_item[j] + k] = kvbh_pat(NOISE, 32 + j, s, k);
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-    if (f != NULL && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 &&
-        fseek(f, 0, SEEK_SET) == 0 && (buf = calloc(1, (size_t)n + 1)) != NULL &&
-        fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (f != NULL)
-        fclose(f);
-    if (buf == NULL)
-        fprintf(stderr, "cpd_decode_helper: cannot read %s\n", path);
-    return buf;
-}
-
 static void recv_cmd(char *args)
 {
     unsigned long long id, prefix, prompt;
@@ -220,7 +202,7 @@ int main(int argc, char **argv)
         if (strncmp(argv[i], "boot=", 5) == 0)
             snprintf(boot.addr, sizeof(boot.addr), "%s", argv[i] + 5);
         else if (strncmp(argv[i], "contract=", 9) == 0 &&
-                 (k.cachepd_contract = contract = read_file(argv[i] + 9)) == NULL)
+                 (k.cachepd_contract = contract = kvbh_read_file(argv[i] + 9)) == NULL)
             return 2;
     if (boot.addr[0] == '\0' && kvbh_boot_start(&boot, 0, NULL) != 0)
         return 3;

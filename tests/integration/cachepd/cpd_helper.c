@@ -82,24 +82,6 @@ static void fill_state(kvbh_rank_t *r, uint64_t room, int32_t slot)
     }
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-    if (f != NULL && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 &&
-        fseek(f, 0, SEEK_SET) == 0 && (buf = calloc(1, (size_t)n + 1)) != NULL &&
-        fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (f != NULL)
-        fclose(f);
-    if (buf == NULL)
-        fprintf(stderr, "cpd_helper: cannot read %s\n", path);
-    return buf;
-}
-
 static void fill_page(kvbh_rank_t *r, uint64_t room, uint64_t p, int32_t sp)
 {
     int hb = G.head_bytes, H = G.mla ? 1 : G.heads, Hl = r->local_heads;
@@ -171,7 +153,7 @@ int main(int argc, char **argv)
         if (strncmp(argv[i], "boot=", 5) == 0)
             ext = argv[i] + 5;
         else if (strncmp(argv[i], "contract=", 9) == 0 &&
-                 (k.cachepd_contract = contract = read_file(argv[i] + 9)) == NULL)
+                 (k.cachepd_contract = contract = kvbh_read_file(argv[i] + 9)) == NULL)
             return 2;
     memset(&boot, 0, sizeof(boot));
     if (ext != NULL)
