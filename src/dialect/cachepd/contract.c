@@ -211,12 +211,11 @@ static kvb_status_t parse_enum(json_t *e, const char *what, const char *key,
 {
     json_t *v = json_object_get(e, key);
     char show[256];
+    *out_p = def; /* on every path: gcc 12 -O3 cannot see that a failure is never read */
     if (v == NULL && !optional)
         return kvb__cpd_fail(err, false, 0, "%s: missing key \"%s\"", what, key);
-    if (v == NULL) {
-        *out_p = def;
+    if (v == NULL)
         return KVB_OK;
-    }
     for (int i = 0; i < n; i++)
         if (names[i] == NULL ? json_is_null(v)
                              : json_is_string(v) && strcmp(json_string_value(v), names[i]) == 0) {
