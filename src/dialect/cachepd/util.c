@@ -204,6 +204,7 @@ kvb_status_t kvb__cpd_get_u64(json_t *obj, const char *what, const char *key, ui
                               uint64_t max, kvb__frames_err_t *err, uint64_t *out_p)
 {
     json_t *v = json_object_get(obj, key);
+    *out_p = 0; /* on every path: gcc 12 -O3 cannot see that a failure is never read */
     if (v == NULL)
         return kvb__cpd_fail(err, false, 0, "%s: missing key \"%s\"", what, key);
     if (!json_is_integer(v))
