@@ -40,7 +40,9 @@ typedef enum kvb_status {
     KVB_ERR_AUTH = -12,        /* authentication failed */
     KVB_ERR_STATE = -13,       /* call not valid in the object's state */
     KVB_ERR_UNSUPPORTED = -14, /* feature not available in this build */
-    KVB_ERR_FENCED = -15       /* the target refused this writer (its grant was revoked) */
+    KVB_ERR_FENCED = -15,      /* the target refused this writer (its grant was revoked) */
+    KVB_ERR_UNSETTLED = -16    /* failed, and bytes it had in flight to a peer that stopped
+                                  answering may still be placed (kvb_xfer_drained 0) */
 } kvb_status_t;
 
 /* Short constant English text for a status ("ok", "out of bounds", ...).

@@ -266,8 +266,10 @@ typedef struct kvb_strided_block {
  * within its peer time-out, the connection was failed (endpoint closed, the
  * next write re-handshakes): either way nothing reads the source blocks any
  * more and the caller may reuse them (returns within about timeout_s + 2 peer
- * time-outs). Bytes the peer already received may still be placed when a
- * stopped peer resumes. The blocks array is
+ * time-outs). KVB_ERR_UNSETTLED instead of KVB_ERR_TIMEOUT when the peer
+ * stopped answering with bytes of the batch in flight: those may still be
+ * placed in its memory should it resume (do not reuse that destination for
+ * other data before the peer is known dead or re-fenced). The blocks array is
  * not retained after return. Up to at least 100k blocks per batch. */
 KVB_API kvb_status_t kvb_engine_write(kvb_engine_h engine, const char *session_id,
                                       const kvb_block_t *blocks, size_t count, double timeout_s);
@@ -334,6 +336,17 @@ KVB_API kvb_status_t kvb_xfer_wait(kvb_xfer_h xfer, double timeout_s);
  * transfer ends KVB_ERR_CANCELED once blocks already issued have settled
  * (wait for it before reusing the destination). No-op after the end. */
 KVB_API kvb_status_t kvb_xfer_cancel(kvb_xfer_h xfer);
+
+/* Give up on a transfer whose caller's deadline passed: cancel it and, should
+ * it not have ended within the engine's peer time-out (its peer stopped
+ * answering), fail its connection as a timed-out kvb_engine_write does, so it
+ * ends within about twice the peer time-out whatever the peer does. Other
+ * transfers on that connection fail with it (KVB_ERR_PEER); the next one
+ * re-handshakes. Non-blocking, idempotent, thread-safe; then kvb_xfer_test /
+ * kvb_xfer_wait for the end and kvb_xfer_drained for whether anything of it
+ * can still land. The one way the Mooncake drop-in's asynchronous batches
+ * and kvb_engine_write's time-out settle. */
+KVB_API kvb_status_t kvb_xfer_expire(kvb_xfer_h xfer);
 
 /* Detailed reason of a failed transfer ("" while running or on success).
  * Valid until kvb_xfer_free. */
@@ -528,8 +541,11 @@ KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
  *   local registration; nothing is written into local memory then.
  * - Settling: once a read's final status is reported (kvb_xfer_test/wait,
  *   kvb_engine_read's return), not one more byte of it lands in local
- *   memory, whatever the peer does later (late replies are dropped).
- *   Bytes a failed or cancelled read had already placed stay placed.
+ *   memory, whatever the peer does later (late replies are dropped),
+ *   unless kvb_xfer_drained says 0 (an answer UCX was receiving straight
+ *   into local memory did not end within the peer time-out; kvb_engine_read
+ *   then says KVB_ERR_UNSETTLED). Bytes a failed or cancelled read had
+ *   already placed stay placed.
  * - Fence: a read is stamped with the writer tag and the transfer's epoch
  *   (kvb_write_params_t) exactly as a write, and the target admits it only
  *   under a live grant (KVB_ERR_FENCED "... fenced ..." otherwise, nothing

@@ -37,6 +37,7 @@ KVB_ERR_AUTH = -12
 KVB_ERR_STATE = -13
 KVB_ERR_UNSUPPORTED = -14
 KVB_ERR_FENCED = -15
+KVB_ERR_UNSETTLED = -16
 
 STATUS_NAMES = {
     KVB_OK: "KVB_OK",
@@ -55,6 +56,7 @@ STATUS_NAMES = {
     KVB_ERR_STATE: "KVB_ERR_STATE",
     KVB_ERR_UNSUPPORTED: "KVB_ERR_UNSUPPORTED",
     KVB_ERR_FENCED: "KVB_ERR_FENCED",
+    KVB_ERR_UNSETTLED: "KVB_ERR_UNSETTLED",
 }
 
 
@@ -328,6 +330,7 @@ _PROTOTYPES = {
     "kvb_xfer_test": (_S, [_P]),
     "kvb_xfer_wait": (_S, [_P, ctypes.c_double]),
     "kvb_xfer_cancel": (_S, [_P]),
+    "kvb_xfer_expire": (_S, [_P]),
     "kvb_xfer_error": (ctypes.c_char_p, [_P]),
     "kvb_xfer_drained": (ctypes.c_int, [_P]),
     "kvb_xfer_free": (None, [_P]),

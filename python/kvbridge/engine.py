@@ -342,6 +342,21 @@ class TransferHandle(L.Closeable):
         with self._guard:
             L.lib().kvb_xfer_cancel(self._h)
 
+    def expire(self):
+        """Give the transfer up (kvb_xfer_expire): cancelled, and its
+        connection failed should the peer not settle within the peer
+        time-out, so it ends within about two of them."""
+        with self._guard:
+            L.lib().kvb_xfer_expire(self._h)
+
+    @property
+    def drained(self):
+        """True once it ended and nothing of it can still land (False while
+        running, and for a failure with bytes in flight to a peer that
+        stopped answering: those may still be placed)."""
+        with self._guard:
+            return bool(L.lib().kvb_xfer_drained(self._h))
+
     @property
     def error(self):
         """The failure reason ("" while running or on success)."""

@@ -256,6 +256,28 @@ static void session_kill(kvb_engine_h eng, kvb__cmd_t *cmd)
     kvb__session_put(eng, cmd->sess); /* kvb_engine_close_session's reference */
 }
 
+/* kvb_xfer_expire: a transfer its caller gave up on that is still running
+ * at its expiry has a peer that stopped answering: fail its conn, endpoint
+ * first (as session_kill), so it ends. At most one conn per call: failing one
+ * finishes its transfers, which changes the list. */
+static void expire_overdue(kvb_engine_h eng)
+{
+    uint64_t now = kvb__now_ns();
+    for (struct kvb_xfer *x = eng->active; x != NULL; x = x->next_active) {
+        uint64_t at = __atomic_load_n(&x->expire_ns, __ATOMIC_ACQUIRE);
+        if (at == 0 || now < at || x->abandoned ||
+            __atomic_load_n(&x->conn->dead, __ATOMIC_ACQUIRE))
+            continue;
+        kvb__conn_close_ep(eng, x->conn);
+        kvb__conn_fail(eng, x->conn,
+                       x->read ? "a read given up by its caller did not settle within the peer "
+                                 "time-out"
+                               : "a write given up by its caller did not settle within the "
+                                 "peer time-out");
+        return;
+    }
+}
+
 static void run_commands(kvb_engine_h eng)
 {
     kvb__cmd_t *c;
@@ -340,8 +362,10 @@ static void *progress_main(void *arg)
         busy |= kvb__xfer_progress_all(eng);
         while (ucp_worker_progress(eng->worker) != 0)
             busy = true;
-        if ((++iter & 63) == 0)
+        if ((++iter & 63) == 0) {
             handle_events(eng, 0);
+            expire_overdue(eng);
+        }
         if (eng->dead_conns > 0) {
             eng->dead_conns = 0;
             close_dead_eps(eng);

@@ -143,6 +143,8 @@ struct kvb_xfer {
     int refs;                     /* atomic: caller + engine */
     int status;                   /* atomic: KVB_ERR_INPROGRESS until final */
     int cancel;                   /* atomic */
+    uint64_t expire_ns;           /* atomic: 0, or when a still-running transfer fails its conn
+                                     (kvb_xfer_expire; the progress thread acts on it) */
     kvb_status_t fail_status;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -401,7 +403,6 @@ void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
 /* Any thread: have the progress thread close c's endpoint and fail c (its
  * transfers end KVB_ERR_PEER). */
-void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
 /* listener.c: the listener thread; at destroy (after it was joined), cut

@@ -396,6 +396,17 @@ kvb_status_t kvb_xfer_cancel(kvb_xfer_h x)
     return KVB_OK;
 }
 
+kvb_status_t kvb_xfer_expire(kvb_xfer_h x)
+{
+    if (x == NULL)
+        return KVB_ERR_INVALID;
+    kvb_xfer_cancel(x);
+    uint64_t none = 0, at = kvb__now_ns() + (uint64_t)(x->eng->params.peer_timeout_s * 1e9);
+    __atomic_compare_exchange_n(&x->expire_ns, &none, at ? at : 1, false, __ATOMIC_RELEASE,
+                                __ATOMIC_RELAXED);
+    return KVB_OK;
+}
+
 const char *kvb_xfer_error(kvb_xfer_h x)
 {
     if (x == NULL || __atomic_load_n(&x->status, __ATOMIC_ACQUIRE) == KVB_ERR_INPROGRESS)
@@ -431,21 +442,20 @@ kvb_status_t kvb__xfer_sync(kvb_engine_h eng, const char *sid, const kvb__wblock
     st = kvb_xfer_wait(x, timeout_s > 0 ? (left > 1e-6 ? left : 1e-6) : 0);
     if (st == KVB_ERR_TIMEOUT) {
         /* Settle what was issued before returning: the caller may reuse the
-         * source then. A peer that does not settle within its bound is
-         * declared lost: the conn's endpoint is closed (UCX lets go of the
-         * source) and the transfer fails, within the same bound. */
-        kvb_xfer_cancel(x);
-        if (kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT) {
-            kvb__conn_kill(eng, x->conn,
-                           w->read ? "a timed-out read did not settle"
-                                   : "a timed-out write did not settle");
-            if (kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT)
-                KVB_LOGE("session %s: transfer did not end after its conn was failed", sid);
-        }
-        kvb__err_set(&eng->err, KVB_ERR_TIMEOUT,
-                     "session %s: %s of %zu blocks timed out after %.3f s", sid, op_name(w->read),
-                     w->n, timeout_s);
-        st = KVB_ERR_TIMEOUT;
+         * source then. A peer that does not settle within its time-out is
+         * declared lost (kvb_xfer_expire: the conn's endpoint is closed, UCX
+         * lets go of the source) and the transfer fails. What that peer
+         * already received may still be placed should it resume: then the
+         * call says so (KVB_ERR_UNSETTLED) instead of a plain time-out. */
+        kvb_xfer_expire(x);
+        if (kvb_xfer_wait(x, 2 * eng->params.peer_timeout_s + 1) == KVB_ERR_TIMEOUT)
+            KVB_LOGE("session %s: transfer did not end after its conn was failed", sid);
+        st = kvb_xfer_drained(x) ? KVB_ERR_TIMEOUT : KVB_ERR_UNSETTLED;
+        kvb__err_set(&eng->err, st, "session %s: %s of %zu blocks timed out after %.3f s%s", sid,
+                     op_name(w->read), w->n, timeout_s,
+                     st == KVB_ERR_UNSETTLED ? "; unsettled: the peer stopped answering with "
+                                               "bytes of it in flight, which may still be placed"
+                                             : "");
     } else if (st != KVB_OK) {
         kvb__err_set(&eng->err, st, "%s", x->err);
     }

@@ -6,7 +6,13 @@ pybind module (mooncake-integration/transfer_engine/transfer_engine_py.cpp):
 0 / -1 from the synchronous calls (never an exception for a failed
 transfer), batch id 0 = failure, get_batch_transfer_status blocking until
 all done (0) or one failed or passed its deadline (-1), transfer_check_status
-1 done / 0 running / -1 failed / -2 past its deadline. Peers are addressed by
+1 done / 0 running / -1 failed / -2 past its deadline. One addition: a call
+says a transfer failed, timed out or was freed only once nothing of it can
+land any more on either side; where kvbridge cannot prove that (the peer
+stopped answering with bytes in flight) it returns -3 instead (UNSETTLED)
+and keeps the batch id valid (docs/python.md, "What failed, timed out and
+freed mean"). A batch past its deadline is given up (kvb_xfer_expire) and
+reported only once it ended. Peers are addressed by
 the session id "ip:port" built from initialize()'s host and get_rpc_port();
 remote addresses are raw virtual addresses inside memory the peer
 registered. A write that returns 0 (or whose batch reports done) has every
@@ -381,18 +387,58 @@ def _device_pointer(addr):
     return kind.value == 2  # CU_MEMORYTYPE_DEVICE
 
 
+# What the drop-in's batch calls return beyond Mooncake's numbers: the batch
+# failed or timed out and is NOT settled: its peer stopped answering with
+# bytes of it in flight, which may still be placed (at the peer for a write,
+# here for a read). Its id stays valid; do not reuse its buffers.
+UNSETTLED = -3
+
+
 class _Batch:
-    """One asynchronous batch: the kvbridge handle and its deadline."""
-    __slots__ = ("xfer", "deadline")
+    """One asynchronous batch: the kvbridge handle, its deadline, whether it
+    was expired (given up past the deadline: kvb_xfer_expire)."""
+    __slots__ = ("xfer", "deadline", "expired")
 
     def __init__(self, xfer, deadline):
         self.xfer = xfer
         self.deadline = deadline
+        self.expired = False
+
+    def test(self, now):
+        """The kvbridge status (KVB_ERR_INPROGRESS while running); past the
+        deadline the batch is expired first: cancelled and, should its peer
+        not settle within the engine's peer time-out, its connection failed,
+        so it ends within about two peer time-outs (non-blocking)."""
+        lib = L.lib()
+        st = lib.kvb_xfer_test(self.xfer)
+        if st == L.KVB_ERR_INPROGRESS and now > self.deadline and not self.expired:
+            lib.kvb_xfer_expire(self.xfer)
+            self.expired = True
+        return st
+
+    def settled(self):
+        """Final and nothing of it can still move (kvb_xfer_drained)."""
+        return bool(L.lib().kvb_xfer_drained(self.xfer))
+
+    def finish(self):
+        """Expire the batch and wait for its end (bounded: the peer time-out
+        twice, plus slack): its kvbridge status (INPROGRESS only if even a
+        failed connection did not end it)."""
+        self.test(float("inf"))
+        return L.lib().kvb_xfer_wait(self.xfer, 2 * _PEER_TIMEOUT_S + 1.0)
 
 
-# How long freeing a batch that is still running waits for its issued
-# blocks to settle (so its sources are no longer read), at most.
-_SETTLE_S = 5.0
+def _peer_timeout_s():
+    try:
+        v = float(os.environ.get("KVBRIDGE_PEER_TIMEOUT", "2"))
+    except ValueError:
+        v = 2.0
+    return v if v > 0 else 2.0
+
+
+# The engine's peer time-out (kvbridge's default, KVBRIDGE_PEER_TIMEOUT):
+# what an expired batch may take to end after its deadline, twice.
+_PEER_TIMEOUT_S = _peer_timeout_s()
 
 
 # ------------------------------------------------------------------ engine
@@ -495,8 +541,8 @@ class TransferEngine:
             managed, self._managed = list(self._managed.values()), {}
             tickets, self._tickets = list(self._tickets), weakref.WeakSet()
             eng, self._eng = self._eng, None
-        for b in batches:
-            self._free_xfer(b.xfer)
+        for b in batches:  # the engine's end (below) ends what still runs
+            L.lib().kvb_xfer_free(b.xfer)
         for t in tickets:
             t._release()
         if eng is not None:
@@ -704,7 +750,7 @@ class TransferEngine:
             log.warning("mooncake.engine (kvbridge): %s with %s (%d blocks, %d bytes) failed: %s",
                         what, target, n, total,
                         L.text(L.lib().kvb_engine_last_error(eng._h)) or L.status_string(st))
-        return -1
+        return UNSETTLED if st == L.KVB_ERR_UNSETTLED else -1
 
     def batch_transfer_sync_write_arrays(self, target_hostname, buffers, peer_buffer_addresses,
                                          lengths, transport_hint="", nic_hint=""):
@@ -857,26 +903,49 @@ class TransferEngine:
                             arrays=True)
 
     def transfer_check_status(self, batch_id):
-        """1 done (id freed), 0 in progress, -1 failed or unknown id (freed),
-        -2 still running past its deadline (not freed: poll again)."""
+        """Non-blocking. 1 done (id freed); 0 running, also while a batch past
+        its deadline is being given up (at most about two peer time-outs
+        more); -1 failed and settled (nothing of it lands any more; id
+        freed); -2 past its deadline and settled (nothing lands any more;
+        the id is kept, as Mooncake: later calls say -2 again, free it with
+        batch_transfer_free); -3 (kvbridge) failed or timed out and NOT
+        settled: bytes of it may still land (the id is kept; later calls
+        say -3 again; do not reuse its buffers); -1 for an unknown id."""
         with self._lock:
             b = self._batches.get(batch_id)
             if b is None:
                 log.error("mooncake.engine (kvbridge): transfer_check_status: unknown batch "
                           "id %r", batch_id)
                 return -1
-            st = L.lib().kvb_xfer_test(b.xfer)
+            st = b.test(time.monotonic())
             if st == L.KVB_ERR_INPROGRESS:
-                return -2 if time.monotonic() > b.deadline else 0
-            del self._batches[batch_id]
-        self._report(b, st, batch_id)
-        L.lib().kvb_xfer_free(b.xfer)
-        return 1 if st == L.KVB_OK else -1
+                return 0
+            code = self._end_code(b, st)
+            if code in (1, -1):
+                del self._batches[batch_id]
+        if code in (1, -1):
+            self._report(b, st, batch_id)
+            L.lib().kvb_xfer_free(b.xfer)
+        return code
+
+    @staticmethod
+    def _end_code(b, st):
+        """A final batch's code: 1 done, -1 failed, -2 timed out (both
+        settled), UNSETTLED."""
+        if st == L.KVB_OK:
+            return 1
+        if not b.settled():
+            return UNSETTLED
+        return -2 if b.expired else -1
 
     def get_batch_transfer_status(self, batch_ids):
-        """Block until every batch is done (0) or one failed or passed its
-        deadline (-1). Either way every id passed is freed (on -1 the running
-        ones are cancelled and given up to 5 s to settle)."""
+        """Block until every batch is done (0, ids freed) or one failed or
+        passed its deadline; then every batch still running is given up
+        (expired) and waited for, at most about two peer time-outs: -1 when
+        all of them settled (nothing of any lands any more; every id freed,
+        as Mooncake), -3 (kvbridge) when one did not (bytes of it may still
+        land): the ids of the unsettled batches stay valid (batch_transfer_poll,
+        batch_transfer_free), the others are freed."""
         ids = list(batch_ids)
         with self._lock:
             owned = [(i, self._batches.pop(i, None)) for i in ids]
@@ -899,6 +968,9 @@ class TransferEngine:
                 if st != L.KVB_OK:
                     self._report(b, st, i)
                     failed = True
+                    if not b.settled():
+                        still.append((i, b))  # kept: its id stays valid
+                        continue
                 lib.kvb_xfer_free(b.xfer)
             pending = still
             if pending and not failed:
@@ -906,38 +978,56 @@ class TransferEngine:
                 # re-checked at least every 50 ms (Mooncake spins instead).
                 left = pending[0][1].deadline - time.monotonic()
                 lib.kvb_xfer_wait(pending[0][1].xfer, max(min(left, 0.05), 0.001))
+        kept = self._settle(pending)
+        return UNSETTLED if kept else -1 if failed else 0
+
+    def _settle(self, pending, keep=True):
+        """Give up the (id, batch) pairs and wait for their ends; free the
+        settled ones, and the others too unless keep (then they stay under
+        their ids). The ids of those that did not settle."""
         for _, b in pending:
-            self._free_xfer(b.xfer)
-        return -1 if failed else 0
+            b.test(float("inf"))
+        kept = []
+        for i, b in pending:
+            if b.finish() == L.KVB_ERR_INPROGRESS or not b.settled():
+                log.error("mooncake.engine (kvbridge): batch %d did not settle: bytes of it "
+                          "may still land (%s)%s", i,
+                          L.text(L.lib().kvb_xfer_error(b.xfer)) or "still running",
+                          "; its id stays valid" if keep else "")
+                kept.append((i, b))
+                if keep:
+                    continue
+            L.lib().kvb_xfer_free(b.xfer)
+        if kept and keep:
+            with self._lock:
+                self._batches.update(kept)
+        return [i for i, _ in kept]
 
     def batch_transfer_poll(self, batch_ids):
         """(Not yet in Mooncake's release) Non-blocking, idempotent: per id 0
-        done, 1 in flight, -1 failed or unknown. Ids are not freed."""
+        done, 1 in flight (also while being given up past its deadline), -1
+        failed and settled or unknown, -3 failed and not settled. Ids are not
+        freed."""
         out = []
+        now = time.monotonic()
         with self._lock:
             for i in batch_ids:
                 b = self._batches.get(i)
-                st = L.KVB_ERR_INVALID if b is None else L.lib().kvb_xfer_test(b.xfer)
-                out.append(1 if st == L.KVB_ERR_INPROGRESS else 0 if st == L.KVB_OK else -1)
+                st = L.KVB_ERR_INVALID if b is None else b.test(now)
+                out.append(1 if st == L.KVB_ERR_INPROGRESS else 0 if st == L.KVB_OK else
+                           -1 if b is None or b.settled() else UNSETTLED)
         return out
 
     def batch_transfer_free(self, batch_ids):
-        """(Not yet in Mooncake's release) Free ids; running ones are
-        cancelled first. Returns 0."""
+        """(Not yet in Mooncake's release) Free ids (unknown ones are
+        ignored). Running ones are given up (expired) and waited for first,
+        at most about two peer time-outs. 0 when every batch freed had
+        settled; -3 when one had not: it is freed all the same (the caller
+        asked), but bytes of it may still land (do not reuse its buffers
+        before its peer is known dead)."""
         with self._lock:
-            owned = [self._batches.pop(i, None) for i in batch_ids]
-        for b in owned:
-            if b is not None:
-                self._free_xfer(b.xfer)
-        return 0
-
-    @staticmethod
-    def _free_xfer(x):
-        lib = L.lib()
-        if lib.kvb_xfer_test(x) == L.KVB_ERR_INPROGRESS:
-            lib.kvb_xfer_cancel(x)
-            lib.kvb_xfer_wait(x, _SETTLE_S)
-        lib.kvb_xfer_free(x)
+            owned = [(i, self._batches.pop(i)) for i in batch_ids if i in self._batches]
+        return UNSETTLED if self._settle(owned, keep=False) else 0
 
     @staticmethod
     def _report(b, st, bid):
