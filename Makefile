@@ -8,7 +8,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVB_WERROR=ON
 # (docs/testing.md, Known issues) must not hide behind nor block the rest.
 CTEST_FLAGS ?= --output-on-failure -j$(JOBS) --repeat until-pass:2
 
-.PHONY: all deps build check demo format format-check clean check-asan check-tsan fuzz fuzz-smoke soak check-interop
+.PHONY: all deps build check demo format format-check clean check-asan check-tsan fuzz fuzz-smoke soak check-interop check-gpu-double
 
 all: build
 
@@ -43,6 +43,11 @@ check-tsan: deps
 	cmake --build build-tsan -j$(JOBS)
 	cd build-tsan && UCX_MEM_EVENTS=no TSAN_OPTIONS="suppressions=$(CURDIR)/tests/sanitizers/tsan.supp ignore_noninstrumented_modules=1 halt_on_error=1" ctest $(CTEST_FLAGS) -LE 'nosan|notsan'
 
+# What a lent GPU machine runs (scripts/gpu-check.sh: Release, -Werror, the
+# CUDA lane tests and benches), here against the driver-API test double.
+check-gpu-double: deps
+	bash scripts/gpu-check.sh --double
+
 FORMAT_FILES = $(shell git ls-files '*.c' '*.h')
 
 format:
@@ -52,7 +57,7 @@ format-check:
 	@clang-format --dry-run --Werror $(FORMAT_FILES) && echo "format-check: ok"
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-gpu
 
 fuzz: deps
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVB_FUZZ=ON -DKVB_SANITIZE=address,undefined
