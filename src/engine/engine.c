@@ -268,12 +268,17 @@ static void expire_overdue(kvb_engine_h eng)
         if (at == 0 || now < at || x->abandoned ||
             __atomic_load_n(&x->conn->dead, __ATOMIC_ACQUIRE))
             continue;
-        kvb__conn_close_ep(eng, x->conn);
-        kvb__conn_fail(eng, x->conn,
-                       x->read ? "a read given up by its caller did not settle within the peer "
-                                 "time-out"
-                               : "a write given up by its caller did not settle within the "
-                                 "peer time-out");
+        /* Closing the endpoint progresses UCX, whose callbacks may finish
+         * and free x (its caller let go): hold the conn, read x first. */
+        kvb__conn_t *c = x->conn;
+        const char *why = x->read ? "a read given up by its caller did not settle within the "
+                                    "peer time-out"
+                                  : "a write given up by its caller did not settle within the "
+                                    "peer time-out";
+        kvb__conn_get(c);
+        kvb__conn_close_ep(eng, c);
+        kvb__conn_fail(eng, c, why);
+        kvb__conn_put(c);
         return;
     }
 }
