@@ -202,7 +202,9 @@ typedef struct kvb_mem_region_ex {
      * Peers never see it: it is not in the table the handshake sends (no
      * remote key, no shared mapping), so no peer can write into it or read
      * from it. Host memory only (device memory → KVB_ERR_INVALID). It must
-     * not overlap any registration either way (KVB_ERR_OVERLAP);
+     * not overlap any registration either way (KVB_ERR_OVERLAP), nor share
+     * a kvb_mem_alloc allocation with a normal registration, either order
+     * (KVB_ERR_INVALID: same-host peers map that whole file read-write);
      * kvb_engine_unregister removes it as any other. */
     int local_only;
 } kvb_mem_region_ex_t;
