@@ -47,6 +47,7 @@ enum kvb_engine_param_field {
     KVB_ENGINE_PARAM_SECRET = 1u << 6,
     KVB_ENGINE_PARAM_COPY_THREADS = 1u << 7,
     KVB_ENGINE_PARAM_SERVE_READS = 1u << 8,
+    KVB_ENGINE_PARAM_READS_NEED_GRANT = 1u << 9,
 };
 
 /* Creation parameters; only the fields named in field_mask are read, the
@@ -84,6 +85,15 @@ typedef struct kvb_engine_params {
                                   the memory (direct lane, same user) and the
                                   put lane's remote keys are not asked
                                   (docs/security.md). */
+    int reads_need_grant;      /* serve a read request only under a live grant
+                                  (kvb_engine_grant_writer), 0
+                                  [KVBRIDGE_READS_NEED_GRANT=0|1]; 1: one at
+                                  epoch 0 (no grant) is refused with
+                                  KVB_ERR_FENCED ("only under a live grant"),
+                                  nothing gathered. 0: an epoch-0 read is
+                                  served unless its tag is fenced
+                                  (kvb_engine_fence_writer). Message lane only,
+                                  as serve_reads. */
 } kvb_engine_params_t;
 
 /* Create an engine listening on host:port. NULL params = all defaults.
@@ -192,7 +202,9 @@ typedef struct kvb_mem_region_ex {
      * Peers never see it: it is not in the table the handshake sends (no
      * remote key, no shared mapping), so no peer can write into it or read
      * from it. Host memory only (device memory → KVB_ERR_INVALID). It must
-     * not overlap any registration either way (KVB_ERR_OVERLAP);
+     * not overlap any registration either way (KVB_ERR_OVERLAP), nor share
+     * a kvb_mem_alloc allocation with a normal registration, either order
+     * (KVB_ERR_INVALID: same-host peers map that whole file read-write);
      * kvb_engine_unregister removes it as any other. */
     int local_only;
 } kvb_mem_region_ex_t;
@@ -547,9 +559,15 @@ KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
  *   then says KVB_ERR_UNSETTLED). Bytes a failed or cancelled read had
  *   already placed stay placed.
  * - Fence: a read is stamped with the writer tag and the transfer's epoch
- *   (kvb_write_params_t) exactly as a write, and the target admits it only
- *   under a live grant (KVB_ERR_FENCED "... fenced ..." otherwise, nothing
- *   read): a revoked grant can neither write nor read any more.
+ *   (kvb_write_params_t) exactly as a write, and admitted as a write: one
+ *   made under a grant (epoch != 0) only while that grant is live
+ *   (KVB_ERR_FENCED "... fenced ..." otherwise, nothing read), so a revoked
+ *   grant can neither write nor read any more; one at epoch 0 (no grant,
+ *   the default) whenever its tag is not fenced (kvb_engine_fence_writer),
+ *   i.e. any peer that reaches the engine (and passes its secret, if set)
+ *   reads any registered range, unless the target was created with
+ *   reads_need_grant = 1 (epoch-0 reads refused KVB_ERR_FENCED) or
+ *   serve_reads = 0.
  * - Lanes: the direct lane (same host, the peer's memory from
  *   kvb_mem_alloc: the copy threads copy out of the mapping), the message
  *   lane (the target answers a read request with the bytes; also transport
@@ -559,8 +577,11 @@ KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
  *   reader copies answers into device memory; KVBRIDGE_CUDA_STAGE_MSG_MAX
  *   bounds one answer).
  * - Refusals by the target: KVB_ERR_UNSUPPORTED ("serves no reads") from an
- *   engine created with serve_reads = 0; a local-only region is in no
- *   peer's view (KVB_ERR_BOUNDS). docs/engine.md "One-sided reads". */
+ *   engine created with serve_reads = 0; KVB_ERR_FENCED ("only under a live
+ *   grant") for an epoch-0 read from one created with reads_need_grant = 1;
+ *   a local-only region is in no peer's view (KVB_ERR_BOUNDS). The message
+ *   lane's target decides these; direct-lane and put-lane readers are not
+ *   asked (docs/security.md). docs/engine.md "One-sided reads". */
 
 /* Synchronous read from session_id; KVB_OK when every byte is in local
  * memory. Errors and time-out as kvb_engine_write. */

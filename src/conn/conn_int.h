@@ -353,6 +353,7 @@ struct kvb_manager {
     size_t max_wire_rooms;
     uint64_t max_wire_room_bytes;
     const char *bad_kinds_logged[64]; /* message kinds already logged (mu) */
+    const char *notes_logged[16];     /* kvb__conn_note_once's kinds (atomic slots) */
 
     pthread_cond_t room_cv;
 
@@ -569,6 +570,10 @@ uint64_t *kvb__copy_u64_view(kvb__u64_view_t v);
  * logged once per kind); the room it names (e->has_room) fails with
  * e->reason. Takes m->mu. */
 void kvb__conn_bad_message(struct kvb_manager *m, const char *kind, const kvb__frames_err_t *e);
+/* True the first time this manager is asked about kind (a static string,
+ * compared by address), false after: a warning logged once per manager.
+ * Any thread, with or without m->mu; past 16 kinds always false. */
+bool kvb__conn_note_once(struct kvb_manager *m, const char *kind);
 /* prefill_notify.c: send a status (room, value, rank) to ip:port, in the
  * dialect that endpoint speaks. */
 kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,

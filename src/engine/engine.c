@@ -42,6 +42,7 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
     out->secret = kvb__env_get("KVBRIDGE_ENGINE_SECRET", NULL);
     out->copy_threads = (unsigned)kvb__env_int("KVBRIDGE_COPY_THREADS", NULL, 2, 0, 64);
     out->serve_reads = (int)kvb__env_int("KVBRIDGE_SERVE_READS", NULL, 1, 0, 1);
+    out->reads_need_grant = (int)kvb__env_int("KVBRIDGE_READS_NEED_GRANT", NULL, 0, 0, 1);
     if (in == NULL)
         return;
     if (in->field_mask & KVB_ENGINE_PARAM_HOST && in->host != NULL)
@@ -62,6 +63,8 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
         out->copy_threads = in->copy_threads < 64 ? in->copy_threads : 64;
     if (in->field_mask & KVB_ENGINE_PARAM_SERVE_READS)
         out->serve_reads = in->serve_reads != 0;
+    if (in->field_mask & KVB_ENGINE_PARAM_READS_NEED_GRANT)
+        out->reads_need_grant = in->reads_need_grant != 0;
 }
 
 /* UCX's TCP transport moves data in segments of 8 KiB by default (one

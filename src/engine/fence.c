@@ -314,6 +314,16 @@ const char *kvb__fence_admit(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
     return why;
 }
 
+/* Message lane: admit one read request as a write of (tag, epoch), except
+ * that an engine with reads_need_grant serves none without a grant. */
+const char *kvb__fence_admit_read(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
+{
+    if (epoch == 0 && eng->params.reads_need_grant)
+        return "this engine serves reads only under a live grant (reads_need_grant; "
+               "KVBRIDGE_READS_NEED_GRANT): a read at epoch 0 is refused";
+    return kvb__fence_admit(eng, tag, epoch);
+}
+
 /* The admitted write's bytes are placed (or it failed). */
 void kvb__fence_done(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
 {

@@ -55,7 +55,10 @@ class ScatterTransferTicket:
     def _new(cls, xfer, deadline, st=L.KVB_OK, why=""):
         t = object.__new__(cls)
         t._lock = threading.Lock()
-        t._x = xfer  # kvb_xfer_h while not yet collected, else None
+        t._x = xfer  # kvb_xfer_h until freed, else None
+        # Threads inside a C call on _x with the lock released (drain's wait,
+        # _release's settle): _x is freed only when none is (_free_unheld).
+        t._holders = 0
         t._deadline = deadline
         # (status, drained, reason) once final; a ticket without a transfer
         # failed before any byte was sent.
@@ -71,9 +74,27 @@ class ScatterTransferTicket:
                 if st != L.KVB_ERR_INPROGRESS:
                     self._final = (st, st == L.KVB_OK or bool(lib.kvb_xfer_drained(self._x)),
                                    L.text(lib.kvb_xfer_error(self._x)))
-                    lib.kvb_xfer_free(self._x)
-                    self._x = None
+            self._free_unheld()
             return self._final
+
+    def _free_unheld(self):
+        """Free the handle once the final state is recorded and no thread is
+        inside a call on it (lock held): a drain waiting in kvb_xfer_wait
+        keeps it, and the last one out frees it."""
+        if self._final is not None and self._x is not None and self._holders == 0:
+            L.lib().kvb_xfer_free(self._x)
+            self._x = None
+
+    def _hold(self):
+        """The handle, counted as in use until _unhold (lock held), or None."""
+        if self._x is not None:
+            self._holders += 1
+        return self._x
+
+    def _unhold(self):
+        with self._lock:
+            self._holders -= 1
+            self._free_unheld()
 
     @property
     def status(self):
@@ -109,11 +130,14 @@ class ScatterTransferTicket:
         if ms < 0:
             raise ValueError(f"drain: timeout_ms must be >= 0, got {ms}")
         with self._lock:
-            x = self._x if self._final is None else None
-            if x is not None and time.monotonic() > self._deadline:
-                L.lib().kvb_xfer_cancel(x)
-        if x is not None and ms > 0:
-            L.lib().kvb_xfer_wait(x, ms / 1000.0)  # releases the GIL
+            x = self._hold() if self._final is None and ms > 0 else None
+            if self._final is None and time.monotonic() > self._deadline:
+                L.lib().kvb_xfer_cancel(self._x)
+        if x is not None:
+            try:
+                L.lib().kvb_xfer_wait(x, ms / 1000.0)  # releases the GIL and the lock
+            finally:
+                self._unhold()
         return self.status
 
     def _settle(self, sid, eng):
@@ -136,15 +160,17 @@ class ScatterTransferTicket:
         """Free the handle (a running operation is cancelled first and given
         SETTLE_S to settle): before the engine goes."""
         with self._lock:
-            x, self._x = self._x, None
+            x = self._hold()
             if self._final is None:
                 self._final = (L.KVB_ERR_CANCELED, False, "engine closed")
         if x is not None:
-            lib = L.lib()
-            if lib.kvb_xfer_test(x) == L.KVB_ERR_INPROGRESS:
-                lib.kvb_xfer_cancel(x)
-                lib.kvb_xfer_wait(x, SETTLE_S)
-            lib.kvb_xfer_free(x)
+            try:
+                lib = L.lib()
+                if lib.kvb_xfer_test(x) == L.KVB_ERR_INPROGRESS:
+                    lib.kvb_xfer_cancel(x)
+                    lib.kvb_xfer_wait(x, SETTLE_S)
+            finally:
+                self._unhold()  # frees it, or the last drain still waiting on it does
 
     def __del__(self):
         try:

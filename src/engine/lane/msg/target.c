@@ -447,7 +447,7 @@ static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t n
                  eng->am_read_bytes);
         return KVB_ERR_PEER;
     }
-    const char *fenced = kvb__fence_admit(eng, (uint32_t)(mid >> 32), epoch);
+    const char *fenced = kvb__fence_admit_read(eng, (uint32_t)(mid >> 32), epoch);
     if (fenced != NULL) {
         snprintf(why, wl, "%s", fenced);
         return KVB_ERR_FENCED;
