@@ -462,7 +462,9 @@ static void work_submit(struct kvb_manager *m, work_t *w)
 /* Wait for a transfer to settle. Past the transfer time-out it is cancelled
  * and waited for once more (the room must not be reported over while a write
  * may still land: the abort fence); past that the session is declared dead,
- * which ends the wait. */
+ * which ends the wait. The job's first failure keeps the reason: the aux
+ * write, ended by the session the KV write's time-out closed, would say only
+ * "session closed by the caller" and hide the time-out. */
 static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
 {
     kvb_status_t st = kvb_xfer_wait(x, m->transfer_timeout_s);
@@ -484,9 +486,10 @@ static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
                 j->unsettled = 1;
             }
         }
-        snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.1f s",
-                 j->reg->session, m->transfer_timeout_s);
-    } else if (st != KVB_OK && st != KVB_ERR_CANCELED) {
+        if (j->why[0] == '\0')
+            snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.1f s",
+                     j->reg->session, m->transfer_timeout_s);
+    } else if (st != KVB_OK && st != KVB_ERR_CANCELED && j->why[0] == '\0') {
         snprintf(j->why, sizeof(j->why), "%s", kvb_xfer_error(x));
     }
     return st;
