@@ -30,7 +30,8 @@ typedef struct work {
     kvb__chunk_t *c;
     job_t *jobs;
     size_t n_jobs;
-    int skip; /* room gone, failed or aborted before any write */
+    int skip;      /* room gone, failed or aborted before any write */
+    double issued; /* when its writes were issued: their transfer time-out runs from here */
 } work_t;
 
 /* ---- queues ---- */
@@ -444,6 +445,7 @@ static void work_submit(struct kvb_manager *m, work_t *w)
     kv_submit(m, w);
     for (size_t i = 0; i < w->n_jobs; i++)
         aux_submit(m, &w->jobs[i]);
+    w->issued = kvb__now_s();
     pthread_mutex_lock(&m->mu);
     r->submitting = 0;
     for (size_t i = 0; i < w->n_jobs; i++) {
@@ -465,9 +467,13 @@ static void work_submit(struct kvb_manager *m, work_t *w)
  * which ends the wait. The job's first failure keeps the reason: the aux
  * write, ended by the session the KV write's time-out closed, would say only
  * "session closed by the caller" and hide the time-out. */
-static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
+static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x, double issued)
 {
-    kvb_status_t st = kvb_xfer_wait(x, m->transfer_timeout_s);
+    /* The time-out counts from the issue, not from this call: a chunk set
+     * aside (or settled after the next chunk's submit) has waited already.
+     * (A time-out of 0 would wait forever: 1 us at least.) */
+    double left = issued + m->transfer_timeout_s - kvb__now_s();
+    kvb_status_t st = kvb_xfer_wait(x, left > 1e-6 ? left : 1e-6);
     if (st == KVB_ERR_TIMEOUT) {
         /* Cancel, give the issued writes one more time-out to settle, then
          * declare the session dead (a stopped decode never acknowledges):
@@ -543,8 +549,8 @@ static void work_finish(struct kvb_manager *m, work_t *w)
     for (size_t i = 0; !w->skip && i < w->n_jobs; i++) {
         job_t *j = &w->jobs[i];
         /* Every write issued is settled, whatever happened to the others. */
-        kvb_status_t sx = j->x != NULL ? wait_xfer(m, j, j->x) : KVB_OK;
-        kvb_status_t sa = j->xa != NULL ? wait_xfer(m, j, j->xa) : KVB_OK;
+        kvb_status_t sx = j->x != NULL ? wait_xfer(m, j, j->x, w->issued) : KVB_OK;
+        kvb_status_t sa = j->xa != NULL ? wait_xfer(m, j, j->xa, w->issued) : KVB_OK;
         if (j->st == KVB_OK)
             j->st = sx != KVB_OK ? sx : sa;
         if (j->xa == NULL && j->st == KVB_OK && (j->aux.count == 0 || j->aux_inline) &&
@@ -599,7 +605,6 @@ static void work_finish(struct kvb_manager *m, work_t *w)
 
 typedef struct aside_item {
     work_t w;
-    double since;
     struct aside_item *next;
 } aside_item_t;
 
@@ -654,7 +659,6 @@ static void aside_push(struct kvb_manager *m, const work_t *w)
         return;
     }
     it->w = *w;
-    it->since = kvb__now_s();
     KVB_LOGW("manager %s: room %llu: writes not settled after %.1f s: set aside so the "
              "queue's other rooms proceed",
              m->endpoint, (unsigned long long)w->c->room, m->aside->stall_s);
@@ -666,13 +670,14 @@ static void aside_push(struct kvb_manager *m, const work_t *w)
     pthread_mutex_unlock(&m->aside->mu);
 }
 
-/* One that settled or waited its time-out (or any, when stopping); NULL if none. */
+/* One that settled or whose transfer time-out (from its issue) passed, so
+ * that wait_xfer cancels it at once (or any, when stopping); NULL if none. */
 static aside_item_t *aside_take(struct kvb__aside *a, double timeout_s, bool stopping)
 {
     double now = kvb__now_s();
     for (aside_item_t **pp = &a->head; *pp != NULL; pp = &(*pp)->next) {
         aside_item_t *it = *pp;
-        if (stopping || work_settled(&it->w) || now - it->since >= timeout_s) {
+        if (stopping || work_settled(&it->w) || now - it->w.issued >= timeout_s) {
             *pp = it->next;
             a->n--;
             return it;

@@ -23,6 +23,7 @@
  *   dec_blackhole     a TCP listener that never speaks ZeroMQ
  *   dec_prefill_stop  a kvbridge prefill SIGSTOPped after the KV args landed
  *                     (a whole room went through), bootstrap server up
+ *   dec_prefill_lost  the same with its bootstrap server stopped too (heartbeat)
  *   dec_boot_silent   a bootstrap "server" that accepts and never answers
  * Prefill cells (kvbridge prefill against):
  *   pre_no_xfer       a raw decode that registers and never sends transfer info
@@ -58,13 +59,20 @@
 /* The time-outs, set through their variables in main. */
 #define T_WAIT 1.0    /* KVBRIDGE_WAITING_TIMEOUT */
 #define T_BOOT 1.0    /* KVBRIDGE_BOOTSTRAP_TIMEOUT */
-#define T_XFER 0.5    /* KVBRIDGE_TRANSFER_TIMEOUT */
+#define T_XFER 1.0    /* KVBRIDGE_TRANSFER_TIMEOUT */
 #define T_ACK 1.0     /* KVBRIDGE_ABORT_ACK_TIMEOUT */
 #define T_CONNECT 1.0 /* KVBRIDGE_CONNECT_TIMEOUT */
 #define T_ASIDE 0.5   /* KVBRIDGE_STALL_ASIDE */
 #define T_PEER 0.5    /* KVBRIDGE_PEER_TIMEOUT */
 #define T_LOOKUP 5.0  /* a decode's bootstrap look-up: fixed, no variable */
-#define SLACK 1.5     /* 2 loaded cores, sanitizer builds */
+#define T_HB 0.3      /* KVBRIDGE_HEARTBEAT_INTERVAL (dec_prefill_lost only) */
+#define HB_MISSES 2   /* KVBRIDGE_HEARTBEAT_MAX_FAILURE (dec_prefill_lost only) */
+#define SLACK 1.0     /* 2 loaded cores, sanitizer builds */
+
+/* A chunk whose writes never settle: its time-out from the issue (the aside
+ * thread takes it at max(STALL_ASIDE, TRANSFER)), cancelled and given one
+ * more time-out, then its session closed, which ends it. */
+#define STALLED_BOUND ((T_ASIDE > T_XFER ? T_ASIDE : T_XFER) + T_XFER)
 
 /* ---- one row of the table ---- */
 
@@ -374,6 +382,8 @@ static void healthy_prefill(kvbh_rank_t *p, const char *boot, uint64_t room)
     kvbh_rank_stop(&d);
 }
 
+static void set_knobs(void);
+
 /* ---- decode cells ---- */
 
 enum { RAW_READ, RAW_UNREAD, RAW_HOLE };
@@ -530,6 +540,72 @@ static void cell_dec_prefill_stop(row_t *row)
     kvbh_child_close(&ch);
     kvbh_rank_stop(&d);
     kvbh_boot_stop(&b);
+}
+
+/* The prefill process and its bootstrap server (one child) SIGSTOPped after
+ * our KV args landed: the heartbeat ends the room, whatever its state. The
+ * heartbeat knobs are this cell's alone (a loaded machine must not make the
+ * other cells' decodes lose their servers). */
+static void cell_dec_prefill_lost(row_t *row)
+{
+    const uint64_t R0 = 820, R1 = 821, R2 = 822;
+    kvbh_child_t ch;
+    kvbh_rank_t d;
+    kvb_receiver_h rc0, rc1, rc2;
+    char boot[128], cmd[64], expect[256], v[16];
+    int32_t dst[NP];
+    row->side = "decode";
+    row->peer = "kvbridge prefill and its bootstrap server SIGSTOPped after the KV args";
+    snprintf(v, sizeof(v), "%g", T_HB);
+    setenv("KVBRIDGE_HEARTBEAT_INTERVAL", v, 1);
+    setenv("KVBRIDGE_HEARTBEAT_FLOOR", v, 1);
+    snprintf(v, sizeof(v), "%d", HB_MISSES);
+    setenv("KVBRIDGE_HEARTBEAT_MAX_FAILURE", v, 1);
+    setenv("KVBRIDGE_WAITING_TIMEOUT", "5", 1); /* the heartbeat must be what ends it */
+    CHECK_EQ(kvbh_rank_start(&d, &G, KVB_MODE_DECODE, NULL, KVBH_MEM_MALLOC, NULL), KVB_OK);
+    unsetenv("KVBRIDGE_HEARTBEAT_INTERVAL");
+    unsetenv("KVBRIDGE_HEARTBEAT_FLOOR");
+    unsetenv("KVBRIDGE_HEARTBEAT_MAX_FAILURE");
+    set_knobs();
+    CHECK_EQ(kvbh_spawn_prefill(&ch, boot, sizeof(boot)), 0);
+    CHECK_EQ(kvbh_receivers(&d, boot, R0, 1, NP, &rc0), 0);
+    snprintf(cmd, sizeof(cmd), "full %llu 1 %d", (unsigned long long)R0, NP);
+    CHECK_EQ(kvbh_child_ask(&ch, cmd, "sent", 20), 0);
+    CHECK_EQ(kvbh_wait_receiver(rc0, 10), KVB_POLL_SUCCESS);
+    kvb_receiver_destroy(rc0);
+    double t0 = kvbh_now();
+    CHECK_EQ(kvb_receiver_create(d.mgr, boot, R1, -1, &rc1), KVB_OK); /* the route is cached */
+    CHECK_EQ(kill(ch.pid, SIGSTOP), 0);
+    kvbh_wait_stopped(ch.pid);
+    double t_stop = kvbh_now() - t0;
+    kvbh_room_pages(&G, R1, NP, NULL, dst);
+    CHECK_EQ(kvb_receiver_init(rc1, dst, NP, kvbh_room_aux(R1), NULL), KVB_OK);
+    row->state = "WaitingForInput";
+    /* each miss: up to an interval until the probe, then its own time-out,
+     * min(interval, 3 s) (the next round is due an interval after a failed
+     * probe ends) */
+    row->bound = t_stop + HB_MISSES * (T_HB + (T_HB < 3 ? T_HB : 3));
+    row->bound_expr = "MAX_FAILURE x (HEARTBEAT_INTERVAL + min(INTERVAL, 3 s))";
+    row->end = recv_end(rc1, t0, row->bound + SLACK + 5, &row->took);
+    kvb_receiver_failure(rc1, row->reason, sizeof(row->reason));
+    kill(ch.pid, SIGCONT);
+    snprintf(expect, sizeof(expect), "Losing connection with prefill instance (bootstrap_addr: %s)",
+             boot);
+    row_check(row, KVB_POLL_FAILED, expect);
+    CHECK_EQ(kvb_receiver_pages_safe(rc1), 1);
+    kvb_receiver_destroy(rc1);
+    /* Resumed: the route is resolved again and the same prefill serves. */
+    CHECK_EQ(kvbh_receivers(&d, boot, R2, 1, NP, &rc2), 0);
+    snprintf(cmd, sizeof(cmd), "full %llu 1 %d", (unsigned long long)R2, NP);
+    CHECK_EQ(kvbh_child_ask(&ch, cmd, "sent", 20), 0);
+    CHECK_EQ(kvbh_wait_receiver(rc2, 10), KVB_POLL_SUCCESS);
+    kvbh_room_pages(&G, R2, NP, NULL, dst);
+    CHECK_EQ(kvbh_verify(&d, R2, dst, NP, kvbh_room_aux(R2)), (uint64_t)0);
+    fprintf(stderr, "healthy room %llu after SIGCONT: Success, bytes verified\n",
+            (unsigned long long)R2);
+    kvb_receiver_destroy(rc2);
+    kvbh_child_close(&ch);
+    kvbh_rank_stop(&d);
 }
 
 /* The bootstrap address is a listener that never answers HTTP: the
@@ -756,8 +832,8 @@ static void cell_pre_decode_stop(row_t *row)
             kvbh_now() - t0);
     send_all(s1, R0 + 1, src);
     row->state = "Transferring";
-    row->bound = T_ASIDE + 3 * T_XFER;
-    row->bound_expr = "STALL_ASIDE + 3 x TRANSFER";
+    row->bound = STALLED_BOUND;
+    row->bound_expr = "2 x TRANSFER";
     row->end = send_end(s1, t0, row->bound + SLACK + 5, &row->took);
     kvb_sender_failure(s1, row->reason, sizeof(row->reason));
     row_check(row, KVB_POLL_FAILED, "did not finish within");
@@ -793,8 +869,8 @@ static void cell_pre_raw_session(row_t *row)
     s = ready_sender(&p, room, src);
     send_all(s, room, src);
     row->state = "Transferring (the engine's handshake)";
-    row->bound = T_CONNECT + T_ASIDE + 3 * T_XFER;
-    row->bound_expr = "CONNECT + STALL_ASIDE + 3 x TRANSFER";
+    row->bound = T_CONNECT;
+    row->bound_expr = "CONNECT";
     row->end = send_end(s, t0, row->bound + SLACK + 5, &row->took);
     kvb_sender_failure(s, row->reason, sizeof(row->reason));
     fprintf(stderr, "the listener got %ld bytes on %ld connection(s)\n", hole_bytes(&h), h.conns);
@@ -837,8 +913,8 @@ static void pre_rejects(row_t *row, int drop)
     if (drop) {
         KVB__HOOK_SET(target_drop_writes, 1);
         row->state = "Transferring";
-        row->bound = T_ASIDE + 3 * T_XFER;
-        row->bound_expr = "STALL_ASIDE + 3 x TRANSFER";
+        row->bound = STALLED_BOUND;
+        row->bound_expr = "2 x TRANSFER";
     } else {
         CHECK_EQ(kvb_engine_unregister(rd.eng, rd.arena), KVB_OK);
         row->state = "Transferring";
@@ -923,6 +999,7 @@ static const struct {
     {"dec_unread", cell_dec_unread},
     {"dec_blackhole", cell_dec_blackhole},
     {"dec_prefill_stop", cell_dec_prefill_stop},
+    {"dec_prefill_lost", cell_dec_prefill_lost},
     {"dec_boot_silent", cell_dec_boot_silent},
     {"pre_no_xfer", cell_pre_no_xfer},
     {"pre_decode_stop", cell_pre_decode_stop},
