@@ -844,6 +844,81 @@ static void cell_pre_decode_stop(row_t *row)
     kvbh_boot_stop(&b);
 }
 
+/* NDEC kvbridge decode processes (a session each) SIGSTOPped after their
+ * transfer infos, one room to each, all through one transfer queue (the
+ * worker and the aside thread settle them): each room ends within the same
+ * bound as one, not one transfer time-out later per stalled session. */
+#define NDEC 3
+static void cell_pre_decodes_stop(row_t *row)
+{
+    const uint64_t R0 = 1100;
+    kvbh_boot_t b;
+    kvbh_rank_t p;
+    kvbh_child_t ch[NDEC];
+    kvb_sender_h s0[NDEC], s1[NDEC];
+    int32_t src[NDEC][NP];
+    double took[NDEC];
+    kvb_poll_t end[NDEC];
+    row->side = "prefill";
+    row->peer = "3 kvbridge decodes SIGSTOPped after their transfer infos, one queue";
+    CHECK_EQ(kvbh_boot_start(&b, 0, NULL), 0);
+    setenv("KVBRIDGE_QUEUE_SIZE", "1", 1);
+    CHECK_EQ(kvbh_rank_start(&p, &G, KVB_MODE_PREFILL, b.addr, KVBH_MEM_MALLOC, NULL), KVB_OK);
+    unsetenv("KVBRIDGE_QUEUE_SIZE");
+    for (int i = 0; i < NDEC; i++) {
+        uint64_t r = R0 + 10 * (uint64_t)i;
+        CHECK_EQ(kvbh_spawn_decode(&ch[i], b.addr, KVBH_MEM_MALLOC, r, 2, NP), 0);
+        s0[i] = ready_sender(&p, r, src[i]);
+        send_all(s0[i], r, src[i]);
+        CHECK_EQ(kvbh_wait_sender(s0[i], 10), KVB_POLL_SUCCESS);
+        kvb_sender_destroy(s0[i]);
+    }
+    double t0 = kvbh_now();
+    for (int i = 0; i < NDEC; i++)
+        s1[i] = ready_sender(&p, R0 + 10 * (uint64_t)i + 1, src[i]);
+    for (int i = 0; i < NDEC; i++) {
+        CHECK_EQ(kill(ch[i].pid, SIGSTOP), 0);
+        kvbh_wait_stopped(ch[i].pid);
+    }
+    for (int i = 0; i < NDEC; i++)
+        send_all(s1[i], R0 + 10 * (uint64_t)i + 1, src[i]);
+    /* the one queue's worker issues a chunk, then settles the one before
+     * (STALL_ASIDE at most): chunk k leaves k - 1 windows after the first */
+    row->state = "Transferring";
+    row->bound = STALLED_BOUND + (NDEC - 2) * T_ASIDE;
+    row->bound_expr = "2 x TRANSFER + STALL_ASIDE";
+    row->took = 0;
+    int left = NDEC;
+    for (int i = 0; i < NDEC; i++)
+        end[i] = KVB_POLL_TRANSFERRING;
+    while (left > 0 && kvbh_now() < t0 + row->bound + SLACK + 5 * NDEC) {
+        for (int i = 0; i < NDEC; i++) {
+            if (end[i] == KVB_POLL_FAILED || end[i] == KVB_POLL_SUCCESS)
+                continue;
+            end[i] = kvb_sender_poll(s1[i]);
+            took[i] = kvbh_now() - t0;
+            left -= end[i] == KVB_POLL_FAILED || end[i] == KVB_POLL_SUCCESS;
+        }
+        kvbh_sleep(0.005);
+    }
+    for (int i = 0; i < NDEC; i++) {
+        fprintf(stderr, "room to stopped decode %d: %s after %.3f s\n", i, kvb_poll_string(end[i]),
+                took[i]);
+        row->took = took[i] > row->took ? took[i] : row->took;
+        kvb_sender_failure(s1[i], row->reason, sizeof(row->reason));
+        CHECK_EQ(end[i], KVB_POLL_FAILED);
+    }
+    row->end = KVB_POLL_FAILED;
+    row_check(row, KVB_POLL_FAILED, "did not finish within");
+    for (int i = 0; i < NDEC; i++) {
+        kvb_sender_destroy(s1[i]);
+        kvbh_child_kill(&ch[i]);
+    }
+    healthy_prefill(&p, b.addr, R0 + 1000);
+    kvbh_rank_stop(&p);
+    kvbh_boot_stop(&b);
+}
+
 /* The decode's registration names an engine session at a listener that
  * accepts and never answers the handshake. */
 static void cell_pre_raw_session(row_t *row)
@@ -1003,6 +1078,7 @@ static const struct {
     {"dec_boot_silent", cell_dec_boot_silent},
     {"pre_no_xfer", cell_pre_no_xfer},
     {"pre_decode_stop", cell_pre_decode_stop},
+    {"pre_decodes_stop", cell_pre_decodes_stop},
     {"pre_raw_session", cell_pre_raw_session},
     {"pre_unregistered", cell_pre_unregistered},
     {"pre_drop_writes", cell_pre_drop_writes},
