@@ -321,6 +321,11 @@ static long hole_bytes(hole_t *h)
     return __atomic_load_n(&h->bytes, __ATOMIC_RELAXED);
 }
 
+static long hole_conns(hole_t *h)
+{
+    return __atomic_load_n(&h->conns, __ATOMIC_RELAXED);
+}
+
 static void hole_close(hole_t *h)
 {
     __atomic_store_n(&h->stop, 1, __ATOMIC_RELEASE);
@@ -425,7 +430,7 @@ static void dec_raw(row_t *row, int mode, int key)
         for (int i = 0; i < 400 && hole_bytes(&h) == 0; i++)
             kvbh_sleep(0.005);
         fprintf(stderr, "the listener got %ld bytes on %ld connection(s) and answers none\n",
-                hole_bytes(&h), h.conns);
+                hole_bytes(&h), hole_conns(&h));
         CHECK(hole_bytes(&h) > 0);
     }
     row->state = "WaitingForInput";
@@ -948,7 +953,8 @@ static void cell_pre_raw_session(row_t *row)
     row->bound_expr = "CONNECT";
     row->end = send_end(s, t0, row->bound + SLACK + 5, &row->took);
     kvb_sender_failure(s, row->reason, sizeof(row->reason));
-    fprintf(stderr, "the listener got %ld bytes on %ld connection(s)\n", hole_bytes(&h), h.conns);
+    fprintf(stderr, "the listener got %ld bytes on %ld connection(s)\n", hole_bytes(&h),
+            hole_conns(&h));
     CHECK(hole_bytes(&h) > 0); /* the window: a handshake was sent and never answered */
     row_check(row, KVB_POLL_FAILED, sid);
     told(&rd, room, 2.0);
