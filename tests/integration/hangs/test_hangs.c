@@ -29,6 +29,8 @@
  *   pre_no_xfer       a raw decode that registers and never sends transfer info
  *   pre_decode_stop   a kvbridge decode SIGSTOPped after its transfer info
  *                     (session warm: its engine stops acknowledging)
+ *   pre_decodes_stop  3 such decodes at once, one transfer queue
+ *   pre_destroy_stalled  the same, senders and manager destroyed meanwhile
  *   pre_raw_session   a raw decode whose engine session is a TCP listener
  *                     that never answers the handshake
  *   pre_unregistered  a raw decode (bare engine) that unregisters its memory
@@ -851,42 +853,66 @@ static void cell_pre_decode_stop(row_t *row)
 
 /* NDEC kvbridge decode processes (a session each) SIGSTOPped after their
  * transfer infos, one room to each, all through one transfer queue (the
- * worker and the aside thread settle them): each room ends within the same
- * bound as one, not one transfer time-out later per stalled session. */
+ * worker and the aside thread settle them). */
 #define NDEC 3
-static void cell_pre_decodes_stop(row_t *row)
-{
-    const uint64_t R0 = 1100;
+
+typedef struct stalled {
     kvbh_boot_t b;
     kvbh_rank_t p;
     kvbh_child_t ch[NDEC];
-    kvb_sender_h s0[NDEC], s1[NDEC];
-    int32_t src[NDEC][NP];
+    kvb_sender_h s[NDEC];
+    double t0; /* the senders' creation */
+} stalled_t;
+
+static void stalled_start(stalled_t *st, uint64_t R0)
+{
+    kvb_sender_h s0;
+    int32_t src[NP];
+    CHECK_EQ(kvbh_boot_start(&st->b, 0, NULL), 0);
+    setenv("KVBRIDGE_QUEUE_SIZE", "1", 1);
+    CHECK_EQ(kvbh_rank_start(&st->p, &G, KVB_MODE_PREFILL, st->b.addr, KVBH_MEM_MALLOC, NULL),
+             KVB_OK);
+    unsetenv("KVBRIDGE_QUEUE_SIZE");
+    for (int i = 0; i < NDEC; i++) { /* a whole room each: the sessions are up */
+        uint64_t r = R0 + 10 * (uint64_t)i;
+        CHECK_EQ(kvbh_spawn_decode(&st->ch[i], st->b.addr, KVBH_MEM_MALLOC, r, 2, NP), 0);
+        s0 = ready_sender(&st->p, r, src);
+        send_all(s0, r, src);
+        CHECK_EQ(kvbh_wait_sender(s0, 10), KVB_POLL_SUCCESS);
+        kvb_sender_destroy(s0);
+    }
+    st->t0 = kvbh_now();
+    for (int i = 0; i < NDEC; i++)
+        st->s[i] = ready_sender(&st->p, R0 + 10 * (uint64_t)i + 1, src);
+    for (int i = 0; i < NDEC; i++) {
+        CHECK_EQ(kill(st->ch[i].pid, SIGSTOP), 0);
+        kvbh_wait_stopped(st->ch[i].pid);
+    }
+    for (int i = 0; i < NDEC; i++) {
+        kvbh_room_pages(&G, R0 + 10 * (uint64_t)i + 1, NP, src, NULL);
+        send_all(st->s[i], R0 + 10 * (uint64_t)i + 1, src);
+    }
+}
+
+static void stalled_stop(stalled_t *st)
+{
+    for (int i = 0; i < NDEC; i++)
+        kvbh_child_kill(&st->ch[i]);
+    kvbh_rank_stop(&st->p);
+    kvbh_boot_stop(&st->b);
+}
+
+/* Each room ends within the same bound as one, not one transfer time-out
+ * later per stalled session. */
+static void cell_pre_decodes_stop(row_t *row)
+{
+    const uint64_t R0 = 1100;
+    stalled_t st;
     double took[NDEC];
     kvb_poll_t end[NDEC];
     row->side = "prefill";
     row->peer = "3 kvbridge decodes SIGSTOPped after their transfer infos, one queue";
-    CHECK_EQ(kvbh_boot_start(&b, 0, NULL), 0);
-    setenv("KVBRIDGE_QUEUE_SIZE", "1", 1);
-    CHECK_EQ(kvbh_rank_start(&p, &G, KVB_MODE_PREFILL, b.addr, KVBH_MEM_MALLOC, NULL), KVB_OK);
-    unsetenv("KVBRIDGE_QUEUE_SIZE");
-    for (int i = 0; i < NDEC; i++) {
-        uint64_t r = R0 + 10 * (uint64_t)i;
-        CHECK_EQ(kvbh_spawn_decode(&ch[i], b.addr, KVBH_MEM_MALLOC, r, 2, NP), 0);
-        s0[i] = ready_sender(&p, r, src[i]);
-        send_all(s0[i], r, src[i]);
-        CHECK_EQ(kvbh_wait_sender(s0[i], 10), KVB_POLL_SUCCESS);
-        kvb_sender_destroy(s0[i]);
-    }
-    double t0 = kvbh_now();
-    for (int i = 0; i < NDEC; i++)
-        s1[i] = ready_sender(&p, R0 + 10 * (uint64_t)i + 1, src[i]);
-    for (int i = 0; i < NDEC; i++) {
-        CHECK_EQ(kill(ch[i].pid, SIGSTOP), 0);
-        kvbh_wait_stopped(ch[i].pid);
-    }
-    for (int i = 0; i < NDEC; i++)
-        send_all(s1[i], R0 + 10 * (uint64_t)i + 1, src[i]);
+    stalled_start(&st, R0);
     /* the one queue's worker issues a chunk, then settles the one before
      * (STALL_ASIDE at most): chunk k leaves k - 1 windows after the first */
     row->state = "Transferring";
@@ -896,12 +922,12 @@ static void cell_pre_decodes_stop(row_t *row)
     int left = NDEC;
     for (int i = 0; i < NDEC; i++)
         end[i] = KVB_POLL_TRANSFERRING;
-    while (left > 0 && kvbh_now() < t0 + row->bound + SLACK + 5 * NDEC) {
+    while (left > 0 && kvbh_now() < st.t0 + row->bound + SLACK + 5 * NDEC) {
         for (int i = 0; i < NDEC; i++) {
             if (end[i] == KVB_POLL_FAILED || end[i] == KVB_POLL_SUCCESS)
                 continue;
-            end[i] = kvb_sender_poll(s1[i]);
-            took[i] = kvbh_now() - t0;
+            end[i] = kvb_sender_poll(st.s[i]);
+            took[i] = kvbh_now() - st.t0;
             left -= end[i] == KVB_POLL_FAILED || end[i] == KVB_POLL_SUCCESS;
         }
         kvbh_sleep(0.005);
@@ -910,18 +936,44 @@ static void cell_pre_decodes_stop(row_t *row)
         fprintf(stderr, "room to stopped decode %d: %s after %.3f s\n", i, kvb_poll_string(end[i]),
                 took[i]);
         row->took = took[i] > row->took ? took[i] : row->took;
-        kvb_sender_failure(s1[i], row->reason, sizeof(row->reason));
+        kvb_sender_failure(st.s[i], row->reason, sizeof(row->reason));
         CHECK_EQ(end[i], KVB_POLL_FAILED);
     }
     row->end = KVB_POLL_FAILED;
     row_check(row, KVB_POLL_FAILED, "did not finish within");
-    for (int i = 0; i < NDEC; i++) {
-        kvb_sender_destroy(s1[i]);
-        kvbh_child_kill(&ch[i]);
-    }
-    healthy_prefill(&p, b.addr, R0 + 1000);
-    kvbh_rank_stop(&p);
-    kvbh_boot_stop(&b);
+    for (int i = 0; i < NDEC; i++)
+        kvb_sender_destroy(st.s[i]);
+    healthy_prefill(&st.p, st.b.addr, R0 + 1000);
+    stalled_stop(&st);
+}
+
+/* The same, and the framework gives up: it destroys the senders (each
+ * aborts its room) and the manager at once. The destroy must return within
+ * the rooms' own bound: every stalled write ended, none left behind. */
+static void cell_pre_destroy_stalled(row_t *row)
+{
+    stalled_t st;
+    row->side = "prefill";
+    row->peer = "the same; senders and manager destroyed while the writes stall";
+    stalled_start(&st, 1200);
+    double t1 = kvbh_now();
+    for (int i = 0; i < NDEC; i++)
+        kvb_sender_destroy(st.s[i]);
+    double t_senders = kvbh_now() - t1;
+    kvb_manager_destroy(st.p.mgr);
+    st.p.mgr = NULL;
+    row->took = kvbh_now() - st.t0;
+    fprintf(stderr, "senders destroyed in %.3f s, the manager %.3f s after the senders' creation\n",
+            t_senders, row->took);
+    row->state = "Transferring (kvb_manager_destroy)";
+    row->bound = STALLED_BOUND + (NDEC - 2) * T_ASIDE;
+    row->bound_expr = "2 x TRANSFER + STALL_ASIDE";
+    row->end = KVB_POLL_FAILED; /* aborted; destroy returned */
+    snprintf(row->reason, sizeof(row->reason),
+             "(destroy returned: Aborted: sender destroyed "
+             "before the end)");
+    row_check(row, KVB_POLL_FAILED, NULL);
+    stalled_stop(&st);
 }
 
 /* The decode's registration names an engine session at a listener that
@@ -1085,6 +1137,7 @@ static const struct {
     {"pre_no_xfer", cell_pre_no_xfer},
     {"pre_decode_stop", cell_pre_decode_stop},
     {"pre_decodes_stop", cell_pre_decodes_stop},
+    {"pre_destroy_stalled", cell_pre_destroy_stalled},
     {"pre_raw_session", cell_pre_raw_session},
     {"pre_unregistered", cell_pre_unregistered},
     {"pre_drop_writes", cell_pre_drop_writes},
