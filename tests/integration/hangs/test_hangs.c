@@ -956,6 +956,13 @@ static void cell_pre_destroy_stalled(row_t *row)
     row->side = "prefill";
     row->peer = "the same; senders and manager destroyed while the writes stall";
     stalled_start(&st, 1200);
+    /* The window: every chunk issued and stalled (set aside) before the
+     * destroy, not dropped from its queue unissued. */
+    double d = st.t0 + T_ASIDE + 0.3 - kvbh_now();
+    if (d > 0)
+        kvbh_sleep(d);
+    for (int i = 0; i < NDEC; i++)
+        CHECK_EQ(kvb_sender_poll(st.s[i]), KVB_POLL_TRANSFERRING);
     double t1 = kvbh_now();
     for (int i = 0; i < NDEC; i++)
         kvb_sender_destroy(st.s[i]);
@@ -963,8 +970,10 @@ static void cell_pre_destroy_stalled(row_t *row)
     kvb_manager_destroy(st.p.mgr);
     st.p.mgr = NULL;
     row->took = kvbh_now() - st.t0;
-    fprintf(stderr, "senders destroyed in %.3f s, the manager %.3f s after the senders' creation\n",
-            t_senders, row->took);
+    fprintf(stderr,
+            "stalled at %.3f s; senders destroyed in %.3f s, the manager %.3f s after the "
+            "senders' creation\n",
+            t1 - st.t0, t_senders, row->took);
     row->state = "Transferring (kvb_manager_destroy)";
     row->bound = STALLED_BOUND + (NDEC - 2) * T_ASIDE;
     row->bound_expr = "2 x TRANSFER + STALL_ASIDE";
