@@ -19,8 +19,10 @@ pair (JSON lines). Cases (argv[1]):
   kill         the target is killed (SIGKILL) while a READ runs: the
                transfer ends in an error state within a bound (timings
                printed)
-  release      release_xfer_handle of a running transfer: refused or
-               accepted, never a state that lets bytes land afterwards
+  release      release_xfer_handle of a running READ, and of one whose
+               target is SIGSTOPped mid-READ: refused while the cancel cannot
+               settle (the request then reads ERR) or accepted; no byte lands
+               after the release returned, also once the target resumes
 
 Every process ends with os._exit (the 1.5.1 wheel can crash at interpreter
 exit). Exit 0 on success; a failure prints what differed."""
@@ -397,7 +399,53 @@ def case_release():
         fail("a cancelled READ sent its notification")
     link.send(cmd="exit")
     link.recv()
+    release_stopped(size, params)
     print("ok: release", flush=True)
+
+
+def release_stopped(size, params):
+    """release_xfer_handle of a READ whose target is SIGSTOPped while its
+    answers stream in: refused while the cancel cannot settle (NIXL then
+    reports the request failed) or accepted once it did; either way no byte
+    lands after the release returned, also when the target resumes."""
+    p, link, hello = start_target(size, params)
+    a = make_agent("decode-stopped", params)
+    name = a.add_remote_agent(base64.b64decode(hello["meta"]))
+    dst = np.zeros(size, dtype=np.uint8)
+    register(a, dst)
+    n = size // (1 << 20)
+    local = [(dst.ctypes.data + i * (1 << 20), 1 << 20, 0) for i in range(n)]
+    remote = [(hello["addr"] + i * (1 << 20), 1 << 20, 0) for i in range(n)]
+    h = a.initialize_xfer("READ", a.get_xfer_descs(local, "DRAM"),
+                          a.get_xfer_descs(remote, "DRAM"), name)
+    t0 = time.monotonic()
+    a.transfer(h)
+    while not dst[::65536].any() and time.monotonic() - t0 < 5:
+        time.sleep(0.0002)
+    os.kill(hello["pid"], signal.SIGSTOP)
+    st0 = state(a, h)
+    t_stop = time.monotonic()
+    refusals, released, after_refusal = 0, False, None
+    while not released and time.monotonic() - t_stop < 15:
+        try:
+            a.release_xfer_handle(h)
+            released = True
+        except Exception:
+            refusals += 1
+            after_refusal = after_refusal or state(a, h)
+            time.sleep(0.01)
+    took = time.monotonic() - t_stop
+    landed = int(np.count_nonzero(dst))
+    os.kill(hello["pid"], signal.SIGCONT)
+    time.sleep(1.0)
+    late = int(np.count_nonzero(dst)) - landed
+    print(f"  target stopped with the READ {st0}: release refused {refusals} time(s) "
+          f"(state then {after_refusal}), released {took:.3f} s after the stop; "
+          f"{landed} bytes had landed, {late} after the release (target resumed)", flush=True)
+    if not released or late != 0 or (refusals and not str(after_refusal).startswith("ERR")):
+        fail("release of a READ from a stopped target")
+    link.send(cmd="exit")
+    link.recv()
 
 
 CASES = {"write_read": case_write_read, "notif": case_notif, "local": case_local,
