@@ -167,9 +167,18 @@ static void op_end(notif_op_t *o, kvb_status_t st, const char *why)
     free(o);
 }
 
-static void op_release(kvb__op_t *op) /* the worker was destroyed first */
+/* The worker was destroyed with the send outstanding (engine destroy): the
+ * sessions are already freed, so the reason names none. */
+static void op_release(kvb__op_t *op)
 {
-    op_end((notif_op_t *)op, KVB_ERR_CANCELED, "engine destroyed");
+    notif_op_t *o = (notif_op_t *)op;
+    struct kvb_xfer *x = o->x;
+    pthread_mutex_lock(&x->mu);
+    snprintf(x->err, sizeof(x->err), "transfer done, notification not sent: engine destroyed");
+    pthread_mutex_unlock(&x->mu);
+    free(o->buf);
+    free(o);
+    kvb__xfer_publish(x, KVB_ERR_CANCELED);
 }
 
 static void op_done(notif_op_t *o, ucs_status_t status)

@@ -336,6 +336,50 @@ static void test_secret(void)
     TEST_PASS("notification under the engine secret");
 }
 
+/* The sender destroyed while transfers with notifications run or send
+ * them: each handle ends (done, or cancelled with its reason) and is freed;
+ * a sanitizer build sees no use of freed memory (the engine's sessions go
+ * before the notification sends still listed are released). */
+static void test_destroy_midway(void)
+{
+    kvb_test_end_t r = kvb_test_end(engine_named(NULL, NULL), 4 * MiB, 0, g_direct);
+    const char *sid = kvb_engine_session_id(r.eng);
+    int ended_ok = 0, cancelled = 0;
+    for (int i = 0; i < 20; i++) {
+        kvb_test_end_t a = kvb_test_end(engine_named(NULL, NULL), 4 * MiB, 1, false);
+        kvb_block_t b = {(uint64_t)(uintptr_t)a.buf, (uint64_t)(uintptr_t)r.buf, 4 * MiB};
+        kvb_write_params_t wp = {
+            .field_mask = KVB_WRITE_PARAM_NOTIF, .notif = "bye", .notif_len = 3};
+        kvb_xfer_h x[4];
+        for (int k = 0; k < 4; k++)
+            CHECK_EQ(kvb_engine_write_async_ex(a.eng, sid, &b, 1, &wp, &x[k]), KVB_OK);
+        usleep((useconds_t)(i * 150));
+        kvb_engine_destroy(a.eng);
+        for (int k = 0; k < 4; k++) {
+            kvb_status_t st = kvb_xfer_test(x[k]);
+            CHECK(st == KVB_OK || st == KVB_ERR_CANCELED || st == KVB_ERR_PEER);
+            ended_ok += st == KVB_OK;
+            cancelled += st != KVB_OK;
+            if (st != KVB_OK)
+                CHECK(kvb_xfer_error(x[k])[0] != '\0');
+            kvb_xfer_free(x[k]);
+        }
+        free(a.buf);
+    }
+    kvb_notif_t nt[128];
+    size_t n = 0;
+    usleep(100000);
+    CHECK_EQ(kvb_engine_get_notifs(r.eng, nt, 128, &n), KVB_OK);
+    fprintf(stderr,
+            "%s: senders destroyed midway: %d transfers done, %d ended otherwise, %zu "
+            "notifications arrived\n",
+            g_mode, ended_ok, cancelled, n);
+    CHECK(n <= 80); /* one per transfer at most (a cancelled one's may have left already) */
+    kvb_notifs_free(nt, n);
+    kvb_test_end_free(&r);
+    TEST_PASS("sender destroyed midway: every handle ends");
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -352,6 +396,14 @@ int main(int argc, char **argv)
     test_malformed();
     if (g_tr != KVB_TRANSPORT_SHM)
         test_secret();
+    /* The direct lane only: destroying a writer engine with UCX writes in
+     * flight fails inside UCX, with or without notifications (kvbridge's
+     * destroy path, not this feature; reported): over TCP UCX 1.13 asserts
+     * "ucp_request.c:684 ... got REP message"; on the put lane (shm) about
+     * 1 run in 3 segfaults in ucp_worker_destroy purging pending puts
+     * (ucp_mem_rereg_mds). */
+    if (g_direct)
+        test_destroy_midway();
     fprintf(stderr, "ok: notifications on lane %s\n", g_mode);
     return 0;
 }
