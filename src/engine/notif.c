@@ -147,13 +147,22 @@ typedef struct notif_op {
     ucs_status_t status;
 } notif_op_t;
 
-/* x's end: KVB_OK, or st with the reason (its bytes moved and settled). */
+/* x's end: KVB_OK, or st with the reason (its bytes moved and settled).
+ * While the engine is being destroyed the reason names no session: its
+ * sessions are freed before the worker, whose destruction ends the sends
+ * still pending (their callbacks run inside ucp_worker_destroy), and the
+ * listed ones are released after it. */
 static void end_xfer(struct kvb_xfer *x, kvb_status_t st, const char *why)
 {
     if (st != KVB_OK) {
+        bool stopping = __atomic_load_n(&x->eng->stop, __ATOMIC_ACQUIRE);
         pthread_mutex_lock(&x->mu);
-        snprintf(x->err, sizeof(x->err), "session %s: transfer done, notification not sent: %s",
-                 x->conn->sess->sid, why);
+        if (stopping)
+            snprintf(x->err, sizeof(x->err),
+                     "transfer done, notification not sent: engine destroyed");
+        else
+            snprintf(x->err, sizeof(x->err), "session %s: transfer done, notification not sent: %s",
+                     x->conn->sess->sid, why);
         pthread_mutex_unlock(&x->mu);
     }
     kvb__xfer_publish(x, st);
@@ -167,18 +176,9 @@ static void op_end(notif_op_t *o, kvb_status_t st, const char *why)
     free(o);
 }
 
-/* The worker was destroyed with the send outstanding (engine destroy): the
- * sessions are already freed, so the reason names none. */
-static void op_release(kvb__op_t *op)
+static void op_release(kvb__op_t *op) /* the worker was destroyed first */
 {
-    notif_op_t *o = (notif_op_t *)op;
-    struct kvb_xfer *x = o->x;
-    pthread_mutex_lock(&x->mu);
-    snprintf(x->err, sizeof(x->err), "transfer done, notification not sent: engine destroyed");
-    pthread_mutex_unlock(&x->mu);
-    free(o->buf);
-    free(o);
-    kvb__xfer_publish(x, KVB_ERR_CANCELED);
+    op_end((notif_op_t *)op, KVB_ERR_CANCELED, "engine destroyed");
 }
 
 static void op_done(notif_op_t *o, ucs_status_t status)

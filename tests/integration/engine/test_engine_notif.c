@@ -396,13 +396,15 @@ int main(int argc, char **argv)
     test_malformed();
     if (g_tr != KVB_TRANSPORT_SHM)
         test_secret();
-    /* The direct lane only: destroying a writer engine with UCX writes in
-     * flight fails inside UCX, with or without notifications (kvbridge's
-     * destroy path, not this feature; reported): over TCP UCX 1.13 asserts
-     * "ucp_request.c:684 ... got REP message"; on the put lane (shm) about
-     * 1 run in 3 segfaults in ucp_worker_destroy purging pending puts
-     * (ucp_mem_rereg_mds). */
-    if (g_direct)
+    /* Not over TCP: destroying a writer engine whose endpoints are still
+     * being wired up trips UCX 1.13's assertion "ucp_request.c:684 ... got
+     * REP message" there, with or without notifications (kvbridge's destroy
+     * path, not this feature). On the put lane (shm) a sanitizer build runs
+     * it (the notification sends ended inside ucp_worker_destroy); the plain
+     * build skips it there: about 1 run in 3 segfaults in
+     * ucp_worker_destroy purging pending puts (ucp_mem_rereg_mds), with or
+     * without notifications. */
+    if (g_direct || (g_tr == KVB_TRANSPORT_SHM && getenv("KVB_TEST_DESTROY_MIDWAY") != NULL))
         test_destroy_midway();
     fprintf(stderr, "ok: notifications on lane %s\n", g_mode);
     return 0;
