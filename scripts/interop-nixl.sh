@@ -13,8 +13,8 @@
 #     folder BUILD/nixl-plugins holding it and links to the wheel's own
 #     plug-ins (NIXL_PLUGIN_DIR replaces NIXL's default folder).
 #  4. It must load (NIXL logs a refused plug-in only at INFO), then two
-#     processes per case: tests/interop/nixl_pair.py (write_read notif local
-#     bounds kill release) and tests/interop/nixl_vllm_pull.py (vLLM 0.34's
+#     processes per case: tests/interop/nixl_pair.py (params write_read notif
+#     local bounds kill release) and tests/interop/nixl_vllm_pull.py (vLLM 0.34's
 #     NixlConnector pull replayed); write_read and the replay also over the
 #     message lane (KVBRIDGE_TRANSPORT=tcp). Logs: BUILD/interop-nixl/*.log.
 # Usage: scripts/interop-nixl.sh [BUILD_DIR] [CASE...]   (make build first)
@@ -24,7 +24,7 @@ BUILD=$(cd "${1:-$ROOT/build}" && pwd)
 shift || true
 CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
-    CASES=(write_read notif local bounds kill release vllm_pull write_read@tcp vllm_pull@tcp)
+    CASES=(params write_read notif local bounds kill release vllm_pull write_read@tcp vllm_pull@tcp)
 fi
 PINS="nixl-cu12==1.5.1 nixl==1.5.1"
 

@@ -115,12 +115,22 @@ class kvbNixlEngine : public nixlBackendEngine
         p.field_mask = KVB_ENGINE_PARAM_HOST | KVB_ENGINE_PARAM_NAME;
         p.host = host.c_str();
         p.name = localAgent.c_str();
-        std::string port = param("port", "");
-        if (!port.empty()) {
-            p.field_mask |= KVB_ENGINE_PARAM_PORT;
-            p.port = (uint16_t)strtoul(port.c_str(), nullptr, 10);
+        std::string port = param("port", "0");
+        char *end = nullptr;
+        unsigned long pv = strtoul(port.c_str(), &end, 10);
+        if (port.empty() || *end != '\0' || pv > 65535 ||
+            (tr != "auto" && tr != "tcp" && tr != "shm")) {
+            log_error("agent %s: backend parameters port '%s' (0..65535) or transport '%s' "
+                      "(auto, tcp, shm) invalid",
+                      localAgent.c_str(), port.c_str(), tr.c_str());
+            initErr = true;
+            return;
         }
-        if (tr == "tcp" || tr == "shm") {
+        if (pv != 0) {
+            p.field_mask |= KVB_ENGINE_PARAM_PORT;
+            p.port = (uint16_t)pv;
+        }
+        if (tr != "auto") { /* "auto": the engine's default (KVBRIDGE_TRANSPORT) */
             p.field_mask |= KVB_ENGINE_PARAM_TRANSPORT;
             p.transport = tr == "tcp" ? KVB_TRANSPORT_TCP : KVB_TRANSPORT_SHM;
         }

@@ -19,6 +19,8 @@ pair (JSON lines). Cases (argv[1]):
   kill         the target is killed (SIGKILL) while a READ runs: the
                transfer ends in an error state within a bound (timings
                printed)
+  params       backend parameters: a bad port or transport refuses the
+               backend (NIXL reports its init error), good ones create it
   release      release_xfer_handle of a running READ, and of one whose
                target is SIGSTOPped mid-READ: refused while the cancel cannot
                settle (the request then reads ERR) or accepted; no byte lands
@@ -448,7 +450,22 @@ def release_stopped(size, params):
     link.recv()
 
 
-CASES = {"write_read": case_write_read, "notif": case_notif, "local": case_local,
+def case_params():
+    a = nixl_agent("params", nixl_agent_config(backends=[]))
+    for prm, ok in (({"port": "70000"}, False), ({"transport": "rdma"}, False),
+                    ({"port": "x"}, False), ({"port": "0", "transport": "tcp"}, True)):
+        try:
+            a.create_backend(BACKEND, prm)
+            created = True
+        except Exception:  # nixlBackendError: the engine set initErr
+            created = False
+        print(f"  create_backend({prm}): {'created' if created else 'refused'}", flush=True)
+        if created != ok:
+            fail(f"backend parameters {prm}")
+    print("ok: params", flush=True)
+
+
+CASES = {"params": case_params, "write_read": case_write_read, "notif": case_notif, "local": case_local,
          "bounds": case_bounds, "kill": case_kill, "release": case_release}
 
 if __name__ == "__main__":
