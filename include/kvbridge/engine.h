@@ -603,15 +603,16 @@ KVB_API kvb_status_t kvb_engine_read_pages(kvb_engine_h engine, const char *sess
  * The transfer's handle reports KVB_OK only once the notification was
  * sent (handed to the transport, not acknowledged by the peer); a failed or
  * cancelled transfer sends none; a notification that cannot be sent after
- * the bytes moved ends the transfer KVB_ERR_PEER ("notification not
- * sent ..."), its bytes placed and settled. A transfer with no blocks and
- * a notification only sends the notification. Order: notifications sent
- * over one connection arrive in the order they were sent (UCX keeps eager
- * active messages on one endpoint in order); a transfer's goes when it
- * succeeded, so of two transfers running at once either may come first. The receiver caps its
- * queue (kvb_engine_limits, KVB_ENGINE_LIMITS_NOTIFS): past the cap new
- * notifications are dropped and counted; a malformed one is refused and
- * counted; the engine keeps serving either way. */
+ * the bytes moved ends the transfer KVB_ERR_PEER (KVB_ERR_CANCELED when the
+ * engine is destroyed first), "notification not sent" in its reason, its
+ * bytes placed and settled. A transfer with no blocks and a notification
+ * only sends the notification. Order: notifications sent over one
+ * connection arrive in the order they were sent (UCX keeps eager active
+ * messages on one endpoint in order); a transfer's goes when it succeeded,
+ * so of two transfers running at once either may come first. The receiver
+ * caps its queue (kvb_engine_limits, KVB_ENGINE_LIMITS_NOTIFS): past the
+ * cap new notifications are dropped and counted; a malformed one is
+ * refused and counted; the engine keeps serving either way. */
 #define KVB_NOTIF_MAX_LEN 65536u /* bytes of one notification's message */
 #define KVB_NOTIF_NAME_MAX 255u  /* bytes of a sender's name */
 
@@ -628,8 +629,9 @@ typedef struct kvb_notif {
  * not tied to a transfer, and wait until sent, at most timeout_s (<= 0:
  * the connect time-out; session set-up included). Errors: KVB_ERR_INVALID
  * (NULL arguments, too long), the session set-up's (KVB_ERR_PEER,
- * KVB_ERR_AUTH, KVB_ERR_TIMEOUT), KVB_ERR_PEER (the send failed).
- * Thread-safe. */
+ * KVB_ERR_AUTH, KVB_ERR_TIMEOUT), KVB_ERR_PEER (the send failed),
+ * KVB_ERR_TIMEOUT (not sent in time: the connection is failed, the next
+ * call re-handshakes). Thread-safe. */
 KVB_API kvb_status_t kvb_engine_notify(kvb_engine_h engine, const char *session_id, const void *msg,
                                        size_t len, double timeout_s);
 

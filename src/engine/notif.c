@@ -73,11 +73,12 @@ static void enqueue(kvb_engine_h eng, const uint8_t *data, uint32_t nl, uint32_t
     pthread_mutex_lock(&q->mu);
     if (e == NULL || q->n >= q->max_n || cost > q->max_bytes - q->bytes) {
         uint64_t n = ++q->dropped;
+        size_t held = q->n;
         pthread_mutex_unlock(&q->mu);
         free(e);
         if ((n & (n - 1)) == 0)
             KVB_LOGW("engine %s: dropped a notification: queue full (%zu held, %llu dropped)",
-                     eng->sid, q->n, (unsigned long long)n);
+                     eng->sid, held, (unsigned long long)n);
         return;
     }
     e->next = NULL;
