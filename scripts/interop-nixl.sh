@@ -12,9 +12,10 @@
 #  3. The plug-in built into BUILD (cmake -DKVB_NIXL=ON) and a plug-in
 #     folder BUILD/nixl-plugins holding it and links to the wheel's own
 #     plug-ins (NIXL_PLUGIN_DIR replaces NIXL's default folder).
-#  4. It must load (NIXL logs a refused plug-in only at INFO), then two
-#     processes per case: tests/interop/nixl_pair.py (params write_read notif
-#     local bounds kill release) and tests/interop/nixl_vllm_pull.py (vLLM 0.34's
+#  4. It must load (NIXL logs a refused plug-in only at INFO), then the
+#     cases: tests/interop/nixl_pair.py (params write_read notif local
+#     socket_md bounds kill release; two processes each, except params and
+#     socket_md) and tests/interop/nixl_vllm_pull.py (vLLM 0.34's
 #     NixlConnector pull replayed); write_read and the replay also over the
 #     message lane (KVBRIDGE_TRANSPORT=tcp). Logs: BUILD/interop-nixl/*.log.
 # Usage: scripts/interop-nixl.sh [BUILD_DIR] [CASE...]   (make build first)
@@ -24,7 +25,8 @@ BUILD=$(cd "${1:-$ROOT/build}" && pwd)
 shift || true
 CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
-    CASES=(params write_read notif local bounds kill release vllm_pull write_read@tcp vllm_pull@tcp)
+    CASES=(params write_read notif local socket_md bounds kill release vllm_pull write_read@tcp
+        vllm_pull@tcp)
 fi
 PINS="nixl-cu12==1.5.1 nixl==1.5.1"
 
@@ -94,7 +96,7 @@ for c in "${CASES[@]}"; do
     fi
     log=$OUT/${name}_$tr.log
     if KVBRIDGE_TRANSPORT=$tr timeout 180 "${cmd[@]}" >"$log" 2>&1; then
-        echo "$c: $(grep -v 'NIXL INFO' "$log" | tail -n 1)"
+        echo "$c: $(grep -E '^(ok|FAIL)' "$log" | tail -n 1)"
     else
         echo "FAIL $c (log: $log)"
         grep -v 'NIXL INFO' "$log" | tail -n 15

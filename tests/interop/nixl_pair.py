@@ -19,6 +19,8 @@ pair (JSON lines). Cases (argv[1]):
   kill         the target is killed (SIGKILL) while a READ runs: the
                transfer ends in an error state within a bound (timings
                printed)
+  socket_md    metadata exchanged through NIXL's own listener thread, then
+               a WRITE with a notification (one process, two agents)
   params       backend parameters: a bad port or transport refuses the
                backend (NIXL reports its init error), good ones create it
   release      release_xfer_handle of a running READ, and of one whose
@@ -465,7 +467,50 @@ def case_params():
     print("ok: params", flush=True)
 
 
-CASES = {"params": case_params, "write_read": case_write_read, "notif": case_notif, "local": case_local,
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def case_socket_md():
+    """Metadata through NIXL's own listener (fetch_remote_metadata /
+    send_local_metadata, as NIXL's remoteMDFromSocket test): the backend's
+    connection info and public data travel in NIXL's blobs, then a WRITE
+    with a notification."""
+    pt, pi = free_port(), free_port()
+    t = nixl_agent("target", nixl_agent_config(enable_listen_thread=True, listen_port=pt,
+                                               backends=[]))
+    t.create_backend(BACKEND, {})
+    i = nixl_agent("init", nixl_agent_config(enable_listen_thread=True, listen_port=pi,
+                                             backends=[]))
+    i.create_backend(BACKEND, {})
+    size = 4 << 20
+    tb, ib = np.zeros(size, dtype=np.uint8), pattern(size, 5)
+    register(t, tb)
+    register(i, ib)
+    i.fetch_remote_metadata("target", "127.0.0.1", pt)
+    i.send_local_metadata("127.0.0.1", pt)
+    t0 = time.monotonic()
+    while not i.check_remote_metadata("target") and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
+    if not i.check_remote_metadata("target"):
+        fail("metadata did not arrive through NIXL's listener")
+    ld, _ = mixed_descs(ib.ctypes.data, size)
+    rd, _ = mixed_descs(tb.ctypes.data, size)
+    h = i.initialize_xfer("WRITE", i.get_xfer_descs(ld, "DRAM"), i.get_xfer_descs(rd, "DRAM"),
+                          "target", b"via-socket")
+    i.transfer(h)
+    st = wait_state(i, h, 30)[0]
+    n, t1 = {}, time.monotonic()
+    while not n and time.monotonic() - t1 < 10:
+        n = t.get_new_notifs()
+    if st != "DONE" or not np.array_equal(ib, tb) or n != {"init": [b"via-socket"]}:
+        fail(f"WRITE after socket metadata: {st}, notifications {n}")
+    print("ok: socket_md", flush=True)
+
+
+CASES = {"params": case_params, "socket_md": case_socket_md, "write_read": case_write_read, "notif": case_notif, "local": case_local,
          "bounds": case_bounds, "kill": case_kill, "release": case_release}
 
 if __name__ == "__main__":
