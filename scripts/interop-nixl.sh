@@ -14,8 +14,8 @@
 #     plug-ins (NIXL_PLUGIN_DIR replaces NIXL's default folder).
 #  4. It must load (NIXL logs a refused plug-in only at INFO), then the
 #     cases: tests/interop/nixl_pair.py (params write_read notif local
-#     socket_md bounds kill release; two processes each, except params and
-#     socket_md) and tests/interop/nixl_vllm_pull.py (vLLM 0.34's
+#     socket_md bounds kill release; two processes each, except params,
+#     local and socket_md) and tests/interop/nixl_vllm_pull.py (vLLM 0.34's
 #     NixlConnector pull replayed); write_read and the replay also over the
 #     message lane (KVBRIDGE_TRANSPORT=tcp). Logs: BUILD/interop-nixl/*.log.
 # Usage: scripts/interop-nixl.sh [BUILD_DIR] [CASE...]   (make build first)
