@@ -48,6 +48,7 @@ enum kvb_engine_param_field {
     KVB_ENGINE_PARAM_COPY_THREADS = 1u << 7,
     KVB_ENGINE_PARAM_SERVE_READS = 1u << 8,
     KVB_ENGINE_PARAM_READS_NEED_GRANT = 1u << 9,
+    KVB_ENGINE_PARAM_NAME = 1u << 10,
 };
 
 /* Creation parameters; only the fields named in field_mask are read, the
@@ -94,6 +95,10 @@ typedef struct kvb_engine_params {
                                   served unless its tag is fenced
                                   (kvb_engine_fence_writer). Message lane only,
                                   as serve_reads. */
+    const char *name;          /* this engine's name in the notifications it sends
+                                  ("Notifications" below): 1..KVB_NOTIF_NAME_MAX
+                                  bytes, else create fails KVB_ERR_INVALID;
+                                  default (NULL or unset) its session id. Copied. */
 } kvb_engine_params_t;
 
 /* Create an engine listening on host:port. NULL params = all defaults.
@@ -398,6 +403,7 @@ enum kvb_engine_limits_field {
     KVB_ENGINE_LIMITS_CONTROL = 1u << 0,  /* control_conns .. handshakes_refused */
     KVB_ENGINE_LIMITS_SESSIONS = 1u << 1, /* sessions .. sessions_refused */
     KVB_ENGINE_LIMITS_DIRECT = 1u << 2,   /* direct_files_refused, direct_files_unpopulated */
+    KVB_ENGINE_LIMITS_NOTIFS = 1u << 3,   /* notifs_queued .. notifs_refused */
 };
 
 typedef struct kvb_engine_limits {
@@ -424,6 +430,12 @@ typedef struct kvb_engine_limits {
      * (default 4 GiB), or because the background warmer (default on,
      * KVBRIDGE_DIRECT_WARM_CPU) warms them instead. */
     uint64_t direct_files_refused, direct_files_unpopulated;
+    /* Notifications received and not yet taken (at most
+     * KVBRIDGE_NOTIF_QUEUE_MAX, default 65536, and KVBRIDGE_NOTIF_QUEUE_BYTES
+     * of messages and names, default 64 MiB), their bytes; notifications
+     * dropped because the queue was full; and refused: malformed, too long,
+     * or without the engine-secret token where one is required. */
+    uint64_t notifs_queued, notifs_queued_bytes, notifs_dropped, notifs_refused;
 } kvb_engine_limits_t;
 
 /* Snapshot of the engine's caps counters into the fields of *limits_p that
@@ -462,11 +474,16 @@ KVB_API kvb_status_t kvb_engine_revoke_writer(kvb_engine_h engine, uint32_t tag,
 KVB_API void kvb_engine_set_writer_tag(kvb_engine_h engine, uint32_t tag);
 KVB_API void kvb_engine_fence_writer(kvb_engine_h engine, uint32_t tag, int fenced);
 
-enum { KVB_WRITE_PARAM_EPOCH = 1u << 0 };
+enum { KVB_WRITE_PARAM_EPOCH = 1u << 0, KVB_WRITE_PARAM_NOTIF = 1u << 1 };
 
 typedef struct kvb_write_params {
     uint64_t field_mask; /* KVB_WRITE_PARAM_* */
     uint64_t epoch;      /* the target's grant this write is made under (0: none) */
+    /* KVB_WRITE_PARAM_NOTIF: a notification sent to the peer once the
+     * transfer succeeded ("Notifications" below); notif_len bytes (at most
+     * KVB_NOTIF_MAX_LEN, else KVB_ERR_INVALID at the start), copied. */
+    const void *notif;
+    size_t notif_len;
 } kvb_write_params_t;
 
 /* kvb_engine_write_async with parameters (NULL: the same as it). */
@@ -608,6 +625,61 @@ KVB_API kvb_status_t kvb_engine_read_pages(kvb_engine_h engine, const char *sess
                                            size_t num_pages, const int64_t *fields,
                                            size_t num_fields, size_t max_batch_size,
                                            double timeout_s);
+
+/* ---- Notifications ----
+ * A small message to a peer engine, queued there until its application
+ * takes it (kvb_engine_get_notifs), tagged with the sender's name
+ * (kvb_engine_params_t.name, default its session id: as the sender states
+ * it; with an engine secret only writers that proved it are heard). It
+ * travels over the session's UCX endpoint as one active message. A
+ * transfer's notification (kvb_write_params_t, KVB_WRITE_PARAM_NOTIF) is
+ * sent only after the transfer succeeded, on every lane: for a write once
+ * every byte is placed in the peer's memory (acknowledged, flushed, or
+ * copied in by the direct lane), for a read once every answer was placed
+ * here; so the peer may reuse the memory when it reads the notification.
+ * The transfer's handle reports KVB_OK only once the notification was
+ * sent (handed to the transport, not acknowledged by the peer); a failed or
+ * cancelled transfer sends none; a notification that cannot be sent after
+ * the bytes moved ends the transfer KVB_ERR_PEER (KVB_ERR_CANCELED when the
+ * engine is destroyed first), "notification not sent" in its reason, its
+ * bytes placed and settled. A transfer with no blocks and a notification
+ * only sends the notification. Order: notifications sent over one
+ * connection arrive in the order they were sent (UCX keeps eager active
+ * messages on one endpoint in order); a transfer's goes when it succeeded,
+ * so of two transfers running at once either may come first. The receiver
+ * caps its queue (kvb_engine_limits, KVB_ENGINE_LIMITS_NOTIFS): past the
+ * cap new notifications are dropped and counted; a malformed one is
+ * refused and counted; the engine keeps serving either way. */
+#define KVB_NOTIF_MAX_LEN 65536u /* bytes of one notification's message */
+#define KVB_NOTIF_NAME_MAX 255u  /* bytes of a sender's name */
+
+/* A notification taken from the queue: sender NUL-terminated (its bytes
+ * as sent), msg its len bytes (followed by a NUL, not counted). Both live
+ * in one allocation owned by the caller: kvb_notifs_free. */
+typedef struct kvb_notif {
+    char *sender;
+    const uint8_t *msg;
+    size_t len;
+} kvb_notif_t;
+
+/* Send len bytes (at most KVB_NOTIF_MAX_LEN; len 0 allowed) to session_id,
+ * not tied to a transfer, and wait until sent, at most timeout_s (<= 0:
+ * the connect time-out; session set-up included). Errors: KVB_ERR_INVALID
+ * (NULL arguments, too long), the session set-up's (KVB_ERR_PEER,
+ * KVB_ERR_AUTH, KVB_ERR_TIMEOUT), KVB_ERR_PEER (the send failed),
+ * KVB_ERR_TIMEOUT (not sent in time: the connection is failed, the next
+ * call re-handshakes). Thread-safe. */
+KVB_API kvb_status_t kvb_engine_notify(kvb_engine_h engine, const char *session_id, const void *msg,
+                                       size_t len, double timeout_s);
+
+/* Take up to max queued notifications, oldest first, into notifs[0..*n_p)
+ * (*n_p 0: none queued). Never blocks. Each entry is the caller's:
+ * kvb_notifs_free. KVB_ERR_INVALID for NULL arguments. Thread-safe. */
+KVB_API kvb_status_t kvb_engine_get_notifs(kvb_engine_h engine, kvb_notif_t *notifs, size_t max,
+                                           size_t *n_p);
+
+/* Free n entries kvb_engine_get_notifs filled (their fields are cleared). */
+KVB_API void kvb_notifs_free(kvb_notif_t *notifs, size_t n);
 
 #ifdef __cplusplus
 }

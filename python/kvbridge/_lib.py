@@ -93,6 +93,8 @@ class EngineParams(ctypes.Structure):
         ("secret", ctypes.c_char_p),
         ("copy_threads", ctypes.c_uint),
         ("serve_reads", ctypes.c_int),
+        ("reads_need_grant", ctypes.c_int),
+        ("name", ctypes.c_char_p),
     ]
 
 
@@ -105,6 +107,14 @@ ENGINE_PARAM_AM_CHUNK = 1 << 5
 ENGINE_PARAM_SECRET = 1 << 6
 ENGINE_PARAM_COPY_THREADS = 1 << 7
 ENGINE_PARAM_SERVE_READS = 1 << 8
+ENGINE_PARAM_READS_NEED_GRANT = 1 << 9
+ENGINE_PARAM_NAME = 1 << 10
+NOTIF_MAX_LEN = 65536  # KVB_NOTIF_MAX_LEN
+NOTIF_NAME_MAX = 255  # KVB_NOTIF_NAME_MAX
+
+
+class Notif(ctypes.Structure):  # kvb_notif_t
+    _fields_ = [("sender", ctypes.c_void_p), ("msg", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 TRANSPORTS = {"auto": 0, "tcp": 1, "shm": 2}
 
@@ -335,6 +345,11 @@ _PROTOTYPES = {
     "kvb_xfer_drained": (ctypes.c_int, [_P]),
     "kvb_xfer_free": (None, [_P]),
     "kvb_engine_session_direct": (ctypes.c_int, [_P, ctypes.c_char_p]),
+    "kvb_engine_notify": (_S, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                               ctypes.c_double]),
+    "kvb_engine_get_notifs": (_S, [_P, ctypes.POINTER(Notif), ctypes.c_size_t,
+                                   ctypes.POINTER(ctypes.c_size_t)]),
+    "kvb_notifs_free": (None, [ctypes.POINTER(Notif), ctypes.c_size_t]),
     "kvb_mem_alloc": (_S, [ctypes.c_size_t, ctypes.POINTER(_P)]),
     "kvb_mem_free": (_S, [_P]),
     "kvb_mem_export": (_S, [_P, ctypes.c_char_p]),

@@ -397,7 +397,7 @@ static void kv_submit(struct kvb_manager *m, work_t *w)
             job_t *j = &w->jobs[i];
             if (j->st != KVB_OK)
                 continue;
-            wp[n] = (kvb_write_params_t){KVB_WRITE_PARAM_EPOCH, j->epoch};
+            wp[n] = (kvb_write_params_t){.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = j->epoch};
             mb[n] = (kvb_write_member_t){.field_mask =
                                              KVB_WRITE_MEMBER_PARAMS | KVB_WRITE_MEMBER_STRIDED,
                                          .session_id = job_session(j),
@@ -417,7 +417,7 @@ static void kv_submit(struct kvb_manager *m, work_t *w)
 
 static void aux_submit(struct kvb_manager *m, job_t *j)
 {
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, j->epoch};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = j->epoch};
     if (j->st != KVB_OK || j->aux.count == 0)
         return;
     j->st = kvb_engine_write_async_ex(m->engine, job_session(j), j->aux.blocks, j->aux.count, &wp,

@@ -23,13 +23,37 @@ void kvb__xfer_release(struct kvb_xfer *x)
         free(x->am_iov[i]);
     kvb__bufpool_put(x->blocks, x->blocks_cap);
     kvb__bufpool_put(x->runs, x->runs_cap);
+    free(x->notif);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
     free(x);
 }
 
+/* A succeeded transfer with a notification: the progress thread sends it
+ * (notif.c) and publishes then. False when it cannot take it (the engine
+ * is stopping): the transfer ends CANCELED. */
+static bool notif_defer(struct kvb_xfer *x)
+{
+    x->notif_sending = true;
+    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd != NULL) {
+        cmd->kind = CMD_NOTIF;
+        cmd->xfer = x;
+        if (kvb__engine_submit(x->eng, cmd, false) == KVB_OK)
+            return true;
+    }
+    free(cmd);
+    snprintf(x->err, sizeof(x->err), "transfer done, notification not sent: engine stopping");
+    return false;
+}
+
 void kvb__xfer_publish(struct kvb_xfer *x, kvb_status_t st)
 {
+    if (st == KVB_OK && x->notif != NULL && !x->notif_sending) {
+        if (notif_defer(x))
+            return;
+        st = KVB_ERR_CANCELED;
+    }
     pthread_mutex_lock(&x->mu);
     if (st != KVB_OK && x->err[0] == '\0')
         snprintf(x->err, sizeof(x->err), "%s", kvb_status_string(st));

@@ -65,6 +65,8 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
         out->serve_reads = in->serve_reads != 0;
     if (in->field_mask & KVB_ENGINE_PARAM_READS_NEED_GRANT)
         out->reads_need_grant = in->reads_need_grant != 0;
+    if (in->field_mask & KVB_ENGINE_PARAM_NAME)
+        out->name = in->name;
 }
 
 /* UCX's TCP transport moves data in segments of 8 KiB by default (one
@@ -137,6 +139,8 @@ static kvb_status_t ucx_init(kvb_engine_h eng)
         return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_worker_get_address failed");
     if (ucp_worker_get_efd(eng->worker, &eng->ucx_efd) != UCS_OK)
         return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_worker_get_efd failed");
+    if (kvb__notif_register(eng) != KVB_OK)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "notification handler not set");
     return kvb__lanes_init(eng);
 }
 
@@ -304,6 +308,8 @@ static void run_commands(kvb_engine_h eng)
             conn_retire(eng, c->conn);
         else if (c->kind == CMD_KILL)
             session_kill(eng, c);
+        else if (c->kind == CMD_NOTIF)
+            kvb__notif_send(eng, c->xfer);
         if (c->kind != CMD_CONNECT)
             free(c);
         if (waited) {
@@ -476,6 +482,8 @@ static void engine_free(kvb_engine_h eng)
     pthread_mutex_destroy(&eng->hs_mu);
     pthread_cond_destroy(&eng->hs_cv);
     kvb__err_destroy(&eng->err);
+    kvb__notifq_free(&eng->notifs);
+    free(eng->name);
     if (eng->secret != NULL) {
         explicit_bzero(eng->secret, strlen(eng->secret));
         free(eng->secret);
@@ -500,6 +508,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     params_defaults(&eng->params, params);
     eng->cuda_device = -1;
     kvb__jobs_init(&eng->jobs);
+    kvb__notifq_init(&eng->notifs);
     /* Every writer that completes a handshake keeps a socket here: cap them
      * (docs/security.md) well below the usual descriptor limit. */
     eng->max_notify = (size_t)kvb__env_int("KVBRIDGE_MAX_CONTROL_CONNS", NULL, 1024, 1, 1000000);
@@ -533,6 +542,21 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     return eng;
 }
 
+/* The name our notifications carry (the caller's, checked, else the
+ * session id, known once listening). */
+static kvb_status_t name_init(kvb_engine_h eng)
+{
+    const char *n = eng->params.name != NULL ? eng->params.name : eng->sid;
+    size_t len = strlen(n);
+    if (len == 0 || len > KVB_NOTIF_NAME_MAX)
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "engine name of %zu bytes: 1..%u allowed",
+                            len, KVB_NOTIF_NAME_MAX);
+    if ((eng->name = strdup(n)) == NULL)
+        return KVB_ERR_NOMEM;
+    eng->params.name = eng->name;
+    return KVB_OK;
+}
+
 kvb_status_t kvb_engine_create(const kvb_engine_params_t *params, kvb_engine_h *engine_p)
 {
     kvb_status_t st;
@@ -544,6 +568,8 @@ kvb_status_t kvb_engine_create(const kvb_engine_params_t *params, kvb_engine_h *
     st = ucx_init(eng);
     if (st == KVB_OK)
         st = listen_init(eng);
+    if (st == KVB_OK)
+        st = name_init(eng);
     if (st == KVB_OK)
         st = fds_init(eng);
     if (st == KVB_OK && pthread_create(&eng->progress_thr, NULL, progress_main, eng) != 0)
@@ -617,5 +643,7 @@ void kvb_engine_limits(kvb_engine_h eng, kvb_engine_limits_t *l)
         l->sessions_refused = eng->sessions_refused;
         pthread_mutex_unlock(&eng->sess_mu);
     }
+    if (f & KVB_ENGINE_LIMITS_NOTIFS)
+        kvb__notif_stats(eng, l);
     kvb__lanes_stats(eng, l);
 }

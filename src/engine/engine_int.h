@@ -17,6 +17,7 @@
 #include "engine/fence.h"
 #include "engine/handshake.h"
 #include "engine/lane.h"
+#include "engine/notif.h"
 #include "engine/segtab.h"
 
 /* What a connection's UCX endpoint was set up for (session.c): one-sided
@@ -207,6 +208,12 @@ struct kvb_xfer {
     /* direct lanes (their copy queue's dmu) */
     int queued;  /* pieces left to claim (its group's cursor) */
     size_t busy; /* units being copied that include it */
+    /* its notification (notif.h), owned, or NULL: sent once it succeeded,
+     * before its end is published (notif_sending: handed to the progress
+     * thread for that, so the next publish is the end) */
+    uint8_t *notif;
+    size_t notif_len;
+    bool notif_sending;
 };
 
 /* A UCX request we own resources for (a message, a flush). UCX does not
@@ -253,7 +260,7 @@ typedef struct kvb__jobs {
     pthread_t thr;
 } kvb__jobs_t;
 
-typedef enum cmd_kind { CMD_XFER, CMD_CONNECT, CMD_RETIRE, CMD_KILL } cmd_kind_t;
+typedef enum cmd_kind { CMD_XFER, CMD_CONNECT, CMD_RETIRE, CMD_KILL, CMD_NOTIF } cmd_kind_t;
 
 typedef struct kvb__cmd {
     cmd_kind_t kind;
@@ -349,6 +356,8 @@ struct kvb_engine {
     ucp_address_t *waddr;          /* this worker's address, fetched once */
     size_t waddr_len;
 
+    char *name;                 /* the sender name our notifications carry (copy; notif.h) */
+    kvb__notifq_t notifs;       /* notifications received, not yet taken (notif.h) */
     struct kvb__direct *direct; /* the direct lane's copy threads and warmer (lane/direct/) */
     kvb__jobs_t jobs;           /* device-copy worker (jobs.c) */
 
@@ -371,6 +380,9 @@ typedef struct kvb__test_hooks {
                                them): an abandoned read waits the peer time-out (read.c) */
     int read_rx_waited;     /* set by the engine, read by tests (atomic add): reads abandoned with
                                answers being received into their pieces (complete.c) */
+    int notif_wire_fault;   /* notifications go out malformed (notif.c): 1 data one byte short of
+                               the lengths, 2 a message length past KVB_NOTIF_MAX_LEN, 3 a bad
+                               magic, 4 a NUL inside the name */
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 /* Atomic (relaxed): a test sets a hook while engine threads run. */
@@ -406,11 +418,18 @@ void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
 /* listener.c: the listener thread; at destroy (after it was joined), cut
- * the handshakes still in progress and wait for their threads; forget the
- * token of control connection fd (seg_mu held). */
+ * the handshakes still in progress and wait for their threads. */
 void *kvb__listen_main(void *arg);
 void kvb__hs_drain(kvb_engine_h eng);
+/* amtok.c: the message-lane token table (engine secret). Add the token of
+ * control connection fd (KVB_ERR_NOMEM; takes seg_mu); forget it (seg_mu
+ * held). */
+kvb_status_t kvb__am_token_add(kvb_engine_h eng, int fd, const uint8_t tok[KVB_HS_TOKEN_LEN]);
 void kvb__am_token_drop_locked(kvb_engine_h eng, int fd);
+/* Is tok the message-lane token of one of our live authenticated control
+ * connections (engine secret)? Marks that connection as one that wrote.
+ * Any thread (takes seg_mu). */
+bool kvb__am_token_live(kvb_engine_h eng, const uint8_t *tok);
 /* register.c: release a registration's mapping (seg_mu held, or the
  * engine being freed). */
 void kvb__seg_unmap(kvb_engine_h eng, kvb__seg_t *seg);

@@ -158,7 +158,7 @@ static void test_bounds(void)
 static kvb_status_t read_epoch(uint64_t epoch, kvb_xfer_h *xp)
 {
     kvb_block_t b = {raddr(0), laddr(0), 2 * MiB};
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, epoch};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = epoch};
     kvb_status_t st = kvb_engine_read_async_ex(g_r.eng, g_sid, &b, 1, &wp, xp);
     return st != KVB_OK ? st : kvb_xfer_wait(*xp, 10);
 }
@@ -207,7 +207,7 @@ static void test_fence_stalled_unit(void)
     reset_local();
     KVB__HOOK_SET(direct_stall_ms, 600);
     kvb_block_t b = {raddr(0), laddr(0), 512 * 1024};
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, e};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = e};
     double t0 = kvb_test_now_s();
     CHECK_EQ(kvb_engine_read_async_ex(g_r.eng, g_sid, &b, 1, &wp, &x), KVB_OK);
     usleep(150000); /* the unit is in its stall, inside the fence */
@@ -618,7 +618,8 @@ static int child_reader(char **argv)
     kvb_engine_h e = kvb_test_engine(test_transport(argv[2]), 0);
     CHECK_EQ(kvb_engine_register(e, loc, len, KVB_MEM_HOST), KVB_OK);
     kvb_engine_set_writer_tag(e, TAG);
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, strtoull(argv[6], NULL, 10)};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH,
+                             .epoch = strtoull(argv[6], NULL, 10)};
     for (size_t i = 0; i < N; i++)
         b[i] = (kvb_block_t){strtoull(argv[4], NULL, 10), (uint64_t)(uintptr_t)loc, len};
     for (int round = 0; round < 1000; round++) {

@@ -611,28 +611,6 @@ static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void
     return am_write(eng, header, hlen, data, length, param, eng->secret == NULL);
 }
 
-/* Is tok the token of one of our live authenticated control connections?
- * Tokens are per connection: one seen on the wire or taken from another
- * writer's handshake stops working when that connection closes. The first
- * write under a token marks its connection as one that wrote: the cap never
- * closes it (listener.c). */
-static bool token_live(kvb_engine_h eng, const uint8_t *tok)
-{
-    long hit = -1;
-    pthread_mutex_lock(&eng->seg_mu);
-    for (size_t i = 0; i < eng->n_am_toks; i++)
-        if (kvb__ct_equal(tok, eng->am_toks[i].tok, KVB_HS_TOKEN_LEN))
-            hit = (long)i;
-    if (hit >= 0 && !eng->am_toks[hit].used) {
-        eng->am_toks[hit].used = true;
-        for (size_t i = 0; i < eng->n_notify; i++)
-            if (eng->notify[i].fd == eng->am_toks[hit].fd)
-                eng->notify[i].used = true;
-    }
-    pthread_mutex_unlock(&eng->seg_mu);
-    return hit >= 0;
-}
-
 /* Token first, then the write header. One 16-byte compare per live
  * connection per message (each up to am_chunk_bytes). Without a secret here
  * the token is ignored. */
@@ -643,7 +621,7 @@ static ucs_status_t am_write_auth_cb(void *arg, const void *header, size_t hlen,
     const uint8_t *h = header;
     if (hlen < KVB_HS_TOKEN_LEN)
         return am_write(eng, h, hlen, data, length, param, false);
-    bool ok = eng->secret == NULL || token_live(eng, h);
+    bool ok = eng->secret == NULL || kvb__am_token_live(eng, h);
     return am_write(eng, h + KVB_HS_TOKEN_LEN, hlen - KVB_HS_TOKEN_LEN, data, length, param, ok);
 }
 
