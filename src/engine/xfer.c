@@ -555,12 +555,12 @@ kvb_status_t kvb_engine_notify(kvb_engine_h eng, const char *sid, const void *ms
         return st;
     double left = bound - (double)(kvb__now_ns() - start) / 1e9;
     st = kvb_xfer_wait(x, left > 1e-3 ? left : 1e-3);
-    if (st == KVB_ERR_TIMEOUT) /* a send UCX has not completed: the connection is stuck */
-        kvb__conn_kill(eng, x->conn, "a notification was not sent within its time-out");
     if (st != KVB_OK)
         kvb__err_set(&eng->err, st, "session %s: notification: %s", sid,
                      st == KVB_ERR_TIMEOUT ? "not sent in time" : x->err);
-    if (st == KVB_ERR_TIMEOUT && kvb_xfer_wait(x, eng->params.peer_timeout_s) == KVB_ERR_TIMEOUT)
+    /* A send UCX has not completed: the connection is stuck; give it up. */
+    if (st == KVB_ERR_TIMEOUT && kvb_xfer_expire(x) == KVB_OK &&
+        kvb_xfer_wait(x, 2 * eng->params.peer_timeout_s + 1) == KVB_ERR_TIMEOUT)
         KVB_LOGE("session %s: notification did not end after its conn was failed", sid);
     kvb_xfer_free(x);
     return st;

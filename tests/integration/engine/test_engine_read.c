@@ -464,7 +464,7 @@ static void test_reads_need_grant(kvb_transport_t tr)
     CHECK_EQ(kvb_engine_read(r.eng, sid, &b, 1, 10), KVB_ERR_FENCED);
     CHECK(kvb_test_all(r.buf, MiB, 0));
     CHECK_EQ(kvb_engine_grant_writer(t.eng, TAG, &ep), KVB_OK);
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, ep};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = ep};
     CHECK_EQ(kvb_engine_read_async_ex(r.eng, sid, &b, 1, &wp, &x), KVB_OK);
     CHECK_EQ(kvb_xfer_wait(x, 10), KVB_OK);
     kvb_xfer_free(x);
