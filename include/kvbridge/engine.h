@@ -373,6 +373,7 @@ enum kvb_engine_limits_field {
     KVB_ENGINE_LIMITS_CONTROL = 1u << 0,  /* control_conns .. handshakes_refused */
     KVB_ENGINE_LIMITS_SESSIONS = 1u << 1, /* sessions .. sessions_refused */
     KVB_ENGINE_LIMITS_DIRECT = 1u << 2,   /* direct_files_refused, direct_files_unpopulated */
+    KVB_ENGINE_LIMITS_READS = 1u << 3,    /* read_answers .. read_conns_closed */
 };
 
 typedef struct kvb_engine_limits {
@@ -399,6 +400,13 @@ typedef struct kvb_engine_limits {
      * (default 4 GiB), or because the background warmer (default on,
      * KVBRIDGE_DIRECT_WARM_CPU) warms them instead. */
     uint64_t direct_files_refused, direct_files_unpopulated;
+    /* Target, message lane: answers to peers' read requests being sent now
+     * and their bytes (each a copy; at most 256 answers, 256 MiB, and of
+     * them at most an eighth, 32 answers and 32 MiB, to one connection);
+     * requests refused KVB_ERR_BUSY at those caps so far; and readers'
+     * connections closed because none of their answers left within the
+     * peer time-out (docs/security.md). */
+    uint64_t read_answers, read_answer_bytes, reads_refused_busy, read_conns_closed;
 } kvb_engine_limits_t;
 
 /* Snapshot of the engine's caps counters into the fields of *limits_p that

@@ -35,6 +35,8 @@ const char *kvb_status_string(kvb_status_t status)
         return "unsupported";
     case KVB_ERR_FENCED:
         return "writer fenced by the target";
+    case KVB_ERR_BUSY:
+        return "peer busy: try again";
     }
     return "unknown status";
 }

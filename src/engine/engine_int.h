@@ -326,11 +326,18 @@ struct kvb_engine {
 
     /* progress thread only */
     struct kvb_xfer *active;
-    kvb__conn_t *conns;     /* every live conn */
-    size_t am_pending;      /* incoming receives in progress, and read answers being sent:
-                               the loop keeps progressing UCX while any (engine.c) */
-    size_t am_reads;        /* read answers being sent (lane/msg/target.c's caps) */
-    size_t am_read_bytes;   /* and their bytes */
+    kvb__conn_t *conns;   /* every live conn */
+    size_t am_pending;    /* incoming receives in progress, and read answers being sent:
+                             the loop keeps progressing UCX while any (engine.c) */
+    size_t am_reads;      /* atomic writes: read answers being sent (lane/msg/target.c's caps) */
+    size_t am_read_bytes; /* atomic writes: and their bytes */
+    struct kvb__am_peer *am_peers; /* reply endpoints something of ours still answers over
+                                      (lane/msg/target.c): their shares, their time bound */
+    uint64_t am_reads_busy;        /* atomic: read requests refused as busy (the caps) */
+    uint64_t am_peers_closed;      /* atomic: reply endpoints closed, answers stuck past the
+                                      peer time-out */
+    bool am_close_safe;     /* UCX ids every endpoint indirectly (UCX_PROTO_INDIRECT_ID=on): a
+                               reply endpoint may be force-closed (engine.c ucx_init) */
     int dead_conns;         /* a conn died since the last sweep */
     uint64_t conn_failures; /* conns failed so far */
     kvb__op_t ops;          /* outstanding ops (list head) */
@@ -369,6 +376,8 @@ typedef struct kvb__test_hooks {
                                them): an abandoned read waits the peer time-out (read.c) */
     int read_rx_waited;     /* set by the engine, read by tests (atomic add): reads abandoned with
                                answers being received into their pieces (complete.c) */
+    int read_share_ignored; /* message-lane reads issue requests past the target's per-connection
+                               share (amwire.h): a reader that ignores it is refused busy */
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 /* Atomic (relaxed): a test sets a hook while engine threads run. */
@@ -380,6 +389,9 @@ extern kvb__test_hooks_t kvb__test_hooks;
 kvb_status_t kvb__engine_submit(kvb_engine_h eng, kvb__cmd_t *cmd, bool wait);
 void kvb__conn_put(kvb__conn_t *c); /* drop a reference (any thread) */
 void kvb__conn_get(kvb__conn_t *c);
+/* Any thread: have the progress thread close c's endpoint and fail c (its
+ * transfers end KVB_ERR_PEER). */
+void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 
 /* session.c */
 /* Ready connection for sid (handshake on first use or after death/staleness,
@@ -399,9 +411,6 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd);
 void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
-/* Any thread: have the progress thread close c's endpoint and fail c (its
- * transfers end KVB_ERR_PEER). */
-void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
 /* listener.c: the listener thread; at destroy (after it was joined), cut

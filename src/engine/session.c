@@ -698,21 +698,6 @@ int kvb_engine_session_direct(kvb_engine_h eng, const char *sid)
     return direct;
 }
 
-void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why)
-{
-    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
-    if (cmd == NULL)
-        return;
-    kvb__conn_get(c);
-    cmd->kind = CMD_KILL;
-    cmd->conn = c;
-    snprintf(cmd->why, sizeof(cmd->why), "%s", why);
-    if (kvb__engine_submit(eng, cmd, false) != KVB_OK) {
-        free(cmd);
-        kvb__conn_put(c);
-    }
-}
-
 kvb_status_t kvb_engine_close_session(kvb_engine_h eng, const char *sid)
 {
     kvb__session_t *s;
