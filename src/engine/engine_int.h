@@ -164,6 +164,13 @@ struct kvb_xfer {
     int failed;      /* error seen, waiting for inflight */
     int abandoned;   /* connection lost, outstanding ops ignored */
     int unsettled;   /* ended with ops in flight abandoned (kvb_xfer_drained) */
+    /* message lane: a message's send ended with an error after UCX took it
+     * (not refused by the call itself): its bytes may have reached the
+     * target, which may place them, yet no ack will say so; UCX 1.13 can
+     * complete a failed endpoint's sends before its error handler runs
+     * (ucp_ep_set_failed: discard and purge, then the callback), so the
+     * window alone does not show it. The transfer is then not drained. */
+    int send_err;
     /* message lane, reads: rendezvous answers being received straight into
      * our pieces (read.c), and when x was abandoned (its connection failed):
      * such a read ends only once they ended or the peer time-out passed */
@@ -378,6 +385,10 @@ typedef struct kvb__test_hooks {
                                answers being received into their pieces (complete.c) */
     int read_share_ignored; /* message-lane reads issue requests past the target's per-connection
                                share (amwire.h): a reader that ignores it is refused busy */
+    /* set by the engine, read by tests (tests/integration/fault8/test_sendorder.c): message-lane
+       sends that completed with an error while their transfer was still live (before its
+       connection was failed) and after; the first such UCX status */
+    int am_send_err_live, am_send_err_after, am_send_err_first;
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 /* Atomic (relaxed): a test sets a hook while engine threads run. */
