@@ -345,7 +345,8 @@ KVB_API const char *kvb_xfer_error(kvb_xfer_h xfer);
  * copy threads are done with it); 0 while it runs, and for a transfer
  * that failed with operations still in flight to a peer that stopped
  * answering (its connection was failed: bytes the peer already received
- * may still be placed if it resumes, docs/engine.md "Drained"). A
+ * may still be placed if it resumes, docs/engine.md "Drained"), or one
+ * of whose messages' sends failed after the transport took it. A
  * successful transfer is drained; so is a final read on the message and
  * staging lanes (their answers are placed only while the read runs; one
  * whose connection failed while an answer was being received straight
@@ -552,7 +553,11 @@ KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
  *   bounds one answer).
  * - Refusals by the target: KVB_ERR_UNSUPPORTED ("serves no reads") from an
  *   engine created with serve_reads = 0; a local-only region is in no
- *   peer's view (KVB_ERR_BOUNDS). docs/engine.md "One-sided reads". */
+ *   peer's view (KVB_ERR_BOUNDS); KVB_ERR_BUSY ("target busy ... try
+ *   again") when its read caps, or this connection's share of them, are
+ *   full: nothing more of the read lands, retry it later. A connection
+ *   that takes none of its answers within the target's peer time-out is
+ *   closed by the target. docs/engine.md "One-sided reads", "Read caps". */
 
 /* Synchronous read from session_id; KVB_OK when every byte is in local
  * memory. Errors and time-out as kvb_engine_write. */
