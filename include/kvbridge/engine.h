@@ -406,7 +406,7 @@ typedef struct kvb_engine_limits {
      * them at most an eighth, 32 answers and 32 MiB, to one connection);
      * requests refused KVB_ERR_BUSY at those caps so far; and readers'
      * connections closed because none of their answers left within the
-     * peer time-out (docs/security.md). */
+     * peer time-out (docs/engine.md "Read caps"). */
     uint64_t read_answers, read_answer_bytes, reads_refused_busy, read_conns_closed;
 } kvb_engine_limits_t;
 
@@ -557,7 +557,8 @@ KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
  *   again") when its read caps, or this connection's share of them, are
  *   full: nothing more of the read lands, retry it later. A connection
  *   that takes none of its answers within the target's peer time-out is
- *   closed by the target. docs/engine.md "One-sided reads", "Read caps". */
+ *   closed by the target (one with UCX peer-failure handling: not
+ *   same-host). docs/engine.md "One-sided reads", "Read caps". */
 
 /* Synchronous read from session_id; KVB_OK when every byte is in local
  * memory. Errors and time-out as kvb_engine_write. */

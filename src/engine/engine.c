@@ -101,20 +101,18 @@ static void keepalive(ucp_config_t *cfg, double peer_timeout_s)
 }
 
 /* A target closes the reply endpoint of a reader that stopped taking its
- * read answers (lane/msg/target.c). UCX then frees that endpoint; a late
- * message naming it must be looked up, not dereferenced: UCX does so for
- * endpoints with peer-failure handling only (PROTO_INDIRECT_ID=auto), and
- * the peer chooses the mode. On: every endpoint's id is looked up (one hash
- * lookup per message). Set otherwise in the environment: no reply endpoint
- * is closed (the read caps' shares still bound a reader). */
-static void indirect_ids(kvb_engine_h eng, ucp_config_t *cfg)
+ * read answers (lane/msg/target.c). UCX then frees that endpoint, and a
+ * late message naming it must be looked up, not dereferenced: UCX does so
+ * for endpoints with peer-failure handling (PROTO_INDIRECT_ID=auto, its
+ * default; the only ones it lets us force-close). UCX_PROTO_INDIRECT_ID=off
+ * in the environment: no reply endpoint is closed (the read caps' shares
+ * still bound a reader). */
+static void indirect_ids(kvb_engine_h eng)
 {
     const char *v = getenv("UCX_PROTO_INDIRECT_ID");
-    if (v != NULL)
-        eng->am_close_safe = strcasecmp(v, "on") == 0 || strcasecmp(v, "y") == 0 ||
-                             strcasecmp(v, "yes") == 0 || strcmp(v, "1") == 0;
-    else
-        eng->am_close_safe = ucp_config_modify(cfg, "PROTO_INDIRECT_ID", "on") == UCS_OK;
+    eng->am_close_safe = v == NULL || strcasecmp(v, "auto") == 0 || strcasecmp(v, "on") == 0 ||
+                         strcasecmp(v, "y") == 0 || strcasecmp(v, "yes") == 0 ||
+                         strcmp(v, "1") == 0;
     if (!eng->am_close_safe)
         KVB_LOGD("UCX ids endpoints directly: stuck readers' endpoints are not closed");
 }
@@ -134,7 +132,7 @@ static kvb_status_t ucx_init(kvb_engine_h eng)
     if (eng->params.transport != KVB_TRANSPORT_SHM && getenv("UCX_TLS") == NULL)
         tcp_segments(cfg);
     keepalive(cfg, eng->params.peer_timeout_s);
-    indirect_ids(eng, cfg);
+    indirect_ids(eng);
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     p.mt_workers_shared = 1;

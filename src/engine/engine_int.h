@@ -343,11 +343,12 @@ struct kvb_engine {
     uint64_t am_reads_busy;        /* atomic: read requests refused as busy (the caps) */
     uint64_t am_peers_closed;      /* atomic: reply endpoints closed, answers stuck past the
                                       peer time-out */
-    bool am_close_safe;     /* UCX ids every endpoint indirectly (UCX_PROTO_INDIRECT_ID=on): a
-                               reply endpoint may be force-closed (engine.c ucx_init) */
-    int dead_conns;         /* a conn died since the last sweep */
-    uint64_t conn_failures; /* conns failed so far */
-    kvb__op_t ops;          /* outstanding ops (list head) */
+    bool am_close_safe;            /* UCX ids endpoints with peer-failure handling indirectly
+                                      (UCX_PROTO_INDIRECT_ID not off): such a reply endpoint may be
+                                      force-closed (engine.c ucx_init) */
+    int dead_conns;                /* a conn died since the last sweep */
+    uint64_t conn_failures;        /* conns failed so far */
+    kvb__op_t ops;                 /* outstanding ops (list head) */
     uint64_t next_xfer_id;
     uint64_t acks_ignored; /* acks from another connection or for no outstanding message */
 

@@ -20,7 +20,12 @@
  *   reports one reader connection closed, the attacker still alive;
  * - a genuine reader keeps within its share by itself (a 64 MiB read in
  *   16 MiB requests succeeds); told to ignore it (test hook), its read is
- *   refused with KVB_ERR_BUSY and "target busy ... try again". */
+ *   refused with KVB_ERR_BUSY and "target busy ... try again".
+ * With argument "none" the attacker's endpoint asks for no peer-failure
+ * handling: UCX refuses to force-close the target's side of it, so the
+ * attacker keeps its share past the peer time-out (and past its death:
+ * such an endpoint learns of none), asserted, and genuine reads still
+ * succeed. */
 #include "engine/engine_int.h"
 #include "engine/handshake.h"
 #include "engine/lane/msg/amwire.h"
@@ -103,7 +108,7 @@ static int attacker_hs(uint16_t port, kvb__hs_reply_t *r)
     return fd; /* left open: the listener keeps it */
 }
 
-static void attacker(int report_fd, uint16_t port, uint64_t addr)
+static void attacker(int report_fd, uint16_t port, uint64_t addr, ucp_err_handling_mode_t mode)
 {
     kvb__hs_reply_t r;
     if (attacker_hs(port, &r) < 0)
@@ -123,7 +128,7 @@ static void attacker(int report_fd, uint16_t port, uint64_t addr)
     ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                           UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
                             .address = (const ucp_address_t *)r.waddr,
-                            .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+                            .err_mode = mode};
     if (ucp_worker_set_am_recv_handler(w, &hp) != UCS_OK || ucp_ep_create(w, &ep_p, &ep) != UCS_OK)
         _exit(12);
     static uint8_t hdr[NREQ][AM_HDR_FIXED + AM_DESC];
@@ -235,8 +240,11 @@ static void kill_attacker(void) /* every exit of the parent, a failed CHECK's to
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* "none": the attacker's endpoint asks for no peer-failure handling,
+     * which UCX lets the target neither detect nor force-close */
+    bool peer_mode = argc < 2 || strcmp(argv[1], "none") != 0;
     int go[2], rep[2];
     CHECK_EQ(pipe(go), 0);
     CHECK_EQ(pipe(rep), 0);
@@ -252,7 +260,8 @@ int main(void)
         close(rep[0]);
         if (read(go[0], &m, sizeof(m)) != (ssize_t)sizeof(m))
             _exit(2);
-        attacker(rep[1], m.port, m.addr);
+        attacker(rep[1], m.port, m.addr,
+                 peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE);
         _exit(0);
     }
     g_attacker = a;
@@ -311,9 +320,24 @@ int main(void)
             "reader connections closed: %llu; attacker alive: %s\n",
             t_freed, PEER_TO, (unsigned long long)l.read_conns_closed,
             kill(a, 0) == 0 ? "yes" : "no");
+    CHECK_EQ(kill(a, 0), 0);
+    if (!peer_mode) { /* UCX refuses the forced close: it keeps its share, no more */
+        CHECK(t_freed < 0);
+        CHECK_EQ(l.read_conns_closed, 0);
+        CHECK_EQ(l.read_answer_bytes, 2ull * EACH);
+        read_4k(rd, sid, mine, pool, 4096 * 7, "the attacker still holding its share");
+        kill_attacker();
+        l = limits(tgt);
+        fprintf(stderr, "reads: attacker killed: %llu answers (%llu bytes) in flight\n",
+                (unsigned long long)l.read_answers, (unsigned long long)l.read_answer_bytes);
+        read_4k(rd, sid, mine, pool, 4096 * 9, "after the attacker was killed");
+        kvb_engine_destroy(rd);
+        kvb_engine_destroy(tgt);
+        TEST_PASS("read caps: a stuck reader without peer-failure handling holds its share only");
+        return 0;
+    }
     CHECK(t_freed >= PEER_TO - 0.05);
     CHECK_EQ(l.read_conns_closed, 1);
-    CHECK_EQ(kill(a, 0), 0);
     read_4k(rd, sid, mine, pool, 4096 * 7, "after the attacker's connection was closed");
 
     share_kept_or_busy(tgt, sid, pool);

@@ -11,8 +11,6 @@ kvb_status_t kvb__am_target_register(kvb_engine_h eng);
  * being sent none of which left within the peer time-out (their copies and
  * their share of the caps freed). */
 void kvb__am_target_tick(kvb_engine_h eng);
-/* The engine is freed (its worker gone): the peers' records. */
-void kvb__am_target_fini(kvb_engine_h eng);
 /* kvb_engine_limits: the read caps' counters (KVB_ENGINE_LIMITS_READS). */
 void kvb__am_target_stats(kvb_engine_h eng, kvb_engine_limits_t *l);
 

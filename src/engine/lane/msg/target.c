@@ -15,8 +15,9 @@
  * connection (one reply endpoint), so one reader cannot hold them all;
  * past either a request is refused KVB_ERR_BUSY ("try again"). A
  * connection none of whose answers leaves within the peer time-out (a
- * reader that stopped taking them) is closed (kvb__am_target_tick): its
- * answers' copies and its share are freed. A request touching device
+ * reader that stopped taking them) is closed where UCX allows it (peer
+ * failure handling: kvb__am_target_tick): its answers' copies and its
+ * share are freed. A request touching device
  * memory is gathered by the driver into pinned host memory (at most
  * KVBRIDGE_CUDA_STAGE_MSG_MAX bytes, as a staged write) on the device-copy
  * worker, as a staged write is placed: counted against the caps from its
@@ -50,6 +51,7 @@ typedef struct kvb__am_peer {
     size_t sending;      /* answers whose send is in progress */
     uint64_t since_ns;   /* sending: when one of them last left, or the first began */
     bool closed;         /* closed by us: nothing more is sent over ep */
+    bool unclosable;     /* UCX refused to close it (no peer-failure handling) */
 } am_peer_t;
 
 typedef struct read_ans { /* a read's answer (see "read requests" below) */
@@ -66,6 +68,7 @@ typedef struct read_ans { /* a read's answer (see "read requests" below) */
 
 static void ans_answer(read_ans_t *a, uint64_t xid, uint64_t mid, kvb_status_t st, const char *why);
 static void ans_free(read_ans_t *a);
+static void ans_drop(read_ans_t *a);
 
 /* A write's message being placed, or a read request touching device memory
  * being gathered (ans set): the staged copy runs on the device-copy worker
@@ -267,8 +270,7 @@ static void copy_done(kvb_engine_h eng, kvb__job_t *j) /* progress thread */
 }
 
 /* The engine stops: nobody to answer (the peer's transfer fails with its
- * connection); the segments and the fence count are released (the peers
- * go with the engine: kvb__am_target_fini). */
+ * connection); the segments and the fence count are released. */
 static void copy_drop(kvb_engine_h eng, kvb__job_t *j)
 {
     am_recv_t *rc = (am_recv_t *)j;
@@ -276,7 +278,8 @@ static void copy_drop(kvb_engine_h eng, kvb__job_t *j)
     kvb__fence_done(eng, (uint32_t)(rc->msg_id >> 32), rc->epoch);
     kvb__cuda_stage_put(rc->stage, rc->stage_len);
     if (rc->ans != NULL) /* memory only: the engine's counters go with it */
-        ans_free(rc->ans);
+        ans_drop(rc->ans);
+    peer_put(eng, rc->pe);
     free(rc->pinned);
     free(rc->iov);
     free(rc);
@@ -348,9 +351,21 @@ static void ans_free(read_ans_t *a)
     free(a);
 }
 
-static void ans_release(kvb__op_t *op) /* the engine is freed: memory only */
+/* Memory only (the engine stops): a and its reference on its peer. The
+ * peers are freed this way, with their last reference, never all at once:
+ * UCX may still complete sends while its worker is destroyed, after the
+ * lanes' fini. */
+static void ans_drop(read_ans_t *a)
 {
-    ans_free((read_ans_t *)op);
+    kvb_engine_h eng = a->eng;
+    am_peer_t *pe = a->pe;
+    ans_free(a);
+    peer_put(eng, pe);
+}
+
+static void ans_release(kvb__op_t *op) /* the engine is freed */
+{
+    ans_drop((read_ans_t *)op);
 }
 
 /* a's count against the caps (the engine's, its peer's share) ends. */
@@ -785,7 +800,10 @@ kvb_status_t kvb__am_target_register(kvb_engine_h eng)
  * them canceled: ans_done frees their copies and their share), and nothing
  * of ours sends over it again (closed). An endpoint that is also one of
  * our own connections' (UCX made the peer's and ours one) is closed by
- * killing that connection, as a stuck session is (its transfers fail). */
+ * killing that connection, as a stuck session is (its transfers fail).
+ * UCX force-closes only an endpoint with peer-failure handling (it refuses
+ * one without: a same-host reader's, or a peer that asked for none): such
+ * a reader keeps its share (unclosable). */
 static void peer_close(kvb_engine_h eng, am_peer_t *pe, double idle_s)
 {
     char why[200];
@@ -793,13 +811,11 @@ static void peer_close(kvb_engine_h eng, am_peer_t *pe, double idle_s)
              "a reader took none of %zu read answers (%llu bytes) within the peer time-out "
              "(%.1f s): its connection is closed",
              pe->sending, (unsigned long long)pe->read_bytes, idle_s);
-    KVB_LOGW("engine %s: %s", eng->sid, why);
-    __atomic_add_fetch(&eng->am_peers_closed, 1, __ATOMIC_RELAXED);
-    pe->closed = true;
-    pe->refs++; /* the callbacks below may drop the others */
     kvb__conn_t *c = eng->conns;
     while (c != NULL && c->ep != pe->ep)
         c = c->next_all;
+    pe->refs++;        /* the callbacks below may drop the others */
+    pe->closed = true; /* before: they may answer */
     if (c != NULL) {
         kvb__conn_kill(eng, c, why);
     } else {
@@ -808,7 +824,20 @@ static void peer_close(kvb_engine_h eng, am_peer_t *pe, double idle_s)
         void *r = ucp_ep_close_nbx(pe->ep, &p);
         if (UCS_PTR_IS_PTR(r))
             ucp_request_free(r); /* released when it completes */
+        if (UCS_PTR_IS_ERR(r)) { /* nothing done */
+            pe->closed = false;
+            pe->unclosable = true;
+            snprintf(why, sizeof(why),
+                     "a reader took none of %zu read answers (%llu bytes) within the peer "
+                     "time-out; its connection has no peer-failure handling (%s): it keeps "
+                     "its share",
+                     pe->sending, (unsigned long long)pe->read_bytes,
+                     ucs_status_string(UCS_PTR_STATUS(r)));
+        }
     }
+    KVB_LOGW("engine %s: %s", eng->sid, why);
+    if (pe->closed)
+        __atomic_add_fetch(&eng->am_peers_closed, 1, __ATOMIC_RELAXED);
     peer_put(eng, pe);
 }
 
@@ -820,26 +849,16 @@ void kvb__am_target_tick(kvb_engine_h eng)
     am_peer_t *pe = eng->am_peers, *next;
     for (; pe != NULL; pe = next) {
         next = pe->next; /* pe may be freed; the others are not touched */
-        if (pe->closed || pe->sending == 0 || now - pe->since_ns <= bound)
+        if (pe->closed || pe->unclosable || pe->sending == 0 || now - pe->since_ns <= bound)
             continue;
         if (!eng->am_close_safe) { /* only the shares bound it then; said once per bound */
             KVB_LOGW("engine %s: a reader took none of %zu read answers within the peer "
-                     "time-out; its connection is not closed (UCX_PROTO_INDIRECT_ID is set, "
-                     "not to 'on')",
+                     "time-out; its connection is not closed (UCX_PROTO_INDIRECT_ID=off)",
                      eng->sid, pe->sending);
             pe->since_ns = now;
             continue;
         }
         peer_close(eng, pe, (double)(now - pe->since_ns) / 1e9);
-    }
-}
-
-void kvb__am_target_fini(kvb_engine_h eng)
-{
-    while (eng->am_peers != NULL) {
-        am_peer_t *pe = eng->am_peers;
-        eng->am_peers = pe->next;
-        free(pe);
     }
 }
 
