@@ -253,7 +253,7 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
  * flight are those of its running reads (a read's slots hold their sizes;
  * those of a read that ended are not counted, the target drops them as
  * soon as their answers reach us). */
-static bool read_room(kvb_engine_h eng, const kvb__conn_t *c, uint64_t chunk)
+static bool conn_read_room(kvb_engine_h eng, const kvb__conn_t *c, uint64_t chunk)
 {
     size_t n = 0;
     uint64_t bytes = 0;
@@ -271,7 +271,7 @@ static void am_issue(kvb_engine_h eng, struct kvb_xfer *x)
         eng->params.am_chunk_bytes < AM_READ_MAX ? eng->params.am_chunk_bytes : AM_READ_MAX;
     while (x->next < x->n && x->inflight < AM_WINDOW && !x->failed && !x->abandoned &&
            x->pos < __atomic_load_n(&x->stage_ready, __ATOMIC_ACQUIRE) &&
-           (!x->read || KVB__HOOK(read_share_ignored) || read_room(eng, x->conn, chunk))) {
+           (!x->read || KVB__HOOK(read_share_ignored) || conn_read_room(eng, x->conn, chunk))) {
         size_t niov;
         uint64_t bytes;
         am_msg_t *m = am_build(eng, x, &niov, &bytes);
