@@ -333,6 +333,8 @@ int main(int argc, char **argv)
         read_4k(rd, sid, mine, pool, 4096 * 9, "after the attacker was killed");
         kvb_engine_destroy(rd);
         kvb_engine_destroy(tgt);
+        free(pool);
+        free(mine);
         TEST_PASS("read caps: a stuck reader without peer-failure handling holds its share only");
         return 0;
     }
