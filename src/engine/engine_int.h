@@ -62,6 +62,12 @@ struct kvb__conn {
     struct kvb__cuda_conn *cuda; /* the peer's device-memory segments (mem_cuda.c), or NULL */
     struct kvb__cuda_ipc_conn *cuda_ipc; /* the CUDA IPC lane's imports (lane/cuda_ipc/), or NULL */
     size_t rxlen;
+    /* progress thread: message-lane read requests of running reads in
+     * flight on this connection, and their bytes (lane/msg/read.c counts
+     * them per window slot, complete.c's finish drops a read's last ones):
+     * kept within the target's share (amwire.h) */
+    size_t am_reads_out;
+    uint64_t am_read_out;
     kvb__conn_t *next_all;
 };
 

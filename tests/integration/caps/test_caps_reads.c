@@ -19,8 +19,9 @@
  *   PEER_TO + 2 s: the target's answer count and bytes return to 0 and it
  *   reports one reader connection closed, the attacker still alive;
  * - a genuine reader keeps within its share by itself (a 64 MiB read in
- *   16 MiB requests succeeds); told to ignore it (test hook), its read is
- *   refused with KVB_ERR_BUSY and "target busy ... try again".
+ *   16 MiB requests, and eight concurrent 8 MiB reads, succeed, none
+ *   refused); told to ignore it (test hook), its read is refused with
+ *   KVB_ERR_BUSY and "target busy ... try again", and reads again after.
  * With argument "none" the attacker's endpoint asks for no peer-failure
  * handling: UCX refuses to force-close the target's side of it, so the
  * attacker keeps its share past the peer time-out (and past its death:
@@ -213,7 +214,23 @@ static void share_kept_or_busy(kvb_engine_h tgt, const char *sid, const uint8_t 
             kvb_status_string(st));
     CHECK_EQ(st, KVB_OK);
     CHECK(memcmp(big, pool, POOL) == 0);
+    /* eight reads of 8 MiB at once (4 times the share in 16 MiB requests):
+     * they queue on the connection's share, none is refused */
     uint64_t busy0 = limits(tgt).reads_refused_busy;
+    kvb_xfer_h xs[8];
+    memset(big, 0, POOL);
+    for (int k = 0; k < 8; k++) {
+        kvb_block_t b = {(uint64_t)(uintptr_t)pool + (uint64_t)k * (POOL / 8),
+                         (uint64_t)(uintptr_t)big + (uint64_t)k * (POOL / 8), POOL / 8};
+        CHECK_EQ(kvb_engine_read_async(rd, sid, &b, 1, &xs[k]), KVB_OK);
+    }
+    for (int k = 0; k < 8; k++) {
+        CHECK_EQ(kvb_xfer_wait(xs[k], 20.0), KVB_OK);
+        kvb_xfer_free(xs[k]);
+    }
+    CHECK(memcmp(big, pool, POOL) == 0);
+    CHECK_EQ(limits(tgt).reads_refused_busy, busy0);
+    fprintf(stderr, "reads: 8 concurrent 8 MiB reads on one connection -> ok, none refused\n");
     KVB__HOOK_SET(read_share_ignored, 1);
     st = read_big(rd, sid, big, pool);
     KVB__HOOK_SET(read_share_ignored, 0);
@@ -225,6 +242,12 @@ static void share_kept_or_busy(kvb_engine_h tgt, const char *sid, const uint8_t 
     CHECK_STR_CONTAINS(kvb_engine_last_error(rd), "target busy");
     CHECK_STR_CONTAINS(kvb_engine_last_error(rd), "try again");
     CHECK(limits(tgt).reads_refused_busy > busy0);
+    /* the refused read's requests left the connection's count: it reads again */
+    st = read_big(rd, sid, big, pool);
+    fprintf(stderr, "reads: the 64 MiB read again, within the share -> %s\n",
+            kvb_status_string(st));
+    CHECK_EQ(st, KVB_OK);
+    CHECK(memcmp(big, pool, POOL) == 0);
     kvb_engine_destroy(rd);
     free(big);
 }

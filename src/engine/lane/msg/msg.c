@@ -249,20 +249,12 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
 /* Room on c for one more read request of up to chunk bytes? A target
  * answers one connection at most AM_READS_CONN_MAX requests of at most
  * AM_READ_CONN_BYTES_MAX bytes at once and refuses more as busy
- * (amwire.h), so our reads on c wait for room instead: the requests in
- * flight are those of its running reads (a read's slots hold their sizes;
- * those of a read that ended are not counted, the target drops them as
- * soon as their answers reach us). */
-static bool conn_read_room(kvb_engine_h eng, const kvb__conn_t *c, uint64_t chunk)
+ * (amwire.h), so our reads on c wait for room instead. Counted: the
+ * requests of c's running reads (c->am_reads_out); those of a read that
+ * ended are not, the target drops them as soon as their answers reach us. */
+static bool conn_read_room(const kvb__conn_t *c, uint64_t chunk)
 {
-    size_t n = 0;
-    uint64_t bytes = 0;
-    for (const struct kvb_xfer *y = eng->active; y != NULL; y = y->next_active)
-        for (size_t i = 0; y->conn == c && y->read && !y->abandoned && i < y->inflight; i++) {
-            n += y->am_len[i] > 0;
-            bytes += y->am_len[i];
-        }
-    return n < AM_READS_CONN_MAX && bytes + chunk <= AM_READ_CONN_BYTES_MAX;
+    return c->am_reads_out < AM_READS_CONN_MAX && c->am_read_out + chunk <= AM_READ_CONN_BYTES_MAX;
 }
 
 static void am_issue(kvb_engine_h eng, struct kvb_xfer *x)
@@ -271,7 +263,7 @@ static void am_issue(kvb_engine_h eng, struct kvb_xfer *x)
         eng->params.am_chunk_bytes < AM_READ_MAX ? eng->params.am_chunk_bytes : AM_READ_MAX;
     while (x->next < x->n && x->inflight < AM_WINDOW && !x->failed && !x->abandoned &&
            x->pos < __atomic_load_n(&x->stage_ready, __ATOMIC_ACQUIRE) &&
-           (!x->read || KVB__HOOK(read_share_ignored) || conn_read_room(eng, x->conn, chunk))) {
+           (!x->read || KVB__HOOK(read_share_ignored) || conn_read_room(x->conn, chunk))) {
         size_t niov;
         uint64_t bytes;
         am_msg_t *m = am_build(eng, x, &niov, &bytes);
