@@ -375,7 +375,8 @@ KVB_API const char *kvb_xfer_error(kvb_xfer_h xfer);
  * copy threads are done with it); 0 while it runs, and for a transfer
  * that failed with operations still in flight to a peer that stopped
  * answering (its connection was failed: bytes the peer already received
- * may still be placed if it resumes, docs/engine.md "Drained"). A
+ * may still be placed if it resumes, docs/engine.md "Drained"), or one
+ * of whose messages' sends failed after the transport took it. A
  * successful transfer is drained; so is a final read on the message and
  * staging lanes (their answers are placed only while the read runs; one
  * whose connection failed while an answer was being received straight
@@ -404,6 +405,7 @@ enum kvb_engine_limits_field {
     KVB_ENGINE_LIMITS_SESSIONS = 1u << 1, /* sessions .. sessions_refused */
     KVB_ENGINE_LIMITS_DIRECT = 1u << 2,   /* direct_files_refused, direct_files_unpopulated */
     KVB_ENGINE_LIMITS_NOTIFS = 1u << 3,   /* notifs_queued .. notifs_refused */
+    KVB_ENGINE_LIMITS_READS = 1u << 4,    /* read_answers .. read_conns_closed */
 };
 
 typedef struct kvb_engine_limits {
@@ -436,6 +438,13 @@ typedef struct kvb_engine_limits {
      * dropped because the queue was full; and refused: malformed, too long,
      * or without the engine-secret token where one is required. */
     uint64_t notifs_queued, notifs_queued_bytes, notifs_dropped, notifs_refused;
+    /* Target, message lane: answers to peers' read requests being sent now
+     * and their bytes (each a copy; at most 256 answers, 256 MiB, and of
+     * them at most an eighth, 32 answers and 32 MiB, to one connection);
+     * requests refused KVB_ERR_BUSY at those caps so far; and readers'
+     * connections closed because none of their answers left within the
+     * peer time-out (docs/engine.md "Read caps"). */
+    uint64_t read_answers, read_answer_bytes, reads_refused_busy, read_conns_closed;
 } kvb_engine_limits_t;
 
 /* Snapshot of the engine's caps counters into the fields of *limits_p that
@@ -596,9 +605,14 @@ KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
  * - Refusals by the target: KVB_ERR_UNSUPPORTED ("serves no reads") from an
  *   engine created with serve_reads = 0; KVB_ERR_FENCED ("only under a live
  *   grant") for an epoch-0 read from one created with reads_need_grant = 1;
- *   a local-only region is in no peer's view (KVB_ERR_BOUNDS). The message
- *   lane's target decides these; direct-lane and put-lane readers are not
- *   asked (docs/security.md). docs/engine.md "One-sided reads". */
+ *   a local-only region is in no peer's view (KVB_ERR_BOUNDS); KVB_ERR_BUSY
+ *   ("target busy ... try again") when its read caps, or this connection's
+ *   share of them, are full: nothing more of the read lands, retry it later.
+ *   A connection that takes none of its answers within the target's peer
+ *   time-out is closed by the target (one with UCX peer-failure handling:
+ *   not same-host). The message lane's target decides these; direct-lane
+ *   and put-lane readers are not asked (docs/security.md). docs/engine.md
+ *   "One-sided reads", "Read caps". */
 
 /* Synchronous read from session_id; KVB_OK when every byte is in local
  * memory. Errors and time-out as kvb_engine_write. */

@@ -247,7 +247,8 @@ class TransferEngine(L.Closeable):
         (inside memory the peer session_id registered) into local_ptrs[i]
         (inside memory registered here) and wait. Returns 0 or the negative
         kvb_status_t, as batch_transfer_sync (-3: a range outside a
-        registration, nothing read; -15: the target revoked the grant)."""
+        registration, nothing read; -15: the target revoked the grant; -16:
+        the target's read caps are full, retry later)."""
         return self._sync(session_id, remote_ptrs, local_ptrs, lengths, timeout, True)
 
     def _sync(self, session_id, src_ptrs, dst_ptrs, lengths, timeout, read):

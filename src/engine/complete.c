@@ -93,9 +93,16 @@ static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st, bool r
      * (a stopped peer resumes), so the transfer is not provably drained;
      * unless it is a read its lane gates (its answers are dropped now), and
      * none of its answers is still being received into its pieces (a read
-     * waited for them, rx_waiting, up to the peer time-out). */
-    x->unsettled = (x->inflight > 0 && !(x->read && (x->lane->caps & KVB__LANE_READ_GATED))) ||
-                   (x->am_rx > 0 && !rx_stopped);
+     * waited for them, rx_waiting, up to the peer time-out). A message
+     * whose send failed after UCX took it may have landed as well
+     * (x->send_err, lane/msg/msg.c). */
+    bool gated = x->read && (x->lane->caps & KVB__LANE_READ_GATED);
+    for (size_t i = 0; x->read && i < x->inflight && i < KVB__AM_WINDOW; i++)
+        if (x->am_len[i] > 0) { /* message-lane requests: out of the conn's count */
+            x->conn->am_reads_out--;
+            x->conn->am_read_out -= x->am_len[i];
+        }
+    x->unsettled = ((x->inflight > 0 || x->send_err) && !gated) || (x->am_rx > 0 && !rx_stopped);
     x->abandoned = 1; /* callbacks of ops still outstanding leave it alone */
     kvb__xfer_publish(x, st);
 }

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -104,6 +105,23 @@ static void keepalive(ucp_config_t *cfg, double peer_timeout_s)
         KVB_LOGD("UCX does not know KEEPALIVE_INTERVAL; left at its default");
 }
 
+/* A target closes the reply endpoint of a reader that stopped taking its
+ * read answers (lane/msg/target.c). UCX then frees that endpoint, and a
+ * late message naming it must be looked up, not dereferenced: UCX does so
+ * for endpoints with peer-failure handling (PROTO_INDIRECT_ID=auto, its
+ * default; the only ones it lets us force-close). UCX_PROTO_INDIRECT_ID=off
+ * in the environment: no reply endpoint is closed (the read caps' shares
+ * still bound a reader). */
+static void indirect_ids(kvb_engine_h eng)
+{
+    const char *v = getenv("UCX_PROTO_INDIRECT_ID");
+    eng->am_close_safe = v == NULL || strcasecmp(v, "auto") == 0 || strcasecmp(v, "on") == 0 ||
+                         strcasecmp(v, "y") == 0 || strcasecmp(v, "yes") == 0 ||
+                         strcmp(v, "1") == 0;
+    if (!eng->am_close_safe)
+        KVB_LOGD("UCX ids endpoints directly: stuck readers' endpoints are not closed");
+}
+
 static kvb_status_t ucx_init(kvb_engine_h eng)
 {
     ucp_config_t *cfg;
@@ -119,6 +137,7 @@ static kvb_status_t ucx_init(kvb_engine_h eng)
     if (eng->params.transport != KVB_TRANSPORT_SHM && getenv("UCX_TLS") == NULL)
         tcp_segments(cfg);
     keepalive(cfg, eng->params.peer_timeout_s);
+    indirect_ids(eng);
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     p.mt_workers_shared = 1;
@@ -380,6 +399,7 @@ static void *progress_main(void *arg)
             handle_events(eng, 0);
             expire_overdue(eng);
         }
+        kvb__lanes_tick(eng);
         if (eng->dead_conns > 0) {
             eng->dead_conns = 0;
             close_dead_eps(eng);

@@ -63,6 +63,12 @@ struct kvb__conn {
     struct kvb__cuda_conn *cuda; /* the peer's device-memory segments (mem_cuda.c), or NULL */
     struct kvb__cuda_ipc_conn *cuda_ipc; /* the CUDA IPC lane's imports (lane/cuda_ipc/), or NULL */
     size_t rxlen;
+    /* progress thread: message-lane read requests of running reads in
+     * flight on this connection, and their bytes (lane/msg/read.c counts
+     * them per window slot, complete.c's finish drops a read's last ones):
+     * kept within the target's share (amwire.h) */
+    size_t am_reads_out;
+    uint64_t am_read_out;
     kvb__conn_t *next_all;
 };
 
@@ -167,6 +173,13 @@ struct kvb_xfer {
     int failed;      /* error seen, waiting for inflight */
     int abandoned;   /* connection lost, outstanding ops ignored */
     int unsettled;   /* ended with ops in flight abandoned (kvb_xfer_drained) */
+    /* message lane: a message's send ended with an error after UCX took it
+     * (not refused by the call itself): its bytes may have reached the
+     * target, which may place them, yet no ack will say so; UCX 1.13 can
+     * complete a failed endpoint's sends before its error handler runs
+     * (ucp_ep_set_failed: discard and purge, then the callback), so the
+     * window alone does not show it. The transfer is then not drained. */
+    int send_err;
     /* message lane, reads: rendezvous answers being received straight into
      * our pieces (read.c), and when x was abandoned (its connection failed):
      * such a read ends only once they ended or the peer time-out passed */
@@ -335,14 +348,22 @@ struct kvb_engine {
 
     /* progress thread only */
     struct kvb_xfer *active;
-    kvb__conn_t *conns;     /* every live conn */
-    size_t am_pending;      /* incoming receives in progress, and read answers being sent:
-                               the loop keeps progressing UCX while any (engine.c) */
-    size_t am_reads;        /* read answers being sent (lane/msg/target.c's caps) */
-    size_t am_read_bytes;   /* and their bytes */
-    int dead_conns;         /* a conn died since the last sweep */
-    uint64_t conn_failures; /* conns failed so far */
-    kvb__op_t ops;          /* outstanding ops (list head) */
+    kvb__conn_t *conns;   /* every live conn */
+    size_t am_pending;    /* incoming receives in progress, and read answers being sent:
+                             the loop keeps progressing UCX while any (engine.c) */
+    size_t am_reads;      /* atomic writes: read answers being sent (lane/msg/target.c's caps) */
+    size_t am_read_bytes; /* atomic writes: and their bytes */
+    struct kvb__am_peer *am_peers; /* reply endpoints something of ours still answers over
+                                      (lane/msg/target.c): their shares, their time bound */
+    uint64_t am_reads_busy;        /* atomic: read requests refused as busy (the caps) */
+    uint64_t am_peers_closed;      /* atomic: reply endpoints closed, answers stuck past the
+                                      peer time-out */
+    bool am_close_safe;            /* UCX ids endpoints with peer-failure handling indirectly
+                                      (UCX_PROTO_INDIRECT_ID not off): such a reply endpoint may be
+                                      force-closed (engine.c ucx_init) */
+    int dead_conns;                /* a conn died since the last sweep */
+    uint64_t conn_failures;        /* conns failed so far */
+    kvb__op_t ops;                 /* outstanding ops (list head) */
     uint64_t next_xfer_id;
     uint64_t acks_ignored; /* acks from another connection or for no outstanding message */
 
@@ -383,6 +404,12 @@ typedef struct kvb__test_hooks {
     int notif_wire_fault;   /* notifications go out malformed (notif.c): 1 data one byte short of
                                the lengths, 2 a message length past KVB_NOTIF_MAX_LEN, 3 a bad
                                magic, 4 a NUL inside the name */
+    int read_share_ignored; /* message-lane reads issue requests past the target's per-connection
+                               share (amwire.h): a reader that ignores it is refused busy */
+    /* set by the engine, read by tests (tests/integration/fault8/test_sendorder.c): message-lane
+       sends that completed with an error while their transfer was still live (before its
+       connection was failed) and after; the first such UCX status */
+    int am_send_err_live, am_send_err_after, am_send_err_first;
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 /* Atomic (relaxed): a test sets a hook while engine threads run. */
@@ -394,6 +421,9 @@ extern kvb__test_hooks_t kvb__test_hooks;
 kvb_status_t kvb__engine_submit(kvb_engine_h eng, kvb__cmd_t *cmd, bool wait);
 void kvb__conn_put(kvb__conn_t *c); /* drop a reference (any thread) */
 void kvb__conn_get(kvb__conn_t *c);
+/* Any thread: have the progress thread close c's endpoint and fail c (its
+ * transfers end KVB_ERR_PEER). */
+void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 
 /* session.c */
 /* Ready connection for sid (handshake on first use or after death/staleness,
@@ -413,8 +443,6 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd);
 void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
-/* Any thread: have the progress thread close c's endpoint and fail c (its
- * transfers end KVB_ERR_PEER). */
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
 /* listener.c: the listener thread; at destroy (after it was joined), cut

@@ -132,6 +132,9 @@ typedef struct kvb__lane {
     /* Progress thread, for a write this lane submitted there (complete.c's
      * list): issue what x's window allows now. */
     void (*progress)(kvb_engine_h eng, struct kvb_xfer *x);
+    /* Progress thread, every pass of its loop: the lane's own time bounds
+     * (cheap when there is nothing to bound). */
+    void (*tick)(kvb_engine_h eng);
     /* kvb_engine_limits: fill the counters this lane keeps. */
     void (*stats)(kvb_engine_h eng, kvb_engine_limits_t *l);
 } kvb__lane_t;
@@ -157,5 +160,6 @@ void kvb__lanes_detach(kvb__conn_t *c);
 void kvb__lanes_choose(kvb_engine_h eng, struct kvb_xfer *x, kvb__mem_kind_t src,
                        kvb__mem_kind_t dst, const long *dst_seg, const kvb__wblocks_t *w);
 void kvb__lanes_stats(kvb_engine_h eng, kvb_engine_limits_t *l);
+void kvb__lanes_tick(kvb_engine_h eng);
 
 #endif

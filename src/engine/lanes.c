@@ -127,3 +127,10 @@ void kvb__lanes_stats(kvb_engine_h eng, kvb_engine_limits_t *lim)
         if ((*l)->stats != NULL)
             (*l)->stats(eng, lim);
 }
+
+void kvb__lanes_tick(kvb_engine_h eng)
+{
+    for (const kvb__lane_t *const *l = kvb__lanes; *l != NULL; l++)
+        if ((*l)->tick != NULL)
+            (*l)->tick(eng);
+}
