@@ -33,9 +33,10 @@ namespace
 constexpr const char *kName = "KVBRIDGE";
 constexpr const char *kVersion = "0.1.0";
 constexpr const char *kMdPrefix = "kvb1:"; /* getPublicData's blob: "kvb1:<addr>:<len>" */
-/* How long a release that was refused once waits for a cancel to settle
- * before it closes the peer's session (kvbridge's default peer time-out). */
-constexpr double kReleaseSettleS = 2.0;
+/* How long a release that was refused once waits for the end of the
+ * transfer it gave up (kvb_xfer_expire ends it within about two of the
+ * engine's peer time-outs, 2 s by default), with slack. */
+constexpr double kReleaseSettleS = 5.0;
 
 void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_error(const char *fmt, ...)
@@ -381,37 +382,28 @@ class kvbNixlEngine : public nixlBackendEngine
         return h == nullptr || h->x == nullptr ? NIXL_ERR_NOT_POSTED : check(h);
     }
 
-    /* A running transfer is cancelled; if it has not settled yet the
-     * release is refused (NIXL then reports the request failed and keeps
-     * it), so nothing lands after NIXL calls it released. Called again (a
-     * retry, or NIXL's request destructor) it settles the transfer before
-     * freeing it: the cancel gets kReleaseSettleS, then the peer's session
-     * is closed (an unresponsive peer: kvbridge fails its transfers, and a
-     * read's late answers are dropped), as kvb_engine_write's time-out
-     * does. */
+    /* A running transfer is given up (kvb_xfer_expire: cancelled, its
+     * connection failed should the peer not settle within the engine's peer
+     * time-out); if it has not ended yet the release is refused (NIXL then
+     * reports the request failed and keeps it), so nothing lands after NIXL
+     * calls it released. Called again (a retry, or NIXL's request
+     * destructor) it waits for the end, which the engine bounds. */
     nixl_status_t releaseReqH(nixlBackendReqH *handle) const override
     {
         auto *h = static_cast<kvbReqH *>(handle);
         if (h == nullptr)
             return NIXL_SUCCESS;
         if (h->x != nullptr && kvb_xfer_test(h->x) == KVB_ERR_INPROGRESS) {
-            kvb_xfer_cancel(h->x);
-            bool settled = kvb_xfer_wait(h->x, h->release_refused ? kReleaseSettleS : 0.001) !=
-                           KVB_ERR_TIMEOUT;
-            if (!settled && !h->release_refused) {
+            kvb_xfer_expire(h->x);
+            bool ended = kvb_xfer_wait(h->x, h->release_refused ? kReleaseSettleS : 0.001) !=
+                         KVB_ERR_TIMEOUT;
+            if (!ended && !h->release_refused) {
                 h->release_refused = true;
                 return NIXL_ERR_REPOST_ACTIVE;
             }
-            if (!settled) {
-                log_error("release: a %s to %s did not settle within %.0f s of its cancel: "
-                          "closing the session",
-                          h->read ? "READ" : "WRITE", h->sid.c_str(), kReleaseSettleS);
-                kvb_engine_close_session(eng_, h->sid.c_str());
-                if (kvb_xfer_wait(h->x, kReleaseSettleS) == KVB_ERR_TIMEOUT ||
-                    !kvb_xfer_drained(h->x))
-                    log_error("release: the transfer did not settle after its session was closed: "
-                              "bytes may still land");
-            }
+            if (!ended || !kvb_xfer_drained(h->x))
+                log_error("release: a %s to %s did not settle: bytes may still land",
+                          h->read ? "READ" : "WRITE", h->sid.c_str());
         }
         delete h;
         return NIXL_SUCCESS;

@@ -27,8 +27,9 @@ from enum import IntEnum
 
 from kvbridge import _lib as L
 
-# How long a timed-out operation's cancel may take to settle before its
-# session is declared lost (kvb_engine_write's own rule, the peer time-out).
+# How long an operation given up (kvb_xfer_expire) is waited for: it ends
+# within about two of the engine's peer time-outs (2 s by default), with
+# slack.
 SETTLE_S = 5.0
 
 
@@ -140,25 +141,23 @@ class ScatterTransferTicket:
                 self._unhold()
         return self.status
 
-    def _settle(self, sid, eng):
-        """The sync form's end: past the deadline cancel, wait for the cancel
-        to settle, and declare a peer that does not settle lost (as
-        kvb_engine_write does), so the call returns within about the
-        deadline plus twice SETTLE_S."""
+    def _settle(self):
+        """The sync form's end: past the deadline the operation is given up
+        (kvb_xfer_expire: cancelled, its connection failed should the peer
+        not settle within the engine's peer time-out, as kvb_engine_write
+        does), so the call returns within about the deadline plus
+        SETTLE_S."""
         x = self._x
         lib = L.lib()
         left = self._deadline - time.monotonic()
         if x is None or lib.kvb_xfer_wait(x, max(left, 1e-3)) != L.KVB_ERR_TIMEOUT:
             return
-        lib.kvb_xfer_cancel(x)
-        if lib.kvb_xfer_wait(x, SETTLE_S) == L.KVB_ERR_TIMEOUT:
-            with eng._guard:
-                lib.kvb_engine_close_session(eng._h, sid.encode())
-            lib.kvb_xfer_wait(x, SETTLE_S)
+        lib.kvb_xfer_expire(x)
+        lib.kvb_xfer_wait(x, SETTLE_S)
 
     def _release(self):
-        """Free the handle (a running operation is cancelled first and given
-        SETTLE_S to settle): before the engine goes."""
+        """Free the handle (a running operation is given up first and waited
+        for, SETTLE_S): before the engine goes."""
         with self._lock:
             x = self._hold()
             if self._final is None:
@@ -167,7 +166,7 @@ class ScatterTransferTicket:
             try:
                 lib = L.lib()
                 if lib.kvb_xfer_test(x) == L.KVB_ERR_INPROGRESS:
-                    lib.kvb_xfer_cancel(x)
+                    lib.kvb_xfer_expire(x)
                     lib.kvb_xfer_wait(x, SETTLE_S)
             finally:
                 self._unhold()  # frees it, or the last drain still waiting on it does
@@ -257,5 +256,5 @@ def run(eng, read, endpoint, args, timeout_s, sync):
                                          L.status_string(st))
     t = ScatterTransferTicket._new(x.value if st == L.KVB_OK else None, deadline, st, why)
     if sync:
-        t._settle(endpoint, eng)
+        t._settle()
     return t
