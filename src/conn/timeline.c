@@ -41,7 +41,7 @@ kvb__tl_t *kvb__tl_new(int role, uint64_t room)
     tl->room = room;
     tl->t0_ns = kvb__now_ns();
     kvb__m_add(KVB__M_ROOMS_IN_FLIGHT, kvb__m_role(tl->role, 0, 1), 1);
-    kvb__tl_add(tl, KVB_EV_CREATED, 0, NULL);
+    kvb__tl_add_at(tl, KVB_EV_CREATED, tl->t0_ns, 0, NULL);
     return tl;
 }
 
