@@ -555,7 +555,8 @@ KVB_API void kvb_receiver_destroy(kvb_receiver_h receiver);
        "decode: failed, held Transferring while a source may write (detail: reason)")              \
     XX(FENCE_RELEASE, "fence_release", "decode: the hold ended (detail: reason)")                  \
     XX(TERMINAL, "terminal",                                                                       \
-       "the room ended (value: kvb_poll_t; detail: reason class, then the reason)")
+       "the room ended (value: kvb_poll_t; detail: success, or the failure as \"<class> in "    \
+       "<stage>: <reason>\")")
 
 typedef enum kvb_event {
 #define KVB_EVENT_ENUM_(id, name, what) KVB_EV_##id,
@@ -569,7 +570,7 @@ KVB_API const char *kvb_event_name(kvb_event_t event);
 
 #define KVB_TIMELINE_HEAD 12  /* first events always kept */
 #define KVB_TIMELINE_SLOTS 32 /* events kept per room in all */
-#define KVB_TIMELINE_DETAIL 48
+#define KVB_TIMELINE_DETAIL 64
 
 typedef struct kvb_timeline_event {
     kvb_event_t event;

@@ -305,7 +305,7 @@ class BootstrapServerParams(ctypes.Structure):
 
 _P = ctypes.c_void_p
 _S = ctypes.c_int  # kvb_status_t
-TIMELINE_DETAIL = 48  # KVB_TIMELINE_DETAIL (conn.h)
+TIMELINE_DETAIL = 64  # KVB_TIMELINE_DETAIL (conn.h)
 
 
 class TimelineEvent(ctypes.Structure):

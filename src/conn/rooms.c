@@ -258,7 +258,7 @@ void kvb__room_set_status(kvb__room_t *r, int status)
         kvb__room_changed(r);
     if ((r->status == KVB_POLL_FAILED || r->status == KVB_POLL_SUCCESS) && r->t_terminal == 0) {
         r->t_terminal = kvb__now_s();
-        kvb__tl_terminal(r->tl, r->status, r->reason);
+        kvb__tl_terminal(r->tl, r->status, old, r->reason);
     }
 }
 

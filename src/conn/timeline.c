@@ -160,7 +160,7 @@ static void observe_stages(const kvb__tl_t *tl, uint64_t end)
     kvb__m_observe(KVB__M_STAGE, base + KVB__ST_TOTAL, end - 1);
 }
 
-void kvb__tl_terminal(kvb__tl_t *tl, int status, const char *reason)
+void kvb__tl_terminal(kvb__tl_t *tl, int status, int was, const char *reason)
 {
     char d[KVB_TIMELINE_DETAIL];
     if (tl == NULL || __atomic_exchange_n(&tl->ended, 1, __ATOMIC_RELAXED))
@@ -170,7 +170,9 @@ void kvb__tl_terminal(kvb__tl_t *tl, int status, const char *reason)
     if (ok)
         snprintf(d, sizeof(d), "success");
     else
-        snprintf(d, sizeof(d), "%s: %s", kvb__reason_name(cls), reason != NULL ? reason : "");
+        snprintf(d, sizeof(d), "%s in %s: %s", kvb__reason_name(cls),
+                 was < 0 ? "Created" : kvb_poll_string((kvb_poll_t)was),
+                 reason != NULL ? reason : "");
     kvb__tl_add(tl, KVB_EV_TERMINAL, status, d);
     kvb__m_sub(KVB__M_ROOMS_IN_FLIGHT, kvb__m_role(tl->role, 0, 1), 1);
     kvb__m_add(KVB__M_ROOMS_ENDED,

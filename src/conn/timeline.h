@@ -49,9 +49,10 @@ static inline void kvb__tl_add(kvb__tl_t *tl, kvb_event_t ev, int64_t value, con
 }
 /* detail "ip:port". */
 void kvb__tl_add_ep(kvb__tl_t *tl, kvb_event_t ev, int64_t value, const char *ip, uint16_t port);
-/* The room ended (status: kvb_poll_t; reason: the failure's text or NULL):
- * the terminal event once, and the rooms' metrics. */
-void kvb__tl_terminal(kvb__tl_t *tl, int status, const char *reason);
+/* The room ended (status: kvb_poll_t; was: its status before, -1 none;
+ * reason: the failure's text or NULL): the terminal event once (a failure's
+ * detail "<class> in <stage>: <reason>"), and the rooms' metrics. */
+void kvb__tl_terminal(kvb__tl_t *tl, int status, int was, const char *reason);
 /* Decode: a failed room is held / released by its writer fence (once each). */
 void kvb__tl_fence(kvb__tl_t *tl, bool hold, const char *reason, bool unsafe);
 /* The room is freed (it may never have ended: counted out of flight). */
