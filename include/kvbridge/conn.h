@@ -555,7 +555,7 @@ KVB_API void kvb_receiver_destroy(kvb_receiver_h receiver);
        "decode: failed, held Transferring while a source may write (detail: reason)")              \
     XX(FENCE_RELEASE, "fence_release", "decode: the hold ended (detail: reason)")                  \
     XX(TERMINAL, "terminal",                                                                       \
-       "the room ended (value: kvb_poll_t; detail: success, or the failure as \"<class> in "    \
+       "the room ended (value: kvb_poll_t; detail: success, or the failure as \"<class> in "       \
        "<stage>: <reason>\")")
 
 typedef enum kvb_event {
@@ -585,7 +585,8 @@ typedef struct kvb_timeline {
     uint64_t room;
     double age_s;     /* seconds since creation when the snapshot was taken: with the last
                          event, how long the room has been in its stage */
-    uint64_t dropped; /* events not kept (past the ring) */
+    uint64_t dropped; /* events recorded but not here: past the ring (or, rarely, lost to a
+                         concurrent writer of the same record, or being written) */
     size_t n;         /* events[0..n), in the order they were recorded */
     kvb_timeline_event_t *events;
 } kvb_timeline_t;

@@ -78,9 +78,15 @@ void kvb__tl_add_at(kvb__tl_t *tl, kvb_event_t ev, uint64_t t_ns, int64_t value,
     uint32_t i = __atomic_fetch_add(&tl->next, 1, __ATOMIC_RELAXED);
     if (rel >= 0)
         stamp(&tl->first[ev], &tl->last[ev], (uint64_t)rel + 1);
-    if (i >= KVB_TIMELINE_SLOTS)
-        kvb__m_add(KVB__M_TL_DROPPED, kvb__m_role(tl->role, 0, 1), 1);
     kvb__tl_rec_t *r = &tl->rec[slot_of(i)];
+    /* Past the ring an event overwrites the oldest one after the head; a
+     * writer finding another one still in that record (RING events behind
+     * it) drops its event rather than wait. */
+    bool busy = i >= KVB_TIMELINE_HEAD && __atomic_exchange_n(&r->busy, 1, __ATOMIC_ACQUIRE);
+    if (i >= KVB_TIMELINE_SLOTS || busy)
+        kvb__m_add(KVB__M_TL_DROPPED, kvb__m_role(tl->role, 0, 1), 1);
+    if (busy)
+        return;
     /* A reader that sees seq 0, or a seq that changed while it copied,
      * skips the record (seqlock). */
     __atomic_store_n(&r->seq, 0, __ATOMIC_RELAXED);
@@ -92,6 +98,8 @@ void kvb__tl_add_at(kvb__tl_t *tl, kvb_event_t ev, uint64_t t_ns, int64_t value,
     snprintf(r->detail, sizeof(r->detail), "%s", detail != NULL ? detail : "");
     KVB_TSAN_IGNORE_END();
     __atomic_store_n(&r->seq, i + 1, __ATOMIC_RELEASE);
+    if (i >= KVB_TIMELINE_HEAD)
+        __atomic_store_n(&r->busy, 0, __ATOMIC_RELEASE);
 }
 
 void kvb__tl_add_ep(kvb__tl_t *tl, kvb_event_t ev, int64_t value, const char *ip, uint16_t port)
@@ -253,13 +261,13 @@ kvb_status_t kvb__tl_snapshot(kvb__tl_t *tl, uint64_t room, kvb_timeline_t **tl_
     }
     uint32_t n = __atomic_load_n(&tl->next, __ATOMIC_ACQUIRE);
     t->age_s = (double)(kvb__now_ns() - tl->t0_ns) / 1e9;
-    t->dropped = n > KVB_TIMELINE_SLOTS ? n - KVB_TIMELINE_SLOTS : 0;
     uint32_t head = n < KVB_TIMELINE_HEAD ? n : KVB_TIMELINE_HEAD;
     uint32_t tail = n > KVB_TIMELINE_HEAD + RING ? n - RING : KVB_TIMELINE_HEAD;
     for (uint32_t i = 0; i < head; i++)
         t->n += copy_rec(tl, i, &t->events[t->n]);
     for (uint32_t i = tail; i < n; i++)
         t->n += copy_rec(tl, i, &t->events[t->n]);
+    t->dropped = n - t->n; /* past the ring, dropped by a busy record, or being written */
     *tl_p = t;
     return KVB_OK;
 }

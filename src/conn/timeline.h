@@ -10,7 +10,8 @@
 #include "core/metrics.h"
 
 typedef struct kvb__tl_rec {
-    uint32_t seq; /* atomic: index + 1 once written, 0 while being written */
+    uint32_t seq;  /* atomic: index + 1 once written, 0 while being written */
+    uint32_t busy; /* atomic: a writer holds the record (another one drops its event) */
     uint16_t event;
     int64_t t_ns; /* since the timeline's creation */
     int64_t value;
