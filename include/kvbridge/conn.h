@@ -535,7 +535,7 @@ KVB_API void kvb_receiver_destroy(kvb_receiver_h receiver);
     XX(REGISTRATION_SENT, "registration_sent", "decode: KV args sent to a source (detail)")        \
     XX(REGISTRATION_RECEIVED, "registration_received",                                             \
        "prefill: when the destination's KV args had arrived (detail: session)")                    \
-    XX(TRANSFER_INFO_SENT, "transfer_info_sent", "decode: pre-allocation sent to a source")        \
+    XX(TRANSFER_INFO_SENT, "transfer_info_sent", "decode: pre-allocation handed to the socket")    \
     XX(TRANSFER_INFO_RECEIVED, "transfer_info_received",                                           \
        "prefill: a destination's pre-allocation arrived (detail: session)")                        \
     XX(CHUNK_PLANNED, "chunk_planned",                                                             \

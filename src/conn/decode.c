@@ -473,9 +473,11 @@ static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, ui
                                   const int32_t *idx, size_t n, int64_t aux,
                                   const kvb_receiver_init_t *ex, kvb__tl_t *tl)
 {
-    kvb_status_t st = s->dialect->send_transfer(m, s, room, idx, n, aux, ex);
-    kvb__tl_add_ep(tl, KVB_EV_TRANSFER_INFO_SENT, st, s->ip, s->port);
-    return st;
+    /* recorded before the send: the prefill's answer may be recorded on
+     * the control thread before this call returns (a failed send fails the
+     * room, its terminal event says so) */
+    kvb__tl_add_ep(tl, KVB_EV_TRANSFER_INFO_SENT, 0, s->ip, s->port);
+    return s->dialect->send_transfer(m, s, room, idx, n, aux, ex);
 }
 
 /* Ask source s to stop writing the room, if its dialect has a way (gen:
@@ -484,9 +486,8 @@ static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, ui
 static kvb_status_t send_abort(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
                                uint64_t gen, kvb__tl_t *tl)
 {
-    kvb_status_t st = s->dialect->send_abort(m, s, room, gen);
-    kvb__tl_add_ep(tl, KVB_EV_ABORT_SENT, st, s->ip, s->port);
-    return st;
+    kvb__tl_add_ep(tl, KVB_EV_ABORT_SENT, 0, s->ip, s->port); /* before: as transfer infos */
+    return s->dialect->send_abort(m, s, room, gen);
 }
 
 static uint32_t src_key(uint32_t tp, uint32_t pp)

@@ -289,9 +289,9 @@ static void check_fanout(kvb__room_t *r, const kvb__dialect_t *dialect)
 }
 
 /* The room's timeline: when the destination's registration had come (it
- * usually precedes the room) and that its transfer info came now. */
-static void note_dst(struct kvb_manager *m, kvb__tl_t *tl, const char *session, const char *ip,
-                     uint16_t port)
+ * usually precedes the room; stamped with that time). Not under m->mu
+ * (the registration table has its own lock). */
+static void note_registration(struct kvb_manager *m, kvb__tl_t *tl, const char *session)
 {
     if (tl == NULL)
         return;
@@ -300,7 +300,6 @@ static void note_dst(struct kvb_manager *m, kvb__tl_t *tl, const char *session, 
         kvb__tl_add_at(tl, KVB_EV_REGISTRATION_RECEIVED, (g->registered_ms - 1) * 1000000ull, 0,
                        session);
     kvb__reg_put(g);
-    kvb__tl_add_ep(tl, KVB_EV_TRANSFER_INFO_RECEIVED, 0, ip, port);
 }
 
 void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, int32_t required,
@@ -321,6 +320,8 @@ void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, i
      * room (this decode included) in between, and it must hear once. */
     bool told_before = r != NULL && r->status == KVB_POLL_FAILED && r->fail_notified;
     kvb__tl_t *tl = r != NULL ? kvb__tl_ref(r->tl) : NULL;
+    /* under the lock that makes the room ready: before any chunk of it */
+    kvb__tl_add_ep(tl, KVB_EV_TRANSFER_INFO_RECEIVED, 0, host, port);
     room_put_dst(m, r, d);
     bool tell = false;
     if (r != NULL) {
@@ -335,7 +336,7 @@ void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, i
         tell = r->status == KVB_POLL_FAILED;
     }
     pthread_mutex_unlock(&m->mu);
-    note_dst(m, tl, session, host, port);
+    note_registration(m, tl, session);
     if (why[0] != '\0')
         KVB_LOGW("manager %s: room %llu: %s", m->endpoint, (unsigned long long)room, why);
     /* A room that failed here (or before, aborted) tells its decodes now,

@@ -7,13 +7,6 @@
 #include <string.h>
 #include <unistd.h>
 
-const char *kvb_poll_string(kvb_poll_t poll)
-{
-    static const char *names[] = {"Failed", "Bootstrapping", "WaitingForInput", "Transferring",
-                                  "Success"};
-    return (unsigned)poll < 5 ? names[poll] : "Unknown";
-}
-
 static size_t bucket_of(const struct kvb_manager *m, uint64_t id)
 {
     id ^= id >> 33;

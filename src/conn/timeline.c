@@ -13,17 +13,6 @@
 
 #define RING (KVB_TIMELINE_SLOTS - KVB_TIMELINE_HEAD)
 
-static const char *const event_names[KVB_EV_COUNT] = {
-#define KVB_EVENT_NAME_(id, name, what) name,
-    KVB_EVENT_MAP(KVB_EVENT_NAME_)
-#undef KVB_EVENT_NAME_
-};
-
-const char *kvb_event_name(kvb_event_t ev)
-{
-    return (unsigned)ev < KVB_EV_COUNT ? event_names[ev] : "unknown";
-}
-
 bool kvb__tl_enabled(void)
 {
     return kvb__observe_on();
@@ -54,8 +43,14 @@ kvb__tl_t *kvb__tl_ref(kvb__tl_t *tl)
 
 void kvb__tl_put(kvb__tl_t *tl)
 {
-    if (tl != NULL && __atomic_sub_fetch(&tl->refs, 1, __ATOMIC_ACQ_REL) == 0)
-        free(tl);
+    if (tl == NULL || __atomic_sub_fetch(&tl->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    kvb_timeline_t *t = NULL;
+    /* let go by its room and its handle: no event can follow */
+    if (kvb__trace_on() && kvb__tl_snapshot(tl, tl->room, &t) == KVB_OK)
+        kvb__trace_room(tl, t);
+    kvb_timeline_free(t);
+    free(tl);
 }
 
 static uint32_t slot_of(uint32_t i)

@@ -60,6 +60,10 @@ void kvb__tl_fence(kvb__tl_t *tl, bool hold, const char *reason, bool unsafe);
 void kvb__tl_room_gone(kvb__tl_t *tl);
 /* The reason class of a room's failure text (the seeds' fixed texts). */
 kvb__reason_t kvb__reason_class(const char *reason);
+/* trace.c (KVBRIDGE_TRACE=path): is a trace file open (opened on the first
+ * call)? Append room tl's line, from its final snapshot t. Any thread. */
+bool kvb__trace_on(void);
+void kvb__trace_room(const kvb__tl_t *tl, const kvb_timeline_t *t);
 /* A snapshot (kvb_*_timeline). */
 kvb_status_t kvb__tl_snapshot(kvb__tl_t *tl, uint64_t room, kvb_timeline_t **tl_p);
 

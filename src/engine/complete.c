@@ -7,7 +7,6 @@
 #include "engine/engine_int.h"
 #include "core/metrics.h"
 #include "engine/bufpool.h"
-#include "engine/lane.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,7 +51,7 @@ static bool notif_defer(struct kvb_xfer *x)
 /* The metrics of x's end: one call per transfer, relaxed adds. */
 static void count_end(const struct kvb_xfer *x, kvb_status_t st)
 {
-    unsigned lane = kvb__lane_index(x->lane);
+    unsigned lane = x->lane_ix;
     unsigned out = st == KVB_OK             ? KVB__M_OK
                    : st == KVB_ERR_CANCELED ? KVB__M_CANCELED
                                             : KVB__M_FAILED;

@@ -89,8 +89,10 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb__wblock
         st = choose_lane(eng, x, seg, w);
     if (st == KVB_OK)
         st = build_blocks(x, w, seg);
-    if (st == KVB_OK && x->t0_ns != 0)
+    if (st == KVB_OK && x->t0_ns != 0) {
         x->bytes = xfer_bytes(x);
+        x->lane_ix = kvb__lane_index(x->lane);
+    }
     kvb__bufpool_put(seg, seg_cap);
     return st;
 }
@@ -192,6 +194,7 @@ static kvb_status_t to_fallback(struct kvb_xfer *x)
     x->lane_next = NULL;
     if (x->lane == NULL)
         return KVB_ERR_CANCELED;
+    x->lane_ix = kvb__lane_index(x->lane);
     if (x->runs != NULL && !(x->lane->caps & KVB__LANE_RUNS))
         return kvb__runs_expand(x);
     return KVB_OK;

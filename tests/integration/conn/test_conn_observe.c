@@ -8,6 +8,8 @@
  *   sides;
  * - an aborted room shows the abort on both sides, in order, and is counted
  *   by its reason class;
+ * - KVBRIDGE_TRACE writes one OTLP/JSON line per room and side, joined
+ *   by the trace id made from the room;
  * - a room whose prefill never answers shows, from the receiver's timeline
  *   alone, that it sits after transfer_info_sent and for how long; then its
  *   time-out ends it with the stage named. */
@@ -15,6 +17,7 @@
 #include "kvb_test.h"
 
 #include <curl/curl.h>
+#include <jansson.h>
 #include <kvbridge/metrics.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -343,8 +346,91 @@ static void served(void)
     free(body);
 }
 
+/* The value of attribute key in an OTLP attribute array (string or int as
+ * text), or NULL. */
+static const char *attr(json_t *attrs, const char *key)
+{
+    size_t i;
+    json_t *a;
+    json_array_foreach(attrs, i, a)
+    {
+        if (strcmp(json_string_value(json_object_get(a, "key")), key) != 0)
+            continue;
+        json_t *v = json_object_get(a, "value");
+        json_t *s = json_object_get(v, "stringValue");
+        return s != NULL ? json_string_value(s) : json_string_value(json_object_get(v, "intValue"));
+    }
+    return NULL;
+}
+
+/* KVBRIDGE_TRACE: one OTLP/JSON line per room and side, written once both
+ * let go of it; room 5100's two lines share the trace id made from the
+ * room, the decode's root span holds its events in order and its stage
+ * spans are the root's children. */
+static void traced(const char *path)
+{
+    char *text = kvbh_read_file(path);
+    CHECK(text != NULL);
+    int lines = 0, joined = 0;
+    char want[33];
+    snprintf(want, sizeof(want), "6b76627269646765%016llx", 5100ull);
+    for (char *l = strtok(text, "\n"); l != NULL; l = strtok(NULL, "\n")) {
+        json_error_t e;
+        json_t *o = json_loads(l, 0, &e);
+        if (o == NULL)
+            fprintf(stderr, "trace line %d not JSON: %s\n", lines, e.text);
+        CHECK(o != NULL);
+        lines++;
+        json_t *rs = json_array_get(json_object_get(o, "resourceSpans"), 0);
+        const char *role =
+            attr(json_object_get(json_object_get(rs, "resource"), "attributes"), "kvbridge.role");
+        json_t *spans =
+            json_object_get(json_array_get(json_object_get(rs, "scopeSpans"), 0), "spans");
+        json_t *root = json_array_get(spans, 0);
+        CHECK(role != NULL && root != NULL);
+        const char *tid = json_string_value(json_object_get(root, "traceId"));
+        CHECK(tid != NULL && strlen(tid) == 32);
+        if (strcmp(tid, want) != 0) {
+            json_decref(o);
+            continue;
+        }
+        joined++;
+        CHECK_EQ(json_integer_value(json_object_get(json_object_get(root, "status"), "code")), 1);
+        json_t *evs = json_object_get(root, "events");
+        CHECK_EQ(
+            strcmp(json_string_value(json_object_get(json_array_get(evs, 0), "name")), "created"),
+            0);
+        const char *stage = strcmp(role, "decode") == 0 ? "wait_prefill" : "transfer";
+        bool found = false;
+        for (size_t i = 1; i < json_array_size(spans); i++) {
+            json_t *s = json_array_get(spans, i);
+            CHECK_EQ(strcmp(json_string_value(json_object_get(s, "parentSpanId")),
+                            json_string_value(json_object_get(root, "spanId"))),
+                     0);
+            CHECK(strtoull(json_string_value(json_object_get(s, "endTimeUnixNano")), NULL, 10) >=
+                  strtoull(json_string_value(json_object_get(s, "startTimeUnixNano")), NULL, 10));
+            found |= strcmp(json_string_value(json_object_get(s, "name")), stage) == 0;
+        }
+        if (!found)
+            fprintf(stderr, "%s line of room 5100 has no %s span: %s\n", role, stage, l);
+        CHECK(found);
+        json_decref(o);
+    }
+    /* every room of the run, both sides: 8 + 1 + 1 (decode only: its
+     * prefill had no sender, but the wire room is traced too) */
+    fprintf(stderr, "trace: %d lines, %d of room 5100\n", lines, joined);
+    CHECK_EQ(joined, 2);
+    CHECK(lines >= 2 * (ROOMS + 2));
+    free(text);
+}
+
 int main(void)
 {
+    char trace[] = "/tmp/kvb_observe_trace_XXXXXX";
+    int tfd = mkstemp(trace);
+    CHECK(tfd >= 0);
+    close(tfd);
+    setenv("KVBRIDGE_TRACE", trace, 1);
     setenv("KVBRIDGE_METRICS_ADDR", "127.0.0.1:0", 1);
     unsetenv("KVBRIDGE_TIMELINE");
     const kvbh_geom_t g = {2, 2, 16, 4, 512, 0, 0};
@@ -356,6 +442,8 @@ int main(void)
     silent_room(&pr);
     served();
     kvbh_pair_stop(&pr);
+    traced(trace);
+    unlink(trace);
     TEST_PASS("timelines show each room's path; metrics count exactly what ran");
     return 0;
 }
