@@ -743,6 +743,7 @@ static bool fence_done(struct kvb_manager *m, kvb__room_t *r)
     kvb__tl_fence(r->tl, false, "abort-ack time-out: pages not safe", true);
     if (!r->unsafe) {
         r->unsafe = 1;
+        kvb__m_add(KVB__M_FENCE_UNSAFE_TOTAL, kvb__m_role(KVB_MODE_DECODE, 0, 1), 1);
         kvb__room_note(r, " (its writes had not ended within the abort-ack time-out)");
         kvb__room_note(r, UNSAFE_NOTE);
         KVB_LOGE("manager %s: room %llu reported Failed with its pages quarantined: a source may "

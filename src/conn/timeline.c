@@ -192,19 +192,17 @@ void kvb__tl_fence(kvb__tl_t *tl, bool hold, const char *reason, bool unsafe)
     if (tl == NULL)
         return;
     slot = kvb__m_role(tl->role, 0, 1);
+    int from = hold ? 0 : 1; /* never held -> held -> released, each once */
+    if (!__atomic_compare_exchange_n(&tl->holding, &from, hold ? 1 : 2, false, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED))
+        return;
     if (hold) {
-        if (__atomic_exchange_n(&tl->holding, 1, __ATOMIC_RELAXED))
-            return;
         kvb__m_add(KVB__M_FENCE_HOLDS, slot, 1);
         kvb__m_add(KVB__M_FENCE_HOLDS_TOTAL, slot, 1);
         kvb__tl_add(tl, KVB_EV_FENCE_HOLD, 0, reason);
         return;
     }
-    if (__atomic_exchange_n(&tl->holding, 2, __ATOMIC_RELAXED) != 1)
-        return;
     kvb__m_sub(KVB__M_FENCE_HOLDS, slot, 1);
-    if (unsafe)
-        kvb__m_add(KVB__M_FENCE_UNSAFE_TOTAL, slot, 1);
     kvb__tl_add(tl, KVB_EV_FENCE_RELEASE, unsafe, reason);
 }
 
@@ -214,7 +212,9 @@ void kvb__tl_room_gone(kvb__tl_t *tl)
         return;
     if (!__atomic_exchange_n(&tl->ended, 1, __ATOMIC_RELAXED))
         kvb__m_sub(KVB__M_ROOMS_IN_FLIGHT, kvb__m_role(tl->role, 0, 1), 1);
-    if (__atomic_exchange_n(&tl->holding, 2, __ATOMIC_RELAXED) == 1)
+    int held = 1;
+    if (__atomic_compare_exchange_n(&tl->holding, &held, 2, false, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED))
         kvb__m_sub(KVB__M_FENCE_HOLDS, kvb__m_role(tl->role, 0, 1), 1);
 }
 

@@ -54,7 +54,8 @@ void kvb__tl_add_ep(kvb__tl_t *tl, kvb_event_t ev, int64_t value, const char *ip
  * reason: the failure's text or NULL): the terminal event once (a failure's
  * detail "<class> in <stage>: <reason>"), and the rooms' metrics. */
 void kvb__tl_terminal(kvb__tl_t *tl, int status, int was, const char *reason);
-/* Decode: a failed room is held / released by its writer fence (once each). */
+/* Decode: a failed room is held / released by its writer fence (each once,
+ * a release only after a hold; unsafe: released past the abort-ack bound). */
 void kvb__tl_fence(kvb__tl_t *tl, bool hold, const char *reason, bool unsafe);
 /* The room is freed (it may never have ended: counted out of flight). */
 void kvb__tl_room_gone(kvb__tl_t *tl);
