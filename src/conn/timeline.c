@@ -82,16 +82,16 @@ void kvb__tl_add_at(kvb__tl_t *tl, kvb_event_t ev, uint64_t t_ns, int64_t value,
         kvb__m_add(KVB__M_TL_DROPPED, kvb__m_role(tl->role, 0, 1), 1);
     if (busy)
         return;
+    uint64_t w[KVB__TL_WORDS] = {0};
+    kvb__tl_payload_t p = {.t_ns = rel, .value = value, .event = (uint16_t)ev};
+    snprintf(p.detail, sizeof(p.detail), "%s", detail != NULL ? detail : "");
+    memcpy(w, &p, sizeof(p));
     /* A reader that sees seq 0, or a seq that changed while it copied,
-     * skips the record (seqlock). */
+     * skips the record (seqlock). Each word a release store: none moves
+     * before the seq's reset. */
     __atomic_store_n(&r->seq, 0, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    KVB_TSAN_IGNORE_BEGIN();
-    r->event = (uint16_t)ev;
-    r->t_ns = rel;
-    r->value = value;
-    snprintf(r->detail, sizeof(r->detail), "%s", detail != NULL ? detail : "");
-    KVB_TSAN_IGNORE_END();
+    for (size_t k = 0; k < KVB__TL_WORDS; k++)
+        __atomic_store_n(&r->w[k], w[k], __ATOMIC_RELEASE);
     __atomic_store_n(&r->seq, i + 1, __ATOMIC_RELEASE);
     if (i >= KVB_TIMELINE_HEAD)
         __atomic_store_n(&r->busy, 0, __ATOMIC_RELEASE);
@@ -222,15 +222,16 @@ void kvb__tl_room_gone(kvb__tl_t *tl)
 static bool copy_rec(const kvb__tl_t *tl, uint32_t i, kvb_timeline_event_t *e)
 {
     const kvb__tl_rec_t *r = &tl->rec[slot_of(i)];
-    kvb__tl_rec_t c;
+    uint64_t w[KVB__TL_WORDS];
+    kvb__tl_payload_t c;
     if (__atomic_load_n(&r->seq, __ATOMIC_ACQUIRE) != i + 1)
         return false;
-    KVB_TSAN_IGNORE_BEGIN();
-    memcpy(&c, r, sizeof(c));
-    KVB_TSAN_IGNORE_END();
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    /* acquire loads: the seq's second read cannot move before them */
+    for (size_t k = 0; k < KVB__TL_WORDS; k++)
+        w[k] = __atomic_load_n(&r->w[k], __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&r->seq, __ATOMIC_RELAXED) != i + 1)
         return false;
+    memcpy(&c, w, sizeof(c));
     e->event = (kvb_event_t)c.event;
     e->t_s = (double)c.t_ns / 1e9;
     e->value = c.value;

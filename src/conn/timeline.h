@@ -9,13 +9,20 @@
 
 #include "core/metrics.h"
 
-typedef struct kvb__tl_rec {
-    uint32_t seq;  /* atomic: index + 1 once written, 0 while being written */
-    uint32_t busy; /* atomic: a writer holds the record (another one drops its event) */
-    uint16_t event;
+/* What a record holds, copied in and out as 64-bit words (atomically, so
+ * the seqlock needs no fence: TSan supports none). */
+typedef struct kvb__tl_payload {
     int64_t t_ns; /* since the timeline's creation */
     int64_t value;
     char detail[KVB_TIMELINE_DETAIL];
+    uint16_t event;
+} kvb__tl_payload_t;
+#define KVB__TL_WORDS ((sizeof(kvb__tl_payload_t) + 7) / 8)
+
+typedef struct kvb__tl_rec {
+    uint32_t seq;  /* atomic: index + 1 once written, 0 while being written */
+    uint32_t busy; /* atomic: a writer holds the record (another one drops its event) */
+    uint64_t w[KVB__TL_WORDS];
 } kvb__tl_rec_t;
 
 typedef struct kvb__tl {
