@@ -86,3 +86,40 @@ def test_timeline_and_metrics_of_a_room():
             raise AssertionError("a cleared receiver gave a timeline")
         except RuntimeError:
             pass
+
+
+_OFF_SCRIPT = r"""
+import numpy as np, kvbridge as kb, sys, time
+sys.path.insert(0, sys.argv[1])
+from test_scale_api import _pair
+with _pair() as (server, p, d, pm, dm):
+    rc = kb.KVReceiver(dm, server.address, 901)
+    rc.init([0], aux_index=0)
+    s = kb.KVSender(pm, server.address, 901)
+    end = time.monotonic() + 10
+    while s.poll() != kb.KVPoll.WaitingForInput and time.monotonic() < end:
+        time.sleep(0.005)
+    s.init(1, aux_index=0)
+    s.send(np.array([0], np.int32))
+    while rc.poll() != kb.KVPoll.Success and time.monotonic() < end:
+        time.sleep(0.005)
+    assert rc.poll() == kb.KVPoll.Success
+    assert list(rc.timeline()) == [] and list(s.timeline()) == []
+    text = kb.metrics_text()
+    assert 'kvbridge_rooms_ended_total{role="decode",rank="0",outcome="success"} 0' in text
+    assert 'kvbridge_transfers_total{lane=' in text
+    print("off ok")
+"""
+
+
+def test_timeline_off():
+    """KVBRIDGE_TIMELINE=0: rooms run, their timelines read empty and the
+    per-room counters stay at 0 (a fresh interpreter: read once)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, KVBRIDGE_TIMELINE="0")
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", _OFF_SCRIPT, here], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "off ok" in r.stdout, r.stdout + r.stderr
