@@ -305,6 +305,28 @@ class BootstrapServerParams(ctypes.Structure):
 
 _P = ctypes.c_void_p
 _S = ctypes.c_int  # kvb_status_t
+TIMELINE_DETAIL = 64  # KVB_TIMELINE_DETAIL (conn.h)
+
+
+class TimelineEvent(ctypes.Structure):
+    """kvb_timeline_event_t (conn.h)."""
+    _fields_ = [("event", ctypes.c_int), ("t_s", ctypes.c_double), ("value", ctypes.c_int64),
+                ("detail", ctypes.c_char * TIMELINE_DETAIL)]
+
+
+class Timeline(ctypes.Structure):
+    """kvb_timeline_t (conn.h): a snapshot the caller frees."""
+    _fields_ = [("field_mask", ctypes.c_uint64), ("room", ctypes.c_uint64),
+                ("age_s", ctypes.c_double), ("dropped", ctypes.c_uint64), ("n", ctypes.c_size_t),
+                ("events", ctypes.POINTER(TimelineEvent))]
+
+
+class Metrics(ctypes.Structure):
+    """kvb_metrics_t (metrics.h): a snapshot the caller frees."""
+    _fields_ = [("field_mask", ctypes.c_uint64), ("text", ctypes.c_char_p),
+                ("len", ctypes.c_size_t)]
+
+
 _PROTOTYPES = {
     "kvb_status_string": (ctypes.c_char_p, [_S]),
     "kvb_version": (ctypes.c_char_p, []),
@@ -406,6 +428,14 @@ _PROTOTYPES = {
     "kvb_receiver_cached_tokens": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64)]),
     "kvb_receiver_first_logprob": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_double)]),
     "kvb_receiver_destroy": (None, [_P]),
+    # timelines and metrics (docs/observe.md)
+    "kvb_event_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "kvb_sender_timeline": (_S, [_P, ctypes.POINTER(ctypes.POINTER(Timeline))]),
+    "kvb_receiver_timeline": (_S, [_P, ctypes.POINTER(ctypes.POINTER(Timeline))]),
+    "kvb_timeline_free": (None, [ctypes.POINTER(Timeline)]),
+    "kvb_metrics_snapshot": (_S, [ctypes.POINTER(ctypes.POINTER(Metrics))]),
+    "kvb_metrics_free": (None, [ctypes.POINTER(Metrics)]),
+    "kvb_metrics_addr": (ctypes.c_char_p, []),
 }
 
 _lock = threading.Lock()

@@ -23,6 +23,7 @@ typedef struct job {
     int aux_inline; /* the engine refused the aux write: send it inline */
     int unsettled;  /* a write did not end even after its session was closed */
     kvb_status_t st;
+    uint64_t t_done; /* monotonic ns its writes settled (the timeline's stamp) */
     char why[512];
 } job_t;
 
@@ -33,6 +34,7 @@ typedef struct work {
     int skip;         /* room gone, failed or aborted before any write */
     double issued;    /* when its writes were issued: their transfer time-out runs from here */
     double cancelled; /* when they were cancelled past it (0: not yet): one more from here */
+    kvb__tl_t *tl;    /* the room's timeline (a reference), or NULL */
 } work_t;
 
 /* ---- queues ---- */
@@ -323,6 +325,7 @@ static void work_prepare(struct kvb_manager *m, kvb__chunk_t *c, work_t *w)
             if (!r->dsts[i].dummy)
                 dsts[n++] = r->dsts[i]; /* shallow: the room keeps the arrays */
         kvb__room_set_status(r, KVB_POLL_TRANSFERRING);
+        w->tl = kvb__tl_ref(r->tl);
     }
     pthread_mutex_unlock(&m->mu);
     /* The room's arrays stay valid: dsts_frozen (set when the chunk was
@@ -333,6 +336,11 @@ static void work_prepare(struct kvb_manager *m, kvb__chunk_t *c, work_t *w)
     for (size_t i = 0; i < w->n_jobs; i++)
         job_plan(m, &w->jobs[i], &dsts[i], c);
     free(dsts);
+    if (w->tl != NULL) {
+        char first[32];
+        snprintf(first, sizeof(first), "page %llu", (unsigned long long)c->first);
+        kvb__tl_add(w->tl, KVB_EV_CHUNK_PLANNED, (int64_t)c->n, first);
+    }
 }
 
 /* ---- writing ---- */
@@ -444,11 +452,17 @@ static void work_submit(struct kvb_manager *m, work_t *w)
     if (w->skip)
         return;
     kv_submit(m, w);
+    uint64_t posted = kvb__now_ns();
     for (size_t i = 0; i < w->n_jobs; i++)
         aux_submit(m, &w->jobs[i]);
     w->issued = kvb__now_s();
     pthread_mutex_lock(&m->mu);
     r->submitting = 0;
+    for (size_t i = 0; !r->first_posted && i < w->n_jobs; i++)
+        if (w->jobs[i].x != NULL) {
+            r->first_posted = 1;
+            kvb__tl_add_at(r->tl, KVB_EV_FIRST_WRITE_POSTED, posted, 0, NULL);
+        }
     for (size_t i = 0; i < w->n_jobs; i++) {
         if (w->jobs[i].x)
             track_xfer(r, w->jobs[i].x);
@@ -575,6 +589,7 @@ static void work_finish(struct kvb_manager *m, work_t *w)
         kvb_status_t sa = j->xa != NULL ? wait_xfer(m, j, j->xa, w) : KVB_OK;
         if (j->st == KVB_OK)
             j->st = sx != KVB_OK ? sx : sa;
+        j->t_done = kvb__now_ns();
         if (j->xa == NULL && j->st == KVB_OK && (j->aux.count == 0 || j->aux_inline) &&
             w->c->is_last && m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0)
             send_aux_inline(m, j, w->c);
@@ -589,6 +604,9 @@ static void work_finish(struct kvb_manager *m, work_t *w)
         for (size_t i = 0; i < w->n_jobs; i++)
             r->unsettled |= w->jobs[i].unsettled;
         untrack_xfers(r, w);
+        for (size_t i = 0; w->c->is_last && i < w->n_jobs; i++)
+            kvb__tl_add_at(r->tl, KVB_EV_LAST_WRITE_DONE, w->jobs[i].t_done, w->jobs[i].st,
+                           job_session(&w->jobs[i]));
         r->inflight--;
         r->last_done |= w->c->is_last;
         /* Success once the last chunk and every earlier one settled (an
@@ -613,7 +631,8 @@ static void work_finish(struct kvb_manager *m, work_t *w)
     }
     free(w->jobs);
     if (n_notes > 0 || notes != NULL)
-        kvb__send_notes(m, w->c->room, notes, n_notes, note_status);
+        kvb__send_notes(m, w->c->room, notes, n_notes, note_status, w->tl);
+    kvb__tl_put(w->tl);
     chunk_free(w->c);
 }
 
@@ -892,6 +911,7 @@ void kvb__prefill_free(struct kvb_manager *m)
         kvb__reg_put(g);
     }
     m->regs = NULL;
+    kvb__m_sub(KVB__M_REGISTRATIONS, kvb__m_role(KVB_MODE_PREFILL, 0, 1), m->n_regs);
     m->n_regs = 0;
 }
 
@@ -913,6 +933,7 @@ kvb_status_t kvb_sender_create(kvb_manager_h m, const char *bootstrap_addr, uint
         kvb__room_unwire(m, r);
         r->t_start = kvb__now_s();
         kvb__room_set_status(r, KVB_POLL_BOOTSTRAPPING);
+        s->tl = kvb__tl_ref(r->tl);
     }
     pthread_mutex_unlock(&m->mu);
     if (st != KVB_OK) {
@@ -1171,9 +1192,17 @@ void kvb_sender_destroy(kvb_sender_h s)
             kvb__room_remove(m, s->room); /* else the sweep frees it */
     }
     pthread_mutex_unlock(&m->mu);
+    kvb__tl_put(s->tl);
     free(s->state_idx);
     free(s->lw_indices);
     free(s);
+}
+
+kvb_status_t kvb_sender_timeline(kvb_sender_h s, kvb_timeline_t **tl_p)
+{
+    if (s == NULL || tl_p == NULL)
+        return KVB_ERR_INVALID;
+    return kvb__tl_snapshot(s->tl, s->room, tl_p);
 }
 
 kvb_status_t kvb_sender_set_state_indices(kvb_sender_h s, const int32_t *indices, size_t count)

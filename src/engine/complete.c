@@ -5,6 +5,7 @@
  * (CMD_XFER), lets its lane issue more (lane.h, `progress`), fails it with
  * its connection and finishes it once nothing of it is in flight. */
 #include "engine/engine_int.h"
+#include "core/metrics.h"
 #include "engine/bufpool.h"
 
 #include <stdio.h>
@@ -47,6 +48,24 @@ static bool notif_defer(struct kvb_xfer *x)
     return false;
 }
 
+/* The metrics of x's end: one call per transfer, relaxed adds. */
+static void count_end(const struct kvb_xfer *x, kvb_status_t st)
+{
+    unsigned lane = x->lane_ix;
+    unsigned out = st == KVB_OK             ? KVB__M_OK
+                   : st == KVB_ERR_CANCELED ? KVB__M_CANCELED
+                                            : KVB__M_FAILED;
+    kvb__m_add(KVB__M_XFERS, kvb__m_lane_op_out(lane, x->read, out), 1);
+    if (st != KVB_OK)
+        return;
+    size_t slot = kvb__m_lane_op(lane, x->read);
+    uint64_t ns = kvb__now_ns() - x->t0_ns;
+    kvb__m_add(KVB__M_XFER_BYTES, slot, x->bytes);
+    if (x->bytes > 0)
+        kvb__m_observe(KVB__M_XFER_SPEED, slot,
+                       (uint64_t)((double)x->bytes * 1e9 / (double)(ns ? ns : 1)));
+}
+
 void kvb__xfer_publish(struct kvb_xfer *x, kvb_status_t st)
 {
     if (st == KVB_OK && x->notif != NULL && !x->notif_sending) {
@@ -54,6 +73,8 @@ void kvb__xfer_publish(struct kvb_xfer *x, kvb_status_t st)
             return;
         st = KVB_ERR_CANCELED;
     }
+    if (x->t0_ns != 0)
+        count_end(x, st);
     pthread_mutex_lock(&x->mu);
     if (st != KVB_OK && x->err[0] == '\0')
         snprintf(x->err, sizeof(x->err), "%s", kvb_status_string(st));

@@ -2,6 +2,7 @@
  * socket) and the progress thread: commands, events, its lanes' writes.
  * Registrations: register.c; the handshake listener: listener.c; writers'
  * sessions: session.c. See engine_int.h for the threading model. */
+#include "core/metrics.h"
 #include "engine/engine_int.h"
 
 #include <arpa/inet.h>
@@ -577,6 +578,23 @@ static kvb_status_t name_init(kvb_engine_h eng)
     return KVB_OK;
 }
 
+/* The engine's gauges that need its locks, read at a scrape. */
+static void collect(void *arg, kvb__msnap_t *s)
+{
+    kvb_engine_h eng = arg;
+    pthread_mutex_lock(&eng->sess_mu);
+    kvb__metrics_put(s, KVB__M_SESSIONS, 0, eng->n_sessions);
+    pthread_mutex_unlock(&eng->sess_mu);
+    pthread_mutex_lock(&eng->seg_mu);
+    kvb__metrics_put(s, KVB__M_FENCE_GRANTS, 0, eng->fence.n_grants);
+    pthread_mutex_unlock(&eng->seg_mu);
+    /* the progress thread's count: a word read while it changes is still one of its values */
+    KVB_TSAN_IGNORE_BEGIN();
+    size_t reads = __atomic_load_n(&eng->am_reads, __ATOMIC_RELAXED);
+    KVB_TSAN_IGNORE_END();
+    kvb__metrics_put(s, KVB__M_READ_ANSWERS, 0, reads);
+}
+
 kvb_status_t kvb_engine_create(const kvb_engine_params_t *params, kvb_engine_h *engine_p)
 {
     kvb_status_t st;
@@ -605,6 +623,8 @@ kvb_status_t kvb_engine_create(const kvb_engine_params_t *params, kvb_engine_h *
         return st;
     }
     KVB_LOGI("engine %s up (transport %d)", eng->sid, (int)eng->params.transport);
+    kvb__metrics_collector_add(collect, eng);
+    kvb__metrics_serve();
     *engine_p = eng;
     return KVB_OK;
 }
@@ -614,6 +634,7 @@ void kvb_engine_destroy(kvb_engine_h eng)
     uint64_t one = 1;
     if (eng == NULL)
         return;
+    kvb__metrics_collector_remove(collect, eng);
     kvb__lanes_stop(eng); /* before the progress thread: transfers release conns */
     kvb__jobs_stop(eng);  /* likewise; copies arriving later run inline */
     pthread_mutex_lock(&eng->cmd_mu);

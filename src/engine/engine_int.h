@@ -146,6 +146,8 @@ struct kvb_xfer {
     const kvb__lane_t *lane;      /* the lane that moves it (lane.h) */
     const kvb__lane_t *lane_next; /* where it goes if that lane refuses it, or NULL */
     int cuda;                     /* a source or destination is CUDA device memory (mem_cuda.c) */
+    uint64_t bytes, t0_ns;        /* its bytes and start (monotonic ns), for the metrics (0: off) */
+    unsigned lane_ix;             /* its lane's place in the registry (the metrics' lane label) */
     uint64_t epoch;               /* writer grant stamped on every write (0: tag-only fence) */
     int refs;                     /* atomic: caller + engine */
     int status;                   /* atomic: KVB_ERR_INPROGRESS until final */

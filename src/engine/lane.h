@@ -145,6 +145,9 @@ typedef struct kvb__lane {
 extern const kvb__lane_t *const kvb__lanes[];
 
 kvb_status_t kvb__lanes_init(kvb_engine_h eng);
+/* lane's place in the registry (the metrics' lane label); the count of
+ * lanes when it is none of them. */
+unsigned kvb__lane_index(const kvb__lane_t *lane);
 void kvb__lanes_stop(kvb_engine_h eng);
 void kvb__lanes_fini(kvb_engine_h eng);
 kvb_status_t kvb__lanes_export_device(kvb_engine_h eng, const kvb_mem_region_ex_t *r,

@@ -6,6 +6,7 @@
  * (local side in src, kvb__wb_at): everything here serves both; only the
  * lane op called differs. Completion: complete.c. */
 #include "engine/engine_int.h"
+#include "core/metrics.h"
 #include "engine/bufpool.h"
 
 #include <stddef.h>
@@ -51,6 +52,18 @@ static kvb_status_t choose_lane(kvb_engine_h eng, struct kvb_xfer *x, const long
     return KVB_OK;
 }
 
+/* x's bytes in its lane's form (the metrics' count: one pass over the
+ * coalesced runs or blocks, once per transfer). */
+static uint64_t xfer_bytes(const struct kvb_xfer *x)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; x->runs != NULL && i < x->nruns; i++)
+        b += x->runs[i].len * x->runs[i].count;
+    for (size_t i = 0; x->runs == NULL && x->blocks != NULL && i < x->n; i++)
+        b += x->blocks[i].len;
+    return b;
+}
+
 static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w,
                             uint64_t deadline, struct kvb_xfer *x)
 {
@@ -76,6 +89,10 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb__wblock
         st = choose_lane(eng, x, seg, w);
     if (st == KVB_OK)
         st = build_blocks(x, w, seg);
+    if (st == KVB_OK && x->t0_ns != 0) {
+        x->bytes = xfer_bytes(x);
+        x->lane_ix = kvb__lane_index(x->lane);
+    }
     kvb__bufpool_put(seg, seg_cap);
     return st;
 }
@@ -109,6 +126,8 @@ static struct kvb_xfer *xfer_new(kvb_engine_h eng, const kvb_write_params_t *par
             memcpy(x->notif, params->notif, params->notif_len);
         x->notif_len = params->notif_len;
     }
+    if (kvb__observe_on())
+        x->t0_ns = kvb__now_ns();
     return x;
 }
 
@@ -175,6 +194,7 @@ static kvb_status_t to_fallback(struct kvb_xfer *x)
     x->lane_next = NULL;
     if (x->lane == NULL)
         return KVB_ERR_CANCELED;
+    x->lane_ix = kvb__lane_index(x->lane);
     if (x->runs != NULL && !(x->lane->caps & KVB__LANE_RUNS))
         return kvb__runs_expand(x);
     return KVB_OK;
