@@ -111,6 +111,23 @@ static void row_check(const row_t *r, kvb_poll_t want_end, const char *want)
     CHECK(want == NULL || strstr(r->reason, want) != NULL);
 }
 
+/* The room's timeline (docs/observe.md) under the cell: where it sat and
+ * for how long, as an operator would read it. On stderr: stdout holds the
+ * table. */
+static void timeline_print(const char *side, kvb_status_t st, kvb_timeline_t *tl)
+{
+    CHECK_EQ(st, KVB_OK);
+    CHECK(tl != NULL);
+    fprintf(stderr, "  %s timeline of room %llu (%zu events, %llu dropped, age %.3f s):\n", side,
+            (unsigned long long)tl->room, tl->n, (unsigned long long)tl->dropped, tl->age_s);
+    for (size_t i = 0; i < tl->n; i++)
+        fprintf(stderr, "    %8.3f s  %s%s%s\n", tl->events[i].t_s,
+                kvb_event_name(tl->events[i].event), tl->events[i].detail[0] ? ": " : "",
+                tl->events[i].detail);
+    CHECK(tl->n > 0);
+    kvb_timeline_free(tl);
+}
+
 /* Poll until terminal or t0 + limit; the poll value, the time since t0. */
 static kvb_poll_t recv_end(kvb_receiver_h rc, double t0, double limit, double *took)
 {
@@ -120,6 +137,9 @@ static kvb_poll_t recv_end(kvb_receiver_h rc, double t0, double limit, double *t
         p = kvb_receiver_poll(rc);
     }
     *took = kvbh_now() - t0;
+    kvb_timeline_t *tl = NULL;
+    kvb_status_t st = kvb_receiver_timeline(rc, &tl);
+    timeline_print("receiver", st, tl);
     return p;
 }
 
@@ -131,6 +151,9 @@ static kvb_poll_t send_end(kvb_sender_h s, double t0, double limit, double *took
         p = kvb_sender_poll(s);
     }
     *took = kvbh_now() - t0;
+    kvb_timeline_t *tl = NULL;
+    kvb_status_t st = kvb_sender_timeline(s, &tl);
+    timeline_print("sender", st, tl);
     return p;
 }
 
