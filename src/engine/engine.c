@@ -178,31 +178,52 @@ static void format_sid(kvb_engine_h eng, const struct sockaddr_storage *ss)
     }
 }
 
+/* A socket bound to ai and listening, or -1 with errno set. */
+static int listen_on(const struct addrinfo *ai)
+{
+    int one = 1;
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+/* Listen on params.host: a numeric address, or a host name resolved here
+ * (Mooncake's initialize takes names such as "localhost"); each address the
+ * name resolves to is tried in getaddrinfo's order until one binds. The
+ * session id is the bound numeric address either way. */
 static kvb_status_t listen_init(kvb_engine_h eng)
 {
     struct addrinfo hints = {0}, *res = NULL;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
     char port[8];
-    int one = 1;
+    int e = 0;
     hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+    hints.ai_flags = AI_NUMERICSERV | AI_PASSIVE;
     snprintf(port, sizeof(port), "%u", eng->params.port);
-    if (getaddrinfo(eng->params.host, port, &hints, &res) != 0)
+    int gai = getaddrinfo(eng->params.host, port, &hints, &res);
+    if (gai != 0)
         return kvb__err_set(&eng->err, KVB_ERR_INVALID,
-                            "listen host \"%s\" is not a numeric IPv4/IPv6 address",
-                            eng->params.host);
-    eng->listen_fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (eng->listen_fd >= 0)
-        setsockopt(eng->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (eng->listen_fd < 0 || bind(eng->listen_fd, res->ai_addr, res->ai_addrlen) != 0 ||
-        listen(eng->listen_fd, 128) != 0) {
-        int e = errno;
-        freeaddrinfo(res);
-        return kvb__err_set(&eng->err, KVB_ERR_IO, "cannot listen on %s:%u: %s", eng->params.host,
-                            eng->params.port, strerror(e));
+                            "listen host \"%s\" does not resolve to an address: %s",
+                            eng->params.host, gai_strerror(gai));
+    eng->listen_fd = -1;
+    for (const struct addrinfo *ai = res; ai != NULL && eng->listen_fd < 0; ai = ai->ai_next) {
+        eng->listen_fd = listen_on(ai);
+        if (eng->listen_fd < 0)
+            e = errno;
     }
     freeaddrinfo(res);
+    if (eng->listen_fd < 0)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "cannot listen on %s:%u: %s", eng->params.host,
+                            eng->params.port, strerror(e));
     getsockname(eng->listen_fd, (struct sockaddr *)&ss, &sl);
     format_sid(eng, &ss);
     return KVB_OK;
