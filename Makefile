@@ -81,3 +81,4 @@ check-interop: build
 	bash scripts/interop-tokenspeed011.sh $(BUILD)
 	bash scripts/interop-cachepd.sh $(BUILD)
 	bash scripts/interop-nixl.sh $(BUILD)
+	bash scripts/interop-mooncake-tests.sh $(BUILD)
