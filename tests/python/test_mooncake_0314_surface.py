@@ -57,7 +57,6 @@ NOT_IMPLEMENTED = {
     "transfer_read_on_cuda": "no CUDA",
     "batch_transfer_write_on_cuda": "no CUDA",
     "batch_transfer_read_on_cuda": "no CUDA",
-    "get_first_buffer_address": "peer's registrations",
     "get_notifies": "notifications",
     "get_engine": "Mooncake Store hook",
     "get_engine_ptr": "Mooncake Store hook",
@@ -725,6 +724,23 @@ def test_scatter_reads(pair):
                                                         [[0]]), TypeError)
 
 
+@covers("get_first_buffer_address")
+def test_first_buffer_address():
+    """A fresh pair (each engine holds one region): the target's region from
+    the writer, and each engine's own; 0 for a segment nobody serves; a str
+    is required (test_mooncake_names.py: another process, host names,
+    several regions)."""
+    p = Pair()
+    try:
+        assert p.w.get_first_buffer_address(p.sid) == p.d
+        assert p.t.get_first_buffer_address(p.sid) == p.d
+        assert p.w.get_first_buffer_address(f"{HOST}:{p.w.get_rpc_port()}") == p.s
+        assert p.w.get_first_buffer_address(f"{HOST}:1") == 0
+        p.refused(lambda: p.w.get_first_buffer_address(1), TypeError)
+    finally:
+        p.close()
+
+
 def _not_implemented_calls(pair):
     s, d, sid = pair.s, pair.d, pair.sid
     return {
@@ -732,7 +748,6 @@ def _not_implemented_calls(pair):
         "transfer_read_on_cuda": (sid, s, d, 8),
         "batch_transfer_write_on_cuda": (sid, [s], [d], [8], 0, "", ""),
         "batch_transfer_read_on_cuda": (sid, [s], [d], [8]),
-        "get_first_buffer_address": (sid,),
         "get_notifies": (),
         "get_engine": (),
         "get_engine_ptr": (),

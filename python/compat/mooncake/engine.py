@@ -156,7 +156,8 @@ def _rpc_not_provided(name):
         f"mooncake.engine.{name} is not provided by kvbridge's mooncake.engine drop-in: "
         "Mooncake's RPC helpers are a message channel (send_data / send_tensor to a server "
         "that hands each message to a receive callback, over coro_rpc); kvbridge's engine "
-        "only moves bytes into memory a peer registered and tells the receiver nothing, "
+        "has no message channel (it moves bytes into memory a peer registered and tells "
+        "the receiver nothing), "
         "and a stand-in over another socket protocol would not talk to a real Mooncake "
         "peer. PD paths (SGLang, vLLM, TokenSpeed) do not use them")
 
