@@ -341,6 +341,7 @@ static void run_commands(kvb_engine_h eng)
     while (c != NULL) {
         kvb__cmd_t *next = c->next;
         bool waited = c->kind == CMD_CONNECT;
+        c->wiring = false;
         if (c->kind == CMD_XFER)
             kvb__xfer_start(eng, c->xfer);
         else if (c->kind == CMD_CONNECT)
@@ -353,12 +354,8 @@ static void run_commands(kvb_engine_h eng)
             kvb__notif_send(eng, c->xfer);
         if (c->kind != CMD_CONNECT)
             free(c);
-        if (waited) {
-            pthread_mutex_lock(&eng->cmd_mu);
-            c->done = 1;
-            pthread_cond_broadcast(&eng->cmd_cv);
-            pthread_mutex_unlock(&eng->cmd_mu);
-        }
+        if (waited && !c->wiring) /* a wire-up in flight: done when it ends */
+            kvb__cmd_done(eng, c);
         c = next;
     }
 }
@@ -413,6 +410,8 @@ static void *progress_main(void *arg)
     while (!__atomic_load_n(&eng->stop, __ATOMIC_ACQUIRE)) {
         bool busy;
         run_commands(eng);
+        if (eng->wiring != NULL)
+            kvb__conn_wiring_expire(eng, false);
         busy = kvb__jobs_progress(eng);
         busy |= kvb__xfer_progress_all(eng);
         while (ucp_worker_progress(eng->worker) != 0)
@@ -451,8 +450,9 @@ static void *progress_main(void *arg)
         if (ucp_worker_arm(eng->worker) == UCS_OK)
             handle_events(eng, 100);
     }
-    run_commands(eng);                /* transfers queued before the stop start... */
-    kvb__xfer_cancel_all(eng, false); /* ...and end CANCELED with the others */
+    run_commands(eng);                  /* transfers queued before the stop start... */
+    kvb__conn_wiring_expire(eng, true); /* handshakes waiting on a wire-up fail */
+    kvb__xfer_cancel_all(eng, false);   /* ...and end CANCELED with the others */
     conns_release_all(eng);
     /* Reads still receiving into their pieces end last: nothing progresses
      * the worker after this (ucp_worker_destroy progresses no transport),
