@@ -133,6 +133,10 @@ class Run:
     def log(self, name):
         return os.path.join(self.out, name + ".log")
 
+    def text(self, name):
+        with open(self.log(name)) as f:
+            return f.read()
+
     def judge(self, case, passed, text):
         """Record case's outcome against what is expected of it."""
         want = EXPECT_DROPIN.get(case) if self.mode == "dropin" else None
@@ -156,16 +160,14 @@ class Run:
                 rc = p.returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
-        with open(self.log(name)) as f:
-            return rc, f.read()
+        return rc, self.text(name)
 
     def target_port(self, tname, ports):
         """The target's RPC (handshake) port, of ports: the one Mooncake's
         engine logs ("P2P handshake, listening on host:PORT"; its TCP data
         port takes the other), else the one listening (the drop-in takes
         one port)."""
-        with open(self.log(tname)) as f:
-            m = re.search(r"P2P handshake, listening on \S+:(\d+)", f.read())
+        m = re.search(r"P2P handshake, listening on \S+:(\d+)", self.text(tname))
         if m:
             return int(m.group(1))
         up = [p for p in ports if listening(p)]
@@ -188,7 +190,7 @@ class Run:
         try:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and target.poll() is None:
-                if "server ready" in open(self.log(tname)).read():
+                if "server ready" in self.text(tname):
                     break
                 time.sleep(0.1)
             port = self.target_port(tname, [lo, lo + 1])
@@ -201,7 +203,7 @@ class Run:
             target.kill()
             target.wait()
             tlog.close()
-        tl = open(self.log(tname)).read()
+        tl = self.text(tname)
         self.judge(f"transfer_engine_target[{host}].serves", alive and "server ready" in tl, tl)
 
     def cases(self, module, name, cases, env):
@@ -234,7 +236,7 @@ class Run:
             server.wait()
             slog.close()
         self.judge("rpc_communicator_test.server", serving,
-                   open(self.log("rpc-server")).read())
+                   self.text("rpc-server"))
         sent = rc == "timeout" and "bandwidth:" in clog and not re.search(
             r"^(Warning|Error)", clog, re.M)
         self.judge("rpc_communicator_test.client", sent, clog)
