@@ -7,7 +7,7 @@
 # over TCP), test_import_structure.py and mooncake-transfer-engine/tests/
 # rpc_communicator_test.py with python/compat first on PYTHONPATH and
 # /usr/bin/python3 (they need no PyPI package); the cases, and which are
-# not applicable or declined and why: tests/interop/mooncake_tests.py.
+# not applicable and why: tests/interop/mooncake_tests.py.
 #   MOONCAKE_SRC (or --mooncake PATH)  a Mooncake source tree (a checkout of
 #       kvcache-ai/Mooncake, or `git archive` of one). Unset: the cases are
 #       SKIPPED with a message naming it, exit status 0.

@@ -10,19 +10,27 @@ transfer-engine tests need; scripts/interop-mooncake-tests.sh runs those):
 - initialize() with a host name ("localhost", "localhost:12345") listening
   on what the name resolves to; a name that does not resolve: -1 with the
   reason logged; MC_MIN_RPC_PORT == MC_MAX_RPC_PORT pins the port;
-- RpcInterface and its helpers refused with the reason (no message
-  channel); mooncake.BufferPool / RegisteredBufferPool None, as Mooncake
-  without its store.
+- RpcInterface on engine notifications: whole messages of 0 B to 1 MiB
+  (17 parts) delivered once and in order to the data callback with the
+  sender, 8 threads at once, the asyncio form, a tensor to the tensor
+  callback (shape, dtype, bytes after the 40-byte header); -1 before
+  initialize, to nobody, for a non-bytes message, non-tensors, a stopped
+  server (within timeout_seconds); hostile parts dropped and logged while
+  the server serves on; a raising callback still answered;
+- mooncake.BufferPool / RegisteredBufferPool None, as Mooncake without its
+  store.
 
 Alone: KVBRIDGE_LIB=build/libkvbridge.so /usr/bin/python3 -m pytest -q
 tests/python/test_mooncake_names.py
 """
 
+import asyncio
 import importlib
 import json
 import logging
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -209,12 +217,129 @@ def test_initialize_host_names(caplog, monkeypatch):
     e.close()
 
 
-def test_rpc_interface_declined():
-    for name in ("RpcInterface", "CoroRPCInterface", "ReceivedData", "ReceivedTensor",
-                 "create_rpc_client", "create_rpc_server"):
-        with pytest.raises(NotImplementedError, match="no message channel") as ei:
-            getattr(me, name)()
-        assert "coro_rpc" in str(ei.value) and "real Mooncake peer" in str(ei.value)
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class FakeTensor:
+    """What Mooncake's send_tensor reads of a torch tensor, over numpy."""
+
+    def __init__(self, a, dtype):
+        self.a, self.shape, self.dtype = a, a.shape, dtype
+
+    def data_ptr(self):
+        return self.a.ctypes.data
+
+    def numel(self):
+        return self.a.size
+
+    def element_size(self):
+        return self.a.itemsize
+
+
+@pytest.fixture
+def rpc_pair():
+    srv, cli = me.RpcInterface(), me.RpcInterface()
+    addr = f"127.0.0.1:{free_port()}"
+    got, tensors = [], []
+    assert srv.initialize_server(addr, thread_count=2) is True
+    srv.set_data_receive_callback(got.append)
+    srv.set_tensor_receive_callback(tensors.append)
+    assert srv.start_server_async() is True
+    assert cli.initialize_client(pool_size=4, timeout_seconds=2) is True
+    try:
+        yield srv, cli, addr, got, tensors
+    finally:
+        cli.close()
+        srv.close()
+
+
+def test_rpc_send_data(rpc_pair):
+    srv, cli, addr, got, _ = rpc_pair
+    big = os.urandom(1 << 20)  # 17 notifications
+    for msg in (b"hello", big, b""):
+        assert cli.send_data(addr, msg) == 0
+    assert [g["data"] for g in got] == [b"hello", big, b""]  # whole, once, in order
+    assert {g["source"] for g in got} == {cli._eng.get_session_id()}
+    # 8 threads at once, each message whole
+    msgs = [os.urandom(100000 + i) for i in range(8)]
+    rcs = [None] * 8
+
+    def send(i):
+        rcs[i] = cli.send_data(addr, msgs[i])
+    ts = [threading.Thread(target=send, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert rcs == [0] * 8
+    assert sorted(g["data"] for g in got[3:]) == sorted(msgs)
+    # the asyncio form
+    loop = asyncio.new_event_loop()
+    try:
+        fut = cli.send_data_async(addr, b"async", loop)
+        assert loop.run_until_complete(asyncio.wait_for(fut, 10)) == 0
+    finally:
+        loop.close()
+    assert got[-1]["data"] == b"async"
+
+
+def test_rpc_send_tensor(rpc_pair):
+    np = pytest.importorskip("numpy")
+    _, cli, addr, got, tensors = rpc_pair
+    a = np.arange(2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5)
+    assert cli.send_tensor(addr, FakeTensor(a, "torch.float32")) == 0
+    assert len(tensors) == 1 and got == []
+    t = tensors[0]
+    assert (t.shape, t.dtype) == ([2, 3, 5], "float32")
+    assert t.get_data_as_bytes()[40:] == a.tobytes() and t.get_data_size() == 40 + a.nbytes
+    assert bytes(t.get_memory_view()) == t.get_data_as_bytes()
+    assert cli.send_tensor(addr, object()) == -1  # not a tensor
+    assert cli.send_tensor(addr, FakeTensor(a, "torch.complex64")) == -1
+
+
+def test_rpc_failures(rpc_pair, caplog):
+    srv, cli, addr, got, _ = rpc_pair
+    r = me.RpcInterface()
+    assert r.send_data(addr, b"x") == -1  # before initialize
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(RuntimeError, match="not initialized"):
+            loop.run_until_complete(r.send_data_async(addr, b"x", loop))
+    finally:
+        loop.close()
+    assert r.start_server_async() is False and r.initialize("not an address") is False
+    assert cli.initialize_client() is False  # twice
+    with pytest.raises(TypeError):
+        me.ReceivedData()
+    t0 = time.monotonic()
+    assert cli.send_data(f"127.0.0.1:{free_port()}", b"x") == -1  # nobody there
+    assert cli.send_data(addr, 12) == -1  # not bytes-like
+    # hostile parts: dropped, logged; the server goes on serving
+    k = kvbridge.TransferEngine("127.0.0.1")
+    with caplog.at_level(logging.WARNING, logger="mooncake.engine"):
+        k.notify(addr, b"junk")
+        k.notify(addr, b"KVBR" + bytes(28))  # kind 0
+        k.notify(addr, struct.pack("<4sBBHQQQ", b"KVBR", 1, 0, 0, 7, 0, 1 << 40) + b"x")
+        k.notify(addr, struct.pack("<4sBBHQQQ", b"KVBR", 1, 0, 0, 8, 10, 5) + b"123456")
+        deadline = time.monotonic() + 5
+        while caplog.text.count("dropped") < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert caplog.text.count("dropped") >= 4, caplog.text
+    k.close()
+    # a callback that raises: the message still answered
+    srv.set_data_receive_callback(lambda d: 1 / 0)
+    assert cli.send_data(addr, b"boom") == 0
+    # a stopped server answers nothing: -1 within timeout_seconds (2 s)
+    srv.stop_server()
+    t1 = time.monotonic()
+    assert cli.send_data(addr, b"late") == -1
+    assert 1.5 < time.monotonic() - t1 < 5
+    assert got == [] and time.monotonic() - t0 < 15
 
 
 def test_top_level_names():

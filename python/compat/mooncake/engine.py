@@ -34,9 +34,10 @@ SharedSegment on kvb_mem_alloc memory (_segment.py).
 Differences, all explicit (docs/python.md, "Mooncake drop-in"):
 - Raise NotImplementedError: notifications (transfer_sync/batch_transfer_sync
   with a notify, get_notifies), the Mooncake Store hooks (get_engine,
-  get_engine_ptr), the CUDA-stream calls (*_on_cuda; SUPPORT_CUDA is False)
-  and the RPC helpers (RpcInterface, ...: kvbridge's engine has no message
-  channel).
+  get_engine_ptr) and the CUDA-stream calls (*_on_cuda; SUPPORT_CUDA is
+  False).
+- The RPC helpers (RpcInterface, ...) run on kvbridge's engine notifications
+  (_rpc.py): a drop-in talks to a drop-in, not to coro_rpc.
 - get_first_buffer_address answers the lowest-addressed region of the
   segment (kvbridge's handshake carries the table sorted by address);
   Mooncake's is the oldest registration still held.
@@ -80,7 +81,7 @@ def _import_kvbridge():
 
 kvbridge = _import_kvbridge()
 from kvbridge import _lib as L  # noqa: E402  (the C prototypes and statuses)
-from . import _scatter, _segment  # noqa: E402
+from . import _rpc, _scatter, _segment  # noqa: E402
 
 __all__ = [
     "InnerTransferEngine", "Read", "SUPPORT_CUDA", "SUPPORT_EFA", "SUPPORT_HIP",
@@ -151,49 +152,13 @@ class InnerTransferEngine:
         raise TypeError("mooncake.engine.InnerTransferEngine: No constructor defined!")
 
 
-def _rpc_not_provided(name):
-    raise NotImplementedError(
-        f"mooncake.engine.{name} is not provided by kvbridge's mooncake.engine drop-in: "
-        "Mooncake's RPC helpers are a message channel (send_data / send_tensor to a server "
-        "that hands each message to a receive callback, over coro_rpc); kvbridge's engine "
-        "has no message channel (it moves bytes into memory a peer registered and tells "
-        "the receiver nothing), "
-        "and a stand-in over another socket protocol would not talk to a real Mooncake "
-        "peer. PD paths (SGLang, vLLM, TokenSpeed) do not use them")
-
-
-class RpcInterface:
-    """Mooncake's RPC helper (0.3.14 stub: RpcInterface, alias
-    CoroRPCInterface). Not provided: constructing one raises
-    NotImplementedError."""
-
-    def __init__(self):
-        _rpc_not_provided("RpcInterface")
-
-
+# Mooncake's RPC helpers on kvbridge's engine notifications: _rpc.py.
+RpcInterface = _rpc.RpcInterface
 CoroRPCInterface = RpcInterface
-
-
-class ReceivedData:
-    """What Mooncake's RPC server hands a data callback. Not provided."""
-
-    def __init__(self, *a, **k):
-        _rpc_not_provided("ReceivedData")
-
-
-class ReceivedTensor:
-    """What Mooncake's RPC server hands a tensor callback. Not provided."""
-
-    def __init__(self, *a, **k):
-        _rpc_not_provided("ReceivedTensor")
-
-
-def create_rpc_client(local_rank=0, world_size=1):
-    _rpc_not_provided("create_rpc_client")
-
-
-def create_rpc_server(local_rank=0, world_size=1):
-    _rpc_not_provided("create_rpc_server")
+ReceivedData = _rpc.ReceivedData
+ReceivedTensor = _rpc.ReceivedTensor
+create_rpc_client = _rpc.create_rpc_client
+create_rpc_server = _rpc.create_rpc_server
 
 
 # Scatter transfers with drain tickets (0.3.14): python/compat/mooncake/_scatter.py.
