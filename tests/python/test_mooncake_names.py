@@ -342,6 +342,24 @@ def test_rpc_failures(rpc_pair, caplog):
     assert got == [] and time.monotonic() - t0 < 15
 
 
+def test_rpc_dropped_interface_closes():
+    """The receiver holds its interface weakly: dropping the last reference
+    stops it and closes the engine (no thread or listener left behind)."""
+    import gc
+    r = me.RpcInterface()
+    assert r.initialize_client() is True
+    t, port = r._thread, int(r._eng.get_session_id().rsplit(":", 1)[1])
+    del r
+    gc.collect()
+    t.join(5)
+    assert not t.is_alive()
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))  # the listener is gone
+    finally:
+        s.close()
+
+
 def test_top_level_names():
     from mooncake import BufferPool, RegisteredBufferPool
     assert BufferPool is None and RegisteredBufferPool is None

@@ -17,14 +17,15 @@ _MAX_MESSAGE, parts past the total or overlapping are dropped (logged);
 partial messages are bounded in bytes (_MAX_PENDING) and age
 (timeout_seconds)."""
 
-import asyncio  # noqa: F401  (the loop given to the *_async calls is asyncio's)
 import ctypes
 import logging
 import os
+import queue
 import random
 import struct
 import threading
 import time
+import weakref
 
 log = logging.getLogger("mooncake.engine")
 
@@ -39,6 +40,7 @@ _TENSOR_META = 4 + 4 + 4 * 8  # Mooncake's TENSOR_METADATA_SIZE
 _DTYPES = {1: "float16", 2: "float32", 3: "float64", 4: "int8", 5: "int16", 6: "int32",
            7: "int64", 8: "uint8", 9: "bool"}
 _DTYPE_IDS = {v: k for k, v in _DTYPES.items()}
+_ACKS_QUEUED = 4096  # answers waiting to be sent; past it one is dropped (the sender times out)
 
 
 def _no_constructor(name):
@@ -154,7 +156,9 @@ class RpcInterface:
         self._served = threading.Event()
         self._thread = None
         self._cv = threading.Condition()
-        self._acks = set()
+        self._waiting = set()  # ids of this interface's messages awaiting their answer
+        self._acks = set()  # ... and those answered
+        self._answers = queue.Queue(_ACKS_QUEUED)  # (sender, id) to answer
         self._parts = {}  # (sender, id) -> [bytearray, received, first seen]
         self._pending = 0
         self._data_cb = None
@@ -177,8 +181,13 @@ class RpcInterface:
             log.error("mooncake.engine (kvbridge): RpcInterface on %r: %s", listen_address, e)
             return False
         self._server = bool(listen_address)
-        self._thread = threading.Thread(target=self._receive, name="mooncake-rpc", daemon=True)
+        # The threads hold the interface weakly: dropping it closes it.
+        ref = weakref.ref(self)
+        self._thread = threading.Thread(target=_receive_loop, args=(ref,), name="mooncake-rpc",
+                                        daemon=True)
         self._thread.start()
+        threading.Thread(target=_answer_loop, args=(ref, self._answers, self._stop),
+                         name="mooncake-rpc-answers", daemon=True).start()
         return True
 
     def initialize_client(self, pool_size=100, timeout_seconds=30):
@@ -208,7 +217,7 @@ class RpcInterface:
         """(kvbridge extra) Stop the receiver and close the engine."""
         self.stop_server()
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
         eng, self._eng = self._eng, None
         if eng is not None:
@@ -282,6 +291,8 @@ class RpcInterface:
     def _send(self, target, payload):
         import kvbridge
         mid = random.getrandbits(64) or 1
+        with self._cv:
+            self._waiting.add(mid)
         total = len(payload)
         deadline = time.monotonic() + self._timeout
         try:
@@ -290,16 +301,21 @@ class RpcInterface:
                 self._eng.notify(target, part, timeout=max(deadline - time.monotonic(), 0.001))
         except (kvbridge.KVBridgeError, RuntimeError) as e:
             log.error("mooncake.engine (kvbridge): send to %s failed: %s", target, e)
+            with self._cv:
+                self._waiting.discard(mid)
             return -1
         with self._cv:
-            while mid not in self._acks:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    log.error("mooncake.engine (kvbridge): %s did not answer within %g s",
-                              target, self._timeout)
-                    return -1
-                self._cv.wait(left)
-            self._acks.discard(mid)
+            try:
+                while mid not in self._acks:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        log.error("mooncake.engine (kvbridge): %s did not answer within %g s",
+                                  target, self._timeout)
+                        return -1
+                    self._cv.wait(left)
+            finally:
+                self._waiting.discard(mid)
+                self._acks.discard(mid)
         return 0
 
     # ---------------------------------------------------------- receiving
@@ -309,19 +325,17 @@ class RpcInterface:
     def set_tensor_receive_callback(self, callback):
         self._tensor_cb = callback
 
-    def _receive(self):
-        idle = 0.0005
-        while not self._stop.is_set():
-            eng = self._eng
-            try:
-                got = eng.get_notifs(1024) if eng is not None else []
-            except RuntimeError:  # closed meanwhile
-                return
-            for sender, msg in got:
-                self._on_notif(sender, msg)
-            self._expire()
-            if not got:
-                time.sleep(idle)
+    def _poll(self):
+        """Take and handle what arrived; False when nothing did (or closed)."""
+        eng = self._eng
+        try:
+            got = eng.get_notifs(1024) if eng is not None else []
+        except RuntimeError:  # closed meanwhile
+            return False
+        for sender, msg in got:
+            self._on_notif(sender, msg)
+        self._expire()
+        return bool(got)
 
     def _on_notif(self, sender, msg):
         if len(msg) < _HDR.size:
@@ -331,8 +345,9 @@ class RpcInterface:
             return self._drop(sender, "not an RPC message")
         if kind == _ACK:
             with self._cv:
-                self._acks.add(mid)
-                self._cv.notify_all()
+                if mid in self._waiting:  # else late or never asked: nothing to keep
+                    self._acks.add(mid)
+                    self._cv.notify_all()
             return None
         if kind != _PART or not self._started:
             return self._drop(sender, "unknown kind" if kind != _PART else "server not started")
@@ -353,11 +368,10 @@ class RpcInterface:
         del self._parts[key]
         self._pending -= total
         self._deliver(sender, bytes(entry[0]))
-        try:
-            self._eng.notify(sender, _HDR.pack(_MAGIC, _ACK, 0, 0, mid, 0, 0),
-                             timeout=self._timeout)
-        except Exception as e:  # the sender went away: it times out
-            log.warning("mooncake.engine (kvbridge): answer to %s not sent: %s", sender, e)
+        try:  # by another thread: a sender name nobody answers at must not stall receiving
+            self._answers.put_nowait((sender, mid))
+        except queue.Full:
+            self._drop(sender, "answer queue full (the sender times out)")
         return None
 
     def _deliver(self, sender, data):
@@ -384,6 +398,40 @@ class RpcInterface:
     @staticmethod
     def _drop(sender, why):
         log.warning("mooncake.engine (kvbridge): RPC message from %s dropped: %s", sender, why)
+
+
+def _receive_loop(ref):
+    """The receiver: polls the engine's notifications, 0.5 ms apart while
+    they come, backing off to 10 ms when idle."""
+    idle = 0.0005
+    while True:
+        self = ref()
+        if self is None or self._stop.is_set():
+            return
+        busy = self._poll()
+        del self
+        idle = 0.0005 if busy else min(idle * 2, 0.01)
+        if not busy:
+            time.sleep(idle)
+
+
+def _answer_loop(ref, answers, stop):
+    """Sends the answers the receiver queued."""
+    while not stop.is_set():
+        try:
+            sender, mid = answers.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        self = ref()
+        eng = self._eng if self is not None else None
+        timeout = self._timeout if self is not None else 1.0
+        del self
+        if eng is None:
+            return
+        try:
+            eng.notify(sender, _HDR.pack(_MAGIC, _ACK, 0, 0, mid, 0, 0), timeout=timeout)
+        except Exception as e:  # the sender went away: it times out
+            log.warning("mooncake.engine (kvbridge): answer to %s not sent: %s", sender, e)
 
 
 CoroRPCInterface = RpcInterface
