@@ -74,10 +74,12 @@ soak: build
 # SGLang's real Mooncake connector <-> kvbridge, and scripts/mooncake-diff.sh;
 # TokenSpeed (seed 004 tree) <-> kvbridge; TokenSpeed 0.1.1's own prefill and
 # decode, both on kvbridge's mooncake.engine drop-in; TokenSpeed 0.1.1's decode
-# (CachePD) <-> kvbridge's C prefill.
+# (CachePD) <-> kvbridge's C prefill; Mooncake's own transfer-engine tests on
+# the drop-in (MOONCAKE_SRC = a Mooncake source tree, else skipped).
 check-interop: build
 	bash scripts/interop.sh $(BUILD)
 	bash scripts/interop-tokenspeed.sh $(BUILD)
 	bash scripts/interop-tokenspeed011.sh $(BUILD)
 	bash scripts/interop-cachepd.sh $(BUILD)
 	bash scripts/interop-nixl.sh $(BUILD)
+	bash scripts/interop-mooncake-tests.sh $(BUILD)

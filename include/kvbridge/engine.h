@@ -55,7 +55,11 @@ enum kvb_engine_param_field {
  * others take their defaults (shown). Environment twins in brackets. */
 typedef struct kvb_engine_params {
     uint64_t field_mask;
-    const char *host;          /* listen address, "127.0.0.1"; IPv6 allowed */
+    const char *host;          /* listen address, "127.0.0.1"; IPv6 allowed; a
+                                  host name ("localhost") is resolved at
+                                  creation (the first address that binds; the
+                                  session id names that address) and one that
+                                  does not resolve fails KVB_ERR_INVALID */
     uint16_t port;             /* listen port, 0 = ephemeral */
     kvb_transport_t transport; /* AUTO [KVBRIDGE_TRANSPORT=auto|tcp|shm] */
     double connect_timeout_s;  /* handshake bound, 5 s [KVBRIDGE_CONNECT_TIMEOUT] */
@@ -175,6 +179,22 @@ typedef struct kvb_mem_region {
     size_t length;
     kvb_mem_type_t mem_type;
 } kvb_mem_region_t;
+
+/* The regions session_id registered for peers, as its latest handshake with
+ * this engine says (connecting first when there is none: within timeout_s or
+ * the connect time-out, whichever is shorter; timeout_s <= 0: the connect
+ * time-out), sorted by address (the handshake does not carry the order they
+ * were registered in), lowest first: the first
+ * cap of them into addrs[i] / lens[i] (either may be NULL), their number into
+ * *count_p (may exceed cap). session_id equal to this engine's own session id:
+ * its own table, the one its handshake sends (local-only regions are not in
+ * it), without connecting. Errors: KVB_ERR_INVALID (NULL engine, session_id or
+ * count_p), the connection's (KVB_ERR_PEER unreachable or unresolvable,
+ * KVB_ERR_TIMEOUT, KVB_ERR_AUTH). Thread-safe. (Mooncake's
+ * get_first_buffer_address.) */
+KVB_API kvb_status_t kvb_engine_peer_regions(kvb_engine_h engine, const char *session_id,
+                                             double timeout_s, uint64_t *addrs, uint64_t *lens,
+                                             size_t cap, size_t *count_p);
 
 /* Register [addr, addr+length) as a source and as a destination peers may
  * write, and as memory peers may read (one-sided reads). A range overlapping a registered one →

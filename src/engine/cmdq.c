@@ -42,6 +42,14 @@ void kvb__op_track(kvb_engine_h eng, kvb__op_t *op)
     eng->ops.next = op;
 }
 
+void kvb__cmd_done(kvb_engine_h eng, kvb__cmd_t *cmd)
+{
+    pthread_mutex_lock(&eng->cmd_mu);
+    cmd->done = 1;
+    pthread_cond_broadcast(&eng->cmd_cv);
+    pthread_mutex_unlock(&eng->cmd_mu);
+}
+
 void kvb__op_untrack(kvb_engine_h eng, kvb__op_t *op)
 {
     (void)eng;

@@ -178,31 +178,52 @@ static void format_sid(kvb_engine_h eng, const struct sockaddr_storage *ss)
     }
 }
 
+/* A socket bound to ai and listening, or -1 with errno set. */
+static int listen_on(const struct addrinfo *ai)
+{
+    int one = 1;
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+/* Listen on params.host: a numeric address, or a host name resolved here
+ * (Mooncake's initialize takes names such as "localhost"); each address the
+ * name resolves to is tried in getaddrinfo's order until one binds. The
+ * session id is the bound numeric address either way. */
 static kvb_status_t listen_init(kvb_engine_h eng)
 {
     struct addrinfo hints = {0}, *res = NULL;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
     char port[8];
-    int one = 1;
+    int e = 0;
     hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+    hints.ai_flags = AI_NUMERICSERV | AI_PASSIVE;
     snprintf(port, sizeof(port), "%u", eng->params.port);
-    if (getaddrinfo(eng->params.host, port, &hints, &res) != 0)
+    int gai = getaddrinfo(eng->params.host, port, &hints, &res);
+    if (gai != 0)
         return kvb__err_set(&eng->err, KVB_ERR_INVALID,
-                            "listen host \"%s\" is not a numeric IPv4/IPv6 address",
-                            eng->params.host);
-    eng->listen_fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (eng->listen_fd >= 0)
-        setsockopt(eng->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (eng->listen_fd < 0 || bind(eng->listen_fd, res->ai_addr, res->ai_addrlen) != 0 ||
-        listen(eng->listen_fd, 128) != 0) {
-        int e = errno;
-        freeaddrinfo(res);
-        return kvb__err_set(&eng->err, KVB_ERR_IO, "cannot listen on %s:%u: %s", eng->params.host,
-                            eng->params.port, strerror(e));
+                            "listen host \"%s\" does not resolve to an address: %s",
+                            eng->params.host, gai_strerror(gai));
+    eng->listen_fd = -1;
+    for (const struct addrinfo *ai = res; ai != NULL && eng->listen_fd < 0; ai = ai->ai_next) {
+        eng->listen_fd = listen_on(ai);
+        if (eng->listen_fd < 0)
+            e = errno;
     }
     freeaddrinfo(res);
+    if (eng->listen_fd < 0)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "cannot listen on %s:%u: %s", eng->params.host,
+                            eng->params.port, strerror(e));
     getsockname(eng->listen_fd, (struct sockaddr *)&ss, &sl);
     format_sid(eng, &ss);
     return KVB_OK;
@@ -320,6 +341,7 @@ static void run_commands(kvb_engine_h eng)
     while (c != NULL) {
         kvb__cmd_t *next = c->next;
         bool waited = c->kind == CMD_CONNECT;
+        c->wiring = false;
         if (c->kind == CMD_XFER)
             kvb__xfer_start(eng, c->xfer);
         else if (c->kind == CMD_CONNECT)
@@ -332,12 +354,8 @@ static void run_commands(kvb_engine_h eng)
             kvb__notif_send(eng, c->xfer);
         if (c->kind != CMD_CONNECT)
             free(c);
-        if (waited) {
-            pthread_mutex_lock(&eng->cmd_mu);
-            c->done = 1;
-            pthread_cond_broadcast(&eng->cmd_cv);
-            pthread_mutex_unlock(&eng->cmd_mu);
-        }
+        if (waited && !c->wiring) /* a wire-up in flight: done when it ends */
+            kvb__cmd_done(eng, c);
         c = next;
     }
 }
@@ -392,6 +410,8 @@ static void *progress_main(void *arg)
     while (!__atomic_load_n(&eng->stop, __ATOMIC_ACQUIRE)) {
         bool busy;
         run_commands(eng);
+        if (eng->wiring != NULL)
+            kvb__conn_wiring_expire(eng, false);
         busy = kvb__jobs_progress(eng);
         busy |= kvb__xfer_progress_all(eng);
         while (ucp_worker_progress(eng->worker) != 0)
@@ -430,8 +450,9 @@ static void *progress_main(void *arg)
         if (ucp_worker_arm(eng->worker) == UCS_OK)
             handle_events(eng, 100);
     }
-    run_commands(eng);                /* transfers queued before the stop start... */
-    kvb__xfer_cancel_all(eng, false); /* ...and end CANCELED with the others */
+    run_commands(eng);                  /* transfers queued before the stop start... */
+    kvb__conn_wiring_expire(eng, true); /* handshakes waiting on a wire-up fail */
+    kvb__xfer_cancel_all(eng, false);   /* ...and end CANCELED with the others */
     conns_release_all(eng);
     /* Reads still receiving into their pieces end last: nothing progresses
      * the worker after this (ucp_worker_destroy progresses no transport),

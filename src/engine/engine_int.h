@@ -283,9 +283,11 @@ typedef struct kvb__cmd {
     kvb__conn_t *conn;
     kvb__session_t *sess;   /* CMD_KILL: every conn of it */
     kvb__hs_reply_t *reply; /* CMD_CONNECT input */
+    uint64_t deadline;      /* CMD_CONNECT input: the UCX wire-up's (monotonic ns) */
     kvb_status_t result;    /* CMD_CONNECT output */
     char why[256];
     int done;
+    bool wiring; /* CMD_CONNECT: done only once its UCX wire-up ends (session.c) */
     struct kvb__cmd *next;
 } kvb__cmd_t;
 
@@ -350,9 +352,10 @@ struct kvb_engine {
 
     /* progress thread only */
     struct kvb_xfer *active;
-    kvb__conn_t *conns;   /* every live conn */
-    size_t am_pending;    /* incoming receives in progress, and read answers being sent:
-                             the loop keeps progressing UCX while any (engine.c) */
+    kvb__conn_t *conns;         /* every live conn */
+    struct kvb__wiring *wiring; /* new conns' UCX wire-ups in flight (session.c) */
+    size_t am_pending;          /* incoming receives in progress, and read answers being sent:
+                                   the loop keeps progressing UCX while any (engine.c) */
     size_t am_reads;      /* atomic writes: read answers being sent (lane/msg/target.c's caps) */
     size_t am_read_bytes; /* atomic writes: and their bytes */
     struct kvb__am_peer *am_peers; /* reply endpoints something of ours still answers over
@@ -440,8 +443,17 @@ kvb_status_t kvb__session_acquire(kvb_engine_h eng, const char *sid, bool force_
 void kvb__sessions_free(kvb_engine_h eng);
 /* Drop a reference taken on s (a conn's, when the conn is freed). */
 void kvb__session_put(kvb_engine_h eng, kvb__session_t *s);
-/* Progress thread: create ep and unpack rkeys for a handshake reply. */
+/* Progress thread: create ep and unpack rkeys for a handshake reply. An
+ * endpoint that detects a dead peer (UCP_ERR_HANDLING_MODE_PEER) is then
+ * flushed, and the command is done (cmd->wiring set meanwhile) only once
+ * that flush ends: its UCX wire-up completed, failed, or passed
+ * cmd->deadline (kvb__conn_wiring_expire). */
 void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd);
+/* Progress thread: end the wire-ups past their deadline (every one when
+ * stopping: KVB_ERR_CANCELED), their commands done with the reason. */
+void kvb__conn_wiring_expire(kvb_engine_h eng, bool stopping);
+/* cmdq.c: mark a waited command done and wake its caller. */
+void kvb__cmd_done(kvb_engine_h eng, kvb__cmd_t *cmd);
 void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);

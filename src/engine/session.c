@@ -347,6 +347,7 @@ static kvb_status_t handshake(kvb_engine_h eng, kvb__session_t *s, uint64_t dead
         set_keepalive(fd, eng->params.peer_timeout_s);
         cmd.kind = CMD_CONNECT;
         cmd.reply = &reply;
+        cmd.deadline = deadline;
         cmd.conn = calloc(1, sizeof(*cmd.conn));
         if (cmd.conn == NULL)
             st = KVB_ERR_NOMEM;
@@ -546,12 +547,138 @@ static kvb_status_t unpack_rkeys(kvb__conn_t *c, const kvb__hs_reply_t *r, char 
     return KVB_OK;
 }
 
+/* The connection is usable (progress thread): its control socket watched,
+ * listed among the live conns. */
+static void conn_ready(kvb_engine_h eng, kvb__conn_t *c)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP};
+    ev.data.u64 = (uint64_t)(uintptr_t)c;
+    epoll_ctl(eng->epfd, EPOLL_CTL_ADD, c->fd, &ev);
+    c->next_all = eng->conns;
+    eng->conns = c;
+    KVB_LOGI("engine %s: session %s connected (%s lane, %zu segments)", eng->sid, c->sess->sid,
+             c->lane == LANE_PUT ? "put" : "message", c->segs.n);
+}
+
+/* The connection cannot be set up (progress thread): its UCX objects go;
+ * the handshake socket stays the caller's until success (it closes it), so
+ * release_ucx must not close it too, or the second close hits whatever
+ * descriptor took the number meanwhile. */
+static void conn_abandon(kvb_engine_h eng, kvb__conn_t *c)
+{
+    c->fd = -1;
+    kvb__conn_release_ucx(eng, c);
+}
+
+/* A new connection's UCX wire-up in flight: its endpoint's flush. UCX
+ * 1.13.1 aborts a process (an assertion in ucp_request_send_state_ff, "got
+ * REP message"; removed upstream by openucx/ucx#8175) when the peer that
+ * asked it for a wire-up is gone before its reply went out. A writer whose
+ * call returned right after the handshake (a probe, a write refused for its
+ * bounds, a table look-up) and whose process then exited left that reply
+ * pending and killed the target; so the handshake ends only once the
+ * wire-up did. Progress thread only. */
+typedef struct kvb__wiring {
+    kvb_engine_h eng;
+    kvb__cmd_t *cmd; /* NULL once ended: the flush's callback frees it */
+    struct kvb__wiring *next;
+} kvb__wiring_t;
+
+static void wiring_unlink(kvb_engine_h eng, kvb__wiring_t *w)
+{
+    kvb__wiring_t **pp = &eng->wiring;
+    while (*pp != NULL && *pp != w)
+        pp = &(*pp)->next;
+    if (*pp == w)
+        *pp = w->next;
+}
+
+/* End w's command with st (KVB_OK: the conn is ready). w must not be used
+ * afterwards: abandoning the conn closes its endpoint, whose flush's
+ * callback then frees w. */
+static void wiring_end(kvb__wiring_t *w, kvb_status_t st, const char *why)
+{
+    kvb_engine_h eng = w->eng;
+    kvb__cmd_t *cmd = w->cmd;
+    kvb__conn_t *c = cmd->conn;
+    w->cmd = NULL;
+    wiring_unlink(eng, w);
+    cmd->result = st;
+    if (st == KVB_OK) {
+        conn_ready(eng, c);
+    } else {
+        snprintf(cmd->why, sizeof(cmd->why), "%s", why);
+        conn_abandon(eng, c);
+    }
+    kvb__cmd_done(eng, cmd);
+}
+
+static void wired_cb(void *req, ucs_status_t status, void *arg)
+{
+    kvb__wiring_t *w = arg;
+    if (w->cmd != NULL) {
+        char why[160];
+        snprintf(why, sizeof(why), "UCX wire-up with the peer failed: %s",
+                 ucs_status_string(status));
+        wiring_end(w, status == UCS_OK ? KVB_OK : KVB_ERR_PEER, why);
+    }
+    free(w);
+    ucp_request_free(req);
+}
+
+/* Flush cmd's new endpoint; true while that runs (cmd->wiring), false when
+ * it ended at once (cmd->result says how). */
+static bool wiring_start(kvb_engine_h eng, kvb__cmd_t *cmd)
+{
+    kvb__wiring_t *w = calloc(1, sizeof(*w));
+    if (w == NULL) {
+        cmd->result = KVB_ERR_NOMEM;
+        snprintf(cmd->why, sizeof(cmd->why), "out of memory for the UCX wire-up");
+        return false;
+    }
+    ucp_request_param_t p = {.op_attr_mask =
+                                 UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.send = wired_cb,
+                             .user_data = w};
+    void *req = ucp_ep_flush_nbx(cmd->conn->ep, &p);
+    if (!UCS_PTR_IS_PTR(req)) {
+        free(w);
+        cmd->result = UCS_PTR_STATUS(req) == UCS_OK ? KVB_OK : KVB_ERR_PEER;
+        snprintf(cmd->why, sizeof(cmd->why), "UCX wire-up with the peer failed: %s",
+                 ucs_status_string(UCS_PTR_STATUS(req)));
+        return false;
+    }
+    w->eng = eng;
+    w->cmd = cmd;
+    w->next = eng->wiring;
+    eng->wiring = w;
+    cmd->wiring = true;
+    return true;
+}
+
+void kvb__conn_wiring_expire(kvb_engine_h eng, bool stopping)
+{
+    uint64_t now = kvb__now_ns();
+    kvb__wiring_t *w = eng->wiring;
+    while (w != NULL) {
+        if (!stopping && now <= w->cmd->deadline) {
+            w = w->next;
+            continue;
+        }
+        /* Ending one runs UCX callbacks that may end others: start over. */
+        wiring_end(w, stopping ? KVB_ERR_CANCELED : KVB_ERR_TIMEOUT,
+                   stopping ? "engine stopping during the UCX wire-up with the peer"
+                            : "UCX wire-up with the peer did not complete within the "
+                              "handshake's time");
+        w = eng->wiring;
+    }
+}
+
 void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd)
 {
     kvb__conn_t *c = cmd->conn;
     const kvb__hs_reply_t *r = cmd->reply;
     ucp_ep_params_t ep = {0};
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = (const ucp_address_t *)r->waddr;
@@ -578,20 +705,16 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd)
         return;
     }
     cmd->result = unpack_rkeys(c, r, cmd->why, sizeof(cmd->why));
+    /* A local endpoint is not flushed: without peer-failure detection the
+     * flush of a peer that stopped would never end (and UCX's shared-memory
+     * wire-up does not reach the assertion above). */
+    if (cmd->result == KVB_OK && !local && wiring_start(eng, cmd))
+        return;
     if (cmd->result != KVB_OK) {
-        /* The handshake socket stays the caller's until success (it closes
-         * it): release_ucx must not close it too, or the second close hits
-         * whatever descriptor took the number meanwhile. */
-        c->fd = -1;
-        kvb__conn_release_ucx(eng, c);
+        conn_abandon(eng, c);
         return;
     }
-    ev.data.u64 = (uint64_t)(uintptr_t)c;
-    epoll_ctl(eng->epfd, EPOLL_CTL_ADD, c->fd, &ev);
-    c->next_all = eng->conns;
-    eng->conns = c;
-    KVB_LOGI("engine %s: session %s connected (%s lane, %zu segments)", eng->sid, c->sess->sid,
-             c->lane == LANE_PUT ? "put" : "message", c->segs.n);
+    conn_ready(eng, c);
 }
 
 void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why)

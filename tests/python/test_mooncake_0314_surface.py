@@ -57,7 +57,6 @@ NOT_IMPLEMENTED = {
     "transfer_read_on_cuda": "no CUDA",
     "batch_transfer_write_on_cuda": "no CUDA",
     "batch_transfer_read_on_cuda": "no CUDA",
-    "get_first_buffer_address": "peer's registrations",
     "get_notifies": "notifications",
     "get_engine": "Mooncake Store hook",
     "get_engine_ptr": "Mooncake Store hook",
@@ -70,7 +69,8 @@ PARTIAL = {
 # kvbridge's own additions to TransferEngine (docs/python.md)
 KVBRIDGE_EXTRAS = {"close", "batch_transfer_poll", "batch_transfer_free"}
 # module classes of the stub the drop-in declares but does not provide
-NOT_PROVIDED_CLASSES = {"RpcInterface", "ReceivedData", "ReceivedTensor"}
+# the RPC helpers (on engine notifications; behaviour: test_mooncake_names.py)
+RPC_CLASSES = {"RpcInterface", "ReceivedData", "ReceivedTensor"}
 
 _EMPTY = inspect.Parameter.empty
 
@@ -135,10 +135,11 @@ def test_module_names():
     assert TransferEngine.TransferOpcode is TransferOpcode  # the class alias
     for name in MOD["classes"]:
         assert inspect.isclass(getattr(me, name)), name
-    for name, f in MOD["functions"].items():
+    for name, f in MOD["functions"].items():  # create_rpc_client / _server
         assert _compatible(f, getattr(me, name)) == [], name
-        with pytest.raises(NotImplementedError, match=name):
-            getattr(me, name)()
+    c = me.create_rpc_client()  # (the server one listens on 0.0.0.0:8080: not here)
+    assert isinstance(c, me.RpcInterface)
+    c.close()
 
 
 @pytest.mark.parametrize("name", sorted(TE))
@@ -202,11 +203,17 @@ def test_other_classes():
     seg, blob = me.SharedSegment.create("seg", 4096, 1, 0)
     seg.complete([blob])
     assert seg.ready() and seg.base_addr() != 0 and seg.size() == 4096
-    # RPC helpers: declared, not provided
-    for name in NOT_PROVIDED_CLASSES:
-        with pytest.raises(NotImplementedError, match=name):
+    # RPC helpers: the stub's members; the received kinds have no constructor
+    for name in RPC_CLASSES:
+        g = MOD["classes"][name]
+        for m, f in g["methods"].items():
+            assert _compatible(f, getattr(getattr(me, name), m)) == [], (name, m)
+        for p in g["properties"]:
+            assert isinstance(inspect.getattr_static(getattr(me, name), p), property), (name, p)
+    for name in ("ReceivedData", "ReceivedTensor"):
+        with pytest.raises(TypeError):
             getattr(me, name)()
-    assert set(MOD["classes"]) - NOT_PROVIDED_CLASSES == {
+    assert set(MOD["classes"]) - RPC_CLASSES == {
         "TransferOpcode", "ScatterTransferCompletionStatus", "ScatterTransferTicket",
         "TransferNotify", "InnerTransferEngine", "TransferEngine", "SharedSegment"}
 
@@ -725,6 +732,23 @@ def test_scatter_reads(pair):
                                                         [[0]]), TypeError)
 
 
+@covers("get_first_buffer_address")
+def test_first_buffer_address():
+    """A fresh pair (each engine holds one region): the target's region from
+    the writer, and each engine's own; 0 for a segment nobody serves; a str
+    is required (test_mooncake_names.py: another process, host names,
+    several regions)."""
+    p = Pair()
+    try:
+        assert p.w.get_first_buffer_address(p.sid) == p.d
+        assert p.t.get_first_buffer_address(p.sid) == p.d
+        assert p.w.get_first_buffer_address(f"{HOST}:{p.w.get_rpc_port()}") == p.s
+        assert p.w.get_first_buffer_address(f"{HOST}:1") == 0
+        p.refused(lambda: p.w.get_first_buffer_address(1), TypeError)
+    finally:
+        p.close()
+
+
 def _not_implemented_calls(pair):
     s, d, sid = pair.s, pair.d, pair.sid
     return {
@@ -732,7 +756,6 @@ def _not_implemented_calls(pair):
         "transfer_read_on_cuda": (sid, s, d, 8),
         "batch_transfer_write_on_cuda": (sid, [s], [d], [8], 0, "", ""),
         "batch_transfer_read_on_cuda": (sid, [s], [d], [8]),
-        "get_first_buffer_address": (sid,),
         "get_notifies": (),
         "get_engine": (),
         "get_engine_ptr": (),

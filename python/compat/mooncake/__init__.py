@@ -9,3 +9,10 @@ provided. See docs/python.md, "Mooncake drop-in".
 """
 
 KVBRIDGE_DROP_IN = True  # lets a program tell this package from the real Mooncake
+
+# Mooncake's top-level exports: its buffer pools come from mooncake.store and
+# are None in a Mooncake built without the store, as here.
+BufferPool = None
+RegisteredBufferPool = BufferPool
+
+__all__ = ["BufferPool", "RegisteredBufferPool"]

@@ -34,8 +34,13 @@ SharedSegment on kvb_mem_alloc memory (_segment.py).
 Differences, all explicit (docs/python.md, "Mooncake drop-in"):
 - Raise NotImplementedError: notifications (transfer_sync/batch_transfer_sync
   with a notify, get_notifies), the Mooncake Store hooks (get_engine,
-  get_engine_ptr), remote segment queries (get_first_buffer_address) and the
-  CUDA-stream calls (*_on_cuda; SUPPORT_CUDA is False).
+  get_engine_ptr) and the CUDA-stream calls (*_on_cuda; SUPPORT_CUDA is
+  False).
+- The RPC helpers (RpcInterface, ...) run on kvbridge's engine notifications
+  (_rpc.py): a drop-in talks to a drop-in, not to coro_rpc.
+- get_first_buffer_address answers the lowest-addressed region of the
+  segment (kvbridge's handshake carries the table sorted by address);
+  Mooncake's is the oldest registration still held.
 - Only host memory: a write's source (a read's destination) must lie inside
   memory registered with this engine, the other side inside memory the peer
   registered.
@@ -76,7 +81,7 @@ def _import_kvbridge():
 
 kvbridge = _import_kvbridge()
 from kvbridge import _lib as L  # noqa: E402  (the C prototypes and statuses)
-from . import _scatter, _segment  # noqa: E402
+from . import _rpc, _scatter, _segment  # noqa: E402
 
 __all__ = [
     "InnerTransferEngine", "Read", "SUPPORT_CUDA", "SUPPORT_EFA", "SUPPORT_HIP",
@@ -147,45 +152,13 @@ class InnerTransferEngine:
         raise TypeError("mooncake.engine.InnerTransferEngine: No constructor defined!")
 
 
-def _rpc_not_provided(name):
-    raise NotImplementedError(
-        f"mooncake.engine.{name} is not provided by kvbridge's mooncake.engine drop-in: "
-        "Mooncake's RPC helpers (coro_rpc) have no kvbridge counterpart; PD paths do not "
-        "use them")
-
-
-class RpcInterface:
-    """Mooncake's RPC helper (0.3.14 stub: RpcInterface, alias
-    CoroRPCInterface). Not provided: constructing one raises
-    NotImplementedError."""
-
-    def __init__(self):
-        _rpc_not_provided("RpcInterface")
-
-
+# Mooncake's RPC helpers on kvbridge's engine notifications: _rpc.py.
+RpcInterface = _rpc.RpcInterface
 CoroRPCInterface = RpcInterface
-
-
-class ReceivedData:
-    """What Mooncake's RPC server hands a data callback. Not provided."""
-
-    def __init__(self, *a, **k):
-        _rpc_not_provided("ReceivedData")
-
-
-class ReceivedTensor:
-    """What Mooncake's RPC server hands a tensor callback. Not provided."""
-
-    def __init__(self, *a, **k):
-        _rpc_not_provided("ReceivedTensor")
-
-
-def create_rpc_client(local_rank=0, world_size=1):
-    _rpc_not_provided("create_rpc_client")
-
-
-def create_rpc_server(local_rank=0, world_size=1):
-    _rpc_not_provided("create_rpc_server")
+ReceivedData = _rpc.ReceivedData
+ReceivedTensor = _rpc.ReceivedTensor
+create_rpc_client = _rpc.create_rpc_client
+create_rpc_server = _rpc.create_rpc_server
 
 
 # Scatter transfers with drain tickets (0.3.14): python/compat/mooncake/_scatter.py.
@@ -214,12 +187,17 @@ def _transfer_timeout_s():
 
 def _port_range():
     """[MC_MIN_RPC_PORT, MC_MAX_RPC_PORT] (Mooncake's typo'd MC_*_PRC_PORT
-    too), default [15000, 17000]; an invalid range falls back to it."""
+    too), default [15000, 17000]; an invalid range falls back to it, by
+    Mooncake's rule (ValidatePortRange): both ends in [1024, 65535] outside
+    the ephemeral [32768, 60999], lo <= hi (lo == hi: that one port)."""
     lo = os.environ.get("MC_MIN_RPC_PORT") or os.environ.get("MC_MIN_PRC_PORT")
     hi = os.environ.get("MC_MAX_RPC_PORT") or os.environ.get("MC_MAX_PRC_PORT")
     lo = _atoi(lo) if lo else 15000
     hi = _atoi(hi) if hi else 17000
-    if not (1024 < lo <= hi < 65536):
+
+    def ok(p):
+        return 1024 <= p <= 65535 and not 32768 <= p <= 60999
+    if not (ok(lo) and ok(hi) and lo <= hi):
         return 15000, 17000
     return lo, hi
 
@@ -240,16 +218,26 @@ def _parse_host(local_hostname):
     return h.split(":", 1)[0]
 
 
-def _port_free(host, port):
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        s.bind((host, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+def _listen_addrs(host):
+    """The addresses the engine would listen on for host (a numeric address
+    or a name, resolved as kvb_engine_create does: getaddrinfo, passive,
+    in its order). socket.gaierror when it does not resolve."""
+    return [(fam, addr) for fam, _, _, _, addr in
+            socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)]
+
+
+def _port_free(addrs, port):
+    """Can one of addrs (from _listen_addrs) be bound on port now?"""
+    for family, addr in addrs:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.bind((addr[0], port) + tuple(addr[2:]))
+            return True
+        except OSError:
+            continue
+        finally:
+            s.close()
+    return False
 
 
 def _u64_column(values, name, flat, col, n):
@@ -451,6 +439,7 @@ class TransferEngine:
     def __init__(self):
         self._timeout_s = _transfer_timeout_s()
         self._eng = None  # kvbridge.TransferEngine once initialized
+        self._names = ()  # the names this engine's segment goes by (initialize)
         self._lock = threading.Lock()
         self._batches = {}  # batch id → _Batch
         self._ids = itertools.count(1)
@@ -500,10 +489,15 @@ class TransferEngine:
         eng = self._create(host, transport)
         if eng is None:
             return -1
+        sid = eng.get_session_id()
+        port = sid.rsplit(":", 1)[1]
         with self._lock:
             raced = self._eng is not None
             if not raced:
                 self._eng = eng
+                # Mooncake names its own segment host:port with the host as
+                # given ("localhost:15123"); kvbridge's session id is numeric.
+                self._names = (sid, f"{host}:{port}", f"[{host}]:{port}")
         if raced:  # another thread's initialize() won
             eng.close()
             log.error("mooncake.engine (kvbridge): initialize() called twice")
@@ -513,12 +507,18 @@ class TransferEngine:
         return 0
 
     def _create(self, host, transport):
+        try:
+            addrs = _listen_addrs(host)
+        except (socket.gaierror, UnicodeError) as e:
+            log.error("mooncake.engine (kvbridge): cannot start an engine: local host %r does "
+                      "not resolve to an address: %s", host, getattr(e, "strerror", None) or e)
+            return None
         lo, hi = _port_range()
         rng = random.SystemRandom()
         last, failures = None, 0
         for _ in range(128):
             port = rng.randint(lo, hi)
-            if not _port_free(host, port):
+            if not _port_free(addrs, port):
                 continue
             try:
                 return kvbridge.TransferEngine(host, port, transport)
@@ -1195,8 +1195,33 @@ class TransferEngine:
         self._not_implemented("get_notifies", "notifications are not supported")
 
     def get_first_buffer_address(self, segment_name):
-        self._not_implemented("get_first_buffer_address",
-                              "kvbridge does not expose a peer's registrations")
+        """The address of the first region the engine segment_name registered
+        for peers, 0 when it registered none or cannot be reached (logged), as
+        Mooncake. segment_name: a peer's "host:port" (a host name too), or
+        this engine's own (its session id, or initialize()'s host with
+        get_rpc_port(), as Mooncake names it): its own table, no connection.
+        A peer's table is the one its handshake sent (kvb_engine_peer_regions:
+        connecting first, within MC_HANDSHAKE_CONNECT_TIMEOUT s, default 5; a
+        registration it made since is seen). "First" is the lowest address:
+        the handshake carries the table sorted by address, where Mooncake
+        answers the oldest registration still held; the same for an engine
+        with one region."""
+        _check_str(segment_name, "segment_name")
+        eng = self._engine("get_first_buffer_address")
+        if eng is None:
+            return 0
+        sid = eng.get_session_id() if segment_name in self._names else segment_name
+        timeout = float(_atoi(os.environ.get("MC_HANDSHAKE_CONNECT_TIMEOUT")) or 5)
+        addr, n = ctypes.c_uint64(0), ctypes.c_size_t(0)
+        with eng._guard:
+            st = L.lib().kvb_engine_peer_regions(eng._h, sid.encode(), timeout,
+                                                 ctypes.byref(addr), None, 1, ctypes.byref(n))
+            if st != L.KVB_OK:
+                log.warning("mooncake.engine (kvbridge): get_first_buffer_address(%s): %s",
+                            segment_name, L.text(L.lib().kvb_engine_last_error(eng._h)) or
+                            L.status_string(st))
+                return 0
+        return addr.value if n.value else 0
 
     def get_engine(self):
         self._not_implemented("get_engine", "a Mooncake Store hook; there is no C++ "
