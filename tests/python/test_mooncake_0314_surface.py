@@ -57,15 +57,11 @@ NOT_IMPLEMENTED = {
     "transfer_read_on_cuda": "no CUDA",
     "batch_transfer_write_on_cuda": "no CUDA",
     "batch_transfer_read_on_cuda": "no CUDA",
-    "get_notifies": "notifications",
     "get_engine": "Mooncake Store hook",
     "get_engine_ptr": "Mooncake Store hook",
 }
 # supported, but a documented part raises NotImplementedError
-PARTIAL = {
-    "transfer_sync": "a notify",
-    "batch_transfer_sync": "a notify",
-}
+PARTIAL = {}
 # kvbridge's own additions to TransferEngine (docs/python.md)
 KVBRIDGE_EXTRAS = {"close", "batch_transfer_poll", "batch_transfer_free"}
 # module classes of the stub the drop-in declares but does not provide
@@ -576,7 +572,7 @@ def test_read_pages(pair):
     assert rp(sid, spa[:0], dpa[:0], f) == 0  # an empty grid
 
 
-@covers("transfer_sync", "batch_transfer_sync", "batch_transfer_async")
+@covers("transfer_sync", "batch_transfer_sync", "batch_transfer_async", "get_notifies")
 def test_opcode_calls(pair):
     w, sid, s, d = pair.w, pair.sid, pair.s, pair.d
     assert w.transfer_sync(sid, s + 11, d + 700000, 100, TransferOpcode.Write) == 0
@@ -594,14 +590,19 @@ def test_opcode_calls(pair):
     pair.read([(50, 700000, 100), (300, 700200, 100), (600, 700400, 100)])
     pair.read_refused(lambda: w.transfer_sync(sid, s, d + OOB, 16, me.Read), -1)
     pair.read_refused(lambda: w.batch_transfer_async(sid, [s], [d + OOB], [16], me.Read), 0)
-    pair.read_refused(lambda: w.batch_transfer_sync(sid, [s], [d], [8], me.Read,
-                                                    TransferNotify("n", "m")),
-                      (NotImplementedError, "notifications"))
-    note = (NotImplementedError, "notifications")
-    pair.refused(lambda: w.transfer_sync(sid, s, d, 8, me.Write, TransferNotify("n", "m")),
-                 note)
-    pair.refused(lambda: w.batch_transfer_sync(sid, [s], [d], [8], me.Write,
-                                               TransferNotify("n", "m")), note)
+    # with a notify: the transfer, then the notification at the target
+    pair.src[:] = 0
+    assert w.batch_transfer_sync(sid, [s + 900], [d + 700600], [8], me.Read,
+                                 TransferNotify("n", "m")) == 0
+    pair.read([(900, 700600, 8)])
+    assert w.transfer_sync(sid, s + 64, d + 700800, 8, me.Write, TransferNotify("n", "m")) == 0
+    assert w.batch_transfer_sync(sid, [s + 96], [d + 700900], [8], me.Write,
+                                 TransferNotify("n2", "m2")) == 0
+    pair.wrote([(64, 700800, 8), (96, 700900, 8)])
+    got, t0 = [], time.monotonic()
+    while len(got) < 3 and time.monotonic() - t0 < 10:
+        got += pair.t.get_notifies()
+    assert [(x.name, x.msg) for x in got] == [("n", "m"), ("n", "m"), ("n2", "m2")]
     pair.refused(lambda: w.transfer_sync(sid, s, d, 8, 7), ValueError)
     pair.refused(lambda: w.batch_transfer_sync(sid, [s], [d], [8], "write"), TypeError)
     pair.refused(lambda: w.transfer_sync(sid, s, d + OOB, 16, me.Write), -1)
@@ -756,7 +757,6 @@ def _not_implemented_calls(pair):
         "transfer_read_on_cuda": (sid, s, d, 8),
         "batch_transfer_write_on_cuda": (sid, [s], [d], [8], 0, "", ""),
         "batch_transfer_read_on_cuda": (sid, [s], [d], [8]),
-        "get_notifies": (),
         "get_engine": (),
         "get_engine_ptr": (),
     }

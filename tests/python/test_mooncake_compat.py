@@ -381,11 +381,6 @@ def test_not_implemented():
     assert e.initialize(HOST, "P2PHANDSHAKE", "rdma", "") == 0
     try:
         calls = {
-            "transfer_sync": lambda: e.transfer_sync("x:1", 1, 1, 1, TransferOpcode.Read,
-                                                     TransferNotify("n", "m")),
-            "batch_transfer_sync": lambda: e.batch_transfer_sync(
-                "x:1", [1], [1], [1], TransferOpcode.Write, TransferNotify("n", "m")),
-            "get_notifies": e.get_notifies,
             "get_engine": e.get_engine,
             "get_engine_ptr": e.get_engine_ptr,
             "transfer_write_on_cuda": lambda: e.transfer_write_on_cuda("x:1", 1, 1, 1),

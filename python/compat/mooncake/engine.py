@@ -32,10 +32,12 @@ tickets whose status says what kvbridge's engine can prove (_scatter.py);
 SharedSegment on kvb_mem_alloc memory (_segment.py).
 
 Differences, all explicit (docs/python.md, "Mooncake drop-in"):
-- Raise NotImplementedError: notifications (transfer_sync/batch_transfer_sync
-  with a notify, get_notifies), the Mooncake Store hooks (get_engine,
+- Raise NotImplementedError: the Mooncake Store hooks (get_engine,
   get_engine_ptr) and the CUDA-stream calls (*_on_cuda; SUPPORT_CUDA is
   False).
+- Notifications (transfer_sync/batch_transfer_sync with a notify,
+  get_notifies) ride kvbridge's engine notifications: drop-in to drop-in,
+  delivered after the transfer's bytes.
 - The RPC helpers (RpcInterface, ...) run on kvbridge's engine notifications
   (_rpc.py): a drop-in talks to a drop-in, not to coro_rpc.
 - get_first_buffer_address answers the lowest-addressed region of the
@@ -134,8 +136,10 @@ Write = TransferOpcode.Write
 
 
 class TransferNotify:
-    """A notification (name, msg). Accepted as a type; sending one is not
-    supported by this drop-in (see transfer_sync)."""
+    """A notification (name, msg), as Mooncake's: sent with transfer_sync /
+    batch_transfer_sync once the transfer succeeded (kvbridge's engine
+    notifications: delivered after every byte of it is visible at the
+    target), read at the target with get_notifies()."""
 
     def __init__(self, name="", msg=""):
         self.name = name
@@ -429,6 +433,36 @@ def _peer_timeout_s():
 _PEER_TIMEOUT_S = _peer_timeout_s()
 
 
+# Mooncake's notification (name, msg) in one kvbridge engine notification:
+# magic, the name's length (4 bytes, little-endian), the name, the message.
+_NOTIFY_MAGIC = b"MCN1"
+
+
+def _notify_payload(method, notify):
+    """notify (a TransferNotify or None) as the bytes to send, or None."""
+    if notify is None:
+        return None
+    name, msg = getattr(notify, "name", None), getattr(notify, "msg", None)
+    if not isinstance(name, str) or not isinstance(msg, str):
+        raise TypeError(f"{method}: notify must be a TransferNotify(name: str, msg: str)")
+    nb, mb = name.encode(), msg.encode()
+    out = _NOTIFY_MAGIC + len(nb).to_bytes(4, "little") + nb + mb
+    if len(out) > L.NOTIF_MAX_LEN:
+        raise ValueError(f"{method}: notify name and msg exceed {L.NOTIF_MAX_LEN - 8} bytes")
+    return out
+
+
+def _notify_parse(sender, raw):
+    """A received notification as a TransferNotify; a peer's bytes are
+    hostile: anything not in our frame is the sender's name and the text."""
+    if raw[:4] == _NOTIFY_MAGIC and len(raw) >= 8:
+        n = int.from_bytes(raw[4:8], "little")
+        if 8 + n <= len(raw):
+            return TransferNotify(raw[8:8 + n].decode("utf-8", "replace"),
+                                  raw[8 + n:].decode("utf-8", "replace"))
+    return TransferNotify(sender, raw.decode("utf-8", "replace"))
+
+
 # ------------------------------------------------------------------ engine
 
 class TransferEngine:
@@ -687,16 +721,32 @@ class TransferEngine:
     def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode,
                       notify=None, transport_hint="", nic_hint=""):
         read = self._opcode("transfer_sync", opcode)
-        self._no_notify("transfer_sync", notify)
-        return self._sync("transfer_sync", target_hostname, [buffer], [peer_buffer_address],
-                          [length], transport_hint, nic_hint, read=read)
+        payload = _notify_payload("transfer_sync", notify)
+        rc = self._sync("transfer_sync", target_hostname, [buffer], [peer_buffer_address],
+                        [length], transport_hint, nic_hint, read=read)
+        return self._notify_after("transfer_sync", target_hostname, rc, payload)
 
     def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                             opcode, notify=None, transport_hint="", nic_hint=""):
         read = self._opcode("batch_transfer_sync", opcode)
-        self._no_notify("batch_transfer_sync", notify)
-        return self._sync("batch_transfer_sync", target_hostname, buffers,
-                          peer_buffer_addresses, lengths, transport_hint, nic_hint, read=read)
+        payload = _notify_payload("batch_transfer_sync", notify)
+        rc = self._sync("batch_transfer_sync", target_hostname, buffers,
+                        peer_buffer_addresses, lengths, transport_hint, nic_hint, read=read)
+        return self._notify_after("batch_transfer_sync", target_hostname, rc, payload)
+
+    def _notify_after(self, what, target, rc, payload):
+        """The notification of a transfer that succeeded (rc 0: every byte
+        is at the target, so the notification follows them); -1 when it
+        could not be sent. None sent for a failed transfer, as Mooncake."""
+        if rc != 0 or payload is None:
+            return rc
+        try:
+            self._eng.notify(target, payload, self._timeout_s)
+        except kvbridge.KVBridgeError as e:
+            log.warning("mooncake.engine (kvbridge): %s: the notification to %s failed: %s",
+                        what, target, e)
+            return -1
+        return 0
 
     # ---------------------------------------------------------- sync reads
     def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length,
@@ -1127,11 +1177,6 @@ class TransferEngine:
             raise ValueError(f"{method}: unknown opcode {opcode!r}")
         return op == TransferOpcode.Read
 
-    def _no_notify(self, method, notify):
-        if notify is not None:
-            self._not_implemented(method, "notifications are not supported (kvbridge's "
-                                          "engine has no message channel); send notify=None")
-
     # ---------------------------------------------------------- scatter (0.3.14)
     def _scatter(self, what, read, endpoint, args, sync):
         eng = self._eng
@@ -1192,7 +1237,15 @@ class TransferEngine:
                               remote_capacities, local_offsets, remote_offsets, lengths), True)
 
     def get_notifies(self):
-        self._not_implemented("get_notifies", "notifications are not supported")
+        """The notifications received and not yet taken, oldest first, as
+        TransferNotify(name, msg) (the sender's name and message); [] when
+        none or before initialize(). Never blocks. A plain kvbridge engine
+        notification (not a Mooncake one) comes with the sending engine's
+        name and its bytes as text."""
+        eng = self._eng
+        if eng is None:
+            return []
+        return [_notify_parse(sender, raw) for sender, raw in eng.get_notifs()]
 
     def get_first_buffer_address(self, segment_name):
         """The address of the first region the engine segment_name registered
