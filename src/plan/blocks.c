@@ -354,8 +354,10 @@ static row_strides_t side_strides(kvb_plan_order_t order, uint64_t rows, uint64_
 /* Segment by segment (rows that stay in one page on both sides), the
  * fragment's units of every row: one piece per segment where the units lie
  * side by side on both sides (NHD, NHD) or the tokens do (HND, HND; one
- * head each), else one piece per unit; the put merges what continues. */
-static kvb_status_t emit_rows(put_fn put, void *out, size_t floor, const emit_job_t *j,
+ * head each), else one piece per unit; the put merges what continues within
+ * one buffer (each buffer is its own registration: a block, strided or not,
+ * must not run into the next). *count is the sink's block count. */
+static kvb_status_t emit_rows(put_fn put, void *out, const size_t *count, const emit_job_t *j,
                               const row_set_t *rs)
 {
     const kvb__plan_class_t *c = j->c;
@@ -368,6 +370,7 @@ static kvb_status_t emit_rows(put_fn put, void *out, size_t floor, const emit_jo
     kvb_status_t st = KVB_OK;
     for (uint32_t b = 0; b < j->nbuf && st == KVB_OK; b++) {
         uint64_t n;
+        size_t floor = *count;
         for (uint64_t t = rs->t0; t < rs->t1 && st == KVB_OK; t += n) {
             uint64_t sr = t % Ps, dr = t % Pd;
             n = Ps - sr < Pd - dr ? Ps - sr : Pd - dr;
@@ -713,15 +716,15 @@ static bool job_by_rows(const chunk_prep_t *pr, const emit_job_t *j)
 }
 
 /* One job by the row mapping: addresses checked as for whole pages. */
-static kvb_status_t emit_job_rows(const plan_sink_t *sk, size_t floor, const chunk_prep_t *pr,
-                                  emit_job_t *j, uint64_t *bytes_p)
+static kvb_status_t emit_job_rows(const plan_sink_t *sk, const chunk_prep_t *pr, emit_job_t *j,
+                                  uint64_t *bytes_p)
 {
     uint64_t unused;
     j->is.smax = pr->rows.smax;
     j->is.dmax = pr->rows.dmax;
     kvb_status_t st = job_check(j, 0, &unused);
     if (st == KVB_OK)
-        st = emit_rows(sk->put, sk->out, floor, j, &pr->rows);
+        st = emit_rows(sk->put, sk->out, sk->count, j, &pr->rows);
     *bytes_p = (pr->rows.t1 - pr->rows.t0) * j->bytes * j->nbuf;
     return st;
 }
@@ -753,8 +756,7 @@ static kvb_status_t plan_chunk(const char *fn, kvb_plan_h plan, uint32_t p, uint
         j.doff = dof;
         j.bytes = bytes;
         if (job_by_rows(&pr, &j)) {
-            if (pr.rows.t0 < pr.rows.t1 &&
-                (st = emit_job_rows(sk, count0, &pr, &j, &bytes)) == KVB_OK)
+            if (pr.rows.t0 < pr.rows.t1 && (st = emit_job_rows(sk, &pr, &j, &bytes)) == KVB_OK)
                 *sk->bytes += bytes;
             continue;
         }

@@ -160,6 +160,13 @@ static void layout(kvb_plan_layout_t *l, const cell_t *c, const side_t *s, int p
     l->kv_pool_pages = s->pool;
 }
 
+/* Which buffer of side s holds address a (the 64-byte gap counts as its
+ * buffer's). */
+static uint64_t buffer_of(const side_t *s, uint64_t a)
+{
+    return (a - (uint64_t)(uintptr_t)s->mem) / s->stride;
+}
+
 /* Copy n bytes of a block into the decode image, counting writes; both ends
  * must lie inside one buffer of the two ranks. */
 static void apply(const side_t *src, side_t *dst, uint64_t s, uint64_t d, uint64_t n)
@@ -412,6 +419,13 @@ static void run_cell(const cell_t *c)
                     FAIL("strided block %zu: count %llu dst_stride %llu len %llu", i,
                          (unsigned long long)b->count, (unsigned long long)b->dst_stride,
                          (unsigned long long)b->len);
+                /* the engine checks a strided block's first and last rows
+                 * against one registration (a buffer): its span stays in one */
+                uint64_t ls = (b->count - 1) * b->src_stride, ld = (b->count - 1) * b->dst_stride;
+                if (buffer_of(&ps[p], b->src) != buffer_of(&ps[p], b->src + ls + b->len - 1) ||
+                    buffer_of(&ds[d], b->dst) != buffer_of(&ds[d], b->dst + ld + b->len - 1))
+                    FAIL("strided block %zu spans two buffers (count %llu)", i,
+                         (unsigned long long)b->count);
                 for (uint64_t r = 0; r < b->count; r++)
                     apply(&ps[p], &ds[d], b->src + r * b->src_stride, b->dst + r * b->dst_stride,
                           b->len);
