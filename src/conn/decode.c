@@ -110,8 +110,14 @@ static kvb_status_t kvbridge_plan(struct kvb_manager *m, const kvb__addr_t *a,
 {
     kvb_plan_layout_t pre, dec;
     prefill_layout(m, info, &pre);
-    if (page > 0) /* its item lengths count its page's rows */
+    if (page > 0 && (uint32_t)page != pre.page_size) {
+        /* item lengths it registered count its page's rows; ones derived
+         * from ours (none registered), ours */
+        if (info->kv_item_lens.count == 0)
+            pre.kv_geom.item_len = pre.kv_geom.item_len / pre.page_size * (uint64_t)page;
         pre.page_size = (uint32_t)page;
+        pre.draft_geom = pre.kv_geom;
+    }
     kvb__layout_self(m, &dec);
     /* Routes follow the KV geometry; state pairs up rank by rank (the prefill
      * checks its TP size against ours). */

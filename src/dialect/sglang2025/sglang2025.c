@@ -77,7 +77,8 @@ bool kvb__sglang_kv_layout(const kvb__frame_t *ext, size_t n_ext, kvb__reg_in_t 
         int64_t page = 0;
         bool hnd = comma + 4 == n && memcmp(v + comma + 1, "hnd", 3) == 0;
         bool nhd = comma + 4 == n && memcmp(v + comma + 1, "nhd", 3) == 0;
-        if (!kvb__parse_i64(v, comma, 1, INT32_MAX, &page) || !(hnd || nhd)) {
+        bool canonical = comma > 0 && (comma == 1 || v[0] != '0'); /* as Python's str(int) */
+        if (!canonical || !kvb__parse_i64(v, comma, 1, INT32_MAX, &page) || !(hnd || nhd)) {
             snprintf(e->reason, sizeof(e->reason),
                      "registration: extension kv_layout is not <page_size 1..2^31-1>,<nhd|hnd> "
                      "(%zu bytes)",
