@@ -321,10 +321,13 @@ KVB_API kvb_status_t kvb_plan_blocks(kvb_plan_h plan, uint32_t prefill_rank, uin
  * plain (count 1, src_stride = dst_stride = len) and merge as in
  * kvb_plan_blocks. The bytes moved are exactly kvb_plan_blocks' for the same
  * arguments, and in the same order when each strided block is read row by
- * row; the descriptors are O(buffers × page runs) instead of O(rows).
- * Same container rules (a fixed array needs room for one descriptor per
- * buffer and page run, counted before whole rows merge), errors (out
- * unchanged) and thread safety as kvb_plan_blocks. */
+ * row; the descriptors are O(buffers × page runs) instead of O(rows). The
+ * row mapping (page sizes or orders differ) gives one per page segment, or
+ * per unit and segment where the orders differ (docs/planner.md), none
+ * spanning two buffers. Same container rules (a fixed array needs
+ * room for one descriptor per buffer and page run, counted before whole rows
+ * merge, or per piece of the row mapping), errors (out unchanged) and thread
+ * safety as kvb_plan_blocks. */
 typedef struct kvb_plan_strided {
     kvb_strided_block_t *blocks;
     size_t count;
