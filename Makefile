@@ -80,3 +80,4 @@ check-interop: build
 	bash scripts/interop-tokenspeed.sh $(BUILD)
 	bash scripts/interop-tokenspeed011.sh $(BUILD)
 	bash scripts/interop-cachepd.sh $(BUILD)
+	bash scripts/interop-nixl.sh $(BUILD)

@@ -16,6 +16,7 @@ PKGS=(
   python3 python3-numpy python3-pytest python3-zmq python3-requests
   python3-pip python3-setuptools python3-wheel # pip install ./python, offline
   iproute2 procps
+  prometheus # promtool: test_conn_observe checks the /metrics text with it (skips without)
 )
 
 missing=()

@@ -8,12 +8,13 @@
  * and drives them over their stdin/stdout with one-line messages:
  *   child  → "ready <text>" | "error <text>"
  *   prefill: "fill <room> <pages> <aux>" → "filled <room>"
- *            "send <room>"               → "sent <room> <t_first> <t_compute_end>" |
+ *            "send <room>"               → "sent <room> <t_first> <t_compute_end> <stages>" |
  *                                          "fail <room> <why>"
  *            "hold <room>"               → "held <room>" (sender in WaitingForInput;
  *                                          a later "send" sends it) | "fail <room> <why>"
  *   decode:  "recv <room> <pages> <aux> [sweep|hold]" → "inited <room> <t_init>", then
- *                                          "ok <room> <t_success>" | "fail <room> <why>"
+ *                                          "ok <room> <t_success> <stages>" |
+ *                                          "fail <room> <why>"
  *            "verify <room>"             → "verified <room> <wrong bytes | -1>"
  *   all:     "quit"
  * ("sweep": a warm-up room; the decode takes the next pages of its sweep
@@ -273,7 +274,21 @@ typedef struct bench_report {
      * compute) in exposed[m].lat_ms, and latency from the forward's start
      * to Success in lw_lat[m].lat_ms */
     bench_phase_t exposed[2], lw_lat[2];
+    /* timed requests' stages from the rooms' timelines (BENCH_ST_*, ms; the
+     * slowest rank of each side): the "stages" line */
+    bench_phase_t stage[5];
 } bench_report_t;
+
+/* Stages of a room read from its timelines (docs/observe.md), which "sent"
+ * (prefill: BENCH_ST_WAIT, _WRITE) and "ok" (decode: BENCH_ST_BOOT, _DXFER,
+ * _TOTAL) carry after their times, in seconds, -1 unknown: decode look-ups
+ * (created -> bootstrap_answered), decode transfer (transfer info sent ->
+ * last status received), decode total (created -> terminal), prefill wait
+ * for the decode (created -> last transfer info), prefill writes (first
+ * posted -> last settled). */
+enum { BENCH_ST_BOOT, BENCH_ST_DXFER, BENCH_ST_TOTAL, BENCH_ST_WAIT, BENCH_ST_WRITE, BENCH_ST_N };
+/* The stages of timeline t (-1: not in it) into st[BENCH_ST_N]. */
+void bench_stages(const kvb_timeline_t *t, double *st);
 
 enum { BENCH_LW_FINAL, BENCH_LW_LAYERWISE };
 

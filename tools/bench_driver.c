@@ -22,7 +22,7 @@
 
 #define READY_TIMEOUT_S 180.0
 #define MAX_PROCS 80
-#define MAX_ARGS 72
+#define MAX_ARGS 96 /* a rank's command line: 70 words with every option on */
 
 enum { K_BOOT, K_PRE, K_DEC };
 enum { Q_NEW, Q_FILLED, Q_FLIGHT, Q_DONE };
@@ -41,7 +41,8 @@ typedef struct req {
     int dp, state, pend_fill, pend_init, pend_dec, pend_pre, pend_verify;
     int pend_hold; /* --hold: prefill ranks of its group not yet "held" */
     double t_first, t_init, t_succ, deadline;
-    double t_end; /* the latest end of its prefill ranks' compute (--layerwise) */
+    double t_end;          /* the latest end of its prefill ranks' compute (--layerwise) */
+    double st[BENCH_ST_N]; /* its timelines' stages (s) + 1, the slowest rank's; 0: none */
     bool failed, sent_to_prefill, aborted;
     bool held, released; /* a --hold room; sent after the timed waves */
     char why[200];
@@ -63,6 +64,15 @@ typedef struct drv {
     double traffic_sign; /* +1 / -1: the traffic collection under way */
     char fatal[240];
 } drv_t;
+
+/* Stages s[0..n) (seconds, -1 unknown) of one rank into q's, from first:
+ * the slowest rank's. */
+static void take_stages(req_t *q, int first, const double *s, int n)
+{
+    for (int k = 0; k < n; k++)
+        if (s[k] >= 0 && s[k] + 1 > q->st[first + k])
+            q->st[first + k] = s[k] + 1;
+}
 
 typedef struct args {
     char s[MAX_ARGS][64];
@@ -396,11 +406,15 @@ static void on_line(drv_t *d, proc_t *p, const char *line)
         q->pend_init -= q->pend_init > 0;
         maybe_send(d, q);
     } else if (strcmp(verb, "ok") == 0 && q->state == Q_FLIGHT && sscanf(rest, "%lf", &t)) {
+        double s[3] = {-1, -1, -1}; /* a rank without stages: none */
+        sscanf(rest, "%*f %lf %lf %lf", &s[0], &s[1], &s[2]);
+        take_stages(q, BENCH_ST_BOOT, s, 3);
         q->t_succ = t > q->t_succ ? t : q->t_succ;
         q->pend_dec -= q->pend_dec > 0;
     } else if (strcmp(verb, "sent") == 0 && q->state == Q_FLIGHT && sscanf(rest, "%lf", &t)) {
-        double te = t; /* a rank without the compute end: none, t_first */
-        sscanf(rest, "%*f %lf", &te);
+        double te = t, s[2] = {-1, -1}; /* a rank without the compute end: none, t_first */
+        sscanf(rest, "%*f %lf %lf %lf", &te, &s[0], &s[1]);
+        take_stages(q, BENCH_ST_WAIT, s, 2);
         q->t_first = q->t_first == 0 || t < q->t_first ? t : q->t_first;
         q->t_end = te > q->t_end ? te : q->t_end;
         q->pend_pre -= q->pend_pre > 0;
@@ -587,6 +601,9 @@ static void finish(drv_t *d, req_t *q, double now)
         d->rep.cold.bytes += bench_request_bytes(d->o);
     }
     if (!is_warm(d, q)) {
+        for (int k = 0; k < BENCH_ST_N; k++)
+            if (q->st[k] > 0)
+                d->rep.stage[k].lat_ms[d->rep.stage[k].nlat++] = (q->st[k] - 1) * 1e3;
         d->rep.steady.lat_ms[d->rep.steady.nlat++] = ms;
         d->rep.steady.bytes += bench_request_bytes(d->o);
         layerwise_figures(d, q, ms);
@@ -838,6 +855,9 @@ static bool setup(drv_t *d, const bench_opts_t *o)
     d->reqs = calloc((size_t)d->nreqs, sizeof(req_t));
     d->rep.steady.lat_ms = calloc((size_t)o->requests, sizeof(double));
     d->rep.cold.lat_ms = calloc((size_t)d->cold_end + 1, sizeof(double));
+    for (int k = 0; k < BENCH_ST_N; k++)
+        if ((d->rep.stage[k].lat_ms = calloc((size_t)o->requests + 1, sizeof(double))) == NULL)
+            return false;
     for (int m = 0; m < 2; m++) { /* --layerwise figures, per mode */
         d->rep.exposed[m].lat_ms = calloc((size_t)o->requests, sizeof(double));
         d->rep.lw_lat[m].lat_ms = calloc((size_t)o->requests, sizeof(double));
@@ -901,6 +921,8 @@ out:
             free(d->rep.exposed[m].lat_ms);
             free(d->rep.lw_lat[m].lat_ms);
         }
+        for (int k = 0; k < BENCH_ST_N; k++)
+            free(d->rep.stage[k].lat_ms);
     }
     free(d);
     return rc;

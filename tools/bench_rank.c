@@ -808,6 +808,43 @@ static void failure_of(rroom_t *rm, kvb_poll_t p, bool timed_out, char *why, siz
         snprintf(why, cap, "%s: %s", rm->snd != NULL ? "sender" : "receiver", text);
 }
 
+/* Time of ev's first (or last) occurrence in t; -1: none. */
+static double tl_at(const kvb_timeline_t *t, kvb_event_t ev, bool last)
+{
+    double at = -1;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->events[i].event == ev && (at < 0 || last))
+            at = t->events[i].t_s;
+    return at;
+}
+
+static double tl_span(const kvb_timeline_t *t, kvb_event_t a, bool a_last, kvb_event_t b,
+                      bool b_last)
+{
+    double x = tl_at(t, a, a_last), y = tl_at(t, b, b_last);
+    return x >= 0 && y >= x ? y - x : -1;
+}
+
+void bench_stages(const kvb_timeline_t *t, double *st)
+{
+    st[BENCH_ST_BOOT] = tl_span(t, KVB_EV_CREATED, false, KVB_EV_BOOTSTRAP_ANSWERED, false);
+    st[BENCH_ST_DXFER] = tl_span(t, KVB_EV_TRANSFER_INFO_SENT, false, KVB_EV_STATUS_RECEIVED, true);
+    st[BENCH_ST_TOTAL] = tl_span(t, KVB_EV_CREATED, false, KVB_EV_TERMINAL, false);
+    st[BENCH_ST_WAIT] = tl_span(t, KVB_EV_CREATED, false, KVB_EV_TRANSFER_INFO_RECEIVED, true);
+    st[BENCH_ST_WRITE] = tl_span(t, KVB_EV_FIRST_WRITE_POSTED, false, KVB_EV_LAST_WRITE_DONE, true);
+}
+
+/* The stages of a sender's or a receiver's room (all -1 when timelines are off). */
+static void room_stages(kvb_sender_h s, kvb_receiver_h rc, double *st)
+{
+    kvb_timeline_t *t = NULL;
+    for (int k = 0; k < BENCH_ST_N; k++)
+        st[k] = -1;
+    if ((s != NULL ? kvb_sender_timeline(s, &t) : kvb_receiver_timeline(rc, &t)) == KVB_OK)
+        bench_stages(t, st);
+    kvb_timeline_free(t);
+}
+
 static void step_room(rank_t *r, rroom_t *rm, double now, kvb_poll_t p)
 {
     char why[200];
@@ -819,7 +856,10 @@ static void step_room(rank_t *r, rroom_t *rm, double now, kvb_poll_t p)
                (p == KVB_POLL_WAITING_FOR_INPUT || p == KVB_POLL_TRANSFERRING)) {
         send_chunks(r, rm);
     } else if (p == KVB_POLL_SUCCESS && rm->state == R_SENDING) {
-        bench_say("sent %" PRIu64 " %.9f %.9f", rm->id, rm->t_first, rm->t_end);
+        double st[BENCH_ST_N];
+        room_stages(rm->snd, NULL, st);
+        bench_say("sent %" PRIu64 " %.9f %.9f %.9f %.9f", rm->id, rm->t_first, rm->t_end,
+                  st[BENCH_ST_WAIT], st[BENCH_ST_WRITE]);
         /* The sender lives until the driver's "drop" at the end of the wave:
          * destroying it right at Success can lose the decode's Success status
          * (library race, see docs/bench.md); KVBRIDGE_BENCH_EARLY_DESTROY=1
@@ -829,7 +869,10 @@ static void step_room(rank_t *r, rroom_t *rm, double now, kvb_poll_t p)
         else
             rm->state = R_DONE_OK;
     } else if (p == KVB_POLL_SUCCESS && rm->state == R_RECV) {
-        bench_say("ok %" PRIu64 " %.9f", rm->id, now);
+        double st[BENCH_ST_N];
+        room_stages(NULL, rm->rcv, st);
+        bench_say("ok %" PRIu64 " %.9f %.9f %.9f %.9f", rm->id, now, st[BENCH_ST_BOOT],
+                  st[BENCH_ST_DXFER], st[BENCH_ST_TOTAL]);
         rm->state = R_DONE_OK;
     } else if (p == KVB_POLL_FAILED || timed_out) {
         failure_of(rm, p, timed_out, why, sizeof(why));

@@ -289,6 +289,35 @@ static double pct(const bench_phase_t *r, double p)
     return x;
 }
 
+static const char *const stage_names[BENCH_ST_N] = {
+    "decode_bootstrap", "decode_transfer", "decode_total", "prefill_wait_decode", "prefill_write"};
+
+/* The timed requests' stages from the rooms' timelines (none when they are
+ * off: KVBRIDGE_TIMELINE=0). */
+static void print_stages(const bench_report_t *r)
+{
+    bool any = false;
+    for (int k = 0; k < BENCH_ST_N; k++)
+        any |= r->stage[k].nlat > 0;
+    if (!any)
+        return;
+    printf("  %-22s", "stages ms p50/p99");
+    for (int k = 0; k < BENCH_ST_N; k++)
+        if (r->stage[k].nlat > 0)
+            printf(" %s %.3f/%.3f", stage_names[k], pct(&r->stage[k], 50), pct(&r->stage[k], 99));
+    printf("\n");
+}
+
+static void json_stages(FILE *f, const bench_report_t *r)
+{
+    fprintf(f, "\"stage_ms\": {");
+    for (int k = 0, n = 0; k < BENCH_ST_N; k++)
+        if (r->stage[k].nlat > 0)
+            fprintf(f, "%s\"%s\": {\"p50\": %.4f, \"p99\": %.4f}", n++ ? ", " : "", stage_names[k],
+                    pct(&r->stage[k], 50), pct(&r->stage[k], 99));
+    fprintf(f, "}, ");
+}
+
 /* --scale: per-room figures of the timed requests. */
 static double cpu_us_per_room(const bench_report_t *r)
 {
@@ -420,6 +449,7 @@ static void print_table(const bench_opts_t *o, const bench_report_t *r)
                bench_cuda_is_double() ? " (TEST DOUBLE: proves plumbing, not GPU speed)" : "");
     printf("  %-22s p50 %.2f  p90 %.2f  p99 %.2f\n", "latency ms", pct(&r->steady, 50),
            pct(&r->steady, 90), pct(&r->steady, 99));
+    print_stages(r);
     printf(
         "  %-22s %.2f GB/s over %lld requests (%s), latency p50 %.2f ms, first request %.2f ms\n",
         "cold first pass", rate(&r->cold), r->cold_requests,
@@ -549,6 +579,7 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
             o->warmup, r->warm_requests, r->warm_verified, r->warm_failed, r->cold_requests,
             (unsigned long long)r->cold.bytes, r->cold.seconds, rate(&r->cold), pct(&r->cold, 50),
             pct(&r->cold, 99), r->first_ms);
+    json_stages(f, r);
     fprintf(f,
             "\"latency_ms\": {\"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f}, "
             "\"plan_us_per_request\": %.2f, \"prompt_len\": %lld, \"page_size\": %d, "

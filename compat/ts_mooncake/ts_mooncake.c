@@ -114,8 +114,13 @@ ts_mooncake_engine_t *ts_mooncake_create(const char *local_hostname, const char 
     parse_host(local_hostname, host, sizeof(host));
 
     kvb_engine_params_t p = {0};
-    p.field_mask = KVB_ENGINE_PARAM_HOST | KVB_ENGINE_PARAM_PORT | KVB_ENGINE_PARAM_TRANSPORT;
+    p.field_mask = KVB_ENGINE_PARAM_HOST | KVB_ENGINE_PARAM_PORT | KVB_ENGINE_PARAM_TRANSPORT |
+                   KVB_ENGINE_PARAM_SERVE_READS;
     p.host = host;
+    /* This ABI has no read call, so its hosts (TokenSpeed) never read: serve
+     * peers' one-sided reads of the registered KV only when asked to. */
+    const char *sr = getenv("KVBRIDGE_SERVE_READS");
+    p.serve_reads = sr != NULL && strcmp(sr, "1") == 0;
     p.transport = KVB_TRANSPORT_AUTO;
     const char *t = getenv("KVBRIDGE_TRANSPORT");
     if (t != NULL && strcmp(t, "tcp") == 0)

@@ -41,8 +41,9 @@ typedef enum kvb_status {
     KVB_ERR_STATE = -13,       /* call not valid in the object's state */
     KVB_ERR_UNSUPPORTED = -14, /* feature not available in this build */
     KVB_ERR_FENCED = -15,      /* the target refused this writer (its grant was revoked) */
-    KVB_ERR_UNSETTLED = -16    /* failed, and bytes it had in flight to a peer that stopped
+    KVB_ERR_UNSETTLED = -16,   /* failed, and bytes it had in flight to a peer that stopped
                                   answering may still be placed (kvb_xfer_drained 0) */
+    KVB_ERR_BUSY = -17         /* the peer refused for now (its caps are full): try again */
 } kvb_status_t;
 
 /* Short constant English text for a status ("ok", "out of bounds", ...).

@@ -524,6 +524,85 @@ KVB_API int kvb_receiver_pages_safe(kvb_receiver_h receiver);
  * terminal aborts it first (without waiting for the fence). */
 KVB_API void kvb_receiver_destroy(kvb_receiver_h receiver);
 
+/* ---- timelines: where a room is (docs/observe.md) ----
+ * Each room records monotonic stamps of the events of its path in a fixed
+ * ring (the first KVB_TIMELINE_HEAD events are kept, then the newest; the
+ * rest are counted as dropped), written without a lock. KVBRIDGE_TIMELINE=0
+ * turns recording off (timelines then read empty). One row per event:
+ * XX(id, name, what it means). */
+#define KVB_EVENT_MAP(XX)                                                                          \
+    XX(CREATED, "created", "the room exists here (a handle, or a peer's message named it)")        \
+    XX(BOOTSTRAP_ASKED, "bootstrap_asked", "decode: a bootstrap server look-up started")           \
+    XX(BOOTSTRAP_ANSWERED, "bootstrap_answered",                                                   \
+       "decode: the look-ups ended (value: status, 0 ok; detail: why not)")                        \
+    XX(REGISTRATION_SENT, "registration_sent", "decode: KV args sent to a source (detail)")        \
+    XX(REGISTRATION_RECEIVED, "registration_received",                                             \
+       "prefill: when the destination's KV args had arrived (detail: session)")                    \
+    XX(TRANSFER_INFO_SENT, "transfer_info_sent", "decode: pre-allocation handed to the socket")    \
+    XX(TRANSFER_INFO_RECEIVED, "transfer_info_received",                                           \
+       "prefill: a destination's pre-allocation arrived (detail: session)")                        \
+    XX(CHUNK_PLANNED, "chunk_planned",                                                             \
+       "prefill: a chunk's writes planned (value: pages; detail: first page)")                     \
+    XX(FIRST_WRITE_POSTED, "first_write_posted", "prefill: the room's first write was issued")     \
+    XX(LAST_WRITE_DONE, "last_write_done",                                                         \
+       "prefill: the last chunk's writes to a destination settled (value: status; detail: "        \
+       "session)")                                                                                 \
+    XX(STATUS_SENT, "status_sent", "prefill: a status sent to a decode (value: kvb_poll_t)")       \
+    XX(STATUS_RECEIVED, "status_received",                                                         \
+       "decode: a source's status arrived (value: kvb_poll_t; detail: rank)")                      \
+    XX(ABORT_SENT, "abort_sent", "decode: an abort sent to a source (detail)")                     \
+    XX(ABORT_RECEIVED, "abort_received", "prefill: a decode asked to abort (detail)")              \
+    XX(ABORT_ACK_SENT, "abort_ack_sent", "prefill: an abort acknowledged to a decode (detail)")    \
+    XX(ABORT_ACK_RECEIVED, "abort_ack_received", "decode: a source acknowledged the abort")        \
+    XX(FENCE_HOLD, "fence_hold",                                                                   \
+       "decode: failed, held Transferring while a source may write (detail: reason)")              \
+    XX(FENCE_RELEASE, "fence_release", "decode: the hold ended (detail: reason)")                  \
+    XX(TERMINAL, "terminal",                                                                       \
+       "the room ended (value: kvb_poll_t; detail: success, or the failure as \"<class> in "       \
+       "<stage>: <reason>\")")
+
+typedef enum kvb_event {
+#define KVB_EVENT_ENUM_(id, name, what) KVB_EV_##id,
+    KVB_EVENT_MAP(KVB_EVENT_ENUM_)
+#undef KVB_EVENT_ENUM_
+        KVB_EV_COUNT
+} kvb_event_t;
+
+/* The event's name ("created", ...; "unknown" out of range). Static; any thread. */
+KVB_API const char *kvb_event_name(kvb_event_t event);
+
+#define KVB_TIMELINE_HEAD 12  /* first events always kept */
+#define KVB_TIMELINE_SLOTS 32 /* events kept per room in all */
+#define KVB_TIMELINE_DETAIL 64
+
+typedef struct kvb_timeline_event {
+    kvb_event_t event;
+    double t_s;    /* seconds since the room was created (negative: before, e.g. a
+                      registration that came first) */
+    int64_t value; /* per event (kvb_event_name's table): a status, a count, or 0 */
+    char detail[KVB_TIMELINE_DETAIL]; /* NUL-terminated, truncated; "" when none */
+} kvb_timeline_event_t;
+
+typedef struct kvb_timeline {
+    uint64_t field_mask; /* none defined yet: 0 */
+    uint64_t room;
+    double age_s;     /* seconds since creation when the snapshot was taken: with the last
+                         event, how long the room has been in its stage */
+    uint64_t dropped; /* events recorded but not here: past the ring (or, rarely, lost to a
+                         concurrent writer of the same record, or being written) */
+    size_t n;         /* events[0..n), in the order they were recorded */
+    kvb_timeline_event_t *events;
+} kvb_timeline_t;
+
+/* A snapshot of the sender's / receiver's room timeline into *tl_p (owned
+ * by the caller: kvb_timeline_free). No lock the room's writes wait on is
+ * taken; events recorded while copying may be missing. Thread-safe.
+ * Errors: KVB_ERR_INVALID (NULL), KVB_ERR_NOMEM. */
+KVB_API kvb_status_t kvb_sender_timeline(kvb_sender_h sender, kvb_timeline_t **tl_p);
+KVB_API kvb_status_t kvb_receiver_timeline(kvb_receiver_h receiver, kvb_timeline_t **tl_p);
+/* Free a snapshot (NULL-safe). */
+KVB_API void kvb_timeline_free(kvb_timeline_t *tl);
+
 #ifdef __cplusplus
 }
 #endif

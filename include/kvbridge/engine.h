@@ -47,6 +47,8 @@ enum kvb_engine_param_field {
     KVB_ENGINE_PARAM_SECRET = 1u << 6,
     KVB_ENGINE_PARAM_COPY_THREADS = 1u << 7,
     KVB_ENGINE_PARAM_SERVE_READS = 1u << 8,
+    KVB_ENGINE_PARAM_READS_NEED_GRANT = 1u << 9,
+    KVB_ENGINE_PARAM_NAME = 1u << 10,
 };
 
 /* Creation parameters; only the fields named in field_mask are read, the
@@ -84,6 +86,19 @@ typedef struct kvb_engine_params {
                                   the memory (direct lane, same user) and the
                                   put lane's remote keys are not asked
                                   (docs/security.md). */
+    int reads_need_grant;      /* serve a read request only under a live grant
+                                  (kvb_engine_grant_writer), 0
+                                  [KVBRIDGE_READS_NEED_GRANT=0|1]; 1: one at
+                                  epoch 0 (no grant) is refused with
+                                  KVB_ERR_FENCED ("only under a live grant"),
+                                  nothing gathered. 0: an epoch-0 read is
+                                  served unless its tag is fenced
+                                  (kvb_engine_fence_writer). Message lane only,
+                                  as serve_reads. */
+    const char *name;          /* this engine's name in the notifications it sends
+                                  ("Notifications" below): 1..KVB_NOTIF_NAME_MAX
+                                  bytes, else create fails KVB_ERR_INVALID;
+                                  default (NULL or unset) its session id. Copied. */
 } kvb_engine_params_t;
 
 /* Create an engine listening on host:port. NULL params = all defaults.
@@ -192,7 +207,9 @@ typedef struct kvb_mem_region_ex {
      * Peers never see it: it is not in the table the handshake sends (no
      * remote key, no shared mapping), so no peer can write into it or read
      * from it. Host memory only (device memory → KVB_ERR_INVALID). It must
-     * not overlap any registration either way (KVB_ERR_OVERLAP);
+     * not overlap any registration either way (KVB_ERR_OVERLAP), nor share
+     * a kvb_mem_alloc allocation with a normal registration, either order
+     * (KVB_ERR_INVALID: same-host peers map that whole file read-write);
      * kvb_engine_unregister removes it as any other. */
     int local_only;
 } kvb_mem_region_ex_t;
@@ -358,7 +375,8 @@ KVB_API const char *kvb_xfer_error(kvb_xfer_h xfer);
  * copy threads are done with it); 0 while it runs, and for a transfer
  * that failed with operations still in flight to a peer that stopped
  * answering (its connection was failed: bytes the peer already received
- * may still be placed if it resumes, docs/engine.md "Drained"). A
+ * may still be placed if it resumes, docs/engine.md "Drained"), or one
+ * of whose messages' sends failed after the transport took it. A
  * successful transfer is drained; so is a final read on the message and
  * staging lanes (their answers are placed only while the read runs; one
  * whose connection failed while an answer was being received straight
@@ -386,6 +404,8 @@ enum kvb_engine_limits_field {
     KVB_ENGINE_LIMITS_CONTROL = 1u << 0,  /* control_conns .. handshakes_refused */
     KVB_ENGINE_LIMITS_SESSIONS = 1u << 1, /* sessions .. sessions_refused */
     KVB_ENGINE_LIMITS_DIRECT = 1u << 2,   /* direct_files_refused, direct_files_unpopulated */
+    KVB_ENGINE_LIMITS_NOTIFS = 1u << 3,   /* notifs_queued .. notifs_refused */
+    KVB_ENGINE_LIMITS_READS = 1u << 4,    /* read_answers .. read_conns_closed */
 };
 
 typedef struct kvb_engine_limits {
@@ -412,6 +432,19 @@ typedef struct kvb_engine_limits {
      * (default 4 GiB), or because the background warmer (default on,
      * KVBRIDGE_DIRECT_WARM_CPU) warms them instead. */
     uint64_t direct_files_refused, direct_files_unpopulated;
+    /* Notifications received and not yet taken (at most
+     * KVBRIDGE_NOTIF_QUEUE_MAX, default 65536, and KVBRIDGE_NOTIF_QUEUE_BYTES
+     * of messages and names, default 64 MiB), their bytes; notifications
+     * dropped because the queue was full; and refused: malformed, too long,
+     * or without the engine-secret token where one is required. */
+    uint64_t notifs_queued, notifs_queued_bytes, notifs_dropped, notifs_refused;
+    /* Target, message lane: answers to peers' read requests being sent now
+     * and their bytes (each a copy; at most 256 answers, 256 MiB, and of
+     * them at most an eighth, 32 answers and 32 MiB, to one connection);
+     * requests refused KVB_ERR_BUSY at those caps so far; and readers'
+     * connections closed because none of their answers left within the
+     * peer time-out (docs/engine.md "Read caps"). */
+    uint64_t read_answers, read_answer_bytes, reads_refused_busy, read_conns_closed;
 } kvb_engine_limits_t;
 
 /* Snapshot of the engine's caps counters into the fields of *limits_p that
@@ -450,11 +483,16 @@ KVB_API kvb_status_t kvb_engine_revoke_writer(kvb_engine_h engine, uint32_t tag,
 KVB_API void kvb_engine_set_writer_tag(kvb_engine_h engine, uint32_t tag);
 KVB_API void kvb_engine_fence_writer(kvb_engine_h engine, uint32_t tag, int fenced);
 
-enum { KVB_WRITE_PARAM_EPOCH = 1u << 0 };
+enum { KVB_WRITE_PARAM_EPOCH = 1u << 0, KVB_WRITE_PARAM_NOTIF = 1u << 1 };
 
 typedef struct kvb_write_params {
     uint64_t field_mask; /* KVB_WRITE_PARAM_* */
     uint64_t epoch;      /* the target's grant this write is made under (0: none) */
+    /* KVB_WRITE_PARAM_NOTIF: a notification sent to the peer once the
+     * transfer succeeded ("Notifications" below); notif_len bytes (at most
+     * KVB_NOTIF_MAX_LEN, else KVB_ERR_INVALID at the start), copied. */
+    const void *notif;
+    size_t notif_len;
 } kvb_write_params_t;
 
 /* kvb_engine_write_async with parameters (NULL: the same as it). */
@@ -547,9 +585,15 @@ KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
  *   then says KVB_ERR_UNSETTLED). Bytes a failed or cancelled read had
  *   already placed stay placed.
  * - Fence: a read is stamped with the writer tag and the transfer's epoch
- *   (kvb_write_params_t) exactly as a write, and the target admits it only
- *   under a live grant (KVB_ERR_FENCED "... fenced ..." otherwise, nothing
- *   read): a revoked grant can neither write nor read any more.
+ *   (kvb_write_params_t) exactly as a write, and admitted as a write: one
+ *   made under a grant (epoch != 0) only while that grant is live
+ *   (KVB_ERR_FENCED "... fenced ..." otherwise, nothing read), so a revoked
+ *   grant can neither write nor read any more; one at epoch 0 (no grant,
+ *   the default) whenever its tag is not fenced (kvb_engine_fence_writer),
+ *   i.e. any peer that reaches the engine (and passes its secret, if set)
+ *   reads any registered range, unless the target was created with
+ *   reads_need_grant = 1 (epoch-0 reads refused KVB_ERR_FENCED) or
+ *   serve_reads = 0.
  * - Lanes: the direct lane (same host, the peer's memory from
  *   kvb_mem_alloc: the copy threads copy out of the mapping), the message
  *   lane (the target answers a read request with the bytes; also transport
@@ -559,8 +603,16 @@ KVB_API kvb_status_t kvb_engine_write_group_async(kvb_engine_h engine,
  *   reader copies answers into device memory; KVBRIDGE_CUDA_STAGE_MSG_MAX
  *   bounds one answer).
  * - Refusals by the target: KVB_ERR_UNSUPPORTED ("serves no reads") from an
- *   engine created with serve_reads = 0; a local-only region is in no
- *   peer's view (KVB_ERR_BOUNDS). docs/engine.md "One-sided reads". */
+ *   engine created with serve_reads = 0; KVB_ERR_FENCED ("only under a live
+ *   grant") for an epoch-0 read from one created with reads_need_grant = 1;
+ *   a local-only region is in no peer's view (KVB_ERR_BOUNDS); KVB_ERR_BUSY
+ *   ("target busy ... try again") when its read caps, or this connection's
+ *   share of them, are full: nothing more of the read lands, retry it later.
+ *   A connection that takes none of its answers within the target's peer
+ *   time-out is closed by the target (one with UCX peer-failure handling:
+ *   not same-host). The message lane's target decides these; direct-lane
+ *   and put-lane readers are not asked (docs/security.md). docs/engine.md
+ *   "One-sided reads", "Read caps". */
 
 /* Synchronous read from session_id; KVB_OK when every byte is in local
  * memory. Errors and time-out as kvb_engine_write. */
@@ -587,6 +639,61 @@ KVB_API kvb_status_t kvb_engine_read_pages(kvb_engine_h engine, const char *sess
                                            size_t num_pages, const int64_t *fields,
                                            size_t num_fields, size_t max_batch_size,
                                            double timeout_s);
+
+/* ---- Notifications ----
+ * A small message to a peer engine, queued there until its application
+ * takes it (kvb_engine_get_notifs), tagged with the sender's name
+ * (kvb_engine_params_t.name, default its session id: as the sender states
+ * it; with an engine secret only writers that proved it are heard). It
+ * travels over the session's UCX endpoint as one active message. A
+ * transfer's notification (kvb_write_params_t, KVB_WRITE_PARAM_NOTIF) is
+ * sent only after the transfer succeeded, on every lane: for a write once
+ * every byte is placed in the peer's memory (acknowledged, flushed, or
+ * copied in by the direct lane), for a read once every answer was placed
+ * here; so the peer may reuse the memory when it reads the notification.
+ * The transfer's handle reports KVB_OK only once the notification was
+ * sent (handed to the transport, not acknowledged by the peer); a failed or
+ * cancelled transfer sends none; a notification that cannot be sent after
+ * the bytes moved ends the transfer KVB_ERR_PEER (KVB_ERR_CANCELED when the
+ * engine is destroyed first), "notification not sent" in its reason, its
+ * bytes placed and settled. A transfer with no blocks and a notification
+ * only sends the notification. Order: notifications sent over one
+ * connection arrive in the order they were sent (UCX keeps eager active
+ * messages on one endpoint in order); a transfer's goes when it succeeded,
+ * so of two transfers running at once either may come first. The receiver
+ * caps its queue (kvb_engine_limits, KVB_ENGINE_LIMITS_NOTIFS): past the
+ * cap new notifications are dropped and counted; a malformed one is
+ * refused and counted; the engine keeps serving either way. */
+#define KVB_NOTIF_MAX_LEN 65536u /* bytes of one notification's message */
+#define KVB_NOTIF_NAME_MAX 255u  /* bytes of a sender's name */
+
+/* A notification taken from the queue: sender NUL-terminated (its bytes
+ * as sent), msg its len bytes (followed by a NUL, not counted). Both live
+ * in one allocation owned by the caller: kvb_notifs_free. */
+typedef struct kvb_notif {
+    char *sender;
+    const uint8_t *msg;
+    size_t len;
+} kvb_notif_t;
+
+/* Send len bytes (at most KVB_NOTIF_MAX_LEN; len 0 allowed) to session_id,
+ * not tied to a transfer, and wait until sent, at most timeout_s (<= 0:
+ * the connect time-out; session set-up included). Errors: KVB_ERR_INVALID
+ * (NULL arguments, too long), the session set-up's (KVB_ERR_PEER,
+ * KVB_ERR_AUTH, KVB_ERR_TIMEOUT), KVB_ERR_PEER (the send failed),
+ * KVB_ERR_TIMEOUT (not sent in time: the connection is failed, the next
+ * call re-handshakes). Thread-safe. */
+KVB_API kvb_status_t kvb_engine_notify(kvb_engine_h engine, const char *session_id, const void *msg,
+                                       size_t len, double timeout_s);
+
+/* Take up to max queued notifications, oldest first, into notifs[0..*n_p)
+ * (*n_p 0: none queued). Never blocks. Each entry is the caller's:
+ * kvb_notifs_free. KVB_ERR_INVALID for NULL arguments. Thread-safe. */
+KVB_API kvb_status_t kvb_engine_get_notifs(kvb_engine_h engine, kvb_notif_t *notifs, size_t max,
+                                           size_t *n_p);
+
+/* Free n entries kvb_engine_get_notifs filled (their fields are cleared). */
+KVB_API void kvb_notifs_free(kvb_notif_t *notifs, size_t n);
 
 #ifdef __cplusplus
 }

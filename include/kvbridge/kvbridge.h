@@ -6,4 +6,5 @@
 #include <kvbridge/engine.h>
 #include <kvbridge/plan.h>
 #include <kvbridge/conn.h>
+#include <kvbridge/metrics.h>
 #endif

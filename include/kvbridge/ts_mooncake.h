@@ -47,8 +47,16 @@ typedef struct ts_mooncake_engine ts_mooncake_engine_t;
  * MC_FORCE_TCP set: tcp). device_name (a comma-separated NIC filter in the
  * original) is accepted and ignored: UCX picks devices (UCX_NET_DEVICES).
  * Each write waits at most MC_TRANSFER_TIMEOUT seconds (default 30, at
- * least 5) plus 1 ns per byte. NULL on any failure (logged), also for a NULL
- * argument. The caller owns the handle until ts_mooncake_destroy. */
+ * least 5) plus 1 ns per byte. This ABI has no read call, and the engine
+ * answers no peer's one-sided read of registered memory (refused, nothing
+ * sent) unless KVBRIDGE_SERVE_READS=1 is set at create; it takes writes
+ * from any peer that reaches its port unless KVBRIDGE_ENGINE_SECRET is set
+ * (kvbridge's docs/security.md; with KVBRIDGE_TRANSPORT=shm peers holding
+ * the remote keys can also read by UCX get). kvbridge's Python Mooncake
+ * drop-in (mooncake.engine), by contrast, serves reads to any peer that
+ * reaches it unless KVBRIDGE_SERVE_READS=0 or a secret is set. NULL on any
+ * failure (logged), also for a NULL argument. The caller owns the handle
+ * until ts_mooncake_destroy. */
 TS_MOONCAKE_API ts_mooncake_engine_t *ts_mooncake_create(const char *local_hostname,
                                                          const char *metadata_server,
                                                          const char *protocol,
@@ -64,7 +72,8 @@ TS_MOONCAKE_API int ts_mooncake_rpc_port(ts_mooncake_engine_t *engine);
 
 /* Register length bytes at addr, for any location (host memory, or CUDA
  * device memory when the process has a CUDA driver), as a write source and a
- * destination peers may write. 0, or Mooncake's code: -1 invalid (zero
+ * destination peers may write (and read, only with KVBRIDGE_SERVE_READS=1:
+ * ts_mooncake_create). 0, or Mooncake's code: -1 invalid (zero
  * length, NULL), -7 overlapping a registered range, -302 out of memory,
  * -303 device memory without a driver. The caller keeps the memory alive
  * until it is unregistered. */

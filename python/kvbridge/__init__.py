@@ -28,6 +28,10 @@ from .conn import (
     KVReceiver,
     KVSender,
     KVTransferError,
+    Timeline,
+    TimelineEvent,
+    metrics_addr,
+    metrics_text,
     poll_many,
 )
 from .engine import SharedMemory, TransferEngine, TransferHandle, cuda_available, mem_query
@@ -46,6 +50,8 @@ __all__ = [
     "KVSender",
     "KVTransferError",
     "SharedMemory",
+    "Timeline",
+    "TimelineEvent",
     "TransferEngine",
     "TransferHandle",
     "compat_path",
@@ -53,6 +59,8 @@ __all__ = [
     "library_path",
     "load_library",
     "mem_query",
+    "metrics_addr",
+    "metrics_text",
     "poll_many",
     "set_log_level",
     "version",

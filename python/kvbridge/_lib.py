@@ -38,6 +38,7 @@ KVB_ERR_STATE = -13
 KVB_ERR_UNSUPPORTED = -14
 KVB_ERR_FENCED = -15
 KVB_ERR_UNSETTLED = -16
+KVB_ERR_BUSY = -17
 
 STATUS_NAMES = {
     KVB_OK: "KVB_OK",
@@ -57,6 +58,7 @@ STATUS_NAMES = {
     KVB_ERR_UNSUPPORTED: "KVB_ERR_UNSUPPORTED",
     KVB_ERR_FENCED: "KVB_ERR_FENCED",
     KVB_ERR_UNSETTLED: "KVB_ERR_UNSETTLED",
+    KVB_ERR_BUSY: "KVB_ERR_BUSY",
 }
 
 
@@ -93,6 +95,8 @@ class EngineParams(ctypes.Structure):
         ("secret", ctypes.c_char_p),
         ("copy_threads", ctypes.c_uint),
         ("serve_reads", ctypes.c_int),
+        ("reads_need_grant", ctypes.c_int),
+        ("name", ctypes.c_char_p),
     ]
 
 
@@ -105,6 +109,14 @@ ENGINE_PARAM_AM_CHUNK = 1 << 5
 ENGINE_PARAM_SECRET = 1 << 6
 ENGINE_PARAM_COPY_THREADS = 1 << 7
 ENGINE_PARAM_SERVE_READS = 1 << 8
+ENGINE_PARAM_READS_NEED_GRANT = 1 << 9
+ENGINE_PARAM_NAME = 1 << 10
+NOTIF_MAX_LEN = 65536  # KVB_NOTIF_MAX_LEN
+NOTIF_NAME_MAX = 255  # KVB_NOTIF_NAME_MAX
+
+
+class Notif(ctypes.Structure):  # kvb_notif_t
+    _fields_ = [("sender", ctypes.c_void_p), ("msg", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 TRANSPORTS = {"auto": 0, "tcp": 1, "shm": 2}
 
@@ -294,6 +306,28 @@ class BootstrapServerParams(ctypes.Structure):
 
 _P = ctypes.c_void_p
 _S = ctypes.c_int  # kvb_status_t
+TIMELINE_DETAIL = 64  # KVB_TIMELINE_DETAIL (conn.h)
+
+
+class TimelineEvent(ctypes.Structure):
+    """kvb_timeline_event_t (conn.h)."""
+    _fields_ = [("event", ctypes.c_int), ("t_s", ctypes.c_double), ("value", ctypes.c_int64),
+                ("detail", ctypes.c_char * TIMELINE_DETAIL)]
+
+
+class Timeline(ctypes.Structure):
+    """kvb_timeline_t (conn.h): a snapshot the caller frees."""
+    _fields_ = [("field_mask", ctypes.c_uint64), ("room", ctypes.c_uint64),
+                ("age_s", ctypes.c_double), ("dropped", ctypes.c_uint64), ("n", ctypes.c_size_t),
+                ("events", ctypes.POINTER(TimelineEvent))]
+
+
+class Metrics(ctypes.Structure):
+    """kvb_metrics_t (metrics.h): a snapshot the caller frees."""
+    _fields_ = [("field_mask", ctypes.c_uint64), ("text", ctypes.c_char_p),
+                ("len", ctypes.c_size_t)]
+
+
 _PROTOTYPES = {
     "kvb_status_string": (ctypes.c_char_p, [_S]),
     "kvb_version": (ctypes.c_char_p, []),
@@ -336,6 +370,11 @@ _PROTOTYPES = {
     "kvb_xfer_drained": (ctypes.c_int, [_P]),
     "kvb_xfer_free": (None, [_P]),
     "kvb_engine_session_direct": (ctypes.c_int, [_P, ctypes.c_char_p]),
+    "kvb_engine_notify": (_S, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                               ctypes.c_double]),
+    "kvb_engine_get_notifs": (_S, [_P, ctypes.POINTER(Notif), ctypes.c_size_t,
+                                   ctypes.POINTER(ctypes.c_size_t)]),
+    "kvb_notifs_free": (None, [ctypes.POINTER(Notif), ctypes.c_size_t]),
     "kvb_mem_alloc": (_S, [ctypes.c_size_t, ctypes.POINTER(_P)]),
     "kvb_mem_free": (_S, [_P]),
     "kvb_mem_export": (_S, [_P, ctypes.c_char_p]),
@@ -390,6 +429,14 @@ _PROTOTYPES = {
     "kvb_receiver_cached_tokens": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64)]),
     "kvb_receiver_first_logprob": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_double)]),
     "kvb_receiver_destroy": (None, [_P]),
+    # timelines and metrics (docs/observe.md)
+    "kvb_event_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "kvb_sender_timeline": (_S, [_P, ctypes.POINTER(ctypes.POINTER(Timeline))]),
+    "kvb_receiver_timeline": (_S, [_P, ctypes.POINTER(ctypes.POINTER(Timeline))]),
+    "kvb_timeline_free": (None, [ctypes.POINTER(Timeline)]),
+    "kvb_metrics_snapshot": (_S, [ctypes.POINTER(ctypes.POINTER(Metrics))]),
+    "kvb_metrics_free": (None, [ctypes.POINTER(Metrics)]),
+    "kvb_metrics_addr": (ctypes.c_char_p, []),
 }
 
 _lock = threading.Lock()

@@ -475,6 +475,66 @@ class KVManager(L.Closeable):
             return {k: getattr(s, k) for k, _ in L.ManagerTraffic._fields_ if k != "field_mask"}
 
 
+class TimelineEvent(tuple):
+    """(event, seconds since the room was created, detail); .value: the
+    event's value (a kvb_poll_t status, a count, or 0)."""
+
+    def __new__(cls, event, t, detail, value=0):
+        self = super().__new__(cls, (event, t, detail))
+        self.value = value
+        return self
+
+    event = property(lambda self: self[0])
+    t = property(lambda self: self[1])
+    detail = property(lambda self: self[2])
+
+
+class Timeline(list):
+    """A room's timeline: TimelineEvent items; .age, .dropped, .room."""
+
+    age = 0.0
+    dropped = 0
+    room = 0
+
+
+def _timeline(kind, call):
+    lib = L.lib()
+    p = ctypes.POINTER(L.Timeline)()
+    st = call(lambda h: getattr(lib, f"kvb_{kind}_timeline")(h, ctypes.byref(p)))
+    if st != 0:
+        L.raise_status(st, f"kvb_{kind}_timeline failed")
+    try:
+        tl = p.contents
+        out = Timeline(TimelineEvent(L.text(lib.kvb_event_name(e.event)), e.t_s,
+                                     L.text(e.detail), e.value)
+                       for e in (tl.events[i] for i in range(tl.n)))
+        out.age, out.dropped, out.room = tl.age_s, tl.dropped, tl.room
+        return out
+    finally:
+        lib.kvb_timeline_free(p)
+
+
+def metrics_text():
+    """The process's metrics in Prometheus text format (a snapshot;
+    docs/observe.md)."""
+    lib = L.lib()
+    p = ctypes.POINTER(L.Metrics)()
+    st = lib.kvb_metrics_snapshot(ctypes.byref(p))
+    if st != 0:
+        L.raise_status(st, "kvb_metrics_snapshot failed")
+    try:
+        return ctypes.string_at(p.contents.text, p.contents.len).decode()
+    finally:
+        lib.kvb_metrics_free(p)
+
+
+def metrics_addr():
+    """"host:port" the /metrics listener serves on (KVBRIDGE_METRICS_ADDR),
+    or None."""
+    v = L.lib().kvb_metrics_addr()
+    return L.text(v) if v else None
+
+
 class _Room(L.Closeable):
     """Shared parts of KVSender and KVReceiver: the C handle behind a lock
     (the C objects may not be used by two threads at once), the cached
@@ -539,6 +599,15 @@ class _Room(L.Closeable):
                 getattr(L.lib(), f"kvb_{self._kind}_failure")(self._h, buf, len(buf))
                 self._reason = L.text(buf.value) or self._reason
             return self._reason or _UNKNOWN_REASON
+
+    def timeline(self):
+        """The room's timeline (docs/observe.md): a list of (event, seconds
+        since the room was created, detail), oldest first, each also with
+        .value (the event's status or count). The list's .age is the room's
+        age when read (with the last event: how long it has been in that
+        stage), .dropped the events the room's ring did not keep. A snapshot;
+        empty with KVBRIDGE_TIMELINE=0."""
+        return _timeline(self._kind, self._call)
 
     def failure_exception(self):
         """Raise KVTransferError(bootstrap_room, reason) and clear the room

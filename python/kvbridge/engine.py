@@ -50,6 +50,17 @@ def _blocks(src_ptrs, dst_ptrs, lengths):
     return arr, len(src)
 
 
+def _notif_bytes(msg):
+    if isinstance(msg, str):
+        msg = msg.encode()
+    if not isinstance(msg, (bytes, bytearray, memoryview)):
+        raise InvalidArgument(f"msg must be bytes or str, got {type(msg).__name__}")
+    msg = bytes(msg)
+    if len(msg) > L.NOTIF_MAX_LEN:
+        raise InvalidArgument(f"notification of {len(msg)} bytes: at most {L.NOTIF_MAX_LEN}")
+    return msg
+
+
 class TransferEngine(L.Closeable):
     """One kvbridge engine: registered memory and one-sided batched writes into
     memory peers registered, and one-sided reads out of it (the *_read
@@ -61,7 +72,7 @@ class TransferEngine(L.Closeable):
     closes the managers using this engine, then frees it."""
 
     def __init__(self, host="127.0.0.1", port=0, transport="auto", *, connect_timeout=None,
-                 peer_timeout=None, copy_threads=None, serve_reads=None):
+                 peer_timeout=None, copy_threads=None, serve_reads=None, name=None):
         host = L.as_str(host, "host")
         port = L.as_int(port, "port", 0, 65535)
         transport = L.as_str(transport, "transport")
@@ -86,6 +97,12 @@ class TransferEngine(L.Closeable):
         if serve_reads is not None:  # answer peers' read requests (default: yes)
             p.serve_reads = 1 if serve_reads else 0
             p.field_mask |= L.ENGINE_PARAM_SERVE_READS
+        if name is not None:  # the sender name our notifications carry (default: session id)
+            self._name_b = L.as_str(name, "name").encode()
+            if not 1 <= len(self._name_b) <= L.NOTIF_NAME_MAX:
+                raise InvalidArgument(f"name must be 1..{L.NOTIF_NAME_MAX} bytes")
+            p.name = self._name_b
+            p.field_mask |= L.ENGINE_PARAM_NAME
         self._guard = L.Guard("TransferEngine")
         self._h = None
         self._users = weakref.WeakSet()  # managers built on this engine
@@ -230,7 +247,8 @@ class TransferEngine(L.Closeable):
         (inside memory the peer session_id registered) into local_ptrs[i]
         (inside memory registered here) and wait. Returns 0 or the negative
         kvb_status_t, as batch_transfer_sync (-3: a range outside a
-        registration, nothing read; -15: the target revoked the grant)."""
+        registration, nothing read; -15: the target revoked the grant; -16:
+        the target's read caps are full, retry later)."""
         return self._sync(session_id, remote_ptrs, local_ptrs, lengths, timeout, True)
 
     def _sync(self, session_id, src_ptrs, dst_ptrs, lengths, timeout, read):
@@ -298,6 +316,36 @@ class TransferEngine(L.Closeable):
             if st != L.KVB_OK:
                 raise self._error(st, f"{what} {session_id}")
             return TransferHandle(self, x.value, n)
+
+
+    # ---- notifications (engine.h, "Notifications")
+    def notify(self, session_id, msg, timeout=None):
+        """Send msg (bytes or str, at most 64 KiB) to the engine at session_id
+        as a notification, not tied to a transfer; returns once sent (within
+        timeout s, default the connect time-out). Raises KVBridgeError."""
+        sid = L.as_str(session_id, "session_id").encode()
+        msg = _notif_bytes(msg)
+        t = 0.0 if timeout is None else L.as_float(timeout, "timeout", 0.001)
+        with self._guard:
+            st = L.lib().kvb_engine_notify(self._h, sid, msg, len(msg), t)
+            if st != L.KVB_OK:
+                raise self._error(st, f"notification to {session_id}")
+
+    def get_notifs(self, max_count=1024):
+        """The notifications received and not yet taken, oldest first, as
+        (sender name, bytes) pairs; [] when none. Never blocks."""
+        n_max = L.as_int(max_count, "max_count", 1, 1 << 20)
+        arr = (L.Notif * n_max)()
+        n = ctypes.c_size_t()
+        with self._guard:
+            lib = L.lib()
+            st = lib.kvb_engine_get_notifs(self._h, arr, n_max, ctypes.byref(n))
+            if st != L.KVB_OK:
+                raise self._error(st, "get_notifs")
+            out = [(ctypes.string_at(arr[i].sender).decode("utf-8", "replace"),
+                    ctypes.string_at(arr[i].msg, arr[i].len)) for i in range(n.value)]
+            lib.kvb_notifs_free(arr, n.value)
+        return out
 
 
 class TransferHandle(L.Closeable):

@@ -66,6 +66,19 @@ void kvb__conn_bad_message(struct kvb_manager *m, const char *kind, const kvb__f
                  m->endpoint, kind, e != NULL ? e->reason : "unrecognised frames");
 }
 
+bool kvb__conn_note_once(struct kvb_manager *m, const char *kind)
+{
+    for (size_t i = 0; i < sizeof(m->notes_logged) / sizeof(m->notes_logged[0]); i++) {
+        const char *seen = NULL;
+        if (__atomic_compare_exchange_n(&m->notes_logged[i], &seen, kind, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return true;
+        if (seen == kind)
+            return false;
+    }
+    return false;
+}
+
 uint32_t kvb__endpoint_tag(const char *ip, uint16_t port)
 {
     uint32_t h = 2166136261u; /* FNV-1a over "ip" then the port */

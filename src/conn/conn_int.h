@@ -10,6 +10,7 @@
 #include <kvbridge/conn.h>
 #include <kvbridge/plan.h>
 
+#include "conn/timeline.h"
 #include "core/core.h"
 #include "proto/frames.h"
 
@@ -148,6 +149,8 @@ typedef struct kvb__room {
     int status;              /* kvb_poll_t */
     char *reason;
     double t_start, t_init, t_terminal;
+    kvb__tl_t *tl;    /* its timeline (timeline.h; NULL: off), shared with its handle */
+    int first_posted; /* prefill: FIRST_WRITE_POSTED recorded */
     int has_handle;
     int aborted;
     struct kvb__room *next;
@@ -358,6 +361,7 @@ struct kvb_manager {
     size_t max_wire_rooms;
     uint64_t max_wire_room_bytes;
     const char *bad_kinds_logged[64]; /* message kinds already logged (mu) */
+    const char *notes_logged[16];     /* kvb__conn_note_once's kinds (atomic slots) */
 
     pthread_cond_t room_cv;
 
@@ -407,12 +411,14 @@ struct kvb_sender {
     int32_t *lw_indices;
     size_t lw_count;
     uint32_t lw_next;
+    kvb__tl_t *tl; /* the room's timeline (a reference), or NULL */
 };
 
 struct kvb_receiver {
     struct kvb_manager *mgr;
     uint64_t room;
     int concluded;
+    kvb__tl_t *tl; /* the room's timeline (a reference), or NULL */
 };
 
 /* rooms.c (mgr->mu held by the caller for every function here) */
@@ -463,9 +469,10 @@ typedef struct kvb__note { /* one decode endpoint to tell */
 /* m->mu held: the endpoints to tell about the room's end (0: nothing due);
  * *status_p the value to send. */
 size_t kvb__notes_due(struct kvb_manager *m, kvb__room_t *r, kvb__note_t **out, int *status_p);
-/* Send them (never under m->mu) and free notes. */
-void kvb__send_notes(struct kvb_manager *m, uint64_t room, kvb__note_t *notes, size_t n,
-                     int status);
+/* Send them (never under m->mu), each recorded in tl (the room's timeline,
+ * a reference the caller holds, or NULL), and free notes. */
+void kvb__send_notes(struct kvb_manager *m, uint64_t room, kvb__note_t *notes, size_t n, int status,
+                     kvb__tl_t *tl);
 /* prefill_boot.c: register this rank with the bootstrap server (PUT /route):
  * kvbridge's body, then m->boot_puts (the shapes other dialects' decodes
  * read); KVB_OK when the server took any of them (a TokenSpeed server takes
@@ -574,6 +581,10 @@ uint64_t *kvb__copy_u64_view(kvb__u64_view_t v);
  * logged once per kind); the room it names (e->has_room) fails with
  * e->reason. Takes m->mu. */
 void kvb__conn_bad_message(struct kvb_manager *m, const char *kind, const kvb__frames_err_t *e);
+/* True the first time this manager is asked about kind (a static string,
+ * compared by address), false after: a warning logged once per manager.
+ * Any thread, with or without m->mu; past 16 kinds always false. */
+bool kvb__conn_note_once(struct kvb_manager *m, const char *kind);
 /* prefill_notify.c: send a status (room, value, rank) to ip:port, in the
  * dialect that endpoint speaks. */
 kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,

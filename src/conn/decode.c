@@ -101,7 +101,16 @@ typedef struct resolve {
     size_t n_srcs;
     int32_t dp_group;
     char why[512];
+    kvb__tl_t *tl; /* the room's timeline (the receiver's reference) */
+    int asked;     /* bootstrap requests made (0: every answer was cached) */
 } resolve_t;
+
+/* A bootstrap request of kind starts for the room being resolved. */
+static void boot_asked(resolve_t *rs, const char *kind)
+{
+    rs->asked++;
+    kvb__tl_add(rs->tl, KVB_EV_BOOTSTRAP_ASKED, 0, kind);
+}
 
 /* kvbridge's planner for the instance a's answer (info) describes. */
 static kvb_status_t kvbridge_plan(struct kvb_manager *m, const kvb__addr_t *a,
@@ -215,6 +224,7 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     ext.field_mask = KVB_BOOTSTRAP_INFO_DIALECT | KVB_BOOTSTRAP_INFO_PAGE_SIZE |
                      KVB_BOOTSTRAP_INFO_CP_SIZE | KVB_BOOTSTRAP_INFO_FOLLOW_ROOM |
                      KVB_BOOTSTRAP_INFO_DSA_SPLIT | KVB_BOOTSTRAP_INFO_KV_CACHE_DTYPE;
+    boot_asked(rs, "parallel_info");
     pthread_mutex_lock(&a->client_mu);
     kvb_status_t st = kvb_bootstrap_client_parallel_info_ext(a->client, 5.0, &info, &ext);
     kvb__count_boot(m, st);
@@ -264,20 +274,22 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
 
 /* KV args in the source's dialect (extensions only to a kvbridge prefill). */
 static kvb_status_t send_registration(struct kvb_manager *m, kvb__addr_t *a, const char *ip,
-                                      uint16_t port, const kvb__src_t *s)
+                                      uint16_t port, const kvb__src_t *s, kvb__tl_t *tl)
 {
     pthread_mutex_lock(&m->mu);
     const void *priv = a->priv;
     pthread_mutex_unlock(&m->mu);
-    return s->dialect->send_registration(m, ip, port, s->kvbridge != 0, priv);
+    kvb_status_t st = s->dialect->send_registration(m, ip, port, s->kvbridge != 0, priv);
+    kvb__tl_add_ep(tl, KVB_EV_REGISTRATION_SENT, st, ip, port);
+    return st;
 }
 
 /* KV args again to a cached route's prefill rank, asked by a failed room
  * (route_resend_mark); a failed send is asked again of the next receiver. */
 static void route_resend(struct kvb_manager *m, kvb__addr_t *a, int32_t dp, int32_t tp, int32_t pp,
-                         const kvb__src_t *out)
+                         const kvb__src_t *out, kvb__tl_t *tl)
 {
-    if (send_registration(m, a, out->ip, out->port, out) == KVB_OK)
+    if (send_registration(m, a, out->ip, out->port, out, tl) == KVB_OK)
         return;
     pthread_mutex_lock(&m->mu);
     kvb__route_t *r = route_find(a, dp, tp, pp);
@@ -304,10 +316,11 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     }
     pthread_mutex_unlock(&m->mu);
     if (resend)
-        route_resend(m, a, dp, tp, pp, out);
+        route_resend(m, a, dp, tp, pp, out, rs->tl);
     if (r != NULL)
         return KVB_OK;
     kvb_bootstrap_rank_ext_t rx = {KVB_BOOTSTRAP_RANK_KVBRIDGE, 0};
+    boot_asked(rs, "rank");
     pthread_mutex_lock(&a->client_mu);
     /* stage-major ranks are asked as their dialect asks: no PP rank */
     kvb_status_t st =
@@ -327,7 +340,7 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
     out->kvbridge = rx.kvbridge > 0;
     if ((st = page_refusal(m, a, out->kvbridge, rs)) != KVB_OK)
         return st;
-    st = send_registration(m, a, ra.rank_ip, ra.rank_port, out);
+    st = send_registration(m, a, ra.rank_ip, ra.rank_port, out, rs->tl);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why), "KV args not delivered to prefill %s:%u", ra.rank_ip,
                  ra.rank_port);
@@ -366,6 +379,7 @@ static kvb_status_t dp_group_of(struct kvb_manager *m, kvb__addr_t *a, uint64_t 
     if (dp_rank >= 0 || dp <= 1 || follow)
         return KVB_OK;
     for (;;) {
+        boot_asked(rs, "dp_rank");
         pthread_mutex_lock(&a->client_mu);
         kvb_status_t st = kvb_bootstrap_client_query_dp_ranks(a->client, &room, 1, 1.0, &got);
         kvb__count_boot(m, st);
@@ -450,6 +464,7 @@ kvb_status_t kvb_receiver_create(kvb_manager_h m, const char *bootstrap_addr, ui
         r->has_handle = 1;
         r->bootstrap_addr = strdup(bootstrap_addr);
         kvb__room_set_status(r, KVB_POLL_BOOTSTRAPPING);
+        rc->tl = kvb__tl_ref(r->tl);
     }
     pthread_mutex_unlock(&m->mu);
     if (st != KVB_OK) {
@@ -458,7 +473,12 @@ kvb_status_t kvb_receiver_create(kvb_manager_h m, const char *bootstrap_addr, ui
                             (unsigned long long)room);
     }
     memset(&rs, 0, sizeof(rs));
+    rs.tl = rc->tl;
     st = resolve(m, a, room, dp_rank, &rs);
+    kvb__tl_add(rs.tl, KVB_EV_BOOTSTRAP_ANSWERED, st,
+                st != KVB_OK    ? rs.why
+                : rs.asked == 0 ? "cached"
+                                : "");
     pthread_mutex_lock(&m->mu);
     if (st != KVB_OK) {
         kvb__room_fail(r, "%s", rs.why);
@@ -481,8 +501,12 @@ kvb_status_t kvb_receiver_create(kvb_manager_h m, const char *bootstrap_addr, ui
 /* Transfer info in the source's dialect. */
 static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
                                   const int32_t *idx, size_t n, int64_t aux,
-                                  const kvb_receiver_init_t *ex)
+                                  const kvb_receiver_init_t *ex, kvb__tl_t *tl)
 {
+    /* recorded before the send: the prefill's answer may be recorded on
+     * the control thread before this call returns (a failed send fails the
+     * room, its terminal event says so) */
+    kvb__tl_add_ep(tl, KVB_EV_TRANSFER_INFO_SENT, 0, s->ip, s->port);
     return s->dialect->send_transfer(m, s, room, idx, n, aux, ex);
 }
 
@@ -490,8 +514,9 @@ static kvb_status_t send_transfer(struct kvb_manager *m, const kvb__src_t *s, ui
  * our abort's generation). Where none, its status, or the abort-ack
  * time-out, then closes the fence. */
 static kvb_status_t send_abort(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
-                               uint64_t gen)
+                               uint64_t gen, kvb__tl_t *tl)
 {
+    kvb__tl_add_ep(tl, KVB_EV_ABORT_SENT, 0, s->ip, s->port); /* before: as transfer infos */
     return s->dialect->send_abort(m, s, room, gen);
 }
 
@@ -532,10 +557,10 @@ static uint64_t open_fence(struct kvb_manager *m, kvb__room_t *r, kvb__src_t **t
 }
 
 static void send_aborts(struct kvb_manager *m, uint64_t room, uint64_t gen, kvb__src_t *todo,
-                        size_t n)
+                        size_t n, kvb__tl_t *tl)
 {
     for (size_t i = 0; i < n; i++)
-        send_abort(m, &todo[i], room, gen);
+        send_abort(m, &todo[i], room, gen, tl);
     free(todo);
 }
 
@@ -695,7 +720,7 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
     grant_sources(m, rc->room, srcs, n);
     kvb_status_t st = KVB_OK;
     for (size_t i = 0; i < n && st == KVB_OK; i++)
-        st = send_transfer(m, &srcs[i], rc->room, indices, count, aux_index, extra);
+        st = send_transfer(m, &srcs[i], rc->room, indices, count, aux_index, extra, rc->tl);
     free(srcs);
     if (st != KVB_OK) {
         pthread_mutex_lock(&m->mu);
@@ -735,12 +760,20 @@ static bool writes_ended(struct kvb_manager *m, kvb__room_t *r)
  * end. */
 static bool fence_done(struct kvb_manager *m, kvb__room_t *r)
 {
-    if (writes_ended(m, r))
+    if (writes_ended(m, r)) {
+        kvb__tl_fence(r->tl, false, "writes ended", false);
         return true;
-    if (kvb__now_s() - r->t_terminal < m->abort_ack_timeout_s)
+    }
+    if (kvb__now_s() - r->t_terminal < m->abort_ack_timeout_s) {
+        kvb__tl_fence(r->tl, true,
+                      r->lost ? "prefill lost: grants draining" : "a source may still write",
+                      false);
         return false;
+    }
+    kvb__tl_fence(r->tl, false, "abort-ack time-out: pages not safe", true);
     if (!r->unsafe) {
         r->unsafe = 1;
+        kvb__m_add(KVB__M_FENCE_UNSAFE_TOTAL, kvb__m_role(KVB_MODE_DECODE, 0, 1), 1);
         kvb__room_note(r, " (its writes had not ended within the abort-ack time-out)");
         kvb__room_note(r, UNSAFE_NOTE);
         KVB_LOGE("manager %s: room %llu reported Failed with its pages quarantined: a source may "
@@ -819,7 +852,7 @@ kvb_poll_t kvb_receiver_poll(kvb_receiver_h rc)
     }
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
-        send_aborts(m, rc->room, gen, todo, n_todo);
+        send_aborts(m, rc->room, gen, todo, n_todo, rc->tl);
     if (status == KVB_POLL_FAILED || status == KVB_POLL_SUCCESS)
         rc->concluded = status + 1;
     return (kvb_poll_t)status;
@@ -839,7 +872,7 @@ void kvb_receiver_abort(kvb_receiver_h rc)
     }
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
-        send_aborts(m, rc->room, gen, todo, n);
+        send_aborts(m, rc->room, gen, todo, n, rc->tl);
 }
 
 void kvb_receiver_failure(kvb_receiver_h rc, char *buf, size_t len)
@@ -866,7 +899,15 @@ void kvb_receiver_destroy(kvb_receiver_h rc)
         revoke_grants(m, r->srcs, r->n_src);
     kvb__room_remove(m, rc->room);
     pthread_mutex_unlock(&m->mu);
+    kvb__tl_put(rc->tl);
     free(rc);
+}
+
+kvb_status_t kvb_receiver_timeline(kvb_receiver_h rc, kvb_timeline_t **tl_p)
+{
+    if (rc == NULL || tl_p == NULL)
+        return KVB_ERR_INVALID;
+    return kvb__tl_snapshot(rc->tl, rc->room, tl_p);
 }
 
 /* ---- control messages ---- */
@@ -949,6 +990,12 @@ static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
              (unsigned long long)s->room, s->status, s->prefill_rank);
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, s->room);
+    kvb__tl_t *tl = r != NULL ? kvb__tl_ref(r->tl) : NULL;
+    if (tl != NULL) {
+        char rank[16];
+        snprintf(rank, sizeof(rank), "rank %d", (int)s->prefill_rank);
+        kvb__tl_add(tl, KVB_EV_STATUS_RECEIVED, s->status, rank);
+    }
     if (r != NULL && (s->status == KVB_POLL_SUCCESS || s->status == KVB_POLL_FAILED) &&
         record_response(m, r, s->prefill_rank,
                         s->status == KVB_POLL_SUCCESS ? "Success" : "Failed")) {
@@ -962,7 +1009,8 @@ static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
     }
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
-        send_aborts(m, s->room, gen, todo, n_todo);
+        send_aborts(m, s->room, gen, todo, n_todo, tl);
+    kvb__tl_put(tl);
 }
 
 static void on_status(struct kvb_manager *m, const kvb__dialect_t *d, const kvb__frame_t *f,
@@ -1014,8 +1062,8 @@ static void on_abort_ack(struct kvb_manager *m, const kvb__dialect_t *d, const k
         KVB_LOGD("manager %s: room %llu: abort ack for generation %llu, ours is %llu: ignored",
                  m->endpoint, (unsigned long long)a.room, (unsigned long long)a.generation,
                  (unsigned long long)r->abort_gen);
-    else if (asked)
-        record_response(m, r, a.rank, "abort ack");
+    else if (asked && record_response(m, r, a.rank, "abort ack"))
+        kvb__tl_add(r->tl, KVB_EV_ABORT_ACK_RECEIVED, a.rank, NULL);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -1040,6 +1088,7 @@ void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t
 typedef struct lost_abort {
     uint64_t room, gen;
     kvb__src_t src;
+    kvb__tl_t *tl; /* a reference to the room's timeline */
 } lost_abort_t;
 
 /* m->mu held: fail a's rooms that are not over, revoke their writer grants
@@ -1072,7 +1121,8 @@ static size_t fail_lost_rooms(struct kvb_manager *m, kvb__addr_t *a, lost_abort_
                         return affected; /* best effort */
                     *ab_p = v;
                 }
-                (*ab_p)[(*n_ab)++] = (lost_abort_t){r->id, r->abort_gen, r->srcs[k]};
+                (*ab_p)[(*n_ab)++] =
+                    (lost_abort_t){r->id, r->abort_gen, r->srcs[k], kvb__tl_ref(r->tl)};
             }
         }
     return affected;
@@ -1103,8 +1153,10 @@ static void node_failure(struct kvb_manager *m, kvb__addr_t *a)
     addr_forget(a);
     size_t affected = fail_lost_rooms(m, a, &ab, &n_ab);
     pthread_mutex_unlock(&m->mu);
-    for (size_t i = 0; i < n_ab; i++)
-        send_abort(m, &ab[i].src, ab[i].room, ab[i].gen);
+    for (size_t i = 0; i < n_ab; i++) {
+        send_abort(m, &ab[i].src, ab[i].room, ab[i].gen, ab[i].tl);
+        kvb__tl_put(ab[i].tl);
+    }
     free(ab);
     double deadline = kvb__now_s() + m->fence_wait_s;
     do {

@@ -434,6 +434,9 @@ kvb_status_t kvb_manager_create(const kvb_manager_params_t *params, kvb_manager_
         manager_free(m);
         return st;
     }
+    /* the rank label: this rank's position, as statuses name it (tp * pp_size + pp) */
+    kvb__metrics_role_rank((int)m->mode, (int64_t)m->p.attn_tp_rank * m->p.pp_size + m->p.pp_rank);
+    kvb__metrics_serve();
     KVB_LOGI("manager %s: %s rank tp %d/%d pp %d/%d up", m->endpoint,
              m->mode == KVB_MODE_PREFILL ? "prefill" : "decode", m->p.attn_tp_rank,
              m->p.attn_tp_size, m->p.pp_rank, m->p.pp_size);

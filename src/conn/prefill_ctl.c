@@ -295,6 +295,20 @@ static void check_fanout(kvb__room_t *r, const kvb__dialect_t *dialect)
         kvb__room_fail(r, "room %llu: %s", (unsigned long long)r->id, why);
 }
 
+/* The room's timeline: when the destination's registration had come (it
+ * usually precedes the room; stamped with that time). Not under m->mu
+ * (the registration table has its own lock). */
+static void note_registration(struct kvb_manager *m, kvb__tl_t *tl, const char *session)
+{
+    if (tl == NULL)
+        return;
+    kvb__reg_t *g = kvb__reg_get(m, session);
+    if (g != NULL && g->registered_ms > 0)
+        kvb__tl_add_at(tl, KVB_EV_REGISTRATION_RECEIVED, (g->registered_ms - 1) * 1000000ull, 0,
+                       session);
+    kvb__reg_put(g);
+}
+
 void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, int32_t required,
                           const char *why)
 {
@@ -312,6 +326,9 @@ void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, i
      * under the lock that adds it, not after: a sender's poll may notify the
      * room (this decode included) in between, and it must hear once. */
     bool told_before = r != NULL && r->status == KVB_POLL_FAILED && r->fail_notified;
+    kvb__tl_t *tl = r != NULL ? kvb__tl_ref(r->tl) : NULL;
+    /* under the lock that makes the room ready: before any chunk of it */
+    kvb__tl_add_ep(tl, KVB_EV_TRANSFER_INFO_RECEIVED, 0, host, port);
     room_put_dst(m, r, d);
     bool tell = false;
     if (r != NULL) {
@@ -326,14 +343,21 @@ void kvb__prefill_add_dst(struct kvb_manager *m, uint64_t room, kvb__dst_t *d, i
         tell = r->status == KVB_POLL_FAILED;
     }
     pthread_mutex_unlock(&m->mu);
+    note_registration(m, tl, session);
     if (why[0] != '\0')
         KVB_LOGW("manager %s: room %llu: %s", m->endpoint, (unsigned long long)room, why);
     /* A room that failed here (or before, aborted) tells its decodes now,
      * once nothing of it is in flight (kvb__prefill_notify checks). */
     if (told_before)
-        kvb__send_status(m, host, port, room, KVB_POLL_FAILED, m->prefill_rank);
+        kvb__tl_add_ep(tl, KVB_EV_STATUS_SENT,
+                       kvb__send_status(m, host, port, room, KVB_POLL_FAILED, m->prefill_rank) ==
+                               KVB_OK
+                           ? KVB_POLL_FAILED
+                           : -1,
+                       host, port);
     else if (tell)
         kvb__prefill_notify(m, room);
+    kvb__tl_put(tl);
 }
 
 /* A decode asked to abort the room: stop writing. via: the dialect whose
@@ -347,6 +371,8 @@ static void abort_room(struct kvb_manager *m, const kvb__abort_in_t *a, const kv
     wire_peer(m, a->ip, a->port, peer, sizeof(peer));
     kvb__room_t *r = kvb__room_wire_admit(m, a->room, 0, peer);
     bool ack_now = r == NULL && via != NULL;
+    kvb__tl_t *tl = r != NULL ? kvb__tl_ref(r->tl) : NULL;
+    kvb__tl_add_ep(tl, KVB_EV_ABORT_RECEIVED, 0, a->ip, a->port);
     if (r != NULL) {
         snprintf(r->abort_ip, sizeof(r->abort_ip), "%s", a->ip);
         r->abort_port = a->port;
@@ -364,10 +390,13 @@ static void abort_room(struct kvb_manager *m, const kvb__abort_in_t *a, const kv
     }
     pthread_mutex_unlock(&m->mu);
     if (ack_now)
-        via->send_abort_ack(m, a->ip, a->port, a->room, m->prefill_rank,
-                            a->has_generation ? &a->generation : NULL);
+        kvb__tl_add_ep(tl, KVB_EV_ABORT_ACK_SENT,
+                       via->send_abort_ack(m, a->ip, a->port, a->room, m->prefill_rank,
+                                           a->has_generation ? &a->generation : NULL),
+                       a->ip, a->port);
     else
         kvb__prefill_notify(m, a->room);
+    kvb__tl_put(tl);
 }
 
 static void on_transfer(struct kvb_manager *m, const kvb__dialect_t *d, const kvb__frame_t *f,

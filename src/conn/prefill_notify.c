@@ -65,18 +65,23 @@ kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t po
     return d->send_status(m, ip, port, room, status, rank);
 }
 
-void kvb__send_notes(struct kvb_manager *m, uint64_t room, kvb__note_t *notes, size_t n, int status)
+void kvb__send_notes(struct kvb_manager *m, uint64_t room, kvb__note_t *notes, size_t n, int status,
+                     kvb__tl_t *tl)
 {
     KVB_LOGD("manager %s: room %llu ends %s; telling %zu decode rank(s)", m->endpoint,
              (unsigned long long)room, kvb_poll_string((kvb_poll_t)status), n);
-    for (size_t i = 0; i < n; i++)
-        if ((notes[i].ack != NULL ? notes[i].ack->send_abort_ack(
-                                        m, notes[i].ip, notes[i].port, room, m->prefill_rank,
-                                        notes[i].has_gen ? &notes[i].gen : NULL)
-                                  : kvb__send_status(m, notes[i].ip, notes[i].port, room, status,
-                                                     m->prefill_rank)) != KVB_OK)
+    for (size_t i = 0; i < n; i++) {
+        kvb__note_t *t = &notes[i];
+        kvb_status_t st = t->ack != NULL
+                              ? t->ack->send_abort_ack(m, t->ip, t->port, room, m->prefill_rank,
+                                                       t->has_gen ? &t->gen : NULL)
+                              : kvb__send_status(m, t->ip, t->port, room, status, m->prefill_rank);
+        kvb__tl_add_ep(tl, t->ack != NULL ? KVB_EV_ABORT_ACK_SENT : KVB_EV_STATUS_SENT,
+                       t->ack != NULL ? st : status, t->ip, t->port);
+        if (st != KVB_OK)
             KVB_LOGW("manager %s: status of room %llu to %s:%u not sent", m->endpoint,
-                     (unsigned long long)room, notes[i].ip, notes[i].port);
+                     (unsigned long long)room, t->ip, t->port);
+    }
     free(notes);
 }
 
@@ -90,9 +95,11 @@ void kvb__prefill_notify(struct kvb_manager *m, uint64_t room)
     kvb__room_t *r = kvb__room_find(m, room);
     if (r != NULL)
         n = kvb__notes_due(m, r, &notes, &status);
+    kvb__tl_t *tl = notes != NULL ? kvb__tl_ref(r->tl) : NULL;
     pthread_mutex_unlock(&m->mu);
     if (n > 0 || notes != NULL)
-        kvb__send_notes(m, room, notes, n, status);
+        kvb__send_notes(m, room, notes, n, status, tl);
+    kvb__tl_put(tl);
 }
 
 static bool holds_session(const kvb__room_t *r, const char *sid)

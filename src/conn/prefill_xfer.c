@@ -23,6 +23,7 @@ typedef struct job {
     int aux_inline; /* the engine refused the aux write: send it inline */
     int unsettled;  /* a write did not end even after its session was closed */
     kvb_status_t st;
+    uint64_t t_done; /* monotonic ns its writes settled (the timeline's stamp) */
     char why[512];
 } job_t;
 
@@ -30,7 +31,10 @@ typedef struct work {
     kvb__chunk_t *c;
     job_t *jobs;
     size_t n_jobs;
-    int skip; /* room gone, failed or aborted before any write */
+    int skip;         /* room gone, failed or aborted before any write */
+    double issued;    /* when its writes were issued: their transfer time-out runs from here */
+    double cancelled; /* when they were cancelled past it (0: not yet): one more from here */
+    kvb__tl_t *tl;    /* the room's timeline (a reference), or NULL */
 } work_t;
 
 /* ---- queues ---- */
@@ -418,6 +422,7 @@ static void work_prepare(struct kvb_manager *m, kvb__chunk_t *c, work_t *w)
             if (!r->dsts[i].dummy)
                 dsts[n++] = r->dsts[i]; /* shallow: the room keeps the arrays */
         kvb__room_set_status(r, KVB_POLL_TRANSFERRING);
+        w->tl = kvb__tl_ref(r->tl);
     }
     pthread_mutex_unlock(&m->mu);
     /* The room's arrays stay valid: dsts_frozen (set when the chunk was
@@ -428,6 +433,11 @@ static void work_prepare(struct kvb_manager *m, kvb__chunk_t *c, work_t *w)
     for (size_t i = 0; i < w->n_jobs; i++)
         job_plan(m, &w->jobs[i], &dsts[i], c);
     free(dsts);
+    if (w->tl != NULL) {
+        char first[32];
+        snprintf(first, sizeof(first), "page %llu", (unsigned long long)c->first);
+        kvb__tl_add(w->tl, KVB_EV_CHUNK_PLANNED, (int64_t)c->n, first);
+    }
 }
 
 /* ---- writing ---- */
@@ -492,7 +502,7 @@ static void kv_submit(struct kvb_manager *m, work_t *w)
             job_t *j = &w->jobs[i];
             if (j->st != KVB_OK)
                 continue;
-            wp[n] = (kvb_write_params_t){KVB_WRITE_PARAM_EPOCH, j->epoch};
+            wp[n] = (kvb_write_params_t){.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = j->epoch};
             mb[n] = (kvb_write_member_t){.field_mask =
                                              KVB_WRITE_MEMBER_PARAMS | KVB_WRITE_MEMBER_STRIDED,
                                          .session_id = job_session(j),
@@ -512,7 +522,7 @@ static void kv_submit(struct kvb_manager *m, work_t *w)
 
 static void aux_submit(struct kvb_manager *m, job_t *j)
 {
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, j->epoch};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = j->epoch};
     if (j->st != KVB_OK || j->aux.count == 0)
         return;
     j->st = kvb_engine_write_async_ex(m->engine, job_session(j), j->aux.blocks, j->aux.count, &wp,
@@ -539,10 +549,17 @@ static void work_submit(struct kvb_manager *m, work_t *w)
     if (w->skip)
         return;
     kv_submit(m, w);
+    uint64_t posted = kvb__now_ns();
     for (size_t i = 0; i < w->n_jobs; i++)
         aux_submit(m, &w->jobs[i]);
+    w->issued = kvb__now_s();
     pthread_mutex_lock(&m->mu);
     r->submitting = 0;
+    for (size_t i = 0; !r->first_posted && i < w->n_jobs; i++)
+        if (w->jobs[i].x != NULL) {
+            r->first_posted = 1;
+            kvb__tl_add_at(r->tl, KVB_EV_FIRST_WRITE_POSTED, posted, 0, NULL);
+        }
     for (size_t i = 0; i < w->n_jobs; i++) {
         if (w->jobs[i].x)
             track_xfer(r, w->jobs[i].x);
@@ -556,19 +573,46 @@ static void work_submit(struct kvb_manager *m, work_t *w)
     pthread_mutex_unlock(&m->mu);
 }
 
+/* Cancel every write of w, past its transfer time-out: one settle window
+ * for all of them, from now. */
+static void work_cancel(work_t *w)
+{
+    for (size_t i = 0; i < w->n_jobs; i++) {
+        if (w->jobs[i].x != NULL)
+            kvb_xfer_cancel(w->jobs[i].x);
+        if (w->jobs[i].xa != NULL)
+            kvb_xfer_cancel(w->jobs[i].xa);
+    }
+    w->cancelled = kvb__now_s();
+}
+
+/* Seconds from now to t, for kvb_xfer_wait: 1 us at least (0 waits forever). */
+static double until(double t)
+{
+    double left = t - kvb__now_s();
+    return left > 1e-6 ? left : 1e-6;
+}
+
 /* Wait for a transfer to settle. Past the transfer time-out it is cancelled
  * and waited for once more (the room must not be reported over while a write
  * may still land: the abort fence); past that the session is declared dead,
- * which ends the wait. */
-static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
+ * which ends the wait. The job's first failure keeps the reason: the aux
+ * write, ended by the session the KV write's time-out closed, would say only
+ * "session closed by the caller" and hide the time-out. */
+static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x, work_t *w)
 {
-    kvb_status_t st = kvb_xfer_wait(x, m->transfer_timeout_s);
+    /* The time-outs count from the issue and from the cancel, not from this
+     * call: a chunk set aside (or settled after the next chunk's submit) has
+     * waited already, and the aside thread cancels every overdue chunk at
+     * once (aside_cancel_due), so stalled sessions settle side by side. */
+    kvb_status_t st = kvb_xfer_wait(x, until(w->issued + m->transfer_timeout_s));
     if (st == KVB_ERR_TIMEOUT) {
         /* Cancel, give the issued writes one more time-out to settle, then
          * declare the session dead (a stopped decode never acknowledges):
          * the room must end, and the worker must not block its queue. */
-        kvb_xfer_cancel(x);
-        if (kvb_xfer_wait(x, m->transfer_timeout_s) == KVB_ERR_TIMEOUT) {
+        if (w->cancelled == 0)
+            work_cancel(w);
+        if (kvb_xfer_wait(x, until(w->cancelled + m->transfer_timeout_s)) == KVB_ERR_TIMEOUT) {
             /* Fails every conn of the session, the one x was issued on
              * included, so this wait ends at once; it is bounded anyway: a
              * worker that never returns stalls every room of its queue. */
@@ -581,9 +625,10 @@ static kvb_status_t wait_xfer(struct kvb_manager *m, job_t *j, kvb_xfer_h x)
                 j->unsettled = 1;
             }
         }
-        snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.1f s",
-                 j->reg->session, m->transfer_timeout_s);
-    } else if (st != KVB_OK && st != KVB_ERR_CANCELED) {
+        if (j->why[0] == '\0')
+            snprintf(j->why, sizeof(j->why), "writes to %s did not finish within %.1f s",
+                     j->reg->session, m->transfer_timeout_s);
+    } else if (st != KVB_OK && st != KVB_ERR_CANCELED && j->why[0] == '\0') {
         snprintf(j->why, sizeof(j->why), "%s", kvb_xfer_error(x));
     }
     return st;
@@ -637,10 +682,11 @@ static void work_finish(struct kvb_manager *m, work_t *w)
     for (size_t i = 0; !w->skip && i < w->n_jobs; i++) {
         job_t *j = &w->jobs[i];
         /* Every write issued is settled, whatever happened to the others. */
-        kvb_status_t sx = j->x != NULL ? wait_xfer(m, j, j->x) : KVB_OK;
-        kvb_status_t sa = j->xa != NULL ? wait_xfer(m, j, j->xa) : KVB_OK;
+        kvb_status_t sx = j->x != NULL ? wait_xfer(m, j, j->x, w) : KVB_OK;
+        kvb_status_t sa = j->xa != NULL ? wait_xfer(m, j, j->xa, w) : KVB_OK;
         if (j->st == KVB_OK)
             j->st = sx != KVB_OK ? sx : sa;
+        j->t_done = kvb__now_ns();
         if (j->xa == NULL && j->st == KVB_OK && (j->aux.count == 0 || j->aux_inline) &&
             w->c->is_last && m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0)
             send_aux_inline(m, j, w->c);
@@ -655,6 +701,9 @@ static void work_finish(struct kvb_manager *m, work_t *w)
         for (size_t i = 0; i < w->n_jobs; i++)
             r->unsettled |= w->jobs[i].unsettled;
         untrack_xfers(r, w);
+        for (size_t i = 0; w->c->is_last && i < w->n_jobs; i++)
+            kvb__tl_add_at(r->tl, KVB_EV_LAST_WRITE_DONE, w->jobs[i].t_done, w->jobs[i].st,
+                           job_session(&w->jobs[i]));
         r->inflight--;
         r->last_done |= w->c->is_last;
         /* Success once the last chunk and every earlier one settled (an
@@ -679,7 +728,8 @@ static void work_finish(struct kvb_manager *m, work_t *w)
     }
     free(w->jobs);
     if (n_notes > 0 || notes != NULL)
-        kvb__send_notes(m, w->c->room, notes, n_notes, note_status);
+        kvb__send_notes(m, w->c->room, notes, n_notes, note_status, w->tl);
+    kvb__tl_put(w->tl);
     chunk_free(w->c);
 }
 
@@ -693,7 +743,6 @@ static void work_finish(struct kvb_manager *m, work_t *w)
 
 typedef struct aside_item {
     work_t w;
-    double since;
     struct aside_item *next;
 } aside_item_t;
 
@@ -748,7 +797,6 @@ static void aside_push(struct kvb_manager *m, const work_t *w)
         return;
     }
     it->w = *w;
-    it->since = kvb__now_s();
     KVB_LOGW("manager %s: room %llu: writes not settled after %.1f s: set aside so the "
              "queue's other rooms proceed",
              m->endpoint, (unsigned long long)w->c->room, m->aside->stall_s);
@@ -760,13 +808,32 @@ static void aside_push(struct kvb_manager *m, const work_t *w)
     pthread_mutex_unlock(&m->aside->mu);
 }
 
-/* One that settled or waited its time-out (or any, when stopping); NULL if none. */
+/* Cancel the writes of every chunk past its transfer time-out (a->mu held):
+ * their settle windows run side by side, so k stalled sessions end within
+ * two time-outs of their issue, not one more per session (the thread
+ * settles them one by one, each closing its own session). */
+static void aside_cancel_due(struct kvb__aside *a, double timeout_s)
+{
+    double now = kvb__now_s();
+    for (aside_item_t *it = a->head; it != NULL; it = it->next) {
+        work_t *w = &it->w;
+        if (w->cancelled != 0 || now - w->issued < timeout_s || work_settled(w))
+            continue;
+        work_cancel(w);
+    }
+}
+
+/* One that settled or whose cancelled writes had their time-out to settle
+ * (aside_cancel_due), so that wait_xfer closes its session at once without
+ * holding this thread while other chunks come due (or any, when stopping);
+ * NULL if none. */
 static aside_item_t *aside_take(struct kvb__aside *a, double timeout_s, bool stopping)
 {
     double now = kvb__now_s();
     for (aside_item_t **pp = &a->head; *pp != NULL; pp = &(*pp)->next) {
         aside_item_t *it = *pp;
-        if (stopping || work_settled(&it->w) || now - it->since >= timeout_s) {
+        if (stopping || work_settled(&it->w) ||
+            (it->w.cancelled != 0 && now - it->w.cancelled >= timeout_s)) {
             *pp = it->next;
             a->n--;
             return it;
@@ -781,6 +848,7 @@ static void *aside_main(void *arg)
     struct kvb__aside *a = m->aside;
     pthread_mutex_lock(&a->mu);
     while (!a->stop || a->head != NULL) {
+        aside_cancel_due(a, m->transfer_timeout_s);
         aside_item_t *it = aside_take(a, m->transfer_timeout_s, a->stop);
         if (it == NULL) {
             kvb__cond_wait_ns(&a->cv, &a->mu, a->head != NULL ? 2000000 : 100000000);
@@ -940,6 +1008,7 @@ void kvb__prefill_free(struct kvb_manager *m)
         kvb__reg_put(g);
     }
     m->regs = NULL;
+    kvb__m_sub(KVB__M_REGISTRATIONS, kvb__m_role(KVB_MODE_PREFILL, 0, 1), m->n_regs);
     m->n_regs = 0;
 }
 
@@ -961,6 +1030,7 @@ kvb_status_t kvb_sender_create(kvb_manager_h m, const char *bootstrap_addr, uint
         kvb__room_unwire(m, r);
         r->t_start = kvb__now_s();
         kvb__room_set_status(r, KVB_POLL_BOOTSTRAPPING);
+        s->tl = kvb__tl_ref(r->tl);
     }
     pthread_mutex_unlock(&m->mu);
     if (st != KVB_OK) {
@@ -1219,9 +1289,17 @@ void kvb_sender_destroy(kvb_sender_h s)
             kvb__room_remove(m, s->room); /* else the sweep frees it */
     }
     pthread_mutex_unlock(&m->mu);
+    kvb__tl_put(s->tl);
     free(s->state_idx);
     free(s->lw_indices);
     free(s);
+}
+
+kvb_status_t kvb_sender_timeline(kvb_sender_h s, kvb_timeline_t **tl_p)
+{
+    if (s == NULL || tl_p == NULL)
+        return KVB_ERR_INVALID;
+    return kvb__tl_snapshot(s->tl, s->room, tl_p);
 }
 
 kvb_status_t kvb_sender_set_state_indices(kvb_sender_h s, const int32_t *indices, size_t count)

@@ -102,6 +102,7 @@ static kvb__reg_t *reg_unlink(struct kvb_manager *m, kvb__reg_t **pp)
     kvb__reg_t *g = *pp;
     *pp = g->next;
     m->n_regs--;
+    kvb__m_sub(KVB__M_REGISTRATIONS, kvb__m_role(KVB_MODE_PREFILL, 0, 1), 1);
     m->reg_bytes -= g->bytes;
     return g;
 }
@@ -150,6 +151,7 @@ kvb__reg_ins_t kvb__reg_insert(struct kvb_manager *m, kvb__reg_t *g, kvb__reg_t 
     g->next = m->regs;
     m->regs = g;
     m->n_regs++;
+    kvb__m_add(KVB__M_REGISTRATIONS, kvb__m_role(KVB_MODE_PREFILL, 0, 1), 1);
     m->reg_bytes += g->bytes;
     return KVB__REG_OK;
 }

@@ -7,13 +7,6 @@
 #include <string.h>
 #include <unistd.h>
 
-const char *kvb_poll_string(kvb_poll_t poll)
-{
-    static const char *names[] = {"Failed", "Bootstrapping", "WaitingForInput", "Transferring",
-                                  "Success"};
-    return (unsigned)poll < 5 ? names[poll] : "Unknown";
-}
-
 static size_t bucket_of(const struct kvb_manager *m, uint64_t id)
 {
     id ^= id >> 33;
@@ -62,6 +55,7 @@ kvb__room_t *kvb__room_get(struct kvb_manager *m, uint64_t id)
     r->mgr = m;
     r->status = -1; /* none yet */
     r->t_start = kvb__now_s();
+    r->tl = kvb__tl_new((int)m->mode, id);
     if (m->n_rooms + 1 > m->n_buckets)
         grow(m);
     size_t k = bucket_of(m, id);
@@ -83,6 +77,8 @@ void kvb__dst_free(kvb__dst_t *d)
 static void room_free(kvb__room_t *r)
 {
     kvb__room_unchange(r->mgr, r);
+    kvb__tl_room_gone(r->tl);
+    kvb__tl_put(r->tl);
     for (size_t i = 0; i < r->n_dst; i++)
         kvb__dst_free(&r->dsts[i]);
     free(r->dsts);
@@ -184,7 +180,8 @@ kvb__room_t *kvb__room_wire_admit(struct kvb_manager *m, uint64_t id, uint64_t b
                                   const char *peer)
 {
     kvb__room_t *r = kvb__room_find(m, id);
-    uint64_t add = bytes + (r == NULL ? sizeof(*r) : 0);
+    uint64_t add =
+        bytes + (r == NULL ? sizeof(*r) + (kvb__tl_enabled() ? sizeof(kvb__tl_t) : 0) : 0);
     if (r != NULL && !r->wire)
         return r; /* a sender's room: the application bounds it */
     uint64_t evicted0 = m->wire_rooms_evicted;
@@ -252,8 +249,10 @@ void kvb__room_set_status(kvb__room_t *r, int status)
         r->status = status;
     if (r->status != old)
         kvb__room_changed(r);
-    if ((r->status == KVB_POLL_FAILED || r->status == KVB_POLL_SUCCESS) && r->t_terminal == 0)
+    if ((r->status == KVB_POLL_FAILED || r->status == KVB_POLL_SUCCESS) && r->t_terminal == 0) {
         r->t_terminal = kvb__now_s();
+        kvb__tl_terminal(r->tl, r->status, old, r->reason);
+    }
 }
 
 void kvb__room_fail(kvb__room_t *r, const char *fmt, ...)

@@ -37,6 +37,8 @@ const char *kvb_status_string(kvb_status_t status)
         return "writer fenced by the target";
     case KVB_ERR_UNSETTLED:
         return "failed, unsettled: bytes in flight may still be placed";
+    case KVB_ERR_BUSY:
+        return "peer busy: try again";
     }
     return "unknown status";
 }

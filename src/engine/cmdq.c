@@ -1,10 +1,12 @@
 /* What any engine thread may ask of the progress thread, below the lanes
  * and the core that drives them: queue a command (kvb__engine_submit), hold
  * and drop a connection (its last reference retires it through a command),
- * and list the UCX requests it owns resources for (kvb__op_track). */
+ * list the UCX requests it owns resources for (kvb__op_track), and have it
+ * kill a connection (kvb__conn_kill: lanes may, session.c does it). */
 #include "engine/engine_int.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -73,4 +75,19 @@ void kvb__conn_put(kvb__conn_t *c)
     cmd->conn = c;
     if (kvb__engine_submit(eng, cmd, false) != KVB_OK)
         free(cmd); /* engine stopping: it releases every conn itself */
+}
+
+void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why)
+{
+    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL)
+        return;
+    kvb__conn_get(c);
+    cmd->kind = CMD_KILL;
+    cmd->conn = c;
+    snprintf(cmd->why, sizeof(cmd->why), "%s", why);
+    if (kvb__engine_submit(eng, cmd, false) != KVB_OK) {
+        free(cmd);
+        kvb__conn_put(c);
+    }
 }

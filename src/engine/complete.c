@@ -5,6 +5,7 @@
  * (CMD_XFER), lets its lane issue more (lane.h, `progress`), fails it with
  * its connection and finishes it once nothing of it is in flight. */
 #include "engine/engine_int.h"
+#include "core/metrics.h"
 #include "engine/bufpool.h"
 
 #include <stdio.h>
@@ -23,13 +24,57 @@ void kvb__xfer_release(struct kvb_xfer *x)
         free(x->am_iov[i]);
     kvb__bufpool_put(x->blocks, x->blocks_cap);
     kvb__bufpool_put(x->runs, x->runs_cap);
+    free(x->notif);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
     free(x);
 }
 
+/* A succeeded transfer with a notification: the progress thread sends it
+ * (notif.c) and publishes then. False when it cannot take it (the engine
+ * is stopping): the transfer ends CANCELED. */
+static bool notif_defer(struct kvb_xfer *x)
+{
+    x->notif_sending = true;
+    kvb__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd != NULL) {
+        cmd->kind = CMD_NOTIF;
+        cmd->xfer = x;
+        if (kvb__engine_submit(x->eng, cmd, false) == KVB_OK)
+            return true;
+    }
+    free(cmd);
+    snprintf(x->err, sizeof(x->err), "transfer done, notification not sent: engine stopping");
+    return false;
+}
+
+/* The metrics of x's end: one call per transfer, relaxed adds. */
+static void count_end(const struct kvb_xfer *x, kvb_status_t st)
+{
+    unsigned lane = x->lane_ix;
+    unsigned out = st == KVB_OK             ? KVB__M_OK
+                   : st == KVB_ERR_CANCELED ? KVB__M_CANCELED
+                                            : KVB__M_FAILED;
+    kvb__m_add(KVB__M_XFERS, kvb__m_lane_op_out(lane, x->read, out), 1);
+    if (st != KVB_OK)
+        return;
+    size_t slot = kvb__m_lane_op(lane, x->read);
+    uint64_t ns = kvb__now_ns() - x->t0_ns;
+    kvb__m_add(KVB__M_XFER_BYTES, slot, x->bytes);
+    if (x->bytes > 0)
+        kvb__m_observe(KVB__M_XFER_SPEED, slot,
+                       (uint64_t)((double)x->bytes * 1e9 / (double)(ns ? ns : 1)));
+}
+
 void kvb__xfer_publish(struct kvb_xfer *x, kvb_status_t st)
 {
+    if (st == KVB_OK && x->notif != NULL && !x->notif_sending) {
+        if (notif_defer(x))
+            return;
+        st = KVB_ERR_CANCELED;
+    }
+    if (x->t0_ns != 0)
+        count_end(x, st);
     pthread_mutex_lock(&x->mu);
     if (st != KVB_OK && x->err[0] == '\0')
         snprintf(x->err, sizeof(x->err), "%s", kvb_status_string(st));
@@ -69,9 +114,16 @@ static void finish(kvb_engine_h eng, struct kvb_xfer *x, kvb_status_t st, bool r
      * (a stopped peer resumes), so the transfer is not provably drained;
      * unless it is a read its lane gates (its answers are dropped now), and
      * none of its answers is still being received into its pieces (a read
-     * waited for them, rx_waiting, up to the peer time-out). */
-    x->unsettled = (x->inflight > 0 && !(x->read && (x->lane->caps & KVB__LANE_READ_GATED))) ||
-                   (x->am_rx > 0 && !rx_stopped);
+     * waited for them, rx_waiting, up to the peer time-out). A message
+     * whose send failed after UCX took it may have landed as well
+     * (x->send_err, lane/msg/msg.c). */
+    bool gated = x->read && (x->lane->caps & KVB__LANE_READ_GATED);
+    for (size_t i = 0; x->read && i < x->inflight && i < KVB__AM_WINDOW; i++)
+        if (x->am_len[i] > 0) { /* message-lane requests: out of the conn's count */
+            x->conn->am_reads_out--;
+            x->conn->am_read_out -= x->am_len[i];
+        }
+    x->unsettled = ((x->inflight > 0 || x->send_err) && !gated) || (x->am_rx > 0 && !rx_stopped);
     x->abandoned = 1; /* callbacks of ops still outstanding leave it alone */
     kvb__xfer_publish(x, st);
 }

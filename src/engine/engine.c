@@ -2,6 +2,7 @@
  * socket) and the progress thread: commands, events, its lanes' writes.
  * Registrations: register.c; the handshake listener: listener.c; writers'
  * sessions: session.c. See engine_int.h for the threading model. */
+#include "core/metrics.h"
 #include "engine/engine_int.h"
 
 #include <arpa/inet.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -42,6 +44,7 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
     out->secret = kvb__env_get("KVBRIDGE_ENGINE_SECRET", NULL);
     out->copy_threads = (unsigned)kvb__env_int("KVBRIDGE_COPY_THREADS", NULL, 2, 0, 64);
     out->serve_reads = (int)kvb__env_int("KVBRIDGE_SERVE_READS", NULL, 1, 0, 1);
+    out->reads_need_grant = (int)kvb__env_int("KVBRIDGE_READS_NEED_GRANT", NULL, 0, 0, 1);
     if (in == NULL)
         return;
     if (in->field_mask & KVB_ENGINE_PARAM_HOST && in->host != NULL)
@@ -62,6 +65,10 @@ static void params_defaults(kvb_engine_params_t *out, const kvb_engine_params_t 
         out->copy_threads = in->copy_threads < 64 ? in->copy_threads : 64;
     if (in->field_mask & KVB_ENGINE_PARAM_SERVE_READS)
         out->serve_reads = in->serve_reads != 0;
+    if (in->field_mask & KVB_ENGINE_PARAM_READS_NEED_GRANT)
+        out->reads_need_grant = in->reads_need_grant != 0;
+    if (in->field_mask & KVB_ENGINE_PARAM_NAME)
+        out->name = in->name;
 }
 
 /* UCX's TCP transport moves data in segments of 8 KiB by default (one
@@ -99,6 +106,23 @@ static void keepalive(ucp_config_t *cfg, double peer_timeout_s)
         KVB_LOGD("UCX does not know KEEPALIVE_INTERVAL; left at its default");
 }
 
+/* A target closes the reply endpoint of a reader that stopped taking its
+ * read answers (lane/msg/target.c). UCX then frees that endpoint, and a
+ * late message naming it must be looked up, not dereferenced: UCX does so
+ * for endpoints with peer-failure handling (PROTO_INDIRECT_ID=auto, its
+ * default; the only ones it lets us force-close). UCX_PROTO_INDIRECT_ID=off
+ * in the environment: no reply endpoint is closed (the read caps' shares
+ * still bound a reader). */
+static void indirect_ids(kvb_engine_h eng)
+{
+    const char *v = getenv("UCX_PROTO_INDIRECT_ID");
+    eng->am_close_safe = v == NULL || strcasecmp(v, "auto") == 0 || strcasecmp(v, "on") == 0 ||
+                         strcasecmp(v, "y") == 0 || strcasecmp(v, "yes") == 0 ||
+                         strcmp(v, "1") == 0;
+    if (!eng->am_close_safe)
+        KVB_LOGD("UCX ids endpoints directly: stuck readers' endpoints are not closed");
+}
+
 static kvb_status_t ucx_init(kvb_engine_h eng)
 {
     ucp_config_t *cfg;
@@ -114,6 +138,7 @@ static kvb_status_t ucx_init(kvb_engine_h eng)
     if (eng->params.transport != KVB_TRANSPORT_SHM && getenv("UCX_TLS") == NULL)
         tcp_segments(cfg);
     keepalive(cfg, eng->params.peer_timeout_s);
+    indirect_ids(eng);
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     p.mt_workers_shared = 1;
@@ -134,6 +159,8 @@ static kvb_status_t ucx_init(kvb_engine_h eng)
         return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_worker_get_address failed");
     if (ucp_worker_get_efd(eng->worker, &eng->ucx_efd) != UCS_OK)
         return kvb__err_set(&eng->err, KVB_ERR_IO, "ucp_worker_get_efd failed");
+    if (kvb__notif_register(eng) != KVB_OK)
+        return kvb__err_set(&eng->err, KVB_ERR_IO, "notification handler not set");
     return kvb__lanes_init(eng);
 }
 
@@ -268,12 +295,17 @@ static void expire_overdue(kvb_engine_h eng)
         if (at == 0 || now < at || x->abandoned ||
             __atomic_load_n(&x->conn->dead, __ATOMIC_ACQUIRE))
             continue;
-        kvb__conn_close_ep(eng, x->conn);
-        kvb__conn_fail(eng, x->conn,
-                       x->read ? "a read given up by its caller did not settle within the peer "
-                                 "time-out"
-                               : "a write given up by its caller did not settle within the "
-                                 "peer time-out");
+        /* Closing the endpoint progresses UCX, whose callbacks may finish
+         * and free x (its caller let go): hold the conn, read x first. */
+        kvb__conn_t *c = x->conn;
+        const char *why = x->read ? "a read given up by its caller did not settle within the "
+                                    "peer time-out"
+                                  : "a write given up by its caller did not settle within the "
+                                    "peer time-out";
+        kvb__conn_get(c);
+        kvb__conn_close_ep(eng, c);
+        kvb__conn_fail(eng, c, why);
+        kvb__conn_put(c);
         return;
     }
 }
@@ -296,6 +328,8 @@ static void run_commands(kvb_engine_h eng)
             conn_retire(eng, c->conn);
         else if (c->kind == CMD_KILL)
             session_kill(eng, c);
+        else if (c->kind == CMD_NOTIF)
+            kvb__notif_send(eng, c->xfer);
         if (c->kind != CMD_CONNECT)
             free(c);
         if (waited) {
@@ -366,6 +400,7 @@ static void *progress_main(void *arg)
             handle_events(eng, 0);
             expire_overdue(eng);
         }
+        kvb__lanes_tick(eng);
         if (eng->dead_conns > 0) {
             eng->dead_conns = 0;
             close_dead_eps(eng);
@@ -468,6 +503,8 @@ static void engine_free(kvb_engine_h eng)
     pthread_mutex_destroy(&eng->hs_mu);
     pthread_cond_destroy(&eng->hs_cv);
     kvb__err_destroy(&eng->err);
+    kvb__notifq_free(&eng->notifs);
+    free(eng->name);
     if (eng->secret != NULL) {
         explicit_bzero(eng->secret, strlen(eng->secret));
         free(eng->secret);
@@ -492,6 +529,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     params_defaults(&eng->params, params);
     eng->cuda_device = -1;
     kvb__jobs_init(&eng->jobs);
+    kvb__notifq_init(&eng->notifs);
     /* Every writer that completes a handshake keeps a socket here: cap them
      * (docs/security.md) well below the usual descriptor limit. */
     eng->max_notify = (size_t)kvb__env_int("KVBRIDGE_MAX_CONTROL_CONNS", NULL, 1024, 1, 1000000);
@@ -525,6 +563,38 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
     return eng;
 }
 
+/* The name our notifications carry (the caller's, checked, else the
+ * session id, known once listening). */
+static kvb_status_t name_init(kvb_engine_h eng)
+{
+    const char *n = eng->params.name != NULL ? eng->params.name : eng->sid;
+    size_t len = strlen(n);
+    if (len == 0 || len > KVB_NOTIF_NAME_MAX)
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID, "engine name of %zu bytes: 1..%u allowed",
+                            len, KVB_NOTIF_NAME_MAX);
+    if ((eng->name = strdup(n)) == NULL)
+        return KVB_ERR_NOMEM;
+    eng->params.name = eng->name;
+    return KVB_OK;
+}
+
+/* The engine's gauges that need its locks, read at a scrape. */
+static void collect(void *arg, kvb__msnap_t *s)
+{
+    kvb_engine_h eng = arg;
+    pthread_mutex_lock(&eng->sess_mu);
+    kvb__metrics_put(s, KVB__M_SESSIONS, 0, eng->n_sessions);
+    pthread_mutex_unlock(&eng->sess_mu);
+    pthread_mutex_lock(&eng->seg_mu);
+    kvb__metrics_put(s, KVB__M_FENCE_GRANTS, 0, eng->fence.n_grants);
+    pthread_mutex_unlock(&eng->seg_mu);
+    /* the progress thread's count: a word read while it changes is still one of its values */
+    KVB_TSAN_IGNORE_BEGIN();
+    size_t reads = __atomic_load_n(&eng->am_reads, __ATOMIC_RELAXED);
+    KVB_TSAN_IGNORE_END();
+    kvb__metrics_put(s, KVB__M_READ_ANSWERS, 0, reads);
+}
+
 kvb_status_t kvb_engine_create(const kvb_engine_params_t *params, kvb_engine_h *engine_p)
 {
     kvb_status_t st;
@@ -536,6 +606,8 @@ kvb_status_t kvb_engine_create(const kvb_engine_params_t *params, kvb_engine_h *
     st = ucx_init(eng);
     if (st == KVB_OK)
         st = listen_init(eng);
+    if (st == KVB_OK)
+        st = name_init(eng);
     if (st == KVB_OK)
         st = fds_init(eng);
     if (st == KVB_OK && pthread_create(&eng->progress_thr, NULL, progress_main, eng) != 0)
@@ -551,6 +623,8 @@ kvb_status_t kvb_engine_create(const kvb_engine_params_t *params, kvb_engine_h *
         return st;
     }
     KVB_LOGI("engine %s up (transport %d)", eng->sid, (int)eng->params.transport);
+    kvb__metrics_collector_add(collect, eng);
+    kvb__metrics_serve();
     *engine_p = eng;
     return KVB_OK;
 }
@@ -560,6 +634,7 @@ void kvb_engine_destroy(kvb_engine_h eng)
     uint64_t one = 1;
     if (eng == NULL)
         return;
+    kvb__metrics_collector_remove(collect, eng);
     kvb__lanes_stop(eng); /* before the progress thread: transfers release conns */
     kvb__jobs_stop(eng);  /* likewise; copies arriving later run inline */
     pthread_mutex_lock(&eng->cmd_mu);
@@ -609,5 +684,7 @@ void kvb_engine_limits(kvb_engine_h eng, kvb_engine_limits_t *l)
         l->sessions_refused = eng->sessions_refused;
         pthread_mutex_unlock(&eng->sess_mu);
     }
+    if (f & KVB_ENGINE_LIMITS_NOTIFS)
+        kvb__notif_stats(eng, l);
     kvb__lanes_stats(eng, l);
 }

@@ -17,6 +17,7 @@
 #include "engine/fence.h"
 #include "engine/handshake.h"
 #include "engine/lane.h"
+#include "engine/notif.h"
 #include "engine/segtab.h"
 
 /* What a connection's UCX endpoint was set up for (session.c): one-sided
@@ -62,6 +63,12 @@ struct kvb__conn {
     struct kvb__cuda_conn *cuda; /* the peer's device-memory segments (mem_cuda.c), or NULL */
     struct kvb__cuda_ipc_conn *cuda_ipc; /* the CUDA IPC lane's imports (lane/cuda_ipc/), or NULL */
     size_t rxlen;
+    /* progress thread: message-lane read requests of running reads in
+     * flight on this connection, and their bytes (lane/msg/read.c counts
+     * them per window slot, complete.c's finish drops a read's last ones):
+     * kept within the target's share (amwire.h) */
+    size_t am_reads_out;
+    uint64_t am_read_out;
     kvb__conn_t *next_all;
 };
 
@@ -139,6 +146,8 @@ struct kvb_xfer {
     const kvb__lane_t *lane;      /* the lane that moves it (lane.h) */
     const kvb__lane_t *lane_next; /* where it goes if that lane refuses it, or NULL */
     int cuda;                     /* a source or destination is CUDA device memory (mem_cuda.c) */
+    uint64_t bytes, t0_ns;        /* its bytes and start (monotonic ns), for the metrics (0: off) */
+    unsigned lane_ix;             /* its lane's place in the registry (the metrics' lane label) */
     uint64_t epoch;               /* writer grant stamped on every write (0: tag-only fence) */
     int refs;                     /* atomic: caller + engine */
     int status;                   /* atomic: KVB_ERR_INPROGRESS until final */
@@ -166,6 +175,13 @@ struct kvb_xfer {
     int failed;      /* error seen, waiting for inflight */
     int abandoned;   /* connection lost, outstanding ops ignored */
     int unsettled;   /* ended with ops in flight abandoned (kvb_xfer_drained) */
+    /* message lane: a message's send ended with an error after UCX took it
+     * (not refused by the call itself): its bytes may have reached the
+     * target, which may place them, yet no ack will say so; UCX 1.13 can
+     * complete a failed endpoint's sends before its error handler runs
+     * (ucp_ep_set_failed: discard and purge, then the callback), so the
+     * window alone does not show it. The transfer is then not drained. */
+    int send_err;
     /* message lane, reads: rendezvous answers being received straight into
      * our pieces (read.c), and when x was abandoned (its connection failed):
      * such a read ends only once they ended or the peer time-out passed */
@@ -207,6 +223,12 @@ struct kvb_xfer {
     /* direct lanes (their copy queue's dmu) */
     int queued;  /* pieces left to claim (its group's cursor) */
     size_t busy; /* units being copied that include it */
+    /* its notification (notif.h), owned, or NULL: sent once it succeeded,
+     * before its end is published (notif_sending: handed to the progress
+     * thread for that, so the next publish is the end) */
+    uint8_t *notif;
+    size_t notif_len;
+    bool notif_sending;
 };
 
 /* A UCX request we own resources for (a message, a flush). UCX does not
@@ -253,7 +275,7 @@ typedef struct kvb__jobs {
     pthread_t thr;
 } kvb__jobs_t;
 
-typedef enum cmd_kind { CMD_XFER, CMD_CONNECT, CMD_RETIRE, CMD_KILL } cmd_kind_t;
+typedef enum cmd_kind { CMD_XFER, CMD_CONNECT, CMD_RETIRE, CMD_KILL, CMD_NOTIF } cmd_kind_t;
 
 typedef struct kvb__cmd {
     cmd_kind_t kind;
@@ -328,14 +350,22 @@ struct kvb_engine {
 
     /* progress thread only */
     struct kvb_xfer *active;
-    kvb__conn_t *conns;     /* every live conn */
-    size_t am_pending;      /* incoming receives in progress, and read answers being sent:
-                               the loop keeps progressing UCX while any (engine.c) */
-    size_t am_reads;        /* read answers being sent (lane/msg/target.c's caps) */
-    size_t am_read_bytes;   /* and their bytes */
-    int dead_conns;         /* a conn died since the last sweep */
-    uint64_t conn_failures; /* conns failed so far */
-    kvb__op_t ops;          /* outstanding ops (list head) */
+    kvb__conn_t *conns;   /* every live conn */
+    size_t am_pending;    /* incoming receives in progress, and read answers being sent:
+                             the loop keeps progressing UCX while any (engine.c) */
+    size_t am_reads;      /* atomic writes: read answers being sent (lane/msg/target.c's caps) */
+    size_t am_read_bytes; /* atomic writes: and their bytes */
+    struct kvb__am_peer *am_peers; /* reply endpoints something of ours still answers over
+                                      (lane/msg/target.c): their shares, their time bound */
+    uint64_t am_reads_busy;        /* atomic: read requests refused as busy (the caps) */
+    uint64_t am_peers_closed;      /* atomic: reply endpoints closed, answers stuck past the
+                                      peer time-out */
+    bool am_close_safe;            /* UCX ids endpoints with peer-failure handling indirectly
+                                      (UCX_PROTO_INDIRECT_ID not off): such a reply endpoint may be
+                                      force-closed (engine.c ucx_init) */
+    int dead_conns;                /* a conn died since the last sweep */
+    uint64_t conn_failures;        /* conns failed so far */
+    kvb__op_t ops;                 /* outstanding ops (list head) */
     uint64_t next_xfer_id;
     uint64_t acks_ignored; /* acks from another connection or for no outstanding message */
 
@@ -349,6 +379,8 @@ struct kvb_engine {
     ucp_address_t *waddr;          /* this worker's address, fetched once */
     size_t waddr_len;
 
+    char *name;                 /* the sender name our notifications carry (copy; notif.h) */
+    kvb__notifq_t notifs;       /* notifications received, not yet taken (notif.h) */
     struct kvb__direct *direct; /* the direct lane's copy threads and warmer (lane/direct/) */
     kvb__jobs_t jobs;           /* device-copy worker (jobs.c) */
 
@@ -371,6 +403,15 @@ typedef struct kvb__test_hooks {
                                them): an abandoned read waits the peer time-out (read.c) */
     int read_rx_waited;     /* set by the engine, read by tests (atomic add): reads abandoned with
                                answers being received into their pieces (complete.c) */
+    int notif_wire_fault;   /* notifications go out malformed (notif.c): 1 data one byte short of
+                               the lengths, 2 a message length past KVB_NOTIF_MAX_LEN, 3 a bad
+                               magic, 4 a NUL inside the name */
+    int read_share_ignored; /* message-lane reads issue requests past the target's per-connection
+                               share (amwire.h): a reader that ignores it is refused busy */
+    /* set by the engine, read by tests (tests/integration/fault8/test_sendorder.c): message-lane
+       sends that completed with an error while their transfer was still live (before its
+       connection was failed) and after; the first such UCX status */
+    int am_send_err_live, am_send_err_after, am_send_err_first;
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 /* Atomic (relaxed): a test sets a hook while engine threads run. */
@@ -382,6 +423,9 @@ extern kvb__test_hooks_t kvb__test_hooks;
 kvb_status_t kvb__engine_submit(kvb_engine_h eng, kvb__cmd_t *cmd, bool wait);
 void kvb__conn_put(kvb__conn_t *c); /* drop a reference (any thread) */
 void kvb__conn_get(kvb__conn_t *c);
+/* Any thread: have the progress thread close c's endpoint and fail c (its
+ * transfers end KVB_ERR_PEER). */
+void kvb__conn_kill(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 
 /* session.c */
 /* Ready connection for sid (handshake on first use or after death/staleness,
@@ -401,16 +445,21 @@ void kvb__conn_establish(kvb_engine_h eng, kvb__cmd_t *cmd);
 void kvb__conn_fail(kvb_engine_h eng, kvb__conn_t *c, const char *why);
 void kvb__conn_on_fd(kvb_engine_h eng, kvb__conn_t *c);
 void kvb__conn_release_ucx(kvb_engine_h eng, kvb__conn_t *c);
-/* Any thread: have the progress thread close c's endpoint and fail c (its
- * transfers end KVB_ERR_PEER). */
 void kvb__conn_close_ep(kvb_engine_h eng, kvb__conn_t *c);
 
 /* listener.c: the listener thread; at destroy (after it was joined), cut
- * the handshakes still in progress and wait for their threads; forget the
- * token of control connection fd (seg_mu held). */
+ * the handshakes still in progress and wait for their threads. */
 void *kvb__listen_main(void *arg);
 void kvb__hs_drain(kvb_engine_h eng);
+/* amtok.c: the message-lane token table (engine secret). Add the token of
+ * control connection fd (KVB_ERR_NOMEM; takes seg_mu); forget it (seg_mu
+ * held). */
+kvb_status_t kvb__am_token_add(kvb_engine_h eng, int fd, const uint8_t tok[KVB_HS_TOKEN_LEN]);
 void kvb__am_token_drop_locked(kvb_engine_h eng, int fd);
+/* Is tok the message-lane token of one of our live authenticated control
+ * connections (engine secret)? Marks that connection as one that wrote.
+ * Any thread (takes seg_mu). */
+bool kvb__am_token_live(kvb_engine_h eng, const uint8_t *tok);
 /* register.c: release a registration's mapping (seg_mu held, or the
  * engine being freed). */
 void kvb__seg_unmap(kvb_engine_h eng, kvb__seg_t *seg);

@@ -26,6 +26,7 @@
  * refused tags, also published in the page (seqlock). The rule in short, the
  * state and the primitives: fence.h. */
 #include "engine/fence.h"
+#include "core/metrics.h"
 
 #include "engine/engine_int.h"
 
@@ -210,6 +211,7 @@ kvb_status_t kvb_engine_grant_writer(kvb_engine_h eng, uint32_t tag, uint64_t *e
         eng->fence.grants[eng->fence.n_grants++] =
             (kvb__grant_t){tag, 1, 0, e, slot_take(eng, tag, e), 0};
         *epoch_p = e;
+        kvb__m_add(KVB__M_FENCE_GRANTS_TOTAL, 0, 1);
     }
     pthread_mutex_unlock(&eng->seg_mu);
     return st;
@@ -261,6 +263,7 @@ static bool revoke_step(kvb_engine_h eng, kvb__grant_t *g)
     fence_page_t *f = (fence_page_t *)eng->fence.base;
     if (g->live) {
         g->live = 0;
+        kvb__m_add(KVB__M_FENCE_REVOKES_TOTAL, 0, 1);
         if (f != NULL && g->slot >= 0)
             __atomic_store_n(&f->slots[g->slot].state, SLOT_REVOKED, __ATOMIC_SEQ_CST);
     }
@@ -284,8 +287,11 @@ kvb_status_t kvb_engine_revoke_writer(kvb_engine_h eng, uint32_t tag, uint64_t e
         pthread_mutex_unlock(&eng->seg_mu);
         if (done)
             return KVB_OK;
-        if (kvb__now_ns() >= deadline)
+        if (kvb__now_ns() >= deadline) {
+            if (wait_s > 0) /* a wait of 0 only asks (each poll of a held room) */
+                kvb__m_add(KVB__M_FENCE_REVOKE_TIMEOUTS_TOTAL, 0, 1);
             return KVB_ERR_INPROGRESS;
+        }
         usleep(500);
     }
 }
@@ -311,7 +317,19 @@ const char *kvb__fence_admit(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
             g->am_busy++;
     }
     pthread_mutex_unlock(&eng->seg_mu);
+    if (why != NULL)
+        kvb__m_add(KVB__M_FENCE_REFUSED_TOTAL, 0, 1);
     return why;
+}
+
+/* Message lane: admit one read request as a write of (tag, epoch), except
+ * that an engine with reads_need_grant serves none without a grant. */
+const char *kvb__fence_admit_read(kvb_engine_h eng, uint32_t tag, uint64_t epoch)
+{
+    if (epoch == 0 && eng->params.reads_need_grant)
+        return "this engine serves reads only under a live grant (reads_need_grant; "
+               "KVBRIDGE_READS_NEED_GRANT): a read at epoch 0 is refused";
+    return kvb__fence_admit(eng, tag, epoch);
 }
 
 /* The admitted write's bytes are placed (or it failed). */

@@ -31,7 +31,10 @@
  *   the write to the message lane, whose target decides); the put lane
  *   cannot be checked by the target (KVB__LANE_FENCE_NONE, docs/engine.md).
  * - Epoch 0 is the legacy tag-only fence (kvb_engine_fence_writer): a list
- *   of refused tags, also published in the page (seqlock). */
+ *   of refused tags, also published in the page (seqlock).
+ * - Reads are admitted as writes (a read is stamped the same way), except
+ *   that a target created with reads_need_grant refuses epoch-0 read
+ *   requests (kvb__fence_admit_read). */
 #ifndef KVB_ENGINE_FENCE_H
 #define KVB_ENGINE_FENCE_H
 
@@ -80,6 +83,9 @@ void kvb__fence_page_sync(kvb_engine_h eng);
 /* Message lane, progress thread: NULL when a write of (tag, epoch) is
  * admitted (then counted until kvb__fence_done), else why it is refused. */
 const char *kvb__fence_admit(kvb_engine_h eng, uint32_t tag, uint64_t epoch);
+/* The same for a read request; also refuses epoch 0 when the engine was
+ * created with reads_need_grant. Ended by kvb__fence_done as a write. */
+const char *kvb__fence_admit_read(kvb_engine_h eng, uint32_t tag, uint64_t epoch);
 void kvb__fence_done(kvb_engine_h eng, uint32_t tag, uint64_t epoch);
 /* Tests: the raw busy count of fence slot k of our page (0 without one). */
 uint32_t kvb__fence_busy_raw(kvb_engine_h eng, int32_t k);

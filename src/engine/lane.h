@@ -132,6 +132,9 @@ typedef struct kvb__lane {
     /* Progress thread, for a write this lane submitted there (complete.c's
      * list): issue what x's window allows now. */
     void (*progress)(kvb_engine_h eng, struct kvb_xfer *x);
+    /* Progress thread, every pass of its loop: the lane's own time bounds
+     * (cheap when there is nothing to bound). */
+    void (*tick)(kvb_engine_h eng);
     /* kvb_engine_limits: fill the counters this lane keeps. */
     void (*stats)(kvb_engine_h eng, kvb_engine_limits_t *l);
 } kvb__lane_t;
@@ -142,6 +145,9 @@ typedef struct kvb__lane {
 extern const kvb__lane_t *const kvb__lanes[];
 
 kvb_status_t kvb__lanes_init(kvb_engine_h eng);
+/* lane's place in the registry (the metrics' lane label); the count of
+ * lanes when it is none of them. */
+unsigned kvb__lane_index(const kvb__lane_t *lane);
 void kvb__lanes_stop(kvb_engine_h eng);
 void kvb__lanes_fini(kvb_engine_h eng);
 kvb_status_t kvb__lanes_export_device(kvb_engine_h eng, const kvb_mem_region_ex_t *r,
@@ -157,5 +163,6 @@ void kvb__lanes_detach(kvb__conn_t *c);
 void kvb__lanes_choose(kvb_engine_h eng, struct kvb_xfer *x, kvb__mem_kind_t src,
                        kvb__mem_kind_t dst, const long *dst_seg, const kvb__wblocks_t *w);
 void kvb__lanes_stats(kvb_engine_h eng, kvb_engine_limits_t *l);
+void kvb__lanes_tick(kvb_engine_h eng);
 
 #endif

@@ -3,6 +3,7 @@
  * one folder under src/engine/lane/ and one line in kvb__lanes. */
 #include "engine/lane.h"
 
+#include "core/metrics.h"
 #include "engine/engine_int.h"
 
 extern const kvb__lane_t kvb__lane_direct, kvb__lane_cuda_ipc, kvb__lane_put, kvb__lane_msg,
@@ -17,9 +18,18 @@ const kvb__lane_t *const kvb__lanes[] = {
     NULL,
 };
 
+unsigned kvb__lane_index(const kvb__lane_t *lane)
+{
+    unsigned i = 0;
+    while (kvb__lanes[i] != NULL && kvb__lanes[i] != lane)
+        i++;
+    return i;
+}
+
 kvb_status_t kvb__lanes_init(kvb_engine_h eng)
 {
     for (const kvb__lane_t *const *l = kvb__lanes; *l != NULL; l++) {
+        kvb__metrics_lane_name(kvb__lane_index(*l), (*l)->name);
         kvb_status_t st = (*l)->init != NULL ? (*l)->init(eng) : KVB_OK;
         if (st != KVB_OK)
             return st;
@@ -126,4 +136,11 @@ void kvb__lanes_stats(kvb_engine_h eng, kvb_engine_limits_t *lim)
     for (const kvb__lane_t *const *l = kvb__lanes; *l != NULL; l++)
         if ((*l)->stats != NULL)
             (*l)->stats(eng, lim);
+}
+
+void kvb__lanes_tick(kvb_engine_h eng)
+{
+    for (const kvb__lane_t *const *l = kvb__lanes; *l != NULL; l++)
+        if ((*l)->tick != NULL)
+            (*l)->tick(eng);
 }

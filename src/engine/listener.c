@@ -325,39 +325,6 @@ static kvb_status_t local_check(kvb_engine_h eng, int fd, uint64_t deadline, boo
     return st;
 }
 
-static kvb_status_t token_add(kvb_engine_h eng, int fd, const uint8_t tok[KVB_HS_TOKEN_LEN])
-{
-    kvb_status_t st = KVB_OK;
-    pthread_mutex_lock(&eng->seg_mu);
-    if (eng->n_am_toks == eng->cap_am_toks) {
-        size_t cap = eng->cap_am_toks ? eng->cap_am_toks * 2 : 8;
-        struct kvb__am_tok *v = realloc(eng->am_toks, cap * sizeof(*v));
-        if (v == NULL)
-            st = KVB_ERR_NOMEM;
-        else {
-            eng->am_toks = v;
-            eng->cap_am_toks = cap;
-        }
-    }
-    if (st == KVB_OK) {
-        eng->am_toks[eng->n_am_toks].fd = fd;
-        eng->am_toks[eng->n_am_toks].used = false;
-        memcpy(eng->am_toks[eng->n_am_toks++].tok, tok, KVB_HS_TOKEN_LEN);
-    }
-    pthread_mutex_unlock(&eng->seg_mu);
-    return st;
-}
-
-void kvb__am_token_drop_locked(kvb_engine_h eng, int fd)
-{
-    for (size_t i = 0; i < eng->n_am_toks; i++)
-        if (eng->am_toks[i].fd == fd) {
-            explicit_bzero(eng->am_toks[i].tok, KVB_HS_TOKEN_LEN);
-            eng->am_toks[i] = eng->am_toks[--eng->n_am_toks];
-            return;
-        }
-}
-
 /* Secret set: this connection's token goes live before the writer can
  * use it (it writes as soon as it has the reply); the reply is sealed with
  * our proof over both nonces. *rep_p is replaced by the sealed message. */
@@ -373,7 +340,7 @@ static kvb_status_t seal_reply(kvb_engine_h eng, int fd, const hs_auth_t *a, con
     if (st == KVB_OK)
         st = kvb__hs_sealed_encode(mac, *rep_p, *rep_len_p, &sealed, &len);
     if (st == KVB_OK)
-        st = token_add(eng, fd, tok);
+        st = kvb__am_token_add(eng, fd, tok);
     explicit_bzero(tok, sizeof(tok));
     if (st != KVB_OK) {
         free(sealed);

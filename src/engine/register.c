@@ -133,6 +133,23 @@ static kvb_status_t reg_refused(kvb_engine_h eng, const kvb_mem_region_ex_t *r, 
                                               : kvb_status_string(st));
 }
 
+/* Same-host peers of the direct lane map a kvb_mem_alloc file whole and
+ * read-write once any part of it is advertised, so a local-only region and
+ * an advertised one never share a file. The entry of t that meets
+ * [a, +len), or -1; for the advertised table, an entry meets it when its
+ * file's mapping [start, +file size) does (seg_mu held). */
+static long meets(const kvb__segtab_t *t, bool files, uint64_t a, uint64_t len)
+{
+    for (size_t i = 0; i < t->n; i++) {
+        const kvb__seg_t *s = &t->v[i];
+        uint64_t start = files ? s->addr - s->ref.file_off : s->addr;
+        uint64_t size = files ? s->ref.file_size : s->len;
+        if ((!files || s->shared) && a < start + size && start < a + len)
+            return (long)i;
+    }
+    return -1;
+}
+
 /* A local-only region (seg_mu held): no UCX mapping, no remote key, no
  * shared file, so nothing a peer could be handed; only its bounds, for the
  * local-side checks of this engine's own transfers (a write's source, a
@@ -152,9 +169,16 @@ static kvb_status_t register_local_only(kvb_engine_h eng, const kvb_mem_region_e
                             "register %p+%zu: a local-only region must be host memory", r->addr,
                             r->length);
     kvb__seg_t seg = {.addr = a, .len = r->length};
-    kvb_status_t st = kvb__segtab_overlaps(&eng->segs, a, r->length)
-                          ? KVB_ERR_OVERLAP
-                          : kvb__segtab_insert(&eng->local_segs, &seg);
+    if (kvb__segtab_overlaps(&eng->segs, a, r->length))
+        return reg_refused(eng, r, KVB_ERR_OVERLAP);
+    long f = meets(&eng->segs, true, a, r->length);
+    if (f >= 0)
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                            "register %p+%zu local-only: it lies in the kvb_mem_alloc allocation "
+                            "of the registered region %p, and same-host peers map that whole "
+                            "file read-write; put local-only memory in an allocation of its own",
+                            r->addr, r->length, (void *)(uintptr_t)eng->segs.v[f].addr);
+    kvb_status_t st = kvb__segtab_insert(&eng->local_segs, &seg);
     return st == KVB_OK ? st : reg_refused(eng, r, st);
 }
 
@@ -165,12 +189,24 @@ static kvb_status_t register_shared(kvb_engine_h eng, const kvb_mem_region_ex_t 
     kvb_status_t st = map_region(eng, r, &seg);
     if (st != KVB_OK)
         return st;
-    st = kvb__segtab_overlaps(&eng->local_segs, seg.addr, seg.len)
-             ? KVB_ERR_OVERLAP
-             : kvb__segtab_insert(&eng->segs, &seg);
+    long lo = seg.shared
+                  ? meets(&eng->local_segs, false, seg.addr - seg.ref.file_off, seg.ref.file_size)
+                  : -1;
+    st = kvb__segtab_overlaps(&eng->local_segs, seg.addr, seg.len) ? KVB_ERR_OVERLAP
+         : lo >= 0                                                 ? KVB_ERR_INVALID
+                   : kvb__segtab_insert(&eng->segs, &seg);
     if (st != KVB_OK) {
         kvb__seg_unmap(eng, &seg);
-        reg_refused(eng, r, st);
+        if (st == KVB_ERR_INVALID)
+            kvb__err_set(&eng->err, st,
+                         "register %p+%zu: its kvb_mem_alloc allocation holds the local-only "
+                         "region %p+%llu, and same-host peers map that whole file read-write "
+                         "once part of it is registered; unregister that region first, or put "
+                         "it in an allocation of its own",
+                         r->addr, r->length, (void *)(uintptr_t)eng->local_segs.v[lo].addr,
+                         (unsigned long long)eng->local_segs.v[lo].len);
+        else
+            reg_refused(eng, r, st);
     }
     return st;
 }

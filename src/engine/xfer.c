@@ -6,6 +6,7 @@
  * (local side in src, kvb__wb_at): everything here serves both; only the
  * lane op called differs. Completion: complete.c. */
 #include "engine/engine_int.h"
+#include "core/metrics.h"
 #include "engine/bufpool.h"
 
 #include <stddef.h>
@@ -51,6 +52,18 @@ static kvb_status_t choose_lane(kvb_engine_h eng, struct kvb_xfer *x, const long
     return KVB_OK;
 }
 
+/* x's bytes in its lane's form (the metrics' count: one pass over the
+ * coalesced runs or blocks, once per transfer). */
+static uint64_t xfer_bytes(const struct kvb_xfer *x)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; x->runs != NULL && i < x->nruns; i++)
+        b += x->runs[i].len * x->runs[i].count;
+    for (size_t i = 0; x->runs == NULL && x->blocks != NULL && i < x->n; i++)
+        b += x->blocks[i].len;
+    return b;
+}
+
 static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb__wblocks_t *w,
                             uint64_t deadline, struct kvb_xfer *x)
 {
@@ -76,6 +89,10 @@ static kvb_status_t prepare(kvb_engine_h eng, const char *sid, const kvb__wblock
         st = choose_lane(eng, x, seg, w);
     if (st == KVB_OK)
         st = build_blocks(x, w, seg);
+    if (st == KVB_OK && x->t0_ns != 0) {
+        x->bytes = xfer_bytes(x);
+        x->lane_ix = kvb__lane_index(x->lane);
+    }
     kvb__bufpool_put(seg, seg_cap);
     return st;
 }
@@ -96,7 +113,45 @@ static struct kvb_xfer *xfer_new(kvb_engine_h eng, const kvb_write_params_t *par
     x->read_device = -1;         /* answers placed by memcpy */
     if (params != NULL && (params->field_mask & KVB_WRITE_PARAM_EPOCH))
         x->epoch = params->epoch;
+    if (params != NULL && (params->field_mask & KVB_WRITE_PARAM_NOTIF)) {
+        /* never NULL, even for an empty message: x->notif says "send one" */
+        x->notif = malloc(params->notif_len + 1);
+        if (x->notif == NULL) {
+            pthread_mutex_destroy(&x->mu);
+            pthread_cond_destroy(&x->cv);
+            free(x);
+            return NULL;
+        }
+        if (params->notif_len > 0)
+            memcpy(x->notif, params->notif, params->notif_len);
+        x->notif_len = params->notif_len;
+    }
+    if (kvb__observe_on())
+        x->t0_ns = kvb__now_ns();
     return x;
+}
+
+/* A transfer's notification as the caller gave it (the engine's error set). */
+static kvb_status_t check_notif(kvb_engine_h eng, const kvb_write_params_t *params)
+{
+    if (params == NULL || !(params->field_mask & KVB_WRITE_PARAM_NOTIF))
+        return KVB_OK;
+    if (params->notif_len > KVB_NOTIF_MAX_LEN || (params->notif == NULL && params->notif_len > 0))
+        return kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                            "notification of %zu bytes: at most %u, and not NULL",
+                            params->notif_len, KVB_NOTIF_MAX_LEN);
+    return KVB_OK;
+}
+
+/* A transfer of no blocks carrying a notification: no lane, it succeeds at
+ * once and only its notification goes (complete.c defers the end). */
+static kvb_status_t notif_only(struct kvb_xfer *x, const char *sid, uint64_t deadline)
+{
+    kvb_status_t st = kvb__session_acquire_by(x->eng, sid, false, deadline, &x->conn);
+    if (st != KVB_OK)
+        return st;
+    kvb__xfer_publish(x, KVB_OK); /* takes the engine's reference */
+    return KVB_OK;
 }
 
 static const char *op_name(bool read)
@@ -139,6 +194,7 @@ static kvb_status_t to_fallback(struct kvb_xfer *x)
     x->lane_next = NULL;
     if (x->lane == NULL)
         return KVB_ERR_CANCELED;
+    x->lane_ix = kvb__lane_index(x->lane);
     if (x->runs != NULL && !(x->lane->caps & KVB__LANE_RUNS))
         return kvb__runs_expand(x);
     return KVB_OK;
@@ -167,11 +223,23 @@ static kvb_status_t write_start_w(kvb_engine_h eng, const char *sid, const kvb__
     if (eng == NULL || sid == NULL || xfer_p == NULL)
         return KVB_ERR_INVALID;
     kvb_status_t st = check_args(eng, sid, w);
+    if (st == KVB_OK)
+        st = check_notif(eng, params);
     if (st != KVB_OK)
         return st;
     struct kvb_xfer *x = xfer_new(eng, params);
     if (x == NULL)
         return KVB_ERR_NOMEM;
+    x->read = w->read;
+    if (w->n == 0 && x->notif != NULL) {
+        if ((st = notif_only(x, sid, deadline)) == KVB_OK) {
+            *xfer_p = x;
+            return KVB_OK;
+        }
+        xfer_unsubmitted(x);
+        kvb__xfer_release(x);
+        return st;
+    }
     st = prepare(eng, sid, w, deadline, x);
     if (st == KVB_OK)
         st = submit_one(eng, x, false);
@@ -299,6 +367,11 @@ static kvb_status_t member_start(kvb_engine_h eng, const kvb_write_member_t *mb,
     kvb_status_t st = member_blocks(eng, mb, fits, &w);
     if (st == KVB_OK)
         st = check_args(eng, mb->session_id, &w);
+    if (st == KVB_OK)
+        st = check_notif(eng, wp);
+    if (st == KVB_OK && w.n == 0 && x->notif != NULL)
+        st = kvb__err_set(&eng->err, KVB_ERR_INVALID,
+                          "write group member with a notification and no blocks");
     if (st == KVB_OK)
         st = prepare(eng, mb->session_id, &w, setup_deadline(eng, 0), x);
     if (st == KVB_OK && (x->lane->caps & KVB__LANE_GROUPS)) {
@@ -484,4 +557,31 @@ kvb_status_t kvb_engine_read(kvb_engine_h eng, const char *sid, const kvb_block_
 void kvb_engine_set_writer_tag(kvb_engine_h eng, uint32_t tag)
 {
     __atomic_store_n(&eng->writer_tag, tag, __ATOMIC_RELAXED);
+}
+
+kvb_status_t kvb_engine_notify(kvb_engine_h eng, const char *sid, const void *msg, size_t len,
+                               double timeout_s)
+{
+    if (eng == NULL || sid == NULL || (msg == NULL && len > 0))
+        return KVB_ERR_INVALID;
+    double bound = timeout_s > 0 ? timeout_s : eng->params.connect_timeout_s;
+    kvb_write_params_t p = {
+        .field_mask = KVB_WRITE_PARAM_NOTIF, .notif = len > 0 ? msg : "", .notif_len = len};
+    kvb__wblocks_t w = {.plain = NULL, .n = 0};
+    kvb_xfer_h x;
+    uint64_t start = kvb__now_ns();
+    kvb_status_t st = write_start_w(eng, sid, &w, &p, setup_deadline(eng, bound), &x);
+    if (st != KVB_OK)
+        return st;
+    double left = bound - (double)(kvb__now_ns() - start) / 1e9;
+    st = kvb_xfer_wait(x, left > 1e-3 ? left : 1e-3);
+    if (st != KVB_OK)
+        kvb__err_set(&eng->err, st, "session %s: notification: %s", sid,
+                     st == KVB_ERR_TIMEOUT ? "not sent in time" : x->err);
+    /* A send UCX has not completed: the connection is stuck; give it up. */
+    if (st == KVB_ERR_TIMEOUT && kvb_xfer_expire(x) == KVB_OK &&
+        kvb_xfer_wait(x, 2 * eng->params.peer_timeout_s + 1) == KVB_ERR_TIMEOUT)
+        KVB_LOGE("session %s: notification did not end after its conn was failed", sid);
+    kvb_xfer_free(x);
+    return st;
 }

@@ -24,7 +24,7 @@ int main(void)
     kvb_engine_set_writer_tag(w, 3);
     uint64_t ep = tgt_grant(&t, 3);
     kvb_block_t b = {(uint64_t)(uintptr_t)src, t.dev_addr, LEN};
-    kvb_write_params_t p = {KVB_WRITE_PARAM_EPOCH, ep};
+    kvb_write_params_t p = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = ep};
     kvb_xfer_h x;
     CHECK_EQ(kvb_engine_write_async_ex(w, t.sid, &b, 1, &p, &x), KVB_OK);
     CHECK_EQ(kvb_engine_session_direct(w, t.sid), 1);

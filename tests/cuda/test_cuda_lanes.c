@@ -47,7 +47,7 @@ static void pattern(uint8_t *h, size_t n, uint64_t seed)
 static kvb_status_t xfer_epoch(kvb_engine_h w, const char *sid, const kvb_block_t *b, size_t n,
                                uint64_t epoch, bool read)
 {
-    kvb_write_params_t p = {KVB_WRITE_PARAM_EPOCH, epoch};
+    kvb_write_params_t p = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = epoch};
     kvb_xfer_h x;
     kvb_status_t st = read ? kvb_engine_read_async_ex(w, sid, b, n, &p, &x)
                            : kvb_engine_write_async_ex(w, sid, b, n, &p, &x);

@@ -115,3 +115,47 @@ def test_cachepd_contract_twin_checked_at_creation():
             pm.close()
         finally:
             eng.close()
+
+
+def test_cachepd_init_without_prompt_warns_once(capfd):
+    """Issue 32 §2: a CachePD room inited without prompt_tokens says in its
+    manifest that every page is full, and TokenSpeed 0.1.1's prefill adopts
+    that as the prompt (a harness that forgot it waited 300 s). The decode
+    logs a warning naming prompt_tokens once per manager: two such rooms of
+    one manager give one line, a room with prompt_tokens none, a second
+    manager its own line."""
+    pa, _ = kv_args(True)
+    with kb.KVBootstrapServer("127.0.0.1", 0) as a, kb.KVBootstrapServer("127.0.0.1", 0) as b:
+        eng = kb.TransferEngine("127.0.0.1", 0)
+        try:
+            kb.KVManager(pa, "prefill", a.address, engine=eng)
+            cachepd_only(a.address, b.address)
+
+            def lines():
+                err = capfd.readouterr().err
+                return [ln for ln in err.splitlines() if "without prompt_tokens" in ln]
+
+            def room(dm, n, **kw):
+                rc = kb.KVReceiver(dm, b.address, n)
+                rc.init(PAGES, aux_index=0, **kw)
+                # the request went out (or failed), so the warning had its chance
+                assert poll_until(rc, 10, (kb.KVPoll.WaitingForInput,)) in (
+                    kb.KVPoll.WaitingForInput, kb.KVPoll.Failed)
+                return rc
+
+            lines()
+            da, dkv = kv_args(False)  # dkv: keep the buffers alive
+            dm = kb.KVManager(da, "decode", engine=eng)
+            room(dm, 50, prompt_tokens=3 * PAGE - 1)
+            assert lines() == []
+            room(dm, 51)
+            room(dm, 52)
+            got = lines()
+            assert len(got) == 1, got
+            assert "room 51" in got[0] and f"{len(PAGES) * PAGE} tokens" in got[0], got[0]
+            da2, dkv2 = kv_args(False)
+            dm2 = kb.KVManager(da2, "decode", engine=eng)
+            room(dm2, 53)
+            assert len(lines()) == 1
+        finally:
+            eng.close()

@@ -213,29 +213,73 @@ def test_lmcache_poll_past_deadline(setup):
     assert eng.transfer_check_status(bid) == -1
 
 
-def test_sync_write_given_up(setup):
+def sync_writer(sid, addr):
+    """The writer of test_sync_write_given_up, in its own process: UCX 1.13
+    can crash (SIGSEGV inside uct_tcp's progress) in a process whose
+    force-closed TCP endpoint's peer resumes (docs/testing.md, Known issues);
+    its engine stays alive through the resume so that a source still held
+    by UCX would be sent, and the verdict is read from the target's memory.
+    Commands on stdin: "go" (the write), "refill", "bye"."""
+    eng = TransferEngine()
+    assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    src = np.full(N, 0x22, np.uint8)
+    assert eng.register_memory(src.ctypes.data, N) == 0
+    assert eng.transfer_sync_write(sid, src.ctypes.data, addr, 4096) == 0  # the session
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "go":
+            t0 = time.monotonic()
+            rc = eng.transfer_sync_write(sid, src.ctypes.data, addr, N)
+            print(f"{rc} {time.monotonic() - t0:.3f}", flush=True)
+        elif line.strip() == "refill":
+            src[:] = 0x77
+            print("ok", flush=True)
+        else:
+            break
+    eng.close()
+
+
+def test_sync_write_given_up():
     """The sync form (kvb_engine_write's settle): -1 when settled, -3 when
     bytes may still land; nothing written into the source afterwards
     reaches the peer."""
-    eng, peer, _ = setup
-    src = np.full(N, 0x22, np.uint8)
-    assert eng.register_memory(src.ctypes.data, N) == 0
-    assert peer.ask("fill 0x11") == "ok"
-    peer.stop()
-    t0 = time.monotonic()
-    rc = eng.transfer_sync_write(peer.sid, src.ctypes.data, peer.addr, N)
-    took = time.monotonic() - t0
-    log(f"sync write -> {rc} after {took:.2f} s")
-    assert rc in (-1, -3)
-    assert DEADLINE_S - 0.1 <= took <= BOUND_S
-    src[:] = 0x77
-    peer.cont()
-    time.sleep(2)
-    got = peer.counts()
-    log(f"sync write: target byte values after the resume {got}")
-    assert got.get(0x77, 0) == 0
-    if rc == -1:
-        assert got == {0x11: N}
+    peer = Peer()
+    w = subprocess.Popen([sys.executable, __file__, "syncwriter", peer.sid, str(peer.addr)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env=os.environ.copy())
+    try:
+        assert w.stdout.readline().strip() == "ready"
+        assert peer.ask("fill 0x11") == "ok"  # the session's first write undone
+        peer.stop()
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        rc, took = w.stdout.readline().split()
+        rc, took = int(rc), float(took)
+        log(f"sync write -> {rc} after {took:.2f} s")
+        assert rc in (-1, -3)
+        assert DEADLINE_S - 0.1 <= took <= BOUND_S
+        w.stdin.write("refill\n")
+        w.stdin.flush()
+        assert w.stdout.readline().strip() == "ok"
+        peer.cont()
+        time.sleep(2)
+        got = peer.counts()
+        log(f"sync write: target byte values after the resume {got}")
+        assert got.get(0x77, 0) == 0
+        if rc == -1:
+            assert got == {0x11: N}
+        if w.poll() is not None:  # UCX 1.13's crash, not kvbridge's verdict
+            log(f"writer process ended by itself, status {w.returncode} (UCX 1.13 crash "
+                "after a force-closed TCP endpoint's peer resumed: docs/testing.md)")
+    finally:
+        if w.poll() is None:
+            w.stdin.write("bye\n")
+            w.stdin.flush()
+            try:
+                w.wait(10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        peer.close()
 
 
 def test_lmcache_read_sequence():
@@ -276,3 +320,5 @@ def test_lmcache_read_sequence():
 
 if __name__ == "__main__" and sys.argv[1:] == ["target"]:
     target()
+elif __name__ == "__main__" and sys.argv[1:2] == ["syncwriter"]:
+    sync_writer(sys.argv[2], int(sys.argv[3]))

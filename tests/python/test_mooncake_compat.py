@@ -490,3 +490,38 @@ def test_stopped_target_times_out(monkeypatch):
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "target":
     target_main(sys.argv[2])
+
+
+@pytest.mark.parametrize("protocol", ["tcp", "rdma"])
+def test_serve_reads_env(monkeypatch, protocol):
+    """Review 3 F5: the drop-in serves one-sided reads (Mooncake peers such
+    as LMCache read from it) unless KVBRIDGE_SERVE_READS=0 when the engine
+    is initialized: then a peer's read of its registered bytes fails (-1)
+    and nothing lands in the reader's buffer, while writes are still taken."""
+    n = 64 << 10
+    reader = TransferEngine()
+    assert reader.initialize(HOST, "P2PHANDSHAKE", protocol, "") == 0
+    got = np.zeros(n, np.uint8)
+    assert reader.register_memory(got.ctypes.data, n) == 0
+    try:
+        for env, want in ((None, 0), ("0", -1), ("1", 0)):
+            if env is None:
+                monkeypatch.delenv("KVBRIDGE_SERVE_READS", raising=False)
+            else:
+                monkeypatch.setenv("KVBRIDGE_SERVE_READS", env)
+            t = TransferEngine()
+            assert t.initialize(HOST, "P2PHANDSHAKE", protocol, "") == 0
+            monkeypatch.delenv("KVBRIDGE_SERVE_READS", raising=False)
+            kv = np.full(n, 0x5A, np.uint8)
+            assert t.register_memory(kv.ctypes.data, n) == 0
+            sid = f"{HOST}:{t.get_rpc_port()}"
+            got[:] = 0
+            rc = reader.transfer_sync_read(sid, got.ctypes.data, kv.ctypes.data, n)
+            assert rc == want, (env, rc)
+            assert (got == 0x5A).all() if want == 0 else not got.any()
+            got[:4096] = 0x33
+            assert reader.transfer_sync_write(sid, got.ctypes.data, kv.ctypes.data, 4096) == 0
+            assert (kv[:4096] == 0x33).all()
+            t.close()
+    finally:
+        reader.close()

@@ -27,8 +27,9 @@ from enum import IntEnum
 
 from kvbridge import _lib as L
 
-# How long a timed-out operation's cancel may take to settle before its
-# session is declared lost (kvb_engine_write's own rule, the peer time-out).
+# How long an operation given up (kvb_xfer_expire) is waited for: it ends
+# within about two of the engine's peer time-outs (2 s by default), with
+# slack.
 SETTLE_S = 5.0
 
 
@@ -55,7 +56,10 @@ class ScatterTransferTicket:
     def _new(cls, xfer, deadline, st=L.KVB_OK, why=""):
         t = object.__new__(cls)
         t._lock = threading.Lock()
-        t._x = xfer  # kvb_xfer_h while not yet collected, else None
+        t._x = xfer  # kvb_xfer_h until freed, else None
+        # Threads inside a C call on _x with the lock released (drain's wait,
+        # _release's settle): _x is freed only when none is (_free_unheld).
+        t._holders = 0
         t._deadline = deadline
         # (status, drained, reason) once final; a ticket without a transfer
         # failed before any byte was sent.
@@ -71,9 +75,27 @@ class ScatterTransferTicket:
                 if st != L.KVB_ERR_INPROGRESS:
                     self._final = (st, st == L.KVB_OK or bool(lib.kvb_xfer_drained(self._x)),
                                    L.text(lib.kvb_xfer_error(self._x)))
-                    lib.kvb_xfer_free(self._x)
-                    self._x = None
+            self._free_unheld()
             return self._final
+
+    def _free_unheld(self):
+        """Free the handle once the final state is recorded and no thread is
+        inside a call on it (lock held): a drain waiting in kvb_xfer_wait
+        keeps it, and the last one out frees it."""
+        if self._final is not None and self._x is not None and self._holders == 0:
+            L.lib().kvb_xfer_free(self._x)
+            self._x = None
+
+    def _hold(self):
+        """The handle, counted as in use until _unhold (lock held), or None."""
+        if self._x is not None:
+            self._holders += 1
+        return self._x
+
+    def _unhold(self):
+        with self._lock:
+            self._holders -= 1
+            self._free_unheld()
 
     @property
     def status(self):
@@ -109,42 +131,45 @@ class ScatterTransferTicket:
         if ms < 0:
             raise ValueError(f"drain: timeout_ms must be >= 0, got {ms}")
         with self._lock:
-            x = self._x if self._final is None else None
-            if x is not None and time.monotonic() > self._deadline:
-                L.lib().kvb_xfer_cancel(x)
-        if x is not None and ms > 0:
-            L.lib().kvb_xfer_wait(x, ms / 1000.0)  # releases the GIL
+            x = self._hold() if self._final is None and ms > 0 else None
+            if self._final is None and time.monotonic() > self._deadline:
+                L.lib().kvb_xfer_cancel(self._x)
+        if x is not None:
+            try:
+                L.lib().kvb_xfer_wait(x, ms / 1000.0)  # releases the GIL and the lock
+            finally:
+                self._unhold()
         return self.status
 
-    def _settle(self, sid, eng):
-        """The sync form's end: past the deadline cancel, wait for the cancel
-        to settle, and declare a peer that does not settle lost (as
-        kvb_engine_write does), so the call returns within about the
-        deadline plus twice SETTLE_S."""
+    def _settle(self):
+        """The sync form's end: past the deadline the operation is given up
+        (kvb_xfer_expire: cancelled, its connection failed should the peer
+        not settle within the engine's peer time-out, as kvb_engine_write
+        does), so the call returns within about the deadline plus
+        SETTLE_S."""
         x = self._x
         lib = L.lib()
         left = self._deadline - time.monotonic()
         if x is None or lib.kvb_xfer_wait(x, max(left, 1e-3)) != L.KVB_ERR_TIMEOUT:
             return
-        lib.kvb_xfer_cancel(x)
-        if lib.kvb_xfer_wait(x, SETTLE_S) == L.KVB_ERR_TIMEOUT:
-            with eng._guard:
-                lib.kvb_engine_close_session(eng._h, sid.encode())
-            lib.kvb_xfer_wait(x, SETTLE_S)
+        lib.kvb_xfer_expire(x)
+        lib.kvb_xfer_wait(x, SETTLE_S)
 
     def _release(self):
-        """Free the handle (a running operation is cancelled first and given
-        SETTLE_S to settle): before the engine goes."""
+        """Free the handle (a running operation is given up first and waited
+        for, SETTLE_S): before the engine goes."""
         with self._lock:
-            x, self._x = self._x, None
+            x = self._hold()
             if self._final is None:
                 self._final = (L.KVB_ERR_CANCELED, False, "engine closed")
         if x is not None:
-            lib = L.lib()
-            if lib.kvb_xfer_test(x) == L.KVB_ERR_INPROGRESS:
-                lib.kvb_xfer_cancel(x)
-                lib.kvb_xfer_wait(x, SETTLE_S)
-            lib.kvb_xfer_free(x)
+            try:
+                lib = L.lib()
+                if lib.kvb_xfer_test(x) == L.KVB_ERR_INPROGRESS:
+                    lib.kvb_xfer_expire(x)
+                    lib.kvb_xfer_wait(x, SETTLE_S)
+            finally:
+                self._unhold()  # frees it, or the last drain still waiting on it does
 
     def __del__(self):
         try:
@@ -231,5 +256,5 @@ def run(eng, read, endpoint, args, timeout_s, sync):
                                          L.status_string(st))
     t = ScatterTransferTicket._new(x.value if st == L.KVB_OK else None, deadline, st, why)
     if sync:
-        t._settle(endpoint, eng)
+        t._settle()
     return t

@@ -224,6 +224,25 @@ static kvb_status_t manifest_of(const struct kvb_manager *m, const int32_t *idx,
     return st;
 }
 
+/* Issue 32: without prompt_tokens the manifest says every page is full, and
+ * TokenSpeed 0.1.1's prefill takes that as the prompt: a prompt shorter
+ * than its pages then waits for tokens that never come (a harness that
+ * forgot it waited its whole time-out). Not refused (a prompt that fills
+ * its pages needs nothing more), said once per manager. */
+static void warn_no_prompt(struct kvb_manager *m, uint64_t room, size_t n,
+                           const kvb_receiver_init_t *ex)
+{
+    static const char kind[] = "CachePD room without prompt_tokens";
+    if ((ex != NULL && (ex->field_mask & KVB_RECV_INIT_PROMPT)) || !kvb__conn_note_once(m, kind))
+        return;
+    KVB_LOGW("manager %s: room %llu inited without prompt_tokens (KVB_RECV_INIT_PROMPT): its "
+             "CachePD manifest says every one of its %zu pages is full (%llu tokens), and a "
+             "TokenSpeed 0.1.1 prefill takes that as the prompt, so a shorter prompt never "
+             "completes there; pass the prompt's exact length (KVReceiver.init(prompt_tokens=)). "
+             "Logged once per manager",
+             m->endpoint, (unsigned long long)room, n, (unsigned long long)(n * m->args.page_size));
+}
+
 /* The 3-frame request (spec 4.3); a dummy's manifest frame is empty. The
  * aux index has no place here: the first token travels in the status. */
 kvb_status_t kvb__cpd_send_transfer(struct kvb_manager *m, const kvb__src_t *s, uint64_t room,
@@ -234,6 +253,8 @@ kvb_status_t kvb__cpd_send_transfer(struct kvb_manager *m, const kvb__src_t *s, 
     char *json = NULL;
     size_t len = 0;
     (void)aux;
+    if (!s->dummy)
+        warn_no_prompt(m, room, n, ex);
     kvb_status_t st = s->dummy ? KVB_OK : manifest_of(m, idx, n, ex, &json, &len);
     kvb__cpd_req_t q = {room, sid, strlen(sid), s->dummy, (const uint8_t *)json, len};
     kvb__cpd_msg_t msg;

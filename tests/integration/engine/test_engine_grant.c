@@ -36,7 +36,7 @@ static kvb_status_t write_epoch(kvb_engine_h w, const char *sid, uint8_t *dst, u
                                 uint8_t fill)
 {
     kvb_block_t b = {(uint64_t)(uintptr_t)g_src, (uint64_t)(uintptr_t)dst, sizeof(g_src)};
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, epoch};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = epoch};
     kvb_xfer_h x;
     memset(g_src, fill, sizeof(g_src));
     kvb_status_t st = kvb_engine_write_async_ex(w, sid, &b, 1, &wp, &x);
@@ -132,7 +132,7 @@ static int child_writer(const char *sid, uint64_t dst, uint64_t epoch, int ready
     kvb_engine_set_writer_tag(w, TAG);
     memset(src, 0x77, sizeof(src));
     kvb_block_t b = {(uint64_t)(uintptr_t)src, dst, sizeof(src)};
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, epoch};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = epoch};
     for (int round = 0; round < 1000; round++) {
         kvb_xfer_h x;
         if (kvb_engine_write_async_ex(w, sid, &b, 1, &wp, &x) != KVB_OK)

@@ -40,7 +40,7 @@ static kvb_status_t tp2_start(kvb_engine_h w, group_t *g, const target_t *t0, co
     for (int r = 0; r < 2; r++) {
         size_t n;
         g->b[r] = tp2_blocks(t[r], r, npages, &n);
-        g->wp[r] = (kvb_write_params_t){KVB_WRITE_PARAM_EPOCH, t[r]->epoch};
+        g->wp[r] = (kvb_write_params_t){.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = t[r]->epoch};
         g->mb[r] = member(sid_of(t[r]), g->b[r], n, &g->wp[r]);
     }
     return kvb_engine_write_group_async(w, g->mb, 2, sizeof(g->mb[0]), g->st, g->x);
@@ -107,8 +107,8 @@ static void uneven_case(void)
                               (uint64_t)(uintptr_t)(t0.base + 4 * MiB + (size_t)i * 4 * KiB), 100};
     kvb_block_t b1 = {(uint64_t)(uintptr_t)(g_src + 9 * MiB), (uint64_t)(uintptr_t)t1.base,
                       7 * MiB};
-    kvb_write_params_t wp0 = {KVB_WRITE_PARAM_EPOCH, t0.epoch},
-                       wp1 = {KVB_WRITE_PARAM_EPOCH, t1.epoch};
+    kvb_write_params_t wp0 = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = t0.epoch},
+                       wp1 = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = t1.epoch};
     kvb_write_member_t mb[3] = {member(sid_of(&t0), b0, 6, &wp0), member(sid_of(&t1), &b1, 1, &wp1),
                                 member(sid_of(&t1), NULL, 0, &wp1)};
     kvb_status_t st[3];
@@ -199,7 +199,7 @@ static void mixed_case(void)
     kvb_block_t *b0 = tp2_blocks(&t0, 0, npages, &n);
     kvb_block_t bad = {(uint64_t)(uintptr_t)g_src,
                        (uint64_t)(uintptr_t)(t0.end.buf + t0.len + 2 * GUARD - 512), 4096};
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, t0.epoch};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = t0.epoch};
     kvb_write_member_t mb[3] = {member(sid_of(&t0), b0, n, &wp), member(sid_of(&t0), &bad, 1, &wp),
                                 member(NULL, &bad, 1, NULL)};
     kvb_status_t st[3];

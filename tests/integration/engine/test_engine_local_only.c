@@ -82,6 +82,69 @@ static void local_only_regions(void)
     TEST_PASS("local-only regions: a source, never a destination peers see");
 }
 
+/* Review 3 F6: same-host peers of the direct lane map a kvb_mem_alloc file
+ * whole, read-write, once any part of it is registered for peers; so a
+ * local-only region may not share such a file with a normal registration,
+ * in either order (KVB_ERR_INVALID naming why), while both kinds still go
+ * into separate allocations. Checked with a same-host writer whose direct
+ * lane maps the target's file: after the refusals it still writes the
+ * advertised part exactly, and a write into the refused part fails. */
+static void local_only_in_shared_file(void)
+{
+    const size_t len = 2u << 20, half = len / 2;
+    kvb_engine_h t = kvb_test_engine(KVB_TRANSPORT_AUTO, 2),
+                 w = kvb_test_engine(KVB_TRANSPORT_AUTO, 2);
+    uint8_t *a, *b, *c, *src = malloc(half);
+    CHECK(src != NULL);
+    memset(src, 0x5a, half);
+    CHECK_EQ(kvb_engine_register(w, src, half, KVB_MEM_HOST), KVB_OK);
+    CHECK_EQ(kvb_mem_alloc(len, (void **)&a), KVB_OK);
+    CHECK_EQ(kvb_mem_alloc(len, (void **)&b), KVB_OK);
+    CHECK_EQ(kvb_mem_alloc(len, (void **)&c), KVB_OK);
+
+    /* normal first, then local-only in the same file: refused */
+    CHECK_EQ(kvb_engine_register(t, a, half, KVB_MEM_HOST), KVB_OK);
+    CHECK_EQ(reg_ex(t, a + half, 4096, KVB_MEM_HOST, 1), KVB_ERR_INVALID);
+    CHECK_STR_CONTAINS(kvb_engine_last_error(t), "kvb_mem_alloc");
+    CHECK_STR_CONTAINS(kvb_engine_last_error(t), "map that whole file");
+    CHECK_EQ(reg_ex(t, a + len - 4096, 4096, KVB_MEM_HOST, 1), KVB_ERR_INVALID);
+    /* local-only first, then a normal registration in the same file: refused */
+    CHECK_EQ(reg_ex(t, b + half, 4096, KVB_MEM_HOST, 1), KVB_OK);
+    CHECK_EQ(kvb_engine_register(t, b, half, KVB_MEM_HOST), KVB_ERR_INVALID);
+    CHECK_STR_CONTAINS(kvb_engine_last_error(t), "local-only");
+    CHECK_STR_CONTAINS(kvb_engine_last_error(t), "map that whole file");
+    /* a batch with both in one file: refused whole */
+    kvb_mem_region_ex_t both[2] = {
+        {KVB_MEM_REGION_FIELD_LOCAL_ONLY, c, 4096, KVB_MEM_HOST, -1, 1},
+        {KVB_MEM_REGION_FIELD_LOCAL_ONLY, c + half, half, KVB_MEM_HOST, -1, 0}};
+    CHECK_EQ(kvb_engine_register_ex(t, both, 2, sizeof(both[0])), KVB_ERR_INVALID);
+    /* local-only in a file of its own beside an advertised one: fine */
+    CHECK_EQ(reg_ex(t, c, 4096, KVB_MEM_HOST, 1), KVB_OK);
+
+    const char *sid = kvb_engine_session_id(t);
+    kvb_block_t blk = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)a, half};
+    CHECK_EQ(kvb_engine_write(w, sid, &blk, 1, 10), KVB_OK);
+    CHECK(kvb_test_all(a, half, 0x5a) && kvb_test_all(a + half, half, 0));
+    CHECK_EQ(kvb_engine_session_direct(w, sid), 1);
+    blk.dst = (uint64_t)(uintptr_t)b;
+    CHECK_EQ(kvb_engine_write(w, sid, &blk, 1, 10), KVB_ERR_BOUNDS);
+    CHECK(kvb_test_all(b, len, 0));
+
+    /* once the local-only region is gone the file may be registered */
+    CHECK_EQ(kvb_engine_unregister(t, b + half), KVB_OK);
+    CHECK_EQ(kvb_engine_register(t, b, half, KVB_MEM_HOST), KVB_OK);
+    CHECK_EQ(kvb_engine_unregister(t, b), KVB_OK);
+    CHECK_EQ(kvb_engine_unregister(t, a), KVB_OK);
+    CHECK_EQ(kvb_engine_unregister(t, c), KVB_OK);
+    kvb_engine_destroy(w);
+    kvb_engine_destroy(t);
+    CHECK_EQ(kvb_mem_free(a), KVB_OK);
+    CHECK_EQ(kvb_mem_free(b), KVB_OK);
+    CHECK_EQ(kvb_mem_free(c), KVB_OK);
+    free(src);
+    TEST_PASS("local-only regions never share a kvb_mem_alloc file with an advertised one");
+}
+
 static kvb_xfer_h start(kvb_engine_h w, const test_peer_t *p, const uint8_t *src, size_t len)
 {
     kvb_block_t b = {(uint64_t)(uintptr_t)src, p->remote_base, len};
@@ -158,6 +221,7 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--target") == 0)
         return test_peer_main(argc, argv);
     local_only_regions();
+    local_only_in_shared_file();
     drained(argv[0]);
     return 0;
 }

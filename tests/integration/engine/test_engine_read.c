@@ -158,7 +158,7 @@ static void test_bounds(void)
 static kvb_status_t read_epoch(uint64_t epoch, kvb_xfer_h *xp)
 {
     kvb_block_t b = {raddr(0), laddr(0), 2 * MiB};
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, epoch};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = epoch};
     kvb_status_t st = kvb_engine_read_async_ex(g_r.eng, g_sid, &b, 1, &wp, xp);
     return st != KVB_OK ? st : kvb_xfer_wait(*xp, 10);
 }
@@ -207,7 +207,7 @@ static void test_fence_stalled_unit(void)
     reset_local();
     KVB__HOOK_SET(direct_stall_ms, 600);
     kvb_block_t b = {raddr(0), laddr(0), 512 * 1024};
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, e};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = e};
     double t0 = kvb_test_now_s();
     CHECK_EQ(kvb_engine_read_async_ex(g_r.eng, g_sid, &b, 1, &wp, &x), KVB_OK);
     usleep(150000); /* the unit is in its stall, inside the fence */
@@ -438,6 +438,56 @@ static void test_serve_reads_off(kvb_transport_t tr)
               "region is not readable");
 }
 
+/* Review 3 F4: by default a read at epoch 0 (no grant; the reader's tag 0)
+ * is served; a target created with reads_need_grant = 1 refuses it
+ * (KVB_ERR_FENCED, the reason named, nothing read) and serves one made
+ * under a live grant, and still takes epoch-0 writes (the parameter is
+ * about reads only). */
+static void test_reads_need_grant(kvb_transport_t tr)
+{
+    kvb_engine_params_t p = {0};
+    kvb_engine_h e;
+    uint64_t ep;
+    kvb_xfer_h x;
+    p.field_mask = KVB_ENGINE_PARAM_TRANSPORT | KVB_ENGINE_PARAM_READS_NEED_GRANT;
+    p.transport = tr;
+    p.reads_need_grant = 1;
+    CHECK_EQ(kvb_engine_create(&p, &e), KVB_OK);
+    kvb_test_end_t t = kvb_test_end(e, MiB, 0x3c, false);
+    kvb_test_end_t r = kvb_test_end(kvb_test_engine(tr, 0), MiB, 0, false);
+    const char *sid = kvb_engine_session_id(t.eng);
+    kvb_block_t b = {(uint64_t)(uintptr_t)t.buf, (uint64_t)(uintptr_t)r.buf, MiB};
+    CHECK_EQ(kvb_engine_read(r.eng, sid, &b, 1, 10), KVB_ERR_FENCED);
+    CHECK_STR_CONTAINS(kvb_engine_last_error(r.eng), "only under a live grant");
+    CHECK(kvb_test_all(r.buf, MiB, 0));
+    kvb_engine_set_writer_tag(r.eng, TAG); /* a tag, still no grant */
+    CHECK_EQ(kvb_engine_read(r.eng, sid, &b, 1, 10), KVB_ERR_FENCED);
+    CHECK(kvb_test_all(r.buf, MiB, 0));
+    CHECK_EQ(kvb_engine_grant_writer(t.eng, TAG, &ep), KVB_OK);
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = ep};
+    CHECK_EQ(kvb_engine_read_async_ex(r.eng, sid, &b, 1, &wp, &x), KVB_OK);
+    CHECK_EQ(kvb_xfer_wait(x, 10), KVB_OK);
+    kvb_xfer_free(x);
+    CHECK(kvb_test_all(r.buf, MiB, 0x3c));
+    CHECK_EQ(kvb_engine_revoke_writer(t.eng, TAG, ep, 1.0), KVB_OK);
+    kvb_engine_set_writer_tag(r.eng, 0);
+    memset(r.buf, 0x11, 4096);
+    kvb_block_t w = {(uint64_t)(uintptr_t)r.buf, (uint64_t)(uintptr_t)t.buf, 4096};
+    CHECK_EQ(kvb_engine_write(r.eng, sid, &w, 1, 10), KVB_OK);
+    CHECK(kvb_test_all(t.buf, 4096, 0x11));
+    kvb_test_end_free(&r);
+    kvb_test_end_free(&t);
+    /* the suite's target was created without it: the same epoch-0 read of
+     * the suite's reader (tag 0, no grant) is served */
+    reset_local();
+    b = (kvb_block_t){raddr(0), laddr(0), 4096};
+    CHECK_EQ(kvb_engine_read(g_r.eng, g_sid, &b, 1, 10), KVB_OK);
+    CHECK(same(0, 0, 4096));
+    TEST_PASS("reads_need_grant: an epoch-0 read refused KVB_ERR_FENCED with nothing read, one "
+              "under a live grant exact, epoch-0 writes still taken; without it an epoch-0 "
+              "read is served");
+}
+
 /* A target process killed while a large read is in flight: the read ends
  * KVB_ERR_PEER within the peer time-out (2 s) plus a margin. */
 static void test_kill(const char *self)
@@ -568,7 +618,8 @@ static int child_reader(char **argv)
     kvb_engine_h e = kvb_test_engine(test_transport(argv[2]), 0);
     CHECK_EQ(kvb_engine_register(e, loc, len, KVB_MEM_HOST), KVB_OK);
     kvb_engine_set_writer_tag(e, TAG);
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, strtoull(argv[6], NULL, 10)};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH,
+                             .epoch = strtoull(argv[6], NULL, 10)};
     for (size_t i = 0; i < N; i++)
         b[i] = (kvb_block_t){strtoull(argv[4], NULL, 10), (uint64_t)(uintptr_t)loc, len};
     for (int round = 0; round < 1000; round++) {
@@ -666,6 +717,7 @@ int main(int argc, char **argv)
         test_stalled();
         test_secret(tr);
         test_serve_reads_off(tr);
+        test_reads_need_grant(tr);
     }
     if (!direct)
         test_kill(self);

@@ -80,7 +80,7 @@ static void tp2_case(bool shared)
     fill_source(shared ? 0x51 : 0x52);
     for (int r = 0; r < 2; r++) {
         b[r] = tp2_strided(&t[r], r, npages);
-        wp[r] = (kvb_write_params_t){KVB_WRITE_PARAM_EPOCH, t[r].epoch};
+        wp[r] = (kvb_write_params_t){.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = t[r].epoch};
         mb[r] = smember(&t[r], b[r], npages, &wp[r]);
     }
     group_run(w, mb, 2, sizeof(mb[0]), fin);
@@ -103,8 +103,8 @@ static void unaligned_case(void)
     size_t npages = 48, rows = PAGE / ROW;
     target_t t[2] = {target_new(true, npages * PAGE / 2), target_new(true, npages * PAGE / 2)};
     kvb_engine_h w = writer();
-    kvb_write_params_t wp[2] = {{KVB_WRITE_PARAM_EPOCH, t[0].epoch},
-                                {KVB_WRITE_PARAM_EPOCH, t[1].epoch}};
+    kvb_write_params_t wp[2] = {{.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = t[0].epoch},
+                                {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = t[1].epoch}};
     kvb_strided_block_t one = {
         (uint64_t)(uintptr_t)g_src, (uint64_t)(uintptr_t)t[0].base, HALF, ROW, HALF, npages * rows};
     kvb_strided_block_t *each = malloc(npages * sizeof(*each));
@@ -210,7 +210,7 @@ static void shapes_case(bool shared)
     target_t t = target_new(shared, 8 * MiB);
     kvb_engine_h w = writer();
     kvb_strided_block_t b[NSHAPES];
-    kvb_write_params_t wp = {KVB_WRITE_PARAM_EPOCH, t.epoch};
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = t.epoch};
     kvb_status_t fin;
     fill_source(shared ? 0x61 : 0x62);
     for (size_t i = 0; i < NSHAPES; i++) {

@@ -42,6 +42,17 @@
 #define AM_MAGIC_ACK 0x4142564bu   /* "KVBA" */
 #define AM_MAGIC_READ 0x5242564bu  /* "KVBR" */
 #define AM_READ_MAX (16ull << 20)  /* bytes one read request may ask for */
+/* A target answers at most AM_READS_MAX answers of at most AM_READ_BYTES_MAX
+ * bytes in all at once, and of them at most an eighth to one connection
+ * (one reply endpoint): AM_READS_CONN_MAX answers, AM_READ_CONN_BYTES_MAX
+ * bytes (at least one answer of AM_READ_MAX). Past either it refuses the
+ * request with KVB_ERR_BUSY ("... try again"); a reader keeps its requests
+ * in flight on one connection within the share (msg.c), so only a reader
+ * that ignores it, or many readers at once, are refused. */
+#define AM_READS_MAX 256u
+#define AM_READ_BYTES_MAX (256ull << 20)
+#define AM_READS_CONN_MAX (AM_READS_MAX / 8)
+#define AM_READ_CONN_BYTES_MAX (AM_READ_BYTES_MAX / 8)
 
 static inline uint64_t kvb__am_u64(const uint8_t *p)
 {

@@ -61,19 +61,35 @@ static bool win_take(struct kvb_xfer *x, uint32_t seq)
     return i >= 0;
 }
 
+/* The order of failed sends and the connection's failure, for tests. */
+static void send_err_note(const struct kvb_xfer *x, ucs_status_t status)
+{
+    __atomic_add_fetch(x->abandoned ? &kvb__test_hooks.am_send_err_after
+                                    : &kvb__test_hooks.am_send_err_live,
+                       1, __ATOMIC_RELAXED);
+    int zero = 0;
+    __atomic_compare_exchange_n(&kvb__test_hooks.am_send_err_first, &zero, (int)status, false,
+                                __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
 /* A message's send completed (inline, by callback, or with an immediate
- * error). A failed send gets no ack, so it leaves the window here, or the
- * transfer would wait for it until its connection dies. Which UCX errors
+ * error: refused, the call itself returned it before anything left). A
+ * failed send gets no ack, so it leaves the window here, or the transfer
+ * would wait for it until its connection dies; unless refused, it may
+ * have reached the target (x->send_err: not drained). Which UCX errors
  * complete a send without failing the endpoint depends on the transport
  * (same-host endpoints run without peer-failure handling, where no error
  * callback follows); tests inject one through kvb__test_hooks. */
-static void am_send_done(am_msg_t *m, ucs_status_t status)
+static void am_send_done(am_msg_t *m, ucs_status_t status, bool refused)
 {
     struct kvb_xfer *x = m->x;
     if (status == UCS_OK && KVB__HOOK(am_send_status) != 0)
         status = (ucs_status_t)KVB__HOOK(am_send_status);
+    if (status != UCS_OK)
+        send_err_note(x, status);
     if (status != UCS_OK && !x->abandoned) { /* else the conn failed: x is final */
         win_take(x, m->seq);
+        x->send_err |= !refused;
         kvb__xfer_fail(x, KVB_ERR_PEER, "session %s: message send failed: %s", x->conn->sess->sid,
                        ucs_status_string(status));
     }
@@ -87,7 +103,7 @@ static void am_send_cb(void *req, ucs_status_t status, void *user)
         m->ended = true;
         m->status = status;
     } else {
-        am_send_done(m, status);
+        am_send_done(m, status, false);
     }
     ucp_request_free(req);
 }
@@ -230,10 +246,24 @@ static am_msg_t *am_build(kvb_engine_h eng, struct kvb_xfer *x, size_t *niov_p, 
     return m;
 }
 
+/* Room on c for one more read request of up to chunk bytes? A target
+ * answers one connection at most AM_READS_CONN_MAX requests of at most
+ * AM_READ_CONN_BYTES_MAX bytes at once and refuses more as busy
+ * (amwire.h), so our reads on c wait for room instead. Counted: the
+ * requests of c's running reads (c->am_reads_out); those of a read that
+ * ended are not, the target drops them as soon as their answers reach us. */
+static bool conn_read_room(const kvb__conn_t *c, uint64_t chunk)
+{
+    return c->am_reads_out < AM_READS_CONN_MAX && c->am_read_out + chunk <= AM_READ_CONN_BYTES_MAX;
+}
+
 static void am_issue(kvb_engine_h eng, struct kvb_xfer *x)
 {
+    uint64_t chunk =
+        eng->params.am_chunk_bytes < AM_READ_MAX ? eng->params.am_chunk_bytes : AM_READ_MAX;
     while (x->next < x->n && x->inflight < AM_WINDOW && !x->failed && !x->abandoned &&
-           x->pos < __atomic_load_n(&x->stage_ready, __ATOMIC_ACQUIRE)) {
+           x->pos < __atomic_load_n(&x->stage_ready, __ATOMIC_ACQUIRE) &&
+           (!x->read || KVB__HOOK(read_share_ignored) || conn_read_room(x->conn, chunk))) {
         size_t niov;
         uint64_t bytes;
         am_msg_t *m = am_build(eng, x, &niov, &bytes);
@@ -276,9 +306,9 @@ static void am_issue(kvb_engine_h eng, struct kvb_xfer *x)
                                   pre + AM_HDR_FIXED + m->ndesc * AM_DESC, buf, cnt, &p);
         m->starting = false;
         if (m->ended) /* completed from within the call (its request freed) */
-            am_send_done(m, m->status);
-        else if (UCS_PTR_IS_ERR(r) || r == NULL)
-            am_send_done(m, UCS_PTR_STATUS(r));
+            am_send_done(m, m->status, false);
+        else if (UCS_PTR_IS_ERR(r) || r == NULL) /* UCX refused it, or it completed */
+            am_send_done(m, UCS_PTR_STATUS(r), UCS_PTR_IS_ERR(r));
         else
             kvb__op_track(eng, &m->op);
     }
@@ -318,7 +348,8 @@ static ucs_status_t ack_one(kvb_engine_h eng, struct kvb_xfer *x, uint64_t xid, 
         reason[rl < 400 ? rl : 400] = '\0';
         kvb__xfer_fail(x,
                        st == KVB_ERR_BOUNDS || st == KVB_ERR_AUTH || st == KVB_ERR_FENCED ||
-                               st == KVB_ERR_UNSUPPORTED /* a target serving no reads */
+                               st == KVB_ERR_UNSUPPORTED /* a target serving no reads */ ||
+                               st == KVB_ERR_BUSY /* its read caps: try again */
                            ? (kvb_status_t)st
                            : KVB_ERR_PEER,
                        x->read ? "session %s: peer refused the read: %s"
@@ -374,4 +405,6 @@ const kvb__lane_t kvb__lane_msg = {
     .submit = kvb__xfer_queue,
     .read = kvb__xfer_queue, /* am_issue sends a read's requests instead */
     .progress = am_issue,
+    .tick = kvb__am_target_tick,
+    .stats = kvb__am_target_stats,
 };

@@ -109,6 +109,10 @@ long kvb__am_win_find(const struct kvb_xfer *x, uint32_t seq)
 
 void kvb__am_win_drop(struct kvb_xfer *x, size_t i)
 {
+    if (x->read && x->am_len[i] > 0) { /* a read request: out of its connection's count */
+        x->conn->am_reads_out--;
+        x->conn->am_read_out -= x->am_len[i];
+    }
     size_t last = --x->inflight;
     free(x->am_iov[i]);
     x->am_win[i] = x->am_win[last];
@@ -124,6 +128,8 @@ void kvb__am_read_slot(struct kvb_xfer *x, size_t i, ucp_dt_iov_t *iov, size_t n
     x->am_iov[i] = iov;
     x->am_niov[i] = n;
     x->am_len[i] = bytes;
+    x->conn->am_reads_out++; /* until kvb__am_win_drop, or the read's finish */
+    x->conn->am_read_out += bytes;
 }
 
 void kvb__am_scatter(const ucp_dt_iov_t *iov, size_t n, const uint8_t *data)

@@ -10,7 +10,14 @@
  * registration, pinned while its bytes are gathered into a copy) and
  * answered with the copy; at most AM_READS_MAX answers and
  * AM_READ_BYTES_MAX bytes are in flight, each at most AM_READ_MAX bytes,
- * so a reader cannot make this side hold more. A request touching device
+ * so readers cannot make this side hold more, and of them at most
+ * AM_READS_CONN_MAX answers and AM_READ_CONN_BYTES_MAX bytes to one
+ * connection (one reply endpoint), so one reader cannot hold them all;
+ * past either a request is refused KVB_ERR_BUSY ("try again"). A
+ * connection none of whose answers leaves within the peer time-out (a
+ * reader that stopped taking them) is closed where UCX allows it (peer
+ * failure handling: kvb__am_target_tick): its answers' copies and its
+ * share are freed. A request touching device
  * memory is gathered by the driver into pinned host memory (at most
  * KVBRIDGE_CUDA_STAGE_MSG_MAX bytes, as a staged write) on the device-copy
  * worker, as a staged write is placed: counted against the caps from its
@@ -27,13 +34,31 @@
 #include <string.h>
 
 #define STAGE_MSG_MAX_DEFAULT (256ull << 20)
-#define AM_READS_MAX 256                 /* read answers being sent at once (the rest refused) */
-#define AM_READ_BYTES_MAX (256ull << 20) /* and their bytes (each a gathered copy) */
+
+/* A reply endpoint (a peer's connection, as UCX hands it to us) that
+ * something of ours still answers over: an answer being sent, a read
+ * request being gathered, a write being received. Everything that answers
+ * later holds it, so once it is closed nothing sends over it any more.
+ * Its answers count against its share of the read caps; an endpoint with
+ * answers being sent none of which left within the peer time-out is
+ * closed. Progress thread; freed with its last reference. */
+typedef struct kvb__am_peer {
+    struct kvb__am_peer *next;
+    ucp_ep_h ep;
+    size_t refs;
+    size_t reads;        /* its answers counted against the caps (admitted, not yet left) */
+    uint64_t read_bytes; /* and their bytes */
+    size_t sending;      /* answers whose send is in progress */
+    uint64_t since_ns;   /* sending: when one of them last left, or the first began */
+    bool closed;         /* closed by us: nothing more is sent over ep */
+    bool unclosable;     /* UCX refused to close it (no peer-failure handling) */
+} am_peer_t;
 
 typedef struct read_ans { /* a read's answer (see "read requests" below) */
     kvb__op_t op;         /* first: the send is the op */
     kvb_engine_h eng;
-    uint8_t *buf; /* the bytes, gathered (kvb__bufpool, or pinned: device) */
+    am_peer_t *pe; /* the reader's connection (a reference) */
+    uint8_t *buf;  /* the bytes, gathered (kvb__bufpool, or pinned: device) */
     size_t len, cap;
     bool pinned; /* buf from kvb__cuda_stage_get (gathered by the driver) */
     uint8_t hdr[AM_ACK_FIXED];
@@ -41,9 +66,9 @@ typedef struct read_ans { /* a read's answer (see "read requests" below) */
                              ends from within ucp_am_send_nbx */
 } read_ans_t;
 
-static void ans_answer(read_ans_t *a, ucp_ep_h ep, uint64_t xid, uint64_t mid, kvb_status_t st,
-                       const char *why);
+static void ans_answer(read_ans_t *a, uint64_t xid, uint64_t mid, kvb_status_t st, const char *why);
 static void ans_free(read_ans_t *a);
+static void ans_drop(read_ans_t *a);
 
 /* A write's message being placed, or a read request touching device memory
  * being gathered (ans set): the staged copy runs on the device-copy worker
@@ -51,7 +76,7 @@ static void ans_free(read_ans_t *a);
 typedef struct am_recv {
     kvb__job_t job; /* first: the staged copy to or from the device (jobs.c) */
     kvb_engine_h eng;
-    ucp_ep_h reply_ep;
+    am_peer_t *pe; /* the writer's (or reader's) connection: a reference */
     uint64_t xfer_id, msg_id;
     uint64_t epoch;   /* the writer grant admitted (counted until placed) */
     uint64_t *pinned; /* segment start addresses pinned, one per descriptor */
@@ -108,6 +133,44 @@ static void send_ack(kvb_engine_h eng, ucp_ep_h ep, uint64_t xfer_id, uint64_t m
     void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, h, 28 + rl, NULL, 0, &p);
     if (!UCS_PTR_IS_PTR(r))
         free(h);
+}
+
+/* The peer of reply endpoint ep, a reference taken; NULL: out of memory.
+ * An endpoint we closed is never matched (its address may be reused). */
+static am_peer_t *peer_get(kvb_engine_h eng, ucp_ep_h ep)
+{
+    am_peer_t *pe = eng->am_peers;
+    while (pe != NULL && (pe->ep != ep || pe->closed))
+        pe = pe->next;
+    if (pe == NULL) {
+        pe = calloc(1, sizeof(*pe));
+        if (pe == NULL)
+            return NULL;
+        pe->ep = ep;
+        pe->next = eng->am_peers;
+        eng->am_peers = pe;
+    }
+    pe->refs++;
+    return pe;
+}
+
+static void peer_put(kvb_engine_h eng, am_peer_t *pe)
+{
+    if (--pe->refs > 0)
+        return;
+    am_peer_t **pp = &eng->am_peers;
+    while (*pp != pe)
+        pp = &(*pp)->next;
+    *pp = pe->next;
+    free(pe);
+}
+
+/* An ack over pe's endpoint, unless we closed it. */
+static void peer_ack(kvb_engine_h eng, am_peer_t *pe, uint64_t xfer_id, uint64_t msg_id,
+                     kvb_status_t st, const char *reason)
+{
+    if (!pe->closed)
+        send_ack(eng, pe->ep, xfer_id, msg_id, st, reason);
 }
 
 static void unpin(kvb_engine_h eng, const uint64_t *pinned, size_t n)
@@ -181,9 +244,10 @@ static void am_recv_finish(am_recv_t *rc, kvb_status_t st, const char *why)
     unpin(rc->eng, rc->pinned, rc->npinned);
     kvb__fence_done(rc->eng, (uint32_t)(rc->msg_id >> 32), rc->epoch);
     if (rc->ans != NULL)
-        ans_answer(rc->ans, rc->reply_ep, rc->xfer_id, rc->msg_id, st, why);
+        ans_answer(rc->ans, rc->xfer_id, rc->msg_id, st, why);
     else
-        send_ack(rc->eng, rc->reply_ep, rc->xfer_id, rc->msg_id, st, st == KVB_OK ? NULL : why);
+        peer_ack(rc->eng, rc->pe, rc->xfer_id, rc->msg_id, st, st == KVB_OK ? NULL : why);
+    peer_put(rc->eng, rc->pe);
     if (rc->stage != NULL)
         kvb__cuda_stage_put(rc->stage, rc->stage_len);
     free(rc->pinned);
@@ -214,7 +278,8 @@ static void copy_drop(kvb_engine_h eng, kvb__job_t *j)
     kvb__fence_done(eng, (uint32_t)(rc->msg_id >> 32), rc->epoch);
     kvb__cuda_stage_put(rc->stage, rc->stage_len);
     if (rc->ans != NULL) /* memory only: the engine's counters go with it */
-        ans_free(rc->ans);
+        ans_drop(rc->ans);
+    peer_put(eng, rc->pe);
     free(rc->pinned);
     free(rc->iov);
     free(rc);
@@ -286,19 +351,44 @@ static void ans_free(read_ans_t *a)
     free(a);
 }
 
-static void ans_release(kvb__op_t *op) /* the engine is freed: memory only */
+/* Memory only (the engine stops): a and its reference on its peer. The
+ * peers are freed this way, with their last reference, never all at once:
+ * UCX may still complete sends while its worker is destroyed, after the
+ * lanes' fini. */
+static void ans_drop(read_ans_t *a)
 {
-    ans_free((read_ans_t *)op);
+    kvb_engine_h eng = a->eng;
+    am_peer_t *pe = a->pe;
+    ans_free(a);
+    peer_put(eng, pe);
+}
+
+static void ans_release(kvb__op_t *op) /* the engine is freed */
+{
+    ans_drop((read_ans_t *)op);
+}
+
+/* a's count against the caps (the engine's, its peer's share) ends. */
+static void ans_uncount(read_ans_t *a)
+{
+    __atomic_sub_fetch(&a->eng->am_reads, 1, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&a->eng->am_read_bytes, a->len, __ATOMIC_RELAXED);
+    a->pe->reads--;
+    a->pe->read_bytes -= a->len;
 }
 
 /* The answer left (or failed: the reader's read fails with its connection
- * or its time-out). */
+ * or its time-out; or we closed the connection, kvb__am_target_tick). */
 static void ans_done(read_ans_t *a)
 {
-    a->eng->am_reads--;
-    a->eng->am_read_bytes -= a->len;
-    a->eng->am_pending--;
+    kvb_engine_h eng = a->eng;
+    am_peer_t *pe = a->pe;
+    ans_uncount(a);
+    eng->am_pending--;
+    pe->sending--;
+    pe->since_ns = kvb__now_ns(); /* the next one's bound starts now */
     ans_free(a);
+    peer_put(eng, pe);
 }
 
 static void ans_sent_cb(void *req, ucs_status_t status, void *user)
@@ -312,8 +402,8 @@ static void ans_sent_cb(void *req, ucs_status_t status, void *user)
     ucp_request_free(req);
 }
 
-/* Send a's header and bytes to ep. */
-static void ans_send(read_ans_t *a, ucp_ep_h ep)
+/* Send a's header and bytes over its peer's endpoint. */
+static void ans_send(read_ans_t *a)
 {
     ucp_request_param_t p = {0};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -324,8 +414,14 @@ static void ans_send(read_ans_t *a, ucp_ep_h ep)
     p.datatype = ucp_dt_make_contig(1);
     a->op.release = ans_release;
     a->eng->am_pending++; /* the progress thread keeps driving it (engine.c) */
+    if (a->pe->sending++ == 0)
+        a->pe->since_ns = kvb__now_ns();
+    if (a->pe->closed) { /* nobody to send it to */
+        ans_done(a);
+        return;
+    }
     a->starting = true;
-    void *r = ucp_am_send_nbx(ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED, a->buf, a->len, &p);
+    void *r = ucp_am_send_nbx(a->pe->ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED, a->buf, a->len, &p);
     a->starting = false;
     if (UCS_PTR_IS_PTR(r) && !a->ended)
         kvb__op_track(a->eng, &a->op);
@@ -335,19 +431,19 @@ static void ans_send(read_ans_t *a, ucp_ep_h ep)
 
 /* Answer a read request: its bytes (st KVB_OK), or a refusal with why (a
  * freed, no longer counted against the caps). */
-static void ans_answer(read_ans_t *a, ucp_ep_h ep, uint64_t xid, uint64_t mid, kvb_status_t st,
-                       const char *why)
+static void ans_answer(read_ans_t *a, uint64_t xid, uint64_t mid, kvb_status_t st, const char *why)
 {
     kvb_engine_h eng = a->eng;
+    am_peer_t *pe = a->pe;
     if (st == KVB_OK) {
         put_ack(a->hdr, xid, mid, KVB_OK, NULL, 0);
-        ans_send(a, ep);
+        ans_send(a);
         return;
     }
-    eng->am_reads--;
-    eng->am_read_bytes -= a->len;
+    ans_uncount(a);
     ans_free(a);
-    send_ack(eng, ep, xid, mid, st, why);
+    peer_ack(eng, pe, xid, mid, st, why);
+    peer_put(eng, pe);
 }
 
 /* Host sources: the validated pieces iov[0..np) (a->len bytes) copied into
@@ -387,7 +483,9 @@ static kvb_status_t gather_job(kvb_engine_h eng, const uint8_t *h, uint32_t nd, 
         free(iov);
         return KVB_ERR_NOMEM;
     }
+    a->pe->refs++; /* the job's, until am_recv_finish */
     *rc = (am_recv_t){.eng = eng,
+                      .pe = a->pe,
                       .xfer_id = kvb__am_u64(h + 8),
                       .msg_id = kvb__am_u64(h + 16),
                       .epoch = kvb__am_u64(h + 32),
@@ -428,26 +526,47 @@ static kvb_status_t ans_gather(kvb_engine_h eng, const uint8_t *h, uint32_t nd, 
     return st;
 }
 
-/* Admit a read request (parsed: nd descriptors, np pieces, total bytes):
- * refused (with why) past the caps on answers in flight, unless its grant
- * is live (counted while its bytes are gathered), or with a range outside
- * one registration; else *a_p holds its bytes, or will once the job *rc_p
- * gathered them, and counts against the caps until answered. */
-static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t nd, uint32_t np,
-                                  uint64_t total, read_ans_t **a_p, am_recv_t **rc_p, char *why,
-                                  size_t wl)
+/* Room for one more answer of total bytes to pe, within the engine's caps
+ * and pe's share of them? Else KVB_ERR_BUSY with why. */
+static kvb_status_t read_room(kvb_engine_h eng, const am_peer_t *pe, uint64_t total, char *why,
+                              size_t wl)
+{
+    if (eng->am_reads >= AM_READS_MAX || eng->am_read_bytes + total > AM_READ_BYTES_MAX)
+        snprintf(why, wl,
+                 "target busy: %zu reads (%zu bytes) in flight at the target (at most %u, %llu "
+                 "MiB): try again",
+                 eng->am_reads, eng->am_read_bytes, AM_READS_MAX, AM_READ_BYTES_MAX >> 20);
+    else if (pe->reads >= AM_READS_CONN_MAX || pe->read_bytes + total > AM_READ_CONN_BYTES_MAX)
+        snprintf(why, wl,
+                 "target busy: %zu reads (%llu bytes) of this connection in flight at the target "
+                 "(its share: %u, %llu MiB): try again",
+                 pe->reads, (unsigned long long)pe->read_bytes, AM_READS_CONN_MAX,
+                 AM_READ_CONN_BYTES_MAX >> 20);
+    else
+        return KVB_OK;
+    __atomic_add_fetch(&eng->am_reads_busy, 1, __ATOMIC_RELAXED);
+    return KVB_ERR_BUSY;
+}
+
+/* Admit a read request from pe (parsed: nd descriptors, np pieces, total
+ * bytes): refused (with why) past the caps on answers in flight or pe's
+ * share of them, unless its grant is live (counted while its bytes are
+ * gathered), or with a range outside one registration; else *a_p holds its
+ * bytes (and pe's reference), or will once the job *rc_p gathered them, and
+ * counts against the caps until answered. */
+static kvb_status_t am_read_admit(kvb_engine_h eng, am_peer_t *pe, const uint8_t *h, uint32_t nd,
+                                  uint32_t np, uint64_t total, read_ans_t **a_p, am_recv_t **rc_p,
+                                  char *why, size_t wl)
 {
     uint64_t mid = kvb__am_u64(h + 16), epoch = kvb__am_u64(h + 32);
     if (!eng->params.serve_reads) {
         snprintf(why, wl, "this engine serves no reads (KVBRIDGE_SERVE_READS=0)");
         return KVB_ERR_UNSUPPORTED;
     }
-    if (eng->am_reads >= AM_READS_MAX || eng->am_read_bytes + total > AM_READ_BYTES_MAX) {
-        snprintf(why, wl, "%zu reads (%zu bytes) in flight at the target: try again", eng->am_reads,
-                 eng->am_read_bytes);
-        return KVB_ERR_PEER;
-    }
-    const char *fenced = kvb__fence_admit(eng, (uint32_t)(mid >> 32), epoch);
+    kvb_status_t busy = read_room(eng, pe, total, why, wl);
+    if (busy != KVB_OK)
+        return busy;
+    const char *fenced = kvb__fence_admit_read(eng, (uint32_t)(mid >> 32), epoch);
     if (fenced != NULL) {
         snprintf(why, wl, "%s", fenced);
         return KVB_ERR_FENCED;
@@ -458,6 +577,7 @@ static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t n
     if (a != NULL) {
         a->len = total;
         a->eng = eng;
+        a->pe = pe;
         st = ans_gather(eng, h, nd, np, a, rc_p, why, wl);
     }
     if (*rc_p == NULL) /* nothing more is read (a job: once gathered) */
@@ -467,8 +587,11 @@ static kvb_status_t am_read_admit(kvb_engine_h eng, const uint8_t *h, uint32_t n
             ans_free(a);
         return st;
     }
-    eng->am_reads++; /* until the answer left, or the job's refusal (ans_answer) */
-    eng->am_read_bytes += total;
+    /* until the answer left, or the job's refusal (ans_answer) */
+    __atomic_add_fetch(&eng->am_reads, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&eng->am_read_bytes, total, __ATOMIC_RELAXED);
+    pe->reads++;
+    pe->read_bytes += total;
     *a_p = a;
     return KVB_OK;
 }
@@ -484,17 +607,25 @@ static void am_read(kvb_engine_h eng, const uint8_t *h, size_t hlen, size_t leng
     read_ans_t *a = NULL;
     am_recv_t *rc = NULL;
     kvb_status_t st = KVB_ERR_BOUNDS;
-    if (kvb__am_parse_read_header(h, hlen, length, &nd, &np, &total))
-        st = am_read_admit(eng, h, nd, np, total, &a, &rc, why, sizeof(why));
+    am_peer_t *pe = peer_get(eng, ep);
+    if (pe == NULL) {
+        st = KVB_ERR_NOMEM;
+        snprintf(why, sizeof(why), "out of memory");
+    } else if (kvb__am_parse_read_header(h, hlen, length, &nd, &np, &total)) {
+        st = am_read_admit(eng, pe, h, nd, np, total, &a, &rc, why, sizeof(why));
+    }
     if (st != KVB_OK) {
-        KVB_LOGW("engine %s: refused a read from writer %08x: %s", eng->sid, (unsigned)(mid >> 32),
-                 why);
+        uint64_t nb = __atomic_load_n(&eng->am_reads_busy, __ATOMIC_RELAXED);
+        if (st != KVB_ERR_BUSY || (nb & (nb - 1)) == 0) /* busy: 1st, 2nd, 4th, ... */
+            KVB_LOGW("engine %s: refused a read from writer %08x: %s", eng->sid,
+                     (unsigned)(mid >> 32), why);
         send_ack(eng, ep, xid, mid, st, why);
+        if (pe != NULL)
+            peer_put(eng, pe);
     } else if (rc != NULL) {
-        rc->reply_ep = ep;
         am_recv_done(rc, UCS_OK); /* to the worker (or here, its queue full) */
     } else {
-        ans_answer(a, ep, xid, mid, KVB_OK, NULL);
+        ans_answer(a, xid, mid, KVB_OK, NULL);
     }
 }
 
@@ -541,7 +672,8 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     am_recv_t *rc = calloc(1, sizeof(*rc));
     kvb_status_t st = KVB_ERR_BOUNDS;
     int device = -1;
-    bool ok = rc != NULL && (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
+    bool ok = rc != NULL && (rc->pe = peer_get(eng, param->reply_ep)) != NULL &&
+              (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
               (rc->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL &&
               am_validate(eng, h, nd, rc->pinned, rc->iov, &device, "destination", why,
                           sizeof(why)) == KVB_OK;
@@ -558,6 +690,8 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
         kvb__fence_done(eng, (uint32_t)(mid >> 32), epoch);
         send_ack(eng, param->reply_ep, xid, mid, st, why);
         if (rc != NULL) {
+            if (rc->pe != NULL)
+                peer_put(eng, rc->pe);
             free(rc->pinned);
             free(rc->iov);
             free(rc);
@@ -565,7 +699,6 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
         return UCS_OK;
     }
     rc->eng = eng;
-    rc->reply_ep = param->reply_ep;
     rc->xfer_id = xid;
     rc->msg_id = mid;
     rc->epoch = epoch;
@@ -611,28 +744,6 @@ static ucs_status_t am_write_cb(void *arg, const void *header, size_t hlen, void
     return am_write(eng, header, hlen, data, length, param, eng->secret == NULL);
 }
 
-/* Is tok the token of one of our live authenticated control connections?
- * Tokens are per connection: one seen on the wire or taken from another
- * writer's handshake stops working when that connection closes. The first
- * write under a token marks its connection as one that wrote: the cap never
- * closes it (listener.c). */
-static bool token_live(kvb_engine_h eng, const uint8_t *tok)
-{
-    long hit = -1;
-    pthread_mutex_lock(&eng->seg_mu);
-    for (size_t i = 0; i < eng->n_am_toks; i++)
-        if (kvb__ct_equal(tok, eng->am_toks[i].tok, KVB_HS_TOKEN_LEN))
-            hit = (long)i;
-    if (hit >= 0 && !eng->am_toks[hit].used) {
-        eng->am_toks[hit].used = true;
-        for (size_t i = 0; i < eng->n_notify; i++)
-            if (eng->notify[i].fd == eng->am_toks[hit].fd)
-                eng->notify[i].used = true;
-    }
-    pthread_mutex_unlock(&eng->seg_mu);
-    return hit >= 0;
-}
-
 /* Token first, then the write header. One 16-byte compare per live
  * connection per message (each up to am_chunk_bytes). Without a secret here
  * the token is ignored. */
@@ -643,7 +754,7 @@ static ucs_status_t am_write_auth_cb(void *arg, const void *header, size_t hlen,
     const uint8_t *h = header;
     if (hlen < KVB_HS_TOKEN_LEN)
         return am_write(eng, h, hlen, data, length, param, false);
-    bool ok = eng->secret == NULL || token_live(eng, h);
+    bool ok = eng->secret == NULL || kvb__am_token_live(eng, h);
     return am_write(eng, h + KVB_HS_TOKEN_LEN, hlen - KVB_HS_TOKEN_LEN, data, length, param, ok);
 }
 
@@ -661,4 +772,80 @@ kvb_status_t kvb__am_target_register(kvb_engine_h eng)
     p.id = KVB_AM_WRITE_AUTH;
     p.cb = am_write_auth_cb;
     return ucp_worker_set_am_recv_handler(eng->worker, &p) == UCS_OK ? KVB_OK : KVB_ERR_IO;
+}
+
+/* Close pe's endpoint: its answers still being sent end (UCX completes
+ * them canceled: ans_done frees their copies and their share), and nothing
+ * of ours sends over it again (closed). An endpoint that is also one of
+ * our own connections' (UCX made the peer's and ours one) is closed by
+ * killing that connection, as a stuck session is (its transfers fail).
+ * UCX force-closes only an endpoint with peer-failure handling (it refuses
+ * one without: a same-host reader's, or a peer that asked for none): such
+ * a reader keeps its share (unclosable). */
+static void peer_close(kvb_engine_h eng, am_peer_t *pe, double idle_s)
+{
+    char why[200];
+    snprintf(why, sizeof(why),
+             "a reader took none of %zu read answers (%llu bytes) within the peer time-out "
+             "(%.1f s): its connection is closed",
+             pe->sending, (unsigned long long)pe->read_bytes, idle_s);
+    kvb__conn_t *c = eng->conns;
+    while (c != NULL && c->ep != pe->ep)
+        c = c->next_all;
+    pe->refs++;        /* the callbacks below may drop the others */
+    pe->closed = true; /* before: they may answer */
+    if (c != NULL) {
+        kvb__conn_kill(eng, c, why);
+    } else {
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *r = ucp_ep_close_nbx(pe->ep, &p);
+        if (UCS_PTR_IS_PTR(r))
+            ucp_request_free(r); /* released when it completes */
+        if (UCS_PTR_IS_ERR(r)) { /* nothing done */
+            pe->closed = false;
+            pe->unclosable = true;
+            snprintf(why, sizeof(why),
+                     "a reader took none of %zu read answers (%llu bytes) within the peer "
+                     "time-out; its connection has no peer-failure handling (%s): it keeps "
+                     "its share",
+                     pe->sending, (unsigned long long)pe->read_bytes,
+                     ucs_status_string(UCS_PTR_STATUS(r)));
+        }
+    }
+    KVB_LOGW("engine %s: %s", eng->sid, why);
+    if (pe->closed)
+        __atomic_add_fetch(&eng->am_peers_closed, 1, __ATOMIC_RELAXED);
+    peer_put(eng, pe);
+}
+
+void kvb__am_target_tick(kvb_engine_h eng)
+{
+    if (eng->am_peers == NULL)
+        return;
+    uint64_t now = kvb__now_ns(), bound = (uint64_t)(eng->params.peer_timeout_s * 1e9);
+    am_peer_t *pe = eng->am_peers, *next;
+    for (; pe != NULL; pe = next) {
+        next = pe->next; /* pe may be freed; the others are not touched */
+        if (pe->closed || pe->unclosable || pe->sending == 0 || now - pe->since_ns <= bound)
+            continue;
+        if (!eng->am_close_safe) { /* only the shares bound it then; said once per bound */
+            KVB_LOGW("engine %s: a reader took none of %zu read answers within the peer "
+                     "time-out; its connection is not closed (UCX_PROTO_INDIRECT_ID=off)",
+                     eng->sid, pe->sending);
+            pe->since_ns = now;
+            continue;
+        }
+        peer_close(eng, pe, (double)(now - pe->since_ns) / 1e9);
+    }
+}
+
+void kvb__am_target_stats(kvb_engine_h eng, kvb_engine_limits_t *l)
+{
+    if (!(l->field_mask & KVB_ENGINE_LIMITS_READS))
+        return;
+    l->read_answers = __atomic_load_n(&eng->am_reads, __ATOMIC_RELAXED);
+    l->read_answer_bytes = __atomic_load_n(&eng->am_read_bytes, __ATOMIC_RELAXED);
+    l->reads_refused_busy = __atomic_load_n(&eng->am_reads_busy, __ATOMIC_RELAXED);
+    l->read_conns_closed = __atomic_load_n(&eng->am_peers_closed, __ATOMIC_RELAXED);
 }
