@@ -32,3 +32,19 @@ def small_kv_args(fill, page=4, item=64, pool=8):
                      aux_data_lens=[aux.nbytes], aux_item_lens=[64], page_size=page,
                      kv_head_num=1, engine_rank=0)
     return args, kv + [aux]
+
+
+def stop_process(pid, timeout=5.0):
+    """SIGSTOP pid and wait until the kernel shows it stopped (state T in
+    /proc/pid/stat): kill() returns before the target has stopped, and a
+    transfer started in between may still be answered. The seconds it took."""
+    import os
+    import signal
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    while time.monotonic() - t0 < timeout:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return time.monotonic() - t0
+        time.sleep(0.0005)
+    raise AssertionError(f"process {pid} not stopped {timeout} s after SIGSTOP")

@@ -45,6 +45,7 @@ os.environ["MC_TRANSFER_TIMEOUT"] = "5"
 os.environ["KVBRIDGE_PEER_TIMEOUT"] = "2"
 
 from mooncake.engine import TransferEngine  # noqa: E402
+from kvb_testutil import stop_process  # noqa: E402
 
 N = 8 << 20  # 8 MiB: rendezvous over TCP
 DEADLINE_S = 5 + N * 1e-9
@@ -94,7 +95,7 @@ class Peer:
         return {int(k, 16): int(v) for k, v in (e.split(":") for e in self.ask("dump").split())}
 
     def stop(self):
-        os.kill(self.p.pid, signal.SIGSTOP)
+        stop_process(self.p.pid)
         log(f"target {self.p.pid} stopped")
 
     def cont(self):

@@ -44,6 +44,7 @@ for d in (COMPAT, PYDIR):
 import mooncake  # noqa: E402
 import mooncake.engine as me  # noqa: E402
 from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode  # noqa: E402
+from kvb_testutil import stop_process  # noqa: E402
 
 SIZES = [1 << 20, 256 << 10, 64 << 10]  # the target's three buffers
 HOST = "127.0.0.1"
@@ -456,7 +457,7 @@ def test_stopped_target_times_out(monkeypatch):
     try:
         a0 = t.addrs[0]
         assert eng.transfer_sync_write(t.sid, src.ctypes.data, a0, 4096) == 0
-        os.kill(t.p.pid, signal.SIGSTOP)
+        stop_process(t.p.pid)
         bid = eng.transfer_submit_write(t.sid, src.ctypes.data, a0, 1 << 20)
         assert bid > 0
         t0 = time.monotonic()

@@ -34,6 +34,7 @@ sys.path.insert(0, HERE)
 from test_mooncake_compat import HOST, Target, writer  # noqa: E402
 import mooncake.engine as me  # noqa: E402
 from mooncake.engine import TransferEngine  # noqa: E402
+from kvb_testutil import stop_process  # noqa: E402
 
 S = me.ScatterTransferCompletionStatus
 N = 1 << 20
@@ -156,7 +157,7 @@ def test_scatter_stopped_peer(monkeypatch):
         one = ([src.ctypes.data], [1 << 20], [a0], [1 << 20], [[0]], [[0]], [[4096]])
         assert eng.scatter_transfer_sync_write_with_ticket(t.sid, *one).status == S.COMPLETED
         big = ([src.ctypes.data], [4 << 20], [a0], [1 << 20], [[0]], [[0]], [[1 << 20]])
-        os.kill(t.p.pid, signal.SIGSTOP)
+        stop_process(t.p.pid)
         t_stop = time.monotonic()
         running = eng.submit_scatter_write(t.sid, *big)
         rd = ([src.ctypes.data + (2 << 20)], [1 << 20], [a0], [1 << 20], [[0]], [[0]],
