@@ -332,7 +332,7 @@ extern const char *const bench_stage_names[BENCH_ST_N];
 /* ---- the run's views (bench_view.c, bench_html.c) ---- */
 
 #define BENCH_VIEW_STAGES 4
-#define BENCH_VIEW_MAX_RECORDS (1 << 20) /* rooms x ranks kept; more are counted */
+#define BENCH_VIEW_MAX_RECORDS (1 << 18) /* rooms x ranks kept (~350 B each); more counted */
 
 enum { BENCH_PHASE_WARMUP, BENCH_PHASE_TIMED, BENCH_PHASE_HELD };
 
