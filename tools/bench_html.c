@@ -80,6 +80,9 @@ static void summary(FILE *f, const bench_opts_t *o, const bench_report_t *r)
         r->interrupted ? " (interrupted: partial)" : "");
     row(f, "requests", "%lld x %lld tokens (page %d, chunk %lld), %lld in flight", r->requests,
         o->prompt_len, o->page, o->chunk > 0 ? o->chunk : o->prompt_len, o->conc);
+    if (o->dpage != o->page || o->dorder != KVB_PLAN_ORDER_NHD)
+        row(f, "decode pages", "%d tokens, %s (prefill: %d, nhd)", o->dpage,
+            kvb_plan_order_name((kvb_plan_order_t)o->dorder), o->page);
     row(f, "result", "%lld verified, %lld aborted, %lld failed", r->verified, r->aborted,
         r->failed);
     row(f, "warm-up", "%lld requests, %lld verified, %lld failed", r->warm_requests,
