@@ -6,7 +6,8 @@ in a folder under the build tree, a free port, scrape interval 1 s) scrapes
 it. Through the server's HTTP query API the test then waits (bounded) for:
 the target up, kvbridge_rooms_ended_total for both roles with rank "0" and
 outcome "success", kvbridge_transfers_total{op="write",outcome="ok"} on a
-known lane and kvbridge_transfer_bytes_total, all > 0 and never more than
+known lane, kvbridge_transfer_bytes_total and the histogram's
+kvbridge_room_stage_seconds_count{stage="total"} for both roles, all > 0 and never more than
 the child says it moved. Both processes are stopped at the end. Skipped,
 with a message, without the prometheus binary."""
 
@@ -95,6 +96,9 @@ def _wanted(port):
     nbytes = _query(port, 'kvbridge_transfer_bytes_total{op="write"}')
     if not any(m.get("lane") in LANES and v > 0 for m, v in nbytes):
         return "transfer_bytes_total: %r" % nbytes, 0
+    stage = _query(port, 'kvbridge_room_stage_seconds_count{stage="total"}')
+    if {m.get("role") for m, v in stage if v > 0} != {"prefill", "decode"}:
+        return "room_stage_seconds_count: %r" % stage, 0
     return "", max(roles.values())
 
 
