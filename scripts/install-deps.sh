@@ -2,6 +2,9 @@
 # Install the Debian packages kvbridge needs to build and test.
 # Idempotent: installs only what is missing; runs `apt-get update` only when
 # something has to be installed. Needs root (or sudo) when it installs.
+# --optional also installs the packages only some tests use (they skip with a
+# message without them): chromium (bench_report_chromium renders
+# `kvbridge bench --report` headless).
 set -euo pipefail
 
 PKGS=(
@@ -16,8 +19,12 @@ PKGS=(
   python3 python3-numpy python3-pytest python3-zmq python3-requests
   python3-pip python3-setuptools python3-wheel # pip install ./python, offline
   iproute2 procps
-  prometheus # promtool: test_conn_observe checks the /metrics text with it (skips without)
+  prometheus # promtool: test_conn_observe checks the /metrics text with it; prometheus:
+             # metrics_scrape runs a real server against a bench run (both skip without)
 )
+if [ "${1:-}" = "--optional" ]; then
+  PKGS+=(chromium) # bench_report_chromium (skips without)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -16,6 +16,9 @@
  *                                          "ok <room> <t_success> <stages>" |
  *                                          "fail <room> <why>"
  *            "verify <room>"             → "verified <room> <wrong bytes | -1>"
+ *   with --timelines (the driver's --trace / --report), before each "sent",
+ *   "ok" and "fail": "tl <room> <tp> <ok 0|1> <t_created> <t_terminal>
+ *   <t_last> <n> (<stage> <t_a> <t_b>){n} <why>" (bench_view.c)
  *   all:     "quit"
  * ("sweep": a warm-up room; the decode takes the next pages of its sweep
  * over the pool instead of random ones. "hold" (also on "fill"): a --hold
@@ -38,6 +41,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #define BENCH_AUX_ITEM 64u
@@ -100,6 +104,11 @@ typedef struct bench_opts {
      * MS milliseconds per layer, and send layer by layer or after the
      * chunk's last layer (bench_room_layerwise); < 0 = off */
     double layerwise_ms;
+    /* --trace FILE / --report FILE: the run as Chrome trace events and as
+     * one HTML page (bench_view.c, bench_html.c); the driver then starts
+     * its ranks with --timelines: each room's stages as a "tl" line */
+    const char *trace, *report;
+    bool timelines;
 } bench_opts_t;
 
 /* What one rank holds. */
@@ -312,6 +321,63 @@ void bench_progress(const bench_opts_t *o, bench_report_t *rep, bool final);
 /* Table on stdout, failure reasons on stderr, JSON file if asked. false when
  * the JSON file could not be written. */
 bool bench_report_print(const bench_opts_t *o, bench_report_t *rep);
+
+/* Report helpers shared with the views: percentile p of a phase's
+ * latencies, its GB/s, a JSON string literal of s, the stage names. */
+double bench_pct(const bench_phase_t *r, double p);
+double bench_rate(const bench_phase_t *p);
+void bench_json_str(FILE *f, const char *s);
+extern const char *const bench_stage_names[BENCH_ST_N];
+
+/* ---- the run's views (bench_view.c, bench_html.c) ---- */
+
+#define BENCH_VIEW_STAGES 4
+#define BENCH_VIEW_MAX_RECORDS (1 << 18) /* rooms x ranks kept (~350 B each); more counted */
+
+enum { BENCH_PHASE_WARMUP, BENCH_PHASE_TIMED, BENCH_PHASE_HELD };
+
+/* One room on one rank, from its "tl" line: absolute CLOCK_MONOTONIC
+ * seconds; stages in the order the rank listed them. */
+typedef struct bench_vstage {
+    char name[16];
+    double a, b;
+} bench_vstage_t;
+
+typedef struct bench_vrec {
+    uint64_t room;
+    int prefill, dp, tp, pp, phase;
+    bool ok;          /* the rank saw the room end Success */
+    bool room_failed; /* the driver counted the room failed (any rank, or verification) */
+    double t0, t_term, t_last;
+    int nst;
+    bench_vstage_t st[BENCH_VIEW_STAGES];
+    char why[160];
+} bench_vrec_t;
+
+typedef struct bench_view {
+    bench_vrec_t *v;
+    size_t n, cap;
+    long long dropped; /* records past BENCH_VIEW_MAX_RECORDS or unparsable lines */
+} bench_view_t;
+
+/* A rank's "tl" line (after "tl <room> "): false when malformed (counted). */
+bool bench_view_add(bench_view_t *w, uint64_t room, bool prefill, int dp, int pp, int phase,
+                    const char *rest);
+/* The driver's verdict: room failed for why (every record of it). */
+void bench_view_room_failed(bench_view_t *w, uint64_t room, const char *why);
+/* The rank's track id (1-based: prefill ranks by dp, tp, pp, then decode). */
+int bench_view_pid(const bench_opts_t *o, const bench_vrec_t *r);
+void bench_view_rank_name(const bench_vrec_t *r, char *buf, size_t cap);
+/* Sort by (track, start) and give each record its lane (thread) on its
+ * track: the first lane whose previous room ended before it began.
+ * lanes[i] for w->v[i]; the caller frees. NULL on no memory. */
+int *bench_view_layout(const bench_opts_t *o, bench_view_t *w);
+/* The earliest creation time, 0 when empty. */
+double bench_view_origin(const bench_view_t *w);
+/* Write o->trace / o->report; false (message printed) when not written. */
+bool bench_view_write_trace(const bench_opts_t *o, bench_view_t *w);
+bool bench_view_write_html(const bench_opts_t *o, const bench_report_t *rep, bench_view_t *w);
+void bench_view_free(bench_view_t *w);
 
 /* ---- /proc of a child (bench_proc.c); -1 when unknown ---- */
 

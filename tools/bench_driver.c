@@ -62,6 +62,7 @@ typedef struct drv {
     long long wave, pool_pages, inflight;
     bench_report_t rep;
     double traffic_sign; /* +1 / -1: the traffic collection under way */
+    bench_view_t view;   /* --trace / --report: every room on every rank */
     char fatal[240];
 } drv_t;
 
@@ -194,6 +195,8 @@ static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int p
         arg(a, "--layerwise");
         arg(a, "%.17g", o->layerwise_ms);
     }
+    if (o->trace != NULL || o->report != NULL)
+        arg(a, "--timelines");
     arg(a, "--ranks-per-process");
     arg(a, "%d", nranks);
 }
@@ -399,7 +402,13 @@ static void on_line(drv_t *d, proc_t *p, const char *line)
     const char *rest = line + off;
     if (getenv("KVBRIDGE_BENCH_DEBUG") != NULL)
         fprintf(stderr, "bench debug: %.3f %d/%d: %s\n", kvb_tool_now(), p->kind, p->tp, line);
-    if (strcmp(verb, "filled") == 0 && q->state == Q_NEW) {
+    if (strcmp(verb, "tl") == 0) {
+        long long i = q - d->reqs;
+        int phase = q->held                    ? BENCH_PHASE_HELD
+                    : i < d->rep.warm_requests ? BENCH_PHASE_WARMUP
+                                               : BENCH_PHASE_TIMED;
+        bench_view_add(&d->view, room, p->kind == K_PRE, p->dp, p->pp, phase, rest);
+    } else if (strcmp(verb, "filled") == 0 && q->state == Q_NEW) {
         q->pend_fill -= q->pend_fill > 0;
     } else if (strcmp(verb, "inited") == 0 && q->state == Q_FLIGHT && sscanf(rest, "%lf", &t)) {
         q->t_init = q->t_init == 0 || t < q->t_init ? t : q->t_init;
@@ -700,6 +709,8 @@ static void verify_phase(drv_t *d, long long a, long long b)
             *(warm ? &d->rep.warm_verified : &d->rep.verified) += !q->failed;
             *(warm ? &d->rep.warm_failed : &d->rep.failed) += q->failed && !q->aborted;
         }
+        if (q->failed)
+            bench_view_room_failed(&d->view, q->room, q->why);
         if (q->failed && !q->aborted && d->rep.nfails < BENCH_MAX_FAIL_SHOWN)
             snprintf(d->rep.fails[d->rep.nfails++], sizeof(d->rep.fails[0]), "room %" PRIu64 ": %s",
                      q->room, q->why);
@@ -907,6 +918,10 @@ int bench_run_driver(const bench_opts_t *o)
     if (d->fatal[0] != '\0')
         fprintf(stderr, "kvbridge bench: stopped: %s\n", d->fatal);
     bool json_ok = bench_report_print(o, &d->rep);
+    if (o->trace != NULL)
+        json_ok &= bench_view_write_trace(o, &d->view);
+    if (o->report != NULL)
+        json_ok &= bench_view_write_html(o, &d->rep, &d->view);
     const bench_report_t *r = &d->rep;
     bool all = r->verified + r->aborted == r->requests &&
                r->warm_verified + r->warm_aborted == r->warm_requests &&
@@ -923,6 +938,7 @@ out:
         }
         for (int k = 0; k < BENCH_ST_N; k++)
             free(d->rep.stage[k].lat_ms);
+        bench_view_free(&d->view);
     }
     free(d);
     return rc;

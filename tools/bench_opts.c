@@ -63,6 +63,10 @@ static void usage(FILE *out)
             "                        after the compute, per mode, and the share layerwise hides\n"
             "output:\n"
             "  --json FILE           also write the report as one JSON object\n"
+            "  --trace FILE          also write the run as Chrome trace events (Perfetto,\n"
+            "                        chrome://tracing): a track per rank, a slice per room stage\n"
+            "  --report FILE         also write one self-contained HTML page: summary table and\n"
+            "                        an SVG timeline of every room on every rank\n"
             "  --no-progress         no progress output on stderr\n"
             "two machines:\n"
             "  --role bootstrap|prefill|decode  run one side only\n"
@@ -242,6 +246,8 @@ static bool parse_flag(const char *a, bench_opts_t *o, overrides_t *w)
         o->resource_report = true;
     else if (strcmp(a, "--scale") == 0)
         scale_preset(o, w);
+    else if (strcmp(a, "--timelines") == 0)
+        o->timelines = true;
     else
         return false;
     return true;
@@ -288,6 +294,12 @@ static int parse_one(bench_opts_t *o, overrides_t *w, int argc, char **argv, int
         if (!parse_text(a, v, sizeof(o->bootstrap) - 1))
             return 2;
         snprintf(o->bootstrap, sizeof(o->bootstrap), "%s", v);
+        return 0;
+    }
+    if (strcmp(a, "--trace") == 0 || strcmp(a, "--report") == 0) {
+        if (!parse_text(a, v, 4000))
+            return 2;
+        *(a[2] == 't' ? &o->trace : &o->report) = v;
         return 0;
     }
     if (strcmp(a, "--json") == 0 || strcmp(a, "--host") == 0 || strcmp(a, "--model") == 0) {

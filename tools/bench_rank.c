@@ -452,8 +452,11 @@ static void room_release(rank_t *r, rroom_t *rm)
     memset(rm, 0, sizeof(*rm));
 }
 
+static void say_timeline(const rank_t *r, const rroom_t *rm, bool ok, const char *why);
+
 static void room_fail(rank_t *r, rroom_t *rm, const char *why)
 {
+    say_timeline(r, rm, false, why);
     bench_say("fail %" PRIu64 " %s", rm->id, why);
     if (r->prefill)
         room_release(r, rm);
@@ -577,6 +580,8 @@ static void cmd_drop(rank_t *r, uint64_t id)
     rroom_t *rm = room_slot(r, id);
     if (rm->state == R_FREE || rm->id != id)
         return;
+    if (rm->state != R_DONE_OK && rm->state != R_DONE_FAIL)
+        say_timeline(r, rm, false, "dropped here: the room failed on another rank");
     if (rm->snd != NULL &&
         (rm->state == R_BOOT || rm->state == R_SENDING || rm->state == R_HOLDING ||
          rm->state == R_HELD || rm->state == R_COMPUTE))
@@ -834,6 +839,61 @@ void bench_stages(const kvb_timeline_t *t, double *st)
     st[BENCH_ST_WRITE] = tl_span(t, KVB_EV_FIRST_WRITE_POSTED, false, KVB_EV_LAST_WRITE_DONE, true);
 }
 
+/* The stage slices a "tl" line carries, as docs/observe.md's trace spans
+ * name them: an event's first (or last) occurrence to another's. */
+typedef struct tl_stage {
+    const char *name;
+    kvb_event_t a, b;
+    bool a_last, b_last, prefill;
+} tl_stage_t;
+
+static const tl_stage_t tl_stages[] = {
+    {"wait_decode", KVB_EV_CREATED, KVB_EV_TRANSFER_INFO_RECEIVED, false, true, true},
+    {"transfer", KVB_EV_FIRST_WRITE_POSTED, KVB_EV_LAST_WRITE_DONE, false, true, true},
+    {"notify", KVB_EV_TERMINAL, KVB_EV_STATUS_SENT, false, true, true},
+    {"bootstrap", KVB_EV_CREATED, KVB_EV_BOOTSTRAP_ANSWERED, false, false, false},
+    {"wait_prefill", KVB_EV_TRANSFER_INFO_SENT, KVB_EV_STATUS_RECEIVED, false, true, false},
+    {"fence_hold", KVB_EV_FENCE_HOLD, KVB_EV_FENCE_RELEASE, false, true, false},
+};
+
+/* --timelines: the room's stages on this rank in absolute CLOCK_MONOTONIC
+ * seconds (the creation is the snapshot's time less its age), so the driver
+ * draws every rank on one time axis (bench_view.c). A room without a handle
+ * or a timeline still gets a line: created = terminal = now, no stages. */
+static void say_timeline(const rank_t *r, const rroom_t *rm, bool ok, const char *why)
+{
+    if (!r->o->timelines)
+        return;
+    kvb_timeline_t *t = NULL;
+    int rc = rm->snd != NULL   ? kvb_sender_timeline(rm->snd, &t)
+             : rm->rcv != NULL ? kvb_receiver_timeline(rm->rcv, &t)
+                               : KVB_ERR_INVALID;
+    double now = kvb_tool_now(), t0 = now, term = now, last = now;
+    char st[400] = "";
+    size_t off = 0;
+    int n = 0;
+    if (rc == KVB_OK && t != NULL) {
+        t0 = now - t->age_s;
+        last = t0;
+        for (size_t i = 0; i < t->n; i++)
+            last = t0 + t->events[i].t_s > last ? t0 + t->events[i].t_s : last;
+        double te = tl_at(t, KVB_EV_TERMINAL, false);
+        term = te >= 0 ? t0 + te : now;
+        for (size_t k = 0; k < sizeof(tl_stages) / sizeof(tl_stages[0]); k++) {
+            const tl_stage_t *s = &tl_stages[k];
+            double a = tl_at(t, s->a, s->a_last), b = tl_at(t, s->b, s->b_last);
+            if (s->prefill != r->prefill || a < 0 || b < a || off >= sizeof(st))
+                continue;
+            off += (size_t)snprintf(st + off, sizeof(st) - off, " %s %.9f %.9f", s->name, t0 + a,
+                                    t0 + b);
+            n++;
+        }
+    }
+    kvb_timeline_free(t);
+    bench_say("tl %" PRIu64 " %d %d %.9f %.9f %.9f %d%s %.150s", rm->id, r->o->tp_rank, ok ? 1 : 0,
+              t0, term, last, n, st, why != NULL && why[0] ? why : "-");
+}
+
 /* The stages of a sender's or a receiver's room (all -1 when timelines are off). */
 static void room_stages(kvb_sender_h s, kvb_receiver_h rc, double *st)
 {
@@ -858,6 +918,7 @@ static void step_room(rank_t *r, rroom_t *rm, double now, kvb_poll_t p)
     } else if (p == KVB_POLL_SUCCESS && rm->state == R_SENDING) {
         double st[BENCH_ST_N];
         room_stages(rm->snd, NULL, st);
+        say_timeline(r, rm, true, NULL);
         bench_say("sent %" PRIu64 " %.9f %.9f %.9f %.9f", rm->id, rm->t_first, rm->t_end,
                   st[BENCH_ST_WAIT], st[BENCH_ST_WRITE]);
         /* The sender lives until the driver's "drop" at the end of the wave:
@@ -871,6 +932,7 @@ static void step_room(rank_t *r, rroom_t *rm, double now, kvb_poll_t p)
     } else if (p == KVB_POLL_SUCCESS && rm->state == R_RECV) {
         double st[BENCH_ST_N];
         room_stages(NULL, rm->rcv, st);
+        say_timeline(r, rm, true, NULL);
         bench_say("ok %" PRIu64 " %.9f %.9f %.9f %.9f", rm->id, now, st[BENCH_ST_BOOT],
                   st[BENCH_ST_DXFER], st[BENCH_ST_TOTAL]);
         rm->state = R_DONE_OK;

@@ -289,7 +289,7 @@ static double pct(const bench_phase_t *r, double p)
     return x;
 }
 
-static const char *const stage_names[BENCH_ST_N] = {
+const char *const bench_stage_names[BENCH_ST_N] = {
     "decode_bootstrap", "decode_transfer", "decode_total", "prefill_wait_decode", "prefill_write"};
 
 /* The timed requests' stages from the rooms' timelines (none when they are
@@ -304,7 +304,8 @@ static void print_stages(const bench_report_t *r)
     printf("  %-22s", "stages ms p50/p99");
     for (int k = 0; k < BENCH_ST_N; k++)
         if (r->stage[k].nlat > 0)
-            printf(" %s %.3f/%.3f", stage_names[k], pct(&r->stage[k], 50), pct(&r->stage[k], 99));
+            printf(" %s %.3f/%.3f", bench_stage_names[k], pct(&r->stage[k], 50),
+                   pct(&r->stage[k], 99));
     printf("\n");
 }
 
@@ -313,8 +314,8 @@ static void json_stages(FILE *f, const bench_report_t *r)
     fprintf(f, "\"stage_ms\": {");
     for (int k = 0, n = 0; k < BENCH_ST_N; k++)
         if (r->stage[k].nlat > 0)
-            fprintf(f, "%s\"%s\": {\"p50\": %.4f, \"p99\": %.4f}", n++ ? ", " : "", stage_names[k],
-                    pct(&r->stage[k], 50), pct(&r->stage[k], 99));
+            fprintf(f, "%s\"%s\": {\"p50\": %.4f, \"p99\": %.4f}", n++ ? ", " : "",
+                    bench_stage_names[k], pct(&r->stage[k], 50), pct(&r->stage[k], 99));
     fprintf(f, "}, ");
 }
 
@@ -573,12 +574,13 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
     }
     fprintf(f,
             "\"warmup\": %lld, \"warmup_requests\": %lld, \"warmup_verified\": %lld, "
-            "\"warmup_failed\": %lld, \"cold_requests\": %lld, \"cold_bytes\": %llu, "
+            "\"warmup_failed\": %lld, \"warmup_aborted\": %lld, \"cold_requests\": %lld, "
+            "\"cold_bytes\": %llu, "
             "\"cold_seconds\": %.6f, \"cold_gbps\": %.4f, \"cold_latency_ms\": {\"p50\": %.4f, "
             "\"p99\": %.4f}, \"first_request_ms\": %.4f, ",
-            o->warmup, r->warm_requests, r->warm_verified, r->warm_failed, r->cold_requests,
-            (unsigned long long)r->cold.bytes, r->cold.seconds, rate(&r->cold), pct(&r->cold, 50),
-            pct(&r->cold, 99), r->first_ms);
+            o->warmup, r->warm_requests, r->warm_verified, r->warm_failed, r->warm_aborted,
+            r->cold_requests, (unsigned long long)r->cold.bytes, r->cold.seconds, rate(&r->cold),
+            pct(&r->cold, 50), pct(&r->cold, 99), r->first_ms);
     json_stages(f, r);
     fprintf(f,
             "\"latency_ms\": {\"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f}, "
@@ -602,4 +604,19 @@ bool bench_report_print(const bench_opts_t *o, bench_report_t *rep)
     for (int i = 0; i < rep->nfails; i++)
         fprintf(stderr, "kvbridge bench: failed: %s\n", rep->fails[i]);
     return o->json == NULL || write_json(o, rep);
+}
+
+double bench_pct(const bench_phase_t *r, double p)
+{
+    return pct(r, p);
+}
+
+double bench_rate(const bench_phase_t *p)
+{
+    return rate(p);
+}
+
+void bench_json_str(FILE *f, const char *s)
+{
+    json_str(f, s);
 }
