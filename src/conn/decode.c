@@ -948,6 +948,60 @@ static void route_resend_mark(struct kvb_manager *m, const kvb__room_t *r)
                 rt->resend = 1;
 }
 
+/* Integrity on (docs/integrity.md), m->mu held: add source s's digest to the
+ * room's (false, the room failed: a malformed digest). */
+static bool integ_add(struct kvb_manager *m, kvb__room_t *r, const kvb__status_in_t *s)
+{
+    char why[256];
+    if (s->digest == NULL) {
+        r->integ_missing = 1;
+        return true;
+    }
+    if (r->integ == NULL) {
+        if ((r->integ = calloc(1, sizeof(*r->integ))) == NULL ||
+            kvb__integ_init(r->integ, m->args.num_kv) != KVB_OK) {
+            free(r->integ);
+            r->integ = NULL;
+            r->integ_missing = 1;
+            return true;
+        }
+        r->n_integ = 1;
+    }
+    uint64_t pool = pool_items(m->kv_lens, NULL, m->args.kv_item_len, m->args.num_kv);
+    if (kvb__integ_add_wire(r->integ, s->digest, s->digest_len, pool, why, sizeof(why)) == KVB_OK)
+        return true;
+    kvb__room_fail(r, "KV integrity: prefill rank %d's digest refused: %s", (int)s->prefill_rank,
+                   why);
+    return false;
+}
+
+/* Integrity on, every source's Success in, m->mu held: recompute the digest
+ * over our own pages before Success is reported. True: report Success (the
+ * digest matched, or there was none to check: counted unchecked). Device
+ * pages are not read back (not covered). The recomputation runs on the
+ * control thread under mu: it reads the room's pages once (docs/integrity.md,
+ * "Cost"). */
+static bool integ_verdict(struct kvb_manager *m, kvb__room_t *r)
+{
+    char why[320];
+    kvb_mem_type_t t = KVB_MEM_HOST;
+    int dev = 0;
+    if (r->integ == NULL || r->integ_missing || r->integ->uncovered ||
+        (m->args.num_kv > 0 &&
+         kvb_mem_query((const void *)(uintptr_t)m->kv_ptrs[0], &t, &dev) == KVB_OK &&
+         t == KVB_MEM_CUDA)) {
+        __atomic_add_fetch(&m->integ_unchecked, 1, __ATOMIC_RELAXED);
+        return true;
+    }
+    __atomic_add_fetch(&m->integ_checked, 1, __ATOMIC_RELAXED);
+    if (kvb__integ_check(r->integ, m->kv_ptrs, m->args.kv_item_len, why, sizeof(why)))
+        return true;
+    __atomic_add_fetch(&m->integ_mismatches, 1, __ATOMIC_RELAXED);
+    KVB_LOGW("manager %s: room %llu: %s", m->endpoint, (unsigned long long)r->id, why);
+    kvb__room_fail(r, "%s", why);
+    return false;
+}
+
 /* A terminal status of any dialect, decoded: record it as that source's
  * answer; a Failed one fails the room and opens its fence. */
 static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
@@ -969,8 +1023,14 @@ static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
     if (r != NULL && (s->status == KVB_POLL_SUCCESS || s->status == KVB_POLL_FAILED) &&
         record_response(m, r, s->prefill_rank,
                         s->status == KVB_POLL_SUCCESS ? "Success" : "Failed")) {
-        if (s->status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses)
-            kvb__room_set_status(r, KVB_POLL_SUCCESS);
+        bool ok = s->status != KVB_POLL_SUCCESS || !m->p.integrity || integ_add(m, r, s);
+        if (ok && s->status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses) {
+            ok = !m->p.integrity || integ_verdict(m, r);
+            if (ok)
+                kvb__room_set_status(r, KVB_POLL_SUCCESS);
+        }
+        if (!ok) /* failed by its digest: the sources still writing are told, as below */
+            gen = open_fence(m, r, &todo, &n_todo);
         if (s->status == KVB_POLL_FAILED) {
             route_resend_mark(m, r);
             kvb__room_fail(r, FAIL_FROM_PREFILL);
