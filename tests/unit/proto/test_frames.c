@@ -268,7 +268,7 @@ static void test_transfer_bytes_and_round_trip(void)
 
 static void test_status_and_aux_bytes(void)
 {
-    kvb__status_msg_t s = {42, KVB__WIRE_SUCCESS, 3}, sd;
+    kvb__status_msg_t s = {42, KVB__WIRE_SUCCESS, 3, NULL, 0}, sd;
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__frames_buf_init(&b);
@@ -829,7 +829,7 @@ static void test_encode_rejects(void)
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__frames_buf_init(&b);
-    kvb__status_msg_t s = {1, 2, 0};
+    kvb__status_msg_t s = {1, 2, 0, NULL, 0};
     CHECK_EQ(kvb__frames_encode_status(&s, &e, &b), KVB_OK);
     CHECK_EQ(b.n, 3);
     size_t len0 = b.len;

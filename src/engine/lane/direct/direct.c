@@ -382,7 +382,7 @@ static kvb_status_t copy_unit(kvb_engine_h eng, unit_t *u, uint64_t admitted, ch
             copy_block((uint8_t *)(uintptr_t)src, d, end - p.off, eng->direct->stream_copy);
         else {
             copy_block(d, (const uint8_t *)(uintptr_t)src, end - p.off, eng->direct->stream_copy);
-            if (end > p.off && kvb__hook_take(&kvb__test_hooks.flip_in_flight))
+            if (end - p.off >= KVB__FLIP_MIN && kvb__hook_take(&kvb__test_hooks.flip_in_flight))
                 d[0] ^= 0x01;
         }
         if (!last)

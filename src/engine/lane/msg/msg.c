@@ -52,7 +52,8 @@ static void am_msg_free(am_msg_t *m)
  * byte flipped (the source stays as it was). */
 static void am_flip(am_msg_t *m, size_t niov)
 {
-    if (niov == 0 || m->iov[0].length == 0 || !kvb__hook_take(&kvb__test_hooks.flip_in_flight) ||
+    if (niov == 0 || m->iov[0].length < KVB__FLIP_MIN ||
+        !kvb__hook_take(&kvb__test_hooks.flip_in_flight) ||
         (m->flipped = malloc(m->iov[0].length)) == NULL)
         return;
     memcpy(m->flipped, m->iov[0].buffer, m->iov[0].length);
