@@ -163,6 +163,9 @@ static void run(const char *lane, int check)
         for (int k = 0; k < ROOMS; k++)
             failed += one_room(&pr, lane, faults[f], check, room++, k) == KVB_POLL_FAILED;
         counts_t c1 = counts(&pr);
+        /* the lane the rooms took */
+        CHECK_EQ(kvb_engine_session_direct(pr.pre.eng, kvb_engine_session_id(pr.dec.eng)),
+                 strcmp(lane, "direct") == 0);
         uint64_t n = ROOMS, bad = f == 0 ? 0 : n;
         fprintf(stderr,
                 "integrity[%s] %s check=%d: %d of %d rooms failed; digests sent %llu, checked "
