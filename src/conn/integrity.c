@@ -1,6 +1,5 @@
-/* KV integrity digests (integrity.h, docs/integrity.md). XXH3 from libxxhash:
- * about 10x memcpy's speed per core, so a digest costs a fraction of a
- * copy. */
+/* KV integrity digests (integrity.h, docs/integrity.md). XXH3 from
+ * libxxhash: memory-bound, faster per core than memcpy. */
 #include "conn/integrity.h"
 
 #include "core/core.h"
@@ -9,6 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#if defined(__x86_64__)
+/* libxxhash's run-time dispatch (AVX2 where the CPU has it): twice the
+ * SSE2 baseline Debian builds the library for, measured 10.7 against
+ * 5.1 GB/s here. */
+#include <xxh_x86dispatch.h>
+#endif
 
 #define WIRE_VERSION 1u
 #define HDR_BYTES 16 /* u32 version, u32 buffers, u32 pages, u32 zero */

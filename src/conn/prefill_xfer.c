@@ -442,6 +442,30 @@ static void aux_submit(struct kvb_manager *m, job_t *j)
 }
 
 /* Issue the chunk's writes; a room failed or aborted meanwhile gets none. */
+/* Integrity on and a kvbridge decode (it sent a grant, so it reads our
+ * extensions): digest the source bytes of the job's KV blocks while its
+ * writes are in flight (integrity.h; kept only if they succeed). Device sources are not covered:
+ * reading them back would cost a device copy (docs/integrity.md). */
+static void job_digest(struct kvb_manager *m, job_t *j)
+{
+    kvb_mem_type_t t = KVB_MEM_HOST;
+    int dev = 0;
+    if (!m->p.integrity || j->st != KVB_OK || j->epoch == 0 || !j->dialect->t.extensions ||
+        kvb__integ_init(&j->integ, j->reg->n_kv) != KVB_OK)
+        return;
+    j->has_integ = 1;
+    if (j->kv.count > 0 &&
+        kvb_mem_query((const void *)(uintptr_t)j->kv.blocks[0].src, &t, &dev) == KVB_OK &&
+        t == KVB_MEM_CUDA) {
+        j->integ.uncovered = 1;
+        snprintf(j->integ.why, sizeof(j->integ.why), "device memory: not covered");
+    } else if (kvb__integ_add_blocks(&j->integ, j->kv.blocks, j->kv.count, j->reg->kv_ptrs,
+                                     j->reg->n_kv, (uint64_t)j->reg->item_len) != KVB_OK) {
+        j->integ.uncovered = 1;
+        snprintf(j->integ.why, sizeof(j->integ.why), "out of memory");
+    }
+}
+
 static void work_submit(struct kvb_manager *m, work_t *w)
 {
     pthread_mutex_lock(&m->mu);
@@ -476,6 +500,9 @@ static void work_submit(struct kvb_manager *m, work_t *w)
             kvb_xfer_cancel(r->xfers[i]);
     pthread_cond_broadcast(&m->room_cv);
     pthread_mutex_unlock(&m->mu);
+    /* while the writes are in flight: the source bytes do not change */
+    for (size_t i = 0; i < w->n_jobs; i++)
+        job_digest(m, &w->jobs[i]);
 }
 
 /* Cancel every write of w, past its transfer time-out: one settle window
@@ -582,36 +609,12 @@ static void record_failures(struct kvb_manager *m, kvb__room_t *r, work_t *w)
 }
 
 /* Wait the chunk's writes, settle the room, send the due statuses. */
-/* Integrity on and a kvbridge decode (it sent a grant, so it reads our
- * extensions): digest the source bytes of the job's KV blocks, now that its
- * writes succeeded (integrity.h). Device sources are not covered: reading
- * them back would cost a device copy (docs/integrity.md). */
-static void job_digest(struct kvb_manager *m, job_t *j)
-{
-    kvb_mem_type_t t = KVB_MEM_HOST;
-    int dev = 0;
-    if (!m->p.integrity || j->st != KVB_OK || j->epoch == 0 || !j->dialect->t.extensions ||
-        kvb__integ_init(&j->integ, j->reg->n_kv) != KVB_OK)
-        return;
-    j->has_integ = 1;
-    if (j->kv.count > 0 &&
-        kvb_mem_query((const void *)(uintptr_t)j->kv.blocks[0].src, &t, &dev) == KVB_OK &&
-        t == KVB_MEM_CUDA) {
-        j->integ.uncovered = 1;
-        snprintf(j->integ.why, sizeof(j->integ.why), "device memory: not covered");
-    } else if (kvb__integ_add_blocks(&j->integ, j->kv.blocks, j->kv.count, j->reg->kv_ptrs,
-                                     j->reg->n_kv, (uint64_t)j->reg->item_len) != KVB_OK) {
-        j->integ.uncovered = 1;
-        snprintf(j->integ.why, sizeof(j->integ.why), "out of memory");
-    }
-}
-
 /* m->mu held: add each job's digest to its destination's in the room. */
 static void room_digest(kvb__room_t *r, const work_t *w)
 {
     for (size_t i = 0; i < w->n_jobs; i++) {
         const job_t *j = &w->jobs[i];
-        if (!j->has_integ)
+        if (!j->has_integ || j->st != KVB_OK)
             continue;
         if (r->integ == NULL && (r->integ = calloc(r->n_dst, sizeof(*r->integ))) != NULL)
             r->n_integ = r->n_dst;
@@ -639,7 +642,6 @@ static void work_finish(struct kvb_manager *m, work_t *w)
         if (j->xa == NULL && j->st == KVB_OK && (j->aux.count == 0 || j->aux_inline) &&
             w->c->is_last && m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0)
             send_aux_inline(m, j, w->c);
-        job_digest(m, j);
     }
     kvb__note_t *notes = NULL;
     size_t n_notes = 0;
