@@ -64,6 +64,8 @@ typedef struct bench_model {
 typedef struct bench_opts {
     bench_model_t m;
     int page, ptp, dtp, ppp, dp;
+    int dpage;  /* --decode-page-size (default: page): the decode's tokens per page */
+    int dorder; /* --decode-layout nhd|hnd: the decode's page order (kvb_plan_order_t) */
     long long requests, conc, prompt_len, chunk, seed;
     long long warmup; /* untimed passes over the pools before the timed requests */
     kvb_transport_t transport;
@@ -105,6 +107,7 @@ typedef struct bench_rank_geom {
     int tp, tp_size, pp, pp_size;
     int first_layer, n_layers, local_heads, first_head, n_kv;
     uint64_t head_bytes, row_bytes, item_len;
+    int page, order; /* tokens per page and page order of this side */
 } bench_rank_geom_t;
 
 /* ---- options (bench_opts.c) ---- */
@@ -116,6 +119,13 @@ const char *bench_transport_name(kvb_transport_t t);
 void bench_rank_geom(const bench_opts_t *o, int tp, int tp_size, int pp, int pp_size,
                      bench_rank_geom_t *g_p);
 uint64_t bench_pages_per_request(const bench_opts_t *o);
+/* The same in the decode's pages (--decode-page-size). */
+uint64_t bench_decode_pages_per_request(const bench_opts_t *o);
+/* Token rows of a request that reach the decode: its pages' rows on both
+ * sides (the prefill's last page is sent as far as the decode's goes). */
+uint64_t bench_rows_sent(const bench_opts_t *o);
+/* The decode geometry of rank tp of tp_size (its page size and order). */
+void bench_decode_geom(const bench_opts_t *o, int tp, int tp_size, bench_rank_geom_t *g_p);
 /* Bytes every decode rank together receives for one request (KV + aux). */
 uint64_t bench_request_bytes(const bench_opts_t *o);
 /* Requests whose pages both pools hold at once (a wave); 0 when even
@@ -156,6 +166,7 @@ typedef struct bench_pool {
     uint64_t nfree;
     uint64_t sweep[BENCH_MAX_DP]; /* next page of each DP group's warm-up sweep */
     uint64_t rng;
+    uint64_t verify_rows; /* rows of a request verify checks (0: every row of its pages) */
     uint8_t *scratch;
     /* --memory cuda: kv_ptrs are device memory; the pattern lives in the
      * host mirror host_ptrs (else NULL) */

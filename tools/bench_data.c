@@ -128,12 +128,16 @@ void bench_pages_give(bench_pool_t *p, const int32_t *pages, uint32_t n)
     }
 }
 
+/* Head lh of token row s of pool page `page` of buffer b, in the side's
+ * order: NHD (token, head) or HND (head, token). */
 static uint8_t *cell(const bench_pool_t *p, int b, int32_t page, int s, int lh)
 {
     const bench_rank_geom_t *g = &p->g;
     const uint64_t *ptrs = p->host_ptrs != NULL ? p->host_ptrs : p->kv_ptrs; /* mirror */
-    return (uint8_t *)(uintptr_t)ptrs[b] + (uint64_t)page * g->item_len +
-           (uint64_t)s * g->row_bytes + (uint64_t)lh * g->head_bytes;
+    uint8_t *item = (uint8_t *)(uintptr_t)ptrs[b] + (uint64_t)page * g->item_len;
+    if (g->order == KVB_PLAN_ORDER_HND)
+        return item + ((uint64_t)lh * (uint64_t)g->page + (uint64_t)s) * g->head_bytes;
+    return item + (uint64_t)s * g->row_bytes + (uint64_t)lh * g->head_bytes;
 }
 
 static uint64_t count_diff(const uint8_t *a, const uint8_t *b, uint64_t len)
@@ -145,13 +149,18 @@ static uint64_t count_diff(const uint8_t *a, const uint8_t *b, uint64_t len)
 }
 
 /* Fill (verify = false) or count wrong bytes of (verify = true) one page of
- * buffer b holding request page i. */
+ * buffer b holding request page i (verify: its rows below verify_rows). */
 static uint64_t page_pass(bench_pool_t *p, int page, uint64_t ls, int b, int32_t at, uint32_t i,
                           bool verify)
 {
     const bench_rank_geom_t *g = &p->g;
-    uint64_t bad = 0;
-    for (int s = 0; s < page; s++)
+    uint64_t bad = 0, first = (uint64_t)i * (uint64_t)page;
+    int rows = page;
+    if (verify && p->verify_rows > 0)
+        rows = p->verify_rows <= first                   ? 0
+               : p->verify_rows - first < (uint64_t)page ? (int)(p->verify_rows - first)
+                                                         : page;
+    for (int s = 0; s < rows; s++)
         for (int lh = 0; lh < g->local_heads; lh++) {
             uint8_t *c = cell(p, b, at, s, lh);
             gen(p->scratch,

@@ -22,7 +22,7 @@
 
 #define READY_TIMEOUT_S 180.0
 #define MAX_PROCS 80
-#define MAX_ARGS 72
+#define MAX_ARGS 96 /* a rank's command line: 70 words with every option on */
 
 enum { K_BOOT, K_PRE, K_DEC };
 enum { Q_NEW, Q_FILLED, Q_FLIGHT, Q_DONE };
@@ -36,7 +36,7 @@ typedef struct proc {
 
 typedef struct req {
     uint64_t room;
-    uint32_t pages;
+    uint32_t pages, dpages; /* prefill pages, decode pages (--decode-page-size) */
     int64_t aux;
     int dp, state, pend_fill, pend_init, pend_dec, pend_pre, pend_verify;
     int pend_hold; /* --hold: prefill ranks of its group not yet "held" */
@@ -130,14 +130,16 @@ static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int p
                       int nranks)
 {
     const bench_opts_t *o = d->o;
-    static const char *names[] = {"--layers",    "--kv-heads",   "--head-dim",  "--dtype-bytes",
-                                  "--page-size", "--prefill-tp", "--decode-tp", "--prefill-pp",
-                                  "--dp",        "--tp-rank",    "--pp-rank",   "--dp-rank"};
+    static const char *names[] = {
+        "--layers",           "--kv-heads",   "--head-dim",  "--dtype-bytes", "--page-size",
+        "--decode-page-size", "--prefill-tp", "--decode-tp", "--prefill-pp",  "--dp",
+        "--tp-rank",          "--pp-rank",    "--dp-rank"};
     const int vals[] = {o->m.layers,
                         o->m.kv_heads,
                         o->m.head_dim,
                         o->m.dtype_bytes,
                         o->page,
+                        o->dpage,
                         o->ptp,
                         o->dtp,
                         o->ppp,
@@ -156,17 +158,20 @@ static void rank_args(const drv_t *d, args_t *a, const char *role, int tp, int p
         arg(a, "%s", names[i]);
         arg(a, "%d", vals[i]);
     }
-    const char *lnames[] = {"--chunk",   "--seed",     "--pool-pages",  "--wave",
-                            "--timeout", "--requests", "--concurrency", "--hold"};
+    const char *lnames[] = {"--chunk",       "--seed",    "--pool-pages",
+                            "--wave",        "--timeout", "--requests",
+                            "--concurrency", "--hold",    "--prompt-len"};
     const long long lvals[] = {
-        o->chunk,    o->seed, d->pool_pages, d->wave, (long long)o->timeout_s,
-        o->requests, o->conc, o->hold};
+        o->chunk,    o->seed, d->pool_pages, d->wave,      (long long)o->timeout_s,
+        o->requests, o->conc, o->hold,       o->prompt_len};
     for (size_t i = 0; i < sizeof(lvals) / sizeof(lvals[0]); i++) {
         arg(a, "%s", lnames[i]);
         arg(a, "%lld", lvals[i]);
     }
     arg(a, "--transport");
     arg(a, "%s", bench_transport_name(o->transport));
+    arg(a, "--decode-layout");
+    arg(a, "%s", kvb_plan_order_name((kvb_plan_order_t)o->dorder));
     if (o->cuda) {
         arg(a, "--memory");
         arg(a, "cuda");
@@ -565,7 +570,7 @@ static void dispatch(drv_t *d, req_t *q)
     d->inflight++;
     for (int k = 0; d->has_dec && k < d->nprocs; k++)
         if (d->procs[k].kind == K_DEC)
-            psend(d, &d->procs[k], "recv %" PRIu64 " %u %" PRId64 "%s", q->room, q->pages, q->aux,
+            psend(d, &d->procs[k], "recv %" PRIu64 " %u %" PRId64 "%s", q->room, q->dpages, q->aux,
                   is_warm(d, q) ? " sweep"
                   : q->held     ? " hold"
                                 : "");
@@ -901,6 +906,7 @@ static bool setup(drv_t *d, const bench_opts_t *o)
         req_t *q = &d->reqs[i];
         q->room = d->room_base + (uint64_t)i;
         q->pages = (uint32_t)bench_pages_per_request(o);
+        q->dpages = (uint32_t)bench_decode_pages_per_request(o);
         q->aux = i % d->wave;
         q->dp = (int)(q->room % (uint64_t)o->dp);
         if (i >= d->hold_base) { /* aux slots of their own, after the wave's */

@@ -38,6 +38,9 @@ static void usage(FILE *out)
             "  --concurrency C       requests in flight at once (default 4)\n"
             "  --prompt-len L        tokens per request (default 2048)\n"
             "  --page-size P         tokens per page (default 16)\n"
+            "  --decode-page-size P  the decode's tokens per page (default: --page-size)\n"
+            "  --decode-layout nhd|hnd  the decode's page order (default nhd; the prefill\n"
+            "                        is nhd): rows are mapped, not pages (docs/planner.md)\n"
             "  --chunk T             tokens per sender_send (default: whole prompt)\n"
             "  --transport auto|tcp|shm   engine lane (default auto)\n"
             "  --integrity off|check KV integrity digests between the ranks (default:\n"
@@ -161,7 +164,8 @@ static bool parse_layer_ms(const char *v, double *ms_p)
 
 static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrides_t *w, bool *ok)
 {
-    long long page = o->page, ptp = o->ptp, dtp = o->dtp, ppp = o->ppp, dp = o->dp;
+    long long page = o->page, dpage = o->dpage, ptp = o->ptp, dtp = o->dtp, ppp = o->ppp,
+              dp = o->dp;
     long long tpr = o->tp_rank, ppr = o->pp_rank, dpr = o->dp_rank, tmo = (long long)o->timeout_s;
     long long cdev = o->cuda_device;
     const struct {
@@ -176,6 +180,7 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
              {"--hold", 0, 100000, &o->hold},
              {"--prompt-len", 1, 1 << 20, &o->prompt_len},
              {"--page-size", 1, 4096, &page},
+             {"--decode-page-size", 1, 4096, &dpage},
              {"--chunk", 0, 1 << 20, &o->chunk},
              {"--seed", 0, 1000000, &o->seed},
              {"--warmup", 0, 100, &o->warmup},
@@ -198,6 +203,7 @@ static bool parse_int_opt(const char *a, const char *v, bench_opts_t *o, overrid
         return false;
     *ok = kvb_tool_parse_int(a, v, t[i].min, t[i].max, t[i].dst);
     o->page = (int)page;
+    o->dpage = (int)dpage;
     o->ptp = (int)ptp;
     o->dtp = (int)dtp;
     o->ppp = (int)ppp;
@@ -275,6 +281,15 @@ static int parse_one(bench_opts_t *o, overrides_t *w, int argc, char **argv, int
     }
     if (strcmp(a, "--role") == 0)
         return parse_role(v, o) ? 0 : 2;
+    if (strcmp(a, "--decode-layout") == 0) {
+        kvb_plan_order_t ord;
+        if (kvb_plan_order_parse(v, &ord) != KVB_OK) {
+            fprintf(stderr, "kvbridge: --decode-layout must be nhd or hnd\n");
+            return 2;
+        }
+        o->dorder = (int)ord;
+        return 0;
+    }
     if (strcmp(a, "--abort-rate") == 0)
         return parse_rate(v, &o->abort_rate) ? 0 : 2;
     if (strcmp(a, "--layerwise") == 0)
@@ -377,6 +392,8 @@ static bool check(bench_opts_t *o)
     }
     if (o->conc > o->requests)
         o->conc = o->requests;
+    if (o->dpage == 0)
+        o->dpage = o->page;
     return true;
 }
 
@@ -418,11 +435,33 @@ void bench_rank_geom(const bench_opts_t *o, int tp, int tp_size, int pp, int pp_
     g->head_bytes = (uint64_t)m->head_dim * (uint64_t)m->dtype_bytes;
     g->row_bytes = g->head_bytes * (uint64_t)g->local_heads;
     g->item_len = g->row_bytes * (uint64_t)o->page;
+    g->page = o->page;
+    g->order = KVB_PLAN_ORDER_NHD;
+}
+
+void bench_decode_geom(const bench_opts_t *o, int tp, int tp_size, bench_rank_geom_t *g)
+{
+    bench_rank_geom(o, tp, tp_size, 0, 1, g);
+    g->page = o->dpage;
+    g->order = o->dorder;
+    g->item_len = g->row_bytes * (uint64_t)o->dpage;
 }
 
 uint64_t bench_pages_per_request(const bench_opts_t *o)
 {
     return (uint64_t)((o->prompt_len + o->page - 1) / o->page);
+}
+
+uint64_t bench_decode_pages_per_request(const bench_opts_t *o)
+{
+    return (uint64_t)((o->prompt_len + o->dpage - 1) / o->dpage);
+}
+
+uint64_t bench_rows_sent(const bench_opts_t *o)
+{
+    uint64_t p = bench_pages_per_request(o) * (uint64_t)o->page;
+    uint64_t d = bench_decode_pages_per_request(o) * (uint64_t)o->dpage;
+    return p < d ? p : d;
 }
 
 static uint64_t side_bytes_per_page(const bench_opts_t *o, bool prefill)
@@ -440,7 +479,8 @@ static uint64_t side_bytes_per_page(const bench_opts_t *o, bool prefill)
 
 uint64_t bench_request_bytes(const bench_opts_t *o)
 {
-    return bench_pages_per_request(o) * side_bytes_per_page(o, false) +
+    /* per token row: the decode's page bytes over its page size */
+    return bench_rows_sent(o) * (side_bytes_per_page(o, false) / (uint64_t)o->page) +
            (uint64_t)o->dtp * BENCH_AUX_ITEM;
 }
 

@@ -322,7 +322,8 @@ static bool rank_manager(rank_t *r)
                        .aux_data_lens = &aux_len,
                        .aux_item_lens = &aux_item,
                        .num_aux = 1,
-                       .page_size = (uint32_t)o->page,
+                       .page_size = (uint32_t)g->page,
+                       .kv_order = (uint32_t)g->order,
                        .kv_head_num = (uint32_t)g->local_heads,
                        .engine_rank = g->tp,
                        .prefill_start_layer = (uint32_t)g->first_layer,
@@ -357,7 +358,13 @@ static bool rank_start(rank_t *r)
     if (r->prefill)
         bench_rank_geom(o, o->tp_rank, o->ptp, o->pp_rank, o->ppp, &g);
     else
-        bench_rank_geom(o, o->tp_rank, o->dtp, 0, 1, &g);
+        bench_decode_geom(o, o->tp_rank, o->dtp, &g);
+    /* the decode's pool holds the prefill pool's tokens in its own pages,
+     * plus a part-filled last page per request in flight */
+    uint64_t pool = (uint64_t)o->pool_pages;
+    if (!r->prefill && o->dpage != o->page)
+        pool = (pool * (uint64_t)o->page + (uint64_t)o->dpage - 1) / (uint64_t)o->dpage +
+               (uint64_t)(o->wave + o->hold) + 8;
     r->nwave = (size_t)o->wave + 4;
     r->nhold = (size_t)o->hold;
     r->nrooms = r->nwave + r->nhold;
@@ -374,11 +381,13 @@ static bool rank_start(rank_t *r)
     r->cq_id = calloc(r->cq_cap + 1, sizeof(*r->cq_id));
     if (r->rooms == NULL || r->act == NULL || r->handles == NULL || r->polls == NULL ||
         r->fresh == NULL || r->chg == NULL || r->cq == NULL || r->cq_id == NULL ||
-        !bench_pool_init(&r->pool, &g, (uint64_t)o->pool_pages, (uint64_t)(o->wave + o->hold),
+        !bench_pool_init(&r->pool, &g, pool, (uint64_t)(o->wave + o->hold),
                          (uint64_t)o->seed * 7919 + (r->prefill ? 0 : 1) + (uint64_t)o->dp_rank)) {
-        bench_say("error cannot allocate a KV pool of %lld pages", o->pool_pages);
+        bench_say("error cannot allocate a KV pool of %llu pages", (unsigned long long)pool);
         return false;
     }
+    if (!r->prefill) /* the rows that reach it (page sizes may differ) */
+        r->pool.verify_rows = bench_rows_sent(o);
     char why[300];
     if (o->cuda && !bench_pool_cuda(&r->pool, o->cuda_device, why, sizeof(why))) {
         bench_say("error --memory cuda: %s", why);
@@ -557,7 +566,7 @@ static void cmd_verify(rank_t *r, uint64_t id)
         kvb__mem_copy(p, &v, 1);
         r->corrupted = true;
     }
-    uint64_t bad = bench_verify(&r->pool, r->o->page, id, rm->pages, rm->n, rm->aux);
+    uint64_t bad = bench_verify(&r->pool, r->pool.g.page, id, rm->pages, rm->n, rm->aux);
     bench_say("verified %" PRIu64 " %" PRIu64, id, bad);
     room_release(r, rm);
 }
@@ -618,7 +627,7 @@ static bool handle(rank_t *r, const char *line)
     if (sscanf(line, "fill %" SCNu64 " %u %lld", &id, &n, &aux) == 3 && r->prefill) {
         rroom_t *rm = room_new(r, id, n, aux, false, hold);
         if (rm != NULL) {
-            bench_fill(&r->pool, r->o->page, id, rm->pages, n, aux);
+            bench_fill(&r->pool, r->pool.g.page, id, rm->pages, n, aux);
             rm->state = R_FILLED;
             bench_say("filled %" PRIu64, id);
         }

@@ -150,13 +150,21 @@ static bool plan_stage(const bench_opts_t *o, int pp, const int32_t *src, const 
     model_of(o, &pm);
     kvb_plan_layout_from_model(&pm, (uint32_t)o->ptp, 0, (uint32_t)o->ppp, (uint32_t)pp,
                                (uint32_t)o->page, &pl);
-    kvb_plan_layout_from_model(&pm, (uint32_t)o->dtp, 0, 1, 0, (uint32_t)o->page, &dl);
+    kvb_plan_layout_from_model(&pm, (uint32_t)o->dtp, 0, 1, 0, (uint32_t)o->dpage, &dl);
+    dl.field_mask |= KVB_PLAN_LAYOUT_ORDER;
+    dl.kv_order = (kvb_plan_order_t)o->dorder;
     if (kvb_plan_create(&pl, &dl, &plan) != KVB_OK)
         return false;
     fake_bases(skv, 2 * o->m.layers, 1ull << 44);
     fake_bases(dkv, 2 * o->m.layers, 1ull << 46);
     kvb_plan_buffers_t sb = {.kv = skv}, db = {.kv = dkv};
-    kvb_plan_chunk_t ch = {.src_pages = src, .dst_pages = dst, .num_pages = n};
+    /* the decode's own pages, rows as the connector sends them */
+    kvb_plan_chunk_t ch = {.field_mask = KVB_PLAN_CHUNK_DST_PAGES | KVB_PLAN_CHUNK_END,
+                           .src_pages = src,
+                           .dst_pages = dst,
+                           .num_pages = n,
+                           .num_dst_pages = (size_t)bench_decode_pages_per_request(o),
+                           .end_tokens = bench_rows_sent(o)};
     bool ok = true;
     double t0 = kvb_tool_now();
     for (int d = 0; d < o->dtp && ok; d++) {
@@ -176,19 +184,21 @@ static bool plan_stage(const bench_opts_t *o, int pp, const int32_t *src, const 
 
 static double plan_us(const bench_opts_t *o)
 {
-    uint32_t n = (uint32_t)bench_pages_per_request(o);
-    uint32_t *perm = malloc((size_t)n * 4 * sizeof(uint32_t));
-    int32_t *src = malloc((size_t)n * sizeof(int32_t)), *dst = malloc((size_t)n * sizeof(int32_t));
+    uint32_t n = (uint32_t)bench_pages_per_request(o),
+             nd = (uint32_t)bench_decode_pages_per_request(o);
+    uint32_t m = n > nd ? n : nd;
+    uint32_t *perm = malloc((size_t)m * 4 * sizeof(uint32_t));
+    int32_t *src = malloc((size_t)n * sizeof(int32_t)), *dst = malloc((size_t)nd * sizeof(int32_t));
     kvb_plan_strided_t out;
     double secs = 0;
     bool ok = perm && src && dst && o->m.layers <= 1024;
     kvb_plan_strided_init(&out);
     for (int s = 0; ok && s < PLAN_SAMPLES; s++) {
-        kvb_eb_permute(perm, (size_t)n * 4, (uint64_t)s + 1);
-        for (uint32_t i = 0; i < n; i++) {
+        kvb_eb_permute(perm, (size_t)m * 4, (uint64_t)s + 1);
+        for (uint32_t i = 0; i < n; i++)
             src[i] = (int32_t)perm[i];
-            dst[i] = (int32_t)perm[n * 4 - 1 - i];
-        }
+        for (uint32_t i = 0; i < nd; i++)
+            dst[i] = (int32_t)perm[m * 4 - 1 - i];
         for (int p = 0; ok && p < o->ppp; p++)
             ok = plan_stage(o, p, src, dst, n, &out, &secs);
     }
@@ -429,6 +439,9 @@ static void print_table(const bench_opts_t *o, const bench_report_t *r)
            r->interrupted ? " (interrupted: partial)" : "");
     printf("  %-22s %lld x %lld tokens (page %d, chunk %lld), %lld in flight\n", "requests",
            r->requests, o->prompt_len, o->page, o->chunk > 0 ? o->chunk : o->prompt_len, o->conc);
+    if (o->dpage != o->page || o->dorder != KVB_PLAN_ORDER_NHD)
+        printf("  %-22s page %d, %s (prefill: page %d, nhd): rows mapped\n", "decode layout",
+               o->dpage, kvb_plan_order_name((kvb_plan_order_t)o->dorder), o->page);
     printf("  %-22s %lld verified, %lld aborted, %lld failed, %lld not run\n", "result",
            r->verified, r->aborted, r->failed, r->requests - r->verified - r->aborted - r->failed);
     printf("  %-22s %.3f GB in %.3f s\n", "bytes moved", (double)r->steady.bytes / 1e9,
@@ -585,9 +598,11 @@ static bool write_json(const bench_opts_t *o, const bench_report_t *r)
     fprintf(f,
             "\"latency_ms\": {\"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f}, "
             "\"plan_us_per_request\": %.2f, \"prompt_len\": %lld, \"page_size\": %d, "
+            "\"decode_page_size\": %d, \"decode_layout\": \"%s\", "
             "\"concurrency\": %lld, \"interrupted\": %s, \"failures\": [",
             pct(&r->steady, 50), pct(&r->steady, 90), pct(&r->steady, 99), r->plan_us,
-            o->prompt_len, o->page, o->conc, r->interrupted ? "true" : "false");
+            o->prompt_len, o->page, o->dpage, kvb_plan_order_name((kvb_plan_order_t)o->dorder),
+            o->conc, r->interrupted ? "true" : "false");
     for (int i = 0; i < r->nfails; i++) {
         fprintf(f, i ? ", " : "");
         json_str(f, r->fails[i]);

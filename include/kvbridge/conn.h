@@ -62,6 +62,9 @@ typedef struct kvb_kv_args {
     int32_t engine_rank;          /* the seeds' engine_rank (attention TP rank) */
     uint32_t prefill_start_layer; /* prefill PP stage: first model layer held */
     uint32_t num_layers_total;    /* model layers; 0 = num local layers × pp_size */
+    uint32_t kv_order; /* page order of the KV buffers, kvb_plan_order_t: 0 NHD (page, token,
+                          head, dim), 1 HND (page, head, token, dim). A kvbridge peer is told
+                          it and the page size (docs/planner.md) */
 } kvb_kv_args_t;
 
 enum kvb_manager_param_field {

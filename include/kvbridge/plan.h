@@ -14,7 +14,9 @@
  * by side; the planner intersects the global unit intervals of the two ranks
  * to get one fragment (src_offset, dst_offset, bytes) per buffer kind, then
  * expands fragments over pages, rows and layers into (src, dst, len) blocks
- * that feed kvb_engine_write directly.
+ * that feed kvb_engine_write directly. The two sides may differ in page size
+ * and in the order of a page (NHD, HND): the planner then maps token rows,
+ * not pages (docs/planner.md).
  *
  * Errors: every function returns KVB_ERR_INVALID for unsupported or
  * inconsistent geometry and never a wrong plan; kvb_plan_last_error() gives
@@ -46,6 +48,21 @@ typedef enum kvb_plan_axis {
     KVB_PLAN_AXIS_STATE_CHANNEL = 1, /* units are state channels */
     KVB_PLAN_AXIS_REPLICATED = 2     /* every rank holds the whole row */
 } kvb_plan_axis_t;
+
+/* Order of one page of a K/V, latent or draft buffer. The innermost axis is
+ * always the unit (head_dim × element bytes); state and aux items have no
+ * token axis and ignore it. */
+typedef enum kvb_plan_order {
+    KVB_PLAN_ORDER_NHD = 0, /* (page, token, head, dim): a token's heads side by side */
+    KVB_PLAN_ORDER_HND = 1  /* (page, head, token, dim): a head's tokens side by side */
+} kvb_plan_order_t;
+
+/* "nhd", "hnd"; "?" otherwise. Constant text, thread-safe. */
+KVB_API const char *kvb_plan_order_name(kvb_plan_order_t order);
+
+/* Parse "nhd" / "hnd" (case-insensitive) into *order_p; KVB_ERR_INVALID
+ * otherwise (*order_p untouched). Thread-safe. */
+KVB_API kvb_status_t kvb_plan_order_parse(const char *text, kvb_plan_order_t *order_p);
 
 /* Buffer kinds, in the order blocks are emitted. MLA latent buffers use
  * KVB_PLAN_BUF_LATENT; MLA draft layers use KVB_PLAN_BUF_DRAFT_K. */
@@ -87,7 +104,8 @@ enum kvb_plan_layout_field {
     KVB_PLAN_LAYOUT_DRAFT_GEOM = 1u << 5, /* draft_layers, draft_geom */
     KVB_PLAN_LAYOUT_STATE = 1u << 6,      /* num_state, state */
     KVB_PLAN_LAYOUT_AUX = 1u << 7,        /* num_aux, aux_item_lens */
-    KVB_PLAN_LAYOUT_POOL = 1u << 8        /* kv_pool_pages, state_pool_items, aux_pool_items */
+    KVB_PLAN_LAYOUT_POOL = 1u << 8,       /* kv_pool_pages, state_pool_items, aux_pool_items */
+    KVB_PLAN_LAYOUT_ORDER = 1u << 9       /* kv_order, elem_bytes (default NHD, unchecked) */
 };
 
 /* What one rank holds. Always read: attn, num_layers, tp_size, tp_rank,
@@ -99,7 +117,7 @@ typedef struct kvb_plan_layout {
     uint32_t num_layers; /* layers of the whole model */
     uint32_t tp_size;    /* attention TP size (per DP group) */
     uint32_t tp_rank;    /* attention TP rank; checked < tp_size */
-    uint32_t page_size;  /* tokens per item; equal on both sides */
+    uint32_t page_size;  /* tokens per K/V/latent/draft item; the sides may differ */
     uint32_t kv_heads;   /* MHA: KV heads of the whole model; MLA: ignored */
     uint64_t head_bytes; /* MHA: head_dim × dtype bytes; MLA: latent bytes per token */
     uint32_t pp_size, pp_rank;
@@ -117,6 +135,9 @@ typedef struct kvb_plan_layout {
     uint64_t kv_pool_pages;    /* items per K/V/latent/draft buffer; 0 = unchecked */
     uint64_t state_pool_items; /* items per state buffer; 0 = unchecked */
     uint64_t aux_pool_items;   /* items per aux buffer; 0 = unchecked */
+    kvb_plan_order_t kv_order; /* order of K/V/latent/draft pages */
+    uint32_t elem_bytes;       /* bytes per element: divides the unit; equal on both sides
+                                  when both give it; 0 = unchecked */
 } kvb_plan_layout_t;
 
 /* A model description and the presets shared by `kvbridge plan`, `plan-bench`
@@ -187,13 +208,17 @@ KVB_API kvb_status_t kvb_plan_route(kvb_plan_h plan, uint32_t decode_rank,
  * state and aux) row. */
 typedef struct kvb_plan_fragment {
     kvb_plan_buffer_t buffer;
-    uint32_t index;         /* state / aux buffer index, 0 otherwise */
-    uint64_t src_offset;    /* in the prefill row */
-    uint64_t dst_offset;    /* in the decode row */
-    uint64_t bytes;         /* per row */
-    uint64_t src_row_bytes; /* prefill row length */
-    uint64_t dst_row_bytes; /* decode row length */
-    uint32_t rows_per_item; /* page_size, or 1 for state and aux */
+    uint32_t index;             /* state / aux buffer index, 0 otherwise */
+    uint64_t src_offset;        /* in the prefill row */
+    uint64_t dst_offset;        /* in the decode row */
+    uint64_t bytes;             /* per row */
+    uint64_t src_row_bytes;     /* prefill row length */
+    uint64_t dst_row_bytes;     /* decode row length */
+    uint32_t rows_per_item;     /* prefill page_size, or 1 for state and aux */
+    uint32_t dst_rows_per_item; /* decode page_size, or 1 for state and aux */
+    uint64_t unit_bytes;        /* bytes of one unit (head); offsets are unit multiples */
+    kvb_plan_order_t src_order, dst_order; /* HND: unit u of token r lies at
+                                              r × unit_bytes + u × rows × unit_bytes */
 } kvb_plan_fragment_t;
 
 /* Upper bound of the fragments of one rank pair (for sizing arrays). */
@@ -221,27 +246,39 @@ typedef struct kvb_plan_buffers {
 } kvb_plan_buffers_t;
 
 enum kvb_plan_chunk_field {
-    KVB_PLAN_CHUNK_PREFIX = 1u << 0, /* first_page, prefix_tokens */
-    KVB_PLAN_CHUNK_STATE = 1u << 1,  /* src_state, dst_state, num_state_indices */
-    KVB_PLAN_CHUNK_AUX = 1u << 2     /* src_aux_index, dst_aux_index */
+    KVB_PLAN_CHUNK_PREFIX = 1u << 0,    /* first_page, prefix_tokens */
+    KVB_PLAN_CHUNK_STATE = 1u << 1,     /* src_state, dst_state, num_state_indices */
+    KVB_PLAN_CHUNK_AUX = 1u << 2,       /* src_aux_index, dst_aux_index */
+    KVB_PLAN_CHUNK_DST_PAGES = 1u << 3, /* dst_first_page, num_dst_pages */
+    KVB_PLAN_CHUNK_END = 1u << 4        /* end_tokens */
 };
 
-/* One chunk of a request. src_pages[i] and dst_pages[i] hold request page
- * first_page + i; pages of the request below prefix_tokens / page_size are
- * already on the decode and skipped. State items and the aux item (pass them
- * with the last chunk) are sent by the last PP stage only. */
+/* One chunk of a request: it sends request token rows [first_page × P_p,
+ * (first_page + num_pages) × P_p) (P_p, P_d: prefill and decode page sizes)
+ * less the rows below prefix_tokens (already on the decode; any count, a
+ * partly filled decode page keeps its rows below it) and the rows from
+ * end_tokens on (with KVB_PLAN_CHUNK_END: the request's length; the rest of
+ * the last decode page is left as it was). src_pages[i] holds prefill page
+ * first_page + i. dst_pages[i] holds decode page first_page + i, or with
+ * KVB_PLAN_CHUNK_DST_PAGES decode page dst_first_page + i of num_dst_pages
+ * (needed when P_p != P_d: every decode page the rows reach must be there).
+ * State items and the aux item (pass them with the last chunk) are sent by
+ * the last PP stage only. */
 typedef struct kvb_plan_chunk {
     uint64_t field_mask;
     const int32_t *src_pages;
     const int32_t *dst_pages;
     size_t num_pages;
     uint64_t first_page;
-    uint64_t prefix_tokens; /* multiple of page_size */
+    uint64_t prefix_tokens; /* rows already on the decode */
     const int32_t *src_state;
     const int32_t *dst_state;
     size_t num_state_indices;
     int64_t src_aux_index;
     int64_t dst_aux_index;
+    uint64_t dst_first_page; /* request decode page of dst_pages[0] */
+    size_t num_dst_pages;
+    uint64_t end_tokens; /* rows from here on are not sent */
 } kvb_plan_chunk_t;
 
 /* Growable block array. Zero-initialise (or kvb_plan_blocks_init) and the
@@ -264,11 +301,14 @@ KVB_API void kvb_plan_blocks_free(kvb_plan_blocks_t *out);
 
 /* Append the blocks that prefill_rank (at the plan's prefill PP stage) writes
  * into decode_rank for one chunk: every buffer and layer, consecutive pages
- * merged, whole rows merged when a fragment covers them on both sides.
- * Appends nothing for a pair that exchanges nothing. Errors (out unchanged):
- * KVB_ERR_INVALID (index outside a pool or negative, prefix not a multiple of
- * the page size, missing address array, address overflow, fixed array too
- * small), KVB_ERR_NOMEM. Thread-safe on a shared plan. */
+ * merged, whole rows merged when a fragment covers them on both sides; with
+ * page sizes or orders that differ, or a chunk cut mid-page, the token rows
+ * mapped one page segment at a time and every block that continues the one
+ * before on both sides merged into it (docs/planner.md). Appends nothing for
+ * a pair that exchanges nothing. Errors (out unchanged): KVB_ERR_INVALID
+ * (index outside a pool or negative, rows reaching a decode page dst_pages
+ * lacks, missing address array, address overflow, fixed array too small),
+ * KVB_ERR_NOMEM. Thread-safe on a shared plan. */
 KVB_API kvb_status_t kvb_plan_blocks(kvb_plan_h plan, uint32_t prefill_rank, uint32_t decode_rank,
                                      const kvb_plan_buffers_t *src, const kvb_plan_buffers_t *dst,
                                      const kvb_plan_chunk_t *chunk, kvb_plan_blocks_t *out);
@@ -281,10 +321,13 @@ KVB_API kvb_status_t kvb_plan_blocks(kvb_plan_h plan, uint32_t prefill_rank, uin
  * plain (count 1, src_stride = dst_stride = len) and merge as in
  * kvb_plan_blocks. The bytes moved are exactly kvb_plan_blocks' for the same
  * arguments, and in the same order when each strided block is read row by
- * row; the descriptors are O(buffers × page runs) instead of O(rows).
- * Same container rules (a fixed array needs room for one descriptor per
- * buffer and page run, counted before whole rows merge), errors (out
- * unchanged) and thread safety as kvb_plan_blocks. */
+ * row; the descriptors are O(buffers × page runs) instead of O(rows). The
+ * row mapping (page sizes or orders differ) gives one per page segment, or
+ * per unit and segment where the orders differ (docs/planner.md), none
+ * spanning two buffers. Same container rules (a fixed array needs
+ * room for one descriptor per buffer and page run, counted before whole rows
+ * merge, or per piece of the row mapping), errors (out unchanged) and thread
+ * safety as kvb_plan_blocks. */
 typedef struct kvb_plan_strided {
     kvb_strided_block_t *blocks;
     size_t count;

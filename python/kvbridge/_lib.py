@@ -163,6 +163,7 @@ class KVArgsC(ctypes.Structure):
         ("engine_rank", ctypes.c_int32),
         ("prefill_start_layer", ctypes.c_uint32),
         ("num_layers_total", ctypes.c_uint32),
+        ("kv_order", ctypes.c_uint32),
     ]
 
 

@@ -69,6 +69,7 @@ class KVArgs:
         self.state_data_lens = []
         self.state_item_lens = []
         self.page_size = 1
+        self.kv_layout = "nhd"  # page order: "nhd" (page, token, head, dim) or "hnd"
         self.kv_head_num = None
         self.engine_rank = None
         self.prefill_start_layer = None
@@ -80,6 +81,14 @@ class KVArgs:
         return (f"KVArgs(num_kv={len(self.kv_data_ptrs or [])}, "
                 f"kv_item_lens={list(self.kv_item_lens or [])[:1]}..., "
                 f"page_size={self.page_size}, kv_head_num={self.kv_head_num})")
+
+
+def _kv_order(layout):
+    """KVArgs.kv_layout ("nhd" / "hnd", any case; None = "nhd") as kvb_plan_order_t."""
+    text = "nhd" if layout is None else layout
+    if not isinstance(text, str) or text.lower() not in ("nhd", "hnd"):
+        raise InvalidArgument(f"KVArgs.kv_layout must be 'nhd' or 'hnd', not {layout!r}")
+    return 0 if text.lower() == "nhd" else 1
 
 
 def _parse_mode(mode):
@@ -162,6 +171,7 @@ def _args_struct(args, is_mla, pp_rank, pp_size):
     a.state_data_ptrs, a.state_data_lens, a.state_item_lens, a.num_state = (arr(p), arr(n),
                                                                             arr(i), len(p))
     a.page_size = page_size
+    a.kv_order = _kv_order(getattr(args, "kv_layout", "nhd"))
     a.kv_head_num = heads
     local_layers = len(kv_ptrs) if is_mla else len(kv_ptrs) // 2
     start = getattr(args, "prefill_start_layer", None)

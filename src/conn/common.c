@@ -104,7 +104,8 @@ void kvb__layout_self(struct kvb_manager *m, kvb_plan_layout_t *out)
     out->tp_size = (uint32_t)m->p.attn_tp_size;
     out->tp_rank = (uint32_t)m->p.attn_tp_rank;
     out->page_size = a->page_size;
-    out->field_mask = KVB_PLAN_LAYOUT_KV_GEOM | KVB_PLAN_LAYOUT_POOL;
+    out->field_mask = KVB_PLAN_LAYOUT_KV_GEOM | KVB_PLAN_LAYOUT_POOL | KVB_PLAN_LAYOUT_ORDER;
+    out->kv_order = (kvb_plan_order_t)a->kv_order;
     out->kv_geom.item_len = a->kv_item_len;
     if (m->p.is_mla) {
         out->kv_geom.unit_len = 0;

@@ -244,6 +244,8 @@ typedef struct kvb__reg {
     uint64_t registered_ms, used_ms; /* monotonic ms; used_ms: last transfer info or chunk
                                         naming it, 0: none yet */
     int refs;
+    /* its page size and order ("kv_layout="; page_size 0: unsaid, taken as ours) */
+    uint32_t page_size, kv_order;
     struct kvb__reg *next;
 } kvb__reg_t;
 
@@ -312,6 +314,9 @@ typedef struct kvb__addr {
     void *priv;      /* the dialect's own record of the instance (dialect addr_info), or NULL */
     int failures;
     struct kvb__route *routes;
+    /* the prefill's page size (2026 parallel info; 0: unsaid) when it differs from
+     * ours: only a rank that registered as kvbridge can be told ours */
+    int32_t other_page;
     struct kvb__addr *next;
 } kvb__addr_t;
 

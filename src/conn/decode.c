@@ -114,11 +114,19 @@ static void boot_asked(resolve_t *rs, const char *kind)
 
 /* kvbridge's planner for the instance a's answer (info) describes. */
 static kvb_status_t kvbridge_plan(struct kvb_manager *m, const kvb__addr_t *a,
-                                  const kvb_bootstrap_parallel_info_t *info, kvb_plan_h *plan_p,
-                                  resolve_t *rs)
+                                  const kvb_bootstrap_parallel_info_t *info, int32_t page,
+                                  kvb_plan_h *plan_p, resolve_t *rs)
 {
     kvb_plan_layout_t pre, dec;
     prefill_layout(m, info, &pre);
+    if (page > 0 && (uint32_t)page != pre.page_size) {
+        /* item lengths it registered count its page's rows; ones derived
+         * from ours (none registered), ours */
+        if (info->kv_item_lens.count == 0)
+            pre.kv_geom.item_len = pre.kv_geom.item_len / pre.page_size * (uint64_t)page;
+        pre.page_size = (uint32_t)page;
+        pre.draft_geom = pre.kv_geom;
+    }
     kvb__layout_self(m, &dec);
     /* Routes follow the KV geometry; state pairs up rank by rank (the prefill
      * checks its TP size against ours). */
@@ -126,8 +134,12 @@ static kvb_status_t kvbridge_plan(struct kvb_manager *m, const kvb__addr_t *a,
     dec.field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_STATE;
     pre.num_state = dec.num_state = 0;
     if (kvb_plan_create(&pre, &dec, plan_p) != KVB_OK) {
-        snprintf(rs->why, sizeof(rs->why), "prefill at %s cannot serve this decode rank: %s",
-                 a->addr, kvb_plan_last_error());
+        snprintf(rs->why, sizeof(rs->why), "prefill at %s cannot serve this decode rank: %s%s",
+                 a->addr, kvb_plan_last_error(),
+                 page > 0 ? ""
+                          : " (its bootstrap answer does not say its page size: a prefill of "
+                            "another page size than this decode's is served in the 2026 "
+                            "dialect only)");
         return KVB_ERR_INVALID;
     }
     return KVB_OK;
@@ -154,14 +166,8 @@ static kvb_status_t dialect_info(struct kvb_manager *m, const kvb__addr_t *a,
 static kvb_status_t ext_refusal(const struct kvb_manager *m, const kvb__addr_t *a,
                                 const kvb_bootstrap_parallel_info_ext_t *ext, resolve_t *rs)
 {
-    if (ext->page_size > 0 && (uint32_t)ext->page_size != m->args.page_size) {
-        /* SGLang's decode raises "Page size mismatch" here; kvbridge fails
-         * the room and asks again for the next one. */
-        snprintf(rs->why, sizeof(rs->why),
-                 "Page size mismatch: prefill at %s has page_size %d, this decode %u", a->addr,
-                 (int)ext->page_size, m->args.page_size);
-        return KVB_ERR_INVALID;
-    }
+    /* page sizes that differ: checked per rank (page_refusal), once its
+     * look-up says whether it is kvbridge */
     if (ext->kv_cache_dtype[0] != '\0' && m->kv_dtype[0] != '\0' &&
         strcmp(ext->kv_cache_dtype, m->kv_dtype) != 0) {
         /* SGLang's decode: "KV cache dtype mismatch" (fatal there); unknown
@@ -181,6 +187,26 @@ static kvb_status_t ext_refusal(const struct kvb_manager *m, const kvb__addr_t *
         return KVB_ERR_INVALID;
     }
     return KVB_OK;
+}
+
+/* A prefill rank of another page size that did not register as kvbridge
+ * cannot be told ours ("kv_layout=" travels only to kvbridge ranks):
+ * SGLang's decode raises "Page size mismatch" here; kvbridge fails the room
+ * and asks again for the next one. A kvbridge rank maps rows
+ * (docs/planner.md). */
+static kvb_status_t page_refusal(struct kvb_manager *m, const kvb__addr_t *a, int kvbridge,
+                                 resolve_t *rs)
+{
+    pthread_mutex_lock(&m->mu);
+    int32_t other = a->other_page;
+    pthread_mutex_unlock(&m->mu);
+    if (kvbridge || other <= 0)
+        return KVB_OK;
+    snprintf(rs->why, sizeof(rs->why),
+             "Page size mismatch: prefill at %s has page_size %d, this decode %u (only a prefill "
+             "registered as kvbridge can be told this decode's page size)",
+             a->addr, (int)other, m->args.page_size);
+    return KVB_ERR_INVALID;
 }
 
 static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t *rs)
@@ -218,7 +244,7 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
     st = ext_refusal(m, a, &ext, rs);
     if (st == KVB_OK)
         st = d->addr_info != NULL ? dialect_info(m, a, d, body, len, &priv, rs)
-                                  : kvbridge_plan(m, a, &info, &plan, rs);
+                                  : kvbridge_plan(m, a, &info, ext.page_size, &plan, rs);
     free(body);
     if (st != KVB_OK) {
         kvb_bootstrap_parallel_info_free(&info);
@@ -230,6 +256,8 @@ static kvb_status_t fetch_info(struct kvb_manager *m, kvb__addr_t *a, resolve_t 
         a->dialect = d;
         a->follow_room = ext.follow_bootstrap_room;
         a->cp_size = ext.attn_cp_size > 0 ? ext.attn_cp_size : 1;
+        a->other_page =
+            ext.page_size > 0 && (uint32_t)ext.page_size != m->args.page_size ? ext.page_size : 0;
         a->plan = plan;
         a->priv = priv;
         a->have_info = 1;
@@ -310,6 +338,8 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
         return st;
     }
     out->kvbridge = rx.kvbridge > 0;
+    if ((st = page_refusal(m, a, out->kvbridge, rs)) != KVB_OK)
+        return st;
     st = send_registration(m, a, ra.rank_ip, ra.rank_port, out, rs->tl);
     if (st != KVB_OK) {
         snprintf(rs->why, sizeof(rs->why), "KV args not delivered to prefill %s:%u", ra.rank_ip,

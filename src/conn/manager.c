@@ -126,6 +126,8 @@ static kvb_status_t check_params(const kvb_manager_params_t *p)
                             "kv_args: MHA needs K and V buffers (even num_kv) and kv_item_len "
                             "a multiple of page_size x kv_head_num%s",
                             "");
+    if (a->kv_order != KVB_PLAN_ORDER_NHD && a->kv_order != KVB_PLAN_ORDER_HND)
+        return create_error(KVB_ERR_INVALID, "kv_args: kv_order is not 0 (NHD) or 1 (HND)%s", "");
     if (p->mode == KVB_MODE_PREFILL &&
         (!(p->field_mask & KVB_MANAGER_PARAM_BOOTSTRAP_ADDR) || p->bootstrap_addr == NULL))
         return create_error(KVB_ERR_INVALID, "a prefill manager needs bootstrap_addr%s", "");

@@ -29,6 +29,11 @@ static void decode_layout(struct kvb_manager *m, const kvb__reg_t *g, kvb_plan_l
     dec->draft_geom.item_len = (uint64_t)g->item_len; /* one item length on the wire */
     dec->pp_size = 1;
     dec->pp_rank = 0;
+    /* a kvbridge decode said its page size and order ("kv_layout="): the
+     * planner maps rows (docs/planner.md); any other decode is taken as ours */
+    if (g->page_size != 0)
+        dec->page_size = g->page_size;
+    dec->kv_order = (kvb_plan_order_t)g->kv_order;
     if (g->n_aux != m->args.num_aux) {
         dec->field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_AUX;
         pre->field_mask &= ~(uint64_t)KVB_PLAN_LAYOUT_AUX;
@@ -139,6 +144,8 @@ static kvb__reg_t *reg_from_in(struct kvb_manager *m, kvb__reg_in_t *in, uint64_
     g->item_len = in->item_len;
     g->has_kv_pool = in->has_pool;
     g->kv_pool = in->pool;
+    g->page_size = in->has_layout ? in->page_size : 0;
+    g->kv_order = in->has_layout ? in->kv_order : KVB_PLAN_ORDER_NHD;
     g->dialect = in->dialect;
     g->priv = in->priv;
     in->priv = NULL;

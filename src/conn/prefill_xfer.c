@@ -133,11 +133,107 @@ static bool dst_shift(const kvb__dst_t *d, const kvb__chunk_t *c, uint64_t *shif
     return false;
 }
 
+/* The decode said another page size than ours ("kv_layout="): its pages
+ * and ours pair up by token rows (docs/planner.md). */
+static bool rows_differ(const struct kvb_manager *m, const kvb__reg_t *g)
+{
+    return g->page_size != 0 && g->page_size != m->args.page_size;
+}
+
+/* Request page of the decode's first listed page: a suffix-pages transfer
+ * info (2026) lists its pages after its prefix. */
+static uint64_t dst_base(const kvb__reg_t *g, const kvb__dst_t *d)
+{
+    return d->dialect->t.suffix_pages ? (uint64_t)d->prefix_tokens / g->page_size : 0;
+}
+
+/* The sender's request page of c->indices[0] is c->first + *shift_p: 0 for
+ * a sender with the whole request; prefix / P_p for one with the suffix
+ * only (SGLang's prefill), told apart by its page count against the rows
+ * the decode's pages can hold (refused where both or neither fit). */
+static bool src_shift(uint64_t Pp, uint64_t Pd, uint64_t prefix, uint64_t n, uint64_t total,
+                      uint64_t *shift_p)
+{
+    bool whole = total * Pp + Pd > prefix + n * Pd && (total - 1) * Pp < prefix + n * Pd;
+    bool suffix = total * Pp + Pd > n * Pd && (total - 1) * Pp < n * Pd;
+    *shift_p = suffix && !whole ? prefix / Pp : 0;
+    return prefix == 0 || total == 0 || whole != suffix;
+}
+
+/* Rows pairing needs a prefix on both sides' page boundaries where the
+ * decode lists only its suffix pages, a sender whose pages can be placed,
+ * and the chunk's last page to start inside the decode's pages. */
+static bool rows_fit(const struct kvb_manager *m, const kvb__reg_t *g, const kvb__dst_t *d,
+                     const kvb__chunk_t *c, uint64_t *shift_p, char *why, size_t wl)
+{
+    uint64_t Pp = m->args.page_size, Pd = g->page_size, base = dst_base(g, d);
+    uint64_t prefix = d->dialect->t.suffix_pages && d->prefix_tokens > 0 ? d->prefix_tokens : 0;
+    *shift_p = 0;
+    if (prefix % Pd != 0 || prefix % Pp != 0) {
+        snprintf(why, wl,
+                 "decode %s lists the pages after a %llu-token prefix, not a multiple of both "
+                 "page sizes (decode %llu, this prefill %llu)",
+                 d->session, (unsigned long long)prefix, (unsigned long long)Pd,
+                 (unsigned long long)Pp);
+        return false;
+    }
+    if (!src_shift(Pp, Pd, prefix, d->n_pages, c->total, shift_p)) {
+        snprintf(why, wl,
+                 "the sender has %llu pages of %llu tokens; decode %s holds a %llu-token prefix "
+                 "and %zu pages of %llu tokens after it: neither the whole request nor its suffix",
+                 (unsigned long long)c->total, (unsigned long long)Pp, d->session,
+                 (unsigned long long)prefix, d->n_pages, (unsigned long long)Pd);
+        return false;
+    }
+    uint64_t last = c->n > 0 ? (c->first + *shift_p + c->n - 1) * Pp : 0;
+    if (c->n > 0 && last >= (base + d->n_pages) * Pd) {
+        snprintf(why, wl,
+                 "chunk's last page starts at token %llu but decode %s's pages end at token %llu",
+                 (unsigned long long)last, d->session,
+                 (unsigned long long)((base + d->n_pages) * Pd));
+        return false;
+    }
+    return true;
+}
+
+/* Page sizes differ: one planner call per run of wanted decode pages, its
+ * rows clipped to the run and the decode's prefix; rows past the decode's
+ * last page are not sent (docs/planner.md). */
+static kvb_status_t plan_kv_rows(struct kvb_manager *m, job_t *j, const kvb__dst_t *d,
+                                 const kvb__chunk_t *c, uint64_t shift)
+{
+    uint64_t Pd = j->reg->page_size, base = dst_base(j->reg, d);
+    uint64_t prefix = d->prefix_tokens > 0 ? (uint64_t)d->prefix_tokens : 0;
+    kvb_plan_chunk_t ch = {0};
+    ch.field_mask = KVB_PLAN_CHUNK_PREFIX | KVB_PLAN_CHUNK_DST_PAGES | KVB_PLAN_CHUNK_END;
+    ch.src_pages = c->indices;
+    ch.num_pages = c->n;
+    ch.first_page = c->first + shift;
+    for (size_t i = 0, k; i < d->n_pages; i = k) {
+        for (k = i; k < d->n_pages && page_wanted(d, k, 0); k++)
+            ;
+        if (k == i) {
+            k++;
+            continue;
+        }
+        ch.dst_pages = d->pages + i;
+        ch.dst_first_page = base + i;
+        ch.num_dst_pages = k - i;
+        ch.prefix_tokens = prefix > (base + i) * Pd ? prefix : (base + i) * Pd;
+        ch.end_tokens = (base + k) * Pd;
+        if (plan_into(m, j, &ch, false) != KVB_OK)
+            return KVB_ERR_INVALID;
+    }
+    return KVB_OK;
+}
+
 static kvb_status_t plan_runs(struct kvb_manager *m, job_t *j, const kvb__dst_t *d,
                               const kvb__chunk_t *c, uint64_t shift)
 {
     kvb_plan_chunk_t ch = {0};
-    size_t i = 0;
+    size_t i = rows_differ(m, j->reg) ? c->n : 0; /* then planned by rows */
+    if (i > 0 && plan_kv_rows(m, j, d, c, shift) != KVB_OK)
+        return KVB_ERR_INVALID;
     ch.field_mask = KVB_PLAN_CHUNK_PREFIX;
     /* 2026: the pages already exclude the prefix (shift maps them). */
     ch.prefix_tokens = d->dialect->t.suffix_pages ? 0 : (uint64_t)d->prefix_tokens;
@@ -287,9 +383,10 @@ static void job_plan(struct kvb_manager *m, job_t *j, const kvb__dst_t *d, const
         d->dialect->plan_job(m, j->reg, d, c, &j->kv, &j->st, j->why, sizeof(j->why));
     } else if (!dst_pages_fit(j->reg, d, j->why, sizeof(j->why))) {
         j->st = KVB_ERR_INVALID;
-    } else if (!dst_shift(d, c, &shift, j->why, sizeof(j->why))) {
+    } else if (rows_differ(m, j->reg) ? !rows_fit(m, j->reg, d, c, &shift, j->why, sizeof(j->why))
+                                      : !dst_shift(d, c, &shift, j->why, sizeof(j->why))) {
         j->st = KVB_ERR_INVALID;
-    } else if (c->first + c->n > d->n_pages + shift) {
+    } else if (!rows_differ(m, j->reg) && c->first + c->n > d->n_pages + shift) {
         j->st = KVB_ERR_INVALID;
         snprintf(j->why, sizeof(j->why),
                  "chunk covers request pages up to %llu but decode %s pre-allocated %zu",

@@ -321,11 +321,173 @@ static kvb_status_t emit_strided(void *arg, size_t floor, const emit_job_t *j)
     return st;
 }
 
+/* ---- row mapping: page sizes or orders differ, or a chunk cut mid-page ---- */
+
+/* Request token rows [t0, t1) of one call and the pages that hold them:
+ * row t lies in prefill page sp[t / P_p - sfirst] at row t % P_p and decode
+ * page dp[t / P_d - dfirst] at row t % P_d (both checked to exist). */
+typedef struct row_set {
+    const int32_t *sp, *dp;
+    uint64_t sfirst, dfirst;
+    uint64_t t0, t1;
+    uint64_t smax, dmax;
+} row_set_t;
+
+/* Where one row mapping writes a piece (a strided block: count rows of len
+ * bytes). */
+typedef kvb_status_t (*put_fn)(void *out, size_t floor, const kvb_strided_block_t *b);
+
+/* Bytes between consecutive tokens of one unit, and between consecutive
+ * units of one token, in a page of `rows` rows (row = a token's units). */
+typedef struct row_strides {
+    uint64_t tok, unit;
+} row_strides_t;
+
+static row_strides_t side_strides(kvb_plan_order_t order, uint64_t rows, uint64_t row,
+                                  uint64_t unit)
+{
+    if (order == KVB_PLAN_ORDER_HND)
+        return (row_strides_t){unit, rows * unit};
+    return (row_strides_t){row, unit};
+}
+
+/* Segment by segment (rows that stay in one page on both sides), the
+ * fragment's units of every row: one piece per segment where the units lie
+ * side by side on both sides (NHD, NHD) or the tokens do (HND, HND; one
+ * head each), else one piece per unit; the put merges what continues within
+ * one buffer (each buffer is its own registration: a block, strided or not,
+ * must not run into the next). *count is the sink's block count. */
+static kvb_status_t emit_rows(put_fn put, void *out, const size_t *count, const emit_job_t *j,
+                              const row_set_t *rs)
+{
+    const kvb__plan_class_t *c = j->c;
+    uint64_t unit = c->unit, nu = j->bytes / unit, Ps = c->rows, Pd = c->dst_rows;
+    row_strides_t S = side_strides(c->src_order, Ps, c->src_row, unit);
+    row_strides_t D = side_strides(c->dst_order, Pd, c->dst_row, unit);
+    bool units_packed = S.unit == unit && D.unit == unit;
+    bool toks_packed = S.tok == unit && D.tok == unit;
+    uint64_t su0 = j->soff / unit, du0 = j->doff / unit;
+    kvb_status_t st = KVB_OK;
+    for (uint32_t b = 0; b < j->nbuf && st == KVB_OK; b++) {
+        uint64_t n;
+        size_t floor = *count;
+        for (uint64_t t = rs->t0; t < rs->t1 && st == KVB_OK; t += n) {
+            uint64_t sr = t % Ps, dr = t % Pd;
+            n = Ps - sr < Pd - dr ? Ps - sr : Pd - dr;
+            n = n < rs->t1 - t ? n : rs->t1 - t;
+            uint64_t sp = (uint64_t)rs->sp[t / Ps - rs->sfirst];
+            uint64_t dp = (uint64_t)rs->dp[t / Pd - rs->dfirst];
+            uint64_t s = j->sb[b] + sp * c->src_item + sr * S.tok + su0 * S.unit;
+            uint64_t d = j->db[b] + dp * c->dst_item + dr * D.tok + du0 * D.unit;
+            kvb_strided_block_t pc;
+            if (units_packed) {
+                pc = (kvb_strided_block_t){s, d, j->bytes, S.tok, D.tok, n};
+                st = put(out, floor, &pc);
+            } else if (toks_packed) {
+                pc = (kvb_strided_block_t){s, d, n * unit, S.unit, D.unit, nu};
+                st = put(out, floor, &pc);
+            } else {
+                for (uint64_t u = 0; u < nu && st == KVB_OK; u++) {
+                    pc = (kvb_strided_block_t){s + u * S.unit, d + u * D.unit, unit,
+                                               S.tok,          D.tok,          n};
+                    st = put(out, floor, &pc);
+                }
+            }
+        }
+    }
+    return st;
+}
+
+/* Plain sink: the piece's rows one by one, each folded into the block
+ * before (of this call) when it continues it on both sides. */
+static kvb_status_t put_plain(void *arg, size_t floor, const kvb_strided_block_t *b)
+{
+    kvb_plan_blocks_t *out = arg;
+    void *arr = out->blocks;
+    kvb_status_t st =
+        reserve(&arr, &out->capacity, out->count, out->fixed, sizeof(kvb_block_t), b->count);
+    out->blocks = arr;
+    if (st != KVB_OK)
+        return st;
+    kvb_block_t *o = out->blocks + out->count;
+    kvb_block_t *prev = out->count > floor ? o - 1 : NULL;
+    for (uint64_t k = 0; k < b->count; k++) {
+        uint64_t s = b->src + k * b->src_stride, d = b->dst + k * b->dst_stride;
+        if (prev != NULL && prev->src + prev->len == s && prev->dst + prev->len == d) {
+            prev->len += b->len;
+            continue;
+        }
+        *o = (kvb_block_t){.src = s, .dst = d, .len = b->len};
+        prev = o++;
+    }
+    out->count = (size_t)(o - out->blocks);
+    return KVB_OK;
+}
+
+/* b continues the strided block a (same row length, rows at a's strides;
+ * a one-row b has no strides of its own). */
+static bool continues_strided(const kvb_strided_block_t *a, const kvb_strided_block_t *b)
+{
+    if (a->count < 2 || a->len != b->len || a->src + a->count * a->src_stride != b->src ||
+        a->dst + a->count * a->dst_stride != b->dst)
+        return false;
+    return b->count == 1 || (b->src_stride == a->src_stride && b->dst_stride == a->dst_stride);
+}
+
+/* Strided sink: a piece whose rows touch on both sides becomes one plain
+ * block; a piece that continues the block before (of this call) extends it:
+ * a plain one by length, a strided one (or a one-row one of the piece's row
+ * length, one stride before it) by rows, and two equal one-row blocks at a
+ * forward distance of at least their length become two rows. */
+static kvb_status_t put_strided_piece(void *arg, size_t floor, const kvb_strided_block_t *b)
+{
+    kvb_plan_strided_t *out = arg;
+    kvb_strided_block_t x = *b;
+    if (x.count == 1 || (x.src_stride == x.len && x.dst_stride == x.len)) {
+        x.len *= x.count;
+        x.count = 1;
+        x.src_stride = x.dst_stride = x.len;
+    }
+    kvb_strided_block_t *prev = out->count > floor ? &out->blocks[out->count - 1] : NULL;
+    if (prev != NULL && x.count == 1 && prev->count == 1 && prev->src + prev->len == x.src &&
+        prev->dst + prev->len == x.dst) {
+        prev->len += x.len;
+        prev->src_stride = prev->dst_stride = prev->len;
+        return KVB_OK;
+    }
+    if (prev != NULL && continues_strided(prev, &x)) {
+        prev->count += x.count;
+        return KVB_OK;
+    }
+    if (prev != NULL && prev->count == 1 && x.count > 1 && prev->len == x.len &&
+        prev->src + x.src_stride == x.src && prev->dst + x.dst_stride == x.dst) {
+        prev->src_stride = x.src_stride; /* one row, then x's rows at x's strides */
+        prev->dst_stride = x.dst_stride;
+        prev->count = 1 + x.count;
+        return KVB_OK;
+    }
+    if (prev != NULL && x.count == 1 && prev->count == 1 && prev->len == x.len &&
+        x.src > prev->src && x.dst >= prev->dst + x.len) {
+        prev->src_stride = x.src - prev->src;
+        prev->dst_stride = x.dst - prev->dst;
+        prev->count = 2;
+        return KVB_OK;
+    }
+    void *arr = out->blocks;
+    kvb_status_t st =
+        reserve(&arr, &out->capacity, out->count, out->fixed, sizeof(*out->blocks), 1);
+    out->blocks = arr;
+    if (st == KVB_OK)
+        out->blocks[out->count++] = x;
+    return st;
+}
+
 /* ---- the driver both entry points share ---- */
 
 /* Where a call writes: the emitter and the container's count and bytes. */
 typedef struct plan_sink {
     kvb_status_t (*emit)(void *out, size_t floor, const emit_job_t *j);
+    put_fn put; /* the row mapping's pieces */
     void *out;
     size_t *count;
     uint64_t *bytes;
@@ -333,9 +495,11 @@ typedef struct plan_sink {
 
 /* What one chunk asks for, checked. */
 typedef struct chunk_prep {
-    item_set_t pages, state, aux; /* pages past the decode's prefix */
+    item_set_t pages, state, aux; /* pages: whole pages past the prefix (when aligned) */
+    row_set_t rows;               /* the rows this call sends, for the row mapping */
     int32_t aux_s, aux_d;
     bool last_stage, with_state, with_aux;
+    bool aligned; /* equal page sizes, rows from page start to page end: whole pages */
 } chunk_prep_t;
 
 static kvb_status_t check_args(const char *fn, kvb_plan_h plan, uint32_t p, uint32_t d,
@@ -363,39 +527,79 @@ static size_t count_runs(const int32_t *sp, const int32_t *dp, size_t n)
     return runs;
 }
 
-/* Check n index pairs against the pools ("src_" / "dst_" + what); *is gets
- * those past the first skip. */
+/* Check n index pairs against the pools ("src_" / "dst_" + what) into *is. */
 static kvb_status_t prep_items(const char *what, const int32_t *sp, const int32_t *dp, size_t n,
-                               size_t skip, uint64_t spool, uint64_t dpool, item_set_t *is)
+                               uint64_t spool, uint64_t dpool, item_set_t *is)
 {
     kvb_status_t st = check_indices("src", what, sp, n, spool, &is->smax);
     if (st == KVB_OK)
         st = check_indices("dst", what, dp, n, dpool, &is->dmax);
-    if (st != KVB_OK || skip >= n)
+    if (st != KVB_OK)
         return st;
-    is->sp = sp + skip;
-    is->dp = dp + skip;
-    is->n = n - skip;
-    is->runs = count_runs(is->sp, is->dp, is->n);
+    is->sp = sp;
+    is->dp = dp;
+    is->n = n;
+    is->runs = count_runs(sp, dp, n);
     return KVB_OK;
 }
 
-/* Pages already on the decode (its prefix) are skipped. */
+/* Request rows [first × P, (first + n) × P), or false on overflow. */
+static bool chunk_rows(uint64_t first, size_t n, uint64_t P, uint64_t *t0_p, uint64_t *t1_p)
+{
+    return kvb__mul_u64(first, P, t0_p) && kvb__add_u64(first, n, t1_p) &&
+           kvb__mul_u64(*t1_p, P, t1_p);
+}
+
+/* Rows of the chunk less the decode's prefix and past end_tokens; the decode
+ * pages they reach must be in dst_pages. Equal page sizes with both ends on
+ * page boundaries also give the whole-page item set (today's blocks). */
 static kvb_status_t prep_pages(kvb_plan_h plan, const kvb_plan_chunk_t *chunk, chunk_prep_t *pr)
 {
-    size_t skip = 0;
-    if (chunk->field_mask & KVB_PLAN_CHUNK_PREFIX) {
-        if (chunk->prefix_tokens % plan->page_size != 0)
-            return kvb__plan_fail("chunk: prefix_tokens=%llu is not a multiple of page_size=%u",
-                                  (unsigned long long)chunk->prefix_tokens, plan->page_size);
-        uint64_t prefix_pages = chunk->prefix_tokens / plan->page_size;
-        if (prefix_pages > chunk->first_page) {
-            uint64_t s = prefix_pages - chunk->first_page;
-            skip = s > chunk->num_pages ? chunk->num_pages : (size_t)s;
-        }
+    uint64_t Ps = plan->src_page, Pd = plan->dst_page, m = chunk->field_mask, t0, t1;
+    row_set_t *rs = &pr->rows;
+    bool own_dst = (m & KVB_PLAN_CHUNK_DST_PAGES) != 0;
+    size_t dn = own_dst ? chunk->num_dst_pages : chunk->num_pages;
+    rs->sp = chunk->src_pages;
+    rs->dp = chunk->dst_pages;
+    rs->sfirst = chunk->first_page;
+    rs->dfirst = own_dst ? chunk->dst_first_page : chunk->first_page;
+    if (dn > 0 && rs->dp == NULL)
+        return kvb__plan_fail("chunk: num_dst_pages=%zu but dst_pages is NULL", dn);
+    if (!chunk_rows(chunk->first_page, chunk->num_pages, Ps, &t0, &t1))
+        return kvb__plan_fail("chunk: first_page=%llu + num_pages=%zu overflows in tokens",
+                              (unsigned long long)chunk->first_page, chunk->num_pages);
+    if ((m & KVB_PLAN_CHUNK_PREFIX) && chunk->prefix_tokens > t0)
+        t0 = chunk->prefix_tokens;
+    if ((m & KVB_PLAN_CHUNK_END) && chunk->end_tokens < t1)
+        t1 = chunk->end_tokens;
+    kvb_status_t st =
+        check_indices("src", "pages", rs->sp, chunk->num_pages, plan->src_kv_pool, &rs->smax);
+    if (st == KVB_OK)
+        st = check_indices("dst", "pages", rs->dp, dn, plan->dst_kv_pool, &rs->dmax);
+    if (st != KVB_OK)
+        return st;
+    rs->t0 = t0;
+    rs->t1 = t1 > t0 ? t1 : t0;
+    pr->pages.smax = rs->smax;
+    pr->pages.dmax = rs->dmax;
+    if (rs->t0 == rs->t1)
+        return KVB_OK;
+    uint64_t dlo = rs->t0 / Pd, dhi = (rs->t1 - 1) / Pd;
+    if (dlo < rs->dfirst || dhi - rs->dfirst >= dn)
+        return kvb__plan_fail("chunk: rows [%llu, %llu) reach decode pages %llu..%llu; dst_pages "
+                              "hold %zu pages from %llu",
+                              (unsigned long long)rs->t0, (unsigned long long)rs->t1,
+                              (unsigned long long)dlo, (unsigned long long)dhi, dn,
+                              (unsigned long long)rs->dfirst);
+    pr->aligned = Ps == Pd && rs->t0 % Ps == 0 && rs->t1 % Ps == 0;
+    if (pr->aligned) {
+        item_set_t *is = &pr->pages;
+        is->sp = rs->sp + (rs->t0 / Ps - rs->sfirst);
+        is->dp = rs->dp + (rs->t0 / Pd - rs->dfirst);
+        is->n = (size_t)((rs->t1 - rs->t0) / Ps);
+        is->runs = count_runs(is->sp, is->dp, is->n);
     }
-    return prep_items("pages", chunk->src_pages, chunk->dst_pages, chunk->num_pages, skip,
-                      plan->src_kv_pool, plan->dst_kv_pool, &pr->pages);
+    return KVB_OK;
 }
 
 /* State items: the last PP stage sends them when the chunk names some. */
@@ -408,7 +612,7 @@ static kvb_status_t prep_state(kvb_plan_h plan, const kvb_plan_chunk_t *chunk, c
     if (chunk->src_state == NULL || chunk->dst_state == NULL)
         return kvb__plan_fail("chunk: num_state_indices=%zu but src_state or dst_state is NULL",
                               chunk->num_state_indices);
-    return prep_items("state", chunk->src_state, chunk->dst_state, chunk->num_state_indices, 0,
+    return prep_items("state", chunk->src_state, chunk->dst_state, chunk->num_state_indices,
                       plan->src_state_pool, plan->dst_state_pool, &pr->state);
 }
 
@@ -493,6 +697,38 @@ static uint64_t job_bytes(const emit_job_t *j)
     return (uint64_t)j->is.n * j->c->rows * j->bytes * j->nbuf;
 }
 
+static bool paged(const kvb__plan_class_t *c)
+{
+    return c->kind != KVB_PLAN_BUF_STATE && c->kind != KVB_PLAN_BUF_AUX;
+}
+
+/* A paged job goes through the row mapping unless whole pages line up on
+ * both sides: aligned rows, one order, and NHD or whole rows (an HND head
+ * slice is not a run of token rows). */
+static bool job_by_rows(const chunk_prep_t *pr, const emit_job_t *j)
+{
+    const kvb__plan_class_t *c = j->c;
+    if (!paged(c))
+        return false;
+    if (!pr->aligned || c->src_order != c->dst_order)
+        return true;
+    return c->src_order == KVB_PLAN_ORDER_HND && !job_whole(j);
+}
+
+/* One job by the row mapping: addresses checked as for whole pages. */
+static kvb_status_t emit_job_rows(const plan_sink_t *sk, const chunk_prep_t *pr, emit_job_t *j,
+                                  uint64_t *bytes_p)
+{
+    uint64_t unused;
+    j->is.smax = pr->rows.smax;
+    j->is.dmax = pr->rows.dmax;
+    kvb_status_t st = job_check(j, 0, &unused);
+    if (st == KVB_OK)
+        st = emit_rows(sk->put, sk->out, sk->count, j, &pr->rows);
+    *bytes_p = (pr->rows.t1 - pr->rows.t0) * j->bytes * j->nbuf;
+    return st;
+}
+
 /* Validate, then emit every class's job; on error the container's count and
  * bytes are restored (blocks past them may have been written). */
 static kvb_status_t plan_chunk(const char *fn, kvb_plan_h plan, uint32_t p, uint32_t d,
@@ -514,11 +750,18 @@ static kvb_status_t plan_chunk(const char *fn, kvb_plan_h plan, uint32_t p, uint
         if (!kvb__plan_pair_fragment(plan, c, p, d, &so, &dof, &bytes))
             continue;
         st = build_job(plan, c, src, dst, &pr, &j);
-        if (st != KVB_OK || j.nbuf == 0 || j.is.n == 0)
+        if (st != KVB_OK || j.nbuf == 0)
             continue;
         j.soff = so;
         j.doff = dof;
         j.bytes = bytes;
+        if (job_by_rows(&pr, &j)) {
+            if (pr.rows.t0 < pr.rows.t1 && (st = emit_job_rows(sk, &pr, &j, &bytes)) == KVB_OK)
+                *sk->bytes += bytes;
+            continue;
+        }
+        if (j.is.n == 0)
+            continue;
         if ((st = sk->emit(sk->out, count0, &j)) == KVB_OK)
             *sk->bytes += job_bytes(&j);
     }
@@ -533,7 +776,8 @@ kvb_status_t kvb_plan_blocks(kvb_plan_h plan, uint32_t prefill_rank, uint32_t de
                              const kvb_plan_buffers_t *src, const kvb_plan_buffers_t *dst,
                              const kvb_plan_chunk_t *chunk, kvb_plan_blocks_t *out)
 {
-    plan_sink_t sk = {emit_plain, out, out ? &out->count : NULL, out ? &out->bytes : NULL};
+    plan_sink_t sk = {emit_plain, put_plain, out, out ? &out->count : NULL,
+                      out ? &out->bytes : NULL};
     return plan_chunk("kvb_plan_blocks", plan, prefill_rank, decode_rank, src, dst, chunk, &sk);
 }
 
@@ -541,7 +785,8 @@ kvb_status_t kvb_plan_strided_blocks(kvb_plan_h plan, uint32_t prefill_rank, uin
                                      const kvb_plan_buffers_t *src, const kvb_plan_buffers_t *dst,
                                      const kvb_plan_chunk_t *chunk, kvb_plan_strided_t *out)
 {
-    plan_sink_t sk = {emit_strided, out, out ? &out->count : NULL, out ? &out->bytes : NULL};
+    plan_sink_t sk = {emit_strided, put_strided_piece, out, out ? &out->count : NULL,
+                      out ? &out->bytes : NULL};
     return plan_chunk("kvb_plan_strided_blocks", plan, prefill_rank, decode_rank, src, dst, chunk,
                       &sk);
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static __thread char t_plan_err[KVB_ERRMSG_MAX];
 
@@ -43,6 +44,30 @@ const char *kvb_plan_buffer_name(kvb_plan_buffer_t buffer)
         return "aux";
     }
     return "?";
+}
+
+const char *kvb_plan_order_name(kvb_plan_order_t order)
+{
+    switch (order) {
+    case KVB_PLAN_ORDER_NHD:
+        return "nhd";
+    case KVB_PLAN_ORDER_HND:
+        return "hnd";
+    }
+    return "?";
+}
+
+kvb_status_t kvb_plan_order_parse(const char *text, kvb_plan_order_t *order_p)
+{
+    if (text == NULL || order_p == NULL)
+        return KVB_ERR_INVALID;
+    if (strcasecmp(text, "nhd") == 0)
+        *order_p = KVB_PLAN_ORDER_NHD;
+    else if (strcasecmp(text, "hnd") == 0)
+        *order_p = KVB_PLAN_ORDER_HND;
+    else
+        return KVB_ERR_INVALID;
+    return KVB_OK;
 }
 
 /* ---- presets ---- */
@@ -100,6 +125,8 @@ typedef struct side_layout {
     uint32_t pp_size, pp_rank, start, stage, dp_size;
     uint32_t draft_layers, num_state, num_aux;
     uint64_t kv_pool, state_pool, aux_pool;
+    kvb_plan_order_t order;
+    uint32_t elem;
 } side_layout_t;
 
 /* SGLang / vLLM get_pp_indices: layers / pp per stage, the remainder spread
@@ -170,6 +197,14 @@ static kvb_status_t check_side(side_layout_t *s)
     if (s->num_aux > KVB_PLAN_MAX_EXTRA || (s->num_aux > 0 && l->aux_item_lens == NULL))
         return kvb__plan_fail("%s num_aux=%u above %u or aux_item_lens missing", w, s->num_aux,
                               KVB_PLAN_MAX_EXTRA);
+    s->order = KVB_PLAN_ORDER_NHD;
+    s->elem = 0;
+    if (m & KVB_PLAN_LAYOUT_ORDER) {
+        s->order = l->kv_order;
+        s->elem = l->elem_bytes;
+        if (s->order != KVB_PLAN_ORDER_NHD && s->order != KVB_PLAN_ORDER_HND)
+            return kvb__plan_fail("%s kv_order=%d is not NHD (0) or HND (1)", w, (int)s->order);
+    }
     s->kv_pool = s->state_pool = s->aux_pool = 0;
     if (m & KVB_PLAN_LAYOUT_POOL) {
         s->kv_pool = l->kv_pool_pages;
@@ -304,6 +339,8 @@ static kvb_status_t pair_class(const char *buf, const side_geom_t *s, const side
         }
     }
     c->rows = rows;
+    c->dst_rows = rows;
+    c->src_order = c->dst_order = KVB_PLAN_ORDER_NHD;
     c->unit = s->unit;
     c->units = H;
     c->src_units = s->units;
@@ -345,10 +382,29 @@ bool kvb__plan_pair_fragment(const kvb_plan_h plan, const kvb__plan_class_t *c, 
 
 /* ---- plan creation ---- */
 
+/* A paged class (K/V, latent, draft): pair_class, then each side's page
+ * size and order; element sizes must divide the unit (and agree). */
+static kvb_status_t pair_paged(const char *buf, const side_layout_t *ps, const side_layout_t *ds,
+                               const side_geom_t *sg, const side_geom_t *dg, kvb__plan_class_t *c)
+{
+    if (ps->elem && ds->elem && ps->elem != ds->elem)
+        return kvb__plan_fail("%s: elem_bytes differs: prefill=%u decode=%u", buf, ps->elem,
+                              ds->elem);
+    if ((ps->elem && sg->unit % ps->elem != 0) || (ds->elem && dg->unit % ds->elem != 0))
+        return kvb__plan_fail("%s: unit_len=%llu is not a multiple of elem_bytes (prefill=%u "
+                              "decode=%u)",
+                              buf, (unsigned long long)sg->unit, ps->elem, ds->elem);
+    kvb_status_t st = pair_class(buf, sg, dg, ps->l->page_size, c);
+    c->dst_rows = ds->l->page_size;
+    c->src_order = ps->order;
+    c->dst_order = ds->order;
+    return st;
+}
+
 static kvb_status_t build_classes(kvb_plan_h plan, const side_layout_t *ps, const side_layout_t *ds)
 {
     const kvb_plan_layout_t *pl = ps->l, *dl = ds->l;
-    uint32_t rows = pl->page_size;
+    uint32_t rows = pl->page_size, drows = dl->page_size;
     bool mla = pl->attn == KVB_PLAN_MLA;
     size_t n = 0;
     kvb__plan_class_t *cls = plan->classes;
@@ -365,17 +421,17 @@ static kvb_status_t build_classes(kvb_plan_h plan, const side_layout_t *ps, cons
     if (st != KVB_OK)
         return st;
     if (dl->field_mask & KVB_PLAN_LAYOUT_KV_GEOM)
-        st = geom_from_generic(kvname, "decode", &dl->kv_geom, dl->tp_size, rows, &dg);
+        st = geom_from_generic(kvname, "decode", &dl->kv_geom, dl->tp_size, drows, &dg);
     else
-        st = geom_from_heads(kvname, "decode", dl->kv_heads, dl->head_bytes, dl->tp_size, rows, mla,
-                             &dg);
+        st = geom_from_heads(kvname, "decode", dl->kv_heads, dl->head_bytes, dl->tp_size, drows,
+                             mla, &dg);
     if (st != KVB_OK)
         return st;
     if (mla && (sg.axis != KVB_PLAN_AXIS_REPLICATED || dg.axis != KVB_PLAN_AXIS_REPLICATED))
         return kvb__plan_fail("latent: MLA buffers must be replicated (axis prefill=%d "
                               "decode=%d)",
                               (int)sg.axis, (int)dg.axis);
-    if ((st = pair_class(kvname, &sg, &dg, rows, &cls[n])) != KVB_OK)
+    if ((st = pair_paged(kvname, ps, ds, &sg, &dg, &cls[n])) != KVB_OK)
         return st;
     cls[n].kind = mla ? KVB_PLAN_BUF_LATENT : KVB_PLAN_BUF_K;
     n++;
@@ -396,13 +452,13 @@ static kvb_status_t build_classes(kvb_plan_h plan, const side_layout_t *ps, cons
         if (st != KVB_OK)
             return st;
         if (dl->field_mask & KVB_PLAN_LAYOUT_DRAFT_GEOM)
-            st = geom_from_generic(dname, "decode", &dl->draft_geom, dl->tp_size, rows, &dg);
+            st = geom_from_generic(dname, "decode", &dl->draft_geom, dl->tp_size, drows, &dg);
         else
             st = geom_from_heads(dname, "decode", dl->draft_kv_heads, dl->draft_head_bytes,
-                                 dl->tp_size, rows, mla, &dg);
+                                 dl->tp_size, drows, mla, &dg);
         if (st != KVB_OK)
             return st;
-        if ((st = pair_class(dname, &sg, &dg, rows, &cls[n])) != KVB_OK)
+        if ((st = pair_paged(dname, ps, ds, &sg, &dg, &cls[n])) != KVB_OK)
             return st;
         cls[n].kind = KVB_PLAN_BUF_DRAFT_K;
         n++;
@@ -435,7 +491,7 @@ static kvb_status_t build_classes(kvb_plan_h plan, const side_layout_t *ps, cons
         memset(c, 0, sizeof(*c));
         c->kind = KVB_PLAN_BUF_AUX;
         c->index = i;
-        c->rows = 1;
+        c->rows = c->dst_rows = 1;
         c->unit = sl;
         c->units = c->src_units = c->dst_units = 1;
         c->src_group = pl->tp_size;
@@ -549,9 +605,6 @@ kvb_status_t kvb_plan_create(const kvb_plan_layout_t *prefill, const kvb_plan_la
     if (prefill->num_layers != decode->num_layers)
         return kvb__plan_fail("num_layers differs: prefill=%u decode=%u", prefill->num_layers,
                               decode->num_layers);
-    if (prefill->page_size != decode->page_size)
-        return kvb__plan_fail("page_size differs: prefill=%u decode=%u", prefill->page_size,
-                              decode->page_size);
     if (ds.pp_size != 1 || ds.start != 0 || ds.stage != decode->num_layers)
         return kvb__plan_fail("decode must hold all layers: decode pp_size=%u start_layer=%u "
                               "stage_layers=%u num_layers=%u",
@@ -581,7 +634,8 @@ kvb_status_t kvb_plan_create(const kvb_plan_layout_t *prefill, const kvb_plan_la
     plan->start_layer = ps.start;
     plan->stage_layers = ps.stage;
     plan->num_layers = prefill->num_layers;
-    plan->page_size = prefill->page_size;
+    plan->src_page = prefill->page_size;
+    plan->dst_page = decode->page_size;
     plan->draft_layers = ps.draft_layers;
     plan->num_state = ps.num_state;
     plan->num_aux = ps.num_aux;
@@ -645,6 +699,10 @@ kvb_status_t kvb_plan_fragments(kvb_plan_h plan, uint32_t prefill_rank, uint32_t
         f->src_row_bytes = c->src_row;
         f->dst_row_bytes = c->dst_row;
         f->rows_per_item = c->rows;
+        f->dst_rows_per_item = c->dst_rows;
+        f->unit_bytes = c->unit;
+        f->src_order = c->src_order;
+        f->dst_order = c->dst_order;
     }
     *count_p = n;
     return KVB_OK;

@@ -13,10 +13,12 @@
  * case U = H, g = tp. */
 typedef struct kvb__plan_class {
     kvb_plan_buffer_t kind;
-    uint32_t index; /* state / aux buffer index */
-    uint32_t rows;  /* rows per item */
-    uint64_t unit;  /* bytes per unit */
-    uint64_t units; /* H */
+    uint32_t index;    /* state / aux buffer index */
+    uint32_t rows;     /* rows per item: the prefill's page size for paged kinds */
+    uint32_t dst_rows; /* the decode's (equal for state and aux) */
+    kvb_plan_order_t src_order, dst_order; /* NHD for state and aux */
+    uint64_t unit;                         /* bytes per unit */
+    uint64_t units;                        /* H */
     uint64_t src_units, dst_units;
     uint32_t src_group, dst_group;
     uint64_t src_row, dst_row;
@@ -27,7 +29,8 @@ struct kvb_plan {
     kvb_plan_attn_t attn;
     uint32_t ptp, dtp;
     uint32_t pp_size, pp_rank, start_layer, stage_layers;
-    uint32_t num_layers, page_size, draft_layers, num_state, num_aux;
+    uint32_t num_layers, draft_layers, num_state, num_aux;
+    uint32_t src_page, dst_page; /* page sizes in tokens: P_p, P_d */
     uint64_t src_kv_pool, dst_kv_pool, src_state_pool, dst_state_pool;
     uint64_t src_aux_pool, dst_aux_pool;
     kvb__plan_class_t *classes;

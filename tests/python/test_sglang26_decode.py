@@ -34,7 +34,7 @@ MARKER = b"kvbridge-ext/1"
 class Prefill:
     """One prefill rank: a PULL socket registered at the bootstrap server."""
 
-    def __init__(self, ctx, boot, tp_rank, tp_size, kvbridge):
+    def __init__(self, ctx, boot, tp_rank, tp_size, kvbridge, page_size=4):
         self.pull = ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.port = self.pull.bind_to_random_port(f"tcp://{LOCAL_IP}")
@@ -52,7 +52,7 @@ class Prefill:
             "system_dp_rank": 0,
             "rank_ip": LOCAL_IP,
             "rank_port": self.port,
-            "page_size": 4,
+            "page_size": page_size,
             "kv_cache_dtype": "auto",
             "load_balance_method": "follow_bootstrap_room",
             "enable_dsa_cache_layer_split": False,
@@ -69,10 +69,11 @@ def env():
     ctx = zmq.Context()
     made = []
 
-    def start(tp_size=1, kvbridge=True, role="decode", dialect="2026"):
+    def start(tp_size=1, kvbridge=True, role="decode", dialect="2026", page_size=4):
         h = Helper(role, {"KVBRIDGE_SGLANG_DIALECT": dialect})
         made.append(h)
-        ranks = [Prefill(ctx, h.info["boot"], t, tp_size, kvbridge) for t in range(tp_size)]
+        ranks = [Prefill(ctx, h.info["boot"], t, tp_size, kvbridge, page_size)
+                 for t in range(tp_size)]
         ctl_host, ctl_port = h.info["ctl"].rsplit(":", 1)
         push = ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 0)
@@ -108,8 +109,9 @@ def expected_kv_args(h, ext):
         b"1",  # DCP size
         b"0",  # DCP rank
     ]
-    if ext:  # kvbridge's extension after frame 17: its KV buffer lengths
-        frames += [MARKER, b"kv_lens=" + u64s([int(h.info["buf_len"])] * len(kv))]
+    if ext:  # kvbridge's extensions after frame 17: its page size and order, buffer lengths
+        frames += [MARKER, b"kv_layout=%s,nhd" % h.info["page"].encode(),
+                   b"kv_lens=" + u64s([int(h.info["buf_len"])] * len(kv))]
     return frames
 
 
@@ -297,7 +299,7 @@ def test_seed001_dialect_when_configured(env):
     assert h.line("recv", room) == "2"
     frames = recv_frames(p.pull)
     v26 = expected_kv_args(h, True)
-    assert frames == v26[:6] + [b"0", b"1", v26[9], MARKER, v26[19]], frames  # 9 + kv_lens=
+    assert frames == v26[:6] + [b"0", b"1", v26[9], MARKER, v26[19], v26[20]], frames  # 9 + ext
     host, port = h.info["ctl"].rsplit(":", 1)
     frames = recv_frames(p.pull)
     assert frames[:7] == [dec(room), host.encode(), port.encode(), h.info["session"].encode(),
@@ -345,3 +347,30 @@ def test_seed001_plain_prefill_gets_plain_frames(env):
         "register as kvbridge; nothing was sent"
     ), reason
     assert not p.pull.poll(300), "a transfer info was sent"
+
+
+def test_page_size_mismatch_refused_unless_kvbridge(env):
+    """A prefill of another page size (8; this decode's is 4) that did not
+    register as kvbridge cannot be told this decode's page size (kv_layout=
+    travels only to kvbridge ranks): the room fails naming both sizes, and
+    no KV args reach it. One that registered as kvbridge gets the KV args
+    with "kv_layout=4,nhd" (it maps rows, docs/planner.md)."""
+    h, (p,), push = env(kvbridge=False, page_size=8)
+    room = 7601
+    h.cmd(f"recv {room} 1 0 1 5")
+    h.line("recv", room)
+    status, safe, reason = poll(h, room, 5)
+    assert (status, safe) == (0, 1), reason
+    assert "Page size mismatch" in reason and "page_size 8, this decode 4" in reason, reason
+    assert not p.pull.poll(300)  # nothing sent to it
+
+    h, (p,), push = env(kvbridge=True, page_size=8)
+    room = 7602
+    h.cmd(f"recv {room} 1 0 1 5")
+    assert h.line("recv", room) == "2"
+    frames = recv_frames(p.pull)
+    assert frames == expected_kv_args(h, True), frames
+    assert b"kv_layout=4,nhd" in frames
+    check_transfer(recv_frames(p.pull), h, room, [5], 1, 0, True)
+    push.send_multipart([dec(room), b"4", b"0"])
+    assert poll(h, room, 5) == (4, 1, "")

@@ -64,7 +64,7 @@ def peer():
     close_peer(p)
 
 
-def register(p, item_len=None, dcp=(1, 0)):
+def register(p, item_len=None, dcp=(1, 0), ext=()):
     """Spec 5.2: the plain-MHA registration SGLang sends, 18 frames."""
     frames = [
         b"None",
@@ -87,7 +87,7 @@ def register(p, item_len=None, dcp=(1, 0)):
         dec(dcp[1]),
     ]
     assert len(frames) == 18
-    p.push.send_multipart(frames)
+    p.push.send_multipart(frames + list(ext))
 
 
 def transfer_info(p, room, pages, aux_index, prefix_tokens=0, device=b"", ext=()):
@@ -302,6 +302,31 @@ def test_epoch_extension_is_stamped(peer):
     room = 5302
     transfer_info(p, room, [92, 93], 9)
     p.helper.cmd(f"send {room} 1 9 2 0 all 92 93")
+    check_status(recv_frames(p.pull), room, 4)
+    status, kvbad, auxbad = report(p, room)
+    assert status.split(" ")[0] == "4" and (kvbad, auxbad) == (0, 0), status
+
+
+@pytest.mark.parametrize("bad", [b"kv_layout=", b"kv_layout=4", b"kv_layout=04,nhd",
+                                 b"kv_layout=0,nhd", b"kv_layout=4,NHD", b"kv_layout=4,hnd,",
+                                 b"kv_layout=2147483648,nhd", b"kv_layout=-4,hnd"])
+def test_kv_layout_extension(peer, bad):
+    """A kvbridge decode's page size and order (kv_layout=, docs/planner.md):
+    a malformed value drops the registration (the room then fails: no KV
+    args), and the rank keeps serving; a well-formed one is taken (here this
+    prefill's own page size, NHD: the room moves its bytes)."""
+    p = peer
+    register(p, ext=[MARKER, bad])
+    room = 5501
+    transfer_info(p, room, [70], 8)
+    p.helper.cmd(f"send {room} 1 8 1 0 all 70")
+    check_status(recv_frames(p.pull), room, 0)
+    status, _, _ = report(p, room)
+    assert "never its KV args" in status, status
+    register(p, ext=[MARKER, b"kv_layout=%d,nhd" % p.page])
+    room = 5502
+    transfer_info(p, room, [71], 9)
+    p.helper.cmd(f"send {room} 1 9 1 0 all 71")
     check_status(recv_frames(p.pull), room, 4)
     status, kvbad, auxbad = report(p, room)
     assert status.split(" ")[0] == "4" and (kvbad, auxbad) == (0, 0), status

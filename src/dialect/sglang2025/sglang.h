@@ -32,6 +32,16 @@ bool kvb__sglang_kv_pool(const kvb__frame_t *ext, size_t n_ext, size_t n_kv, int
 /* "kv_lens=" + this rank's KV buffer lengths, into *f (pointing into
  * *buf_p, caller frees). */
 kvb_status_t kvb__sglang_kv_lens_ext(const struct kvb_manager *m, uint8_t **buf_p, kvb__frame_t *f);
+/* kvbridge's "kv_layout=<page_size>,<nhd|hnd>" extension of a registration
+ * (a kvbridge decode's page size and page order, docs/planner.md) into in
+ * (has_layout, page_size, kv_order); absent: has_layout false. false:
+ * malformed (reason in *e). */
+bool kvb__sglang_kv_layout(const kvb__frame_t *ext, size_t n_ext, kvb__reg_in_t *in,
+                           kvb__frames_err_t *e);
+/* "kv_layout=" + this rank's page size and order into *f (text in buf, at
+ * least KVB__SGLANG_LAYOUT_MAX bytes). Cannot fail. */
+#define KVB__SGLANG_LAYOUT_MAX 32
+void kvb__sglang_kv_layout_ext(const struct kvb_manager *m, char *buf, kvb__frame_t *f);
 /* transfer_form's rule for both: what needs kvbridge's extensions to a
  * prefill that is not kvbridge: holes in a page mask, and in seed 001
  * (v26 false) also a prefix or state indices. */

@@ -60,6 +60,47 @@ bool kvb__sglang_kv_pool(const kvb__frame_t *ext, size_t n_ext, size_t n_kv, int
     return true;
 }
 
+bool kvb__sglang_kv_layout(const kvb__frame_t *ext, size_t n_ext, kvb__reg_in_t *in,
+                           kvb__frames_err_t *e)
+{
+    static const char key[] = "kv_layout=";
+    const size_t kl = sizeof(key) - 1;
+    in->has_layout = false;
+    for (size_t i = 0; i < n_ext; i++) {
+        const kvb__frame_t *x = &ext[i];
+        if (x->len < kl || memcmp(x->data, key, kl) != 0)
+            continue;
+        const char *v = (const char *)x->data + kl;
+        size_t n = x->len - kl, comma = 0;
+        while (comma < n && v[comma] != ',')
+            comma++;
+        int64_t page = 0;
+        bool hnd = comma + 4 == n && memcmp(v + comma + 1, "hnd", 3) == 0;
+        bool nhd = comma + 4 == n && memcmp(v + comma + 1, "nhd", 3) == 0;
+        bool canonical = comma > 0 && (comma == 1 || v[0] != '0'); /* as Python's str(int) */
+        if (!canonical || !kvb__parse_i64(v, comma, 1, INT32_MAX, &page) || !(hnd || nhd)) {
+            snprintf(e->reason, sizeof(e->reason),
+                     "registration: extension kv_layout is not <page_size 1..2^31-1>,<nhd|hnd> "
+                     "(%zu bytes)",
+                     n);
+            e->has_room = false;
+            return false;
+        }
+        in->has_layout = true;
+        in->page_size = (uint32_t)page;
+        in->kv_order = hnd ? 1u : 0u;
+        return true;
+    }
+    return true;
+}
+
+void kvb__sglang_kv_layout_ext(const struct kvb_manager *m, char *buf, kvb__frame_t *f)
+{
+    int n = snprintf(buf, KVB__SGLANG_LAYOUT_MAX, "kv_layout=%u,%s", m->args.page_size,
+                     m->args.kv_order == 1 ? "hnd" : "nhd");
+    *f = (kvb__frame_t){(const uint8_t *)buf, (size_t)n};
+}
+
 kvb_status_t kvb__sglang_kv_lens_ext(const struct kvb_manager *m, uint8_t **buf_p, kvb__frame_t *f)
 {
     static const char key[] = "kv_lens=";
@@ -198,7 +239,8 @@ static kvb_status_t decode_registration(struct kvb_manager *m, const kvb__frame_
     kvb__frames_err_t e;
     memset(in, 0, sizeof(*in));
     if (kvb__frames_decode_registration(f, n, &e, &msg) != KVB_OK ||
-        !kvb__sglang_kv_pool(msg.ext, msg.n_ext, msg.kv_ptrs.count, msg.dst_kv_item_len, in, &e)) {
+        !kvb__sglang_kv_pool(msg.ext, msg.n_ext, msg.kv_ptrs.count, msg.dst_kv_item_len, in, &e) ||
+        !kvb__sglang_kv_layout(msg.ext, msg.n_ext, in, &e)) {
         kvb__conn_bad_message(m, kvb__frames_kind_name(KVB__MSG_REGISTRATION), &e);
         return KVB_ERR_PROTO;
     }
@@ -294,12 +336,14 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__reg_msg_t r = {0};
-    kvb__frame_t lens;
+    kvb__frame_t ext[2]; /* kv_lens=, kv_layout= */
+    char layout[KVB__SGLANG_LAYOUT_MAX];
     uint8_t *lens_buf = NULL;
-    if (kvb__sglang_kv_lens_ext(m, &lens_buf, &lens) != KVB_OK)
+    if (kvb__sglang_kv_lens_ext(m, &lens_buf, &ext[0]) != KVB_OK)
         return KVB_ERR_NOMEM;
-    r.ext = kvbridge ? &lens : NULL;
-    r.n_ext = kvbridge ? 1 : 0;
+    kvb__sglang_kv_layout_ext(m, layout, &ext[1]);
+    r.ext = kvbridge ? ext : NULL;
+    r.n_ext = kvbridge ? 2 : 0;
     const char *sid = kvb_engine_session_id(m->engine);
     r.ip = m->host;
     r.ip_len = strlen(m->host);

@@ -54,10 +54,12 @@ static bool reg26_mixed_items(const kvb__reg26_msg_t *x, char *buf, size_t len)
  * fine). Checked: KV buffers present, DCP off, the KV item length at the
  * same attention TP size (or MLA: page size and KV dtype), one state
  * component, layer ids only where position pairs the same layers. */
-static void reg26_unsupported(struct kvb_manager *m, const kvb__reg26_msg_t *x, char *buf,
-                              size_t len)
+static void reg26_unsupported(struct kvb_manager *m, const kvb__reg26_msg_t *x,
+                              const kvb__reg_in_t *in, char *buf, size_t len)
 {
     int sid = (int)x->session_id_len;
+    /* items compare per token where a kvbridge decode said its page size */
+    uint64_t dpage = in->has_layout ? in->page_size : m->args.page_size;
     buf[0] = '\0';
     if (x->kv_ptrs.count == 0)
         snprintf(buf, len, "decode %.*s registered no KV buffers", sid, x->session_id);
@@ -69,7 +71,7 @@ static void reg26_unsupported(struct kvb_manager *m, const kvb__reg26_msg_t *x, 
     else if (reg26_mixed_items(x, buf, len))
         ;
     else if ((m->p.is_mla || x->dst_attn_tp_size == m->p.attn_tp_size) &&
-             (uint64_t)x->dst_kv_item_len != m->args.kv_item_len)
+             (uint64_t)x->dst_kv_item_len * m->args.page_size != m->args.kv_item_len * dpage)
         snprintf(buf, len,
                  "decode %.*s KV items are %lld bytes, this prefill's %llu (same attention TP "
                  "size or MLA): the page size or the KV cache dtype differ",
@@ -121,7 +123,7 @@ static void reg26_state(struct kvb_manager *m, const kvb__reg26_msg_t *x, kvb__r
 static char *reg26_refusal(struct kvb_manager *m, const kvb__reg26_msg_t *x, kvb__reg_in_t *in)
 {
     char buf[400];
-    reg26_unsupported(m, x, buf, sizeof(buf));
+    reg26_unsupported(m, x, in, buf, sizeof(buf));
     if (buf[0] == '\0' && x->state_ptrs.n == 1)
         reg26_state(m, x, in, buf, sizeof(buf));
     return buf[0] != '\0' ? strdup(buf) : NULL;
@@ -134,7 +136,8 @@ static kvb_status_t decode_registration(struct kvb_manager *m, const kvb__frame_
     kvb__frames_err_t e;
     memset(in, 0, sizeof(*in));
     if (kvb__frames_decode_registration26(f, n, &e, &x) != KVB_OK ||
-        !kvb__sglang_kv_pool(x.ext, x.n_ext, x.kv_ptrs.count, x.dst_kv_item_len, in, &e)) {
+        !kvb__sglang_kv_pool(x.ext, x.n_ext, x.kv_ptrs.count, x.dst_kv_item_len, in, &e) ||
+        !kvb__sglang_kv_layout(x.ext, x.n_ext, in, &e)) {
         kvb__conn_bad_message(m, kvb__frames_kind_name(KVB__MSG_REGISTRATION26), &e);
         return KVB_ERR_PROTO;
     }
@@ -288,10 +291,13 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__reg26_msg_t r = {0};
-    kvb__frame_t lens;
+    kvb__frame_t ext[2]; /* kv_lens=, kv_layout= */
+    char layout[KVB__SGLANG_LAYOUT_MAX];
     uint8_t *sp = NULL, *sl = NULL, *lens_buf = NULL;
     uint32_t *items = calloc(m->args.num_state + 1, sizeof(*items));
-    kvb_status_t st = items == NULL ? KVB_ERR_NOMEM : kvb__sglang_kv_lens_ext(m, &lens_buf, &lens);
+    kvb_status_t st =
+        items == NULL ? KVB_ERR_NOMEM : kvb__sglang_kv_lens_ext(m, &lens_buf, &ext[0]);
+    kvb__sglang_kv_layout_ext(m, layout, &ext[1]);
     for (uint32_t i = 0; st == KVB_OK && i < m->args.num_state; i++) {
         if (m->state_items[i] > UINT32_MAX)
             st = KVB_ERR_INVALID; /* frame 10 carries u32 item lengths */
@@ -313,8 +319,8 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     r.dst_attn_tp_size = m->p.attn_tp_size;
     r.dst_kv_item_len = (int64_t)m->args.kv_item_len;
     r.dcp_size = 1;
-    r.ext = kvbridge ? &lens : NULL;
-    r.n_ext = kvbridge ? 1 : 0;
+    r.ext = kvbridge ? ext : NULL;
+    r.n_ext = kvbridge ? 2 : 0;
     kvb__frames_buf_init(&b);
     if (st == KVB_OK)
         st = kvb__frames_encode_registration26(&r, &e, &b);

@@ -244,8 +244,9 @@ static int run_decode(const kvbh_geom_t *g, const char *ext, int draft)
            kvb_engine_session_id(d.eng));
     for (int i = 0; i < d.n_kv; i++)
         printf("%s%llu", i ? "," : "", (unsigned long long)(uintptr_t)d.kv[i]);
-    printf("\naux %llu\nitem_len %llu\nbuf_len %llu\nready\n", (unsigned long long)(uintptr_t)d.aux,
-           (unsigned long long)d.item_len, (unsigned long long)d.buf_len);
+    printf("\naux %llu\nitem_len %llu\nbuf_len %llu\npage %d\nready\n",
+           (unsigned long long)(uintptr_t)d.aux, (unsigned long long)d.item_len,
+           (unsigned long long)d.buf_len, g->page);
     fflush(stdout);
     while (fgets(line, sizeof(line), stdin) != NULL) {
         unsigned long long room;

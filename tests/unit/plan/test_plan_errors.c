@@ -41,8 +41,20 @@ int main(void)
     /* page sizes, layers, attention kinds differ */
     base(&p, 2);
     base(&d, 2);
-    d.page_size = 32;
-    expect_fail(&p, &d, "page_size differs: prefill=16 decode=32", NULL);
+    d.field_mask |= KVB_PLAN_LAYOUT_ORDER;
+    d.kv_order = (kvb_plan_order_t)7;
+    expect_fail(&p, &d, "decode kv_order=7", NULL);
+    base(&d, 2);
+    p.field_mask |= KVB_PLAN_LAYOUT_ORDER;
+    d.field_mask |= KVB_PLAN_LAYOUT_ORDER;
+    p.elem_bytes = 2;
+    d.elem_bytes = 1;
+    expect_fail(&p, &d, "elem_bytes differs: prefill=2 decode=1", NULL);
+    d.elem_bytes = 3;
+    expect_fail(&p, &d, "elem_bytes differs: prefill=2 decode=3", NULL);
+    p.elem_bytes = 3;
+    expect_fail(&p, &d, "unit_len=256 is not a multiple of elem_bytes", NULL);
+    base(&p, 2);
     base(&d, 2);
     d.num_layers = 31;
     expect_fail(&p, &d, "num_layers differs: prefill=32 decode=31", NULL);
@@ -126,9 +138,13 @@ int main(void)
     CHECK_EQ(out.count, 0);
     dp[2] = 7;
     ch.field_mask = KVB_PLAN_CHUNK_PREFIX;
-    ch.prefix_tokens = 8;
-    CHECK_EQ(kvb_plan_blocks(plan, 1, 5, &sb, &db, &ch, &out), KVB_ERR_INVALID);
-    CHECK_STR_CONTAINS(kvb_plan_last_error(), "prefix_tokens=8");
+    ch.prefix_tokens = 8; /* ends mid-page: rows 8..15 of page 0, then pages 1, 2 */
+    CHECK(kvb_plan_blocks(plan, 1, 5, &sb, &db, &ch, &out) == KVB_OK);
+    CHECK_EQ(out.count, (8 + 2 * 16) * 32 * 2);
+    CHECK_EQ(out.blocks[0].src, sa[0] + 8 * 1024 + 256);
+    CHECK_EQ(out.blocks[0].dst, da[0] + 5 * 16 * 256 + 8 * 256);
+    out.count = 0;
+    out.bytes = 0;
     ch.prefix_tokens = 16; /* skips page 0 */
     CHECK(kvb_plan_blocks(plan, 1, 5, &sb, &db, &ch, &out) == KVB_OK);
     /* pages 1,2 → 6,7 consecutive; fragment is 1 head of 4 → per row:

@@ -655,9 +655,11 @@ static void error_cases(void)
     sp[63] = 100;
     expect_same_error(&e, 0, 0, "src_pages[63]=100");
     sp[63] = 63;
-    e.ch.field_mask = KVB_PLAN_CHUNK_PREFIX;
-    e.ch.prefix_tokens = 8;
-    expect_same_error(&e, 0, 0, "prefix_tokens=8");
+    e.ch.field_mask = KVB_PLAN_CHUNK_PREFIX | KVB_PLAN_CHUNK_DST_PAGES;
+    e.ch.prefix_tokens = 8; /* mid-page: fine; the decode pages given are too few */
+    e.ch.num_dst_pages = 10;
+    expect_same_error(&e, 0, 0, "rows [8, 1024) reach decode pages 0..63; dst_pages hold 10");
+    e.ch.field_mask = 0;
     e.ch.prefix_tokens = 0;
     e.ch.src_pages = NULL;
     expect_same_error(&e, 0, 0, "src_pages or dst_pages is NULL");
