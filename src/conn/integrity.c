@@ -116,26 +116,39 @@ static void uncover(kvb__integ_t *a, const char *why)
     a->uncovered = 1;
 }
 
+/* One row of whole items (the planner coalesces a run of pages contiguous
+ * on both sides into one row): each item hashed on its own. */
+static kvb_status_t add_row(kvb__integ_t *a, size_t buf, uint64_t src, uint64_t dst, uint64_t page,
+                            uint64_t len, uint64_t item_len)
+{
+    for (uint64_t off = 0; off < len; off += item_len, page++) {
+        uint64_t h = item_hash(src + off, dst + off, item_len);
+        a->buf_sum[buf] += h;
+        if (page_add(a, page, h) != KVB_OK)
+            return KVB_ERR_NOMEM;
+    }
+    return KVB_OK;
+}
+
 kvb_status_t kvb__integ_add_blocks(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
                                    const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len)
 {
     for (size_t i = 0; i < n && !a->uncovered; i++) {
         const kvb_strided_block_t *x = &b[i];
         size_t buf = 0;
-        if (item_len == 0 || x->len != item_len || (x->count > 1 && x->dst_stride % item_len) ||
-            n_dst > a->n_buf || !buffer_at(dst_ptrs, n_dst, x->dst, item_len, &buf)) {
+        if (item_len == 0 || x->len == 0 || x->len % item_len ||
+            (x->count > 1 && x->dst_stride % item_len) || n_dst > a->n_buf ||
+            !buffer_at(dst_ptrs, n_dst, x->dst, item_len, &buf)) {
             uncover(a, "a block writes part of a destination page (heterogeneous TP or page "
                        "size): not covered");
             break;
         }
         uint64_t page0 = (x->dst - dst_ptrs[buf]) / item_len, step = x->dst_stride / item_len;
         a->buf_seen[buf] = 1;
-        for (uint64_t k = 0; k < x->count; k++) {
-            uint64_t h = item_hash(x->src + k * x->src_stride, x->dst + k * x->dst_stride, x->len);
-            a->buf_sum[buf] += h;
-            if (page_add(a, page0 + k * step, h) != KVB_OK)
+        for (uint64_t k = 0; k < x->count; k++)
+            if (add_row(a, buf, x->src + k * x->src_stride, x->dst + k * x->dst_stride,
+                        page0 + k * step, x->len, item_len) != KVB_OK)
                 return KVB_ERR_NOMEM;
-        }
     }
     pages_compact(a);
     return KVB_OK;

@@ -39,8 +39,9 @@ kvb_status_t kvb__integ_init(kvb__integ_t *a, size_t n_buf);
 void kvb__integ_free(kvb__integ_t *a);
 /* Prefill, a worker's thread, after the blocks' writes succeeded: add the
  * source bytes of blocks written into destination buffers dst_ptrs[n_dst]
- * of items item_len. A block that is not whole destination items marks a
- * uncovered (with the reason). KVB_ERR_NOMEM. */
+ * of items item_len (a row may hold several whole items: a coalesced run of
+ * pages). A block that is not whole destination items marks a uncovered (with the reason).
+ * KVB_ERR_NOMEM. */
 kvb_status_t kvb__integ_add_blocks(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
                                    const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len);
 /* Add from into into (the same n_buf), pages merged by page. KVB_ERR_NOMEM. */
