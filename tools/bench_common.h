@@ -286,6 +286,10 @@ typedef struct bench_report {
     /* timed requests' stages from the rooms' timelines (BENCH_ST_*, ms; the
      * slowest rank of each side): the "stages" line */
     bench_phase_t stage[5];
+    /* the "integrity" line: every rank's counters summed at the end
+     * (prefill digests sent; decode rooms checked, mismatches, unchecked) */
+    unsigned long long integ_sent, integ_checked, integ_mismatches, integ_unchecked;
+    int integ_answers;
 } bench_report_t;
 
 /* Stages of a room read from its timelines (docs/observe.md), which "sent"

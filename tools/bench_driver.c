@@ -379,6 +379,20 @@ static void on_traffic(drv_t *d, const char *rest)
     d->rep.traffic_answers++;
 }
 
+/* "integrity prefill|decode sent checked mismatches unchecked". */
+static void on_integrity(drv_t *d, const char *rest)
+{
+    unsigned long long v[4];
+    char side[16];
+    if (sscanf(rest, "%15s %llu %llu %llu %llu", side, &v[0], &v[1], &v[2], &v[3]) != 5)
+        return;
+    d->rep.integ_sent += v[0];
+    d->rep.integ_checked += v[1];
+    d->rep.integ_mismatches += v[2];
+    d->rep.integ_unchecked += v[3];
+    d->rep.integ_answers++;
+}
+
 static void on_line(drv_t *d, proc_t *p, const char *line)
 {
     uint64_t room = 0;
@@ -388,6 +402,10 @@ static void on_line(drv_t *d, proc_t *p, const char *line)
     char verb[16] = "";
     if (strncmp(line, "error ", 6) == 0) {
         snprintf(d->fatal, sizeof(d->fatal), "%s", line + 6);
+        return;
+    }
+    if (strncmp(line, "integrity ", 10) == 0) {
+        on_integrity(d, line + 10);
         return;
     }
     if (strncmp(line, "traffic ", 8) == 0) {
@@ -752,6 +770,21 @@ static void collect_traffic(drv_t *d, double sign)
     d->rep.traffic_ranks = want;
 }
 
+/* The integrity line: every rank's counters once the requests are done
+ * (warm-up included); waits for the answers at most 30 s. */
+static void collect_integrity(drv_t *d)
+{
+    int want = 0;
+    for (int i = 0; i < d->nprocs; i++)
+        if (d->procs[i].kind != K_BOOT) {
+            psend(d, &d->procs[i], "integrity");
+            want += d->procs[i].nranks;
+        }
+    double end = kvb_tool_now() + 30;
+    while (d->rep.integ_answers < want && !stopping(d) && kvb_tool_now() < end)
+        pump(d, 100);
+}
+
 /* --resource-report: warm-up sample after the wave that passes 10% of the
  * requests, end sample after the last wave (children idle both times). */
 /* --hold: rooms being set up at once. A decode's transfer info that reaches
@@ -842,6 +875,7 @@ static void run_waves(drv_t *d)
         collect_traffic(d, +1);
     }
     held_release(d);
+    collect_integrity(d);
     d->rep.nprocs = d->nprocs;
 }
 

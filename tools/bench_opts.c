@@ -43,6 +43,8 @@ static void usage(FILE *out)
             "                        is nhd): rows are mapped, not pages (docs/planner.md)\n"
             "  --chunk T             tokens per sender_send (default: whole prompt)\n"
             "  --transport auto|tcp|shm   engine lane (default auto)\n"
+            "  --integrity off|check KV integrity digests between the ranks (default:\n"
+            "                        KVBRIDGE_INTEGRITY, else off; docs/integrity.md)\n"
             "  --memory host|cuda    KV pools in host or CUDA device memory (default host;\n"
             "                        cuda: adds cuda_memcpy_gbps, a device-to-device yardstick)\n"
             "  --device N            CUDA device of every rank (default 0)\n"
@@ -267,6 +269,14 @@ static int parse_one(bench_opts_t *o, overrides_t *w, int argc, char **argv, int
         return ok ? 0 : 2;
     if (strcmp(a, "--transport") == 0)
         return parse_transport(v, &o->transport) ? 0 : 2;
+    if (strcmp(a, "--integrity") == 0) { /* the ranks read it at manager creation */
+        if (v == NULL || (strcmp(v, "off") != 0 && strcmp(v, "check") != 0)) {
+            fprintf(stderr, "kvbridge: --integrity must be off or check\n");
+            return 2;
+        }
+        setenv("KVBRIDGE_INTEGRITY", v, 1);
+        return 0;
+    }
     if (strcmp(a, "--memory") == 0) {
         if (v == NULL || (strcmp(v, "host") != 0 && strcmp(v, "cuda") != 0)) {
             fprintf(stderr, "kvbridge: --memory must be host or cuda\n");

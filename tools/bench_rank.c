@@ -603,6 +603,16 @@ static void cmd_traffic(rank_t *r)
               t.heartbeat_failed);
 }
 
+/* "integrity": this rank's integrity counters (kvb_manager_traffic). */
+static void cmd_integrity(rank_t *r)
+{
+    kvb_manager_traffic_t t = {.field_mask = KVB_MANAGER_TRAFFIC_INTEGRITY};
+    kvb_manager_traffic(r->mgr, &t);
+    bench_say("integrity %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64,
+              r->prefill ? "prefill" : "decode", t.integrity_sent, t.integrity_checked,
+              t.integrity_mismatches, t.integrity_unchecked);
+}
+
 static bool handle(rank_t *r, const char *line)
 {
     uint64_t id = 0;
@@ -610,6 +620,10 @@ static bool handle(rank_t *r, const char *line)
     long long aux = 0;
     if (strcmp(line, "quit") == 0)
         return false;
+    if (strcmp(line, "integrity") == 0) {
+        cmd_integrity(r);
+        return true;
+    }
     if (strcmp(line, "traffic") == 0) {
         cmd_traffic(r);
         return true;

@@ -418,6 +418,20 @@ static void print_layerwise(const bench_opts_t *o, const bench_report_t *r)
            "hidden by layerwise", 100 * hidden_share(r, 50), 100 * hidden_share(r, 99));
 }
 
+/* KVBRIDGE_INTEGRITY as the ranks read it, and what they counted. */
+static void print_integrity(const bench_report_t *r)
+{
+    const char *v = getenv("KVBRIDGE_INTEGRITY");
+    if (v == NULL || strcmp(v, "check") != 0) {
+        printf("  %-22s off\n", "integrity");
+        return;
+    }
+    printf("  %-22s check: %llu rooms checked, %llu mismatches, %llu unchecked (%llu digests "
+           "sent; %d ranks answered)\n",
+           "integrity", r->integ_checked, r->integ_mismatches, r->integ_unchecked, r->integ_sent,
+           r->integ_answers);
+}
+
 static void print_table(const bench_opts_t *o, const bench_report_t *r)
 {
     double g = rate(&r->steady);
@@ -459,6 +473,7 @@ static void print_table(const bench_opts_t *o, const bench_report_t *r)
         printf("  %-22s %lld requests, %lld verified, %lld aborted, %lld failed\n", "warm-up",
                r->warm_requests, r->warm_verified, r->warm_aborted, r->warm_failed);
     printf("  %-22s %.1f us per request\n", "planner", r->plan_us);
+    print_integrity(r);
     if (o->layerwise_ms >= 0)
         print_layerwise(o, r);
     if (o->scale)

@@ -84,6 +84,7 @@ enum kvb_manager_param_field {
     KVB_MANAGER_PARAM_KV_CACHE_DTYPE = 1u << 18,
     KVB_MANAGER_PARAM_DRAFT_LAYERS = 1u << 20,     /* draft_layers */
     KVB_MANAGER_PARAM_CACHEPD_CONTRACT = 1u << 21, /* cachepd_contract */
+    KVB_MANAGER_PARAM_INTEGRITY = 1u << 22,        /* integrity */
 };
 
 /* Manager creation. Always read: mode, kv_args, engine, the parallel info
@@ -177,7 +178,16 @@ typedef struct kvb_manager_params {
                                             TokenSpeed's ordinary recipe does. Checked at
                                             creation (KVB_ERR_INVALID with the reason).
                                             NULL or "" = none */
+    int integrity; /* kvb_integrity_t: off (0) or check (1) the KV pages' digest between
+                      kvbridge ranks (docs/integrity.md); default KVBRIDGE_INTEGRITY
+                      ("off" | "check"), else off */
 } kvb_manager_params_t;
+
+/* KV integrity (docs/integrity.md): with check, a prefill sends each kvbridge
+ * decode an XXH3 digest of the KV pages it wrote with the room's Success, and
+ * a decode recomputes it over its own pages before it reports Success (a
+ * mismatch fails the room naming the buffer and page). */
+typedef enum kvb_integrity { KVB_INTEGRITY_OFF = 0, KVB_INTEGRITY_CHECK = 1 } kvb_integrity_t;
 
 /* Create a manager: registers the KV/aux/state buffers with the engine,
  * binds the control socket on an ephemeral port, starts its threads and
@@ -260,6 +270,7 @@ enum kvb_manager_traffic_field {
     KVB_MANAGER_TRAFFIC_CONTROL = 1u << 0,   /* control_sent .. control_received */
     KVB_MANAGER_TRAFFIC_BOOTSTRAP = 1u << 1, /* bootstrap_requests, bootstrap_failed */
     KVB_MANAGER_TRAFFIC_HEARTBEAT = 1u << 2, /* heartbeat_requests, heartbeat_failed */
+    KVB_MANAGER_TRAFFIC_INTEGRITY = 1u << 3, /* integrity_sent .. integrity_unchecked */
 };
 
 typedef struct kvb_manager_traffic {
@@ -274,6 +285,12 @@ typedef struct kvb_manager_traffic {
     uint64_t bootstrap_requests, bootstrap_failed;
     /* decode: health GETs to bootstrap servers, and failed ones */
     uint64_t heartbeat_requests, heartbeat_failed;
+    /* integrity (docs/integrity.md). prefill: Success statuses sent with a
+     * digest. decode: rooms whose digest was recomputed (checked), of those
+     * the ones that differed (mismatches, each failed), and rooms that ended
+     * Success without a digest to check (a source with integrity off, not
+     * kvbridge, device memory, or a plan that writes part of a page) */
+    uint64_t integrity_sent, integrity_checked, integrity_mismatches, integrity_unchecked;
 } kvb_manager_traffic_t;
 
 /* Snapshot of the traffic counters into the fields of *traffic_p that its

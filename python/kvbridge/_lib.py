@@ -181,6 +181,7 @@ MANAGER_PARAM_SGLANG_DIALECT = 1 << 16
 MANAGER_PARAM_KV_CACHE_DTYPE = 1 << 18
 MANAGER_PARAM_DRAFT_LAYERS = 1 << 20
 MANAGER_PARAM_CACHEPD_CONTRACT = 1 << 21
+MANAGER_PARAM_INTEGRITY = 1 << 22
 
 
 class ManagerParams(ctypes.Structure):
@@ -216,6 +217,7 @@ class ManagerParams(ctypes.Structure):
         ("kv_cache_dtype", ctypes.c_char_p),
         ("draft_layers", ctypes.c_uint32),
         ("cachepd_contract", ctypes.c_char_p),
+        ("integrity", ctypes.c_int),
     ]
 
 
@@ -260,10 +262,14 @@ class ManagerTraffic(ctypes.Structure):
         ("bootstrap_failed", ctypes.c_uint64),
         ("heartbeat_requests", ctypes.c_uint64),
         ("heartbeat_failed", ctypes.c_uint64),
+        ("integrity_sent", ctypes.c_uint64),
+        ("integrity_checked", ctypes.c_uint64),
+        ("integrity_mismatches", ctypes.c_uint64),
+        ("integrity_unchecked", ctypes.c_uint64),
     ]
 
 
-MANAGER_TRAFFIC_ALL = (1 << 3) - 1
+MANAGER_TRAFFIC_ALL = (1 << 4) - 1
 
 RECV_INIT_STATE = 1 << 0
 RECV_INIT_PREFIX = 1 << 1

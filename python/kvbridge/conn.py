@@ -225,7 +225,7 @@ class KVManager(L.Closeable):
                  transfer_queues=None, room_ttl=None, bootstrap_refresh=None,
                  bootstrap_token=None, curve_secret_key=None, curve_client_secret_key=None,
                  curve_allowed_clients=None, sglang_dialect=None, kv_cache_dtype=None,
-                 draft_layers=None, cachepd_contract=None):
+                 draft_layers=None, cachepd_contract=None, integrity=None):
         self._guard = L.Guard("KVManager")
         self._guard.closed = True  # until created
         self._h = None
@@ -312,6 +312,11 @@ class KVManager(L.Closeable):
             self._cpd_b = text.encode("ascii")
             p.cachepd_contract = self._cpd_b
             p.field_mask |= L.MANAGER_PARAM_CACHEPD_CONTRACT
+        if integrity is not None:  # "off" | "check": docs/integrity.md
+            if integrity not in ("off", "check"):
+                raise InvalidArgument(f"integrity must be 'off' or 'check', not {integrity!r}")
+            p.integrity = 1 if integrity == "check" else 0
+            p.field_mask |= L.MANAGER_PARAM_INTEGRITY
         self._auth_b = _auth_params(p, bootstrap_token, curve_secret_key,
                                     curve_client_secret_key, curve_allowed_clients)
         cargs, self._keep = _args_struct(args, self.is_mla, p.pp_rank, p.pp_size)
@@ -468,7 +473,9 @@ class KVManager(L.Closeable):
     def traffic(self):
         """Monotonic traffic counters: {"control_sent", "control_send_failed",
         "control_received", "bootstrap_requests", "bootstrap_failed",
-        "heartbeat_requests", "heartbeat_failed"} (kvb_manager_traffic)."""
+        "heartbeat_requests", "heartbeat_failed", "integrity_sent",
+        "integrity_checked", "integrity_mismatches", "integrity_unchecked"}
+        (kvb_manager_traffic; integrity: docs/integrity.md)."""
         with self._guard:
             s = L.ManagerTraffic(field_mask=L.MANAGER_TRAFFIC_ALL)
             L.lib().kvb_manager_traffic(self._h, ctypes.byref(s))

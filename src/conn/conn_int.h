@@ -10,6 +10,7 @@
 #include <kvbridge/conn.h>
 #include <kvbridge/plan.h>
 
+#include "conn/integrity.h"
 #include "conn/timeline.h"
 #include "core/core.h"
 #include "proto/frames.h"
@@ -90,6 +91,9 @@ typedef struct kvb__status_in { /* a room's status from a prefill rank */
     uint64_t room;
     int32_t status; /* KVB_POLL_*: only Success and Failed change anything */
     int32_t prefill_rank;
+    const uint8_t *digest; /* a kvbridge prefill's kv_digest= value (a view into the message's
+                              frames, integrity.h), or NULL */
+    size_t digest_len;
 } kvb__status_in_t;
 
 typedef struct kvb__aux_in { /* inline aux data, checked against our aux buffers */
@@ -196,6 +200,11 @@ typedef struct kvb__room {
     int lost;                        /* its prefill instance was declared lost */
     int unsafe;   /* reported Failed past the quarantine bound while a source may still write */
     int reported; /* poll() said Failed: the fence closed or its bound passed */
+    /* integrity (integrity.h; mu): prefill, one digest per entry of dsts
+     * (n_integ == n_dst once made); decode, one: the sums its sources sent */
+    kvb__integ_t *integ;
+    size_t n_integ;
+    int integ_missing; /* decode: a source's Success came without a digest */
 } kvb__room_t;
 
 /* A peer that named rooms no sender has yet (prefill; rooms.c). */
@@ -344,6 +353,8 @@ struct kvb_manager {
     /* kvb_manager_traffic counters: relaxed atomics bumped where the
      * traffic happens (no lock: read as a snapshot, not as a consistent set) */
     uint64_t ctl_received, boot_requests, boot_failed, hb_requests, hb_failed;
+    /* integrity (integrity.h): relaxed atomics as above */
+    uint64_t integ_sent, integ_checked, integ_mismatches, integ_unchecked;
     /* kvb_manager_event_fd: an eventfd written (m->mu held) on every room
      * status change; ev_on says it exists (made on first request) */
     int ev_fd, ev_on;
@@ -465,6 +476,9 @@ typedef struct kvb__note { /* one decode endpoint to tell */
                                        its ABORT_ACK instead of the status */
     int has_gen;                    /* its ABORT's generation (SGLang 0.5.23): echoed in the ACK */
     uint64_t gen;
+    uint8_t *digest; /* Success to a kvbridge decode with integrity on: the kv_digest= value
+                        (owned; integrity.h), or NULL */
+    size_t digest_len;
 } kvb__note_t;
 /* m->mu held: the endpoints to tell about the room's end (0: nothing due);
  * *status_p the value to send. */
@@ -587,6 +601,12 @@ void kvb__conn_bad_message(struct kvb_manager *m, const char *kind, const kvb__f
 bool kvb__conn_note_once(struct kvb_manager *m, const char *kind);
 /* prefill_notify.c: send a status (room, value, rank) to ip:port, in the
  * dialect that endpoint speaks. */
+/* The same with kv_digest= (digest_len bytes at digest, integrity.h) after the
+ * marker where the endpoint's dialect carries kvbridge extensions
+ * (send_status_digest); else the plain status. */
+kvb_status_t kvb__send_status_digest(struct kvb_manager *m, const char *ip, uint16_t port,
+                                     uint64_t room, int status, int32_t rank, const uint8_t *digest,
+                                     size_t digest_len);
 kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
                               int status, int32_t rank);
 /* Writer tag of the prefill rank whose control endpoint is ip:port (the

@@ -978,6 +978,88 @@ static void route_resend_mark(struct kvb_manager *m, const kvb__room_t *r)
                 rt->resend = 1;
 }
 
+/* Integrity on (docs/integrity.md), m->mu held: add source s's digest to the
+ * room's (false, the room failed: a malformed digest). */
+static bool integ_add(struct kvb_manager *m, kvb__room_t *r, const kvb__status_in_t *s)
+{
+    char why[256];
+    if (s->digest == NULL) {
+        r->integ_missing = 1;
+        return true;
+    }
+    if (r->integ == NULL) {
+        if ((r->integ = calloc(1, sizeof(*r->integ))) == NULL ||
+            kvb__integ_init(r->integ, m->args.num_kv) != KVB_OK) {
+            free(r->integ);
+            r->integ = NULL;
+            r->integ_missing = 1;
+            return true;
+        }
+        r->n_integ = 1;
+    }
+    uint64_t pool = pool_items(m->kv_lens, NULL, m->args.kv_item_len, m->args.num_kv);
+    if (kvb__integ_add_wire(r->integ, s->digest, s->digest_len, pool, why, sizeof(why)) == KVB_OK)
+        return true;
+    kvb__room_fail(r, "KV integrity: prefill rank %d's digest refused: %s", (int)s->prefill_rank,
+                   why);
+    return false;
+}
+
+/* Integrity on, every source's Success in, m->mu held: the room's digest
+ * taken out to be recomputed outside the lock (integ_finish), the room left
+ * Transferring meanwhile; NULL when there is nothing to check (no digest
+ * from a source, a plan the digest cannot describe, device pages, which are
+ * not read back: counted unchecked), Success then. */
+static kvb__integ_t *integ_take(struct kvb_manager *m, kvb__room_t *r)
+{
+    kvb_mem_type_t t = KVB_MEM_HOST;
+    int dev = 0;
+    if (r->integ == NULL || r->integ_missing || r->integ->uncovered ||
+        (m->args.num_kv > 0 &&
+         kvb_mem_query((const void *)(uintptr_t)m->kv_ptrs[0], &t, &dev) == KVB_OK &&
+         t == KVB_MEM_CUDA)) {
+        __atomic_add_fetch(&m->integ_unchecked, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    kvb__integ_t *a = r->integ;
+    r->integ = NULL;
+    r->n_integ = 0;
+    return a;
+}
+
+/* Recompute a's digest over our pages (no lock: it reads the room's pages
+ * once, the control thread's time, docs/integrity.md "Cost"), then report
+ * the room Success, or fail it naming the buffer and page, unless it ended
+ * meanwhile (aborted, timed out). Frees a. */
+static void integ_finish(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, kvb__tl_t *tl)
+{
+    char why[320];
+    kvb__src_t *todo = NULL;
+    size_t n_todo = 0;
+    uint64_t gen = 0;
+    bool good = kvb__integ_check(a, m->kv_ptrs, m->args.kv_item_len, why, sizeof(why));
+    kvb__integ_free(a);
+    free(a);
+    __atomic_add_fetch(&m->integ_checked, 1, __ATOMIC_RELAXED);
+    if (!good) {
+        __atomic_add_fetch(&m->integ_mismatches, 1, __ATOMIC_RELAXED);
+        KVB_LOGW("manager %s: room %llu: %s", m->endpoint, (unsigned long long)room, why);
+    }
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, room);
+    if (r != NULL && r->status != KVB_POLL_FAILED && r->status != KVB_POLL_SUCCESS) {
+        if (good) {
+            kvb__room_set_status(r, KVB_POLL_SUCCESS);
+        } else {
+            kvb__room_fail(r, "%s", why);
+            gen = open_fence(m, r, &todo, &n_todo);
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (todo != NULL)
+        send_aborts(m, room, gen, todo, n_todo, tl);
+}
+
 /* A terminal status of any dialect, decoded: record it as that source's
  * answer; a Failed one fails the room and opens its fence. */
 static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
@@ -985,7 +1067,8 @@ static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
     kvb__src_t *todo = NULL;
     size_t n_todo = 0;
     uint64_t gen = 0;
-    KVB_TSAN_ACQUIRE(); /* a status follows the placement of the room's bytes */
+    kvb__integ_t *verify = NULL; /* integrity: the room's digest to recompute, unlocked */
+    KVB_TSAN_ACQUIRE();          /* a status follows the placement of the room's bytes */
     KVB_LOGD("manager %s: room %llu: status %d from prefill rank %d", m->endpoint,
              (unsigned long long)s->room, s->status, s->prefill_rank);
     pthread_mutex_lock(&m->mu);
@@ -999,8 +1082,12 @@ static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
     if (r != NULL && (s->status == KVB_POLL_SUCCESS || s->status == KVB_POLL_FAILED) &&
         record_response(m, r, s->prefill_rank,
                         s->status == KVB_POLL_SUCCESS ? "Success" : "Failed")) {
-        if (s->status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses)
+        bool ok = s->status != KVB_POLL_SUCCESS || !m->p.integrity || integ_add(m, r, s);
+        if (ok && s->status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses &&
+            (!m->p.integrity || (verify = integ_take(m, r)) == NULL))
             kvb__room_set_status(r, KVB_POLL_SUCCESS);
+        if (!ok) /* a malformed digest failed it: the sources still writing are told, as below */
+            gen = open_fence(m, r, &todo, &n_todo);
         if (s->status == KVB_POLL_FAILED) {
             route_resend_mark(m, r);
             kvb__room_fail(r, FAIL_FROM_PREFILL);
@@ -1010,6 +1097,8 @@ static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
         send_aborts(m, s->room, gen, todo, n_todo, tl);
+    if (verify != NULL)
+        integ_finish(m, s->room, verify, tl);
     kvb__tl_put(tl);
 }
 

@@ -57,6 +57,8 @@ static void knobs(kvb_manager_params_t *out, const kvb_manager_params_t *in)
     out->sglang_dialect =
         (in->field_mask & KVB_MANAGER_PARAM_SGLANG_DIALECT) ? in->sglang_dialect : 0;
     out->draft_layers = (in->field_mask & KVB_MANAGER_PARAM_DRAFT_LAYERS) ? in->draft_layers : 0;
+    out->integrity =
+        (in->field_mask & KVB_MANAGER_PARAM_INTEGRITY) ? in->integrity : kvb__integ_env();
     /* The seeds' floors: interval at least 2 s, at least one miss. The test
      * hook KVBRIDGE_HEARTBEAT_FLOOR lowers the floor (never in production). */
     double floor = kvb__env_double("KVBRIDGE_HEARTBEAT_FLOOR", NULL, 2.0, 0.05, 2.0);
@@ -522,6 +524,12 @@ void kvb_manager_traffic(kvb_manager_h m, kvb_manager_traffic_t *t)
     if (f & KVB_MANAGER_TRAFFIC_HEARTBEAT) {
         t->heartbeat_requests = relaxed(&m->hb_requests);
         t->heartbeat_failed = relaxed(&m->hb_failed);
+    }
+    if (f & KVB_MANAGER_TRAFFIC_INTEGRITY) {
+        t->integrity_sent = relaxed(&m->integ_sent);
+        t->integrity_checked = relaxed(&m->integ_checked);
+        t->integrity_mismatches = relaxed(&m->integ_mismatches);
+        t->integrity_unchecked = relaxed(&m->integ_unchecked);
     }
 }
 

@@ -29,6 +29,8 @@ size_t kvb__notes_due(struct kvb_manager *m, kvb__room_t *r, kvb__note_t **out, 
     for (size_t i = 0; i < r->n_dst; i++)
         if (!r->dsts[i].dummy) {
             snprintf((*out)[n].ip, KVB_IP_MAX, "%s", r->dsts[i].ip);
+            if (!failed && i < r->n_integ && r->integ[i].buf_sum != NULL && !r->integ[i].uncovered)
+                kvb__integ_encode(&r->integ[i], &(*out)[n].digest, &(*out)[n].digest_len);
             (*out)[n++].port = r->dsts[i].port;
         }
     if (failed && r->abort_port != 0) {
@@ -56,6 +58,21 @@ size_t kvb__notes_due(struct kvb_manager *m, kvb__room_t *r, kvb__note_t **out, 
     return n;
 }
 
+kvb_status_t kvb__send_status_digest(struct kvb_manager *m, const char *ip, uint16_t port,
+                                     uint64_t room, int status, int32_t rank, const uint8_t *digest,
+                                     size_t digest_len)
+{
+    const kvb__dialect_t *d = kvb__endpoint_dialect(m, ip, port);
+    if (d == NULL)
+        d = kvb__dialect_default();
+    if (digest == NULL || d->send_status_digest == NULL)
+        return d->send_status(m, ip, port, room, status, rank);
+    kvb_status_t st = d->send_status_digest(m, ip, port, room, status, rank, digest, digest_len);
+    if (st == KVB_OK)
+        __atomic_add_fetch(&m->integ_sent, 1, __ATOMIC_RELAXED);
+    return st;
+}
+
 kvb_status_t kvb__send_status(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
                               int status, int32_t rank)
 {
@@ -75,7 +92,9 @@ void kvb__send_notes(struct kvb_manager *m, uint64_t room, kvb__note_t *notes, s
         kvb_status_t st = t->ack != NULL
                               ? t->ack->send_abort_ack(m, t->ip, t->port, room, m->prefill_rank,
                                                        t->has_gen ? &t->gen : NULL)
-                              : kvb__send_status(m, t->ip, t->port, room, status, m->prefill_rank);
+                              : kvb__send_status_digest(m, t->ip, t->port, room, status,
+                                                        m->prefill_rank, t->digest, t->digest_len);
+        free(t->digest);
         kvb__tl_add_ep(tl, t->ack != NULL ? KVB_EV_ABORT_ACK_SENT : KVB_EV_STATUS_SENT,
                        t->ack != NULL ? st : status, t->ip, t->port);
         if (st != KVB_OK)

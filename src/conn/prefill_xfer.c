@@ -23,7 +23,9 @@ typedef struct job {
     int aux_inline; /* the engine refused the aux write: send it inline */
     int unsettled;  /* a write did not end even after its session was closed */
     kvb_status_t st;
-    uint64_t t_done; /* monotonic ns its writes settled (the timeline's stamp) */
+    uint64_t t_done;    /* monotonic ns its writes settled (the timeline's stamp) */
+    kvb__integ_t integ; /* integrity on, a kvbridge decode: what its writes carried */
+    int has_integ;
     char why[512];
 } job_t;
 
@@ -537,6 +539,30 @@ static void aux_submit(struct kvb_manager *m, job_t *j)
 }
 
 /* Issue the chunk's writes; a room failed or aborted meanwhile gets none. */
+/* Integrity on and a kvbridge decode (it sent a grant, so it reads our
+ * extensions): digest the source bytes of the job's KV blocks while its
+ * writes are in flight (integrity.h; kept only if they succeed). Device sources are not covered:
+ * reading them back would cost a device copy (docs/integrity.md). */
+static void job_digest(struct kvb_manager *m, job_t *j)
+{
+    kvb_mem_type_t t = KVB_MEM_HOST;
+    int dev = 0;
+    if (!m->p.integrity || j->st != KVB_OK || j->epoch == 0 || !j->dialect->t.extensions ||
+        kvb__integ_init(&j->integ, j->reg->n_kv) != KVB_OK)
+        return;
+    j->has_integ = 1;
+    if (j->kv.count > 0 &&
+        kvb_mem_query((const void *)(uintptr_t)j->kv.blocks[0].src, &t, &dev) == KVB_OK &&
+        t == KVB_MEM_CUDA) {
+        j->integ.uncovered = 1;
+        snprintf(j->integ.why, sizeof(j->integ.why), "device memory: not covered");
+    } else if (kvb__integ_add_blocks(&j->integ, j->kv.blocks, j->kv.count, j->reg->kv_ptrs,
+                                     j->reg->n_kv, (uint64_t)j->reg->item_len) != KVB_OK) {
+        j->integ.uncovered = 1;
+        snprintf(j->integ.why, sizeof(j->integ.why), "out of memory");
+    }
+}
+
 static void work_submit(struct kvb_manager *m, work_t *w)
 {
     pthread_mutex_lock(&m->mu);
@@ -571,6 +597,9 @@ static void work_submit(struct kvb_manager *m, work_t *w)
             kvb_xfer_cancel(r->xfers[i]);
     pthread_cond_broadcast(&m->room_cv);
     pthread_mutex_unlock(&m->mu);
+    /* while the writes are in flight: the source bytes do not change */
+    for (size_t i = 0; i < w->n_jobs; i++)
+        job_digest(m, &w->jobs[i]);
 }
 
 /* Cancel every write of w, past its transfer time-out: one settle window
@@ -677,6 +706,26 @@ static void record_failures(struct kvb_manager *m, kvb__room_t *r, work_t *w)
 }
 
 /* Wait the chunk's writes, settle the room, send the due statuses. */
+/* m->mu held: add each job's digest to its destination's in the room. */
+static void room_digest(kvb__room_t *r, const work_t *w)
+{
+    for (size_t i = 0; i < w->n_jobs; i++) {
+        const job_t *j = &w->jobs[i];
+        if (!j->has_integ || j->st != KVB_OK)
+            continue;
+        if (r->integ == NULL && (r->integ = calloc(r->n_dst, sizeof(*r->integ))) != NULL)
+            r->n_integ = r->n_dst;
+        for (size_t k = 0; k < r->n_integ; k++) {
+            kvb__integ_t *a = &r->integ[k];
+            if (r->dsts[k].dummy || r->dsts[k].port != j->port || strcmp(r->dsts[k].ip, j->ip))
+                continue;
+            if ((a->buf_sum == NULL && kvb__integ_init(a, j->integ.n_buf) != KVB_OK) ||
+                kvb__integ_merge(a, &j->integ) != KVB_OK)
+                a->uncovered = 1;
+        }
+    }
+}
+
 static void work_finish(struct kvb_manager *m, work_t *w)
 {
     for (size_t i = 0; !w->skip && i < w->n_jobs; i++) {
@@ -701,6 +750,7 @@ static void work_finish(struct kvb_manager *m, work_t *w)
         for (size_t i = 0; i < w->n_jobs; i++)
             r->unsettled |= w->jobs[i].unsettled;
         untrack_xfers(r, w);
+        room_digest(r, w);
         for (size_t i = 0; w->c->is_last && i < w->n_jobs; i++)
             kvb__tl_add_at(r->tl, KVB_EV_LAST_WRITE_DONE, w->jobs[i].t_done, w->jobs[i].st,
                            job_session(&w->jobs[i]));
@@ -724,6 +774,7 @@ static void work_finish(struct kvb_manager *m, work_t *w)
         kvb_xfer_free(w->jobs[i].xa);
         kvb_plan_strided_free(&w->jobs[i].kv);
         kvb_plan_blocks_free(&w->jobs[i].aux);
+        kvb__integ_free(&w->jobs[i].integ);
         kvb__reg_put(w->jobs[i].reg);
     }
     free(w->jobs);

@@ -85,6 +85,9 @@ static void room_free(kvb__room_t *r)
     free(r->xfers);
     free(r->srcs);
     free(r->responded);
+    for (size_t i = 0; i < r->n_integ; i++)
+        kvb__integ_free(&r->integ[i]);
+    free(r->integ);
     free(r->bootstrap_addr);
     free(r->reason);
     free(r);

@@ -127,6 +127,12 @@ typedef struct kvb__dialect {
     /* A status (KVB_POLL_SUCCESS / _FAILED) from prefill rank `rank`. */
     kvb_status_t (*send_status)(struct kvb_manager *m, const char *ip, uint16_t port, uint64_t room,
                                 int status, int32_t rank);
+    /* Optional (extensions dialects): the same status with kvbridge's
+     * kv_digest= extension (docs/integrity.md), sent only to a kvbridge
+     * decode; NULL: the dialect's statuses carry none. */
+    kvb_status_t (*send_status_digest)(struct kvb_manager *m, const char *ip, uint16_t port,
+                                       uint64_t room, int status, int32_t rank,
+                                       const uint8_t *digest, size_t digest_len);
     /* The answer to its abort once nothing of the room can land (gen: echo). */
     kvb_status_t (*send_abort_ack)(struct kvb_manager *m, const char *ip, uint16_t port,
                                    uint64_t room, int32_t rank, const uint64_t *gen);

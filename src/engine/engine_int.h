@@ -415,11 +415,25 @@ typedef struct kvb__test_hooks {
        sends that completed with an error while their transfer was still live (before its
        connection was failed) and after; the first such UCX status */
     int am_send_err_live, am_send_err_after, am_send_err_first;
+    /* the next flip_in_flight writes (a direct-lane copy piece, a message-lane message's first
+       piece) of at least KVB__FLIP_MIN bytes land with their first byte XORed 0x01, the source
+       untouched: a byte flipped in flight (tests/integration/integrity); each takes one */
+    int flip_in_flight;
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 /* Atomic (relaxed): a test sets a hook while engine threads run. */
 #define KVB__HOOK(name) __atomic_load_n(&kvb__test_hooks.name, __ATOMIC_RELAXED)
 #define KVB__HOOK_SET(name, v) __atomic_store_n(&kvb__test_hooks.name, (v), __ATOMIC_RELAXED)
+#define KVB__FLIP_MIN 128 /* flip_in_flight leaves smaller pieces (the tests' aux items) alone */
+/* Take one of a counting hook (> 0): true once per unit the test asked for. */
+static inline bool kvb__hook_take(int *h)
+{
+    int v = __atomic_load_n(h, __ATOMIC_RELAXED);
+    while (v > 0)
+        if (__atomic_compare_exchange_n(h, &v, v - 1, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            return true;
+    return false;
+}
 
 /* cmdq.c: queue cmd for the progress thread (wait: until it ran);
  * KVB_ERR_CANCELED when the engine is stopping. Any thread. */

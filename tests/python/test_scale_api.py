@@ -33,7 +33,9 @@ def test_traffic_counts_rooms_and_bootstrap():
         t0p, t0d = pm.traffic(), dm.traffic()
         assert set(t0p) == {"control_sent", "control_send_failed", "control_received",
                             "bootstrap_requests", "bootstrap_failed",
-                            "heartbeat_requests", "heartbeat_failed"}
+                            "heartbeat_requests", "heartbeat_failed", "integrity_sent",
+                            "integrity_checked", "integrity_mismatches",
+                            "integrity_unchecked"}
         assert t0p["bootstrap_requests"] >= 1  # the prefill's registration
         rooms = 6
         for r in range(rooms):
@@ -54,6 +56,43 @@ def test_traffic_counts_rooms_and_bootstrap():
         assert t1d["control_send_failed"] == 0
         assert t1d["bootstrap_requests"] >= 1  # parallel info + rank look-up
         assert t1p["heartbeat_requests"] == 0  # prefills do not beat
+
+
+def test_integrity_parameter():
+    """KVManager(integrity="check") on both sides: every room's digest is
+    sent and checked (docs/integrity.md); a bad value is refused."""
+    with kb.KVBootstrapServer("127.0.0.1", 0) as server:
+        eng = kb.TransferEngine("127.0.0.1", 0)
+        p, d = Rank(MODEL, 0, 1), Rank(MODEL, 0, 1)
+        try:
+            try:
+                kb.KVManager(d.kv_args(), "decode", engine=eng, integrity="yes")
+                assert False, "integrity='yes' accepted"
+            except kb.InvalidArgument:
+                pass
+            pm = kb.KVManager(p.kv_args(), "prefill", server.address, engine=eng,
+                              integrity="check")
+            dm = kb.KVManager(d.kv_args(), "decode", engine=eng, integrity="check")
+            rooms = 3
+            for r in range(rooms):
+                p.fill(300 + r, [r], r)
+                rc = kb.KVReceiver(dm, server.address, 300 + r)
+                rc.init([r], aux_index=r)
+                s = kb.KVSender(pm, server.address, 300 + r)
+                end = time.monotonic() + 10
+                while s.poll() != kb.KVPoll.WaitingForInput and time.monotonic() < end:
+                    time.sleep(0.005)
+                s.init(1, aux_index=r)
+                s.send(np.array([r], np.int32))
+                while rc.poll() != kb.KVPoll.Success and time.monotonic() < end:
+                    time.sleep(0.005)
+                assert rc.poll() == kb.KVPoll.Success
+            tp, td = pm.traffic(), dm.traffic()
+            assert tp["integrity_sent"] == rooms
+            assert (td["integrity_checked"], td["integrity_mismatches"],
+                    td["integrity_unchecked"]) == (rooms, 0, 0)
+        finally:
+            eng.close()
 
 
 def _wait_readable(fd, timeout):

@@ -19,6 +19,8 @@
 #define STATUS_FRAMES 3
 #define AUX_FRAMES 6
 
+static const char *const status_known[] = {NULL}; /* its extensions pass through */
+
 /* ---- classification ---- */
 
 /* Registrations and transfer infos are told apart by their dialect frames
@@ -43,9 +45,9 @@ kvb__msg_kind_t kvb__frames_classify(const kvb__frame_t *frames, size_t n)
         return KVB__MSG_STAGING;
     if (!kvb__fk_parse_room(&frames[0], &room))
         return KVB__MSG_UNKNOWN;
-    if (n == STATUS_FRAMES)
-        return KVB__MSG_STATUS;
     size_t nd = kvb__frames_dialect_count(frames, n);
+    if (nd == STATUS_FRAMES) /* with kvbridge's extensions after a marker, or without */
+        return KVB__MSG_STATUS;
     if (nd >= KVB__XFER26_MIN)
         return KVB__MSG_TRANSFER26;
     if (nd >= XFER_FRAMES)
@@ -188,15 +190,20 @@ kvb_status_t kvb__frames_decode_status(const kvb__frame_t *frames, size_t n, kvb
     kvb__fk_ctx_t c = {KIND_STATUS, err, false, 0};
     kvb__status_msg_t m;
     int64_t v;
+    size_t nd, from;
     if (n >= 1)
         c.has_room = kvb__fk_parse_room(&frames[0], &c.room);
-    if (n != STATUS_FRAMES)
-        return kvb__fk_fail(&c, "expected %d frames, got %zu", STATUS_FRAMES, n);
+    if (kvb__frames_dialect_count(frames, n) != STATUS_FRAMES)
+        return kvb__fk_fail(&c, "expected %d frames, got %zu", STATUS_FRAMES,
+                            kvb__frames_dialect_count(frames, n));
+    KVB__FRAMES_TRY(kvb__fk_split_marker(&c, frames, n, &nd, &from));
     KVB__FRAMES_TRY(kvb__fk_need_room(&c, &frames[0], 0, &m.room));
     KVB__FRAMES_TRY(
         kvb__fk_need_int(&c, &frames[1], 1, "status", KVB__WIRE_FAILED, KVB__WIRE_SUCCESS, &v));
     m.status = (int32_t)v;
     KVB__FRAMES_TRY(kvb__fk_need_i32(&c, &frames[2], 2, "prefill_rank", 0, &m.prefill_rank));
+    m.ext = frames + from;
+    m.n_ext = n - from;
     *msg_p = m;
     return KVB_OK;
 }
@@ -362,6 +369,9 @@ kvb_status_t kvb__frames_encode_status(const kvb__status_msg_t *msg, kvb__frames
     if (!kvb__fk_put_u64(out, msg->room) || !kvb__fk_put_i64(out, msg->status) ||
         !kvb__fk_put_i64(out, msg->prefill_rank))
         return kvb__fk_rollback(out, n0, len0, KVB_ERR_NOMEM);
+    kvb_status_t st = kvb__fk_put_ext(out, status_known, NULL, 0, msg->ext, msg->n_ext);
+    if (st != KVB_OK)
+        return kvb__fk_rollback(out, n0, len0, st);
     KVB__FK_VERIFY(out, n0, len0, err, kvb__frames_decode_status, kvb__status_msg_t);
     return KVB_OK;
 }

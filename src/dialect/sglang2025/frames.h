@@ -81,12 +81,15 @@ typedef struct kvb__xfer_msg {
     size_t n_ext;
 } kvb__xfer_msg_t;
 
-/* Prefill → decode status (exactly 3 frames: a seed-001 decode unpacks three
- * and raises on more, so status carries no extensions). */
+/* Prefill → decode status (3 frames: a seed-001 decode unpacks three and
+ * raises on more, so only a kvbridge decode gets the marker and extensions
+ * after them: kv_digest=, docs/integrity.md). ext/n_ext as in kvb__reg_msg_t. */
 typedef struct kvb__status_msg {
     uint64_t room;
     int32_t status;       /* KVB__WIRE_*, 0..4 */
     int32_t prefill_rank; /* >= 0 */
+    const kvb__frame_t *ext;
+    size_t n_ext;
 } kvb__status_msg_t;
 
 /* Prefill → decode inline aux data (exactly 6 frames). Buffer index, aux

@@ -12,7 +12,11 @@
 
 extern const kvb__dialect_t kvb__dialect_sglang2025;
 
-/* The 3-frame status (both dialects). */
+/* The 3-frame status (both dialects); send_status_digest: with kv_digest=
+ * after the marker (digest NULL: none), for kvbridge decodes only. */
+kvb_status_t kvb__sglang_send_status_digest(struct kvb_manager *m, const char *ip, uint16_t port,
+                                            uint64_t room, int status, int32_t rank,
+                                            const uint8_t *digest, size_t digest_len);
 kvb_status_t kvb__sglang_send_status(struct kvb_manager *m, const char *ip, uint16_t port,
                                      uint64_t room, int status, int32_t rank);
 kvb_status_t kvb__sglang_decode_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n,

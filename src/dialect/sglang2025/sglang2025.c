@@ -118,18 +118,40 @@ kvb_status_t kvb__sglang_kv_lens_ext(const struct kvb_manager *m, uint8_t **buf_
 kvb_status_t kvb__sglang_send_status(struct kvb_manager *m, const char *ip, uint16_t port,
                                      uint64_t room, int status, int32_t rank)
 {
+    return kvb__sglang_send_status_digest(m, ip, port, room, status, rank, NULL, 0);
+}
+
+kvb_status_t kvb__sglang_send_status_digest(struct kvb_manager *m, const char *ip, uint16_t port,
+                                            uint64_t room, int status, int32_t rank,
+                                            const uint8_t *digest, size_t digest_len)
+{
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
-    kvb__status_msg_t s = {room, status, rank};
+    uint8_t *ext = NULL;
+    kvb__frame_t f = {NULL, 0};
+    kvb__status_msg_t s = {room, status, rank, NULL, 0};
+    kvb_status_t st = KVB_OK;
+    if (digest != NULL) {
+        size_t kl = sizeof(KVB__INTEG_EXT_KEY "=") - 1;
+        if ((ext = malloc(kl + digest_len)) == NULL)
+            return KVB_ERR_NOMEM;
+        memcpy(ext, KVB__INTEG_EXT_KEY "=", kl);
+        memcpy(ext + kl, digest, digest_len);
+        f = (kvb__frame_t){ext, kl + digest_len};
+        s.ext = &f;
+        s.n_ext = 1;
+    }
     kvb__frames_buf_init(&b);
-    kvb_status_t st = kvb__frames_encode_status(&s, &e, &b);
+    st = kvb__frames_encode_status(&s, &e, &b);
     if (st == KVB_OK)
         st = kvb__zsend(&m->zc, ip, port, &b);
     kvb__frames_buf_free(&b);
+    free(ext);
     return st;
 }
 
-/* Seed 001's status values are kvb_poll_t's (PROTOCOL.md "Status values"). */
+/* Seed 001's status values are kvb_poll_t's (PROTOCOL.md "Status values");
+ * a kvbridge prefill's kv_digest= rides after the marker (others ignored). */
 kvb_status_t kvb__sglang_decode_status(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
                                        kvb__status_in_t *out)
 {
@@ -139,7 +161,13 @@ kvb_status_t kvb__sglang_decode_status(struct kvb_manager *m, const kvb__frame_t
         kvb__conn_bad_message(m, kvb__frames_kind_name(KVB__MSG_STATUS), &e);
         return KVB_ERR_PROTO;
     }
-    *out = (kvb__status_in_t){s.room, s.status, s.prefill_rank};
+    *out = (kvb__status_in_t){s.room, s.status, s.prefill_rank, NULL, 0};
+    size_t kl = sizeof(KVB__INTEG_EXT_KEY "=") - 1;
+    for (size_t i = 0; i < s.n_ext; i++)
+        if (s.ext[i].len >= kl && memcmp(s.ext[i].data, KVB__INTEG_EXT_KEY "=", kl) == 0) {
+            out->digest = s.ext[i].data + kl;
+            out->digest_len = s.ext[i].len - kl;
+        }
     return KVB_OK;
 }
 
@@ -441,6 +469,7 @@ const kvb__dialect_t kvb__dialect_sglang2025 = {
     .decode_registration = decode_registration,
     .take_transfer = take_transfer,
     .send_status = kvb__sglang_send_status,
+    .send_status_digest = kvb__sglang_send_status_digest,
     .send_registration = send_registration,
     .send_transfer = send_transfer,
     .send_abort = send_abort,

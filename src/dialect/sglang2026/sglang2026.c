@@ -435,6 +435,7 @@ const kvb__dialect_t kvb__dialect_sglang2026 = {
     .decode_abort = decode_abort,
     .unsupported = unsupported,
     .send_status = kvb__sglang_send_status,
+    .send_status_digest = kvb__sglang_send_status_digest,
     .send_abort_ack = send_abort_ack,
     .send_registration = send_registration,
     .send_transfer = send_transfer,

@@ -382,17 +382,18 @@ static bool frame_eq(const kvb__frame_t *f, const char *lit)
 /* Told apart from both SGLang dialects on one port (spec 11.4): 8-frame
  * KV args with frame 5 empty, 12/14-frame transfer infos whose frame 7 is a
  * decimal, no kvbridge marker; a session that registered in another
- * dialect keeps it. Statuses: exactly 5 frames, frame 0 a room. */
+ * dialect keeps it. Statuses: exactly 5 frames, frame 0 a room, no marker. */
 kvb__dmsg_t kvb__ts_classify(struct kvb_manager *m, const kvb__frame_t *f, size_t n)
 {
     bool room = n > 0 && f[0].len > 0 && f[0].data[0] >= '0' && f[0].data[0] <= '9';
-    if (n == KVB__STATUSTS_FRAMES && room)
-        return KVB__DMSG_STATUS;
     if (n == 0)
         return KVB__DMSG_NONE;
     for (size_t i = 0; i < n; i++)
         if (frame_eq(&f[i], KVB__EXT_MARKER))
-            return KVB__DMSG_NONE; /* kvbridge's own message (its extensions follow a marker) */
+            return KVB__DMSG_NONE; /* kvbridge's own message (its extensions follow a marker:
+                                      a 3-frame status with kv_digest= has 5 frames too) */
+    if (n == KVB__STATUSTS_FRAMES && room)
+        return KVB__DMSG_STATUS;
     if (frame_eq(&f[0], "None")) {
         /* 8 frames with frame 5 empty; CachePD's 8 carry JSON there (unsupported) */
         if (n != KVB__REGTS_FRAMES || f[5].len != 0)

@@ -29,7 +29,7 @@ int main(void)
     kvbh_push_t push;
     kvb__frames_buf_t f;
     kvb__frames_err_t e;
-    kvb__status_msg_t forged = {room, KVB_POLL_SUCCESS, 3};
+    kvb__status_msg_t forged = {room, KVB_POLL_SUCCESS, 3, NULL, 0};
     CHECK_EQ(kvbh_push_open(&push, kvb_manager_endpoint(d->mgr), NULL), 0);
     kvb__frames_buf_init(&f);
     CHECK_EQ(kvb__frames_encode_status(&forged, &e, &f), KVB_OK);

@@ -268,7 +268,7 @@ static void test_transfer_bytes_and_round_trip(void)
 
 static void test_status_and_aux_bytes(void)
 {
-    kvb__status_msg_t s = {42, KVB__WIRE_SUCCESS, 3}, sd;
+    kvb__status_msg_t s = {42, KVB__WIRE_SUCCESS, 3, NULL, 0}, sd;
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__frames_buf_init(&b);
@@ -283,6 +283,25 @@ static void test_status_and_aux_bytes(void)
     CHECK_EQ(kvb__frames_encode_status(&s, &e, &b), KVB_OK);
     kvb__frame_t sexp2[3] = {T("42"), T("0"), T("3")};
     check_frames(&b, 3, sexp2, 3);
+    CHECK(sd.n_ext == 0);
+    /* kvbridge's kv_digest= after the marker (docs/integrity.md): still a
+     * status, the extension passed up as is */
+    kvb__frame_t dig = T("kv_digest=0123456789abcdef");
+    s.status = KVB__WIRE_SUCCESS;
+    s.ext = &dig;
+    s.n_ext = 1;
+    kvb__frames_buf_reset(&b);
+    CHECK_EQ(kvb__frames_encode_status(&s, &e, &b), KVB_OK);
+    kvb__frame_t sexp3[5] = {T("42"), T("4"), T("3"), T("kvbridge-ext/1"),
+                             T("kv_digest=0123456789abcdef")};
+    check_frames(&b, 0, sexp3, 5);
+    CHECK_EQ(kvb__frames_classify(sexp3, 5), KVB__MSG_STATUS);
+    CHECK_EQ(kvb__frames_decode_status(sexp3, 5, &e, &sd), KVB_OK);
+    CHECK(sd.n_ext == 1 && sd.ext[0].len == dig.len);
+    CHECK_EQ(kvb__frames_decode_status(sexp3, 4, &e, &sd), KVB_ERR_PROTO); /* marker alone */
+    CHECK_STR_CONTAINS(e.reason, "with no extension after it");
+    s.ext = NULL;
+    s.n_ext = 0;
 
     kvb__aux_msg_t a = {7, 0, 5, (const uint8_t *)"abcdefgh", 8}, ad;
     static const uint8_t LEN8[] = {0, 0, 0, 8};
@@ -829,7 +848,7 @@ static void test_encode_rejects(void)
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__frames_buf_init(&b);
-    kvb__status_msg_t s = {1, 2, 0};
+    kvb__status_msg_t s = {1, 2, 0, NULL, 0};
     CHECK_EQ(kvb__frames_encode_status(&s, &e, &b), KVB_OK);
     CHECK_EQ(b.n, 3);
     size_t len0 = b.len;

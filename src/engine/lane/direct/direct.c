@@ -380,8 +380,11 @@ static kvb_status_t copy_unit(kvb_engine_h eng, unit_t *u, uint64_t admitted, ch
             v[nv++] = (kvb__cuda_copy_t){(uint64_t)(uintptr_t)d, src, end - p.off};
         else if (x->read)
             copy_block((uint8_t *)(uintptr_t)src, d, end - p.off, eng->direct->stream_copy);
-        else
+        else {
             copy_block(d, (const uint8_t *)(uintptr_t)src, end - p.off, eng->direct->stream_copy);
+            if (end - p.off >= KVB__FLIP_MIN && kvb__hook_take(&kvb__test_hooks.flip_in_flight))
+                d[0] ^= 0x01;
+        }
         if (!last)
             mcur_next(x, c);
     }

@@ -35,6 +35,7 @@ typedef struct am_msg {
      * same for its receives) */
     bool starting, ended;
     ucs_status_t status;
+    uint8_t *flipped; /* test hook flip_in_flight: the first piece's copy, one byte flipped */
 } am_msg_t;
 
 static void am_msg_free(am_msg_t *m)
@@ -43,7 +44,21 @@ static void am_msg_free(am_msg_t *m)
     kvb__xfer_release(m->x);
     free(m->hdr);
     free(m->iov);
+    free(m->flipped);
     free(m);
+}
+
+/* Test hook flip_in_flight: send a copy of the first piece with its first
+ * byte flipped (the source stays as it was). */
+static void am_flip(am_msg_t *m, size_t niov)
+{
+    if (niov == 0 || m->iov[0].length < KVB__FLIP_MIN ||
+        !kvb__hook_take(&kvb__test_hooks.flip_in_flight) ||
+        (m->flipped = malloc(m->iov[0].length)) == NULL)
+        return;
+    memcpy(m->flipped, m->iov[0].buffer, m->iov[0].length);
+    m->flipped[0] ^= 0x01;
+    m->iov[0].buffer = m->flipped;
 }
 
 static void am_msg_release(kvb__op_t *op)
@@ -291,6 +306,8 @@ static void am_issue(kvb_engine_h eng, struct kvb_xfer *x)
         x->msgs_sent++;
         x->am_pos[x->inflight] = x->pos - bytes;
         x->am_win[x->inflight++] = m->seq;
+        if (!x->read)
+            am_flip(m, niov);
         void *buf = contig ? m->iov[0].buffer : (void *)m->iov;
         size_t cnt = contig ? m->iov[0].length : niov;
         if (x->read) { /* a request: our pieces wait in the slot for the answer */

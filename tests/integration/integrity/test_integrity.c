@@ -1,0 +1,201 @@
+/* KV integrity (issue 35 §2, docs/integrity.md) on one lane (argv[1]:
+ * "direct": decode pool from kvb_mem_alloc, the prefill's copy threads;
+ * "shm": the message lane over UCX shared memory; "tcp": the message lane
+ * over TCP). For integrity check and off, ROOMS rooms each of:
+ *
+ * - clean: every room Success, its bytes exact; with check every room is
+ *   counted checked, none mismatched or unchecked;
+ * - flip: a byte flipped in flight (engine hook flip_in_flight: the first
+ *   piece of the room's KV write lands with its first byte XORed, the
+ *   prefill's source untouched). check: the room fails, the reason names
+ *   the buffer and page holding the wrong byte; off: Success with the wrong
+ *   byte in the pages (what the check adds);
+ * - stale: a page written twice. The room's first chunk is sent and waited
+ *   for until its first page has landed in the decode's memory; then a
+ *   stale writer (the prefill's engine, the same session and lane) writes
+ *   another room's bytes over that page and waits for the write to end;
+ *   only then is the last chunk sent, after which the prefill sends the
+ *   status. check: Failed naming buffer 0 and that page; off: Success with
+ *   the page holding the other room's bytes.
+ *
+ * Single process: a bootstrap server, one prefill and one decode rank. */
+#include "engine/engine_int.h"
+#include "harness/kvb_cluster.h"
+#include "kvb_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NP 4
+#define ROOMS 5
+#define BOUND_S 10.0
+#define STALE_ROOM 900 /* the room whose bytes the stale writer holds */
+
+/* item_len 4 tokens x 2 heads x 128 bytes = 1 KiB, 4 KV buffers */
+static const kvbh_geom_t G = {2, 2, 128, 4, 64, 0, 0};
+
+typedef struct counts {
+    uint64_t sent, checked, mismatches, unchecked;
+} counts_t;
+
+static counts_t counts(kvbh_pair_t *pr)
+{
+    kvb_manager_traffic_t a = {.field_mask = KVB_MANAGER_TRAFFIC_INTEGRITY};
+    kvb_manager_traffic_t b = {.field_mask = KVB_MANAGER_TRAFFIC_INTEGRITY};
+    kvb_manager_traffic(pr->pre.mgr, &a);
+    kvb_manager_traffic(pr->dec.mgr, &b);
+    return (counts_t){a.integrity_sent, b.integrity_checked, b.integrity_mismatches,
+                      b.integrity_unchecked};
+}
+
+/* The first KV byte of the room that is not its pattern: buffer and page
+ * (its index in the pool); false when every byte is right. */
+static bool first_wrong(const kvbh_rank_t *d, uint64_t room, const int32_t *dst, int *b_p,
+                        int32_t *page_p)
+{
+    for (int b = 0; b < d->n_kv; b++)
+        for (int i = 0; i < NP; i++) {
+            const uint8_t *p = d->kv[b] + (uint64_t)dst[i] * d->item_len;
+            for (uint64_t k = 0; k < d->item_len; k++)
+                if (p[k] != kvbh_pat(room, b, (uint64_t)i, k)) {
+                    *b_p = b;
+                    *page_p = dst[i];
+                    return true;
+                }
+        }
+    return false;
+}
+
+/* The stale writer: another room's bytes (prefill page spare) over decode
+ * page dst0 of buffer 0, through the prefill's engine to the decode's
+ * session, waited for. */
+static void stale_write(kvbh_pair_t *pr, int32_t spare, int32_t dst0)
+{
+    uint8_t *from = pr->pre.kv[0] + (uint64_t)spare * pr->pre.item_len;
+    for (uint64_t k = 0; k < pr->pre.item_len; k++)
+        from[k] = kvbh_pat(STALE_ROOM, 0, 0, k);
+    kvb_block_t blk = {(uint64_t)(uintptr_t)from,
+                       (uint64_t)(uintptr_t)(pr->dec.kv[0] + (uint64_t)dst0 * pr->dec.item_len),
+                       pr->dec.item_len};
+    CHECK_EQ(kvb_engine_write(pr->pre.eng, kvb_engine_session_id(pr->dec.eng), &blk, 1, 5.0),
+             KVB_OK);
+}
+
+/* One room with fault ("clean", "flip", "stale"); returns the final poll. */
+static kvb_poll_t one_room(kvbh_pair_t *pr, const char *lane, const char *fault, int check,
+                           uint64_t room, int slot)
+{
+    kvb_receiver_h rc;
+    kvb_sender_h s;
+    int32_t src[NP], dst[NP];
+    char why[512] = "";
+    for (int i = 0; i < NP; i++) {
+        src[i] = 63 - slot * NP - i; /* backwards from the top, as the harness's rooms */
+        dst[i] = slot * NP + i;
+    }
+    CHECK_EQ(kvbh_pair_room(pr, room, src, dst, NP, &rc, &s), KVB_OK);
+    double t0 = kvbh_now(), t_landed = 0, t_stale = 0;
+    if (strcmp(fault, "flip") == 0)
+        KVB__HOOK_SET(flip_in_flight, 1);
+    if (strcmp(fault, "stale") == 0) {
+        /* first chunk: pages 0..NP-2; wait until its first page landed */
+        CHECK_EQ(kvb_sender_send(s, src, NP - 1), KVB_OK);
+        while (kvbh_verify_buf(&pr->dec, room, 0, dst, 1) != 0 && kvbh_now() < t0 + BOUND_S)
+            kvbh_sleep(0.0005);
+        CHECK_EQ(kvbh_verify_buf(&pr->dec, room, 0, dst, 1), (uint64_t)0);
+        t_landed = kvbh_now();
+        stale_write(pr, 63 - 8 * NP, dst[0]);
+        t_stale = kvbh_now();
+        CHECK(kvb_receiver_poll(rc) != KVB_POLL_SUCCESS); /* the status is not out yet */
+        CHECK_EQ(kvb_sender_send(s, src + NP - 1, 1), KVB_OK);
+    } else {
+        CHECK_EQ(kvb_sender_send(s, src, NP), KVB_OK);
+    }
+    kvb_poll_t p = kvbh_wait_receiver(rc, BOUND_S);
+    CHECK(kvbh_wait_sender(s, BOUND_S) == KVB_POLL_SUCCESS);
+    if (p == KVB_POLL_FAILED)
+        kvb_receiver_failure(rc, why, sizeof(why));
+    int wb = -1;
+    int32_t wp = -1;
+    bool wrong = first_wrong(&pr->dec, room, dst, &wb, &wp);
+    fprintf(stderr,
+            "integrity[%s] %s check=%d room %llu: %s after %.3f s (first page landed %.3f s, "
+            "stale write done %.3f s); first wrong byte: buffer %d page %d; reason: %s\n",
+            lane, fault, check, (unsigned long long)room, kvb_poll_string(p), kvbh_now() - t0,
+            t_landed ? t_landed - t0 : -1, t_stale ? t_stale - t0 : -1, wb, (int)wp, why);
+    if (strcmp(fault, "clean") == 0) {
+        CHECK_EQ(p, KVB_POLL_SUCCESS);
+        CHECK(!wrong);
+    } else {
+        CHECK(wrong); /* the fault happened: the pages hold a wrong byte */
+        if (strcmp(fault, "stale") == 0) {
+            CHECK_EQ(wb, 0);
+            CHECK_EQ(wp, dst[0]);
+        }
+        if (check) {
+            char want[64];
+            CHECK_EQ(p, KVB_POLL_FAILED);
+            CHECK_STR_CONTAINS(why, "KV integrity check failed");
+            snprintf(want, sizeof(want), "buffer %d page %d ", wb, (int)wp);
+            CHECK_STR_CONTAINS(why, want);
+        } else {
+            CHECK_EQ(p, KVB_POLL_SUCCESS); /* unnoticed without the check */
+        }
+    }
+    CHECK_EQ(KVB__HOOK(flip_in_flight), 0); /* the hook was taken by this room */
+    kvb_sender_destroy(s);
+    kvb_receiver_destroy(rc);
+    return p;
+}
+
+static void run(const char *lane, int check)
+{
+    kvbh_pair_t pr;
+    static const char *faults[] = {"clean", "flip", "stale"};
+    setenv("KVBRIDGE_INTEGRITY", check ? "check" : "off", 1);
+    int mem = strcmp(lane, "direct") == 0 ? KVBH_MEM_SHARED : KVBH_MEM_MALLOC;
+    CHECK_EQ(kvbh_pair_start(&pr, &G, mem, NULL, NULL), KVB_OK);
+    uint64_t room = check ? 1000 : 2000;
+    for (int f = 0; f < 3; f++) {
+        counts_t c0 = counts(&pr);
+        int failed = 0;
+        for (int k = 0; k < ROOMS; k++)
+            failed += one_room(&pr, lane, faults[f], check, room++, k) == KVB_POLL_FAILED;
+        counts_t c1 = counts(&pr);
+        /* the lane the rooms took */
+        CHECK_EQ(kvb_engine_session_direct(pr.pre.eng, kvb_engine_session_id(pr.dec.eng)),
+                 strcmp(lane, "direct") == 0);
+        uint64_t n = ROOMS, bad = f == 0 ? 0 : n;
+        fprintf(stderr,
+                "integrity[%s] %s check=%d: %d of %d rooms failed; digests sent %llu, checked "
+                "%llu, mismatches %llu, unchecked %llu\n",
+                lane, faults[f], check, failed, ROOMS, (unsigned long long)(c1.sent - c0.sent),
+                (unsigned long long)(c1.checked - c0.checked),
+                (unsigned long long)(c1.mismatches - c0.mismatches),
+                (unsigned long long)(c1.unchecked - c0.unchecked));
+        CHECK_EQ(c1.sent - c0.sent, check ? n : 0);
+        CHECK_EQ(c1.checked - c0.checked, check ? n : 0);
+        CHECK_EQ(c1.mismatches - c0.mismatches, check ? bad : 0);
+        CHECK_EQ(c1.unchecked - c0.unchecked, (uint64_t)0);
+        CHECK_EQ((uint64_t)failed, check ? bad : 0);
+    }
+    CHECK(kvbh_canaries_ok(&pr.dec, "decode"));
+    kvbh_pair_stop(&pr);
+}
+
+int main(int argc, char **argv)
+{
+    if (kvbh_main_init(argc, argv))
+        return kvbh_child_main(argc, argv);
+    if (argc < 2 || (strcmp(argv[1], "direct") && strcmp(argv[1], "shm") && strcmp(argv[1], "tcp")))
+        return fprintf(stderr, "usage: %s direct|shm|tcp\n", argv[0]), 2;
+    if (strcmp(argv[1], "tcp") == 0)
+        setenv("KVBRIDGE_TRANSPORT", "tcp", 1);
+    run(argv[1], 1);
+    run(argv[1], 0);
+    TEST_PASS("a byte flipped in flight and a page written twice by a stale writer fail the room "
+              "with integrity check (naming buffer and page), pass unnoticed with it off; clean "
+              "rooms all checked");
+    return 0;
+}
