@@ -16,6 +16,7 @@
  * processes are removed at start. Where namespaces cannot be created (not
  * root, no iproute2, no CAP_NET_ADMIN) the test prints why and exits 77. */
 #include "harness/kvb_cluster.h"
+#include "harness/kvb_netns.h"
 #include "kvb_test.h"
 
 #include <dirent.h>
@@ -78,27 +79,6 @@ static int nrank_start(kvbh_rank_t *r, kvb_mode_t mode, const char *ip, const ch
 
 /* ---- children ---- */
 
-/* Join the namespace as `ip netns exec` does: setns, then a private mount
- * namespace with sysfs remounted, so that /sys/class/net (where UCX's tcp
- * transport looks for devices) shows this namespace's interfaces. */
-static int join_netns(const char *name)
-{
-    char path[256];
-    snprintf(path, sizeof(path), "/var/run/netns/%s", name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
-        fprintf(stderr, "netcut child: setns %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    close(fd);
-    if (unshare(CLONE_NEWNS) != 0 || mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0 ||
-        umount2("/sys", MNT_DETACH) != 0 || mount(name, "/sys", "sysfs", 0, NULL) != 0) {
-        fprintf(stderr, "netcut child: remounting /sys: %s\n", strerror(errno));
-        return -1;
-    }
-    return 0;
-}
-
 static void say(const char *fmt, ...)
 {
     va_list ap;
@@ -155,7 +135,7 @@ static void report_end(int is_send, void **h, int n, double timeout_s)
  * SLOT T" (one whole room; "full STATUS reason"). */
 static int child_prefill(char **argv)
 {
-    if (join_netns(argv[0]) != 0)
+    if (kvbh_netns_join("netcut child", argv[0]) != 0)
         return 5;
     setenv("UCX_NET_DEVICES", argv[2], 1);
     const char *ip = argv[1];
@@ -248,7 +228,7 @@ static int child_prefill(char **argv)
  * (report_end), "one R SLOT" ("ready"), "wait1 T" ("one STATUS BAD reason"). */
 static int child_decode(char **argv)
 {
-    if (join_netns(argv[0]) != 0)
+    if (kvbh_netns_join("netcut child", argv[0]) != 0)
         return 5;
     setenv("UCX_NET_DEVICES", argv[2], 1);
     const char *boot = argv[3];
@@ -315,83 +295,7 @@ static int child_decode(char **argv)
 
 /* ---- parent: namespaces, veth, clean-up in every exit path ---- */
 
-static char g_nsA[32], g_nsB[32], g_vA[16], g_vB[16];
-static volatile sig_atomic_t g_made, g_cleaning;
 static kvbh_child_t g_chP, g_chD;
-
-static int sh(const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return rc == -1 ? -1 : WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-}
-
-static void cleanup(void)
-{
-    if (g_cleaning)
-        return;
-    g_cleaning = 1;
-    if (g_chP.pid > 0)
-        kvbh_child_kill(&g_chP);
-    if (g_chD.pid > 0)
-        kvbh_child_kill(&g_chD);
-    if (g_made) {
-        sh("ip netns del %s 2>/dev/null", g_nsA);
-        sh("ip netns del %s 2>/dev/null", g_nsB);
-        sh("ip link del %s 2>/dev/null", g_vA); /* if it was left in the root namespace */
-        g_made = 0;
-    }
-}
-
-static void on_signal(int sig)
-{
-    cleanup();
-    signal(sig, SIG_DFL);
-    raise(sig);
-    _exit(128 + sig);
-}
-
-/* Namespaces kvbtA_<pid> / kvbtB_<pid> of test processes that are gone. */
-static void remove_stale(void)
-{
-    DIR *d = opendir("/var/run/netns");
-    struct dirent *e;
-    if (d == NULL)
-        return;
-    while ((e = readdir(d)) != NULL) {
-        int pid;
-        char c;
-        if ((sscanf(e->d_name, "kvbtA_%d%c", &pid, &c) == 1 ||
-             sscanf(e->d_name, "kvbtB_%d%c", &pid, &c) == 1) &&
-            pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH)
-            sh("ip netns del %s 2>/dev/null", e->d_name);
-    }
-    closedir(d);
-}
-
-static void skip(const char *why)
-{
-    fprintf(stderr, "netcut: SKIPPED: %s\n", why);
-    cleanup();
-    exit(77);
-}
-
-/* Both veth ends report carrier (state UP) within timeout_s; 0 or -1. */
-static int wait_carrier(double timeout_s)
-{
-    double end = kvbh_now() + timeout_s;
-    while (kvbh_now() < end) {
-        if (sh("ip -n %s -o link show %s | grep -q 'state UP'", g_nsA, g_vA) == 0 &&
-            sh("ip -n %s -o link show %s | grep -q 'state UP'", g_nsB, g_vB) == 0)
-            return 0;
-        kvbh_sleep(0.02);
-    }
-    return -1;
-}
 
 static int wait_exit(kvbh_child_t *c, double timeout_s)
 {
@@ -405,9 +309,9 @@ static int wait_exit(kvbh_child_t *c, double timeout_s)
         fprintf(stderr, "netcut: HANG: child %d did not exit within %.0f s of EOF\n", (int)c->pid,
                 timeout_s);
         if (getenv("KVB_NETCUT_GDB") != NULL) /* its threads' stacks, for the report */
-            sh("gdb -p %d -batch -ex 'thread apply all bt' 2>/dev/null | grep -E '^#|^Thread' "
-               ">&2",
-               (int)c->pid);
+            kvbh_sh("gdb -p %d -batch -ex 'thread apply all bt' 2>/dev/null | grep -E '^#|^Thread' "
+                    ">&2",
+                    (int)c->pid);
         kill(c->pid, SIGKILL);
         waitpid(c->pid, NULL, 0);
         status = -1;
@@ -439,49 +343,20 @@ static void test_netcut(void)
     char line[512], boot[128];
     int sub = (int)(getpid() % 250) + 1;
     char ipA[32], ipB[32];
-    if (geteuid() != 0)
-        skip("not root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)");
-    if (sh("ip -V >/dev/null 2>&1") != 0)
-        skip("iproute2 ('ip') not found");
-    snprintf(g_nsA, sizeof(g_nsA), "kvbtA_%d", (int)getpid());
-    snprintf(g_nsB, sizeof(g_nsB), "kvbtB_%d", (int)getpid());
-    snprintf(g_vA, sizeof(g_vA), "kvbA%d", (int)getpid());
-    snprintf(g_vB, sizeof(g_vB), "kvbB%d", (int)getpid());
     snprintf(ipA, sizeof(ipA), "10.213.%d.1", sub);
     snprintf(ipB, sizeof(ipB), "10.213.%d.2", sub);
-    atexit(cleanup);
-    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM, SIGSEGV, SIGABRT, SIGBUS};
-    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
-        signal(sigs[i], on_signal);
-    alarm(100); /* watchdog below the CTest time-out: clean up, then die */
-    remove_stale();
-    if (sh("ip netns add %s", g_nsA) != 0)
-        skip("'ip netns add' failed (no CAP_SYS_ADMIN / CAP_NET_ADMIN, or /var/run/netns "
-             "not writable)");
-    g_made = 1;
-    if (sh("ip netns add %s", g_nsB) != 0)
-        skip("'ip netns add' failed for the second namespace");
-    if (sh("ip link add %s netns %s type veth peer name %s netns %s 2>/dev/null", g_vA, g_nsA, g_vB,
-           g_nsB) != 0 &&
-        (sh("ip link add %s type veth peer name %s", g_vA, g_vB) != 0 ||
-         sh("ip link set %s netns %s", g_vA, g_nsA) != 0 ||
-         sh("ip link set %s netns %s", g_vB, g_nsB) != 0))
-        skip("no veth pair (kernel without veth, or no CAP_NET_ADMIN)");
-    if (sh("ip -n %s link set lo up && ip -n %s link set lo up", g_nsA, g_nsB) != 0 ||
-        sh("ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up", g_nsA, ipA, g_vA, g_nsA,
-           g_vA) != 0 ||
-        sh("ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up", g_nsB, ipB, g_vB, g_nsB,
-           g_vB) != 0)
-        skip("could not configure the namespaces' links");
+    static kvbh_child_t *const children[] = {&g_chP, &g_chD};
+    kvbh_netns_make("netcut", "kvbt", ipA, ipB, 100, children, 2);
     /* Throttle A's egress (the data direction) so the rooms are in flight
      * when the link is cut; optional. */
-    int tbf = sh("ip netns exec %s tc qdisc add dev %s root tbf rate 100mbit burst 64kb latency "
-                 "100ms 2>/dev/null",
-                 g_nsA, g_vA) == 0;
-    if (wait_carrier(10) != 0)
-        skip("the veth pair got no carrier within 10 s");
-    fprintf(stderr, "netcut: %s %s/%s <-> %s %s/%s, tbf %s\n", g_nsA, g_vA, ipA, g_nsB, g_vB, ipB,
-            tbf ? "100 mbit/s" : "not available (unthrottled)");
+    int tbf =
+        kvbh_sh("ip netns exec %s tc qdisc add dev %s root tbf rate 100mbit burst 64kb latency "
+                "100ms 2>/dev/null",
+                kvbh_ns.nsA, kvbh_ns.vA) == 0;
+    if (kvbh_netns_wait_carrier(10) != 0)
+        kvbh_netns_skip("netcut", "the veth pair got no carrier within 10 s");
+    fprintf(stderr, "netcut: %s %s/%s <-> %s %s/%s, tbf %s\n", kvbh_ns.nsA, kvbh_ns.vA, ipA,
+            kvbh_ns.nsB, kvbh_ns.vB, ipB, tbf ? "100 mbit/s" : "not available (unthrottled)");
 
     setenv("KVBRIDGE_TRANSFER_TIMEOUT", "1.0", 1);
     setenv("KVBRIDGE_PEER_TIMEOUT", "0.5", 1);
@@ -497,7 +372,7 @@ static void test_netcut(void)
     const double pre_bound = 2 * (XFER_TO + PEER_TO) + 5.0;
     const unsigned long long R0 = 700, RR = 800;
 
-    char *pargs[] = {"nsprefill", g_nsA, ipA, g_vA, NULL};
+    char *pargs[] = {"nsprefill", kvbh_ns.nsA, ipA, kvbh_ns.vA, NULL};
     CHECK_EQ(kvbh_child_spawn(&g_chP, pargs), 0);
     /* the decode child must not inherit the prefill's pipes (else the
      * prefill never sees EOF on its stdin) */
@@ -505,7 +380,7 @@ static void test_netcut(void)
     fcntl(g_chP.from, F_SETFD, FD_CLOEXEC);
     CHECK_EQ(kvbh_child_line(&g_chP, line, sizeof(line), 20), 0);
     CHECK_EQ(sscanf(line, "boot %127s", boot), 1);
-    char *dargs[] = {"nsdecode", g_nsB, ipB, g_vB, boot, NULL};
+    char *dargs[] = {"nsdecode", kvbh_ns.nsB, ipB, kvbh_ns.vB, boot, NULL};
     CHECK_EQ(kvbh_child_spawn(&g_chD, dargs), 0);
     CHECK_EQ(kvbh_child_line(&g_chD, line, sizeof(line), 20), 0);
     CHECK(strncmp(line, "up ", 3) == 0);
@@ -534,9 +409,9 @@ static void test_netcut(void)
     CHECK(strcmp(line, "sent") == 0);
     kvbh_sleep(0.15);
     double t_cut0 = kvbh_now();
-    CHECK_EQ(sh("ip -n %s link set %s down", g_nsA, g_vA), 0);
+    CHECK_EQ(kvbh_sh("ip -n %s link set %s down", kvbh_ns.nsA, kvbh_ns.vA), 0);
     double t_cut = kvbh_now();
-    fprintf(stderr, "netcut: link %s down (%.3f s to run ip)\n", g_vA, t_cut - t_cut0);
+    fprintf(stderr, "netcut: link %s down (%.3f s to run ip)\n", kvbh_ns.vA, t_cut - t_cut0);
     dprintf(g_chP.to, "rest\n");
     CHECK_EQ(kvbh_child_line(&g_chP, line, sizeof(line), 10), 0);
     CHECK(strcmp(line, "rest") == 0);
@@ -546,10 +421,10 @@ static void test_netcut(void)
     expect_all_failed(&g_chP, "prefill", t_cut, pre_bound);
 
     /* link back up: a new room goes through (bytes verified) */
-    CHECK_EQ(sh("ip -n %s link set %s up", g_nsA, g_vA), 0);
+    CHECK_EQ(kvbh_sh("ip -n %s link set %s up", kvbh_ns.nsA, kvbh_ns.vA), 0);
     double t_up = kvbh_now();
-    CHECK_EQ(wait_carrier(10), 0);
-    fprintf(stderr, "netcut: link %s up, carrier after %.3f s\n", g_vA, kvbh_now() - t_up);
+    CHECK_EQ(kvbh_netns_wait_carrier(10), 0);
+    fprintf(stderr, "netcut: link %s up, carrier after %.3f s\n", kvbh_ns.vA, kvbh_now() - t_up);
     dprintf(g_chD.to, "one %llu %d\n", RR, NROOM);
     CHECK_EQ(kvbh_child_line(&g_chD, line, sizeof(line), 20), 0);
     CHECK(strcmp(line, "ready") == 0);
@@ -570,7 +445,7 @@ static void test_netcut(void)
             sd >= 0 && WIFEXITED(sd) ? WEXITSTATUS(sd) : -1);
     CHECK(sp >= 0 && WIFEXITED(sp) && WEXITSTATUS(sp) == 0);
     CHECK(sd >= 0 && WIFEXITED(sd) && WEXITSTATUS(sd) == 0);
-    cleanup();
+    kvbh_netns_cleanup();
     TEST_PASS("cut link: rooms Failed on both sides within the bounds, new room after link up");
 }
 

@@ -31,6 +31,7 @@
  * exits 77 (skipped). */
 #include "engine/engine_int.h"
 #include "harness/kvb_cluster.h"
+#include "harness/kvb_netns.h"
 #include "kvb_test.h"
 
 #include <dirent.h>
@@ -55,26 +56,6 @@ static uint8_t pattern(size_t i)
 }
 
 /* ---- children ---- */
-
-/* Join the namespace as `ip netns exec` does (setns, then /sys remounted so
- * UCX's tcp transport sees this namespace's interfaces). */
-static int join_netns(const char *name)
-{
-    char path[256];
-    snprintf(path, sizeof(path), "/var/run/netns/%s", name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
-        fprintf(stderr, "sendorder child: setns %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    close(fd);
-    if (unshare(CLONE_NEWNS) != 0 || mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0 ||
-        umount2("/sys", MNT_DETACH) != 0 || mount(name, "/sys", "sysfs", 0, NULL) != 0) {
-        fprintf(stderr, "sendorder child: remounting /sys: %s\n", strerror(errno));
-        return -1;
-    }
-    return 0;
-}
 
 static void say(const char *fmt, ...)
 {
@@ -103,7 +84,7 @@ static kvb_engine_h ns_engine(const char *ip)
 static int child_target(char **argv)
 {
     char line[256];
-    if (join_netns(argv[0]) != 0)
+    if (kvbh_netns_join("sendorder child", argv[0]) != 0)
         return 5;
     setenv("UCX_NET_DEVICES", argv[2], 1);
     kvb_engine_h e = ns_engine(argv[1]);
@@ -129,7 +110,7 @@ static int child_writer(char **argv)
     char line[512], sid[256];
     unsigned long long addr;
     kvb_xfer_h x = NULL;
-    if (join_netns(argv[0]) != 0)
+    if (kvbh_netns_join("sendorder child", argv[0]) != 0)
         return 5;
     setenv("UCX_NET_DEVICES", argv[2], 1);
     kvb_engine_h e = ns_engine(argv[1]);
@@ -163,124 +144,23 @@ static int child_writer(char **argv)
 
 /* ---- parent: namespaces, veth, clean-up in every exit path ---- */
 
-static char g_nsA[32], g_nsB[32], g_vA[16], g_vB[16];
-static volatile sig_atomic_t g_made, g_cleaning;
 static kvbh_child_t g_chW, g_chT;
-
-static int sh(const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return rc == -1 ? -1 : WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-}
-
-static void cleanup(void)
-{
-    if (g_cleaning)
-        return;
-    g_cleaning = 1;
-    if (g_chW.pid > 0)
-        kvbh_child_kill(&g_chW);
-    if (g_chT.pid > 0)
-        kvbh_child_kill(&g_chT);
-    if (g_made) {
-        sh("ip netns del %s 2>/dev/null", g_nsA);
-        sh("ip netns del %s 2>/dev/null", g_nsB);
-        sh("ip link del %s 2>/dev/null", g_vA);
-        g_made = 0;
-    }
-}
-
-static void on_signal(int sig)
-{
-    cleanup();
-    signal(sig, SIG_DFL);
-    raise(sig);
-    _exit(128 + sig);
-}
-
-static void remove_stale(void)
-{
-    DIR *d = opendir("/var/run/netns");
-    struct dirent *e;
-    if (d == NULL)
-        return;
-    while ((e = readdir(d)) != NULL) {
-        int pid;
-        char c;
-        if ((sscanf(e->d_name, "kvbsA_%d%c", &pid, &c) == 1 ||
-             sscanf(e->d_name, "kvbsB_%d%c", &pid, &c) == 1) &&
-            pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH)
-            sh("ip netns del %s 2>/dev/null", e->d_name);
-    }
-    closedir(d);
-}
-
-static void skip(const char *why)
-{
-    fprintf(stderr, "sendorder: SKIPPED: %s\n", why);
-    cleanup();
-    exit(77);
-}
-
-static int wait_carrier(double timeout_s)
-{
-    double end = kvbh_now() + timeout_s;
-    while (kvbh_now() < end) {
-        if (sh("ip -n %s -o link show %s | grep -q 'state UP'", g_nsA, g_vA) == 0 &&
-            sh("ip -n %s -o link show %s | grep -q 'state UP'", g_nsB, g_vB) == 0)
-            return 0;
-        kvbh_sleep(0.02);
-    }
-    return -1;
-}
 
 /* Two namespaces joined by a veth pair, A's egress throttled; skips the
  * test where that cannot be made. */
 static void make_netns(const char *ipA, const char *ipB)
 {
-    if (geteuid() != 0)
-        skip("not root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)");
-    if (sh("ip -V >/dev/null 2>&1") != 0 || sh("ss -V >/dev/null 2>&1") != 0)
-        skip("iproute2 ('ip', 'ss') not found");
-    snprintf(g_nsA, sizeof(g_nsA), "kvbsA_%d", (int)getpid());
-    snprintf(g_nsB, sizeof(g_nsB), "kvbsB_%d", (int)getpid());
-    snprintf(g_vA, sizeof(g_vA), "kvbsa%d", (int)getpid());
-    snprintf(g_vB, sizeof(g_vB), "kvbsb%d", (int)getpid());
-    atexit(cleanup);
-    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM, SIGSEGV, SIGABRT, SIGBUS};
-    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
-        signal(sigs[i], on_signal);
-    alarm(50); /* watchdog below the CTest time-out: clean up, then die */
-    remove_stale();
-    if (sh("ip netns add %s", g_nsA) != 0)
-        skip("'ip netns add' failed (no CAP_SYS_ADMIN / CAP_NET_ADMIN, or /var/run/netns "
-             "not writable)");
-    g_made = 1;
-    if (sh("ip netns add %s", g_nsB) != 0)
-        skip("'ip netns add' failed for the second namespace");
-    if (sh("ip link add %s netns %s type veth peer name %s netns %s 2>/dev/null", g_vA, g_nsA, g_vB,
-           g_nsB) != 0 &&
-        (sh("ip link add %s type veth peer name %s", g_vA, g_vB) != 0 ||
-         sh("ip link set %s netns %s", g_vA, g_nsA) != 0 ||
-         sh("ip link set %s netns %s", g_vB, g_nsB) != 0))
-        skip("no veth pair (kernel without veth, or no CAP_NET_ADMIN)");
-    if (sh("ip -n %s link set lo up && ip -n %s link set lo up", g_nsA, g_nsB) != 0 ||
-        sh("ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up", g_nsA, ipA, g_vA, g_nsA,
-           g_vA) != 0 ||
-        sh("ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up", g_nsB, ipB, g_vB, g_nsB,
-           g_vB) != 0)
-        skip("could not configure the namespaces' links");
-    if (sh("ip netns exec %s tc qdisc add dev %s root tbf rate 100mbit burst 64kb latency 100ms "
-           "2>/dev/null",
-           g_nsA, g_vA) != 0)
-        skip("tc tbf not available: the write would not be in flight at the cut");
-    if (wait_carrier(10) != 0)
-        skip("the veth pair got no carrier within 10 s");
+    static kvbh_child_t *const children[] = {&g_chW, &g_chT};
+    kvbh_netns_make("sendorder", "kvbs", ipA, ipB, 50, children, 2);
+    if (kvbh_sh("ss -V >/dev/null 2>&1") != 0)
+        kvbh_netns_skip("sendorder", "iproute2's 'ss' not found");
+    if (kvbh_sh("ip netns exec %s tc qdisc add dev %s root tbf rate 100mbit burst 64kb latency "
+                "100ms 2>/dev/null",
+                kvbh_ns.nsA, kvbh_ns.vA) != 0)
+        kvbh_netns_skip("sendorder", "tc tbf not available: the write would not be in flight at "
+                                     "the cut");
+    if (kvbh_netns_wait_carrier(10) != 0)
+        kvbh_netns_skip("sendorder", "the veth pair got no carrier within 10 s");
 }
 
 /* The cut: A's UCX sockets reset (all of A's TCP connections but the
@@ -288,12 +168,12 @@ static void make_netns(const char *ipA, const char *ipB)
 static void cut(const char *how, const char *ipB, int ctrl_port)
 {
     if (strcmp(how, "reset") == 0)
-        CHECK_EQ(sh("ip netns exec %s ss -K -t state established dst %s '( dport != :%d )' "
-                    ">/dev/null",
-                    g_nsA, ipB, ctrl_port),
+        CHECK_EQ(kvbh_sh("ip netns exec %s ss -K -t state established dst %s '( dport != :%d )' "
+                         ">/dev/null",
+                         kvbh_ns.nsA, ipB, ctrl_port),
                  0);
     else
-        CHECK_EQ(sh("ip -n %s link set %s down", g_nsA, g_vA), 0);
+        CHECK_EQ(kvbh_sh("ip -n %s link set %s down", kvbh_ns.nsA, kvbh_ns.vA), 0);
 }
 
 static void test_sendorder(const char *how)
@@ -307,19 +187,19 @@ static void test_sendorder(const char *how)
     setenv("KVBRIDGE_TRANSFER_TIMEOUT", "30", 1);
     setenv("UCX_LOG_FILE", "/dev/stderr", 1); /* UCX logs to stdout, the children's replies */
 
-    char *targs[] = {"nstarget", g_nsB, ipB, g_vB, NULL};
+    char *targs[] = {"nstarget", kvbh_ns.nsB, ipB, kvbh_ns.vB, NULL};
     CHECK_EQ(kvbh_child_spawn(&g_chT, targs), 0);
     fcntl(g_chT.to, F_SETFD, FD_CLOEXEC); /* the writer must not hold the target's pipes */
     fcntl(g_chT.from, F_SETFD, FD_CLOEXEC);
     CHECK_EQ(kvbh_child_line(&g_chT, line, sizeof(line), 20), 0);
     CHECK_EQ(sscanf(line, "up %255s %llu", sid, &addr), 2);
-    char *wargs[] = {"nswriter", g_nsA, ipA, g_vA, NULL};
+    char *wargs[] = {"nswriter", kvbh_ns.nsA, ipA, kvbh_ns.vA, NULL};
     CHECK_EQ(kvbh_child_spawn(&g_chW, wargs), 0);
     CHECK_EQ(kvbh_child_line(&g_chW, line, sizeof(line), 20), 0);
     CHECK(strcmp(line, "up") == 0);
     int ctrl = atoi(strrchr(sid, ':') + 1);
     fprintf(stderr, "sendorder: %s: %s %s/%s -> %s %s (control port %d), tbf 100 mbit/s\n", how,
-            g_nsA, g_vA, ipA, g_nsB, sid, ctrl);
+            kvbh_ns.nsA, kvbh_ns.vA, ipA, kvbh_ns.nsB, sid, ctrl);
 
     dprintf(g_chW.to, "write %s %llu\n", sid, addr);
     CHECK_EQ(kvbh_child_line(&g_chW, line, sizeof(line), 20), 0);
@@ -355,7 +235,7 @@ static void test_sendorder(const char *how)
     CHECK(t_end - t_cut < END_BOUND_S);
     CHECK(landed > 0 && landed < LEN); /* the cut came mid-write */
     CHECK_EQ(drained, 0);
-    cleanup();
+    kvbh_netns_cleanup();
     TEST_PASS("send order at a transport failure: the write is reported not drained");
 }
 
