@@ -82,7 +82,7 @@ if [ "$RECORD" = 1 ]; then
 fi
 
 REQS=$ROOT/tests/interop
-venv "$BUILD/interop-venv" sglang==0.5.23 "$REQS/requirements-sglang.txt"
+venv "$BUILD/interop-venv" sglang==0.5.23 "$REQS/requirements-sglang-0.5.23.txt"
 venv "$BUILD/interop-venv-0.5.2" sglang==0.5.2rc2 "$REQS/requirements-sglang-0.5.2.txt"
 rc=0
 echo "== SGLang 0.5.23 Mooncake connector <-> kvbridge (drop-in engine), 2026 dialect"
