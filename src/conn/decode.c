@@ -685,26 +685,21 @@ static void grant_sources(struct kvb_manager *m, uint64_t room, kvb__src_t *srcs
         revoke_grants(m, srcs, n);
 }
 
-/* Pages the prefix holds (the dialects' suffix rule). */
-static size_t own_skip(const struct kvb_manager *m, const kvb_receiver_init_t *ex)
+/* Integrity on with a dialect digest in aux asked for (sglang_kv_checksum_aux):
+ * a copy of the pages past the prefix (*n_p of them), which that digest
+ * covers, for own_take; NULL otherwise (or out of memory: the room is then
+ * unchecked). */
+static int32_t *own_pages(const struct kvb_manager *m, const int32_t *idx, size_t n,
+                          const kvb_receiver_init_t *ex, size_t *n_p)
 {
     uint64_t prefix = ex != NULL && (ex->field_mask & KVB_RECV_INIT_PREFIX) ? ex->prefix_tokens : 0;
-    return (size_t)(prefix / (m->args.page_size ? m->args.page_size : 1));
-}
-
-/* Integrity on with a dialect digest in aux asked for (sglang_kv_checksum_aux):
- * a copy of the pages past the prefix, which that digest covers, for
- * own_take; NULL otherwise (or out of memory: the room is then unchecked). */
-static int32_t *own_pages(const struct kvb_manager *m, const int32_t *idx, size_t n,
-                          const kvb_receiver_init_t *ex)
-{
-    size_t skip = own_skip(m, ex);
+    uint64_t skip = prefix / (m->args.page_size ? m->args.page_size : 1);
     if (!m->p.integrity || m->p.sglang_kv_checksum_aux < 0)
         return NULL;
-    skip = skip < n ? skip : n;
-    int32_t *c = malloc((n - skip + 1) * sizeof(*c));
-    if (c != NULL && n > skip)
-        memcpy(c, idx + skip, (n - skip) * sizeof(*c));
+    *n_p = skip < n ? n - (size_t)skip : 0;
+    int32_t *c = malloc((*n_p + 1) * sizeof(*c));
+    if (c != NULL && *n_p > 0)
+        memcpy(c, idx + (n - *n_p), *n_p * sizeof(*c));
     return c;
 }
 
@@ -729,12 +724,13 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
     if (!indices_in_pools(m, rc->room, indices, count, extra) ||
         !init_fits_sources(m, rc->room, count, extra))
         return KVB_ERR_INVALID;
-    int32_t *own = own_pages(m, indices, count, extra);
+    size_t n_own = 0;
+    int32_t *own = own_pages(m, indices, count, extra, &n_own);
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, rc->room);
     if (r != NULL && own != NULL && r->own_pages == NULL) {
         r->own_pages = own;
-        r->n_own_pages = count - (size_t)(own_skip(m, extra) < count ? own_skip(m, extra) : count);
+        r->n_own_pages = n_own;
         r->own_aux_slot = aux_index;
         r->own_state = extra != NULL && (extra->field_mask & KVB_RECV_INIT_STATE) &&
                        extra->num_state_indices > 0;
@@ -1060,13 +1056,13 @@ static kvb__integ_t *integ_take(struct kvb_manager *m, kvb__room_t *r)
     return a;
 }
 
+static void integ_report(struct kvb_manager *m, uint64_t room, bool good, const char *why,
+                         kvb__tl_t *tl);
+
 /* Recompute a's digest over our pages (no lock: it reads the room's pages
  * once, the control thread's time, docs/integrity.md "Cost"), then report
  * the room Success, or fail it naming the buffer and page, unless it ended
  * meanwhile (aborted, timed out). Frees a. */
-static void integ_report(struct kvb_manager *m, uint64_t room, bool good, const char *why,
-                         kvb__tl_t *tl);
-
 static void integ_finish(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, kvb__tl_t *tl)
 {
     char why[320];
