@@ -92,8 +92,9 @@ kvb__own_result_t kvb__sgl26_check_own_digest(struct kvb_manager *m, const kvb__
     uint64_t row[2] = {0, 0};
     if (k < 0 || !comparable(m, in, why, wl))
         return KVB__OWN_NONE;
+    uint64_t pool = kv_pool(m);
     for (size_t i = 0; i < in->n_pages; i++)
-        if (in->pages[i] < 0 || (uint64_t)in->pages[i] >= kv_pool(m)) {
+        if (in->pages[i] < 0 || (uint64_t)in->pages[i] >= pool) {
             snprintf(why, wl, "page %d is outside the KV pool", (int)in->pages[i]);
             return KVB__OWN_NONE;
         }
