@@ -15,6 +15,7 @@ import json
 import os
 import sys
 
+RELEASE = "sglang==0.5.23"
 PAIRS = [  # (checksum case, its plain twin)
     ("ck_kvbridge_decode_from_sglang_prefill__sglang_boot",
      "kvbridge_decode_from_sglang_prefill__sglang_boot"),
@@ -56,7 +57,7 @@ def main(rec, out):
     records = []
     for f in sorted(glob.glob(os.path.join(rec, "*.jsonl"))):
         with open(f) as fh:
-            records += [json.loads(line) for line in fh]
+            records += [o for o in map(json.loads, fh) if o.get("release") == RELEASE]
     res = {"source": "sglang==0.5.23 (PyPI wheel), its Mooncake connector in the interop "
                      "suite (tests/interop/sglang_pd.py), recorded by interop_record.py; "
                      "regenerate with scripts/interop.sh --record",
