@@ -9,7 +9,7 @@
 # prefill/decode (tests/interop/sglang_pd.py, sglang_old.py) with kvbridge's
 # Mooncake drop-in (python/compat, first on PYTHONPATH) as SGLang's transfer
 # engine.
-# What is stubbed: tests/interop/sglang_stubs.py, sglang_old.py (docs/testing.md, "Interop
+# What is stubbed: tests/interop/sglang_stubs.py, sglang_old.py, sglang_checksum.py (docs/testing.md, "Interop
 # suite"). Then runs scripts/mooncake-diff.sh (drop-in vs Mooncake's real
 # module). Logs: BUILD/interop/*.log, BUILD/interop-0.5.2/*.log.
 # --record: also record every ZeroMQ message and bootstrap body SGLang's own

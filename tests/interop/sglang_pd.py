@@ -19,7 +19,9 @@ shared transfer engine, the runtime context):
                                      was written)
 
 `run` (the driver) runs every case and prints one line per case and
-"N passed, N failed". `run-0.5.2` runs CASES_OLD with SGLang 0.5.2rc2's
+"N passed, N failed". The ck_ cases turn on SGLang 0.5.23's KV checksum
+(--disaggregation-enable-kv-checksum) on both sides and run SGLang's own
+checksum code (sglang_checksum.py). `run-0.5.2` runs CASES_OLD with SGLang 0.5.2rc2's
 connector (the seed-001 dialect, sglang_old.py; its own venv) as the SGLang
 side: the roles read INTEROP_SGLANG=0.5.2rc2.
 """
