@@ -132,7 +132,8 @@ def verify(np, kv, aux, room, ck=None):
             want = ck_row_want(np, room) if s == DST_AUX else np.zeros(item, np.uint8)
             if not np.array_equal(got[s * item:(s + 1) * item], want):
                 bad = int(np.argmax(got[s * item:(s + 1) * item] != want))
-                return f"kv_checksum slot {s} byte {bad}: {int(got[s * item + bad])} != {int(want[bad])}"
+                return (f"kv_checksum slot {s} byte {bad}: "
+                        f"{int(got[s * item + bad])} != {int(want[bad])}")
     for b, arr in enumerate(kv):
         for p in range(PAGES):
             got = arr[p * ITEM:(p + 1) * ITEM]
@@ -451,8 +452,10 @@ def role_decode(kind, boot, room):
         res = {"status": int(st), "reason": recv.failure_reason() if st == KVPoll.Failed else ""}
         if CK:
             t = mgr.traffic()
-            res["integrity"] = {k: t["integrity_" + k] for k in ("checked", "mismatches", "unchecked")}
-    res["bytes"] = verify(np, kv, aux, room, ck if CK else None) if res["status"] == 4 else "not checked"
+            res["integrity"] = {k: t["integrity_" + k]
+                                for k in ("checked", "mismatches", "unchecked")}
+    res["bytes"] = (verify(np, kv, aux, room, ck if CK else None) if res["status"] == 4
+                    else "not checked")
     if "ack" in locals():
         res["released_after_ack"] = ack
     out(res)
