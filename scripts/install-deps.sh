@@ -17,6 +17,7 @@ PKGS=(
   libjansson-dev
   libssl-dev
   libxxhash-dev # XXH3: KV integrity digests (docs/integrity.md)
+  zlib1g-dev # Adler-32: SGLang's own KV checksum (docs/integrity.md)
   python3 python3-numpy python3-pytest python3-zmq python3-requests
   python3-pip python3-setuptools python3-wheel # pip install ./python, offline
   iproute2 procps

@@ -9,7 +9,7 @@
 # prefill/decode (tests/interop/sglang_pd.py, sglang_old.py) with kvbridge's
 # Mooncake drop-in (python/compat, first on PYTHONPATH) as SGLang's transfer
 # engine.
-# What is stubbed: tests/interop/sglang_stubs.py, sglang_old.py (docs/testing.md, "Interop
+# What is stubbed: tests/interop/sglang_stubs.py, sglang_old.py, sglang_checksum.py (docs/testing.md, "Interop
 # suite"). Then runs scripts/mooncake-diff.sh (drop-in vs Mooncake's real
 # module). Logs: BUILD/interop/*.log, BUILD/interop-0.5.2/*.log.
 # --record: also record every ZeroMQ message and bootstrap body SGLang's own
@@ -18,7 +18,12 @@
 # tests/conformance/sglang2026/ and sglang2025/ from them
 # (tests/conformance/corpus.py import; `git diff tests/conformance` then shows
 # what the release changed). Skips mooncake-diff. docs/testing.md,
-# "Conformance corpus".
+# "Conformance corpus". It also rewrites tests/interop/golden/
+# sglang0523_kv_checksum.json (tests/interop/ck_golden.py): what SGLang
+# 0.5.23's --disaggregation-enable-kv-checksum changes on the wire.
+# The ck_ cases of the 0.5.23 run are that flag both ways
+# (tests/interop/sglang_checksum.py, docs/integrity.md "With SGLang's own
+# checksum").
 # Usage: scripts/interop.sh [--record] [BUILD_DIR]   (libkvbridge.so must be built)
 set -euo pipefail
 RECORD=0
@@ -34,12 +39,19 @@ if [ ! -f "$BUILD/libkvbridge.so" ]; then
 fi
 
 # venv DIR PIN REQS: make DIR a venv holding REQS and PIN (all --no-deps);
-# installed once, a changed pin list reinstalls.
+# installed once, a changed pin list reinstalls. PyPI unreachable when it
+# must install: the suite is skipped with a message (exit 0).
 venv() {
     local dir=$1 pin=$2 reqs=$3 want
     [ -x "$dir/bin/python" ] || /usr/bin/python3 -m venv "$dir"
     want=$(cat "$reqs" "$(dirname "$reqs")/requirements-sglang.txt"; echo "$pin")
     if [ ! -f "$dir/.interop-stamp" ] || [ "$(cat "$dir/.interop-stamp")" != "$want" ]; then
+        if ! timeout 20 /usr/bin/python3 -c \
+            'import urllib.request; urllib.request.urlopen("https://pypi.org/simple/sglang/", timeout=15)' \
+            >/dev/null 2>&1; then
+            echo "interop: SKIPPED: PyPI (pypi.org) is unreachable and $dir is not set up ($pin)"
+            exit 0
+        fi
         "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$reqs"
         "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$pin"
         printf '%s' "$want" >"$dir/.interop-stamp"
@@ -70,7 +82,7 @@ if [ "$RECORD" = 1 ]; then
 fi
 
 REQS=$ROOT/tests/interop
-venv "$BUILD/interop-venv" sglang==0.5.23 "$REQS/requirements-sglang.txt"
+venv "$BUILD/interop-venv" sglang==0.5.23 "$REQS/requirements-sglang-0.5.23.txt"
 venv "$BUILD/interop-venv-0.5.2" sglang==0.5.2rc2 "$REQS/requirements-sglang-0.5.2.txt"
 rc=0
 echo "== SGLang 0.5.23 Mooncake connector <-> kvbridge (drop-in engine), 2026 dialect"
@@ -81,6 +93,8 @@ if [ "$RECORD" = 1 ]; then
     echo "== recorded: $REC -> tests/conformance (corpus.py import)"
     KVB_CONFORMANCE_READER=$BUILD/tests/conformance/test_conformance \
         /usr/bin/python3 "$ROOT/tests/conformance/corpus.py" import "$REC" || rc=1
+    /usr/bin/python3 "$ROOT/tests/interop/ck_golden.py" "$REC" \
+        "$ROOT/tests/interop/golden/sglang0523_kv_checksum.json" || rc=1
     "$BUILD/tests/conformance/test_conformance" "$ROOT/tests/conformance" || rc=1
     exit $rc
 fi

@@ -82,9 +82,10 @@ enum kvb_manager_param_field {
     /* A high bit: other parameters may claim 10.. meanwhile. */
     KVB_MANAGER_PARAM_SGLANG_DIALECT = 1u << 16,
     KVB_MANAGER_PARAM_KV_CACHE_DTYPE = 1u << 18,
-    KVB_MANAGER_PARAM_DRAFT_LAYERS = 1u << 20,     /* draft_layers */
-    KVB_MANAGER_PARAM_CACHEPD_CONTRACT = 1u << 21, /* cachepd_contract */
-    KVB_MANAGER_PARAM_INTEGRITY = 1u << 22,        /* integrity */
+    KVB_MANAGER_PARAM_DRAFT_LAYERS = 1u << 20,       /* draft_layers */
+    KVB_MANAGER_PARAM_CACHEPD_CONTRACT = 1u << 21,   /* cachepd_contract */
+    KVB_MANAGER_PARAM_INTEGRITY = 1u << 22,          /* integrity */
+    KVB_MANAGER_PARAM_SGLANG_KV_CHECKSUM = 1u << 27, /* sglang_kv_checksum_aux */
 };
 
 /* Manager creation. Always read: mode, kv_args, engine, the parallel info
@@ -181,6 +182,13 @@ typedef struct kvb_manager_params {
     int integrity; /* kvb_integrity_t: off (0) or check (1) the KV pages' digest between
                       kvbridge ranks (docs/integrity.md); default KVBRIDGE_INTEGRITY
                       ("off" | "check"), else off */
+    int32_t sglang_kv_checksum_aux; /* decode: the aux buffer that holds SGLang 0.5.23's
+                      kv_checksum rows (--disaggregation-enable-kv-checksum: 64-byte items,
+                      u64 digest then u64 layout signature), or -1 (default): with
+                      integrity check, a room whose SGLang 2026 prefill sent no kvbridge
+                      digest is checked against that digest over its pages
+                      (docs/integrity.md, "With SGLang's own checksum"). An index past the
+                      aux buffers or an item under 16 bytes: KVB_ERR_INVALID at creation */
 } kvb_manager_params_t;
 
 /* KV integrity (docs/integrity.md): with check, a prefill sends each kvbridge
@@ -297,6 +305,17 @@ typedef struct kvb_manager_traffic {
  * field_mask names (each read atomically; not a consistent set while traffic
  * flows). Any thread; cannot fail. */
 KVB_API void kvb_manager_traffic(kvb_manager_h manager, kvb_manager_traffic_t *traffic_p);
+
+/* SGLang 0.5.23's KV checksum (--disaggregation-enable-kv-checksum) of this
+ * rank's KV at pages indices[count]: one Adler-32 over every KV buffer in
+ * registration order, each buffer's items in the order given, the bytes its
+ * GPU kernel digests (docs/integrity.md, "With SGLang's own checksum"). A
+ * prefill application fills its kv_checksum aux row with it (and SGLang's
+ * layout signature) before the last chunk, as SGLang's scheduler does.
+ * Reads host KV memory while the caller keeps the pages still; any thread.
+ * KVB_ERR_INVALID: device KV memory, or an index outside the KV pool. */
+KVB_API kvb_status_t kvb_manager_sglang_kv_checksum(kvb_manager_h manager, const int32_t *indices,
+                                                    size_t count, uint64_t *digest_p);
 
 /* A file descriptor (an eventfd, non-blocking, close-on-exec) that becomes
  * readable when a room of this manager may poll differently: a status

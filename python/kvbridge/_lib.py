@@ -182,6 +182,7 @@ MANAGER_PARAM_KV_CACHE_DTYPE = 1 << 18
 MANAGER_PARAM_DRAFT_LAYERS = 1 << 20
 MANAGER_PARAM_CACHEPD_CONTRACT = 1 << 21
 MANAGER_PARAM_INTEGRITY = 1 << 22
+MANAGER_PARAM_SGLANG_KV_CHECKSUM = 1 << 27
 
 
 class ManagerParams(ctypes.Structure):
@@ -218,6 +219,7 @@ class ManagerParams(ctypes.Structure):
         ("draft_layers", ctypes.c_uint32),
         ("cachepd_contract", ctypes.c_char_p),
         ("integrity", ctypes.c_int),
+        ("sglang_kv_checksum_aux", ctypes.c_int32),
     ]
 
 
@@ -405,6 +407,9 @@ _PROTOTYPES = {
     "kvb_manager_stats": (None, [_P, ctypes.POINTER(ManagerStats)]),
     "kvb_manager_limits": (None, [_P, ctypes.POINTER(ManagerLimits)]),
     "kvb_manager_traffic": (None, [_P, ctypes.POINTER(ManagerTraffic)]),
+    "kvb_manager_sglang_kv_checksum": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int32),
+                                                      ctypes.c_size_t,
+                                                      ctypes.POINTER(ctypes.c_uint64)]),
     "kvb_sender_create": (_S, [_P, ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(_P)]),
     "kvb_sender_init": (_S, [_P, ctypes.c_uint64, ctypes.c_int64]),
     "kvb_sender_send": (_S, [_P, c_i32_p, ctypes.c_size_t]),

@@ -225,7 +225,8 @@ class KVManager(L.Closeable):
                  transfer_queues=None, room_ttl=None, bootstrap_refresh=None,
                  bootstrap_token=None, curve_secret_key=None, curve_client_secret_key=None,
                  curve_allowed_clients=None, sglang_dialect=None, kv_cache_dtype=None,
-                 draft_layers=None, cachepd_contract=None, integrity=None):
+                 draft_layers=None, cachepd_contract=None, integrity=None,
+                 sglang_kv_checksum_aux=None):
         self._guard = L.Guard("KVManager")
         self._guard.closed = True  # until created
         self._h = None
@@ -317,6 +318,10 @@ class KVManager(L.Closeable):
                 raise InvalidArgument(f"integrity must be 'off' or 'check', not {integrity!r}")
             p.integrity = 1 if integrity == "check" else 0
             p.field_mask |= L.MANAGER_PARAM_INTEGRITY
+        if sglang_kv_checksum_aux is not None:  # docs/integrity.md, "With SGLang's own checksum"
+            p.sglang_kv_checksum_aux = L.as_int(sglang_kv_checksum_aux, "sglang_kv_checksum_aux",
+                                                -1, 0x7FFFFFFF)
+            p.field_mask |= L.MANAGER_PARAM_SGLANG_KV_CHECKSUM
         self._auth_b = _auth_params(p, bootstrap_token, curve_secret_key,
                                     curve_client_secret_key, curve_allowed_clients)
         cargs, self._keep = _args_struct(args, self.is_mla, p.pp_rank, p.pp_size)
@@ -480,6 +485,20 @@ class KVManager(L.Closeable):
             s = L.ManagerTraffic(field_mask=L.MANAGER_TRAFFIC_ALL)
             L.lib().kvb_manager_traffic(self._h, ctypes.byref(s))
             return {k: getattr(s, k) for k, _ in L.ManagerTraffic._fields_ if k != "field_mask"}
+
+    def sglang_kv_checksum(self, kv_indices):
+        """SGLang 0.5.23's KV checksum (--disaggregation-enable-kv-checksum)
+        of this rank's host KV at pages kv_indices: one Adler-32 over every KV
+        buffer in registration order, the pages in the order given
+        (kvb_manager_sglang_kv_checksum). A prefill fills its kv_checksum aux
+        row with it and SGLang's layout signature before the last chunk."""
+        arr, n = L.index_array(kv_indices, "kv_indices")
+        with self._guard:
+            d = ctypes.c_uint64()
+            st = L.lib().kvb_manager_sglang_kv_checksum(self._h, arr, n, ctypes.byref(d))
+            if st != L.KVB_OK:
+                raise self._error(st, "KVManager.sglang_kv_checksum")
+            return d.value
 
 
 class TimelineEvent(tuple):

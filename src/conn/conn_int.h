@@ -205,6 +205,13 @@ typedef struct kvb__room {
     kvb__integ_t *integ;
     size_t n_integ;
     int integ_missing; /* decode: a source's Success came without a digest */
+    /* decode, integrity on and a dialect digest in aux asked for
+     * (sglang_kv_checksum_aux): the room's pages past its prefix, its aux
+     * slot, whether it has state slots (dialect->check_own_digest) */
+    int32_t *own_pages;
+    size_t n_own_pages;
+    int64_t own_aux_slot;
+    int own_state;
 } kvb__room_t;
 
 /* A peer that named rooms no sender has yet (prefill; rooms.c). */

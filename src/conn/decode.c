@@ -685,6 +685,24 @@ static void grant_sources(struct kvb_manager *m, uint64_t room, kvb__src_t *srcs
         revoke_grants(m, srcs, n);
 }
 
+/* Integrity on with a dialect digest in aux asked for (sglang_kv_checksum_aux):
+ * a copy of the pages past the prefix (*n_p of them), which that digest
+ * covers, for own_take; NULL otherwise (or out of memory: the room is then
+ * unchecked). */
+static int32_t *own_pages(const struct kvb_manager *m, const int32_t *idx, size_t n,
+                          const kvb_receiver_init_t *ex, size_t *n_p)
+{
+    uint64_t prefix = ex != NULL && (ex->field_mask & KVB_RECV_INIT_PREFIX) ? ex->prefix_tokens : 0;
+    uint64_t skip = prefix / (m->args.page_size ? m->args.page_size : 1);
+    if (!m->p.integrity || m->p.sglang_kv_checksum_aux < 0)
+        return NULL;
+    *n_p = skip < n ? n - (size_t)skip : 0;
+    int32_t *c = malloc((*n_p + 1) * sizeof(*c));
+    if (c != NULL && *n_p > 0)
+        memcpy(c, idx + (n - *n_p), *n_p * sizeof(*c));
+    return c;
+}
+
 kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t count,
                                int64_t aux_index, const kvb_receiver_init_t *extra)
 {
@@ -706,8 +724,18 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
     if (!indices_in_pools(m, rc->room, indices, count, extra) ||
         !init_fits_sources(m, rc->room, count, extra))
         return KVB_ERR_INVALID;
+    size_t n_own = 0;
+    int32_t *own = own_pages(m, indices, count, extra, &n_own);
     pthread_mutex_lock(&m->mu);
     kvb__room_t *r = kvb__room_find(m, rc->room);
+    if (r != NULL && own != NULL && r->own_pages == NULL) {
+        r->own_pages = own;
+        r->n_own_pages = n_own;
+        r->own_aux_slot = aux_index;
+        r->own_state = extra != NULL && (extra->field_mask & KVB_RECV_INIT_STATE) &&
+                       extra->num_state_indices > 0;
+        own = NULL;
+    }
     if (r != NULL && r->status != KVB_POLL_FAILED && r->n_src > 0) {
         srcs = malloc(r->n_src * sizeof(*srcs));
         if (srcs != NULL) {
@@ -717,6 +745,7 @@ kvb_status_t kvb_receiver_init(kvb_receiver_h rc, const int32_t *indices, size_t
         r->t_init = kvb__now_s(); /* from here a source may write: the fence holds the room */
     }
     pthread_mutex_unlock(&m->mu);
+    free(own); /* the room is gone, or kept its first list */
     grant_sources(m, rc->room, srcs, n);
     kvb_status_t st = KVB_OK;
     for (size_t i = 0; i < n && st == KVB_OK; i++)
@@ -1027,6 +1056,9 @@ static kvb__integ_t *integ_take(struct kvb_manager *m, kvb__room_t *r)
     return a;
 }
 
+static void integ_report(struct kvb_manager *m, uint64_t room, bool good, const char *why,
+                         kvb__tl_t *tl);
+
 /* Recompute a's digest over our pages (no lock: it reads the room's pages
  * once, the control thread's time, docs/integrity.md "Cost"), then report
  * the room Success, or fail it naming the buffer and page, unless it ended
@@ -1034,12 +1066,21 @@ static kvb__integ_t *integ_take(struct kvb_manager *m, kvb__room_t *r)
 static void integ_finish(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, kvb__tl_t *tl)
 {
     char why[320];
-    kvb__src_t *todo = NULL;
-    size_t n_todo = 0;
-    uint64_t gen = 0;
     bool good = kvb__integ_check(a, m->kv_ptrs, m->args.kv_item_len, why, sizeof(why));
     kvb__integ_free(a);
     free(a);
+    integ_report(m, room, good, why, tl);
+}
+
+/* A room's digest was recomputed (integ_finish, own_finish): count it, then
+ * report the room Success or fail it with why, unless it ended meanwhile
+ * (aborted, timed out). */
+static void integ_report(struct kvb_manager *m, uint64_t room, bool good, const char *why,
+                         kvb__tl_t *tl)
+{
+    kvb__src_t *todo = NULL;
+    size_t n_todo = 0;
+    uint64_t gen = 0;
     __atomic_add_fetch(&m->integ_checked, 1, __ATOMIC_RELAXED);
     if (!good) {
         __atomic_add_fetch(&m->integ_mismatches, 1, __ATOMIC_RELAXED);
@@ -1060,6 +1101,58 @@ static void integ_finish(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, 
         send_aborts(m, room, gen, todo, n_todo, tl);
 }
 
+/* Integrity on, every source's Success in, m->mu held: no source sent a
+ * kvbridge digest and the sources' dialect carries its own in aux
+ * (dialect->check_own_digest, asked for with sglang_kv_checksum_aux): what
+ * own_finish checks outside the lock, the room left Transferring meanwhile
+ * (the pages move out of the room). NULL: integ_take decides. */
+static kvb__own_digest_in_t *own_take(struct kvb_manager *m, kvb__room_t *r,
+                                      const kvb__dialect_t **d_p)
+{
+    const kvb__dialect_t *d = NULL;
+    size_t real = 0;
+    for (size_t i = 0; i < r->n_src; i++)
+        if (!r->srcs[i].dummy) {
+            d = d != NULL ? d : r->srcs[i].dialect;
+            real++;
+        }
+    if (r->own_pages == NULL || (r->integ != NULL && !r->integ_missing) || d == NULL ||
+        d->check_own_digest == NULL)
+        return NULL;
+    kvb__own_digest_in_t *in = malloc(sizeof(*in));
+    if (in == NULL)
+        return NULL;
+    *in = (kvb__own_digest_in_t){r->id,           r->own_pages, r->n_own_pages,
+                                 r->own_aux_slot, real,         r->own_state != 0};
+    r->own_pages = NULL;
+    *d_p = d;
+    return in;
+}
+
+/* Check the room's own digest (no lock: it reads the room's pages once), then
+ * report it as integ_finish does; nothing to check: Success, unchecked. Frees in. */
+static void own_finish(struct kvb_manager *m, const kvb__dialect_t *d, kvb__own_digest_in_t *in,
+                       kvb__tl_t *tl)
+{
+    char why[512] = "";
+    uint64_t room = in->room;
+    kvb__own_result_t res = d->check_own_digest(m, in, why, sizeof(why));
+    free((void *)in->pages);
+    free(in);
+    if (res != KVB__OWN_NONE) {
+        integ_report(m, room, res == KVB__OWN_MATCH, why, tl);
+        return;
+    }
+    KVB_LOGD("manager %s: room %llu: %s digest not checked: %s", m->endpoint,
+             (unsigned long long)room, d->t.name, why);
+    __atomic_add_fetch(&m->integ_unchecked, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&m->mu);
+    kvb__room_t *r = kvb__room_find(m, room);
+    if (r != NULL && r->status != KVB_POLL_FAILED && r->status != KVB_POLL_SUCCESS)
+        kvb__room_set_status(r, KVB_POLL_SUCCESS);
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* A terminal status of any dialect, decoded: record it as that source's
  * answer; a Failed one fails the room and opens its fence. */
 static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
@@ -1067,8 +1160,10 @@ static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
     kvb__src_t *todo = NULL;
     size_t n_todo = 0;
     uint64_t gen = 0;
-    kvb__integ_t *verify = NULL; /* integrity: the room's digest to recompute, unlocked */
-    KVB_TSAN_ACQUIRE();          /* a status follows the placement of the room's bytes */
+    kvb__integ_t *verify = NULL;      /* integrity: the room's digest to recompute, unlocked */
+    kvb__own_digest_in_t *own = NULL; /* integrity: the dialect's own digest, unlocked */
+    const kvb__dialect_t *own_d = NULL;
+    KVB_TSAN_ACQUIRE(); /* a status follows the placement of the room's bytes */
     KVB_LOGD("manager %s: room %llu: status %d from prefill rank %d", m->endpoint,
              (unsigned long long)s->room, s->status, s->prefill_rank);
     pthread_mutex_lock(&m->mu);
@@ -1084,7 +1179,8 @@ static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
                         s->status == KVB_POLL_SUCCESS ? "Success" : "Failed")) {
         bool ok = s->status != KVB_POLL_SUCCESS || !m->p.integrity || integ_add(m, r, s);
         if (ok && s->status == KVB_POLL_SUCCESS && ++r->n_success >= r->required_responses &&
-            (!m->p.integrity || (verify = integ_take(m, r)) == NULL))
+            (!m->p.integrity ||
+             ((own = own_take(m, r, &own_d)) == NULL && (verify = integ_take(m, r)) == NULL)))
             kvb__room_set_status(r, KVB_POLL_SUCCESS);
         if (!ok) /* a malformed digest failed it: the sources still writing are told, as below */
             gen = open_fence(m, r, &todo, &n_todo);
@@ -1099,6 +1195,8 @@ static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
         send_aborts(m, s->room, gen, todo, n_todo, tl);
     if (verify != NULL)
         integ_finish(m, s->room, verify, tl);
+    if (own != NULL)
+        own_finish(m, own_d, own, tl);
     kvb__tl_put(tl);
 }
 

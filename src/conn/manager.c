@@ -59,6 +59,8 @@ static void knobs(kvb_manager_params_t *out, const kvb_manager_params_t *in)
     out->draft_layers = (in->field_mask & KVB_MANAGER_PARAM_DRAFT_LAYERS) ? in->draft_layers : 0;
     out->integrity =
         (in->field_mask & KVB_MANAGER_PARAM_INTEGRITY) ? in->integrity : kvb__integ_env();
+    out->sglang_kv_checksum_aux =
+        (in->field_mask & KVB_MANAGER_PARAM_SGLANG_KV_CHECKSUM) ? in->sglang_kv_checksum_aux : -1;
     /* The seeds' floors: interval at least 2 s, at least one miss. The test
      * hook KVBRIDGE_HEARTBEAT_FLOOR lowers the floor (never in production). */
     double floor = kvb__env_double("KVBRIDGE_HEARTBEAT_FLOOR", NULL, 2.0, 0.05, 2.0);

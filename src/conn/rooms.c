@@ -88,6 +88,7 @@ static void room_free(kvb__room_t *r)
     for (size_t i = 0; i < r->n_integ; i++)
         kvb__integ_free(&r->integ[i]);
     free(r->integ);
+    free(r->own_pages);
     free(r->bootstrap_addr);
     free(r->reason);
     free(r);

@@ -33,6 +33,23 @@ typedef enum kvb__dmsg {
     KVB__DMSG_UNSUPPORTED,  /* the dialect's, but kvbridge does not serve it (logged, counted) */
 } kvb__dmsg_t;
 
+/* A room whose sources sent no kvbridge digest, for a dialect's own
+ * (check_own_digest): the decode's view of it. */
+typedef struct kvb__own_digest_in {
+    uint64_t room;
+    const int32_t *pages; /* the room's pages past its prefix, in the order sent */
+    size_t n_pages;
+    int64_t aux_slot;   /* the room's aux slot */
+    size_t n_real_srcs; /* sources that write (not dummies) */
+    bool has_state;     /* it asked for state slots */
+} kvb__own_digest_in_t;
+
+typedef enum kvb__own_result {
+    KVB__OWN_NONE = 0, /* nothing to check (counted unchecked) */
+    KVB__OWN_MATCH,
+    KVB__OWN_MISMATCH, /* fails the room with the reason */
+} kvb__own_result_t;
+
 /* What the connector branches on. */
 typedef struct kvb__dialect_traits {
     const char *name;   /* in logs: "SGLang seed 001" */
@@ -200,6 +217,13 @@ typedef struct kvb__dialect {
                                      kvb__ack_in_t *out);
     kvb_status_t (*decode_aux)(struct kvb_manager *m, const kvb__frame_t *f, size_t n,
                                kvb__aux_in_t *out);
+    /* Integrity on, every source's Success in, none with a kvbridge digest:
+     * the framework's own digest of the room, carried in its aux, checked
+     * over the room's pages (why: the mismatch, or why nothing was checked).
+     * Called without a lock; reads the pages. NULL where the dialect has
+     * none. */
+    kvb__own_result_t (*check_own_digest)(struct kvb_manager *m, const kvb__own_digest_in_t *in,
+                                          char *why, size_t wl);
 } kvb__dialect_t;
 
 /* ---- registry.c ---- */

@@ -19,7 +19,9 @@ shared transfer engine, the runtime context):
                                      was written)
 
 `run` (the driver) runs every case and prints one line per case and
-"N passed, N failed". `run-0.5.2` runs CASES_OLD with SGLang 0.5.2rc2's
+"N passed, N failed". The ck_ cases turn on SGLang 0.5.23's KV checksum
+(--disaggregation-enable-kv-checksum) on both sides and run SGLang's own
+checksum code (sglang_checksum.py). `run-0.5.2` runs CASES_OLD with SGLang 0.5.2rc2's
 connector (the seed-001 dialect, sglang_old.py; its own venv) as the SGLang
 side: the roles read INTEROP_SGLANG=0.5.2rc2.
 """
@@ -61,6 +63,17 @@ TP_SIZE = int(os.environ.get("INTEROP_TP_SIZE", "1"))
 TP_RANK = int(os.environ.get("INTEROP_TP_RANK", "0"))
 RITEM = ITEM if MLA else ITEM // TP_SIZE  # this rank's item length (MLA: replicated)
 RHEADS = HEADS_ARG if MLA else HEADS // TP_SIZE  # this rank's KV heads
+# SGLang 0.5.23's --disaggregation-enable-kv-checksum (the ck_ cases, set by
+# the driver; sglang_checksum.py): both sides register a second aux buffer,
+# SGLang's kv_checksum ([AUX_SLOTS, 8] uint64: digest, layout signature).
+# FLIP (the _flip cases): after the prefill took its digest, one byte of a
+# source page changes before the write (what a corruption between the
+# prefill's digest and the decode's pages looks like): the decode's check
+# must catch it.
+CK = os.environ.get("INTEROP_CKSUM") == "1"
+FLIP = os.environ.get("INTEROP_FLIP") == "1"
+CK_AUX = 1  # the checksum buffer's aux index (after the one aux buffer)
+FLIP_BUF, FLIP_PAGE_I, FLIP_BYTE = 1, 2, 100  # kv buffer, index into SRC_PAGES, byte
 
 
 def out(obj):
@@ -96,8 +109,31 @@ def buffers(np, fill_room=None):
     return kv, aux
 
 
-def verify(np, kv, aux, room):
+def ck_row_want(np, room):
+    """The checksum row the prefill writes: the Adler-32 of its pattern's
+    pages (every buffer in order, the pages in request order), the layout
+    signature, six zero words."""
+    import zlib
+
+    d = zlib.adler32(b"".join(pattern(np, b, p, room).tobytes() for b in range(N_KV)
+                              for p in SRC_PAGES))
+    row = np.zeros(8, dtype=np.uint64)
+    row[0], row[1] = d, ck_module().layout_signature(layout_ns())
+    return row.view(np.uint8)
+
+
+def verify(np, kv, aux, room, ck=None):
     """'' if decode memory holds exactly the prefill's pages/aux, else why."""
+    if ck is not None:
+        got = np.frombuffer(ck.numpy().tobytes() if hasattr(ck, "numpy") else ck.tobytes(),
+                            dtype=np.uint8)
+        item = len(got) // AUX_SLOTS
+        for s in range(AUX_SLOTS):
+            want = ck_row_want(np, room) if s == DST_AUX else np.zeros(item, np.uint8)
+            if not np.array_equal(got[s * item:(s + 1) * item], want):
+                bad = int(np.argmax(got[s * item:(s + 1) * item] != want))
+                return (f"kv_checksum slot {s} byte {bad}: "
+                        f"{int(got[s * item + bad])} != {int(want[bad])}")
     for b, arr in enumerate(kv):
         for p in range(PAGES):
             got = arr[p * ITEM:(p + 1) * ITEM]
@@ -122,6 +158,40 @@ def ptrs(arrs):
     return [a.ctypes.data for a in arrs]
 
 
+def aux_list(aux, ck):
+    """(pointers, lengths, item lengths) of the aux buffers: the one aux
+    buffer, then SGLang's kv_checksum (a torch tensor on the SGLang side, a
+    numpy array on kvbridge's) in the ck_ cases."""
+    if ck is None:
+        return [aux.ctypes.data], [aux.nbytes], [AUX_ITEM]
+    p = ck.data_ptr() if hasattr(ck, "data_ptr") else ck.ctypes.data
+    n = ck.nbytes
+    return [aux.ctypes.data, p], [aux.nbytes, n], [AUX_ITEM, n // AUX_SLOTS]
+
+
+def layout_ns():
+    """This geometry as SGLang's KVArgs describes it to kv_layout_signature
+    (what an application fills in when it speaks SGLang's checksum)."""
+    import types
+
+    return types.SimpleNamespace(page_size=PAGE, kv_cache_dtype_str=DTYPE, kv_layout=None,
+                                 swa_kv_cache_layout=None, state_types=[],
+                                 kv_item_lens=[RITEM] * N_KV, state_item_lens=[])
+
+
+def flip_source(kv):
+    """FLIP: change one byte of a source page after the digest was taken."""
+    if FLIP:
+        kv[FLIP_BUF][SRC_PAGES[FLIP_PAGE_I] * RITEM + FLIP_BYTE] ^= 0xFF
+
+
+def ck_module():
+    sys.path.insert(0, HERE)
+    import sglang_checksum
+
+    return sglang_checksum
+
+
 # ---------------------------------------------------------------- SGLang side
 def sglang_setup(boot_port=0):
     """Stubs first, then SGLang's modules (see sglang_stubs.py)."""
@@ -139,7 +209,7 @@ def sglang_setup(boot_port=0):
     return sglang_stubs, mc, KVArgs, mte
 
 
-def sglang_kv_args(KVArgs, kv, aux):
+def sglang_kv_args(KVArgs, kv, aux, ck=None):
     a = KVArgs()
     a.engine_rank = TP_RANK
     a.pp_rank = 0
@@ -152,9 +222,7 @@ def sglang_kv_args(KVArgs, kv, aux):
     a.num_draft_entries = 0
     a.kv_layer_ids = []
     a.page_size = PAGE
-    a.aux_data_ptrs = [aux.ctypes.data]
-    a.aux_data_lens = [aux.nbytes]
-    a.aux_item_lens = [AUX_ITEM]
+    a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens = aux_list(aux, ck)
     a.state_types = []
     a.state_data_ptrs = []
     a.state_data_lens = []
@@ -251,8 +319,9 @@ def role_prefill(kind, boot, room):
         from sglang.srt.disaggregation.utils import DisaggregationMode
 
         sglang_engine(mte)
-        mgr = mc.MooncakeKVManager(sglang_kv_args(KVArgs, kv, aux), DisaggregationMode.PREFILL,
-                                   stubs.server_args(), MLA)
+        ck = ck_module().checksum_tensor(AUX_SLOTS) if CK else None
+        kv_args = sglang_kv_args(KVArgs, kv, aux, ck)
+        mgr = mc.MooncakeKVManager(kv_args, DisaggregationMode.PREFILL, stubs.server_args(), MLA)
         out("ready")
         sender = mc.MooncakeKVSender(mgr, boot, room)
         st = wait_until(sender.poll, (KVPoll.WaitingForInput,), KVPoll)
@@ -262,16 +331,27 @@ def role_prefill(kind, boot, room):
         out("waiting")
         if sys.stdin.readline().strip() == "go":  # else "wait": the decode aborts
             sender.init(n, SRC_AUX)
-            sender.send(np.array(SRC_PAGES, dtype=np.int32))
+            if CK:  # SGLang's send_kv_chunk: digest, row, then the connector's send
+                def send(req):
+                    flip_source(kv)
+                    sender.send(np.array(SRC_PAGES, dtype=np.int32))
+
+                ck_module().prefill_send(kv_args.kv_data_ptrs, kv_args.kv_item_lens, SRC_PAGES,
+                                         PAGE, ck_module().layout_signature(kv_args), ck,
+                                         SRC_AUX, room, send)
+            else:
+                sender.send(np.array(SRC_PAGES, dtype=np.int32))
         st = wait_terminal(sender.poll, KVPoll)
         out({"status": int(st), "reason": reason_of(sender) if st == KVPoll.Failed else ""})
     else:
         import kvbridge
         from kvbridge import KVPoll
 
+        ck = np.zeros(AUX_SLOTS * 64, dtype=np.uint8) if CK else None
+        ap, al, ai = aux_list(aux, ck)
         args = kvbridge.KVArgs(kv_data_ptrs=ptrs(kv), kv_data_lens=[x.nbytes for x in kv],
-                               kv_item_lens=[RITEM] * len(kv), aux_data_ptrs=[aux.ctypes.data],
-                               aux_data_lens=[aux.nbytes], aux_item_lens=[AUX_ITEM], page_size=PAGE,
+                               kv_item_lens=[RITEM] * len(kv), aux_data_ptrs=ap,
+                               aux_data_lens=al, aux_item_lens=ai, page_size=PAGE,
                                kv_head_num=RHEADS, engine_rank=TP_RANK)
         mgr = kvbridge.KVManager(args, "prefill", bootstrap_addr=boot, host="127.0.0.1", is_mla=MLA,
                                  attn_tp_size=TP_SIZE, attn_tp_rank=TP_RANK)
@@ -284,6 +364,11 @@ def role_prefill(kind, boot, room):
         out("waiting")
         if sys.stdin.readline().strip() == "go":  # else "wait": the decode aborts
             sender.init(n, SRC_AUX)
+            if CK:  # the application fills SGLang's row, as SGLang's scheduler does
+                row = ck[SRC_AUX * 64:(SRC_AUX + 1) * 64].view(np.uint64)
+                row[0] = mgr.sglang_kv_checksum(SRC_PAGES)
+                row[1] = ck_module().layout_signature(layout_ns())
+                flip_source(kv)
             sender.send(np.array(SRC_PAGES, dtype=np.int32))
         st = wait_terminal(sender.poll, KVPoll)
         out({"status": int(st), "reason": reason_of(sender) if st == KVPoll.Failed else ""})
@@ -322,8 +407,9 @@ def role_decode(kind, boot, room):
         from sglang.srt.disaggregation.utils import DisaggregationMode
 
         sglang_engine(mte)
-        mgr = mc.MooncakeKVManager(sglang_kv_args(KVArgs, kv, aux), DisaggregationMode.DECODE,
-                                   stubs.server_args(), MLA)
+        ck = ck_module().checksum_tensor(AUX_SLOTS) if CK else None
+        kv_args = sglang_kv_args(KVArgs, kv, aux, ck)
+        mgr = mc.MooncakeKVManager(kv_args, DisaggregationMode.DECODE, stubs.server_args(), MLA)
         recv = mc.MooncakeKVReceiver(mgr, boot, room)
         # What the decode scheduler does (decode.py): parallel info, then
         # init(prefill_dp_rank), then send_metadata with the page indices.
@@ -340,15 +426,22 @@ def role_decode(kind, boot, room):
             ack = wait_true(lambda: mgr.is_abort_release_safe(room, 1))
         st = wait_terminal(recv.poll, KVPoll)
         res = {"status": int(st), "reason": reason_of(recv) if st == KVPoll.Failed else ""}
+        if CK and st == KVPoll.Success:  # SGLang's decode scheduler's check
+            res["checksum"] = ck_module().decode_verify(
+                mgr, kv_args.kv_data_ptrs, kv_args.kv_item_lens, DST_PAGES, PAGE,
+                ck_module().layout_signature(kv_args), ck, DST_AUX, room, boot)
     else:
         import kvbridge
         from kvbridge import KVPoll
 
+        ck = np.zeros(AUX_SLOTS * 64, dtype=np.uint8) if CK else None
+        ap, al, ai = aux_list(aux, ck)
         args = kvbridge.KVArgs(kv_data_ptrs=ptrs(kv), kv_data_lens=[x.nbytes for x in kv],
-                               kv_item_lens=[ITEM] * len(kv), aux_data_ptrs=[aux.ctypes.data],
-                               aux_data_lens=[aux.nbytes], aux_item_lens=[AUX_ITEM], page_size=PAGE,
+                               kv_item_lens=[ITEM] * len(kv), aux_data_ptrs=ap,
+                               aux_data_lens=al, aux_item_lens=ai, page_size=PAGE,
                                kv_head_num=HEADS_ARG, engine_rank=0)
-        mgr = kvbridge.KVManager(args, "decode", host="127.0.0.1", is_mla=MLA)
+        ck_kw = dict(integrity="check", sglang_kv_checksum_aux=CK_AUX) if CK else {}
+        mgr = kvbridge.KVManager(args, "decode", host="127.0.0.1", is_mla=MLA, **ck_kw)
         recv = kvbridge.KVReceiver(mgr, boot, room)
         recv.init(np.array(DST_PAGES, dtype=np.int32), DST_AUX)
         out("sent")
@@ -357,7 +450,12 @@ def role_decode(kind, boot, room):
             ack = wait_true(recv.pages_safe)  # the prefill's ABORT_ACK closed the fence
         st = wait_terminal(recv.poll, KVPoll)
         res = {"status": int(st), "reason": recv.failure_reason() if st == KVPoll.Failed else ""}
-    res["bytes"] = verify(np, kv, aux, room) if res["status"] == 4 else "not checked"
+        if CK:
+            t = mgr.traffic()
+            res["integrity"] = {k: t["integrity_" + k]
+                                for k in ("checked", "mismatches", "unchecked")}
+    res["bytes"] = (verify(np, kv, aux, room, ck if CK else None) if res["status"] == 4
+                    else "not checked")
     if "ack" in locals():
         res["released_after_ack"] = ack
     out(res)
@@ -455,8 +553,38 @@ def record_server(addr, case):
         interop_record.query_server(addr, os.environ.get("INTEROP_SGLANG") != "0.5.2rc2", case)
 
 
+def judge_checksum(name, pres, dres, decode_kind):
+    """The ck_ cases. Clean: both Success, every byte (KV, aux, the
+    checksum row) the prefill's, and the decode's check compared the digest
+    and found it equal (kvbridge: counted checked; SGLang: its
+    _verify_kv_checksums compared and dropped nothing). _flip: the decode's
+    check reports the mismatch (kvbridge: the room Failed with the reason,
+    counted; SGLang: its message, the request dropped from the batch) and
+    the flipped byte is where the bytes differ."""
+    flip = "_flip" in name
+    flipped = (f"kv buffer {FLIP_BUF} page {DST_PAGES[FLIP_PAGE_I]} byte {FLIP_BYTE}:")
+    if pres["status"] != 4:
+        return False
+    if decode_kind == "kvbridge":
+        integ = dres.get("integrity", {})
+        if flip:
+            return (dres["status"] == 0 and "SGLang KV checksum mismatch" in dres["reason"]
+                    and integ == {"checked": 1, "mismatches": 1, "unchecked": 0})
+        return (dres["status"] == 4 and dres["bytes"] == ""
+                and integ == {"checked": 1, "mismatches": 0, "unchecked": 0})
+    ck = dres.get("checksum", {})
+    if dres["status"] != 4 or not ck.get("compared"):
+        return False
+    if flip:
+        return (ck["mismatch"].startswith("KV checksum mismatch req=") and ck["dropped"]
+                and dres["bytes"].startswith(flipped))
+    return ck["verified"] and ck["mismatch"] == "" and dres["bytes"] == ""
+
+
 def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
-    env = dict(env, INTEROP_MLA="1" if name.startswith("mla_") else "0")
+    env = dict(env, INTEROP_MLA="1" if name.startswith("mla_") else "0",
+               INTEROP_CKSUM="1" if name.startswith("ck_") else "0",
+               INTEROP_FLIP="1" if "_flip" in name else "0")
     if name.startswith("tp2_"):
         env = dict(env, INTEROP_LOG=os.path.join(env["INTEROP_OUT"], name + ".log"))
         return run_tp2(boot_kind, prefill_kind, decode_kind, room, env)
@@ -507,6 +635,8 @@ def run_case(name, boot_kind, prefill_kind, decode_kind, room, env, kill=None):
         dec.send("wait")
         pres = json.loads(pre.line())
         dres = json.loads(dec.line())
+        if name.startswith("ck_"):
+            return judge_checksum(name, pres, dres, decode_kind), f"prefill: {pres} decode: {dres}"
         ok = pres["status"] == 4 and dres["status"] == 4 and dres["bytes"] == ""
         return ok, f"prefill: {pres} decode: {dres}"
     except Exception as e:
@@ -533,13 +663,21 @@ CASES = [
     # sources, each writing its KV head into every token row).
     ("tp2_kvbridge_decode_from_sglang_prefill__sglang_boot", "sglang", "sglang", "kvbridge", None, None),
     ("tp2_sglang_decode_from_kvbridge_prefill__kvbridge_boot", "kvbridge", "kvbridge", "sglang", None, None),
+    # --disaggregation-enable-kv-checksum (sglang_checksum.py): SGLang's
+    # kv_checksum aux moved like every aux buffer and checked by the decode,
+    # kvbridge's (integrity check, sglang_kv_checksum_aux) or SGLang's own
+    # scheduler code; _flip: a source byte changed after the digest, caught.
+    ("ck_kvbridge_decode_from_sglang_prefill__sglang_boot", "sglang", "sglang", "kvbridge", None, None),
+    ("ck_sglang_decode_from_kvbridge_prefill__kvbridge_boot", "kvbridge", "kvbridge", "sglang", None, None),
+    ("ck_flip_kvbridge_decode_from_sglang_prefill__sglang_boot", "sglang", "sglang", "kvbridge", None, None),
+    ("ck_flip_sglang_decode_from_kvbridge_prefill__kvbridge_boot", "kvbridge", "kvbridge", "sglang", None, None),
 ]
 
 # The seed-001 dialect: SGLang 0.5.2rc2 against kvbridge's defaults (its
 # decode falls back to the 2025 dialect on the old server's 400, its prefill's
 # union registration is what the old server reads). No abort cases: seed 001
 # has no abort message.
-CASES_OLD = [c for c in CASES if "abort" not in c[0] and not c[0].startswith(("mla_", "tp2_"))]
+CASES_OLD = [c for c in CASES if "abort" not in c[0] and not c[0].startswith(("mla_", "tp2_", "ck_"))]
 
 # Strict expected failures (as ctest's known_bug label): reported XFAIL while
 # they fail, and a failure of the suite (XPASS) once they pass, so that the

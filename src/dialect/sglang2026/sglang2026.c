@@ -5,6 +5,7 @@
  * kvbridge never stages). Status and AUX_DATA are seed 001's
  * (sglang2025/sglang.h), as are kvbridge's extension frames. */
 #include "dialect/sglang2026/sglang2026.h"
+#include "dialect/sglang2026/kv_checksum.h"
 #include "dialect/sglang2025/sglang.h"
 
 #include <stdio.h>
@@ -445,4 +446,6 @@ const kvb__dialect_t kvb__dialect_sglang2026 = {
     .decode_abort_ack = decode_abort_ack,
     .decode_aux = kvb__sglang_decode_aux,
     .send_aux = kvb__sglang_send_aux,
+    .check_manager = kvb__sgl26_check_manager,
+    .check_own_digest = kvb__sgl26_check_own_digest,
 };
