@@ -6,7 +6,8 @@ Driven by bench/nixl_side_by_side.sh (the venv, the plug-in folder, the
 copy yardstick's library, the lock); not part of `make check`.
 
     python nixl_bench.py run OUT.json [--ws MiB] [--sizes 32768,...] [--reps N]
-        [--rounds R] [--ops write,read] [--rows ucx:auto,kvbridge:auto,...]
+        [--rounds R] [--ops WRITE,READ] [--rows ucx:auto,kvbridge:auto,...]
+        [--poll spin|sleep]
     python nixl_bench.py table OUT.json          # markdown on stdout
 
 A row is one backend, one transport, one op, one block size, in a fresh
@@ -30,7 +31,10 @@ pair of processes (the initiator, a child of the driver, and its target):
                        ("NIXL_INIT_AGENT" and the remote agent), then per
                        transfer make_prepped_xfer(op, local, 0..n-1, remote,
                        perm) + transfer + check_xfer_state polled in a tight
-                       loop (as nixlbench does) + release_xfer_handle.
+                       loop (as nixlbench does; --poll sleep: 100 us apart,
+                       a caller that leaves the CPU to the backends' own
+                       threads, as vLLM's once-per-step check) +
+                       release_xfer_handle.
   cold                 the first transfer after registration and the
                        metadata exchange, prep_xfer_dlist of both sides
                        included (KVBRIDGE connects to the peer here; UCX at
@@ -72,11 +76,11 @@ import side_by_side as sbs  # noqa: E402 (the yardsticks)
 
 BACKEND = {"ucx": "UCX", "kvbridge": "KVBRIDGE"}
 POLL_BOUND_S = 120
+POLL_SLEEP_S = 0.0001  # --poll sleep: between check_xfer_state calls
 
 
 def pattern(n, seed):
-    i = np.arange(n, dtype=np.uint64)
-    return (((i * np.uint64(2654435761)) >> np.uint64(13)) + np.uint64(seed)).astype(np.uint8)
+    return np.frombuffer(np.random.default_rng(seed).bytes(n), np.uint8).copy()
 
 
 def make_agent(name, backend):
@@ -165,21 +169,23 @@ def expected_read(ws, bs, seed):
     return out
 
 
-def one_transfer(a, op, lh, rh, n, perm):
+def one_transfer(a, op, lh, rh, n, perm, poll):
     h = a.make_prepped_xfer(op, lh, list(range(n)), rh, perm)
     st = a.transfer(h)
     t_end = time.monotonic() + POLL_BOUND_S
     while st == "PROC" and time.monotonic() < t_end:
+        if poll == "sleep":
+            time.sleep(POLL_SLEEP_S)
         st = a.check_xfer_state(h)
     a.release_xfer_handle(h)
     if st != "DONE":
         raise RuntimeError(f"{op} ended {st}")
 
 
-def pair_main(backend, transport, op, ws, bs, reps):
+def pair_main(backend, transport, op, ws, bs, reps, poll):
     """One row: this process is the initiator; it starts the target."""
     row = {"backend": backend, "transport": transport, "op": op, "block": bs,
-           "bytes": ws // bs * bs, "descs": ws // bs}
+           "bytes": ws // bs * bs, "descs": ws // bs, "poll": poll}
     t0 = time.perf_counter()
     parent, childsock = socket.socketpair()
     p = subprocess.Popen([sys.executable, __file__, "target", str(childsock.fileno()), backend,
@@ -215,7 +221,7 @@ def pair_main(backend, transport, op, ws, bs, reps):
                                        "DRAM")
                 rh = a.prep_xfer_dlist(peer, [(hello["addr"] + i * bs, bs, 0)
                                               for i in range(n)], "DRAM")
-            one_transfer(a, op, lh, rh, n, perm)
+            one_transfer(a, op, lh, rh, n, perm, poll)
             times.append(time.perf_counter() - t1)
         if op == "WRITE":
             link.send(cmd="check", bs=bs, seed=3, stamp=reps)
@@ -223,6 +229,7 @@ def pair_main(backend, transport, op, ws, bs, reps):
         else:
             row["mismatched"] = int(np.count_nonzero(buf != expected_read(ws, bs, 5)))
         row["verified"] = row["mismatched"] == 0
+        row["total_s"] = time.perf_counter() - t0
         row["cold_s"] = times[0]
         row["cold_gbps"] = row["bytes"] / times[0] / 1e9
         row["times_s"] = times[1:]
@@ -254,8 +261,9 @@ def pair_env(backend, transport):
     return env
 
 
-def pair(backend, transport, op, ws, bs, reps, timeout=150):
-    cmd = [sys.executable, __file__, "pair", backend, transport, op, str(ws), str(bs), str(reps)]
+def pair(backend, transport, op, ws, bs, reps, poll, timeout=150):
+    cmd = [sys.executable, __file__, "pair", backend, transport, op, str(ws), str(bs), str(reps),
+           poll]
     base = {"backend": backend, "transport": transport, "op": op, "block": bs}
     try:
         p = subprocess.run(cmd, env=pair_env(backend, transport), capture_output=True, text=True,
@@ -269,9 +277,9 @@ def pair(backend, transport, op, ws, bs, reps, timeout=150):
         return {**base, "error": f"exit {p.returncode}: {' | '.join(tail[-3:])[:300]}"}
 
 
-def run(out, ws, sizes, reps, rounds, ops, rows_plan):
+def run(out, ws, sizes, reps, rounds, ops, rows_plan, poll):
     meta = {"ws": ws, "reps": reps, "rounds": rounds, "ops": ops, "sizes": sizes,
-            "plan": rows_plan, "cpus": os.cpu_count(),
+            "plan": rows_plan, "poll": poll, "cpus": os.cpu_count(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "load_start": os.getloadavg()}
     rows = []
@@ -296,7 +304,7 @@ def run(out, ws, sizes, reps, rounds, ops, rows_plan):
             for op in ops:
                 for bs in sizes:
                     for b in backends:
-                        keep(pair(b, tr, op, ws, bs, reps), rnd)
+                        keep(pair(b, tr, op, ws, bs, reps, poll), rnd)
     meta["load_end"] = os.getloadavg()
     meta["ended"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     with open(out, "w") as f:
@@ -319,7 +327,8 @@ def table(path):
     rows = d["rows"]
     la0, la1 = d["load_start"], d["load_end"]
     print(f"Run {d['started']} .. {d['ended']}: WS {d['ws'] >> 20} MiB per transfer, "
-          f"{d['reps']} steady transfers per row, {d['rounds']} rounds, {d['cpus']} CPUs; "
+          f"{d['reps']} steady transfers per row, {d['rounds']} rounds, {d['cpus']} CPUs, "
+          f"check_xfer_state polled {'in a tight loop' if d.get('poll', 'spin') == 'spin' else 'every 100 us'}; "
           f"load averages {la0[0]:.2f} {la0[1]:.2f} {la0[2]:.2f} at the start, "
           f"{la1[0]:.2f} {la1[1]:.2f} {la1[2]:.2f} at the end.\n")
 
@@ -384,8 +393,8 @@ def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "pair":
         out = os.fdopen(os.dup(1), "w")
         os.dup2(2, 1)
-        b, tr, op, ws, bs, reps = sys.argv[2:8]
-        row = pair_main(b, tr, op, int(ws), int(bs), int(reps))
+        b, tr, op, ws, bs, reps, poll = sys.argv[2:9]
+        row = pair_main(b, tr, op, int(ws), int(bs), int(reps), poll)
         print(json.dumps(row), file=out, flush=True)
         os._exit(0)  # the 1.5.1 wheel can crash at interpreter exit (docs/nixl.md)
     if len(sys.argv) >= 3 and sys.argv[1] == "table":
@@ -405,8 +414,11 @@ def main():
     for b, tr in plan:
         if b not in BACKEND or tr not in ("auto", "tcp"):
             sys.exit(f"nixl_bench: bad row {b}:{tr}")
+    poll = opt("--poll", "spin")
+    if poll not in ("spin", "sleep"):
+        sys.exit(f"nixl_bench: bad --poll {poll}")
     run(sys.argv[2], ws, sizes, int(opt("--reps", "5")), int(opt("--rounds", "3")),
-        opt("--ops", "WRITE,READ").split(","), plan)
+        opt("--ops", "WRITE,READ").split(","), plan, poll)
 
 
 if __name__ == "__main__":
