@@ -25,11 +25,12 @@ VENV=$BUILD/nixl-venv
 PLUG=$BUILD/nixl-plugins
 OUT=${NB_OUT:-$ROOT/bench/results/nixl.json}
 LOCK=${NB_LOCK:-/work/bench.lock}
-[ -x "$VENV/bin/python" ] && [ -e "$PLUG/libplugin_KVBRIDGE.so" ] && [ -e "$PLUG/libplugin_UCX.so" ] || {
+if [ ! -x "$VENV/bin/python" ] || [ ! -e "$PLUG/libplugin_KVBRIDGE.so" ] ||
+    [ ! -e "$PLUG/libplugin_UCX.so" ]; then
     echo "nixl_side_by_side: no $VENV or $PLUG with libplugin_KVBRIDGE.so and libplugin_UCX.so:" \
         "run scripts/interop-nixl.sh $BUILD first (docs/nixl.md)" >&2
     exit 2
-}
+fi
 # the plug-in must be this build's (interop-nixl.sh links it into the folder)
 cmake --build "$BUILD" -j"${JOBS:-2}" --target kvbridge_nixl >/dev/null
 CC=${CC:-cc}
