@@ -13,8 +13,10 @@
 #   NIXL_SRC=/path/nixl ABSL_SRC=/path/abseil-cpp scripts/interop-nixl.sh build params
 # Then:
 #   bench/nixl_side_by_side.sh [BUILD_DIR] [nixl_bench.py run options]
-# Writes NB_OUT (default bench/results/nixl.json) and prints the table
-# (bench/results/nixl.md quotes it). The timed part runs under
+# Writes NB_OUT (default bench/results/nixl.json) and NB_OUT's stem +
+# -engine-{write,read}.{json,txt} (kvbridge engine-bench --quick, auto and
+# tcp, run right after in the same lock: the engine without NIXL) and
+# prints both (bench/results/nixl.md quotes them). The timed part runs under
 # flock /work/bench.lock when that file's folder exists (NB_LOCK to change),
 # so it never overlaps another benchmark on a shared host.
 set -euo pipefail
@@ -54,11 +56,26 @@ os._exit(0 if sorted(a.backends) == ["KVBRIDGE", "UCX"] else 1)' >/dev/null 2>&1
 echo "== NIXL $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nixl-cu12"))')" \
     "(PyPI nixl-cu12), kvbridge $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src include compat || echo '+dirty'), $(nproc) CPUs"
 echo "== uptime before: $(uptime)"
-run=("$VENV/bin/python" "$ROOT/bench/nixl_bench.py" run "$OUT" "$@")
+# The timed part: the NIXL rows, then the engine alone in the same sitting
+# (kvbridge engine-bench: the same lanes without NIXL, Python or a polling
+# caller; it waits on the transfer), under one hold of the lock.
+ENG=${OUT%.json}-engine
+timed() {
+    "$VENV/bin/python" "$ROOT/bench/nixl_bench.py" run "$OUT" "$@" 2>"$BUILD/nixl-bench.log"
+    for op in write read; do
+        "$BUILD/kvbridge" engine-bench --quick --op $op --transport auto,tcp \
+            --sizes 32768,262144,4194304 --reps 3 --json "$ENG-$op.json" >"$ENG-$op.txt" 2>&1
+    done
+}
+export -f timed
+export VENV ROOT OUT BUILD ENG
 if [ -d "$(dirname "$LOCK")" ]; then
-    flock "$LOCK" "${run[@]}" 2>"$BUILD/nixl-bench.log"
+    flock "$LOCK" bash -c 'timed "$@"' _ "$@"
 else
-    "${run[@]}" 2>"$BUILD/nixl-bench.log"
+    timed "$@"
 fi
 echo "== uptime after: $(uptime)"
 "$VENV/bin/python" "$ROOT/bench/nixl_bench.py" table "$OUT"
+echo
+echo "kvbridge's engine alone, same sitting ($ENG-{write,read}.{txt,json}):"
+cat "$ENG-write.txt" "$ENG-read.txt"
