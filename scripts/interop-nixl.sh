@@ -11,7 +11,8 @@
 #     --no-deps: nixl-cu12 declares torch, which host memory does not need).
 #  3. The plug-in built into BUILD (cmake -DKVB_NIXL=ON) and a plug-in
 #     folder BUILD/nixl-plugins holding it and links to the wheel's own
-#     plug-ins (NIXL_PLUGIN_DIR replaces NIXL's default folder).
+#     plug-ins (NIXL_PLUGIN_DIR replaces NIXL's default folder), with the
+#     wheel's bundled-library folder on LD_LIBRARY_PATH (below).
 #  4. It must load (NIXL logs a refused plug-in only at INFO), then the
 #     cases: tests/interop/nixl_pair.py (params write_read notif local
 #     socket_md bounds kill release; two processes each, except params,
@@ -70,6 +71,11 @@ mkdir -p "$PLUG"
 for p in "$LIBS"/plugins/libplugin_*.so; do ln -s "$p" "$PLUG/"; done
 ln -sf "$BUILD/libplugin_KVBRIDGE.so" "$PLUG/libplugin_KVBRIDGE.so"
 export NIXL_PLUGIN_DIR=$PLUG
+# The wheel's plug-ins find their bundled libraries (libucp-<hash>.so ...) by
+# an $ORIGIN-relative RPATH, which a link in another folder breaks: without
+# this NIXL refuses "UCX" from $PLUG (NIXL_ERR_NOT_FOUND, logged at INFO).
+LD_LIBRARY_PATH=$(dirname "$LIBS")/nixl_cu12.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH
 export PYTHONPATH=$ROOT/tests/interop
 
 # 4. it loads, then the cases
@@ -80,8 +86,13 @@ from nixl._api import nixl_agent, nixl_agent_config
 a = nixl_agent("probe", nixl_agent_config(backends=[]))
 plugins = a.get_plugin_list()
 print("plug-ins:", plugins, "| KVBRIDGE params:", a.get_plugin_params("KVBRIDGE"))
+try:  # NIXL lists a plug-in by its file name; UCX beside ours must also load
+    a.create_backend("UCX")
+except Exception:
+    os._exit(2)
 os._exit(0 if "KVBRIDGE" in plugins else 1)' 2>/dev/null ||
-    { echo "interop-nixl: NIXL does not list KVBRIDGE from $PLUG" >&2; exit 1; }
+    { echo "interop-nixl: NIXL does not list KVBRIDGE, or cannot create UCX, from $PLUG" >&2
+        exit 1; }
 OUT=$BUILD/interop-nixl
 rm -rf "$OUT"
 mkdir -p "$OUT"
