@@ -362,7 +362,9 @@ KVB_API kvb_status_t kvb_engine_write_async(kvb_engine_h engine, const char *ses
                                             const kvb_block_t *blocks, size_t count,
                                             kvb_xfer_h *xfer_p);
 
-/* KVB_ERR_INPROGRESS while running; then KVB_OK or the final error. */
+/* KVB_ERR_INPROGRESS while running (the calling thread then yields the CPU
+ * once, so a caller spinning on it leaves the engine's threads room:
+ * KVBRIDGE_POLL_YIELD=0 turns that off); then KVB_OK or the final error. */
 KVB_API kvb_status_t kvb_xfer_test(kvb_xfer_h xfer);
 
 /* Wait up to timeout_s (<= 0: no bound) for the end; returns the final status
@@ -707,7 +709,8 @@ KVB_API kvb_status_t kvb_engine_notify(kvb_engine_h engine, const char *session_
                                        size_t len, double timeout_s);
 
 /* Take up to max queued notifications, oldest first, into notifs[0..*n_p)
- * (*n_p 0: none queued). Never blocks. Each entry is the caller's:
+ * (*n_p 0: none queued; the thread then yields the CPU once, as
+ * kvb_xfer_test). Never blocks. Each entry is the caller's:
  * kvb_notifs_free. KVB_ERR_INVALID for NULL arguments. Thread-safe. */
 KVB_API kvb_status_t kvb_engine_get_notifs(kvb_engine_h engine, kvb_notif_t *notifs, size_t max,
                                            size_t *n_p);

@@ -555,6 +555,7 @@ static kvb_engine_h engine_alloc(const kvb_engine_params_t *params)
      * (docs/security.md) well below the usual descriptor limit. */
     eng->max_notify = (size_t)kvb__env_int("KVBRIDGE_MAX_CONTROL_CONNS", NULL, 1024, 1, 1000000);
     eng->max_sessions = (size_t)kvb__env_int("KVBRIDGE_MAX_SESSIONS", NULL, 4096, 1, 10000000);
+    eng->poll_yield = kvb__env_int("KVBRIDGE_POLL_YIELD", NULL, 1, 0, 1) != 0;
     kvb__err_init(&eng->err);
     pthread_mutex_init(&eng->seg_mu, NULL);
     kvb__cond_init_mono(&eng->seg_cv);

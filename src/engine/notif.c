@@ -282,6 +282,8 @@ kvb_status_t kvb_engine_get_notifs(kvb_engine_h eng, kvb_notif_t *notifs, size_t
             .sender = e->data, .msg = (const uint8_t *)e->data + e->name_len + 1, .len = e->len};
     }
     pthread_mutex_unlock(&q->mu);
+    if (n == 0 && max > 0)
+        kvb__poll_idle(eng);
     *n_p = n;
     return KVB_OK;
 }

@@ -436,8 +436,12 @@ kvb_status_t kvb_engine_write_group_async(kvb_engine_h eng, const kvb_write_memb
 
 kvb_status_t kvb_xfer_test(kvb_xfer_h x)
 {
-    return x == NULL ? KVB_ERR_INVALID
-                     : (kvb_status_t)__atomic_load_n(&x->status, __ATOMIC_ACQUIRE);
+    if (x == NULL)
+        return KVB_ERR_INVALID;
+    kvb_status_t st = (kvb_status_t)__atomic_load_n(&x->status, __ATOMIC_ACQUIRE);
+    if (st == KVB_ERR_INPROGRESS)
+        kvb__poll_idle(x->eng);
+    return st;
 }
 
 kvb_status_t kvb_xfer_wait(kvb_xfer_h x, double timeout_s)
