@@ -44,6 +44,13 @@ void kvb__integ_free(kvb__integ_t *a);
  * KVB_ERR_NOMEM. */
 kvb_status_t kvb__integ_add_blocks(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
                                    const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len);
+/* The same with the items' hashes computed elsewhere: h[nh], one per item
+ * in block, row, item order, empty blocks skipped (kvb_xfer_digests: the
+ * direct lane's copy threads hashed each source item as they copied it).
+ * A count that does not match the blocks marks a uncovered. KVB_ERR_NOMEM. */
+kvb_status_t kvb__integ_add_hashes(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
+                                   const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len,
+                                   const uint64_t *h, size_t nh);
 /* Add from into into (the same n_buf), pages merged by page. KVB_ERR_NOMEM. */
 kvb_status_t kvb__integ_merge(kvb__integ_t *into, const kvb__integ_t *from);
 /* The extension's value (caller frees *buf_p). KVB_ERR_NOMEM. */

@@ -18,6 +18,9 @@
  *   status. check: Failed naming buffer 0 and that page; off: Success with
  *   the page holding the other room's bytes.
  *
+ * On the direct lane with check the prefill's pages are hashed by its copy
+ * threads as they copy them (every page of every room; none elsewhere).
+ *
  * Single process: a bootstrap server, one prefill and one decode rank. */
 #include "engine/engine_int.h"
 #include "harness/kvb_cluster.h"
@@ -159,10 +162,19 @@ static void run(const char *lane, int check)
     uint64_t room = check ? 1000 : 2000;
     for (int f = 0; f < 3; f++) {
         counts_t c0 = counts(&pr);
+        unsigned items0 = KVB__HOOK(digest_items);
         int failed = 0;
         for (int k = 0; k < ROOMS; k++)
             failed += one_room(&pr, lane, faults[f], check, room++, k) == KVB_POLL_FAILED;
         counts_t c1 = counts(&pr);
+        /* who hashed the prefill's pages: on the direct lane its copy
+         * threads, each page as they copied it (the stale writer asks for
+         * none); elsewhere the prefill's worker */
+        unsigned items = KVB__HOOK(digest_items) - items0;
+        bool in_copy = check && strcmp(lane, "direct") == 0;
+        fprintf(stderr, "integrity[%s] %s check=%d: %u pages hashed in the copy\n", lane, faults[f],
+                check, items);
+        CHECK_EQ(items, in_copy ? (unsigned)(ROOMS * NP * pr.dec.n_kv) : 0u);
         /* the lane the rooms took */
         CHECK_EQ(kvb_engine_session_direct(pr.pre.eng, kvb_engine_session_id(pr.dec.eng)),
                  strcmp(lane, "direct") == 0);
