@@ -404,8 +404,9 @@ struct kvb_manager {
 
     /* decode */
     kvb__addr_t *addrs;
-    int hb_started;          /* the heartbeat thread runs (join it on stop) */
-    uint64_t abort_gen_last; /* generations of our 2026 ABORTs (mu): 1, 2, ... */
+    int hb_started;                  /* the heartbeat thread runs (join it on stop) */
+    uint64_t abort_gen_last;         /* generations of our 2026 ABORTs (mu): 1, 2, ... */
+    struct kvb__icheck_pool *icheck; /* integrity on: the check workers (icheck.c), or NULL */
 };
 
 struct kvb_sender {
@@ -552,6 +553,24 @@ kvb_status_t kvb__decode_start(struct kvb_manager *m);
 void kvb__decode_stop(struct kvb_manager *m);
 void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
 void kvb__decode_free(struct kvb_manager *m);
+/* icheck.c: the decode's integrity checks off the control thread, on
+ * KVBRIDGE_INTEGRITY_THREADS workers (default 2; 0: none), at most
+ * KVBRIDGE_INTEGRITY_QUEUE rooms waiting (default 64), so one room's
+ * recomputation does not hold the statuses of the others. Start: at the
+ * decode's start with integrity on (KVB_ERR_IO: no thread). Submit: the
+ * control thread; false (none started, or the queue full: the caller checks
+ * it itself, which paces the statuses) leaves a and tl with the caller;
+ * true takes a and a reference of tl. Stop: after the control thread's
+ * end; joins the workers, drops the rooms still waiting (their manager is
+ * going: nothing reports them). */
+/* The check (decode.c): recompute room's digest a over our pages, then
+ * report the room Success or fail it naming the buffer and page, unless it
+ * ended meanwhile. No lock held; frees a; tl borrowed (or NULL). */
+typedef void (*kvb__icheck_fn)(struct kvb_manager *m, uint64_t room, kvb__integ_t *a,
+                               kvb__tl_t *tl);
+kvb_status_t kvb__icheck_start(struct kvb_manager *m, kvb__icheck_fn finish);
+bool kvb__icheck_submit(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, kvb__tl_t *tl);
+void kvb__icheck_stop(struct kvb_manager *m);
 
 /* rooms.c */
 /* m->mu held: a room's poll answer may have changed (status, or a source's

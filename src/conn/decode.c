@@ -1028,9 +1028,10 @@ static kvb__integ_t *integ_take(struct kvb_manager *m, kvb__room_t *r)
 }
 
 /* Recompute a's digest over our pages (no lock: it reads the room's pages
- * once, the control thread's time, docs/integrity.md "Cost"), then report
- * the room Success, or fail it naming the buffer and page, unless it ended
- * meanwhile (aborted, timed out). Frees a. */
+ * once, on a check worker, icheck.c, or the control thread when there is
+ * none; docs/integrity.md "Cost"), then report the room Success, or fail it
+ * naming the buffer and page, unless it ended meanwhile (aborted, timed
+ * out). Frees a. */
 static void integ_finish(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, kvb__tl_t *tl)
 {
     char why[320];
@@ -1097,7 +1098,7 @@ static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
         send_aborts(m, s->room, gen, todo, n_todo, tl);
-    if (verify != NULL)
+    if (verify != NULL && !kvb__icheck_submit(m, s->room, verify, tl))
         integ_finish(m, s->room, verify, tl);
     kvb__tl_put(tl);
 }
@@ -1303,6 +1304,8 @@ kvb_status_t kvb__decode_start(struct kvb_manager *m)
 {
     m->fence_wait_s = kvb__env_double("KVBRIDGE_FENCE_WAIT", NULL, 1, 0, 60);
     m->abort_ack_timeout_s = kvb__env_double("KVBRIDGE_ABORT_ACK_TIMEOUT", NULL, 30, 0.01, 1e9);
+    if (kvb__icheck_start(m, integ_finish) != KVB_OK)
+        return KVB_ERR_IO;
     if (pthread_create(&m->hb_thr, NULL, heartbeat_main, m) != 0)
         return KVB_ERR_IO;
     m->hb_started = 1;
@@ -1314,6 +1317,7 @@ void kvb__decode_stop(struct kvb_manager *m)
     if (m->hb_started)
         pthread_join(m->hb_thr, NULL);
     m->hb_started = 0;
+    kvb__icheck_stop(m); /* the control thread, which feeds it, has ended */
 }
 
 void kvb__decode_free(struct kvb_manager *m)
