@@ -571,6 +571,9 @@ typedef void (*kvb__icheck_fn)(struct kvb_manager *m, uint64_t room, kvb__integ_
 kvb_status_t kvb__icheck_start(struct kvb_manager *m, kvb__icheck_fn finish);
 bool kvb__icheck_submit(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, kvb__tl_t *tl);
 void kvb__icheck_stop(struct kvb_manager *m);
+/* Tests only (0 in production; atomic): the next integrity check holds this
+ * long before it recomputes, a slow check (tests/integration/integrity). */
+extern int kvb__icheck_stall_ms;
 
 /* rooms.c */
 /* m->mu held: a room's poll answer may have changed (status, or a source's

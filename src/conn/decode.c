@@ -1038,6 +1038,9 @@ static void integ_finish(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, 
     kvb__src_t *todo = NULL;
     size_t n_todo = 0;
     uint64_t gen = 0;
+    int stall_ms = __atomic_exchange_n(&kvb__icheck_stall_ms, 0, __ATOMIC_RELAXED);
+    if (stall_ms > 0) /* tests only: a slow check (a large room) */
+        usleep((useconds_t)stall_ms * 1000);
     bool good = kvb__integ_check(a, m->kv_ptrs, m->args.kv_item_len, why, sizeof(why));
     kvb__integ_free(a);
     free(a);

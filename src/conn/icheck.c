@@ -9,6 +9,8 @@
 
 #include <stdlib.h>
 
+int kvb__icheck_stall_ms;
+
 #define THREADS_DEFAULT 2
 #define QUEUE_DEFAULT 64
 
