@@ -1027,23 +1027,15 @@ static kvb__integ_t *integ_take(struct kvb_manager *m, kvb__room_t *r)
     return a;
 }
 
-/* Recompute a's digest over our pages (no lock: it reads the room's pages
- * once, on a check worker, icheck.c, or the control thread when there is
- * none; docs/integrity.md "Cost"), then report the room Success, or fail it
- * naming the buffer and page, unless it ended meanwhile (aborted, timed
- * out). Frees a. */
-static void integ_finish(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, kvb__tl_t *tl)
+/* A room's check ended (no lock held; a check worker, icheck.c, or the
+ * control thread): report the room Success, or fail it naming the buffer
+ * and page, unless it ended meanwhile (aborted, timed out). */
+static void integ_report(struct kvb_manager *m, uint64_t room, bool good, const char *why,
+                         kvb__tl_t *tl)
 {
-    char why[320];
     kvb__src_t *todo = NULL;
     size_t n_todo = 0;
     uint64_t gen = 0;
-    int stall_ms = __atomic_exchange_n(&kvb__icheck_stall_ms, 0, __ATOMIC_RELAXED);
-    if (stall_ms > 0) /* tests only: a slow check (a large room) */
-        usleep((useconds_t)stall_ms * 1000);
-    bool good = kvb__integ_check(a, m->kv_ptrs, m->args.kv_item_len, why, sizeof(why));
-    kvb__integ_free(a);
-    free(a);
     __atomic_add_fetch(&m->integ_checked, 1, __ATOMIC_RELAXED);
     if (!good) {
         __atomic_add_fetch(&m->integ_mismatches, 1, __ATOMIC_RELAXED);
@@ -1062,6 +1054,19 @@ static void integ_finish(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, 
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
         send_aborts(m, room, gen, todo, n_todo, tl);
+}
+
+/* No check worker took the room (none, or their queue is full): recompute
+ * a's digest over our pages here, on the control thread, no lock (it reads
+ * the room's pages once, docs/integrity.md "Cost"), then report. Frees a. */
+static void integ_finish(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, kvb__tl_t *tl)
+{
+    char why[320];
+    kvb__icheck_test_stall();
+    bool good = kvb__integ_check(a, m->kv_ptrs, m->args.kv_item_len, why, sizeof(why));
+    kvb__integ_free(a);
+    free(a);
+    integ_report(m, room, good, why, tl);
 }
 
 /* A terminal status of any dialect, decoded: record it as that source's
@@ -1307,7 +1312,7 @@ kvb_status_t kvb__decode_start(struct kvb_manager *m)
 {
     m->fence_wait_s = kvb__env_double("KVBRIDGE_FENCE_WAIT", NULL, 1, 0, 60);
     m->abort_ack_timeout_s = kvb__env_double("KVBRIDGE_ABORT_ACK_TIMEOUT", NULL, 30, 0.01, 1e9);
-    if (kvb__icheck_start(m, integ_finish) != KVB_OK)
+    if (kvb__icheck_start(m, integ_report) != KVB_OK)
         return KVB_ERR_IO;
     if (pthread_create(&m->hb_thr, NULL, heartbeat_main, m) != 0)
         return KVB_ERR_IO;

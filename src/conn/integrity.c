@@ -287,40 +287,77 @@ kvb_status_t kvb__integ_add_wire(kvb__integ_t *a, const uint8_t *v, size_t len, 
     return KVB_OK;
 }
 
+kvb_status_t kvb__integ_run_init(const kvb__integ_t *a, kvb__integ_run_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->bufs = calloc(a->n_buf ? a->n_buf : 1, sizeof(*r->bufs));
+    r->bs = calloc(a->n_buf ? a->n_buf : 1, sizeof(*r->bs));
+    r->ps = calloc(a->n_pages ? a->n_pages : 1, sizeof(*r->ps));
+    if (r->bufs == NULL || r->bs == NULL || r->ps == NULL) {
+        kvb__integ_run_free(r);
+        return KVB_ERR_NOMEM;
+    }
+    for (size_t b = 0; b < a->n_buf; b++)
+        if (a->buf_seen[b])
+            r->bufs[r->nb++] = b;
+    r->n_items = a->n_pages * r->nb;
+    return KVB_OK;
+}
+
+void kvb__integ_run_free(kvb__integ_run_t *r)
+{
+    free(r->bufs);
+    free(r->bs);
+    free(r->ps);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Items [from, to) in page-major order (item t: page t / nb, buffer
+ * bufs[t % nb]); the sums go in with atomic adds: two parts share the
+ * page at their boundary, and every buffer. */
+void kvb__integ_run_part(const kvb__integ_t *a, kvb__integ_run_t *r, const uint64_t *kv_ptrs,
+                         uint64_t item_len, size_t part, size_t n_parts)
+{
+    size_t from =
+        r->n_items / n_parts * part + (part < r->n_items % n_parts ? part : r->n_items % n_parts);
+    size_t to = from + r->n_items / n_parts + (part < r->n_items % n_parts);
+    for (size_t t = from; t < to; t++) {
+        size_t i = t / r->nb, b = r->bufs[t % r->nb];
+        uint64_t at = kv_ptrs[b] + a->pages[2 * i] * item_len;
+        uint64_t h = item_hash(at, at, item_len);
+        __atomic_add_fetch(&r->bs[b], h, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&r->ps[i], h, __ATOMIC_RELAXED);
+    }
+}
+
+bool kvb__integ_run_verdict(const kvb__integ_t *a, const kvb__integ_run_t *r, char *why, size_t wl)
+{
+    long long bad_page = -1, bad_buf = -1;
+    for (size_t i = 0; i < a->n_pages && bad_page < 0; i++)
+        if (r->ps[i] != a->pages[2 * i + 1])
+            bad_page = (long long)a->pages[2 * i];
+    for (size_t b = 0; b < a->n_buf && bad_buf < 0; b++)
+        if (a->buf_seen[b] && r->bs[b] != a->buf_sum[b])
+            bad_buf = (long long)b;
+    if (bad_page < 0 && bad_buf < 0)
+        return true;
+    snprintf(why, wl,
+             "KV integrity check failed: buffer %lld page %lld differs from what the prefill "
+             "sent (XXH3 digest over %zu pages; -1: that view matched)",
+             bad_buf, bad_page, a->n_pages);
+    return false;
+}
+
 bool kvb__integ_check(const kvb__integ_t *a, const uint64_t *kv_ptrs, uint64_t item_len, char *why,
                       size_t wl)
 {
-    uint64_t *bs = calloc(a->n_buf ? a->n_buf : 1, sizeof(*bs));
-    if (bs == NULL) {
+    kvb__integ_run_t r;
+    if (kvb__integ_run_init(a, &r) != KVB_OK) {
         snprintf(why, wl, "KV integrity: out of memory while checking");
         return false;
     }
-    bool ok = true;
-    long long bad_page = -1;
-    for (size_t i = 0; i < a->n_pages; i++) {
-        uint64_t page = a->pages[2 * i], sum = 0;
-        for (size_t b = 0; b < a->n_buf; b++) {
-            if (!a->buf_seen[b])
-                continue;
-            uint64_t at = kv_ptrs[b] + page * item_len;
-            uint64_t h = item_hash(at, at, item_len);
-            bs[b] += h;
-            sum += h;
-        }
-        if (sum != a->pages[2 * i + 1] && bad_page < 0)
-            bad_page = (long long)page;
-    }
-    long long bad_buf = -1;
-    for (size_t b = 0; b < a->n_buf && bad_buf < 0; b++)
-        if (a->buf_seen[b] && bs[b] != a->buf_sum[b])
-            bad_buf = (long long)b;
-    free(bs);
-    if (bad_page >= 0 || bad_buf >= 0) {
-        ok = false;
-        snprintf(why, wl,
-                 "KV integrity check failed: buffer %lld page %lld differs from what the prefill "
-                 "sent (XXH3 digest over %zu pages; -1: that view matched)",
-                 bad_buf, bad_page, a->n_pages);
-    }
+    kvb__integ_run_part(a, &r, kv_ptrs, item_len, 0, 1);
+    bool ok = kvb__integ_run_verdict(a, &r, why, wl);
+    kvb__integ_run_free(&r);
     return ok;
 }

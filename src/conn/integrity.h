@@ -65,4 +65,19 @@ kvb_status_t kvb__integ_add_wire(kvb__integ_t *a, const uint8_t *v, size_t len, 
 bool kvb__integ_check(const kvb__integ_t *a, const uint64_t *kv_ptrs, uint64_t item_len, char *why,
                       size_t wl);
 
+/* The same in parts, for several threads: init (KVB_ERR_NOMEM), then every
+ * part of n_parts once, each on any thread (they add into r atomically),
+ * then, after all of them, the verdict (kvb__integ_check's answer). a and r
+ * must not change meanwhile; the items are split evenly between parts. */
+typedef struct kvb__integ_run {
+    size_t *bufs, nb;  /* the buffers a names */
+    uint64_t *bs, *ps; /* recomputed sums per buffer (n_buf) and per page (a->n_pages) */
+    size_t n_items;    /* a->n_pages * nb */
+} kvb__integ_run_t;
+kvb_status_t kvb__integ_run_init(const kvb__integ_t *a, kvb__integ_run_t *r);
+void kvb__integ_run_part(const kvb__integ_t *a, kvb__integ_run_t *r, const uint64_t *kv_ptrs,
+                         uint64_t item_len, size_t part, size_t n_parts);
+bool kvb__integ_run_verdict(const kvb__integ_t *a, const kvb__integ_run_t *r, char *why, size_t wl);
+void kvb__integ_run_free(kvb__integ_run_t *r);
+
 #endif

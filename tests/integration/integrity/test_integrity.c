@@ -210,14 +210,23 @@ static void slow_check(kvbh_pair_t *pr, const char *lane, uint64_t room)
     }
 }
 
-static void run(const char *lane, int check)
+/* part: KVBRIDGE_INTEGRITY_PART for the decode's check workers (NULL: the
+ * default 1 MiB, a room here, 16 KiB, is one part; "4096": each room's
+ * check split in two parts, one per worker, the verdict from both) */
+static void run(const char *lane, int check, const char *part)
 {
     kvbh_pair_t pr;
     static const char *faults[] = {"clean", "flip", "stale"};
     setenv("KVBRIDGE_INTEGRITY", check ? "check" : "off", 1);
+    if (part != NULL)
+        setenv("KVBRIDGE_INTEGRITY_PART", part, 1);
+    else
+        unsetenv("KVBRIDGE_INTEGRITY_PART");
+    fprintf(stderr, "integrity[%s] check=%d, parts of %s bytes\n", lane, check,
+            part != NULL ? part : "1 Mi");
     int mem = strcmp(lane, "direct") == 0 ? KVBH_MEM_SHARED : KVBH_MEM_MALLOC;
     CHECK_EQ(kvbh_pair_start(&pr, &G, mem, NULL, NULL), KVB_OK);
-    uint64_t room = check ? 1000 : 2000;
+    uint64_t room = !check ? 2000 : part != NULL ? 3000 : 1000;
     for (int f = 0; f < 3; f++) {
         counts_t c0 = counts(&pr);
         unsigned items0 = KVB__HOOK(digest_items);
@@ -264,8 +273,9 @@ int main(int argc, char **argv)
         return fprintf(stderr, "usage: %s direct|shm|tcp\n", argv[0]), 2;
     if (strcmp(argv[1], "tcp") == 0)
         setenv("KVBRIDGE_TRANSPORT", "tcp", 1);
-    run(argv[1], 1);
-    run(argv[1], 0);
+    run(argv[1], 1, NULL);
+    run(argv[1], 1, "4096");
+    run(argv[1], 0, NULL);
     TEST_PASS("a byte flipped in flight and a page written twice by a stale writer fail the room "
               "with integrity check (naming buffer and page), pass unnoticed with it off; clean "
               "rooms all checked; a slow check holds no other room's Success");
