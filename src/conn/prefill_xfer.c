@@ -550,7 +550,6 @@ static void aux_submit(struct kvb_manager *m, job_t *j)
         snprintf(j->why, sizeof(j->why), "%s", kvb_engine_last_error(m->engine));
 }
 
-/* Issue the chunk's writes; a room failed or aborted meanwhile gets none. */
 /* job_integ: digest the source bytes of the job's KV blocks (integrity.h;
  * kept only if its writes succeed). Where its lane hashes them as it copies
  * them (the direct lane: the source is then in cache) they are added once
@@ -578,6 +577,7 @@ static void job_digest(struct kvb_manager *m, job_t *j)
     }
 }
 
+/* Issue the chunk's writes; a room failed or aborted meanwhile gets none. */
 static void work_submit(struct kvb_manager *m, work_t *w)
 {
     pthread_mutex_lock(&m->mu);
@@ -720,7 +720,6 @@ static void record_failures(struct kvb_manager *m, kvb__room_t *r, work_t *w)
     }
 }
 
-/* Wait the chunk's writes, settle the room, send the due statuses. */
 /* m->mu held: add each job's digest to its destination's in the room. */
 static void room_digest(kvb__room_t *r, const work_t *w)
 {
@@ -757,6 +756,7 @@ static void job_digest_in_copy(job_t *j)
     }
 }
 
+/* Wait the chunk's writes, settle the room, send the due statuses. */
 static void work_finish(struct kvb_manager *m, work_t *w)
 {
     for (size_t i = 0; !w->skip && i < w->n_jobs; i++) {
