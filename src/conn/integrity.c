@@ -313,8 +313,8 @@ void kvb__integ_run_free(kvb__integ_run_t *r)
 }
 
 /* Items [from, to) in page-major order (item t: page t / nb, buffer
- * bufs[t % nb]); the sums go in with atomic adds: two parts share the
- * page at their boundary, and every buffer. */
+ * bufs[t % nb]); with several parts the sums go in with atomic adds: two
+ * parts share the page at their boundary, and every buffer. */
 void kvb__integ_run_part(const kvb__integ_t *a, kvb__integ_run_t *r, const uint64_t *kv_ptrs,
                          uint64_t item_len, size_t part, size_t n_parts)
 {
@@ -325,8 +325,13 @@ void kvb__integ_run_part(const kvb__integ_t *a, kvb__integ_run_t *r, const uint6
         size_t i = t / r->nb, b = r->bufs[t % r->nb];
         uint64_t at = kv_ptrs[b] + a->pages[2 * i] * item_len;
         uint64_t h = item_hash(at, at, item_len);
-        __atomic_add_fetch(&r->bs[b], h, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&r->ps[i], h, __ATOMIC_RELAXED);
+        if (n_parts == 1) { /* alone: no other part adds */
+            r->bs[b] += h;
+            r->ps[i] += h;
+        } else {
+            __atomic_add_fetch(&r->bs[b], h, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&r->ps[i], h, __ATOMIC_RELAXED);
+        }
     }
 }
 
