@@ -1,16 +1,60 @@
 #!/bin/bash
-# A/B alternating: off, check, off, check, ... (memory bandwidth on this VM varies 2x)
-B=${1:-build}/kvbridge
-for i in 1 2 3; do
-  for m in off check; do
-    echo "== steady auto rep $i $m"
-    $B bench --requests 32 --concurrency 4 --no-progress --integrity $m 2>&1 | grep -E "throughput|latency ms|integrity|result"
-    echo "== 1page auto rep $i $m"
-    $B bench --requests 200 --concurrency 1 --prompt-len 16 --no-progress --integrity $m 2>&1 | grep -E "throughput|latency ms|integrity|result"
-    echo "== steady tcp rep $i $m"
-    $B bench --requests 16 --concurrency 4 --transport tcp --no-progress --integrity $m 2>&1 | grep -E "throughput|latency ms|integrity|result"
-    echo "== 1page tcp rep $i $m"
-    $B bench --requests 200 --concurrency 1 --prompt-len 16 --transport tcp --no-progress --integrity $m 2>&1 | grep -E "throughput|latency ms|integrity|result"
-  done
+# What KVBRIDGE_INTEGRITY=check costs, A/B alternating (memory bandwidth on
+# the 2-vCPU VM varies 2x between minutes, so every variant runs in every
+# round, in the same order).
+#
+#   bench/results/integrity-ab.sh NEW [OLD] [LANES] [REPS]
+#
+# NEW, OLD: build folders (OLD: a build of the commit to compare against,
+# e.g. `git archive 886e408 | tar -x -C /tmp/old` built with
+# `cmake --build build --target kvbridge_cli`; "-" or absent: none).
+# LANES: "direct tcp" (default), or one of them. REPS: rounds (default 3).
+# Per round and lane, in this order: steady (256 MiB requests) then 1 page,
+# each for OLD off, OLD check, NEW off, NEW check, and (steady only) NEW
+# check with KVBRIDGE_INTEGRITY_THREADS=0 (the decode's check on its control
+# thread, as before the check workers). One round of one lane takes about
+# 2 minutes here: run each under `flock /work/bench.lock` on a shared
+# machine, e.g. the 2026-12-06 set:
+#   for i in 1 2 3; do for l in direct tcp; do
+#     uptime; flock /work/bench.lock bench/results/integrity-ab.sh build /tmp/old/build $l 1
+#   done; done
+NEW=${1:-build}
+OLD=${2:--}
+LANES=${3:-direct tcp}
+REPS=${4:-3}
+FILTER="throughput|latency ms|integrity|result"
+
+one() { # label binary-dir env-threads args...
+    local label=$1 dir=$2 thr=$3
+    shift 3
+    echo "== $label"
+    if [ -n "$thr" ]; then
+        KVBRIDGE_INTEGRITY_THREADS=$thr "$dir/kvbridge" bench "$@" --no-progress 2>&1 | grep -E "$FILTER"
+    else
+        "$dir/kvbridge" bench "$@" --no-progress 2>&1 | grep -E "$FILTER"
+    fi
+}
+
+variants() { # case-label extra-variants(0/1) args...
+    local c=$1 t0=$2
+    shift 2
+    for m in off check; do
+        [ "$OLD" != "-" ] && one "$c old $m" "$OLD" "" "$@" --integrity $m
+        one "$c new $m" "$NEW" "" "$@" --integrity $m
+    done
+    [ "$t0" = 1 ] && one "$c new check threads=0" "$NEW" 0 "$@" --integrity check
+}
+
+for i in $(seq 1 "$REPS"); do
+    for lane in $LANES; do
+        echo "#### rep $i lane $lane $(uptime)"
+        if [ "$lane" = tcp ]; then
+            variants "steady tcp" 1 --requests 16 --concurrency 4 --transport tcp
+            variants "1page tcp" 0 --requests 200 --concurrency 1 --prompt-len 16 --transport tcp
+        else
+            variants "steady direct" 1 --requests 32 --concurrency 4
+            variants "1page direct" 0 --requests 200 --concurrency 1 --prompt-len 16
+        fi
+    done
 done
 echo ALLDONE

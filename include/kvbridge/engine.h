@@ -387,6 +387,19 @@ KVB_API kvb_status_t kvb_xfer_cancel(kvb_xfer_h xfer);
  * and kvb_engine_write's time-out settle. */
 KVB_API kvb_status_t kvb_xfer_expire(kvb_xfer_h xfer);
 
+/* The item hashes a write made while copying (KVB_WRITE_PARAM_DIGEST): once
+ * it succeeded, *h_p (owned by xfer, valid until kvb_xfer_free) holds *n_p,
+ * one per digest_unit bytes of its blocks in block, row and unit order
+ * (empty blocks skipped), each XXH3-64 of the source bytes seeded with
+ * their destination address (docs/integrity.md's item hash). Only the direct
+ * lane makes them (host memory, every block a whole number of units); the
+ * copy thread hashes each unit right after copying it, while the source is
+ * in cache. KVB_ERR_INPROGRESS: running, and they will be made (known at
+ * once after the submitting call returned); KVB_ERR_UNSUPPORTED: not asked
+ * for or not made by its lane (hash the sources yourself); a failed write's
+ * status. h_p, n_p may be NULL. Thread-safe. */
+KVB_API kvb_status_t kvb_xfer_digests(kvb_xfer_h xfer, const uint64_t **h_p, size_t *n_p);
+
 /* Detailed reason of a failed transfer ("" while running or on success).
  * Valid until kvb_xfer_free. */
 KVB_API const char *kvb_xfer_error(kvb_xfer_h xfer);
@@ -505,7 +518,11 @@ KVB_API kvb_status_t kvb_engine_revoke_writer(kvb_engine_h engine, uint32_t tag,
 KVB_API void kvb_engine_set_writer_tag(kvb_engine_h engine, uint32_t tag);
 KVB_API void kvb_engine_fence_writer(kvb_engine_h engine, uint32_t tag, int fenced);
 
-enum { KVB_WRITE_PARAM_EPOCH = 1u << 0, KVB_WRITE_PARAM_NOTIF = 1u << 1 };
+enum {
+    KVB_WRITE_PARAM_EPOCH = 1u << 0,
+    KVB_WRITE_PARAM_NOTIF = 1u << 1,
+    KVB_WRITE_PARAM_DIGEST = 1u << 2 /* digest_unit: item hashes while copying (kvb_xfer_digests) */
+};
 
 typedef struct kvb_write_params {
     uint64_t field_mask; /* KVB_WRITE_PARAM_* */
@@ -515,6 +532,10 @@ typedef struct kvb_write_params {
      * KVB_NOTIF_MAX_LEN, else KVB_ERR_INVALID at the start), copied. */
     const void *notif;
     size_t notif_len;
+    /* KVB_WRITE_PARAM_DIGEST: hash every digest_unit bytes of each block as
+     * they are copied, where the lane copies them itself (kvb_xfer_digests).
+     * Read only with the flag set: callers built before it never set it. */
+    uint64_t digest_unit;
 } kvb_write_params_t;
 
 /* kvb_engine_write_async with parameters (NULL: the same as it). */

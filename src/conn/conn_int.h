@@ -411,8 +411,9 @@ struct kvb_manager {
 
     /* decode */
     kvb__addr_t *addrs;
-    int hb_started;          /* the heartbeat thread runs (join it on stop) */
-    uint64_t abort_gen_last; /* generations of our 2026 ABORTs (mu): 1, 2, ... */
+    int hb_started;                  /* the heartbeat thread runs (join it on stop) */
+    uint64_t abort_gen_last;         /* generations of our 2026 ABORTs (mu): 1, 2, ... */
+    struct kvb__icheck_pool *icheck; /* integrity on: the check workers (icheck.c), or NULL */
 };
 
 struct kvb_sender {
@@ -559,6 +560,31 @@ kvb_status_t kvb__decode_start(struct kvb_manager *m);
 void kvb__decode_stop(struct kvb_manager *m);
 void kvb__decode_on_message(struct kvb_manager *m, const kvb__frame_t *f, size_t n);
 void kvb__decode_free(struct kvb_manager *m);
+/* icheck.c: the decode's integrity checks off the control thread, on
+ * KVBRIDGE_INTEGRITY_THREADS workers (default 2; 0: none), at most
+ * KVBRIDGE_INTEGRITY_QUEUE rooms waiting (default 64), so one room's
+ * recomputation does not hold the statuses of the others; a room of more
+ * than KVBRIDGE_INTEGRITY_PART bytes (default 1 MiB) is split into parts the
+ * idle workers share (one per such size, at most one per worker), the last
+ * to end reports it. Start: at the decode's
+ * start with integrity on (KVB_ERR_IO: no thread); report: decode.c's,
+ * called once per room on the worker that ended it, no lock held (passed
+ * in: no call circle). Submit: the control thread; false (none started, the
+ * queue full, out of memory: the caller checks it itself, which paces the
+ * statuses) leaves a and tl with the caller; true takes a and a reference
+ * of tl. Stop: after the control thread's end; joins the workers (a room
+ * whose parts are all claimed is reported), drops the rooms still waiting
+ * (their manager is going: nothing reports them). */
+typedef void (*kvb__icheck_fn)(struct kvb_manager *m, uint64_t room, bool good, const char *why,
+                               kvb__tl_t *tl);
+kvb_status_t kvb__icheck_start(struct kvb_manager *m, kvb__icheck_fn report);
+bool kvb__icheck_submit(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, kvb__tl_t *tl);
+void kvb__icheck_stop(struct kvb_manager *m);
+/* Tests only (kvb__icheck_stall_ms: 0 in production; atomic): the next
+ * integrity check holds this long before it recomputes, a slow check
+ * (tests/integration/integrity); kvb__icheck_test_stall takes it. */
+extern int kvb__icheck_stall_ms;
+void kvb__icheck_test_stall(void);
 
 /* rooms.c */
 /* m->mu held: a room's poll answer may have changed (status, or a source's

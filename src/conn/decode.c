@@ -1056,25 +1056,9 @@ static kvb__integ_t *integ_take(struct kvb_manager *m, kvb__room_t *r)
     return a;
 }
 
-static void integ_report(struct kvb_manager *m, uint64_t room, bool good, const char *why,
-                         kvb__tl_t *tl);
-
-/* Recompute a's digest over our pages (no lock: it reads the room's pages
- * once, the control thread's time, docs/integrity.md "Cost"), then report
- * the room Success, or fail it naming the buffer and page, unless it ended
- * meanwhile (aborted, timed out). Frees a. */
-static void integ_finish(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, kvb__tl_t *tl)
-{
-    char why[320];
-    bool good = kvb__integ_check(a, m->kv_ptrs, m->args.kv_item_len, why, sizeof(why));
-    kvb__integ_free(a);
-    free(a);
-    integ_report(m, room, good, why, tl);
-}
-
-/* A room's digest was recomputed (integ_finish, own_finish): count it, then
- * report the room Success or fail it with why, unless it ended meanwhile
- * (aborted, timed out). */
+/* A room's check ended (no lock held; a check worker, icheck.c, or the
+ * control thread): report the room Success, or fail it naming the buffer
+ * and page, unless it ended meanwhile (aborted, timed out). */
 static void integ_report(struct kvb_manager *m, uint64_t room, bool good, const char *why,
                          kvb__tl_t *tl)
 {
@@ -1099,6 +1083,19 @@ static void integ_report(struct kvb_manager *m, uint64_t room, bool good, const 
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
         send_aborts(m, room, gen, todo, n_todo, tl);
+}
+
+/* No check worker took the room (none, or their queue is full): recompute
+ * a's digest over our pages here, on the control thread, no lock (it reads
+ * the room's pages once, docs/integrity.md "Cost"), then report. Frees a. */
+static void integ_finish(struct kvb_manager *m, uint64_t room, kvb__integ_t *a, kvb__tl_t *tl)
+{
+    char why[320];
+    kvb__icheck_test_stall();
+    bool good = kvb__integ_check(a, m->kv_ptrs, m->args.kv_item_len, why, sizeof(why));
+    kvb__integ_free(a);
+    free(a);
+    integ_report(m, room, good, why, tl);
 }
 
 /* Integrity on, every source's Success in, m->mu held: no source sent a
@@ -1130,7 +1127,8 @@ static kvb__own_digest_in_t *own_take(struct kvb_manager *m, kvb__room_t *r,
 }
 
 /* Check the room's own digest (no lock: it reads the room's pages once), then
- * report it as integ_finish does; nothing to check: Success, unchecked. Frees in. */
+ * report it as integ_finish does (on the control thread: the check workers
+ * take kvbridge's digest only); nothing to check: Success, unchecked. Frees in. */
 static void own_finish(struct kvb_manager *m, const kvb__dialect_t *d, kvb__own_digest_in_t *in,
                        kvb__tl_t *tl)
 {
@@ -1193,7 +1191,7 @@ static void status_in(struct kvb_manager *m, const kvb__status_in_t *s)
     pthread_mutex_unlock(&m->mu);
     if (todo != NULL)
         send_aborts(m, s->room, gen, todo, n_todo, tl);
-    if (verify != NULL)
+    if (verify != NULL && !kvb__icheck_submit(m, s->room, verify, tl))
         integ_finish(m, s->room, verify, tl);
     if (own != NULL)
         own_finish(m, own_d, own, tl);
@@ -1401,6 +1399,8 @@ kvb_status_t kvb__decode_start(struct kvb_manager *m)
 {
     m->fence_wait_s = kvb__env_double("KVBRIDGE_FENCE_WAIT", NULL, 1, 0, 60);
     m->abort_ack_timeout_s = kvb__env_double("KVBRIDGE_ABORT_ACK_TIMEOUT", NULL, 30, 0.01, 1e9);
+    if (kvb__icheck_start(m, integ_report) != KVB_OK)
+        return KVB_ERR_IO;
     if (pthread_create(&m->hb_thr, NULL, heartbeat_main, m) != 0)
         return KVB_ERR_IO;
     m->hb_started = 1;
@@ -1412,6 +1412,7 @@ void kvb__decode_stop(struct kvb_manager *m)
     if (m->hb_started)
         pthread_join(m->hb_thr, NULL);
     m->hb_started = 0;
+    kvb__icheck_stop(m); /* the control thread, which feeds it, has ended */
 }
 
 void kvb__decode_free(struct kvb_manager *m)

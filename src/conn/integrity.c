@@ -1,19 +1,13 @@
-/* KV integrity digests (integrity.h, docs/integrity.md). XXH3 from
- * libxxhash: memory-bound, faster per core than memcpy. */
+/* KV integrity digests (integrity.h, docs/integrity.md). The item hash is
+ * core/hash.h's, shared with the direct lane's copy threads. */
 #include "conn/integrity.h"
 
 #include "core/core.h"
+#include "core/hash.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
-#if defined(__x86_64__)
-/* libxxhash's run-time dispatch (AVX2 where the CPU has it): twice the
- * SSE2 baseline Debian builds the library for, measured 10.7 against
- * 5.1 GB/s here. */
-#include <xxh_x86dispatch.h>
-#endif
 
 #define WIRE_VERSION 1u
 #define HDR_BYTES 16 /* u32 version, u32 buffers, u32 pages, u32 zero */
@@ -52,7 +46,7 @@ void kvb__integ_free(kvb__integ_t *a)
 
 static uint64_t item_hash(uint64_t src, uint64_t dst_addr, uint64_t len)
 {
-    return XXH3_64bits_withSeed((const void *)(uintptr_t)src, (size_t)len, dst_addr);
+    return kvb__item_hash((const void *)(uintptr_t)src, (size_t)len, dst_addr);
 }
 
 static kvb_status_t page_add(kvb__integ_t *a, uint64_t page, uint64_t h)
@@ -116,13 +110,25 @@ static void uncover(kvb__integ_t *a, const char *why)
     a->uncovered = 1;
 }
 
+/* The items' hashes: computed from the source bytes, or handed over in
+ * walk order (the engine's copy threads computed them: kvb_xfer_digests). */
+typedef struct hsrc {
+    const uint64_t *given; /* NULL: compute */
+    size_t n, next;
+} hsrc_t;
+
 /* One row of whole items (the planner coalesces a run of pages contiguous
  * on both sides into one row): each item hashed on its own. */
 static kvb_status_t add_row(kvb__integ_t *a, size_t buf, uint64_t src, uint64_t dst, uint64_t page,
-                            uint64_t len, uint64_t item_len)
+                            uint64_t len, uint64_t item_len, hsrc_t *hs)
 {
     for (uint64_t off = 0; off < len; off += item_len, page++) {
-        uint64_t h = item_hash(src + off, dst + off, item_len);
+        if (hs->given != NULL && hs->next == hs->n) {
+            uncover(a, "the engine's item hashes do not match the blocks: not covered");
+            return KVB_OK;
+        }
+        uint64_t h =
+            hs->given != NULL ? hs->given[hs->next++] : item_hash(src + off, dst + off, item_len);
         a->buf_sum[buf] += h;
         if (page_add(a, page, h) != KVB_OK)
             return KVB_ERR_NOMEM;
@@ -130,28 +136,47 @@ static kvb_status_t add_row(kvb__integ_t *a, size_t buf, uint64_t src, uint64_t 
     return KVB_OK;
 }
 
-kvb_status_t kvb__integ_add_blocks(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
-                                   const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len)
+/* Every item of b[n], in block, row, item order: its hash added to a. */
+static kvb_status_t add_walk(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
+                             const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len, hsrc_t *hs)
 {
     for (size_t i = 0; i < n && !a->uncovered; i++) {
         const kvb_strided_block_t *x = &b[i];
         size_t buf = 0;
-        if (item_len == 0 || x->len == 0 || x->len % item_len ||
-            (x->count > 1 && x->dst_stride % item_len) || n_dst > a->n_buf ||
-            !buffer_at(dst_ptrs, n_dst, x->dst, item_len, &buf)) {
+        if (x->len == 0)
+            continue; /* writes nothing (and the engine skips it: no item) */
+        if (item_len == 0 || x->len % item_len || (x->count > 1 && x->dst_stride % item_len) ||
+            n_dst > a->n_buf || !buffer_at(dst_ptrs, n_dst, x->dst, item_len, &buf)) {
             uncover(a, "a block writes part of a destination page (heterogeneous TP or page "
                        "size): not covered");
             break;
         }
         uint64_t page0 = (x->dst - dst_ptrs[buf]) / item_len, step = x->dst_stride / item_len;
         a->buf_seen[buf] = 1;
-        for (uint64_t k = 0; k < x->count; k++)
+        for (uint64_t k = 0; k < x->count && !a->uncovered; k++)
             if (add_row(a, buf, x->src + k * x->src_stride, x->dst + k * x->dst_stride,
-                        page0 + k * step, x->len, item_len) != KVB_OK)
+                        page0 + k * step, x->len, item_len, hs) != KVB_OK)
                 return KVB_ERR_NOMEM;
     }
+    if (hs->given != NULL && hs->next != hs->n)
+        uncover(a, "the engine's item hashes do not match the blocks: not covered");
     pages_compact(a);
     return KVB_OK;
+}
+
+kvb_status_t kvb__integ_add_blocks(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
+                                   const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len)
+{
+    hsrc_t hs = {NULL, 0, 0};
+    return add_walk(a, b, n, dst_ptrs, n_dst, item_len, &hs);
+}
+
+kvb_status_t kvb__integ_add_hashes(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
+                                   const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len,
+                                   const uint64_t *h, size_t nh)
+{
+    hsrc_t hs = {h, nh, 0};
+    return add_walk(a, b, n, dst_ptrs, n_dst, item_len, &hs);
 }
 
 kvb_status_t kvb__integ_merge(kvb__integ_t *into, const kvb__integ_t *from)
@@ -262,40 +287,82 @@ kvb_status_t kvb__integ_add_wire(kvb__integ_t *a, const uint8_t *v, size_t len, 
     return KVB_OK;
 }
 
+kvb_status_t kvb__integ_run_init(const kvb__integ_t *a, kvb__integ_run_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->bufs = calloc(a->n_buf ? a->n_buf : 1, sizeof(*r->bufs));
+    r->bs = calloc(a->n_buf ? a->n_buf : 1, sizeof(*r->bs));
+    r->ps = calloc(a->n_pages ? a->n_pages : 1, sizeof(*r->ps));
+    if (r->bufs == NULL || r->bs == NULL || r->ps == NULL) {
+        kvb__integ_run_free(r);
+        return KVB_ERR_NOMEM;
+    }
+    for (size_t b = 0; b < a->n_buf; b++)
+        if (a->buf_seen[b])
+            r->bufs[r->nb++] = b;
+    r->n_items = a->n_pages * r->nb;
+    return KVB_OK;
+}
+
+void kvb__integ_run_free(kvb__integ_run_t *r)
+{
+    free(r->bufs);
+    free(r->bs);
+    free(r->ps);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Items [from, to) in page-major order (item t: page t / nb, buffer
+ * bufs[t % nb]); with several parts the sums go in with atomic adds: two
+ * parts share the page at their boundary, and every buffer. */
+void kvb__integ_run_part(const kvb__integ_t *a, kvb__integ_run_t *r, const uint64_t *kv_ptrs,
+                         uint64_t item_len, size_t part, size_t n_parts)
+{
+    size_t from =
+        r->n_items / n_parts * part + (part < r->n_items % n_parts ? part : r->n_items % n_parts);
+    size_t to = from + r->n_items / n_parts + (part < r->n_items % n_parts);
+    for (size_t t = from; t < to; t++) {
+        size_t i = t / r->nb, b = r->bufs[t % r->nb];
+        uint64_t at = kv_ptrs[b] + a->pages[2 * i] * item_len;
+        uint64_t h = item_hash(at, at, item_len);
+        if (n_parts == 1) { /* alone: no other part adds */
+            r->bs[b] += h;
+            r->ps[i] += h;
+        } else {
+            __atomic_add_fetch(&r->bs[b], h, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&r->ps[i], h, __ATOMIC_RELAXED);
+        }
+    }
+}
+
+bool kvb__integ_run_verdict(const kvb__integ_t *a, const kvb__integ_run_t *r, char *why, size_t wl)
+{
+    long long bad_page = -1, bad_buf = -1;
+    for (size_t i = 0; i < a->n_pages && bad_page < 0; i++)
+        if (r->ps[i] != a->pages[2 * i + 1])
+            bad_page = (long long)a->pages[2 * i];
+    for (size_t b = 0; b < a->n_buf && bad_buf < 0; b++)
+        if (a->buf_seen[b] && r->bs[b] != a->buf_sum[b])
+            bad_buf = (long long)b;
+    if (bad_page < 0 && bad_buf < 0)
+        return true;
+    snprintf(why, wl,
+             "KV integrity check failed: buffer %lld page %lld differs from what the prefill "
+             "sent (XXH3 digest over %zu pages; -1: that view matched)",
+             bad_buf, bad_page, a->n_pages);
+    return false;
+}
+
 bool kvb__integ_check(const kvb__integ_t *a, const uint64_t *kv_ptrs, uint64_t item_len, char *why,
                       size_t wl)
 {
-    uint64_t *bs = calloc(a->n_buf ? a->n_buf : 1, sizeof(*bs));
-    if (bs == NULL) {
+    kvb__integ_run_t r;
+    if (kvb__integ_run_init(a, &r) != KVB_OK) {
         snprintf(why, wl, "KV integrity: out of memory while checking");
         return false;
     }
-    bool ok = true;
-    long long bad_page = -1;
-    for (size_t i = 0; i < a->n_pages; i++) {
-        uint64_t page = a->pages[2 * i], sum = 0;
-        for (size_t b = 0; b < a->n_buf; b++) {
-            if (!a->buf_seen[b])
-                continue;
-            uint64_t at = kv_ptrs[b] + page * item_len;
-            uint64_t h = item_hash(at, at, item_len);
-            bs[b] += h;
-            sum += h;
-        }
-        if (sum != a->pages[2 * i + 1] && bad_page < 0)
-            bad_page = (long long)page;
-    }
-    long long bad_buf = -1;
-    for (size_t b = 0; b < a->n_buf && bad_buf < 0; b++)
-        if (a->buf_seen[b] && bs[b] != a->buf_sum[b])
-            bad_buf = (long long)b;
-    free(bs);
-    if (bad_page >= 0 || bad_buf >= 0) {
-        ok = false;
-        snprintf(why, wl,
-                 "KV integrity check failed: buffer %lld page %lld differs from what the prefill "
-                 "sent (XXH3 digest over %zu pages; -1: that view matched)",
-                 bad_buf, bad_page, a->n_pages);
-    }
+    kvb__integ_run_part(a, &r, kv_ptrs, item_len, 0, 1);
+    bool ok = kvb__integ_run_verdict(a, &r, why, wl);
+    kvb__integ_run_free(&r);
     return ok;
 }

@@ -44,6 +44,13 @@ void kvb__integ_free(kvb__integ_t *a);
  * KVB_ERR_NOMEM. */
 kvb_status_t kvb__integ_add_blocks(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
                                    const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len);
+/* The same with the items' hashes computed elsewhere: h[nh], one per item
+ * in block, row, item order, empty blocks skipped (kvb_xfer_digests: the
+ * direct lane's copy threads hashed each source item as they copied it).
+ * A count that does not match the blocks marks a uncovered. KVB_ERR_NOMEM. */
+kvb_status_t kvb__integ_add_hashes(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
+                                   const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len,
+                                   const uint64_t *h, size_t nh);
 /* Add from into into (the same n_buf), pages merged by page. KVB_ERR_NOMEM. */
 kvb_status_t kvb__integ_merge(kvb__integ_t *into, const kvb__integ_t *from);
 /* The extension's value (caller frees *buf_p). KVB_ERR_NOMEM. */
@@ -57,5 +64,20 @@ kvb_status_t kvb__integ_add_wire(kvb__integ_t *a, const uint8_t *v, size_t len, 
  * first buffer and page that differ. */
 bool kvb__integ_check(const kvb__integ_t *a, const uint64_t *kv_ptrs, uint64_t item_len, char *why,
                       size_t wl);
+
+/* The same in parts, for several threads: init (KVB_ERR_NOMEM), then every
+ * part of n_parts once, each on any thread (they add into r atomically),
+ * then, after all of them, the verdict (kvb__integ_check's answer). a and r
+ * must not change meanwhile; the items are split evenly between parts. */
+typedef struct kvb__integ_run {
+    size_t *bufs, nb;  /* the buffers a names */
+    uint64_t *bs, *ps; /* recomputed sums per buffer (n_buf) and per page (a->n_pages) */
+    size_t n_items;    /* a->n_pages * nb */
+} kvb__integ_run_t;
+kvb_status_t kvb__integ_run_init(const kvb__integ_t *a, kvb__integ_run_t *r);
+void kvb__integ_run_part(const kvb__integ_t *a, kvb__integ_run_t *r, const uint64_t *kv_ptrs,
+                         uint64_t item_len, size_t part, size_t n_parts);
+bool kvb__integ_run_verdict(const kvb__integ_t *a, const kvb__integ_run_t *r, char *why, size_t wl);
+void kvb__integ_run_free(kvb__integ_run_t *r);
 
 #endif

@@ -26,6 +26,7 @@ typedef struct job {
     uint64_t t_done;    /* monotonic ns its writes settled (the timeline's stamp) */
     kvb__integ_t integ; /* integrity on, a kvbridge decode: what its writes carried */
     int has_integ;
+    int integ_in_copy; /* the engine hashes its items as it copies them (kvb_xfer_digests) */
     char why[512];
 } job_t;
 
@@ -487,6 +488,13 @@ static void kv_started(struct kvb_manager *m, job_t *j, kvb_status_t st, kvb_xfe
     kvb_xfer_free(x);
 }
 
+/* Integrity on and a kvbridge decode (it sent a grant, so it reads our
+ * extensions): the job's writes are digested (docs/integrity.md). */
+static bool job_integ(const struct kvb_manager *m, const job_t *j)
+{
+    return m->p.integrity && j->st == KVB_OK && j->epoch != 0 && j->dialect->t.extensions;
+}
+
 /* The chunk's KV writes to all its destinations, submitted as engine
  * groups: on the direct lane their copies are zipped, so each source row
  * is read once for all decode ranks (docs/engine.md). Each write keeps its
@@ -505,6 +513,10 @@ static void kv_submit(struct kvb_manager *m, work_t *w)
             if (j->st != KVB_OK)
                 continue;
             wp[n] = (kvb_write_params_t){.field_mask = KVB_WRITE_PARAM_EPOCH, .epoch = j->epoch};
+            if (job_integ(m, j)) { /* the direct lane hashes each page as it copies it */
+                wp[n].field_mask |= KVB_WRITE_PARAM_DIGEST;
+                wp[n].digest_unit = (uint64_t)j->reg->item_len;
+            }
             mb[n] = (kvb_write_member_t){.field_mask =
                                              KVB_WRITE_MEMBER_PARAMS | KVB_WRITE_MEMBER_STRIDED,
                                          .session_id = job_session(j),
@@ -538,17 +550,17 @@ static void aux_submit(struct kvb_manager *m, job_t *j)
         snprintf(j->why, sizeof(j->why), "%s", kvb_engine_last_error(m->engine));
 }
 
-/* Issue the chunk's writes; a room failed or aborted meanwhile gets none. */
-/* Integrity on and a kvbridge decode (it sent a grant, so it reads our
- * extensions): digest the source bytes of the job's KV blocks while its
- * writes are in flight (integrity.h; kept only if they succeed). Device sources are not covered:
- * reading them back would cost a device copy (docs/integrity.md). */
+/* job_integ: digest the source bytes of the job's KV blocks (integrity.h;
+ * kept only if its writes succeed). Where its lane hashes them as it copies
+ * them (the direct lane: the source is then in cache) they are added once
+ * the writes ended (job_digest_in_copy); else here, while the writes are in
+ * flight (the source does not change meanwhile). Device sources are not
+ * covered: reading them back would cost a device copy (docs/integrity.md). */
 static void job_digest(struct kvb_manager *m, job_t *j)
 {
     kvb_mem_type_t t = KVB_MEM_HOST;
     int dev = 0;
-    if (!m->p.integrity || j->st != KVB_OK || j->epoch == 0 || !j->dialect->t.extensions ||
-        kvb__integ_init(&j->integ, j->reg->n_kv) != KVB_OK)
+    if (!job_integ(m, j) || kvb__integ_init(&j->integ, j->reg->n_kv) != KVB_OK)
         return;
     j->has_integ = 1;
     if (j->kv.count > 0 &&
@@ -556,6 +568,8 @@ static void job_digest(struct kvb_manager *m, job_t *j)
         t == KVB_MEM_CUDA) {
         j->integ.uncovered = 1;
         snprintf(j->integ.why, sizeof(j->integ.why), "device memory: not covered");
+    } else if (j->x != NULL && kvb_xfer_digests(j->x, NULL, NULL) != KVB_ERR_UNSUPPORTED) {
+        j->integ_in_copy = 1;
     } else if (kvb__integ_add_blocks(&j->integ, j->kv.blocks, j->kv.count, j->reg->kv_ptrs,
                                      j->reg->n_kv, (uint64_t)j->reg->item_len) != KVB_OK) {
         j->integ.uncovered = 1;
@@ -563,6 +577,7 @@ static void job_digest(struct kvb_manager *m, job_t *j)
     }
 }
 
+/* Issue the chunk's writes; a room failed or aborted meanwhile gets none. */
 static void work_submit(struct kvb_manager *m, work_t *w)
 {
     pthread_mutex_lock(&m->mu);
@@ -705,7 +720,6 @@ static void record_failures(struct kvb_manager *m, kvb__room_t *r, work_t *w)
     }
 }
 
-/* Wait the chunk's writes, settle the room, send the due statuses. */
 /* m->mu held: add each job's digest to its destination's in the room. */
 static void room_digest(kvb__room_t *r, const work_t *w)
 {
@@ -726,6 +740,23 @@ static void room_digest(kvb__room_t *r, const work_t *w)
     }
 }
 
+/* A job whose lane hashed its items (job_digest), its writes ended: their
+ * hashes added to its digest, no lock. */
+static void job_digest_in_copy(job_t *j)
+{
+    const uint64_t *h = NULL;
+    size_t n = 0;
+    if (!j->has_integ || !j->integ_in_copy || j->st != KVB_OK)
+        return;
+    if (kvb_xfer_digests(j->x, &h, &n) != KVB_OK ||
+        kvb__integ_add_hashes(&j->integ, j->kv.blocks, j->kv.count, j->reg->kv_ptrs, j->reg->n_kv,
+                              (uint64_t)j->reg->item_len, h, n) != KVB_OK) {
+        j->integ.uncovered = 1;
+        snprintf(j->integ.why, sizeof(j->integ.why), "the engine's item hashes were not there");
+    }
+}
+
+/* Wait the chunk's writes, settle the room, send the due statuses. */
 static void work_finish(struct kvb_manager *m, work_t *w)
 {
     for (size_t i = 0; !w->skip && i < w->n_jobs; i++) {
@@ -736,6 +767,7 @@ static void work_finish(struct kvb_manager *m, work_t *w)
         if (j->st == KVB_OK)
             j->st = sx != KVB_OK ? sx : sa;
         j->t_done = kvb__now_ns();
+        job_digest_in_copy(j);
         if (j->xa == NULL && j->st == KVB_OK && (j->aux.count == 0 || j->aux_inline) &&
             w->c->is_last && m->is_last_stage && m->args.num_aux > 0 && j->reg->n_aux > 0)
             send_aux_inline(m, j, w->c);

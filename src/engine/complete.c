@@ -25,6 +25,8 @@ void kvb__xfer_release(struct kvb_xfer *x)
     kvb__bufpool_put(x->blocks, x->blocks_cap);
     kvb__bufpool_put(x->runs, x->runs_cap);
     free(x->notif);
+    free(x->dg);
+    free(x->dg_run0);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
     free(x);

@@ -168,6 +168,12 @@ struct kvb_xfer {
     kvb__run_t *runs;
     size_t runs_cap, nruns;
     uint64_t nrows; /* the runs' rows in all */
+    /* KVB_WRITE_PARAM_DIGEST: the unit asked for (0: none); the direct lane
+     * (direct.c) hashes into dg[n_dg] (owned), each run's first unit at
+     * dg_run0[run]; both NULL where the lane does not (kvb_xfer_digests) */
+    uint64_t digest_unit;
+    uint64_t *dg, *dg_run0;
+    size_t n_dg;
     /* UCX lanes (message, put, staging), progress thread: complete.c's list */
     uint64_t id;
     size_t next;     /* next block to issue */
@@ -421,6 +427,9 @@ typedef struct kvb__test_hooks {
        piece) of at least KVB__FLIP_MIN bytes land with their first byte XORed 0x01, the source
        untouched: a byte flipped in flight (tests/integration/integrity); each takes one */
     int flip_in_flight;
+    /* set by the engine, read by tests (atomic add): items the direct lane's copy threads
+       hashed (KVB_WRITE_PARAM_DIGEST), so a test sees which side hashed a room */
+    unsigned digest_items; /* wraps; tests read differences */
 } kvb__test_hooks_t;
 extern kvb__test_hooks_t kvb__test_hooks;
 /* Atomic (relaxed): a test sets a hook while engine threads run. */

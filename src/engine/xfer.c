@@ -113,6 +113,8 @@ static struct kvb_xfer *xfer_new(kvb_engine_h eng, const kvb_write_params_t *par
     x->read_device = -1;         /* answers placed by memcpy */
     if (params != NULL && (params->field_mask & KVB_WRITE_PARAM_EPOCH))
         x->epoch = params->epoch;
+    if (params != NULL && (params->field_mask & KVB_WRITE_PARAM_DIGEST))
+        x->digest_unit = params->digest_unit; /* the lane decides (kvb_xfer_digests) */
     if (params != NULL && (params->field_mask & KVB_WRITE_PARAM_NOTIF)) {
         /* never NULL, even for an empty message: x->notif says "send one" */
         x->notif = malloc(params->notif_len + 1);
@@ -482,6 +484,20 @@ kvb_status_t kvb_xfer_expire(kvb_xfer_h x)
     __atomic_compare_exchange_n(&x->expire_ns, &none, at ? at : 1, false, __ATOMIC_RELEASE,
                                 __ATOMIC_RELAXED);
     return KVB_OK;
+}
+
+kvb_status_t kvb_xfer_digests(kvb_xfer_h x, const uint64_t **h_p, size_t *n_p)
+{
+    if (x == NULL)
+        return KVB_ERR_INVALID;
+    if (x->dg == NULL) /* set, or not, by the submitting call */
+        return KVB_ERR_UNSUPPORTED;
+    kvb_status_t st = (kvb_status_t)__atomic_load_n(&x->status, __ATOMIC_ACQUIRE);
+    if (st == KVB_OK && h_p != NULL)
+        *h_p = x->dg; /* written by the copy threads before the status was published */
+    if (st == KVB_OK && n_p != NULL)
+        *n_p = x->n_dg;
+    return st;
 }
 
 const char *kvb_xfer_error(kvb_xfer_h x)

@@ -18,7 +18,14 @@
  *   status. check: Failed naming buffer 0 and that page; off: Success with
  *   the page holding the other room's bytes.
  *
+ * With check, a room whose check is slow does not hold another room's
+ * Success (the decode's check workers): slow_check.
+ *
+ * On the direct lane with check the prefill's pages are hashed by its copy
+ * threads as they copy them (every page of every room; none elsewhere).
+ *
  * Single process: a bootstrap server, one prefill and one decode rank. */
+#include "conn/conn_int.h"
 #include "engine/engine_int.h"
 #include "harness/kvb_cluster.h"
 #include "kvb_test.h"
@@ -31,6 +38,7 @@
 #define ROOMS 5
 #define BOUND_S 10.0
 #define STALE_ROOM 900 /* the room whose bytes the stale writer holds */
+#define STALL_MS 600   /* the slow check (hook kvb__icheck_stall_ms) */
 
 /* item_len 4 tokens x 2 heads x 128 bytes = 1 KiB, 4 KV buffers */
 static const kvbh_geom_t G = {2, 2, 128, 4, 64, 0, 0};
@@ -149,20 +157,91 @@ static kvb_poll_t one_room(kvbh_pair_t *pr, const char *lane, const char *fault,
     return p;
 }
 
-static void run(const char *lane, int check)
+/* Check workers (docs/integrity.md): room A's check is slow (hook
+ * kvb__icheck_stall_ms: it holds STALL_MS before it recomputes); room B,
+ * sent once A's check is under way, ends Success while A has not ended,
+ * and A ends Success after its check. With the checks on the
+ * control thread (KVBRIDGE_INTEGRITY_THREADS=0) B's status would wait
+ * behind A's check and this fails. Slots 5 and 6: pages the other rooms
+ * and the stale writer's spare page do not use. */
+static void slow_check(kvbh_pair_t *pr, const char *lane, uint64_t room)
+{
+    kvb_receiver_h rc[2];
+    kvb_sender_h s[2];
+    int32_t src[2][NP], dst[2][NP];
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < NP; i++) {
+            src[k][i] = 63 - (5 + k) * NP - i;
+            dst[k][i] = (5 + k) * NP + i;
+        }
+        CHECK_EQ(kvbh_pair_room(pr, room + (uint64_t)k, src[k], dst[k], NP, &rc[k], &s[k]), KVB_OK);
+    }
+    __atomic_store_n(&kvb__icheck_stall_ms, STALL_MS, __ATOMIC_RELAXED);
+    double t0 = kvbh_now();
+    CHECK_EQ(kvb_sender_send(s[0], src[0], NP), KVB_OK);
+    while (__atomic_load_n(&kvb__icheck_stall_ms, __ATOMIC_RELAXED) != 0 &&
+           kvbh_now() < t0 + BOUND_S)
+        kvbh_sleep(0.0005);
+    CHECK_EQ(__atomic_load_n(&kvb__icheck_stall_ms, __ATOMIC_RELAXED), 0); /* A's check holds */
+    double t_stall = kvbh_now();
+    CHECK_EQ(kvb_sender_send(s[1], src[1], NP), KVB_OK);
+    kvb_poll_t pb = kvbh_wait_receiver(rc[1], BOUND_S);
+    double t_b = kvbh_now();
+    kvb_poll_t pa_at_b = kvb_receiver_poll(rc[0]);
+    kvb_poll_t pa = kvbh_wait_receiver(rc[0], BOUND_S);
+    double t_a = kvbh_now();
+    fprintf(stderr,
+            "integrity[%s] slow check: A's check holding from %.3f s (%d ms); B %s at %.3f s "
+            "(A then %s); A %s at %.3f s\n",
+            lane, t_stall - t0, STALL_MS, kvb_poll_string(pb), t_b - t0, kvb_poll_string(pa_at_b),
+            kvb_poll_string(pa), t_a - t0);
+    CHECK_EQ(pb, KVB_POLL_SUCCESS);
+    /* B did not wait for A's check: A had not ended (its poll answers as
+     * while its bytes move) */
+    CHECK(pa_at_b == KVB_POLL_WAITING_FOR_INPUT || pa_at_b == KVB_POLL_TRANSFERRING);
+    CHECK_EQ(pa, KVB_POLL_SUCCESS);
+    for (int k = 0; k < 2; k++) {
+        int wb = -1;
+        int32_t wp = -1;
+        CHECK(!first_wrong(&pr->dec, room + (uint64_t)k, dst[k], &wb, &wp));
+        CHECK(kvbh_wait_sender(s[k], BOUND_S) == KVB_POLL_SUCCESS);
+        kvb_sender_destroy(s[k]);
+        kvb_receiver_destroy(rc[k]);
+    }
+}
+
+/* part: KVBRIDGE_INTEGRITY_PART for the decode's check workers (NULL: the
+ * default 1 MiB, a room here, 16 KiB, is one part; "4096": each room's
+ * check split in two parts, one per worker, the verdict from both) */
+static void run(const char *lane, int check, const char *part)
 {
     kvbh_pair_t pr;
     static const char *faults[] = {"clean", "flip", "stale"};
     setenv("KVBRIDGE_INTEGRITY", check ? "check" : "off", 1);
+    if (part != NULL)
+        setenv("KVBRIDGE_INTEGRITY_PART", part, 1);
+    else
+        unsetenv("KVBRIDGE_INTEGRITY_PART");
+    fprintf(stderr, "integrity[%s] check=%d, parts of %s bytes\n", lane, check,
+            part != NULL ? part : "1 Mi");
     int mem = strcmp(lane, "direct") == 0 ? KVBH_MEM_SHARED : KVBH_MEM_MALLOC;
     CHECK_EQ(kvbh_pair_start(&pr, &G, mem, NULL, NULL), KVB_OK);
-    uint64_t room = check ? 1000 : 2000;
+    uint64_t room = !check ? 2000 : part != NULL ? 3000 : 1000;
     for (int f = 0; f < 3; f++) {
         counts_t c0 = counts(&pr);
+        unsigned items0 = KVB__HOOK(digest_items);
         int failed = 0;
         for (int k = 0; k < ROOMS; k++)
             failed += one_room(&pr, lane, faults[f], check, room++, k) == KVB_POLL_FAILED;
         counts_t c1 = counts(&pr);
+        /* who hashed the prefill's pages: on the direct lane its copy
+         * threads, each page as they copied it (the stale writer asks for
+         * none); elsewhere the prefill's worker */
+        unsigned items = KVB__HOOK(digest_items) - items0;
+        bool in_copy = check && strcmp(lane, "direct") == 0;
+        fprintf(stderr, "integrity[%s] %s check=%d: %u pages hashed in the copy\n", lane, faults[f],
+                check, items);
+        CHECK_EQ(items, in_copy ? (unsigned)(ROOMS * NP * pr.dec.n_kv) : 0u);
         /* the lane the rooms took */
         CHECK_EQ(kvb_engine_session_direct(pr.pre.eng, kvb_engine_session_id(pr.dec.eng)),
                  strcmp(lane, "direct") == 0);
@@ -180,6 +259,8 @@ static void run(const char *lane, int check)
         CHECK_EQ(c1.unchecked - c0.unchecked, (uint64_t)0);
         CHECK_EQ((uint64_t)failed, check ? bad : 0);
     }
+    if (check)
+        slow_check(&pr, lane, room);
     CHECK(kvbh_canaries_ok(&pr.dec, "decode"));
     kvbh_pair_stop(&pr);
 }
@@ -192,10 +273,11 @@ int main(int argc, char **argv)
         return fprintf(stderr, "usage: %s direct|shm|tcp\n", argv[0]), 2;
     if (strcmp(argv[1], "tcp") == 0)
         setenv("KVBRIDGE_TRANSPORT", "tcp", 1);
-    run(argv[1], 1);
-    run(argv[1], 0);
+    run(argv[1], 1, NULL);
+    run(argv[1], 1, "4096");
+    run(argv[1], 0, NULL);
     TEST_PASS("a byte flipped in flight and a page written twice by a stale writer fail the room "
               "with integrity check (naming buffer and page), pass unnoticed with it off; clean "
-              "rooms all checked");
+              "rooms all checked; a slow check holds no other room's Success");
     return 0;
 }

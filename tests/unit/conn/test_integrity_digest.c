@@ -3,8 +3,13 @@
  * the same bytes in its pages, whatever the blocks' order and split; a wrong
  * byte and a right page in the wrong place are both caught and located; a
  * partial-page block is refused as uncovered; a peer's value is checked
- * before anything is kept (every bad length, version, buffer, page). */
+ * before anything is kept (every bad length, version, buffer, page). The
+ * decode's check split in 1..5 parts run in any order (its check workers)
+ * gives the same verdict and reason; item hashes handed over in walk order
+ * (the direct lane's copy threads) give the same digest, a count that does
+ * not match is uncovered. */
 #include "conn/integrity.h"
+#include "core/hash.h"
 #include "kvb_test.h"
 
 #include <stdlib.h>
@@ -67,6 +72,32 @@ static bool verify(const kvb__integ_t *a, char *why, size_t wl)
     return ok;
 }
 
+/* verify's check in 1..5 parts, run last to first (workers end in any
+ * order): the same verdict and reason every time. */
+static bool verify_parts(const kvb__integ_t *a, char *why, size_t wl)
+{
+    bool ok = verify(a, why, wl);
+    uint8_t *v;
+    size_t len;
+    kvb__integ_t d;
+    CHECK_EQ(kvb__integ_encode(a, &v, &len), KVB_OK);
+    CHECK_EQ(kvb__integ_init(&d, NB), KVB_OK);
+    CHECK_EQ(kvb__integ_add_wire(&d, v, len, POOL, why, wl), KVB_OK);
+    for (size_t n = 1; n <= 5; n++) {
+        kvb__integ_run_t r;
+        char w2[320] = "";
+        CHECK_EQ(kvb__integ_run_init(&d, &r), KVB_OK);
+        for (size_t part = n; part-- > 0;)
+            kvb__integ_run_part(&d, &r, dptr, ITEM, part, n);
+        CHECK_EQ(kvb__integ_run_verdict(&d, &r, w2, sizeof(w2)), ok);
+        CHECK(ok || strcmp(w2, why) == 0);
+        kvb__integ_run_free(&r);
+    }
+    kvb__integ_free(&d);
+    free(v);
+    return ok;
+}
+
 static void copy_pages(const int *sp, const int *dp, int n)
 {
     for (int b = 0; b < NB; b++)
@@ -121,10 +152,32 @@ int main(void)
     CHECK(c.n_pages == 3 && memcmp(a.pages, c.pages, 3 * 16) == 0);
     CHECK(memcmp(a.buf_sum, c.buf_sum, NB * 8) == 0);
     kvb__integ_free(&c);
+    /* the same rows with their item hashes handed over in walk order (the
+     * direct lane's copy threads hashed them): the same digest; one hash
+     * short or one too many: uncovered */
+    kvb_strided_block_t rows[NB];
+    uint64_t h[NB * 3 + 1];
+    for (int b = 0; b < NB; b++) {
+        rows[b] = (kvb_strided_block_t){
+            (uint64_t)(uintptr_t)&src[b][5 * ITEM], dptr[b] + 1 * ITEM, 3 * ITEM, 0, 0, 1};
+        for (int i = 0; i < 3; i++)
+            h[b * 3 + i] = kvb__item_hash(&src[b][(5 + i) * ITEM], ITEM, dptr[b] + (1 + i) * ITEM);
+    }
+    for (int extra = -1; extra <= 1; extra++) {
+        CHECK_EQ(kvb__integ_init(&c, NB), KVB_OK);
+        CHECK_EQ(kvb__integ_add_hashes(&c, rows, NB, dptr, NB, ITEM, h, (size_t)(NB * 3 + extra)),
+                 KVB_OK);
+        CHECK_EQ(c.uncovered, extra != 0);
+        if (extra == 0) {
+            CHECK(c.n_pages == 3 && memcmp(a.pages, c.pages, 3 * 16) == 0);
+            CHECK(memcmp(a.buf_sum, c.buf_sum, NB * 8) == 0);
+        }
+        kvb__integ_free(&c);
+    }
 
     /* a wrong byte: buffer 2, page 3 */
     dst[2][3 * ITEM + 17] ^= 0x40;
-    CHECK(!verify(&a, why, sizeof(why)));
+    CHECK(!verify_parts(&a, why, sizeof(why)));
     CHECK_STR_CONTAINS(why, "buffer 2 page 3 ");
     dst[2][3 * ITEM + 17] ^= 0x40;
     CHECK(verify(&a, why, sizeof(why)));
@@ -134,11 +187,11 @@ int main(void)
     memcpy(tmp, &dst[0][1 * ITEM], ITEM);
     memcpy(&dst[0][1 * ITEM], &dst[0][2 * ITEM], ITEM);
     memcpy(&dst[0][2 * ITEM], tmp, ITEM);
-    CHECK(!verify(&a, why, sizeof(why)));
+    CHECK(!verify_parts(&a, why, sizeof(why)));
     CHECK_STR_CONTAINS(why, "buffer 0 page 1 ");
     memcpy(&dst[0][2 * ITEM], &dst[0][1 * ITEM], ITEM);
     memcpy(&dst[0][1 * ITEM], tmp, ITEM);
-    CHECK(verify(&a, why, sizeof(why)));
+    CHECK(verify_parts(&a, why, sizeof(why)));
 
     /* a block that writes part of a page is not covered */
     kvb__integ_t p;
@@ -176,7 +229,8 @@ int main(void)
     free(v);
     kvb__integ_free(&a);
     kvb__integ_free(&s);
-    TEST_PASS("integrity digests: order-free, wrong byte and wrong place located, partial pages "
-              "uncovered, hostile values refused");
+    TEST_PASS("integrity digests: order-free, wrong byte and wrong place located (in one check "
+              "and in parts), handed-over item hashes the same, partial pages uncovered, hostile "
+              "values refused");
     return 0;
 }

@@ -9,6 +9,7 @@
  * while it is copied, so a revoke waits for it (fence.c). */
 #include "engine/lane/direct/direct.h"
 #include "engine/lane/direct/copy_stream.h"
+#include "core/hash.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -308,6 +309,18 @@ static uint64_t unit_bytes(const kvb__dgroup_t *g)
     return g->cuda ? CUDA_UNIT : DIRECT_UNIT;
 }
 
+/* Bytes of a row of which left remain that a unit with budget bytes left
+ * takes: the budget, cut to whole hash units where x is hashed (they are
+ * hashed whole, by the thread that copies them; at least one). */
+static uint64_t unit_cut(const struct kvb_xfer *x, uint64_t budget, uint64_t left)
+{
+    uint64_t u = x->digest_unit;
+    if (x->dg == NULL)
+        return budget;
+    uint64_t cut = budget >= u ? budget - budget % u : u;
+    return cut < left ? cut : left;
+}
+
 /* Claim g's next unit (dmu held): up to a unit's bytes of its queued
  * members, from the cursor on, which moves past them. Only live, queued
  * members' cursors move (the others are never claimed again). */
@@ -324,13 +337,14 @@ static void claim_unit(kvb__dgroup_t *g, unit_t *u)
         const struct kvb_xfer *x = g->m[k];
         if ((g->live >> k & 1) && x->queued && g->cur.row < x->nrows) {
             uint64_t left = x->runs[g->mc[k].run].len - g->cur.off;
+            uint64_t take = left > budget ? unit_cut(x, budget, left) : left;
             u->mask |= 1ull << k;
             u->pieces++;
-            if (left > budget) {
-                g->cur.off += budget;
+            if (take < left) {
+                g->cur.off += take;
                 break;
             }
-            budget -= left;
+            budget -= take < budget ? take : budget;
             mcur_next(x, &g->mc[k]);
         }
         zpos_next(g, &g->cur);
@@ -343,6 +357,30 @@ static bool member_claimed(const kvb__dgroup_t *g, size_t k)
 {
     uint64_t n = g->m[k]->nrows;
     return n == 0 || g->cur.row > n - 1 || (g->cur.row == n - 1 && g->cur.k > k);
+}
+
+/* A write's bytes [off, end) of row c (whole hash units where x is hashed:
+ * unit_cut): copied to d from src; where x is hashed each unit is hashed
+ * from its source right after its copy, while that is in cache, into its
+ * own slot (units of one transfer go to several copy threads; the slots
+ * are read after the transfer's end is published). */
+static void write_piece(const struct kvb_xfer *x, const mcur_t *c, uint8_t *d, uint64_t src,
+                        uint64_t off, uint64_t end, bool stream)
+{
+    const uint8_t *s = (const uint8_t *)(uintptr_t)src;
+    if (x->dg == NULL) {
+        copy_block(d, s, end - off, stream);
+        return;
+    }
+    const kvb__run_t *r = &x->runs[c->run];
+    uint64_t u = x->digest_unit, at = x->dg_run0[c->run] + c->row * (r->len / u) + off / u;
+    uint64_t dst = r->dst + c->row * r->dstride + off;
+    for (uint64_t o = 0; o < end - off; o += u, at++) {
+        copy_block(d + o, s + o, u, stream);
+        x->dg[at] = kvb__item_hash(s + o, u, dst + o);
+    }
+    __atomic_add_fetch(&kvb__test_hooks.digest_items, (unsigned)((end - off) / u),
+                       __ATOMIC_RELAXED);
 }
 
 /* Copy u's bytes of the members in admitted (a subset of u->mask: busy,
@@ -381,7 +419,7 @@ static kvb_status_t copy_unit(kvb_engine_h eng, unit_t *u, uint64_t admitted, ch
         else if (x->read)
             copy_block((uint8_t *)(uintptr_t)src, d, end - p.off, eng->direct->stream_copy);
         else {
-            copy_block(d, (const uint8_t *)(uintptr_t)src, end - p.off, eng->direct->stream_copy);
+            write_piece(x, c, d, src, p.off, end, eng->direct->stream_copy);
             if (end - p.off >= KVB__FLIP_MIN && kvb__hook_take(&kvb__test_hooks.flip_in_flight))
                 d[0] ^= 0x01;
         }
@@ -583,6 +621,40 @@ static bool start_threads(kvb_engine_h eng)
     return eng->direct->n_dthr > 0;
 }
 
+static void digest_drop(struct kvb_xfer *x)
+{
+    free(x->dg);
+    free(x->dg_run0);
+    x->dg = x->dg_run0 = NULL;
+    x->n_dg = 0;
+}
+
+/* A write that asked for item hashes (KVB_WRITE_PARAM_DIGEST) gets a slot
+ * per unit when it is host memory and every run is whole units; else none,
+ * and kvb_xfer_digests says so (the caller hashes the sources itself). */
+static void digest_prepare(struct kvb_xfer *x)
+{
+    uint64_t u = x->digest_unit, n = 0;
+    if (u == 0 || x->read || x->cuda)
+        return;
+    for (size_t i = 0; i < x->nruns; i++) {
+        if (x->runs[i].len % u != 0)
+            return;
+        n += x->runs[i].count * (x->runs[i].len / u); /* at most the bytes: no wrap */
+    }
+    x->dg = malloc((n ? n : 1) * sizeof(*x->dg));
+    x->dg_run0 = malloc((x->nruns ? x->nruns : 1) * sizeof(*x->dg_run0));
+    if (x->dg == NULL || x->dg_run0 == NULL || n > SIZE_MAX / sizeof(*x->dg)) {
+        digest_drop(x); /* not hashed: the caller does it */
+        return;
+    }
+    x->n_dg = (size_t)n;
+    for (size_t i = 0, at = 0; i < x->nruns; i++) {
+        x->dg_run0[i] = at;
+        at += x->runs[i].count * (x->runs[i].len / u);
+    }
+}
+
 bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
 {
     kvb__dgroup_t *g = malloc(sizeof(*g) + n * sizeof(*xs));
@@ -596,6 +668,8 @@ bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
         g->m[k] = xs[k];
         g->rows = xs[k]->nrows > g->rows ? xs[k]->nrows : g->rows;
     }
+    for (size_t k = 0; k < n; k++)
+        digest_prepare(xs[k]);
     pthread_mutex_lock(&eng->direct->dmu);
     bool ok = !eng->direct->dstop && start_threads(eng);
     if (ok) {
@@ -605,6 +679,8 @@ bool kvb__direct_submit(kvb_engine_h eng, struct kvb_xfer *const *xs, size_t n)
         pthread_cond_broadcast(&eng->direct->dcv);
     }
     pthread_mutex_unlock(&eng->direct->dmu);
+    for (size_t k = 0; !ok && k < n; k++)
+        digest_drop(xs[k]); /* its fallback lane does not hash */
     if (!ok)
         free(g);
     return ok;

@@ -1,0 +1,16 @@
+/* The KV integrity item hash (docs/integrity.md, "What the digest is"), in
+ * one place for the two layers that compute it: the connector (a worker's
+ * pass over a chunk's sources, the decode's recomputation) and the engine's
+ * direct lane (each item hashed by the copy thread right after it copied
+ * it, while the source is in cache). Pure; any thread. */
+#ifndef KVB_CORE_HASH_H
+#define KVB_CORE_HASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* XXH3-64 of len bytes at p, seeded with seed (the item's destination
+ * address), through libxxhash's x86 run-time dispatch where there is one. */
+uint64_t kvb__item_hash(const void *p, size_t len, uint64_t seed);
+
+#endif
