@@ -58,9 +58,18 @@ typedef struct read_ans { /* a read's answer (see "read requests" below) */
     kvb__op_t op;         /* first: the send is the op */
     kvb_engine_h eng;
     am_peer_t *pe; /* the reader's connection (a reference) */
-    uint8_t *buf;  /* the bytes, gathered (kvb__bufpool, or pinned: device) */
+    uint8_t *buf;  /* the bytes, gathered (kvb__bufpool, or pinned: device); NULL: straight */
     size_t len, cap;
     bool pinned; /* buf from kvb__cuda_stage_get (gathered by the driver) */
+    /* Straight (buf NULL): sent out of the registrations, the pieces iov,
+     * their segments (starts in segs) pinned and the grant (tag, epoch)
+     * counted until the send ended (ans_free) */
+    ucp_dt_iov_t *iov;
+    uint32_t np;
+    uint64_t *segs;
+    size_t nsegs;
+    uint32_t tag;
+    uint64_t epoch;
     uint8_t hdr[AM_ACK_FIXED];
     bool starting, ended; /* as the reader's receive (read.c): a send that
                              ends from within ucp_am_send_nbx */
@@ -344,10 +353,16 @@ static void *stage_alloc(size_t length, const char *what, char *why, size_t wl)
 
 static void ans_free(read_ans_t *a)
 {
-    if (a->pinned)
+    if (a->iov != NULL) { /* straight: UCX reads the ranges no more */
+        unpin(a->eng, a->segs, a->nsegs);
+        kvb__fence_done(a->eng, a->tag, a->epoch);
+        free(a->segs);
+        free(a->iov);
+    } else if (a->pinned) {
         kvb__cuda_stage_put(a->buf, a->cap);
-    else
+    } else {
         kvb__bufpool_put(a->buf, a->cap);
+    }
     free(a);
 }
 
@@ -411,7 +426,10 @@ static void ans_send(read_ans_t *a)
     p.cb.send = ans_sent_cb;
     p.user_data = a;
     p.flags = UCP_AM_SEND_FLAG_REPLY; /* the reader checks the endpoint (msg.c) */
-    p.datatype = ucp_dt_make_contig(1);
+    bool iov = a->iov != NULL && a->np > 1;
+    p.datatype = iov ? UCP_DATATYPE_IOV : ucp_dt_make_contig(1);
+    void *data = iov ? (void *)a->iov : a->iov != NULL ? a->iov[0].buffer : a->buf;
+    size_t count = iov ? a->np : a->len;
     a->op.release = ans_release;
     a->eng->am_pending++; /* the progress thread keeps driving it (engine.c) */
     if (a->pe->sending++ == 0)
@@ -421,7 +439,7 @@ static void ans_send(read_ans_t *a)
         return;
     }
     a->starting = true;
-    void *r = ucp_am_send_nbx(a->pe->ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED, a->buf, a->len, &p);
+    void *r = ucp_am_send_nbx(a->pe->ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED, data, count, &p);
     a->starting = false;
     if (UCS_PTR_IS_PTR(r) && !a->ended)
         kvb__op_track(a->eng, &a->op);
@@ -519,6 +537,13 @@ static kvb_status_t ans_gather(kvb_engine_h eng, const uint8_t *h, uint32_t nd, 
     }
     if (device >= 0)
         return gather_job(eng, h, nd, np, pinned, iov, device, a, rc_p, why, wl);
+    if (eng->answer_direct && !a->pe->unclosable) { /* kept pinned until sent (ans_free) */
+        a->iov = iov;
+        a->np = np;
+        a->segs = pinned;
+        a->nsegs = nd;
+        return KVB_OK;
+    }
     st = ans_copy(a, iov, np, why, wl);
     unpin(eng, pinned, nd);
     free(pinned);
@@ -578,9 +603,12 @@ static kvb_status_t am_read_admit(kvb_engine_h eng, am_peer_t *pe, const uint8_t
         a->len = total;
         a->eng = eng;
         a->pe = pe;
+        a->tag = (uint32_t)(mid >> 32);
+        a->epoch = epoch;
         st = ans_gather(eng, h, nd, np, a, rc_p, why, wl);
     }
-    if (*rc_p == NULL) /* nothing more is read (a job: once gathered) */
+    /* nothing more is read (a job: once gathered; straight: once sent) */
+    if (*rc_p == NULL && (a == NULL || a->iov == NULL))
         kvb__fence_done(eng, (uint32_t)(mid >> 32), epoch);
     if (st != KVB_OK) {
         if (a != NULL)
@@ -758,9 +786,23 @@ static ucs_status_t am_write_auth_cb(void *arg, const void *header, size_t hlen,
     return am_write(eng, h + KVB_HS_TOKEN_LEN, hlen - KVB_HS_TOKEN_LEN, data, length, param, ok);
 }
 
+/* Are read answers sent straight out of the registrations ("read
+ * requests" above)? Only where every reply endpoint is TCP (the engine's
+ * transport: its UCX has no shared-memory transport, whose sends to a dead
+ * reader never end) and a stuck one can be closed (am_close_safe);
+ * KVBRIDGE_READ_ANSWER_DIRECT=0 keeps the copy. */
+static void answer_direct_init(kvb_engine_h eng)
+{
+    eng->answer_direct = kvb__env_int("KVBRIDGE_READ_ANSWER_DIRECT", NULL, 1, 0, 1) == 1 &&
+                         eng->params.transport == KVB_TRANSPORT_TCP && eng->am_close_safe;
+    KVB_LOGD("message-lane read answers go %s",
+             eng->answer_direct ? "straight out of the registrations" : "from a copy");
+}
+
 /* The write handlers (plain, and token-first when the engine has a secret). */
 kvb_status_t kvb__am_target_register(kvb_engine_h eng)
 {
+    answer_direct_init(eng);
     ucp_am_handler_param_t p = {0};
     p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                    UCP_AM_HANDLER_PARAM_FIELD_ARG;
