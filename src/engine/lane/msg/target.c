@@ -8,17 +8,15 @@
  * acknowledgement goes once the copy is done. A read request (amwire.h) is
  * admitted the same way (token, grant, every descriptor inside one
  * registration, pinned while its bytes are gathered into a copy) and
- * answered with the copy; at most AM_READS_MAX answers and
- * AM_READ_BYTES_MAX bytes are in flight, each at most AM_READ_MAX bytes,
- * so readers cannot make this side hold more, and of them at most
- * AM_READS_CONN_MAX answers and AM_READ_CONN_BYTES_MAX bytes to one
- * connection (one reply endpoint), so one reader cannot hold them all;
- * past either a request is refused KVB_ERR_BUSY ("try again"). A
- * connection none of whose answers leaves within the peer time-out (a
- * reader that stopped taking them) is closed where UCX allows it (peer
- * failure handling: kvb__am_target_tick): its answers' copies and its
- * share are freed. A request touching device
- * memory is gathered by the driver into pinned host memory (at most
+ * answered with the copy, or, on a tcp engine, answered straight out of
+ * the registration (pinned, the grant counted, until the send ended); at most AM_READS_MAX answers
+ * and AM_READ_BYTES_MAX bytes are in flight, each at most AM_READ_MAX bytes, so readers cannot make
+ * this side hold more, and of them at most AM_READS_CONN_MAX answers and AM_READ_CONN_BYTES_MAX
+ * bytes to one connection (one reply endpoint), so one reader cannot hold them all; past either a
+ * request is refused KVB_ERR_BUSY ("try again"). A connection none of whose answers leaves within
+ * the peer time-out (a reader that stopped taking them) is closed where UCX allows it (peer failure
+ * handling: kvb__am_target_tick): its answers' copies and its share are freed. A request touching
+ * device memory is gathered by the driver into pinned host memory (at most
  * KVBRIDGE_CUDA_STAGE_MSG_MAX bytes, as a staged write) on the device-copy
  * worker, as a staged write is placed: counted against the caps from its
  * admission, its segments pinned and its grant counted until gathered,
@@ -349,7 +347,18 @@ static void *stage_alloc(size_t length, const char *what, char *why, size_t wl)
  * grant's count are released right after. A reader that never takes the
  * answer (a dead same-host process: UCX's shared-memory transports have no
  * peer-failure mode, the send never ends) then holds only that buffer, not
- * the target's memory (unregister) nor its grant (a revoke drains). */
+ * the target's memory (unregister) nor its grant (a revoke drains).
+ *
+ * Straight (eng->answer_direct: a tcp engine): the answer is sent out of
+ * the registration (an IOV send of the pieces), which saves the gather
+ * copy (as much CPU as the socket send itself). UCX reads the ranges until
+ * the send ends, so they stay pinned and the grant counted until then
+ * (ans_free): a revoke that returned means no byte written after it is
+ * sent. What bounds that wait: every reply endpoint of a tcp engine is
+ * TCP; a reader that stops taking its answers has its endpoint closed
+ * within the peer time-out (kvb__am_target_tick), which ends its sends.
+ * An endpoint UCX refuses to close (its peer asked for no peer-failure
+ * handling) gets copies from then on (pe->unclosable). */
 
 static void ans_free(read_ans_t *a)
 {
