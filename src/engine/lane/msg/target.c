@@ -891,6 +891,35 @@ void kvb__am_target_tick(kvb_engine_h eng)
     }
 }
 
+/* The engine is freed (its progress thread gone, its worker not yet
+ * destroyed): reply endpoints with answers still being sent (a reader that
+ * stopped taking them) are force-closed here, which ends those sends
+ * (ans_done: their ranges, grants and shares released), rather than left
+ * to ucp_worker_destroy, whose endpoint teardown in UCX 1.13 asserts that
+ * no request is still listed on the endpoint (ucp_ep.c:437, proto_reqs)
+ * and aborts the process. An endpoint that was one of our connections'
+ * was closed when the progress thread stopped, which ended its answers. */
+void kvb__am_target_fini(kvb_engine_h eng)
+{
+    for (size_t n = 0; n < 4096; n++) { /* one endpoint per turn: the list changes */
+        am_peer_t *pe = eng->am_peers;
+        while (pe != NULL && (pe->sending == 0 || pe->closed || pe->unclosable))
+            pe = pe->next;
+        if (pe == NULL || !eng->am_close_safe)
+            return;
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        pe->refs++;
+        pe->closed = true;
+        void *r = ucp_ep_close_nbx(pe->ep, &p);
+        if (UCS_PTR_IS_PTR(r))
+            ucp_request_free(r); /* released when it completes */
+        else if (UCS_PTR_IS_ERR(r))
+            pe->unclosable = true;
+        peer_put(eng, pe);
+    }
+}
+
 void kvb__am_target_stats(kvb_engine_h eng, kvb_engine_limits_t *l)
 {
     if (!(l->field_mask & KVB_ENGINE_LIMITS_READS))
