@@ -717,6 +717,19 @@ static int child_reader_once(char **argv)
     _exit(0);
 }
 
+/* Wait (at most 5 s) until target e has read answers in flight: the
+ * reader's requests arrived and it is taking answers. */
+static void wait_answers(kvb_engine_h e)
+{
+    kvb_engine_limits_t l = {.field_mask = KVB_ENGINE_LIMITS_READS};
+    for (int i = 0; i < 5000; i++) {
+        kvb_engine_limits(e, &l);
+        if (l.read_answers > 0)
+            return;
+        usleep(1000);
+    }
+}
+
 /* tcp: the target answers straight out of its registered memory
  * (KVBRIDGE_READ_ANSWER_DIRECT, default), so an answer being sent still
  * reads it: the grant stays counted until the send ended. The window: a
@@ -762,7 +775,7 @@ static void test_answer_window(const char *self)
     }
     close(pfd[1]);
     CHECK_EQ(read(pfd[0], &c, 1), 1);
-    usleep(50000);
+    wait_answers(t.eng); /* its requests are being answered */
     CHECK_EQ(kill(pid, SIGSTOP), 0);
     usleep(300000); /* the target's sends fill the reader's socket and stall */
     kvb_engine_limits(t.eng, &l1);
@@ -844,7 +857,7 @@ static void test_answer_destroy(const char *self)
     }
     close(pfd[1]);
     CHECK_EQ(read(pfd[0], &c, 1), 1);
-    usleep(50000);
+    wait_answers(t.eng); /* its requests are being answered */
     CHECK_EQ(kill(pid, SIGSTOP), 0);
     usleep(300000); /* the sends stall on the reader's full socket */
     kvb_engine_limits_t l = {.field_mask = KVB_ENGINE_LIMITS_READS};
