@@ -252,7 +252,8 @@ KVB_API kvb_status_t kvb_mem_query(const void *addr, kvb_mem_type_t *type_p, int
 KVB_API int kvb_cuda_available(const char **why_p);
 
 /* Unregister the region that starts at addr; unknown → KVB_ERR_NOT_FOUND.
- * Waits until no incoming message-lane write into it is in progress, at most
+ * Waits until no incoming message-lane write into it (nor, on a tcp engine,
+ * a read answer sent straight out of it) is in progress, at most
  * twice the peer time-out; past that KVB_ERR_TIMEOUT and the region STAYS
  * registered (a stalled writer that resumes still completes its receive into
  * it): do not free the memory; retry later, or kvb_engine_close_session the
@@ -504,11 +505,14 @@ KVB_API kvb_status_t kvb_engine_grant_writer(kvb_engine_h engine, uint32_t tag, 
 
 /* Target: revoke (tag, epoch), then wait up to wait_s (<= 0: just look) for
  * the writes admitted before the revoke (message-lane receives being placed,
- * direct-lane units being copied) to end. KVB_OK: none is left, no byte of
- * that grant can land from now on (also for a grant unknown or already
- * drained). KVB_ERR_INPROGRESS: some may still land (a stalled writer); call
- * again to re-check. A direct-lane writer process that no longer exists
- * counts as ended. KVB_ERR_INVALID for tag or epoch 0. */
+ * direct-lane units being copied) and the reads (message-lane answers being
+ * gathered, or, on a tcp engine, being sent straight out of the memory:
+ * bounded by the peer time-out, docs/engine.md "One-sided reads") to end.
+ * KVB_OK: none is left, no byte of that grant can land from now on, and no
+ * byte written from now on reaches a read of it that succeeds (also for a
+ * grant unknown or already drained). KVB_ERR_INPROGRESS: some may still
+ * land or be read (a stalled writer or reader); call again to re-check. A direct-lane writer
+ * process that no longer exists counts as ended. KVB_ERR_INVALID for tag or epoch 0. */
 KVB_API kvb_status_t kvb_engine_revoke_writer(kvb_engine_h engine, uint32_t tag, uint64_t epoch,
                                               double wait_s);
 

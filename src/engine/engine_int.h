@@ -308,7 +308,8 @@ struct kvb_engine {
     ucp_worker_h worker;
     int ucx_efd, evfd, epfd, listen_fd;
     size_t max_am_header;
-    bool read_direct; /* message-lane reads receive answers into the caller's pieces (read.c) */
+    bool read_direct;   /* message-lane reads receive answers into the caller's pieces (read.c) */
+    bool answer_direct; /* message-lane read answers go out of the registrations (target.c) */
     uint64_t epoch;
     char host_id[64];
     char *secret;        /* engine secret (copy) or NULL: auth off */

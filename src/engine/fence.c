@@ -77,8 +77,14 @@ void kvb__fence_init(kvb_engine_h eng)
 
 void kvb__fence_free(kvb_engine_h eng)
 {
+    /* Emptied, not only freed: UCX may still complete a read answer sent
+     * straight out of the registrations while the worker is destroyed
+     * after this, and its end looks its grant up (kvb__fence_done). */
     free(eng->fence.fenced);
     free(eng->fence.grants);
+    eng->fence.fenced = NULL;
+    eng->fence.grants = NULL;
+    eng->fence.n_fenced = eng->fence.n_grants = eng->fence.cap_fenced = eng->fence.cap_grants = 0;
     if (eng->fence.base != NULL)
         kvb__shm_destroy(eng->fence.base, &eng->fence.ref);
 }

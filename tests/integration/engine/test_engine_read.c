@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -636,9 +637,11 @@ static int child_reader(char **argv)
 
 /* A reader process killed while the target (this process) is answering
  * it: the target keeps serving other readers, the dead reader's grant
- * drains and the target's memory unregisters at once. (Over UCX shared
- * memory an answer's send to a dead reader never ends: answers are sent
- * from a copy, so it holds neither the memory nor the grant.) */
+ * drains and the target's memory unregisters at once (over TCP, where the
+ * answers go straight out of the memory: once UCX saw the connection
+ * fail, within the peer time-out). (Over UCX shared memory an answer's
+ * send to a dead reader never ends: answers are sent from a copy, so it
+ * holds neither the memory nor the grant.) */
 static void test_reader_killed(const char *self)
 {
     int pfd[2];
@@ -667,7 +670,10 @@ static void test_reader_killed(const char *self)
     CHECK_EQ(read1(0, 0, MiB), KVB_OK); /* the target serves on */
     CHECK(same(0, 0, MiB));
     double t0 = kvb_test_now_s();
-    kvb_status_t rv = kvb_engine_revoke_writer(g_t.eng, TAG, e, 0);
+    /* Answers sent straight out of the memory (tcp) end when UCX saw the
+     * connection fail: bounded by the peer time-out (2 s); from a copy at
+     * once (test_answer_window has the window itself). */
+    kvb_status_t rv = kvb_engine_revoke_writer(g_t.eng, TAG, e, g_t.eng->answer_direct ? 3.0 : 0);
     kvb_status_t st = kvb_engine_unregister(g_t.eng, g_t.buf);
     fprintf(stderr,
             "reader killed mid-read: its grant's revoke %s, the target's unregister %s "
@@ -679,6 +685,202 @@ static void test_reader_killed(const char *self)
     TEST_PASS("reader killed mid-read: the target serves on and unregisters in bound");
 }
 
+/* Run as "--reader-once TRANSPORT SID ADDR LEN EPOCH": one read of 256
+ * times [ADDR, +LEN) of SID (the target's pattern) under grant (TAG,
+ * EPOCH) into one buffer; "r" on stdout once it is under way, then
+ * "<status> <clean>" when it ended: clean 1 when the buffer holds the
+ * pattern the target had before its revoke. */
+static int child_reader_once(char **argv)
+{
+    enum { N = 256 }; /* 2 GiB of 8 MiB: still running when stopped */
+    size_t len = strtoull(argv[5], NULL, 10);
+    uint8_t *loc = malloc(len);
+    kvb_block_t b[N];
+    CHECK(loc != NULL);
+    memset(loc, UNTOUCHED, len);
+    kvb_engine_h e = kvb_test_engine(test_transport(argv[2]), 0);
+    CHECK_EQ(kvb_engine_register(e, loc, len, KVB_MEM_HOST), KVB_OK);
+    kvb_engine_set_writer_tag(e, TAG);
+    kvb_write_params_t wp = {.field_mask = KVB_WRITE_PARAM_EPOCH,
+                             .epoch = strtoull(argv[6], NULL, 10)};
+    for (size_t i = 0; i < N; i++)
+        b[i] = (kvb_block_t){strtoull(argv[4], NULL, 10), (uint64_t)(uintptr_t)loc, len};
+    kvb_xfer_h x;
+    CHECK_EQ(kvb_engine_read_async_ex(e, argv[3], b, N, &wp, &x), KVB_OK);
+    CHECK_EQ(write(1, "r", 1), 1);
+    kvb_status_t st = kvb_xfer_wait(x, 30);
+    bool clean = true;
+    for (size_t i = 0; i < len && clean; i++)
+        clean = loc[i] == pattern(i);
+    printf("%d %d\n", (int)st, clean ? 1 : 0);
+    fflush(stdout);
+    _exit(0);
+}
+
+/* Wait (at most 5 s) until target e has read answers in flight: the
+ * reader's requests arrived and it is taking answers. */
+static void wait_answers(kvb_engine_h e)
+{
+    kvb_engine_limits_t l = {.field_mask = KVB_ENGINE_LIMITS_READS};
+    for (int i = 0; i < 5000; i++) {
+        kvb_engine_limits(e, &l);
+        if (l.read_answers > 0)
+            return;
+        usleep(1000);
+    }
+}
+
+/* tcp: the target answers straight out of its registered memory
+ * (KVBRIDGE_READ_ANSWER_DIRECT, default), so an answer being sent still
+ * reads it: the grant stays counted until the send ended. The window: a
+ * reader SIGSTOPped with answers in flight (its socket full) for 1 s. A
+ * revoke then waits (KVB_ERR_INPROGRESS) until the reader took them
+ * (resumed; the target's peer time-out is 10 s here, so its connection is
+ * not closed meanwhile: that bound is the tick's, "Read caps"); once it
+ * returned, the target overwrites its memory: the reader's read must not
+ * succeed with those bytes (its later requests are refused, fenced), and
+ * the memory unregisters at once. With the copy (KVBRIDGE_READ_ANSWER_DIRECT
+ * =0) the revoke drains at once, as before. */
+static void test_answer_window(const char *self)
+{
+    int pfd[2];
+    char c, addr[32], len[32], ep[32], line[64] = "";
+    uint64_t e;
+    kvb_engine_params_t tp = {.field_mask = KVB_ENGINE_PARAM_TRANSPORT |
+                                            KVB_ENGINE_PARAM_COPY_THREADS |
+                                            KVB_ENGINE_PARAM_PEER_TIMEOUT,
+                              .transport = KVB_TRANSPORT_TCP,
+                              .peer_timeout_s = 10.0};
+    kvb_engine_h te;
+    CHECK_EQ(kvb_engine_create(&tp, &te), KVB_OK);
+    kvb_test_end_t t = kvb_test_end(te, TGT, 0, false);
+    for (size_t i = 0; i < TGT; i++)
+        t.buf[i] = pattern(i);
+    bool straight = t.eng->answer_direct;
+    kvb_engine_limits_t l0 = {.field_mask = KVB_ENGINE_LIMITS_READS}, l1 = l0, l2 = l0;
+    CHECK_EQ(kvb_engine_grant_writer(t.eng, TAG, &e), KVB_OK);
+    snprintf(ep, sizeof(ep), "%llu", (unsigned long long)e);
+    snprintf(addr, sizeof(addr), "%llu", (unsigned long long)(uintptr_t)t.buf);
+    snprintf(len, sizeof(len), "%u", TGT);
+    CHECK_EQ(pipe(pfd), 0);
+    kvb_engine_limits(t.eng, &l0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never left stopped behind us */
+        dup2(pfd[1], 1);
+        execl(self, self, "--reader-once", g_mode, kvb_engine_session_id(t.eng), addr, len, ep,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    CHECK_EQ(read(pfd[0], &c, 1), 1);
+    wait_answers(t.eng); /* its requests are being answered */
+    CHECK_EQ(kill(pid, SIGSTOP), 0);
+    usleep(300000); /* the target's sends fill the reader's socket and stall */
+    kvb_engine_limits(t.eng, &l1);
+    double t0 = kvb_test_now_s();
+    kvb_status_t quick = kvb_engine_revoke_writer(t.eng, TAG, e, 0.1);
+    double t_quick = kvb_test_now_s() - t0;
+    usleep(900000); /* stopped for ~1.3 s in all */
+    kvb_status_t held = kvb_engine_revoke_writer(t.eng, TAG, e, 0);
+    double t_resume = kvb_test_now_s() - t0;
+    CHECK_EQ(kill(pid, SIGCONT), 0);
+    kvb_status_t rv = kvb_engine_revoke_writer(t.eng, TAG, e, 10.0);
+    double t_drained = kvb_test_now_s() - t0;
+    kvb_engine_limits(t.eng, &l2);
+    memset(t.buf, 0xA5, TGT); /* written after the revoke returned */
+    kvb_status_t un = kvb_engine_unregister(t.eng, t.buf);
+    ssize_t n = read(pfd[0], line, sizeof(line) - 1);
+    CHECK_EQ(waitpid(pid, NULL, 0), pid);
+    close(pfd[0]);
+    int st = -1, clean = -1;
+    CHECK(n > 0 && sscanf(line, "%d %d", &st, &clean) == 2);
+    fprintf(stderr,
+            "answers %s, reader stopped with %zu answers (%zu bytes) in flight: revoke(0.1 s) %s "
+            "after %.3f s, still %s at %.3f s; reader resumed: revoke(10 s) %s after %.3f s, "
+            "connections closed %llu -> %llu; unregister %s; the reader's read: %s, clean %d\n",
+            straight ? "straight" : "from a copy", l1.read_answers, l1.read_answer_bytes,
+            kvb_status_string(quick), t_quick, kvb_status_string(held), t_resume,
+            kvb_status_string(rv), t_drained, (unsigned long long)l0.read_conns_closed,
+            (unsigned long long)l2.read_conns_closed, kvb_status_string(un),
+            kvb_status_string((kvb_status_t)st), clean);
+    CHECK(l1.read_answers > 0); /* the window: answers in flight to the stopped reader */
+    CHECK_EQ(rv, KVB_OK);
+    CHECK_EQ(un, KVB_OK);
+    CHECK(st != KVB_OK || clean == 1); /* no byte written after the revoke in a good read */
+    CHECK_EQ(l2.read_conns_closed, l0.read_conns_closed);
+    if (straight) {
+        CHECK_EQ(quick, KVB_ERR_INPROGRESS);
+        CHECK_EQ(held, KVB_ERR_INPROGRESS); /* held while the reader is stopped */
+        CHECK(t_drained >= t_resume && t_drained < 5.0);
+        CHECK(st != KVB_OK);
+    } else {
+        CHECK_EQ(quick, KVB_OK);
+    }
+    kvb_test_end_free(&t);
+    TEST_PASS(straight ? "answers sent out of the registration: a revoke waits for a stopped "
+                         "reader's answers until they left, then nothing written after it "
+                         "reaches a read that succeeds"
+                       : "answers from a copy: a revoke drains at once");
+}
+
+/* tcp: a target engine destroyed while its answers to a stopped reader
+ * are being sent straight out of its memory (a grant live): the destroy
+ * ends in bound, the process lives on (the message lane's fini closes the
+ * reply endpoint first: left to ucp_worker_destroy, UCX 1.13 aborted on
+ * the requests still listed on it, ucp_ep.c:437, copy path too), the
+ * sends' ends release nothing of the freed engine (run it under ASan: the
+ * fence state was freed before the worker, now emptied), the memory may
+ * then be freed, and the reader, resumed, fails its read. */
+static void test_answer_destroy(const char *self)
+{
+    int pfd[2];
+    char c, addr[32], len[32], ep[32], line[64] = "";
+    uint64_t e;
+    kvb_test_end_t t = kvb_test_end(kvb_test_engine(KVB_TRANSPORT_TCP, 0), TGT, 0, false);
+    for (size_t i = 0; i < TGT; i++)
+        t.buf[i] = pattern(i);
+    CHECK_EQ(kvb_engine_grant_writer(t.eng, TAG, &e), KVB_OK);
+    snprintf(ep, sizeof(ep), "%llu", (unsigned long long)e);
+    snprintf(addr, sizeof(addr), "%llu", (unsigned long long)(uintptr_t)t.buf);
+    snprintf(len, sizeof(len), "%u", TGT);
+    CHECK_EQ(pipe(pfd), 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never left stopped behind us */
+        dup2(pfd[1], 1);
+        execl(self, self, "--reader-once", g_mode, kvb_engine_session_id(t.eng), addr, len, ep,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    CHECK_EQ(read(pfd[0], &c, 1), 1);
+    wait_answers(t.eng); /* its requests are being answered */
+    CHECK_EQ(kill(pid, SIGSTOP), 0);
+    usleep(300000); /* the sends stall on the reader's full socket */
+    kvb_engine_limits_t l = {.field_mask = KVB_ENGINE_LIMITS_READS};
+    kvb_engine_limits(t.eng, &l);
+    double t0 = kvb_test_now_s();
+    kvb_test_end_free(&t); /* the engine destroyed, then the memory freed */
+    double took = kvb_test_now_s() - t0;
+    CHECK_EQ(kill(pid, SIGCONT), 0);
+    ssize_t n = read(pfd[0], line, sizeof(line) - 1);
+    CHECK_EQ(waitpid(pid, NULL, 0), pid);
+    close(pfd[0]);
+    int st = -1, clean = -1;
+    CHECK(n > 0 && sscanf(line, "%d %d", &st, &clean) == 2);
+    fprintf(stderr,
+            "target destroyed with %zu answers (%zu bytes) in flight to a stopped reader: "
+            "destroy took %.3f s; the resumed reader's read: %s\n",
+            l.read_answers, l.read_answer_bytes, took, kvb_status_string((kvb_status_t)st));
+    CHECK(l.read_answers > 0);
+    CHECK(took < 5.0);
+    CHECK(st != KVB_OK);
+    TEST_PASS("target destroyed mid-answer: bounded, the reader's read fails");
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -686,6 +888,8 @@ int main(int argc, char **argv)
         return test_peer_main(argc, argv);
     if (argc > 6 && strcmp(argv[1], "--reader") == 0)
         return child_reader(argv);
+    if (argc > 6 && strcmp(argv[1], "--reader-once") == 0)
+        return child_reader_once(argv);
     g_mode = argc > 1 ? argv[1] : "direct";
     bool direct = strcmp(g_mode, "direct") == 0, put = strcmp(g_mode, "shm") == 0;
     kvb_transport_t tr = strcmp(g_mode, "tcp") == 0 ? KVB_TRANSPORT_TCP
@@ -723,8 +927,11 @@ int main(int argc, char **argv)
         test_kill(self);
     if (!direct && !put)
         test_reader_killed(self);
-    if (strcmp(g_mode, "tcp") == 0)
+    if (strcmp(g_mode, "tcp") == 0) {
         test_stopped_rx(self);
+        test_answer_window(self);
+        test_answer_destroy(self);
+    }
     kvb_test_end_free(&g_r);
     kvb_test_end_free(&g_t);
     fprintf(stderr, "ok: reads on lane %s\n", g_mode);

@@ -423,5 +423,6 @@ const kvb__lane_t kvb__lane_msg = {
     .read = kvb__xfer_queue, /* am_issue sends a read's requests instead */
     .progress = am_issue,
     .tick = kvb__am_target_tick,
+    .fini = kvb__am_target_fini,
     .stats = kvb__am_target_stats,
 };

@@ -8,17 +8,15 @@
  * acknowledgement goes once the copy is done. A read request (amwire.h) is
  * admitted the same way (token, grant, every descriptor inside one
  * registration, pinned while its bytes are gathered into a copy) and
- * answered with the copy; at most AM_READS_MAX answers and
- * AM_READ_BYTES_MAX bytes are in flight, each at most AM_READ_MAX bytes,
- * so readers cannot make this side hold more, and of them at most
- * AM_READS_CONN_MAX answers and AM_READ_CONN_BYTES_MAX bytes to one
- * connection (one reply endpoint), so one reader cannot hold them all;
- * past either a request is refused KVB_ERR_BUSY ("try again"). A
- * connection none of whose answers leaves within the peer time-out (a
- * reader that stopped taking them) is closed where UCX allows it (peer
- * failure handling: kvb__am_target_tick): its answers' copies and its
- * share are freed. A request touching device
- * memory is gathered by the driver into pinned host memory (at most
+ * answered with the copy, or, on a tcp engine, answered straight out of
+ * the registration (pinned, the grant counted, until the send ended); at most AM_READS_MAX answers
+ * and AM_READ_BYTES_MAX bytes are in flight, each at most AM_READ_MAX bytes, so readers cannot make
+ * this side hold more, and of them at most AM_READS_CONN_MAX answers and AM_READ_CONN_BYTES_MAX
+ * bytes to one connection (one reply endpoint), so one reader cannot hold them all; past either a
+ * request is refused KVB_ERR_BUSY ("try again"). A connection none of whose answers leaves within
+ * the peer time-out (a reader that stopped taking them) is closed where UCX allows it (peer failure
+ * handling: kvb__am_target_tick): its answers' copies and its share are freed. A request touching
+ * device memory is gathered by the driver into pinned host memory (at most
  * KVBRIDGE_CUDA_STAGE_MSG_MAX bytes, as a staged write) on the device-copy
  * worker, as a staged write is placed: counted against the caps from its
  * admission, its segments pinned and its grant counted until gathered,
@@ -58,9 +56,18 @@ typedef struct read_ans { /* a read's answer (see "read requests" below) */
     kvb__op_t op;         /* first: the send is the op */
     kvb_engine_h eng;
     am_peer_t *pe; /* the reader's connection (a reference) */
-    uint8_t *buf;  /* the bytes, gathered (kvb__bufpool, or pinned: device) */
+    uint8_t *buf;  /* the bytes, gathered (kvb__bufpool, or pinned: device); NULL: straight */
     size_t len, cap;
     bool pinned; /* buf from kvb__cuda_stage_get (gathered by the driver) */
+    /* Straight (buf NULL): sent out of the registrations, the pieces iov,
+     * their segments (starts in segs) pinned and the grant (tag, epoch)
+     * counted until the send ended (ans_free) */
+    ucp_dt_iov_t *iov;
+    uint32_t np;
+    uint64_t *segs;
+    size_t nsegs;
+    uint32_t tag;
+    uint64_t epoch;
     uint8_t hdr[AM_ACK_FIXED];
     bool starting, ended; /* as the reader's receive (read.c): a send that
                              ends from within ucp_am_send_nbx */
@@ -340,14 +347,31 @@ static void *stage_alloc(size_t length, const char *what, char *why, size_t wl)
  * grant's count are released right after. A reader that never takes the
  * answer (a dead same-host process: UCX's shared-memory transports have no
  * peer-failure mode, the send never ends) then holds only that buffer, not
- * the target's memory (unregister) nor its grant (a revoke drains). */
+ * the target's memory (unregister) nor its grant (a revoke drains).
+ *
+ * Straight (eng->answer_direct: a tcp engine): the answer is sent out of
+ * the registration (an IOV send of the pieces), which saves the gather
+ * copy (as much CPU as the socket send itself). UCX reads the ranges until
+ * the send ends, so they stay pinned and the grant counted until then
+ * (ans_free): a revoke that returned means no byte written after it is
+ * sent. What bounds that wait: every reply endpoint of a tcp engine is
+ * TCP; a reader that stops taking its answers has its endpoint closed
+ * within the peer time-out (kvb__am_target_tick), which ends its sends.
+ * An endpoint UCX refuses to close (its peer asked for no peer-failure
+ * handling) gets copies from then on (pe->unclosable). */
 
 static void ans_free(read_ans_t *a)
 {
-    if (a->pinned)
+    if (a->iov != NULL) { /* straight: UCX reads the ranges no more */
+        unpin(a->eng, a->segs, a->nsegs);
+        kvb__fence_done(a->eng, a->tag, a->epoch);
+        free(a->segs);
+        free(a->iov);
+    } else if (a->pinned) {
         kvb__cuda_stage_put(a->buf, a->cap);
-    else
+    } else {
         kvb__bufpool_put(a->buf, a->cap);
+    }
     free(a);
 }
 
@@ -411,7 +435,10 @@ static void ans_send(read_ans_t *a)
     p.cb.send = ans_sent_cb;
     p.user_data = a;
     p.flags = UCP_AM_SEND_FLAG_REPLY; /* the reader checks the endpoint (msg.c) */
-    p.datatype = ucp_dt_make_contig(1);
+    bool iov = a->iov != NULL && a->np > 1;
+    p.datatype = iov ? UCP_DATATYPE_IOV : ucp_dt_make_contig(1);
+    void *data = iov ? (void *)a->iov : a->iov != NULL ? a->iov[0].buffer : a->buf;
+    size_t count = iov ? a->np : a->len;
     a->op.release = ans_release;
     a->eng->am_pending++; /* the progress thread keeps driving it (engine.c) */
     if (a->pe->sending++ == 0)
@@ -421,7 +448,7 @@ static void ans_send(read_ans_t *a)
         return;
     }
     a->starting = true;
-    void *r = ucp_am_send_nbx(a->pe->ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED, a->buf, a->len, &p);
+    void *r = ucp_am_send_nbx(a->pe->ep, KVB_AM_ACK, a->hdr, AM_ACK_FIXED, data, count, &p);
     a->starting = false;
     if (UCS_PTR_IS_PTR(r) && !a->ended)
         kvb__op_track(a->eng, &a->op);
@@ -519,6 +546,13 @@ static kvb_status_t ans_gather(kvb_engine_h eng, const uint8_t *h, uint32_t nd, 
     }
     if (device >= 0)
         return gather_job(eng, h, nd, np, pinned, iov, device, a, rc_p, why, wl);
+    if (eng->answer_direct && !a->pe->unclosable) { /* kept pinned until sent (ans_free) */
+        a->iov = iov;
+        a->np = np;
+        a->segs = pinned;
+        a->nsegs = nd;
+        return KVB_OK;
+    }
     st = ans_copy(a, iov, np, why, wl);
     unpin(eng, pinned, nd);
     free(pinned);
@@ -578,9 +612,12 @@ static kvb_status_t am_read_admit(kvb_engine_h eng, am_peer_t *pe, const uint8_t
         a->len = total;
         a->eng = eng;
         a->pe = pe;
+        a->tag = (uint32_t)(mid >> 32);
+        a->epoch = epoch;
         st = ans_gather(eng, h, nd, np, a, rc_p, why, wl);
     }
-    if (*rc_p == NULL) /* nothing more is read (a job: once gathered) */
+    /* nothing more is read (a job: once gathered; straight: once sent) */
+    if (*rc_p == NULL && (a == NULL || a->iov == NULL))
         kvb__fence_done(eng, (uint32_t)(mid >> 32), epoch);
     if (st != KVB_OK) {
         if (a != NULL)
@@ -758,9 +795,23 @@ static ucs_status_t am_write_auth_cb(void *arg, const void *header, size_t hlen,
     return am_write(eng, h + KVB_HS_TOKEN_LEN, hlen - KVB_HS_TOKEN_LEN, data, length, param, ok);
 }
 
+/* Are read answers sent straight out of the registrations ("read
+ * requests" above)? Only where every reply endpoint is TCP (the engine's
+ * transport: its UCX has no shared-memory transport, whose sends to a dead
+ * reader never end) and a stuck one can be closed (am_close_safe);
+ * KVBRIDGE_READ_ANSWER_DIRECT=0 keeps the copy. */
+static void answer_direct_init(kvb_engine_h eng)
+{
+    eng->answer_direct = kvb__env_int("KVBRIDGE_READ_ANSWER_DIRECT", NULL, 1, 0, 1) == 1 &&
+                         eng->params.transport == KVB_TRANSPORT_TCP && eng->am_close_safe;
+    KVB_LOGD("message-lane read answers go %s",
+             eng->answer_direct ? "straight out of the registrations" : "from a copy");
+}
+
 /* The write handlers (plain, and token-first when the engine has a secret). */
 kvb_status_t kvb__am_target_register(kvb_engine_h eng)
 {
+    answer_direct_init(eng);
     ucp_am_handler_param_t p = {0};
     p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                    UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -837,6 +888,35 @@ void kvb__am_target_tick(kvb_engine_h eng)
             continue;
         }
         peer_close(eng, pe, (double)(now - pe->since_ns) / 1e9);
+    }
+}
+
+/* The engine is freed (its progress thread gone, its worker not yet
+ * destroyed): reply endpoints with answers still being sent (a reader that
+ * stopped taking them) are force-closed here, which ends those sends
+ * (ans_done: their ranges, grants and shares released), rather than left
+ * to ucp_worker_destroy, whose endpoint teardown in UCX 1.13 asserts that
+ * no request is still listed on the endpoint (ucp_ep.c:437, proto_reqs)
+ * and aborts the process. An endpoint that was one of our connections'
+ * was closed when the progress thread stopped, which ended its answers. */
+void kvb__am_target_fini(kvb_engine_h eng)
+{
+    for (size_t n = 0; n < 4096; n++) { /* one endpoint per turn: the list changes */
+        am_peer_t *pe = eng->am_peers;
+        while (pe != NULL && (pe->sending == 0 || pe->closed || pe->unclosable))
+            pe = pe->next;
+        if (pe == NULL || !eng->am_close_safe)
+            return;
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        pe->refs++;
+        pe->closed = true;
+        void *r = ucp_ep_close_nbx(pe->ep, &p);
+        if (UCS_PTR_IS_PTR(r))
+            ucp_request_free(r); /* released when it completes */
+        else if (UCS_PTR_IS_ERR(r))
+            pe->unclosable = true;
+        peer_put(eng, pe);
     }
 }
 
