@@ -69,8 +69,7 @@ cmake -S "$ROOT" -B "$BUILD" -DKVB_NIXL=ON -DNIXL_INCLUDE_DIR="$INC" >/dev/null
 cmake --build "$BUILD" -j"${JOBS:-2}" --target kvbridge_nixl kvb_cuda_double >/dev/null
 # the vram cases' "device" memory: the driver double (never a GPU), which
 # nixl_pair.py hands to kvbridge as KVBRIDGE_CUDA_LIB in those cases only
-KVBRIDGE_CUDA_DOUBLE=$(find "$BUILD/tests/cuda" -maxdepth 1 -name 'libkvb_cuda_double.so' | head -n 1)
-export KVBRIDGE_CUDA_DOUBLE
+export KVBRIDGE_CUDA_DOUBLE=$BUILD/tests/cuda/libkvb_cuda_double.so
 PLUG=$BUILD/nixl-plugins
 rm -rf "$PLUG"
 mkdir -p "$PLUG"

@@ -726,9 +726,9 @@ def case_vram_refused():
     print("ok: vram_refused", flush=True)
 
 
-CASES = {"params": case_params, "socket_md": case_socket_md, "write_read": case_write_read, "notif": case_notif, "local": case_local,
-         "bounds": case_bounds, "kill": case_kill, "release": case_release, "vram": case_vram,
-         "vram_refused": case_vram_refused}
+CASES = {"params": case_params, "socket_md": case_socket_md, "write_read": case_write_read,
+         "notif": case_notif, "local": case_local, "bounds": case_bounds, "kill": case_kill,
+         "release": case_release, "vram": case_vram, "vram_refused": case_vram_refused}
 
 if __name__ == "__main__":
     if sys.argv[1] == "--target":
