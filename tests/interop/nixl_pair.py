@@ -34,7 +34,8 @@ pair (JSON lines). Cases (argv[1]):
                registered as VRAM (device 0); WRITE DRAM->VRAM, READ
                VRAM->DRAM, WRITE and READ VRAM->VRAM, many descriptors, every
                device byte read back through the double (cuMemcpyDtoH), and
-               the double's counters show the CUDA lane moved them
+               the double's counters show the CUDA lane moved them; device
+               0's memory offered as device 1 is refused
   vram_refused VRAM registration with KVBRIDGE_CUDA_LIB naming a missing file
                and a file that is no library: NIXL raises an error naming
                the cause, the process keeps serving DRAM
@@ -659,6 +660,11 @@ def case_vram():
     dsrc, dback = Device(size), Device(size)
     dsrc.upload(pattern(size, 3))
     dback.upload(np.zeros(size, dtype=np.uint8))
+    try:  # the wrong device id for the allocation (it is device 0's): refused
+        a.register_memory([(dsrc.ptr, size, 1, "")], "VRAM", backends=[BACKEND])
+        fail("device 0's memory registered as VRAM of device 1")
+    except Exception as e:  # noqa: BLE001 - the class is NIXL's status
+        print(f"  device 0's memory as VRAM device 1: {type(e).__name__}", flush=True)
     for d in (dsrc, dback):
         a.register_memory([(d.ptr, size, 0, "")], "VRAM", backends=[BACKEND])
     vram_xfer(a, name, link, "WRITE", (mixed_descs(dsrc.ptr, size)[0], "VRAM"), remote,
