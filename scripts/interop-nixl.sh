@@ -15,12 +15,13 @@
 #     wheel's bundled-library folder on LD_LIBRARY_PATH (below).
 #  4. It must load (NIXL logs a refused plug-in only at INFO), then the
 #     cases: tests/interop/nixl_pair.py (params write_read notif local
-#     socket_md bounds kill release vram vram_refused; two processes each,
-#     except params, local and socket_md) and tests/interop/nixl_vllm_pull.py (vLLM 0.34's
-#     NixlConnector pull replayed); write_read, vram and the replay also over
-#     the message lane (KVBRIDGE_TRANSPORT=tcp). vram: VRAM_SEG against the
-#     CUDA driver-API test double (BUILD's libkvb_cuda_double.so, plumbing
-#     only, no GPU). Logs: BUILD/interop-nixl/*.log.
+#     socket_md bounds kill release vram vram_vmm vram_refused; two
+#     processes each, except params, local and socket_md) and
+#     tests/interop/nixl_vllm_pull.py (vLLM 0.34's NixlConnector pull
+#     replayed); write_read, vram and the replay also over the message lane
+#     (KVBRIDGE_TRANSPORT=tcp). vram*: VRAM_SEG against the CUDA driver-API
+#     test double (BUILD's libkvb_cuda_double.so; plumbing only, no GPU).
+#     Logs: BUILD/interop-nixl/*.log.
 # Usage: scripts/interop-nixl.sh [BUILD_DIR] [CASE...]   (make build first)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,8 +29,8 @@ BUILD=$(cd "${1:-$ROOT/build}" && pwd)
 shift || true
 CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
-    CASES=(params write_read notif local socket_md bounds kill release vram vram_refused
-        vllm_pull write_read@tcp vram@tcp vllm_pull@tcp)
+    CASES=(params write_read notif local socket_md bounds kill release vram vram_vmm
+        vram_refused vllm_pull write_read@tcp vram@tcp vllm_pull@tcp)
 fi
 PINS="nixl-cu12==1.5.1 nixl==1.5.1"
 

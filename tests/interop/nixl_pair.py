@@ -36,6 +36,9 @@ pair (JSON lines). Cases (argv[1]):
                device byte read back through the double (cuMemcpyDtoH), and
                the double's counters show the CUDA lane moved them; device
                0's memory offered as device 1 is refused
+  vram_vmm     vram with the target's memory VMM memory (2 MiB cuMemCreate
+               handles mapped back to back, as PyTorch's expandable
+               segments): the initiator imports each handle's fd and maps it
   vram_refused VRAM registration with KVBRIDGE_CUDA_LIB naming a missing file
                and a file that is no library: NIXL raises an error naming
                the cause, the process keeps serving DRAM
@@ -43,6 +46,7 @@ pair (JSON lines). Cases (argv[1]):
 Every process ends with os._exit (the 1.5.1 wheel can crash at interpreter
 exit). Exit 0 on success; a failure prints what differed."""
 import base64
+import ctypes
 import json
 import os
 import signal
@@ -112,6 +116,7 @@ class Link:
 # ---- "device" memory: the CUDA driver-API test double (cases vram*) ----
 
 CUDA = None  # ctypes handle of the double: the same instance kvbridge dlopens
+VMM_PART = 2 << 20  # case vram_vmm: the target's memory in 2 MiB cuMemCreate handles
 OWN = {"copies": 0, "bytes": 0}  # the double's counters that this script's own copies moved
 
 
@@ -123,25 +128,52 @@ def cuda_double():
     if not os.path.isfile(path):
         fail(f"KVBRIDGE_CUDA_DOUBLE ({path!r}) names no file: build kvb_cuda_double")
     os.environ["KVBRIDGE_CUDA_LIB"] = path
-    import ctypes
     CUDA = ctypes.CDLL(path)
     return CUDA
 
 
 class Device:
-    """size bytes of the double's device memory on device 0 (cuMemAlloc: the
-    address itself is PROT_NONE, so only the driver reaches the bytes)."""
+    """size bytes of the double's device memory on device 0, its address
+    PROT_NONE to host code (only the driver reaches the bytes): cuMemAlloc,
+    or with vmm_part VMM memory as PyTorch's expandable segments make it
+    (cuMemCreate handles of vmm_part bytes asking for POSIX file
+    descriptors, mapped back to back in one reservation, read-write)."""
 
-    def __init__(self, size):
-        import ctypes
-        self.c, self.size = ctypes, size
+    def __init__(self, size, vmm_part=0):
+        self.size = size
         ctx, d, p = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_ulonglong()
         self.ok(CUDA.cuInit(0), "cuInit")
         self.ok(CUDA.cuDeviceGet(ctypes.byref(d), 0), "cuDeviceGet")
         self.ok(CUDA.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d), "cuDevicePrimaryCtxRetain")
         self.ok(CUDA.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        self.ok(CUDA.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size)), "cuMemAlloc")
+        if not vmm_part:
+            self.ok(CUDA.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size)), "cuMemAlloc")
+            self.ptr = p.value
+            return
+        u64, sz = ctypes.c_ulonglong, ctypes.c_size_t
+
+        class Prop(ctypes.Structure):  # CUmemAllocationProp
+            _fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int),
+                        ("location", ctypes.c_int * 2), ("win32", ctypes.c_void_p),
+                        ("flags", ctypes.c_ubyte * 8)]
+
+        class Access(ctypes.Structure):  # CUmemAccessDesc
+            _fields_ = [("location", ctypes.c_int * 2), ("flags", ctypes.c_int)]
+
+        prop = Prop(1, 1, (ctypes.c_int * 2)(1, 0))  # pinned, POSIX fd, device 0
+        acc = Access((ctypes.c_int * 2)(1, 0), 3)  # read-write on device 0
+        self.ok(CUDA.cuMemAddressReserve(ctypes.byref(p), sz(size), sz(0), u64(0), u64(0)),
+                "cuMemAddressReserve")
         self.ptr = p.value
+        for off in range(0, size, vmm_part):
+            h = u64()
+            self.ok(CUDA.cuMemCreate(ctypes.byref(h), sz(vmm_part), ctypes.byref(prop), u64(0)),
+                    "cuMemCreate")
+            self.ok(CUDA.cuMemMap(u64(self.ptr + off), sz(vmm_part), sz(0), h, u64(0)),
+                    "cuMemMap")
+            self.ok(CUDA.cuMemRelease(h), "cuMemRelease")
+        self.ok(CUDA.cuMemSetAccess(u64(self.ptr), sz(size), ctypes.byref(acc), sz(1)),
+                "cuMemSetAccess")
 
     @staticmethod
     def ok(r, what):
@@ -151,17 +183,15 @@ class Device:
     def upload(self, a):
         OWN["copies"] += 1
         OWN["bytes"] += self.size
-        self.ok(CUDA.cuMemcpyHtoD_v2(self.c.c_ulonglong(self.ptr),
-                                     self.c.c_void_p(a.ctypes.data),
-                                     self.c.c_size_t(self.size)), "cuMemcpyHtoD")
+        self.ok(CUDA.cuMemcpyHtoD_v2(ctypes.c_ulonglong(self.ptr), ctypes.c_void_p(a.ctypes.data),
+                                     ctypes.c_size_t(self.size)), "cuMemcpyHtoD")
 
     def download(self):
         OWN["copies"] += 1
         OWN["bytes"] += self.size
         h = np.empty(self.size, dtype=np.uint8)
-        self.ok(CUDA.cuMemcpyDtoH_v2(self.c.c_void_p(h.ctypes.data),
-                                     self.c.c_ulonglong(self.ptr),
-                                     self.c.c_size_t(self.size)), "cuMemcpyDtoH")
+        self.ok(CUDA.cuMemcpyDtoH_v2(ctypes.c_void_p(h.ctypes.data), ctypes.c_ulonglong(self.ptr),
+                                     ctypes.c_size_t(self.size)), "cuMemcpyDtoH")
         return h
 
 
@@ -174,7 +204,6 @@ def cuda_stats():
     this script's own uploads and downloads counted: what kvbridge did."""
     if CUDA is None:
         return {}
-    import ctypes
     out = (ctypes.c_uint64 * len(STATS))()
     CUDA.kvb_cuda_double_stats(out)
     st = dict(zip(STATS, (int(v) for v in out)))
@@ -185,11 +214,11 @@ def cuda_stats():
 
 def target_main(fd, size, params, mem):
     link = Link(socket.socket(fileno=fd))
-    if mem == "VRAM":
+    if mem != "DRAM":
         cuda_double()
     a = make_agent("prefill", params)
-    if mem == "VRAM":  # device memory of the CUDA double (case vram)
-        dev = Device(size)
+    if mem != "DRAM":  # device memory of the CUDA double (cases vram*)
+        dev = Device(size, VMM_PART if mem == "VMM" else 0)
         dev.upload(pattern(size, 1))
         a.register_memory([(dev.ptr, size, 0, "")], "VRAM", backends=[BACKEND])
         addr, current = dev.ptr, dev.download
@@ -631,11 +660,11 @@ def delta(after, before):
     return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
 
 
-def case_vram():
+def case_vram(target_mem="VRAM"):
     cuda_double()
     tr = os.environ.get("KVBRIDGE_TRANSPORT", "auto")
     size = 16 << 20
-    p, link, hello = start_target(size, mem="VRAM")
+    p, link, hello = start_target(size, mem=target_mem)
     a = make_agent("decode")
     name = a.add_remote_agent(base64.b64decode(hello["meta"]))
     link.send(cmd="add_remote", meta=base64.b64encode(a.get_agent_metadata()).decode())
@@ -643,8 +672,9 @@ def case_vram():
     link.send(cmd="cuda_stats")
     t0, i0 = link.recv()["stats"], cuda_stats()
     remote, _ = mixed_descs(hello["addr"], size)
+    how = "cuMemAlloc" if target_mem == "VRAM" else f"VMM, {size // VMM_PART} cuMemCreate handles"
     print(f"vram ({tr}): {len(remote)} descriptors, {size >> 20} MiB of the target's device "
-          f"memory (the CUDA double's cuMemAlloc, registered as VRAM device 0)", flush=True)
+          f"memory (the CUDA double's {how}, registered as VRAM device 0)", flush=True)
     # DRAM -> VRAM, and back VRAM -> DRAM into zeroed host memory
     src, back = pattern(size, 2), np.zeros(size, dtype=np.uint8)
     register(a, src)
@@ -676,21 +706,27 @@ def case_vram():
         fail(f"READ VRAM -> VRAM: {bad} bytes differ")
     link.send(cmd="cuda_stats")
     td, idelta = delta(link.recv()["stats"], t0), delta(cuda_stats(), i0)
-    print(f"  the double's counters during the transfers: initiator {idelta}; target {td}",
-          flush=True)
+    print(f"  the double's counters during the transfers: initiator {idelta}; target {td} "
+          f"(before them: {t0.get('vmm_exports')} VMM exports)", flush=True)
     # each of the 4 transfers' bytes pass through a driver copy exactly once
     if tr == "tcp":  # staged: the target's driver places and gathers all 4,
         # this side's the 2 with its own VRAM (stages the source, places the answer)
         lane = (td.get("bytes") == 4 * size and idelta.get("bytes") == 2 * size
                 and not idelta.get("ipc_opens"))
+    elif target_mem == "VMM":  # the target's handles exported as fds (at registration),
+        parts = size // VMM_PART  # imported and mapped here
+        lane = (t0.get("vmm_exports") == parts and idelta.get("vmm_imports") == parts and
+                idelta.get("vmm_maps") == parts and not idelta.get("ipc_opens") and
+                idelta.get("bytes") == 4 * size and not td.get("bytes"))
     else:  # this side opens the target's allocation (IPC) and its driver copies all
         lane = (idelta.get("ipc_opens", 0) > 0 and idelta.get("bytes") == 4 * size
                 and not td.get("bytes"))
     if not lane:
-        fail(f"the CUDA lane expected for transport {tr} was not taken")
+        fail(f"the CUDA lane expected for transport {tr}, target memory {target_mem}, "
+             "was not taken")
     link.send(cmd="exit")
     link.recv()
-    print("ok: vram", flush=True)
+    print("ok: vram" + ("" if target_mem == "VRAM" else "_vmm"), flush=True)
 
 
 def refused_main(lib):
@@ -734,7 +770,8 @@ def case_vram_refused():
 
 CASES = {"params": case_params, "socket_md": case_socket_md, "write_read": case_write_read,
          "notif": case_notif, "local": case_local, "bounds": case_bounds, "kill": case_kill,
-         "release": case_release, "vram": case_vram, "vram_refused": case_vram_refused}
+         "release": case_release, "vram": case_vram, "vram_vmm": lambda: case_vram("VMM"),
+         "vram_refused": case_vram_refused}
 
 if __name__ == "__main__":
     if sys.argv[1] == "--target":
