@@ -15,10 +15,13 @@
 #     wheel's bundled-library folder on LD_LIBRARY_PATH (below).
 #  4. It must load (NIXL logs a refused plug-in only at INFO), then the
 #     cases: tests/interop/nixl_pair.py (params write_read notif local
-#     socket_md bounds kill release; two processes each, except params,
-#     local and socket_md) and tests/interop/nixl_vllm_pull.py (vLLM 0.34's
-#     NixlConnector pull replayed); write_read and the replay also over the
-#     message lane (KVBRIDGE_TRANSPORT=tcp). Logs: BUILD/interop-nixl/*.log.
+#     socket_md bounds kill release vram vram_vmm vram_refused; two
+#     processes each, except params, local and socket_md) and
+#     tests/interop/nixl_vllm_pull.py (vLLM 0.34's NixlConnector pull
+#     replayed); write_read, vram and the replay also over the message lane
+#     (KVBRIDGE_TRANSPORT=tcp). vram*: VRAM_SEG against the CUDA driver-API
+#     test double (BUILD's libkvb_cuda_double.so; plumbing only, no GPU).
+#     Logs: BUILD/interop-nixl/*.log.
 # Usage: scripts/interop-nixl.sh [BUILD_DIR] [CASE...]   (make build first)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,8 +29,8 @@ BUILD=$(cd "${1:-$ROOT/build}" && pwd)
 shift || true
 CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
-    CASES=(params write_read notif local socket_md bounds kill release vllm_pull write_read@tcp
-        vllm_pull@tcp)
+    CASES=(params write_read notif local socket_md bounds kill release vram vram_vmm
+        vram_refused vllm_pull write_read@tcp vram@tcp vllm_pull@tcp)
 fi
 PINS="nixl-cu12==1.5.1 nixl==1.5.1"
 
@@ -64,7 +67,10 @@ LIBS=$("$VENV/bin/python" -c 'import nixl_cu12, os; print(os.path.join(os.path.d
 
 # 3. the plug-in and its folder
 cmake -S "$ROOT" -B "$BUILD" -DKVB_NIXL=ON -DNIXL_INCLUDE_DIR="$INC" >/dev/null
-cmake --build "$BUILD" -j"${JOBS:-2}" --target kvbridge_nixl >/dev/null
+cmake --build "$BUILD" -j"${JOBS:-2}" --target kvbridge_nixl kvb_cuda_double >/dev/null
+# the vram cases' "device" memory: the driver double (never a GPU), which
+# nixl_pair.py hands to kvbridge as KVBRIDGE_CUDA_LIB in those cases only
+export KVBRIDGE_CUDA_DOUBLE=$BUILD/tests/cuda/libkvb_cuda_double.so
 PLUG=$BUILD/nixl-plugins
 rm -rf "$PLUG"
 mkdir -p "$PLUG"

@@ -27,10 +27,26 @@ pair (JSON lines). Cases (argv[1]):
                target is SIGSTOPped mid-READ: refused while the cancel cannot
                settle (the request then reads ERR) or accepted; no byte lands
                after the release returned, also once the target resumes
+  vram         VRAM_SEG against the CUDA driver-API test double (the file
+               KVBRIDGE_CUDA_DOUBLE names, loaded by kvbridge through
+               KVBRIDGE_CUDA_LIB in both processes; plumbing only, never a
+               GPU): the target's memory is "device" memory of the double
+               registered as VRAM (device 0); WRITE DRAM->VRAM, READ
+               VRAM->DRAM, WRITE and READ VRAM->VRAM, many descriptors, every
+               device byte read back through the double (cuMemcpyDtoH), and
+               the double's counters show the CUDA lane moved them; device
+               0's memory offered as device 1 is refused
+  vram_vmm     vram with the target's memory VMM memory (2 MiB cuMemCreate
+               handles mapped back to back, as PyTorch's expandable
+               segments): the initiator imports each handle's fd and maps it
+  vram_refused VRAM registration with KVBRIDGE_CUDA_LIB naming a missing file
+               and a file that is no library: NIXL raises an error naming
+               the cause, the process keeps serving DRAM
 
 Every process ends with os._exit (the 1.5.1 wheel can crash at interpreter
 exit). Exit 0 on success; a failure prints what differed."""
 import base64
+import ctypes
 import json
 import os
 import signal
@@ -97,14 +113,120 @@ class Link:
         return json.loads(line)
 
 
+# ---- "device" memory: the CUDA driver-API test double (cases vram*) ----
+
+CUDA = None  # ctypes handle of the double: the same instance kvbridge dlopens
+VMM_PART = 2 << 20  # case vram_vmm: the target's memory in 2 MiB cuMemCreate handles
+OWN = {"copies": 0, "bytes": 0}  # the double's counters that this script's own copies moved
+
+
+def cuda_double():
+    """Loads the double (KVBRIDGE_CUDA_DOUBLE) and points kvbridge at it
+    (KVBRIDGE_CUDA_LIB, inherited by the target process); before any agent."""
+    global CUDA
+    path = os.environ.get("KVBRIDGE_CUDA_DOUBLE", "")
+    if not os.path.isfile(path):
+        fail(f"KVBRIDGE_CUDA_DOUBLE ({path!r}) names no file: build kvb_cuda_double")
+    os.environ["KVBRIDGE_CUDA_LIB"] = path
+    CUDA = ctypes.CDLL(path)
+    return CUDA
+
+
+class Device:
+    """size bytes of the double's device memory on device 0, its address
+    PROT_NONE to host code (only the driver reaches the bytes): cuMemAlloc,
+    or with vmm_part VMM memory as PyTorch's expandable segments make it
+    (cuMemCreate handles of vmm_part bytes asking for POSIX file
+    descriptors, mapped back to back in one reservation, read-write)."""
+
+    def __init__(self, size, vmm_part=0):
+        self.size = size
+        ctx, d, p = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_ulonglong()
+        self.ok(CUDA.cuInit(0), "cuInit")
+        self.ok(CUDA.cuDeviceGet(ctypes.byref(d), 0), "cuDeviceGet")
+        self.ok(CUDA.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d), "cuDevicePrimaryCtxRetain")
+        self.ok(CUDA.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        if not vmm_part:
+            self.ok(CUDA.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size)), "cuMemAlloc")
+            self.ptr = p.value
+            return
+        u64, sz = ctypes.c_ulonglong, ctypes.c_size_t
+
+        class Prop(ctypes.Structure):  # CUmemAllocationProp
+            _fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int),
+                        ("location", ctypes.c_int * 2), ("win32", ctypes.c_void_p),
+                        ("flags", ctypes.c_ubyte * 8)]
+
+        class Access(ctypes.Structure):  # CUmemAccessDesc
+            _fields_ = [("location", ctypes.c_int * 2), ("flags", ctypes.c_int)]
+
+        prop = Prop(1, 1, (ctypes.c_int * 2)(1, 0))  # pinned, POSIX fd, device 0
+        acc = Access((ctypes.c_int * 2)(1, 0), 3)  # read-write on device 0
+        self.ok(CUDA.cuMemAddressReserve(ctypes.byref(p), sz(size), sz(0), u64(0), u64(0)),
+                "cuMemAddressReserve")
+        self.ptr = p.value
+        for off in range(0, size, vmm_part):
+            h = u64()
+            self.ok(CUDA.cuMemCreate(ctypes.byref(h), sz(vmm_part), ctypes.byref(prop), u64(0)),
+                    "cuMemCreate")
+            self.ok(CUDA.cuMemMap(u64(self.ptr + off), sz(vmm_part), sz(0), h, u64(0)),
+                    "cuMemMap")
+            self.ok(CUDA.cuMemRelease(h), "cuMemRelease")
+        self.ok(CUDA.cuMemSetAccess(u64(self.ptr), sz(size), ctypes.byref(acc), sz(1)),
+                "cuMemSetAccess")
+
+    @staticmethod
+    def ok(r, what):
+        if r != 0:
+            fail(f"{what}: CUDA error {r}")
+
+    def upload(self, a):
+        OWN["copies"] += 1
+        OWN["bytes"] += self.size
+        self.ok(CUDA.cuMemcpyHtoD_v2(ctypes.c_ulonglong(self.ptr), ctypes.c_void_p(a.ctypes.data),
+                                     ctypes.c_size_t(self.size)), "cuMemcpyHtoD")
+
+    def download(self):
+        OWN["copies"] += 1
+        OWN["bytes"] += self.size
+        h = np.empty(self.size, dtype=np.uint8)
+        self.ok(CUDA.cuMemcpyDtoH_v2(ctypes.c_void_p(h.ctypes.data), ctypes.c_ulonglong(self.ptr),
+                                     ctypes.c_size_t(self.size)), "cuMemcpyDtoH")
+        return h
+
+
+STATS = ("copies", "copies_2d", "copies_batch", "syncs", "ipc_opens", "ipc_closes", "bytes",
+         "vmm_exports", "vmm_imports", "vmm_maps", "vmm_unmaps", "pinned_bytes", "pinned_peak")
+
+
+def cuda_stats():
+    """kvb_cuda_double_stats (tests/cuda/cuda_double.h) as a dict, less what
+    this script's own uploads and downloads counted: what kvbridge did."""
+    if CUDA is None:
+        return {}
+    out = (ctypes.c_uint64 * len(STATS))()
+    CUDA.kvb_cuda_double_stats(out)
+    st = dict(zip(STATS, (int(v) for v in out)))
+    return {k: v - OWN.get(k, 0) for k, v in st.items()}
+
+
 # ---- target (child) ----
 
-def target_main(fd, size, params):
+def target_main(fd, size, params, mem):
     link = Link(socket.socket(fileno=fd))
+    if mem != "DRAM":
+        cuda_double()
     a = make_agent("prefill", params)
-    buf = pattern(size, 1)
-    register(a, buf)
-    link.send(meta=base64.b64encode(a.get_agent_metadata()).decode(), addr=buf.ctypes.data,
+    if mem != "DRAM":  # device memory of the CUDA double (cases vram*)
+        dev = Device(size, VMM_PART if mem == "VMM" else 0)
+        dev.upload(pattern(size, 1))
+        a.register_memory([(dev.ptr, size, 0, "")], "VRAM", backends=[BACKEND])
+        addr, current = dev.ptr, dev.download
+    else:
+        buf = pattern(size, 1)
+        register(a, buf)
+        addr, current = buf.ctypes.data, lambda: buf
+    link.send(meta=base64.b64encode(a.get_agent_metadata()).decode(), addr=addr,
               pid=os.getpid())
     got = []
     while True:
@@ -122,9 +244,10 @@ def target_main(fd, size, params):
                         if m != c["msg"].encode() or hit is not None:
                             got.append((agent, m))
                             continue
-                        early = int(np.count_nonzero(buf[::step] != sample))
+                        now = current()
+                        early = int(np.count_nonzero(now[::step] != sample))
                         hit = dict(agent=agent, early=early,
-                                   mismatched=int(np.count_nonzero(buf != want)))
+                                   mismatched=int(np.count_nonzero(now != want)))
                 if hit is None:
                     time.sleep(0.0005)
             link.send(hit=hit)
@@ -143,16 +266,18 @@ def target_main(fd, size, params):
             a.send_notif(c["agent"], c["msg"].encode())
             link.send(ok=True)
         elif c["cmd"] == "bytes":
-            link.send(mismatched=int(np.count_nonzero(buf != pattern(size, c["seed"]))))
+            link.send(mismatched=int(np.count_nonzero(current() != pattern(size, c["seed"]))))
+        elif c["cmd"] == "cuda_stats":
+            link.send(stats=cuda_stats())
         elif c["cmd"] == "exit":
             link.send(ok=True)
             os._exit(0)
 
 
-def start_target(size, params=None):
+def start_target(size, params=None, mem="DRAM"):
     parent, child = socket.socketpair()
     p = subprocess.Popen([sys.executable, __file__, "--target", str(child.fileno()), str(size),
-                          json.dumps(params or {})], pass_fds=[child.fileno()])
+                          json.dumps(params or {}), mem], pass_fds=[child.fileno()])
     child.close()
     link = Link(parent)
     hello = link.recv()
@@ -509,13 +634,150 @@ def case_socket_md():
         fail(f"WRITE after socket metadata: {st}, notifications {n}")
     print("ok: socket_md", flush=True)
 
+def vram_xfer(a, name, link, op, local, remote, msg, seed):
+    """One WRITE or READ between this agent's (local: (descs, "DRAM"|"VRAM"))
+    and the target's device memory; a WRITE's bytes are checked at the target
+    the moment its notification arrives. Returns the final state."""
+    h = a.initialize_xfer(op, a.get_xfer_descs(*local), a.get_xfer_descs(remote, "VRAM"), name,
+                          msg.encode())
+    if op == "WRITE":
+        link.send(cmd="wait_notif", msg=msg, seed=seed)
+        link.recv()
+    if a.transfer(h) not in ("PROC", "DONE"):
+        fail(f"{op} {local[1]}->VRAM not posted")
+    st, took = wait_state(a, h, 30)
+    hit = link.recv()["hit"] if op == "WRITE" else None
+    print(f"  {op} {local[1]} {'->' if op == 'WRITE' else '<-'} VRAM: {st} after {took:.3f} s"
+          + (f"; target's device bytes at the notification: {hit}" if op == "WRITE" else ""),
+          flush=True)
+    if st != "DONE" or (op == "WRITE" and (hit is None or hit["mismatched"] != 0 or
+                                           hit["early"] != 0 or hit["agent"] != "decode")):
+        fail(f"{op} {local[1]} with the target's VRAM: state {st}, notification {hit}")
+    a.release_xfer_handle(h)
 
-CASES = {"params": case_params, "socket_md": case_socket_md, "write_read": case_write_read, "notif": case_notif, "local": case_local,
-         "bounds": case_bounds, "kill": case_kill, "release": case_release}
+
+def delta(after, before):
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+def case_vram(target_mem="VRAM"):
+    cuda_double()
+    tr = os.environ.get("KVBRIDGE_TRANSPORT", "auto")
+    size = 16 << 20
+    p, link, hello = start_target(size, mem=target_mem)
+    a = make_agent("decode")
+    name = a.add_remote_agent(base64.b64decode(hello["meta"]))
+    link.send(cmd="add_remote", meta=base64.b64encode(a.get_agent_metadata()).decode())
+    link.recv()
+    link.send(cmd="cuda_stats")
+    t0, i0 = link.recv()["stats"], cuda_stats()
+    remote, _ = mixed_descs(hello["addr"], size)
+    how = "cuMemAlloc" if target_mem == "VRAM" else f"VMM, {size // VMM_PART} cuMemCreate handles"
+    print(f"vram ({tr}): {len(remote)} descriptors, {size >> 20} MiB of the target's device "
+          f"memory (the CUDA double's {how}, registered as VRAM device 0)", flush=True)
+    # DRAM -> VRAM, and back VRAM -> DRAM into zeroed host memory
+    src, back = pattern(size, 2), np.zeros(size, dtype=np.uint8)
+    register(a, src)
+    register(a, back)
+    vram_xfer(a, name, link, "WRITE", (mixed_descs(src.ctypes.data, size)[0], "DRAM"), remote,
+              "vram-write:dram", 2)
+    vram_xfer(a, name, link, "READ", (mixed_descs(back.ctypes.data, size)[0], "DRAM"), remote,
+              "vram-read:dram", 2)
+    bad = int(np.count_nonzero(back != pattern(size, 2)))
+    if bad:
+        fail(f"READ VRAM -> DRAM: {bad} bytes differ")
+    # VRAM -> VRAM both ways: this side's memory from the double as well
+    dsrc, dback = Device(size), Device(size)
+    dsrc.upload(pattern(size, 3))
+    dback.upload(np.zeros(size, dtype=np.uint8))
+    try:  # the wrong device id for the allocation (it is device 0's): refused
+        a.register_memory([(dsrc.ptr, size, 1, "")], "VRAM", backends=[BACKEND])
+        fail("device 0's memory registered as VRAM of device 1")
+    except Exception as e:  # noqa: BLE001 - the class is NIXL's status
+        print(f"  device 0's memory as VRAM device 1: {type(e).__name__}", flush=True)
+    for d in (dsrc, dback):
+        a.register_memory([(d.ptr, size, 0, "")], "VRAM", backends=[BACKEND])
+    vram_xfer(a, name, link, "WRITE", (mixed_descs(dsrc.ptr, size)[0], "VRAM"), remote,
+              "vram-write:vram", 3)
+    vram_xfer(a, name, link, "READ", (mixed_descs(dback.ptr, size)[0], "VRAM"), remote,
+              "vram-read:vram", 3)
+    bad = int(np.count_nonzero(dback.download() != pattern(size, 3)))
+    if bad:
+        fail(f"READ VRAM -> VRAM: {bad} bytes differ")
+    link.send(cmd="cuda_stats")
+    td, idelta = delta(link.recv()["stats"], t0), delta(cuda_stats(), i0)
+    print(f"  the double's counters during the transfers: initiator {idelta}; target {td} "
+          f"(before them: {t0.get('vmm_exports')} VMM exports)", flush=True)
+    # each of the 4 transfers' bytes pass through a driver copy exactly once
+    if tr == "tcp":  # staged: the target's driver places and gathers all 4,
+        # this side's the 2 with its own VRAM (stages the source, places the answer)
+        lane = (td.get("bytes") == 4 * size and idelta.get("bytes") == 2 * size
+                and not idelta.get("ipc_opens"))
+    elif target_mem == "VMM":  # the target's handles exported as fds (at registration),
+        parts = size // VMM_PART  # imported and mapped here
+        lane = (t0.get("vmm_exports") == parts and idelta.get("vmm_imports") == parts and
+                idelta.get("vmm_maps") == parts and not idelta.get("ipc_opens") and
+                idelta.get("bytes") == 4 * size and not td.get("bytes"))
+    else:  # this side opens the target's allocation (IPC) and its driver copies all
+        lane = (idelta.get("ipc_opens", 0) > 0 and idelta.get("bytes") == 4 * size
+                and not td.get("bytes"))
+    if not lane:
+        fail(f"the CUDA lane expected for transport {tr}, target memory {target_mem}, "
+             "was not taken")
+    link.send(cmd="exit")
+    link.recv()
+    print("ok: vram" + ("" if target_mem == "VRAM" else "_vmm"), flush=True)
+
+
+def refused_main(lib):
+    """One process whose kvbridge finds no usable driver at KVBRIDGE_CUDA_LIB."""
+    os.environ["KVBRIDGE_CUDA_LIB"] = lib
+    a = make_agent("refused")
+    size = 1 << 20
+    fake = np.zeros(size, dtype=np.uint8)  # what a caller believes is device memory
+    try:
+        a.register_memory([(fake.ctypes.data, size, 0, "")], "VRAM", backends=[BACKEND])
+        fail("VRAM registered with no usable CUDA driver")
+    except Exception as e:  # noqa: BLE001 - the class is NIXL's status
+        print(f"  register_memory VRAM: {type(e).__name__}: {e}", flush=True)
+    src, dst = pattern(size, 6), np.zeros(size, dtype=np.uint8)  # still serving DRAM
+    register(a, src)
+    register(a, dst)
+    h = a.initialize_xfer("WRITE", a.get_xfer_descs([(src.ctypes.data, size, 0)], "DRAM"),
+                          a.get_xfer_descs([(dst.ctypes.data, size, 0)], "DRAM"), "refused")
+    a.transfer(h)
+    if wait_state(a, h, 30)[0] != "DONE" or not np.array_equal(src, dst):
+        fail("DRAM after the refused VRAM registration")
+    print("  a DRAM WRITE afterwards: DONE, bytes equal", flush=True)
+    print("refused-ok", flush=True)
+    os._exit(0)
+
+
+def case_vram_refused():
+    for lib in ("/nonexistent/libcuda-missing.so.1", os.path.abspath(__file__)):
+        r = subprocess.run([sys.executable, __file__, "--refused", lib], capture_output=True,
+                           text=True, timeout=60)
+        errs = [ln for ln in r.stderr.splitlines() if "kvbridge" in ln or "rror" in ln]
+        print(f"KVBRIDGE_CUDA_LIB={lib}: exit {r.returncode}", flush=True)
+        for ln in r.stdout.splitlines() + errs[:4]:
+            print("  " + ln.strip(), flush=True)
+        if r.returncode != 0 or "refused-ok" not in r.stdout:
+            fail(f"KVBRIDGE_CUDA_LIB={lib}: the process did not refuse cleanly")
+        if not any(lib in ln for ln in errs):
+            fail(f"KVBRIDGE_CUDA_LIB={lib}: no error names the driver file")
+    print("ok: vram_refused", flush=True)
+
+
+CASES = {"params": case_params, "socket_md": case_socket_md, "write_read": case_write_read,
+         "notif": case_notif, "local": case_local, "bounds": case_bounds, "kill": case_kill,
+         "release": case_release, "vram": case_vram, "vram_vmm": lambda: case_vram("VMM"),
+         "vram_refused": case_vram_refused}
 
 if __name__ == "__main__":
     if sys.argv[1] == "--target":
-        target_main(int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]))
+        target_main(int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5])
+    if sys.argv[1] == "--refused":
+        refused_main(sys.argv[2])
     try:
         CASES[sys.argv[1]]()
     except SystemExit:
