@@ -90,6 +90,33 @@ static void tcp_segments(ucp_config_t *cfg)
     }
 }
 
+/* UCX 1.13's TCP transport (unchanged upstream as of 2026-08) frees an
+ * endpoint inside its receive handler when the peer's "nothing more will
+ * be sent" (CONN_FIN) arrives on a connection UCX kept open only to
+ * receive, then calls that same endpoint's send handler when the socket
+ * was writable too (uct_tcp_iface_handle_events): a use after free that
+ * killed the process (segfault, or heap corruption). We reach that state
+ * whenever we force-close an endpoint whose socket was full (a stopped
+ * peer: the read caps' tick, kvb_xfer_expire, kvb_engine_close_session)
+ * and a zero-copy send was on it: UCX cancels that send without ending
+ * its buffer, so its socket stays armed for writing for good, and the
+ * peer's close, once it resumes, hits it. Without zero-copy sends the
+ * rest of the partly sent segment goes out once the peer drains the
+ * socket, the buffer ends, and writing is disarmed before the peer's
+ * close can come (test_engine_read_closed: 5 of 6 rounds died before,
+ * none after). So a tcp engine sends every message by copy (UCX's
+ * ZCOPY_THRESH=inf); KVBRIDGE_TCP_ZCOPY=1 or UCX_ZCOPY_THRESH in the
+ * environment restore UCX's choice. */
+static void tcp_no_zcopy(ucp_config_t *cfg)
+{
+    if (getenv("UCX_ZCOPY_THRESH") != NULL ||
+        kvb__env_int("KVBRIDGE_TCP_ZCOPY", NULL, 0, 0, 1) == 1)
+        return;
+    if (ucp_config_modify(cfg, "ZCOPY_THRESH", "inf") != UCS_OK)
+        KVB_LOGW("UCX does not know ZCOPY_THRESH: tcp endpoints keep zero-copy sends (a "
+                 "force-closed stuck peer that resumes can crash this process)");
+}
+
 /* UCX probes an endpoint's peer every KEEPALIVE_INTERVAL (20 s by
  * default). Until it does, a target does not learn that a writer that went
  * away (its control connection dropped, its endpoint closed) will never send
@@ -131,9 +158,10 @@ static kvb_status_t ucx_init(kvb_engine_h eng)
     ucp_worker_attr_t wa = {0};
     if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK)
         return kvb__err_set(&eng->err, KVB_ERR_IO, "UCX configuration could not be read");
-    if (eng->params.transport == KVB_TRANSPORT_TCP)
+    if (eng->params.transport == KVB_TRANSPORT_TCP) {
         ucp_config_modify(cfg, "TLS", "tcp");
-    else if (eng->params.transport == KVB_TRANSPORT_SHM)
+        tcp_no_zcopy(cfg);
+    } else if (eng->params.transport == KVB_TRANSPORT_SHM)
         ucp_config_modify(cfg, "TLS", "sm,self");
     if (eng->params.transport != KVB_TRANSPORT_SHM && getenv("UCX_TLS") == NULL)
         tcp_segments(cfg);

@@ -216,8 +216,9 @@ def test_lmcache_poll_past_deadline(setup):
 
 def sync_writer(sid, addr):
     """The writer of test_sync_write_given_up, in its own process: UCX 1.13
-    can crash (SIGSEGV inside uct_tcp's progress) in a process whose
-    force-closed TCP endpoint's peer resumes (docs/testing.md, Known issues);
+    crashed (SIGSEGV inside uct_tcp's progress) a process whose
+    force-closed TCP endpoint's peer resumed, until tcp engines sent by
+    copy (KVBRIDGE_TCP_ZCOPY=1 brings it back: docs/testing.md, Known issues);
     its engine stays alive through the resume so that a source still held
     by UCX would be sent, and the verdict is read from the target's memory.
     Commands on stdin: "go" (the write), "refill", "bye"."""
