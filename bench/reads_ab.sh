@@ -8,33 +8,37 @@
 # only while it runs. Prints every run's rows, then per op and block size
 # the median GB/s and ratio to raw TCP over the rounds (with their range).
 # Results: bench/results/reads.md.
-# Usage: [ROUNDS=N] [SIZES=a,b,c] bench/reads_ab.sh [BUILD_DIR]
+# VARIANTS (space-separated NAME:OP[:VAR=VALUE,...]) replaces the three runs
+# of a round, e.g. copy sends against UCX zero-copy on tcp engines
+# (docs/engine.md "Limits"):
+#   VARIANTS="writeB:write readB:read writeA:write:KVBRIDGE_TCP_ZCOPY=1
+#             readA:read:KVBRIDGE_TCP_ZCOPY=1" bench/reads_ab.sh build
+# Usage: [ROUNDS=N] [SIZES=a,b,c] [VARIANTS=...] bench/reads_ab.sh [BUILD_DIR]
 set -uo pipefail
 BUILD=${1:-build}
 KVB="$BUILD/kvbridge"
 ROUNDS=${ROUNDS:-3}
 SIZES=${SIZES:-32768,262144,4194304}
+VARIANTS=${VARIANTS:-write:write readB:read readA:read:KVBRIDGE_READ_ANSWER_DIRECT=0}
 LOCK=${LOCK:-/work/bench.lock}
 OUT=$(mktemp -d)
 echo "reads_ab: $(uptime)"
 for ((r = 1; r <= ROUNDS; r++)); do
-    for v in write readB readA; do
-        op=read
-        env=""
-        [ "$v" = write ] && op=write
-        [ "$v" = readA ] && env="KVBRIDGE_READ_ANSWER_DIRECT=0"
+    for spec in $VARIANTS; do
+        IFS=: read -r v op vars <<<"$spec"
         # shellcheck disable=SC2086
-        flock "$LOCK" env $env "$KVB" engine-bench --quick --transport tcp --sizes "$SIZES" \
+        flock "$LOCK" env ${vars//,/ } "$KVB" engine-bench --quick --transport tcp --sizes "$SIZES" \
             --op $op --json "$OUT/$v-$r.json" >"$OUT/$v-$r.txt" 2>&1 ||
             echo "run $v $r failed: $(tail -3 "$OUT/$v-$r.txt")"
     done
     echo "round $r done: $(uptime)"
 done
-/usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
+# shellcheck disable=SC2086
+/usr/bin/python3 - "$OUT" "$ROUNDS" $VARIANTS <<'PY'
 import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 rows = {}
-for v in ("write", "readB", "readA"):
+for v in (spec.split(":")[0] for spec in sys.argv[3:]):
     for r in range(1, rounds + 1):
         path = f"{out}/{v}-{r}.json"
         if not os.path.exists(path):
