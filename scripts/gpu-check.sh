@@ -11,7 +11,10 @@
 #      deepseek-v3 MLA (TP1->TP1) and TP1->TP1 over tcp (staging), plus the
 #      host tcp run the staging goal is measured against, and prints a
 #      markdown table (gbps, the device-to-device yardstick, ratios) for
-#      bench/results/gpu.md.
+#      bench/results/gpu.md;
+#   4. runs KV integrity off then check on host memory, direct lane and tcp
+#      (issue 35 §2: its cost where the two ranks do not share the 2 cores
+#      of the project's own machine), rows in the same table.
 # With --double the same steps run against the driver-API test double
 # (tests/cuda/libkvb_cuda_double.so) with small sizes: that proves the script
 # and the plumbing on a machine without a GPU, never GPU speed.
@@ -123,6 +126,10 @@ run_bench tp1-tp2 cuda "${SIZE[@]}" --decode-tp 2
 run_bench mla-tp1-tp1 cuda "${MLA[@]}"
 run_bench tp1-tp1-tcp cuda "${SIZE[@]}" --transport tcp
 run_bench tp1-tp1-tcp-host host "${SIZE[@]}" --transport tcp
+run_bench integ-off-direct host "${SIZE[@]}" --integrity off
+run_bench integ-check-direct host "${SIZE[@]}" --integrity check
+run_bench integ-off-tcp host "${SIZE[@]}" --transport tcp --integrity off
+run_bench integ-check-tcp host "${SIZE[@]}" --transport tcp --integrity check
 
 {
     echo
@@ -137,5 +144,6 @@ run_bench tp1-tp1-tcp-host host "${SIZE[@]}" --transport tcp
     echo "Goals (issue 15, recorded, not asserted): tp1-tp1 ratio >= 0.8 (same-GPU IPC vs"
     echo "device-to-device copy); tp2-tp1 GB/s >= 0.7x tp1-tp1 (head slices);"
     echo "tp1-tp1-tcp GB/s >= 0.7x tp1-tp1-tcp-host (staging vs the host tcp lane)."
+    echo "Issue 35 §2 (recorded): integ-check-X GB/s >= 0.9x integ-off-X, host memory."
 } | tee -a "${OUT:-/dev/null}"
 exit $FAILED

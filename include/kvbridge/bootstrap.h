@@ -174,12 +174,20 @@ enum kvb_bootstrap_reg_field {
     KVB_BOOTSTRAP_REG_LOAD_BALANCE = 1u << 9,   /* load_balance_method [not sent] */
     KVB_BOOTSTRAP_REG_DSA_SPLIT = 1u << 10,     /* enable_dsa_cache_layer_split [false] */
     KVB_BOOTSTRAP_REG_HTTP_PORT = 1u << 11,     /* prefill_http_port [null] */
-    /* "kvbridge": 1 (either dialect; SGLang's servers ignore it): this rank is
-     * a kvbridge prefill, so a kvbridge decode may send it kvbridge's
-     * extension frames (docs/protocol-frames.md). kvbridge's server repeats
-     * it in this rank's look-up answers. [not sent] */
+    /* "kvbridge": KVB_BOOTSTRAP_KVBRIDGE_VERSION (either dialect; SGLang's
+     * servers ignore it): this rank is a kvbridge prefill, so a kvbridge
+     * decode may send it kvbridge's extension frames (docs/protocol-frames.md).
+     * kvbridge's server repeats it in this rank's look-up answers. [not sent] */
     KVB_BOOTSTRAP_REG_KVBRIDGE = 1u << 12,
 };
+
+/* The "kvbridge" value a kvbridge prefill registers: what it understands of
+ * a kvbridge decode. 1: the extension frames. 2: also "kv_layout=", a decode
+ * of another page size or page order (its planner maps token rows,
+ * docs/planner.md); a decode of another layout refuses a prefill below 2,
+ * which would write its own. */
+#define KVB_BOOTSTRAP_KVBRIDGE_VERSION 2
+#define KVB_BOOTSTRAP_KVBRIDGE_LAYOUTS 2 /* the first version that maps layouts */
 
 /* One prefill rank's registration (the body of PUT /route). The integer and
  * address fields are always sent; field_mask names the optional keys sent
@@ -266,9 +274,10 @@ enum kvb_bootstrap_rank_ext_field {
  * in field_mask are written. */
 typedef struct kvb_bootstrap_rank_ext {
     uint64_t field_mask;
-    int kvbridge; /* the answer's "kvbridge" (the rank registered as a kvbridge
-                     prefill, KVB_BOOTSTRAP_REG_KVBRIDGE); 0 when absent (any
-                     other prefill, or a server that does not keep it) */
+    int kvbridge; /* the answer's "kvbridge": the version the rank registered
+                     as a kvbridge prefill (KVB_BOOTSTRAP_REG_KVBRIDGE,
+                     KVB_BOOTSTRAP_KVBRIDGE_VERSION); 0 when absent (any other
+                     prefill, or a server that does not keep it) */
 } kvb_bootstrap_rank_ext_t;
 
 /* Errors common to the calls below (each with the detail in _last_error()):

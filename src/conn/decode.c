@@ -189,23 +189,42 @@ static kvb_status_t ext_refusal(const struct kvb_manager *m, const kvb__addr_t *
     return KVB_OK;
 }
 
-/* A prefill rank of another page size that did not register as kvbridge
- * cannot be told ours ("kv_layout=" travels only to kvbridge ranks):
- * SGLang's decode raises "Page size mismatch" here; kvbridge fails the room
- * and asks again for the next one. A kvbridge rank maps rows
- * (docs/planner.md). */
-static kvb_status_t page_refusal(struct kvb_manager *m, const kvb__addr_t *a, int kvbridge,
+/* Who the prefill is, for a refusal: SGLang's/TokenSpeed's, or an older
+ * kvbridge that registered a version below the layout mapping. */
+static const char *whose(int version)
+{
+    return version > 0 ? "a kvbridge prefill of version 1, which ignores kv_layout= (upgrade it)"
+                       : "a prefill not registered as kvbridge";
+}
+
+/* A prefill rank that cannot be told our layout ("kv_layout=" travels only
+ * to kvbridge ranks, and only version 2 on maps it) writes its own: of
+ * another page size (SGLang's decode raises "Page size mismatch" here), or
+ * its pages in NHD order into our HND ones. kvbridge fails the room and
+ * asks again for the next one. A kvbridge rank of version 2 maps rows
+ * (docs/planner.md). version: the look-up answer's "kvbridge". */
+static kvb_status_t page_refusal(struct kvb_manager *m, const kvb__addr_t *a, int version,
                                  resolve_t *rs)
 {
     pthread_mutex_lock(&m->mu);
     int32_t other = a->other_page;
     pthread_mutex_unlock(&m->mu);
-    if (kvbridge || other <= 0)
+    if (version >= KVB_BOOTSTRAP_KVBRIDGE_LAYOUTS)
         return KVB_OK;
-    snprintf(rs->why, sizeof(rs->why),
-             "Page size mismatch: prefill at %s has page_size %d, this decode %u (only a prefill "
-             "registered as kvbridge can be told this decode's page size)",
-             a->addr, (int)other, m->args.page_size);
+    if (other > 0)
+        snprintf(rs->why, sizeof(rs->why),
+                 "Page size mismatch: prefill at %s has page_size %d, this decode %u (%s: only a "
+                 "kvbridge prefill of version %d or later can be told this decode's page size)",
+                 a->addr, (int)other, m->args.page_size, whose(version),
+                 KVB_BOOTSTRAP_KVBRIDGE_LAYOUTS);
+    else if (m->args.kv_order == KVB_PLAN_ORDER_HND)
+        snprintf(rs->why, sizeof(rs->why),
+                 "Page order mismatch: this decode's KV pages are HND and prefill at %s is %s, "
+                 "which writes its pages as they are (NHD); only a kvbridge prefill of version "
+                 "%d or later can be told this decode's order",
+                 a->addr, whose(version), KVB_BOOTSTRAP_KVBRIDGE_LAYOUTS);
+    else
+        return KVB_OK;
     return KVB_ERR_INVALID;
 }
 
@@ -338,7 +357,7 @@ static kvb_status_t resolve_one(struct kvb_manager *m, kvb__addr_t *a, int32_t d
         return st;
     }
     out->kvbridge = rx.kvbridge > 0;
-    if ((st = page_refusal(m, a, out->kvbridge, rs)) != KVB_OK)
+    if ((st = page_refusal(m, a, rx.kvbridge, rs)) != KVB_OK)
         return st;
     st = send_registration(m, a, ra.rank_ip, ra.rank_port, out, rs->tl);
     if (st != KVB_OK) {

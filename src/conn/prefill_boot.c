@@ -23,7 +23,7 @@ static void registration(struct kvb_manager *m, kvb_bootstrap_registration_t *re
     }
     memset(reg, 0, sizeof(*reg));
     /* The 2026 keys go out only when the client speaks 2026: SGLang's 2026
-     * server needs page_size (PROTOCOL-SGLANG-2026.md 3.1). "kvbridge": 1
+     * server needs page_size (PROTOCOL-SGLANG-2026.md 3.1). "kvbridge": 2
      * (both dialects; SGLang's servers ignore it) lets a kvbridge decode
      * send this rank its extension frames (docs/protocol-frames.md). */
     reg->field_mask = KVB_BOOTSTRAP_REG_KV_ITEM_LENS | KVB_BOOTSTRAP_REG_KV_UNIT_LENS |

@@ -387,7 +387,7 @@ kvb_status_t kvb__boot_reg_from_public(const kvb_bootstrap_registration_t *p, in
     r.has_role = true;
     r.attn_cp_size = 1;
     r.page_size = -1;
-    r.kvbridge = (p->field_mask & KVB_BOOTSTRAP_REG_KVBRIDGE) ? 1 : 0;
+    r.kvbridge = (p->field_mask & KVB_BOOTSTRAP_REG_KVBRIDGE) ? KVB_BOOTSTRAP_KVBRIDGE_VERSION : 0;
     if (dialect == KVB_BOOTSTRAP_DIALECT_2026) {
         kvb_status_t st = from_public_2026(p, &r, reason, reason_len);
         if (st != KVB_OK) {

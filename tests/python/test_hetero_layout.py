@@ -136,6 +136,51 @@ def test_seed001_bootstrap_cannot_pair_page_sizes():
     assert not any(b.any() for b in dst)
 
 
+@pytest.mark.parametrize("version,dpage,dorder,want", [
+    (1, 8, "nhd", "Page size mismatch"), (1, 4, "hnd", "Page order mismatch"),
+    (0, 4, "hnd", "Page order mismatch")])
+def test_prefill_that_cannot_map_layouts_refused(version, dpage, dorder, want):
+    """A prefill whose bootstrap entry says "kvbridge": 1 (an older kvbridge,
+    which ignores kv_layout=) or nothing (SGLang's) would write its own page
+    size or NHD order into this decode's pages: the room fails naming the
+    mismatch and who the prefill is, before anything is sent to it (the
+    entry points at a port nobody listens on). Version 2 (today's prefill)
+    is not refused for it."""
+    from test_bootstrap_2026 import put_2026, register
+    dst = pool(dpage, dorder, DECODE_POOL)
+    with kb.KVBootstrapServer("127.0.0.1", 0) as server:
+        body = dict(put_2026(0, 1, attn_tp_size=1), page_size=PREFILL_PAGE)
+        if version:
+            body["kvbridge"] = version
+        register(server.address, body)
+        dm = kb.KVManager(args(dst, dpage, dorder), "decode", sglang_dialect=2026)
+        try:
+            rc = kb.KVReceiver(dm, server.address, 36)
+            assert poll_until(rc, 10) == kb.KVPoll.Failed
+            with pytest.raises(kb.KVTransferError) as e:
+                rc.failure_exception()
+            assert want in str(e.value), str(e.value)
+            who = "version 1, which ignores kv_layout=" if version else "not registered as kvbridge"
+            assert who in str(e.value), str(e.value)
+        finally:
+            dm.close()
+    assert not any(b.any() for b in dst)
+    # version 2: the layouts are not what refuses it (the port is dead)
+    with kb.KVBootstrapServer("127.0.0.1", 0) as server:
+        register(server.address, dict(put_2026(0, 1, attn_tp_size=1), page_size=PREFILL_PAGE,
+                                      kvbridge=2))
+        dm = kb.KVManager(args(dst, dpage, dorder), "decode", sglang_dialect=2026)
+        try:
+            rc = kb.KVReceiver(dm, server.address, 37)
+            st = poll_until(rc, 10, (kb.KVPoll.Failed, kb.KVPoll.WaitingForInput))
+            if st == kb.KVPoll.Failed:
+                with pytest.raises(kb.KVTransferError) as e:
+                    rc.failure_exception()
+                assert "mismatch" not in str(e.value), str(e.value)
+        finally:
+            dm.close()
+
+
 def test_bad_kv_layout_refused():
     bufs = pool(4, "nhd", 4)
     with pytest.raises(kb.InvalidArgument, match="kv_layout"):

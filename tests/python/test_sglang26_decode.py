@@ -9,7 +9,7 @@ KV-args and 10-frame transfer infos on their PULL sockets, check every byte,
 and answer with 3-frame statuses and ABORT_ACKs. The decode's poll, reason
 and pages_safe are read back from the helper.
 
-A peer registered with "kvbridge": 1 (as a kvbridge prefill does) gets
+A peer registered with "kvbridge": 2 (as a kvbridge prefill does) gets
 kvbridge's extension frames after the kvbridge-ext/1 marker; any other gets
 exactly its dialect's frames (docs/protocol-frames.md, "Extension frames").
 """
@@ -59,7 +59,7 @@ class Prefill:
             "prefill_http_port": None,
         }
         if kvbridge:
-            body["kvbridge"] = 1
+            body["kvbridge"] = 2  # KVB_BOOTSTRAP_KVBRIDGE_VERSION
         r = requests.put(f"http://{boot}/route", json=body, timeout=5)
         assert r.status_code == 200, r.text
 

@@ -15,7 +15,7 @@
  *   ./test_hangs [CELL]   one cell, or all of them (the whole table)
  *
  * Decode cells (kvbridge decode against):
- *   dec_silent        a raw prefill (registered with "kvbridge": 1) that reads
+ *   dec_silent        a raw prefill (registered with the "kvbridge" key) that reads
  *                     the KV args and the transfer info and never sends a byte
  *   dec_silent_nokey  the same registered without the key: no writer grant
  *                     reaches it, so the fence waits for its answer
