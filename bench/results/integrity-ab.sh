@@ -14,8 +14,9 @@
 # entry of VARIANTS (steady and 1 page), a space-separated list of
 # name:VAR=VALUE[,VAR=VALUE...] (default
 # "threads0:KVBRIDGE_INTEGRITY_THREADS=0", steady only: the decode's check on
-# its control thread, as before the check workers; the 2026-12-06 set 6 ran
-# VARIANTS=landed:KVBRIDGE_INTEGRITY_LANDED=on). One round of one lane takes about
+# its control thread, as before the check workers; set 6 ran
+# VARIANTS=landed:KVBRIDGE_INTEGRITY_LANDED=on with NEW a build of branch
+# `landed`, not on main). One round of one lane takes about
 # 2 minutes here: run each under `flock /work/bench.lock` on a shared
 # machine, e.g. the 2026-12-06 set:
 #   for i in 1 2 3; do for l in direct tcp; do
