@@ -67,8 +67,13 @@ typedef struct kvb__am_peer {
     uint8_t sink[64];    /* the watch's receive: stream bytes a peer sends are dropped here */
 } am_peer_t;
 
-/* Stream bytes a watch drops at once before it gives up on the peer. */
-#define WATCH_DRAIN_MAX 1024
+/* Pieces of stream data queued on an endpoint a watch drops at once before
+ * it gives up on the peer. */
+#define WATCH_DRAIN_MAX 4096
+
+/* Why a write or read request is refused when its peer cannot be kept. */
+#define PEER_GET_FAILED                                                                            \
+    "out of memory, or the target cannot watch this connection for its end (its log says which)"
 
 typedef struct read_ans { /* a read's answer (see "read requests" below) */
     kvb__op_t op;         /* first: the send is the op */
@@ -200,35 +205,45 @@ static void watch_cb(void *req, ucs_status_t status, size_t length, void *user)
     peer_put(eng, pe);
 }
 
+/* Drop the stream bytes queued on pe's endpoint (a peer sent them with no
+ * receive posted), a whole received piece at a time. false: more than
+ * WATCH_DRAIN_MAX pieces (not all dropped). */
+static bool peer_drain(am_peer_t *pe)
+{
+    for (unsigned n = 0; n < WATCH_DRAIN_MAX; n++) {
+        size_t len = 0;
+        void *d = ucp_stream_recv_data_nb(pe->ep, &len);
+        if (d == NULL || UCS_PTR_IS_ERR(d))
+            return true;
+        ucp_stream_data_release(pe->ep, d);
+    }
+    return false;
+}
+
 /* Post pe's failure watch (the type's comment): a stream receive on its
  * endpoint; none of our peers sends stream data, so it ends only when UCX
  * ends the endpoint (ucp_stream_ep_cleanup, called by ucp_ep_set_failed
  * and ucp_ep_disconnected before the endpoint is freed, on the thread that
- * progresses the worker: ours). Bytes already queued are dropped (a bounded
- * number of times). false: not watched (pe then must not be kept). */
+ * progresses the worker: ours). Bytes already queued are dropped first.
+ * false: not watched (pe then must not be kept). */
 static bool peer_watch(am_peer_t *pe)
 {
-    for (unsigned n = 0; n < WATCH_DRAIN_MAX; n++) {
-        size_t len = 0;
-        ucp_request_param_t p = {0};
-        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-        p.cb.recv_stream = watch_cb;
-        p.user_data = pe;
-        void *r = ucp_stream_recv_nbx(pe->ep, pe->sink, sizeof(pe->sink), &len, &p);
-        if (UCS_PTR_IS_PTR(r)) {
-            pe->refs++; /* the watch's, until watch_cb */
-            return true;
-        }
-        if (UCS_PTR_STATUS(r) != UCS_OK) {
-            KVB_LOGW("engine %s: a peer's connection cannot be watched for failure (%s): "
-                     "nothing is answered over it",
-                     pe->eng->sid, ucs_status_string(UCS_PTR_STATUS(r)));
-            return false;
-        }
+    size_t len = 0;
+    ucp_request_param_t p = {0};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_stream = watch_cb;
+    p.user_data = pe;
+    void *r = peer_drain(pe) ? ucp_stream_recv_nbx(pe->ep, pe->sink, sizeof(pe->sink), &len, &p)
+                             : UCS_STATUS_PTR(UCS_ERR_EXCEEDS_LIMIT);
+    if (UCS_PTR_IS_PTR(r)) {
+        pe->refs++; /* the watch's, until watch_cb */
+        return true;
     }
-    KVB_LOGW("engine %s: a peer keeps sending stream data: nothing is answered over its "
-             "connection",
-             pe->eng->sid);
+    KVB_LOGW("engine %s: a peer's connection cannot be watched for its end (%s): nothing is "
+             "answered over it",
+             pe->eng->sid,
+             UCS_PTR_STATUS(r) == UCS_ERR_EXCEEDS_LIMIT ? "it keeps sending stream data"
+                                                        : ucs_status_string(UCS_PTR_STATUS(r)));
     return false;
 }
 
@@ -733,7 +748,7 @@ static void am_read(kvb_engine_h eng, const uint8_t *h, size_t hlen, size_t leng
     am_peer_t *pe = peer_get(eng, ep);
     if (pe == NULL) {
         st = KVB_ERR_NOMEM;
-        snprintf(why, sizeof(why), "out of memory");
+        snprintf(why, sizeof(why), "%s", PEER_GET_FAILED);
     } else if (kvb__am_parse_read_header(h, hlen, length, &nd, &np, &total)) {
         st = am_read_admit(eng, pe, h, nd, np, total, &a, &rc, why, sizeof(why));
     }
@@ -797,9 +812,14 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     int device = -1;
     bool ok = rc != NULL && (rc->pe = peer_get(eng, param->reply_ep)) != NULL &&
               (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
-              (rc->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL &&
-              am_validate(eng, h, nd, rc->pinned, rc->iov, &device, "destination", why,
-                          sizeof(why)) == KVB_OK;
+              (rc->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL;
+    if (!ok) {
+        st = KVB_ERR_NOMEM;
+        snprintf(why, sizeof(why), "%s",
+                 rc != NULL && rc->pe == NULL ? PEER_GET_FAILED : "out of memory");
+    }
+    ok = ok && am_validate(eng, h, nd, rc->pinned, rc->iov, &device, "destination", why,
+                           sizeof(why)) == KVB_OK;
     if (rc != NULL)
         rc->device = device;
     if (ok && rc->device >= 0 &&
