@@ -20,7 +20,9 @@
  * KVBRIDGE_CUDA_STAGE_MSG_MAX bytes, as a staged write) on the device-copy
  * worker, as a staged write is placed: counted against the caps from its
  * admission, its segments pinned and its grant counted until gathered,
- * answered then. */
+ * answered then. Every reply endpoint something here answers over later is
+ * watched for its end, which UCX does not otherwise tell us of (am_peer_t):
+ * nothing is sent over one UCX freed. */
 #include "engine/engine_int.h"
 #include "engine/bufpool.h"
 #include "engine/lane/msg/amwire.h"
