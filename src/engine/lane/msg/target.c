@@ -235,12 +235,17 @@ static bool peer_watch(am_peer_t *pe)
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv_stream = watch_cb;
     p.user_data = pe;
-    void *r = peer_drain(pe) ? ucp_stream_recv_nbx(pe->ep, pe->sink, sizeof(pe->sink), &len, &p)
-                             : UCS_STATUS_PTR(UCS_ERR_EXCEEDS_LIMIT);
+    void *r = UCS_STATUS_PTR(UCS_OK);
+    /* UCS_OK: it took bytes queued after all (none should be): again */
+    for (unsigned n = 0; n < 4 && r == NULL; n++) /* NULL: UCS_OK */
+        r = peer_drain(pe) ? ucp_stream_recv_nbx(pe->ep, pe->sink, sizeof(pe->sink), &len, &p)
+                           : UCS_STATUS_PTR(UCS_ERR_EXCEEDS_LIMIT);
     if (UCS_PTR_IS_PTR(r)) {
         pe->refs++; /* the watch's, until watch_cb */
         return true;
     }
+    if (r == NULL)
+        r = UCS_STATUS_PTR(UCS_ERR_EXCEEDS_LIMIT);
     KVB_LOGW("engine %s: a peer's connection cannot be watched for its end (%s): nothing is "
              "answered over it",
              pe->eng->sid,
