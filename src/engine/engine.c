@@ -168,7 +168,10 @@ static kvb_status_t ucx_init(kvb_engine_h eng)
     keepalive(cfg, eng->params.peer_timeout_s);
     indirect_ids(eng);
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    /* STREAM: the message lane's target watches each reply endpoint for
+     * its end with a stream receive (lane/msg/target.c, peer_watch); no
+     * stream data is sent. */
+    p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | UCP_FEATURE_STREAM;
     p.mt_workers_shared = 1;
     ucs_status_t us = ucp_init(&p, cfg, &eng->ctx);
     ucp_config_release(cfg);

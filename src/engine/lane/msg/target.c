@@ -20,7 +20,9 @@
  * KVBRIDGE_CUDA_STAGE_MSG_MAX bytes, as a staged write) on the device-copy
  * worker, as a staged write is placed: counted against the caps from its
  * admission, its segments pinned and its grant counted until gathered,
- * answered then. */
+ * answered then. Every reply endpoint something here answers over later is
+ * watched for its end, which UCX does not otherwise tell us of (am_peer_t):
+ * nothing is sent over one UCX freed. */
 #include "engine/engine_int.h"
 #include "engine/bufpool.h"
 #include "engine/lane/msg/amwire.h"
@@ -39,9 +41,22 @@
  * later holds it, so once it is closed nothing sends over it any more.
  * Its answers count against its share of the read caps; an endpoint with
  * answers being sent none of which left within the peer time-out is
- * closed. Progress thread; freed with its last reference. */
+ * closed. Progress thread; freed with its last reference.
+ *
+ * UCX may free the endpoint by itself: one it created for a peer that
+ * connected to us (never returned by ucp_ep_create: "not exposed to a
+ * user") is destroyed as soon as UCX sees that peer fail (ucp_ep_set_failed
+ * in UCX 1.13: ucp_ep_disconnected(ep, 1)), with no callback to us; one of
+ * our own connections' is freed once it is closed. An answer that ends
+ * after that (a device copy, on the device-copy worker) must not touch it.
+ * So every peer has a failure watch (peer_watch): a stream receive posted
+ * on its endpoint, which UCX completes, on our progress thread, before it
+ * frees the endpoint; from then on the peer is gone and nothing of ours
+ * touches its endpoint. The watch holds a reference: a peer lives as long
+ * as its endpoint. */
 typedef struct kvb__am_peer {
     struct kvb__am_peer *next;
+    kvb_engine_h eng;
     ucp_ep_h ep;
     size_t refs;
     size_t reads;        /* its answers counted against the caps (admitted, not yet left) */
@@ -50,7 +65,17 @@ typedef struct kvb__am_peer {
     uint64_t since_ns;   /* sending: when one of them last left, or the first began */
     bool closed;         /* closed by us: nothing more is sent over ep */
     bool unclosable;     /* UCX refused to close it (no peer-failure handling) */
+    bool gone;           /* UCX failed or closed ep (its watch ended): never touched again */
+    uint8_t sink[64];    /* the watch's receive: stream bytes a peer sends are dropped here */
 } am_peer_t;
+
+/* Pieces of stream data queued on an endpoint a watch drops at once before
+ * it gives up on the peer. */
+#define WATCH_DRAIN_MAX 4096
+
+/* Why a write or read request is refused when its peer cannot be kept. */
+#define PEER_GET_FAILED                                                                            \
+    "out of memory, or the target cannot watch this connection for its end (its log says which)"
 
 typedef struct read_ans { /* a read's answer (see "read requests" below) */
     kvb__op_t op;         /* first: the send is the op */
@@ -142,25 +167,6 @@ static void send_ack(kvb_engine_h eng, ucp_ep_h ep, uint64_t xfer_id, uint64_t m
         free(h);
 }
 
-/* The peer of reply endpoint ep, a reference taken; NULL: out of memory.
- * An endpoint we closed is never matched (its address may be reused). */
-static am_peer_t *peer_get(kvb_engine_h eng, ucp_ep_h ep)
-{
-    am_peer_t *pe = eng->am_peers;
-    while (pe != NULL && (pe->ep != ep || pe->closed))
-        pe = pe->next;
-    if (pe == NULL) {
-        pe = calloc(1, sizeof(*pe));
-        if (pe == NULL)
-            return NULL;
-        pe->ep = ep;
-        pe->next = eng->am_peers;
-        eng->am_peers = pe;
-    }
-    pe->refs++;
-    return pe;
-}
-
 static void peer_put(kvb_engine_h eng, am_peer_t *pe)
 {
     if (--pe->refs > 0)
@@ -172,11 +178,113 @@ static void peer_put(kvb_engine_h eng, am_peer_t *pe)
     free(pe);
 }
 
-/* An ack over pe's endpoint, unless we closed it. */
+/* Can something of ours still be sent over pe's endpoint? */
+static bool peer_live(const am_peer_t *pe)
+{
+    return !pe->closed && !pe->gone;
+}
+
+static bool peer_watch(am_peer_t *pe);
+
+/* pe's watch ended: UCX is failing, closing or destroying its endpoint
+ * (an error status), which it frees after this; or the peer sent stream
+ * bytes (UCS_OK: dropped, the watch posted again). */
+static void watch_cb(void *req, ucs_status_t status, size_t length, void *user)
+{
+    am_peer_t *pe = user;
+    kvb_engine_h eng = pe->eng;
+    (void)length;
+    ucp_request_free(req);
+    if (status == UCS_OK && peer_live(pe) && peer_watch(pe)) {
+        peer_put(eng, pe); /* the new watch took its own */
+        return;
+    }
+    if (peer_live(pe) && pe->refs > 1) /* more than the watch's */
+        KVB_LOGW("engine %s: a peer's connection ended (%s) while answers to it were pending: "
+                 "they are not sent",
+                 eng->sid, status == UCS_OK ? "it sent stream data" : ucs_status_string(status));
+    pe->gone = true;
+    peer_put(eng, pe);
+}
+
+/* Drop the stream bytes queued on pe's endpoint (a peer sent them with no
+ * receive posted), a whole received piece at a time. false: more than
+ * WATCH_DRAIN_MAX pieces (not all dropped). */
+static bool peer_drain(am_peer_t *pe)
+{
+    for (unsigned n = 0; n < WATCH_DRAIN_MAX; n++) {
+        size_t len = 0;
+        void *d = ucp_stream_recv_data_nb(pe->ep, &len);
+        if (d == NULL || UCS_PTR_IS_ERR(d))
+            return true;
+        ucp_stream_data_release(pe->ep, d);
+    }
+    return false;
+}
+
+/* Post pe's failure watch (the type's comment): a stream receive on its
+ * endpoint; none of our peers sends stream data, so it ends only when UCX
+ * ends the endpoint (ucp_stream_ep_cleanup, called by ucp_ep_set_failed
+ * and ucp_ep_disconnected before the endpoint is freed, on the thread that
+ * progresses the worker: ours). Bytes already queued are dropped first.
+ * false: not watched (pe then must not be kept). */
+static bool peer_watch(am_peer_t *pe)
+{
+    size_t len = 0;
+    ucp_request_param_t p = {0};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_stream = watch_cb;
+    p.user_data = pe;
+    void *r = UCS_STATUS_PTR(UCS_OK);
+    /* UCS_OK: it took bytes queued after all (none should be): again */
+    for (unsigned n = 0; n < 4 && r == NULL; n++) /* NULL: UCS_OK */
+        r = peer_drain(pe) ? ucp_stream_recv_nbx(pe->ep, pe->sink, sizeof(pe->sink), &len, &p)
+                           : UCS_STATUS_PTR(UCS_ERR_EXCEEDS_LIMIT);
+    if (UCS_PTR_IS_PTR(r)) {
+        pe->refs++; /* the watch's, until watch_cb */
+        return true;
+    }
+    if (r == NULL)
+        r = UCS_STATUS_PTR(UCS_ERR_EXCEEDS_LIMIT);
+    KVB_LOGW("engine %s: a peer's connection cannot be watched for its end (%s): nothing is "
+             "answered over it",
+             pe->eng->sid,
+             UCS_PTR_STATUS(r) == UCS_ERR_EXCEEDS_LIMIT ? "it keeps sending stream data"
+                                                        : ucs_status_string(UCS_PTR_STATUS(r)));
+    return false;
+}
+
+/* The peer of reply endpoint ep (valid now: inside the callback UCX handed
+ * it to), a reference taken; NULL: out of memory, or it cannot be watched.
+ * An endpoint we closed or UCX ended is never matched (its address may be
+ * reused). */
+static am_peer_t *peer_get(kvb_engine_h eng, ucp_ep_h ep)
+{
+    am_peer_t *pe = eng->am_peers;
+    while (pe != NULL && (pe->ep != ep || !peer_live(pe)))
+        pe = pe->next;
+    if (pe == NULL) {
+        pe = calloc(1, sizeof(*pe));
+        if (pe == NULL)
+            return NULL;
+        pe->eng = eng;
+        pe->ep = ep;
+        if (!peer_watch(pe)) {
+            free(pe);
+            return NULL;
+        }
+        pe->next = eng->am_peers;
+        eng->am_peers = pe;
+    }
+    pe->refs++;
+    return pe;
+}
+
+/* An ack over pe's endpoint, unless we closed it or UCX ended it. */
 static void peer_ack(kvb_engine_h eng, am_peer_t *pe, uint64_t xfer_id, uint64_t msg_id,
                      kvb_status_t st, const char *reason)
 {
-    if (!pe->closed)
+    if (peer_live(pe))
         send_ack(eng, pe->ep, xfer_id, msg_id, st, reason);
 }
 
@@ -443,7 +551,7 @@ static void ans_send(read_ans_t *a)
     a->eng->am_pending++; /* the progress thread keeps driving it (engine.c) */
     if (a->pe->sending++ == 0)
         a->pe->since_ns = kvb__now_ns();
-    if (a->pe->closed) { /* nobody to send it to */
+    if (!peer_live(a->pe)) { /* nobody to send it to */
         ans_done(a);
         return;
     }
@@ -647,7 +755,7 @@ static void am_read(kvb_engine_h eng, const uint8_t *h, size_t hlen, size_t leng
     am_peer_t *pe = peer_get(eng, ep);
     if (pe == NULL) {
         st = KVB_ERR_NOMEM;
-        snprintf(why, sizeof(why), "out of memory");
+        snprintf(why, sizeof(why), "%s", PEER_GET_FAILED);
     } else if (kvb__am_parse_read_header(h, hlen, length, &nd, &np, &total)) {
         st = am_read_admit(eng, pe, h, nd, np, total, &a, &rc, why, sizeof(why));
     }
@@ -711,9 +819,14 @@ static ucs_status_t am_write(kvb_engine_h eng, const uint8_t *h, size_t hlen, vo
     int device = -1;
     bool ok = rc != NULL && (rc->pe = peer_get(eng, param->reply_ep)) != NULL &&
               (rc->pinned = malloc(nd * sizeof(uint64_t))) != NULL &&
-              (rc->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL &&
-              am_validate(eng, h, nd, rc->pinned, rc->iov, &device, "destination", why,
-                          sizeof(why)) == KVB_OK;
+              (rc->iov = malloc(np * sizeof(ucp_dt_iov_t))) != NULL;
+    if (!ok) {
+        st = KVB_ERR_NOMEM;
+        snprintf(why, sizeof(why), "%s",
+                 rc != NULL && rc->pe == NULL ? PEER_GET_FAILED : "out of memory");
+    }
+    ok = ok && am_validate(eng, h, nd, rc->pinned, rc->iov, &device, "destination", why,
+                           sizeof(why)) == KVB_OK;
     if (rc != NULL)
         rc->device = device;
     if (ok && rc->device >= 0 &&
@@ -872,13 +985,15 @@ static void peer_close(kvb_engine_h eng, am_peer_t *pe, double idle_s)
 
 void kvb__am_target_tick(kvb_engine_h eng)
 {
-    if (eng->am_peers == NULL)
+    /* every peer is listed while its endpoint lives (its watch): only one
+     * with an answer counted can have one being sent */
+    if (eng->am_peers == NULL || __atomic_load_n(&eng->am_reads, __ATOMIC_RELAXED) == 0)
         return;
     uint64_t now = kvb__now_ns(), bound = (uint64_t)(eng->params.peer_timeout_s * 1e9);
     am_peer_t *pe = eng->am_peers, *next;
     for (; pe != NULL; pe = next) {
         next = pe->next; /* pe may be freed; the others are not touched */
-        if (pe->closed || pe->unclosable || pe->sending == 0 || now - pe->since_ns <= bound)
+        if (!peer_live(pe) || pe->unclosable || pe->sending == 0 || now - pe->since_ns <= bound)
             continue;
         if (!eng->am_close_safe) { /* only the shares bound it then; said once per bound */
             KVB_LOGW("engine %s: a reader took none of %zu read answers within the peer "
@@ -903,7 +1018,7 @@ void kvb__am_target_fini(kvb_engine_h eng)
 {
     for (size_t n = 0; n < 4096; n++) { /* one endpoint per turn: the list changes */
         am_peer_t *pe = eng->am_peers;
-        while (pe != NULL && (pe->sending == 0 || pe->closed || pe->unclosable))
+        while (pe != NULL && (pe->sending == 0 || !peer_live(pe) || pe->unclosable))
             pe = pe->next;
         if (pe == NULL || !eng->am_close_safe)
             return;
