@@ -736,6 +736,7 @@ static void room_digest(kvb__room_t *r, const work_t *w)
             if ((a->buf_sum == NULL && kvb__integ_init(a, j->integ.n_buf) != KVB_OK) ||
                 kvb__integ_merge(a, &j->integ) != KVB_OK)
                 a->uncovered = 1;
+            a->peer_v2 = j->reg->digest_max >= 2; /* it reads partial-page shares */
         }
     }
 }
