@@ -545,10 +545,13 @@ bool kvb__integ_run_verdict(const kvb__integ_t *a, const kvb__integ_run_t *r, ch
             bad_buf = (long long)b;
     if (bad_page < 0 && bad_buf < 0)
         return true;
+    size_t pages = 0; /* distinct pages: sources' shares of one page are entries of it */
+    for (size_t i = 0; i < a->n_pages; i++)
+        pages += i == 0 || a->pages[i].page != a->pages[i - 1].page;
     snprintf(why, wl,
              "KV integrity check failed: buffer %lld page %lld differs from what the prefill "
              "sent (XXH3 digest over %zu pages; -1: that view matched)",
-             bad_buf, bad_page, a->n_pages);
+             bad_buf, bad_page, pages);
     return false;
 }
 
