@@ -51,43 +51,6 @@ static uint64_t item_hash(uint64_t src, uint64_t dst_addr, uint64_t len)
     return kvb__item_hash((const void *)(uintptr_t)src, (size_t)len, dst_addr);
 }
 
-kvb_status_t kvb__integ_page_add(kvb__integ_t *a, uint64_t page, uint32_t pat, uint64_t h,
-                                 uint32_t nbuf)
-{
-    if (a->n_pages == a->cap_pages) {
-        size_t cap = a->cap_pages ? 2 * a->cap_pages : 64;
-        kvb__integ_ent_t *p = realloc(a->pages, cap * sizeof(*p));
-        if (p == NULL)
-            return KVB_ERR_NOMEM;
-        a->pages = p;
-        a->cap_pages = cap;
-    }
-    a->pages[a->n_pages++] = (kvb__integ_ent_t){page, h, pat, nbuf};
-    return KVB_OK;
-}
-
-static bool whole_pat(const kvb__integ_pat_t *p, uint64_t item_len)
-{
-    return p->off == 0 && p->count == 1 && p->len == item_len;
-}
-
-long kvb__integ_pat_index(kvb__integ_t *a, const kvb__integ_pat_t *pat)
-{
-    if (whole_pat(pat, a->item_len) || (pat->len == 0 && pat->count == 0))
-        return 0;
-    for (size_t i = 1; i < a->n_pats; i++)
-        if (memcmp(&a->pats[i], pat, sizeof(*pat)) == 0)
-            return (long)i;
-    if (a->n_pats > KVB__INTEG_MAX_PATS)
-        return -1;
-    kvb__integ_pat_t *p = realloc(a->pats, (a->n_pats + 1) * sizeof(*p));
-    if (p == NULL)
-        return -1;
-    a->pats = p;
-    a->pats[a->n_pats] = *pat;
-    return (long)a->n_pats++;
-}
-
 static int ent_cmp(const void *x, const void *y)
 {
     const kvb__integ_ent_t *a = x, *b = y;
@@ -125,13 +88,6 @@ static bool buffer_at(const uint64_t *ptrs, size_t n, uint64_t addr, uint64_t it
             found = true;
         }
     return found && (addr - ptrs[*b_p]) % item_len == 0;
-}
-
-void kvb__integ_uncover(kvb__integ_t *a, const char *why)
-{
-    if (!a->uncovered)
-        snprintf(a->why, sizeof(a->why), "%s", why);
-    a->uncovered = 1;
 }
 
 /* The items' hashes: computed from the source bytes, or handed over in

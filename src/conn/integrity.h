@@ -110,12 +110,14 @@ typedef struct kvb__integ_run {
     size_t n_items;    /* a->n_pages * nb: entry t / nb, buffer bufs[t % nb] */
 } kvb__integ_run_t;
 kvb_status_t kvb__integ_run_init(const kvb__integ_t *a, kvb__integ_run_t *r);
-/* Internal to integrity.c and integ_share.c: entry (page, pattern pat) += h. */
+/* integ_table.c, for integrity.c and integ_share.c: entry (page, pattern
+ * pat) += h (nbuf: the (buffer, share) hashes in h). KVB_ERR_NOMEM. */
 kvb_status_t kvb__integ_page_add(kvb__integ_t *a, uint64_t page, uint32_t pat, uint64_t h,
                                  uint32_t nbuf);
 /* pat's index in a->pats (added when new; 0 for the whole item_len page);
  * -1 past KVB__INTEG_MAX_PATS or out of memory. */
 long kvb__integ_pat_index(kvb__integ_t *a, const kvb__integ_pat_t *pat);
+/* Mark a uncovered; the first reason is kept. */
 void kvb__integ_uncover(kvb__integ_t *a, const char *why);
 /* integ_share.c: add the shares of parts of pages (pieces) of blocks b[n]
  * to a, each page's pieces as one strided pattern, hashed from the sources.
