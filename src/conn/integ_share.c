@@ -60,14 +60,20 @@ static bool buffer_of(const uint64_t *ptrs, size_t n, uint64_t addr, size_t *b_p
     return found;
 }
 
-/* Block x's rows cut at page boundaries into pieces of buffer buf. */
-static kvb_status_t cut_block(pieces_t *ps, const kvb_strided_block_t *x, size_t buf, uint64_t base,
-                              uint64_t item_len)
+/* Block x's rows cut at page boundaries into pieces of buffer buf; a piece
+ * past a->dst_pool marks a uncovered. */
+static kvb_status_t cut_block(kvb__integ_t *a, pieces_t *ps, const kvb_strided_block_t *x,
+                              size_t buf, uint64_t base, uint64_t item_len)
 {
     for (uint64_t k = 0; k < x->count; k++) {
         uint64_t src = x->src + k * x->src_stride, rel = x->dst + k * x->dst_stride - base;
         for (uint64_t left = x->len; left > 0;) {
             uint64_t off = rel % item_len, take = item_len - off < left ? item_len - off : left;
+            if (rel / item_len >= a->dst_pool) { /* not this KV buffer's pages: a state block */
+                kvb__integ_uncover(a, "a block outside the destination's KV pages (state, or "
+                                      "their count unknown): not covered");
+                return KVB_OK;
+            }
             if (push(ps, (piece_t){buf, rel / item_len, off, take, src}) != KVB_OK)
                 return KVB_ERR_NOMEM;
             src += take;
@@ -148,7 +154,7 @@ static kvb_status_t cut_all(kvb__integ_t *a, pieces_t *ps, const kvb_strided_blo
             kvb__integ_uncover(a, "a block outside the destination's KV buffers: not covered");
             return KVB_OK;
         }
-        if (cut_block(ps, &b[i], buf, dst_ptrs[buf], item_len) != KVB_OK)
+        if (cut_block(a, ps, &b[i], buf, dst_ptrs[buf], item_len) != KVB_OK)
             return KVB_ERR_NOMEM;
     }
     return KVB_OK;

@@ -117,13 +117,19 @@ static kvb_status_t add_row(kvb__integ_t *a, size_t buf, uint64_t src, uint64_t 
 }
 
 /* Whether block x writes whole destination pages (rows of whole items) of
- * one of dst_ptrs[n_dst] (*buf_p); an empty block does. */
+ * one of dst_ptrs[n_dst] (*buf_p), below a->dst_pool where it is known (a
+ * block past it is a state buffer's, not KV); an empty block does. */
 static bool block_whole(const kvb__integ_t *a, const kvb_strided_block_t *x,
                         const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len, size_t *buf_p)
 {
-    return x->len == 0 ||
-           (x->len % item_len == 0 && (x->count <= 1 || x->dst_stride % item_len == 0) &&
-            n_dst <= a->n_buf && buffer_at(dst_ptrs, n_dst, x->dst, item_len, buf_p));
+    if (x->len == 0)
+        return true;
+    if (x->len % item_len != 0 || (x->count > 1 && x->dst_stride % item_len != 0) ||
+        n_dst > a->n_buf || !buffer_at(dst_ptrs, n_dst, x->dst, item_len, buf_p))
+        return false;
+    uint64_t end = x->dst - dst_ptrs[*buf_p] + (x->count ? x->count - 1 : 0) * x->dst_stride +
+                   x->len; /* past its last page's end */
+    return a->dst_pool == 0 || end <= a->dst_pool * item_len;
 }
 
 /* Every item of b[n] (whole pages), in block, row, item order: its hash
@@ -136,7 +142,7 @@ static kvb_status_t add_walk(kvb__integ_t *a, const kvb_strided_block_t *b, size
         size_t buf = 0;
         if (x->len == 0)
             continue; /* writes nothing (and the engine skips it: no item) */
-        (void)block_whole(a, x, dst_ptrs, n_dst, item_len, &buf);
+        (void)buffer_at(dst_ptrs, n_dst, x->dst, item_len, &buf); /* add_any checked it */
         uint64_t page0 = (x->dst - dst_ptrs[buf]) / item_len, step = x->dst_stride / item_len;
         a->buf_seen[buf] = 1;
         for (uint64_t k = 0; k < x->count && !a->uncovered; k++)

@@ -53,6 +53,9 @@ typedef struct kvb__integ {
     kvb__integ_pat_t *pats; /* pats[0]: the whole page; n_pats >= 1 */
     size_t n_pats;
     uint64_t item_len; /* the destination page's bytes (0: none added yet) */
+    uint64_t dst_pool; /* prefill, set by the caller: pages in each destination KV buffer
+                          (kv_lens=); a part of a page at or past it (a state block) or with
+                          it 0 (unknown) leaves a uncovered */
     int peer_v2;       /* prefill: the destination reads wire version 2 */
     int uncovered;     /* a block the digest cannot describe: no digest is sent */
     char why[160];     /* why uncovered */

@@ -210,6 +210,7 @@ static void land(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n)
 {
     CHECK_EQ(kvb__integ_init(a, NB), KVB_OK);
     a->peer_v2 = 1;
+    a->dst_pool = POOL;
     CHECK_EQ(kvb__integ_add_blocks(a, b, n, dptr, NB, ITEM), KVB_OK);
     for (size_t i = 0; i < n; i++)
         for (uint64_t k = 0; k < b[i].count; k++)
@@ -358,9 +359,12 @@ static void test_patterns(void)
 static void test_uncovered(void)
 {
     kvb__integ_t a;
+    kvb_strided_block_t half = {(uint64_t)(uintptr_t)src[0], dptr[0], ITEM / 2, ITEM, ITEM, 2};
+    kvb_strided_block_t half_page0 = {(uint64_t)(uintptr_t)src[0], dptr[0], ITEM / 2, 0, 0, 1};
     kvb_strided_block_t odd[2] = {{(uint64_t)(uintptr_t)src[0], dptr[0], 32, 0, 0, 1},
                                   {(uint64_t)(uintptr_t)src[0], dptr[0] + 64, 16, 0, 0, 1}};
     CHECK_EQ(kvb__integ_init(&a, NB), KVB_OK);
+    a.dst_pool = POOL;
     CHECK_EQ(kvb__integ_add_blocks(&a, odd, 2, dptr, NB, ITEM), KVB_OK);
     CHECK(a.uncovered);
     CHECK_STR_CONTAINS(a.why, "buffer 0 page 0: the parts written into it form no single strided");
@@ -370,12 +374,33 @@ static void test_uncovered(void)
                                      {(uint64_t)(uintptr_t)src[0], dptr[0] + 32, 16, 0, 0, 1},
                                      {(uint64_t)(uintptr_t)src[0], dptr[0] + 96, 16, 0, 0, 1}};
     CHECK_EQ(kvb__integ_init(&a, NB), KVB_OK);
+    a.dst_pool = POOL;
     CHECK_EQ(kvb__integ_add_blocks(&a, uneven, 3, dptr, NB, ITEM), KVB_OK);
     CHECK(a.uncovered);
     kvb__integ_free(&a);
-
-    kvb_strided_block_t half = {(uint64_t)(uintptr_t)src[0], dptr[0], ITEM / 2, ITEM, ITEM, 2};
+    /* a part of a page past the destination's KV pages (a state buffer
+     * after the last KV buffer), or with their count unknown: uncovered */
+    kvb_strided_block_t past = {
+        (uint64_t)(uintptr_t)src[0], dptr[NB - 1] + POOL * ITEM + 8, 96, 0, 0, 1};
+    for (uint64_t pool = 0; pool <= POOL; pool += POOL) {
+        CHECK_EQ(kvb__integ_init(&a, NB), KVB_OK);
+        a.dst_pool = pool;
+        CHECK_EQ(kvb__integ_add_blocks(&a, pool ? &past : &half_page0, 1, dptr, NB, ITEM), KVB_OK);
+        CHECK(a.uncovered && a.n_pages == 0);
+        CHECK_STR_CONTAINS(a.why, "outside the destination's KV pages");
+        kvb__integ_free(&a);
+    }
+    /* whole items past the KV pages (a state buffer laid after them) */
+    kvb_strided_block_t state = {
+        (uint64_t)(uintptr_t)src[0], dptr[NB - 1] + POOL * ITEM, ITEM, 0, 0, 1};
     CHECK_EQ(kvb__integ_init(&a, NB), KVB_OK);
+    a.dst_pool = POOL;
+    CHECK_EQ(kvb__integ_add_blocks(&a, &state, 1, dptr, NB, ITEM), KVB_OK);
+    CHECK(a.uncovered && a.n_pages == 0);
+    kvb__integ_free(&a);
+
+    CHECK_EQ(kvb__integ_init(&a, NB), KVB_OK);
+    a.dst_pool = POOL;
     CHECK_EQ(kvb__integ_add_blocks(&a, &half, 1, dptr, NB, ITEM), KVB_OK);
     CHECK(!a.uncovered);
     CHECK(!kvb__integ_sendable(&a)); /* peer_v2 0: an older decode */
@@ -386,6 +411,7 @@ static void test_uncovered(void)
                                     {(uint64_t)(uintptr_t)src[1], dptr[1], ITEM, 0, 0, 1}};
     CHECK_EQ(kvb__integ_init(&a, NB), KVB_OK);
     a.peer_v2 = 1;
+    a.dst_pool = POOL;
     CHECK_EQ(kvb__integ_add_blocks(&a, mixed, 2, dptr, NB, ITEM), KVB_OK);
     CHECK(!kvb__integ_sendable(&a));
     CHECK_STR_CONTAINS(a.why, "page 0: a share written in 1 of the 2 buffers");
@@ -401,6 +427,7 @@ static void test_hostile_v2(void)
     kvb_strided_block_t x = {(uint64_t)(uintptr_t)src[0], dptr[0] + 2 * ITEM + 32, 32, 32, ROW, P};
     CHECK_EQ(kvb__integ_init(&a, NB), KVB_OK);
     a.peer_v2 = 1;
+    a.dst_pool = POOL;
     CHECK_EQ(kvb__integ_add_blocks(&a, &x, 1, dptr, NB, ITEM), KVB_OK);
     CHECK(kvb__integ_sendable(&a));
     CHECK_EQ(kvb__integ_encode(&a, &v, &len), KVB_OK);
