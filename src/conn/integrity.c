@@ -156,24 +156,56 @@ static kvb_status_t add_walk(kvb__integ_t *a, const kvb_strided_block_t *b, size
     return KVB_OK;
 }
 
-/* Whole pages: walked item by item (hashes given or computed); any part of
- * a page: every block through integ_share.c's patterns, from the sources. */
+/* Whether block x lands outside every destination buffer's KV pages (below
+ * all of them, or at or past a->dst_pool pages of the nearest one below): a
+ * state buffer's block, not hashed (docs/integrity.md). Known only with
+ * a->dst_pool. */
+static bool not_kv(const kvb__integ_t *a, const kvb_strided_block_t *x, const uint64_t *dst_ptrs,
+                   size_t n_dst, uint64_t item_len)
+{
+    uint64_t base = 0;
+    bool found = false;
+    if (a->dst_pool == 0 || x->len == 0)
+        return false;
+    for (size_t i = 0; i < n_dst; i++)
+        if (dst_ptrs[i] <= x->dst && (!found || dst_ptrs[i] > base)) {
+            base = dst_ptrs[i];
+            found = true;
+        }
+    return !found || (x->dst - base) / item_len >= a->dst_pool;
+}
+
+/* The KV blocks of b[n] (state blocks left out): whole pages walked item by
+ * item (hashes given or computed; computed when a block was left out, the
+ * engine's count it too); any part of a page: every block through
+ * integ_share.c's patterns, from the sources. */
 static kvb_status_t add_any(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
                             const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len, hsrc_t *hs)
 {
-    size_t buf = 0;
+    size_t buf = 0, m = 0;
+    bool whole = true;
     if (item_len == 0 || (a->item_len != 0 && a->item_len != item_len)) {
         kvb__integ_uncover(a, "blocks of another page size: not covered");
         return KVB_OK;
     }
     a->item_len = item_len;
+    kvb_strided_block_t *kv = malloc((n ? n : 1) * sizeof(*kv));
+    if (kv == NULL)
+        return KVB_ERR_NOMEM;
     for (size_t i = 0; i < n; i++)
-        if (!block_whole(a, &b[i], dst_ptrs, n_dst, item_len, &buf)) {
-            kvb_status_t st = kvb__integ_add_parts(a, b, n, dst_ptrs, n_dst, item_len);
-            pages_compact(a);
-            return st;
+        if (!not_kv(a, &b[i], dst_ptrs, n_dst, item_len)) {
+            kv[m] = b[i];
+            if (!block_whole(a, &kv[m], dst_ptrs, n_dst, item_len, &buf))
+                whole = false;
+            m++;
         }
-    return add_walk(a, b, n, dst_ptrs, n_dst, item_len, hs);
+    if (m < n)
+        hs->given = NULL;
+    kvb_status_t st = whole ? add_walk(a, kv, m, dst_ptrs, n_dst, item_len, hs)
+                            : kvb__integ_add_parts(a, kv, m, dst_ptrs, n_dst, item_len);
+    pages_compact(a);
+    free(kv);
+    return st;
 }
 
 kvb_status_t kvb__integ_add_blocks(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
