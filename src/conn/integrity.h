@@ -4,8 +4,9 @@
  * share) item: the bytes one source wrote into that page of that buffer (the
  * whole page, or one strided pattern of it: a head slice, a row range), in
  * destination order, seeded with the page's destination address; kept
- * twice: per destination buffer and per (destination page, pattern). The sums are order-free (the
- * chunks, stages and blocks of a room add up in any order) and the address
+ * twice: per destination buffer and per (destination page, pattern). The
+ * sums are order-free (the chunks, stages and blocks of a room add up in
+ * any order) and the address
  * seed ties every item's bytes to the place they belong, so a wrong byte and
  * a right byte in the wrong page both change it; the two views name the
  * buffer and the page of a single fault. Pure functions on caller memory: no
@@ -54,8 +55,8 @@ typedef struct kvb__integ {
     size_t n_pats;
     uint64_t item_len; /* the destination page's bytes (0: none added yet) */
     uint64_t dst_pool; /* prefill, set by the caller: pages in each destination KV buffer
-                          (kv_lens=); a part of a page at or past it (a state block) or with
-                          it 0 (unknown) leaves a uncovered */
+                          (kv_lens=): a block at or past them is a state block, left out;
+                          0 (unknown): parts of pages leave a uncovered */
     int peer_v2;       /* prefill: the destination reads wire version 2 */
     int uncovered;     /* a block the digest cannot describe: no digest is sent */
     char why[160];     /* why uncovered */
@@ -113,6 +114,12 @@ typedef struct kvb__integ_run {
     size_t n_items;    /* a->n_pages * nb: entry t / nb, buffer bufs[t % nb] */
 } kvb__integ_run_t;
 kvb_status_t kvb__integ_run_init(const kvb__integ_t *a, kvb__integ_run_t *r);
+void kvb__integ_run_part(const kvb__integ_t *a, kvb__integ_run_t *r, const uint64_t *kv_ptrs,
+                         uint64_t item_len, size_t part, size_t n_parts);
+bool kvb__integ_run_verdict(const kvb__integ_t *a, const kvb__integ_run_t *r, char *why, size_t wl);
+void kvb__integ_run_free(kvb__integ_run_t *r);
+
+/* ---- internal to the integrity files ---- */
 /* integ_table.c, for integrity.c and integ_share.c: entry (page, pattern
  * pat) += h (nbuf: the (buffer, share) hashes in h). KVB_ERR_NOMEM. */
 kvb_status_t kvb__integ_page_add(kvb__integ_t *a, uint64_t page, uint32_t pat, uint64_t h,
@@ -127,9 +134,5 @@ void kvb__integ_uncover(kvb__integ_t *a, const char *why);
  * KVB_ERR_NOMEM. */
 kvb_status_t kvb__integ_add_parts(kvb__integ_t *a, const kvb_strided_block_t *b, size_t n,
                                   const uint64_t *dst_ptrs, size_t n_dst, uint64_t item_len);
-void kvb__integ_run_part(const kvb__integ_t *a, kvb__integ_run_t *r, const uint64_t *kv_ptrs,
-                         uint64_t item_len, size_t part, size_t n_parts);
-bool kvb__integ_run_verdict(const kvb__integ_t *a, const kvb__integ_run_t *r, char *why, size_t wl);
-void kvb__integ_run_free(kvb__integ_run_t *r);
 
 #endif
