@@ -12,6 +12,7 @@ are sent too where the decode's last page has room for them (as with equal
 page sizes, whose last page is sent whole), and never past it."""
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -80,7 +81,12 @@ def transfer(src, dst, dpage, dorder, dst_pages, prefix, dialect, integrity=None
                     except kb.KVTransferError as e:
                         reason += str(e) + "; "
             if counts is not None:
-                poll_until(s, 10)  # the prefill's Success (its digest counted) is out
+                # the prefill counts its digest once its status send returned,
+                # which may be after the decode acted on it: a bounded wait
+                poll_until(s, 10)
+                deadline = time.monotonic() + 5
+                while pm.traffic()["integrity_sent"] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.001)
                 counts.update({k: v for k, v in pm.traffic().items() if k.startswith("integrity")})
                 counts.update({"decode_" + k: v for k, v in dm.traffic().items()
                                if k.startswith("integrity")})

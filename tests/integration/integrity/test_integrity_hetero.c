@@ -49,7 +49,12 @@ static void rooms(kvbh_cluster_t *c, int n, uint64_t first, const kvbh_room_opts
 {
     counts_t c0 = counts(c);
     CHECK_EQ(kvbh_run_rooms(c, n, first, o), 0);
+    /* a prefill counts its digest once its status send returned, which may
+     * be after the decode acted on it: bounded wait for the count */
     counts_t c1 = counts(c);
+    for (double t0 = kvbh_now(); c1.sent - c0.sent < (uint64_t)(2 * n) && kvbh_now() < t0 + 5;
+         c1 = counts(c))
+        kvbh_sleep(0.001);
     fprintf(stderr,
             "integrity hetero TP 2->1, %s: %d rooms; digests sent %llu, checked %llu, "
             "mismatches %llu, unchecked %llu\n",
