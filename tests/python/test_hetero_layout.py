@@ -116,7 +116,7 @@ def test_rows_land_across_page_sizes_and_orders(dpage, dorder, prefix, integrity
     dst = pool(dpage, dorder, DECODE_POOL)
     n_dst = -(-TOKENS // dpage)
     dst_pages = list(range(DECODE_POOL - 1, DECODE_POOL - 1 - n_dst, -1))  # descending
-    counts = {}
+    counts = {} if integrity else None
     st, reason = transfer(src, dst, dpage, dorder, dst_pages, prefix, dialect, integrity, counts)
     assert st == kb.KVPoll.Success, reason
     sent_end = min(len(SRC_PAGES) * PREFILL_PAGE, n_dst * dpage)
