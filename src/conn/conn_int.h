@@ -253,6 +253,7 @@ typedef struct kvb__reg {
     int refs;
     /* its page size and order ("kv_layout="; page_size 0: unsaid, taken as ours) */
     uint32_t page_size, kv_order;
+    uint32_t digest_max; /* highest digest wire version it reads ("kv_digest="; 0: 1) */
     struct kvb__reg *next;
 } kvb__reg_t;
 

@@ -1046,7 +1046,8 @@ static bool integ_add(struct kvb_manager *m, kvb__room_t *r, const kvb__status_i
         r->n_integ = 1;
     }
     uint64_t pool = pool_items(m->kv_lens, NULL, m->args.kv_item_len, m->args.num_kv);
-    if (kvb__integ_add_wire(r->integ, s->digest, s->digest_len, pool, why, sizeof(why)) == KVB_OK)
+    if (kvb__integ_add_wire(r->integ, s->digest, s->digest_len, pool, m->args.kv_item_len, why,
+                            sizeof(why)) == KVB_OK)
         return true;
     kvb__room_fail(r, "KV integrity: prefill rank %d's digest refused: %s", (int)s->prefill_rank,
                    why);

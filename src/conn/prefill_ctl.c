@@ -146,6 +146,7 @@ static kvb__reg_t *reg_from_in(struct kvb_manager *m, kvb__reg_in_t *in, uint64_
     g->kv_pool = in->pool;
     g->page_size = in->has_layout ? in->page_size : 0;
     g->kv_order = in->has_layout ? in->kv_order : KVB_PLAN_ORDER_NHD;
+    g->digest_max = in->digest_max;
     g->dialect = in->dialect;
     g->priv = in->priv;
     in->priv = NULL;

@@ -29,7 +29,8 @@ size_t kvb__notes_due(struct kvb_manager *m, kvb__room_t *r, kvb__note_t **out, 
     for (size_t i = 0; i < r->n_dst; i++)
         if (!r->dsts[i].dummy) {
             snprintf((*out)[n].ip, KVB_IP_MAX, "%s", r->dsts[i].ip);
-            if (!failed && i < r->n_integ && r->integ[i].buf_sum != NULL && !r->integ[i].uncovered)
+            if (!failed && i < r->n_integ && r->integ[i].buf_sum != NULL &&
+                kvb__integ_sendable(&r->integ[i]))
                 kvb__integ_encode(&r->integ[i], &(*out)[n].digest, &(*out)[n].digest_len);
             (*out)[n++].port = r->dsts[i].port;
         }

@@ -563,6 +563,7 @@ static void job_digest(struct kvb_manager *m, job_t *j)
     if (!job_integ(m, j) || kvb__integ_init(&j->integ, j->reg->n_kv) != KVB_OK)
         return;
     j->has_integ = 1;
+    j->integ.dst_pool = j->reg->has_kv_pool ? j->reg->kv_pool : 0; /* bounds parts of pages */
     if (j->kv.count > 0 &&
         kvb_mem_query((const void *)(uintptr_t)j->kv.blocks[0].src, &t, &dev) == KVB_OK &&
         t == KVB_MEM_CUDA) {
@@ -736,6 +737,7 @@ static void room_digest(kvb__room_t *r, const work_t *w)
             if ((a->buf_sum == NULL && kvb__integ_init(a, j->integ.n_buf) != KVB_OK) ||
                 kvb__integ_merge(a, &j->integ) != KVB_OK)
                 a->uncovered = 1;
+            a->peer_v2 = j->reg->digest_max >= 2; /* it reads partial-page shares */
         }
     }
 }

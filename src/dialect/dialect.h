@@ -92,9 +92,10 @@ typedef struct kvb__reg_in {
     int64_t item_len;
     bool has_pool; /* pages per KV buffer known (kvbridge's kv_lens=) */
     uint64_t pool;
-    bool has_layout;    /* page size and order known (kvbridge's kv_layout=) */
-    uint32_t page_size; /* the decode's tokens per page */
-    uint32_t kv_order;  /* kvb_plan_order_t */
+    bool has_layout;     /* page size and order known (kvbridge's kv_layout=) */
+    uint32_t page_size;  /* the decode's tokens per page */
+    uint32_t kv_order;   /* kvb_plan_order_t */
+    uint32_t digest_max; /* highest kv_digest= version it reads (kvbridge's kv_digest=; 0: 1) */
     const struct kvb__dialect *dialect;
     char *refuse; /* owned: why this decode cannot be served (every room to it fails) */
     void *priv;   /* owned: the dialect's own record of it (kvb__reg_t.priv, reg_free) */

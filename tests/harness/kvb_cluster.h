@@ -314,7 +314,10 @@ typedef struct kvbh_room_opts {
     int state;        /* state slots per room (geometry with state_bytes); the
                          prefill sends state + extra_state of them */
     int extra_state;
-    const char *expect_fail; /* every decode rank fails with this text in its reason */
+    const char *expect_fail;   /* every decode rank fails with this text in its reason */
+    int expect_integrity_fail; /* every decode rank fails its KV integrity check, the reason
+                                  naming a buffer and page that hold a wrong byte; the
+                                  senders end Success */
 } kvbh_room_opts_t;
 
 /* Run n rooms through the whole protocol concurrently, every KV, aux and

@@ -159,6 +159,45 @@ static uint64_t verify_decode(const kvbh_cluster_t *c, const kvbh_rank_t *r, uin
     return bad;
 }
 
+/* The first KV byte of the room on decode rank r that is not its pattern:
+ * its buffer index and page; false when every byte is right. */
+static bool first_wrong(const kvbh_cluster_t *c, const kvbh_rank_t *r, uint64_t room,
+                        const int32_t *dst, int n, int skip, int *buf_p, int32_t *page_p)
+{
+    int kinds = c->g.mla ? 1 : 2;
+    for (int k = 0; k < kinds; k++)
+        for (int ll = 0; ll < r->n_layers; ll++)
+            for (int i = skip; i < n; i++)
+                for (int s = 0; s < c->g.page; s++)
+                    for (int lh = 0; lh < r->local_heads; lh++) {
+                        const uint8_t *p = cell(c, r, k, ll, dst[i], s, lh);
+                        for (int b = 0; b < c->g.head_bytes; b++)
+                            if (p[b] != pattern(room, layer_id(r, ll), k,
+                                                (uint64_t)(i * c->g.page + s), r->first_head + lh,
+                                                b)) {
+                                *buf_p = k * r->n_layers + ll;
+                                *page_p = dst[i];
+                                return true;
+                            }
+                    }
+    return false;
+}
+
+/* expect_integrity_fail: decode rank r's room failed its check, naming the
+ * buffer and page of the wrong byte that landed. 0 or 1 (a failure). */
+static int integrity_failed(const kvbh_cluster_t *c, const kvbh_rank_t *r, uint64_t room,
+                            const int32_t *dst, int n, int skip, kvb_poll_t p, const char *why)
+{
+    int buf = -1;
+    int32_t page = -1;
+    char want[96];
+    bool wrong = first_wrong(c, r, room, dst, n, skip, &buf, &page);
+    snprintf(want, sizeof(want), "KV integrity check failed: buffer %d page %d ", buf, (int)page);
+    fprintf(stderr, "room %llu: %s; first wrong byte in buffer %d page %d; reason: %s\n",
+            (unsigned long long)room, kvb_poll_string(p), buf, (int)page, why);
+    return p != KVB_POLL_FAILED || !wrong || strstr(why, want) == NULL;
+}
+
 typedef struct room_state {
     uint64_t id;
     int n;
@@ -261,6 +300,13 @@ static int finish_room(kvbh_cluster_t *c, room_state_t *rs, const kvbh_room_opts
     int fails = 0;
     for (int t = 0; t < c->dtp; t++) {
         kvb_poll_t p = kvbh_wait_receiver(rs->rcv[t], deadline - kvbh_now());
+        if (o->expect_integrity_fail) {
+            char why[512] = "";
+            kvb_receiver_failure(rs->rcv[t], why, sizeof(why));
+            fails +=
+                integrity_failed(c, &c->dec[t], rs->id, rs->dst, rs->n, o->prefix_pages, p, why);
+            continue;
+        }
         if (o->expect_fail != NULL || p != KVB_POLL_SUCCESS) {
             char why[512];
             kvb_receiver_failure(rs->rcv[t], why, sizeof(why));

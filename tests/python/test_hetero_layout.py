@@ -12,6 +12,7 @@ are sent too where the decode's last page has room for them (as with equal
 page sizes, whose last page is sent whole), and never past it."""
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -51,11 +52,15 @@ def args(bufs, page, order):
                      kv_layout=order, kv_head_num=HEADS, engine_rank=0)
 
 
-def transfer(src, dst, dpage, dorder, dst_pages, prefix, dialect):
+def transfer(src, dst, dpage, dorder, dst_pages, prefix, dialect, integrity=None, counts=None):
     """One room from the prefill's SRC_PAGES (two chunks) into dst_pages;
-    the receiver's final state and its failure reason ("" on success)."""
+    the receiver's final state and its failure reason ("" on success).
+    integrity: both managers' KVManager(integrity=...); counts: a dict that
+    gets the prefill's and the decode's integrity counters."""
     with kb.KVBootstrapServer("127.0.0.1", 0) as server:
         kw = {"sglang_dialect": dialect}
+        if integrity is not None:
+            kw["integrity"] = integrity
         pm = kb.KVManager(args(src, PREFILL_PAGE, "nhd"), "prefill", server.address, **kw)
         dm = kb.KVManager(args(dst, dpage, dorder), "decode", **kw)
         try:
@@ -75,6 +80,16 @@ def transfer(src, dst, dpage, dorder, dst_pages, prefix, dialect):
                         obj.failure_exception()
                     except kb.KVTransferError as e:
                         reason += str(e) + "; "
+            if counts is not None:
+                # the prefill counts its digest once its status send returned,
+                # which may be after the decode acted on it: a bounded wait
+                poll_until(s, 10)
+                deadline = time.monotonic() + 5
+                while pm.traffic()["integrity_sent"] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                counts.update({k: v for k, v in pm.traffic().items() if k.startswith("integrity")})
+                counts.update({"decode_" + k: v for k, v in dm.traffic().items()
+                               if k.startswith("integrity")})
             return st, reason
         finally:
             pm.close()
@@ -83,10 +98,12 @@ def transfer(src, dst, dpage, dorder, dst_pages, prefix, dialect):
 
 # (decode page size, decode order, decode prefix): the 2026 dialect lists
 # the decode's pages after its prefix (a multiple of both page sizes)
-@pytest.mark.parametrize("dpage,dorder,prefix", [
-    (8, "hnd", 0), (8, "hnd", 8), (3, "nhd", 0), (3, "nhd", 12), (2, "hnd", 4), (4, "hnd", 0),
-    (16, "nhd", 0), (16, "hnd", 16)])
-def test_rows_land_across_page_sizes_and_orders(dpage, dorder, prefix):
+LAYOUTS = [(8, "hnd", 0), (8, "hnd", 8), (3, "nhd", 0), (3, "nhd", 12), (2, "hnd", 4),
+           (4, "hnd", 0), (16, "nhd", 0), (16, "hnd", 16)]
+
+
+@pytest.mark.parametrize("dpage,dorder,prefix", LAYOUTS)
+def test_rows_land_across_page_sizes_and_orders(dpage, dorder, prefix, integrity=None):
     dialect = 2026
     src = pool(PREFILL_PAGE, "nhd", PREFILL_POOL)
     for b in src:
@@ -99,7 +116,8 @@ def test_rows_land_across_page_sizes_and_orders(dpage, dorder, prefix):
     dst = pool(dpage, dorder, DECODE_POOL)
     n_dst = -(-TOKENS // dpage)
     dst_pages = list(range(DECODE_POOL - 1, DECODE_POOL - 1 - n_dst, -1))  # descending
-    st, reason = transfer(src, dst, dpage, dorder, dst_pages, prefix, dialect)
+    counts = {} if integrity else None
+    st, reason = transfer(src, dst, dpage, dorder, dst_pages, prefix, dialect, integrity, counts)
     assert st == kb.KVPoll.Success, reason
     sent_end = min(len(SRC_PAGES) * PREFILL_PAGE, n_dst * dpage)
     for k, b in enumerate(dst):
@@ -110,6 +128,20 @@ def test_rows_land_across_page_sizes_and_orders(dpage, dorder, prefix):
                 row(want, dorder, q, r, h)[:] = value(k, t, h)
         bad = np.argwhere(b != want)
         assert bad.size == 0, f"buffer {k}: {len(bad)} wrong bytes, first at {bad[0].tolist()}"
+    return counts
+
+
+@pytest.mark.parametrize("dpage,dorder,prefix", LAYOUTS)
+def test_integrity_checks_every_layout(dpage, dorder, prefix):
+    """With integrity check on both sides (docs/integrity.md), a room whose
+    decode pages are written in parts (another page size, HND order, a
+    prefix, the last page part-filled) is checked, not counted unchecked:
+    each page's share is one strided pattern (wire version 2 where a page
+    is written in part), and the room ends Success with the same bytes."""
+    c = test_rows_land_across_page_sizes_and_orders(dpage, dorder, prefix, integrity="check")
+    assert c["integrity_sent"] == 1, c
+    assert (c["decode_integrity_checked"], c["decode_integrity_mismatches"],
+            c["decode_integrity_unchecked"]) == (1, 0, 0), c
 
 
 def test_2026_prefix_off_the_prefill_page_refused():

@@ -42,6 +42,14 @@ bool kvb__sglang_kv_layout(const kvb__frame_t *ext, size_t n_ext, kvb__reg_in_t 
  * least KVB__SGLANG_LAYOUT_MAX bytes). Cannot fail. */
 #define KVB__SGLANG_LAYOUT_MAX 32
 void kvb__sglang_kv_layout_ext(const struct kvb_manager *m, char *buf, kvb__frame_t *f);
+/* kvbridge's "kv_digest=<version>" extension of a registration (the
+ * highest integrity digest version a kvbridge decode reads,
+ * docs/integrity.md "Wire") into in->digest_max; absent: 0 (version 1
+ * only). false: malformed (reason in *e). */
+bool kvb__sglang_kv_digest(const kvb__frame_t *ext, size_t n_ext, kvb__reg_in_t *in,
+                           kvb__frames_err_t *e);
+/* "kv_digest=2" into *f when m checks integrity (true), else false. */
+bool kvb__sglang_kv_digest_ext(const struct kvb_manager *m, kvb__frame_t *f);
 /* transfer_form's rule for both: what needs kvbridge's extensions to a
  * prefill that is not kvbridge: holes in a page mask, and in seed 001
  * (v26 false) also a prefix or state indices. */

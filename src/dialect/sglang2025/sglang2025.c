@@ -101,6 +101,40 @@ void kvb__sglang_kv_layout_ext(const struct kvb_manager *m, char *buf, kvb__fram
     *f = (kvb__frame_t){(const uint8_t *)buf, (size_t)n};
 }
 
+bool kvb__sglang_kv_digest(const kvb__frame_t *ext, size_t n_ext, kvb__reg_in_t *in,
+                           kvb__frames_err_t *e)
+{
+    const size_t kl = sizeof(KVB__INTEG_CAP_KEY) - 1;
+    in->digest_max = 0;
+    for (size_t i = 0; i < n_ext; i++) {
+        const kvb__frame_t *x = &ext[i];
+        int64_t v = 0;
+        if (x->len < kl || memcmp(x->data, KVB__INTEG_CAP_KEY, kl) != 0)
+            continue;
+        if (x->len == kl || ((const char *)x->data)[kl] == '0' ||
+            !kvb__parse_i64((const char *)x->data + kl, x->len - kl, 1, INT32_MAX, &v)) {
+            snprintf(e->reason, sizeof(e->reason),
+                     "registration: extension kv_digest is not a version 1..2^31-1 (%zu bytes)",
+                     x->len - kl);
+            e->has_room = false;
+            return false;
+        }
+        in->digest_max = (uint32_t)v;
+        return true;
+    }
+    return true;
+}
+
+bool kvb__sglang_kv_digest_ext(const struct kvb_manager *m, kvb__frame_t *f)
+{
+    static const char cap[] = KVB__INTEG_CAP_KEY "2";
+    _Static_assert(KVB__INTEG_WIRE_MAX == 2, "kv_digest= says the version this build reads");
+    if (!m->p.integrity)
+        return false;
+    *f = (kvb__frame_t){(const uint8_t *)cap, sizeof(cap) - 1};
+    return true;
+}
+
 kvb_status_t kvb__sglang_kv_lens_ext(const struct kvb_manager *m, uint8_t **buf_p, kvb__frame_t *f)
 {
     static const char key[] = "kv_lens=";
@@ -240,7 +274,8 @@ static kvb_status_t decode_registration(struct kvb_manager *m, const kvb__frame_
     memset(in, 0, sizeof(*in));
     if (kvb__frames_decode_registration(f, n, &e, &msg) != KVB_OK ||
         !kvb__sglang_kv_pool(msg.ext, msg.n_ext, msg.kv_ptrs.count, msg.dst_kv_item_len, in, &e) ||
-        !kvb__sglang_kv_layout(msg.ext, msg.n_ext, in, &e)) {
+        !kvb__sglang_kv_layout(msg.ext, msg.n_ext, in, &e) ||
+        !kvb__sglang_kv_digest(msg.ext, msg.n_ext, in, &e)) {
         kvb__conn_bad_message(m, kvb__frames_kind_name(KVB__MSG_REGISTRATION), &e);
         return KVB_ERR_PROTO;
     }
@@ -336,14 +371,14 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__reg_msg_t r = {0};
-    kvb__frame_t ext[2]; /* kv_lens=, kv_layout= */
+    kvb__frame_t ext[3]; /* kv_lens=, kv_layout=, kv_digest= */
     char layout[KVB__SGLANG_LAYOUT_MAX];
     uint8_t *lens_buf = NULL;
     if (kvb__sglang_kv_lens_ext(m, &lens_buf, &ext[0]) != KVB_OK)
         return KVB_ERR_NOMEM;
     kvb__sglang_kv_layout_ext(m, layout, &ext[1]);
     r.ext = kvbridge ? ext : NULL;
-    r.n_ext = kvbridge ? 2 : 0;
+    r.n_ext = kvbridge ? 2u + kvb__sglang_kv_digest_ext(m, &ext[2]) : 0;
     const char *sid = kvb_engine_session_id(m->engine);
     r.ip = m->host;
     r.ip_len = strlen(m->host);

@@ -138,7 +138,8 @@ static kvb_status_t decode_registration(struct kvb_manager *m, const kvb__frame_
     memset(in, 0, sizeof(*in));
     if (kvb__frames_decode_registration26(f, n, &e, &x) != KVB_OK ||
         !kvb__sglang_kv_pool(x.ext, x.n_ext, x.kv_ptrs.count, x.dst_kv_item_len, in, &e) ||
-        !kvb__sglang_kv_layout(x.ext, x.n_ext, in, &e)) {
+        !kvb__sglang_kv_layout(x.ext, x.n_ext, in, &e) ||
+        !kvb__sglang_kv_digest(x.ext, x.n_ext, in, &e)) {
         kvb__conn_bad_message(m, kvb__frames_kind_name(KVB__MSG_REGISTRATION26), &e);
         return KVB_ERR_PROTO;
     }
@@ -292,7 +293,7 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     kvb__frames_buf_t b;
     kvb__frames_err_t e;
     kvb__reg26_msg_t r = {0};
-    kvb__frame_t ext[2]; /* kv_lens=, kv_layout= */
+    kvb__frame_t ext[3]; /* kv_lens=, kv_layout=, kv_digest= */
     char layout[KVB__SGLANG_LAYOUT_MAX];
     uint8_t *sp = NULL, *sl = NULL, *lens_buf = NULL;
     uint32_t *items = calloc(m->args.num_state + 1, sizeof(*items));
@@ -321,7 +322,7 @@ static kvb_status_t send_registration(struct kvb_manager *m, const char *ip, uin
     r.dst_kv_item_len = (int64_t)m->args.kv_item_len;
     r.dcp_size = 1;
     r.ext = kvbridge ? ext : NULL;
-    r.n_ext = kvbridge ? 2 : 0;
+    r.n_ext = kvbridge ? 2u + kvb__sglang_kv_digest_ext(m, &ext[2]) : 0;
     kvb__frames_buf_init(&b);
     if (st == KVB_OK)
         st = kvb__frames_encode_registration26(&r, &e, &b);

@@ -14,7 +14,7 @@ int main(int argc, char **argv)
 {
     const kvbh_cluster_cfg_t cfg = {
         .g = {2, 2, 16, 4, 512, 0, 0}, .ptp = 1, .ppp = 1, .pdp = 1, .dtp = 1};
-    kvbh_room_opts_t o = {1, 0, 0, -1, 0, 0, NULL};
+    kvbh_room_opts_t o = {1, 0, 0, -1, 0, 0, NULL, 0};
     int total = argc > 1 ? atoi(argv[1]) : 10000, batch = 20;
     kvbh_cluster_t c;
     long warm = 0;

@@ -53,7 +53,7 @@ int main(void)
     setenv("KVBRIDGE_HEARTBEAT_INTERVAL", "0.2", 1);
     const kvbh_cluster_cfg_t cfg = {
         .g = {2, 2, 16, 4, 512, 0, 0}, .ptp = 1, .ppp = 1, .pdp = 1, .dtp = 1};
-    kvbh_room_opts_t o = {1, 0, 0, -1, 0, 0, NULL};
+    kvbh_room_opts_t o = {1, 0, 0, -1, 0, 0, NULL, 0};
     kvbh_cluster_t c;
     CHECK_EQ(kvbh_cluster_start(&c, &cfg), KVB_OK);
     kvb_manager_h pm = kvbh_cluster_prefill(&c, 0, 0, 0)->mgr, dm = c.dec[0].mgr;
