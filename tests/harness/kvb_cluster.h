@@ -289,6 +289,7 @@ typedef struct kvbh_cluster {
     kvbh_rank_t *dec; /* [tp] */
     int no_aux;       /* set by the caller: the decodes' dialect carries no aux data (CachePD: the
                          first token rides the status), so aux items are not verified */
+    int mem;          /* the ranks' memory: KVBH_MEM_MALLOC, or _SHARED (cfg's shared) */
 } kvbh_cluster_t;
 
 typedef struct kvbh_cluster_cfg {
@@ -296,6 +297,8 @@ typedef struct kvbh_cluster_cfg {
     int ptp, ppp, pdp, dtp;
     const char *server_token; /* bootstrap server token (auth_reads), NULL none */
     kvbh_knobs_t pre, dec;    /* per side */
+    int shared; /* nonzero: every rank's memory from kvb_mem_alloc (the direct lane's), else
+                   malloc */
 } kvbh_cluster_cfg_t;
 
 /* Bootstrap server + prefill ranks + decode ranks; the rank start's status. */

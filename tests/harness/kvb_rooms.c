@@ -16,7 +16,7 @@ kvbh_rank_t *kvbh_cluster_prefill(kvbh_cluster_t *c, int dp, int tp, int pp)
 kvb_status_t kvbh_cluster_rank(kvbh_cluster_t *c, kvbh_rank_t *r, const kvbh_place_t *p,
                                kvb_mode_t mode, const kvbh_knobs_t *k)
 {
-    return kvbh_rank_start_at(r, &c->g, p, mode, c->boot_addr, KVBH_MEM_MALLOC, k);
+    return kvbh_rank_start_at(r, &c->g, p, mode, c->boot_addr, c->mem, k);
 }
 
 kvb_status_t kvbh_cluster_start(kvbh_cluster_t *c, const kvbh_cluster_cfg_t *cfg)
@@ -28,6 +28,7 @@ kvb_status_t kvbh_cluster_start(kvbh_cluster_t *c, const kvbh_cluster_cfg_t *cfg
     c->ppp = cfg->ppp;
     c->pdp = cfg->pdp;
     c->dtp = cfg->dtp;
+    c->mem = cfg->shared ? KVBH_MEM_SHARED : KVBH_MEM_MALLOC;
     if (kvbh_boot_start(&c->boot, 0, cfg->server_token) != 0)
         return KVB_ERR_IO;
     snprintf(c->boot_addr, sizeof(c->boot_addr), "%s", c->boot.addr);

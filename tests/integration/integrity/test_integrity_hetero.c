@@ -11,6 +11,10 @@
  *   the source untouched) fails the room naming the buffer and page where
  *   the wrong byte is, and is counted a mismatch; the senders end Success.
  *
+ * On each lane (argv[1]): direct (the ranks' memory from kvb_mem_alloc:
+ * the prefills' copy threads write the shares), shm (malloc memory: the
+ * message lane over UCX shared memory), tcp (the message lane over TCP).
+ *
  * On main (before version 2) the same rooms were counted unchecked: no
  * digest covered a page written in parts.
  *
@@ -43,6 +47,8 @@ static counts_t counts(kvbh_cluster_t *c)
     return n;
 }
 
+static const char *lane = "shm";
+
 /* n rooms with o: none failing its expectation; the counters' steps. */
 static void rooms(kvbh_cluster_t *c, int n, uint64_t first, const kvbh_room_opts_t *o,
                   const char *what, uint64_t mismatches)
@@ -56,9 +62,9 @@ static void rooms(kvbh_cluster_t *c, int n, uint64_t first, const kvbh_room_opts
          c1 = counts(c))
         kvbh_sleep(0.001);
     fprintf(stderr,
-            "integrity hetero TP 2->1, %s: %d rooms; digests sent %llu, checked %llu, "
+            "integrity hetero TP 2->1 [%s], %s: %d rooms; digests sent %llu, checked %llu, "
             "mismatches %llu, unchecked %llu\n",
-            what, n, (unsigned long long)(c1.sent - c0.sent),
+            lane, what, n, (unsigned long long)(c1.sent - c0.sent),
             (unsigned long long)(c1.checked - c0.checked),
             (unsigned long long)(c1.mismatches - c0.mismatches),
             (unsigned long long)(c1.unchecked - c0.unchecked));
@@ -72,17 +78,31 @@ int main(int argc, char **argv)
 {
     if (kvbh_main_init(argc, argv))
         return kvbh_child_main(argc, argv);
+    if (argc > 1)
+        lane = argv[1];
+    if (strcmp(lane, "direct") && strcmp(lane, "shm") && strcmp(lane, "tcp"))
+        return fprintf(stderr, "usage: %s direct|shm|tcp\n", argv[0]), 2;
+    if (strcmp(lane, "tcp") == 0)
+        setenv("KVBRIDGE_TRANSPORT", "tcp", 1);
     setenv("KVBRIDGE_INTEGRITY", "check", 1);
     srand(35);
     kvbh_cluster_t c;
     /* 2 layers (4 KV buffers), 2 heads of 128 bytes, 4 tokens a page: a
      * decode item of 1 KiB, each prefill rank's share 4 x 128 bytes */
-    kvbh_cluster_cfg_t cfg = {
-        .g = {2, 2, 128, 4, 64, 0, 0}, .ptp = 2, .ppp = 1, .pdp = 1, .dtp = 1};
+    kvbh_cluster_cfg_t cfg = {.g = {2, 2, 128, 4, 64, 0, 0},
+                              .ptp = 2,
+                              .ppp = 1,
+                              .pdp = 1,
+                              .dtp = 1,
+                              .shared = strcmp(lane, "direct") == 0};
     CHECK_EQ(kvbh_cluster_start(&c, &cfg), KVB_OK);
     /* first: the prefix pages must still be zero (kvbh_run_rooms checks) */
     rooms(&c, 2, 200, &(kvbh_room_opts_t){.chunks = 1, .prefix_pages = 1, .dp_rank = -1},
           "clean, a prefix of one page", 0);
+    /* the lane the rooms took: the direct lane only where memory is shared */
+    CHECK_EQ(kvb_engine_session_direct(kvbh_cluster_prefill(&c, 0, 0, 0)->eng,
+                                       kvb_engine_session_id(c.dec[0].eng)),
+             strcmp(lane, "direct") == 0);
     rooms(&c, 4, 100, &(kvbh_room_opts_t){.chunks = 2, .dp_rank = -1}, "clean", 0);
     for (int k = 0; k < 2; k++) {
         KVB__HOOK_SET(flip_in_flight, 1);
