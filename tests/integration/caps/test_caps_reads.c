@@ -27,19 +27,13 @@
  * attacker keeps its share past the peer time-out (and past its death:
  * such an endpoint learns of none), asserted, and genuine reads still
  * succeed. */
-#include "engine/engine_int.h"
-#include "engine/handshake.h"
-#include "engine/lane/msg/amwire.h"
 #include "kvb_test.h"
+#include "kvb_test_raw_peer.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -89,62 +83,20 @@ static ucs_status_t attacker_ack_cb(void *arg, const void *header, size_t hlen, 
     return UCS_OK;
 }
 
-static int attacker_hs(uint16_t port, kvb__hs_reply_t *r)
-{
-    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(port)};
-    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    uint8_t *req, *rep;
-    size_t req_len, rep_len;
-    char why[256];
-    if (connect(fd, (struct sockaddr *)&dst, sizeof(dst)) != 0 ||
-        kvb__hs_request_encode("127.0.0.1:9", 0, &req, &req_len) != KVB_OK ||
-        write(fd, req, req_len) != (ssize_t)req_len)
-        return -1;
-    uint64_t deadline = (uint64_t)(kvb_test_now_s() * 1e9) + 5000000000ull;
-    if (kvb__sock_read_msg(fd, NULL, 64 << 20, deadline, &rep, &rep_len, why, sizeof(why)) !=
-            KVB_OK ||
-        kvb__hs_reply_decode(rep, rep_len, r, why, sizeof(why)) != KVB_OK)
-        return -1;
-    return fd; /* left open: the listener keeps it */
-}
-
 static void attacker(int report_fd, uint16_t port, uint64_t addr, ucp_err_handling_mode_t mode)
 {
     kvb__hs_reply_t r;
-    if (attacker_hs(port, &r) < 0)
-        _exit(10);
-    ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    ucp_context_h ctx;
     ucp_worker_h w;
     ucp_ep_h ep;
-    if (ucp_init(&cp, NULL, &ctx) != UCS_OK || ucp_worker_create(ctx, &wp, &w) != UCS_OK)
+    if (kvb_test_raw_hs_reply(port, &r) < 0)
+        _exit(10);
+    if (!kvb_test_raw_ucx(&r, UCP_FEATURE_AM, mode, attacker_ack_cb, &w, &ep))
         _exit(11);
-    ucp_am_handler_param_t hp = {.field_mask =
-                                     UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
-                                 .id = KVB_AM_ACK,
-                                 .cb = attacker_ack_cb};
-    ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                            .address = (const ucp_address_t *)r.waddr,
-                            .err_mode = mode};
-    if (ucp_worker_set_am_recv_handler(w, &hp) != UCS_OK || ucp_ep_create(w, &ep_p, &ep) != UCS_OK)
-        _exit(12);
     static uint8_t hdr[NREQ][AM_HDR_FIXED + AM_DESC];
     void *sends[NREQ];
     for (unsigned i = 0; i < NREQ; i++) {
         uint8_t *h = hdr[i];
-        uint32_t magic = AM_MAGIC_READ, nd = 1;
-        memcpy(h, &magic, 4);
-        memcpy(h + 4, &nd, 4);
-        kvb__am_put_u64(h + 8, 1000 + i); /* "transfer id" */
-        kvb__am_put_u64(h + 16, i);       /* writer tag 0, sequence i */
-        kvb__am_put_u64(h + 24, EACH);    /* total */
-        kvb__am_put_u64(h + 32, 0);       /* epoch 0: the tag-only fence */
-        kvb__am_desc_t d = {.dst = addr, .len = EACH, .stride = 0, .count = 1};
-        kvb__am_put_desc(h, 0, &d);
+        kvb_test_raw_am_header(h, AM_MAGIC_READ, 1000 + i, i, addr, EACH);
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                  .flags = UCP_AM_SEND_FLAG_REPLY};
         sends[i] = ucp_am_send_nbx(ep, KVB_AM_WRITE, h, sizeof(hdr[i]), NULL, 0, &p);
@@ -268,29 +220,16 @@ int main(int argc, char **argv)
     /* "none": the attacker's endpoint asks for no peer-failure handling,
      * which UCX lets the target neither detect nor force-close */
     bool peer_mode = argc < 2 || strcmp(argv[1], "none") != 0;
-    int go[2], rep[2];
-    CHECK_EQ(pipe(go), 0);
-    CHECK_EQ(pipe(rep), 0);
-    pid_t a = fork(); /* before any UCX state exists in this process */
-    CHECK(a >= 0);
+    kvb_test_raw_target_t m;
+    int go, rep;
+    pid_t a = kvb_test_raw_fork(&m, &go, &rep);
     if (a == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
-        struct {
-            uint16_t port;
-            uint64_t addr;
-        } m;
-        close(go[1]);
-        close(rep[0]);
-        if (read(go[0], &m, sizeof(m)) != (ssize_t)sizeof(m))
-            _exit(2);
-        attacker(rep[1], m.port, m.addr,
+        attacker(rep, m.port, m.addr,
                  peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE);
         _exit(0);
     }
     g_attacker = a;
     atexit(kill_attacker);
-    close(go[0]);
-    close(rep[1]);
     kvb_engine_h tgt = engine(PEER_TO, 4u << 20), rd = engine(2.0, 4u << 20);
     uint8_t *pool = malloc(POOL), *mine = malloc(1 << 20);
     CHECK(pool != NULL && mine != NULL);
@@ -301,13 +240,9 @@ int main(int argc, char **argv)
     const char *sid = kvb_engine_session_id(tgt);
     read_4k(rd, sid, mine, pool, 0, "before the attacker");
 
-    struct {
-        uint16_t port;
-        uint64_t addr;
-    } m = {(uint16_t)atoi(strrchr(sid, ':') + 1), (uint64_t)(uintptr_t)pool};
-    CHECK_EQ(write(go[1], &m, sizeof(m)), (ssize_t)sizeof(m));
+    kvb_test_raw_go(go, sid, pool);
     attack_report_t r;
-    CHECK_EQ(read(rep[0], &r, sizeof(r)), (ssize_t)sizeof(r));
+    CHECK_EQ(read(rep, &r, sizeof(r)), (ssize_t)sizeof(r));
     kvb_engine_limits_t l = limits(tgt);
     fprintf(stderr,
             "reads: attacker (pid %d): %d answers held, %d refused busy, %d other; first "

@@ -13,19 +13,13 @@
  * Both acks KVB_OK and both writes' bytes verified, and then a genuine
  * kvbridge writer's write is acknowledged and lands: the stream bytes
  * changed nothing a peer sees. */
-#include "engine/engine_int.h"
-#include "engine/handshake.h"
-#include "engine/lane/msg/amwire.h"
 #include "kvb_test.h"
+#include "kvb_test_raw_peer.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -53,26 +47,6 @@ static ucs_status_t ack_cb(void *arg, const void *header, size_t hlen, void *dat
     if (kvb__am_parse_ack(header, hlen, &st, &xid, &mid, &why, &rl) && g_rep.acks < 2)
         g_rep.status[g_rep.acks++] = st;
     return UCS_OK;
-}
-
-static int peer_hs(uint16_t port, kvb__hs_reply_t *r)
-{
-    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(port)};
-    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    uint8_t *req, *rep;
-    size_t req_len, rep_len;
-    char why[256];
-    if (connect(fd, (struct sockaddr *)&dst, sizeof(dst)) != 0 ||
-        kvb__hs_request_encode("127.0.0.1:9", 0, &req, &req_len) != KVB_OK ||
-        write(fd, req, req_len) != (ssize_t)req_len)
-        return -1;
-    uint64_t deadline = (uint64_t)(kvb_test_now_s() * 1e9) + 5000000000ull;
-    if (kvb__sock_read_msg(fd, NULL, 64 << 20, deadline, &rep, &rep_len, why, sizeof(why)) !=
-            KVB_OK ||
-        kvb__hs_reply_decode(rep, rep_len, r, why, sizeof(why)) != KVB_OK)
-        return -1;
-    return fd; /* left open: the listener keeps it */
 }
 
 /* Progress w until req (a send) ended, at most 5 s; false: it did not. */
@@ -107,16 +81,8 @@ static bool stream_send(ucp_worker_h w, ucp_ep_h ep, size_t n)
 static bool write_4k(ucp_worker_h w, ucp_ep_h ep, uint64_t addr, uint32_t seq, uint8_t fill)
 {
     static uint8_t h[AM_HDR_FIXED + AM_DESC], payload[PIECE];
-    uint32_t magic = AM_MAGIC_WRITE, nd = 1;
     memset(payload, fill, sizeof(payload));
-    memcpy(h, &magic, 4);
-    memcpy(h + 4, &nd, 4);
-    kvb__am_put_u64(h + 8, 2000 + seq); /* "transfer id" */
-    kvb__am_put_u64(h + 16, seq);       /* writer tag 0, sequence seq */
-    kvb__am_put_u64(h + 24, PIECE);     /* total */
-    kvb__am_put_u64(h + 32, 0);         /* epoch 0: the tag-only fence */
-    kvb__am_desc_t d = {.dst = addr, .len = PIECE, .stride = 0, .count = 1};
-    kvb__am_put_desc(h, 0, &d);
+    kvb_test_raw_am_header(h, AM_MAGIC_WRITE, 2000 + seq, seq, addr, PIECE);
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                              .flags = UCP_AM_SEND_FLAG_REPLY};
     int want = g_rep.acks + 1;
@@ -131,27 +97,13 @@ static bool write_4k(ucp_worker_h w, ucp_ep_h ep, uint64_t addr, uint32_t seq, u
 static void peer(int report_fd, uint16_t port, uint64_t addr)
 {
     kvb__hs_reply_t r;
-    if (peer_hs(port, &r) < 0)
-        _exit(10);
-    ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                       .features = UCP_FEATURE_AM | UCP_FEATURE_STREAM};
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    ucp_context_h ctx;
     ucp_worker_h w;
     ucp_ep_h ep;
-    if (ucp_init(&cp, NULL, &ctx) != UCS_OK || ucp_worker_create(ctx, &wp, &w) != UCS_OK)
+    if (kvb_test_raw_hs_reply(port, &r) < 0)
+        _exit(10);
+    if (!kvb_test_raw_ucx(&r, UCP_FEATURE_AM | UCP_FEATURE_STREAM, UCP_ERR_HANDLING_MODE_PEER,
+                          ack_cb, &w, &ep))
         _exit(11);
-    ucp_am_handler_param_t hp = {.field_mask =
-                                     UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
-                                 .id = KVB_AM_ACK,
-                                 .cb = ack_cb};
-    ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                            .address = (const ucp_address_t *)r.waddr,
-                            .err_mode = UCP_ERR_HANDLING_MODE_PEER};
-    if (ucp_worker_set_am_recv_handler(w, &hp) != UCS_OK || ucp_ep_create(w, &ep_p, &ep) != UCS_OK)
-        _exit(12);
     if (!stream_send(w, ep, STREAM_BEFORE))
         _exit(13);
     if (!write_4k(w, ep, addr, 1, 0x11))
@@ -179,28 +131,15 @@ static void kill_peer(void) /* every exit of the parent, a failed CHECK's too */
 
 int main(void)
 {
-    int go[2], rep[2];
-    CHECK_EQ(pipe(go), 0);
-    CHECK_EQ(pipe(rep), 0);
-    pid_t a = fork(); /* before any UCX state exists in this process */
-    CHECK(a >= 0);
+    kvb_test_raw_target_t m;
+    int go, rep;
+    pid_t a = kvb_test_raw_fork(&m, &go, &rep);
     if (a == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
-        struct {
-            uint16_t port;
-            uint64_t addr;
-        } m;
-        close(go[1]);
-        close(rep[0]);
-        if (read(go[0], &m, sizeof(m)) != (ssize_t)sizeof(m))
-            _exit(2);
-        peer(rep[1], m.port, m.addr);
+        peer(rep, m.port, m.addr);
         _exit(0);
     }
     g_peer = a;
     atexit(kill_peer);
-    close(go[0]);
-    close(rep[1]);
     kvb_engine_params_t p = {.field_mask = KVB_ENGINE_PARAM_TRANSPORT,
                              .transport = KVB_TRANSPORT_TCP};
     kvb_engine_h tgt = NULL, wr = NULL;
@@ -209,13 +148,9 @@ int main(void)
     CHECK(pool != NULL && mine != NULL);
     CHECK_EQ(kvb_engine_register(tgt, pool, 4 * PIECE, KVB_MEM_HOST), KVB_OK);
     const char *sid = kvb_engine_session_id(tgt);
-    struct {
-        uint16_t port;
-        uint64_t addr;
-    } m = {(uint16_t)atoi(strrchr(sid, ':') + 1), (uint64_t)(uintptr_t)pool};
-    CHECK_EQ(write(go[1], &m, sizeof(m)), (ssize_t)sizeof(m));
+    kvb_test_raw_go(go, sid, pool);
     report_t r;
-    ssize_t n = read(rep[0], &r, sizeof(r));
+    ssize_t n = read(rep, &r, sizeof(r));
     int ws = 0;
     if (n != (ssize_t)sizeof(r) && waitpid(a, &ws, WNOHANG) == a)
         fprintf(stderr, "stream: the peer exited %d\n", WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);

@@ -57,19 +57,24 @@ static void digest(kvb__integ_t *a, const int *sp, const int *dp, int n, int str
     CHECK(!a->uncovered);
 }
 
-/* The decode's side: a's value over the wire into a fresh accumulator,
- * checked against dst. */
-static bool verify(const kvb__integ_t *a, char *why, size_t wl)
+/* a's value over the wire into a fresh accumulator d (the decode's side). */
+static void to_decode(const kvb__integ_t *a, kvb__integ_t *d, char *why, size_t wl)
 {
     uint8_t *v;
     size_t len;
-    kvb__integ_t d;
     CHECK_EQ(kvb__integ_encode(a, &v, &len), KVB_OK);
-    CHECK_EQ(kvb__integ_init(&d, NB), KVB_OK);
-    CHECK_EQ(kvb__integ_add_wire(&d, v, len, POOL, ITEM, why, wl), KVB_OK);
+    CHECK_EQ(kvb__integ_init(d, NB), KVB_OK);
+    CHECK_EQ(kvb__integ_add_wire(d, v, len, POOL, ITEM, why, wl), KVB_OK);
+    free(v);
+}
+
+/* The decode's side: a's value over the wire, checked against dst. */
+static bool verify(const kvb__integ_t *a, char *why, size_t wl)
+{
+    kvb__integ_t d;
+    to_decode(a, &d, why, wl);
     bool ok = kvb__integ_check(&d, dptr, ITEM, why, wl);
     kvb__integ_free(&d);
-    free(v);
     return ok;
 }
 
@@ -78,12 +83,8 @@ static bool verify(const kvb__integ_t *a, char *why, size_t wl)
 static bool verify_parts(const kvb__integ_t *a, char *why, size_t wl)
 {
     bool ok = verify(a, why, wl);
-    uint8_t *v;
-    size_t len;
     kvb__integ_t d;
-    CHECK_EQ(kvb__integ_encode(a, &v, &len), KVB_OK);
-    CHECK_EQ(kvb__integ_init(&d, NB), KVB_OK);
-    CHECK_EQ(kvb__integ_add_wire(&d, v, len, POOL, ITEM, why, wl), KVB_OK);
+    to_decode(a, &d, why, wl);
     for (size_t n = 1; n <= 5; n++) {
         kvb__integ_run_t r;
         char w2[320] = "";
@@ -95,7 +96,6 @@ static bool verify_parts(const kvb__integ_t *a, char *why, size_t wl)
         kvb__integ_run_free(&r);
     }
     kvb__integ_free(&d);
-    free(v);
     return ok;
 }
 
