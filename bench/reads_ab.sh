@@ -13,6 +13,12 @@
 # (docs/engine.md "Limits"):
 #   VARIANTS="writeB:write readB:read writeA:write:KVBRIDGE_TCP_ZCOPY=1
 #             readA:read:KVBRIDGE_TCP_ZCOPY=1" bench/reads_ab.sh build
+# A variant's KVB=PATH (among its VAR=VALUE) runs that kvbridge binary
+# instead of BUILD_DIR's, so two builds alternate in one invocation, e.g.
+# the reply-endpoint watch (docs/engine.md) against the build before it:
+#   VARIANTS="wA:write:KVB=/tmp/old/build/kvbridge wB:write
+#             rA:read:KVB=/tmp/old/build/kvbridge rB:read" \
+#     ROUNDS=4 SIZES=32768,4194304 bench/reads_ab.sh build
 # Usage: [ROUNDS=N] [SIZES=a,b,c] [VARIANTS=...] bench/reads_ab.sh [BUILD_DIR]
 set -uo pipefail
 BUILD=${1:-build}
@@ -26,8 +32,11 @@ echo "reads_ab: $(uptime)"
 for ((r = 1; r <= ROUNDS; r++)); do
     for spec in $VARIANTS; do
         IFS=: read -r v op vars <<<"$spec"
-        # shellcheck disable=SC2086
-        flock "$LOCK" env ${vars//,/ } "$KVB" engine-bench --quick --transport tcp --sizes "$SIZES" \
+        bin=$KVB envs=()
+        for kv in ${vars//,/ }; do
+            case $kv in KVB=*) bin=${kv#KVB=} ;; *) envs+=("$kv") ;; esac
+        done
+        flock "$LOCK" env "${envs[@]}" "$bin" engine-bench --quick --transport tcp --sizes "$SIZES" \
             --op $op --json "$OUT/$v-$r.json" >"$OUT/$v-$r.txt" 2>&1 ||
             echo "run $v $r failed: $(tail -3 "$OUT/$v-$r.txt")"
     done
